@@ -1,0 +1,667 @@
+/* frametrace's PEP 523 frame-evaluation hook, for CPython 3.11 and 3.12.
+ *
+ * The hook is installed interpreter-wide only while at least one thread has a
+ * callback set (installing it makes CPython stop inlining Python-to-Python
+ * calls, so we keep that cost to optimized regions).  For each frame it:
+ *
+ *   1. runs it unchanged when this thread has no callback, when it is thrown
+ *      into, when a generator owns it, or when its code is marked to skip;
+ *   2. otherwise walks the code object's cache entries, calling each entry's
+ *      guard with the frame's argument slots (no allocation: the slots are
+ *      passed straight from the frame as a vectorcall array);
+ *   3. on a hit, calls a function built from the entry's transformed code
+ *      with those same slots (transformed code takes every argument slot as
+ *      a plain positional parameter), and drops the original frame unrun;
+ *   4. on a miss, asks the Python callback, which returns a new entry, or
+ *      says to run the frame in CPython this time / always / on every miss.
+ *
+ * The callback, guards and compiled graphs run with this thread's callback
+ * cleared, so the hook never re-enters the tracer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030D0000
+#error "frametrace's frame hook supports CPython 3.11 and 3.12"
+#endif
+
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+
+/* ---- version-specific frame access: the only place that differs ---- */
+#if PY_VERSION_HEX >= 0x030C0000
+#define FRAME_FUNC(f) ((PyFunctionObject *)(f)->f_funcobj)
+#else
+#define FRAME_FUNC(f) ((f)->f_func)
+#endif
+#define FRAME_CODE(f) ((f)->f_code)
+
+#if PY_VERSION_HEX >= 0x030C0000
+/* In 3.12 the eval function owns the frame it is given: _PyEval_Vector no
+ * longer clears it.  A frame we answer without evaluating must be cleared and
+ * popped here.  This mirrors CPython's clear_thread_frame for the one case we
+ * take: a thread-owned frame that never started and has no frame object. */
+static void
+pop_datastack_frame(PyThreadState *tstate, _PyInterpreterFrame *frame)
+{
+    PyObject **base = (PyObject **)frame;
+    _PyStackChunk *chunk = tstate->datastack_chunk;
+    if (base == &chunk->data[0]) {
+        _PyStackChunk *previous = chunk->previous;
+        tstate->datastack_top = &previous->data[previous->top];
+        tstate->datastack_chunk = previous;
+        tstate->datastack_limit = (PyObject **)(((char *)previous) + previous->size);
+        PyObjectArenaAllocator arena;
+        PyObject_GetArenaAllocator(&arena);
+        arena.free(arena.ctx, chunk, chunk->size);
+    }
+    else {
+        tstate->datastack_top = base;
+    }
+}
+
+static void
+drop_unrun_frame(PyThreadState *tstate, _PyInterpreterFrame *frame)
+{
+    for (int i = 0; i < frame->stacktop; i++) {
+        Py_XDECREF(frame->localsplus[i]);
+    }
+    Py_XDECREF(frame->f_locals);
+    Py_DECREF(frame->f_funcobj);
+    Py_DECREF(frame->f_code);
+    pop_datastack_frame(tstate, frame);
+}
+#else
+/* In 3.11 _PyEval_Vector clears and pops the frame after we return. */
+static void
+drop_unrun_frame(PyThreadState *tstate, _PyInterpreterFrame *frame)
+{
+    (void)tstate;
+    (void)frame;
+}
+#endif
+
+/* ---- thread-local callback and hook installation ---- */
+static _Thread_local PyObject *tls_callback = NULL;   /* strong reference */
+static Py_ssize_t threads_with_callback = 0;          /* under the GIL */
+static Py_ssize_t extra_index = -1;
+
+/* Values the Python callback may return besides a (guard, code) pair. */
+enum { DECIDE_SKIP = 0, DECIDE_RUN_DEFAULT_ON_MISS = 1 };
+
+static PyObject *frametrace_eval(PyThreadState *, _PyInterpreterFrame *, int);
+
+static void
+update_install(void)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    _PyInterpreterState_SetEvalFrameFunc(
+        interp, threads_with_callback > 0 ? frametrace_eval : _PyEval_EvalFrameDefault);
+}
+
+/* Swap this thread's callback; returns the previous one (new reference,
+ * Py_None for none). */
+static PyObject *
+swap_callback(PyObject *cb)
+{
+    PyObject *prev = tls_callback;
+    if (cb == Py_None) {
+        cb = NULL;
+    }
+    Py_XINCREF(cb);
+    tls_callback = cb;
+    if ((prev == NULL) != (cb == NULL)) {
+        threads_with_callback += cb != NULL ? 1 : -1;
+        update_install();
+    }
+    return prev != NULL ? prev : Py_NewRef(Py_None);
+}
+
+/* ---- per-code state (stored as code extra) ---- */
+typedef struct {
+    PyObject *entries;  /* list of CacheEntry, most recent first */
+    int skip;           /* never trace or look up this code */
+    int miss_default;   /* on a miss, run in CPython without asking */
+} CodeState;
+
+static void
+free_code_state(void *p)
+{
+    CodeState *st = (CodeState *)p;
+    if (st == NULL) {
+        return;
+    }
+    Py_XDECREF(st->entries);
+    PyMem_Free(st);
+}
+
+static CodeState *
+get_code_state(PyObject *code, int create)
+{
+    void *extra = NULL;
+    if (_PyCode_GetExtra(code, extra_index, &extra) < 0) {
+        return NULL;
+    }
+    if (extra == NULL && create) {
+        CodeState *st = PyMem_Calloc(1, sizeof(CodeState));
+        if (st == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        st->entries = PyList_New(0);
+        if (st->entries == NULL || _PyCode_SetExtra(code, extra_index, st) < 0) {
+            free_code_state(st);
+            return NULL;
+        }
+        extra = st;
+    }
+    return (CodeState *)extra;
+}
+
+/* ---- cache entries ---- */
+typedef struct {
+    PyObject_HEAD
+    PyObject *check;    /* guard: check(*arg_slots, func) -> bool */
+    PyObject *code;     /* transformed code, or None: run the original */
+    PyObject *fn;       /* function over `code` for `closure`, built lazily */
+    PyObject *closure;  /* the closure `fn` was built with */
+    PyObject *globals;
+} CacheEntry;
+
+static void
+CacheEntry_dealloc(CacheEntry *self)
+{
+    Py_XDECREF(self->check);
+    Py_XDECREF(self->code);
+    Py_XDECREF(self->fn);
+    Py_XDECREF(self->closure);
+    Py_XDECREF(self->globals);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+CacheEntry_get_check(CacheEntry *self, void *c)
+{
+    return Py_NewRef(self->check);
+}
+
+static PyObject *
+CacheEntry_get_code(CacheEntry *self, void *c)
+{
+    return Py_NewRef(self->code);
+}
+
+static PyGetSetDef CacheEntry_getset[] = {
+    {"check", (getter)CacheEntry_get_check, NULL, "guard function", NULL},
+    {"code", (getter)CacheEntry_get_code, NULL, "transformed code or None", NULL},
+    {NULL},
+};
+
+static PyTypeObject CacheEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "frametrace._C.CacheEntry",
+    .tp_basicsize = sizeof(CacheEntry),
+    .tp_dealloc = (destructor)CacheEntry_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_getset = CacheEntry_getset,
+};
+
+/* The function that runs an entry's transformed code for this frame.  Its
+ * closure must be the calling function's, so it is rebuilt when that
+ * changes (one slot: the usual case is one closure per code object). */
+static PyObject *
+entry_function(CacheEntry *e, PyFunctionObject *func)
+{
+    PyObject *closure = func->func_closure;
+    if (e->fn != NULL && e->closure == closure && e->globals == func->func_globals) {
+        return e->fn;
+    }
+    PyObject *fn = PyFunction_NewWithQualName(e->code, func->func_globals, func->func_qualname);
+    if (fn == NULL) {
+        return NULL;
+    }
+    if (closure != NULL && PyFunction_SetClosure(fn, closure) < 0) {
+        Py_DECREF(fn);
+        return NULL;
+    }
+    Py_XSETREF(e->fn, fn);
+    Py_XINCREF(closure);
+    Py_XSETREF(e->closure, closure);
+    Py_INCREF(func->func_globals);
+    Py_XSETREF(e->globals, func->func_globals);
+    return fn;
+}
+
+static int
+mark_skip(PyObject *code)
+{
+    CodeState *st = get_code_state(code, 1);
+    if (st == NULL) {
+        return -1;
+    }
+    st->skip = 1;
+    return 0;
+}
+
+static CacheEntry *
+new_entry(PyObject *check, PyObject *code)
+{
+    if (!PyCallable_Check(check) || (code != Py_None && !PyCode_Check(code))) {
+        PyErr_SetString(PyExc_TypeError, "cache entry needs (callable guard, code or None)");
+        return NULL;
+    }
+    CacheEntry *e = PyObject_New(CacheEntry, &CacheEntryType);
+    if (e == NULL) {
+        return NULL;
+    }
+    e->check = Py_NewRef(check);
+    e->code = Py_NewRef(code);
+    e->fn = e->closure = e->globals = NULL;
+    /* Transformed code runs as its own frame under the hook: never trace it. */
+    if (code != Py_None && mark_skip(code) < 0) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    return e;
+}
+
+/* ---- the hook ---- */
+#define MAX_STACK_ARGS 32
+
+static PyObject *
+frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
+{
+    PyObject *cb = tls_callback;
+    if (cb == NULL || throwflag || frame->owner != FRAME_OWNED_BY_THREAD ||
+        frame->frame_obj != NULL) {
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
+    PyCodeObject *code = FRAME_CODE(frame);
+    if (!(code->co_flags & CO_OPTIMIZED) ||
+        (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))) {
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
+    CodeState *st = get_code_state((PyObject *)code, 0);
+    if (st != NULL && st->skip) {
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
+    if (st == NULL && PyErr_Occurred()) {
+        drop_unrun_frame(tstate, frame);
+        return NULL;
+    }
+
+    int nargs = code->co_argcount + code->co_kwonlyargcount +
+                ((code->co_flags & CO_VARARGS) != 0) + ((code->co_flags & CO_VARKEYWORDS) != 0);
+    PyFunctionObject *func = FRAME_FUNC(frame);
+    PyObject *small[MAX_STACK_ARGS + 1];
+    PyObject **argv = small;
+    if (nargs + 1 > MAX_STACK_ARGS + 1) {
+        argv = PyMem_Malloc((nargs + 1) * sizeof(PyObject *));
+        if (argv == NULL) {
+            PyErr_NoMemory();
+            drop_unrun_frame(tstate, frame);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < nargs; i++) {
+        argv[i] = frame->localsplus[i];
+    }
+    argv[nargs] = (PyObject *)func;
+
+    /* Guards and the callback run unhooked; `cb` keeps this thread's
+     * reference while tls_callback is cleared. */
+    tls_callback = NULL;
+    CacheEntry *hit = NULL;
+    PyObject *result = NULL;
+    int failed = 0;
+    if (st != NULL) {
+        Py_ssize_t n = PyList_GET_SIZE(st->entries);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            CacheEntry *e = (CacheEntry *)PyList_GET_ITEM(st->entries, i);
+            PyObject *ok = PyObject_Vectorcall(e->check, argv, nargs + 1, NULL);
+            if (ok == NULL) {
+                failed = 1;
+                break;
+            }
+            Py_DECREF(ok);
+            if (ok == Py_True) {
+                hit = e;
+                break;
+            }
+        }
+    }
+    if (!failed && hit == NULL && !(st != NULL && st->miss_default)) {
+        PyObject *args = PyTuple_New(nargs);
+        if (args == NULL) {
+            failed = 1;
+        }
+        else {
+            for (int i = 0; i < nargs; i++) {
+                PyObject *v = argv[i] != NULL ? argv[i] : Py_None;
+                PyTuple_SET_ITEM(args, i, Py_NewRef(v));
+            }
+            Py_ssize_t n_entries = st != NULL ? PyList_GET_SIZE(st->entries) : 0;
+            PyObject *decision = PyObject_CallFunction(
+                cb, "OOOn", (PyObject *)code, (PyObject *)func, args, n_entries);
+            Py_DECREF(args);
+            if (decision == NULL) {
+                failed = 1;
+            }
+            else if (PyTuple_Check(decision) && PyTuple_GET_SIZE(decision) == 2) {
+                CacheEntry *e = new_entry(PyTuple_GET_ITEM(decision, 0),
+                                          PyTuple_GET_ITEM(decision, 1));
+                st = e != NULL ? get_code_state((PyObject *)code, 1) : NULL;
+                if (st == NULL || PyList_Insert(st->entries, 0, (PyObject *)e) < 0) {
+                    failed = 1;
+                }
+                else {
+                    hit = e;
+                }
+                Py_XDECREF(e);
+            }
+            else if (PyLong_Check(decision)) {
+                long d = PyLong_AsLong(decision);
+                st = get_code_state((PyObject *)code, 1);
+                if (st == NULL) {
+                    failed = 1;
+                }
+                else if (d == DECIDE_SKIP) {
+                    st->skip = 1;
+                }
+                else if (d == DECIDE_RUN_DEFAULT_ON_MISS) {
+                    st->miss_default = 1;
+                }
+            }
+            Py_XDECREF(decision);
+        }
+    }
+    tls_callback = cb;
+
+    if (failed) {
+        drop_unrun_frame(tstate, frame);
+    }
+    else if (hit == NULL || hit->code == Py_None) {
+        result = _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
+    else {
+        PyObject *fn = entry_function(hit, func);
+        result = fn != NULL ? PyObject_Vectorcall(fn, argv, nargs, NULL) : NULL;
+        drop_unrun_frame(tstate, frame);
+    }
+    if (argv != small) {
+        PyMem_Free(argv);
+    }
+    return result;
+}
+
+/* ---- Unhooked / Hooked callables ---- */
+
+/* Calls its function with this thread's callback cleared: compiled graphs and
+ * frametrace.disable()d functions run as plain CPython. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;
+    PyObject *callback;  /* Hooked only: the callback to set around the call */
+    PyObject *dict;
+    vectorcallfunc vectorcall;
+} Wrapper;
+
+static PyObject *
+Unhooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *cb = tls_callback;
+    tls_callback = NULL;
+    PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    tls_callback = cb;
+    return r;
+}
+
+/* Calls its function with this thread's callback set, so the frames it runs
+ * are caught by the hook: what frametrace.optimize returns. */
+static PyObject *
+Hooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *prev = swap_callback(self->callback);
+    PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    PyObject *mine = swap_callback(prev);
+    Py_DECREF(prev);
+    Py_DECREF(mine);
+    return r;
+}
+
+static void
+Wrapper_dealloc(Wrapper *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_XDECREF(self->fn);
+    Py_XDECREF(self->callback);
+    Py_XDECREF(self->dict);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Wrapper_traverse(Wrapper *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fn);
+    Py_VISIT(self->callback);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+Wrapper_clear(Wrapper *self)
+{
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->callback);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+/* Bind like a function, so wrapped methods get `self`. */
+static PyObject *
+Wrapper_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *
+Unhooked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O:Unhooked", &fn)) {
+        return NULL;
+    }
+    Wrapper *self = (Wrapper *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->fn = Py_NewRef(fn);
+    self->vectorcall = (vectorcallfunc)Unhooked_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyObject *
+Hooked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *fn, *callback;
+    if (!PyArg_ParseTuple(args, "OO:Hooked", &fn, &callback)) {
+        return NULL;
+    }
+    Wrapper *self = (Wrapper *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->fn = Py_NewRef(fn);
+    self->callback = Py_NewRef(callback);
+    self->vectorcall = (vectorcallfunc)Hooked_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyMemberDef Wrapper_members[] = {
+    {"fn", T_OBJECT, offsetof(Wrapper, fn), READONLY, "the wrapped callable"},
+    {"callback", T_OBJECT, offsetof(Wrapper, callback), READONLY, "the callback set around calls"},
+    {NULL},
+};
+
+static PyGetSetDef Wrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
+    {NULL},
+};
+
+#define WRAPPER_TYPE(NAME, DOC)                                                        \
+    static PyTypeObject NAME##Type = {                                                 \
+        PyVarObject_HEAD_INIT(NULL, 0)                                                 \
+        .tp_name = "frametrace._C." #NAME,                                             \
+        .tp_basicsize = sizeof(Wrapper),                                               \
+        .tp_dealloc = (destructor)Wrapper_dealloc,                                     \
+        .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),                         \
+        .tp_call = PyVectorcall_Call,                                                  \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | \
+                    Py_TPFLAGS_METHOD_DESCRIPTOR,                                      \
+        .tp_doc = DOC,                                                                 \
+        .tp_traverse = (traverseproc)Wrapper_traverse,                                 \
+        .tp_clear = (inquiry)Wrapper_clear,                                            \
+        .tp_members = Wrapper_members,                                                 \
+        .tp_getset = Wrapper_getset,                                                   \
+        .tp_descr_get = Wrapper_descr_get,                                             \
+        .tp_dictoffset = offsetof(Wrapper, dict),                                      \
+        .tp_new = NAME##_new,                                                          \
+    };
+
+WRAPPER_TYPE(Unhooked, "Unhooked(fn): calls fn with the frame hook off for this thread.")
+WRAPPER_TYPE(Hooked, "Hooked(fn, callback): calls fn with `callback` set as this thread's frame callback.")
+
+/* ---- module functions ---- */
+
+static PyObject *
+py_set_callback(PyObject *m, PyObject *cb)
+{
+    if (cb != Py_None && !PyCallable_Check(cb)) {
+        PyErr_SetString(PyExc_TypeError, "callback must be callable or None");
+        return NULL;
+    }
+    return swap_callback(cb);
+}
+
+static PyObject *
+py_get_callback(PyObject *m, PyObject *noargs)
+{
+    return Py_NewRef(tls_callback != NULL ? tls_callback : Py_None);
+}
+
+static PyObject *
+py_entries(PyObject *m, PyObject *code)
+{
+    if (!PyCode_Check(code)) {
+        PyErr_SetString(PyExc_TypeError, "expected a code object");
+        return NULL;
+    }
+    CodeState *st = get_code_state(code, 0);
+    if (st == NULL) {
+        return PyErr_Occurred() ? NULL : PyList_New(0);
+    }
+    return PyList_GetSlice(st->entries, 0, PyList_GET_SIZE(st->entries));
+}
+
+static PyObject *
+py_code_flags(PyObject *m, PyObject *code)
+{
+    if (!PyCode_Check(code)) {
+        PyErr_SetString(PyExc_TypeError, "expected a code object");
+        return NULL;
+    }
+    CodeState *st = get_code_state(code, 0);
+    if (st == NULL) {
+        return PyErr_Occurred() ? NULL : Py_BuildValue("(ii)", 0, 0);
+    }
+    return Py_BuildValue("(ii)", st->skip, st->miss_default);
+}
+
+static PyObject *
+py_clear_code(PyObject *m, PyObject *code)
+{
+    if (!PyCode_Check(code)) {
+        PyErr_SetString(PyExc_TypeError, "expected a code object");
+        return NULL;
+    }
+    CodeState *st = get_code_state(code, 0);
+    if (st == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    if (_PyCode_SetExtra(code, extra_index, NULL) < 0) {
+        return NULL;
+    }
+    free_code_state(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_mark_skip(PyObject *m, PyObject *code)
+{
+    if (!PyCode_Check(code)) {
+        PyErr_SetString(PyExc_TypeError, "expected a code object");
+        return NULL;
+    }
+    if (mark_skip(code) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_hook_installed(PyObject *m, PyObject *noargs)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    return PyBool_FromLong(_PyInterpreterState_GetEvalFrameFunc(interp) == frametrace_eval);
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_callback", py_set_callback, METH_O,
+     "set_callback(cb) -> previous: set this thread's frame callback (None to clear)."},
+    {"get_callback", py_get_callback, METH_NOARGS, "this thread's frame callback, or None"},
+    {"entries", py_entries, METH_O, "entries(code) -> list of CacheEntry, most recent first"},
+    {"code_flags", py_code_flags, METH_O, "code_flags(code) -> (skip, run_default_on_miss)"},
+    {"clear_code", py_clear_code, METH_O, "clear_code(code): drop all cached state of code"},
+    {"mark_skip", py_mark_skip, METH_O, "mark_skip(code): never trace code"},
+    {"hook_installed", py_hook_installed, METH_NOARGS, "whether the frame hook is installed"},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "frametrace._C", "frametrace's frame-evaluation hook", -1, module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__C(void)
+{
+    extra_index = _PyEval_RequestCodeExtraIndex(free_code_state);
+    if (extra_index < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "no code extra index left");
+        return NULL;
+    }
+    if (PyType_Ready(&CacheEntryType) < 0 || PyType_Ready(&UnhookedType) < 0 ||
+        PyType_Ready(&HookedType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "CacheEntry", (PyObject *)&CacheEntryType) < 0 ||
+        PyModule_AddObjectRef(m, "Unhooked", (PyObject *)&UnhookedType) < 0 ||
+        PyModule_AddObjectRef(m, "Hooked", (PyObject *)&HookedType) < 0 ||
+        PyModule_AddIntConstant(m, "SKIP", DECIDE_SKIP) < 0 ||
+        PyModule_AddIntConstant(m, "RUN_DEFAULT_ON_MISS", DECIDE_RUN_DEFAULT_ON_MISS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

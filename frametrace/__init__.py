@@ -1,0 +1,18 @@
+"""frametrace: compile PyTorch programs as they run.
+
+    import torch, frametrace
+
+    @frametrace.optimize
+    def f(x, y):
+        return (x.sin() + y).relu() * 2
+
+    f(torch.randn(8), torch.randn(8))   # traced, compiled, cached
+    f(torch.randn(8), torch.randn(8))   # guards hold: runs the cached code
+"""
+from . import config, testing
+from .backends import list_backends, register_backend
+from .eval_frame import OptimizedModule, disable, optimize, reset
+from .exc import Unsupported
+
+__all__ = ["optimize", "disable", "reset", "list_backends", "register_backend", "config",
+           "Unsupported", "OptimizedModule", "testing"]

@@ -1,0 +1,121 @@
+"""Bytecode of transformed frames, built with the `bytecode` package.
+
+A transformed code object takes every argument slot of the original frame as a plain
+positional parameter (the C hook passes them straight from the frame), keeps the
+original's cells and free variables, calls the compiled graph, and rebuilds the
+return value.  Differences between 3.11 and 3.12 are in `CodeGen`'s emitters only.
+"""
+from __future__ import annotations
+
+import sys
+
+from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr
+
+PY312 = sys.version_info >= (3, 12)
+
+
+def frame_arg_count(code) -> int:
+    """Argument slots at the start of a frame's locals: positional, keyword-only,
+    then *args and **kwargs."""
+    return (code.co_argcount + code.co_kwonlyargcount
+            + bool(code.co_flags & CompilerFlags.VARARGS)
+            + bool(code.co_flags & CompilerFlags.VARKEYWORDS))
+
+
+class CodeGen:
+    """Emits instructions into a transformed version of `code`."""
+
+    def __init__(self, code, lineno: int | None = None):
+        self.code = code
+        self.lineno = lineno or code.co_firstlineno
+        self.instrs: list[Instr] = []
+        self.cellvars = set(code.co_cellvars)
+        self.freevars = set(code.co_freevars)
+        self.tensor_locals: dict[object, str] = {}  # graph output node -> local name
+
+    def emit(self, name, arg=None):
+        if arg is None:
+            self.instrs.append(Instr(name, lineno=self.lineno))
+        else:
+            self.instrs.append(Instr(name, arg, lineno=self.lineno))
+
+    # -- loads --
+    def load_local(self, name):
+        if name in self.cellvars:
+            self.emit("LOAD_DEREF", CellVar(name))
+        else:
+            self.emit("LOAD_FAST", name)
+
+    def load_deref(self, name):
+        self.emit("LOAD_DEREF", FreeVar(name) if name in self.freevars else CellVar(name))
+
+    def load_global(self, name, push_null=False):
+        self.emit("LOAD_GLOBAL", (push_null, name))
+
+    def load_attr(self, name):
+        self.emit("LOAD_ATTR", (False, name) if PY312 else name)
+
+    def load_const(self, value):
+        self.emit("LOAD_CONST", value)
+
+    def subscr(self):
+        self.emit("BINARY_SUBSCR")
+
+    def build(self, kind, n):
+        self.emit({tuple: "BUILD_TUPLE", list: "BUILD_LIST", dict: "BUILD_MAP"}[kind], n)
+
+    def call(self, nargs):
+        if not PY312:
+            self.emit("PRECALL", nargs)
+        self.emit("CALL", nargs)
+
+    def load_tensor(self, var):
+        name = self.tensor_locals.get(var.node)
+        if name is not None:
+            self.emit("LOAD_FAST", name)
+        elif var.source is not None:
+            var.source.reconstruct(self)
+        else:
+            from .variables import unsupported
+            unsupported(f"returning {var}, which is neither a graph output nor an input")
+
+    # -- whole programs --
+    def call_graph(self, fn_name: str, input_sources, n_outputs: int):
+        """Call the compiled graph on its inputs and keep the outputs in locals."""
+        self.load_global(fn_name, push_null=True)
+        for source in input_sources:
+            source.reconstruct(self)
+        self.call(len(input_sources))
+        if n_outputs == 0:
+            self.emit("POP_TOP")
+            return []
+        self.emit("UNPACK_SEQUENCE", n_outputs)
+        names = [f"___graph_out_{i}" for i in range(n_outputs)]
+        for name in names:
+            self.emit("STORE_FAST", name)
+        return names
+
+    def assemble(self):
+        """The transformed code object."""
+        code = self.code
+        nargs = frame_arg_count(code)
+        bc = Bytecode()
+        bc.name = code.co_name
+        bc.qualname = code.co_qualname
+        bc.filename = code.co_filename
+        bc.first_lineno = code.co_firstlineno
+        bc.argcount = nargs
+        bc.posonlyargcount = 0
+        bc.kwonlyargcount = 0
+        bc.argnames = list(code.co_varnames[:nargs])
+        bc.cellvars = list(code.co_cellvars)
+        bc.freevars = list(code.co_freevars)
+        bc.flags = CompilerFlags(code.co_flags) & ~(CompilerFlags.VARARGS | CompilerFlags.VARKEYWORDS)
+        prologue = []
+        if code.co_freevars:
+            prologue.append(Instr("COPY_FREE_VARS", len(code.co_freevars), lineno=code.co_firstlineno))
+        for name in code.co_cellvars:
+            prologue.append(Instr("MAKE_CELL", CellVar(name), lineno=code.co_firstlineno))
+        prologue.append(Instr("RESUME", 0, lineno=code.co_firstlineno))
+        bc.extend(prologue + self.instrs)
+        return bc.to_code()

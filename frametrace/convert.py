@@ -1,0 +1,238 @@
+"""The hook's Python callback: decide whether to trace a frame, trace it, compile its
+graph, and hand the C hook a (guard, transformed code) cache entry."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import logging
+import os
+import site
+import sysconfig
+import time
+import warnings
+import weakref
+
+import torch
+
+from . import _C, config
+from .codegen import CodeGen
+from .exc import Unsupported, format_user_stack
+from .graph import OutputGraph
+from .guards import GuardSet
+from .interpreter import InstructionTranslator
+from .variables import DictVar, ListVar, TensorVar, TupleVar
+
+log = logging.getLogger("frametrace")
+graph_log = logging.getLogger("frametrace.graph")
+recompile_log = logging.getLogger("frametrace.recompiles")
+
+_fn_ids = itertools.count()
+# Codes with cache state, for reset(); by id, since code objects compare by content.
+_seen_codes: dict[int, weakref.ref] = {}
+_installed_globals: list[tuple[dict, str]] = []           # __compiled_fn_N we placed
+_warned_cache_limit: set[int] = set()
+
+
+class CompileRecord:
+    """What one compile of one frame produced (read by tests and explain())."""
+    __slots__ = ("code", "graph_module", "op_count", "guards", "reason", "user_stack",
+                 "compile_seconds", "backend_seconds", "transformed_code")
+
+    def __init__(self, code):
+        self.code = code
+        self.graph_module = None
+        self.op_count = 0
+        self.guards: list[str] = []
+        self.reason = None
+        self.user_stack = []
+        self.compile_seconds = 0.0
+        self.backend_seconds = 0.0
+        self.transformed_code = None
+
+
+# Observers get every CompileRecord (explain() and tests register one).
+record_observers: list = []
+
+
+# --------------------------------------------------------------------------- skipping
+def _package_dirs():
+    dirs = []
+    for name in config.skip_packages:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            continue
+        for loc in (spec.submodule_search_locations or [spec.origin]):
+            if loc:
+                dirs.append(os.path.realpath(loc if os.path.isdir(loc) else loc))
+    return tuple(dirs)
+
+
+_skip_cache: dict[str, bool] = {}
+_layout = None
+
+
+def _paths():
+    global _layout
+    if _layout is None:
+        paths = sysconfig.get_paths()
+        stdlib = tuple({os.path.realpath(paths["stdlib"]), os.path.realpath(paths["platstdlib"])})
+        sites = tuple({os.path.realpath(p) for p in
+                       [paths["purelib"], paths["platlib"], *site.getsitepackages()]})
+        _layout = (stdlib, sites, _package_dirs())
+    return _layout
+
+
+def is_skipped_file(filename: str) -> bool:
+    """Code in the standard library, torch, frametrace and the packages of
+    `config.skip_packages` is never traced on its own."""
+    hit = _skip_cache.get(filename)
+    if hit is not None:
+        return hit
+    if filename.startswith("<"):
+        hit = filename.startswith(("<frozen", "<eval_with_key", "<frametrace"))
+    else:
+        path = os.path.realpath(filename)
+        stdlib, sites, packages = _paths()
+        if any(path.startswith(p + os.sep) or path == p for p in packages):
+            hit = True
+        elif any(path.startswith(p + os.sep) for p in stdlib):
+            hit = not any(path.startswith(s + os.sep) for s in sites)
+        else:
+            hit = False
+    _skip_cache[filename] = hit
+    return hit
+
+
+# --------------------------------------------------------------------------- callback
+def make_callback(backend, fullgraph: bool):
+    """The callback the C hook calls on a cache miss:
+    ``callback(code, func, arg_slots, n_entries)``."""
+
+    def callback(code, func, args, n_entries):
+        if is_skipped_file(code.co_filename):
+            return _C.SKIP
+        if id(code) not in _seen_codes:
+            _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))
+        if n_entries >= config.cache_size_limit:
+            if id(code) not in _warned_cache_limit:
+                _warned_cache_limit.add(id(code))
+                warnings.warn(
+                    f"frametrace: {code.co_name} ({code.co_filename}:{code.co_firstlineno}) was "
+                    f"recompiled {n_entries} times (config.cache_size_limit); calls that match "
+                    f"none of its compiled entries now run in CPython", stacklevel=2)
+            return _C.RUN_DEFAULT_ON_MISS
+        if n_entries and recompile_log.isEnabledFor(logging.INFO):
+            _log_recompile(code, func, args)
+        return compile_frame(code, func, args, backend, fullgraph)
+
+    callback.backend = backend
+    callback.fullgraph = fullgraph
+    return callback
+
+
+def _log_recompile(code, func, args):
+    for entry in _C.entries(code):
+        guard_set = getattr(entry.check, "guard_set", None)
+        if guard_set is not None:
+            failed = guard_set.first_failure(args, func)
+            recompile_log.info("recompiling %s (%s:%d): guard failed: %s", code.co_name,
+                               code.co_filename, code.co_firstlineno, failed)
+            return
+
+
+def compile_frame(code, func, args, backend, fullgraph: bool):
+    """Trace and compile one frame; returns the C hook's decision."""
+    record = CompileRecord(code)
+    t0 = time.perf_counter()
+    guards = GuardSet(code, func)
+    output = OutputGraph(guards)
+    tracer = InstructionTranslator(code, func, args, output, guards)
+    try:
+        result = tracer.run()
+        new_code = _finish(code, func, tracer, output, guards, result, backend, record)
+    except Unsupported as e:
+        if not e.user_stack:
+            e.user_stack = [tracer.user_location()]
+        if fullgraph:
+            raise Unsupported(e.reason, e.user_stack) from None
+        record.reason = e.reason
+        record.user_stack = e.user_stack
+        log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
+                 format_user_stack(e.user_stack))
+        new_code = None
+    except Exception as e:
+        where = [tracer.user_location()]
+        if fullgraph:
+            raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}", where) from e
+        log.warning("frametrace: internal error while tracing %s; running it in CPython%s",
+                    code.co_name, format_user_stack(where), exc_info=True)
+        record.reason = f"internal error: {type(e).__name__}: {e}"
+        record.user_stack = where
+        new_code = None
+    guards.grad_mode(torch.is_grad_enabled())
+    try:
+        check = guards.compile()
+    except Exception:
+        log.warning("frametrace: could not build guards for %s", code.co_name, exc_info=True)
+        return None
+    check.guard_set = guards
+    record.guards = guards.texts()
+    record.compile_seconds = time.perf_counter() - t0
+    record.transformed_code = new_code
+    for observer in record_observers:
+        observer(record)
+    return (check, new_code)
+
+
+def _finish(code, func, tracer, output, guards, result, backend, record):
+    """Compile the graph and build the transformed code."""
+    output.prune_unused_inputs()
+    out_nodes = []
+    _collect_outputs(result, out_nodes)
+    cg = CodeGen(code, lineno=tracer.lineno)
+    if output.op_count():
+        name = f"__compiled_fn_{next(_fn_ids)}"
+        gm, compiled, seconds = output.compile(backend, out_nodes, name)
+        record.graph_module = gm
+        record.op_count = output.op_count()
+        record.backend_seconds = seconds
+        if graph_log.isEnabledFor(logging.DEBUG):
+            graph_log.debug("graph %s for %s (%s:%d):\n%s", name, code.co_name, code.co_filename,
+                            code.co_firstlineno, gm.code)
+        func.__globals__[name] = _C.Unhooked(compiled)
+        _installed_globals.append((func.__globals__, name))
+        names = cg.call_graph(name, [i.source for i in output.inputs], len(out_nodes))
+        cg.tensor_locals = dict(zip(out_nodes, names))
+    result.reconstruct(cg)
+    cg.emit("RETURN_VALUE")
+    return cg.assemble()
+
+
+def _collect_outputs(v, out):
+    if isinstance(v, TensorVar):
+        if v.node.op != "placeholder" and v.node not in out:
+            out.append(v.node)
+    elif isinstance(v, (TupleVar, ListVar)):
+        for item in v.items:
+            _collect_outputs(item, out)
+    elif isinstance(v, DictVar):
+        for item in v.items.values():
+            _collect_outputs(item, out)
+
+
+def reset():
+    """Forget every compiled entry and the globals frametrace installed."""
+    for ref in list(_seen_codes.values()):
+        code = ref()
+        if code is not None:
+            _C.clear_code(code)
+    _seen_codes.clear()
+    _warned_cache_limit.clear()
+    for g, name in _installed_globals:
+        g.pop(name, None)
+    _installed_globals.clear()
+
+

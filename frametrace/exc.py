@@ -1,0 +1,42 @@
+"""Errors frametrace raises, and the user-code locations they carry."""
+from __future__ import annotations
+
+import linecache
+import traceback
+
+
+class Unsupported(RuntimeError):
+    """Raised for code frametrace cannot trace when ``fullgraph=True``.
+
+    Internally the tracer raises it for anything it cannot put in a graph; without
+    ``fullgraph`` the frame then runs in CPython.  ``user_stack`` lists
+    ``traceback.FrameSummary`` objects, innermost user frame last.
+
+    >>> @frametrace.optimize(fullgraph=True)
+    ... def f(x):
+    ...     print(x)          # raises frametrace.Unsupported naming this file and line
+    """
+
+    def __init__(self, reason: str, user_stack: list[traceback.FrameSummary] | None = None):
+        self.reason = reason
+        self.user_stack = list(user_stack or [])
+        super().__init__(reason)
+
+    def __str__(self) -> str:
+        return self.reason + format_user_stack(self.user_stack)
+
+
+class InternalError(RuntimeError):
+    """A bug in frametrace itself, found while tracing."""
+
+
+def frame_summary(code, lineno: int | None) -> traceback.FrameSummary:
+    lineno = lineno or code.co_firstlineno
+    line = linecache.getline(code.co_filename, lineno).strip()
+    return traceback.FrameSummary(code.co_filename, lineno, code.co_name, line=line)
+
+
+def format_user_stack(stack) -> str:
+    if not stack:
+        return ""
+    return "\n" + "".join(traceback.format_list(stack)).rstrip("\n")

@@ -1,0 +1,221 @@
+"""The FX graph of one traced frame: inputs with their sources, nodes computed over
+FakeTensors, and the hand-off to a backend."""
+from __future__ import annotations
+
+import operator
+import time
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensorMode)
+
+from .variables.base import unsupported
+from .variables.constant import ConstVar, is_constant_value
+from .variables.containers import DictVar, ListVar, TupleVar
+from .variables.tensor import TensorVar
+
+
+class GraphInput:
+    __slots__ = ("source", "node", "value")
+
+    def __init__(self, source, node, value):
+        self.source = source
+        self.node = node
+        self.value = value  # the real tensor, dropped after compiling
+
+
+class OutputGraph:
+    """Collects the graph while tracing; `compile` hands it to the backend."""
+
+    def __init__(self, guards, fake_mode: FakeTensorMode | None = None):
+        self.graph = fx.Graph()
+        self.guards = guards
+        self.fake_mode = fake_mode or FakeTensorMode()
+        self.inputs: list[GraphInput] = []
+        self._input_by_id: dict[int, GraphInput] = {}
+        self._last_placeholder = None
+
+    # -- inputs --
+    def add_input(self, value: torch.Tensor, source) -> TensorVar:
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            unsupported(f"tensor subclass {type(value).__name__}")
+        known = self._input_by_id.get(id(value))
+        if known is not None:
+            if known.source != source:
+                self.guards.same_object(source, known.source)
+            return TensorVar(known.node, known.node.meta["example_value"], source)
+        self.guards.tensor(source, value)
+        name = _node_name(source.name())
+        if self._last_placeholder is not None:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        else:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first)
+        with ctx:
+            node = self.graph.placeholder(name)
+        self._last_placeholder = node
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        node.meta["example_value"] = node.meta["val"] = fake
+        node.meta["source"] = source.name()
+        inp = GraphInput(source, node, value)
+        self.inputs.append(inp)
+        self._input_by_id[id(value)] = inp
+        return TensorVar(node, fake, source)
+
+    # -- ops --
+    def call(self, kind: str, target, args: tuple, kwargs: dict):
+        """Record `target(*args, **kwargs)` (kind 'call_function' or 'call_method'),
+        computing its result on FakeTensors.  Results without tensors are constants."""
+        node_args = tuple(_to_node_arg(a) for a in args)
+        node_kwargs = {k: _to_node_arg(v) for k, v in kwargs.items()}
+        fake_args = tuple(_to_fake(a) for a in args)
+        fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
+        what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    out = target(*fake_args, **fake_kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            unsupported(f"{what}() has a data-dependent result ({type(e).__name__})")
+        except Exception as e:
+            unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
+        if not _has_tensor(out):
+            if is_constant_value(out) or (isinstance(out, (tuple, list)) and all(map(is_constant_value, out))):
+                return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
+            unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
+        node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        return self._wrap_result(node, out)
+
+    def _wrap_result(self, node, out):
+        if isinstance(out, torch.Tensor):
+            node.meta["example_value"] = node.meta["val"] = out
+            return TensorVar(node, out)
+        if isinstance(out, (tuple, list)):
+            items = []
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    item = self.graph.create_node("call_function", operator.getitem, (node, i))
+                    item.meta["example_value"] = item.meta["val"] = o
+                    items.append(TensorVar(item, o))
+                elif is_constant_value(o):
+                    items.append(ConstVar(o))
+                else:
+                    unsupported(f"graph op returned {type(o).__name__} inside a sequence")
+            fields = getattr(type(out), "_fields", None) or _structseq_fields(out)
+            if fields:
+                return NamedTupleVar(items, fields)
+            return (TupleVar if isinstance(out, tuple) else ListVar)(items)
+        unsupported(f"graph op returned {type(out).__name__}")
+
+    # -- compiling --
+    def op_count(self) -> int:
+        return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+    def prune_unused_inputs(self):
+        for inp in list(self.inputs):
+            if not inp.node.users:
+                self.graph.erase_node(inp.node)
+                self.inputs.remove(inp)
+
+    def compile(self, backend, output_nodes: list, name: str):
+        """Finish the graph with `output_nodes` and compile it; returns
+        (GraphModule, compiled callable, seconds spent in the backend)."""
+        self.graph.output(tuple(output_nodes))
+        self.graph.lint()
+        gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name=name)
+        gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]
+        example_inputs = [i.value for i in self.inputs]
+        t0 = time.perf_counter()
+        compiled = backend(gm, example_inputs)
+        seconds = time.perf_counter() - t0
+        for i in self.inputs:
+            i.value = None
+        if not callable(compiled):
+            raise TypeError(f"backend {backend!r} returned {compiled!r}, which is not callable")
+        return gm, compiled, seconds
+
+
+class NamedTupleVar(TupleVar):
+    """A torch.return_types result (values, indices, ...)."""
+    __slots__ = ("fields",)
+
+    def __init__(self, items, fields, source=None):
+        super().__init__(items, source)
+        self.fields = tuple(fields)
+
+    def getattr(self, tx, name):
+        if name in self.fields:
+            return self.items[self.fields.index(name)]
+        unsupported(f"attribute {name!r} of a result with fields {self.fields}")
+
+
+def _structseq_fields(out):
+    n = getattr(type(out), "n_fields", None)
+    if n is None:
+        return None
+    names = [d for d in dir(type(out)) if not d.startswith("_") and d not in
+             ("count", "index", "n_fields", "n_sequence_fields", "n_unnamed_fields")]
+    by_index = {}
+    for d in names:
+        try:
+            v = getattr(out, d)
+        except Exception:
+            continue
+        for i, o in enumerate(out):
+            if o is v:
+                by_index[i] = d
+    return tuple(by_index.get(i, f"_{i}") for i in range(len(out)))
+
+
+def _has_tensor(out) -> bool:
+    if isinstance(out, torch.Tensor):
+        return True
+    if isinstance(out, (tuple, list)):
+        return any(_has_tensor(o) for o in out)
+    if isinstance(out, dict):
+        return any(_has_tensor(o) for o in out.values())
+    return False
+
+
+def _to_node_arg(v):
+    if isinstance(v, TensorVar):
+        return v.node
+    if isinstance(v, ConstVar):
+        return _const_arg(v.value)
+    if isinstance(v, (TupleVar, ListVar)):
+        items = [_to_node_arg(x) for x in v.items]
+        return tuple(items) if isinstance(v, TupleVar) else items
+    if isinstance(v, DictVar):
+        return {k: _to_node_arg(x) for k, x in v.items.items()}
+    from .variables.objects import ObjectVar
+    if isinstance(v, ObjectVar) and isinstance(v.value, (torch.dtype, torch.device)):
+        return v.value
+    unsupported(f"passing {v} to a torch operation")
+
+
+def _const_arg(value):
+    return value
+
+
+def _to_fake(v):
+    if isinstance(v, TensorVar):
+        return v.example
+    if isinstance(v, ConstVar):
+        return v.value
+    if isinstance(v, (TupleVar, ListVar)):
+        items = [_to_fake(x) for x in v.items]
+        return tuple(items) if isinstance(v, TupleVar) else items
+    if isinstance(v, DictVar):
+        return {k: _to_fake(x) for k, x in v.items.items()}
+    from .variables.objects import ObjectVar
+    if isinstance(v, ObjectVar):
+        return v.value
+    unsupported(f"passing {v} to a torch operation")
+
+
+def _node_name(name: str) -> str:
+    clean = "".join(c if c.isalnum() else "_" for c in name).strip("_")
+    return ("l_" + clean) if clean else "arg"

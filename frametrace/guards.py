@@ -1,0 +1,170 @@
+"""Guards: the facts about a call's inputs and globals that a compiled entry relies on,
+compiled into one Python function the C hook calls before reusing the entry.
+
+The check takes the frame's argument slots positionally (named as in the frame), then
+``___func``, the running function; it returns exactly ``True`` when the entry applies.
+"""
+from __future__ import annotations
+
+import torch
+
+from .source import Source, guard_local_name
+
+
+class Guard:
+    __slots__ = ("source", "kind", "expr", "text")
+
+    def __init__(self, source, kind, expr, text):
+        self.source = source
+        self.kind = kind
+        self.expr = expr    # Python expression, True when the guard holds
+        self.text = text    # for people: explain(), logs
+
+    def __repr__(self):
+        return f"Guard({self.text})"
+
+
+class GuardSet:
+    """Guards collected while tracing one frame, in the order they were made."""
+
+    def __init__(self, code, func):
+        self.code = code
+        self.func = func
+        self.guards: dict[tuple, Guard] = {}
+        self.constants: dict[str, object] = {}
+        self._ids: dict[int, str] = {}
+
+    # -- naming objects the check compares against --
+    def const(self, obj) -> str:
+        name = self._ids.get(id(obj))
+        if name is None:
+            name = f"___k{len(self.constants)}"
+            self.constants[name] = obj
+            self._ids[id(obj)] = name
+        return name
+
+    def _add(self, source: Source | None, kind: str, expr: str, text: str):
+        key = (source, kind)
+        if key not in self.guards:
+            self.guards[key] = Guard(source, kind, expr, text)
+
+    # -- guard kinds --
+    def type_match(self, source, value):
+        e = source.guard_expr()
+        self._add(source, "TYPE", f"___type({e}) is {self.const(type(value))}",
+                  f"type({source.name()}) is {type(value).__qualname__}")
+
+    def identity(self, source, value):
+        e = source.guard_expr()
+        self._add(source, "ID", f"{e} is {self.const(value)}",
+                  f"{source.name()} is {_short(value)}")
+
+    def equals(self, source, value):
+        e = source.guard_expr()
+        if value is None or type(value) is bool or value is Ellipsis or isinstance(value, torch.dtype):
+            self._add(source, "EQ", f"{e} is {self.const(value)}", f"{source.name()} is {value!r}")
+            return
+        t = self.const(type(value))
+        if isinstance(value, float) and value != value:
+            expr = f"___type({e}) is {t} and {e} != {e}"
+        else:
+            expr = f"___type({e}) is {t} and {e} == {self.const(value)}"
+        self._add(source, "EQ", expr, f"{source.name()} == {value!r}")
+
+    def length(self, source, value):
+        e = source.guard_expr()
+        self._add(source, "LEN",
+                  f"___type({e}) is {self.const(type(value))} and ___len({e}) == {len(value)}",
+                  f"type({source.name()}) is {type(value).__name__} and len({source.name()}) == {len(value)}")
+
+    def dict_keys(self, source, value):
+        e = source.guard_expr()
+        keys = tuple(value)
+        self._add(source, "KEYS",
+                  f"___type({e}) is dict and ___tuple({e}) == {self.const(keys)}",
+                  f"{source.name()} is a dict with keys {list(keys)}")
+
+    def tensor(self, source, t: torch.Tensor):
+        e = source.guard_expr()
+        shape, stride = tuple(t.shape), t.stride()
+        parts = [f"___type({e}) is {self.const(type(t))}",
+                 f"{e}.dtype is {self.const(t.dtype)}",
+                 f"{e}.device == {self.const(t.device)}",
+                 f"{e}.shape == {self.const(shape)}",
+                 f"{e}.stride() == {self.const(stride)}",
+                 f"{e}.requires_grad is {t.requires_grad}"]
+        self._add(source, "TENSOR", " and ".join(parts),
+                  f"{source.name()}: {type(t).__name__} {str(t.dtype).replace('torch.', '')}"
+                  f"{list(shape)} stride={list(stride)} device={t.device} "
+                  f"requires_grad={t.requires_grad}")
+
+    def same_object(self, source, other: Source):
+        self._add(source, "ALIAS", f"{source.guard_expr()} is {other.guard_expr()}",
+                  f"{source.name()} is {other.name()}")
+
+    def global_state(self, name: str, reader, value):
+        self._add(None, name, f"{self.const(reader)}() is {self.const(value)}",
+                  f"{name} is {value!r}")
+
+    def grad_mode(self, enabled: bool):
+        self.global_state("grad_mode", torch.is_grad_enabled, enabled)
+
+    # -- output --
+    def texts(self) -> list[str]:
+        return [g.text for g in self.guards.values()]
+
+    def compile(self):
+        """The check function for the C hook."""
+        code = self.code
+        nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
+            bool(code.co_flags & 0x08)
+        params = [guard_local_name(n) for n in code.co_varnames[:nargs]] + ["___func"]
+        exprs = [g.expr for g in self.guards.values()]
+        uses_globals = any("___G[" in x for x in exprs)
+        uses_builtins = any("___B[" in x for x in exprs)
+        if uses_globals:
+            exprs.insert(0, "___func.__globals__ is ___G")
+        body = " and ".join(f"({x})" for x in exprs) if exprs else "True"
+        src = (f"def ___check({', '.join(params)}):\n"
+               f"    try:\n"
+               f"        return {body}\n"
+               f"    except Exception:\n"
+               f"        return False\n")
+        namespace = dict(self.constants)
+        namespace.update(___type=type, ___len=len, ___tuple=tuple)
+        if uses_globals:
+            namespace["___G"] = self.func.__globals__
+        if uses_builtins:
+            namespace["___B"] = self.func.__builtins__
+        exec(compile(src, f"<frametrace guards for {code.co_name}>", "exec"), namespace)
+        check = namespace["___check"]
+        check.source = src
+        check.guards = list(self.guards.values())
+        return check
+
+    def first_failure(self, args, func) -> str | None:
+        """Text of the first guard that fails for these argument slots (recompile logs)."""
+        code = self.code
+        params = [guard_local_name(n) for n in code.co_varnames[:len(args)]]
+        env = dict(self.constants)
+        env.update(zip(params, args))
+        env.update(___func=func, ___type=type, ___len=len, ___tuple=tuple,
+                   ___G=func.__globals__, ___B=func.__builtins__)
+        for g in self.guards.values():
+            try:
+                ok = eval(g.expr, env) is True
+            except Exception:
+                ok = False
+            if not ok:
+                return g.text
+        return None
+
+
+def _short(value) -> str:
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if name:
+        return f"<{type(value).__name__} {name}>"
+    r = repr(value)
+    return r if len(r) < 60 else f"<{type(value).__name__} at {id(value):#x}>"
+
+

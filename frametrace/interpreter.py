@@ -1,0 +1,571 @@
+"""The symbolic bytecode interpreter.
+
+It runs a frame's bytecode the way ceval.c does, but over Vars: torch operations go
+into the FX graph (through `OutputGraph.call`), Python logic on values known at trace
+time is evaluated now and guarded, and anything else raises Unsupported.  Every opcode
+has one handler, a method named after it; the few differences between 3.11 and 3.12
+live in the table at the end of this file.
+"""
+from __future__ import annotations
+
+import dis
+import operator
+import sys
+
+from .exc import Unsupported, frame_summary
+from .source import BuiltinSource, ClosureSource, GlobalSource, LocalSource
+from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar, TensorVar,
+                        TupleVar, Var, unsupported)
+from .variables.builder import wrap
+from .variables.constant import BINARY_FOLD
+
+PY312 = sys.version_info >= (3, 12)
+
+# Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
+_BINARY_OPS = {
+    "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
+    "@": operator.matmul, "*": operator.mul, "%": operator.mod, "|": operator.or_,
+    "**": operator.pow, ">>": operator.rshift, "-": operator.sub, "/": operator.truediv,
+    "^": operator.xor,
+    "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv,
+    "<<=": operator.ilshift, "@=": operator.imatmul, "*=": operator.imul,
+    "%=": operator.imod, "|=": operator.ior, "**=": operator.ipow, ">>=": operator.irshift,
+    "-=": operator.isub, "/=": operator.itruediv, "^=": operator.ixor,
+}
+_INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
+                     operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
+                     operator.imatmul: operator.matmul, operator.imul: operator.mul,
+                     operator.imod: operator.mod, operator.ior: operator.or_,
+                     operator.ipow: operator.pow, operator.irshift: operator.rshift,
+                     operator.isub: operator.sub, operator.itruediv: operator.truediv,
+                     operator.ixor: operator.xor}
+_COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+                ">": operator.gt, ">=": operator.ge}
+
+# Unrolled loops are bounded: past this many instructions the frame is not traced.
+MAX_INSTRUCTIONS = 200_000
+
+
+class _Lazy:
+    """A frame value not yet looked at: wrapped (and guarded) on first use, so unused
+    arguments add no guards."""
+    __slots__ = ("value", "source")
+
+    def __init__(self, value, source):
+        self.value = value
+        self.source = source
+
+
+class InstructionTranslator:
+    """Traces one frame: `run()` interprets its bytecode to the return."""
+
+    def __init__(self, code, func, args, output, guards):
+        self.code = code
+        self.func = func
+        self.f_globals = func.__globals__
+        self.f_builtins = func.__builtins__
+        if not isinstance(self.f_builtins, dict):
+            self.f_builtins = vars(self.f_builtins)
+        self.output = output
+        self.guards = guards
+        self.instructions = list(dis.get_instructions(code))
+        self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
+        self.stack: list[Var] = []
+        self.locals: dict[str, object] = {}
+        self.cells: dict[str, object] = {}
+        self.kw_names: tuple = ()
+        self.ip = 0
+        self.lineno = code.co_firstlineno
+        self.return_value: Var | None = None
+        for name, value in zip(code.co_varnames, args):
+            self.locals[name] = _Lazy(value, LocalSource(name))
+
+    # ------------------------------------------------------------ running
+    def run(self) -> Var:
+        instructions = self.instructions
+        steps = 0
+        while self.return_value is None:
+            inst = instructions[self.ip]
+            self.ip += 1
+            if inst.positions is not None and inst.positions.lineno is not None:
+                self.lineno = inst.positions.lineno
+            handler = _DISPATCH.get(inst.opname)
+            try:
+                if handler is None:
+                    unsupported(f"bytecode {inst.opname}")
+                handler(self, inst)
+            except Unsupported as e:
+                if not e.user_stack:
+                    e.user_stack = [frame_summary(self.code, self.lineno)]
+                raise
+            steps += 1
+            if steps > MAX_INSTRUCTIONS:
+                unsupported(f"more than {MAX_INSTRUCTIONS} instructions traced (a very long loop?)")
+        return self.return_value
+
+    def user_location(self):
+        return frame_summary(self.code, self.lineno)
+
+    # ------------------------------------------------------------ helpers
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n):
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def jump(self, inst):
+        self.ip = self.index_of[inst.argval]
+
+    def realize(self, v):
+        if type(v) is _Lazy:
+            return wrap(self, v.value, v.source)
+        return v
+
+    def _local(self, name):
+        try:
+            v = self.locals[name]
+        except KeyError:
+            unsupported(f"local variable {name!r} referenced before assignment")
+        if type(v) is _Lazy:
+            v = self.locals[name] = wrap(self, v.value, v.source)
+        return v
+
+    # ------------------------------------------------------------ no-ops
+    def NOP(self, inst):
+        pass
+
+    RESUME = PRECALL = CACHE = EXTENDED_ARG = NOP
+
+    # ------------------------------------------------------------ stack
+    def POP_TOP(self, inst):
+        self.pop()
+
+    def PUSH_NULL(self, inst):
+        self.push(NULL)
+
+    def COPY(self, inst):
+        self.push(self.stack[-inst.arg])
+
+    def SWAP(self, inst):
+        i = inst.arg
+        self.stack[-1], self.stack[-i] = self.stack[-i], self.stack[-1]
+
+    # ------------------------------------------------------------ locals, cells
+    def LOAD_CONST(self, inst):
+        self.push(ConstVar(inst.argval))
+
+    def RETURN_CONST(self, inst):
+        self.return_value = ConstVar(inst.argval)
+
+    def LOAD_FAST(self, inst):
+        self.push(self._local(inst.argval))
+
+    LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_AND_CLEAR(self, inst):
+        # 3.12 inlined comprehensions save the outer binding and restore it after.
+        v = self.locals.pop(inst.argval, None)
+        self.push(NULL if v is None else self.realize(v))
+
+    def STORE_FAST(self, inst):
+        v = self.pop()
+        if v is NULL:
+            self.locals.pop(inst.argval, None)
+        else:
+            self.locals[inst.argval] = v
+
+    def DELETE_FAST(self, inst):
+        self.locals.pop(inst.argval, None)
+
+    def MAKE_CELL(self, inst):
+        name = inst.argval
+        self.cells[name] = self.locals.pop(name, None)
+
+    def COPY_FREE_VARS(self, inst):
+        closure = self.func.__closure__ or ()
+        for i, name in enumerate(self.code.co_freevars):
+            self.cells[name] = _Lazy(closure[i].cell_contents, ClosureSource(name, i))
+
+    def LOAD_DEREF(self, inst):
+        v = self.cells.get(inst.argval)
+        if v is None:
+            unsupported(f"free variable {inst.argval!r} referenced before assignment")
+        if type(v) is _Lazy:
+            v = self.cells[inst.argval] = wrap(self, v.value, v.source)
+        self.push(v)
+
+    def STORE_DEREF(self, inst):
+        self.cells[inst.argval] = self.pop()
+
+    def LOAD_GLOBAL(self, inst):
+        name = inst.argval
+        if inst.arg & 1:
+            self.push(NULL)
+        if name in self.f_globals:
+            self.push(wrap(self, self.f_globals[name], GlobalSource(name)))
+        elif name in self.f_builtins:
+            # Builtins are not guarded: shadowing one mid-program is not supported.
+            self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False))
+        else:
+            unsupported(f"name {name!r} is not defined")
+
+    # ------------------------------------------------------------ attributes
+    def LOAD_ATTR(self, inst):
+        obj = self.pop()
+        if PY312 and inst.arg & 1:
+            self.push(NULL)
+        self.push(obj.getattr(self, inst.argval))
+
+    def LOAD_METHOD(self, inst):  # 3.11
+        obj = self.pop()
+        self.push(NULL)
+        self.push(obj.getattr(self, inst.argval))
+
+    # ------------------------------------------------------------ calls
+    def KW_NAMES(self, inst):
+        self.kw_names = inst.argval
+
+    def CALL(self, inst):
+        args = self.popn(inst.arg)
+        self_or_fn = self.pop()
+        fn_or_null = self.pop()
+        if fn_or_null is NULL:
+            fn = self_or_fn
+        else:
+            fn, args = fn_or_null, [self_or_fn, *args]
+        kw, self.kw_names = self.kw_names, ()
+        kwargs = {}
+        if kw:
+            kwargs = dict(zip(kw, args[-len(kw):]))
+            args = args[:-len(kw)]
+        self.push(fn.call(self, list(args), kwargs))
+
+    def CALL_FUNCTION_EX(self, inst):
+        kwargs = self.pop() if inst.arg & 1 else None
+        args = self.pop()
+        fn = self.pop()
+        null = self.pop()
+        if null is not NULL:
+            unsupported("CALL_FUNCTION_EX without NULL")
+        kw = {}
+        if kwargs is not None:
+            if not isinstance(kwargs, DictVar):
+                unsupported(f"**{kwargs}")
+            kw = dict(kwargs.items)
+        self.push(fn.call(self, args.unpack(self), kw))
+
+    def MAKE_FUNCTION(self, inst):
+        unsupported("defining a function inside the traced frame (closures are not supported yet)")
+
+    # ------------------------------------------------------------ operators
+    def BINARY_OP(self, inst):
+        b = self.pop()
+        a = self.pop()
+        symbol = dis._nb_ops[inst.arg][1]
+        self.push(binary_op(self, _BINARY_OPS[symbol], a, b))
+
+    def COMPARE_OP(self, inst):
+        b = self.pop()
+        a = self.pop()
+        self.push(binary_op(self, _COMPARE_OPS[inst.argval], a, b))
+
+    def IS_OP(self, inst):
+        b = self.pop()
+        a = self.pop()
+        same = is_same(a, b)
+        self.push(ConstVar(same != bool(inst.arg)))
+
+    def CONTAINS_OP(self, inst):
+        container = self.pop()
+        item = self.pop()
+        self.push(ConstVar(contains(self, container, item) != bool(inst.arg)))
+
+    def UNARY_NEGATIVE(self, inst):
+        self.push(unary_op(self, operator.neg, self.pop()))
+
+    def UNARY_POSITIVE(self, inst):
+        self.push(unary_op(self, operator.pos, self.pop()))
+
+    def UNARY_INVERT(self, inst):
+        self.push(unary_op(self, operator.invert, self.pop()))
+
+    def UNARY_NOT(self, inst):
+        self.push(ConstVar(not self.pop().truth(self)))
+
+    # ------------------------------------------------------------ subscripts
+    def BINARY_SUBSCR(self, inst):
+        key = self.pop()
+        container = self.pop()
+        self.push(container.getitem(self, key))
+
+    def STORE_SUBSCR(self, inst):
+        key = self.pop()
+        container = self.pop()
+        value = self.pop()
+        container.setitem(self, key, value)
+
+    def BINARY_SLICE(self, inst):  # 3.12
+        end = self.pop()
+        start = self.pop()
+        container = self.pop()
+        self.push(container.getitem(self, _make_slice([start, end])))
+
+    def STORE_SLICE(self, inst):  # 3.12
+        end = self.pop()
+        start = self.pop()
+        container = self.pop()
+        value = self.pop()
+        container.setitem(self, _make_slice([start, end]), value)
+
+    def BUILD_SLICE(self, inst):
+        self.push(_make_slice(self.popn(inst.arg)))
+
+    # ------------------------------------------------------------ building
+    def BUILD_TUPLE(self, inst):
+        self.push(TupleVar(self.popn(inst.arg)))
+
+    def BUILD_LIST(self, inst):
+        self.push(ListVar(self.popn(inst.arg)))
+
+    def BUILD_MAP(self, inst):
+        flat = self.popn(2 * inst.arg)
+        keys, values = flat[0::2], flat[1::2]
+        self.push(DictVar({_const_key(k): v for k, v in zip(keys, values)}))
+
+    def BUILD_CONST_KEY_MAP(self, inst):
+        keys = self.pop().as_const()
+        values = self.popn(inst.arg)
+        self.push(DictVar(dict(zip(keys, values))))
+
+    def BUILD_STRING(self, inst):
+        parts = self.popn(inst.arg)
+        self.push(ConstVar("".join(p.as_const() for p in parts)))
+
+    def LIST_APPEND(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].items.append(v)
+
+    def LIST_EXTEND(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].items.extend(v.unpack(self))
+
+    def LIST_TO_TUPLE(self, inst):  # 3.11
+        self.push(TupleVar(self.pop().unpack(self)))
+
+    def DICT_UPDATE(self, inst):
+        v = self.pop()
+        if not isinstance(v, DictVar):
+            unsupported(f"dict update with {v}")
+        self.stack[-inst.arg].items.update(v.items)
+
+    DICT_MERGE = DICT_UPDATE
+
+    def MAP_ADD(self, inst):
+        value = self.pop()
+        key = self.pop()
+        self.stack[-inst.arg].items[_const_key(key)] = value
+
+    def CALL_INTRINSIC_1(self, inst):  # 3.12
+        name = inst.argrepr
+        if name == "INTRINSIC_LIST_TO_TUPLE":
+            self.push(TupleVar(self.pop().unpack(self)))
+        elif name == "INTRINSIC_UNARY_POSITIVE":
+            self.push(unary_op(self, operator.pos, self.pop()))
+        else:
+            unsupported(f"{name}")
+
+    def UNPACK_SEQUENCE(self, inst):
+        items = self.pop().unpack(self)
+        if len(items) != inst.arg:
+            unsupported(f"unpacking {len(items)} values into {inst.arg}")
+        self.stack.extend(reversed(items))
+
+    def UNPACK_EX(self, inst):
+        items = self.pop().unpack(self)
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        if len(items) < before + after:
+            unsupported("not enough values to unpack")
+        middle = items[before:len(items) - after]
+        self.stack.extend(reversed(items[len(items) - after:]))
+        self.push(ListVar(middle))
+        self.stack.extend(reversed(items[:before]))
+
+    def FORMAT_VALUE(self, inst):
+        spec = self.pop().as_const() if inst.arg & 0x04 else ""
+        value = self.pop()
+        if not value.is_const():
+            unsupported(f"formatting {value} into a string")
+        v = value.as_const()
+        conv = inst.arg & 0x03
+        v = {0: v, 1: str(v) if conv == 1 else v, 2: repr(v), 3: ascii(v)}[conv] if conv else v
+        self.push(ConstVar(format(v, spec)))
+
+    # ------------------------------------------------------------ control flow
+    def JUMP_FORWARD(self, inst):
+        self.jump(inst)
+
+    JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP = JUMP_FORWARD
+
+    def POP_JUMP_IF_FALSE(self, inst):
+        if not self.pop().truth(self):
+            self.jump(inst)
+
+    def POP_JUMP_IF_TRUE(self, inst):
+        if self.pop().truth(self):
+            self.jump(inst)
+
+    def POP_JUMP_IF_NONE(self, inst):
+        if is_none(self.pop()):
+            self.jump(inst)
+
+    def POP_JUMP_IF_NOT_NONE(self, inst):
+        if not is_none(self.pop()):
+            self.jump(inst)
+
+    def JUMP_IF_FALSE_OR_POP(self, inst):  # 3.11
+        if not self.stack[-1].truth(self):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def JUMP_IF_TRUE_OR_POP(self, inst):  # 3.11
+        if self.stack[-1].truth(self):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def GET_ITER(self, inst):
+        v = self.pop()
+        self.push(v if isinstance(v, IteratorVar) else IteratorVar(v.unpack(self)))
+
+    def FOR_ITER(self, inst):
+        it = self.stack[-1]
+        if not isinstance(it, IteratorVar):
+            unsupported(f"iterating over {it}")
+        v = it.next()
+        if v is not None:
+            self.push(v)
+            return
+        self.pop()
+        self.jump(inst)
+        # 3.12 jumps to END_FOR and skips it.
+        if PY312 and self.instructions[self.ip].opname == "END_FOR":
+            self.ip += 1
+
+    def END_FOR(self, inst):  # 3.12
+        self.popn(2)
+
+    def RETURN_VALUE(self, inst):
+        self.return_value = self.pop()
+
+    def LOAD_ASSERTION_ERROR(self, inst):
+        self.push(ObjectVar(AssertionError))
+
+    def RAISE_VARARGS(self, inst):
+        unsupported("raising an exception")
+
+
+# --------------------------------------------------------------------------- semantics
+def binary_op(tx, fn, a: Var, b: Var) -> Var:
+    """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
+    if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        return tx.output.call("call_function", fn, (a, b), {})
+    plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if isinstance(a, ListVar) and fn in (operator.iadd, operator.imul):
+        a._check_mutable()
+        if fn is operator.iadd:
+            a.items.extend(b.unpack(tx))
+        else:
+            a.items[:] = a.items * b.as_const()
+        return a
+    seq = (TupleVar, ListVar)
+    if plain is operator.add and isinstance(a, seq) and type(a) is type(b):
+        return type(a)(a.items + b.items)
+    if plain is operator.mul and isinstance(a, seq) and isinstance(b, ConstVar):
+        return type(a)(a.items * b.as_const())
+    if plain is operator.mul and isinstance(b, seq) and isinstance(a, ConstVar):
+        return type(b)(b.items * a.as_const())
+    if a.is_const() and b.is_const() and not isinstance(a, ListVar) and not isinstance(b, ListVar) \
+            and plain in BINARY_FOLD:
+        try:
+            return ConstVar(plain(a.as_const(), b.as_const()))
+        except Exception as e:
+            unsupported(f"{plain.__name__} on constants raised {type(e).__name__}: {e}")
+    if plain in (operator.eq, operator.ne) and isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
+        same = a.value == b.value
+        return ConstVar(same if plain is operator.eq else not same)
+    unsupported(f"{plain.__name__} on {a} and {b}")
+
+
+def unary_op(tx, fn, v: Var) -> Var:
+    if isinstance(v, TensorVar):
+        return tx.output.call("call_function", fn, (v,), {})
+    if isinstance(v, ConstVar):
+        return ConstVar(fn(v.value))
+    unsupported(f"{fn.__name__} on {v}")
+
+
+def is_same(a: Var, b: Var) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, ConstVar) and isinstance(b, ConstVar):
+        return a.value is b.value
+    if isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
+        return a.value is b.value
+    if isinstance(a, TensorVar) and isinstance(b, TensorVar):
+        return a.node is b.node
+    if isinstance(a, ConstVar) or isinstance(b, ConstVar):
+        const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
+        if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar)):
+            return False
+    unsupported(f"'is' between {a} and {b}")
+
+
+def is_none(v: Var) -> bool:
+    if isinstance(v, ConstVar):
+        return v.value is None
+    if isinstance(v, ObjectVar):
+        return v.value is None
+    return False
+
+
+def contains(tx, container: Var, item: Var) -> bool:
+    if isinstance(container, DictVar):
+        return _const_key(item) in container.items
+    if isinstance(container, (TupleVar, ListVar, ConstVar)) and item.is_const():
+        members = container.unpack(tx)
+        if all(m.is_const() for m in members):
+            return item.as_const() in [m.as_const() for m in members]
+    if isinstance(item, ObjectVar) and isinstance(container, (TupleVar, ListVar)):
+        return any(isinstance(m, ObjectVar) and m.value is item.value for m in container.items)
+    unsupported(f"'in' with {item} and {container}")
+
+
+def _make_slice(parts) -> ConstVar:
+    if not all(p.is_const() for p in parts):
+        unsupported(f"slice with non-constant bounds {parts}")
+    return ConstVar(slice(*(p.as_const() for p in parts)))
+
+
+def _const_key(v: Var):
+    if not v.is_const():
+        unsupported(f"dict key {v} is not a constant")
+    return v.as_const()
+
+
+# --------------------------------------------------------------------------- dispatch
+# One handler per opcode name.  3.11 spells its conditional jumps with a direction;
+# they behave as 3.12's (dis resolves the target offsets).
+_DISPATCH = {name: getattr(InstructionTranslator, name) for name in dir(InstructionTranslator)
+             if name.isupper()}
+if not PY312:
+    for _direction in ("FORWARD", "BACKWARD"):
+        for _cond in ("FALSE", "TRUE", "NONE", "NOT_NONE"):
+            _DISPATCH[f"POP_JUMP_{_direction}_IF_{_cond}"] = _DISPATCH[f"POP_JUMP_IF_{_cond}"]

@@ -1,0 +1,165 @@
+"""Sources: where a traced value lives in the user's frame.
+
+A source gives the expression a guard reads (`guard_expr`), and the bytecode that
+loads the value again in the transformed frame (`reconstruct`).  Guard functions take
+the frame's argument slots by name, then ``___func`` (the running function), so
+globals and closure cells are read through it.
+"""
+from __future__ import annotations
+
+
+def guard_local_name(name: str) -> str:
+    """The guard function's parameter for frame local `name` (comprehension frames have
+    locals such as '.0' that are not identifiers)."""
+    if name.isidentifier() and not name.startswith("___"):
+        return name
+    return "___arg_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+class Source:
+    __slots__ = ()
+
+    def guard_expr(self) -> str:
+        raise NotImplementedError
+
+    def reconstruct(self, cg) -> None:
+        raise NotImplementedError
+
+    def name(self) -> str:
+        """Readable name, as the user would write it."""
+        return self.guard_expr()
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.key() == other.key()
+
+    def __hash__(self):
+        return hash((type(self), self.key()))
+
+    def key(self):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name()})"
+
+
+class LocalSource(Source):
+    """An argument of the traced frame."""
+    __slots__ = ("local",)
+
+    def __init__(self, local: str):
+        self.local = local
+
+    def key(self):
+        return self.local
+
+    def guard_expr(self):
+        return guard_local_name(self.local)
+
+    def name(self):
+        return self.local
+
+    def reconstruct(self, cg):
+        cg.load_local(self.local)
+
+
+class GlobalSource(Source):
+    __slots__ = ("global_name",)
+
+    def __init__(self, global_name: str):
+        self.global_name = global_name
+
+    def key(self):
+        return self.global_name
+
+    def guard_expr(self):
+        return f"___G[{self.global_name!r}]"
+
+    def name(self):
+        return self.global_name
+
+    def reconstruct(self, cg):
+        cg.load_global(self.global_name)
+
+
+class BuiltinSource(Source):
+    __slots__ = ("builtin",)
+
+    def __init__(self, builtin: str):
+        self.builtin = builtin
+
+    def key(self):
+        return self.builtin
+
+    def guard_expr(self):
+        return f"___B[{self.builtin!r}]"
+
+    def name(self):
+        return self.builtin
+
+    def reconstruct(self, cg):
+        cg.load_global(self.builtin)
+
+
+class ClosureSource(Source):
+    """A free variable of the traced function (its closure cell's contents)."""
+    __slots__ = ("var", "index")
+
+    def __init__(self, var: str, index: int):
+        self.var = var
+        self.index = index
+
+    def key(self):
+        return (self.var, self.index)
+
+    def guard_expr(self):
+        return f"___func.__closure__[{self.index}].cell_contents"
+
+    def name(self):
+        return self.var
+
+    def reconstruct(self, cg):
+        cg.load_deref(self.var)
+
+
+class AttrSource(Source):
+    __slots__ = ("base", "attr")
+
+    def __init__(self, base: Source, attr: str):
+        self.base = base
+        self.attr = attr
+
+    def key(self):
+        return (self.base, self.attr)
+
+    def guard_expr(self):
+        return f"{self.base.guard_expr()}.{self.attr}"
+
+    def name(self):
+        return f"{self.base.name()}.{self.attr}"
+
+    def reconstruct(self, cg):
+        self.base.reconstruct(cg)
+        cg.load_attr(self.attr)
+
+
+class GetItemSource(Source):
+    """``base[index]`` for a constant index (int or str)."""
+    __slots__ = ("base", "index")
+
+    def __init__(self, base: Source, index):
+        self.base = base
+        self.index = index
+
+    def key(self):
+        return (self.base, self.index)
+
+    def guard_expr(self):
+        return f"{self.base.guard_expr()}[{self.index!r}]"
+
+    def name(self):
+        return f"{self.base.name()}[{self.index!r}]"
+
+    def reconstruct(self, cg):
+        self.base.reconstruct(cg)
+        cg.load_const(self.index)
+        cg.subscr()

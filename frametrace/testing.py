@@ -1,0 +1,33 @@
+"""Helpers for tests: a backend that counts what it was given.
+
+>>> cnt = frametrace.testing.CompileCounter()
+>>> f = frametrace.optimize(backend=cnt)(f)
+>>> f(x); cnt.frame_count, cnt.op_count
+(1, 3)
+"""
+from __future__ import annotations
+
+
+class CompileCounter:
+    """Backend that records each graph it compiles, then runs it eagerly."""
+
+    __frametrace_backend__ = True
+
+    def __init__(self, inner=None):
+        self.inner = inner
+        self.clear()
+
+    def clear(self):
+        self.frame_count = 0
+        self.op_count = 0
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.frame_count += 1
+        self.op_count += sum(1 for n in gm.graph.nodes
+                             if n.op in ("call_function", "call_method", "call_module"))
+        self.graphs.append(gm)
+        if self.inner is not None:
+            from .backends import lookup_backend
+            return lookup_backend(self.inner)(gm, example_inputs)
+        return gm.forward

@@ -1,0 +1,12 @@
+"""Values of the symbolic interpreter ("variables"): what a stack slot or local holds
+while tracing.  `builder.wrap` turns a real value from the frame into one, adding the
+guards it needs."""
+from .base import NULL, Var, unsupported
+from .constant import ConstVar
+from .containers import DictVar, IteratorVar, ListVar, TupleVar
+from .objects import BuiltinVar, MethodVar, NNModuleVar, ObjectVar, TorchFnVar
+from .tensor import TensorVar
+
+__all__ = ["NULL", "Var", "unsupported", "ConstVar", "DictVar", "IteratorVar", "ListVar",
+           "TupleVar", "BuiltinVar", "MethodVar", "NNModuleVar", "ObjectVar", "TorchFnVar",
+           "TensorVar"]

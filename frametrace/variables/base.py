@@ -1,0 +1,73 @@
+"""The Var protocol: every operation the interpreter can ask of a value."""
+from __future__ import annotations
+
+from ..exc import Unsupported
+
+
+def unsupported(reason: str):
+    """Stop tracing: this frame (or, with fullgraph, the user) gets `reason`."""
+    raise Unsupported(reason)
+
+
+class _Null:
+    """The NULL that CPython's call protocol pushes below a callable."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return "NULL"
+
+
+NULL = _Null()
+
+
+class Var:
+    """A traced value.  `source` says where it came from in the frame, if anywhere;
+    values made while tracing have none."""
+    __slots__ = ("source",)
+
+    def __init__(self, source=None):
+        self.source = source
+
+    # -- what it is --
+    def python_type(self) -> type:
+        unsupported(f"type of {self}")
+
+    def is_const(self) -> bool:
+        return False
+
+    def as_const(self):
+        unsupported(f"{self} is not a Python constant")
+
+    # -- operations, each raising Unsupported by default --
+    def getattr(self, tx, name: str) -> Var:
+        unsupported(f"attribute {name!r} of {self}")
+
+    def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        unsupported(f"calling {self}")
+
+    def call_method(self, tx, name: str, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def getitem(self, tx, key: Var) -> Var:
+        unsupported(f"indexing {self}")
+
+    def setitem(self, tx, key: Var, value: Var) -> None:
+        unsupported(f"item assignment on {self}")
+
+    def unpack(self, tx) -> list[Var]:
+        unsupported(f"iterating over {self}")
+
+    def truth(self, tx) -> bool:
+        unsupported(f"truth value of {self}")
+
+    def length(self, tx) -> int:
+        return len(self.unpack(tx))
+
+    def reconstruct(self, cg) -> None:
+        """Emit bytecode that pushes this value in the transformed frame."""
+        if self.source is None:
+            unsupported(f"returning {self} from a compiled frame")
+        self.source.reconstruct(cg)
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"

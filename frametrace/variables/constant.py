@@ -1,0 +1,107 @@
+"""Python values known at trace time: numbers, strings, None, dtypes, devices, shapes,
+slices, ranges.  Operations on them are folded while tracing."""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .base import Var, unsupported
+
+# Methods safe to evaluate at trace time on constants (no mutation, no I/O).
+_PURE_METHODS = {
+    str: {"format", "join", "split", "strip", "lstrip", "rstrip", "lower", "upper", "startswith",
+          "endswith", "replace", "count", "find", "index", "isdigit", "isalpha", "title",
+          "splitlines", "partition", "rpartition", "rsplit", "encode", "zfill", "center",
+          "ljust", "rjust", "__getitem__", "__len__", "__contains__"},
+    int: {"bit_length", "to_bytes", "__index__", "__int__", "__float__", "conjugate"},
+    float: {"is_integer", "__int__", "__float__", "conjugate", "hex"},
+    torch.Size: {"numel", "index", "count", "__getitem__", "__len__"},
+    tuple: {"index", "count"},
+    range: {"index", "count"},
+    torch.dtype: {"to_complex", "to_real"},
+}
+
+
+class ConstVar(Var):
+    __slots__ = ("value",)
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_const(self):
+        return True
+
+    def as_const(self):
+        return self.value
+
+    def getattr(self, tx, name):
+        value = self.value
+        if isinstance(value, (torch.dtype, torch.device, torch.finfo, torch.iinfo)) or (
+                isinstance(value, (int, float, complex, slice, range)) and not name.startswith("__")):
+            try:
+                attr = getattr(value, name)
+            except AttributeError:
+                unsupported(f"{type(value).__name__} has no attribute {name!r}")
+            if callable(attr):
+                from .objects import MethodVar
+                return MethodVar(self, name)
+            return ConstVar(attr)
+        from .objects import MethodVar
+        if any(isinstance(value, t) and name in names for t, names in _PURE_METHODS.items()):
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of constant {value!r}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if not all(a.is_const() for a in args) or not all(v.is_const() for v in kwargs.values()):
+            unsupported(f"{type(self.value).__name__}.{name} with non-constant arguments")
+        fn = getattr(self.value, name)
+        return ConstVar(fn(*[a.as_const() for a in args],
+                           **{k: v.as_const() for k, v in kwargs.items()}))
+
+    def getitem(self, tx, key):
+        if not key.is_const():
+            unsupported(f"indexing constant {self.value!r} with {key}")
+        try:
+            return ConstVar(self.value[key.as_const()])
+        except (TypeError, IndexError, KeyError) as e:
+            unsupported(f"indexing {self.value!r}: {e}")
+
+    def unpack(self, tx):
+        try:
+            return [ConstVar(v) for v in self.value]
+        except TypeError:
+            unsupported(f"iterating over {self.value!r}")
+
+    def truth(self, tx):
+        return bool(self.value)
+
+    def length(self, tx):
+        return len(self.value)
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+    def __repr__(self):
+        return f"ConstVar({self.value!r})"
+
+
+def is_constant_value(value) -> bool:
+    """Values that ConstVar holds and a guard compares by value."""
+    if value is None or value is Ellipsis or value is NotImplemented:
+        return True
+    if type(value) in (bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                       torch.Size, slice, range, torch.memory_format, torch.layout):
+        return True
+    return False
+
+
+BINARY_FOLD = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+               operator.mod, operator.pow, operator.lshift, operator.rshift, operator.and_,
+               operator.or_, operator.xor, operator.matmul, operator.lt, operator.le,
+               operator.eq, operator.ne, operator.gt, operator.ge, operator.is_,
+               operator.is_not, operator.contains}

@@ -1,0 +1,200 @@
+"""Tuples, lists, dicts and iterators of traced values."""
+from __future__ import annotations
+
+from .base import Var, unsupported
+from .constant import ConstVar
+
+
+class _SequenceVar(Var):
+    __slots__ = ("items",)
+    kind: type = tuple
+
+    def __init__(self, items, source=None):
+        super().__init__(source)
+        self.items = list(items)
+
+    def python_type(self):
+        return self.kind
+
+    def is_const(self):
+        return all(v.is_const() for v in self.items)
+
+    def as_const(self):
+        return self.kind(v.as_const() for v in self.items)
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def length(self, tx):
+        return len(self.items)
+
+    def truth(self, tx):
+        return bool(self.items)
+
+    def getitem(self, tx, key):
+        if not key.is_const():
+            unsupported(f"indexing a {self.kind.__name__} with {key}")
+        k = key.as_const()
+        if isinstance(k, slice):
+            return type(self)(self.items[k])
+        try:
+            return self.items[k]
+        except (IndexError, TypeError) as e:
+            unsupported(f"indexing a {self.kind.__name__}: {e}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const():
+            return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "__len__":
+            return ConstVar(len(self.items))
+        unsupported(f"{self.kind.__name__}.{name}")
+
+    def reconstruct(self, cg):
+        for v in self.items:
+            v.reconstruct(cg)
+        cg.build(self.kind, len(self.items))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.items!r})"
+
+
+class TupleVar(_SequenceVar):
+    __slots__ = ()
+    kind = tuple
+
+
+class ListVar(_SequenceVar):
+    """A list.  Lists made while tracing can be mutated freely; a list that came from
+    outside the frame (has a source) cannot yet: that is a side effect to replay."""
+    __slots__ = ()
+    kind = list
+
+    def _check_mutable(self):
+        if self.source is not None:
+            unsupported("mutating a list that outlives the frame (side effect)")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "append" and len(args) == 1:
+            self._check_mutable()
+            self.items.append(args[0])
+            return ConstVar(None)
+        if name == "extend" and len(args) == 1:
+            self._check_mutable()
+            self.items.extend(args[0].unpack(tx))
+            return ConstVar(None)
+        if name == "insert" and len(args) == 2 and args[0].is_const():
+            self._check_mutable()
+            self.items.insert(args[0].as_const(), args[1])
+            return ConstVar(None)
+        if name == "pop" and len(args) <= 1:
+            self._check_mutable()
+            return self.items.pop(*(a.as_const() for a in args))
+        if name == "reverse" and not args:
+            self._check_mutable()
+            self.items.reverse()
+            return ConstVar(None)
+        if name == "copy" and not args:
+            return ListVar(self.items)
+        return super().call_method(tx, name, args, kwargs)
+
+    def setitem(self, tx, key, value):
+        self._check_mutable()
+        if not key.is_const():
+            unsupported("list index that is not a constant")
+        k = key.as_const()
+        if isinstance(k, slice):
+            self.items[k] = value.unpack(tx)
+        else:
+            self.items[k] = value
+
+
+class DictVar(Var):
+    """A dict with constant keys."""
+    __slots__ = ("items",)
+
+    def __init__(self, items: dict, source=None):
+        super().__init__(source)
+        self.items = dict(items)
+
+    def python_type(self):
+        return dict
+
+    def is_const(self):
+        return all(v.is_const() for v in self.items.values())
+
+    def as_const(self):
+        return {k: v.as_const() for k, v in self.items.items()}
+
+    def unpack(self, tx):
+        return [ConstVar(k) for k in self.items]
+
+    def length(self, tx):
+        return len(self.items)
+
+    def truth(self, tx):
+        return bool(self.items)
+
+    def getitem(self, tx, key):
+        if not key.is_const():
+            unsupported("dict key that is not a constant")
+        try:
+            return self.items[key.as_const()]
+        except KeyError:
+            unsupported(f"missing dict key {key.as_const()!r}")
+
+    def setitem(self, tx, key, value):
+        if self.source is not None:
+            unsupported("mutating a dict that outlives the frame (side effect)")
+        if not key.is_const():
+            unsupported("dict key that is not a constant")
+        self.items[key.as_const()] = value
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "keys" and not args:
+            return ListVar([ConstVar(k) for k in self.items])
+        if name == "values" and not args:
+            return ListVar(list(self.items.values()))
+        if name == "items" and not args:
+            return ListVar([TupleVar([ConstVar(k), v]) for k, v in self.items.items()])
+        if name == "get" and 1 <= len(args) <= 2 and args[0].is_const():
+            default = args[1] if len(args) == 2 else ConstVar(None)
+            return self.items.get(args[0].as_const(), default)
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "__contains__" and len(args) == 1 and args[0].is_const():
+            return ConstVar(args[0].as_const() in self.items)
+        unsupported(f"dict.{name}")
+
+    def reconstruct(self, cg):
+        for k, v in self.items.items():
+            cg.load_const(k)
+            v.reconstruct(cg)
+        cg.build(dict, len(self.items))
+
+    def __repr__(self):
+        return f"DictVar({self.items!r})"
+
+
+class IteratorVar(Var):
+    """The iterator of a for loop over a value known at trace time; the loop is
+    unrolled."""
+    __slots__ = ("items", "index")
+
+    def __init__(self, items):
+        super().__init__(None)
+        self.items = items
+        self.index = 0
+
+    def next(self):
+        if self.index >= len(self.items):
+            return None
+        v = self.items[self.index]
+        self.index += 1
+        return v
+
+    def unpack(self, tx):
+        rest = self.items[self.index:]
+        self.index = len(self.items)
+        return rest

@@ -1,0 +1,82 @@
+"""Tensors: an FX node plus the FakeTensor that describes it."""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .base import Var, unsupported
+from .constant import ConstVar
+
+# Metadata answered at trace time (shapes are static here, and guarded).
+_META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf",
+               "layout", "is_sparse", "is_quantized", "is_meta", "is_complex_", "itemsize",
+               "nbytes"}
+# Attributes that are new tensors: graph nodes.
+_TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
+# Methods that need real data, or act outside the graph.
+_DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
+                 "backward", "register_hook", "data_ptr", "untyped_storage", "storage",
+                 "retain_grad", "__array__", "__repr__", "__str__", "__format__"}
+
+
+class TensorVar(Var):
+    __slots__ = ("node", "example")
+
+    def __init__(self, node, example, source=None):
+        super().__init__(source)
+        self.node = node
+        self.example = example  # a FakeTensor
+
+    def python_type(self):
+        return type(self.example) if not _is_fake(self.example) else (
+            torch.nn.Parameter if getattr(self.example, "_is_param", False) else torch.Tensor)
+
+    def getattr(self, tx, name):
+        from .objects import MethodVar
+        if name in _META_ATTRS:
+            return ConstVar(getattr(self.example, name))
+        if name in _TENSOR_ATTRS:
+            return tx.output.call("call_function", getattr, (self, ConstVar(name)), {})
+        if name == "grad":
+            unsupported("reading Tensor.grad")
+        attr = getattr(torch.Tensor, name, None)
+        if attr is None:
+            unsupported(f"Tensor has no attribute {name!r}")
+        if callable(attr):
+            return MethodVar(self, name)
+        unsupported(f"Tensor attribute {name!r}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in _DATA_METHODS:
+            unsupported(f"Tensor.{name}() needs the tensor's data")
+        return tx.output.call("call_method", name, (self, *args), kwargs)
+
+    def getitem(self, tx, key):
+        return tx.output.call("call_function", operator.getitem, (self, key), {})
+
+    def setitem(self, tx, key, value):
+        tx.output.call("call_function", operator.setitem, (self, key, value), {})
+
+    def unpack(self, tx):
+        n = self.length(tx)
+        return [self.getitem(tx, ConstVar(i)) for i in range(n)]
+
+    def length(self, tx):
+        if self.example.dim() == 0:
+            unsupported("len() of a 0-d tensor")
+        return int(self.example.shape[0])
+
+    def truth(self, tx):
+        unsupported("branching on a tensor's value (data-dependent control flow)")
+
+    def reconstruct(self, cg):
+        cg.load_tensor(self)
+
+    def __repr__(self):
+        return f"TensorVar({self.node.name}: {tuple(self.example.shape)} {self.example.dtype})"
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
