@@ -12,6 +12,7 @@ import sys
 from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr
 
 PY312 = sys.version_info >= (3, 12)
+_NO_ARG = object()
 
 
 def frame_arg_count(code) -> int:
@@ -33,8 +34,8 @@ class CodeGen:
         self.freevars = set(code.co_freevars)
         self.tensor_locals: dict[object, str] = {}  # graph output node -> local name
 
-    def emit(self, name, arg=None):
-        if arg is None:
+    def emit(self, name, arg=_NO_ARG):
+        if arg is _NO_ARG:
             self.instrs.append(Instr(name, lineno=self.lineno))
         else:
             self.instrs.append(Instr(name, arg, lineno=self.lineno))

@@ -172,7 +172,11 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
         record.reason = f"internal error: {type(e).__name__}: {e}"
         record.user_stack = where
         new_code = None
+    # Every graph depends on grad mode, and on the default dtype (factories, promotion
+    # of Python floats), whether or not the trace read them.
     guards.grad_mode(torch.is_grad_enabled())
+    if new_code is not None and record.graph_module is not None:
+        guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype())
     try:
         check = guards.compile()
     except Exception:

@@ -82,6 +82,10 @@ class OutputGraph:
             unsupported(f"{what}() has a data-dependent result ({type(e).__name__})")
         except Exception as e:
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
+        if out is None and any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):
+            # setitem, _foreach_*_ ...: a mutation whose result is None stays in the graph.
+            self.graph.create_node(kind, target, node_args, node_kwargs)
+            return ConstVar(None)
         if not _has_tensor(out):
             if is_constant_value(out) or (isinstance(out, (tuple, list)) and all(map(is_constant_value, out))):
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])

@@ -230,7 +230,8 @@ class InstructionTranslator:
 
     # ------------------------------------------------------------ calls
     def KW_NAMES(self, inst):
-        self.kw_names = inst.argval
+        # 3.11's dis does not resolve this constant.
+        self.kw_names = self.code.co_consts[inst.arg]
 
     def CALL(self, inst):
         args = self.popn(inst.arg)

@@ -38,6 +38,17 @@
 #endif
 #define FRAME_CODE(f) ((f)->f_code)
 
+/* 3.12 renamed the code-extra API (the old names still work, deprecated). */
+#if PY_VERSION_HEX >= 0x030C0000
+#define CODE_GET_EXTRA PyUnstable_Code_GetExtra
+#define CODE_SET_EXTRA PyUnstable_Code_SetExtra
+#define REQUEST_EXTRA_INDEX PyUnstable_Eval_RequestCodeExtraIndex
+#else
+#define CODE_GET_EXTRA _PyCode_GetExtra
+#define CODE_SET_EXTRA _PyCode_SetExtra
+#define REQUEST_EXTRA_INDEX _PyEval_RequestCodeExtraIndex
+#endif
+
 #if PY_VERSION_HEX >= 0x030C0000
 /* In 3.12 the eval function owns the frame it is given: _PyEval_Vector no
  * longer clears it.  A frame we answer without evaluating must be cleared and
@@ -141,7 +152,7 @@ static CodeState *
 get_code_state(PyObject *code, int create)
 {
     void *extra = NULL;
-    if (_PyCode_GetExtra(code, extra_index, &extra) < 0) {
+    if (CODE_GET_EXTRA(code, extra_index, &extra) < 0) {
         return NULL;
     }
     if (extra == NULL && create) {
@@ -151,7 +162,7 @@ get_code_state(PyObject *code, int create)
             return NULL;
         }
         st->entries = PyList_New(0);
-        if (st->entries == NULL || _PyCode_SetExtra(code, extra_index, st) < 0) {
+        if (st->entries == NULL || CODE_SET_EXTRA(code, extra_index, st) < 0) {
             free_code_state(st);
             return NULL;
         }
@@ -596,10 +607,10 @@ py_clear_code(PyObject *m, PyObject *code)
         }
         Py_RETURN_NONE;
     }
-    if (_PyCode_SetExtra(code, extra_index, NULL) < 0) {
+    /* SetExtra frees the old state through free_code_state. */
+    if (CODE_SET_EXTRA(code, extra_index, NULL) < 0) {
         return NULL;
     }
-    free_code_state(st);
     Py_RETURN_NONE;
 }
 
@@ -642,7 +653,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__C(void)
 {
-    extra_index = _PyEval_RequestCodeExtraIndex(free_code_state);
+    extra_index = REQUEST_EXTRA_INDEX(free_code_state);
     if (extra_index < 0) {
         PyErr_SetString(PyExc_RuntimeError, "no code extra index left");
         return NULL;

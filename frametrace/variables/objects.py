@@ -43,6 +43,8 @@ class ObjectVar(Var):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
+        if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
+            return tx.output.call("call_function", value, tuple(args), kwargs)
         what = getattr(value, "__qualname__", None) or repr(value)
         if isinstance(value, (types.FunctionType, types.MethodType)):
             unsupported(f"calling Python function {what} (inlining user functions is not "
@@ -60,7 +62,9 @@ class TorchFnVar(ObjectVar):
     def call(self, tx, args, kwargs):
         fn = self.value
         if fn in _GLOBAL_STATE_READERS:
-            return ConstVar(fn())
+            value = fn()
+            tx.guards.global_state(fn.__name__, fn, value)
+            return ConstVar(value)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
         return tx.output.call("call_function", fn, tuple(args), kwargs)
@@ -280,6 +284,10 @@ for _name in ("sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "tanh"
 for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pos", "not_",
               "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "index"):
     _PURE_LIBRARY_FUNCTIONS.add(getattr(operator, _name))
+
+_OPERATORS = {v for k, v in vars(operator).items() if callable(v) and not k.startswith("_")
+              and not isinstance(v, type)} - {operator.attrgetter, operator.itemgetter,
+                                              operator.methodcaller}
 
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
                          torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled}

@@ -1,0 +1,140 @@
+"""nn.Module targets: the wrapper, parameters and buffers as graph inputs, guards on the
+module, and state passing through."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import frametrace
+
+from conftest import compile_with
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 4) * 0.3)
+        self.bias = torch.nn.Parameter(torch.zeros(8))
+        self.register_buffer("running", torch.ones(8))
+        self.scale = 0.5
+        self.dropout_p = 0.0
+
+    def forward(self, x):
+        h = F.linear(x, self.weight, self.bias) * self.running
+        if self.training:
+            h = F.dropout(h, self.dropout_p)
+        return torch.relu(h) * self.scale
+
+
+def test_module_compiles_to_one_graph(cnt):
+    m = Net()
+    x = torch.randn(3, 4)
+    om = compile_with(cnt, m, fullgraph=True)
+    assert isinstance(om, frametrace.OptimizedModule) and isinstance(om, torch.nn.Module)
+    torch.testing.assert_close(om(x), m(x))
+    torch.testing.assert_close(om(x), m(x))
+    assert cnt.frame_count == 1 and cnt.op_count == 5
+    placeholders = [n.target for n in cnt.graphs[0].graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == 4   # x, weight, bias, running
+
+
+def test_attributes_and_state_dict_pass_through(cnt):
+    m = Net()
+    om = compile_with(cnt, m)
+    assert om.weight is m.weight and om.scale == 0.5
+    assert list(om.state_dict()) == list(m.state_dict()) == ["weight", "bias", "running"]
+    assert [n for n, _ in om.named_parameters()] == ["weight", "bias"]
+    om.scale = 2.0
+    assert m.scale == 2.0
+    other = Net()
+    om.load_state_dict(other.state_dict())
+    assert torch.equal(m.weight, other.weight)
+    assert om.train() is om and m.training
+    om.eval()
+    assert not m.training and not om.training
+    assert "Net" in repr(om)
+
+
+def test_training_flag_and_attribute_changes_recompile(cnt):
+    m = Net()
+    om = compile_with(cnt, m)
+    x = torch.randn(2, 4)
+    m.eval()
+    torch.testing.assert_close(om(x), m(x))
+    m.train()
+    torch.testing.assert_close(om(x), m(x))
+    assert cnt.frame_count == 2
+    m.scale = 3.0
+    torch.testing.assert_close(om(x), m(x))
+    assert cnt.frame_count == 3
+    torch.testing.assert_close(om(x), m(x))
+    assert cnt.frame_count == 3
+
+
+def test_parameter_update_is_seen_without_recompile(cnt):
+    m = Net().eval()
+    om = compile_with(cnt, m)
+    x = torch.randn(2, 4)
+    om(x)
+    with torch.no_grad():
+        m.weight.mul_(2)
+        m.running.fill_(3.0)
+    torch.testing.assert_close(om(x), m(x))
+    assert cnt.frame_count == 1
+
+
+def test_replacing_a_parameter_is_guarded(cnt):
+    m = Net().eval()
+    om = compile_with(cnt, m)
+    x = torch.randn(2, 4)
+    om(x)
+    m.weight = torch.nn.Parameter(torch.randn(8, 4))
+    torch.testing.assert_close(om(x), m(x))
+    m.bias = torch.nn.Parameter(torch.randn(8, dtype=torch.float64))
+    m.double()
+    torch.testing.assert_close(om(x.double()), m(x.double()))
+    assert cnt.frame_count >= 2
+
+
+def test_two_instances_of_one_class(cnt):
+    a, b = Net().eval(), Net().eval()
+    oa, ob = compile_with(cnt, a), compile_with(cnt, b)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(oa(x), a(x))
+    torch.testing.assert_close(ob(x), b(x))
+    torch.testing.assert_close(oa(x), a(x))
+    assert cnt.frame_count == 2
+
+
+def test_module_training_step_with_aot_eager():
+    torch.manual_seed(0)
+    m, ref = Net(), Net()
+    ref.load_state_dict(m.state_dict())
+    cnt = frametrace.testing.CompileCounter(inner="aot_eager")
+    om = frametrace.optimize(backend=cnt, fullgraph=True)(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        for model, o in ((om, opt), (ref, ref_opt)):
+            o.zero_grad()
+            model(x).pow(2).mean().backward()
+            o.step()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    assert cnt.frame_count == 1
+
+
+def test_forward_hooks_run(cnt):
+    m = Net().eval()
+    calls = []
+    m.register_forward_hook(lambda mod, inp, out: calls.append(out.shape))
+    om = compile_with(cnt, m)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(om(x), m(x))
+    assert len(calls) == 2 and cnt.frame_count == 1
+
+
+def test_optimizing_an_optimized_module_unwraps(cnt):
+    m = Net()
+    om = frametrace.optimize(compile_with(cnt, m))
+    assert om._orig_mod is m
