@@ -87,7 +87,12 @@ class GuardSet:
     def tensor(self, source, t: torch.Tensor):
         e = source.guard_expr()
         shape, stride = tuple(t.shape), t.stride()
-        parts = [f"___type({e}) is {self.const(type(t))}",
+        first = e
+        if not e.isidentifier():
+            # Evaluate a longer source (self._parameters['w']) once.
+            first = f"(___t{len(self.guards)} := {e})"
+            e = f"___t{len(self.guards)}"
+        parts = [f"___type({first}) is {self.const(type(t))}",
                  f"{e}.dtype is {self.const(t.dtype)}",
                  f"{e}.device == {self.const(t.device)}",
                  f"{e}.shape == {self.const(shape)}",

@@ -71,3 +71,26 @@ class Var:
 
     def __repr__(self):
         return f"{type(self).__name__}()"
+
+
+class ValueVar(Var):
+    """A Var standing for one real Python object, held in `value`."""
+    __slots__ = ("value",)
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+
+class CollectionVar(Var):
+    """A Var holding traced items (tuple, list, dict)."""
+    __slots__ = ("items",)
+
+    def length(self, tx):
+        return len(self.items)
+
+    def truth(self, tx):
+        return bool(self.items)

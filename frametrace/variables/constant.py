@@ -6,7 +6,7 @@ import operator
 
 import torch
 
-from .base import Var, unsupported
+from .base import ValueVar, unsupported
 
 # Methods safe to evaluate at trace time on constants (no mutation, no I/O).
 _PURE_METHODS = {
@@ -23,15 +23,8 @@ _PURE_METHODS = {
 }
 
 
-class ConstVar(Var):
-    __slots__ = ("value",)
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
+class ConstVar(ValueVar):
+    __slots__ = ()
 
     def is_const(self):
         return True

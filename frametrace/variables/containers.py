@@ -1,12 +1,12 @@
 """Tuples, lists, dicts and iterators of traced values."""
 from __future__ import annotations
 
-from .base import Var, unsupported
+from .base import CollectionVar, Var, unsupported
 from .constant import ConstVar
 
 
-class _SequenceVar(Var):
-    __slots__ = ("items",)
+class _SequenceVar(CollectionVar):
+    __slots__ = ()
     kind: type = tuple
 
     def __init__(self, items, source=None):
@@ -24,12 +24,6 @@ class _SequenceVar(Var):
 
     def unpack(self, tx):
         return list(self.items)
-
-    def length(self, tx):
-        return len(self.items)
-
-    def truth(self, tx):
-        return bool(self.items)
 
     def getitem(self, tx, key):
         if not key.is_const():
@@ -110,9 +104,9 @@ class ListVar(_SequenceVar):
             self.items[k] = value
 
 
-class DictVar(Var):
+class DictVar(CollectionVar):
     """A dict with constant keys."""
-    __slots__ = ("items",)
+    __slots__ = ()
 
     def __init__(self, items: dict, source=None):
         super().__init__(source)
@@ -129,12 +123,6 @@ class DictVar(Var):
 
     def unpack(self, tx):
         return [ConstVar(k) for k in self.items]
-
-    def length(self, tx):
-        return len(self.items)
-
-    def truth(self, tx):
-        return bool(self.items)
 
     def getitem(self, tx, key):
         if not key.is_const():

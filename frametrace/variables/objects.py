@@ -10,22 +10,15 @@ import types
 import torch
 
 from ..source import AttrSource, GetItemSource
-from .base import Var, unsupported
+from .base import ValueVar, Var, unsupported
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .tensor import TensorVar
 
 
-class ObjectVar(Var):
+class ObjectVar(ValueVar):
     """An object used as-is while tracing (guarded by identity when it has a source)."""
-    __slots__ = ("value",)
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
+    __slots__ = ()
 
     def getattr(self, tx, name):
         from .builder import wrap
@@ -105,8 +98,11 @@ class NNModuleVar(Var):
         for store in ("_parameters", "_buffers", "_modules"):
             table = d.get(store)
             if table is not None and name in table:
-                value = table[name]
-                return wrap(tx, value, source)
+                # Read the table directly: nn.Module.__getattr__ is slow, and guards on
+                # parameters run on every call.
+                if self.source is not None:
+                    source = GetItemSource(AttrSource(self.source, store), name)
+                return wrap(tx, table[name], source)
         if name in d:
             return wrap(tx, d[name], source)
         cls_attr = getattr(type(m), name, None)
