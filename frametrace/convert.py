@@ -106,13 +106,19 @@ def is_skipped_file(filename: str) -> bool:
     return hit
 
 
+# 3.11 runs comprehensions as frames of their own, over a hidden iterator argument
+# ('.0') that is new on every call: traced alone they could never be reused.  (3.12
+# inlines them into the enclosing frame.)
+_COMPREHENSIONS = frozenset({"<listcomp>", "<setcomp>", "<dictcomp>"})
+
+
 # --------------------------------------------------------------------------- callback
 def make_callback(backend, fullgraph: bool):
     """The callback the C hook calls on a cache miss:
     ``callback(code, func, arg_slots, n_entries)``."""
 
     def callback(code, func, args, n_entries):
-        if is_skipped_file(code.co_filename):
+        if is_skipped_file(code.co_filename) or code.co_name in _COMPREHENSIONS:
             return _C.SKIP
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))

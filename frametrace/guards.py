@@ -6,8 +6,11 @@ The check takes the frame's argument slots positionally (named as in the frame),
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
+from . import _C
 from .source import Source, guard_local_name
 
 
@@ -33,6 +36,7 @@ class GuardSet:
         self.guards: dict[tuple, Guard] = {}
         self.constants: dict[str, object] = {}
         self._ids: dict[int, str] = {}
+        self.check_ref = None   # weak reference to the compiled check, once built
 
     # -- naming objects the check compares against --
     def const(self, obj) -> str:
@@ -56,8 +60,16 @@ class GuardSet:
 
     def identity(self, source, value):
         e = source.guard_expr()
-        self._add(source, "ID", f"{e} is {self.const(value)}",
-                  f"{source.name()} is {_short(value)}")
+        try:
+            ref = weakref.ref(value, self._on_death)
+        except TypeError:
+            # Builtins and other long-lived objects without weak references.
+            expr = f"{e} is {self.const(value)}"
+        else:
+            # A weak reference, so an entry does not keep the user's objects alive; the
+            # entry is dropped when the object dies (`_on_death`).
+            expr = f"{self.const(ref)}() is {e} is not None"
+        self._add(source, "ID", expr, f"{source.name()} is {_short(value)}")
 
     def equals(self, source, value):
         e = source.guard_expr()
@@ -114,6 +126,11 @@ class GuardSet:
     def grad_mode(self, enabled: bool):
         self.global_state("grad_mode", torch.is_grad_enabled, enabled)
 
+    def _on_death(self, _ref):
+        check = self.check_ref() if self.check_ref is not None else None
+        if check is not None:
+            _C.remove_entry(self.code, check)
+
     # -- output --
     def texts(self) -> list[str]:
         return [g.text for g in self.guards.values()]
@@ -145,6 +162,10 @@ class GuardSet:
         check = namespace["___check"]
         check.source = src
         check.guards = list(self.guards.values())
+        self.check_ref = weakref.ref(check)
+        # The entry lives in the code's extra, which the GC does not see: holding the
+        # function here would keep it alive until reset().
+        self.func = None
         return check
 
     def first_failure(self, args, func) -> str | None:

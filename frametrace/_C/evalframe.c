@@ -615,6 +615,31 @@ py_clear_code(PyObject *m, PyObject *code)
 }
 
 static PyObject *
+py_remove_entry(PyObject *m, PyObject *args)
+{
+    PyObject *code, *check;
+    if (!PyArg_ParseTuple(args, "O!O:remove_entry", &PyCode_Type, &code, &check)) {
+        return NULL;
+    }
+    CodeState *st = get_code_state(code, 0);
+    if (st == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(st->entries); i++) {
+        if (((CacheEntry *)PyList_GET_ITEM(st->entries, i))->check == check) {
+            if (PyList_SetSlice(st->entries, i, i + 1, NULL) < 0) {
+                return NULL;
+            }
+            Py_RETURN_TRUE;
+        }
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *
 py_mark_skip(PyObject *m, PyObject *code)
 {
     if (!PyCode_Check(code)) {
@@ -642,6 +667,8 @@ static PyMethodDef module_methods[] = {
     {"code_flags", py_code_flags, METH_O, "code_flags(code) -> (skip, run_default_on_miss)"},
     {"clear_code", py_clear_code, METH_O, "clear_code(code): drop all cached state of code"},
     {"mark_skip", py_mark_skip, METH_O, "mark_skip(code): never trace code"},
+    {"remove_entry", py_remove_entry, METH_VARARGS,
+     "remove_entry(code, check) -> bool: drop the entry whose guard is `check`"},
     {"hook_installed", py_hook_installed, METH_NOARGS, "whether the frame hook is installed"},
     {NULL},
 };
