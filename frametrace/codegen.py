@@ -70,6 +70,33 @@ class CodeGen:
             self.emit("PRECALL", nargs)
         self.emit("CALL", nargs)
 
+    def store_attr(self, name):
+        self.emit("STORE_ATTR", name)
+
+    def call_kw(self, nargs, names: tuple):
+        """CALL with the last len(names) arguments passed by keyword."""
+        if names:
+            if PY312:
+                self.emit("KW_NAMES", names)
+            else:
+                self.emit("KW_NAMES", names)
+        self.call(nargs)
+
+    def load_constructor(self, cls):
+        """Push NULL and `cls` for a call that rebuilds an output: it runs unhooked,
+        since constructing the result is CPython's work, not code to compile."""
+        from . import _C
+        self.emit("PUSH_NULL")
+        self.load_const(_C.Unhooked(cls))
+
+    def call_const(self, fn, arg_emitters):
+        """Call the object `fn` (held as a constant) on the values the emitters push."""
+        self.emit("PUSH_NULL")
+        self.load_const(fn)
+        for emit in arg_emitters:
+            emit(self)
+        self.call(len(arg_emitters))
+
     def load_tensor(self, var):
         name = self.tensor_locals.get(var.node)
         if name is not None:

@@ -21,6 +21,7 @@ from .graph import OutputGraph
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .variables import DictVar, ListVar, TensorVar, TupleVar
+from .variables.user_objects import DataclassVar
 
 log = logging.getLogger("frametrace")
 graph_log = logging.getLogger("frametrace.graph")
@@ -202,6 +203,9 @@ def _finish(code, func, tracer, output, guards, result, backend, record):
     output.prune_unused_inputs()
     out_nodes = []
     _collect_outputs(result, out_nodes)
+    side_effects = tracer.side_effects
+    for v in side_effects.values():
+        _collect_outputs(v, out_nodes)
     cg = CodeGen(code, lineno=tracer.lineno)
     if output.op_count():
         name = f"__compiled_fn_{next(_fn_ids)}"
@@ -216,6 +220,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record):
         _installed_globals.append((func.__globals__, name))
         names = cg.call_graph(name, [i.source for i in output.inputs], len(out_nodes))
         cg.tensor_locals = dict(zip(out_nodes, names))
+    side_effects.reconstruct(cg, set(code.co_freevars))
     result.reconstruct(cg)
     cg.emit("RETURN_VALUE")
     return cg.assemble()
@@ -230,6 +235,9 @@ def _collect_outputs(v, out):
             _collect_outputs(item, out)
     elif isinstance(v, DictVar):
         for item in v.items.values():
+            _collect_outputs(item, out)
+    elif isinstance(v, DataclassVar):
+        for item in v.fields.values():
             _collect_outputs(item, out)
 
 

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
 
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
-from .variables.containers import DictVar, ListVar, TupleVar
+from .variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar
 from .variables.tensor import TensorVar
 
 
@@ -34,6 +34,8 @@ class OutputGraph:
         self.fake_mode = fake_mode or FakeTensorMode()
         self.inputs: list[GraphInput] = []
         self._input_by_id: dict[int, GraphInput] = {}
+        # id(real object) -> (object, Var): one Var per list, dict, module or user object.
+        self.object_vars: dict[int, tuple] = {}
         self._last_placeholder = None
 
     # -- inputs --
@@ -140,20 +142,6 @@ class OutputGraph:
         if not callable(compiled):
             raise TypeError(f"backend {backend!r} returned {compiled!r}, which is not callable")
         return gm, compiled, seconds
-
-
-class NamedTupleVar(TupleVar):
-    """A torch.return_types result (values, indices, ...)."""
-    __slots__ = ("fields",)
-
-    def __init__(self, items, fields, source=None):
-        super().__init__(items, source)
-        self.fields = tuple(fields)
-
-    def getattr(self, tx, name):
-        if name in self.fields:
-            return self.items[self.fields.index(name)]
-        unsupported(f"attribute {name!r} of a result with fields {self.fields}")
 
 
 def _structseq_fields(out):

@@ -6,12 +6,13 @@ The check takes the frame's argument slots positionally (named as in the frame),
 """
 from __future__ import annotations
 
+import types
 import weakref
 
 import torch
 
 from . import _C
-from .source import Source, guard_local_name
+from .source import Source, const_sources, guard_local_name
 
 
 class Guard:
@@ -51,6 +52,8 @@ class GuardSet:
         key = (source, kind)
         if key not in self.guards:
             self.guards[key] = Guard(source, kind, expr, text)
+            for anchor in const_sources(source):
+                self.constants[anchor.guard_expr()] = anchor.obj
 
     # -- guard kinds --
     def type_match(self, source, value):
@@ -114,6 +117,21 @@ class GuardSet:
                   f"{source.name()}: {type(t).__name__} {str(t.dtype).replace('torch.', '')}"
                   f"{list(shape)} stride={list(stride)} device={t.device} "
                   f"requires_grad={t.requires_grad}")
+
+    def no_hooks(self, source, module):
+        """The module still has no hooks of its own (they would change its call)."""
+        e = source.guard_expr()
+        self._add(source, "NO_HOOKS",
+                  f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
+                  f"or {e}._backward_pre_hooks)", f"{source.name()} has no hooks")
+
+    def hook_keys(self, source, module):
+        e = source.guard_expr()
+        keys = (tuple(module._forward_pre_hooks), tuple(module._forward_hooks))
+        self._add(source, "HOOKS",
+                  f"(___tuple({e}._forward_pre_hooks), ___tuple({e}._forward_hooks)) == "
+                  f"{self.const(keys)} and not ({e}._backward_hooks or {e}._backward_pre_hooks)",
+                  f"{source.name()} has hooks {keys}")
 
     def same_object(self, source, other: Source):
         self._add(source, "ALIAS", f"{source.guard_expr()} is {other.guard_expr()}",
@@ -187,10 +205,10 @@ class GuardSet:
 
 
 def _short(value) -> str:
-    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-    if name:
-        return f"<{type(value).__name__} {name}>"
-    r = repr(value)
-    return r if len(r) < 60 else f"<{type(value).__name__} at {id(value):#x}>"
+    # Never the user's __repr__: it may run on a half-built object, or be slow.
+    name = getattr(type(value), "__qualname__", type(value).__name__)
+    if isinstance(value, (type, types.FunctionType, types.ModuleType, types.BuiltinFunctionType)):
+        return f"<{type(value).__name__} {getattr(value, '__qualname__', value.__name__)}>"
+    return f"<{name} object at {id(value):#x}>"
 
 

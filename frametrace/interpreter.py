@@ -13,11 +13,14 @@ import operator
 import sys
 
 from .exc import Unsupported, frame_summary
-from .source import BuiltinSource, ClosureSource, GlobalSource, LocalSource
+from .side_effects import SideEffects
+from .source import (BuiltinSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
+                     LocalSource)
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar, TensorVar,
                         TupleVar, Var, unsupported)
 from .variables.builder import wrap
 from .variables.constant import BINARY_FOLD
+from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -44,6 +47,8 @@ _COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": op
 
 # Unrolled loops are bounded: past this many instructions the frame is not traced.
 MAX_INSTRUCTIONS = 200_000
+# Inlining depth (bounded recursion of user functions).
+MAX_INLINE_DEPTH = 48
 
 
 class _Lazy:
@@ -59,26 +64,35 @@ class _Lazy:
 class InstructionTranslator:
     """Traces one frame: `run()` interprets its bytecode to the return."""
 
-    def __init__(self, code, func, args, output, guards):
+    def __init__(self, code, func, args, output, guards, parent=None):
         self.code = code
         self.func = func
+        self.parent = parent
+        self.root = self if parent is None else parent.root
+        self.depth = 0 if parent is None else parent.depth + 1
         self.f_globals = func.__globals__
         self.f_builtins = func.__builtins__
         if not isinstance(self.f_builtins, dict):
             self.f_builtins = vars(self.f_builtins)
         self.output = output
         self.guards = guards
-        self.instructions = list(dis.get_instructions(code))
+        self.side_effects = SideEffects() if parent is None else parent.side_effects
+        self.instructions = _instructions(code)
         self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
         self.stack: list[Var] = []
         self.locals: dict[str, object] = {}
-        self.cells: dict[str, object] = {}
+        self.cells: dict[str, Cell] = {}
+        self.closure: list[Cell] = []
         self.kw_names: tuple = ()
         self.ip = 0
         self.lineno = code.co_firstlineno
         self.return_value: Var | None = None
-        for name, value in zip(code.co_varnames, args):
-            self.locals[name] = _Lazy(value, LocalSource(name))
+        if parent is None:
+            for name, value in zip(code.co_varnames, args):
+                self.locals[name] = _Lazy(value, LocalSource(name))
+            self.closure = [Cell(_Lazy(c.cell_contents, ClosureSource(n, i)), ClosureSource(n, i))
+                            if _cell_full(c) else Cell(None, ClosureSource(n, i))
+                            for i, (n, c) in enumerate(zip(code.co_freevars, func.__closure__ or ()))]
 
     # ------------------------------------------------------------ running
     def run(self) -> Var:
@@ -95,8 +109,8 @@ class InstructionTranslator:
                     unsupported(f"bytecode {inst.opname}")
                 handler(self, inst)
             except Unsupported as e:
-                if not e.user_stack:
-                    e.user_stack = [frame_summary(self.code, self.lineno)]
+                # Innermost frame first to be seen; each caller goes in front of it.
+                e.user_stack.insert(0, frame_summary(self.code, self.lineno))
                 raise
             steps += 1
             if steps > MAX_INSTRUCTIONS:
@@ -186,35 +200,85 @@ class InstructionTranslator:
 
     def MAKE_CELL(self, inst):
         name = inst.argval
-        self.cells[name] = self.locals.pop(name, None)
+        self.cells[name] = Cell(self.locals.pop(name, None))
 
     def COPY_FREE_VARS(self, inst):
-        closure = self.func.__closure__ or ()
-        for i, name in enumerate(self.code.co_freevars):
-            self.cells[name] = _Lazy(closure[i].cell_contents, ClosureSource(name, i))
+        for name, cell in zip(self.code.co_freevars, self.closure):
+            self.cells[name] = cell
+
+    def _cell(self, name) -> Cell:
+        try:
+            return self.cells[name]
+        except KeyError:
+            unsupported(f"closure variable {name!r} is not available")
 
     def LOAD_DEREF(self, inst):
-        v = self.cells.get(inst.argval)
+        cell = self._cell(inst.argval)
+        v = cell.value
         if v is None:
             unsupported(f"free variable {inst.argval!r} referenced before assignment")
         if type(v) is _Lazy:
-            v = self.cells[inst.argval] = wrap(self, v.value, v.source)
+            v = cell.value = wrap(self, v.value, v.source)
         self.push(v)
 
     def STORE_DEREF(self, inst):
-        self.cells[inst.argval] = self.pop()
+        cell = self._cell(inst.argval)
+        cell.value = self.pop()
+        if cell.source is not None:
+            self.side_effects.store_cell(cell, cell.value)
+
+    def LOAD_CLOSURE(self, inst):
+        self.push(CellRefVar(self._cell(inst.argval)))
+
+    def _global_source(self, name):
+        if self.f_globals is self.root.f_globals:
+            return GlobalSource(name)
+        module = self.f_globals.get("__name__", "?")
+        return GetItemSource(ConstSource(self.f_globals, f"{module}.globals()"), name)
 
     def LOAD_GLOBAL(self, inst):
         name = inst.argval
         if inst.arg & 1:
             self.push(NULL)
-        if name in self.f_globals:
-            self.push(wrap(self, self.f_globals[name], GlobalSource(name)))
+        written = self.side_effects.load_global(self.f_globals, name)
+        if written is not None:
+            self.push(written)
+        elif name in self.f_globals:
+            self.push(wrap(self, self.f_globals[name], self._global_source(name)))
         elif name in self.f_builtins:
             # Builtins are not guarded: shadowing one mid-program is not supported.
             self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False))
         else:
             unsupported(f"name {name!r} is not defined")
+
+    def STORE_GLOBAL(self, inst):
+        self.side_effects.store_global(self.f_globals, inst.argval, self.pop(),
+                                       self.f_globals is self.root.f_globals)
+
+    def MAKE_FUNCTION(self, inst):
+        code = self.pop().as_const()
+        flags = inst.arg
+        cells = [ref.cell for ref in self.pop().items] if flags & 0x08 else []
+        if flags & 0x04:
+            self.pop()                                  # annotations: unused
+        kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
+        defaults = self.pop().items if flags & 0x01 else []
+        self.push(NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
+                                    code.co_qualname))
+
+    # ------------------------------------------------------------ inlining
+    def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:
+        """Run a function's bytecode in a child interpreter over the same graph."""
+        if self.depth >= MAX_INLINE_DEPTH:
+            unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
+        if code.co_flags & (0x20 | 0x80 | 0x200 | 0x100):
+            unsupported(f"calling generator or coroutine function {qualname}")
+        child = InstructionTranslator(code, _FunctionShim(f_globals, self.f_builtins), (),
+                                      self.output, self.guards, parent=self)
+        for name, v in bound.items():
+            child.locals[name] = v
+        child.closure = list(closure)
+        return child.run()
 
     # ------------------------------------------------------------ attributes
     def LOAD_ATTR(self, inst):
@@ -222,6 +286,34 @@ class InstructionTranslator:
         if PY312 and inst.arg & 1:
             self.push(NULL)
         self.push(obj.getattr(self, inst.argval))
+
+    def STORE_ATTR(self, inst):
+        obj = self.pop()
+        value = self.pop()
+        obj.setattr(self, inst.argval, value)
+
+    def LOAD_SUPER_ATTR(self, inst):  # 3.12
+        obj = self.pop()
+        cls = self.pop()
+        self.pop()                                      # the global `super`
+        from .variables.objects import SuperVar
+        attr = SuperVar(cls, obj).getattr(self, inst.argval)
+        if inst.arg & 1:
+            self.push(NULL)
+        self.push(attr)
+
+    def zero_arg_super(self):
+        """super() inside a method: the __class__ cell and the first argument."""
+        from .variables.objects import SuperVar
+        cell = self.cells.get("__class__")
+        if cell is None or not self.code.co_argcount:
+            unsupported("super() without __class__ cell")
+        first = self.code.co_varnames[0]
+        obj = self.cells[first].value if first in self.cells else self._local(first)
+        cls = cell.value
+        if type(cls) is _Lazy:
+            cls = cell.value = wrap(self, cls.value, cls.source)
+        return SuperVar(cls, self.realize(obj))
 
     def LOAD_METHOD(self, inst):  # 3.11
         obj = self.pop()
@@ -261,9 +353,6 @@ class InstructionTranslator:
                 unsupported(f"**{kwargs}")
             kw = dict(kwargs.items)
         self.push(fn.call(self, args.unpack(self), kw))
-
-    def MAKE_FUNCTION(self, inst):
-        unsupported("defining a function inside the traced frame (closures are not supported yet)")
 
     # ------------------------------------------------------------ operators
     def BINARY_OP(self, inst):
@@ -463,6 +552,14 @@ class InstructionTranslator:
     def END_FOR(self, inst):  # 3.12
         self.popn(2)
 
+    def BEFORE_WITH(self, inst):
+        ctx = self.pop()
+        enter = getattr(ctx, "enter", None)
+        if enter is None:
+            unsupported(f"'with' over {ctx}")
+        self.push(_ExitVar(ctx))
+        self.push(enter(self))
+
     def RETURN_VALUE(self, inst):
         self.return_value = self.pop()
 
@@ -473,6 +570,51 @@ class InstructionTranslator:
         unsupported("raising an exception")
 
 
+class _ExitVar(Var):
+    """The __exit__ that BEFORE_WITH leaves on the stack; called with three Nones."""
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx):
+        super().__init__(None)
+        self.ctx = ctx
+
+    def call(self, tx, args, kwargs):
+        self.ctx.exit(tx)
+        return ConstVar(None)
+
+
+class _FunctionShim:
+    """What InstructionTranslator reads of a function, for inlined code."""
+    __slots__ = ("__globals__", "__builtins__", "__closure__")
+
+    def __init__(self, f_globals, f_builtins):
+        self.__globals__ = f_globals
+        self.__builtins__ = f_globals.get("__builtins__", f_builtins)
+        self.__closure__ = None
+
+
+def _cell_full(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+_INSTRUCTION_CACHE: dict = {}
+
+
+def _instructions(code):
+    """dis's instructions of a code object, cached: inlined functions run many times."""
+    hit = _INSTRUCTION_CACHE.get(code)
+    if hit is None or hit[0] is not code:
+        hit = (code, list(dis.get_instructions(code)))
+        if len(_INSTRUCTION_CACHE) > 4096:
+            _INSTRUCTION_CACHE.clear()
+        _INSTRUCTION_CACHE[code] = hit
+    return hit[1]
+
+
 # --------------------------------------------------------------------------- semantics
 def binary_op(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
@@ -480,7 +622,7 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
         return tx.output.call("call_function", fn, (a, b), {})
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
     if isinstance(a, ListVar) and fn in (operator.iadd, operator.imul):
-        a._check_mutable()
+        a._check_mutable(tx)
         if fn is operator.iadd:
             a.items.extend(b.unpack(tx))
         else:

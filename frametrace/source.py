@@ -163,3 +163,36 @@ class GetItemSource(Source):
         self.base.reconstruct(cg)
         cg.load_const(self.index)
         cg.subscr()
+
+
+class ConstSource(Source):
+    """An object held by the compiled entry itself (a module's globals dict, a closure
+    cell, a function): guards name it as a constant and the transformed code loads it
+    with LOAD_CONST.  Used where the frame has no expression that reaches the object,
+    e.g. the globals of a function from another module inlined into this frame."""
+    __slots__ = ("obj", "label")
+
+    def __init__(self, obj, label: str):
+        self.obj = obj
+        self.label = label
+
+    def key(self):
+        return id(self.obj)
+
+    def guard_expr(self):
+        return f"___c{id(self.obj)}"
+
+    def name(self):
+        return self.label
+
+    def reconstruct(self, cg):
+        cg.load_const(self.obj)
+
+
+def const_sources(source):
+    """The ConstSources a source expression is rooted at (for the guard namespace)."""
+    while source is not None:
+        if isinstance(source, ConstSource):
+            yield source
+            return
+        source = getattr(source, "base", None)

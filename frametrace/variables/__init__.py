@@ -4,7 +4,8 @@ guards it needs."""
 from .base import NULL, Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
-from .objects import BuiltinVar, MethodVar, NNModuleVar, ObjectVar, TorchFnVar
+from .modules import NNModuleVar
+from .objects import BuiltinVar, MethodVar, ObjectVar, TorchFnVar
 from .tensor import TensorVar
 
 __all__ = ["NULL", "Var", "unsupported", "ConstVar", "DictVar", "IteratorVar", "ListVar",

@@ -1,7 +1,7 @@
 """The Var protocol: every operation the interpreter can ask of a value."""
 from __future__ import annotations
 
-from ..exc import Unsupported
+from ..exc import Unsupported  # noqa: F401  (re-exported for variables)
 
 
 def unsupported(reason: str):
@@ -48,6 +48,9 @@ class Var:
     def call_method(self, tx, name: str, args: list[Var], kwargs: dict[str, Var]) -> Var:
         return self.getattr(tx, name).call(tx, args, kwargs)
 
+    def setattr(self, tx, name: str, value: Var) -> None:
+        unsupported(f"setting attribute {name!r} on {self}")
+
     def getitem(self, tx, key: Var) -> Var:
         unsupported(f"indexing {self}")
 
@@ -88,6 +91,12 @@ class ValueVar(Var):
 class CollectionVar(Var):
     """A Var holding traced items (tuple, list, dict)."""
     __slots__ = ("items",)
+
+    def getattr(self, tx, name):
+        if callable(getattr(self.python_type(), name, None)):
+            from .objects import MethodVar
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of {self.python_type().__name__}")
 
     def length(self, tx):
         return len(self.items)

@@ -3,15 +3,19 @@ relies on.  This is where every input-derived guard is made."""
 from __future__ import annotations
 
 import builtins
+import functools
 import types
 
 import torch
 
-from ..source import GetItemSource
+from ..source import AttrSource, GetItemSource
 from .base import unsupported
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
-from .objects import BuiltinVar, NNModuleVar, ObjectVar, TorchFnVar
+from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
+from .modules import NNModuleVar
+from .objects import BuiltinVar, ObjectVar, TorchFnVar
+from .user_objects import UserObjectVar
 
 _BUILTIN_IDS = {id(v) for v in vars(builtins).values() if callable(v)}
 
@@ -39,6 +43,37 @@ def wrap(tx, value, source, guard: bool = True):
             guards.dict_keys(source, value)
         return DictVar({k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
                                 guard) for k, v in value.items()}, source)
+    known = tx.output.object_vars.get(id(value))
+    if known is not None and known[0] is value:
+        # One Var per mutable object, so every path to it sees the same mutations.
+        return known[1]
+    var = _wrap_object(tx, value, source, guards)
+    if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
+        tx.output.object_vars[id(value)] = (value, var)
+    return var
+
+
+def _wrap_object(tx, value, source, guards):
+    if isinstance(value, types.MethodType):
+        self_source = AttrSource(source, "__self__") if source is not None else None
+        func_source = AttrSource(source, "__func__") if source is not None else None
+        return BoundMethodVar(wrap(tx, value.__func__, func_source, guards is not None),
+                              wrap(tx, value.__self__, self_source, guards is not None), source)
+    if type(value) is functools.partial:
+        if guards is not None:
+            guards.type_match(source, value)
+        sub = (lambda attr: AttrSource(source, attr)) if source is not None else (lambda attr: None)
+        g = guards is not None
+        return PartialVar(wrap(tx, value.func, sub("func"), g),
+                          wrap(tx, value.args, sub("args"), g).items,
+                          wrap(tx, value.keywords, sub("keywords"), g).items, source)
+    if _is_user_instance(value):
+        if guards is not None:
+            guards.type_match(source, value)
+        if isinstance(value, torch.nn.Module):
+            guards.identity(source, value) if guards is not None else None
+            return NNModuleVar(value, source)
+        return UserObjectVar(value, source)
     if guards is not None:
         guards.identity(source, value)
     if isinstance(value, torch.nn.Module):
@@ -47,7 +82,24 @@ def wrap(tx, value, source, guard: bool = True):
         return TorchFnVar(value, source)
     if id(value) in _BUILTIN_IDS and getattr(builtins, getattr(value, "__name__", ""), None) is value:
         return BuiltinVar(value, source)
+    if isinstance(value, types.FunctionType) and is_inlinable(value):
+        return UserFunctionVar(value, source)
     return ObjectVar(value, source)
+
+
+def _is_user_instance(value) -> bool:
+    """Instances of classes defined in Python by users (or libraries such as
+    transformers), as opposed to functions, classes, modules and builtin types."""
+    if isinstance(value, torch.nn.Module):
+        return True
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                          types.MethodType, types.CodeType, torch.Tensor)):
+        return False
+    cls = type(value)
+    module = getattr(cls, "__module__", "") or ""
+    if module == "builtins" or module.startswith(("torch", "typing", "enum", "_")):
+        return False
+    return hasattr(value, "__dict__") or hasattr(cls, "__slots__")
 
 
 def is_torch_callable(value) -> bool:

@@ -59,34 +59,60 @@ class TupleVar(_SequenceVar):
     kind = tuple
 
 
+class NamedTupleVar(TupleVar):
+    """A namedtuple or torch.return_types result (values, indices, ...)."""
+    __slots__ = ("fields", "cls")
+
+    def __init__(self, items, fields, source=None, cls=None):
+        super().__init__(items, source)
+        self.fields = tuple(fields)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls or tuple
+
+    def getattr(self, tx, name):
+        if name in self.fields:
+            return self.items[self.fields.index(name)]
+        unsupported(f"attribute {name!r} of a result with fields {self.fields}")
+
+    def reconstruct(self, cg):
+        if self.cls is None:
+            return super().reconstruct(cg)
+        cg.load_constructor(self.cls)
+        for v in self.items:
+            v.reconstruct(cg)
+        cg.call(len(self.items))
+
+
 class ListVar(_SequenceVar):
     """A list.  Lists made while tracing can be mutated freely; a list that came from
     outside the frame (has a source) cannot yet: that is a side effect to replay."""
     __slots__ = ()
     kind = list
 
-    def _check_mutable(self):
+    def _check_mutable(self, tx):
         if self.source is not None:
-            unsupported("mutating a list that outlives the frame (side effect)")
+            tx.side_effects.mutate_container(self, self)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "append" and len(args) == 1:
-            self._check_mutable()
+            self._check_mutable(tx)
             self.items.append(args[0])
             return ConstVar(None)
         if name == "extend" and len(args) == 1:
-            self._check_mutable()
+            self._check_mutable(tx)
             self.items.extend(args[0].unpack(tx))
             return ConstVar(None)
         if name == "insert" and len(args) == 2 and args[0].is_const():
-            self._check_mutable()
+            self._check_mutable(tx)
             self.items.insert(args[0].as_const(), args[1])
             return ConstVar(None)
         if name == "pop" and len(args) <= 1:
-            self._check_mutable()
+            self._check_mutable(tx)
             return self.items.pop(*(a.as_const() for a in args))
         if name == "reverse" and not args:
-            self._check_mutable()
+            self._check_mutable(tx)
             self.items.reverse()
             return ConstVar(None)
         if name == "copy" and not args:
@@ -94,7 +120,7 @@ class ListVar(_SequenceVar):
         return super().call_method(tx, name, args, kwargs)
 
     def setitem(self, tx, key, value):
-        self._check_mutable()
+        self._check_mutable(tx)
         if not key.is_const():
             unsupported("list index that is not a constant")
         k = key.as_const()
@@ -134,7 +160,7 @@ class DictVar(CollectionVar):
 
     def setitem(self, tx, key, value):
         if self.source is not None:
-            unsupported("mutating a dict that outlives the frame (side effect)")
+            tx.side_effects.mutate_container(self, self)
         if not key.is_const():
             unsupported("dict key that is not a constant")
         self.items[key.as_const()] = value

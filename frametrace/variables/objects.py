@@ -3,13 +3,14 @@ methods of traced values, and nn.Modules."""
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import operator
 import types
 
 import torch
 
-from ..source import AttrSource, GetItemSource
+from ..source import AttrSource
 from .base import ValueVar, Var, unsupported
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
@@ -34,14 +35,15 @@ class ObjectVar(ValueVar):
         value = self.value
         if isinstance(value, type) and value in _CONST_CLASSES and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
+        if isinstance(value, type):
+            made = _construct(tx, value, args, kwargs)
+            if made is not None:
+                return made
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
         what = getattr(value, "__qualname__", None) or repr(value)
-        if isinstance(value, (types.FunctionType, types.MethodType)):
-            unsupported(f"calling Python function {what} (inlining user functions is not "
-                        "supported yet)")
         unsupported(f"calling {what}")
 
     def __repr__(self):
@@ -63,6 +65,166 @@ class TorchFnVar(ObjectVar):
         return tx.output.call("call_function", fn, tuple(args), kwargs)
 
 
+class SuperVar(Var):
+    """super(cls, obj): attribute lookup starts after cls in obj's MRO."""
+    __slots__ = ("cls", "obj")
+
+    def __init__(self, cls: Var, obj: Var):
+        super().__init__(None)
+        self.cls = cls
+        self.obj = obj
+
+    def getattr(self, tx, name):
+        from .builder import wrap
+        from .functions import BoundMethodVar
+        cls = self.cls.as_const() if not isinstance(self.cls, ObjectVar) else self.cls.value
+        mro = self.obj.python_type().__mro__
+        for klass in mro[mro.index(cls) + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
+                if isinstance(attr, classmethod):
+                    return BoundMethodVar(wrap(tx, attr.__func__, None, guard=False), ObjectVar(cls))
+                if isinstance(attr, staticmethod):
+                    return wrap(tx, attr.__func__, None, guard=False)
+                if isinstance(attr, property):
+                    return wrap(tx, attr.fget, None, guard=False).call(tx, [self.obj], {})
+                if klass is object or getattr(klass, "__module__", "") == "builtins":
+                    if name == "__init__":
+                        return _NoOpVar()
+                    unsupported(f"super().{name} of a builtin class")
+                if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+                    unsupported(f"super().{name} is implemented in C")
+                return wrap(tx, attr, None, guard=False)
+        unsupported(f"super() has no attribute {name!r}")
+
+
+class _NoOpVar(Var):
+    """object.__init__ reached through super(): does nothing."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        return ConstVar(None)
+
+
+class GradModeVar(Var):
+    """torch.no_grad() / enable_grad() / set_grad_enabled(mode) as a context manager (or
+    set_grad_enabled called as a function).  The mode switch is a node of the graph, and
+    applies while tracing, so FakeTensors get the right requires_grad."""
+    __slots__ = ("mode", "prev")
+
+    def __init__(self, mode: bool):
+        super().__init__(None)
+        self.mode = mode
+        self.prev = None
+
+    def _set(self, tx, mode):
+        torch._C._set_grad_enabled(mode)
+        tx.output.graph.create_node("call_function", torch._C._set_grad_enabled, (mode,))
+
+    def enter(self, tx):
+        self.prev = torch.is_grad_enabled()
+        self._set(tx, self.mode)
+        return ConstVar(None)
+
+    def exit(self, tx):
+        self._set(tx, self.prev)
+
+    def call(self, tx, args, kwargs):
+        # Used as a decorator: @torch.no_grad() def f(...)
+        if len(args) == 1 and not kwargs:
+            return _DecoratedVar(self.mode, args[0])
+        unsupported("calling a grad-mode context object")
+
+
+class _DecoratedVar(Var):
+    """A function decorated with a grad-mode context while tracing."""
+    __slots__ = ("mode", "fn")
+
+    def __init__(self, mode, fn):
+        super().__init__(None)
+        self.mode = mode
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        ctx = GradModeVar(self.mode)
+        ctx.enter(tx)
+        try:
+            return self.fn.call(tx, args, kwargs)
+        finally:
+            ctx.exit(tx)
+
+
+class AutocastVar(Var):
+    """torch.autocast(...) as a context manager: entered for real while tracing (so
+    FakeTensors get autocast dtypes) and recorded as enter/exit nodes in the graph."""
+    __slots__ = ("args", "kwargs", "ctx", "node")
+
+    def __init__(self, args, kwargs):
+        super().__init__(None)
+        self.args = args
+        self.kwargs = kwargs
+        self.ctx = None
+        self.node = None
+
+    def enter(self, tx):
+        from torch.amp.autocast_mode import _enter_autocast
+        self.ctx = torch.autocast(*self.args, **self.kwargs)
+        self.ctx.__enter__()
+        self.node = tx.output.graph.create_node(
+            "call_function", _enter_autocast,
+            (*self.args, *[self.kwargs.get(k) for k in ("dtype", "enabled", "cache_enabled")]))
+        return ConstVar(None)
+
+    def exit(self, tx):
+        from torch.amp.autocast_mode import _exit_autocast
+        self.ctx.__exit__(None, None, None)
+        tx.output.graph.create_node("call_function", _exit_autocast, (self.node,))
+
+
+def _grad_mode_class(tx, cls, args, kwargs):
+    if cls is torch.no_grad:
+        return GradModeVar(False)
+    if cls is torch.enable_grad:
+        return GradModeVar(True)
+    if cls is torch.set_grad_enabled and len(args) == 1 and args[0].is_const():
+        mode = bool(args[0].as_const())
+        # set_grad_enabled(mode) takes effect when called, also outside a `with`.
+        var = GradModeVar(mode)
+        var.prev = torch.is_grad_enabled()
+        var._set(tx, mode)
+        var.enter = lambda tx, var=var: ConstVar(None)
+        return var
+    if cls is torch.autocast and all(a.is_const() for a in args) and \
+            all(v.is_const() for v in kwargs.values()):
+        return AutocastVar([a.as_const() for a in args],
+                           {k: v.as_const() for k, v in kwargs.items()})
+    return None
+
+
+def _construct(tx, cls, args, kwargs):
+    """Calling a class while tracing."""
+    import dataclasses
+    made = _grad_mode_class(tx, cls, args, kwargs)
+    if made is not None:
+        return made
+    if cls is functools.partial and args:
+        from .functions import PartialVar
+        return PartialVar(args[0], args[1:], kwargs)
+    if dataclasses.is_dataclass(cls):
+        from .user_objects import make_dataclass_instance
+        return make_dataclass_instance(tx, cls, args, kwargs)
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        from ..graph import NamedTupleVar
+        names = list(cls._fields)
+        values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
+        if len(values) != len(names):
+            unsupported(f"{cls.__name__}() with missing fields")
+        return NamedTupleVar(values, names, cls=cls)
+    return None
+
+
 class MethodVar(Var):
     """``obj.name`` where obj is a traced value: calling it calls obj.call_method."""
     __slots__ = ("obj", "name")
@@ -77,48 +239,6 @@ class MethodVar(Var):
 
     def __repr__(self):
         return f"MethodVar({self.obj!r}.{self.name})"
-
-
-class NNModuleVar(Var):
-    """An nn.Module reached from the frame (guarded by identity)."""
-    __slots__ = ("module",)
-
-    def __init__(self, module, source):
-        super().__init__(source)
-        self.module = module
-
-    def python_type(self):
-        return type(self.module)
-
-    def getattr(self, tx, name):
-        from .builder import wrap
-        m = self.module
-        source = AttrSource(self.source, name) if self.source is not None else None
-        d = m.__dict__
-        for store in ("_parameters", "_buffers", "_modules"):
-            table = d.get(store)
-            if table is not None and name in table:
-                # Read the table directly: nn.Module.__getattr__ is slow, and guards on
-                # parameters run on every call.
-                if self.source is not None:
-                    source = GetItemSource(AttrSource(self.source, store), name)
-                return wrap(tx, table[name], source)
-        if name in d:
-            return wrap(tx, d[name], source)
-        cls_attr = getattr(type(m), name, None)
-        if isinstance(cls_attr, (types.FunctionType, property, staticmethod, classmethod)):
-            unsupported(f"{type(m).__name__}.{name}: calling methods of modules (inlining) "
-                        "is not supported yet")
-        if cls_attr is not None and is_constant_value(cls_attr):
-            return wrap(tx, cls_attr, source)
-        unsupported(f"attribute {name!r} of module {type(m).__name__}")
-
-    def call(self, tx, args, kwargs):
-        unsupported(f"calling submodule {type(self.module).__name__} (inlining submodules is "
-                    "not supported yet)")
-
-    def __repr__(self):
-        return f"NNModuleVar({type(self.module).__name__})"
 
 
 class BuiltinVar(ObjectVar):
@@ -260,10 +380,47 @@ def _type(tx, args, kwargs):
         return wrap(tx, _python_type_of(tx, args[0]), None, guard=False)
 
 
+def _super(tx, args, kwargs):
+    if not args and not kwargs:
+        return tx.zero_arg_super()
+    if len(args) == 2:
+        return SuperVar(args[0], args[1])
+
+
+def _callable(tx, args, kwargs):
+    from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
+    if len(args) == 1:
+        v = args[0]
+        if isinstance(v, (UserFunctionVar, NestedFunctionVar, BoundMethodVar, PartialVar,
+                          TorchFnVar, BuiltinVar, MethodVar)):
+            return ConstVar(True)
+        if isinstance(v, (ConstVar, TensorVar, TupleVar, ListVar, DictVar)):
+            return ConstVar(callable(v.as_const()) if v.is_const() else False)
+        if isinstance(v, ObjectVar):
+            return ConstVar(callable(v.value))
+
+
+def _hasattr(tx, args, kwargs):
+    if len(args) == 2 and args[1].is_const():
+        from .base import Unsupported
+        try:
+            args[0].getattr(tx, args[1].as_const())
+            return ConstVar(True)
+        except Unsupported:
+            t = args[0].python_type()
+            if isinstance(args[0], ObjectVar):
+                return ConstVar(hasattr(args[0].value, args[1].as_const()))
+            from .user_objects import UserObjectVar
+            if isinstance(args[0], UserObjectVar):
+                return ConstVar(hasattr(args[0].value, args[1].as_const()))
+            return ConstVar(hasattr(t, args[1].as_const()))
+
+
 _BUILTIN_HANDLERS = {
     len: _len, isinstance: _isinstance, range: _range, tuple: _tuple_list(tuple),
     list: _tuple_list(list), dict: _dict, enumerate: _enumerate, zip: _zip,
     reversed: _reversed, iter: _iter, abs: _abs, getattr: _getattr, type: _type,
+    super: _super, callable: _callable, hasattr: _hasattr,
 }
 
 _FOLDABLE_BUILTINS = {abs, min, max, int, float, bool, str, round, divmod, pow, len, sum,

@@ -1,0 +1,235 @@
+"""Python functions the tracer inlines: their bytecode runs in a child interpreter that
+records into the same graph, so calls of user code cost nothing at run time."""
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+
+from ..source import AttrSource, ConstSource, GetItemSource
+from .base import Var, unsupported
+from .constant import ConstVar
+from .containers import DictVar, TupleVar
+
+_VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+
+
+class Cell:
+    """A closure cell while tracing: holds a Var (or a not-yet-wrapped value), or None
+    when empty.  `source` is set for cells that exist outside the trace."""
+    __slots__ = ("value", "source", "written")
+
+    def __init__(self, value=None, source=None):
+        self.value = value
+        self.source = source
+        self.written = False
+
+
+class CellRefVar(Var):
+    """What LOAD_CLOSURE pushes: a reference to a traced cell, for MAKE_FUNCTION."""
+    __slots__ = ("cell",)
+
+    def __init__(self, cell):
+        super().__init__(None)
+        self.cell = cell
+
+
+def bind_arguments(code, name: str, args: list, kwargs: dict, defaults: list, kwdefaults: dict):
+    """Bind call arguments to a code object's parameters, like CPython does; returns
+    {parameter: Var}.  Mismatches raise Unsupported (CPython then raises the real
+    TypeError)."""
+    nargs, nkwonly = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    positional = names[:nargs]
+    kwonly = names[nargs:nargs + nkwonly]
+    i = nargs + nkwonly
+    varargs = names[i] if code.co_flags & _VARARGS else None
+    i += bool(varargs)
+    varkw = names[i] if code.co_flags & _VARKEYWORDS else None
+    bound = dict(zip(positional, args))
+    extra_pos = list(args[nargs:])
+    if extra_pos and varargs is None:
+        unsupported(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
+    extra_kw = {}
+    keywordable = set(positional[code.co_posonlyargcount:]) | set(kwonly)
+    for k, v in kwargs.items():
+        if k in keywordable:
+            if k in bound:
+                unsupported(f"{name}() got multiple values for argument {k!r}")
+            bound[k] = v
+        elif varkw is not None:
+            extra_kw[k] = v
+        else:
+            unsupported(f"{name}() got an unexpected keyword argument {k!r}")
+    first_default = nargs - len(defaults)
+    for idx, p in enumerate(positional):
+        if p not in bound:
+            if idx < first_default:
+                unsupported(f"{name}() missing required argument {p!r}")
+            bound[p] = defaults[idx - first_default]
+    for p in kwonly:
+        if p not in bound:
+            if p not in kwdefaults:
+                unsupported(f"{name}() missing required keyword-only argument {p!r}")
+            bound[p] = kwdefaults[p]
+    if varargs is not None:
+        bound[varargs] = TupleVar(extra_pos)
+    if varkw is not None:
+        bound[varkw] = DictVar(extra_kw)
+    return bound
+
+
+def _real_cells(fn, fn_source):
+    cells = []
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        source = AttrSource(ConstSource(cell, f"{fn.__qualname__}.<cell {name}>"), "cell_contents")
+        try:
+            contents = cell.cell_contents
+        except ValueError:
+            cells.append(Cell(None, source))
+            continue
+        from ..interpreter import _Lazy
+        cells.append(Cell(_Lazy(contents, source), source))
+    return cells
+
+
+class UserFunctionVar(Var):
+    """A Python function object from outside the trace (guarded by identity)."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_const(self):
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        fn = self.fn
+        anchor = ConstSource(fn, fn.__qualname__)
+        defaults = [_lazy_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i))
+                    for i, d in enumerate(fn.__defaults__ or ())]
+        kwdefaults = {k: _lazy_default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k))
+                      for k, d in (fn.__kwdefaults__ or {}).items()}
+        bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
+        return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(fn, self.source),
+                              fn.__qualname__)
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstVar(getattr(self.fn, name))
+        if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
+            from .builder import wrap
+            return wrap(tx, self.fn.__wrapped__, AttrSource(ConstSource(self.fn, self.fn.__qualname__),
+                                                            "__wrapped__"), guard=False)
+        unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
+
+    def __repr__(self):
+        return f"UserFunctionVar({self.fn.__qualname__})"
+
+
+def _lazy_default(tx, value, source):
+    from .builder import wrap
+    # Defaults belong to the function object, which is guarded: no guards of their own.
+    return wrap(tx, value, source, guard=False)
+
+
+class NestedFunctionVar(Var):
+    """A function made by MAKE_FUNCTION while tracing (a closure or lambda)."""
+    __slots__ = ("code", "f_globals", "defaults", "kwdefaults", "cells", "qualname")
+
+    def __init__(self, code, f_globals, defaults, kwdefaults, cells, qualname):
+        super().__init__(None)
+        self.code = code
+        self.f_globals = f_globals
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.cells = cells
+        self.qualname = qualname
+
+    def python_type(self):
+        return types.FunctionType
+
+    def call(self, tx, args, kwargs):
+        bound = bind_arguments(self.code, self.qualname, args, kwargs, self.defaults,
+                               self.kwdefaults)
+        return tx.inline_call(self.code, self.f_globals, bound, self.cells, self.qualname)
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__"):
+            return ConstVar(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
+        unsupported(f"attribute {name!r} of a function made while tracing")
+
+    def __repr__(self):
+        return f"NestedFunctionVar({self.qualname})"
+
+
+class BoundMethodVar(Var):
+    """``obj.method``: a function with its first argument bound."""
+    __slots__ = ("fn", "obj")
+
+    def __init__(self, fn: Var, obj: Var, source=None):
+        super().__init__(source)
+        self.fn = fn
+        self.obj = obj
+
+    def python_type(self):
+        return types.MethodType
+
+    def call(self, tx, args, kwargs):
+        return self.fn.call(tx, [self.obj, *args], kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__self__":
+            return self.obj
+        if name == "__func__":
+            return self.fn
+        return self.fn.getattr(tx, name)
+
+    def __repr__(self):
+        return f"BoundMethodVar({self.fn!r} of {self.obj!r})"
+
+
+class PartialVar(Var):
+    """functools.partial(fn, *args, **kwargs), from outside or made while tracing."""
+    __slots__ = ("fn", "args", "kwargs")
+
+    def __init__(self, fn: Var, args: list, kwargs: dict, source=None):
+        super().__init__(source)
+        self.fn = fn
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
+
+    def python_type(self):
+        return functools.partial
+
+    def call(self, tx, args, kwargs):
+        return self.fn.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+    def getattr(self, tx, name):
+        if name == "func":
+            return self.fn
+        if name == "args":
+            return TupleVar(self.args)
+        if name == "keywords":
+            return DictVar(self.kwargs)
+        unsupported(f"attribute {name!r} of functools.partial")
+
+    def __repr__(self):
+        return f"PartialVar({self.fn!r})"
+
+
+def is_inlinable(fn) -> bool:
+    """Python functions whose bytecode the tracer runs: user code, and torch.nn module
+    code (forward methods), but not torch's own internals, which are graph ops."""
+    if not isinstance(fn, types.FunctionType):
+        return False
+    module = getattr(fn, "__module__", None) or ""
+    if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
+        return True
+    if module == "torch" or module.startswith("torch.") or module.startswith("frametrace"):
+        return False
+    return True

@@ -1,0 +1,263 @@
+"""nn.Modules reached from the frame.  Calling one inlines its forward (and runs its
+hooks the way nn.Module.__call__ would); parameters and buffers become graph inputs."""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ..source import AttrSource, GetItemSource
+from .base import Var, unsupported
+from .constant import ConstVar
+from .containers import ListVar, TupleVar
+from .functions import BoundMethodVar, UserFunctionVar
+
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
+               torch.nn.ParameterList, torch.nn.ParameterDict)
+_global_hooks_checked = "global_module_hooks"
+
+
+class NNModuleVar(Var):
+    """An nn.Module (guarded by identity)."""
+    __slots__ = ("module",)
+
+    def __init__(self, module, source):
+        super().__init__(source)
+        self.module = module
+
+    def python_type(self):
+        return type(self.module)
+
+    def as_const(self):
+        return self.module
+
+    # -- attributes --
+    def _child_source(self, store, name):
+        if self.source is None:
+            return None
+        # Read the tables directly: nn.Module.__getattr__ is slow, and guards on
+        # parameters run on every call.
+        return GetItemSource(AttrSource(self.source, store), name)
+
+    def getattr(self, tx, name):
+        from .builder import wrap
+        written = tx.side_effects.load_attr(self.module, name)
+        if written is not None:
+            return written
+        m = self.module
+        d = m.__dict__
+        cls_attr = _class_lookup(type(m), name)
+        if isinstance(cls_attr, property):
+            return _call_property(tx, cls_attr, self)
+        for store in ("_parameters", "_buffers", "_modules"):
+            table = d.get(store)
+            if table is not None and name in table:
+                return wrap(tx, table[name], self._child_source(store, name))
+        source = AttrSource(self.source, name) if self.source is not None else None
+        if name in d:
+            return wrap(tx, d[name], source)
+        if isinstance(cls_attr, types.FunctionType):
+            return BoundMethodVar(UserFunctionVar(cls_attr), self)
+        if isinstance(cls_attr, staticmethod):
+            return wrap(tx, cls_attr.__func__, None, guard=False)
+        if isinstance(cls_attr, classmethod):
+            from .objects import ObjectVar
+            return BoundMethodVar(wrap(tx, cls_attr.__func__, None, guard=False),
+                                  ObjectVar(type(m)))
+        if cls_attr is not None:
+            return wrap(tx, cls_attr, source)
+        unsupported(f"attribute {name!r} of module {type(m).__name__}")
+
+    def setattr(self, tx, name, value):
+        tx.side_effects.store_attr(self, self.module, name, value)
+
+    def call_method(self, tx, name, args, kwargs):
+        m = self.module
+        if name in _INTROSPECTION and _class_lookup(type(m), name) is getattr(torch.nn.Module, name):
+            return _INTROSPECTION[name](tx, self, args, kwargs)
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "__len__":
+            return ConstVar(len(m))
+        if name in ("items", "keys", "values") and isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            pairs = [(k, self._member(tx, k)) for k in m.keys()]
+            if name == "keys":
+                return ListVar([ConstVar(k) for k, _ in pairs])
+            if name == "values":
+                return ListVar([v for _, v in pairs])
+            return ListVar([TupleVar([ConstVar(k), v]) for k, v in pairs])
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    # -- containers --
+    def _member(self, tx, key):
+        from .builder import wrap
+        m = self.module
+        store = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
+        key = str(key)
+        return wrap(tx, getattr(m, store)[key], self._child_source(store, key))
+
+    def _keys(self):
+        m = self.module
+        if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            return list(m._parameters.keys())
+        return list(m._modules.keys())
+
+    def getitem(self, tx, key):
+        m = self.module
+        if not isinstance(m, _CONTAINERS):
+            unsupported(f"indexing module {type(m).__name__}")
+        if not key.is_const():
+            unsupported("module index that is not a constant")
+        k = key.as_const()
+        keys = self._keys()
+        if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            return self._member(tx, k)
+        if isinstance(k, slice):
+            return ListVar([self._member(tx, name) for name in keys[k]])
+        return self._member(tx, keys[k])
+
+    def unpack(self, tx):
+        m = self.module
+        if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            return [ConstVar(k) for k in self._keys()]
+        if isinstance(m, _CONTAINERS):
+            return [self._member(tx, k) for k in self._keys()]
+        unsupported(f"iterating over module {type(m).__name__}")
+
+    def length(self, tx):
+        if isinstance(self.module, _CONTAINERS):
+            return len(self._keys())
+        unsupported(f"len() of module {type(self.module).__name__}")
+
+    def truth(self, tx):
+        return True if not isinstance(self.module, _CONTAINERS) else bool(self._keys())
+
+    # -- calls --
+    def call(self, tx, args, kwargs):
+        """What nn.Module.__call__ does: pre-hooks, forward, forward hooks."""
+        m = self.module
+        _guard_global_hooks(tx)
+        if m._backward_hooks or m._backward_pre_hooks:
+            unsupported(f"backward hooks on {type(m).__name__}")
+        forward = _class_lookup(type(m), "forward")
+        if not isinstance(forward, types.FunctionType):
+            unsupported(f"{type(m).__name__}.forward is not a Python function")
+        if self.source is not None:
+            if m._forward_hooks or m._forward_pre_hooks:
+                tx.guards.hook_keys(self.source, m)
+            else:
+                tx.guards.no_hooks(self.source, m)
+        for hook_id, hook in list(m._forward_pre_hooks.items()):
+            hook_var = _hook_var(tx, hook)
+            if hook_id in m._forward_pre_hooks_with_kwargs:
+                result = hook_var.call(tx, [self, TupleVar(args), _dict(kwargs)], {})
+                if not _is_none(result):
+                    args, kwargs = result.unpack(tx)
+                    args, kwargs = args.unpack(tx), dict(kwargs.items)
+            else:
+                result = hook_var.call(tx, [self, TupleVar(args)], {})
+                if not _is_none(result):
+                    args = result.unpack(tx) if isinstance(result, TupleVar) else [result]
+        out = UserFunctionVar(forward).call(tx, [self, *args], kwargs)
+        for hook_id, hook in list(m._forward_hooks.items()):
+            hook_var = _hook_var(tx, hook)
+            if hook_id in m._forward_hooks_with_kwargs:
+                result = hook_var.call(tx, [self, TupleVar(args), _dict(kwargs), out], {})
+            else:
+                result = hook_var.call(tx, [self, TupleVar(args), out], {})
+            if not _is_none(result):
+                out = result
+        return out
+
+    def __repr__(self):
+        return f"NNModuleVar({type(self.module).__name__})"
+
+
+def _dict(kwargs):
+    from .containers import DictVar
+    return DictVar(kwargs)
+
+
+def _is_none(v):
+    return isinstance(v, ConstVar) and v.value is None
+
+
+def _hook_var(tx, hook):
+    from .builder import wrap
+    return wrap(tx, hook, None, guard=False)
+
+
+def _guard_global_hooks(tx):
+    from torch.nn.modules import module as module_mod
+    tables = [getattr(module_mod, n) for n in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
+        if hasattr(module_mod, n)]
+    if any(tables):
+        unsupported("global nn.Module hooks are registered")
+    tx.guards.global_state("no global module hooks", _no_global_hooks, True)
+
+
+def _no_global_hooks():
+    from torch.nn.modules import module as module_mod
+    return not (module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks
+                or module_mod._global_backward_hooks or module_mod._global_backward_pre_hooks)
+
+
+def _class_lookup(cls, name):
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def _call_property(tx, prop, obj_var):
+    from .builder import wrap
+    if prop.fget is None:
+        unsupported("property without getter")
+    return wrap(tx, prop.fget, None, guard=False).call(tx, [obj_var], {})
+
+
+def _named(kind):
+    def method(tx, self, args, kwargs):
+        from .builder import wrap
+        m = self.module
+        if kind in ("named_children", "children"):
+            items = [(name, self._member(tx, name)) for name in m._modules if m._modules[name] is not None]
+        elif kind in ("named_parameters", "parameters"):
+            items = [(name, wrap(tx, p, _path_source(self, name))) for name, p in m.named_parameters()]
+        elif kind in ("named_buffers", "buffers"):
+            items = [(name, wrap(tx, b, _path_source(self, name))) for name, b in m.named_buffers()]
+        else:  # named_modules / modules
+            items = [(name, wrap(tx, sub, _path_source(self, name) if name else self.source))
+                     for name, sub in m.named_modules()]
+        if kind.startswith("named_"):
+            return ListVar([TupleVar([ConstVar(n), v]) for n, v in items])
+        return ListVar([v for _, v in items])
+    return method
+
+
+def _path_source(self, dotted):
+    """Source of a parameter or submodule named by a dotted path below `self`."""
+    if self.source is None:
+        return None
+    source = self.source
+    m = self.module
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if not last:
+            source = GetItemSource(AttrSource(source, "_modules"), part)
+            m = m._modules[part]
+        elif part in m._parameters:
+            source = GetItemSource(AttrSource(source, "_parameters"), part)
+        elif part in m._buffers:
+            source = GetItemSource(AttrSource(source, "_buffers"), part)
+        else:
+            source = GetItemSource(AttrSource(source, "_modules"), part)
+    return source
+
+
+_INTROSPECTION = {name: _named(name) for name in (
+    "named_children", "children", "named_parameters", "parameters", "named_buffers", "buffers",
+    "named_modules", "modules")}
