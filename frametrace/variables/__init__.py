@@ -5,7 +5,8 @@ from .base import NULL, Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .modules import NNModuleVar
-from .objects import BuiltinVar, MethodVar, ObjectVar, TorchFnVar
+from .builtins import BuiltinVar
+from .objects import MethodVar, ObjectVar, TorchFnVar
 from .tensor import TensorVar
 
 __all__ = ["NULL", "Var", "unsupported", "ConstVar", "DictVar", "IteratorVar", "ListVar",

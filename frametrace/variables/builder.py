@@ -14,7 +14,8 @@ from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
-from .objects import BuiltinVar, ObjectVar, TorchFnVar
+from .builtins import BuiltinVar
+from .objects import ObjectVar, TorchFnVar
 from .user_objects import UserObjectVar
 
 _BUILTIN_IDS = {id(v) for v in vars(builtins).values() if callable(v)}
