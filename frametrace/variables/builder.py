@@ -16,6 +16,7 @@ from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .objects import ObjectVar, TorchFnVar
+from .stdlib import library_var
 from .user_objects import UserObjectVar
 
 _BUILTIN_IDS = {id(v) for v in vars(builtins).values() if callable(v)}
@@ -79,6 +80,9 @@ def _wrap_object(tx, value, source, guards):
         guards.identity(source, value)
     if isinstance(value, torch.nn.Module):
         return NNModuleVar(value, source)
+    library = library_var(value, source)
+    if library is not None:
+        return library
     if is_torch_callable(value):
         return TorchFnVar(value, source)
     if id(value) in _BUILTIN_IDS and getattr(builtins, getattr(value, "__name__", ""), None) is value:
