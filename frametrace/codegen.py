@@ -33,6 +33,7 @@ class CodeGen:
         self.cellvars = set(code.co_cellvars)
         self.freevars = set(code.co_freevars)
         self.tensor_locals: dict[object, str] = {}  # graph output node -> local name
+        self.rebuilt: dict[int, str] = {}          # id(NewObjectVar) -> local name
 
     def emit(self, name, arg=_NO_ARG):
         if arg is _NO_ARG:
@@ -88,6 +89,21 @@ class CodeGen:
         from . import _C
         self.emit("PUSH_NULL")
         self.load_const(_C.Unhooked(cls))
+
+    def load_rebuilt(self, var) -> bool:
+        """Push an object already rebuilt by this code (keeps aliasing); False if not."""
+        name = self.rebuilt.get(id(var))
+        if name is None:
+            return False
+        self.emit("LOAD_FAST", name)
+        return True
+
+    def keep_rebuilt(self, var):
+        """The object just built (on top of the stack) is kept for later references."""
+        name = f"___rebuilt_{len(self.rebuilt)}"
+        self.rebuilt[id(var)] = name
+        self.emit("COPY", 1)
+        self.emit("STORE_FAST", name)
 
     def call_const(self, fn, arg_emitters):
         """Call the object `fn` (held as a constant) on the values the emitters push."""
@@ -147,3 +163,12 @@ class CodeGen:
         prologue.append(Instr("RESUME", 0, lineno=code.co_firstlineno))
         bc.extend(prologue + self.instrs)
         return bc.to_code()
+
+
+def rebuild_object(cls, attrs):
+    """Make an object of `cls` with these attributes, without running __init__ (the
+    traced __init__ already computed them)."""
+    obj = cls.__new__(cls)
+    for name, value in attrs.items():
+        object.__setattr__(obj, name, value)
+    return obj

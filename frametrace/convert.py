@@ -21,7 +21,7 @@ from .graph import OutputGraph
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .variables import DictVar, ListVar, TensorVar, TupleVar
-from .variables.user_objects import DataclassVar
+from .variables.user_objects import DataclassVar, NewObjectVar
 
 log = logging.getLogger("frametrace")
 graph_log = logging.getLogger("frametrace.graph")
@@ -226,19 +226,26 @@ def _finish(code, func, tracer, output, guards, result, backend, record):
     return cg.assemble()
 
 
-def _collect_outputs(v, out):
+def _collect_outputs(v, out, seen=None):
+    seen = set() if seen is None else seen
     if isinstance(v, TensorVar):
         if v.node.op != "placeholder" and v.node not in out:
             out.append(v.node)
     elif isinstance(v, (TupleVar, ListVar)):
         for item in v.items:
-            _collect_outputs(item, out)
+            _collect_outputs(item, out, seen)
     elif isinstance(v, DictVar):
         for item in v.items.values():
-            _collect_outputs(item, out)
+            _collect_outputs(item, out, seen)
     elif isinstance(v, DataclassVar):
         for item in v.fields.values():
-            _collect_outputs(item, out)
+            _collect_outputs(item, out, seen)
+    elif isinstance(v, NewObjectVar):
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        for item in v.attrs.values():
+            _collect_outputs(item, out, seen)
 
 
 def reset():

@@ -36,6 +36,8 @@ class OutputGraph:
         self._input_by_id: dict[int, GraphInput] = {}
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
         self.object_vars: dict[int, tuple] = {}
+        # id(ContextVar) -> traced value set during the trace (reset before it ends).
+        self.context_vars: dict[int, object] = {}
         self._last_placeholder = None
 
     # -- inputs --

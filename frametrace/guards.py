@@ -146,7 +146,7 @@ class GuardSet:
 
     def _on_death(self, _ref):
         check = self.check_ref() if self.check_ref is not None else None
-        if check is not None:
+        if check is not None and _C is not None:    # _C is None at interpreter exit
             _C.remove_entry(self.code, check)
 
     # -- output --

@@ -76,7 +76,8 @@ class InstructionTranslator:
             self.f_builtins = vars(self.f_builtins)
         self.output = output
         self.guards = guards
-        self.side_effects = SideEffects() if parent is None else parent.side_effects
+        self.side_effects = SideEffects(_fresh_arg_sources(code)) if parent is None \
+            else parent.side_effects
         self.instructions = _instructions(code)
         self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
         self.stack: list[Var] = []
@@ -87,6 +88,7 @@ class InstructionTranslator:
         self.ip = 0
         self.lineno = code.co_firstlineno
         self.return_value: Var | None = None
+        self.yielded: list | None = None
         if parent is None:
             for name, value in zip(code.co_varnames, args):
                 self.locals[name] = _Lazy(value, LocalSource(name))
@@ -271,21 +273,33 @@ class InstructionTranslator:
         """Run a function's bytecode in a child interpreter over the same graph."""
         if self.depth >= MAX_INLINE_DEPTH:
             unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
-        if code.co_flags & (0x20 | 0x80 | 0x200 | 0x100):
-            unsupported(f"calling generator or coroutine function {qualname}")
+        if code.co_flags & (0x80 | 0x200 | 0x100):
+            unsupported(f"calling coroutine function {qualname}")
         child = InstructionTranslator(code, _FunctionShim(f_globals, self.f_builtins), (),
                                       self.output, self.guards, parent=self)
         for name, v in bound.items():
             child.locals[name] = v
         child.closure = list(closure)
+        if code.co_flags & 0x20:
+            # A generator runs to completion now; the caller iterates what it yielded.
+            # Right for what generators are used for in model code (genexprs fed to
+            # all/any/tuple/sum); interleaved side effects would be reordered.
+            child.yielded = []
+            child.run()
+            return IteratorVar(child.yielded)
         return child.run()
 
     # ------------------------------------------------------------ attributes
+    def _getattr(self, obj, name):
+        if name == "__class__":
+            return wrap(self, obj.python_type(), None, guard=False)
+        return obj.getattr(self, name)
+
     def LOAD_ATTR(self, inst):
         obj = self.pop()
         if PY312 and inst.arg & 1:
             self.push(NULL)
-        self.push(obj.getattr(self, inst.argval))
+        self.push(self._getattr(obj, inst.argval))
 
     def STORE_ATTR(self, inst):
         obj = self.pop()
@@ -318,7 +332,7 @@ class InstructionTranslator:
     def LOAD_METHOD(self, inst):  # 3.11
         obj = self.pop()
         self.push(NULL)
-        self.push(obj.getattr(self, inst.argval))
+        self.push(self._getattr(obj, inst.argval))
 
     # ------------------------------------------------------------ calls
     def KW_NAMES(self, inst):
@@ -400,6 +414,14 @@ class InstructionTranslator:
         container = self.pop()
         value = self.pop()
         container.setitem(self, key, value)
+
+    def DELETE_SUBSCR(self, inst):
+        key = self.pop()
+        container = self.pop()
+        delitem = getattr(container, "delitem", None)
+        if delitem is None:
+            unsupported(f"del on {container}")
+        delitem(self, key)
 
     def BINARY_SLICE(self, inst):  # 3.12
         end = self.pop()
@@ -552,6 +574,17 @@ class InstructionTranslator:
     def END_FOR(self, inst):  # 3.12
         self.popn(2)
 
+    def IMPORT_NAME(self, inst):
+        fromlist = self.pop().as_const()
+        level = self.pop().as_const()
+        # Importing runs for real: the module is normally loaded already, and either
+        # way the program's state afterwards is what CPython would leave.
+        module = __import__(inst.argval, self.f_globals, None, fromlist, level)
+        self.push(wrap(self, module, None, guard=False))
+
+    def IMPORT_FROM(self, inst):
+        self.push(self.stack[-1].getattr(self, inst.argval))
+
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
         enter = getattr(ctx, "enter", None)
@@ -559,6 +592,15 @@ class InstructionTranslator:
             unsupported(f"'with' over {ctx}")
         self.push(_ExitVar(ctx))
         self.push(enter(self))
+
+    def RETURN_GENERATOR(self, inst):
+        self.push(ConstVar(None))     # what the generator is first resumed with
+
+    def YIELD_VALUE(self, inst):
+        if self.yielded is None:
+            unsupported("yield outside an inlined generator")
+        self.yielded.append(self.pop())
+        self.push(ConstVar(None))     # the value sent back: next() sends None
 
     def RETURN_VALUE(self, inst):
         self.return_value = self.pop()
@@ -591,6 +633,18 @@ class _FunctionShim:
         self.__globals__ = f_globals
         self.__builtins__ = f_globals.get("__builtins__", f_builtins)
         self.__closure__ = None
+
+
+def _fresh_arg_sources(code):
+    """*args and **kwargs of a frame: new objects on every call."""
+    n = code.co_argcount + code.co_kwonlyargcount
+    fresh = []
+    if code.co_flags & 0x04:
+        fresh.append(LocalSource(code.co_varnames[n]))
+        n += 1
+    if code.co_flags & 0x08:
+        fresh.append(LocalSource(code.co_varnames[n]))
+    return fresh
 
 
 def _cell_full(cell) -> bool:
@@ -655,13 +709,27 @@ def unary_op(tx, fn, v: Var) -> Var:
     unsupported(f"{fn.__name__} on {v}")
 
 
+def _real_identity(v: Var):
+    """The real object a Var stands for, when there is exactly one."""
+    for attr in ("value", "fn", "module"):
+        if attr in getattr(type(v), "__slots__", ()) or hasattr(v, attr):
+            obj = getattr(v, attr, _MISSING)
+            if obj is not _MISSING and not isinstance(obj, Var):
+                return obj
+    return _MISSING
+
+
+_MISSING = object()
+
+
 def is_same(a: Var, b: Var) -> bool:
     if a is b:
         return True
     if isinstance(a, ConstVar) and isinstance(b, ConstVar):
         return a.value is b.value
-    if isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
-        return a.value is b.value
+    ra, rb = _real_identity(a), _real_identity(b)
+    if ra is not _MISSING and rb is not _MISSING and not isinstance(a, TensorVar):
+        return ra is rb
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
         return a.node is b.node
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
@@ -680,6 +748,9 @@ def is_none(v: Var) -> bool:
 
 
 def contains(tx, container: Var, item: Var) -> bool:
+    dunder = getattr(container, "_dunder", None)
+    if dunder is not None:
+        return dunder(tx, "__contains__", [item]).truth(tx)
     if isinstance(container, DictVar):
         return _const_key(item) in container.items
     if isinstance(container, (TupleVar, ListVar, ConstVar)) and item.is_const():

@@ -15,7 +15,9 @@ from .variables.base import unsupported
 
 
 class SideEffects:
-    def __init__(self):
+    def __init__(self, fresh_locals=()):
+        # Sources of containers made anew for each call (the root frame's *args, **kwargs).
+        self.fresh_locals = set(fresh_locals)
         # Ordered by first write; each key keeps its latest value.
         self._attrs: dict[tuple, tuple] = {}       # (id(obj), name) -> (owner Var, name, value)
         self._globals: dict[tuple, tuple] = {}     # (id(globals), name) -> (globals, name, value, is_root)
@@ -57,6 +59,8 @@ class SideEffects:
     def mutate_container(self, var, real_obj):
         """A list or dict from outside is about to change: its final contents are
         written back after the graph."""
+        if var.source in self.fresh_locals:
+            return      # the frame's own *args / **kwargs: made anew by every call
         key = ("container", id(real_obj))
         if key not in self._containers:
             self._containers[key] = var
@@ -120,16 +124,18 @@ def _write_back_container(cg, var):
         cg.load_const(slice(None, None))
         cg.emit("STORE_SUBSCR")
     elif isinstance(var, DictVar):
-        # dict.clear(d); dict.update(d, {new items})
-        cg.call_const(dict.clear, [var.source.reconstruct])
-        cg.emit("POP_TOP")
-
+        # The new contents are built before the dict changes: they may be read from it.
         def new_items(cg=cg):
             for k, v in var.items.items():
                 cg.load_const(k)
                 v.reconstruct(cg)
             cg.build(dict, len(var.items))
-        cg.call_const(dict.update, [var.source.reconstruct, new_items])
+        cg.call_const(_replace_dict, [var.source.reconstruct, new_items])
         cg.emit("POP_TOP")
     else:
         unsupported(f"writing back {var}")
+
+
+def _replace_dict(d, new):
+    d.clear()
+    d.update(new)

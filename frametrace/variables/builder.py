@@ -3,7 +3,9 @@ relies on.  This is where every input-derived guard is made."""
 from __future__ import annotations
 
 import builtins
+import contextvars
 import functools
+import sys
 import types
 
 import torch
@@ -15,7 +17,7 @@ from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
-from .objects import ObjectVar, TorchFnVar
+from .objects import ContextVarVar, ObjectVar, TorchFnVar
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 
@@ -80,6 +82,8 @@ def _wrap_object(tx, value, source, guards):
         guards.identity(source, value)
     if isinstance(value, torch.nn.Module):
         return NNModuleVar(value, source)
+    if isinstance(value, contextvars.ContextVar):
+        return ContextVarVar(value, source)
     library = library_var(value, source)
     if library is not None:
         return library
@@ -102,7 +106,8 @@ def _is_user_instance(value) -> bool:
         return False
     cls = type(value)
     module = getattr(cls, "__module__", "") or ""
-    if module == "builtins" or module.startswith(("torch", "typing", "enum", "_")):
+    if module == "builtins" or module.startswith(("torch", "typing", "enum", "_")) or \
+            module.split(".")[0] in sys.stdlib_module_names:
         return False
     return hasattr(value, "__dict__") or hasattr(cls, "__slots__")
 

@@ -165,7 +165,48 @@ class DictVar(CollectionVar):
             unsupported("dict key that is not a constant")
         self.items[key.as_const()] = value
 
+    def _mutating(self, tx):
+        if self.source is not None:
+            tx.side_effects.mutate_container(self, self)
+
+    def delitem(self, tx, key):
+        self._mutating(tx)
+        self.items.pop(_dict_key(key), None)
+
     def call_method(self, tx, name, args, kwargs):
+        if name == "pop" and 1 <= len(args) <= 2:
+            key = _dict_key(args[0])
+            if key not in self.items and len(args) == 1:
+                unsupported(f"dict.pop of missing key {key!r}")
+            self._mutating(tx)
+            return self.items.pop(key) if key in self.items else args[1]
+        if name == "setdefault" and 1 <= len(args) <= 2:
+            key = _dict_key(args[0])
+            if key not in self.items:
+                self._mutating(tx)
+                self.items[key] = args[1] if len(args) == 2 else ConstVar(None)
+            return self.items[key]
+        if name == "update" and len(args) <= 1:
+            self._mutating(tx)
+            if args:
+                other = args[0]
+                if isinstance(other, DictVar):
+                    self.items.update(other.items)
+                else:
+                    for pair in other.unpack(tx):
+                        k, v = pair.unpack(tx)
+                        self.items[_dict_key(k)] = v
+            self.items.update(kwargs)
+            return ConstVar(None)
+        if name == "copy" and not args:
+            return DictVar(self.items)
+        if name == "clear" and not args:
+            self._mutating(tx)
+            self.items.clear()
+            return ConstVar(None)
+        if name == "__setitem__" and len(args) == 2:
+            self.setitem(tx, args[0], args[1])
+            return ConstVar(None)
         if name == "keys" and not args:
             return ListVar([ConstVar(k) for k in self.items])
         if name == "values" and not args:
@@ -189,6 +230,12 @@ class DictVar(CollectionVar):
 
     def __repr__(self):
         return f"DictVar({self.items!r})"
+
+
+def _dict_key(v):
+    if not v.is_const():
+        unsupported(f"dict key {v} is not a constant")
+    return v.as_const()
 
 
 class IteratorVar(Var):

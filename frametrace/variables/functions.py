@@ -109,6 +109,18 @@ class UserFunctionVar(Var):
 
     def call(self, tx, args, kwargs):
         fn = self.fn
+        if fn in TRACE_TIME_EVALUATED:
+            return _evaluate_now(tx, fn, args, kwargs)
+        grad_decorated = _grad_mode_decorator(fn)
+        if grad_decorated is not None:
+            mode, inner = grad_decorated
+            from .objects import GradModeVar
+            ctx = GradModeVar(mode)
+            ctx.enter(tx)
+            try:
+                return UserFunctionVar(inner).call(tx, args, kwargs)
+            finally:
+                ctx.exit(tx)
         anchor = ConstSource(fn, fn.__qualname__)
         defaults = [_lazy_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i))
                     for i, d in enumerate(fn.__defaults__ or ())]
@@ -119,13 +131,14 @@ class UserFunctionVar(Var):
                               fn.__qualname__)
 
     def getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstVar(getattr(self.fn, name))
-        if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
-            from .builder import wrap
-            return wrap(tx, self.fn.__wrapped__, AttrSource(ConstSource(self.fn, self.fn.__qualname__),
-                                                            "__wrapped__"), guard=False)
-        unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
+        from .builder import wrap
+        try:
+            value = getattr(self.fn, name)
+        except AttributeError:
+            unsupported(f"function {self.fn.__qualname__} has no attribute {name!r}")
+        # The function is fixed by identity: its attributes are read as they are now.
+        return wrap(tx, value, AttrSource(ConstSource(self.fn, self.fn.__qualname__), name),
+                    guard=False)
 
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
@@ -233,3 +246,64 @@ def is_inlinable(fn) -> bool:
     if module == "torch" or module.startswith("torch.") or module.startswith("frametrace"):
         return False
     return True
+
+
+# Introspection from the standard library, evaluated on the real objects at trace time
+# (inlining `inspect` would trace pages of Python for a constant answer).
+TRACE_TIME_EVALUATED = {inspect.signature, inspect.getfullargspec, inspect.isclass,
+                        inspect.isfunction, inspect.ismethod, inspect.isgeneratorfunction,
+                        inspect.iscoroutinefunction, inspect.unwrap, inspect.getmodule}
+
+
+def _evaluate_now(tx, fn, args, kwargs):
+    from .builder import wrap
+    real = []
+    for a in args:
+        value = _real_value(a)
+        if value is _NO_VALUE:
+            unsupported(f"{fn.__qualname__}() on a value known only while tracing ({a})")
+        real.append(value)
+    if kwargs and not all(v.is_const() for v in kwargs.values()):
+        unsupported(f"{fn.__qualname__}() with traced keyword arguments")
+    return wrap(tx, fn(*real, **{k: v.as_const() for k, v in kwargs.items()}), None, guard=False)
+
+
+_NO_VALUE = object()
+
+
+def _real_value(v):
+    if isinstance(v, UserFunctionVar):
+        return v.fn
+    if isinstance(v, BoundMethodVar):
+        fn, obj = _real_value(v.fn), _real_value(v.obj)
+        if fn is _NO_VALUE or obj is _NO_VALUE:
+            return _NO_VALUE
+        return types.MethodType(fn, obj)
+    for attr in ("module", "value"):
+        if attr in getattr(type(v), "__slots__", ()):
+            return getattr(v, attr)
+    if v.is_const():
+        return v.as_const()
+    return _NO_VALUE
+
+
+def _grad_mode_decorator(fn):
+    """(mode, inner function) for a function decorated with @torch.no_grad() /
+    @torch.enable_grad(), else None."""
+    if fn.__code__.co_name != "decorate_context" or not fn.__closure__:
+        return None
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+    try:
+        factory = cells["ctx_factory"].cell_contents
+        inner = cells["func"].cell_contents
+    except (KeyError, ValueError):
+        return None
+    import torch
+    ctx = getattr(factory, "__self__", None)
+    if type(ctx) is torch.no_grad:
+        return False, inner
+    if type(ctx) is torch.enable_grad:
+        return True, inner
+    if type(ctx) is torch.set_grad_enabled:
+        return ctx.mode, inner
+    return None

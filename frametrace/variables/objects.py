@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import operator
 import types
 
 import torch
 
-from ..source import AttrSource
+from ..source import AttrSource, GetItemSource
 from .base import ValueVar, Var, unsupported
 from .constant import ConstVar
 from .tensor import TensorVar
@@ -19,8 +20,54 @@ class ObjectVar(ValueVar):
     """An object used as-is while tracing (guarded by identity when it has a source)."""
     __slots__ = ()
 
+    # Read-only methods of plain objects (mapping proxies, os.environ, OrderedDicts from
+    # outside), answered on the real object.
+    def call_method(self, tx, name, args, kwargs):
+        if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
+                _all_const(args, kwargs):
+            from .builder import wrap
+            method = getattr(self.value, name, None)
+            if method is not None:
+                result = method(*_consts(args))
+                source = None
+                if name in ("get", "__getitem__") and args and self.source is not None and \
+                        isinstance(args[0].as_const(), (str, int)):
+                    source = GetItemSource(self.source, args[0].as_const())
+                if isinstance(result, (type({}.keys()), type({}.values()), type({}.items()))):
+                    result = list(result)
+                return wrap(tx, result, source, guard=False) if source is None or \
+                    not isinstance(result, torch.Tensor) else wrap(tx, result, source)
+        return super().call_method(tx, name, args, kwargs)
+
+    def unpack(self, tx):
+        from .builder import wrap
+        try:
+            items = list(self.value)
+        except TypeError:
+            unsupported(f"iterating over {type(self.value).__name__}")
+        if any(isinstance(i, torch.Tensor) for i in items):
+            unsupported(f"iterating over {type(self.value).__name__} holding tensors")
+        return [wrap(tx, i, None, guard=False) for i in items]
+
+    def length(self, tx):
+        try:
+            return len(self.value)
+        except TypeError:
+            unsupported(f"len() of {type(self.value).__name__}")
+
+    def is_const(self):
+        # Classes, functions and modules: fixed objects, usable as constants.
+        return isinstance(self.value, (type, types.FunctionType, types.ModuleType,
+                                       types.BuiltinFunctionType))
+
+    def as_const(self):
+        return self.value
+
     def getattr(self, tx, name):
         from .builder import wrap
+        if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
+                callable(getattr(self.value, name, None)):
+            return MethodVar(self, name)
         try:
             attr = getattr(self.value, name)
         except AttributeError:
@@ -37,6 +84,8 @@ class ObjectVar(ValueVar):
             made = _construct(tx, value, args, kwargs)
             if made is not None:
                 return made
+        if value in TRACE_TIME_ANSWERS:
+            return ConstVar(TRACE_TIME_ANSWERS[value])
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
@@ -54,6 +103,8 @@ class TorchFnVar(ObjectVar):
 
     def call(self, tx, args, kwargs):
         fn = self.value
+        if fn in TRACE_TIME_ANSWERS:
+            return ConstVar(TRACE_TIME_ANSWERS[fn])
         if fn in _GLOBAL_STATE_READERS:
             value = fn()
             tx.guards.global_state(fn.__name__, fn, value)
@@ -91,11 +142,72 @@ class SuperVar(Var):
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
+                    if name in _PURE_READERS and hasattr(self.obj, "value"):
+                        return _RealMethodVar(attr, self.obj.value)
                     unsupported(f"super().{name} of a builtin class")
                 if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
                     unsupported(f"super().{name} is implemented in C")
                 return wrap(tx, attr, None, guard=False)
         unsupported(f"super() has no attribute {name!r}")
+
+
+_PURE_READERS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items",
+                 "count", "index"}
+
+
+class _RealMethodVar(Var):
+    """A read-only method of a builtin type, called on the real object at trace time
+    (e.g. dict.get on a registry that is a dict subclass)."""
+    __slots__ = ("method", "obj")
+
+    def __init__(self, method, obj):
+        super().__init__(None)
+        self.method = method
+        self.obj = obj
+
+    def call(self, tx, args, kwargs):
+        from .builder import wrap
+        if not _all_const(args, kwargs):
+            unsupported(f"{self.method.__qualname__} with traced arguments")
+        return wrap(tx, self.method(self.obj, *_consts(args), **_const_kwargs(kwargs)), None,
+                    guard=False)
+
+
+class ContextVarVar(ValueVar):
+    """A contextvars.ContextVar: set/get/reset while tracing act on a traced value, which
+    must be reset before the frame returns (no lasting side effect)."""
+    __slots__ = ()
+
+    def call_method(self, tx, name, args, kwargs):
+        state = tx.output.context_vars
+        cv = self.value
+        if name == "set" and len(args) == 1:
+            token = _TokenVar(cv, state.get(id(cv)))
+            state[id(cv)] = args[0]
+            return token
+        if name == "get":
+            if id(cv) in state and state[id(cv)] is not None:
+                return state[id(cv)]
+            from .builder import wrap
+            try:
+                return wrap(tx, cv.get(*_consts(args)), None, guard=False)
+            except LookupError:
+                unsupported(f"ContextVar {cv.name} has no value")
+        if name == "reset" and len(args) == 1 and isinstance(args[0], _TokenVar):
+            state[id(cv)] = args[0].previous
+            if args[0].previous is None:
+                state.pop(id(cv), None)
+            return ConstVar(None)
+        unsupported(f"ContextVar.{name}")
+
+
+class _TokenVar(Var):
+    __slots__ = ("cv", "previous")
+
+    def __init__(self, cv, previous):
+        super().__init__(None)
+        self.cv = cv
+        self.previous = previous
 
 
 class _NoOpVar(Var):
@@ -214,12 +326,17 @@ def _construct(tx, cls, args, kwargs):
         from .user_objects import make_dataclass_instance
         return make_dataclass_instance(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        from ..graph import NamedTupleVar
+        from .containers import NamedTupleVar
         names = list(cls._fields)
         values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
         if len(values) != len(names):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
+    module = getattr(cls, "__module__", "") or ""
+    if not module.startswith(("torch", "builtins")) and module.split(".")[0] not in sys.stdlib_module_names \
+            and not issubclass(cls, torch.nn.Module):
+        from .user_objects import construct_user_object
+        return construct_user_object(tx, cls, args, kwargs)
     return None
 
 
@@ -254,6 +371,8 @@ def _const_kwargs(kwargs):
 
 
 def _is_library_object(value) -> bool:
+    if isinstance(value, (types.CodeType, types.MappingProxyType)):
+        return True     # immutable: nothing to guard below them
     if isinstance(value, types.ModuleType):
         name = value.__name__
     else:
@@ -279,6 +398,17 @@ for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pos", "
 _OPERATORS = {v for k, v in vars(operator).items() if callable(v) and not k.startswith("_")
               and not isinstance(v, type)} - {operator.attrgetter, operator.itemgetter,
                                               operator.methodcaller}
+
+# What libraries ask to choose their compile-friendly paths: while frametrace traces,
+# the program is being compiled (as under torch.compile), and not scripted or traced.
+TRACE_TIME_ANSWERS = {
+    torch.compiler.is_compiling: True,
+    torch.compiler.is_dynamo_compiling: True,
+    torch.compiler.is_exporting: False,
+    torch.jit.is_scripting: False,
+    torch.jit.is_tracing: False,
+    torch._C._get_tracing_state: None,
+}
 
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
                          torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled}

@@ -3,6 +3,7 @@ attributes by value), and dataclass / ModelOutput instances made while tracing (
 by calling the class in the transformed code)."""
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 from collections import OrderedDict
@@ -58,14 +59,168 @@ class UserObjectVar(Var):
             return UserFunctionVar(call).call(tx, [self, *args], kwargs)
         unsupported(f"calling {type(self.value).__name__} object")
 
+    def _dunder(self, tx, name, args):
+        """Call a special method: inlined when written in Python, evaluated on the real
+        object when it is a builtin base's read-only method (a dict subclass's get)."""
+        method = _class_lookup(type(self.value), name)
+        if isinstance(method, types.FunctionType):
+            return UserFunctionVar(method).call(tx, [self, *args], {})
+        if method is not None and name in ("__getitem__", "__len__", "__contains__") and \
+                all(a.is_const() for a in args):
+            from .builder import wrap
+            return wrap(tx, method(self.value, *[a.as_const() for a in args]), None, guard=False)
+        unsupported(f"{type(self.value).__name__}.{name}")
+
+    def getitem(self, tx, key):
+        return self._dunder(tx, "__getitem__", [key])
+
+    def setitem(self, tx, key, value):
+        self._dunder(tx, "__setitem__", [key, value])
+
+    def length(self, tx):
+        n = self._dunder(tx, "__len__", [])
+        return n.as_const()
+
+    def unpack(self, tx):
+        return _unpack_user(tx, self, type(self.value))
+
     def truth(self, tx):
         cls = type(self.value)
         if _class_lookup(cls, "__bool__") is None and _class_lookup(cls, "__len__") is None:
             return True
-        unsupported(f"truth value of {cls.__name__} object")
+        if isinstance(_class_lookup(cls, "__bool__"), types.FunctionType):
+            return self._dunder(tx, "__bool__", []).truth(tx)
+        return self.length(tx) > 0
 
     def __repr__(self):
         return f"UserObjectVar({type(self.value).__name__})"
+
+
+class NewObjectVar(Var):
+    """An instance of a user class made while tracing: its __init__ was inlined and its
+    attributes are Vars.  If it escapes the frame, the transformed code rebuilds it
+    (cls.__new__ and the attributes), once, however many places refer to it."""
+    __slots__ = ("cls", "attrs")
+
+    def __init__(self, cls, attrs=None):
+        super().__init__(None)
+        self.cls = cls
+        self.attrs = dict(attrs or {})
+
+    def python_type(self):
+        return self.cls
+
+    def getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
+        cls_attr = _class_lookup(self.cls, name)
+        if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
+            return UserFunctionVar(cls_attr.fget).call(tx, [self], {})
+        if isinstance(cls_attr, types.FunctionType):
+            return BoundMethodVar(UserFunctionVar(cls_attr), self)
+        if isinstance(cls_attr, classmethod):
+            from .objects import ObjectVar
+            return BoundMethodVar(UserFunctionVar(cls_attr.__func__), ObjectVar(self.cls))
+        if isinstance(cls_attr, staticmethod):
+            from .builder import wrap
+            return wrap(tx, cls_attr.__func__, None, guard=False)
+        if cls_attr is not None:
+            from .builder import wrap
+            return wrap(tx, cls_attr, None, guard=False)
+        getattr_hook = _class_lookup(self.cls, "__getattr__")
+        if isinstance(getattr_hook, types.FunctionType):
+            return UserFunctionVar(getattr_hook).call(tx, [self, ConstVar(name)], {})
+        unsupported(f"{self.cls.__name__} object has no attribute {name!r}")
+
+    def setattr(self, tx, name, value):
+        setter = _class_lookup(self.cls, name)
+        if isinstance(setter, property):
+            if setter.fset is None:
+                unsupported(f"can't set property {name!r}")
+            UserFunctionVar(setter.fset).call(tx, [self, value], {})
+            return
+        self.attrs[name] = value
+
+    def _dunder(self, tx, name, args):
+        method = _class_lookup(self.cls, name)
+        if isinstance(method, types.FunctionType):
+            return UserFunctionVar(method).call(tx, [self, *args], {})
+        unsupported(f"{self.cls.__name__}.{name}")
+
+    def getitem(self, tx, key):
+        return self._dunder(tx, "__getitem__", [key])
+
+    def setitem(self, tx, key, value):
+        self._dunder(tx, "__setitem__", [key, value])
+
+    def length(self, tx):
+        return self._dunder(tx, "__len__", []).as_const()
+
+    def unpack(self, tx):
+        return _unpack_user(tx, self, self.cls)
+
+    def call(self, tx, args, kwargs):
+        return self._dunder(tx, "__call__", [*args]) if not kwargs else \
+            UserFunctionVar(_class_lookup(self.cls, "__call__")).call(tx, [self, *args], kwargs)
+
+    def truth(self, tx):
+        if _class_lookup(self.cls, "__bool__") is None and _class_lookup(self.cls, "__len__") is None:
+            return True
+        if _class_lookup(self.cls, "__bool__") is not None:
+            return self._dunder(tx, "__bool__", []).truth(tx)
+        return self.length(tx) > 0
+
+    def reconstruct(self, cg):
+        if cg.load_rebuilt(self):
+            return
+        from ..codegen import rebuild_object
+        names = list(self.attrs)
+
+        def attrs(cg):
+            for n in names:
+                cg.load_const(n)
+                self.attrs[n].reconstruct(cg)
+            cg.build(dict, len(names))
+        cg.call_const(rebuild_object, [lambda cg: cg.load_const(self.cls), attrs])
+        cg.keep_rebuilt(self)
+
+    def __repr__(self):
+        return f"NewObjectVar({self.cls.__name__})"
+
+
+def _unpack_user(tx, var, cls):
+    it = _class_lookup(cls, "__iter__")
+    if it is collections.abc.Sequence.__iter__:
+        # Sequence.__iter__ indexes until IndexError: the same as indexing below len().
+        return [var.getitem(tx, ConstVar(i)) for i in range(var.length(tx))]
+    if isinstance(it, types.FunctionType):
+        return UserFunctionVar(it).call(tx, [var], {}).unpack(tx)
+    unsupported(f"iterating over {cls.__name__}")
+
+
+def construct_user_object(tx, cls, args, kwargs):
+    """Calling a user class while tracing: a NewObjectVar with __init__ inlined."""
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        unsupported(f"creating exception {cls.__name__}")
+    if type(cls) is not type and type(cls).__module__ not in ("abc",):
+        unsupported(f"class {cls.__name__} has metaclass {type(cls).__name__}")
+    if _class_lookup(cls, "__new__") not in (None, object.__new__) and \
+            not isinstance(_class_lookup(cls, "__new__"), staticmethod):
+        unsupported(f"{cls.__name__} defines __new__")
+    if any(getattr(k, "__module__", "") == "builtins" and k is not object for k in cls.__mro__):
+        unsupported(f"{cls.__name__} subclasses a builtin type")
+    new_new = _class_lookup(cls, "__new__")
+    if isinstance(new_new, staticmethod) and new_new.__func__ is not object.__new__:
+        unsupported(f"{cls.__name__} defines __new__")
+    obj = NewObjectVar(cls)
+    init = _class_lookup(cls, "__init__")
+    if isinstance(init, types.FunctionType):
+        UserFunctionVar(init).call(tx, [obj, *args], kwargs)
+    elif init not in (None, object.__init__):
+        unsupported(f"{cls.__name__}.__init__ is not a Python function")
+    elif args or kwargs:
+        unsupported(f"{cls.__name__}() takes no arguments")
+    return obj
 
 
 def is_model_output(cls) -> bool:
