@@ -230,6 +230,8 @@ class GradModeVar(Var):
         self.prev = None
 
     def _set(self, tx, mode):
+        if torch.is_grad_enabled() == mode:
+            return      # no change: no node (the grad-mode guard fixes the mode here)
         torch._C._set_grad_enabled(mode)
         tx.output.graph.create_node("call_function", torch._C._set_grad_enabled, (mode,))
 
