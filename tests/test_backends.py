@@ -137,3 +137,32 @@ def test_backend_failure_is_reported():
     h = frametrace.optimize(backend=broken, fullgraph=True)(lambda x: x * 2)
     with pytest.raises(frametrace.Unsupported, match="backend exploded"):
         h(x)
+
+
+def test_each_optimize_call_compiles_with_its_own_backend():
+    def g(x):
+        return x * 2 + 1
+    first = frametrace.testing.CompileCounter()
+    second = frametrace.testing.CompileCounter(inner="aot_eager")
+    a = frametrace.optimize(backend=first, fullgraph=True)(g)
+    b = frametrace.optimize(backend=second, fullgraph=True)(g)
+    x = torch.randn(3)
+    torch.testing.assert_close(a(x), g(x))
+    torch.testing.assert_close(b(x), g(x))     # not the entry `a` compiled
+    torch.testing.assert_close(a(x), g(x))
+    assert first.frame_count == 1 and second.frame_count == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_autocast_region(backend):
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+        return y, y.float() + 1
+    cnt = frametrace.testing.CompileCounter(inner=backend)
+    g = frametrace.optimize(backend=cnt, fullgraph=True)(f)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    got, expected = g(x, w), f(x, w)
+    assert got[0].dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected)
+    assert cnt.frame_count == 1 and cnt.op_count == 5   # enter, matmul, exit, float, add

@@ -179,6 +179,7 @@ typedef struct {
     PyObject *fn;       /* function over `code` for `closure`, built lazily */
     PyObject *closure;  /* the closure `fn` was built with */
     PyObject *globals;
+    PyObject *callback; /* the callback (backend, fullgraph) that made this entry */
 } CacheEntry;
 
 static void
@@ -189,6 +190,7 @@ CacheEntry_dealloc(CacheEntry *self)
     Py_XDECREF(self->fn);
     Py_XDECREF(self->closure);
     Py_XDECREF(self->globals);
+    Py_XDECREF(self->callback);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -257,7 +259,7 @@ mark_skip(PyObject *code)
 }
 
 static CacheEntry *
-new_entry(PyObject *check, PyObject *code)
+new_entry(PyObject *check, PyObject *code, PyObject *callback)
 {
     if (!PyCallable_Check(check) || (code != Py_None && !PyCode_Check(code))) {
         PyErr_SetString(PyExc_TypeError, "cache entry needs (callable guard, code or None)");
@@ -270,6 +272,7 @@ new_entry(PyObject *check, PyObject *code)
     e->check = Py_NewRef(check);
     e->code = Py_NewRef(code);
     e->fn = e->closure = e->globals = NULL;
+    e->callback = Py_NewRef(callback);
     /* Transformed code runs as its own frame under the hook: never trace it. */
     if (code != Py_None && mark_skip(code) < 0) {
         Py_DECREF(e);
@@ -331,6 +334,9 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         Py_ssize_t n = PyList_GET_SIZE(st->entries);
         for (Py_ssize_t i = 0; i < n; i++) {
             CacheEntry *e = (CacheEntry *)PyList_GET_ITEM(st->entries, i);
+            if (e->callback != cb) {
+                continue;   /* compiled for another optimize() (backend, fullgraph) */
+            }
             PyObject *ok = PyObject_Vectorcall(e->check, argv, nargs + 1, NULL);
             if (ok == NULL) {
                 failed = 1;
@@ -362,7 +368,7 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
             }
             else if (PyTuple_Check(decision) && PyTuple_GET_SIZE(decision) == 2) {
                 CacheEntry *e = new_entry(PyTuple_GET_ITEM(decision, 0),
-                                          PyTuple_GET_ITEM(decision, 1));
+                                          PyTuple_GET_ITEM(decision, 1), cb);
                 st = e != NULL ? get_code_state((PyObject *)code, 1) : NULL;
                 if (st == NULL || PyList_Insert(st->entries, 0, (PyObject *)e) < 0) {
                     failed = 1;

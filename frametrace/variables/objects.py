@@ -284,9 +284,10 @@ class AutocastVar(Var):
         from torch.amp.autocast_mode import _enter_autocast
         self.ctx = torch.autocast(*self.args, **self.kwargs)
         self.ctx.__enter__()
+        ctx = self.ctx   # its defaults resolved: dtype, enabled, cache_enabled
         self.node = tx.output.graph.create_node(
             "call_function", _enter_autocast,
-            (*self.args, *[self.kwargs.get(k) for k in ("dtype", "enabled", "cache_enabled")]))
+            (ctx.device, ctx.fast_dtype, ctx._enabled, ctx._cache_enabled))
         return ConstVar(None)
 
     def exit(self, tx):
