@@ -114,9 +114,24 @@ _COMPREHENSIONS = frozenset({"<listcomp>", "<setcomp>", "<dictcomp>"})
 
 
 # --------------------------------------------------------------------------- callback
+_callbacks: dict[tuple, object] = {}
+
+
 def make_callback(backend, fullgraph: bool):
     """The callback the C hook calls on a cache miss:
-    ``callback(code, func, arg_slots, n_entries)``."""
+    ``callback(code, func, arg_slots, n_entries)``.  One per (backend, fullgraph):
+    cache entries belong to their callback, so optimize() calls with the same backend
+    share compiled code and calls with different ones do not."""
+    key = (id(backend), bool(fullgraph))
+    known = _callbacks.get(key)
+    if known is not None and known.backend is backend:
+        return known
+    callback = _make_callback(backend, fullgraph)
+    _callbacks[key] = callback
+    return callback
+
+
+def _make_callback(backend, fullgraph: bool):
 
     def callback(code, func, args, n_entries):
         if is_skipped_file(code.co_filename) or code.co_name in _COMPREHENSIONS:
