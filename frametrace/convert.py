@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from . import _C, config
+from . import _C, config, resume
 from .codegen import CodeGen
 from .exc import Unsupported, format_user_stack
 from .graph import OutputGraph
@@ -26,6 +26,7 @@ from .variables.user_objects import DataclassVar, NewObjectVar
 log = logging.getLogger("frametrace")
 graph_log = logging.getLogger("frametrace.graph")
 recompile_log = logging.getLogger("frametrace.recompiles")
+break_log = logging.getLogger("frametrace.graph_breaks")
 
 _fn_ids = itertools.count()
 # Codes with cache state, for reset(); by id, since code objects compare by content.
@@ -182,9 +183,26 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
             raise Unsupported(e.reason, e.user_stack) from None
         record.reason = e.reason
         record.user_stack = e.user_stack
-        log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
-                 format_user_stack(e.user_stack))
         new_code = None
+        if e.break_index is not None and resume.can_break_at(tracer.instructions[e.break_index]):
+            # Trace again up to the instruction that failed, compile that much, and go
+            # on in CPython from there (then in a resume function).
+            guards = GuardSet(code, func)
+            output = OutputGraph(guards)
+            tracer = InstructionTranslator(code, func, args, output, guards)
+            tracer.stop_at = e.break_index
+            try:
+                tracer.run()
+                new_code = _finish(code, func, tracer, output, guards, None, backend, record,
+                                   break_at=tracer.instructions[e.break_index])
+                break_log.info("graph break in %s: %s%s", code.co_name, e.reason,
+                               format_user_stack(e.user_stack))
+            except Unsupported as e2:
+                log.info("frametrace: cannot break the graph there (%s)", e2.reason)
+                new_code = None
+        if new_code is None:
+            log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
+                     format_user_stack(e.user_stack))
     except Exception as e:
         where = [tracer.user_location()]
         if fullgraph:
@@ -213,17 +231,32 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
     return (check, new_code)
 
 
-def _finish(code, func, tracer, output, guards, result, backend, record):
-    """Compile the graph and build the transformed code."""
+def _finish(code, func, tracer, output, guards, result, backend, record, break_at=None):
+    """Compile the graph and build the transformed code: it returns `result`, or at a
+    graph break runs `break_at` in CPython and continues in a resume function."""
     output.prune_unused_inputs()
     out_nodes = []
-    _collect_outputs(result, out_nodes)
+    live = [result] if break_at is None else _live_at_break(tracer)
+    for v in live:
+        _collect_outputs(v, out_nodes)
     side_effects = tracer.side_effects
     for v in side_effects.values():
         _collect_outputs(v, out_nodes)
     cg = CodeGen(code, lineno=tracer.lineno)
+    name = None
     if output.op_count():
         name = f"__compiled_fn_{next(_fn_ids)}"
+        names = cg.call_graph(name, [i.source for i in output.inputs], len(out_nodes))
+        cg.tensor_locals = dict(zip(out_nodes, names))
+    side_effects.reconstruct(cg, set(code.co_freevars))
+    if break_at is None:
+        result.reconstruct(cg)
+        cg.emit("RETURN_VALUE")
+    else:
+        resume.emit_break(cg, tracer, break_at, func)
+    new_code = cg.assemble()
+    # Only now, when the frame can be rebuilt, is the graph handed to the backend.
+    if name is not None:
         gm, compiled, seconds = output.compile(backend, out_nodes, name)
         record.graph_module = gm
         record.op_count = output.op_count()
@@ -233,12 +266,17 @@ def _finish(code, func, tracer, output, guards, result, backend, record):
                             code.co_firstlineno, gm.code)
         func.__globals__[name] = _C.Unhooked(compiled)
         _installed_globals.append((func.__globals__, name))
-        names = cg.call_graph(name, [i.source for i in output.inputs], len(out_nodes))
-        cg.tensor_locals = dict(zip(out_nodes, names))
-    side_effects.reconstruct(cg, set(code.co_freevars))
-    result.reconstruct(cg)
-    cg.emit("RETURN_VALUE")
-    return cg.assemble()
+    return new_code
+
+
+def _live_at_break(tracer):
+    """The Vars a graph break hands to CPython: the stack, locals and cells."""
+    from .interpreter import _Lazy
+    from .variables import NULL
+    live = [v for v in tracer.stack if v is not NULL]
+    live += [v for v in tracer.locals.values() if type(v) is not _Lazy and v is not NULL]
+    live += [c.value for c in tracer.cells.values() if c.value is not None and type(c.value) is not _Lazy]
+    return live
 
 
 def _collect_outputs(v, out, seen=None):
@@ -274,5 +312,6 @@ def reset():
     for g, name in _installed_globals:
         g.pop(name, None)
     _installed_globals.clear()
+    resume.clear()
 
 

@@ -20,6 +20,9 @@ class Unsupported(RuntimeError):
     def __init__(self, reason: str, user_stack: list[traceback.FrameSummary] | None = None):
         self.reason = reason
         self.user_stack = list(user_stack or [])
+        # Index of the root frame's instruction that could not be traced (where the
+        # frame can break its graph), set by the interpreter.
+        self.break_index: int | None = None
         super().__init__(reason)
 
     def __str__(self) -> str:

@@ -89,6 +89,7 @@ class InstructionTranslator:
         self.lineno = code.co_firstlineno
         self.return_value: Var | None = None
         self.yielded: list | None = None
+        self.stop_at: int | None = None     # root only: stop before this instruction
         if parent is None:
             for name, value in zip(code.co_varnames, args):
                 self.locals[name] = _Lazy(value, LocalSource(name))
@@ -97,10 +98,13 @@ class InstructionTranslator:
                             for i, (n, c) in enumerate(zip(code.co_freevars, func.__closure__ or ()))]
 
     # ------------------------------------------------------------ running
-    def run(self) -> Var:
+    def run(self) -> Var | None:
+        """Interpret to the return (its Var), or to `stop_at` (None)."""
         instructions = self.instructions
         steps = 0
         while self.return_value is None:
+            if self.ip == self.stop_at:
+                return None
             inst = instructions[self.ip]
             self.ip += 1
             if inst.positions is not None and inst.positions.lineno is not None:
@@ -113,6 +117,8 @@ class InstructionTranslator:
             except Unsupported as e:
                 # Innermost frame first to be seen; each caller goes in front of it.
                 e.user_stack.insert(0, frame_summary(self.code, self.lineno))
+                if self.parent is None:
+                    e.break_index = self.ip - 1
                 raise
             steps += 1
             if steps > MAX_INSTRUCTIONS:

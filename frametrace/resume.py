@@ -1,0 +1,234 @@
+"""Resume functions: where a frame continues after a graph break.
+
+A resume function is a new code object made from the original frame's bytecode.  It
+takes the values left on the stack after the breaking instruction, then the frame's
+bound locals, as positional parameters; its prologue pushes the stack values back and
+jumps to the instruction the original frame would run next.  Cells and free variables of
+the original become its free variables, so closures keep sharing them.  The hook catches
+its frame like any other and compiles it in its turn.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVar, Instr,
+                      Label)
+
+PY312 = sys.version_info >= (3, 12)
+
+_PROLOGUE = {"COPY_FREE_VARS", "MAKE_CELL", "RESUME"}
+
+# (code, offset, n_stack, locals) -> resume code; cleared by reset()
+_cache: dict[tuple, types.CodeType] = {}
+
+
+def abstract_instructions(code):
+    """The `bytecode` package's abstract form of `code`, and a map from dis offsets to
+    its Instr objects."""
+    concrete = ConcreteBytecode.from_code(code)
+    abstract = concrete.to_bytecode()
+    offsets, pos = [], 0
+    for ci in concrete:
+        if ci.name != "CACHE":
+            offsets.append(pos + ci.size - 2)   # dis reports the offset after EXTENDED_ARGs
+        pos += ci.size
+    instrs = [i for i in abstract if isinstance(i, Instr)]
+    return abstract, dict(zip(offsets, instrs))
+
+
+def resume_code(code, offset: int, layout: tuple, local_names: tuple) -> types.CodeType:
+    """The code object that continues `code` at instruction `offset`, with a stack of
+    `layout` ("v": a value passed in as ___stackN; "i": a list passed in, iterated again;
+    "n": a NULL)."""
+    n_stack = sum(1 for k in layout if k != "n")
+    key = (code, offset, layout, local_names)
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    abstract, by_offset = abstract_instructions(code)
+    target = by_offset[offset]
+    body = list(abstract)
+    # Drop the original prologue (cells are free variables here; RESUME is re-emitted).
+    start = 0
+    while start < len(body) and isinstance(body[start], Instr) and body[start].name in _PROLOGUE:
+        start += 1
+    body = body[start:]
+    index = next(i for i, ins in enumerate(body) if ins is target)
+    label = Label()
+    body.insert(index, label)
+    cells = set(code.co_cellvars)
+    for i, ins in enumerate(body):
+        if isinstance(ins, Instr) and isinstance(ins.arg, CellVar) and ins.arg.name in cells:
+            body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
+        elif isinstance(ins, Instr) and ins.name == "LOAD_CLOSURE" and isinstance(ins.arg, CellVar):
+            body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
+
+    freevars = list(code.co_cellvars) + list(code.co_freevars)
+    new = Bytecode()
+    new.name = code.co_name
+    new.qualname = f"{code.co_qualname}.<resume at line {_line_of(target, code)}>"
+    new.filename = code.co_filename
+    new.first_lineno = code.co_firstlineno
+    new.argnames = [f"___stack{i}" for i in range(n_stack)] + list(local_names)
+    new.argcount = len(new.argnames)
+    new.posonlyargcount = 0
+    new.kwonlyargcount = 0
+    new.freevars = freevars
+    new.cellvars = []
+    flags = CompilerFlags(code.co_flags) & ~(CompilerFlags.VARARGS | CompilerFlags.VARKEYWORDS)
+    if freevars:
+        flags |= CompilerFlags.NESTED
+    new.flags = flags
+    line = code.co_firstlineno
+    prologue = []
+    if freevars:
+        prologue.append(Instr("COPY_FREE_VARS", len(freevars), lineno=line))
+    prologue.append(Instr("RESUME", 0, lineno=line))
+    i = 0
+    for kind in layout:
+        if kind == "n":
+            prologue.append(Instr("PUSH_NULL", lineno=line))
+            continue
+        prologue.append(Instr("LOAD_FAST", f"___stack{i}", lineno=line))
+        if kind == "i":
+            prologue.append(Instr("GET_ITER", lineno=line))
+        i += 1
+    prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
+    new.extend(prologue + body)
+    result = new.to_code()
+    _cache[key] = result
+    return result
+
+
+def _line_of(instr, code):
+    loc = getattr(instr, "location", None)
+    return getattr(loc, "lineno", None) or code.co_firstlineno
+
+
+def clear():
+    _cache.clear()
+
+
+# --------------------------------------------------------------------------- at a break
+# Instructions a frame can break at: how many stack values each consumes.  The values
+# below them are untouched by the instruction and passed to the resume function as they
+# are (NULLs among them are re-pushed by its prologue).
+def _consumed(inst) -> int | None:
+    name = inst.opname
+    if name == "CALL":
+        return inst.arg + 2
+    if name == "CALL_FUNCTION_EX":
+        return 3 + (inst.arg & 1)
+    if name.startswith("POP_JUMP") and ("IF_FALSE" in name or "IF_TRUE" in name):
+        return 1
+    if name in ("BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR", "IS_OP", "CONTAINS_OP"):
+        return 2
+    if name == "STORE_SUBSCR":
+        return 3
+    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "GET_ITER"):
+        return 1
+    if name == "STORE_ATTR":
+        return 2
+    return None
+
+
+def _produced(inst) -> int:
+    """Values the instruction leaves on the stack (falling through)."""
+    if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR"):
+        return 0
+    return 1
+
+
+def can_break_at(inst) -> bool:
+    return _consumed(inst) is not None
+
+
+def emit_break(cg, tracer, inst, func):
+    """After the graph call and side effects: rebuild the stack and locals as the
+    original frame has them before `inst`, run `inst` in CPython, and return what the
+    resume function(s) return."""
+    from .variables.base import NULL
+    code = tracer.code
+    stack = list(tracer.stack)
+    consumed = _consumed(inst)
+    lower, top = stack[:len(stack) - consumed], stack[len(stack) - consumed:]
+    from .variables.containers import IteratorVar
+    # Per lower stack slot: "v" a value, "n" a NULL, "i" an iterator passed as the list of
+    # what it has left (so the resume frame can guard and trace its items).
+    layout = tuple("n" if v is NULL else "i" if isinstance(v, IteratorVar) else "v" for v in lower)
+    cells = set(code.co_cellvars) | set(code.co_freevars)
+    # A resume frame's ___stackN parameters are dead once its prologue pushed them.
+    bound = [n for n in code.co_varnames if n in tracer.locals and n not in cells
+             and not n.startswith("___stack")]
+
+    # Locals changed by the trace are stored back; untouched arguments are still there.
+    from .interpreter import _Lazy
+    for name in bound:
+        v = tracer.locals[name]
+        if type(v) is _Lazy or (v.source is not None and getattr(v.source, "local", None) == name):
+            continue
+        v.reconstruct(cg)
+        cg.emit("STORE_FAST", name)
+    for name, cell in tracer.cells.items():
+        if cell.value is not None and type(cell.value) is not _Lazy and name in code.co_cellvars:
+            cell.value.reconstruct(cg)
+            cg.emit("STORE_DEREF", CellVar(name))
+
+    for v in top:
+        if v is NULL:
+            cg.emit("PUSH_NULL")
+        else:
+            v.reconstruct(cg)
+    if tracer.kw_names:
+        cg.emit("KW_NAMES", tracer.kw_names)
+    _, by_offset = abstract_instructions(code)
+    original = by_offset[inst.offset]
+    if inst.opname == "CALL" and not PY312:
+        cg.emit("PRECALL", inst.arg)
+    jump_label = Label() if inst.opname.startswith("POP_JUMP") else None
+    cg.instrs.append(Instr(original.name, jump_label if jump_label is not None else original.arg,
+                           lineno=cg.lineno))
+
+    def continue_at(offset, produced):
+        temps = [f"___result_{i}" for i in range(produced)]
+        for t in reversed(temps):
+            cg.emit("STORE_FAST", t)
+        resume = resume_code(code, offset, layout + ("v",) * produced, tuple(bound))
+        cg.emit("PUSH_NULL")
+        _load_function(cg, resume, func, code)
+        n = 0
+        for v in lower:
+            if isinstance(v, IteratorVar):
+                for item in v.items[v.index:]:
+                    item.reconstruct(cg)
+                cg.build(list, len(v.items) - v.index)
+                n += 1
+            elif v is not NULL:
+                v.reconstruct(cg)
+                n += 1
+        for t in temps:
+            cg.emit("LOAD_FAST", t)
+        for name in bound:
+            cg.emit("LOAD_FAST", name)
+        cg.call(n + produced + len(bound))
+        cg.emit("RETURN_VALUE")
+
+    index = tracer.index_of[inst.offset]
+    next_offset = tracer.instructions[index + 1].offset
+    continue_at(next_offset, _produced(inst))
+    if jump_label is not None:
+        cg.instrs.append(jump_label)
+        continue_at(inst.argval, 0)
+
+
+def _load_function(cg, resume, func, code):
+    freevars = list(code.co_cellvars) + list(code.co_freevars)
+    if not freevars:
+        cg.load_const(types.FunctionType(resume, func.__globals__, resume.co_name))
+        return
+    for name in freevars:
+        cg.emit("LOAD_CLOSURE", CellVar(name) if name in code.co_cellvars else FreeVar(name))
+    cg.emit("BUILD_TUPLE", len(freevars))
+    cg.load_const(resume)
+    cg.emit("MAKE_FUNCTION", 0x08)
