@@ -9,10 +9,14 @@
     f(torch.randn(8), torch.randn(8))   # traced, compiled, cached
     f(torch.randn(8), torch.randn(8))   # guards hold: runs the cached code
 """
-from . import config, testing
+from . import config, logs, testing
 from .backends import list_backends, register_backend
 from .eval_frame import OptimizedModule, disable, optimize, reset
 from .exc import Unsupported
+from .explain import explain
+from .viewer import show
 
-__all__ = ["optimize", "disable", "reset", "list_backends", "register_backend", "config",
+logs.configure()
+
+__all__ = ["explain", "show", "optimize", "disable", "reset", "list_backends", "register_backend", "config",
            "Unsupported", "OptimizedModule", "testing"]

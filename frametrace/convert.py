@@ -20,25 +20,33 @@ from .exc import Unsupported, format_user_stack
 from .graph import OutputGraph
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
-from .variables import DictVar, ListVar, TensorVar, TupleVar
+from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar
+from .variables.functions import BoundMethodVar, PartialVar
 from .variables.user_objects import DataclassVar, NewObjectVar
 
 log = logging.getLogger("frametrace")
 graph_log = logging.getLogger("frametrace.graph")
 recompile_log = logging.getLogger("frametrace.recompiles")
 break_log = logging.getLogger("frametrace.graph_breaks")
+guard_log = logging.getLogger("frametrace.guards")
+bytecode_log = logging.getLogger("frametrace.bytecode")
+output_code_log = logging.getLogger("frametrace.output_code")
 
 _fn_ids = itertools.count()
 # Codes with cache state, for reset(); by id, since code objects compare by content.
 _seen_codes: dict[int, weakref.ref] = {}
 _installed_globals: list[tuple[dict, str]] = []           # __compiled_fn_N we placed
+graph_modules: dict = {}                                  # __compiled_fn_N -> its GraphModule
 _warned_cache_limit: set[int] = set()
 
 
 class CompileRecord:
-    """What one compile of one frame produced (read by tests and explain())."""
+    """What one compile of one frame produced (read by explain(), show() and tests).
+    `outcome` is "compiled" (the frame runs transformed code to its end), "break"
+    (compiled up to a graph break, then a resume function) or "fallback" (the frame
+    runs in CPython); `reason` and `user_stack` say why for the last two."""
     __slots__ = ("code", "graph_module", "op_count", "guards", "reason", "user_stack",
-                 "compile_seconds", "backend_seconds", "transformed_code")
+                 "compile_seconds", "backend_seconds", "transformed_code", "outcome", "check")
 
     def __init__(self, code):
         self.code = code
@@ -50,6 +58,8 @@ class CompileRecord:
         self.compile_seconds = 0.0
         self.backend_seconds = 0.0
         self.transformed_code = None
+        self.outcome = "compiled"
+        self.check = None
 
 
 # Observers get every CompileRecord (explain() and tests register one).
@@ -195,12 +205,14 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
                 tracer.run()
                 new_code = _finish(code, func, tracer, output, guards, None, backend, record,
                                    break_at=tracer.instructions[e.break_index])
+                record.outcome = "break"
                 break_log.info("graph break in %s: %s%s", code.co_name, e.reason,
                                format_user_stack(e.user_stack))
             except Unsupported as e2:
                 log.info("frametrace: cannot break the graph there (%s)", e2.reason)
                 new_code = None
         if new_code is None:
+            record.outcome = "fallback"
             log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
                      format_user_stack(e.user_stack))
     except Exception as e:
@@ -211,6 +223,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
                     code.co_name, format_user_stack(where), exc_info=True)
         record.reason = f"internal error: {type(e).__name__}: {e}"
         record.user_stack = where
+        record.outcome = "fallback"
         new_code = None
     # Every graph depends on grad mode, and on the default dtype (factories, promotion
     # of Python floats), whether or not the trace read them.
@@ -226,6 +239,13 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
     record.guards = guards.texts()
     record.compile_seconds = time.perf_counter() - t0
     record.transformed_code = new_code
+    record.check = check
+    if guard_log.isEnabledFor(logging.INFO):
+        guard_log.info("guards of %s (%s:%d):\n  %s", code.co_name, code.co_filename,
+                       code.co_firstlineno, "\n  ".join(record.guards))
+    if new_code is not None and bytecode_log.isEnabledFor(logging.INFO):
+        from .viewer import plain_diff
+        bytecode_log.info("bytecode of %s:\n%s", code.co_name, plain_diff(code, new_code))
     for observer in record_observers:
         observer(record)
     return (check, new_code)
@@ -261,11 +281,16 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         record.graph_module = gm
         record.op_count = output.op_count()
         record.backend_seconds = seconds
-        if graph_log.isEnabledFor(logging.DEBUG):
-            graph_log.debug("graph %s for %s (%s:%d):\n%s", name, code.co_name, code.co_filename,
-                            code.co_firstlineno, gm.code)
+        if graph_log.isEnabledFor(logging.INFO):
+            graph_log.info("graph %s of %s (%s:%d), %d ops:\n%s", name, code.co_name,
+                           code.co_filename, code.co_firstlineno, record.op_count, gm.code.strip())
+        if output_code_log.isEnabledFor(logging.INFO):
+            source = getattr(compiled, "source_code", None) or getattr(
+                getattr(compiled, "__self__", None), "code", None) or gm.code
+            output_code_log.info("output code of %s:\n%s", name, str(source).strip())
         func.__globals__[name] = _C.Unhooked(compiled)
         _installed_globals.append((func.__globals__, name))
+        graph_modules[name] = gm
     return new_code
 
 
@@ -293,6 +318,14 @@ def _collect_outputs(v, out, seen=None):
     elif isinstance(v, DataclassVar):
         for item in v.fields.values():
             _collect_outputs(item, out, seen)
+    elif isinstance(v, (MethodVar, BoundMethodVar)):
+        _collect_outputs(v.obj, out, seen)
+    elif isinstance(v, IteratorVar):
+        for item in v.items[v.index:]:
+            _collect_outputs(item, out, seen)
+    elif isinstance(v, PartialVar):
+        for item in [*v.args, *v.kwargs.values()]:
+            _collect_outputs(item, out, seen)
     elif isinstance(v, NewObjectVar):
         if id(v) in seen:
             return
@@ -312,6 +345,7 @@ def reset():
     for g, name in _installed_globals:
         g.pop(name, None)
     _installed_globals.clear()
+    graph_modules.clear()
     resume.clear()
 
 

@@ -200,8 +200,30 @@ class GuardSet:
             except Exception:
                 ok = False
             if not ok:
-                return g.text
+                return f"{g.text} (now: {self._describe_now(g, env)})"
         return None
+
+    @staticmethod
+    def _describe_now(g, env) -> str:
+        if g.source is None:
+            return "changed"
+        try:
+            value = eval(g.source.guard_expr(), env)
+        except Exception as e:
+            return f"unreadable: {type(e).__name__}"
+        if isinstance(value, torch.Tensor):
+            return (f"{g.source.name()}: {type(value).__name__} {str(value.dtype).replace('torch.', '')}"
+                    f"{list(value.shape)} stride={list(value.stride())} device={value.device} "
+                    f"requires_grad={value.requires_grad}")
+        if value is None or type(value) in (bool, int, float, str, torch.dtype, torch.device, tuple) \
+                and len(repr(value)) < 80:
+            return f"{g.source.name()} = {value!r}"
+        if g.kind in ("LEN", "KEYS"):
+            try:
+                return f"{g.source.name()}: {type(value).__name__} of length {len(value)}"
+            except TypeError:
+                pass
+        return f"{g.source.name()} is {_short(value)}"
 
 
 def _short(value) -> str:

@@ -92,7 +92,12 @@ class InstructionTranslator:
         self.stop_at: int | None = None     # root only: stop before this instruction
         if parent is None:
             for name, value in zip(code.co_varnames, args):
-                self.locals[name] = _Lazy(value, LocalSource(name))
+                if name.startswith("___result") and type(value) in _SCALARS:
+                    # Computed in CPython at a graph break (x.item(), len(...)): data,
+                    # not a constant to specialize on.
+                    self.locals[name] = OpaqueVar(value, LocalSource(name))
+                else:
+                    self.locals[name] = _Lazy(value, LocalSource(name))
             self.closure = [Cell(_Lazy(c.cell_contents, ClosureSource(n, i)), ClosureSource(n, i))
                             if _cell_full(c) else Cell(None, ClosureSource(n, i))
                             for i, (n, c) in enumerate(zip(code.co_freevars, func.__closure__ or ()))]
@@ -616,6 +621,28 @@ class InstructionTranslator:
 
     def RAISE_VARARGS(self, inst):
         unsupported("raising an exception")
+
+
+_SCALARS = (bool, int, float, complex, str, bytes)
+
+
+class OpaqueVar(Var):
+    """A Python value that is data: passed along unguarded; using its value stops the
+    trace there (a graph break)."""
+    __slots__ = ("kind",)
+
+    def __init__(self, value, source):
+        super().__init__(source)
+        self.kind = type(value)
+
+    def python_type(self):
+        return self.kind
+
+    def truth(self, tx):
+        unsupported(f"branching on a {self.kind.__name__} computed after a graph break")
+
+    def __repr__(self):
+        return f"OpaqueVar({self.kind.__name__})"
 
 
 class _ExitVar(Var):

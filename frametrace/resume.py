@@ -39,9 +39,10 @@ def abstract_instructions(code):
 
 def resume_code(code, offset: int, layout: tuple, local_names: tuple) -> types.CodeType:
     """The code object that continues `code` at instruction `offset`, with a stack of
-    `layout` ("v": a value passed in as ___stackN; "i": a list passed in, iterated again;
-    "n": a NULL)."""
-    n_stack = sum(1 for k in layout if k != "n")
+    `layout` ("v": a value passed in; "r": a value the breaking instruction produced;
+    "i": a list passed in and iterated again; "n": a NULL)."""
+    names = _stack_names(layout)
+    n_stack = len(names)
     key = (code, offset, layout, local_names)
     hit = _cache.get(key)
     if hit is not None:
@@ -67,10 +68,11 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple) -> types.C
     freevars = list(code.co_cellvars) + list(code.co_freevars)
     new = Bytecode()
     new.name = code.co_name
-    new.qualname = f"{code.co_qualname}.<resume at line {_line_of(target, code)}>"
+    base = code.co_qualname.split(".<resume at line")[0]
+    new.qualname = f"{base}.<resume at line {_line_of(target, code)}>"
     new.filename = code.co_filename
     new.first_lineno = code.co_firstlineno
-    new.argnames = [f"___stack{i}" for i in range(n_stack)] + list(local_names)
+    new.argnames = names + list(local_names)
     new.argcount = len(new.argnames)
     new.posonlyargcount = 0
     new.kwonlyargcount = 0
@@ -85,20 +87,31 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple) -> types.C
     if freevars:
         prologue.append(Instr("COPY_FREE_VARS", len(freevars), lineno=line))
     prologue.append(Instr("RESUME", 0, lineno=line))
-    i = 0
+    names_iter = iter(names)
     for kind in layout:
         if kind == "n":
             prologue.append(Instr("PUSH_NULL", lineno=line))
             continue
-        prologue.append(Instr("LOAD_FAST", f"___stack{i}", lineno=line))
+        prologue.append(Instr("LOAD_FAST", next(names_iter), lineno=line))
         if kind == "i":
             prologue.append(Instr("GET_ITER", lineno=line))
-        i += 1
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
     result = new.to_code()
     _cache[key] = result
     return result
+
+
+def _stack_names(layout):
+    """Parameter names for the stack slots: ___resultN for what the breaking instruction
+    produced (data computed in CPython), ___stackN for the rest."""
+    names = []
+    for i, kind in enumerate(layout):
+        if kind == "r":
+            names.append(f"___result{i}")
+        elif kind != "n":
+            names.append(f"___stack{i}")
+    return names
 
 
 def _line_of(instr, code):
@@ -160,7 +173,7 @@ def emit_break(cg, tracer, inst, func):
     cells = set(code.co_cellvars) | set(code.co_freevars)
     # A resume frame's ___stackN parameters are dead once its prologue pushed them.
     bound = [n for n in code.co_varnames if n in tracer.locals and n not in cells
-             and not n.startswith("___stack")]
+             and not n.startswith(("___stack", "___result"))]
 
     # Locals changed by the trace are stored back; untouched arguments are still there.
     from .interpreter import _Lazy
@@ -194,7 +207,7 @@ def emit_break(cg, tracer, inst, func):
         temps = [f"___result_{i}" for i in range(produced)]
         for t in reversed(temps):
             cg.emit("STORE_FAST", t)
-        resume = resume_code(code, offset, layout + ("v",) * produced, tuple(bound))
+        resume = resume_code(code, offset, layout + ("r",) * produced, tuple(bound))
         cg.emit("PUSH_NULL")
         _load_function(cg, resume, func, code)
         n = 0

@@ -355,6 +355,10 @@ class MethodVar(Var):
     def call(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
 
+    def reconstruct(self, cg):
+        self.obj.reconstruct(cg)
+        cg.load_attr(self.name)
+
     def __repr__(self):
         return f"MethodVar({self.obj!r}.{self.name})"
 

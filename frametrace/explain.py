@@ -1,0 +1,122 @@
+"""explain(): what frametrace makes of a call, for people.
+
+    >>> report = frametrace.explain(model)(x)
+    >>> report.graph_count, report.graph_break_count
+    (2, 1)
+    >>> print(report)          # graphs, breaks with file, line and source, guards
+
+The call runs once under its own recording backend (eager), so the report is about
+exactly this call; the entries it compiled are dropped afterwards and the function's
+other compiled entries are not touched.
+"""
+from __future__ import annotations
+
+import io
+
+from . import _C, convert
+from .eval_frame import optimize
+
+
+class BreakReason:
+    """One graph break (or frame run in CPython): why, and where in the user's code
+    (`user_stack`: traceback.FrameSummary objects, innermost user frame last)."""
+    __slots__ = ("reason", "user_stack", "graph_break")
+
+    def __init__(self, reason, user_stack, graph_break):
+        self.reason = reason
+        self.user_stack = list(user_stack)
+        self.graph_break = graph_break   # False: the whole frame ran in CPython
+
+    def __repr__(self):
+        where = self.user_stack[-1] if self.user_stack else None
+        at = f" at {where.filename}:{where.lineno}" if where else ""
+        return f"BreakReason({self.reason!r}{at})"
+
+
+class ExplainOutput:
+    """The report `explain(fn)(*args)` returns."""
+
+    def __init__(self, records, result):
+        self.records = records
+        self.result = result
+        self.graphs = [r.graph_module for r in records if r.graph_module is not None]
+        self.graph_count = len(self.graphs)
+        self.ops_per_graph = [r.op_count for r in records if r.graph_module is not None]
+        self.break_reasons = [BreakReason(r.reason, r.user_stack, r.outcome == "break")
+                              for r in records if r.outcome in ("break", "fallback")]
+        self.graph_break_count = sum(1 for b in self.break_reasons if b.graph_break)
+        self.guards = [g for r in records for g in r.guards]
+        self.compile_times = [r.compile_seconds for r in records]
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.syntax import Syntax
+        from rich.table import Table
+        from rich.text import Text
+        parts = []
+        summary = Table.grid(padding=(0, 2))
+        summary.add_row("graphs", str(self.graph_count))
+        summary.add_row("graph breaks", str(self.graph_break_count))
+        fallbacks = len(self.break_reasons) - self.graph_break_count
+        if fallbacks:
+            summary.add_row("frames run in CPython", str(fallbacks))
+        summary.add_row("ops per graph", ", ".join(map(str, self.ops_per_graph)) or "-")
+        summary.add_row("compile time", f"{sum(self.compile_times) * 1e3:.1f} ms")
+        parts.append(Panel(summary, title="frametrace.explain", expand=False))
+        for i, b in enumerate(self.break_reasons, 1):
+            kind = "graph break" if b.graph_break else "frame run in CPython"
+            text = Text()
+            text.append(f"{kind} {i}: ", style="bold red")
+            text.append(b.reason + "\n")
+            for fs in b.user_stack:
+                text.append(f'  File "{fs.filename}", line {fs.lineno}, in {fs.name}\n', style="cyan")
+                if fs.line:
+                    text.append(f"    {fs.line}\n", style="yellow")
+            parts.append(text)
+        for r, i in zip([r for r in self.records if r.graph_module is not None], range(1, 10**6)):
+            parts.append(Text(f"graph {i}: {r.code.co_qualname} ({r.op_count} ops)", style="bold"))
+            parts.append(Syntax(r.graph_module.code.strip(), "python", theme="ansi_dark",
+                                background_color="default"))
+        if self.guards:
+            guard_text = Text()
+            for r in self.records:
+                guard_text.append(f"{r.code.co_qualname}:\n", style="bold")
+                for g in r.guards:
+                    guard_text.append(f"  {g}\n")
+            parts.append(Panel(guard_text, title="guards", expand=False))
+        return Group(*parts)
+
+    def __str__(self):
+        from rich.console import Console
+        buffer = io.StringIO()
+        Console(file=buffer, width=100, color_system=None, force_terminal=False).print(self)
+        return buffer.getvalue()
+
+    def __repr__(self):
+        return (f"ExplainOutput(graph_count={self.graph_count}, "
+                f"graph_break_count={self.graph_break_count}, ops_per_graph={self.ops_per_graph})")
+
+
+def explain(fn):
+    """``explain(fn)(*args, **kwargs)`` runs the call under frametrace and returns an
+    `ExplainOutput`: graphs, graph_count, graph_break_count, break_reasons (reason and
+    user_stack), ops_per_graph, guards and compile_times.  ``print()`` it for a report.
+    """
+    def run(*args, **kwargs):
+        records = []
+
+        def recording_backend(gm, example_inputs):
+            return gm.forward
+
+        convert.record_observers.append(records.append)
+        try:
+            result = optimize(backend=recording_backend)(fn)(*args, **kwargs)
+        finally:
+            convert.record_observers.remove(records.append)
+            for r in records:
+                if r.check is not None:
+                    _C.remove_entry(r.code, r.check)
+        return ExplainOutput(records, result)
+    return run
+
