@@ -177,7 +177,17 @@ def _log_recompile(code, func, args):
 
 
 def compile_frame(code, func, args, backend, fullgraph: bool):
-    """Trace and compile one frame; returns the C hook's decision."""
+    """Trace and compile one frame; returns the C hook's decision.  Tracing switches
+    grad mode and autocast for real (so FakeTensors come out right); whatever happens,
+    the program's state is put back as it was at the frame's entry."""
+    entry_grad = torch.is_grad_enabled()
+    try:
+        return _compile_frame(code, func, args, backend, fullgraph, entry_grad)
+    finally:
+        torch._C._set_grad_enabled(entry_grad)
+
+
+def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
     record = CompileRecord(code)
     t0 = time.perf_counter()
     guards = GuardSet(code, func)
@@ -197,6 +207,8 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
         if e.break_index is not None and resume.can_break_at(tracer.instructions[e.break_index]):
             # Trace again up to the instruction that failed, compile that much, and go
             # on in CPython from there (then in a resume function).
+            output.close_contexts()
+            torch._C._set_grad_enabled(entry_grad)
             guards = GuardSet(code, func)
             output = OutputGraph(guards)
             tracer = InstructionTranslator(code, func, args, output, guards)
@@ -225,9 +237,11 @@ def compile_frame(code, func, args, backend, fullgraph: bool):
         record.user_stack = where
         record.outcome = "fallback"
         new_code = None
+    output.close_contexts()
+    torch._C._set_grad_enabled(entry_grad)
     # Every graph depends on grad mode, and on the default dtype (factories, promotion
     # of Python floats), whether or not the trace read them.
-    guards.grad_mode(torch.is_grad_enabled())
+    guards.grad_mode(entry_grad)
     if new_code is not None and record.graph_module is not None:
         guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype())
     try:

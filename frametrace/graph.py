@@ -38,7 +38,13 @@ class OutputGraph:
         self.object_vars: dict[int, tuple] = {}
         # id(ContextVar) -> traced value set during the trace (reset before it ends).
         self.context_vars: dict[int, object] = {}
+        # Real context managers entered while tracing (autocast), closed if it aborts.
+        self.open_contexts: list = []
         self._last_placeholder = None
+
+    def close_contexts(self):
+        while self.open_contexts:
+            self.open_contexts.pop().__exit__(None, None, None)
 
     # -- inputs --
     def add_input(self, value: torch.Tensor, source) -> TensorVar:

@@ -42,6 +42,9 @@ _INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
                      operator.ipow: operator.pow, operator.irshift: operator.rshift,
                      operator.isub: operator.sub, operator.itruediv: operator.truediv,
                      operator.ixor: operator.xor}
+_SET_DUNDERS = {operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__",
+                operator.xor: "__xor__", operator.eq: "__eq__", operator.ne: "__ne__",
+                operator.le: "issubset", operator.ge: "issuperset"}
 _COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
                 ">": operator.gt, ">=": operator.ge}
 
@@ -471,6 +474,18 @@ class InstructionTranslator:
         parts = self.popn(inst.arg)
         self.push(ConstVar("".join(p.as_const() for p in parts)))
 
+    def BUILD_SET(self, inst):
+        from .variables.builtins import SetVar
+        self.push(SetVar.of_vars(self, self.popn(inst.arg)))
+
+    def SET_ADD(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].call_method(self, "add", [v], {})
+
+    def SET_UPDATE(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].call_method(self, "update", [v], {})
+
     def LIST_APPEND(self, inst):
         v = self.pop()
         self.stack[-inst.arg].items.append(v)
@@ -657,6 +672,13 @@ class _ExitVar(Var):
         self.ctx.exit(tx)
         return ConstVar(None)
 
+    def reconstruct(self, cg):
+        from .variables.objects import GradModeRestore, GradModeVar
+        if isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
+            cg.load_const(GradModeRestore(self.ctx.prev))
+        else:
+            unsupported(f"a graph break inside 'with {self.ctx}'")
+
 
 class _FunctionShim:
     """What InstructionTranslator reads of a function, for inlined code."""
@@ -715,6 +737,9 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
         else:
             a.items[:] = a.items * b.as_const()
         return a
+    from .variables.builtins import SetVar
+    if isinstance(a, SetVar) and plain in _SET_DUNDERS:
+        return a.call_method(tx, _SET_DUNDERS[plain], [b], {})
     seq = (TupleVar, ListVar)
     if plain is operator.add and isinstance(a, seq) and type(a) is type(b):
         return type(a)(a.items + b.items)
@@ -781,6 +806,8 @@ def is_none(v: Var) -> bool:
 
 
 def contains(tx, container: Var, item: Var) -> bool:
+    if hasattr(container, "contains"):
+        return container.contains(tx, item)
     dunder = getattr(container, "_dunder", None)
     if dunder is not None:
         return dunder(tx, "__contains__", [item]).truth(tx)

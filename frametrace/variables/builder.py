@@ -17,7 +17,7 @@ from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
-from .objects import ContextVarVar, ObjectVar, TorchFnVar
+from .objects import ContextVarVar, GradModeRestore, GradModeSetVar, ObjectVar, TorchFnVar
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 
@@ -36,17 +36,26 @@ def wrap(tx, value, source, guard: bool = True):
         if guards is not None:
             guards.equals(source, value)
         return ConstVar(value, source)
+    known = tx.output.object_vars.get(id(value))
+    if known is not None and known[0] is value:
+        # One Var per mutable object, so every path to it sees the same mutations.
+        return known[1]
     if type(value) in (tuple, list):
         if guards is not None:
             guards.length(source, value)
         items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard)
                  for i, v in enumerate(value)]
-        return (TupleVar if type(value) is tuple else ListVar)(items, source)
+        var = (TupleVar if type(value) is tuple else ListVar)(items, source)
+        if type(value) is list:
+            tx.output.object_vars[id(value)] = (value, var)
+        return var
     if type(value) is dict and all(type(k) in (str, int) for k in value):
         if guards is not None:
             guards.dict_keys(source, value)
-        return DictVar({k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
-                                guard) for k, v in value.items()}, source)
+        var = DictVar({k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
+                               guard) for k, v in value.items()}, source)
+        tx.output.object_vars[id(value)] = (value, var)
+        return var
     known = tx.output.object_vars.get(id(value))
     if known is not None and known[0] is value:
         # One Var per mutable object, so every path to it sees the same mutations.
@@ -58,6 +67,11 @@ def wrap(tx, value, source, guard: bool = True):
 
 
 def _wrap_object(tx, value, source, guards):
+    if isinstance(value, GradModeRestore):
+        if guards is not None:
+            guards.type_match(source, value)
+            guards.equals(AttrSource(source, "mode"), value.mode)
+        return GradModeSetVar(value.mode, source)
     if isinstance(value, types.MethodType):
         self_source = AttrSource(source, "__self__") if source is not None else None
         func_source = AttrSource(source, "__func__") if source is not None else None

@@ -1,5 +1,11 @@
 """Python builtins while tracing: evaluated at trace time on constants, or given
-meaning on traced values (len of a list, isinstance of a tensor, zip of lists ...)."""
+meaning on traced values (len of a list, isinstance of a tensor, zip of lists ...).
+
+Iterators made by builtins (zip, map, filter, enumerate, reversed, iter) and by
+itertools are lazy, like CPython's: `LazyIteratorVar` pulls items from a Python
+generator over Vars, so functions passed to map/filter run when the item is consumed
+and infinite iterators (itertools.count) work under islice/zip.  Sets hold constants
+only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
 import operator
@@ -12,6 +18,10 @@ from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .objects import (MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, _const_kwargs,
                       _consts)
 from .tensor import TensorVar
+
+# An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
+# items: past it, it is taken for an infinite one.
+MAX_UNPACK = 100_000
 
 
 class BuiltinVar(ObjectVar):
@@ -34,6 +44,282 @@ class BuiltinVar(ObjectVar):
         unsupported(f"builtin {fn.__name__}() on {args}")
 
 
+# --------------------------------------------------------------------------- iterators
+class LazyIteratorVar(IteratorVar):
+    """An iterator whose items come from `gen`, a Python iterator of Vars (a generator
+    that may call traced functions, add graph nodes, or never end)."""
+    __slots__ = ("gen", "kind")
+
+    def __init__(self, gen, kind=None):
+        Var.__init__(self, None)
+        self.items = []
+        self.index = 0
+        self.gen = gen
+        self.kind = kind
+
+    def python_type(self):
+        if self.kind is None:
+            unsupported("type of an iterator")
+        return self.kind
+
+    def next(self):
+        try:
+            return next(self.gen)
+        except StopIteration:
+            return None
+
+    def unpack(self, tx):
+        out = []
+        for v in self.gen:
+            out.append(v)
+            if len(out) > MAX_UNPACK:
+                unsupported(f"iterator gave more than {MAX_UNPACK} items (infinite?)")
+        return out
+
+    def length(self, tx):
+        unsupported("len() of an iterator")
+
+    def truth(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        if name in ("__next__", "__iter__"):
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of an iterator")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__iter__" and not args and not kwargs:
+            return self
+        if name == "__next__" and not args and not kwargs:
+            return _next_or_fail(self)
+        unsupported(f"iterator.{name}")
+
+    def reconstruct(self, cg):
+        unsupported("returning an iterator from a compiled frame")
+
+    def __repr__(self):
+        return f"LazyIteratorVar({getattr(self.kind, '__name__', '?')})"
+
+
+def var_iter(tx, v: Var):
+    """A Python iterator over the Vars that iterating over `v` gives, taken now (as
+    CPython's iter() would be); iterators are consumed lazily."""
+    if isinstance(v, IteratorVar):
+        return _drain(v)
+    if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
+        return (ConstVar(x) for x in v.value)        # ranges need not be listed
+    return iter(v.unpack(tx))
+
+
+def _drain(it: IteratorVar):
+    while True:
+        v = it.next()
+        if v is None:
+            return
+        yield v
+
+
+def _next_or_fail(it):
+    v = it.next()
+    if v is None:
+        unsupported("next() on an exhausted iterator (StopIteration)")
+    return v
+
+
+def var_list(tx, v: Var) -> list:
+    """All items of an iterable Var (bounded)."""
+    if isinstance(v, IteratorVar):
+        return v.unpack(tx)
+    out = []
+    for item in var_iter(tx, v):
+        out.append(item)
+        if len(out) > MAX_UNPACK:
+            unsupported(f"iterable gave more than {MAX_UNPACK} items")
+    return out
+
+
+def const_key(v: Var, what="value"):
+    if not v.is_const():
+        unsupported(f"{what} {v} is not a constant")
+    return v.as_const()
+
+
+def _truth(tx, v: Var) -> bool:
+    return v.truth(tx)
+
+
+_ITER_TYPES = {"list": type(iter([])), "tuple": type(iter(())), "dict": type(iter({})),
+               "range": type(iter(range(0))), "str": type(iter("")), "set": type(iter(set()))}
+
+
+# --------------------------------------------------------------------------- sets
+class SetVar(DictVar):
+    """A set of constants, and of objects hashed by identity (modules, user objects,
+    classes, functions: the memo sets of torch.nn code).  `real` is a Python set of the
+    same keys (the constants, the real objects) with the same history of adds and
+    removes, so iteration order (and pop) is CPython's; `members` maps each key to its
+    Var, and `items` mirrors the constant keys so that `in` works as on a dict."""
+    __slots__ = ("real", "members")
+    kind = set
+
+    def __init__(self, values=(), source=None):
+        DictVar.__init__(self, {}, source)
+        self.real = self.kind(values)
+        self.members = {k: ConstVar(k) for k in self.real}
+        self._sync()
+
+    @classmethod
+    def of_vars(cls, tx, vars_):
+        out = cls()
+        keys = []
+        for v in vars_:
+            k = set_key(v)
+            if k not in out.members:
+                out.members[k] = v
+            keys.append(k)
+        out.real = cls.kind(keys)
+        out._sync()
+        return out
+
+    def _sync(self):
+        self.members = {k: self.members.get(k) or ConstVar(k) for k in self.real}
+        self.items = {k: v for k, v in self.members.items() if v.is_const()}
+
+    def python_type(self):
+        return self.kind
+
+    def is_const(self):
+        return False     # mutable: never folded into a shared constant
+
+    def as_const(self):
+        if not all(v.is_const() for v in self.members.values()):
+            unsupported(f"{self.kind.__name__} of non-constant members")
+        return self.kind(self.real)
+
+    def unpack(self, tx):
+        return [self.members[k] for k in self.real]
+
+    def length(self, tx):
+        return len(self.real)
+
+    def truth(self, tx):
+        return bool(self.real)
+
+    def contains(self, tx, item) -> bool:
+        """`item in self` (for the interpreter's CONTAINS_OP)."""
+        return set_key(item) in self.real
+
+    def getitem(self, tx, key):
+        unsupported(f"'{self.kind.__name__}' object is not subscriptable")
+
+    def setitem(self, tx, key, value):
+        unsupported(f"'{self.kind.__name__}' object does not support item assignment")
+
+    def delitem(self, tx, key):
+        unsupported(f"'{self.kind.__name__}' object does not support item deletion")
+
+    _MUTATING = {"add", "discard", "remove", "pop", "clear", "update", "difference_update",
+                 "intersection_update", "symmetric_difference_update"}
+    _NEW = {"union", "intersection", "difference", "symmetric_difference", "copy",
+            "__or__", "__and__", "__sub__", "__xor__"}
+    _QUERY = {"issubset", "issuperset", "isdisjoint", "__len__", "__eq__",
+              "__ne__", "__le__", "__lt__", "__ge__", "__gt__"}
+
+    def call_method(self, tx, name, args, kwargs):
+        if kwargs:
+            unsupported(f"{self.kind.__name__}.{name} with keyword arguments")
+        if name == "__contains__" and len(args) == 1:
+            return ConstVar(self.contains(tx, args[0]))
+        new_members = {}
+        if name in ("add", "discard", "remove"):
+            real_args = [set_key(a) for a in args]
+            new_members.update(zip(real_args, args))
+        else:
+            real_args = [self._as_real(tx, a, new_members) for a in args]
+        if name in self._MUTATING and self.kind is set:
+            if name == "remove" and real_args and real_args[0] not in self.real:
+                unsupported("set.remove of a missing member (KeyError)")
+            if name == "pop" and not self.real:
+                unsupported("pop from an empty set (KeyError)")
+            if name == "pop":
+                k = self.real.pop()
+                v = self.members[k]
+                self._sync()
+                return v
+            for k, v in new_members.items():
+                self.members.setdefault(k, v)
+            getattr(self.real, name)(*real_args)
+            self._sync()
+            return ConstVar(None)
+        if name in self._NEW:
+            out = type(self)()
+            out.real = getattr(self.real, name)(*real_args)
+            out.members = {**new_members, **self.members}
+            out._sync()
+            return out
+        if name in self._QUERY:
+            return ConstVar(getattr(self.real, name)(*real_args))
+        unsupported(f"{self.kind.__name__}.{name}")
+
+    def _as_real(self, tx, v, members):
+        if isinstance(v, SetVar):
+            members.update(v.members)
+            return v.real
+        keys = []
+        for x in var_list(tx, v):
+            k = set_key(x)
+            members.setdefault(k, x)
+            keys.append(k)
+        return keys
+
+    def reconstruct(self, cg):
+        cg.load_constructor(self.kind)
+        for k in self.real:
+            self.members[k].reconstruct(cg)
+        cg.build(tuple, len(self.real))
+        cg.call(1)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.real!r})"
+
+
+class FrozenSetVar(SetVar):
+    __slots__ = ()
+    kind = frozenset
+
+    def is_const(self):
+        return all(v.is_const() for v in self.members.values())
+
+    def reconstruct(self, cg):
+        if self.is_const():
+            cg.load_const(self.real)
+        else:
+            super().reconstruct(cg)
+
+
+def set_key(v: Var):
+    """What stands for `v` in a set: the constant, or the real object for values hashed
+    by identity."""
+    if v.is_const():
+        k = v.as_const()
+        try:
+            hash(k)
+        except TypeError:
+            unsupported(f"unhashable set member {k!r}")
+        return k
+    from .modules import NNModuleVar
+    from .user_objects import UserObjectVar
+    real = None
+    if isinstance(v, NNModuleVar):
+        real = v.module
+    elif isinstance(v, (UserObjectVar, ObjectVar)):
+        real = v.value
+    if real is not None and (isinstance(real, type) or type(real).__hash__ is object.__hash__):
+        return real
+    unsupported(f"set member {v} (only constants and objects hashed by identity)")
+
+
+# --------------------------------------------------------------------------- handlers
 def _python_type_of(tx, v: Var) -> type:
     return v.python_type()
 
@@ -43,19 +329,32 @@ def _len(tx, args, kwargs):
         return ConstVar(args[0].length(tx))
 
 
+def _class_value(v):
+    if isinstance(v, ObjectVar):
+        return v.value
+    if isinstance(v, TupleVar):
+        return tuple(_class_value(c) for c in v.items)
+    if v.is_const():
+        return v.as_const()
+    unsupported(f"class argument {v}")
+
+
 def _isinstance(tx, args, kwargs):
-    if len(args) != 2 or kwargs or not args[1].is_const() and not isinstance(args[1], ObjectVar) \
-            and not isinstance(args[1], TupleVar):
+    if len(args) != 2 or kwargs:
         return None
-    classes = args[1].as_const() if args[1].is_const() else (
-        args[1].value if isinstance(args[1], ObjectVar)
-        else tuple(c.value if isinstance(c, ObjectVar) else c.as_const() for c in args[1].items))
+    classes = _class_value(args[1])
     t = _python_type_of(tx, args[0])
     if isinstance(args[0], TensorVar):
         # A FakeTensor stands for a plain tensor or a Parameter.
         probe = torch.nn.Parameter if t is torch.nn.Parameter else torch.Tensor
         return ConstVar(_class_covers(probe, classes))
     return ConstVar(_class_covers(t, classes))
+
+
+def _issubclass(tx, args, kwargs):
+    if len(args) != 2 or kwargs:
+        return None
+    return ConstVar(_class_covers(_class_value(args[0]), _class_value(args[1])))
 
 
 def _class_covers(t, classes):
@@ -67,59 +366,352 @@ def _class_covers(t, classes):
 
 def _range(tx, args, kwargs):
     if _all_const(args, kwargs):
-        return ConstVar(range(*_consts(args)))
+        try:
+            return ConstVar(range(*_consts(args), **_const_kwargs(kwargs)))
+        except Exception as e:
+            unsupported(f"range() raised {type(e).__name__}: {e}")
+    unsupported(f"range() of values not known at trace time: {args}")
 
 
 def _tuple_list(kind):
     def handler(tx, args, kwargs):
         if kwargs or len(args) > 1:
             return None
-        items = args[0].unpack(tx) if args else []
+        items = var_list(tx, args[0]) if args else []
         return TupleVar(items) if kind is tuple else ListVar(items)
     return handler
 
 
+def _set(kind):
+    cls = SetVar if kind is set else FrozenSetVar
+
+    def handler(tx, args, kwargs):
+        if kwargs or len(args) > 1:
+            return None
+        if args and isinstance(args[0], cls):
+            return args[0] if cls is FrozenSetVar else args[0].call_method(tx, "copy", [], {})
+        return cls.of_vars(tx, var_list(tx, args[0]) if args else [])
+    return handler
+
+
 def _dict(tx, args, kwargs):
-    if args:
+    if len(args) > 1:
         return None
-    return DictVar(kwargs)
+    items = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictVar) and not isinstance(src, SetVar):
+            items.update(src.items)
+        else:
+            for pair in var_iter(tx, src):
+                kv = var_list(tx, pair)
+                if len(kv) != 2:
+                    unsupported("dict() from a sequence element that is not a pair")
+                items[const_key(kv[0], "dict key")] = kv[1]
+    items.update(kwargs)
+    return DictVar(items)
 
 
 def _enumerate(tx, args, kwargs):
-    if len(args) in (1, 2) and not kwargs:
-        start = args[1].as_const() if len(args) == 2 else 0
-        return ListVar([TupleVar([ConstVar(i + start), v]) for i, v in enumerate(args[0].unpack(tx))])
+    if len(args) not in (1, 2) or set(kwargs) - {"start"}:
+        return None
+    start = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))
+    start = const_key(start, "enumerate start")
+    source = var_iter(tx, args[0])
+
+    def gen():
+        for i, v in enumerate(source, start):
+            yield TupleVar([ConstVar(i), v])
+    return LazyIteratorVar(gen(), enumerate)
+
+
+def _zip_rows(iters, strict=False):
+    if not iters:
+        return
+    while True:
+        row = []
+        for i, it in enumerate(iters):
+            try:
+                row.append(next(it))
+            except StopIteration:
+                if strict:
+                    if i > 0:
+                        unsupported("zip(strict=True) over iterables of different lengths")
+                    for other in iters[1:]:
+                        if next(other, None) is not None:
+                            unsupported("zip(strict=True) over iterables of different lengths")
+                return
+        yield row
 
 
 def _zip(tx, args, kwargs):
-    if not kwargs:
-        cols = [a.unpack(tx) for a in args]
-        return ListVar([TupleVar(list(row)) for row in zip(*cols)])
+    if set(kwargs) - {"strict"}:
+        return None
+    strict = bool(const_key(kwargs["strict"])) if "strict" in kwargs else False
+    iters = [var_iter(tx, a) for a in args]
+    return LazyIteratorVar((TupleVar(row) for row in _zip_rows(iters, strict)), zip)
+
+
+def _map(tx, args, kwargs):
+    if kwargs or len(args) < 2:
+        return None
+    fn = args[0]
+    iters = [var_iter(tx, a) for a in args[1:]]
+    return LazyIteratorVar((fn.call(tx, row, {}) for row in _zip_rows(iters)), map)
+
+
+def _is_none_var(v):
+    return isinstance(v, ConstVar) and v.value is None
+
+
+def _filter(tx, args, kwargs):
+    if kwargs or len(args) != 2:
+        return None
+    fn = args[0]
+    source = var_iter(tx, args[1])
+
+    def gen():
+        for v in source:
+            keep = v if _is_none_var(fn) else fn.call(tx, [v], {})
+            if _truth(tx, keep):
+                yield v
+    return LazyIteratorVar(gen(), filter)
 
 
 def _reversed(tx, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return ListVar(list(reversed(args[0].unpack(tx))))
+    if len(args) != 1 or kwargs:
+        return None
+    v = args[0]
+    if isinstance(v, IteratorVar):
+        unsupported("reversed() of an iterator (TypeError)")
+    if isinstance(v, SetVar):
+        unsupported("reversed() of a set (TypeError)")
+    if isinstance(v, ConstVar):
+        try:
+            real = reversed(v.value)
+        except TypeError as e:
+            unsupported(f"reversed(): {e}")
+        return LazyIteratorVar((ConstVar(x) for x in real), type(real))
+    items = var_list(tx, v)
+    return LazyIteratorVar(iter(items[::-1]), type(reversed([])))
 
 
 def _iter(tx, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return IteratorVar(args[0].unpack(tx))
+    if len(args) != 1 or kwargs:
+        return None
+    v = args[0]
+    if isinstance(v, IteratorVar):
+        return v
+    if isinstance(v, TensorVar):
+        return LazyIteratorVar(iter(v.unpack(tx)), None)
+    kind = None
+    try:
+        kind = _ITER_TYPES.get(v.python_type().__name__)
+    except Exception:
+        pass
+    return LazyIteratorVar(var_iter(tx, v), kind)
+
+
+def _next(tx, args, kwargs):
+    if len(args) not in (1, 2) or kwargs:
+        return None
+    it = args[0]
+    if not isinstance(it, IteratorVar):
+        unsupported(f"next() of {it}, which is not an iterator")
+    v = it.next()
+    if v is None:
+        if len(args) == 2:
+            return args[1]
+        unsupported("next() on an exhausted iterator (StopIteration)")
+    return v
+
+
+def _keys_of(tx, items, key):
+    """Constant sort keys for `items` (Vars), through the traced `key` function."""
+    keys = []
+    for v in items:
+        k = v if key is None or _is_none_var(key) else key.call(tx, [v], {})
+        if isinstance(k, TensorVar) or isinstance(v, TensorVar) and k is v:
+            unsupported("comparing tensors (data-dependent)")
+        keys.append(const_key(k, "comparison key"))
+    return keys
+
+
+def _sorted(tx, args, kwargs):
+    if len(args) != 1 or set(kwargs) - {"key", "reverse"}:
+        return None
+    items = var_list(tx, args[0])
+    keys = _keys_of(tx, items, kwargs.get("key"))
+    reverse = bool(const_key(kwargs.get("reverse", ConstVar(False))))
+    try:
+        order = sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
+    except TypeError as e:
+        unsupported(f"sorted(): {e}")
+    return ListVar([items[i] for i in order])
+
+
+def _min_max(pick):
+    def handler(tx, args, kwargs):
+        if not args or set(kwargs) - {"key", "default"}:
+            return None
+        if len(args) == 1:
+            items = var_list(tx, args[0])
+        else:
+            if "default" in kwargs:
+                return None
+            items = list(args)
+        if not items:
+            if "default" in kwargs:
+                return kwargs["default"]
+            unsupported(f"{pick.__name__}() of an empty sequence (ValueError)")
+        keys = _keys_of(tx, items, kwargs.get("key"))
+        try:
+            best = pick(range(len(items)), key=keys.__getitem__)
+        except TypeError as e:
+            unsupported(f"{pick.__name__}(): {e}")
+        return items[best]
+    return handler
+
+
+def _sum(tx, args, kwargs):
+    from ..interpreter import binary_op
+    if len(args) not in (1, 2) or set(kwargs) - {"start"}:
+        return None
+    acc = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))
+    if isinstance(acc, ConstVar) and isinstance(acc.value, (str, bytes, bytearray)):
+        unsupported("sum() can't sum strings (TypeError)")
+    for item in var_iter(tx, args[0]):
+        acc = binary_op(tx, operator.add, acc, item)
+    return acc
+
+
+def _any_all(want):
+    def handler(tx, args, kwargs):
+        if len(args) != 1 or kwargs:
+            return None
+        for v in var_iter(tx, args[0]):
+            if _truth(tx, v) == want:
+                return ConstVar(want)
+        return ConstVar(not want)
+    return handler
 
 
 def _abs(tx, args, kwargs):
-    if len(args) == 1 and isinstance(args[0], TensorVar):
+    if len(args) == 1 and not kwargs and isinstance(args[0], TensorVar):
         return tx.output.call("call_function", operator.abs, (args[0],), {})
 
 
+def _round(tx, args, kwargs):
+    if args and isinstance(args[0], TensorVar):
+        unsupported("round() of a tensor (TypeError: Tensor has no __round__)")
+
+
+def _pow(tx, args, kwargs):
+    if len(args) == 2 and not kwargs and any(isinstance(a, TensorVar) for a in args):
+        return tx.output.call("call_function", operator.pow, tuple(args), {})
+
+
+def _data_conversion(kind):
+    def handler(tx, args, kwargs):
+        if len(args) == 1 and isinstance(args[0], TensorVar):
+            unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
+        if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
+            return ConstVar(_truth(tx, args[0]))
+        if kind is str and len(args) == 1 and isinstance(args[0], SetVar):
+            return ConstVar(str(args[0].as_const()))
+    return handler
+
+
 def _getattr(tx, args, kwargs):
-    if len(args) in (2, 3) and args[1].is_const() and not kwargs:
+    if len(args) not in (2, 3) or kwargs or not args[1].is_const():
+        return None
+    obj, name = args[0], args[1].as_const()
+    if len(args) == 2:
+        return obj.getattr(tx, name)
+    if name == "__class__":
+        return _type(tx, [obj], {})
+    present = _has_attr(tx, obj, name)
+    if present is True:
+        return obj.getattr(tx, name)
+    if present is False:
+        return args[2]
+    from .base import Unsupported
+    try:
+        return obj.getattr(tx, name)
+    except Unsupported:
+        unsupported(f"getattr({obj}, {name!r}, default): cannot tell whether it exists")
+
+
+def _has_attr(tx, obj, name):
+    """Whether `obj` has attribute `name`: True, False, or None (cannot tell).  A
+    guard keeps the answer for objects from the frame."""
+    from .modules import NNModuleVar, _class_lookup
+    from .user_objects import DataclassVar, UserObjectVar
+    if isinstance(obj, (UserObjectVar, NNModuleVar)):
+        value = obj.value if isinstance(obj, UserObjectVar) else obj.module
+        if tx.side_effects.load_attr(value, name) is not None:
+            return True
+        d = getattr(value, "__dict__", {})
+        cls = type(value)
+        found = name in d or _class_lookup(cls, name) is not None
+        if not found and isinstance(value, torch.nn.Module):
+            found = any(name in (d.get(t) or {}) for t in ("_parameters", "_buffers", "_modules"))
+        if not found:
+            custom = _class_lookup(cls, "__getattr__")
+            if custom is not None and custom is not torch.nn.Module.__getattr__:
+                return None
+        if obj.source is not None:
+            _guard_hasattr(tx, obj.source, name, found)
+        return found
+    if isinstance(obj, DataclassVar):
+        if name in obj.fields:
+            return True
+        from .modules import _class_lookup as lookup
+        return lookup(obj.cls, name) is not None
+    if isinstance(obj, (ConstVar, ObjectVar)):
+        return hasattr(obj.value, name)
+    if isinstance(obj, TensorVar):
+        return hasattr(obj.example, name)
+    if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:
-            return args[0].getattr(tx, args[1].as_const())
+            t = obj.python_type()
         except Exception:
-            if len(args) == 3:
-                return args[2]
-            raise
+            return None
+        if hasattr(t, name):
+            return True
+        if hasattr(obj, "fields"):        # NamedTupleVar
+            return name in obj.fields
+        return False
+    return None
+
+
+def _guard_hasattr(tx, source, name, found):
+    guards = tx.guards
+    expr = f"{guards.const(hasattr)}({source.guard_expr()}, {name!r}) is {found}"
+    add = getattr(guards, "_add", None)
+    if add is not None:
+        add(source, f"HASATTR {name}", expr, f"hasattr({source.name()}, {name!r}) is {found}")
+
+
+def _hasattr(tx, args, kwargs):
+    if len(args) != 2 or kwargs or not args[1].is_const():
+        return None
+    obj, name = args[0], args[1].as_const()
+    present = _has_attr(tx, obj, name)
+    if present is None:
+        from .base import Unsupported
+        try:
+            obj.getattr(tx, name)
+            return ConstVar(True)
+        except Unsupported:
+            unsupported(f"hasattr({obj}, {name!r}): cannot tell")
+    return ConstVar(present)
+
+
+def _setattr(tx, args, kwargs):
+    if len(args) == 3 and not kwargs and args[1].is_const():
+        args[0].setattr(tx, args[1].as_const(), args[2])
+        return ConstVar(None)
 
 
 def _type(tx, args, kwargs):
@@ -142,34 +734,30 @@ def _callable(tx, args, kwargs):
         if isinstance(v, (UserFunctionVar, NestedFunctionVar, BoundMethodVar, PartialVar,
                           TorchFnVar, BuiltinVar, MethodVar)):
             return ConstVar(True)
-        if isinstance(v, (ConstVar, TensorVar, TupleVar, ListVar, DictVar)):
+        if isinstance(v, (ConstVar, TensorVar, TupleVar, ListVar, DictVar, IteratorVar)):
             return ConstVar(callable(v.as_const()) if v.is_const() else False)
         if isinstance(v, ObjectVar):
             return ConstVar(callable(v.value))
 
 
-def _hasattr(tx, args, kwargs):
-    if len(args) == 2 and args[1].is_const():
-        from .base import Unsupported
-        try:
-            args[0].getattr(tx, args[1].as_const())
-            return ConstVar(True)
-        except Unsupported:
-            t = args[0].python_type()
-            if isinstance(args[0], ObjectVar):
-                return ConstVar(hasattr(args[0].value, args[1].as_const()))
-            from .user_objects import UserObjectVar
-            if isinstance(args[0], UserObjectVar):
-                return ConstVar(hasattr(args[0].value, args[1].as_const()))
-            return ConstVar(hasattr(t, args[1].as_const()))
+def _divmod(tx, args, kwargs):
+    if len(args) == 2 and any(isinstance(a, TensorVar) for a in args):
+        unsupported("divmod() of a tensor (TypeError in CPython)")
 
 
 _BUILTIN_HANDLERS = {
-    len: _len, isinstance: _isinstance, range: _range, tuple: _tuple_list(tuple),
-    list: _tuple_list(list), dict: _dict, enumerate: _enumerate, zip: _zip,
-    reversed: _reversed, iter: _iter, abs: _abs, getattr: _getattr, type: _type,
-    super: _super, callable: _callable, hasattr: _hasattr,
+    len: _len, isinstance: _isinstance, issubclass: _issubclass, range: _range,
+    tuple: _tuple_list(tuple), list: _tuple_list(list), dict: _dict, set: _set(set),
+    frozenset: _set(frozenset), enumerate: _enumerate, zip: _zip, map: _map, filter: _filter,
+    reversed: _reversed, iter: _iter, next: _next, sorted: _sorted,
+    min: _min_max(min), max: _min_max(max), sum: _sum, any: _any_all(True), all: _any_all(False),
+    abs: _abs, round: _round, pow: _pow, divmod: _divmod,
+    int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),
+    complex: _data_conversion(complex), str: _data_conversion(str),
+    getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
+    super: _super, callable: _callable,
 }
 
 _FOLDABLE_BUILTINS = {abs, min, max, int, float, bool, str, round, divmod, pow, len, sum,
-                      all, any, hash, repr, chr, ord, hex, oct, bin, sorted, complex}
+                      all, any, hash, repr, chr, ord, hex, oct, bin, sorted, complex, slice,
+                      format, ascii, bytes}

@@ -74,7 +74,24 @@ class NamedTupleVar(TupleVar):
     def getattr(self, tx, name):
         if name in self.fields:
             return self.items[self.fields.index(name)]
+        if name == "_fields":
+            return ConstVar(self.fields)
+        if name in ("_replace", "_asdict") and self.cls is not None:
+            from .objects import MethodVar
+            return MethodVar(self, name)
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "_replace" and not args:
+            items = list(self.items)
+            for k, v in kwargs.items():
+                if k not in self.fields:
+                    unsupported(f"_replace() got an unexpected field {k!r}")
+                items[self.fields.index(k)] = v
+            return NamedTupleVar(items, self.fields, cls=self.cls)
+        if name == "_asdict" and not args:
+            return DictVar(dict(zip(self.fields, self.items)))
+        return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg):
         if self.cls is None:

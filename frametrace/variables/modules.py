@@ -56,6 +56,9 @@ class NNModuleVar(Var):
         source = AttrSource(self.source, name) if self.source is not None else None
         if name in d:
             return wrap(tx, d[name], source)
+        if name in _INTROSPECTION and cls_attr is getattr(torch.nn.Module, name):
+            from .objects import MethodVar
+            return MethodVar(self, name)
         if isinstance(cls_attr, types.FunctionType):
             return BoundMethodVar(UserFunctionVar(cls_attr), self)
         if isinstance(cls_attr, staticmethod):

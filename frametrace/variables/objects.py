@@ -105,6 +105,8 @@ class TorchFnVar(ObjectVar):
         fn = self.value
         if fn in TRACE_TIME_ANSWERS:
             return ConstVar(TRACE_TIME_ANSWERS[fn])
+        if fn is torch._C._set_grad_enabled:
+            return GradModeSetVar().call(tx, args, kwargs)
         if fn in _GLOBAL_STATE_READERS:
             value = fn()
             tx.guards.global_state(fn.__name__, fn, value)
@@ -250,6 +252,49 @@ class GradModeVar(Var):
         unsupported("calling a grad-mode context object")
 
 
+class _SetGradEnabledVar(GradModeVar):
+    """torch.set_grad_enabled(mode): already in effect when `with` enters it."""
+    __slots__ = ()
+
+    def enter(self, tx):
+        return ConstVar(None)
+
+
+class GradModeRestore:
+    """Stands for a grad-mode context's __exit__ when a graph break falls inside its
+    `with` block: called with the exception triple, it restores the mode."""
+    __slots__ = ("mode",)
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __call__(self, *exc):
+        torch._C._set_grad_enabled(self.mode)
+        return False
+
+    def __repr__(self):
+        return f"GradModeRestore({self.mode})"
+
+
+class GradModeSetVar(Var):
+    """A callable that sets grad mode: torch._C._set_grad_enabled, or a GradModeRestore
+    carried into a resume function.  Calling it is a mode switch in the graph."""
+    __slots__ = ("mode",)
+
+    def __init__(self, mode=None, source=None):
+        super().__init__(source)
+        self.mode = mode
+
+    def call(self, tx, args, kwargs):
+        mode = self.mode
+        if mode is None:
+            if len(args) != 1 or not args[0].is_const():
+                unsupported("torch._C._set_grad_enabled with a traced mode")
+            mode = bool(args[0].as_const())
+        GradModeVar(mode)._set(tx, mode)
+        return ConstVar(None if self.mode is None else False)
+
+
 class _DecoratedVar(Var):
     """A function decorated with a grad-mode context while tracing."""
     __slots__ = ("mode", "fn")
@@ -284,6 +329,7 @@ class AutocastVar(Var):
         from torch.amp.autocast_mode import _enter_autocast
         self.ctx = torch.autocast(*self.args, **self.kwargs)
         self.ctx.__enter__()
+        tx.output.open_contexts.append(self.ctx)
         ctx = self.ctx   # its defaults resolved: dtype, enabled, cache_enabled
         self.node = tx.output.graph.create_node(
             "call_function", _enter_autocast,
@@ -292,6 +338,8 @@ class AutocastVar(Var):
 
     def exit(self, tx):
         from torch.amp.autocast_mode import _exit_autocast
+        if self.ctx in tx.output.open_contexts:
+            tx.output.open_contexts.remove(self.ctx)
         self.ctx.__exit__(None, None, None)
         tx.output.graph.create_node("call_function", _exit_autocast, (self.node,))
 
@@ -304,10 +352,9 @@ def _grad_mode_class(tx, cls, args, kwargs):
     if cls is torch.set_grad_enabled and len(args) == 1 and args[0].is_const():
         mode = bool(args[0].as_const())
         # set_grad_enabled(mode) takes effect when called, also outside a `with`.
-        var = GradModeVar(mode)
+        var = _SetGradEnabledVar(mode)
         var.prev = torch.is_grad_enabled()
         var._set(tx, mode)
-        var.enter = lambda tx, var=var: ConstVar(None)
         return var
     if cls is torch.autocast and all(a.is_const() for a in args) and \
             all(v.is_const() for v in kwargs.values()):

@@ -1,14 +1,29 @@
-"""Standard-library callables with meaning while tracing (functools, itertools,
-collections, ...).  Each handler takes (tx, args, kwargs) and returns a Var, or None
-to say it does not apply (the call is then unsupported)."""
+"""Standard-library callables with meaning while tracing (math, operator, functools,
+itertools, collections).  Each handler takes (tx, args, kwargs) and returns a Var, or
+None to say it does not apply (the call is then unsupported).
+
+math functions fold on constants; operator functions follow the interpreter's own
+semantics (graph ops on tensors, folding on constants); itertools give lazy iterators
+(see builtins.LazyIteratorVar); collections.OrderedDict / defaultdict / deque made
+while tracing are Vars of their own (below), rebuilt by the transformed code when
+returned."""
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
+import math
+import operator
+import types
 
-from .base import unsupported
-from .containers import ListVar, TupleVar
-from .objects import ObjectVar
+import torch
+
+from .base import Var, unsupported
+from .builtins import LazyIteratorVar, _is_none_var, const_key, var_iter, var_list
+from .constant import ConstVar
+from .containers import DictVar, IteratorVar, ListVar, TupleVar
+from .objects import ObjectVar, _all_const, _const_kwargs, _consts
+from .tensor import TensorVar
 
 
 class LibraryFnVar(ObjectVar):
@@ -22,34 +37,592 @@ class LibraryFnVar(ObjectVar):
         return result
 
 
+def _fold(fn):
+    """Evaluate `fn` now on constant arguments."""
+    name = getattr(fn, "__qualname__", repr(fn))
+
+    def handler(tx, args, kwargs):
+        if not _all_const(args, kwargs):
+            if any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):
+                unsupported(f"{name}() of a tensor needs the tensor's data")
+            return None
+        try:
+            return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
+        except Exception as e:
+            unsupported(f"{name}() raised {type(e).__name__}: {e}")
+    return handler
+
+
+# --------------------------------------------------------------------------- functools
 def _reduce(tx, args, kwargs):
     if kwargs or len(args) not in (2, 3):
         return None
-    fn, items = args[0], args[1].unpack(tx)
+    fn, items = args[0], var_iter(tx, args[1])
     if len(args) == 3:
         acc = args[2]
-    elif items:
-        acc, items = items[0], items[1:]
     else:
-        return None
+        acc = next(items, None)
+        if acc is None:
+            unsupported("reduce() of an empty iterable with no initial value (TypeError)")
     for item in items:
         acc = fn.call(tx, [acc, item], {})
     return acc
 
 
+# --------------------------------------------------------------------------- operator
+def _op_binary(fn):
+    def handler(tx, args, kwargs):
+        from ..interpreter import binary_op
+        if len(args) == 2 and not kwargs:
+            return binary_op(tx, fn, args[0], args[1])
+    return handler
+
+
+def _op_unary(fn):
+    def handler(tx, args, kwargs):
+        from ..interpreter import unary_op
+        if len(args) == 1 and not kwargs:
+            return unary_op(tx, fn, args[0])
+    return handler
+
+
+def _op_abs(tx, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        if isinstance(args[0], TensorVar):
+            return tx.output.call("call_function", operator.abs, (args[0],), {})
+        if args[0].is_const():
+            return ConstVar(abs(args[0].as_const()))
+
+
+def _op_truth(negate):
+    def handler(tx, args, kwargs):
+        if len(args) == 1 and not kwargs:
+            return ConstVar(args[0].truth(tx) != negate)
+    return handler
+
+
+def _op_is(negate):
+    def handler(tx, args, kwargs):
+        from ..interpreter import is_same
+        if len(args) == 2 and not kwargs:
+            return ConstVar(is_same(args[0], args[1]) != negate)
+    return handler
+
+
+def _op_contains(tx, args, kwargs):
+    from ..interpreter import contains
+    if len(args) == 2 and not kwargs:
+        return ConstVar(contains(tx, args[0], args[1]))
+
+
+def _op_getitem(tx, args, kwargs):
+    if len(args) == 2 and not kwargs:
+        return args[0].getitem(tx, args[1])
+
+
+def _op_setitem(tx, args, kwargs):
+    if len(args) == 3 and not kwargs:
+        args[0].setitem(tx, args[1], args[2])
+        return ConstVar(None)
+
+
+def _op_delitem(tx, args, kwargs):
+    if len(args) == 2 and not kwargs:
+        delitem = getattr(args[0], "delitem", None)
+        if delitem is None:
+            unsupported(f"del on {args[0]}")
+        delitem(tx, args[1])
+        return ConstVar(None)
+
+
+def _op_call(tx, args, kwargs):
+    if args:
+        return args[0].call(tx, list(args[1:]), kwargs)
+
+
+class GetterVar(Var):
+    """operator.itemgetter / attrgetter / methodcaller with constant arguments."""
+    __slots__ = ("kind", "keys", "args", "kwargs")
+
+    def __init__(self, kind, keys, args=(), kwargs=None):
+        super().__init__(None)
+        self.kind = kind
+        self.keys = list(keys)
+        self.args = list(args)
+        self.kwargs = dict(kwargs or {})
+
+    def python_type(self):
+        return self.kind
+
+    def _one(self, tx, obj, key):
+        if self.kind is operator.itemgetter:
+            return obj.getitem(tx, ConstVar(key))
+        if self.kind is operator.attrgetter:
+            for part in key.split("."):
+                obj = obj.getattr(tx, part)
+            return obj
+        return obj.call_method(tx, key, self.args, self.kwargs)
+
+    def call(self, tx, args, kwargs):
+        if len(args) != 1 or kwargs:
+            unsupported(f"{self.kind.__name__} called with {len(args)} arguments")
+        values = [self._one(tx, args[0], k) for k in self.keys]
+        return values[0] if len(values) == 1 else TupleVar(values)
+
+    def reconstruct(self, cg):
+        cg.load_constructor(self.kind)
+        for k in self.keys:
+            cg.load_const(k)
+        for a in self.args:
+            a.reconstruct(cg)
+        for v in self.kwargs.values():
+            v.reconstruct(cg)
+        cg.call_kw(len(self.keys) + len(self.args) + len(self.kwargs), tuple(self.kwargs))
+
+
+def _getter(kind):
+    def handler(tx, args, kwargs):
+        if kind is operator.methodcaller:
+            if not args:
+                return None
+            return GetterVar(kind, [const_key(args[0], "method name")], args[1:], kwargs)
+        if not args or kwargs:
+            return None
+        return GetterVar(kind, [const_key(a, f"{kind.__name__} argument") for a in args])
+    return handler
+
+
+# --------------------------------------------------------------------------- itertools
+def _lazy(gen, kind):
+    return LazyIteratorVar(gen, kind)
+
+
 def _chain(tx, args, kwargs):
     if kwargs:
         return None
-    out = []
-    for a in args:
-        out.extend(a.unpack(tx))
-    return ListVar(out)
+    iters = [var_iter(tx, a) for a in args]
+    return _lazy(itertools.chain(*iters), itertools.chain)
 
 
+def _chain_from_iterable(tx, args, kwargs):
+    if kwargs or len(args) != 1:
+        return None
+    outer = var_iter(tx, args[0])
+
+    def gen():
+        for inner in outer:
+            yield from var_iter(tx, inner)
+    return _lazy(gen(), itertools.chain)
+
+
+def _product(tx, args, kwargs):
+    if set(kwargs) - {"repeat"}:
+        return None
+    repeat = const_key(kwargs.get("repeat", ConstVar(1)), "repeat")
+    pools = [var_list(tx, a) for a in args]
+    return _lazy((TupleVar(list(p)) for p in itertools.product(*pools, repeat=repeat)),
+                 itertools.product)
+
+
+def _combinatoric(kind):
+    def handler(tx, args, kwargs):
+        if not args or len(args) > 2 or set(kwargs) - {"r"}:
+            return None
+        pool = var_list(tx, args[0])
+        r = args[1] if len(args) == 2 else kwargs.get("r", ConstVar(None))
+        r = const_key(r, "r")
+        if r is None:
+            if kind is not itertools.permutations:
+                return None
+            gen = kind(pool)
+        else:
+            gen = kind(pool, r)
+        return _lazy((TupleVar(list(p)) for p in gen), kind)
+    return handler
+
+
+def _accumulate(tx, args, kwargs):
+    from ..interpreter import binary_op
+    if not args or len(args) > 2 or set(kwargs) - {"func", "initial"}:
+        return None
+    func = args[1] if len(args) == 2 else kwargs.get("func", ConstVar(None))
+    initial = kwargs.get("initial", ConstVar(None))
+    source = var_iter(tx, args[0])
+
+    def gen():
+        acc = None if _is_none_var(initial) else initial
+        if acc is not None:
+            yield acc
+        for v in source:
+            if acc is None:
+                acc = v
+            elif _is_none_var(func):
+                acc = binary_op(tx, operator.add, acc, v)
+            else:
+                acc = func.call(tx, [acc, v], {})
+            yield acc
+    return _lazy(gen(), itertools.accumulate)
+
+
+def _islice(tx, args, kwargs):
+    if kwargs or not 2 <= len(args) <= 4:
+        return None
+    bounds = [const_key(a, "islice bound") for a in args[1:]]
+    try:
+        gen = itertools.islice(var_iter(tx, args[0]), *bounds)
+    except (ValueError, TypeError) as e:
+        unsupported(f"islice(): {e}")
+    return _lazy(gen, itertools.islice)
+
+
+def _zip_longest(tx, args, kwargs):
+    if set(kwargs) - {"fillvalue"}:
+        return None
+    fill = kwargs.get("fillvalue", ConstVar(None))
+    iters = [var_iter(tx, a) for a in args]
+    return _lazy((TupleVar(list(row)) for row in itertools.zip_longest(*iters, fillvalue=fill)),
+                 itertools.zip_longest)
+
+
+def _repeat(tx, args, kwargs):
+    if not args or len(args) > 2 or set(kwargs) - {"times"}:
+        return None
+    obj = args[0]
+    times = args[1] if len(args) == 2 else kwargs.get("times")
+    if times is None:
+        return _lazy(itertools.repeat(obj), itertools.repeat)
+    return _lazy(itertools.repeat(obj, const_key(times, "times")), itertools.repeat)
+
+
+def _count(tx, args, kwargs):
+    if len(args) > 2 or set(kwargs) - {"start", "step"}:
+        return None
+    start = args[0] if args else kwargs.get("start", ConstVar(0))
+    step = args[1] if len(args) > 1 else kwargs.get("step", ConstVar(1))
+    gen = itertools.count(const_key(start, "count start"), const_key(step, "count step"))
+    return _lazy((ConstVar(v) for v in gen), itertools.count)
+
+
+def _cycle(tx, args, kwargs):
+    if kwargs or len(args) != 1:
+        return None
+    source = var_iter(tx, args[0])
+    return _lazy(itertools.cycle(source), itertools.cycle)
+
+
+def _pairwise(tx, args, kwargs):
+    if kwargs or len(args) != 1:
+        return None
+    return _lazy((TupleVar([a, b]) for a, b in itertools.pairwise(var_iter(tx, args[0]))),
+                 itertools.pairwise)
+
+
+def _starmap(tx, args, kwargs):
+    if kwargs or len(args) != 2:
+        return None
+    fn, source = args[0], var_iter(tx, args[1])
+    return _lazy((fn.call(tx, var_list(tx, row), {}) for row in source), itertools.starmap)
+
+
+def _while(kind):
+    def handler(tx, args, kwargs):
+        if kwargs or len(args) != 2:
+            return None
+        fn, source = args[0], var_iter(tx, args[1])
+        pred = lambda v: fn.call(tx, [v], {}).truth(tx)  # noqa: E731
+        return _lazy(kind(pred, source), kind)
+    return handler
+
+
+def _compress(tx, args, kwargs):
+    if kwargs or len(args) != 2:
+        return None
+    data, selectors = var_iter(tx, args[0]), var_iter(tx, args[1])
+    return _lazy((d for d, s in zip(data, selectors) if s.truth(tx)), itertools.compress)
+
+
+# --------------------------------------------------------------------------- collections
+def _mutating(var, tx):
+    if var.source is not None:
+        tx.side_effects.mutate_container(var, var)
+
+
+class OrderedDictVar(DictVar):
+    """A collections.OrderedDict made while tracing."""
+    __slots__ = ()
+
+    def python_type(self):
+        return collections.OrderedDict
+
+    def is_const(self):
+        return False
+
+    def as_const(self):
+        return collections.OrderedDict(super().as_const())
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "move_to_end" and args and set(kwargs) <= {"last"}:
+            key = const_key(args[0], "dict key")
+            if key not in self.items:
+                unsupported(f"move_to_end of missing key {key!r} (KeyError)")
+            _mutating(self, tx)
+            last = const_key(args[1] if len(args) > 1 else kwargs.get("last", ConstVar(True)))
+            od = collections.OrderedDict(self.items)
+            od.move_to_end(key, last)
+            self.items = dict(od)
+            return ConstVar(None)
+        if name == "popitem" and len(args) <= 1 and set(kwargs) <= {"last"}:
+            if not self.items:
+                unsupported("popitem(): dictionary is empty (KeyError)")
+            _mutating(self, tx)
+            last = const_key(args[0] if args else kwargs.get("last", ConstVar(True)))
+            key = list(self.items)[-1 if last else 0]
+            return TupleVar([ConstVar(key), self.items.pop(key)])
+        if name == "copy" and not args:
+            return OrderedDictVar(self.items)
+        return super().call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg):
+        cg.load_constructor(collections.OrderedDict)
+        DictVar.reconstruct(self, cg)
+        cg.call(1)
+
+
+class DefaultDictVar(DictVar):
+    """A collections.defaultdict made while tracing: missing keys call the factory."""
+    __slots__ = ("factory",)
+
+    def __init__(self, factory, items, source=None):
+        super().__init__(items, source)
+        self.factory = factory
+
+    def python_type(self):
+        return collections.defaultdict
+
+    def is_const(self):
+        return False
+
+    def getitem(self, tx, key):
+        k = const_key(key, "dict key")
+        if k not in self.items:
+            if _is_none_var(self.factory):
+                unsupported(f"missing key {k!r} (KeyError)")
+            _mutating(self, tx)
+            self.items[k] = self.factory.call(tx, [], {})
+        return self.items[k]
+
+    def getattr(self, tx, name):
+        if name == "default_factory":
+            return self.factory
+        return super().getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "copy" and not args:
+            return DefaultDictVar(self.factory, self.items)
+        return super().call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg):
+        cg.load_constructor(collections.defaultdict)
+        self.factory.reconstruct(cg)
+        DictVar.reconstruct(self, cg)
+        cg.call(2)
+
+    def __repr__(self):
+        return f"DefaultDictVar({self.factory!r}, {self.items!r})"
+
+
+class DequeVar(ListVar):
+    """A collections.deque made while tracing."""
+    __slots__ = ("maxlen",)
+
+    def __init__(self, items, maxlen=None, source=None):
+        super().__init__(items, source)
+        self.maxlen = maxlen
+        self._trim(left=True)
+
+    def python_type(self):
+        return collections.deque
+
+    def is_const(self):
+        return False
+
+    def _trim(self, left):
+        if self.maxlen is not None and len(self.items) > self.maxlen:
+            extra = len(self.items) - self.maxlen
+            if left:
+                del self.items[:extra]
+            else:
+                del self.items[-extra:]
+
+    def getattr(self, tx, name):
+        if name == "maxlen":
+            return ConstVar(self.maxlen)
+        return super().getattr(tx, name)
+
+    def getitem(self, tx, key):
+        k = const_key(key, "deque index")
+        if isinstance(k, slice):
+            unsupported("sequence index must be integer, not 'slice' (TypeError)")
+        return super().getitem(tx, key)
+
+    def call_method(self, tx, name, args, kwargs):
+        items = self.items
+        if kwargs:
+            unsupported(f"deque.{name} with keyword arguments")
+        if name == "append" and len(args) == 1:
+            items.append(args[0])
+            if self.maxlen is not None and len(items) > self.maxlen:
+                del items[0]
+            return ConstVar(None)
+        if name == "appendleft" and len(args) == 1:
+            items.insert(0, args[0])
+            if self.maxlen is not None and len(items) > self.maxlen:
+                del items[-1]
+            return ConstVar(None)
+        if name == "extend" and len(args) == 1:
+            for v in var_list(tx, args[0]):
+                self.call_method(tx, "append", [v], {})
+            return ConstVar(None)
+        if name == "extendleft" and len(args) == 1:
+            for v in var_list(tx, args[0]):
+                self.call_method(tx, "appendleft", [v], {})
+            return ConstVar(None)
+        if name in ("pop", "popleft") and not args:
+            if not items:
+                unsupported(f"{name} from an empty deque (IndexError)")
+            return items.pop() if name == "pop" else items.pop(0)
+        if name == "rotate" and len(args) <= 1:
+            n = const_key(args[0]) if args else 1
+            if items:
+                n %= len(items)
+                items[:] = items[-n:] + items[:-n] if n else items
+            return ConstVar(None)
+        if name == "clear" and not args:
+            items.clear()
+            return ConstVar(None)
+        if name == "copy" and not args:
+            return DequeVar(items, self.maxlen)
+        if name == "insert":
+            if self.maxlen is not None and len(items) >= self.maxlen:
+                unsupported("deque already at its maximum size (IndexError)")
+            return super().call_method(tx, name, args, kwargs)
+        if name in ("reverse", "index", "count", "__getitem__", "__len__", "remove"):
+            if name == "remove":
+                from ..interpreter import binary_op
+                for i, v in enumerate(items):
+                    if binary_op(tx, operator.eq, v, args[0]).truth(tx):
+                        del items[i]
+                        return ConstVar(None)
+                unsupported("deque.remove(x): x not in deque (ValueError)")
+            return super().call_method(tx, name, args, kwargs)
+        unsupported(f"deque.{name}")
+
+    def reconstruct(self, cg):
+        cg.load_constructor(collections.deque)
+        for v in self.items:
+            v.reconstruct(cg)
+        cg.build(list, len(self.items))
+        if self.maxlen is None:
+            cg.call(1)
+        else:
+            cg.load_const(self.maxlen)
+            cg.call(2)
+
+    def __repr__(self):
+        return f"DequeVar({self.items!r}, maxlen={self.maxlen})"
+
+
+def _dict_items(tx, args, kwargs):
+    from .builtins import _dict
+    return _dict(tx, args, kwargs).items
+
+
+def _ordered_dict(tx, args, kwargs):
+    if len(args) > 1:
+        return None
+    return OrderedDictVar(_dict_items(tx, args, kwargs))
+
+
+def _defaultdict(tx, args, kwargs):
+    if len(args) > 2:
+        return None
+    factory = args[0] if args else ConstVar(None)
+    return DefaultDictVar(factory, _dict_items(tx, args[1:], kwargs))
+
+
+def _deque(tx, args, kwargs):
+    if len(args) > 2 or set(kwargs) - {"iterable", "maxlen"}:
+        return None
+    iterable = args[0] if args else kwargs.get("iterable")
+    maxlen = args[1] if len(args) > 1 else kwargs.get("maxlen", ConstVar(None))
+    items = var_list(tx, iterable) if iterable is not None else []
+    return DequeVar(items, const_key(maxlen, "maxlen"))
+
+
+def _dict_fromkeys(tx, args, kwargs):
+    if kwargs or len(args) not in (1, 2):
+        return None
+    value = args[1] if len(args) == 2 else ConstVar(None)
+    return DictVar({const_key(k, "dict key"): value for k in var_iter(tx, args[0])})
+
+
+# --------------------------------------------------------------------------- tables
 LIBRARY_HANDLERS = {
     functools.reduce: _reduce,
     itertools.chain: _chain,
+    itertools.chain.from_iterable: _chain_from_iterable,
+    itertools.product: _product,
+    itertools.permutations: _combinatoric(itertools.permutations),
+    itertools.combinations: _combinatoric(itertools.combinations),
+    itertools.combinations_with_replacement: _combinatoric(itertools.combinations_with_replacement),
+    itertools.accumulate: _accumulate,
+    itertools.islice: _islice,
+    itertools.zip_longest: _zip_longest,
+    itertools.repeat: _repeat,
+    itertools.count: _count,
+    itertools.cycle: _cycle,
+    itertools.pairwise: _pairwise,
+    itertools.starmap: _starmap,
+    itertools.takewhile: _while(itertools.takewhile),
+    itertools.dropwhile: _while(itertools.dropwhile),
+    itertools.compress: _compress,
+    collections.OrderedDict: _ordered_dict,
+    collections.defaultdict: _defaultdict,
+    collections.deque: _deque,
+    dict.fromkeys: _dict_fromkeys,
+    operator.itemgetter: _getter(operator.itemgetter),
+    operator.attrgetter: _getter(operator.attrgetter),
+    operator.methodcaller: _getter(operator.methodcaller),
 }
+
+# math: every function folds on constants.
+for _name, _fn in vars(math).items():
+    if not _name.startswith("_") and isinstance(_fn, types.BuiltinFunctionType):
+        LIBRARY_HANDLERS[_fn] = _fold(_fn)
+
+# operator: the interpreter's semantics for each.
+_BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift",
+           "and_", "or_", "xor", "matmul", "lt", "le", "eq", "ne", "gt", "ge",
+           "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "ilshift",
+           "irshift", "iand", "ior", "ixor", "imatmul")
+for _name in _BINARY:
+    LIBRARY_HANDLERS[getattr(operator, _name)] = _op_binary(getattr(operator, _name))
+LIBRARY_HANDLERS[operator.concat] = _op_binary(operator.add)
+LIBRARY_HANDLERS[operator.iconcat] = _op_binary(operator.iadd)
+for _name, _plain in (("neg", operator.neg), ("pos", operator.pos), ("invert", operator.invert),
+                      ("inv", operator.invert)):
+    LIBRARY_HANDLERS[getattr(operator, _name)] = _op_unary(_plain)
+LIBRARY_HANDLERS.update({
+    operator.abs: _op_abs, operator.not_: _op_truth(True), operator.truth: _op_truth(False),
+    operator.is_: _op_is(False), operator.is_not: _op_is(True), operator.contains: _op_contains,
+    operator.getitem: _op_getitem, operator.setitem: _op_setitem, operator.delitem: _op_delitem,
+    operator.index: _fold(operator.index), operator.countOf: _fold(operator.countOf),
+    operator.indexOf: _fold(operator.indexOf), operator.length_hint: _fold(operator.length_hint),
+})
+if hasattr(operator, "call"):
+    LIBRARY_HANDLERS[operator.call] = _op_call
 
 
 def library_var(value, source):
@@ -62,4 +635,5 @@ def library_var(value, source):
     return None
 
 
-__all__ = ["LIBRARY_HANDLERS", "LibraryFnVar", "library_var", "TupleVar"]
+__all__ = ["LIBRARY_HANDLERS", "LibraryFnVar", "library_var", "OrderedDictVar",
+           "DefaultDictVar", "DequeVar", "GetterVar", "TupleVar", "IteratorVar", "torch"]
