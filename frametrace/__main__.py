@@ -1,6 +1,6 @@
 """The `frametrace` command.
 
-    python -m frametrace diff SCRIPT.py [--fn NAME] [--no-color] [-- script args...]
+    python -m frametrace diff SCRIPT.py [--fn NAME] [--no-color] [--width N] [script args...]
 
 runs SCRIPT.py (which uses frametrace.optimize) and shows, for each compiled frame,
 original and transformed bytecode side by side, every resume function, the guards and
@@ -21,14 +21,14 @@ def main(argv=None) -> int:
     diff.add_argument("--fn", default=None, help="only frames of the function with this name")
     diff.add_argument("--no-color", action="store_true", help="plain text")
     diff.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
-    diff.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
-    ns = parser.parse_args(argv)
+    # Options may come before or after the script; anything else goes to the script.
+    ns, script_args = parser.parse_known_args(argv)
 
     from . import convert, viewer
     records = []
     convert.record_observers.append(records.append)
     saved_argv = sys.argv
-    sys.argv = [ns.script] + [a for a in ns.args if a != "--"]
+    sys.argv = [ns.script] + [a for a in script_args if a != "--"]
     try:
         runpy.run_path(ns.script, run_name="__main__")
     finally:

@@ -124,6 +124,17 @@ def is_skipped_file(filename: str) -> bool:
 _COMPREHENSIONS = frozenset({"<listcomp>", "<setcomp>", "<dictcomp>"})
 
 
+# Codes traced even where their file is skipped: the forward of a torch.nn module that
+# the user passed to optimize() directly (nn.Sequential, nn.TransformerEncoder ...).
+_forced: dict[int, object] = {}
+
+
+def force_trace(code):
+    _forced[id(code)] = code
+    if _C.code_flags(code)[0]:
+        _C.clear_code(code)       # forget an earlier "skip" decision
+
+
 # --------------------------------------------------------------------------- callback
 _callbacks: dict[tuple, object] = {}
 
@@ -145,7 +156,8 @@ def make_callback(backend, fullgraph: bool):
 def _make_callback(backend, fullgraph: bool):
 
     def callback(code, func, args, n_entries):
-        if is_skipped_file(code.co_filename) or code.co_name in _COMPREHENSIONS:
+        if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
+                code.co_name in _COMPREHENSIONS:
             return _C.SKIP
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))

@@ -114,6 +114,9 @@ class OptimizedModule(torch.nn.Module):
         super().__init__()
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_call", _C.Hooked(mod, callback))
+        forward = getattr(type(mod).forward, "__code__", None)
+        if forward is not None:
+            convert.force_trace(forward)
         object.__setattr__(self, "_callback", callback)
 
     def __call__(self, *args, **kwargs):
