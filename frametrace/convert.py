@@ -20,7 +20,7 @@ from .exc import Unsupported, format_user_stack
 from .graph import OutputGraph
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
-from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar
+from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
 from .variables.functions import BoundMethodVar, PartialVar
 from .variables.user_objects import DataclassVar, NewObjectVar
 
@@ -346,6 +346,8 @@ def _collect_outputs(v, out, seen=None):
             _collect_outputs(item, out, seen)
     elif isinstance(v, (MethodVar, BoundMethodVar)):
         _collect_outputs(v.obj, out, seen)
+    elif getattr(v, "base", None) is not None and isinstance(v.base, Var):
+        _collect_outputs(v.base, out, seen)
     elif isinstance(v, IteratorVar):
         for item in v.items[v.index:]:
             _collect_outputs(item, out, seen)

@@ -145,9 +145,12 @@ class GuardSet:
         self.global_state("grad_mode", torch.is_grad_enabled, enabled)
 
     def _on_death(self, _ref):
-        check = self.check_ref() if self.check_ref is not None else None
-        if check is not None and _C is not None:    # _C is None at interpreter exit
-            _C.remove_entry(self.code, check)
+        try:
+            check = self.check_ref() if self.check_ref is not None else None
+            if check is not None:
+                _C.remove_entry(self.code, check)
+        except Exception:
+            pass    # at interpreter exit, module globals are already gone
 
     # -- output --
     def texts(self) -> list[str]:

@@ -94,9 +94,11 @@ class InstructionTranslator:
         self.yielded: list | None = None
         self.stop_at: int | None = None     # root only: stop before this instruction
         if parent is None:
+            from .resume import opaque_locals
+            opaque = opaque_locals(code)
             for name, value in zip(code.co_varnames, args):
-                if name.startswith("___result") and type(value) in _SCALARS:
-                    # Computed in CPython at a graph break (x.item(), len(...)): data,
+                if (name.startswith("___result") or name in opaque) and _is_data(value):
+                    # Computed in CPython at a graph break (x.item(), open(...)): data,
                     # not a constant to specialize on.
                     self.locals[name] = OpaqueVar(value, LocalSource(name))
                 else:
@@ -638,26 +640,44 @@ class InstructionTranslator:
         unsupported("raising an exception")
 
 
-_SCALARS = (bool, int, float, complex, str, bytes)
+def _is_data(value) -> bool:
+    """Values computed in CPython that a resume frame passes on without guarding:
+    everything but tensors, containers (whose items are guarded one by one) and None."""
+    import torch
+    return not isinstance(value, (torch.Tensor, list, tuple, dict, type(None)))
 
 
 class OpaqueVar(Var):
     """A Python value that is data: passed along unguarded; using its value stops the
-    trace there (a graph break)."""
-    __slots__ = ("kind",)
+    trace there (a graph break).  Its attributes are opaque too, so `obj.method(...)`
+    breaks at the call, where CPython can take over."""
+    __slots__ = ("kind", "base", "attr")
 
-    def __init__(self, value, source):
+    def __init__(self, value, source, base=None, attr=None):
         super().__init__(source)
-        self.kind = type(value)
+        self.kind = type(value) if value is not None else object
+        self.base = base
+        self.attr = attr
 
     def python_type(self):
         return self.kind
 
+    def getattr(self, tx, name):
+        return OpaqueVar(None, None, base=self, attr=name)
+
     def truth(self, tx):
         unsupported(f"branching on a {self.kind.__name__} computed after a graph break")
 
+    def reconstruct(self, cg):
+        if self.base is not None:
+            self.base.reconstruct(cg)
+            cg.load_attr(self.attr)
+        else:
+            super().reconstruct(cg)
+
     def __repr__(self):
-        return f"OpaqueVar({self.kind.__name__})"
+        return f"OpaqueVar({self.kind.__name__})" if self.base is None else \
+            f"OpaqueVar({self.base!r}.{self.attr})"
 
 
 class _ExitVar(Var):

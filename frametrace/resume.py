@@ -37,13 +37,35 @@ def abstract_instructions(code):
     return abstract, dict(zip(offsets, instrs))
 
 
-def resume_code(code, offset: int, layout: tuple, local_names: tuple) -> types.CodeType:
+# resume code -> (original code, {offset in the resume code: offset in the original}),
+# and the locals that hold opaque data there.
+_origin: dict[types.CodeType, tuple] = {}
+_opaque: dict[types.CodeType, frozenset] = {}
+
+
+def opaque_locals(code) -> frozenset:
+    return _opaque.get(code, frozenset())
+
+
+def original_position(code, offset):
+    """(original code, offset there) for an instruction of `code`, which may itself be
+    a resume code: resuming a resume starts from the original, so a loop that breaks
+    on every iteration reuses one resume code."""
+    hit = _origin.get(code)
+    if hit is None:
+        return code, offset
+    original, offsets = hit
+    return original, offsets[offset]
+
+
+def resume_code(code, offset: int, layout: tuple, local_names: tuple,
+                opaque: frozenset = frozenset()) -> types.CodeType:
     """The code object that continues `code` at instruction `offset`, with a stack of
     `layout` ("v": a value passed in; "r": a value the breaking instruction produced;
     "i": a list passed in and iterated again; "n": a NULL)."""
     names = _stack_names(layout)
     n_stack = len(names)
-    key = (code, offset, layout, local_names)
+    key = (code, offset, layout, local_names, opaque)
     hit = _cache.get(key)
     if hit is not None:
         return hit
@@ -99,6 +121,15 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple) -> types.C
     new.extend(prologue + body)
     result = new.to_code()
     _cache[key] = result
+    _opaque[result] = opaque
+    # Instruction i of the body is instruction i of the original after its prologue.
+    original_instrs = [i for i in abstract if isinstance(i, Instr)]
+    original_instrs = original_instrs[len(original_instrs) - sum(isinstance(i, Instr) for i in body):]
+    _, new_by_offset = abstract_instructions(result)
+    new_offsets = sorted(new_by_offset)[len(prologue):]
+    orig_offset_of = {id(ins): off for off, ins in by_offset.items()}
+    _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
+                              if id(o) in orig_offset_of})
     return result
 
 
@@ -121,6 +152,8 @@ def _line_of(instr, code):
 
 def clear():
     _cache.clear()
+    _origin.clear()
+    _opaque.clear()
 
 
 # --------------------------------------------------------------------------- at a break
@@ -203,11 +236,16 @@ def emit_break(cg, tracer, inst, func):
     cg.instrs.append(Instr(original.name, jump_label if jump_label is not None else original.arg,
                            lineno=cg.lineno))
 
+    from .interpreter import OpaqueVar
+    opaque = frozenset(n for n in bound if isinstance(tracer.locals[n], OpaqueVar))
+
     def continue_at(offset, produced):
         temps = [f"___result_{i}" for i in range(produced)]
         for t in reversed(temps):
             cg.emit("STORE_FAST", t)
-        resume = resume_code(code, offset, layout + ("r",) * produced, tuple(bound))
+        original, original_offset = original_position(code, offset)
+        resume = resume_code(original, original_offset, layout + ("r",) * produced, tuple(bound),
+                             opaque)
         cg.emit("PUSH_NULL")
         _load_function(cg, resume, func, code)
         n = 0

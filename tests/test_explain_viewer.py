@@ -100,8 +100,11 @@ def test_logs_configure_and_recompile_values():
         g2 = frametrace.optimize(with_breaks)
         g2(torch.ones(3))
     finally:
-        for kind in kinds:
-            logging.getLogger(f"frametrace.{kind}").setLevel(logging.WARNING)
+        for kind in kinds:       # back as they were: other tests capture these loggers
+            lg = logging.getLogger(f"frametrace.{kind}")
+            lg.handlers = [h for h in lg.handlers if not getattr(h, "_frametrace", False)]
+            lg.setLevel(logging.NOTSET)
+            lg.propagate = True
     out = stream.getvalue()
     assert "[frametrace.recompiles] recompiling f" in out
     assert "guard failed: n == 2 (now: n = 3)" in out

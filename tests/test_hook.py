@@ -14,6 +14,7 @@ import os
 import sys
 import sysconfig
 import threading
+import types
 import warnings
 
 import pytest
@@ -31,7 +32,8 @@ def compile_counted(fn, **kwargs):
 
 
 def entries(fn):
-    return _C.entries(fn.__code__)
+    """Cache entries of a function's code (or of a code object)."""
+    return _C.entries(getattr(fn, "__code__", fn))
 
 
 def compiled_entries(fn):
@@ -45,6 +47,30 @@ def fallback_entries(fn):
 
 def compiled_names(globals_dict):
     return sorted(k for k in globals_dict if k.startswith("__compiled_fn_"))
+
+
+def resume_codes(fn):
+    """The resume functions reachable from fn's compiled entries (recursively): the code
+    objects its transformed code continues in after a graph break."""
+    found, todo = [], [getattr(fn, "__code__", fn)]
+    while todo:
+        for entry in _C.entries(todo.pop()):
+            if entry.code is None:
+                continue
+            for const in entry.code.co_consts:
+                if isinstance(const, types.FunctionType):
+                    const = const.__code__
+                if isinstance(const, types.CodeType) and "<resume at line" in const.co_qualname \
+                        and const not in found:
+                    found.append(const)
+                    todo.append(const)
+    return found
+
+
+# 'with' over a lock cannot be traced, and a frame cannot break its graph at the 'with'
+# (BEFORE_WITH): a frame that does it runs entirely in CPython, from a fallback entry.
+# (print() and other untraceable calls only break the graph now.)
+CPYTHON_ONLY = threading.RLock()
 
 
 def quiet():
@@ -112,17 +138,21 @@ def test_disabled_function_runs_in_cpython():
         return x.cos() * 2
 
     def f(x):
-        return compiled_part(disabled(x))   # calling another function: f runs in CPython
+        return compiled_part(disabled(x))   # the disabled call breaks f's graph
 
     g, cnt = compile_counted(f)
     x = torch.randn(5)
     expected = f(x)
     for _ in range(3):
         torch.testing.assert_close(g(x), expected)
-    # compiled_part is reached by the hook and compiled once; the disabled function
-    # and everything it calls never get a cache entry.
+    # f breaks at the disabled call (nothing to compile before it) and goes on in a
+    # resume function, compiled once, into which compiled_part is inlined; the disabled
+    # function and everything it calls never get a cache entry.
     assert cnt.frame_count == 1 and cnt.op_count == 2
-    assert len(compiled_entries(compiled_part)) == 1
+    assert len(compiled_entries(f)) == 1 and fallback_entries(f) == []
+    (resume,) = resume_codes(f)
+    assert len(compiled_entries(resume)) == 1 and len(_C.entries(resume)) == 1
+    assert entries(compiled_part) == []
     for fn in (helper, nested_in_disabled, helper_calls_nested):
         assert entries(fn) == [], fn.__name__
         assert _C.code_flags(fn.__code__) == (0, 0), fn.__name__
@@ -150,9 +180,10 @@ def test_disable_as_decorator():
     assert calls == [6.0, 6.0]
     assert entries(log_stats.__wrapped__) == []
     assert log_stats.__name__ == "log_stats"
-    # f itself falls back (it calls a function); nothing else is compiled
-    assert cnt.frame_count == 0
-    assert len(fallback_entries(f)) == 1
+    # f breaks its graph at the disabled call: y = x + 1 | log_stats in CPython | - y
+    assert cnt.frame_count == 2 and cnt.op_count == 2
+    assert len(compiled_entries(f)) == 1 and fallback_entries(f) == []
+    assert [len(compiled_entries(c)) for c in resume_codes(f)] == [1]
 
 
 def test_optimized_call_inside_disabled_function_is_compiled():
@@ -187,11 +218,13 @@ def test_frames_called_from_a_fallback_frame_are_compiled():
         return x * 2 + 1
 
     def middle(x):
-        print("middle")                  # unsupported: middle runs in CPython
+        with CPYTHON_ONLY:               # middle runs in CPython
+            print("middle")
         return inner(x) - 1
 
     def outer(x):
-        print("outer")                   # unsupported: outer runs in CPython
+        with CPYTHON_ONLY:               # outer runs in CPython
+            print("outer")
         return middle(x) + inner(x)
 
     g, cnt = compile_counted(outer)
@@ -213,7 +246,8 @@ def test_comprehension_in_fallback_frame_is_not_retraced_every_call():
     frametrace.reset()
 
     def f(x, xs):
-        print(end="")
+        with CPYTHON_ONLY:                  # f runs in CPython
+            pass
         ys = [t * 2 for t in xs]
         return x + sum(ys)
 
@@ -223,7 +257,7 @@ def test_comprehension_in_fallback_frame_is_not_retraced_every_call():
         warnings.simplefilter("error")          # the cache-limit warning would fail here
         for _ in range(12):
             torch.testing.assert_close(g(x, [x, x]), f(x, [x, x]))
-    assert len(_C.entries(f.__code__)) == 1            # f: one fallback entry (print)
+    assert len(fallback_entries(f)) == 1 == len(entries(f))    # f: one fallback entry
     nested = [c for c in f.__code__.co_consts if hasattr(c, "co_name")]
     if sys.version_info < (3, 12):                    # 3.12 inlines comprehensions
         (listcomp,) = nested
@@ -246,7 +280,9 @@ def test_stdlib_and_torch_frames_are_not_compiled():
         return x * n + 1
 
     def f(x):
-        n, clone = user_json_helper({"a": [1, 2, 3]})   # f falls back (calls a function)
+        with CPYTHON_ONLY:                             # f runs in CPython
+            pass
+        n, clone = user_json_helper({"a": [1, 2, 3]})
         y = F.relu(x)                                  # torch's Python frame, from CPython
         return tensor_part(y, n) + clone["a"][0]
 
@@ -257,7 +293,12 @@ def test_stdlib_and_torch_frames_are_not_compiled():
         torch.testing.assert_close(g(x), expected)
     assert cnt.frame_count == 1            # tensor_part only
     assert len(compiled_entries(tensor_part)) == 1
-    assert len(fallback_entries(user_json_helper)) == 1   # user code: asked, ran in CPython
+    assert len(fallback_entries(f)) == 1 == len(entries(f))
+    # user code: traced, with graph breaks at json.dumps and copy.deepcopy, which run in
+    # CPython from its transformed code (no tensor work: no graphs)
+    assert len(compiled_entries(user_json_helper)) == 1 == len(entries(user_json_helper))
+    # breaks at json.dumps, copy.deepcopy, and len() of the string json.dumps made (data)
+    assert [len(compiled_entries(c)) for c in resume_codes(user_json_helper)] == [1, 1, 1]
     for lib_code in (json.dumps.__code__, json.JSONEncoder.encode.__code__,
                      copy.deepcopy.__code__, F.relu.__code__):
         assert _C.code_flags(lib_code) == (1, 0), lib_code
@@ -288,8 +329,9 @@ def test_hook_is_installed_only_during_optimized_calls():
         seen["disabled"] = (_C.hook_installed(), _C.get_callback())
 
     def probe_fallback():
-        # a user frame with no tensor work: it runs in CPython under the callback
-        seen["fallback"] = (_C.hook_installed(), _C.get_callback())
+        # a user frame that runs in CPython under the callback
+        with CPYTHON_ONLY:
+            seen["fallback"] = (_C.hook_installed(), _C.get_callback())
 
     def f(x):
         probe_disabled()
@@ -308,7 +350,9 @@ def test_hook_is_installed_only_during_optimized_calls():
     # still true after a cache hit, and after an exception escapes the region
     torch.testing.assert_close(g(x), x + 1)
     assert not _C.hook_installed() and _C.get_callback() is None
-    assert cnt.frame_count == 0          # f calls functions: it runs in CPython
+    # f breaks its graph at both calls; x + 1 is compiled in the last resume function
+    assert cnt.frame_count == 1 and len(compiled_entries(f)) == 1
+    assert len(fallback_entries(probe_fallback)) == 1 == len(entries(probe_fallback))
 
     def bad(x, y):
         probe_fallback()
@@ -334,7 +378,7 @@ def test_optimized_call_in_one_thread_does_not_compile_another_thread():
         return x * 2 + 3
 
     def region(x):
-        wait_in_region()                     # region falls back; the hook stays on
+        wait_in_region()                     # a graph break; the hook stays on
         return compiled_part(x)
 
     def plain(x):                            # identical work, called by the other thread
@@ -370,7 +414,11 @@ def test_optimized_call_in_one_thread_does_not_compile_another_thread():
     for fn in (plain, plain_other):
         assert entries(fn) == [] and _C.code_flags(fn.__code__) == (0, 0)
     torch.testing.assert_close(result["value"], x * 2 + 3)
-    assert cnt.frame_count == 1 and len(compiled_entries(compiled_part)) == 1
+    # compiled by the worker: region breaks at wait_in_region(), compiled_part is
+    # inlined into its resume function
+    assert cnt.frame_count == 1 and len(compiled_entries(region)) == 1
+    assert entries(compiled_part) == []
+    assert [len(compiled_entries(c)) for c in resume_codes(region)] == [1]
     assert not _C.hook_installed()
 
 
@@ -428,7 +476,9 @@ def test_generators_and_coroutines_run_in_cpython():
     frametrace.reset()
 
     def f(x):
-        total = sum(gen_values(x, 3))                 # f falls back: calls functions
+        with CPYTHON_ONLY:                            # f runs in CPython
+            pass
+        total = sum(gen_values(x, 3))
         via_coro = asyncio.run(coro_value(x))
         squares = list(v * v for v in (x, x + 1))     # a generator expression
         return total + via_coro + squares[1]
@@ -577,7 +627,7 @@ def test_recursion_through_fallback():
     def fact_like(x, n):
         if n == 0:
             return x * 2                     # compiled for n == 0
-        return fact_like(x, n - 1) + n       # calls a function: runs in CPython
+        return fact_like(x, n - 1) + n       # a graph break: the call runs in CPython
 
     def eager(x, n):
         return x * 2 if n == 0 else eager(x, n - 1) + n
@@ -585,10 +635,16 @@ def test_recursion_through_fallback():
     x = torch.randn(3)
     for n in (0, 3, 5, 5):
         torch.testing.assert_close(fact_like(x, n), eager(x, n))
-    assert cnt.frame_count == 1
+    # n = 0: x * 2; n = 1..5: the recursive call runs in CPython, then `+ n` in the
+    # resume function (one graph per guarded n)
+    assert cnt.frame_count == 6
     code = fact_like.__wrapped__.__code__
-    assert len([e for e in _C.entries(code) if e.code is not None]) == 1
-    assert len(_C.entries(code)) == 6          # n = 0 compiled, n = 1..5 in CPython
+    assert len([e for e in _C.entries(code) if e.code is not None]) == 6 == len(_C.entries(code))
+    (resume,) = resume_codes(code)
+    assert len([e for e in _C.entries(resume) if e.code is not None]) == 5
+    for n in (0, 3, 5):                        # all cached
+        torch.testing.assert_close(fact_like(x, n), eager(x, n))
+    assert cnt.frame_count == 6
     assert not _C.hook_installed()
 
 
@@ -697,13 +753,14 @@ def test_reset_clears_fallback_and_cache_limit_state():
     frametrace.reset()
 
     def f(x):
-        print(end="")
+        with CPYTHON_ONLY:
+            pass
         return x + 1
 
     g, cnt = compile_counted(f)
     x = torch.randn(2)
     torch.testing.assert_close(g(x), x + 1)
-    assert len(fallback_entries(f)) == 1
+    assert len(fallback_entries(f)) == 1 and cnt.frame_count == 0
     frametrace.reset()
     assert entries(f) == [] and _C.code_flags(f.__code__) == (0, 0)
 
@@ -891,7 +948,9 @@ def test_reset_inside_an_optimized_call():
     x = torch.randn(3)
     for i in range(3):
         torch.testing.assert_close(g(x), x * 6)
-        assert cnt.frame_count == 1 + 2 * (i + 1)    # inner compiled again after each reset
+        # f breaks at each do_reset(): inner(x) | reset | inner(x) | reset | a + b + inner(x);
+        # each reset drops every entry, so all three graphs compile again on every call
+        assert cnt.frame_count == 3 * (i + 1)
     assert not _C.hook_installed() and _C.get_callback() is None
 
 
@@ -952,6 +1011,9 @@ def test_thread_started_inside_an_optimized_call_is_not_hooked():
     torch.testing.assert_close(g(x), (x - 1) * 2)
     torch.testing.assert_close(out["value"], x - 1)
     assert seen["callback"] is None
-    assert entries(thread_body) == []
-    # compiled once, by the calling thread only
-    assert cnt.frame_count == 1 and len(compiled_entries(spawned_work)) == 1
+    assert entries(thread_body) == [] and _C.code_flags(thread_body.__code__) == (0, 0)
+    # compiled once, by the calling thread only: region breaks at the Thread calls, and
+    # spawned_work is inlined into its last resume function
+    assert entries(spawned_work) == [] and _C.code_flags(spawned_work.__code__) == (0, 0)
+    assert cnt.frame_count == 1 and len(compiled_entries(region)) == 1
+    assert not _C.hook_installed() and _C.get_callback() is None

@@ -11,7 +11,9 @@ import gc
 import io
 import linecache
 import sys
+import threading
 import tracemalloc
+import types
 import warnings
 import weakref
 
@@ -182,44 +184,109 @@ def test_closure_calls_keep_refcounts():
 
 
 # --------------------------------------------------------------------------- fall-backs
+# 'with' over a lock cannot be traced, and a frame cannot break its graph there: the
+# frame runs entirely in CPython, from a fallback entry.  (print() and .item() only break
+# the graph now: the frame gets a compiled entry that continues in resume functions.)
+CPYTHON_ONLY = threading.RLock()
+
+
+def resume_codes(code):
+    """The resume functions reachable from code's compiled entries (recursively)."""
+    found, todo = [], [code]
+    while todo:
+        for entry in _C.entries(todo.pop()):
+            if entry.code is None:
+                continue
+            for const in entry.code.co_consts:
+                if isinstance(const, types.FunctionType):
+                    const = const.__code__
+                if isinstance(const, types.CodeType) and "<resume at line" in const.co_qualname \
+                        and const not in found:
+                    found.append(const)
+                    todo.append(const)
+    return found
+
+
 def prints_shape(x):
-    with contextlib.redirect_stdout(io.StringIO()) as buf:
+    with contextlib.redirect_stdout(io.StringIO()) as buf:   # graph breaks, then CPython
         print(x.shape)
     return x + len(buf.getvalue())
 
 
 def uses_item(x):
-    return x * x.sum().item()
+    return x * x.sum().item()         # a graph break at .item()
 
 
 def calls_helper(x):
-    print(end="")                     # unsupported: runs in CPython
+    with CPYTHON_ONLY:                # calls_helper runs in CPython ...
+        pass
     return add_one(x) * 2             # ... and add_one is compiled
 
 
-@pytest.mark.parametrize("fn", [prints_shape, uses_item, calls_helper],
-                         ids=["print", "item", "nested"])
+def breaks_then_helper(x):
+    print(end="")                     # a graph break ...
+    return add_one(x) * 2             # ... add_one is inlined into the resume function
+
+
+FALLBACK_FNS = [prints_shape, uses_item, calls_helper, breaks_then_helper]
+FALLBACK_IDS = ["print", "item", "nested", "break"]
+
+
+@pytest.mark.parametrize("fn", FALLBACK_FNS, ids=FALLBACK_IDS)
 def test_fallback_calls_keep_refcounts(fn):
     frametrace.reset()
     g = frametrace.optimize("eager")(fn)
     x = torch.ones(4)
     expected = fn(x)
-    torch.testing.assert_close(g(x), expected)
-    entries = _C.entries(fn.__code__)
-    assert len(entries) == 1 and entries[0].code is None      # runs in CPython, guarded
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # see test_graph_break_calls_do_not_retrace
+        torch.testing.assert_close(g(x), expected)
+        entries = _C.entries(fn.__code__)
+        assert len(entries) == 1
+        if fn is calls_helper:
+            assert entries[0].code is None       # runs in CPython, guarded
+        else:
+            assert entries[0].code is not None   # compiled up to a graph break
 
-    def run(n):
-        for _ in range(n):
-            g(x)
+        def run(n):
+            for _ in range(n):
+                g(x)
 
-    growth = measure(run, 10_000, warmup=500,
-                     refs=lambda: refcounts(x=x, code=fn.__code__, func=fn,
-                                            callback=g.callback))
+        growth = measure(run, 10_000, warmup=500,
+                         refs=lambda: refcounts(x=x, code=fn.__code__, func=fn,
+                                                callback=g.callback))
     assert_flat(growth, HIT_BYTES)
     assert len(_C.entries(fn.__code__)) == 1
     torch.testing.assert_close(g(x), expected)
     if fn is calls_helper:
         assert len(compiled_entries(add_one.__code__)) == 1
+    if fn is breaks_then_helper:
+        assert _C.entries(add_one.__code__) == []
+        assert [len(compiled_entries(c)) for c in resume_codes(fn.__code__)] == [1]
+
+
+@pytest.mark.parametrize("fn", [
+    prints_shape,
+    *FALLBACK_FNS[1:]], ids=FALLBACK_IDS)
+def test_graph_break_calls_do_not_retrace(fn):
+    """After the first call, calls through graph breaks and fall-backs trace nothing."""
+    frametrace.reset()
+    g = frametrace.optimize("eager")(fn)
+    x = torch.ones(4)
+    expected = fn(x)
+    records = []
+    convert.record_observers.append(records.append)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")       # the cache-limit warning fails here
+            torch.testing.assert_close(g(x), expected)
+            first = len(records)
+            for _ in range(50):
+                torch.testing.assert_close(g(x), expected)
+    finally:
+        convert.record_observers.remove(records.append)
+    assert first >= 1
+    assert [(r.code.co_qualname, r.outcome) for r in records[first:]] == []
 
 
 def test_cache_limit_misses_keep_refcounts():

@@ -3,6 +3,7 @@ fullgraph=True a frametrace.Unsupported naming the operation, the file and the l
 import io
 import logging
 import os
+import threading
 from contextlib import redirect_stdout
 
 import pytest
@@ -39,24 +40,50 @@ def _line(marker):
     raise AssertionError(marker)
 
 
-@pytest.mark.parametrize("fn, marker, what", [
-    (prints, "LINE_PRINT", "print"),
-    (item, "LINE_ITEM", "item"),
-    (branch, "LINE_BRANCH", "data-dependent"),
+# 'with' over a lock cannot be traced, and a frame cannot break its graph at a 'with':
+# the whole frame runs in CPython.  The others break the graph there and go on.
+LOCK = threading.RLock()
+
+
+def locked(x):
+    with LOCK:                                     # LINE_WITH
+        pass
+    return x + 1
+
+
+@pytest.mark.parametrize("fn, marker, what, graphs, logger, message", [
+    (prints, "LINE_PRINT", "print", 1, "frametrace.graph_breaks", "graph break in prints"),
+    (item, "LINE_ITEM", "Tensor.item()", 1, "frametrace.graph_breaks", "graph break in item"),
+    (branch, "LINE_BRANCH", "data-dependent", 2, "frametrace.graph_breaks",
+     "graph break in branch"),
+    (locked, "LINE_WITH", "'with'", 0, "frametrace", "running locked in CPython"),
 ])
-def test_fallback_is_correct_and_logged(cnt, caplog, fn, marker, what):
+def test_fallback_is_correct_and_logged(cnt, caplog, monkeypatch, fn, marker, what, graphs,
+                                        logger, message):
+    """Right results, the graphs around the untraceable code (none for a frame that runs
+    in CPython), and one log naming the operation, the file and the line."""
+    # logs.configure() (FRAMETRACE_LOGS) may have given the logger its own level and handler
+    monkeypatch.setattr(logging.getLogger(logger), "propagate", True)
+    caplog.set_level(logging.INFO, logger=logger)
     g = compile_with(cnt, fn)
     x = torch.randn(3).abs()
-    with caplog.at_level(logging.INFO, logger="frametrace"), redirect_stdout(io.StringIO()):
+    with caplog.at_level(logging.INFO, logger="frametrace"), redirect_stdout(io.StringIO()) as out:
         got = g(x)
         again = g(x)
         expected = fn(x)
     assert got == expected if not isinstance(expected, torch.Tensor) else torch.equal(got, expected)
     assert again == expected if not isinstance(expected, torch.Tensor) else torch.equal(again, expected)
-    assert cnt.frame_count == 0
-    logs = [r.getMessage() for r in caplog.records if "running" in r.getMessage()]
-    assert len(logs) == 1, logs                    # the failure is cached: traced once
+    assert out.getvalue() == ("value\n" * 3 if fn is prints else "")
+    assert cnt.frame_count == graphs
+    logs = [r.getMessage() for r in caplog.records
+            if r.name == logger and message in r.getMessage()]
+    assert logs, [r.getMessage() for r in caplog.records]
     assert what in logs[0] and f"{THIS_FILE}\", line {_line(marker)}" in logs[0]
+    # Everything was traced by the first call: the second one logged nothing new.
+    n = len(caplog.records)
+    with caplog.at_level(logging.INFO, logger="frametrace"), redirect_stdout(io.StringIO()):
+        g(x)
+    assert len(caplog.records) == n and cnt.frame_count == graphs
 
 
 @pytest.mark.parametrize("fn, marker, what", [
@@ -82,7 +109,8 @@ def test_fallback_entry_is_guarded(cnt):
     """A frame that failed to trace for one input still compiles for another."""
     def f(x, debug):
         if debug:
-            print("debug", end="")
+            with LOCK:                             # f runs in CPython
+                print("debug", end="")
         return x * 2
     g = compile_with(cnt, f)
     x = torch.randn(3)

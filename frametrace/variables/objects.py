@@ -109,7 +109,10 @@ class TorchFnVar(ObjectVar):
             return GradModeSetVar().call(tx, args, kwargs)
         if fn in _GLOBAL_STATE_READERS:
             value = fn()
-            tx.guards.global_state(fn.__name__, fn, value)
+            if fn is not torch.is_grad_enabled:
+                # Grad mode is guarded at frame entry, and changes inside the frame are
+                # traced; the others can only change outside it.
+                tx.guards.global_state(fn.__name__, fn, value)
             return ConstVar(value)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
