@@ -6,6 +6,7 @@ The check takes the frame's argument slots positionally (named as in the frame),
 """
 from __future__ import annotations
 
+import enum
 import types
 import weakref
 
@@ -76,7 +77,8 @@ class GuardSet:
 
     def equals(self, source, value):
         e = source.guard_expr()
-        if value is None or type(value) is bool or value is Ellipsis or isinstance(value, torch.dtype):
+        if value is None or type(value) is bool or value is Ellipsis or \
+                isinstance(value, (torch.dtype, enum.Enum)):
             self._add(source, "EQ", f"{e} is {self.const(value)}", f"{source.name()} is {value!r}")
             return
         t = self.const(type(value))

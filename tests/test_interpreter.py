@@ -203,3 +203,22 @@ def test_operator_module_and_math(cnt):
     def f(x):
         return operator.mul(x, math.pi) + math.floor(2.7)
     check(cnt, f, torch.randn(3))
+
+
+def test_enum_members_are_constants(cnt):
+    import enum
+
+    class Mode(str, enum.Enum):
+        FAST = "fast"
+        SLOW = "slow"
+
+    def f(x, mode):
+        if mode == Mode.FAST and mode is Mode.FAST:
+            return x * 2
+        return x - 1
+    g = compile_with(cnt, f, fullgraph=True)
+    x = torch.randn(2)
+    torch.testing.assert_close(g(x, Mode.FAST), x * 2)
+    torch.testing.assert_close(g(x, Mode.SLOW), x - 1)
+    torch.testing.assert_close(g(x, Mode.FAST), x * 2)
+    assert cnt.frame_count == 2          # one per member, guarded by identity

@@ -2,6 +2,7 @@
 slices, ranges.  Operations on them are folded while tracing."""
 from __future__ import annotations
 
+import enum
 import operator
 
 import torch
@@ -86,8 +87,11 @@ class ConstVar(ValueVar):
 
 
 def is_constant_value(value) -> bool:
-    """Values that ConstVar holds and a guard compares by value."""
+    """Values that ConstVar holds and a guard compares by value (enum members by
+    identity)."""
     if value is None or value is Ellipsis or value is NotImplemented:
+        return True
+    if isinstance(value, enum.Enum):
         return True
     if type(value) in (bool, int, float, complex, str, bytes, torch.dtype, torch.device,
                        torch.Size, slice, range, torch.memory_format, torch.layout):
