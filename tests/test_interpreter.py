@@ -222,3 +222,19 @@ def test_enum_members_are_constants(cnt):
     torch.testing.assert_close(g(x, Mode.SLOW), x - 1)
     torch.testing.assert_close(g(x, Mode.FAST), x * 2)
     assert cnt.frame_count == 2          # one per member, guarded by identity
+
+
+def test_nullcontext(cnt):
+    import contextlib
+
+    def f(x, use):
+        ctx = torch.no_grad() if use else contextlib.nullcontext()
+        with ctx:
+            y = x * 2
+        with contextlib.nullcontext(y) as z:
+            return z + 1
+    x = torch.randn(2, requires_grad=True)
+    g = compile_with(cnt, f, fullgraph=True)
+    torch.testing.assert_close(g(x, False), f(x, False))
+    assert g(x, False).requires_grad and not g(x, True).requires_grad
+    assert cnt.frame_count == 2

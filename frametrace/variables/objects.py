@@ -366,9 +366,32 @@ def _grad_mode_class(tx, cls, args, kwargs):
     return None
 
 
+class NullContextVar(Var):
+    """contextlib.nullcontext(value): `with` gives value and does nothing else."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        super().__init__(None)
+        self.value = value
+
+    def enter(self, tx):
+        return self.value
+
+    def exit(self, tx):
+        pass
+
+
+def no_op_exit(*exc):
+    """Stands for nullcontext's __exit__ when a graph break falls inside its block."""
+    return False
+
+
 def _construct(tx, cls, args, kwargs):
     """Calling a class while tracing."""
+    import contextlib
     import dataclasses
+    if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
+        return NullContextVar(args[0] if args else ConstVar(None))
     made = _grad_mode_class(tx, cls, args, kwargs)
     if made is not None:
         return made
