@@ -64,7 +64,6 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     `layout` ("v": a value passed in; "r": a value the breaking instruction produced;
     "i": a list passed in and iterated again; "n": a NULL)."""
     names = _stack_names(layout)
-    n_stack = len(names)
     key = (code, offset, layout, local_names, opaque)
     hit = _cache.get(key)
     if hit is not None:

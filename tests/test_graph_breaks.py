@@ -8,7 +8,6 @@ a silent whole-frame fall-back nor a retrace on every call can pass.
 """
 import contextlib
 import io
-import types
 
 import pytest
 import torch
@@ -39,19 +38,7 @@ def fallback_entries(fn):
 def resume_codes(fn):
     """The resume functions reachable from fn's compiled entries (recursively): the
     code objects the transformed code calls after a graph break."""
-    found, todo = [], [code_of(fn)]
-    while todo:
-        for entry in _C.entries(todo.pop()):
-            if entry.code is None:
-                continue
-            for const in entry.code.co_consts:
-                if isinstance(const, types.FunctionType):
-                    const = const.__code__
-                if isinstance(const, types.CodeType) and "<resume at line" in const.co_qualname \
-                        and const not in found:
-                    found.append(const)
-                    todo.append(const)
-    return found
+    return frametrace.testing.resume_codes(code_of(fn))
 
 
 @pytest.fixture
@@ -557,3 +544,38 @@ def test_grad_mode_read_inside_no_grad_does_not_recompile():
         out, flag = g(torch.ones(2))
         assert flag is False
     assert cnt.frame_count == 1
+
+
+def test_break_on_numpy_call():
+    np = pytest.importorskip("numpy")
+
+    def f(x):
+        y = x * 2
+        a = np.ones(3).sum()              # a C function without tensor semantics
+        return y + float(a)
+    g, cnt = compile_counted(f)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), f(x))
+    # x * 2 compiles; numpy, float() and the add of CPython data run in CPython
+    assert cnt.frame_count == 1 and cnt.op_count == 1
+    assert len(compiled_entries(f)) == 1
+
+
+def test_break_inside_while_loop():
+    def w(x, n):
+        i = 0
+        while i < n:
+            x = x + 1
+            if x.sum() > 100:             # data-dependent: breaks each iteration
+                break
+            i += 1
+        return x * 2
+    g, cnt = compile_counted(w)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(g(x, 3), w(x, 3))
+    frames = cnt.frame_count
+    assert frames >= 2
+    torch.testing.assert_close(g(x + 1000, 3), w(x + 1000, 3))    # the other branch
+    torch.testing.assert_close(g(x, 3), w(x, 3))

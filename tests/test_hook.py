@@ -14,7 +14,6 @@ import os
 import sys
 import sysconfig
 import threading
-import types
 import warnings
 
 import pytest
@@ -52,19 +51,7 @@ def compiled_names(globals_dict):
 def resume_codes(fn):
     """The resume functions reachable from fn's compiled entries (recursively): the code
     objects its transformed code continues in after a graph break."""
-    found, todo = [], [getattr(fn, "__code__", fn)]
-    while todo:
-        for entry in _C.entries(todo.pop()):
-            if entry.code is None:
-                continue
-            for const in entry.code.co_consts:
-                if isinstance(const, types.FunctionType):
-                    const = const.__code__
-                if isinstance(const, types.CodeType) and "<resume at line" in const.co_qualname \
-                        and const not in found:
-                    found.append(const)
-                    todo.append(const)
-    return found
+    return frametrace.testing.resume_codes(getattr(fn, "__code__", fn))
 
 
 # 'with' over a lock cannot be traced, and a frame cannot break its graph at the 'with'
