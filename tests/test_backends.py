@@ -5,7 +5,6 @@ import torch
 
 import frametrace
 
-from conftest import compile_with
 
 
 def f(x, w, b):

@@ -3,7 +3,6 @@ values stay right; unchanged calls reuse the cache."""
 import logging
 import warnings
 
-import pytest
 import torch
 
 import frametrace

@@ -3,11 +3,9 @@
 import math
 import operator
 
-import pytest
 import torch
 import torch.nn.functional as F
 
-import frametrace
 
 from conftest import compile_with
 

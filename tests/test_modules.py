@@ -1,6 +1,5 @@
 """nn.Module targets: the wrapper, parameters and buffers as graph inputs, guards on the
 module, and state passing through."""
-import pytest
 import torch
 import torch.nn.functional as F
 

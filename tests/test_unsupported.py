@@ -151,8 +151,6 @@ def test_user_errors_surface_unchanged(cnt):
 
 
 def test_internal_error_falls_back(cnt, caplog, monkeypatch):
-    from frametrace.interpreter import InstructionTranslator
-
     def boom(self, inst):
         raise KeyError("simulated tracer bug")
     monkeypatch.setitem(frametrace.interpreter._DISPATCH, "BINARY_OP", boom)
