@@ -207,7 +207,8 @@ def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
     tracer = InstructionTranslator(code, func, args, output, guards)
     try:
         result = tracer.run()
-        new_code = _finish(code, func, tracer, output, guards, result, backend, record)
+        new_code = _finish(code, func, tracer, output, guards, result, backend, record,
+                           entry_grad=entry_grad)
     except Unsupported as e:
         if not e.user_stack:
             e.user_stack = [tracer.user_location()]
@@ -228,7 +229,8 @@ def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
             try:
                 tracer.run()
                 new_code = _finish(code, func, tracer, output, guards, None, backend, record,
-                                   break_at=tracer.instructions[e.break_index])
+                                   break_at=tracer.instructions[e.break_index],
+                                   entry_grad=entry_grad)
                 record.outcome = "break"
                 break_log.info("graph break in %s: %s%s", code.co_name, e.reason,
                                format_user_stack(e.user_stack))
@@ -277,10 +279,12 @@ def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
     return (check, new_code)
 
 
-def _finish(code, func, tracer, output, guards, result, backend, record, break_at=None):
+def _finish(code, func, tracer, output, guards, result, backend, record, break_at=None,
+            entry_grad=True):
     """Compile the graph and build the transformed code: it returns `result`, or at a
     graph break runs `break_at` in CPython and continues in a resume function."""
     output.prune_unused_inputs()
+    _guard_aliasing(output, guards, tracer.side_effects)
     out_nodes = []
     live = [result] if break_at is None else _live_at_break(tracer)
     for v in live:
@@ -294,16 +298,32 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         name = f"__compiled_fn_{next(_fn_ids)}"
         names = cg.call_graph(name, [i.source for i in output.inputs], len(out_nodes))
         cg.tensor_locals = dict(zip(out_nodes, names))
-    side_effects.reconstruct(cg, set(code.co_freevars))
+    # What the frame returns, or hands over at a break, is computed before the side
+    # effects are replayed: CPython computed it before them too.
     if break_at is None:
         result.reconstruct(cg)
+        cg.emit("STORE_FAST", "___return_value")
+    else:
+        plan = resume.prepare_break(cg, tracer, break_at)
+    side_effects.reconstruct(cg, set(code.co_freevars))
+    if break_at is None:
+        if torch.is_grad_enabled() != entry_grad:
+            # set_grad_enabled(mode) called as a function: the mode outlives the frame,
+            # whatever the backend did with the graph's grad-mode nodes.
+            cg.call_const(torch._C._set_grad_enabled,
+                          [lambda cg: cg.load_const(torch.is_grad_enabled())])
+            cg.emit("POP_TOP")
+        cg.emit("LOAD_FAST", "___return_value")
         cg.emit("RETURN_VALUE")
     else:
-        resume.emit_break(cg, tracer, break_at, func)
+        resume.emit_break(cg, tracer, break_at, func, plan)
     new_code = cg.assemble()
     # Only now, when the frame can be rebuilt, is the graph handed to the backend.
     if name is not None:
-        gm, compiled, seconds = output.compile(backend, out_nodes, name)
+        # The backend sees the grad mode the graph starts in at run time (AOTAutograd
+        # decides between training and inference graphs by it).
+        with torch.set_grad_enabled(entry_grad):
+            gm, compiled, seconds = output.compile(backend, out_nodes, name)
         record.graph_module = gm
         record.op_count = output.op_count()
         record.backend_seconds = seconds
@@ -318,6 +338,41 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         _installed_globals.append((func.__globals__, name))
         graph_modules[name] = gm
     return new_code
+
+
+_MAX_ALIAS_GUARDS = 32
+
+
+def _guard_aliasing(output, guards, side_effects):
+    """A trace assumes its inputs are the distinct objects it saw.  That matters when
+    something is mutated: guard tensor inputs apart when the graph mutates, and the
+    mutated lists and dicts apart from the other containers."""
+    if _graph_mutates(output.graph):
+        sources = [i.source for i in output.inputs][:_MAX_ALIAS_GUARDS]
+        for i, a in enumerate(sources):
+            for b in sources[i + 1:]:
+                guards.distinct_tensors(a, b)
+    if side_effects.has_container_mutations():
+        containers = [var.source for _, var in output.object_vars.values()
+                      if isinstance(var, (ListVar, DictVar)) and var.source is not None]
+        containers = containers[:_MAX_ALIAS_GUARDS]
+        for i, a in enumerate(containers):
+            for b in containers[i + 1:]:
+                guards.distinct_objects(a, b)
+
+
+def _graph_mutates(graph) -> bool:
+    import operator
+    for node in graph.nodes:
+        if node.op == "call_method" and node.target.endswith("_") and not node.target.startswith("__"):
+            return True
+        if node.op == "call_function":
+            name = getattr(node.target, "__name__", "")
+            if node.target is operator.setitem or "out" in node.kwargs or \
+                    (name.endswith("_") and not name.endswith("__")) or \
+                    (node.target.__module__ == "_operator" and name.startswith("i") and name != "index"):
+                return True
+    return False
 
 
 def _live_at_break(tracer):

@@ -7,6 +7,7 @@ The check takes the frame's argument slots positionally (named as in the frame),
 from __future__ import annotations
 
 import enum
+import math
 import types
 import weakref
 
@@ -84,6 +85,10 @@ class GuardSet:
         t = self.const(type(value))
         if isinstance(value, float) and value != value:
             expr = f"___type({e}) is {t} and {e} != {e}"
+        elif isinstance(value, float) and value == 0.0:
+            # 0.0 == -0.0, but 1 / x tells them apart.
+            expr = (f"___type({e}) is {t} and {e} == 0.0 and "
+                    f"{self.const(math.copysign)}(1.0, {e}) == {math.copysign(1.0, value)}")
         else:
             expr = f"___type({e}) is {t} and {e} == {self.const(value)}"
         self._add(source, "EQ", expr, f"{source.name()} == {value!r}")
@@ -120,6 +125,11 @@ class GuardSet:
                   f"{list(shape)} stride={list(stride)} device={t.device} "
                   f"requires_grad={t.requires_grad}")
 
+    def not_shadowed(self, globals_expr: str, globals_label: str, name: str):
+        """A builtin was read: the module still defines no global of that name."""
+        self._add(None, f"NOT_GLOBAL {globals_label}.{name}", f"{name!r} not in {globals_expr}",
+                  f"{name!r} is not a global of {globals_label} (the builtin is used)")
+
     def no_hooks(self, source, module):
         """The module still has no hooks of its own (they would change its call)."""
         e = source.guard_expr()
@@ -134,6 +144,19 @@ class GuardSet:
                   f"(___tuple({e}._forward_pre_hooks), ___tuple({e}._forward_hooks)) == "
                   f"{self.const(keys)} and not ({e}._backward_hooks or {e}._backward_pre_hooks)",
                   f"{source.name()} has hooks {keys}")
+
+    def distinct_tensors(self, a: Source, b: Source):
+        """Two tensor inputs do not share memory (the graph mutates inputs, and was
+        traced with them apart)."""
+        ea, eb = a.guard_expr(), b.guard_expr()
+        sa, sb = f"{ea}.untyped_storage().data_ptr()", f"{eb}.untyped_storage().data_ptr()"
+        self._add(None, f"NO_ALIAS {a.name()} {b.name()}",
+                  f"{ea} is not {eb} and ({sa} != {sb} or {sa} == 0)",
+                  f"{a.name()} and {b.name()} do not share memory")
+
+    def distinct_objects(self, a: Source, b: Source):
+        self._add(None, f"DISTINCT {a.name()} {b.name()}",
+                  f"{a.guard_expr()} is not {b.guard_expr()}", f"{a.name()} is not {b.name()}")
 
     def same_object(self, source, other: Source):
         self._add(source, "ALIAS", f"{source.guard_expr()} is {other.guard_expr()}",
@@ -165,7 +188,7 @@ class GuardSet:
             bool(code.co_flags & 0x08)
         params = [guard_local_name(n) for n in code.co_varnames[:nargs]] + ["___func"]
         exprs = [g.expr for g in self.guards.values()]
-        uses_globals = any("___G[" in x for x in exprs)
+        uses_globals = any("___G" in x for x in exprs)
         uses_builtins = any("___B[" in x for x in exprs)
         if uses_globals:
             exprs.insert(0, "___func.__globals__ is ___G")

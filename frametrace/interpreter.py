@@ -264,7 +264,13 @@ class InstructionTranslator:
         elif name in self.f_globals:
             self.push(wrap(self, self.f_globals[name], self._global_source(name)))
         elif name in self.f_builtins:
-            # Builtins are not guarded: shadowing one mid-program is not supported.
+            # The builtin itself is not guarded, but that no global shadows it is.
+            if self.f_globals is self.root.f_globals:
+                self.guards.not_shadowed("___G", "globals()", name)
+            else:
+                anchor = ConstSource(self.f_globals, f"{self.f_globals.get('__name__', '?')}.globals()")
+                self.guards.not_shadowed(anchor.guard_expr(), anchor.label, name)
+                self.guards.constants[anchor.guard_expr()] = anchor.obj
             self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False))
         else:
             unsupported(f"name {name!r} is not defined")

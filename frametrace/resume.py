@@ -189,42 +189,89 @@ def can_break_at(inst) -> bool:
     return _consumed(inst) is not None
 
 
-def emit_break(cg, tracer, inst, func):
-    """After the graph call and side effects: rebuild the stack and locals as the
-    original frame has them before `inst`, run `inst` in CPython, and return what the
-    resume function(s) return."""
+class _BreakPlan:
+    """What the transformed code keeps in temporaries at a break (computed before side
+    effects are replayed, as CPython had computed them before the breaking instruction)."""
+    __slots__ = ("lower", "top", "layout", "bound", "locals_to_store", "cells_to_store", "temps")
+
+
+def prepare_break(cg, tracer, inst) -> _BreakPlan:
+    """Right after the graph call: every value the break hands to CPython goes into a
+    temporary (stack values, changed locals and cells)."""
+    from .interpreter import _Lazy
     from .variables.base import NULL
+    from .variables.containers import IteratorVar
     code = tracer.code
     stack = list(tracer.stack)
     consumed = _consumed(inst)
-    lower, top = stack[:len(stack) - consumed], stack[len(stack) - consumed:]
-    from .variables.containers import IteratorVar
+    plan = _BreakPlan()
+    plan.lower, plan.top = stack[:len(stack) - consumed], stack[len(stack) - consumed:]
     # Per lower stack slot: "v" a value, "n" a NULL, "i" an iterator passed as the list of
     # what it has left (so the resume frame can guard and trace its items).
-    layout = tuple("n" if v is NULL else "i" if isinstance(v, IteratorVar) else "v" for v in lower)
+    plan.layout = tuple("n" if v is NULL else "i" if isinstance(v, IteratorVar) else "v"
+                        for v in plan.lower)
     cells = set(code.co_cellvars) | set(code.co_freevars)
     # A resume frame's ___stackN parameters are dead once its prologue pushed them.
-    bound = [n for n in code.co_varnames if n in tracer.locals and n not in cells
-             and not n.startswith(("___stack", "___result"))]
-
+    plan.bound = [n for n in code.co_varnames if n in tracer.locals and n not in cells
+                  and not n.startswith(("___stack", "___result"))]
     # Locals changed by the trace are stored back; untouched arguments are still there.
-    from .interpreter import _Lazy
-    for name in bound:
-        v = tracer.locals[name]
-        if type(v) is _Lazy or (v.source is not None and getattr(v.source, "local", None) == name):
-            continue
-        v.reconstruct(cg)
-        cg.emit("STORE_FAST", name)
-    for name, cell in tracer.cells.items():
-        if cell.value is not None and type(cell.value) is not _Lazy and name in code.co_cellvars:
-            cell.value.reconstruct(cg)
-            cg.emit("STORE_DEREF", CellVar(name))
+    plan.locals_to_store = [
+        n for n in plan.bound
+        if type(tracer.locals[n]) is not _Lazy and not (
+            tracer.locals[n].source is not None and getattr(tracer.locals[n].source, "local", None) == n)]
+    plan.cells_to_store = [n for n, c in tracer.cells.items()
+                           if c.value is not None and type(c.value) is not _Lazy and n in code.co_cellvars]
+    plan.temps = {}
 
-    for v in top:
+    def keep(key, emit_value):
+        emit_value()
+        name = f"___break_{len(plan.temps)}"
+        cg.emit("STORE_FAST", name)
+        plan.temps[key] = name
+
+    for i, v in enumerate(plan.lower):
+        if isinstance(v, IteratorVar):
+            def build(v=v):
+                for item in v.items[v.index:]:
+                    item.reconstruct(cg)
+                cg.build(list, len(v.items) - v.index)
+            keep(("lower", i), build)
+        elif v is not NULL:
+            keep(("lower", i), lambda v=v: v.reconstruct(cg))
+    for i, v in enumerate(plan.top):
+        if v is not NULL:
+            keep(("top", i), lambda v=v: v.reconstruct(cg))
+    for n in plan.locals_to_store:
+        keep(("local", n), lambda n=n: tracer.locals[n].reconstruct(cg))
+    for n in plan.cells_to_store:
+        keep(("cell", n), lambda n=n: tracer.cells[n].value.reconstruct(cg))
+    return plan
+
+
+def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
+    """After the graph call and side effects: set grad mode as the trace had it, store
+    the changed locals, push the stack as the original frame has it before `inst`, run
+    `inst` in CPython, and return what the resume function(s) return."""
+    import torch
+
+    from .interpreter import OpaqueVar
+    from .variables.base import NULL
+    code = tracer.code
+    # The graph's grad-mode nodes may not survive the backend (AOTAutograd drops
+    # them): set the mode the code after the break expects, explicitly.
+    cg.call_const(torch._C._set_grad_enabled, [lambda cg: cg.load_const(torch.is_grad_enabled())])
+    cg.emit("POP_TOP")
+    for n in plan.locals_to_store:
+        cg.emit("LOAD_FAST", plan.temps[("local", n)])
+        cg.emit("STORE_FAST", n)
+    for n in plan.cells_to_store:
+        cg.emit("LOAD_FAST", plan.temps[("cell", n)])
+        cg.emit("STORE_DEREF", CellVar(n))
+    for i, v in enumerate(plan.top):
         if v is NULL:
             cg.emit("PUSH_NULL")
         else:
-            v.reconstruct(cg)
+            cg.emit("LOAD_FAST", plan.temps[("top", i)])
     if tracer.kw_names:
         cg.emit("KW_NAMES", tracer.kw_names)
     _, by_offset = abstract_instructions(code)
@@ -234,34 +281,27 @@ def emit_break(cg, tracer, inst, func):
     jump_label = Label() if inst.opname.startswith("POP_JUMP") else None
     cg.instrs.append(Instr(original.name, jump_label if jump_label is not None else original.arg,
                            lineno=cg.lineno))
-
-    from .interpreter import OpaqueVar
-    opaque = frozenset(n for n in bound if isinstance(tracer.locals[n], OpaqueVar))
+    opaque = frozenset(n for n in plan.bound if isinstance(tracer.locals[n], OpaqueVar))
 
     def continue_at(offset, produced):
-        temps = [f"___result_{i}" for i in range(produced)]
-        for t in reversed(temps):
+        results = [f"___result_{i}" for i in range(produced)]
+        for t in reversed(results):
             cg.emit("STORE_FAST", t)
         original, original_offset = original_position(code, offset)
-        resume = resume_code(original, original_offset, layout + ("r",) * produced, tuple(bound),
-                             opaque)
+        resume = resume_code(original, original_offset, plan.layout + ("r",) * produced,
+                             tuple(plan.bound), opaque)
         cg.emit("PUSH_NULL")
         _load_function(cg, resume, func, code)
         n = 0
-        for v in lower:
-            if isinstance(v, IteratorVar):
-                for item in v.items[v.index:]:
-                    item.reconstruct(cg)
-                cg.build(list, len(v.items) - v.index)
+        for i, v in enumerate(plan.lower):
+            if v is not NULL:
+                cg.emit("LOAD_FAST", plan.temps[("lower", i)])
                 n += 1
-            elif v is not NULL:
-                v.reconstruct(cg)
-                n += 1
-        for t in temps:
+        for t in results:
             cg.emit("LOAD_FAST", t)
-        for name in bound:
+        for name in plan.bound:
             cg.emit("LOAD_FAST", name)
-        cg.call(n + produced + len(bound))
+        cg.call(n + produced + len(plan.bound))
         cg.emit("RETURN_VALUE")
 
     index = tracer.index_of[inst.offset]

@@ -60,7 +60,10 @@ class SideEffects:
         """A list or dict from outside is about to change: its final contents are
         written back after the graph."""
         if var.source in self.fresh_locals:
-            return      # the frame's own *args / **kwargs: made anew by every call
+            # The frame's own *args / **kwargs: made anew by every call, nothing to
+            # write back; from now on it is a container of the trace, rebuilt if needed.
+            var.source = None
+            return
         key = ("container", id(real_obj))
         if key not in self._containers:
             self._containers[key] = var
@@ -80,20 +83,48 @@ class SideEffects:
             else:
                 yield self._containers[key]
 
+    def has_container_mutations(self) -> bool:
+        return bool(self._containers)
+
     def __bool__(self):
         return bool(self._order)
 
     def reconstruct(self, cg, root_cells: set[str]):
+        """Replay in two phases: every new value first (they may be read from what the
+        stores change, as in `a, b = b, a`), then every store, in program order."""
+        temps, owners = [], {}
+
+        def keep(emit):
+            emit()
+            name = f"___effect_{len(temps) + len(owners)}"
+            cg.emit("STORE_FAST", name)
+            return name
+
         for key in self._order:
             kind = key[0]
             if kind == "attr":
-                owner, name, value = self._attrs[key]
-                value.reconstruct(cg)
-                owner.source.reconstruct(cg)
+                owner = self._attrs[key][0]
+                temps.append(keep(lambda: self._attrs[key][2].reconstruct(cg)))
+                # The object written to is found now too: a store before it may
+                # rebind the path to it (old = o.a; o.a = o.b; old.v = 5).
+                owners[key] = keep(lambda: owner.source.reconstruct(cg))
+            elif kind == "global":
+                temps.append(keep(lambda: self._globals[key][2].reconstruct(cg)))
+            elif kind == "cell":
+                temps.append(keep(lambda: self._cells[key][1].reconstruct(cg)))
+            else:
+                temps.append(keep(lambda: _new_contents(cg, self._containers[key])))
+                owners[key] = keep(lambda: self._containers[key].source.reconstruct(cg))
+        for key, temp in zip(self._order, temps):
+            kind = key[0]
+            if kind == "attr":
+                _, name, _ = self._attrs[key]
+                cg.emit("LOAD_FAST", temp)
+                cg.emit("LOAD_FAST", owners[key])
                 cg.store_attr(name)
             elif kind == "global":
-                f_globals, name, value, is_root = self._globals[key]
-                value.reconstruct(cg)
+                f_globals, name, _, is_root = self._globals[key]
+                cg.emit("LOAD_FAST", temp)
                 if is_root:
                     cg.emit("STORE_GLOBAL", name)
                 else:
@@ -101,41 +132,44 @@ class SideEffects:
                     cg.load_const(name)
                     cg.emit("STORE_SUBSCR")
             elif kind == "cell":
-                cell, value = self._cells[key]
-                value.reconstruct(cg)
+                cell, _ = self._cells[key]
+                cg.emit("LOAD_FAST", temp)
                 if isinstance(cell.source, ClosureSource):
                     cg.emit("STORE_DEREF", FreeVar(cell.source.var))
                 else:
                     cell.source.base.reconstruct(cg)   # the cell object itself
                     cg.store_attr("cell_contents")
             else:
-                var = self._containers[key]
-                _write_back_container(cg, var)
+                _store_contents(cg, owners[key], temp)
 
 
-def _write_back_container(cg, var):
+def _new_contents(cg, var):
+    """Push the final contents of a list or dict from outside (a new list / dict)."""
     from .variables.containers import DictVar, ListVar
     if isinstance(var, ListVar):
-        # lst[:] = [new items]
         for item in var.items:
             item.reconstruct(cg)
         cg.build(list, len(var.items))
-        var.source.reconstruct(cg)
-        cg.load_const(slice(None, None))
-        cg.emit("STORE_SUBSCR")
     elif isinstance(var, DictVar):
-        # The new contents are built before the dict changes: they may be read from it.
-        def new_items(cg=cg):
-            for k, v in var.items.items():
-                cg.load_const(k)
-                v.reconstruct(cg)
-            cg.build(dict, len(var.items))
-        cg.call_const(_replace_dict, [var.source.reconstruct, new_items])
-        cg.emit("POP_TOP")
+        for k, v in var.items.items():
+            cg.load_const(k)
+            v.reconstruct(cg)
+        cg.build(dict, len(var.items))
     else:
         unsupported(f"writing back {var}")
 
 
-def _replace_dict(d, new):
-    d.clear()
-    d.update(new)
+def _store_contents(cg, container: str, temp: str):
+    """Make the outside list or dict (in local `container`) hold the contents kept in
+    `temp`, in place."""
+    cg.call_const(_replace_contents, [lambda cg: cg.emit("LOAD_FAST", container),
+                                      lambda cg: cg.emit("LOAD_FAST", temp)])
+    cg.emit("POP_TOP")
+
+
+def _replace_contents(container, new):
+    if isinstance(container, list):
+        container[:] = new
+    else:
+        container.clear()
+        container.update(new)

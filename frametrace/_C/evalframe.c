@@ -331,22 +331,33 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
     PyObject *result = NULL;
     int failed = 0;
     if (st != NULL) {
-        Py_ssize_t n = PyList_GET_SIZE(st->entries);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            CacheEntry *e = (CacheEntry *)PyList_GET_ITEM(st->entries, i);
+        /* Guards run Python: a garbage collection inside one can drop entries (weak
+         * identity guards) or reset() can drop the whole state.  Hold the list and
+         * the entry being checked; re-read the size on every pass. */
+        PyObject *entries = Py_NewRef(st->entries);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
+            CacheEntry *e = (CacheEntry *)PyList_GET_ITEM(entries, i);
             if (e->callback != cb) {
                 continue;   /* compiled for another optimize() (backend, fullgraph) */
             }
+            Py_INCREF(e);
             PyObject *ok = PyObject_Vectorcall(e->check, argv, nargs + 1, NULL);
             if (ok == NULL) {
+                Py_DECREF(e);
                 failed = 1;
                 break;
             }
             Py_DECREF(ok);
             if (ok == Py_True) {
-                hit = e;
+                hit = e;            /* keeps the reference taken above */
                 break;
             }
+            Py_DECREF(e);
+        }
+        Py_DECREF(entries);
+        st = get_code_state((PyObject *)code, 0);
+        if (st == NULL && PyErr_Occurred()) {
+            failed = 1;
         }
     }
     if (!failed && hit == NULL && !(st != NULL && st->miss_default)) {
@@ -372,11 +383,11 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
                 st = e != NULL ? get_code_state((PyObject *)code, 1) : NULL;
                 if (st == NULL || PyList_Insert(st->entries, 0, (PyObject *)e) < 0) {
                     failed = 1;
+                    Py_XDECREF(e);
                 }
                 else {
-                    hit = e;
+                    hit = e;        /* keeps our reference */
                 }
-                Py_XDECREF(e);
             }
             else if (PyLong_Check(decision)) {
                 long d = PyLong_AsLong(decision);
@@ -404,9 +415,12 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
     }
     else {
         PyObject *fn = entry_function(hit, func);
+        Py_XINCREF(fn);     /* the entry may be dropped while fn runs */
         result = fn != NULL ? PyObject_Vectorcall(fn, argv, nargs, NULL) : NULL;
+        Py_XDECREF(fn);
         drop_unrun_frame(tstate, frame);
     }
+    Py_XDECREF(hit);
     if (argv != small) {
         PyMem_Free(argv);
     }

@@ -120,7 +120,8 @@ def _is_user_instance(value) -> bool:
         return False
     cls = type(value)
     module = getattr(cls, "__module__", "") or ""
-    if module == "builtins" or module.startswith(("torch", "typing", "enum", "_")) or \
+    if module == "builtins" or module.startswith(("torch", "typing", "enum")) or \
+            (module.startswith("_") and module != "__main__") or \
             module.split(".")[0] in sys.stdlib_module_names:
         return False
     return hasattr(value, "__dict__") or hasattr(cls, "__slots__")

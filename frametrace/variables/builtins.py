@@ -669,7 +669,10 @@ def _has_attr(tx, obj, name):
         from .modules import _class_lookup as lookup
         return lookup(obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
-        return hasattr(obj.value, name)
+        found = hasattr(obj.value, name)
+        if obj.source is not None and not isinstance(obj, ConstVar):
+            _guard_hasattr(tx, obj.source, name, found)
+        return found
     if isinstance(obj, TensorVar):
         return hasattr(obj.example, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):

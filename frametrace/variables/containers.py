@@ -46,9 +46,18 @@ class _SequenceVar(CollectionVar):
         unsupported(f"{self.kind.__name__}.{name}")
 
     def reconstruct(self, cg):
+        if self.kind is list:
+            # A list from outside is the same object (its contents are written back);
+            # a new one is built once, however many places refer to it.
+            if self.source is not None:
+                return self.source.reconstruct(cg)
+            if cg.load_rebuilt(self):
+                return
         for v in self.items:
             v.reconstruct(cg)
         cg.build(self.kind, len(self.items))
+        if self.kind is list:
+            cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.items!r})"
@@ -240,10 +249,15 @@ class DictVar(CollectionVar):
         unsupported(f"dict.{name}")
 
     def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
         for k, v in self.items.items():
             cg.load_const(k)
             v.reconstruct(cg)
         cg.build(dict, len(self.items))
+        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"DictVar({self.items!r})"
