@@ -217,7 +217,7 @@ def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
         record.reason = e.reason
         record.user_stack = e.user_stack
         new_code = None
-        if e.break_index is not None and resume.can_break_at(tracer.instructions[e.break_index]):
+        if e.break_index is not None and resume.can_break(code, tracer.instructions[e.break_index]):
             # Trace again up to the instruction that failed, compile that much, and go
             # on in CPython from there (then in a resume function).
             output.close_contexts()

@@ -13,7 +13,7 @@ import sys
 import types
 
 from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVar, Instr,
-                      Label)
+                      Label, TryBegin, TryEnd)
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -189,6 +189,32 @@ def can_break_at(inst) -> bool:
     return _consumed(inst) is not None
 
 
+def exception_cover(code, offset) -> str | None:
+    """What catches an exception raised at `offset`: None (nothing), "with" (only the
+    cleanups of `with` blocks) or "try" (a try statement of the user's)."""
+    import dis
+    instructions = {i.offset: i for i in dis.get_instructions(code)}
+    covered = None
+    for entry in dis._parse_exception_table(code):
+        if not entry.start <= offset < entry.end:
+            continue
+        first = instructions.get(entry.target)
+        after = instructions.get(entry.target + 2)
+        if first is not None and first.opname == "PUSH_EXC_INFO" and after is not None \
+                and after.opname == "WITH_EXCEPT_START":
+            covered = covered or "with"
+        else:
+            return "try"
+    return covered
+
+
+def can_break(code, inst) -> bool:
+    """Whether a frame can break its graph at `inst`: an instruction we know the stack
+    effect of, not inside a try statement (whose handler the transformed code lacks;
+    `with` cleanups it provides)."""
+    return can_break_at(inst) and exception_cover(code, inst.offset) != "try"
+
+
 class _BreakPlan:
     """What the transformed code keeps in temporaries at a break (computed before side
     effects are replayed, as CPython had computed them before the breaking instruction)."""
@@ -267,6 +293,15 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     for n in plan.cells_to_store:
         cg.emit("LOAD_FAST", plan.temps[("cell", n)])
         cg.emit("STORE_DEREF", CellVar(n))
+    # Inside `with` blocks, an exception from the instruction must run their exits, as
+    # the original frame's cleanup handlers would: a handler of our own does that.
+    from .interpreter import _ExitVar
+    exits = [plan.temps[("lower", i)] for i, v in enumerate(plan.lower) if isinstance(v, _ExitVar)]
+    protect = exits and exception_cover(code, inst.offset) == "with"
+    if protect:
+        handler = Label()
+        try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
+        cg.instrs.append(try_begin)
     for i, v in enumerate(plan.top):
         if v is NULL:
             cg.emit("PUSH_NULL")
@@ -281,6 +316,18 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     jump_label = Label() if inst.opname.startswith("POP_JUMP") else None
     cg.instrs.append(Instr(original.name, jump_label if jump_label is not None else original.arg,
                            lineno=cg.lineno))
+    if protect:
+        after = Label()
+        cg.instrs.append(TryEnd(try_begin))
+        cg.emit("JUMP_FORWARD", after)
+        cg.instrs.append(handler)
+        for temp in reversed(exits):           # innermost `with` first
+            cg.emit("PUSH_NULL")
+            cg.emit("LOAD_FAST", temp)
+            cg.call(0)
+            cg.emit("POP_TOP")
+        cg.emit("RERAISE", 0)
+        cg.instrs.append(after)
     opaque = frozenset(n for n in plan.bound if isinstance(tracer.locals[n], OpaqueVar))
 
     def continue_at(offset, produced):
