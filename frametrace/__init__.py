@@ -16,7 +16,11 @@ from .exc import Unsupported
 from .explain import explain
 from .viewer import show
 
-logs.configure()
+try:
+    logs.configure()
+except ValueError as _e:          # a typo in FRAMETRACE_LOGS must not break the import
+    import warnings as _warnings
+    _warnings.warn(str(_e), stacklevel=2)
 
 __all__ = ["explain", "show", "optimize", "disable", "reset", "list_backends", "register_backend", "config",
            "Unsupported", "OptimizedModule", "testing"]

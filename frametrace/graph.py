@@ -184,7 +184,7 @@ def _to_node_arg(v):
     if isinstance(v, TensorVar):
         return v.node
     if isinstance(v, ConstVar):
-        return _const_arg(v.value)
+        return v.value
     if isinstance(v, (TupleVar, ListVar)):
         items = [_to_node_arg(x) for x in v.items]
         return tuple(items) if isinstance(v, TupleVar) else items
@@ -194,10 +194,6 @@ def _to_node_arg(v):
     if isinstance(v, ObjectVar) and isinstance(v.value, (torch.dtype, torch.device)):
         return v.value
     unsupported(f"passing {v} to a torch operation")
-
-
-def _const_arg(value):
-    return value
 
 
 def _to_fake(v):

@@ -230,3 +230,31 @@ def test_gc_inside_guards_does_not_crash():
         torch.testing.assert_close(g(x, h), x + 1)
         del h
         gc.collect()
+
+
+def test_optimized_call_while_compiling_keeps_the_hook_state():
+    from frametrace import _C
+
+    @frametrace.optimize
+    def inner(x):
+        return x * 3
+
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(inner(torch.ones(2)))      # frametrace used from inside a compile
+        return gm.forward
+
+    @frametrace.optimize(backend=backend)
+    def outer(x):
+        return inner(x + 1) + 1
+
+    x = torch.ones(2)
+    for _ in range(2):
+        torch.testing.assert_close(outer(x), (x + 1) * 3 + 1)
+        assert not _C.hook_installed() and _C.get_callback() is None
+    assert calls and all(torch.equal(c, torch.full((2,), 3.0)) for c in calls)
+    # the hook still installs and compiles afterwards
+    cnt = frametrace.testing.CompileCounter()
+    torch.testing.assert_close(frametrace.optimize(backend=cnt)(lambda t: t - 1)(x), x - 1)
+    assert cnt.frame_count == 1

@@ -96,6 +96,11 @@ drop_unrun_frame(PyThreadState *tstate, _PyInterpreterFrame *frame)
 
 /* ---- thread-local callback and hook installation ---- */
 static _Thread_local PyObject *tls_callback = NULL;   /* strong reference */
+/* Depth of regions where this thread's frames run unhooked even with a callback set:
+ * the callback and guards, compiled graphs, frametrace.disable()d functions.  (The
+ * callback itself only changes through swap_callback, which keeps the count of threads
+ * with a callback right.) */
+static _Thread_local int tls_suspended = 0;
 static Py_ssize_t threads_with_callback = 0;          /* under the GIL */
 static Py_ssize_t extra_index = -1;
 
@@ -288,7 +293,7 @@ static PyObject *
 frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
 {
     PyObject *cb = tls_callback;
-    if (cb == NULL || throwflag || frame->owner != FRAME_OWNED_BY_THREAD ||
+    if (cb == NULL || tls_suspended || throwflag || frame->owner != FRAME_OWNED_BY_THREAD ||
         frame->frame_obj != NULL) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
@@ -324,9 +329,10 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
     }
     argv[nargs] = (PyObject *)func;
 
-    /* Guards and the callback run unhooked; `cb` keeps this thread's
-     * reference while tls_callback is cleared. */
-    tls_callback = NULL;
+    /* Guards and the callback run unhooked.  `cb` stays alive: the callback can only
+     * be swapped by a Hooked call, which restores it before returning. */
+    Py_INCREF(cb);
+    tls_suspended++;
     CacheEntry *hit = NULL;
     PyObject *result = NULL;
     int failed = 0;
@@ -405,7 +411,7 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
             Py_XDECREF(decision);
         }
     }
-    tls_callback = cb;
+    tls_suspended--;
 
     if (failed) {
         drop_unrun_frame(tstate, frame);
@@ -421,6 +427,7 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         drop_unrun_frame(tstate, frame);
     }
     Py_XDECREF(hit);
+    Py_DECREF(cb);
     if (argv != small) {
         PyMem_Free(argv);
     }
@@ -442,10 +449,9 @@ typedef struct {
 static PyObject *
 Unhooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    PyObject *cb = tls_callback;
-    tls_callback = NULL;
+    tls_suspended++;
     PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
-    tls_callback = cb;
+    tls_suspended--;
     return r;
 }
 
@@ -454,9 +460,14 @@ Unhooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObjec
 static PyObject *
 Hooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    /* An optimized call inside an unhooked region (a disable()d function, a backend
+     * compiling) is hooked again for its own duration. */
+    int suspended = tls_suspended;
+    tls_suspended = 0;
     PyObject *prev = swap_callback(self->callback);
     PyObject *r = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
     PyObject *mine = swap_callback(prev);
+    tls_suspended = suspended;
     Py_DECREF(prev);
     Py_DECREF(mine);
     return r;
@@ -582,7 +593,8 @@ py_set_callback(PyObject *m, PyObject *cb)
 static PyObject *
 py_get_callback(PyObject *m, PyObject *noargs)
 {
-    return Py_NewRef(tls_callback != NULL ? tls_callback : Py_None);
+    /* The callback in effect: none inside an unhooked region. */
+    return Py_NewRef(tls_callback != NULL && !tls_suspended ? tls_callback : Py_None);
 }
 
 static PyObject *
