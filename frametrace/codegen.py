@@ -51,6 +51,15 @@ class CodeGen:
     def load_deref(self, name):
         self.emit("LOAD_DEREF", FreeVar(name) if name in self.freevars else CellVar(name))
 
+    def load_closure(self, name):
+        if name in self.cellvars:
+            self.emit("LOAD_CLOSURE", CellVar(name))
+        elif name in self.freevars:
+            self.emit("LOAD_CLOSURE", FreeVar(name))
+        else:
+            from .variables import unsupported
+            unsupported(f"closure over {name!r}, which is not a cell of the frame")
+
     def load_global(self, name, push_null=False):
         self.emit("LOAD_GLOBAL", (push_null, name))
 

@@ -288,7 +288,7 @@ class InstructionTranslator:
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
         defaults = self.pop().items if flags & 0x01 else []
         self.push(NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
-                                    code.co_qualname))
+                                    code.co_qualname, in_root=self.parent is None))
 
     # ------------------------------------------------------------ inlining
     def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:

@@ -358,9 +358,6 @@ def test_cell_of_the_frame_live_across_break():
     assert cnt.frame_count == 2 and len(compiled_entries(f)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="gap: a nested function (closure) live across a graph "
-                   "break cannot be rebuilt ('returning NestedFunctionVar from a compiled "
-                   "frame'), so the whole frame falls back to CPython")
 def test_nested_function_live_across_break():
     def f(x):
         k = x * 2

@@ -92,6 +92,13 @@ def _wrap_object(tx, value, source, guards):
             guards.identity(source, value) if guards is not None else None
             return NNModuleVar(value, source)
         return UserObjectVar(value, source)
+    if isinstance(value, types.FunctionType) and value.__closure__ and guards is not None \
+            and is_inlinable(value):
+        # A closure: often a new function object per call of its parent.  Guard its code;
+        # its cells and defaults are read (and guarded) through it.
+        guards.type_match(source, value)
+        guards.identity(AttrSource(source, "__code__"), value.__code__)
+        return UserFunctionVar(value, source)
     if guards is not None:
         guards.identity(source, value)
     if isinstance(value, torch.nn.Module):

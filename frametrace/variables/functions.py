@@ -81,8 +81,13 @@ def bind_arguments(code, name: str, args: list, kwargs: dict, defaults: list, kw
 
 def _real_cells(fn, fn_source):
     cells = []
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        source = AttrSource(ConstSource(cell, f"{fn.__qualname__}.<cell {name}>"), "cell_contents")
+    for i, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
+        if fn_source is not None:
+            # Through the function's own path: a new closure of the same code (made on
+            # every call of its parent) reuses the compiled entry.
+            source = AttrSource(GetItemSource(AttrSource(fn_source, "__closure__"), i), "cell_contents")
+        else:
+            source = AttrSource(ConstSource(cell, f"{fn.__qualname__}.<cell {name}>"), "cell_contents")
         try:
             contents = cell.cell_contents
         except ValueError:
@@ -121,10 +126,12 @@ class UserFunctionVar(Var):
                 return UserFunctionVar(inner).call(tx, args, kwargs)
             finally:
                 ctx.exit(tx)
-        anchor = ConstSource(fn, fn.__qualname__)
-        defaults = [_lazy_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i))
+        anchor = self.source if self.source is not None and fn.__closure__ else \
+            ConstSource(fn, fn.__qualname__)
+        guard = anchor is self.source    # closures are guarded by code, their defaults by value
+        defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i), guard)
                     for i, d in enumerate(fn.__defaults__ or ())]
-        kwdefaults = {k: _lazy_default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k))
+        kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), guard)
                       for k, d in (fn.__kwdefaults__ or {}).items()}
         bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
         return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(fn, self.source),
@@ -144,17 +151,20 @@ class UserFunctionVar(Var):
         return f"UserFunctionVar({self.fn.__qualname__})"
 
 
-def _lazy_default(tx, value, source):
+def _default(tx, value, source, guard):
     from .builder import wrap
-    # Defaults belong to the function object, which is guarded: no guards of their own.
-    return wrap(tx, value, source, guard=False)
+    # Defaults belong to the function object: guarded with it, unless the function is
+    # guarded by its code only (a closure).
+    return wrap(tx, value, source, guard=guard)
 
 
 class NestedFunctionVar(Var):
-    """A function made by MAKE_FUNCTION while tracing (a closure or lambda)."""
-    __slots__ = ("code", "f_globals", "defaults", "kwdefaults", "cells", "qualname")
+    """A function made by MAKE_FUNCTION while tracing (a closure or lambda).
+    `in_root` says it was made by the frame being compiled itself, whose cells the
+    transformed code has, so it can be made again there (at a graph break)."""
+    __slots__ = ("code", "f_globals", "defaults", "kwdefaults", "cells", "qualname", "in_root")
 
-    def __init__(self, code, f_globals, defaults, kwdefaults, cells, qualname):
+    def __init__(self, code, f_globals, defaults, kwdefaults, cells, qualname, in_root=False):
         super().__init__(None)
         self.code = code
         self.f_globals = f_globals
@@ -162,6 +172,32 @@ class NestedFunctionVar(Var):
         self.kwdefaults = kwdefaults
         self.cells = cells
         self.qualname = qualname
+        self.in_root = in_root
+
+    def reconstruct(self, cg):
+        """MAKE_FUNCTION again in the transformed code, over the frame's own cells (the
+        cells' contents are stored back before the code after the break runs)."""
+        if not self.in_root:
+            unsupported(f"function {self.qualname} made inside an inlined call outlives it")
+        flags = 0
+        if self.defaults:
+            for v in self.defaults:
+                v.reconstruct(cg)
+            cg.build(tuple, len(self.defaults))
+            flags |= 0x01
+        if self.kwdefaults:
+            for k, v in self.kwdefaults.items():
+                cg.load_const(k)
+                v.reconstruct(cg)
+            cg.build(dict, len(self.kwdefaults))
+            flags |= 0x02
+        if self.code.co_freevars:
+            for name in self.code.co_freevars:
+                cg.load_closure(name)
+            cg.build(tuple, len(self.code.co_freevars))
+            flags |= 0x08
+        cg.load_const(self.code)
+        cg.emit("MAKE_FUNCTION", flags)
 
     def python_type(self):
         return types.FunctionType
