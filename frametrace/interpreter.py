@@ -699,7 +699,7 @@ class _ExitVar(Var):
         return ConstVar(None)
 
     def reconstruct(self, cg):
-        from .variables.objects import GradModeRestore, GradModeVar, NullContextVar, no_op_exit
+        from .variables.contexts import GradModeRestore, GradModeVar, NullContextVar, no_op_exit
         if isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
             cg.load_const(GradModeRestore(self.ctx.prev))
         elif isinstance(self.ctx, NullContextVar):

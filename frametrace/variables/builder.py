@@ -17,7 +17,8 @@ from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
-from .objects import ContextVarVar, GradModeRestore, GradModeSetVar, ObjectVar, TorchFnVar
+from .contexts import GradModeRestore, GradModeSetVar
+from .objects import ContextVarVar, ObjectVar, TorchFnVar
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 

@@ -119,7 +119,7 @@ class UserFunctionVar(Var):
         grad_decorated = _grad_mode_decorator(fn)
         if grad_decorated is not None:
             mode, inner = grad_decorated
-            from .objects import GradModeVar
+            from .contexts import GradModeVar
             ctx = GradModeVar(mode)
             ctx.enter(tx)
             try:
