@@ -99,6 +99,13 @@ class CodeGen:
         self.emit("PUSH_NULL")
         self.load_const(_C.Unhooked(cls))
 
+    def set_grad_mode(self, mode: bool):
+        """torch._C._set_grad_enabled(mode), explicitly: the graph's grad-mode nodes may
+        not survive the backend (AOTAutograd drops them)."""
+        import torch
+        self.call_const(torch._C._set_grad_enabled, [lambda cg: cg.load_const(mode)])
+        self.emit("POP_TOP")
+
     def load_rebuilt(self, var) -> bool:
         """Push an object already rebuilt by this code (keeps aliasing); False if not."""
         name = self.rebuilt.get(id(var))

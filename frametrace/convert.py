@@ -310,9 +310,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         if torch.is_grad_enabled() != entry_grad:
             # set_grad_enabled(mode) called as a function: the mode outlives the frame,
             # whatever the backend did with the graph's grad-mode nodes.
-            cg.call_const(torch._C._set_grad_enabled,
-                          [lambda cg: cg.load_const(torch.is_grad_enabled())])
-            cg.emit("POP_TOP")
+            cg.set_grad_mode(torch.is_grad_enabled())
         cg.emit("LOAD_FAST", "___return_value")
         cg.emit("RETURN_VALUE")
     else:

@@ -66,14 +66,7 @@ class ExplainOutput:
         parts.append(Panel(summary, title="frametrace.explain", expand=False))
         for i, b in enumerate(self.break_reasons, 1):
             kind = "graph break" if b.graph_break else "frame run in CPython"
-            text = Text()
-            text.append(f"{kind} {i}: ", style="bold red")
-            text.append(b.reason + "\n")
-            for fs in b.user_stack:
-                text.append(f'  File "{fs.filename}", line {fs.lineno}, in {fs.name}\n', style="cyan")
-                if fs.line:
-                    text.append(f"    {fs.line}\n", style="yellow")
-            parts.append(text)
+            parts.append(break_text(f"{kind} {i}", b.reason, b.user_stack))
         for r, i in zip([r for r in self.records if r.graph_module is not None], range(1, 10**6)):
             parts.append(Text(f"graph {i}: {r.code.co_qualname} ({r.op_count} ops)", style="bold"))
             parts.append(Syntax(r.graph_module.code.strip(), "python", theme="ansi_dark",
@@ -96,6 +89,20 @@ class ExplainOutput:
     def __repr__(self):
         return (f"ExplainOutput(graph_count={self.graph_count}, "
                 f"graph_break_count={self.graph_break_count}, ops_per_graph={self.ops_per_graph})")
+
+
+def break_text(heading: str, reason: str, user_stack):
+    """A graph break (or a frame run in CPython) for people: the heading, the reason,
+    then each user frame's file, line and source line, innermost last."""
+    from rich.text import Text
+    text = Text()
+    text.append(heading, style="bold red")
+    text.append(f": {reason}\n")
+    for fs in user_stack:
+        text.append(f'  File "{fs.filename}", line {fs.lineno}, in {fs.name}\n', style="cyan")
+        if fs.line:
+            text.append(f"    {fs.line}\n", style="yellow")
+    return text
 
 
 def explain(fn):

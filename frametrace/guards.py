@@ -125,10 +125,13 @@ class GuardSet:
                   f"{list(shape)} stride={list(stride)} device={t.device} "
                   f"requires_grad={t.requires_grad}")
 
-    def not_shadowed(self, globals_expr: str, globals_label: str, name: str):
-        """A builtin was read: the module still defines no global of that name."""
-        self._add(None, f"NOT_GLOBAL {globals_label}.{name}", f"{name!r} not in {globals_expr}",
-                  f"{name!r} is not a global of {globals_label} (the builtin is used)")
+    def not_shadowed(self, globals_source: Source | None, name: str):
+        """A builtin was read: the module (the frame's own when `globals_source` is None)
+        still defines no global of that name."""
+        expr = "___G" if globals_source is None else globals_source.guard_expr()
+        label = "globals()" if globals_source is None else globals_source.name()
+        self._add(globals_source, f"NOT_GLOBAL {name}", f"{name!r} not in {expr}",
+                  f"{name!r} is not a global of {label} (the builtin is used)")
 
     def no_hooks(self, source, module):
         """The module still has no hooks of its own (they would change its call)."""

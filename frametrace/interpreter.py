@@ -248,11 +248,16 @@ class InstructionTranslator:
     def LOAD_CLOSURE(self, inst):
         self.push(CellRefVar(self._cell(inst.argval)))
 
-    def _global_source(self, name):
+    def _globals_anchor(self):
+        """None for the frame's own globals (guards read them as ___G); a ConstSource
+        for the globals of a function from another module, inlined here."""
         if self.f_globals is self.root.f_globals:
-            return GlobalSource(name)
-        module = self.f_globals.get("__name__", "?")
-        return GetItemSource(ConstSource(self.f_globals, f"{module}.globals()"), name)
+            return None
+        return ConstSource(self.f_globals, f"{self.f_globals.get('__name__', '?')}.globals()")
+
+    def _global_source(self, name):
+        anchor = self._globals_anchor()
+        return GlobalSource(name) if anchor is None else GetItemSource(anchor, name)
 
     def LOAD_GLOBAL(self, inst):
         name = inst.argval
@@ -265,12 +270,7 @@ class InstructionTranslator:
             self.push(wrap(self, self.f_globals[name], self._global_source(name)))
         elif name in self.f_builtins:
             # The builtin itself is not guarded, but that no global shadows it is.
-            if self.f_globals is self.root.f_globals:
-                self.guards.not_shadowed("___G", "globals()", name)
-            else:
-                anchor = ConstSource(self.f_globals, f"{self.f_globals.get('__name__', '?')}.globals()")
-                self.guards.not_shadowed(anchor.guard_expr(), anchor.label, name)
-                self.guards.constants[anchor.guard_expr()] = anchor.obj
+            self.guards.not_shadowed(self._globals_anchor(), name)
             self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False))
         else:
             unsupported(f"name {name!r} is not defined")

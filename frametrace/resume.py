@@ -83,8 +83,6 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     for i, ins in enumerate(body):
         if isinstance(ins, Instr) and isinstance(ins.arg, CellVar) and ins.arg.name in cells:
             body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
-        elif isinstance(ins, Instr) and ins.name == "LOAD_CLOSURE" and isinstance(ins.arg, CellVar):
-            body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
 
     freevars = list(code.co_cellvars) + list(code.co_freevars)
     new = Bytecode()
@@ -130,6 +128,17 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
                               if id(o) in orig_offset_of})
     return result
+
+
+def resume_codes_in(code) -> list:
+    """The resume codes a transformed code object calls (held among its constants, as
+    a function or a code object)."""
+    found = []
+    for const in code.co_consts:
+        target = const.__code__ if isinstance(const, types.FunctionType) else const
+        if isinstance(target, types.CodeType) and "<resume at line" in target.co_qualname:
+            found.append(target)
+    return found
 
 
 def _stack_names(layout):
@@ -283,10 +292,8 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     from .interpreter import OpaqueVar
     from .variables.base import NULL
     code = tracer.code
-    # The graph's grad-mode nodes may not survive the backend (AOTAutograd drops
-    # them): set the mode the code after the break expects, explicitly.
-    cg.call_const(torch._C._set_grad_enabled, [lambda cg: cg.load_const(torch.is_grad_enabled())])
-    cg.emit("POP_TOP")
+    # The mode the code after the break expects: the trace's, at the break.
+    cg.set_grad_mode(torch.is_grad_enabled())
     for n in plan.locals_to_store:
         cg.emit("LOAD_FAST", plan.temps[("local", n)])
         cg.emit("STORE_FAST", n)
@@ -365,7 +372,7 @@ def _load_function(cg, resume, func, code):
         cg.load_const(types.FunctionType(resume, func.__globals__, resume.co_name))
         return
     for name in freevars:
-        cg.emit("LOAD_CLOSURE", CellVar(name) if name in code.co_cellvars else FreeVar(name))
+        cg.load_closure(name)
     cg.emit("BUILD_TUPLE", len(freevars))
     cg.load_const(resume)
     cg.emit("MAKE_FUNCTION", 0x08)

@@ -36,19 +36,15 @@ class CompileCounter:
 def resume_codes(code):
     """The resume functions' code objects reachable from `code`'s compiled entries
     (recursively): where its transformed code continues after graph breaks."""
-    import types
-
     from . import _C
+    from .resume import resume_codes_in
     found, todo = [], [code]
     while todo:
         for entry in _C.entries(todo.pop()):
             if entry.code is None:
                 continue
-            for const in entry.code.co_consts:
-                if isinstance(const, types.FunctionType):
-                    const = const.__code__
-                if isinstance(const, types.CodeType) and "<resume at line" in const.co_qualname \
-                        and const not in found:
-                    found.append(const)
-                    todo.append(const)
+            for resume in resume_codes_in(entry.code):
+                if resume not in found:
+                    found.append(resume)
+                    todo.append(resume)
     return found

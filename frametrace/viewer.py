@@ -15,6 +15,7 @@ import types
 from collections import Counter
 
 from . import _C, convert
+from .resume import resume_codes_in
 
 
 def _instructions(code):
@@ -98,15 +99,6 @@ def _graph_names(code):
             if i.opname == "LOAD_GLOBAL" and str(i.argval).startswith("__compiled_fn_")]
 
 
-def _resume_codes(code):
-    found = []
-    for const in code.co_consts:
-        target = const.__code__ if isinstance(const, types.FunctionType) else const
-        if isinstance(target, types.CodeType) and "<resume at line" in target.co_qualname:
-            found.append(target)
-    return found
-
-
 def frame_renderables(code, seen=None):
     """Rich renderables for every compiled entry of `code` and its resume functions."""
     from rich.panel import Panel
@@ -134,7 +126,7 @@ def frame_renderables(code, seen=None):
                 parts.append(Panel(Syntax(gm.code.strip(), "python", theme="ansi_dark",
                                           background_color="default"),
                                    title=f"FX graph {name}", expand=False))
-        for resume in _resume_codes(entry.code):
+        for resume in resume_codes_in(entry.code):
             parts.extend(frame_renderables(resume, seen))
     return parts
 
@@ -185,7 +177,7 @@ def show(fn, *, color=None, file=None, width=None):
 def show_records(records, *, fn_name=None, color=None, file=None, width=None):
     """The viewer for every frame in `records` (CompileRecords), optionally only frames
     whose function is named `fn_name`; each graph break is listed with its location."""
-    from rich.text import Text
+    from .explain import break_text
     console = make_console(color, file, width)
     by_code = {}
     for r in records:
@@ -203,13 +195,7 @@ def show_records(records, *, fn_name=None, color=None, file=None, width=None):
         for r in recs:
             if r.outcome == "compiled" or not r.reason:
                 continue
-            text = Text()
-            text.append("graph break" if r.outcome == "break" else "runs in CPython", style="bold red")
-            text.append(f": {r.reason}\n")
-            for fs in r.user_stack:
-                text.append(f'  File "{fs.filename}", line {fs.lineno}, in {fs.name}\n', style="cyan")
-                if fs.line:
-                    text.append(f"    {fs.line}\n", style="yellow")
-            console.print(text)
+            heading = "graph break" if r.outcome == "break" else "runs in CPython"
+            console.print(break_text(heading, r.reason, r.user_stack))
     if not shown:
         console.print("no compiled frames" + (f" named {fn_name}" if fn_name else ""))

@@ -38,7 +38,7 @@ class GradModeVar(Var):
     def call(self, tx, args, kwargs):
         # Used as a decorator: @torch.no_grad() def f(...)
         if len(args) == 1 and not kwargs:
-            return _DecoratedVar(self.mode, args[0])
+            return GradModeDecoratedVar(self.mode, args[0])
         unsupported("calling a grad-mode context object")
 
 
@@ -85,7 +85,7 @@ class GradModeSetVar(Var):
         return ConstVar(None if self.mode is None else False)
 
 
-class _DecoratedVar(Var):
+class GradModeDecoratedVar(Var):
     """A function decorated with a grad-mode context while tracing."""
     __slots__ = ("mode", "fn")
 

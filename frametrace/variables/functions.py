@@ -119,13 +119,8 @@ class UserFunctionVar(Var):
         grad_decorated = _grad_mode_decorator(fn)
         if grad_decorated is not None:
             mode, inner = grad_decorated
-            from .contexts import GradModeVar
-            ctx = GradModeVar(mode)
-            ctx.enter(tx)
-            try:
-                return UserFunctionVar(inner).call(tx, args, kwargs)
-            finally:
-                ctx.exit(tx)
+            from .contexts import GradModeDecoratedVar
+            return GradModeDecoratedVar(mode, UserFunctionVar(inner)).call(tx, args, kwargs)
         anchor = self.source if self.source is not None and fn.__closure__ else \
             ConstSource(fn, fn.__qualname__)
         guard = anchor is self.source    # closures are guarded by code, their defaults by value
