@@ -1,3 +1,6 @@
+import contextlib
+import io
+
 import pytest
 import torch
 
@@ -21,3 +24,37 @@ def cnt():
 
 def compile_with(cnt, fn, **kwargs):
     return frametrace.optimize(backend=cnt, **kwargs)(fn)
+
+
+# -- helpers shared by the test files (import them from conftest) --
+def compile_counted(fn, **kwargs):
+    """fn optimized with a fresh CompileCounter backend; returns (compiled, counter)."""
+    cnt = frametrace.testing.CompileCounter()
+    return frametrace.optimize(backend=cnt, **kwargs)(fn), cnt
+
+
+def code_of(fn):
+    return getattr(fn, "__code__", fn)
+
+
+def entries(fn):
+    """Cache entries of a function's code (or of a code object)."""
+    return frametrace._C.entries(code_of(fn))
+
+
+def compiled_entries(fn):
+    """Entries of fn's code that run transformed code (not the original in CPython)."""
+    return [e for e in entries(fn) if e.code is not None]
+
+
+def fallback_entries(fn):
+    return [e for e in entries(fn) if e.code is None]
+
+
+def resume_codes(fn):
+    """The resume functions reachable from fn's compiled entries (recursively)."""
+    return frametrace.testing.resume_codes(code_of(fn))
+
+
+def quiet():
+    return contextlib.redirect_stdout(io.StringIO())

@@ -6,7 +6,6 @@ CompileCounter backend received, the cache entries of the frame and of its resum
 functions, and every compile the callback made (convert.record_observers), so neither
 a silent whole-frame fall-back nor a retrace on every call can pass.
 """
-import contextlib
 import io
 
 import pytest
@@ -14,33 +13,12 @@ import torch
 
 import frametrace
 from frametrace import _C, convert
-from frametrace.testing import CompileCounter
+
+from conftest import (code_of, compile_counted, compiled_entries, fallback_entries, quiet,
+                      resume_codes)
 
 
 # --------------------------------------------------------------------------- helpers
-def compile_counted(fn, **kwargs):
-    cnt = CompileCounter()
-    return frametrace.optimize(backend=cnt, **kwargs)(fn), cnt
-
-
-def code_of(fn):
-    return getattr(fn, "__code__", fn)
-
-
-def compiled_entries(fn):
-    return [e for e in _C.entries(code_of(fn)) if e.code is not None]
-
-
-def fallback_entries(fn):
-    return [e for e in _C.entries(code_of(fn)) if e.code is None]
-
-
-def resume_codes(fn):
-    """The resume functions reachable from fn's compiled entries (recursively): the
-    code objects the transformed code calls after a graph break."""
-    return frametrace.testing.resume_codes(code_of(fn))
-
-
 @pytest.fixture
 def compiles():
     """Every CompileRecord made while the test runs (one per traced frame)."""
@@ -55,10 +33,6 @@ def outcomes(records, fn):
     name = code_of(fn).co_qualname
     return [(r.code.co_qualname, r.outcome) for r in records
             if r.code.co_qualname == name or r.code.co_qualname.startswith(name + ".<resume")]
-
-
-def quiet():
-    return contextlib.redirect_stdout(io.StringIO())
 
 
 # --------------------------------------------------------------------------- print

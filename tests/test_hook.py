@@ -5,10 +5,8 @@ CompileCounter backend, the C cache entries), so a silent fall-back to eager can
 pass.  Each test calls frametrace.reset() first and does not rely on conftest.py.
 """
 import asyncio
-import contextlib
 import copy
 import functools
-import io
 import json
 import os
 import sys
@@ -24,44 +22,17 @@ import frametrace
 from frametrace import _C, convert
 from frametrace.testing import CompileCounter
 
-
-def compile_counted(fn, **kwargs):
-    cnt = CompileCounter()
-    return frametrace.optimize(backend=cnt, **kwargs)(fn), cnt
-
-
-def entries(fn):
-    """Cache entries of a function's code (or of a code object)."""
-    return _C.entries(getattr(fn, "__code__", fn))
-
-
-def compiled_entries(fn):
-    """Entries of fn's code that run transformed code (not the original in CPython)."""
-    return [e for e in entries(fn) if e.code is not None]
-
-
-def fallback_entries(fn):
-    return [e for e in entries(fn) if e.code is None]
+from conftest import compile_counted, compiled_entries, entries, fallback_entries, quiet, resume_codes
 
 
 def compiled_names(globals_dict):
     return sorted(k for k in globals_dict if k.startswith("__compiled_fn_"))
 
 
-def resume_codes(fn):
-    """The resume functions reachable from fn's compiled entries (recursively): the code
-    objects its transformed code continues in after a graph break."""
-    return frametrace.testing.resume_codes(getattr(fn, "__code__", fn))
-
-
 # 'with' over a lock cannot be traced, and a frame cannot break its graph at the 'with'
 # (BEFORE_WITH): a frame that does it runs entirely in CPython, from a fallback entry.
 # (print() and other untraceable calls only break the graph now.)
 CPYTHON_ONLY = threading.RLock()
-
-
-def quiet():
-    return contextlib.redirect_stdout(io.StringIO())
 
 
 # --------------------------------------------------------------------------- caching

@@ -22,6 +22,8 @@ import torch
 import frametrace
 from frametrace import _C, convert
 
+from conftest import compiled_entries, resume_codes
+
 GC_SLACK = 50                 # gc-tracked objects a measured phase may add
 HIT_BYTES = 64 * 1024         # traced memory growth allowed for the call loops
 RESET_BYTES = 1024 * 1024     # ... and for 1,000 reset + recompile cycles
@@ -93,10 +95,6 @@ def assert_flat(growth, max_bytes):
 
 def refcounts(**objs):
     return {name: sys.getrefcount(obj) for name, obj in objs.items()}
-
-
-def compiled_entries(code):
-    return [e for e in _C.entries(code) if e.code is not None]
 
 
 def add_one(x):
@@ -187,11 +185,6 @@ def test_closure_calls_keep_refcounts():
 # frame runs entirely in CPython, from a fallback entry.  (print() and .item() only break
 # the graph now: the frame gets a compiled entry that continues in resume functions.)
 CPYTHON_ONLY = threading.RLock()
-
-
-def resume_codes(code):
-    """The resume functions reachable from code's compiled entries (recursively)."""
-    return frametrace.testing.resume_codes(code)
 
 
 def prints_shape(x):
