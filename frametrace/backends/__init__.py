@@ -50,4 +50,4 @@ def list_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-from . import aot_eager, eager, inductor  # noqa: E402,F401  (they register themselves)
+from . import aot_eager, eager, inductor, triton  # noqa: E402,F401  (they register themselves)

@@ -1,0 +1,26 @@
+"""`triton`: frametrace's own code generator.  AOTAutograd gives a core-aten graph; its
+pointwise, reduction and view ops are lowered, fused and written as Triton kernels that a
+generated Python wrapper launches, while matrix products, convolutions, attention and
+ops without a lowering stay aten calls in the same wrapper.
+
+>>> f = frametrace.optimize(backend="triton")(lambda x, w: torch.softmax(x * w, -1))
+>>> f(torch.randn(8, 4096, device="cuda"), torch.randn(4096, device="cuda"))
+>>> frametrace.backends.triton.last_compiled().kernels   # one fused kernel
+
+On CPU tensors the kernels run in Triton's interpreter when TRITON_INTERPRET=1 (tests);
+otherwise CPU graphs run with aot_eager.  `FRAMETRACE_LOGS=output_code` logs the wrapper
+and the kernels.  Importing this module does not import Triton.
+"""
+from .. import register_backend
+
+
+@register_backend("triton")
+def triton_backend(gm, example_inputs):
+    from .backend import compile_graph
+    return compile_graph(gm, example_inputs)
+
+
+def last_compiled():
+    """The CompiledModule of the most recently compiled forward graph, or None."""
+    from .backend import COMPILED
+    return COMPILED[-1] if COMPILED else None

@@ -1,0 +1,105 @@
+"""Block sizes and warps: a few candidates per kernel shape, timed on first launch on the
+GPU (the heuristic first one under Triton's interpreter), the choice cached per shape."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import config
+
+# (kernel name, xnumel, rnumel) -> Config
+TUNED: dict = {}
+STATS = {"tuned": 0, "timed": 0}
+
+
+class Config:
+    __slots__ = ("xblock", "rblock", "num_warps")
+
+    def __init__(self, xblock, rblock, num_warps):
+        self.xblock, self.rblock, self.num_warps = xblock, rblock, num_warps
+
+    def kwargs(self, reduction) -> dict:
+        kw = {"XBLOCK": self.xblock, "num_warps": self.num_warps}
+        if reduction:
+            kw["RBLOCK"] = self.rblock
+        return kw
+
+    def __repr__(self):
+        return f"Config(XBLOCK={self.xblock}, RBLOCK={self.rblock}, num_warps={self.num_warps})"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def is_persistent(rnumel: int) -> bool:
+    return next_pow2(rnumel) <= config.persistent_rblock_max
+
+
+def candidates(xnumel: int, rnumel: int, reduction: bool) -> list[Config]:
+    """Candidates, the heuristic default first."""
+    xmax = next_pow2(xnumel)
+    if not reduction:
+        return _unique([Config(min(x, xmax), 1, w) for x, w in ((1024, 4), (2048, 8), (512, 4))])
+    if is_persistent(rnumel):
+        r = next_pow2(rnumel)
+        if r >= 2048:
+            warps = min(16, max(4, r // 512))
+            return _unique([Config(1, r, w) for w in (warps, warps // 2, min(32, warps * 2))])
+        # short rows: several per program so that a block holds a few thousand elements
+        x = min(xmax, max(1, 4096 // r))
+        return _unique([Config(x, r, w) for w in (8, 4)] + [Config(max(1, min(xmax, x // 2)), r, 4)])
+    return _unique([Config(1, r, w) for r, w in ((2048, 8), (1024, 4), (4096, 16))])
+
+
+def _unique(configs):
+    seen, out = set(), []
+    for c in configs:
+        key = (c.xblock, c.rblock, c.num_warps)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pick(name: str, xnumel: int, rnumel: int, configs, run) -> Config:
+    """The cached choice for this kernel at this shape, or the fastest of `configs`
+    (`run(config)` launches once)."""
+    key = (name, xnumel, rnumel)
+    best = TUNED.get(key)
+    if best is None:
+        STATS["tuned"] += 1
+        if len(configs) == 1 or interpreted() or not torch.cuda.is_available():
+            best = configs[0]
+        else:
+            best = min(configs, key=lambda c: _time(lambda: run(c)))
+        TUNED[key] = best
+    return best
+
+
+def _time(fn) -> float:
+    """Mean milliseconds of `fn` on the GPU (compiles on the first call)."""
+    STATS["timed"] += 1
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except Exception:  # e.g. out of shared memory for this block size
+        return float("inf")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    end.synchronize()
+    reps = max(3, min(100, int(6.0 / max(start.elapsed_time(end) / 3, 1e-3))))
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps

@@ -1,0 +1,143 @@
+"""The backend's driver: AOTAutograd with decompositions, then lowering, scheduling and
+code generation of the forward graph; the backward graph runs eagerly."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from functorch.compile import make_boxed_func
+from torch._functorch.aot_autograd import aot_module_simplified
+
+from . import config
+from .cudagraphs import CudaGraphRunner
+from .decompositions import decompositions
+from .ir import Extern, Unsupported
+from .lowering import GraphLowering
+from .scheduler import schedule
+from .wrapper import WrapperCodegen
+
+output_code = logging.getLogger("frametrace.output_code")
+log = logging.getLogger("frametrace")
+COMPILED: list = []   # CompiledModules, newest last (a few kept, for tests and debugging)
+
+
+class CompiledModule:
+    """What the backend made of one forward graph.  `kernels`: one entry per launch
+    (`.name`, `.source`); `externs`: aten ops called as they are."""
+
+    def __init__(self, source, namespace, kernels, externs, fallback_ops, extern_ops=()):
+        self.source, self.namespace, self.extern_ops = source, namespace, extern_ops
+        self.kernels, self.externs, self.fallback_ops = kernels, externs, fallback_ops
+        self.call = namespace["call"]
+        self.runner = None  # a CudaGraphRunner, when launches are replayed as a CUDA graph
+
+    @property
+    def graphable(self) -> bool:
+        """Worth replaying as a CUDA graph, and safe to: no op mutates its inputs."""
+        return (config.cudagraphs and self.namespace["device"].type == "cuda"
+                and len(self.kernels) + len(self.externs) >= config.cudagraph_min_launches
+                and not any(op._schema.is_mutable for op in self.extern_ops))
+
+    @property
+    def unique_kernels(self) -> list[str]:
+        return sorted({k.source for k in self.kernels})
+
+    def __call__(self, args):
+        return self.call(args)
+
+
+def _eager(gm, example_inputs):
+    return make_boxed_func(gm.forward)
+
+
+def _why_not(example_inputs) -> str | None:
+    """Why these inputs cannot run as Triton kernels, or None."""
+    tensors = []
+    for t in example_inputs:
+        if not isinstance(t, torch.Tensor):
+            return f"a non-tensor input ({type(t).__name__}: dynamic shapes)"
+        if any(not isinstance(s, int) for s in t.shape):
+            return "symbolic shapes"
+        tensors.append(t)
+    devices = {t.device.type for t in tensors}
+    if len(devices) > 1:
+        return f"inputs on several devices ({', '.join(sorted(devices))})"
+    if devices == {"cpu"} and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "CPU inputs (TRITON_INTERPRET=1 runs the kernels in Triton's interpreter)"
+    if devices - {"cpu", "cuda"}:
+        return f"{devices.pop()} inputs"
+    return None
+
+
+def compile_graph(gm, example_inputs):
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise RuntimeError("backend='triton' needs Triton: pip install triton") from None
+    reason = _why_not(example_inputs)
+    if reason is not None:
+        output_code.info("triton backend: %s; this graph runs with aot_eager", reason)
+        log.info("triton backend: %s; this graph runs with aot_eager", reason)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
+                                     keep_inference_input_mutations=True)
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward,
+                                 bw_compiler=_eager, decompositions=decompositions(),
+                                 keep_inference_input_mutations=True)
+
+
+def _graph_device(example_inputs):
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+def compile_forward(gm, example_inputs):
+    reason = _why_not(example_inputs) or _symbolic(gm)
+    if reason is not None:
+        output_code.info("triton backend: %s; this graph runs eagerly", reason)
+        return _eager(gm, example_inputs)
+    try:
+        mod = build(gm, example_inputs)
+    except Exception as e:
+        if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1" or not isinstance(e, Unsupported):
+            raise
+        log.warning("triton backend: %s; this graph runs eagerly", e)
+        return _eager(gm, example_inputs)
+    COMPILED.append(mod)
+    del COMPILED[:-8]
+    call = mod.call
+    if mod.graphable:
+        call = mod.runner = CudaGraphRunner(call)
+
+    def run(args):
+        return call(args)
+    run._boxed_call = True
+    return run
+
+
+def _symbolic(gm) -> str | None:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        for v in vals:
+            if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
+                    not isinstance(s, int) for s in v.shape)):
+                return "symbolic shapes"
+    return None
+
+
+def build(gm, example_inputs) -> CompiledModule:
+    lowered = GraphLowering(gm, example_inputs, _graph_device(example_inputs)).run()
+    if any(0 in getattr(o, "shape", (1,)) for o in lowered.items):
+        raise Unsupported("empty tensors")
+    wrapper = WrapperCodegen(lowered, schedule(lowered))
+    source, kernels, externs = wrapper.generate()
+    exec(compile(source, "<frametrace-triton wrapper>", "exec"), wrapper.ns)
+    if output_code.isEnabledFor(logging.INFO):
+        unique = {k.name: k.source for k in kernels}
+        output_code.info("triton backend, generated module:\n%s\n%s", source,
+                         "\n".join(unique.values()))
+    return CompiledModule(source, wrapper.ns, kernels, externs, lowered.fallback_ops,
+                          [i.op for i in lowered.items if isinstance(i, Extern)])

@@ -1,0 +1,358 @@
+"""Triton source for one kernel: the realized nodes of a `KernelGroup`, evaluated over
+`xnumel` elements (pointwise) or `xnumel` rows of `rnumel` (reduction).
+
+Values are named by string-keyed CSE, so a node inlined into several consumers is
+computed once.  A reduction whose rows fit in one block is *persistent*: the row stays
+in registers and every reduction over it is a `tl.sum`/`tl.max` of the block.  Longer rows
+are *looped*: each reduction gets its own loop over the row, and the stored outputs a
+last one; values that only depend on the row (`level` 1) are hoisted out of the loops.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import re
+
+import sympy
+import torch
+
+from . import autotune, indexing
+from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
+from .ops import compute_dtype
+
+TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+      torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+      torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
+_NAMES = re.compile(r"\b(tmp\d+|acc\d+|xindex|rindex|xmask|rmask)\b")
+_LEVEL = {"xindex": 1, "xmask": 1, "rindex": 2, "rmask": 2}
+
+
+def _combine(name, body):
+    return f"@triton.jit\ndef {name}(a, ai, b, bi):\n{body}\n\n\n" if "ai" in body else \
+        f"@triton.jit\ndef {name}(a, b):\n{body}\n\n\n"
+
+
+COMBINE = {
+    "_sum": _combine("_sum", "    return a + b"),
+    "_max": _combine("_max", "    return tl.maximum(a, b)"),
+    "_min": _combine("_min", "    return tl.minimum(a, b)"),
+    # ties go to the lower index, as in torch
+    "_argmax": _combine("_argmax", "    take = (a > b) | ((a == b) & (ai < bi))\n"
+                        "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
+    "_argmin": _combine("_argmin", "    take = (a < b) | ((a == b) & (ai < bi))\n"
+                        "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
+}
+
+
+class NotFusable(Exception):
+    """The node reads a value this kernel computes at another position."""
+
+
+class NeedReduction(Exception):
+    """A looped kernel needs a reduction's result inside another loop: compute it first."""
+    def __init__(self, computed):
+        self.computed = computed
+
+
+class KernelGroup:
+    """Realized nodes one kernel evaluates, in program order."""
+    __slots__ = ("members", "xnumel", "rnumel", "reduction")
+
+    def __init__(self, members, xnumel, rnumel, reduction):
+        self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
+
+
+def _identity(rtype, dtype):
+    if rtype in ("sum", "any"):
+        return "0"
+    big = rtype in ("min", "argmin")
+    if dtype.is_floating_point:
+        return 'float("inf")' if big else 'float("-inf")'
+    info = torch.iinfo(dtype)
+    return str(info.max if big else info.min)
+
+
+def _acc_dtype(rtype, src):
+    cd = compute_dtype(src)
+    if rtype == "sum":
+        return cd if cd.is_floating_point else torch.int64
+    if rtype == "any" or cd == torch.bool:
+        return torch.int32
+    return cd
+
+
+class KernelCodegen:
+    def __init__(self, group: KernelGroup, stores):
+        self.group, self.stores = group, stores
+        self.members = {c.name: c for c in group.members}
+        self.first = min(c.order for c in group.members)
+        self.xnumel, self.rnumel = group.xnumel, group.rnumel
+        self.configs = autotune.candidates(group.xnumel, group.rnumel, group.reduction)
+        self.persistent = not group.reduction or autotune.is_persistent(group.rnumel)
+        self.looped = not self.persistent
+        self.has_xmask = any(self.xnumel % c.xblock for c in self.configs)
+        self.has_rmask = group.reduction and any(self.rnumel % c.rblock for c in self.configs)
+        self.outer: list[str] = []
+        self.body = None
+        self.cache, self.body_cache, self.memo, self.levels = {}, {}, {}, {}
+        self.masks: list[str] = []
+        self.args: dict[str, str] = {}
+        self.reads: set[str] = set()
+        self.helpers: set[str] = set()
+        self.wide = group.xnumel * group.rnumel >= 2 ** 31
+        self._n = 0
+
+    # -- values ----------------------------------------------------------------------------
+    def level(self, expr: str) -> int:
+        return max((_LEVEL.get(n, self.levels.get(n, 0)) for n in _NAMES.findall(expr)), default=0)
+
+    def op(self, expr: str, level=None) -> str:
+        level = self.level(expr) if level is None else level
+        in_body = self.looped and level == 2
+        if in_body and self.body is None:
+            raise AssertionError("a row-varying value outside a loop")
+        cache, lines = (self.body_cache, self.body) if in_body else (self.cache, self.outer)
+        var = cache.get(expr)
+        if var is None:
+            var = self.newvar()
+            lines.append(f"{var} = {expr}")
+            cache[expr], self.levels[var] = var, level
+        return var
+
+    def newvar(self, prefix="tmp") -> str:
+        self._n += 1
+        return f"{prefix}{self._n}"
+
+    @staticmethod
+    def tl(dtype) -> str:
+        return TL[dtype]
+
+    def literal(self, value, dtype) -> str:
+        cd = compute_dtype(dtype)
+        if cd == torch.bool:
+            return "1" if value else "0"
+        if cd.is_floating_point:
+            v = float(value)
+            return repr(v) if math.isfinite(v) else f'float("{v}")'
+        return str(int(value))
+
+    def cast(self, v: str, src, dst) -> str:
+        cs, cd = compute_dtype(src), compute_dtype(dst)
+        if cs == cd:
+            return v
+        if v not in self.levels:  # a literal
+            return self.literal(eval(v, {"float": float}), dst)
+        if cd == torch.bool:
+            return self.op(f"{v} != 0")
+        return self.op(f"{v}.to({TL[cd]})")
+
+    def index(self, expr) -> str:
+        expr = sympy.sympify(expr)
+        return str(int(expr)) if expr.is_Integer else self.op(pexpr(expr))
+
+    def indirect(self, var: str):
+        return sympy.Symbol(var, integer=True)
+
+    @contextlib.contextmanager
+    def masked(self, cond):
+        if cond is not None:
+            self.masks.append(cond)
+        try:
+            yield
+        finally:
+            if cond is not None:
+                self.masks.pop()
+
+    def _mask(self, level) -> str:
+        parts = (["xmask"] if level >= 1 and self.has_xmask else []) + \
+                (["rmask"] if level == 2 and self.has_rmask else []) + self.masks
+        return ", " + " & ".join(parts) if parts else ""
+
+    def arg(self, name, prefix) -> str:
+        arg = self.args.get(name)
+        if arg is None:
+            arg = self.args[name] = f"{prefix}{sum(a.startswith(prefix) for a in self.args.values())}"
+        return arg
+
+    def load(self, buf, index) -> str:
+        if buf.name in self.members:
+            raise NotFusable(f"{buf.name} is written by this kernel")
+        span = buf.offset + sum((n - 1) * s for n, s in zip(buf.shape, buf.stride))
+        self.wide |= span >= 2 ** 31
+        text = pexpr(index)
+        mask = self._mask(self.level(text))
+        other = ", other=0" if mask else ""
+        v = self.op(f"tl.load({self.arg(buf.name, 'in_ptr')} + ({text}){mask}{other})")
+        cd = compute_dtype(buf.dtype)
+        return v if cd == buf.dtype else self.op(f"{v}.to({TL[cd]})")
+
+    # -- realized nodes ---------------------------------------------------------------------
+    def own_flat(self, c):
+        """The flat position of member `c`'s element that this kernel computes."""
+        if not self.group.reduction or c.is_reduction or c.numel != self.xnumel * self.rnumel:
+            return XINDEX
+        return XINDEX * self.rnumel + RINDEX
+
+    def computed(self, c, idx) -> str:
+        if c.name in self.members:
+            if sympy.expand(flatten(idx, c.shape) - self.own_flat(c)) != 0:
+                raise NotFusable(f"{c.name} is read at another position")
+            return self.value(c)
+        if c.order > self.first and not c.is_reduction:
+            # realized only after this kernel's nodes were built (an output, say): inline
+            return c.node.fn(self, idx)
+        self.reads.add(c.name)
+        return self.load(c.buffer, c.buffer.index(idx))
+
+    def value(self, c) -> str:
+        if c.is_reduction:
+            return self.reduce(c)
+        key = ("pw", c.name)
+        if key not in self.memo:
+            self.memo[key] = c.node.fn(self, unflatten(self.own_flat(c), c.shape))
+        return self.memo[key]
+
+    def _block(self, v, dtype) -> str:
+        """`v` as a full [XBLOCK, RBLOCK] block (it may be constant along the row)."""
+        if self.level(v) == 2:
+            return v
+        return self.op(f"tl.full([XBLOCK, RBLOCK], 0, {TL[dtype]}) + {v}")
+
+    def _where_r(self, v, ident) -> str:
+        return self.op(f"tl.where(rmask, {v}, {ident})") if self.has_rmask else v
+
+    def reduce(self, c) -> str:
+        key = ("red", c.name)
+        if key in self.memo:
+            return self.memo[key]
+        r = c.node
+        acc = _acc_dtype(r.rtype, r.src_dtype)
+        ident = _identity(r.rtype, acc)
+
+        def row_value():
+            v = r.fn(self, unflatten(XINDEX, r.shape), unflatten(RINDEX, r.rshape))
+            src = r.src_dtype
+            if r.rtype == "any":
+                v, src = self.cast(v, src, torch.bool), torch.bool
+            return self._block(self.cast(v, src, acc), acc)
+        if self.persistent:
+            v = self._where_r(row_value(), ident)
+            if r.rtype.startswith("arg"):
+                i = self.op("tl.full([XBLOCK, RBLOCK], 0, tl.int32) + rindex")
+                res = self.op(f"tl.reduce(({v}, {i}), 1, {self.combine(r.rtype)})[1][:, None]", level=1)
+            else:
+                res = self.op(f"tl.reduce({v}, 1, {self.combine(r.rtype)})[:, None]", level=1)
+        else:
+            if self.body is not None:
+                raise NeedReduction(c)
+            res = self._looped_reduction(r, row_value, acc, ident)
+        if r.rtype == "any":
+            res = self.op(f"{res} != 0", level=1)
+        out = torch.int32 if r.rtype.startswith("arg") else (torch.bool if r.rtype == "any" else acc)
+        res = self.cast(res, out, r.dtype)
+        self.memo[key] = res
+        return res
+
+    def _looped_reduction(self, r, row_value, acc, ident) -> str:
+        a = self.newvar("acc")
+        self.levels[a] = 2
+        inits = [f"{a} = tl.full([XBLOCK, RBLOCK], {ident}, {TL[acc]})"]
+        if r.rtype.startswith("arg"):
+            ai = self.newvar("acc")
+            self.levels[ai] = 2
+            inits.append(f"{ai} = tl.full([XBLOCK, RBLOCK], 0, tl.int32)")
+
+        def body():
+            v = row_value()
+            if r.rtype == "sum":
+                self.body.append(f"{a} = {a} + {self._where_r(v, '0')}")
+            elif r.rtype in ("max", "any", "min"):
+                fn = "minimum" if r.rtype == "min" else "maximum"
+                self.body.append(f"{a} = tl.{fn}({a}, {self._where_r(v, ident)})")
+            else:
+                cmp = ">" if r.rtype == "argmax" else "<"
+                take = self.op(f"({v} {cmp} {a})" + (" & rmask" if self.has_rmask else ""), level=2)
+                self.body.append(f"{ai} = tl.where({take}, rindex, {ai})")
+                self.body.append(f"{a} = tl.where({take}, {v}, {a})")
+        self.loop(body, inits)
+        if r.rtype.startswith("arg"):
+            return self.op(f"tl.reduce(({a}, {ai}), 1, {self.combine(r.rtype)})[1][:, None]", level=1)
+        return self.op(f"tl.reduce({a}, 1, {self.combine(r.rtype)})[:, None]", level=1)
+
+    def combine(self, rtype) -> str:
+        """The combine function of a reduction, emitted with the kernel: Triton's own
+        (tl.sum, tl.argmax) are jit functions its interpreter cannot call when
+        TRITON_INTERPRET was set after Triton was imported."""
+        name = "_" + ("max" if rtype == "any" else rtype)
+        self.helpers.add(name)
+        return name
+
+    def loop(self, body, inits):
+        """One loop over the row running `body`; reductions it needs are emitted first."""
+        while True:
+            self.body, self.body_cache = [], {}
+            try:
+                body()
+                break
+            except NeedReduction as e:
+                self.body = None
+                self._forget_row_values()
+                self.reduce(e.computed)
+        lines, self.body = self.body, None
+        self._forget_row_values()
+        head = ["for roffset in range(0, rnumel, RBLOCK):", "    rindex = roffset + rbase"]
+        if self.has_rmask:
+            head.append("    rmask = rindex < rnumel")
+        self.outer += inits + head + ["    " + line for line in lines]
+
+    def _forget_row_values(self):
+        self.body_cache = {}
+        self.memo = {k: v for k, v in self.memo.items() if self.levels.get(v, 0) != 2}
+
+    # -- stores and the whole kernel -----------------------------------------------------------
+    def store(self, c):
+        v = self.value(c)
+        flat = self.own_flat(c)
+        text = pexpr(flat)
+        level = self.level(text)
+        if compute_dtype(c.dtype) != c.dtype:
+            v = self.op(f"{v}.to({TL[c.dtype]})")
+        if v not in self.levels:  # a constant
+            shape = "[XBLOCK, RBLOCK]" if self.group.reduction else "[XBLOCK]"
+            v = self.op(f"tl.full({shape}, {v}, {TL[c.dtype]})")
+        line = f"tl.store({self.arg(c.name, 'out_ptr')} + ({text}), {v}{self._mask(level)})"
+        (self.body if self.looped and level == 2 else self.outer).append(line)
+
+    def generate(self) -> tuple[str, str]:
+        """(kernel name, source)."""
+        indexing.set_ranges(self.xnumel, self.rnumel)
+        rows = [c for c in self.stores if self.own_flat(c) is XINDEX]
+        full = [c for c in self.stores if self.own_flat(c) is not XINDEX]
+        for c in rows if self.looped else self.stores:
+            self.store(c)
+        if self.looped and full:
+            self.loop(lambda: [self.store(c) for c in full], [])
+        return self._source()
+
+    def _source(self):
+        red = self.group.reduction
+        params = list(self.args.values()) + ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        head = [f"xnumel = {self.xnumel}"] + ([f"rnumel = {self.rnumel}"] if red else [])
+        head.append(f"xoffset = {pid} * XBLOCK")
+        head.append("xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else ""))
+        if self.has_xmask:
+            head.append("xmask = xindex < xnumel")
+        if red:
+            head.append("rbase = tl.arange(0, RBLOCK)[None, :]")
+            if self.persistent:
+                head.append("rindex = rbase")
+                if self.has_rmask:
+                    head.append("rmask = rindex < rnumel")
+        body = "\n".join("    " + line for line in head + self.outer)
+        helpers = "".join(COMBINE[h] for h in sorted(self.helpers))
+        src = f"{helpers}@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
+        kind = ("per" if self.persistent else "red") if red else "poi"
+        name = f"triton_{kind}_{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+        return name, src.replace("def KERNEL(", f"def {name}(", 1)

@@ -1,0 +1,40 @@
+"""Decompositions applied by AOTAutograd before lowering: torch's core-aten set, plus the
+composite ops whose parts fuse well (softmax, gelu, silu, embedding), plus our own
+LayerNorm, which stays in aten ops the lowering handles (torch's goes through prims)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    xf = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+    mean = torch.mean(xf, dims, keepdim=True)
+    centred = xf - mean
+    rstd = torch.rsqrt(torch.mean(centred * centred, dims, keepdim=True) + eps)
+    out = centred * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype), mean, rstd
+
+
+@functools.lru_cache(None)
+def decompositions():
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([
+        aten._softmax, aten._log_softmax, aten.gelu, aten.silu, aten.embedding,
+        aten.full_like, aten.zeros_like, aten.ones_like, aten.hardswish, aten.hardsigmoid,
+        aten.leaky_relu, aten.hardtanh, aten.elu, aten.mish, aten.softplus, aten.logsumexp]))
+    # lowered directly: their decompositions go through as_strided or prims
+    for op in (aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int,
+               aten.var_mean.correction, aten.var.correction, aten.mean.dim):
+        table.pop(op, None)
+    table[aten.native_layer_norm.default] = _layer_norm
+    return table

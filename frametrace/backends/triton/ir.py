@@ -1,0 +1,121 @@
+"""The loop-level IR the lowering builds and the scheduler and code generator consume.
+
+Values are lazy: a `Pointwise` is a function from an output index to a value, written
+into whichever kernel loads it; it costs nothing until something `realize`s it.  Realized
+values are `Computed` (a pointwise or reduction node that a kernel evaluates, and writes
+to memory when something outside that kernel reads it), or `Buffer`s (memory: graph
+inputs, constants, extern outputs, strided views of those).  `Extern` calls stay aten.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import indexing
+
+
+class Unsupported(Exception):
+    """An op, a dtype or a shape the lowering does not handle: the op runs as aten."""
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+class IRNode:
+    __slots__ = ("shape", "dtype")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Buffer(IRNode):
+    """Memory: the tensor named `name` in the wrapper, read with `stride` and `offset`
+    (elements, relative to that tensor's first one).  A view of a buffer is a Buffer of
+    the same name with other strides (`is_view`)."""
+    __slots__ = ("name", "stride", "offset", "device", "is_view")
+
+    def __init__(self, name, shape, stride, dtype, device, offset=0, is_view=False):
+        self.name, self.shape, self.stride = name, tuple(shape), tuple(stride)
+        self.dtype, self.device, self.offset, self.is_view = dtype, device, offset, is_view
+
+    def index(self, idx):
+        return indexing.simplify(self.offset + sum(
+            (i * s for i, s, n in zip(idx, self.stride, self.shape) if n != 1), indexing.Integer(0)))
+
+    def load(self, k, idx):
+        return k.load(self, self.index(idx))
+
+    def meta(self):
+        """A meta tensor with this buffer's layout, to compute the layout of a view."""
+        span = 1 + self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n)
+        base = torch.empty(span, dtype=self.dtype, device="meta")
+        return base.as_strided(self.shape, self.stride, self.offset)
+
+    def __repr__(self):
+        return f"Buffer({self.name}, {self.shape}, {self.stride}, {self.dtype})"
+
+
+class Pointwise(IRNode):
+    """`fn(kernel, index) -> value`.  `reads` counts the memory loads it inlines (to
+    decide when recomputing it in every consumer costs more than storing it once).
+    `alias` is (base, view_fn) when it is a view of something that memory can hold."""
+    __slots__ = ("fn", "reads", "alias", "realized")
+
+    def __init__(self, shape, dtype, fn, reads, alias=None):
+        self.shape, self.dtype, self.fn, self.reads = tuple(shape), dtype, fn, reads
+        self.alias, self.realized = alias, None
+
+    def load(self, k, idx):
+        if self.realized is not None:
+            return self.realized.load(k, idx)
+        return self.fn(k, idx)
+
+
+class Reduction(IRNode):
+    """Reduces `fn(kernel, index, rindex)` over `rshape` for each output `index`, with
+    `rtype` in sum, prod, max, min, any, argmax, argmin."""
+    __slots__ = ("rshape", "rtype", "fn", "src_dtype")
+
+    def __init__(self, shape, dtype, rshape, rtype, fn, src_dtype):
+        self.shape, self.dtype, self.rshape = tuple(shape), dtype, tuple(rshape)
+        self.rtype, self.fn, self.src_dtype = rtype, fn, src_dtype
+
+    @property
+    def rnumel(self) -> int:
+        return math.prod(self.rshape)
+
+
+class Computed(IRNode):
+    """A realized pointwise or reduction node, `name`d buffer when stored."""
+    __slots__ = ("name", "node", "buffer", "order")
+
+    def __init__(self, name, node, device, order):
+        self.name, self.node, self.shape, self.dtype = name, node, node.shape, node.dtype
+        self.order = order  # position in program order: kernels launched before read it
+        self.buffer = Buffer(name, node.shape, contiguous_strides(node.shape), node.dtype, device)
+
+    @property
+    def is_reduction(self) -> bool:
+        return isinstance(self.node, Reduction)
+
+    def load(self, k, idx):
+        return k.computed(self, idx)
+
+    def __repr__(self):
+        return f"Computed({self.name}, {type(self.node).__name__}, {self.shape})"
+
+
+class Extern:
+    """An aten call in the wrapper: `op(*args, **kwargs)`, its tensors as Buffers;
+    `outputs` mirrors what it returns (Buffers where tensors are)."""
+    __slots__ = ("op", "args", "kwargs", "outputs", "name")
+
+    def __init__(self, name, op, args, kwargs, outputs):
+        self.name, self.op, self.args, self.kwargs, self.outputs = name, op, args, kwargs, outputs

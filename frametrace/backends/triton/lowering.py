@@ -1,0 +1,166 @@
+"""Walks an aten FX graph and builds IR: lazy pointwise values, realized `Computed` nodes
+and `Extern` aten calls, in program order (`items`), plus the graph's outputs."""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Reduction, Unsupported
+from .ops import LOWERINGS
+
+# A pointwise value used more than once is stored rather than recomputed by each user
+# once it inlines this many memory reads (a residual sum, say, read by a norm and by the
+# next residual add).
+REALIZE_READS = 2
+
+
+class GraphLowering:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, device):
+        self.gm, self.example_inputs, self.device = gm, example_inputs, device
+        self.items: list = []            # Computed and Extern, in program order
+        self.inputs: list[str] = []      # wrapper names of the graph inputs
+        self.constants: dict = {}        # wrapper name -> tensor
+        self.outputs: list = []          # Buffers, numbers, None
+        self.wrapper_reads: set = set()  # Computed names that externs or outputs use
+        self.computed_names: dict = {}
+        self.fallback_ops: list[str] = []
+        self._count = 0
+
+    def name(self, prefix="buf") -> str:
+        self._count += 1
+        return f"{prefix}{self._count}"
+
+    def run(self):
+        env = {}
+        placeholders = iter(self.example_inputs)
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = self.placeholder(node, next(placeholders))
+            elif node.op == "get_attr":
+                env[node] = self.constant(getattr(self.gm, node.target))
+            elif node.op == "call_function":
+                env[node] = self.call(node, env)
+            elif node.op == "output":
+                outs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+                self.outputs = [self.realize(v) if isinstance(v, IRNode) else v for v in outs]
+            else:
+                raise Unsupported(f"FX node {node.op}")
+        return self
+
+    def placeholder(self, node, example):
+        if not isinstance(example, torch.Tensor):
+            raise Unsupported(f"non-tensor graph input {example!r}")
+        self.inputs.append(node.name)
+        return Buffer(node.name, example.shape, example.stride(), example.dtype, example.device)
+
+    def constant(self, tensor):
+        name = self.name("const")
+        self.constants[name] = tensor
+        return Buffer(name, tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+
+    def call(self, node, env):
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        lower = LOWERINGS.get(node.target)
+        value = None
+        if lower is not None:
+            try:
+                value = lower(self, node, *args, **kwargs)
+            except Unsupported:
+                value = None
+        if value is None:
+            return self.extern(node, args, kwargs)
+        if isinstance(value, Pointwise) and len(node.users) > 1 and value.reads >= REALIZE_READS:
+            self.realize(value, wrapper=False)
+        return value
+
+    def computed(self, node) -> Computed:
+        c = Computed(self.name(), node, self.device, len(self.items))
+        self.items.append(c)
+        self.computed_names[c.name] = c
+        return c
+
+    def realize(self, value, wrapper=True) -> Buffer:
+        """A Buffer holding `value`; `wrapper`: the wrapper itself uses it (an extern's
+        argument, an output), so a Computed must be stored."""
+        if isinstance(value, Buffer):
+            return value
+        if isinstance(value, Pointwise) and value.realized is None and value.alias is not None:
+            base, view_fn = value.alias
+            b = self.view_buffer(self.realize(base, wrapper), view_fn)
+            if b is not None:
+                return b
+        if isinstance(value, Pointwise):
+            if value.realized is None:
+                value.realized = self.computed(value)
+            value = value.realized
+        if isinstance(value, Computed):
+            if wrapper:
+                self.wrapper_reads.add(value.name)
+            return value.buffer
+        raise Unsupported(f"cannot realize {value!r}")
+
+    def view_buffer(self, base: Buffer, view_fn):
+        """The Buffer a view op gives on `base`'s memory, or None if it would copy."""
+        meta = base.meta()
+        try:
+            out = view_fn(meta)
+        except RuntimeError:
+            return None
+        if not torch._C._is_alias_of(out, meta):
+            return None
+        return Buffer(base.name, out.shape, out.stride(), out.dtype, base.device,
+                      offset=out.storage_offset(), is_view=True)
+
+    def extern(self, node, args, kwargs):
+        """Run `node` as an aten call in the wrapper; its tensor results become Buffers."""
+        self.fallback_ops.append(str(node.target))
+
+        def arg(a):
+            if isinstance(a, IRNode):
+                return self.realize(a)
+            if isinstance(a, (list, tuple)):
+                return type(a)(arg(x) for x in a)
+            return a
+        args, kwargs = arg(args), {k: arg(v) for k, v in kwargs.items()}
+        name = self.name()
+        val = node.meta.get("val")
+        layouts = self._meta_outputs(node, args, kwargs)
+
+        def out(v, layout, path):
+            if isinstance(v, torch.Tensor):
+                stride = layout.stride() if isinstance(layout, torch.Tensor) and \
+                    tuple(layout.shape) == tuple(v.shape) else v.stride()
+                return Buffer(name + path, v.shape, stride, v.dtype, self.device)
+            if isinstance(v, (list, tuple)):
+                ls = layout if isinstance(layout, (list, tuple)) and len(layout) == len(v) else [None] * len(v)
+                return [out(x, lx, f"{path}_{i}") for i, (x, lx) in enumerate(zip(v, ls))]
+            if v is None:
+                return None
+            raise Unsupported(f"{node.target} returns {type(v).__name__}")
+        outputs = out(val, layouts, "")
+        self.items.append(Extern(name, node.target, args, kwargs, outputs))
+        return outputs
+
+    def _meta_outputs(self, node, args, kwargs):
+        """The op's outputs' layouts for *our* inputs' layouts, which may differ from
+        eager's (kernels write contiguous buffers)."""
+        found = []
+
+        def meta(a):
+            if isinstance(a, Buffer):
+                found.append(a)
+                return a.meta()
+            if isinstance(a, (list, tuple)):
+                return type(a)(meta(x) for x in a)
+            return a
+        margs, mkwargs = meta(args), {k: meta(v) for k, v in kwargs.items()}
+        if not found or "device" in kwargs:
+            return None
+        try:
+            return node.target(*margs, **mkwargs)
+        except Exception:
+            return None

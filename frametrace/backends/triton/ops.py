@@ -1,0 +1,703 @@
+"""Aten op → IR.  Each lowering takes the graph lowering `L`, the FX node (its
+`meta["val"]` gives the output's shape and dtype) and the node's arguments with tensors
+replaced by IR values; it returns IR, or raises `Unsupported` to leave the op to aten.
+
+Values inside kernels are code strings in the op's *compute* dtype: float16 and bfloat16
+are loaded and computed as float32 and rounded once, when stored.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import sympy
+import torch
+
+from . import indexing
+from .indexing import flatten, unflatten
+from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Unsupported
+
+aten, prims = torch.ops.aten, torch.ops.prims
+LOWERINGS: dict = {}
+
+
+def register(*ops):
+    def deco(fn):
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    LOWERINGS.setdefault(getattr(op, name), fn)
+            else:
+                LOWERINGS[op] = fn
+        return fn
+    return deco
+
+
+def compute_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _val(node):
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported(f"{node.target} returns {type(val).__name__}")
+    if val.is_complex():
+        raise Unsupported("complex")
+    return tuple(val.shape), val.dtype
+
+
+def reads_of(x) -> int:
+    if isinstance(x, Pointwise):
+        return 1 if x.realized is not None else x.reads
+    return 1 if isinstance(x, IRNode) else 0
+
+
+def bcast(idx, shape):
+    """The index into a tensor of `shape` broadcast to the output index `idx`."""
+    idx = idx[len(idx) - len(shape):]
+    return [indexing.Integer(0) if n == 1 else i for i, n in zip(idx, shape)]
+
+
+def operand(k, x, idx, dtype):
+    if isinstance(x, IRNode):
+        return k.cast(x.load(k, bcast(idx, x.shape)), x.dtype, dtype)
+    return k.literal(x, dtype)
+
+
+def pointwise(shape, dtype, fn, *inputs, alias=None):
+    return Pointwise(shape, dtype, fn, sum(reads_of(x) for x in inputs), alias)
+
+
+def _meta_arg(a):
+    if isinstance(a, torch.fx.Node):
+        return a.meta.get("val")
+    return a
+
+
+def promoted(node):
+    """The dtype the op computes in: type promotion over its tensor and number args."""
+    args = [_meta_arg(a) for a in node.args if isinstance(a, (torch.fx.Node, int, float, bool))]
+    args = [a for a in args if isinstance(a, (torch.Tensor, int, float, bool))]
+    try:
+        return torch.result_type(*args[:2]) if len(args) >= 2 else args[0].dtype
+    except Exception:
+        return node.meta["val"].dtype
+
+
+# -- elementwise ------------------------------------------------------------------------
+def elementwise(template, compute=None):
+    """Lower with `template(k, *values)` or `template.format(*values)`; inputs are cast to
+    `compute(node, out_dtype)` (default: the output dtype)."""
+    def lower(L, node, *args, **kwargs):
+        shape, dtype = _val(node)
+        cdt = compute(node, dtype) if compute else dtype
+        if cdt.is_complex:
+            raise Unsupported("complex")
+        tmpl = template(kwargs) if getattr(template, "takes_kwargs", False) else template
+
+        def fn(k, idx):
+            vals = [operand(k, a, idx, cdt) for a in args]
+            if callable(tmpl):
+                return tmpl(k, cdt, *vals)
+            return k.op(tmpl.format(*vals))
+        return pointwise(shape, dtype, fn, *args)
+    return lower
+
+
+def _by_input(node, dtype):
+    return promoted(node)
+
+
+def _float_in(node, dtype):
+    return dtype if dtype.is_floating_point else torch.float32
+
+
+def _ew(ops, template, compute=None):
+    register(*ops)(elementwise(template, compute))
+
+
+def _with_alpha(sign):
+    def make(kwargs):
+        alpha = kwargs.get("alpha", 1)
+        rhs = "{1}" if alpha == 1 else f"({{1}} * {alpha!r})"
+        return "{0} " + sign + " " + rhs
+    make.takes_kwargs = True
+    return make
+
+
+_ew([aten.add], _with_alpha("+"))
+_ew([aten.sub], _with_alpha("-"))
+_ew([aten.rsub], lambda k, d, a, b: k.op(f"{b} - {a}"))
+
+
+def _mul(k, dtype, a, b):
+    return k.op(f"{a} & {b}" if dtype == torch.bool else f"{a} * {b}")
+
+
+_ew([aten.mul], _mul)
+_ew([aten.neg], "-{0}")
+_ew([aten.abs], "tl.abs({0})")
+_ew([aten.exp], "tl.exp({0})")
+_ew([aten.exp2], "tl.exp2({0})")
+_ew([aten.log], "tl.log({0})")
+_ew([aten.log2], "tl.log2({0})")
+_ew([aten.log10], "tl.log({0}) * 0.4342944819032518")
+_ew([aten.sqrt], "tl.sqrt({0})")
+_ew([aten.rsqrt], "tl.rsqrt({0})")
+_ew([aten.sin], "tl.sin({0})")
+_ew([aten.cos], "tl.cos({0})")
+_ew([aten.tan], "tl.sin({0}) / tl.cos({0})")
+_ew([aten.sigmoid], "1.0 / (1.0 + tl.exp(-{0}))")
+_ew([aten.erf], "tl.math.erf({0})")
+_ew([aten.floor], lambda k, d, x: k.op(f"tl.floor({x})") if d.is_floating_point else x)
+_ew([aten.ceil], lambda k, d, x: k.op(f"tl.ceil({x})") if d.is_floating_point else x)
+_ew([aten.trunc], lambda k, d, x: k.op(f"tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))")
+    if d.is_floating_point else x)
+_ew([aten.reciprocal], "1.0 / {0}")
+_ew([aten.relu], "tl.where({0} < 0, 0, {0})")
+# tanh and expm1 through exp: libdevice is not available to Triton's interpreter.
+_ew([aten.tanh], "1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0)")
+_ew([aten.expm1], "tl.where(tl.abs({0}) < 1e-5, {0} + 0.5 * {0} * {0}, tl.exp({0}) - 1.0)")
+_ew([aten.log1p], lambda k, d, x: k.op(
+    f"tl.where({k.op(f'1.0 + {x}')} == 1.0, {x}, tl.log(1.0 + {x}) * ({x} / ((1.0 + {x}) - 1.0)))"))
+_ew([aten.sign, aten.sgn], lambda k, d, x: k.op(
+    f"({x} > 0).to({k.tl(d)}) - ({x} < 0).to({k.tl(d)})") if d != torch.bool else x)
+_ew([aten.isnan], "{0} != {0}", _by_input)
+_ew([aten.isinf], lambda k, d, x: k.op(f"tl.abs({x}) == float('inf')") if d.is_floating_point
+    else "False", _by_input)
+_ew([aten.logical_not], "{0} == 0", _by_input)
+_ew([aten.bitwise_not], lambda k, d, x: k.op(f"{x} == 0" if d == torch.bool else f"~{x}"))
+for _op, _sym in ((aten.eq, "=="), (aten.ne, "!="), (aten.lt, "<"), (aten.le, "<="),
+                  (aten.gt, ">"), (aten.ge, ">=")):
+    _ew([_op], "{0} %s {1}" % _sym, _by_input)
+for _op, _sym in ((aten.logical_and, "&"), (aten.logical_or, "|"), (aten.logical_xor, "^")):
+    _ew([_op], "({0} != 0) %s ({1} != 0)" % _sym, _by_input)
+for _op, _sym in ((aten.bitwise_and, "&"), (aten.bitwise_or, "|"), (aten.bitwise_xor, "^")):
+    _ew([_op], "{0} %s {1}" % _sym)
+
+
+def _minmax(fn):
+    def tmpl(k, d, a, b):
+        nan = ", propagate_nan=tl.PropagateNan.ALL" if d.is_floating_point else ""
+        return k.op(f"tl.{fn}({a}, {b}{nan})")
+    return tmpl
+
+
+_ew([aten.maximum], _minmax("maximum"))
+_ew([aten.minimum], _minmax("minimum"))
+
+
+def _int_divs(k, a, b):
+    """(trunc, floor) quotients of integers, the same under C's and Python's rules."""
+    neg = k.op(f"({a} < 0) != ({b} < 0)")
+    q = k.op(f"tl.abs({a}) // tl.abs({b})")
+    trunc = k.op(f"tl.where({neg}, -{q}, {q})")
+    floor = k.op(f"tl.where({neg} & ({trunc} * {b} != {a}), {trunc} - 1, {trunc})")
+    return trunc, floor
+
+
+def _div_mode(kwargs):
+    mode = kwargs.get("rounding_mode")
+
+    def tmpl(k, d, a, b):
+        if mode is None:
+            return k.op(f"{a} / {b}")
+        if d.is_floating_point:
+            q = k.op(f"{a} / {b}")
+            return k.op(f"tl.floor({q})" if mode == "floor" else
+                        f"tl.where({q} < 0, tl.ceil({q}), tl.floor({q}))")
+        return _int_divs(k, a, b)[mode == "floor"]
+    return tmpl
+
+
+_div_mode.takes_kwargs = True
+_ew([aten.div], _div_mode, lambda node, d: d)
+
+
+def _remainder(k, d, a, b):
+    if d.is_floating_point:
+        return k.op(f"{a} - tl.floor({a} / {b}) * {b}")
+    return k.op(f"{a} - {_int_divs(k, a, b)[1]} * {b}")
+
+
+def _fmod(k, d, a, b):
+    if d.is_floating_point:
+        q = k.op(f"{a} / {b}")
+        return k.op(f"{a} - tl.where({q} < 0, tl.ceil({q}), tl.floor({q})) * {b}")
+    return k.op(f"{a} - {_int_divs(k, a, b)[0]} * {b}")
+
+
+_ew([aten.remainder], _remainder)
+_ew([aten.fmod], _fmod)
+_ew([aten.floor_divide], lambda k, d, a, b: k.op(f"tl.floor({a} / {b})") if d.is_floating_point
+    else _int_divs(k, a, b)[1])
+
+
+@register(aten.pow)
+def _pow(L, node, base, exp):
+    shape, dtype = _val(node)
+    if isinstance(exp, (int, float)) and isinstance(base, IRNode):
+        e = float(exp)
+
+        def fn(k, idx):
+            x = operand(k, base, idx, dtype)
+            if e == int(e) and 0 <= e <= 4:
+                return k.op(" * ".join([x] * int(e))) if e else k.literal(1, dtype)
+            if e in (-1.0, 0.5, -0.5):
+                return k.op({-1.0: f"1.0 / {x}", 0.5: f"tl.sqrt({x})", -0.5: f"tl.rsqrt({x})"}[e])
+            if not dtype.is_floating_point:
+                raise Unsupported("integer pow")
+            return _general_pow(k, x, k.literal(e, dtype), e == int(e) and int(e) % 2 == 1)
+        return pointwise(shape, dtype, fn, base)
+    if not dtype.is_floating_point:
+        raise Unsupported("integer pow")
+
+    def fn(k, idx):
+        e = operand(k, exp, idx, dtype)
+        x = operand(k, base, idx, dtype)
+        mag = k.op(f"tl.exp2({e} * tl.log2(tl.abs({x})))")
+        # x < 0: NaN unless e is an integer, negative when e is odd
+        whole = k.op(f"tl.floor({e}) == {e}")
+        odd = k.op(f"{whole} & (tl.floor({e} * 0.5) * 2.0 != {e})")
+        signed = k.op(f"tl.where({odd}, -{mag}, tl.where({whole}, {mag}, float('nan')))")
+        return k.op(f"tl.where({x} < 0, {signed}, {mag})")
+    return pointwise(shape, dtype, fn, base, exp)
+
+
+def _general_pow(k, x, e, odd):
+    """x ** e for a constant e; x < 0 gives NaN unless e is an integer (`odd` or even)."""
+    mag = k.op(f"tl.exp2({e} * tl.log2(tl.abs({x})))")
+    if float(e) != int(float(e)):
+        return k.op(f"tl.where({x} < 0, float('nan'), {mag})")
+    return k.op(f"tl.where({x} < 0, -{mag}, {mag})") if odd else mag
+
+
+@register(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
+def _where(L, node, cond, a, b):
+    shape, dtype = _val(node)
+
+    def fn(k, idx):
+        c = operand(k, cond, idx, torch.bool)
+        return k.op(f"tl.where({c}, {operand(k, a, idx, dtype)}, {operand(k, b, idx, dtype)})")
+    return pointwise(shape, dtype, fn, cond, a, b)
+
+
+@register(aten.clamp, aten.clamp_min, aten.clamp_max)
+def _clamp(L, node, x, lo=None, hi=None):
+    shape, dtype = _val(node)
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        lo, hi = None, lo
+    nan = ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_floating_point else ""
+
+    def fn(k, idx):
+        v = operand(k, x, idx, dtype)
+        if lo is not None:
+            v = k.op(f"tl.maximum({v}, {operand(k, lo, idx, dtype)}{nan})")
+        if hi is not None:
+            v = k.op(f"tl.minimum({v}, {operand(k, hi, idx, dtype)}{nan})")
+        return v
+    return pointwise(shape, dtype, fn, x, lo, hi)
+
+
+@register(prims.convert_element_type, aten._to_copy, aten.clone, aten.lift_fresh_copy)
+def _copy(L, node, x, dtype=None, **kwargs):
+    shape, out_dtype = _val(node)
+    if not isinstance(x, IRNode) or node.meta["val"].device != L.device:
+        raise Unsupported("a copy to another device")
+    return pointwise(shape, out_dtype, lambda k, idx: k.cast(x.load(k, idx), x.dtype, out_dtype), x)
+
+
+# -- constants and ranges -----------------------------------------------------------------
+@register(aten.full, aten.scalar_tensor, aten.zeros, aten.ones, aten.full_like,
+          aten.zeros_like, aten.ones_like)
+def _full(L, node, *args, **kwargs):
+    shape, dtype = _val(node)
+    name = node.target.overloadpacket.__name__
+    value = {"zeros": 0, "ones": 1, "zeros_like": 0, "ones_like": 1}.get(
+        name, args[0] if name == "scalar_tensor" else args[-1])
+    if not isinstance(value, (int, float, bool)):
+        raise Unsupported("a non-constant fill value")
+    return pointwise(shape, dtype, lambda k, idx: k.literal(value, dtype))
+
+
+@register(aten.fill.Scalar)
+def _fill(L, node, x, value):
+    shape, dtype = _val(node)
+    return pointwise(shape, dtype, lambda k, idx: k.literal(value, dtype))
+
+
+@register(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota)
+def _arange(L, node, *args, **kwargs):
+    shape, dtype = _val(node)
+    if node.target is prims.iota.default:
+        start, step = kwargs.get("start", args[1] if len(args) > 1 else 0), kwargs.get("step", 1)
+    else:
+        start = args[0] if len(args) > 1 else 0
+        step = args[2] if len(args) > 2 else kwargs.get("step", 1)
+
+    def fn(k, idx):
+        i = k.cast(k.index(idx[0]), torch.int32, dtype)
+        return k.op(f"{k.literal(start, dtype)} + {i} * {k.literal(step, dtype)}")
+    return pointwise(shape, dtype, fn)
+
+
+# -- views ----------------------------------------------------------------------------------
+def view(L, node, x, index_map, view_fn):
+    """A view of `x`: strides on the same memory when x is a buffer, else an index map."""
+    shape, dtype = _val(node)
+    if not isinstance(x, IRNode):
+        raise Unsupported("a view of a non-tensor")
+    if isinstance(x, Buffer):
+        b = L.view_buffer(x, view_fn)
+        if b is not None:
+            return b
+    aliasable = isinstance(x, Computed) or (isinstance(x, Pointwise) and x.alias is not None)
+    return pointwise(shape, dtype, lambda k, idx: x.load(k, index_map(idx)), x,
+                     alias=(x, view_fn) if aliasable else None)
+
+
+@register(aten.view.default, aten._unsafe_view, aten.reshape)
+def _reshape(L, node, x, size):
+    shape, _ = _val(node)
+    old = x.shape
+    return view(L, node, x, lambda idx: unflatten(flatten(idx, shape), old),
+                lambda t: t.view(shape))
+
+
+@register(aten.expand)
+def _expand(L, node, x, size, implicit=False):
+    shape, _ = _val(node)
+    return view(L, node, x, lambda idx: bcast(idx, x.shape), lambda t: t.expand(shape))
+
+
+@register(aten.permute)
+def _permute(L, node, x, dims):
+    dims = [d % len(x.shape) for d in dims]
+
+    def index_map(idx):
+        old = [None] * len(dims)
+        for i, d in enumerate(dims):
+            old[d] = idx[i]
+        return old
+    return view(L, node, x, index_map, lambda t: t.permute(dims))
+
+
+@register(aten.t, aten.transpose.int)
+def _transpose(L, node, x, d0=0, d1=1):
+    n = len(x.shape)
+    if n < 2:
+        return view(L, node, x, lambda idx: idx, lambda t: t)
+    dims = list(range(n))
+    dims[d0 % n], dims[d1 % n] = dims[d1 % n], dims[d0 % n]
+    return _permute(L, node, x, dims)
+
+
+@register(aten.alias, aten.detach)
+def _alias(L, node, x):
+    return view(L, node, x, lambda idx: idx, lambda t: t.view(t.shape))
+
+
+@register(aten.unsqueeze)
+def _unsqueeze(L, node, x, dim):
+    shape, _ = _val(node)
+    dim %= len(shape)
+    return view(L, node, x, lambda idx: idx[:dim] + idx[dim + 1:], lambda t: t.unsqueeze(dim))
+
+
+@register(aten.squeeze, prims.squeeze)
+def _squeeze(L, node, x, dims=None):
+    shape, _ = _val(node)
+    n = len(x.shape)
+    if dims is None:
+        dims = [d for d in range(n) if x.shape[d] == 1]
+    dims = {d % n for d in ([dims] if isinstance(dims, int) else dims) if x.shape[d % n] == 1}
+
+    def index_map(idx):
+        it = iter(idx)
+        return [indexing.Integer(0) if d in dims else next(it) for d in range(n)]
+    return view(L, node, x, index_map, lambda t: t.squeeze(tuple(sorted(dims))))
+
+
+def _slice_bounds(size, start, end, step):
+    start, end, _ = slice(start, end, step).indices(size)
+    return start, max(end, start)
+
+
+@register(aten.slice.Tensor)
+def _slice(L, node, x, dim=0, start=None, end=None, step=1):
+    dim %= len(x.shape)
+    start, end = _slice_bounds(x.shape[dim], start, end, step)
+
+    def index_map(idx):
+        return idx[:dim] + [start + idx[dim] * step] + idx[dim + 1:]
+    return view(L, node, x, index_map, lambda t: t[(slice(None),) * dim + (slice(start, end, step),)])
+
+
+@register(aten.select.int)
+def _select(L, node, x, dim, index):
+    dim %= len(x.shape)
+    index %= x.shape[dim]
+    return view(L, node, x, lambda idx: idx[:dim] + [indexing.Integer(index)] + idx[dim:],
+                lambda t: t.select(dim, index))
+
+
+class _Sub:
+    """A stand-in FX node for one piece of a split: its own meta val."""
+    def __init__(self, val):
+        self.meta = {"val": val}
+
+
+@register(aten.split.Tensor, aten.split_with_sizes, aten.unbind.int)
+def _split(L, node, x, sizes=0, dim=0):
+    vals = node.meta["val"]
+    if node.target is aten.unbind.int:
+        dim = sizes
+        return [_select(L, _Sub(v), x, dim, i) for i, v in enumerate(vals)]
+    dim %= len(x.shape)
+    out, start = [], 0
+    for v in vals:
+        out.append(_slice(L, _Sub(v), x, dim, start, start + v.shape[dim]))
+        start += v.shape[dim]
+    return out
+
+
+@register(aten.as_strided)
+def _as_strided(L, node, x, size, stride, storage_offset=None):
+    if not isinstance(x, Computed) and not isinstance(x, Pointwise):
+        raise Unsupported("as_strided of an input (its storage offset is the caller's)")
+    base = L.realize(x, wrapper=False)
+    b = L.view_buffer(base, lambda t: t.as_strided(size, stride, storage_offset or 0))
+    if b is None:
+        raise Unsupported("as_strided")
+    return b
+
+
+# -- indexing with tensors ------------------------------------------------------------------
+def _wrap(k, x, idx, size):
+    """A symbol for the run-time index loaded from `x`, negatives wrapped."""
+    v = k.cast(x.load(k, bcast(idx, x.shape)), x.dtype, torch.int64)
+    return k.indirect(k.op(f"tl.where({v} < 0, {v} + {size}, {v})"))
+
+
+@register(aten.gather)
+def _gather(L, node, x, dim, index, sparse_grad=False):
+    shape, dtype = _val(node)
+    dim %= max(len(x.shape), 1)
+
+    def fn(k, idx):
+        i = _wrap(k, index, idx, x.shape[dim])
+        return x.load(k, idx[:dim] + [i] + idx[dim + 1:])
+    return pointwise(shape, dtype, fn, x, index)
+
+
+@register(aten.index_select)
+def _index_select(L, node, x, dim, index):
+    shape, dtype = _val(node)
+    dim %= len(x.shape)
+
+    def fn(k, idx):
+        i = _wrap(k, index, [idx[dim]], x.shape[dim])
+        return x.load(k, idx[:dim] + [i] + idx[dim + 1:])
+    return pointwise(shape, dtype, fn, x, index)
+
+
+@register(aten.index.Tensor)
+def _index(L, node, x, indices):
+    shape, dtype = _val(node)
+    used = [d for d, i in enumerate(indices) if i is not None]
+    if any(not isinstance(indices[d], IRNode) or indices[d].dtype == torch.bool for d in used):
+        raise Unsupported("boolean or constant index")
+    bshape = torch.broadcast_shapes(*[indices[d].shape for d in used])
+    adjacent = used == list(range(used[0], used[-1] + 1))
+    first = used[0] if adjacent else 0
+    nb = len(bshape)
+
+    def fn(k, idx):
+        bidx = idx[first:first + nb]
+        rest = idx[:first] + idx[first + nb:]
+        it = iter(rest)
+        src = []
+        for d in range(len(x.shape)):
+            if d in used:
+                src.append(_wrap(k, indices[d], bidx, x.shape[d]))
+            else:
+                src.append(next(it))
+        return x.load(k, src)
+    return pointwise(shape, dtype, fn, x, *[indices[d] for d in used])
+
+
+@register(aten.cat)
+def _cat(L, node, tensors, dim=0):
+    shape, dtype = _val(node)
+    dim %= len(shape)
+    parts, start = [], 0
+    for t in tensors:
+        if t.numel:
+            parts.append((t, start, start + t.shape[dim]))
+            start += t.shape[dim]
+
+    def fn(k, idx):
+        i = k.index(idx[dim])
+        out = None
+        for n, (t, lo, hi) in enumerate(reversed(parts)):
+            conds = ([f"({i} >= {lo})"] if lo else []) + ([f"({i} < {hi})"] if hi < shape[dim] else [])
+            cond = k.op(" & ".join(conds)) if conds else None
+            sub = idx[:dim] + [idx[dim] - lo] + idx[dim + 1:]
+            with k.masked(cond):
+                v = k.cast(t.load(k, bcast(sub, t.shape)), t.dtype, dtype)
+            out = v if out is None else k.op(f"tl.where({cond}, {v}, {out})")
+        return out
+    return pointwise(shape, dtype, fn, *[t for t, _, _ in parts])
+
+
+@register(aten.constant_pad_nd)
+def _pad(L, node, x, pad, value=0):
+    shape, dtype = _val(node)
+    n = len(shape)
+    before = {n - 1 - j // 2: pad[j] for j in range(0, len(pad), 2)}
+
+    def fn(k, idx):
+        src, conds = list(idx), []
+        for d, p in before.items():
+            src[d] = idx[d] - p
+            i = k.index(idx[d])
+            conds += ([f"({i} >= {p})"] if p > 0 else []) + \
+                     ([f"({i} < {p + x.shape[d]})"] if p + x.shape[d] < shape[d] else [])
+        if not conds:
+            return k.cast(x.load(k, src), x.dtype, dtype)
+        cond = k.op(" & ".join(conds))
+        with k.masked(cond):
+            v = k.cast(x.load(k, src), x.dtype, dtype)
+        return k.op(f"tl.where({cond}, {v}, {k.literal(value, dtype)})")
+    return pointwise(shape, dtype, fn, x)
+
+
+# -- reductions -------------------------------------------------------------------------------
+def _dims(x, dims):
+    n = len(x.shape)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(n))
+    dims = [dims] if isinstance(dims, int) else dims
+    return sorted({d % max(n, 1) for d in dims})
+
+
+def reduction(L, x, dims, keepdim, rtype, dtype, src_dtype=None, value=None):
+    """A realized Reduction of `x` (or of `value(k, xindex)`, an index into x's shape)."""
+    if not isinstance(x, IRNode):
+        raise Unsupported("reduction of a number")
+    dims = _dims(x, dims)
+    n = len(x.shape)
+    if 0 in x.shape:
+        raise Unsupported("empty reduction")
+    rshape = [x.shape[d] for d in dims]
+    kept = [d for d in range(n) if d not in dims]
+    shape = [1 if d in dims else x.shape[d] for d in range(n)] if keepdim else [x.shape[d] for d in kept]
+    value = value or (lambda k, xi: x.load(k, xi))
+
+    def fn(k, oidx, ridx):
+        outer = iter([oidx[d] for d in kept] if keepdim else oidx)
+        inner = iter(ridx)
+        return value(k, [next(inner) if d in dims else next(outer) for d in range(n)])
+    return L.computed(Reduction(shape, dtype, rshape, rtype, fn, src_dtype or x.dtype))
+
+
+@register(aten.sum.dim_IntList, aten.sum.default, prims.sum)
+def _sum(L, node, x, dims=None, keepdim=False, dtype=None, **kwargs):
+    _, out = _val(node)
+    return reduction(L, x, dims, keepdim, "sum", out)
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def _prod(L, node, x, *args, **kwargs):
+    raise Unsupported("prod")
+
+
+def _scale(L, node, r, factor):
+    shape, dtype = _val(node)
+    return pointwise(shape, dtype, lambda k, idx: k.op(f"{r.load(k, idx)} * {factor!r}"), r)
+
+
+@register(aten.mean.dim, aten.mean.default)
+def _mean(L, node, x, dims=None, keepdim=False, dtype=None):
+    _, out = _val(node)
+    dims = _dims(x, dims)
+    s = reduction(L, x, dims, keepdim, "sum", out)
+    return _scale(L, node, s, 1.0 / math.prod(x.shape[d] for d in dims))
+
+
+def _var(L, node, x, dims, correction, keepdim):
+    """Two-pass variance: the centred sum of squares reads x again, in the same kernel."""
+    dims = _dims(x, dims)
+    n = math.prod(x.shape[d] for d in dims)
+    dtype = x.dtype if x.dtype.is_floating_point else torch.float32
+    mean = reduction(L, x, dims, True, "sum", dtype)
+
+    def centred_sq(k, xi):
+        m = k.op(f"{mean.load(k, [indexing.Integer(0) if d in dims else i for d, i in enumerate(xi)])} "
+                 f"* {1.0 / n!r}")
+        c = k.op(f"{k.cast(x.load(k, xi), x.dtype, dtype)} - {m}")
+        return k.op(f"{c} * {c}")
+    sq = reduction(L, x, dims, keepdim, "sum", dtype, src_dtype=dtype, value=centred_sq)
+    denom = max(n - (1 if correction is None else correction), 0)
+    return sq, mean, (1.0 / denom if denom else float("inf")), 1.0 / n
+
+
+@register(aten.var.correction, aten.var.dim)
+def _var_op(L, node, x, dims=None, *args, correction=None, keepdim=False):
+    if node.target is aten.var.dim:
+        unbiased, keepdim = (args + (True, False))[:2]
+        correction = 1 if unbiased else 0
+    sq, _, f, _ = _var(L, node, x, dims, correction, keepdim)
+    return _scale(L, node, sq, f)
+
+
+@register(aten.var_mean.correction)
+def _var_mean(L, node, x, dims=None, *, correction=None, keepdim=False):
+    sq, mean, f, inv_n = _var(L, node, x, dims, correction, keepdim)
+    var_val, mean_val = node.meta["val"]
+    var = _scale(L, _Sub(var_val), sq, f)
+    m = mean if keepdim else _squeezed(L, mean, mean_val, _dims(x, dims))
+    return var, _scale(L, _Sub(mean_val), m, inv_n)
+
+
+def _squeezed(L, x, val, dims):
+    return _squeeze(L, _Sub(val), x, dims)
+
+
+@register(aten.amax, aten.amin)
+def _amax(L, node, x, dims=(), keepdim=False):
+    _, out = _val(node)
+    return reduction(L, x, dims, keepdim, "max" if node.target is aten.amax.default else "min", out)
+
+
+@register(aten.max.default, aten.min.default)
+def _max_all(L, node, x):
+    _, out = _val(node)
+    return reduction(L, x, None, False, "max" if node.target is aten.max.default else "min", out)
+
+
+@register(aten.max.dim, aten.min.dim)
+def _max_dim(L, node, x, dim, keepdim=False):
+    vals = node.meta["val"]
+    kind = "max" if node.target is aten.max.dim else "min"
+    return (reduction(L, x, [dim], keepdim, kind, vals[0].dtype),
+            reduction(L, x, [dim], keepdim, "arg" + kind, torch.int64))
+
+
+@register(aten.argmax, aten.argmin)
+def _argmax(L, node, x, dim=None, keepdim=False):
+    kind = "argmax" if node.target is aten.argmax.default else "argmin"
+    if dim is None:
+        if keepdim:
+            raise Unsupported("argmax without dim, keepdim")
+        flat = pointwise((x.numel,), x.dtype, lambda k, idx: x.load(k, unflatten(idx[0], x.shape)), x)
+        return reduction(L, flat, [0], False, kind, torch.int64)
+    return reduction(L, x, [dim], keepdim, kind, torch.int64)
+
+
+@register(aten.any.dim, aten.any.dims, aten.any.default)
+def _any(L, node, x, dims=None, keepdim=False):
+    return reduction(L, x, dims, keepdim, "any", torch.bool)
+
+
+SKIP = {operator.getitem}

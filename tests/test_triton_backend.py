@@ -1,0 +1,367 @@
+"""backend="triton": generated kernels, run through Triton's interpreter on the CPU
+(TRITON_INTERPRET=1), compared with eager for every lowered op, and what was compiled:
+kernels per graph, fusion, fallbacks to aten, deduplication, the autotune cache."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import frametrace
+
+pytest.importorskip("triton")
+from frametrace.backends.triton import autotune, backend, config, last_compiled  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # an internal error raises instead of quietly running the graph eagerly
+    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
+    backend.COMPILED.clear()
+
+
+def compiled_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
+    """fn compiled with the triton backend matches eager; returns the CompiledModule."""
+    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
+    expected = fn(*args)
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True)
+    mod = last_compiled()
+    assert mod is not None, "the graph did not go through the triton backend"
+    if kernels is not None:
+        assert len(mod.kernels) == kernels, mod.source
+    return mod
+
+
+def ints(*shape, lo=-6, hi=7):
+    t = torch.randint(lo, hi, shape)
+    return torch.where(t == 0, torch.ones_like(t), t)
+
+
+def positive(*shape):
+    return torch.rand(*shape) + 0.1
+
+
+# -- every lowered pointwise op, float32 and int64 where torch allows it ---------------------
+UNARY_FLOAT = {
+    "exp": torch.exp, "exp2": torch.exp2, "sin": torch.sin, "cos": torch.cos,
+    "tan": torch.tan, "sigmoid": torch.sigmoid, "erf": torch.erf, "tanh": torch.tanh,
+    "expm1": torch.expm1, "reciprocal": torch.reciprocal, "floor": torch.floor,
+    "ceil": torch.ceil, "trunc": torch.trunc, "isnan": torch.isnan, "isinf": torch.isinf,
+}
+UNARY_POSITIVE = {"log": torch.log, "log2": torch.log2, "log10": torch.log10,
+                  "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt}
+UNARY_ANY = {"abs": torch.abs, "neg": torch.neg, "sign": torch.sign, "relu": torch.relu,
+             "logical_not": torch.logical_not, "square": torch.square}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_FLOAT))
+def test_unary_float(name):
+    x = torch.randn(5, 7) * 2
+    compiled_run(lambda x: UNARY_FLOAT[name](x) * 1, x, kernels=1)
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_POSITIVE))
+def test_unary_positive(name):
+    compiled_run(lambda x: UNARY_POSITIVE[name](x), positive(5, 7), kernels=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("name", sorted(UNARY_ANY))
+def test_unary(name, dtype):
+    x = torch.randn(5, 7) * 3 if dtype.is_floating_point else ints(5, 7)
+    compiled_run(lambda x: UNARY_ANY[name](x), x, kernels=1)
+
+
+def test_bitwise_not_int64():
+    compiled_run(lambda x: ~x, ints(4, 6), kernels=1)
+
+
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "remainder": torch.remainder, "fmod": torch.fmod, "floor_divide": torch.floor_divide,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+    "logical_xor": torch.logical_xor, "add_alpha": lambda a, b: torch.add(a, b, alpha=2),
+    "rsub": lambda a, b: 3 - a + b,
+}
+INT_ONLY = {"bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
+            "bitwise_xor": torch.bitwise_xor}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary(name, dtype):
+    if dtype.is_floating_point:
+        a, b = torch.randn(6, 5) * 4, torch.randn(5) * 2
+        a[0, 0] = b[0] * 2  # an exact tie for the comparisons
+    else:
+        a, b = ints(6, 5), ints(5)
+    compiled_run(lambda a, b: BINARY[name](a, b), a, b, kernels=1, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(INT_ONLY))
+def test_bitwise_int64(name):
+    compiled_run(lambda a, b: INT_ONLY[name](a, b), ints(6, 5), ints(6, 5), kernels=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_scalar_operands_and_where_clamp(dtype):
+    x = torch.randn(4, 9) * 5 if dtype.is_floating_point else ints(4, 9)
+
+    def f(x):
+        y = torch.where(x > 1, x * 2, 3 - x)
+        return torch.clamp(y, -4, 6), torch.clamp_min(y, 0) + torch.clamp_max(y, 1)
+    compiled_run(f, x, kernels=1)
+
+
+@pytest.mark.parametrize("exponent", [0, 1, 2, 3, 0.5, -0.5, -1, 2.5, -3])
+def test_pow_scalar(exponent):
+    x = positive(4, 6) if exponent != int(exponent) or exponent < 0 else torch.randn(4, 6)
+    compiled_run(lambda x: x ** exponent, x, kernels=1, rtol=1e-4)
+
+
+def test_pow_tensor_and_int64_pow():
+    compiled_run(lambda x, y: torch.pow(x, y) + torch.pow(2.0, y), positive(4, 6), torch.randn(4, 6),
+                 kernels=1, rtol=1e-4)
+    compiled_run(lambda x: x ** 2 + x ** 3, ints(4, 6), kernels=1)
+
+
+def test_type_conversions():
+    def f(x, i, b):
+        return x.to(torch.int64) + i, (i.float() / 3).to(torch.float64), b.to(torch.float32) * x
+    compiled_run(f, torch.randn(4, 5) * 10, ints(4, 5), torch.rand(4, 5) > 0.5, kernels=1)
+
+
+# -- reductions ---------------------------------------------------------------------------------
+REDUCTIONS = {
+    "sum": lambda x: x.sum(-1), "sum_keepdim": lambda x: x.sum(1, keepdim=True),
+    "sum_all": lambda x: x.sum(), "sum_dim0": lambda x: x.sum(0),
+    "amax": lambda x: x.amax(-1), "amin": lambda x: x.amin(0),
+    "max_all": lambda x: x.max(), "argmax": lambda x: x.argmax(-1),
+    "argmin": lambda x: x.argmin(0), "argmax_flat": lambda x: x.argmax(),
+    "max_dim": lambda x: x.max(1), "min_dim": lambda x: x.min(0, keepdim=True),
+    "any": lambda x: (x > 2).any(-1), "sum_dims": lambda x: x.sum((0, 2)),
+}
+FLOAT_REDUCTIONS = {
+    "mean": lambda x: x.mean(-1), "var": lambda x: x.var(-1),
+    "var_mean": lambda x: torch.var_mean(x, 1, correction=0),
+    "std": lambda x: x.std(0, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduction(name, dtype):
+    shape = (3, 5, 6) if name == "sum_dims" else (6, 11)
+    x = torch.randn(*shape) * 3 if dtype.is_floating_point else ints(*shape, lo=-50, hi=50)
+    compiled_run(REDUCTIONS[name], x, kernels=1 if name != "max_dim" and name != "min_dim" else None,
+                 rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT_REDUCTIONS))
+def test_float_reduction(name):
+    compiled_run(FLOAT_REDUCTIONS[name], torch.randn(7, 13), kernels=1, rtol=1e-4, atol=1e-5)
+
+
+def test_looped_reduction_row_larger_than_a_block():
+    n = config.persistent_rblock_max + 1000
+    x = torch.randn(2, n)
+
+    def f(x):
+        return torch.softmax(x, -1), x.argmax(-1), x.amin(-1), (x > 4).any(-1), x.var(-1)
+    mod = compiled_run(f, x, atol=1e-6, rtol=1e-4)
+    assert any("for roffset in range" in k.source for k in mod.kernels)
+    assert len(mod.kernels) == 1, mod.source
+
+
+def test_masks_with_odd_sizes():
+    def f(x, y):
+        return torch.softmax(x, -1) * 2, torch.tanh(y) + 1, y.sum(0)
+    mod = compiled_run(f, torch.randn(13, 37), torch.randn(3, 17, 5))
+    assert any("xmask" in k.source or "rmask" in k.source for k in mod.kernels)
+
+
+def test_masks_dropped_when_sizes_divide_blocks():
+    mod = compiled_run(lambda x: torch.softmax(x, -1), torch.randn(64, 256), kernels=1)
+    assert "mask" not in mod.kernels[0].source
+
+
+# -- fusion ---------------------------------------------------------------------------------------
+def test_pointwise_chain_is_one_kernel():
+    mod = compiled_run(lambda x, w, b: F.gelu(x * w + b).sigmoid() * 3 - x, torch.randn(16, 32),
+                       torch.randn(32), torch.randn(32), kernels=1)
+    assert "xindex % 32" in mod.kernels[0].source.replace("(", "").replace(")", "")
+
+
+def test_softmax_is_one_kernel():
+    compiled_run(lambda x: torch.softmax(x, -1), torch.randn(16, 100), kernels=1)
+    compiled_run(lambda x: F.log_softmax(x, 1), torch.randn(16, 100), kernels=1)
+
+
+@pytest.mark.parametrize("functional", [True, False])
+def test_layer_norm_is_one_kernel(functional):
+    x = torch.randn(4, 6, 32)
+    if functional:
+        w, b = torch.randn(32), torch.randn(32)
+        compiled_run(lambda x: F.layer_norm(x, (32,), w, b), x, kernels=1)
+    else:
+        ln = torch.nn.LayerNorm(32)
+        torch.nn.init.normal_(ln.weight)
+        with torch.no_grad():
+            compiled_run(ln, x, kernels=1)
+
+
+def rms_norm(h, w, eps=1e-6):
+    hf = h.float()
+    return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * w
+
+
+def test_add_rms_norm_is_one_kernel():
+    def f(x, residual, w):
+        h = x + residual
+        return h, rms_norm(h, w)
+    mod = compiled_run(f, torch.randn(8, 64), torch.randn(8, 64), torch.randn(64), kernels=1)
+    assert len(mod.kernels[0].stores) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_compute_in_float32(dtype):
+    def f(x, residual, w):
+        h = x + residual
+        return h, rms_norm(h, w), torch.softmax(h, -1), F.silu(x) * residual
+    args = [torch.randn(8, 64, dtype=dtype) for _ in range(2)] + [torch.randn(64, dtype=dtype)]
+    mod = compiled_run(f, *args, atol=2e-2, rtol=2e-2)
+    assert "tl.float32" in mod.kernels[0].source
+
+
+def test_mm_with_epilogue():
+    def f(x, w, b):
+        return torch.tanh(x @ w + b) * 2
+    mod = compiled_run(f, torch.randn(8, 16), torch.randn(16, 12), torch.randn(12), kernels=1)
+    assert any("addmm" in e or "mm" in e for e in mod.externs)
+
+
+def test_fallback_op_inside_the_same_graph():
+    def f(x):
+        return torch.cumsum(x.exp(), 1).sin() + 1
+    mod = compiled_run(f, torch.randn(5, 9), kernels=2, rtol=1e-4)
+    assert any("cumsum" in op for op in mod.fallback_ops)
+
+
+def test_kernels_deduplicated_by_source():
+    def f(a, b):
+        m = (a * 2 + 1).relu() @ b
+        return (m * 2 + 1).relu()
+    mod = compiled_run(f, torch.randn(8, 8), torch.randn(8, 8), rtol=1e-4)
+    assert len(mod.kernels) == 2 and len(mod.unique_kernels) == 1, mod.source
+
+
+# -- views and indexing ---------------------------------------------------------------------------
+def test_views_transposes_and_broadcasting():
+    def f(x, y):
+        a = x.view(4, 3, 5).permute(2, 0, 1).reshape(5, 12)
+        b = y.t().unsqueeze(0).expand(3, 5, 4)
+        c = x[1:, ::2].transpose(0, 1) + 1
+        d = torch.cat([x[:, :2], -x[:, 2:]], 1)
+        return a * 2, b.sum(0) + x.view(4, 15)[:, :5].t(), c, d.squeeze(), x[2].unsqueeze(1)
+    compiled_run(f, torch.randn(12, 5), torch.randn(4, 5))
+
+
+def test_split_unbind_select_pad():
+    def f(x):
+        a, b = x.split([2, 3], dim=1)
+        p, q = x.unbind(0)[:2]
+        return a.sum(1) + b[:, 0], p - q, F.pad(x, (1, 2, 0, 1), value=-1.0), x.select(1, -1)
+    compiled_run(f, torch.randn(4, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_embedding_and_gather(dtype):
+    table = torch.randn(10, 6) if dtype.is_floating_point else ints(10, 6)
+    idx = torch.randint(0, 10, (3, 4))
+    gather_idx = torch.randint(-6, 6, (10, 3))
+    sel = torch.tensor([3, -1, 0])
+
+    def f(table, idx, gi):
+        return (F.embedding(idx, table) * 2, table.gather(1, gi + (gi < 0).long() * 6),
+                table.index_select(0, sel.abs()), table[idx[0]], table[:, sel])
+    compiled_run(f, table, idx, gather_idx)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_constants_and_ranges(dtype):
+    def f(x):
+        return (x + torch.arange(6, dtype=dtype), torch.full((2, 6), 7, dtype=dtype) * x[:2],
+                torch.zeros_like(x) + torch.ones(6, dtype=dtype))
+    compiled_run(f, torch.randn(3, 6) if dtype.is_floating_point else ints(3, 6))
+
+
+# -- runtime, logs, fallbacks ----------------------------------------------------------------------
+def test_autotune_choice_cached_per_shape():
+    autotune.TUNED.clear()
+    f = frametrace.optimize(backend="triton", dynamic=False)(lambda x: torch.softmax(x, -1))
+    for shape in [(4, 32), (4, 64), (4, 32)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    assert {(n, r) for (_, n, r) in autotune.TUNED} == {(4, 32), (4, 64)}
+    tuned = autotune.STATS["tuned"]
+    f(torch.randn(4, 64))
+    assert autotune.STATS["tuned"] == tuned
+
+
+def test_output_code_log(caplog):
+    with caplog.at_level(logging.INFO, logger="frametrace.output_code"):
+        compiled_run(lambda x: torch.softmax(x, -1) + 1, torch.randn(4, 8))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "def call(args)" in text and "@triton.jit" in text and "tl.reduce" in text
+
+
+def test_cpu_without_interpreter_uses_aot_eager(monkeypatch, caplog):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with caplog.at_level(logging.INFO, logger="frametrace.output_code"):
+        f = frametrace.optimize(backend="triton")(lambda x: x.sin() + 1)
+        x = torch.randn(4)
+        torch.testing.assert_close(f(x), x.sin() + 1)
+    assert last_compiled() is None
+    assert "aot_eager" in caplog.text
+
+
+def test_gradients_match_eager():
+    def f(x, w):
+        return torch.softmax(x @ w, -1).pow(2).sum()
+    x, w = torch.randn(4, 5, requires_grad=True), torch.randn(5, 6, requires_grad=True)
+    frametrace.optimize(backend="triton")(f)(x, w).backward()
+    got = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    f(x, w).backward()
+    torch.testing.assert_close(got, (x.grad, w.grad))
+    assert last_compiled() is not None
+
+
+def test_backend_is_registered_and_import_is_lazy():
+    assert "triton" in frametrace.list_backends()
+    import subprocess
+    import sys
+    code = ("import frametrace, sys; "
+            "assert not [m for m in sys.modules if m.startswith('frametrace.backends.triton.')]")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_transformers_models_run_on_triton_kernels():
+    transformers = pytest.importorskip("transformers")
+    import test_transformers
+    for name in ("gpt2", "llama"):
+        torch.manual_seed(0)
+        model = test_transformers.MODELS[name]().eval()
+        ids = torch.randint(0, 100, (1, 8))
+        with torch.no_grad():
+            got = frametrace.optimize(backend="triton", fullgraph=True)(model)(ids)
+            expected = model(ids)
+        torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state,
+                                   atol=1e-4, rtol=1e-4)
+        assert len(last_compiled().kernels) > 5
+    del transformers
