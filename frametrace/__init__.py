@@ -14,6 +14,7 @@ from .backends import list_backends, register_backend
 from .eval_frame import OptimizedModule, disable, optimize, reset
 from .exc import Unsupported
 from .explain import explain
+from .shapes import mark_dynamic, mark_static
 from .viewer import show
 
 try:
@@ -22,5 +23,5 @@ except ValueError as _e:          # a typo in FRAMETRACE_LOGS must not break the
     import warnings as _warnings
     _warnings.warn(str(_e), stacklevel=2)
 
-__all__ = ["explain", "show", "optimize", "disable", "reset", "list_backends", "register_backend", "config",
+__all__ = ["explain", "show", "optimize", "mark_dynamic", "mark_static", "disable", "reset", "list_backends", "register_backend", "config",
            "Unsupported", "OptimizedModule", "testing"]

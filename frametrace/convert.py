@@ -20,8 +20,10 @@ from .exc import Unsupported, format_user_stack
 from .graph import OutputGraph
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
+from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
 from .variables.functions import BoundMethodVar, PartialVar
+from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar
 
 log = logging.getLogger("frametrace")
@@ -139,21 +141,21 @@ def force_trace(code):
 _callbacks: dict[tuple, object] = {}
 
 
-def make_callback(backend, fullgraph: bool):
+def make_callback(backend, fullgraph: bool, dynamic=None):
     """The callback the C hook calls on a cache miss:
-    ``callback(code, func, arg_slots, n_entries)``.  One per (backend, fullgraph):
-    cache entries belong to their callback, so optimize() calls with the same backend
-    share compiled code and calls with different ones do not."""
-    key = (id(backend), bool(fullgraph))
+    ``callback(code, func, arg_slots, n_entries)``.  One per (backend, fullgraph,
+    dynamic): cache entries belong to their callback, so optimize() calls with the same
+    settings share compiled code and calls with different ones do not."""
+    key = (id(backend), bool(fullgraph), dynamic)
     known = _callbacks.get(key)
     if known is not None and known.backend is backend:
         return known
-    callback = _make_callback(backend, fullgraph)
+    callback = _make_callback(backend, fullgraph, dynamic)
     _callbacks[key] = callback
     return callback
 
 
-def _make_callback(backend, fullgraph: bool):
+def _make_callback(backend, fullgraph: bool, dynamic):
 
     def callback(code, func, args, n_entries):
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
@@ -171,10 +173,11 @@ def _make_callback(backend, fullgraph: bool):
             return _C.RUN_DEFAULT_ON_MISS
         if n_entries and recompile_log.isEnabledFor(logging.INFO):
             _log_recompile(code, func, args)
-        return compile_frame(code, func, args, backend, fullgraph)
+        return compile_frame(code, func, args, backend, fullgraph, dynamic)
 
     callback.backend = backend
     callback.fullgraph = fullgraph
+    callback.dynamic = dynamic
     return callback
 
 
@@ -188,22 +191,23 @@ def _log_recompile(code, func, args):
             return
 
 
-def compile_frame(code, func, args, backend, fullgraph: bool):
+def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
     """Trace and compile one frame; returns the C hook's decision.  Tracing switches
     grad mode and autocast for real (so FakeTensors come out right); whatever happens,
     the program's state is put back as it was at the frame's entry."""
     entry_grad = torch.is_grad_enabled()
     try:
-        return _compile_frame(code, func, args, backend, fullgraph, entry_grad)
+        return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
     finally:
         torch._C._set_grad_enabled(entry_grad)
+        release_shape_env_caches()
 
 
-def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
+def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     record = CompileRecord(code)
     t0 = time.perf_counter()
     guards = GuardSet(code, func)
-    output = OutputGraph(guards)
+    output = OutputGraph(guards, ShapePolicy(code, dynamic))
     tracer = InstructionTranslator(code, func, args, output, guards)
     try:
         result = tracer.run()
@@ -223,7 +227,7 @@ def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
             output.close_contexts()
             torch._C._set_grad_enabled(entry_grad)
             guards = GuardSet(code, func)
-            output = OutputGraph(guards)
+            output = OutputGraph(guards, ShapePolicy(code, dynamic))
             tracer = InstructionTranslator(code, func, args, output, guards)
             tracer.stop_at = e.break_index
             try:
@@ -259,6 +263,7 @@ def _compile_frame(code, func, args, backend, fullgraph, entry_grad):
     if new_code is not None and record.graph_module is not None:
         guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype())
     try:
+        guards.shape_guards(output.shape_env)
         check = guards.compile()
     except Exception:
         log.warning("frametrace: could not build guards for %s", code.co_name, exc_info=True)
@@ -283,8 +288,6 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
             entry_grad=True):
     """Compile the graph and build the transformed code: it returns `result`, or at a
     graph break runs `break_at` in CPython and continues in a resume function."""
-    output.prune_unused_inputs()
-    _guard_aliasing(output, guards, tracer.side_effects)
     out_nodes = []
     live = [result] if break_at is None else _live_at_break(tracer)
     for v in live:
@@ -292,6 +295,8 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     side_effects = tracer.side_effects
     for v in side_effects.values():
         _collect_outputs(v, out_nodes)
+    output.prune_unused(keep=out_nodes)
+    _guard_aliasing(output, guards, tracer.side_effects)
     cg = CodeGen(code, lineno=tracer.lineno)
     name = None
     if output.op_count():
@@ -385,7 +390,7 @@ def _live_at_break(tracer):
 
 def _collect_outputs(v, out, seen=None):
     seen = set() if seen is None else seen
-    if isinstance(v, TensorVar):
+    if isinstance(v, (TensorVar, SymNodeVar)):
         if v.node.op != "placeholder" and v.node not in out:
             out.append(v.node)
     elif isinstance(v, (TupleVar, ListVar)):
@@ -428,5 +433,6 @@ def reset():
     _installed_globals.clear()
     graph_modules.clear()
     resume.clear()
+    forget_sizes()
 
 

@@ -30,14 +30,16 @@ def optimize(backend="eager", *, fullgraph: bool = False, dynamic=None):
     callable ``backend(gm, example_inputs) -> callable``; pass callables by keyword, or
     register them, so they are not taken for the function to compile.  With
     ``fullgraph=True`` anything that cannot be traced raises `frametrace.Unsupported`
-    instead of running in CPython.  `dynamic` is accepted for torch.compile
-    compatibility; shapes are static (each new shape compiles a new entry).
+    instead of running in CPython.  `dynamic`: None (default) compiles static
+    sizes first and makes the sizes that change symbolic on the next compile; True
+    makes every input size symbolic from the first compile; False keeps sizes static
+    (each new shape compiles a new entry).  See `mark_dynamic` and `mark_static`.
     """
     if _is_target(backend):
         return optimize()(backend)
     if dynamic not in (None, False, True):
         raise ValueError("dynamic must be None, True or False")
-    callback = convert.make_callback(lookup_backend(backend), fullgraph)
+    callback = convert.make_callback(lookup_backend(backend), fullgraph, dynamic)
 
     def wrap(target):
         if isinstance(target, OptimizedModule):

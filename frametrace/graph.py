@@ -7,12 +7,16 @@ import time
 
 import torch
 import torch.fx as fx
+from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                           DynamicOutputShapeException, FakeTensorMode)
+                                           DynamicOutputShapeException)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from .shapes import ShapePolicy, new_fake_mode, symbolic_fake, symbolic_int
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
-from .variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar
+from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
+from .variables.symbolic import SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, wrap_sym
 from .variables.tensor import TensorVar
 
 
@@ -22,18 +26,22 @@ class GraphInput:
     def __init__(self, source, node, value):
         self.source = source
         self.node = node
-        self.value = value  # the real tensor, dropped after compiling
+        # The real tensor (or, for a symbolic int, its SymInt), dropped after compiling.
+        self.value = value
 
 
 class OutputGraph:
     """Collects the graph while tracing; `compile` hands it to the backend."""
 
-    def __init__(self, guards, fake_mode: FakeTensorMode | None = None):
+    def __init__(self, guards, policy: ShapePolicy | None = None):
         self.graph = fx.Graph()
         self.guards = guards
-        self.fake_mode = fake_mode or FakeTensorMode()
+        self.policy = policy or ShapePolicy(None, False)
+        self.fake_mode = new_fake_mode()
+        self.shape_env = self.fake_mode.shape_env
         self.inputs: list[GraphInput] = []
         self._input_by_id: dict[int, GraphInput] = {}
+        self._sizes: dict[tuple, SymNodeVar] = {}   # (tensor node, dim) -> its size
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
         self.object_vars: dict[int, tuple] = {}
         # id(ContextVar) -> traced value set during the trace (reset before it ends).
@@ -55,23 +63,55 @@ class OutputGraph:
             if known.source != source:
                 self.guards.same_object(source, known.source)
             return TensorVar(known.node, known.node.meta["example_value"], source)
-        self.guards.tensor(source, value)
-        name = _node_name(source.name())
+        dims = self.policy.dynamic_dims(source, value)
+        if dims:
+            fake = symbolic_fake(self.fake_mode, value, source, dims)
+        else:
+            fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        self.guards.tensor(source, value, fake)
+        node = self._placeholder(source, fake)
+        inp = GraphInput(source, node, value)
+        self.inputs.append(inp)
+        self._input_by_id[id(value)] = inp
+        return TensorVar(node, fake, source)
+
+    def add_int_input(self, value: int, source) -> SymNodeVar:
+        """A Python int argument that has changed between calls: a symbolic input."""
+        sym = symbolic_int(self.fake_mode, value, source)
+        self.guards.symbolic_int(source, sym)
+        node = self._placeholder(source, sym)
+        self.inputs.append(GraphInput(source, node, sym))
+        return SymNodeVar(node, sym, source)
+
+    def _placeholder(self, source, example):
         if self._last_placeholder is not None:
             ctx = self.graph.inserting_after(self._last_placeholder)
         else:
             first = next(iter(self.graph.nodes), None)
             ctx = self.graph.inserting_before(first)
         with ctx:
-            node = self.graph.placeholder(name)
+            node = self.graph.placeholder(_node_name(source.name()))
         self._last_placeholder = node
-        fake = self.fake_mode.from_tensor(value, static_shapes=True)
-        node.meta["example_value"] = node.meta["val"] = fake
+        node.meta["example_value"] = node.meta["val"] = example
         node.meta["source"] = source.name()
-        inp = GraphInput(source, node, value)
-        self.inputs.append(inp)
-        self._input_by_id[id(value)] = inp
-        return TensorVar(node, fake, source)
+        return node
+
+    def size_of(self, tensor: TensorVar) -> SizeVar:
+        """``tensor.shape``: constants for static sizes, symbolic sizes read at run time
+        by one ``sym_size`` node per dimension."""
+        items = []
+        for i, size in enumerate(tensor.example.shape):
+            if not is_symbolic(size):
+                items.append(ConstVar(int(size)))
+                continue
+            var = self._sizes.get((tensor.node, i))
+            if var is None:
+                with self.graph.inserting_after(tensor.node):
+                    node = self.graph.call_function(torch.ops.aten.sym_size.int, (tensor.node, i))
+                node.meta["example_value"] = node.meta["val"] = size
+                var = self._sizes[(tensor.node, i)] = SymNodeVar(node, size)
+            items.append(var)
+        return SizeVar(items)
 
     # -- ops --
     def call(self, kind: str, target, args: tuple, kwargs: dict):
@@ -88,7 +128,8 @@ class OutputGraph:
                     out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
                     out = target(*fake_args, **fake_kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        except (DataDependentOutputException, DynamicOutputShapeException,
+                GuardOnDataDependentSymNode) as e:
             unsupported(f"{what}() has a data-dependent result ({type(e).__name__})")
         except Exception as e:
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
@@ -96,7 +137,7 @@ class OutputGraph:
             # setitem, _foreach_*_ ...: a mutation whose result is None stays in the graph.
             self.graph.create_node(kind, target, node_args, node_kwargs)
             return ConstVar(None)
-        if not _has_tensor(out):
+        if not _has_tensor(out) and not _has_sym(out):
             if is_constant_value(out) or (isinstance(out, (tuple, list)) and all(map(is_constant_value, out))):
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
@@ -107,17 +148,25 @@ class OutputGraph:
         if isinstance(out, torch.Tensor):
             node.meta["example_value"] = node.meta["val"] = out
             return TensorVar(node, out)
+        if isinstance(out, SYM_TYPES):
+            return wrap_sym(node, out)
         if isinstance(out, (tuple, list)):
+            node.meta["example_value"] = out
             items = []
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     item = self.graph.create_node("call_function", operator.getitem, (node, i))
                     item.meta["example_value"] = item.meta["val"] = o
                     items.append(TensorVar(item, o))
+                elif isinstance(o, SYM_TYPES):
+                    items.append(wrap_sym(self.graph.create_node(
+                        "call_function", operator.getitem, (node, i)), o))
                 elif is_constant_value(o):
                     items.append(ConstVar(o))
                 else:
                     unsupported(f"graph op returned {type(o).__name__} inside a sequence")
+            if isinstance(out, torch.Size):
+                return SizeVar(items)
             fields = getattr(type(out), "_fields", None) or _structseq_fields(out)
             if fields:
                 return NamedTupleVar(items, fields)
@@ -128,9 +177,16 @@ class OutputGraph:
     def op_count(self) -> int:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
-    def prune_unused_inputs(self):
+    def prune_unused(self, keep=()):
+        """Drop size reads and size arithmetic nobody used (shape checks done in
+        Python), then inputs nothing reads; `keep` are the nodes the frame needs."""
+        keep = set(keep)
+        for node in reversed(list(self.graph.nodes)):
+            if not node.users and node not in keep and node.op == "call_function" and \
+                    isinstance(node.meta.get("example_value"), SYM_TYPES):
+                self.graph.erase_node(node)
         for inp in list(self.inputs):
-            if not inp.node.users:
+            if not inp.node.users and inp.node not in keep:
                 self.graph.erase_node(inp.node)
                 self.inputs.remove(inp)
 
@@ -143,7 +199,10 @@ class OutputGraph:
         gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]
         example_inputs = [i.value for i in self.inputs]
         t0 = time.perf_counter()
-        compiled = backend(gm, example_inputs)
+        # Backends that fakeify (AOTAutograd) find our FakeTensorMode here, so they
+        # reuse its symbols instead of specializing on the example sizes.
+        with tracing(TracingContext(self.fake_mode)):
+            compiled = backend(gm, example_inputs)
         seconds = time.perf_counter() - t0
         for i in self.inputs:
             i.value = None
@@ -180,9 +239,19 @@ def _has_tensor(out) -> bool:
     return False
 
 
+def _has_sym(out) -> bool:
+    if isinstance(out, SYM_TYPES):
+        return True
+    if isinstance(out, (tuple, list)):
+        return any(_has_sym(o) for o in out)
+    return False
+
+
 def _to_node_arg(v):
-    if isinstance(v, TensorVar):
+    if isinstance(v, (TensorVar, SymNodeVar)):
         return v.node
+    if isinstance(v, SliceVar):
+        return slice(*(_to_node_arg(p) for p in v.parts))
     if isinstance(v, ConstVar):
         return v.value
     if isinstance(v, (TupleVar, ListVar)):
@@ -197,8 +266,10 @@ def _to_node_arg(v):
 
 
 def _to_fake(v):
-    if isinstance(v, TensorVar):
+    if isinstance(v, (TensorVar, SymNodeVar)):
         return v.example
+    if isinstance(v, SliceVar):
+        return slice(*(_to_fake(p) for p in v.parts))
     if isinstance(v, ConstVar):
         return v.value
     if isinstance(v, (TupleVar, ListVar)):

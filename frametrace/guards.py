@@ -13,18 +13,22 @@ import weakref
 
 import torch
 
+from torch.utils._sympy.printers import PythonPrinter
+
 from . import _C
 from .source import Source, const_sources, guard_local_name
+from .variables.symbolic import is_symbolic
 
 
 class Guard:
-    __slots__ = ("source", "kind", "expr", "text")
+    __slots__ = ("source", "kind", "expr", "text", "symbols")
 
-    def __init__(self, source, kind, expr, text):
+    def __init__(self, source, kind, expr, text, symbols=()):
         self.source = source
         self.kind = kind
         self.expr = expr    # Python expression, True when the guard holds
         self.text = text    # for people: explain(), logs
+        self.symbols = symbols  # the _Symbols a shape guard reads, for its "now:" text
 
     def __repr__(self):
         return f"Guard({self.text})"
@@ -40,6 +44,8 @@ class GuardSet:
         self.constants: dict[str, object] = {}
         self._ids: dict[int, str] = {}
         self.check_ref = None   # weak reference to the compiled check, once built
+        # Where each symbolic size is read: (label, expression, sympy expr at trace time).
+        self.sym_reads: list[tuple[str, str, object]] = []
 
     # -- naming objects the check compares against --
     def const(self, obj) -> str:
@@ -50,10 +56,10 @@ class GuardSet:
             self._ids[id(obj)] = name
         return name
 
-    def _add(self, source: Source | None, kind: str, expr: str, text: str):
+    def _add(self, source: Source | None, kind: str, expr: str, text: str, symbols=()):
         key = (source, kind)
         if key not in self.guards:
-            self.guards[key] = Guard(source, kind, expr, text)
+            self.guards[key] = Guard(source, kind, expr, text, symbols)
             for anchor in const_sources(source):
                 self.constants[anchor.guard_expr()] = anchor.obj
 
@@ -106,7 +112,7 @@ class GuardSet:
                   f"___type({e}) is dict and ___tuple({e}) == {self.const(keys)}",
                   f"{source.name()} is a dict with keys {list(keys)}")
 
-    def tensor(self, source, t: torch.Tensor):
+    def tensor(self, source, t: torch.Tensor, fake=None):
         e = source.guard_expr()
         shape, stride = tuple(t.shape), t.stride()
         first = e
@@ -116,14 +122,77 @@ class GuardSet:
             e = f"___t{len(self.guards)}"
         parts = [f"___type({first}) is {self.const(type(t))}",
                  f"{e}.dtype is {self.const(t.dtype)}",
-                 f"{e}.device == {self.const(t.device)}",
-                 f"{e}.shape == {self.const(shape)}",
-                 f"{e}.stride() == {self.const(stride)}",
-                 f"{e}.requires_grad is {t.requires_grad}"]
+                 f"{e}.device == {self.const(t.device)}"]
+        dtype = str(t.dtype).replace("torch.", "")
+        if fake is None or not any(map(is_symbolic, (*fake.shape, *fake.stride()))):
+            parts += [f"{e}.shape == {self.const(shape)}", f"{e}.stride() == {self.const(stride)}"]
+            sizes, strides = list(shape), list(stride)
+        else:
+            # Static sizes and strides are compared here; symbolic ones are read into
+            # names that the shape guards (made at the end of the trace) check.
+            n = len(self.guards)
+            z, st = f"___z{n}", f"___st{n}"
+            parts.append(f"___len({z} := {e}.shape) == {len(shape)}")
+            parts.append(f"___len({st} := {e}.stride()) == {len(shape)}")
+            sizes, strides = [], []
+            for kind, read, values in (("shape", z, fake.shape), ("stride()", st, fake.stride())):
+                for i, v in enumerate(values):
+                    if is_symbolic(v):
+                        self.sym_reads.append((f"{source.name()}.{kind}[{i}]", f"{read}[{i}]",
+                                               v.node.expr))
+                        (sizes if kind == "shape" else strides).append("*")
+                    else:
+                        parts.append(f"{read}[{i}] == {int(v)}")
+                        (sizes if kind == "shape" else strides).append(int(v))
+        parts.append(f"{e}.requires_grad is {t.requires_grad}")
         self._add(source, "TENSOR", " and ".join(parts),
-                  f"{source.name()}: {type(t).__name__} {str(t.dtype).replace('torch.', '')}"
-                  f"{list(shape)} stride={list(stride)} device={t.device} "
+                  f"{source.name()}: {type(t).__name__} {dtype}[{', '.join(map(str, sizes))}] "
+                  f"stride=[{', '.join(map(str, strides))}] device={t.device} "
                   f"requires_grad={t.requires_grad}")
+
+    def symbolic_int(self, source, sym):
+        """An int argument that is a symbolic input of the graph."""
+        e = source.guard_expr()
+        self._add(source, "TYPE", f"___type({e}) is int", f"type({source.name()}) is int")
+        self.sym_reads.append((source.name(), e, sym.node.expr))
+
+    def shape_guards(self, shape_env):
+        """The facts the ShapeEnv learned while tracing (branches on sizes, broadcasts,
+        divisibility of views), plus each symbol's range, as Python checks over the
+        sizes read in the tensor guards.  Called once, at the end of the trace."""
+        import sympy
+        bound: dict = {}            # sympy Symbol -> _Symbol
+        later = []
+        hints = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") \
+            else shape_env.var_to_val
+        for label, read, expr in self.sym_reads:
+            now = shape_env.simplify(expr)
+            if isinstance(now, sympy.Symbol) and now not in bound:
+                bound[now] = _Symbol(f"___s{len(bound)}", label, read, hints.get(now))
+            else:
+                later.append((label, read, now))
+        names = _SymbolPrinter({s: b.name for s, b in bound.items()})
+        labels = _SymbolPrinter({s: b.label for s, b in bound.items()})
+        for sym, b in bound.items():
+            r = shape_env.var_to_range.get(sym)
+            lower = int(r.lower) if r is not None and isinstance(r.lower, sympy.Integer) else None
+            upper = int(r.upper) if r is not None and isinstance(r.upper, sympy.Integer) else None
+            checks = [f"(({b.name} := {b.read}) == {b.name})"]
+            checks += [f"{b.name} >= {lower}"] if lower is not None else []
+            checks += [f"{b.name} <= {upper}"] if upper is not None else []
+            text = (f"{lower} <= " if lower is not None else "") + b.label + \
+                (f" <= {upper}" if upper is not None else "") + " (symbolic)"
+            self._add(None, f"SYMBOL {b.label}", " and ".join(checks), text, (b,))
+        for label, read, now in later:
+            used = tuple(bound[s] for s in now.free_symbols if s in bound)
+            self._add(None, f"SIZE {label}", f"{read} == {names.doprint(now)}",
+                      f"{label} == {labels.doprint(now)}", used)
+        for g in shape_env.guards:
+            expr = shape_env.simplify(g.expr)
+            if expr == sympy.true:
+                continue
+            used = tuple(bound[s] for s in expr.free_symbols if s in bound)
+            self._add(None, f"SHAPE {expr}", names.doprint(expr), labels.doprint(expr), used)
 
     def not_shadowed(self, globals_source: Source | None, name: str):
         """A builtin was read: the module (the frame's own when `globals_source` is None)
@@ -202,7 +271,7 @@ class GuardSet:
                f"    except Exception:\n"
                f"        return False\n")
         namespace = dict(self.constants)
-        namespace.update(___type=type, ___len=len, ___tuple=tuple)
+        namespace.update(___type=type, ___len=len, ___tuple=tuple, math=math, torch=torch)
         if uses_globals:
             namespace["___G"] = self.func.__globals__
         if uses_builtins:
@@ -223,7 +292,7 @@ class GuardSet:
         params = [guard_local_name(n) for n in code.co_varnames[:len(args)]]
         env = dict(self.constants)
         env.update(zip(params, args))
-        env.update(___func=func, ___type=type, ___len=len, ___tuple=tuple,
+        env.update(___func=func, ___type=type, ___len=len, ___tuple=tuple, math=math, torch=torch,
                    ___G=func.__globals__, ___B=func.__builtins__)
         for g in self.guards.values():
             try:
@@ -236,6 +305,15 @@ class GuardSet:
 
     @staticmethod
     def _describe_now(g, env) -> str:
+        if g.symbols:
+            values = []
+            for sym in g.symbols:
+                try:
+                    value = eval(sym.read, env)
+                except Exception as e:
+                    value = f"unreadable: {type(e).__name__}"
+                values.append(f"{sym.label} = {value}, traced with {sym.hint}")
+            return "; ".join(values)
         if g.source is None:
             return "changed"
         try:
@@ -255,6 +333,29 @@ class GuardSet:
             except TypeError:
                 pass
         return f"{g.source.name()} is {_short(value)}"
+
+
+class _Symbol:
+    """A symbolic size as the guards see it: its local name in the check, the
+    expression that reads it, and the value it was traced with."""
+    __slots__ = ("name", "label", "read", "hint")
+
+    def __init__(self, name, label, read, hint):
+        self.name, self.label, self.read, self.hint = name, label, read, hint
+
+
+class _SymbolPrinter(PythonPrinter):
+    """sympy expressions of the ShapeEnv as Python, with symbols renamed."""
+
+    def __init__(self, names):
+        super().__init__()
+        self._names = names
+
+    def _print_Symbol(self, expr):
+        try:
+            return self._names[expr]
+        except KeyError:
+            raise ValueError(f"shape guard on {expr}, which no input size defines") from None
 
 
 def _short(value) -> str:

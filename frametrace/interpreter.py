@@ -21,6 +21,8 @@ from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar
 from .variables.builder import wrap
 from .variables.constant import BINARY_FOLD
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
+from .variables.containers import SizeVar
+from .variables.symbolic import SliceVar, SymNodeVar
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -771,10 +773,12 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
     seq = (TupleVar, ListVar)
     if plain is operator.add and isinstance(a, seq) and type(a) is type(b):
         return type(a)(a.items + b.items)
-    if plain is operator.mul and isinstance(a, seq) and isinstance(b, ConstVar):
+    if plain is operator.mul and isinstance(a, seq) and isinstance(b, (ConstVar, SymNodeVar)):
         return type(a)(a.items * b.as_const())
-    if plain is operator.mul and isinstance(b, seq) and isinstance(a, ConstVar):
+    if plain is operator.mul and isinstance(b, seq) and isinstance(a, (ConstVar, SymNodeVar)):
         return type(b)(b.items * a.as_const())
+    if _symbolic(a) or _symbolic(b):
+        return _symbolic_op(tx, plain, a, b)
     if a.is_const() and b.is_const() and not isinstance(a, ListVar) and not isinstance(b, ListVar) \
             and plain in BINARY_FOLD:
         try:
@@ -787,8 +791,33 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
     unsupported(f"{plain.__name__} on {a} and {b}")
 
 
+def _symbolic(v: Var) -> bool:
+    if isinstance(v, SymNodeVar):
+        return True
+    return isinstance(v, TupleVar) and any(isinstance(i, SymNodeVar) for i in v.items)
+
+
+def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
+    """An operator on symbolic sizes: numbers become graph nodes with a symbolic result;
+    sequences (shapes) are compared item by item, each comparison a guard."""
+    if not isinstance(a, TupleVar) and not isinstance(b, TupleVar):
+        if not a.is_const() or not b.is_const():
+            unsupported(f"{fn.__name__} on {a} and {b}")
+        return tx.output.call("call_function", fn, (a, b), {})
+    if fn is operator.add:
+        seqs = [v if isinstance(v, TupleVar) else TupleVar([ConstVar(i) for i in v.value])
+                if isinstance(v, ConstVar) and isinstance(v.value, tuple) else None for v in (a, b)]
+        if None not in seqs:
+            kind = SizeVar if isinstance(a, SizeVar) else TupleVar
+            return kind(seqs[0].items + seqs[1].items)
+    if fn in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge):
+        from .graph import _to_fake
+        return ConstVar(bool(fn(_to_fake(a), _to_fake(b))))
+    unsupported(f"{fn.__name__} on {a} and {b}")
+
+
 def unary_op(tx, fn, v: Var) -> Var:
-    if isinstance(v, TensorVar):
+    if isinstance(v, (TensorVar, SymNodeVar)):
         return tx.output.call("call_function", fn, (v,), {})
     if isinstance(v, ConstVar):
         return ConstVar(fn(v.value))
@@ -820,7 +849,7 @@ def is_same(a: Var, b: Var) -> bool:
         return a.node is b.node
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
-        if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar)):
+        if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):
             return False
     unsupported(f"'is' between {a} and {b}")
 
@@ -850,7 +879,9 @@ def contains(tx, container: Var, item: Var) -> bool:
     unsupported(f"'in' with {item} and {container}")
 
 
-def _make_slice(parts) -> ConstVar:
+def _make_slice(parts) -> Var:
+    if any(isinstance(p, SymNodeVar) for p in parts):
+        return SliceVar(parts)
     if not all(p.is_const() for p in parts):
         unsupported(f"slice with non-constant bounds {parts}")
     return ConstVar(slice(*(p.as_const() for p in parts)))

@@ -581,7 +581,7 @@ def test_recursion_through_fallback():
     frametrace.reset()
     cnt = CompileCounter()
 
-    @frametrace.optimize(backend=cnt)
+    @frametrace.optimize(backend=cnt, dynamic=False)
     def fact_like(x, n):
         if n == 0:
             return x * 2                     # compiled for n == 0
@@ -725,7 +725,7 @@ def test_reset_clears_fallback_and_cache_limit_state():
     def h(x):
         return x * 2
 
-    hg, hcnt = compile_counted(h)
+    hg, hcnt = compile_counted(h, dynamic=False)     # each new shape is a new entry
     limit = frametrace.config.cache_size_limit
     frametrace.config.cache_size_limit = 2
     try:
@@ -933,7 +933,7 @@ def test_recursion_error_propagates():
             return x
         return rec(x, n - 1) + 1
 
-    g, cnt = compile_counted(rec)
+    g, cnt = compile_counted(rec, dynamic=False)     # an entry per depth
     x = torch.randn(3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")              # the cache-limit warning

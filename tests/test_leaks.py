@@ -274,7 +274,7 @@ def test_cache_limit_misses_keep_refcounts():
     limit = frametrace.config.cache_size_limit
     frametrace.config.cache_size_limit = 2
     try:
-        g = frametrace.optimize("eager")(add_one)
+        g = frametrace.optimize("eager", dynamic=False)(add_one)
         xs = [torch.ones(n) for n in range(1, 6)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -387,7 +387,7 @@ def test_reset_releases_transformed_code_and_guards():
     def f(x, y):
         return x * y - 1
 
-    g = frametrace.optimize("eager")(f)
+    g = frametrace.optimize("eager", dynamic=False)(f)
     refs = []
     for n in range(1, 6):
         a = torch.ones(n)

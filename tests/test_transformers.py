@@ -60,12 +60,17 @@ def test_model_compiles_to_one_graph(name):
     assert cnt.op_count > 50
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_model_without_cache_and_with_mask(name):
+def compiled_model(name):
+    """(model, its fullgraph-compiled wrapper, the CompileCounter), seeded."""
     torch.manual_seed(0)
     model = MODELS[name]().eval()
     cnt = frametrace.testing.CompileCounter()
-    compiled = frametrace.optimize(backend=cnt, fullgraph=True)(model)
+    return model, frametrace.optimize(backend=cnt, fullgraph=True)(model), cnt
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_model_without_cache_and_with_mask(name):
+    model, compiled, cnt = compiled_model(name)
     ids = torch.randint(0, 100, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, :4] = 0
@@ -85,3 +90,18 @@ def test_config_is_left_as_cpython_leaves_it():
     with torch.no_grad():
         compiled(torch.randint(0, 100, (1, 8)))
     assert dict(vars(model.config)) == before
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_five_sequence_lengths_compile_at_most_twice(name):
+    model, compiled, cnt = compiled_model(name)
+    for seq in (8, 13, 16, 27, 40):
+        ids = torch.randint(0, 100, (2, seq))
+        with torch.no_grad():
+            got = compiled(ids)
+            expected = model(ids)
+        _compare(got, expected)
+    # static for the first length, then one graph with a symbolic sequence length
+    assert cnt.frame_count == 2, f"{cnt.frame_count} graphs"
+    placeholder = next(n for n in cnt.graphs[1].graph.nodes if n.op == "placeholder")
+    assert isinstance(placeholder.meta["example_value"].shape[1], torch.SymInt)

@@ -33,6 +33,8 @@ def wrap(tx, value, source, guard: bool = True):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
         return tx.output.add_input(value, source)
+    if type(value) is int and guards is not None and tx.output.policy.dynamic_int(source, value):
+        return tx.output.add_int_input(value, source)
     if is_constant_value(value):
         if guards is not None:
             guards.equals(source, value)

@@ -326,6 +326,8 @@ def _python_type_of(tx, v: Var) -> type:
 
 def _len(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
+        if isinstance(args[0], TensorVar) and args[0].example.dim():
+            return tx.output.size_of(args[0]).items[0]     # may stay symbolic
         return ConstVar(args[0].length(tx))
 
 

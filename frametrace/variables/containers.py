@@ -68,6 +68,32 @@ class TupleVar(_SequenceVar):
     kind = tuple
 
 
+class SizeVar(TupleVar):
+    """A torch.Size whose items may be symbolic sizes."""
+    __slots__ = ()
+
+    def python_type(self):
+        import torch
+        return torch.Size
+
+    def as_const(self):
+        import torch
+        return torch.Size(v.as_const() for v in self.items)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "numel" and not args and not kwargs:
+            import operator
+            total = ConstVar(1)
+            for item in self.items:    # a product of symbolic sizes stays symbolic
+                total = tx.output.call("call_function", operator.mul, (total, item), {})
+            return total
+        return super().call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg):
+        import torch
+        cg.call_const(torch.Size, [lambda cg: TupleVar(self.items).reconstruct(cg)])
+
+
 class NamedTupleVar(TupleVar):
     """A namedtuple or torch.return_types result (values, indices, ...)."""
     __slots__ = ("fields", "cls")

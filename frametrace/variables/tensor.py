@@ -8,8 +8,8 @@ import torch
 from .base import Var, unsupported
 from .constant import ConstVar
 
-# Metadata answered at trace time (shapes are static here, and guarded).
-_META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf",
+# Metadata answered at trace time (and guarded); sizes may be symbolic.
+_META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf",
                "layout", "is_sparse", "is_quantized", "is_meta", "is_complex_", "itemsize",
                "nbytes"}
 # Attributes that are new tensors: graph nodes.
@@ -34,6 +34,8 @@ class TensorVar(Var):
 
     def getattr(self, tx, name):
         from .objects import MethodVar
+        if name == "shape":
+            return tx.output.size_of(self)
         if name in _META_ATTRS:
             return ConstVar(getattr(self.example, name))
         if name in _TENSOR_ATTRS:
@@ -50,6 +52,12 @@ class TensorVar(Var):
     def call_method(self, tx, name, args, kwargs):
         if name in _DATA_METHODS:
             unsupported(f"Tensor.{name}() needs the tensor's data")
+        if name == "size" and len(args) <= 1 and not kwargs:
+            # Sizes are read from the shape, not recorded as graph calls.
+            shape = tx.output.size_of(self)
+            return shape.getitem(tx, args[0]) if args else shape
+        if name == "dim" and not args and not kwargs:
+            return ConstVar(self.example.dim())
         return tx.output.call("call_method", name, (self, *args), kwargs)
 
     def getitem(self, tx, key):
@@ -65,7 +73,7 @@ class TensorVar(Var):
     def length(self, tx):
         if self.example.dim() == 0:
             unsupported("len() of a 0-d tensor")
-        return int(self.example.shape[0])
+        return tx.output.size_of(self).items[0].as_const()
 
     def truth(self, tx):
         unsupported("branching on a tensor's value (data-dependent control flow)")

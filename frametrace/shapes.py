@@ -1,0 +1,175 @@
+"""Which sizes are symbolic: the dynamic-shape policy, and the `ShapeEnv` that holds the
+symbols of one compile.
+
+``optimize(dynamic=None)`` (the default) compiles with static sizes first.  Each code
+object remembers the sizes (and int arguments) it was compiled for; when it is compiled
+again and a size differs, that dimension is symbolic from then on ("automatic dynamic"),
+so one more compile covers every later size.  ``dynamic=True`` makes every dimension of
+every input symbolic from the first compile; ``dynamic=False`` never does.
+`mark_dynamic` and `mark_static` pin single dimensions either way.
+
+Sizes of 0 and 1 are always specialized (a size-1 dimension broadcasts, so a graph for
+it is a different program), as in torch.compile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+
+import torch
+from torch._guards import GuardSource, Source as _TorchSource
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                   StatelessSymbolicContext)
+
+from .source import AttrSource, GetItemSource, LocalSource
+
+
+def mark_dynamic(t: torch.Tensor, dim) -> None:
+    """Compile `t`'s dimension(s) `dim` with symbolic sizes from the first compile.
+
+    >>> x = torch.randn(8, 16)
+    >>> frametrace.mark_dynamic(x, 0)
+    >>> f(x)          # one graph for every batch size >= 2
+    """
+    _mark(t, dim, "_frametrace_dynamic_dims")
+
+
+def mark_static(t: torch.Tensor, dim) -> None:
+    """Never make `t`'s dimension(s) `dim` symbolic, even when its size changes
+    (each size then compiles its own entry).
+
+    >>> frametrace.mark_static(x, 1)
+    """
+    _mark(t, dim, "_frametrace_static_dims")
+
+
+def _mark(t, dim, attr):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a tensor, not {type(t).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not -t.dim() <= d < t.dim():
+            raise IndexError(f"dimension {d} out of range for a {t.dim()}-d tensor")
+    marked = set(getattr(t, attr, ()))
+    marked.update(d % t.dim() for d in dims)
+    setattr(t, attr, marked)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeSource(_TorchSource):
+    """Our source's name, in the form the ShapeEnv wants (it names symbols with it)."""
+    label: str
+
+    @property
+    def _name_template(self) -> str:
+        return self.label
+
+    @functools.cached_property
+    def guard_source(self):
+        return GuardSource.LOCAL
+
+
+def new_fake_mode() -> FakeTensorMode:
+    # Data-dependent output shapes (nonzero, masked_select) stay graph breaks: they
+    # would need unbacked symbols, which no guard can check.
+    env = ShapeEnv(specialize_zero_one=True, duck_shape=True,
+                   allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
+    return FakeTensorMode(shape_env=env)
+
+
+_ENV_CACHES = [v for k, v in vars(ShapeEnv).items() if hasattr(v, "cache_clear")]
+
+
+def release_shape_env_caches() -> None:
+    """ShapeEnv's methods memoize in caches shared by all instances, keyed by the
+    instance: without this, every compile's ShapeEnv (and its symbols) would stay
+    alive for good.  The caches only help within one compile."""
+    for cache in _ENV_CACHES:
+        cache.cache_clear()
+
+
+def forget_sizes() -> None:
+    """reset(): no code remembers the sizes it was compiled for."""
+    _frame_sizes.clear()
+
+
+# Per code object: source name -> sizes seen (None where a dimension has changed), or
+# ("int", value) for int arguments (None once it has changed).
+_frame_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class ShapePolicy:
+    """Decides, for one compile of `code`, which input dimensions and ints are
+    symbolic; records what it saw for the next compile of the same code."""
+    __slots__ = ("code", "dynamic", "seen")
+
+    def __init__(self, code, dynamic):
+        self.code = code
+        self.dynamic = dynamic
+        try:
+            self.seen = _frame_sizes.setdefault(code, {})
+        except TypeError:
+            self.seen = {}
+
+    def dynamic_dims(self, source, t: torch.Tensor) -> list[int]:
+        if self.dynamic is False or t.dim() == 0 or _is_parameter(source, t):
+            return []
+        static = getattr(t, "_frametrace_static_dims", ())
+        marked = getattr(t, "_frametrace_dynamic_dims", ())
+        shape = tuple(t.shape)
+        key = source.name()
+        before = self.seen.get(key)
+        if before is None or len(before) != len(shape):
+            sizes = shape
+        else:
+            # A dimension stays symbolic once it has changed.
+            sizes = tuple(None if b is None or b != s else s for b, s in zip(before, shape))
+        self.seen[key] = sizes
+        return [i for i, size in enumerate(sizes)
+                if i not in static and shape[i] not in (0, 1) and
+                (self.dynamic is True or i in marked or size is None)]
+
+    def dynamic_int(self, source, value: int) -> bool:
+        if self.dynamic is False or type(value) is not int or value in (0, 1) \
+                or not _is_argument(source):
+            return False
+        key = ("int", source.name())
+        before = self.seen.get(key, value)
+        changed = before is None or before != value
+        self.seen[key] = None if changed else value
+        return self.dynamic is True or changed
+
+
+def _is_parameter(source, t) -> bool:
+    # Weights keep static shapes (torch.compile's force_parameter_static_shapes).
+    if isinstance(t, torch.nn.Parameter):
+        return True
+    while isinstance(source, (AttrSource, GetItemSource)):
+        if isinstance(source, AttrSource) and source.attr == "_buffers":
+            return True
+        source = source.base
+    return False
+
+
+def _is_argument(source) -> bool:
+    """Ints passed to the frame, or held in its tuple/list/dict arguments.  Ints read
+    from objects (a config, a module) stay constants."""
+    while isinstance(source, GetItemSource):
+        source = source.base
+    return isinstance(source, LocalSource)
+
+
+def symbolic_fake(fake_mode, t: torch.Tensor, source, dims: list[int]):
+    """A FakeTensor for `t` whose dimensions `dims` have fresh symbolic sizes."""
+    sizes = [DimDynamic.DUCK if i in dims else DimDynamic.STATIC for i in range(t.dim())]
+    context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=[None] * t.dim())
+    return fake_mode.from_tensor(t, source=ShapeSource(source.name()), symbolic_context=context)
+
+
+def symbolic_int(fake_mode, value: int, source):
+    env = fake_mode.shape_env
+    return env.create_symintnode(
+        env.create_symbol(value, ShapeSource(source.name()), DimDynamic.DYNAMIC, positive=None),
+        hint=value, source=ShapeSource(source.name()))

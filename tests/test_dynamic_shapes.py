@@ -1,0 +1,274 @@
+"""Dynamic shapes: automatic dynamic (dynamic=None), dynamic=True/False, mark_dynamic and
+mark_static, symbolic size arithmetic in graphs, sympy guards compiled to checks, and
+the recompile log."""
+import logging
+
+import pytest
+import torch
+
+import frametrace
+from frametrace import _C
+
+from conftest import compile_counted, compiled_entries
+
+
+def graph_targets(cnt, i=-1):
+    return [n.target for n in cnt.graphs[i].graph.nodes]
+
+
+def has_symbolic_size(gm) -> bool:
+    """The graph was traced with a symbolic size (a size is not baked in)."""
+    for n in gm.graph.nodes:
+        v = n.meta.get("example_value")
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
+                isinstance(s, torch.SymInt) for s in v.shape)):
+            return True
+    return False
+
+
+def mlp(x, w):
+    h = torch.relu(x @ w)
+    b = x.shape[0]
+    return h.view(b, -1, 2).sum(-1) * b
+
+
+def test_batch_sizes_2_to_64_compile_at_most_twice():
+    g, cnt = compile_counted(mlp, fullgraph=True)
+    w = torch.randn(8, 6)
+    for b in range(2, 65):
+        x = torch.randn(b, 8)
+        torch.testing.assert_close(g(x, w), mlp(x, w))
+    assert cnt.frame_count == 2
+    assert not has_symbolic_size(cnt.graphs[0])       # first compile: static
+    assert has_symbolic_size(cnt.graphs[1])           # then the batch is symbolic
+    assert len(compiled_entries(mlp)) == 2
+
+
+def test_mark_dynamic_compiles_once():
+    g, cnt = compile_counted(mlp, fullgraph=True)
+    w = torch.randn(8, 6)
+    for b in (3, 5, 17, 40):
+        x = torch.randn(b, 8)
+        frametrace.mark_dynamic(x, 0)
+        torch.testing.assert_close(g(x, w), mlp(x, w))
+    assert cnt.frame_count == 1 and has_symbolic_size(cnt.graphs[0])
+
+
+def test_dynamic_true_compiles_once_and_specializes_zero_one():
+    def f(x, y):
+        return (x * 2).sum(1) + y.mean()
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    for n, m in ((3, 4), (5, 9), (12, 2), (7, 7)):
+        x, y = torch.randn(n, m), torch.randn(m)
+        torch.testing.assert_close(g(x, y), f(x, y))
+    assert cnt.frame_count == 1
+    x, y = torch.randn(1, 4), torch.randn(4)        # size 1 broadcasts: its own graph
+    torch.testing.assert_close(g(x, y), f(x, y))
+    assert cnt.frame_count == 2
+
+
+def test_dynamic_false_recompiles_for_every_shape():
+    g, cnt = compile_counted(mlp, fullgraph=True, dynamic=False)
+    w = torch.randn(8, 6)
+    for b in (2, 3, 4, 5):
+        x = torch.randn(b, 8)
+        torch.testing.assert_close(g(x, w), mlp(x, w))
+    assert cnt.frame_count == 4
+    assert not any(has_symbolic_size(gm) for gm in cnt.graphs)
+
+
+def test_mark_static_keeps_a_dimension_static():
+    def f(x):
+        return x.softmax(-1) * x.shape[1]
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    for b, n in ((2, 4), (3, 4), (4, 6), (5, 6)):
+        x = torch.randn(b, n)
+        frametrace.mark_static(x, 1)
+        torch.testing.assert_close(g(x), f(x))
+    # batch symbolic throughout; each new last dimension a new entry
+    assert cnt.frame_count == 2
+    assert all(has_symbolic_size(gm) for gm in cnt.graphs)
+
+
+def test_mark_dynamic_rejects_bad_dims():
+    with pytest.raises(IndexError, match="out of range"):
+        frametrace.mark_dynamic(torch.randn(2, 3), 2)
+    with pytest.raises(TypeError):
+        frametrace.mark_static([1, 2], 0)
+
+
+def test_branch_on_size_recompiles_only_when_the_branch_flips():
+    def f(x):
+        if x.shape[0] > 16:
+            return x * 2
+        return x - 1
+
+    g, cnt = compile_counted(f, fullgraph=True)
+    for b in (4, 8, 12, 16):
+        x = torch.randn(b, 3)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 2                       # static 4, then symbolic b <= 16
+    for b in (20, 33, 64):
+        x = torch.randn(b, 3)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 3                       # the branch flipped once
+    for b in (5, 40):
+        x = torch.randn(b, 3)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 3
+    texts = [g.text for e in compiled_entries(f) for g in e.check.guards]
+    assert "x.shape[0] > 16" in texts and "x.shape[0] <= 16" in texts
+
+
+def test_size_arithmetic_stays_symbolic():
+    def f(x, y):
+        n = x.shape[1]
+        a = x.view(-1, n // 2)                       # floor division of a size
+        b = x.reshape(x.shape[:-1] + (2, -1))       # torch.Size arithmetic
+        c = x[:, : n // 2]                           # slicing by a size
+        d = torch.zeros(x.shape[0], 3) + x.numel()   # factories and numel
+        e = y.new_ones(y.size()) * len(y)
+        return a.sum() + b.sum() + c.sum() + d.sum() + e.sum(), x.shape[0] * 2, x.size()
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    for rows, cols, m in ((2, 4, 3), (3, 6, 5), (5, 10, 2), (7, 8, 9)):
+        x, y = torch.randn(rows, cols), torch.randn(m, 11)
+        got, expected = g(x, y), f(x, y)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1:] == expected[1:] and type(got[2]) is torch.Size
+    assert cnt.frame_count == 1
+    code = cnt.graphs[0].code
+    assert "floordiv" in code and "sym_size" in code
+
+
+def test_int_argument_becomes_symbolic_after_it_changes():
+    def f(x, n):
+        return x.view(-1, n) * n + 1
+
+    g, cnt = compile_counted(f, fullgraph=True)
+    for n in (2, 3, 4, 6, 8):
+        x = torch.randn(48)
+        torch.testing.assert_close(g(x, n), f(x, n))
+    assert cnt.frame_count == 2
+    placeholders = [nd for nd in cnt.graphs[1].graph.nodes if nd.op == "placeholder"]
+    assert isinstance(placeholders[1].meta["example_value"], torch.SymInt)
+    assert g(torch.randn(48), 12).shape == (4, 12)
+    assert cnt.frame_count == 2
+    # 48 // 48 == 1 is a size-1 dimension: a different program, so a new entry
+    torch.testing.assert_close(g(torch.ones(48), 48), f(torch.ones(48), 48))
+    assert cnt.frame_count == 3
+
+
+def test_int_used_as_python_value_is_specialized_correctly():
+    def f(x, n):
+        out = x
+        for _ in range(n):          # range() needs the number: the symbol is pinned
+            out = out + 1
+        return out
+
+    g, cnt = compile_counted(f, fullgraph=True)
+    for n in (2, 3, 3, 4):
+        x = torch.randn(3)
+        torch.testing.assert_close(g(x, n), f(x, n))
+    assert cnt.frame_count == 3     # 2 static, 3 pinned, 4 pinned; 3 again hits
+
+
+def test_recompile_log_names_the_size_guard_with_old_and_new_values():
+    def f(x):
+        if x.shape[0] > 16:
+            return x * 2
+        return x - 1
+
+    g, cnt = compile_counted(f)
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("frametrace.recompiles")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        for b in (4, 8, 20):
+            g(torch.randn(b))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    assert len(messages) == 2 and cnt.frame_count == 3
+    assert "x: Tensor float32[4]" in messages[0] and "float32[8]" in messages[0]
+    assert "x.shape[0]" in messages[1] and "x.shape[0] = 20, traced with 8" in messages[1]
+
+
+def test_shape_guards_are_compiled_python_checks():
+    def f(x, y):
+        return x + y                 # broadcasting: x.shape[0] == y.shape[0]
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    x, y = torch.randn(5, 3), torch.randn(5, 3)
+    torch.testing.assert_close(g(x, y), x + y)
+    check = compiled_entries(f)[0].check
+    assert "sympy" not in check.source and ":=" in check.source
+    # a pair that breaks the learned equality is a miss, not a wrong answer
+    assert check(x, y, f) is True
+    assert check(torch.randn(6, 3), torch.randn(5, 3), f) is False
+    assert check(torch.randn(6, 4), torch.randn(6, 4), f) is True
+    with pytest.raises(RuntimeError):
+        g(torch.randn(6, 3), torch.randn(5, 3))     # eager's own error, from CPython
+
+
+def test_aot_eager_with_symbolic_sizes_matches_eager_gradients():
+    def f(x, w):
+        return (x @ w).tanh().view(x.shape[0], -1).sum(1)
+
+    cnt = frametrace.testing.CompileCounter(inner="aot_eager")
+    g = frametrace.optimize(backend=cnt, fullgraph=True)(f)
+    w = torch.randn(4, 6, requires_grad=True)
+    for b in (3, 5, 9):
+        x = torch.randn(b, 4, requires_grad=True)
+        g(x, w).sum().backward()
+        got = (x.grad.clone(), w.grad.clone())
+        x.grad = w.grad = None
+        f(x, w).sum().backward()
+        torch.testing.assert_close(got[0], x.grad)
+        torch.testing.assert_close(got[1], w.grad)
+        w.grad = None
+    assert cnt.frame_count == 2
+
+
+def test_symbolic_sizes_across_a_graph_break():
+    def f(x):
+        b = x.shape[0]
+        y = x * b
+        print(end="")                 # graph break: b is live across it
+        return y + b
+
+    g, cnt = compile_counted(f)
+    for n in (2, 3, 4, 5, 6):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), f(x))
+    # two graphs per compile of the frame (before and after the break), static then
+    # symbolic: no compile per size
+    assert cnt.frame_count == 4
+
+
+def test_data_dependent_shapes_still_break():
+    def f(x):
+        return x[x > 0].sum() + 1
+
+    g, cnt = compile_counted(f)
+    x = torch.randn(10)
+    torch.testing.assert_close(g(x), f(x))
+    with pytest.raises(frametrace.Unsupported, match="data-dependent"):
+        frametrace.optimize(fullgraph=True)(f)(x)
+
+
+def test_explain_shows_symbolic_guards():
+    def f(x):
+        return x.view(x.shape[0], -1).sum(1)
+
+    x = torch.randn(3, 4)
+    frametrace.mark_dynamic(x, 0)
+    f_out = frametrace.explain(f)(x)
+    text = "\n".join(f_out.guards)
+    assert "x: Tensor float32[*, 4]" in text and "2 <= x.shape[0] (symbolic)" in text
+    assert f_out.graph_count == 1
