@@ -1,5 +1,6 @@
 """Per-call cost of a tiny compiled function (``x + 1`` on a 4-element tensor):
-eager, frametrace (eager backend) and torch.compile(backend="eager"), measured in one
+eager, frametrace (eager backend) and torch.compile(backend="eager"), static and with
+dynamic=True (the size is symbolic, so the guards check its range), measured in one
 run, interleaved, best of several repeats.  Prints frametrace's added cost as a
 fraction of torch.compile's (target: at most 0.25).
 
@@ -33,26 +34,30 @@ def main():
     args = p.parse_args()
 
     x = torch.randn(4)
-    ft = frametrace.optimize("eager")(fn)
-    tc = torch.compile(fn, backend="eager")
-    for f in (fn, ft, tc):   # compile and warm up
+    compiled = {"frametrace": frametrace.optimize("eager")(fn),
+                "torch.compile": torch.compile(fn, backend="eager"),
+                "frametrace dynamic": frametrace.optimize("eager", dynamic=True)(fn),
+                "torch.compile dynamic": torch.compile(fn, backend="eager", dynamic=True)}
+    runs = {"eager": fn, **compiled}
+    for f in runs.values():   # compile and warm up
         for _ in range(200):
             f(x)
-    assert torch.equal(ft(x), fn(x)) and torch.equal(tc(x), fn(x))
+    assert all(torch.equal(f(x), fn(x)) for f in compiled.values())
 
-    best = {"eager": float("inf"), "frametrace": float("inf"), "torch.compile": float("inf")}
-    for _ in range(args.repeats):   # interleaved, so drift hits all three alike
-        for name, f in (("eager", fn), ("frametrace", ft), ("torch.compile", tc)):
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(args.repeats):   # interleaved, so drift hits all alike
+        for name, f in runs.items():
             best[name] = min(best[name], per_call(f, x, args.calls))
 
     eager = best["eager"]
     print(f"torch {torch.__version__}, per call (best of {args.repeats} x {args.calls} calls)")
-    print(f"{'':16}{'us/call':>10}{'added us':>10}")
+    print(f"{'':24}{'us/call':>10}{'added us':>10}")
     for name, t in best.items():
-        print(f"{name:16}{t * 1e6:10.2f}{(t - eager) * 1e6:10.2f}")
-    ratio = (best["frametrace"] - eager) / (best["torch.compile"] - eager)
-    print(f"frametrace added cost / torch.compile added cost = {ratio:.3f} (target <= 0.25)")
-
+        print(f"{name:24}{t * 1e6:10.2f}{(t - eager) * 1e6:10.2f}")
+    for suffix in ("", " dynamic"):
+        ratio = (best["frametrace" + suffix] - eager) / (best["torch.compile" + suffix] - eager)
+        print(f"frametrace{suffix} added cost / torch.compile{suffix} added cost = {ratio:.3f} "
+              f"(target <= 0.25)")
 
 if __name__ == "__main__":
     main()
