@@ -15,10 +15,9 @@ import time
 
 import torch
 
-import frametrace
-
 sys.path.insert(0, os.path.dirname(__file__))
-from models import MODELS, Counter  # noqa: E402  (the same configs as the tests)
+from models import (MODELS, Counter, side_by_side, with_frametrace,  # noqa: E402
+                    with_torch_compile)
 
 
 class Block(torch.nn.Module):
@@ -57,16 +56,6 @@ CASES = {
 }
 
 
-def with_frametrace(model, counter):
-    frametrace.reset()
-    return frametrace.optimize(backend=counter)(model)
-
-
-def with_torch_compile(model, counter):
-    torch._dynamo.reset()
-    return torch.compile(model, backend=counter)
-
-
 def run_sizes(compile_fn, make_model, make_inputs, sizes=32):
     """Total seconds of `sizes` calls of a fresh compiled model, and its compiles."""
     torch.manual_seed(0)
@@ -95,10 +84,9 @@ def main():
     print(f"{'case':32}{'ft compiles':>12}{'tc compiles':>12}{'frametrace s':>14}"
           f"{'torch.compile s':>17}{'ratio':>8}")
     for name, (make_model, make_inputs) in CASES.items():
-        ft = [run_sizes(with_frametrace, make_model, make_inputs) for _ in range(args.repeats)]
-        tc = [run_sizes(with_torch_compile, make_model, make_inputs) for _ in range(args.repeats)]
-        ft_s, tc_s = min(r[0] for r in ft), min(r[0] for r in tc)
-        print(f"{name:32}{ft[0][1]:>12}{tc[0][1]:>12}{ft_s:>14.3f}{tc_s:>17.3f}"
+        ft, tc, ft_s, tc_s = side_by_side(lambda c: run_sizes(c, make_model, make_inputs),
+                                          args.repeats)
+        print(f"{name:32}{ft[1]:>12}{tc[1]:>12}{ft_s:>14.3f}{tc_s:>17.3f}"
               f"{ft_s / tc_s:>8.3f}")
 
 

@@ -58,6 +58,15 @@ def with_torch_compile(model, counter):
     return torch.compile(model, backend=counter)
 
 
+def side_by_side(measure, repeats):
+    """`measure(compile_fn)` returns (seconds, ...): run it `repeats` times with each
+    compiler; returns the first frametrace result, the first torch.compile result, and
+    the best seconds of each."""
+    ft = [measure(with_frametrace) for _ in range(repeats)]
+    tc = [measure(with_torch_compile) for _ in range(repeats)]
+    return ft[0], tc[0], min(r[0] for r in ft), min(r[0] for r in tc)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3, help="best of N fresh compiles each")
@@ -72,10 +81,8 @@ def main():
     print(f"{'model':8}{'ft graphs':>10}{'ft ops':>8}{'tc graphs':>10}{'tc ops':>8}"
           f"{'frametrace s':>14}{'torch.compile s':>17}{'ratio':>8}")
     for name in MODELS:
-        ft = [first_call(with_frametrace, name, ids) for _ in range(args.repeats)]
-        tc = [first_call(with_torch_compile, name, ids) for _ in range(args.repeats)]
-        ft_s, tc_s = min(r[0] for r in ft), min(r[0] for r in tc)
-        print(f"{name:8}{ft[0][1]:>10}{ft[0][2]:>8}{tc[0][1]:>10}{tc[0][2]:>8}"
+        ft, tc, ft_s, tc_s = side_by_side(lambda c: first_call(c, name, ids), args.repeats)
+        print(f"{name:8}{ft[1]:>10}{ft[2]:>8}{tc[1]:>10}{tc[2]:>8}"
               f"{ft_s:>14.3f}{tc_s:>17.3f}{ft_s / tc_s:>8.3f}")
 
 
