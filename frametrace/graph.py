@@ -2,11 +2,13 @@
 FakeTensors, and the hand-off to a backend."""
 from __future__ import annotations
 
+import contextlib
 import operator
 import time
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException)
@@ -123,7 +125,7 @@ class OutputGraph:
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
         try:
-            with self.fake_mode:
+            with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
                     out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
@@ -172,6 +174,12 @@ class OutputGraph:
                 return NamedTupleVar(items, fields)
             return (TupleVar if isinstance(out, tuple) else ListVar)(items)
         unsupported(f"graph op returned {type(out).__name__}")
+
+    def _dispatcher(self):
+        # With symbolic sizes, composite ops (pad, ...) must run their Python
+        # decompositions, which keep sizes symbolic; their C++ kernels would read plain
+        # sizes and specialize every symbol they touch.
+        return enable_python_dispatcher() if self.shape_env.var_to_range else contextlib.nullcontext()
 
     # -- compiling --
     def op_count(self) -> int:

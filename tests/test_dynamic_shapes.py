@@ -272,3 +272,27 @@ def test_explain_shows_symbolic_guards():
     text = "\n".join(f_out.guards)
     assert "x: Tensor float32[*, 4]" in text and "2 <= x.shape[0] (symbolic)" in text
     assert f_out.graph_count == 1
+
+
+def test_size_idioms_do_not_specialize():
+    import torch.nn.functional as F
+
+    def f(x):
+        b, s = x.shape
+        half = int(s * 0.5)                          # int() of a symbolic float
+        m = max(s, 4) + min(b, s)                    # sym_max / sym_min
+        pos = torch.arange(s).expand(b, -1)
+        y = F.pad(x, (0, 2))[:, :s]                 # a composite op: Python decomposition
+        z = torch.cat([x, x], 1).view(b, 2, s).sum(1)
+        parts = x.split(s // 2, dim=1)
+        return y + z + pos + half + m + parts[0].sum(), float(s)
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    for b, s in ((2, 8), (3, 10), (4, 12), (5, 6)):
+        x = torch.randn(b, s)
+        got, expected = g(x), f(x)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1] == expected[1] and type(got[1]) is float
+    assert cnt.frame_count == 1
+    texts = [g.text for g in compiled_entries(f)[0].check.guards]
+    assert not any(t in ("x.shape[0] == 2", "x.shape[1] == 8") for t in texts)

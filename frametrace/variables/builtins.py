@@ -17,6 +17,7 @@ from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .objects import (MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, _const_kwargs,
                       _consts)
+from .symbolic import SymNodeVar
 from .tensor import TensorVar
 
 # An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
@@ -566,6 +567,14 @@ def _min_max(pick):
             if "default" in kwargs:
                 return kwargs["default"]
             unsupported(f"{pick.__name__}() of an empty sequence (ValueError)")
+        if "key" not in kwargs and any(isinstance(i, SymNodeVar) for i in items) and \
+                all(isinstance(i, (SymNodeVar, ConstVar)) for i in items):
+            # Sizes: torch.sym_max / sym_min keep the result symbolic, without a guard.
+            sym_pick = torch.sym_max if pick is max else torch.sym_min
+            best = items[0]
+            for item in items[1:]:
+                best = tx.output.call("call_function", sym_pick, (best, item), {})
+            return best
         keys = _keys_of(tx, items, kwargs.get("key"))
         try:
             best = pick(range(len(items)), key=keys.__getitem__)
@@ -613,10 +622,17 @@ def _pow(tx, args, kwargs):
         return tx.output.call("call_function", operator.pow, tuple(args), {})
 
 
+_SYM_CONVERSIONS = {int: torch.sym_int, float: torch.sym_float}
+
+
 def _data_conversion(kind):
     def handler(tx, args, kwargs):
         if len(args) == 1 and isinstance(args[0], TensorVar):
             unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
+        if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVar) and kind in _SYM_CONVERSIONS:
+            if args[0].python_type() is kind:
+                return args[0]
+            return tx.output.call("call_function", _SYM_CONVERSIONS[kind], (args[0],), {})
         if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
             return ConstVar(_truth(tx, args[0]))
         if kind is str and len(args) == 1 and isinstance(args[0], SetVar):
