@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from torch.utils._sympy.printers import PythonPrinter
+from torch.utils._sympy.value_ranges import bound_sympy
 
 from . import _C
 from .source import Source, const_sources, guard_local_name
@@ -187,9 +188,10 @@ class GuardSet:
             used = tuple(bound[s] for s in now.free_symbols if s in bound)
             self._add(None, f"SIZE {label}", f"{read} == {names.doprint(now)}",
                       f"{label} == {labels.doprint(now)}", used)
+        ranges = {s: r for s, r in shape_env.var_to_range.items() if s in bound}
         for g in shape_env.guards:
             expr = shape_env.simplify(g.expr)
-            if expr == sympy.true:
+            if expr == sympy.true or _implied_by_ranges(expr, ranges):
                 continue
             used = tuple(bound[s] for s in expr.free_symbols if s in bound)
             self._add(None, f"SHAPE {expr}", names.doprint(expr), labels.doprint(expr), used)
@@ -342,6 +344,15 @@ class _Symbol:
 
     def __init__(self, name, label, read, hint):
         self.name, self.label, self.read, self.hint = name, label, read, hint
+
+
+def _implied_by_ranges(expr, ranges) -> bool:
+    """True when the symbols' range checks (emitted above) already make `expr` hold."""
+    try:
+        r = bound_sympy(expr, ranges)
+    except Exception:
+        return False
+    return r.is_singleton() and bool(r.lower) is True
 
 
 class _SymbolPrinter(PythonPrinter):

@@ -119,7 +119,9 @@ def test_branch_on_size_recompiles_only_when_the_branch_flips():
         torch.testing.assert_close(g(x), f(x))
     assert cnt.frame_count == 3
     texts = [g.text for e in compiled_entries(f) for g in e.check.guards]
-    assert "x.shape[0] > 16" in texts and "x.shape[0] <= 16" in texts
+    # the branch's guard refines the size's range (a redundant copy is not kept)
+    assert "2 <= x.shape[0] <= 16 (symbolic)" in texts and "17 <= x.shape[0] (symbolic)" in texts
+    assert "x.shape[0] > 16" not in texts
 
 
 def test_size_arithmetic_stays_symbolic():
@@ -196,7 +198,7 @@ def test_recompile_log_names_the_size_guard_with_old_and_new_values():
         logger.setLevel(logging.NOTSET)
     assert len(messages) == 2 and cnt.frame_count == 3
     assert "x: Tensor float32[4]" in messages[0] and "float32[8]" in messages[0]
-    assert "x.shape[0]" in messages[1] and "x.shape[0] = 20, traced with 8" in messages[1]
+    assert "2 <= x.shape[0] <= 16" in messages[1] and "x.shape[0] = 20, traced with 8" in messages[1]
 
 
 def test_shape_guards_are_compiled_python_checks():
@@ -296,3 +298,20 @@ def test_size_idioms_do_not_specialize():
     assert cnt.frame_count == 1
     texts = [g.text for g in compiled_entries(f)[0].check.guards]
     assert not any(t in ("x.shape[0] == 2", "x.shape[1] == 8") for t in texts)
+
+
+def test_strides_of_symbolic_inputs_are_guarded():
+    def f(x):
+        return x * 2 + x.shape[0]
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    for a, b in ((6, 4), (8, 5), (3, 7)):
+        x = torch.randn(a, b).t()                   # strides (1, size 0)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 1
+    for x in (torch.randn(6, 4), torch.randn(3, 6, 4)[1]):   # contiguous, with an offset
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 2
+    texts = [[g.text for g in e.check.guards] for e in compiled_entries(f)]
+    assert any("x.stride()[1] == x.shape[0]" in t for t in texts)
+    assert any("x.stride()[0] == x.shape[1]" in t for t in texts)
