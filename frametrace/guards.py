@@ -11,8 +11,8 @@ import math
 import types
 import weakref
 
+import sympy
 import torch
-
 from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
@@ -161,7 +161,6 @@ class GuardSet:
         """The facts the ShapeEnv learned while tracing (branches on sizes, broadcasts,
         divisibility of views), plus each symbol's range, as Python checks over the
         sizes read in the tensor guards.  Called once, at the end of the trace."""
-        import sympy
         bound: dict = {}            # sympy Symbol -> _Symbol
         later = []
         hints = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") \
