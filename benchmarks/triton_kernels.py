@@ -1,11 +1,12 @@
 """GPU kernel time of frametrace's `triton` backend against eager and torch.compile
 (Inductor), measured interleaved in one run, with each one's ratio to the memory-traffic
 floor (bytes read once + bytes written once, over 4.3 TB/s, the copy bandwidth measured
-on the H200) and, for whole models, the speedup over eager.
+on the H200) and, for whole models, the speedup over eager.  Kernel cases time CUDA-graph
+replays of 10 calls (kernel time, no per-call Python); models time plain calls.
 
     python benchmarks/triton_kernels.py [--cases gelu,softmax,...] [--quick] [--md FILE]
 
-Cases: gelu (gelu(x*w+b), 64M bf16), rmsnorm (add + RMSNorm 16384x4096 bf16), softmax
+Cases: gelu (gelu(x*w+b), 64M bf16; gelu_libdevice: with libdevice's erf), rmsnorm (add + RMSNorm 16384x4096 bf16), softmax
 (8192x8192 bf16), swiglu (silu(a)*b 8192x14336 bf16), layernorm (16384x4096 bf16),
 llama (HF LLaMA, 8 layers, hidden 2048) and gpt2 (HF GPT-2 default config), forward in
 bf16, batch 8 x sequence 512, use_cache=False, no_grad.
@@ -79,14 +80,31 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
 
 
-def time_interleaved(fns: dict, args, rounds: int, iters: int) -> dict:
-    """Median milliseconds per call of each fn, measured round-robin with CUDA events."""
+def as_graph(fn, args, iters):
+    """`iters` calls of fn captured as one CUDA graph: kernel time without the Python
+    around each call (guards, wrappers, launches), the same for all three."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn(*args)
+    return lambda *a: graph.replay()
+
+
+def time_interleaved(fns: dict, args, rounds: int, iters: int, graphs: bool) -> dict:
+    """Median milliseconds per call of each fn, measured round-robin with CUDA events;
+    with `graphs`, each round replays `iters` calls captured as a CUDA graph."""
+    runs = {k: (as_graph(fn, args, iters), 1) if graphs else (fn, iters) for k, fn in fns.items()}
     times = {k: [] for k in fns}
     for _ in range(rounds):
-        for k, fn in fns.items():
+        for k, (fn, n) in runs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(iters):
+            for _ in range(n):
                 fn(*args)
             end.record()
             end.synchronize()
@@ -100,8 +118,9 @@ def rel_err(got, ref) -> float:
     return max(((g - r).norm() / r.norm().clamp_min(1e-12)).item() for g, r in zip(got, ref))
 
 
-def compile_variants(fn, module=None):
-    from frametrace.backends.triton import last_compiled
+def compile_variants(fn):
+    from frametrace.backends.triton import backend, last_compiled
+    backend.COMPILED.clear()
     frametrace.reset()
     torch._dynamo.reset()
     ft = frametrace.optimize(backend="triton")(fn)
@@ -114,7 +133,9 @@ def run_case(name, args_ns):
     if is_model:
         fn, inputs, _ = model_case(name)
     else:
-        fn, inputs = kernel_case(name)
+        fn, inputs = kernel_case(name.replace("_libdevice", ""))
+    from frametrace.backends.triton import backend, config
+    config.fast_erf = not name.endswith("_libdevice")
     fns, last_compiled = compile_variants(fn)
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -127,13 +148,17 @@ def run_case(name, args_ns):
         torch.cuda.synchronize()
         errs = {k: rel_err(outs[k], outs["eager"]) for k in ("frametrace", "inductor")}
         rounds, iters = (5, 3) if args_ns.quick else ((15, 5) if is_model else (25, 10))
-        ms = time_interleaved(fns, inputs, rounds, iters)
+        ms = time_interleaved(fns, inputs, rounds, iters, graphs=not is_model)
     mod = last_compiled()
+    if mod is not None and is_model:
+        import collections
+        print(name, "aten calls:", dict(collections.Counter(mod.externs)), flush=True)
     floor_ms = (nbytes(inputs) + nbytes(outs["eager"])) / BANDWIDTH * 1e3
     info = {"kernels": len(mod.kernels) if mod else 0,
             "unique": len(mod.unique_kernels) if mod else 0,
             "externs": len(mod.externs) if mod else 0,
             "cudagraph": bool(mod and mod.runner and mod.runner.graph is not None),
+            "graphs": len(backend.COMPILED),
             "compile_s": compile_s}
     return ms, floor_ms, errs, info
 
@@ -165,7 +190,7 @@ def main():
         ratios = " | ".join("-" if name in MODELS else f"{t / floor:.2f}" for t in (e, f, i))
         row = (f"| {name} | {e:.3f} | {f:.3f} | {i:.3f} | {'-' if name in MODELS else f'{floor:.3f}'} | "
                f"{ratios} | {e / f:.2f}x | {e / i:.2f}x | {info['kernels']} ({info['unique']} unique, "
-               f"{info['externs']} aten{', cudagraph' if info['cudagraph'] else ''}) | "
+               f"{info['externs']} aten{', cudagraph' if info['cudagraph'] else ''}, {info['graphs']} graph) | "
                f"{errs['frametrace']:.1e} | {errs['inductor']:.1e} |")
         rows.append(row)
         print(row, flush=True)

@@ -365,3 +365,26 @@ def test_transformers_models_run_on_triton_kernels():
                                    atol=1e-4, rtol=1e-4)
         assert len(last_compiled().kernels) > 5
     del transformers
+
+
+def test_views_of_a_stored_value_feed_matmuls_without_copies():
+    def f(x, w, a, b):
+        h = (x * w).relu()  # stored once: three matmuls read views of it
+        return h.view(-1, 8) @ a, h.view(-1, 8) @ b, h.view(-1, 8).t() @ h.view(-1, 8)
+    mod = compiled_run(f, torch.randn(2, 3, 8), torch.randn(8), torch.randn(8, 4),
+                       torch.randn(8, 4), kernels=1, rtol=1e-4)
+    assert len(mod.kernels[0].stores) == 1, mod.source
+
+
+def test_scalar_load_under_a_mask():
+    compiled_run(lambda x: torch.cat([x[:1] - 1, x[1:] * 2]), torch.randn(9), kernels=1)
+
+
+def test_symbolic_shapes_fall_back_to_aot_eager_with_a_log_line(caplog):
+    f = frametrace.optimize(backend="triton", dynamic=True)(lambda x: torch.softmax(x, -1) * 2)
+    with caplog.at_level(logging.INFO, logger="frametrace.output_code"):
+        for n in (5, 7):
+            x = torch.randn(3, n)
+            torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
+    assert "symbolic shapes" in caplog.text or "dynamic shapes" in caplog.text
+    assert last_compiled() is None

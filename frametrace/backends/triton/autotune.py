@@ -41,7 +41,8 @@ def candidates(xnumel: int, rnumel: int, reduction: bool) -> list[Config]:
     """Candidates, the heuristic default first."""
     xmax = next_pow2(xnumel)
     if not reduction:
-        return _unique([Config(min(x, xmax), 1, w) for x, w in ((1024, 4), (2048, 8), (512, 4))])
+        return _unique([Config(min(x, xmax), 1, w)
+                        for x, w in ((1024, 4), (2048, 8), (4096, 8), (2048, 4), (512, 4))])
     if is_persistent(rnumel):
         r = next_pow2(rnumel)
         if r >= 2048:

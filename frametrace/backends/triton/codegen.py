@@ -182,6 +182,9 @@ class KernelCodegen:
         self.wide |= span >= 2 ** 31
         text = pexpr(index)
         mask = self._mask(self.level(text))
+        if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
+            text = f"{text} + xindex * 0"
+            mask = self._mask(1)
         other = ", other=0" if mask else ""
         v = self.op(f"tl.load({self.arg(buf.name, 'in_ptr')} + ({text}){mask}{other})")
         cd = compute_dtype(buf.dtype)

@@ -108,7 +108,7 @@ class GraphLowering:
         meta = base.meta()
         try:
             out = view_fn(meta)
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # not expressible as strides of this memory
             return None
         if not torch._C._is_alias_of(out, meta):
             return None
@@ -138,8 +138,8 @@ class GraphLowering:
             if isinstance(v, (list, tuple)):
                 ls = layout if isinstance(layout, (list, tuple)) and len(layout) == len(v) else [None] * len(v)
                 return [out(x, lx, f"{path}_{i}") for i, (x, lx) in enumerate(zip(v, ls))]
-            if v is None:
-                return None
+            if v is None or type(v) in (int, float, bool):
+                return v  # shapes are static: a number the op returns is this one
             raise Unsupported(f"{node.target} returns {type(v).__name__}")
         outputs = out(val, layouts, "")
         self.items.append(Extern(name, node.target, args, kwargs, outputs))

@@ -23,7 +23,7 @@ def load_kernel(name: str, source: str):
         # Triton reads a kernel's source back through `inspect`, hence linecache.
         filename = f"<frametrace-triton {name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        ns = {"triton": triton, "tl": tl}
+        ns = {"triton": triton, "tl": tl, "__name__": "frametrace_triton_kernels"}
         exec(compile(source, filename, "exec"), ns)
         fn = _JITTED[source] = ns[name]
     return fn
@@ -57,7 +57,7 @@ def _reinterpret(t, size, stride, offset):
 
 def _ensure_layout(t, stride):
     """An extern's output with the strides the kernels were generated for."""
-    if t.stride() == stride or t.numel() <= 1:
+    if t is None or t.stride() == stride or t.numel() <= 1:
         return t
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
