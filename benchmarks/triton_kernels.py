@@ -174,9 +174,9 @@ def main():
     config.cudagraphs = not args.no_cudagraphs
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
-    head = (f"| case | eager ms | frametrace ms | inductor ms | floor ms | eager/floor | "
-            f"frametrace/floor | inductor/floor | ft vs eager | inductor vs eager | ft kernels | "
-            f"ft rel err | ind rel err |")
+    head = ("| case | eager ms | frametrace ms | inductor ms | floor ms | eager/floor | "
+            "frametrace/floor | inductor/floor | ft vs eager | inductor vs eager | ft kernels | "
+            "ft rel err | ind rel err |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for name in args.cases.split(","):
         try:

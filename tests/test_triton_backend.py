@@ -388,3 +388,18 @@ def test_symbolic_shapes_fall_back_to_aot_eager_with_a_log_line(caplog):
             torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
     assert "symbolic shapes" in caplog.text or "dynamic shapes" in caplog.text
     assert last_compiled() is None
+
+
+def test_a_failing_launch_runs_the_graph_eagerly(monkeypatch, caplog):
+    from frametrace.backends.triton import wrapper
+
+    def broken(self, *args):
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(wrapper.Launcher, "__call__", broken)
+    monkeypatch.delenv("FRAMETRACE_TRITON_STRICT")
+    f = frametrace.optimize(backend="triton")(lambda x: x.cos() * 2)
+    x = torch.randn(6)
+    with caplog.at_level(logging.WARNING, logger="frametrace"):
+        torch.testing.assert_close(f(x), x.cos() * 2)
+        torch.testing.assert_close(f(x), x.cos() * 2)
+    assert "no such kernel" in caplog.text and "runs eagerly" in caplog.text

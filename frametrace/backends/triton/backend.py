@@ -72,7 +72,7 @@ def _why_not(example_inputs) -> str | None:
 
 def compile_graph(gm, example_inputs):
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (present, or a clear error now)
     except ImportError:
         raise RuntimeError("backend='triton' needs Triton: pip install triton") from None
     reason = _why_not(example_inputs)
@@ -101,20 +101,39 @@ def compile_forward(gm, example_inputs):
     try:
         mod = build(gm, example_inputs)
     except Exception as e:
-        if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1" or not isinstance(e, Unsupported):
-            raise
-        log.warning("triton backend: %s; this graph runs eagerly", e)
-        return _eager(gm, example_inputs)
+        return _give_up(gm, e)
     COMPILED.append(mod)
     del COMPILED[:-8]
     call = mod.call
     if mod.graphable:
         call = mod.runner = CudaGraphRunner(call)
 
+    def first(args):
+        # Triton compiles the kernels on their first launch: a failure there, too, runs
+        # the graph eagerly rather than failing the user's call.
+        nonlocal call
+        kept = list(args)
+        try:
+            return call(args)
+        except Exception as e:
+            call = _give_up(gm, e)
+            return call(kept)
+        finally:
+            run.target = call
+
     def run(args):
-        return call(args)
+        return run.target(args)
+    run.target = first
     run._boxed_call = True
     return run
+
+
+def _give_up(gm, error):
+    """This graph runs eagerly, with a warning; FRAMETRACE_TRITON_STRICT=1 raises instead."""
+    if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1":
+        raise error
+    log.warning("triton backend: %s: %s; this graph runs eagerly", type(error).__name__, error)
+    return make_boxed_func(gm.forward)
 
 
 def _symbolic(gm) -> str | None:

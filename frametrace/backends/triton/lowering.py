@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.fx
 
-from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Reduction, Unsupported
+from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
 from .ops import LOWERINGS
 
 # A pointwise value used more than once is stored rather than recomputed by each user

@@ -8,9 +8,7 @@ are loaded and computed as float32 and rounded once, when stored.
 from __future__ import annotations
 
 import math
-import operator
 
-import sympy
 import torch
 
 from . import config, indexing
@@ -713,5 +711,3 @@ def _argmax(L, node, x, dim=None, keepdim=False):
 def _any(L, node, x, dims=None, keepdim=False):
     return reduction(L, x, dims, keepdim, "any", torch.bool)
 
-
-SKIP = {operator.getitem}
