@@ -197,18 +197,41 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
     the program's state is put back as it was at the frame's entry."""
     entry_grad = torch.is_grad_enabled()
     try:
-        return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
+        try:
+            return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
+        except _RetryStatic as retry:
+            log.info("frametrace: %s (%s:%d) failed with symbolic sizes (%s); compiling it "
+                     "with static sizes", code.co_name, code.co_filename, code.co_firstlineno,
+                     retry.reason)
+            torch._C._set_grad_enabled(entry_grad)
+            return _compile_frame(code, func, args, backend, fullgraph, False, entry_grad)
     finally:
         torch._C._set_grad_enabled(entry_grad)
         release_shape_env_caches()
+
+
+class _RetryStatic(Exception):
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     record = CompileRecord(code)
     t0 = time.perf_counter()
     guards = GuardSet(code, func)
-    output = OutputGraph(guards, ShapePolicy(code, dynamic))
+    policy = ShapePolicy(code, dynamic)
+    output = OutputGraph(guards, policy)
     tracer = InstructionTranslator(code, func, args, output, guards)
+
+    def retry_static(reason):
+        # Whatever failed may have failed because a size was symbolic: a static
+        # compile first, before giving up on the frame.
+        if policy.used:
+            output.close_contexts()
+            policy.stay_static()
+            raise _RetryStatic(reason)
+
     try:
         result = tracer.run()
         new_code = _finish(code, func, tracer, output, guards, result, backend, record,
@@ -217,6 +240,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         if not e.user_stack:
             e.user_stack = [tracer.user_location()]
         if fullgraph:
+            retry_static(e.reason)
             raise Unsupported(e.reason, e.user_stack) from None
         record.reason = e.reason
         record.user_stack = e.user_stack
@@ -227,7 +251,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             output.close_contexts()
             torch._C._set_grad_enabled(entry_grad)
             guards = GuardSet(code, func)
-            output = OutputGraph(guards, ShapePolicy(code, dynamic))
+            output = OutputGraph(guards, policy)
             tracer = InstructionTranslator(code, func, args, output, guards)
             tracer.stop_at = e.break_index
             try:
@@ -242,11 +266,13 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
                 log.info("frametrace: cannot break the graph there (%s)", e2.reason)
                 new_code = None
         if new_code is None:
+            retry_static(e.reason)
             record.outcome = "fallback"
             log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
                      format_user_stack(e.user_stack))
     except Exception as e:
         where = [tracer.user_location()]
+        retry_static(f"{type(e).__name__}: {e}")
         if fullgraph:
             raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}", where) from e
         log.warning("frametrace: internal error while tracing %s; running it in CPython%s",
@@ -265,7 +291,8 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     try:
         guards.shape_guards(output.shape_env)
         check = guards.compile()
-    except Exception:
+    except Exception as e:
+        retry_static(f"guards: {type(e).__name__}: {e}")
         log.warning("frametrace: could not build guards for %s", code.co_name, exc_info=True)
         return None
     check.guard_set = guards

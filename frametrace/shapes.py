@@ -100,20 +100,35 @@ def forget_sizes() -> None:
 _frame_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+_STATIC = "<static>"     # a key of _frame_sizes[code]: symbolic sizes failed there
+
+
 class ShapePolicy:
     """Decides, for one compile of `code`, which input dimensions and ints are
-    symbolic; records what it saw for the next compile of the same code."""
-    __slots__ = ("code", "dynamic", "seen")
+    symbolic; records what it saw for the next compile of the same code.  `used` says
+    whether it made anything symbolic."""
+    __slots__ = ("code", "dynamic", "seen", "used")
 
     def __init__(self, code, dynamic):
         self.code = code
-        self.dynamic = dynamic
         try:
             self.seen = _frame_sizes.setdefault(code, {})
         except TypeError:
             self.seen = {}
+        self.dynamic = False if self.seen.get(_STATIC) else dynamic
+        self.used = False
+
+    def stay_static(self):
+        """Tracing this code with symbolic sizes failed: from now on it is compiled
+        with static sizes (a compile per shape beats running it in CPython)."""
+        self.seen[_STATIC] = True
 
     def dynamic_dims(self, source, t: torch.Tensor) -> list[int]:
+        dims = self._dynamic_dims(source, t)
+        self.used |= bool(dims)
+        return dims
+
+    def _dynamic_dims(self, source, t: torch.Tensor) -> list[int]:
         if self.dynamic is False or t.dim() == 0 or _is_parameter(source, t):
             return []
         static = getattr(t, "_frametrace_static_dims", ())
@@ -139,7 +154,9 @@ class ShapePolicy:
         before = self.seen.get(key, value)
         changed = before is None or before != value
         self.seen[key] = None if changed else value
-        return self.dynamic is True or changed
+        symbolic = self.dynamic is True or changed
+        self.used |= symbolic
+        return symbolic
 
 
 def _is_parameter(source, t) -> bool:

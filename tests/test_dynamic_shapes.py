@@ -315,3 +315,31 @@ def test_strides_of_symbolic_inputs_are_guarded():
     texts = [[g.text for g in e.check.guards] for e in compiled_entries(f)]
     assert any("x.stride()[1] == x.shape[0]" in t for t in texts)
     assert any("x.stride()[0] == x.shape[1]" in t for t in texts)
+
+
+def test_a_failure_with_symbolic_sizes_falls_back_to_static_compiles():
+    seen = []
+
+    def static_only_backend(gm, example_inputs):
+        if any(isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and any(
+                isinstance(s, torch.SymInt) for s in v.shape)
+               for v in (n.meta.get("example_value") for n in gm.graph.nodes)):
+            raise NotImplementedError("this backend needs static shapes")
+        seen.append(gm)
+        return gm.forward
+
+    g = frametrace.optimize(backend=static_only_backend)(mlp)
+    w = torch.randn(8, 6)
+    for b in (2, 3, 4, 3):
+        x = torch.randn(b, 8)
+        torch.testing.assert_close(g(x, w), mlp(x, w))
+    # the symbolic attempt failed once; the frame stays static: one graph per shape,
+    # never a frame left to CPython
+    assert len(seen) == 3 and len(compiled_entries(mlp)) == 3
+    # with fullgraph=True and dynamic=True too: the static retry compiles, nothing raises
+    seen.clear()
+    frametrace.reset()
+    h = frametrace.optimize(backend=static_only_backend, fullgraph=True, dynamic=True)(mlp)
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(h(x, w), mlp(x, w))
+    assert len(seen) == 1
