@@ -342,7 +342,10 @@ class KernelCodegen:
         red = self.group.reduction
         params = list(self.args.values()) + ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
-        head = [f"xnumel = {self.xnumel}"] + ([f"rnumel = {self.rnumel}"] if red else [])
+        # constexpr: Triton 3.6's interpreter makes a plain `n = 5` a one-element array,
+        # which `range` cannot take (NumPy 2 refuses int() of it)
+        head = [f"xnumel: tl.constexpr = {self.xnumel}"] + \
+            ([f"rnumel: tl.constexpr = {self.rnumel}"] if red else [])
         head.append(f"xoffset = {pid} * XBLOCK")
         head.append("xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else ""))
         if self.has_xmask:
