@@ -6,7 +6,9 @@ replays of 10 calls (kernel time, no per-call Python); models time plain calls.
 
     python benchmarks/triton_kernels.py [--cases gelu,softmax,...] [--quick] [--md FILE]
 
-Cases: gelu (gelu(x*w+b), 64M bf16; gelu_libdevice: with libdevice's erf), rmsnorm (add + RMSNorm 16384x4096 bf16), softmax
+Cases: gelu (gelu(x*w+b), x, w and b all 8192x8192 bf16: 4 x 128 MB moved), gelu_bcast (the
+same with w and b vectors of 8192, broadcast; erf's cost shows), gelu_libdevice /
+gelu_bcast_libdevice (with libdevice's erf), rmsnorm (add + RMSNorm 16384x4096 bf16), softmax
 (8192x8192 bf16), swiglu (silu(a)*b 8192x14336 bf16), layernorm (16384x4096 bf16),
 llama (HF LLaMA, 8 layers, hidden 2048) and gpt2 (HF GPT-2 default config), forward in
 bf16, batch 8 x sequence 512, use_cache=False, no_grad.
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 import frametrace
 
 BANDWIDTH = 4.3e12
-KERNELS = ("gelu", "rmsnorm", "softmax", "swiglu", "layernorm")
+KERNELS = ("gelu", "gelu_bcast", "rmsnorm", "softmax", "swiglu", "layernorm")
 MODELS = ("llama", "gpt2")
 
 
@@ -41,9 +43,10 @@ def add_rms_norm(x, residual, w):
 def kernel_case(name):
     """(function, inputs) of a kernel case."""
     bf = dict(device="cuda", dtype=torch.bfloat16)
-    if name == "gelu":
+    if name in ("gelu", "gelu_bcast"):
+        wb = (8192,) if name == "gelu_bcast" else (8192, 8192)
         return (lambda x, w, b: F.gelu(x * w + b)), [torch.randn(8192, 8192, **bf),
-                                                     torch.randn(8192, **bf), torch.randn(8192, **bf)]
+                                                     torch.randn(*wb, **bf), torch.randn(*wb, **bf)]
     if name == "rmsnorm":
         return add_rms_norm, [torch.randn(16384, 4096, **bf), torch.randn(16384, 4096, **bf),
                               torch.randn(4096, **bf)]
@@ -135,7 +138,7 @@ def run_case(name, args_ns):
     else:
         fn, inputs = kernel_case(name.replace("_libdevice", ""))
     from frametrace.backends.triton import backend, config
-    config.fast_erf = not name.endswith("_libdevice")
+    config.fast_erf = not name.endswith("_libdevice")  # libdevice's erf for every dtype
     fns, last_compiled = compile_variants(fn)
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -158,6 +161,7 @@ def run_case(name, args_ns):
             "unique": len(mod.unique_kernels) if mod else 0,
             "externs": len(mod.externs) if mod else 0,
             "cudagraph": bool(mod and mod.runner and mod.runner.graph is not None),
+            "fast": bool(mod and mod.fast),
             "graphs": len(backend.COMPILED),
             "compile_s": compile_s}
     return ms, floor_ms, errs, info
@@ -169,9 +173,11 @@ def main():
     p.add_argument("--quick", action="store_true", help="fewer timing rounds")
     p.add_argument("--md", help="also write the table as markdown to this file")
     p.add_argument("--no-cudagraphs", action="store_true")
+    p.add_argument("--no-fast-launch", action="store_true", help="launch through Triton's JIT")
     args = p.parse_args()
     from frametrace.backends.triton import config
     config.cudagraphs = not args.no_cudagraphs
+    config.fast_launch = not args.no_fast_launch
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     head = ("| case | eager ms | frametrace ms | inductor ms | floor ms | eager/floor | "
@@ -190,7 +196,8 @@ def main():
         ratios = " | ".join("-" if name in MODELS else f"{t / floor:.2f}" for t in (e, f, i))
         row = (f"| {name} | {e:.3f} | {f:.3f} | {i:.3f} | {'-' if name in MODELS else f'{floor:.3f}'} | "
                f"{ratios} | {e / f:.2f}x | {e / i:.2f}x | {info['kernels']} ({info['unique']} unique, "
-               f"{info['externs']} aten{', cudagraph' if info['cudagraph'] else ''}, {info['graphs']} graph) | "
+               f"{info['externs']} aten{', cudagraph' if info['cudagraph'] else ''}"
+               f"{', fast launch' if info['fast'] else ''}, {info['graphs']} graph) | "
                f"{errs['frametrace']:.1e} | {errs['inductor']:.1e} |")
         rows.append(row)
         print(row, flush=True)

@@ -403,3 +403,73 @@ def test_a_failing_launch_runs_the_graph_eagerly(monkeypatch, caplog):
         torch.testing.assert_close(f(x), x.cos() * 2)
         torch.testing.assert_close(f(x), x.cos() * 2)
     assert "no such kernel" in caplog.text and "runs eagerly" in caplog.text
+
+
+# -- half-precision erf, fast launches ---------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gelu_on_half_inputs_uses_the_half_erf_within_torch_tolerances(dtype):
+    x = torch.linspace(-9, 9, 8191).to(dtype)
+    x = torch.cat([x, torch.tensor([float("nan"), 0.0, -0.0, 1e-3], dtype=dtype)])
+    w, b = torch.rand(8195, dtype=dtype) + 0.5, torch.randn(8195, dtype=dtype) * 0.1
+
+    def f(x, w, b):
+        return F.gelu(x * w + b), torch.erf(x)
+    got = frametrace.optimize(backend="triton", fullgraph=True)(f)(x, w, b)
+    mod = last_compiled()
+    assert "tl.exp2" in mod.kernels[0].source and "0.3275911" not in mod.kernels[0].source
+    # eager computes x * w + b rounded to `dtype`; the kernel keeps it in fp32 (as Inductor
+    # does): compare with gelu of the same fp32 value, rounded once, at torch's tolerances
+    h = x.float() * w.float() + b.float()
+    torch.testing.assert_close(got[0], F.gelu(h).to(dtype), equal_nan=True)
+    torch.testing.assert_close(got[1], torch.erf(x), equal_nan=True)
+
+
+def test_float32_gelu_keeps_the_accurate_erf():
+    mod = compiled_run(lambda x: F.gelu(x), torch.linspace(-9, 9, 4099), kernels=1)
+    assert "0.3275911" in mod.kernels[0].source and "tl.exp2" not in mod.kernels[0].source
+
+
+def test_fast_wrapper_source_launches_compiled_kernels_directly(monkeypatch):
+    """The fast wrapper (GPU only) is generated here with stand-ins for what Triton
+    compiled: literal grids and block sizes, alignment and hook checks, no Launcher."""
+    import types
+    import triton.runtime
+    from frametrace.backends.triton import wrapper
+
+    def f(x, w, a):
+        h = F.gelu(x * w)
+        return torch.softmax(h @ a, -1), h.t()[1:]
+    x, w, a = torch.randn(8, 16), torch.randn(16), torch.randn(16, 32)
+    compiled_run(f, x, w, a, kernels=2, rtol=1e-4)
+    W = last_compiled().wrapper
+    for name in W.launchers:
+        W.ns[name].compiled = types.SimpleNamespace(run=None, function=None, packed_metadata=None)
+    assert W.fast_source([x, w, a]) is None  # CPU
+    monkeypatch.setattr(W.lowered, "device", torch.device("cuda", 0))
+    monkeypatch.setattr(autotune, "interpreted", lambda: False)
+    monkeypatch.setattr(wrapper, "empty_strided_cuda", torch.empty_strided)
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(get_current_stream=None))
+    src = W.fast_source([x, w[1:], a])
+    assert "kernel" not in src.replace("run_kernel", "").replace("fn_kernel", "").replace(
+        "meta_kernel", "").replace("# triton", ""), src
+    assert "(arg0_1.data_ptr() | arg2_1.data_ptr()) & 15" in src
+    assert "arg1_1.data_ptr() % 16 != 4" in src and "return call(args)" in src
+    assert "stream, fn_kernel" in src and ", 128)" in src and ", 8, 32)" in src
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_fast_launches_and_moved_or_misaligned_inputs(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "cudagraphs", False)
+
+    def f(x, w):
+        return torch.softmax(x * w, -1) + 1, (x - w).sum(-1)
+    x, w = torch.randn(64, 1000, device="cuda"), torch.randn(1000, device="cuda")
+    cf = frametrace.optimize(backend="triton")(f)
+    torch.testing.assert_close(cf(x, w), f(x, w))
+    mod = last_compiled()
+    assert mod.fast is not None and "run_kernel" in mod.fast_source
+    for _ in range(2):
+        torch.testing.assert_close(cf(x, w), f(x, w))
+        y = torch.randn(64 * 1000 + 3, device="cuda")[3:].view(64, 1000)  # misaligned
+        torch.testing.assert_close(cf(y, w), f(y, w))

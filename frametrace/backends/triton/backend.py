@@ -26,10 +26,12 @@ class CompiledModule:
     """What the backend made of one forward graph.  `kernels`: one entry per launch
     (`.name`, `.source`); `externs`: aten ops called as they are."""
 
-    def __init__(self, source, namespace, kernels, externs, fallback_ops, extern_ops=()):
-        self.source, self.namespace, self.extern_ops = source, namespace, extern_ops
+    def __init__(self, wrapper, source, kernels, externs, fallback_ops, extern_ops=()):
+        self.wrapper, self.source, self.namespace = wrapper, source, wrapper.ns
         self.kernels, self.externs, self.fallback_ops = kernels, externs, fallback_ops
-        self.call = namespace["call"]
+        self.extern_ops = extern_ops
+        self.call = self.namespace["call"]
+        self.fast = None    # `fast(args)`, once the first call has compiled every kernel
         self.runner = None  # a CudaGraphRunner, when launches are replayed as a CUDA graph
 
     @property
@@ -43,8 +45,26 @@ class CompiledModule:
     def unique_kernels(self) -> list[str]:
         return sorted({k.source for k in self.kernels})
 
+    def make_fast(self, inputs):
+        """After a first call with `inputs`: the wrapper that calls each compiled kernel's
+        launcher directly (on the GPU), or None."""
+        if not config.fast_launch:
+            return None
+        try:
+            source = self.wrapper.fast_source(inputs)
+        except AttributeError as e:  # another Triton's launcher
+            log.info("triton backend: launches go through Triton's JIT (%s)", e)
+            return None
+        if source is None:
+            return None
+        exec(compile(source, "<frametrace-triton fast wrapper>", "exec"), self.namespace)
+        self.fast_source = source
+        self.fast = self.namespace["fast"]
+        output_code.debug("triton backend, fast wrapper:\n%s", source)
+        return self.fast
+
     def __call__(self, args):
-        return self.call(args)
+        return (self.fast or self.call)(args)
 
 
 def _eager(gm, example_inputs):
@@ -104,22 +124,25 @@ def compile_forward(gm, example_inputs):
         return _give_up(gm, e)
     COMPILED.append(mod)
     del COMPILED[:-8]
-    call = mod.call
     if mod.graphable:
-        call = mod.runner = CudaGraphRunner(call)
+        mod.runner = CudaGraphRunner(mod.call)
 
     def first(args):
         # Triton compiles the kernels on their first launch: a failure there, too, runs
         # the graph eagerly rather than failing the user's call.
-        nonlocal call
         kept = list(args)
         try:
-            return call(args)
+            out = (mod.runner or mod.call)(args)
         except Exception as e:
-            call = _give_up(gm, e)
-            return call(kept)
-        finally:
-            run.target = call
+            run.target = _give_up(gm, e)
+            return run.target(kept)
+        fast = mod.make_fast(kept)
+        if mod.runner is not None:
+            run.target = mod.runner
+            mod.runner.call = fast or mod.call
+        else:
+            run.target = fast or mod.call
+        return out
 
     def run(args):
         return run.target(args)
@@ -158,5 +181,5 @@ def build(gm, example_inputs) -> CompiledModule:
         unique = {k.name: k.source for k in kernels}
         output_code.info("triton backend, generated module:\n%s\n%s", source,
                          "\n".join(unique.values()))
-    return CompiledModule(source, wrapper.ns, kernels, externs, lowered.fallback_ops,
+    return CompiledModule(wrapper, source, kernels, externs, lowered.fallback_ops,
                           [i.op for i in lowered.items if isinstance(i, Extern)])

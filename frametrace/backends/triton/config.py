@@ -9,5 +9,12 @@ persistent_rblock_max = 16384
 cudagraphs = True
 cudagraph_min_launches = 8
 
+# After the first call, launch each compiled kernel through its low-level launcher with
+# the grid and block sizes as literals (Triton's `kernel[grid](...)` costs ~20 us a launch).
+fast_launch = True
+
 # erf by a short polynomial and one exp (absolute error < 1.5e-7) instead of libdevice's
 fast_erf = True
+# An erf whose result is rounded to bf16/fp16 (gelu on half inputs): one exp2 and a
+# polynomial, no division (absolute error < 4.7e-6); needs fast_erf
+half_erf = True

@@ -30,14 +30,16 @@ def load_kernel(name: str, source: str):
 
 
 class Launcher:
-    """Launches one kernel; picks its block sizes on the first call."""
-    __slots__ = ("name", "fn", "xnumel", "rnumel", "reduction", "configs", "grid", "kwargs")
+    """Launches one kernel; picks its block sizes on the first call and keeps the compiled
+    kernel of its last launch (`compiled`), which a fast wrapper launches directly."""
+    __slots__ = ("name", "fn", "xnumel", "rnumel", "reduction", "configs", "grid", "kwargs",
+                 "compiled")
 
     def __init__(self, kernel: Kernel, configs):
         g = kernel.group
         self.name, self.fn = kernel.name, load_kernel(kernel.name, kernel.source)
         self.xnumel, self.rnumel, self.reduction = g.xnumel, g.rnumel, g.reduction
-        self.configs, self.grid, self.kwargs = configs, None, None
+        self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
 
     def _launch(self, config, args):
         grid = (math.ceil(self.xnumel / config.xblock),)
@@ -48,7 +50,11 @@ class Launcher:
             best = autotune.pick(self.name, self.xnumel, self.rnumel, self.configs,
                                  lambda c: self._launch(c, args))
             self.grid, self.kwargs = (math.ceil(self.xnumel / best.xblock),), best.kwargs(self.reduction)
-        self.fn[self.grid](*args, **self.kwargs)
+        self.compiled = self.fn[self.grid](*args, **self.kwargs)
+
+    def constexprs(self) -> list:
+        """The values of the kernel's constexpr parameters, in order (after its pointers)."""
+        return [self.kwargs["XBLOCK"]] + ([self.kwargs["RBLOCK"]] if self.reduction else [])
 
 
 def _reinterpret(t, size, stride, offset):
@@ -62,13 +68,24 @@ def _ensure_layout(t, stride):
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
+_guards = getattr(torch._C, "_dynamo", None) and getattr(torch._C._dynamo, "guards", None)
+# torch's C++ helpers for generated wrappers (Inductor's), a few microseconds faster a call
+reinterpret_tensor = getattr(_guards, "_reinterpret_tensor", None) or _reinterpret
+empty_strided_cuda = getattr(_guards, "_empty_strided_cuda", None)
+
+
 class WrapperCodegen:
+    """`call(args)`: the wrapper every first call runs (it tunes and compiles kernels);
+    `fast_source(...)`: once every kernel is compiled, the same steps with each kernel's
+    low-level launcher called directly, grids and block sizes as literals."""
+
     def __init__(self, lowered, schedule):
         self.lowered, self.schedule = lowered, schedule
         self.ns = {"torch": torch, "empty_strided": torch.empty_strided, "device": lowered.device,
-                   "reinterpret": _reinterpret, "ensure_layout": _ensure_layout}
+                   "reinterpret": reinterpret_tensor, "ensure_layout": _ensure_layout}
         self.ns.update(lowered.constants)
-        self.lines: list[str] = []
+        self.launchers: list[str] = []   # namespace names of the Launchers, in launch order
+        self._externs: dict[str, list[str]] = {}
 
     def const(self, value, prefix="c") -> str:
         name = f"{prefix}{len(self.ns)}"
@@ -90,42 +107,96 @@ class WrapperCodegen:
         return self.const(a)
 
     def generate(self):
-        L = self.lowered
-        w = self.lines.append
-        w("def call(args):")
-        if L.inputs:
-            w(f"    {', '.join(L.inputs)}, = args")
-        w("    args.clear()")
         kernels, externs = [], []
         for item in self.schedule:
             if isinstance(item, Extern):
                 externs.append(str(item.op))
-                self.extern(item)
             else:
                 kernels.append(item)
-                launcher = self.const(Launcher(item, self._configs(item)), "kernel")
-                for c in item.stores:
-                    w(f"    {c.name} = empty_strided({tuple(c.shape)}, {c.buffer.stride}, "
-                      f"dtype={c.dtype}, device=device)")
-                w(f"    {launcher}({', '.join(item.args)})  # {item.name}")
-        w(f"    return [{', '.join(self.expr(o) for o in L.outputs)}]")
-        return "\n".join(self.lines) + "\n", kernels, externs
+                self.launchers.append(self.const(Launcher(item, self._configs(item)), "kernel"))
+        source = self._function("call", [], self._launch, "empty_strided({shape}, {stride}, "
+                                "dtype={dtype}, device=device)")
+        return source, kernels, externs
+
+    def _function(self, name, checks, launch, alloc) -> str:
+        L = self.lowered
+        lines = [f"def {name}(args):"]
+        if L.inputs:
+            lines.append(f"    {', '.join(L.inputs)}, = args")
+        lines += checks
+        lines.append("    args.clear()")
+        launchers = iter(self.launchers)
+        for item in self.schedule:
+            if isinstance(item, Extern):
+                lines += self.extern(item)
+                continue
+            for c in item.stores:
+                lines.append(f"    {c.name} = " + alloc.format(
+                    shape=tuple(c.shape), stride=c.buffer.stride, dtype=c.dtype))
+            lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
+        lines.append(f"    return [{', '.join(self.expr(o) for o in L.outputs)}]")
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _launch(launcher, item) -> str:
+        return f"{launcher}({', '.join(item.args)})"
+
+    def fast_source(self, inputs) -> str | None:
+        """`fast(args)`, or None where it cannot be had (CPU, Triton's interpreter, a
+        Triton without these launcher attributes).  `inputs`: the first call's, whose
+        pointer alignment (mod 16) the kernels were compiled for: a call whose inputs
+        differ there runs `call`, which compiles what they need."""
+        device = self.lowered.device
+        if device.type != "cuda" or autotune.interpreted() or empty_strided_cuda is None:
+            return None
+        from triton import knobs
+        from triton.runtime import driver
+        ns = self.ns
+        for name in self.launchers:
+            k = ns[name].compiled
+            ns[f"run_{name}"], ns[f"fn_{name}"], ns[f"meta_{name}"] = k.run, k.function, k.packed_metadata
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        ns.update(get_stream=driver.active.get_current_stream, get_device=getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device),
+                  empty_cuda=empty_strided_cuda, launch_hooks=(knobs.runtime.launch_enter_hook,
+                                                               knobs.runtime.launch_exit_hook))
+        aligned = [n for n, t in zip(self.lowered.inputs, inputs) if t.data_ptr() % 16 == 0]
+        other = [f"{n}.data_ptr() % 16 != {t.data_ptr() % 16}"
+                 for n, t in zip(self.lowered.inputs, inputs) if t.data_ptr() % 16]
+        if aligned:
+            other.insert(0, f"({' | '.join(f'{n}.data_ptr()' for n in aligned)}) & 15")
+        other.append(f"get_device() != {index}")
+        # a profiler's launch hooks need Triton's own launch path
+        other.append("launch_hooks[0].calls or launch_hooks[1].calls")
+        checks = [f"    if {' or '.join(other)}:", "        return call(args)",
+                  f"    stream = get_stream({index})"]
+
+        def launch(name, item):
+            launcher = ns[name]
+            args = list(item.args) + [repr(v) for v in launcher.constexprs()]
+            return (f"run_{name}({launcher.grid[0]}, 1, 1, stream, fn_{name}, meta_{name}, "
+                    f"None, None, None, {', '.join(args)})")
+        return self._function("fast", checks, launch, "empty_cuda({shape}, {stride}, {dtype})")
 
     @staticmethod
     def _configs(kernel):
         g = kernel.group
         return autotune.candidates(g.xnumel, g.rnumel, g.reduction)
 
-    def extern(self, e: Extern):
-        op = self.const(e.op, "aten_")
+    def extern(self, e: Extern) -> list[str]:
+        lines = self._externs.get(e.name)
+        if lines is not None:
+            return lines
+        # the OpOverload's C++ function: its Python __call__ only forwards to it
+        op = self.const(getattr(e.op, "_op", e.op), "aten_")
         args = [self.expr(a) for a in e.args] + [f"{k}={self.expr(v)}" for k, v in e.kwargs.items()]
-        self.lines.append(f"    {e.name} = {op}({', '.join(args)})")
+        lines = self._externs[e.name] = [f"    {e.name} = {op}({', '.join(args)})"]
 
         def unpack(out, path):
             if isinstance(out, Buffer):
                 ref = e.name + "".join(f"[{i}]" for i in path)
-                self.lines.append(f"    {out.name} = ensure_layout({ref}, {tuple(out.stride)})")
+                lines.append(f"    {out.name} = ensure_layout({ref}, {tuple(out.stride)})")
             elif isinstance(out, (list, tuple)):
                 for i, o in enumerate(out):
                     unpack(o, path + (i,))
         unpack(e.outputs, ())
+        return lines
