@@ -466,10 +466,11 @@ def test_gpu_fast_launches_and_moved_or_misaligned_inputs(monkeypatch):
         return torch.softmax(x * w, -1) + 1, (x - w).sum(-1)
     x, w = torch.randn(64, 1000, device="cuda"), torch.randn(1000, device="cuda")
     cf = frametrace.optimize(backend="triton")(f)
-    torch.testing.assert_close(cf(x, w), f(x, w))
+    close = dict(rtol=1e-4, atol=1e-4)  # sums of 1000 in another order
+    torch.testing.assert_close(cf(x, w), f(x, w), **close)
     mod = last_compiled()
     assert mod.fast is not None and "run_kernel" in mod.fast_source
     for _ in range(2):
-        torch.testing.assert_close(cf(x, w), f(x, w))
+        torch.testing.assert_close(cf(x, w), f(x, w), **close)
         y = torch.randn(64 * 1000 + 3, device="cuda")[3:].view(64, 1000)  # misaligned
-        torch.testing.assert_close(cf(y, w), f(y, w))
+        torch.testing.assert_close(cf(y, w), f(y, w), **close)
