@@ -375,13 +375,20 @@ _MAX_ALIAS_GUARDS = 32
 
 def _guard_aliasing(output, guards, side_effects):
     """A trace assumes its inputs are the distinct objects it saw.  That matters when
-    something is mutated: guard tensor inputs apart when the graph mutates, and the
-    mutated lists and dicts apart from the other containers."""
-    if _graph_mutates(output.graph):
-        sources = [i.source for i in output.inputs][:_MAX_ALIAS_GUARDS]
-        for i, a in enumerate(sources):
-            for b in sources[i + 1:]:
-                guards.distinct_tensors(a, b)
+    something is mutated: guard each tensor input the graph writes to apart from the
+    other tensor inputs, and the mutated lists and dicts apart from the other
+    containers."""
+    tensors = [i for i in output.inputs if isinstance(i.node.meta.get("example_value"), torch.Tensor)]
+    written = _written_storages(output.graph)
+    if written:
+        pairs = 0
+        for a in tensors:
+            if _storage_key(a.node) not in written:
+                continue
+            for b in tensors:
+                if b is not a and pairs < _MAX_ALIAS_GUARDS ** 2:
+                    guards.distinct_tensors(*sorted((a.source, b.source), key=lambda s: s.name()))
+                    pairs += 1
     if side_effects.has_container_mutations():
         containers = [var.source for _, var in output.object_vars.values()
                       if isinstance(var, (ListVar, DictVar)) and var.source is not None]
@@ -391,18 +398,35 @@ def _guard_aliasing(output, guards, side_effects):
                 guards.distinct_objects(a, b)
 
 
-def _graph_mutates(graph) -> bool:
+def _storage_key(node):
+    value = node.meta.get("example_value")
+    try:
+        return value.untyped_storage()._cdata
+    except Exception:
+        return None
+
+
+def _written_storages(graph) -> set:
+    """The (fake) storages that in-place ops of the graph write to: an input among
+    them is mutated, directly or through a view."""
     import operator
+    written = set()
     for node in graph.nodes:
+        target = None
         if node.op == "call_method" and node.target.endswith("_") and not node.target.startswith("__"):
-            return True
-        if node.op == "call_function":
+            target = node.args[0]
+        elif node.op == "call_function":
             name = getattr(node.target, "__name__", "")
-            if node.target is operator.setitem or "out" in node.kwargs or \
-                    (name.endswith("_") and not name.endswith("__")) or \
+            if "out" in node.kwargs:
+                target = node.kwargs["out"]
+            elif node.target is operator.setitem or (name.endswith("_") and not name.endswith("__")) or \
                     (node.target.__module__ == "_operator" and name.startswith("i") and name != "index"):
-                return True
-    return False
+                target = node.args[0] if node.args else None
+        for t in (target if isinstance(target, (list, tuple)) else [target]):
+            if isinstance(t, torch.fx.Node):
+                written.add(_storage_key(t))
+    written.discard(None)
+    return written
 
 
 def _live_at_break(tracer):

@@ -278,3 +278,23 @@ def test_optimized_call_while_compiling_keeps_the_hook_state():
     cnt = frametrace.testing.CompileCounter()
     torch.testing.assert_close(frametrace.optimize(backend=cnt)(lambda t: t - 1)(x), x - 1)
     assert cnt.frame_count == 1
+
+
+def test_alias_guards_only_for_inputs_the_graph_writes():
+    def f(x, y, z):
+        h = x * 2
+        h.add_(1)                  # an intermediate: no input can alias it
+        y[:1].mul_(3)              # an input, through a view
+        return h + z
+
+    g, cnt = counted(f, "eager")
+    x, y, z = torch.ones(2), torch.ones(2), torch.ones(2)
+    torch.testing.assert_close(g(x, y, z), torch.full((2,), 4.0))
+    texts = [gd.text for e in compiled_entries(f) for gd in e.check.guards]
+    alias = sorted(t for t in texts if "share memory" in t)
+    assert alias == ["x and y do not share memory", "y and z do not share memory"]
+    same, expected_same = torch.ones(2), torch.ones(2)
+    expected = f(expected_same, expected_same, z)
+    torch.testing.assert_close(g(same, same, z), expected)
+    torch.testing.assert_close(same, expected_same)
+    assert cnt.frame_count == 2
