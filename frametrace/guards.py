@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import types
 import weakref
 
@@ -17,7 +18,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from . import _C
-from .source import Source, const_sources, guard_local_name
+from .source import ConstSource, Source, const_sources, guard_local_name
 from .variables.symbolic import is_symbolic
 
 
@@ -260,15 +261,16 @@ class GuardSet:
         nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
             bool(code.co_flags & 0x08)
         params = [guard_local_name(n) for n in code.co_varnames[:nargs]] + ["___func"]
-        exprs = [g.expr for g in self.guards.values()]
-        uses_globals = any("___G" in x for x in exprs)
-        uses_builtins = any("___B[" in x for x in exprs)
+        guards = list(self.guards.values())
+        uses_globals = any("___G" in g.expr for g in guards)
+        uses_builtins = any("___B[" in g.expr for g in guards)
         if uses_globals:
-            exprs.insert(0, "___func.__globals__ is ___G")
-        body = " and ".join(f"({x})" for x in exprs) if exprs else "True"
+            guards.insert(0, Guard(None, "GLOBALS", "___func.__globals__ is ___G", ""))
+        body = "".join(f"        {line}\n" for line in _check_lines(guards))
         src = (f"def ___check({', '.join(params)}):\n"
                f"    try:\n"
-               f"        return {body}\n"
+               f"{body}"
+               f"        return True\n"
                f"    except Exception:\n"
                f"        return False\n")
         namespace = dict(self.constants)
@@ -334,6 +336,47 @@ class GuardSet:
             except TypeError:
                 pass
         return f"{g.source.name()} is {_short(value)}"
+
+
+def _check_lines(guards) -> list[str]:
+    """The check's statements: each guard as ``if not (...): return False``, with every
+    source that several guards read (``self._modules['h']._modules['0']``, a config
+    attribute compared by type and value) evaluated once into a local, just before
+    the first guard that needs it.  A model's hundreds of guards share long prefixes;
+    evaluating each once makes the check several times cheaper.  (Evaluating a
+    prefix early cannot make a passing check fail: every guard evaluates its whole
+    source when the check passes.)"""
+    uses: dict[str, int] = {}
+    chains = []
+    for g in guards:
+        chain = []
+        source = g.source
+        while source is not None and not isinstance(source, ConstSource):
+            text = source.guard_expr()
+            if not text.isidentifier():
+                chain.append(text)
+                uses[text] = uses.get(text, 0) + (g.expr.count(text) if source is g.source else 1)
+            source = getattr(source, "base", None)
+        chains.append(chain[::-1])                  # the root's prefix first
+    temps = {text: f"___v{i}" for i, text in enumerate(t for t, n in uses.items() if n > 1)}
+    # Longest first, so a chain is replaced before its prefixes.
+    patterns = [(re.compile(r"(?<![\w.'\"])" + re.escape(text) + r"(?!\w)"), text)
+                for text in sorted(temps, key=len, reverse=True)]
+
+    def substitute(expr, skip=None):
+        for pattern, text in patterns:
+            if text != skip and text in expr:
+                expr = pattern.sub(temps[text], expr)
+        return expr
+
+    lines, assigned = [], set()
+    for g, chain in zip(guards, chains):
+        for text in chain:
+            if text in temps and text not in assigned:
+                lines.append(f"{temps[text]} = {substitute(text, skip=text)}")
+                assigned.add(text)
+        lines.append(f"if not ({substitute(g.expr)}): return False")
+    return lines
 
 
 class _Symbol:

@@ -207,3 +207,36 @@ def test_default_dtype_is_guarded_when_read(cnt):
     finally:
         torch.set_default_dtype(old)
     assert cnt.frame_count == 2
+
+
+def test_shared_source_prefixes_are_read_once_per_check(cnt):
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+            self.scale = 2
+
+        def forward(self, x):
+            return self.b(self.a(x)) * self.scale
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x)
+
+    model = Outer()
+    g = compile_with(cnt, model, fullgraph=True)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(g(x), model(x))
+    check = _C.entries(type(model).forward.__code__)[0].check
+    # `self._modules['inner']` is read by many guards, evaluated once into a local
+    assert check.source.count("['inner']") == 1 and check.source.count("self._modules") == 1
+    model.inner.scale = 3                     # a guarded value deep in the chain
+    torch.testing.assert_close(g(x), model(x))
+    model.inner.b = torch.nn.Linear(4, 4)     # a new module object
+    torch.testing.assert_close(g(x), model(x))
+    assert cnt.frame_count == 3
