@@ -68,10 +68,7 @@ def _ensure_layout(t, stride):
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
-_guards = getattr(torch._C, "_dynamo", None) and getattr(torch._C._dynamo, "guards", None)
-# torch's C++ helpers for generated wrappers (Inductor's), a few microseconds faster a call
-reinterpret_tensor = getattr(_guards, "_reinterpret_tensor", None) or _reinterpret
-empty_strided_cuda = getattr(_guards, "_empty_strided_cuda", None)
+_ALLOC = "empty_strided({shape}, {stride}, dtype={dtype}, device=device)"
 
 
 class WrapperCodegen:
@@ -82,7 +79,7 @@ class WrapperCodegen:
     def __init__(self, lowered, schedule):
         self.lowered, self.schedule = lowered, schedule
         self.ns = {"torch": torch, "empty_strided": torch.empty_strided, "device": lowered.device,
-                   "reinterpret": reinterpret_tensor, "ensure_layout": _ensure_layout}
+                   "reinterpret": _reinterpret, "ensure_layout": _ensure_layout}
         self.ns.update(lowered.constants)
         self.launchers: list[str] = []   # namespace names of the Launchers, in launch order
         self._externs: dict[str, list[str]] = {}
@@ -114,8 +111,7 @@ class WrapperCodegen:
             else:
                 kernels.append(item)
                 self.launchers.append(self.const(Launcher(item, self._configs(item)), "kernel"))
-        source = self._function("call", [], self._launch, "empty_strided({shape}, {stride}, "
-                                "dtype={dtype}, device=device)")
+        source = self._function("call", [], self._launch, _ALLOC)
         return source, kernels, externs
 
     def _function(self, name, checks, launch, alloc) -> str:
@@ -147,7 +143,7 @@ class WrapperCodegen:
         pointer alignment (mod 16) the kernels were compiled for: a call whose inputs
         differ there runs `call`, which compiles what they need."""
         device = self.lowered.device
-        if device.type != "cuda" or autotune.interpreted() or empty_strided_cuda is None:
+        if device.type != "cuda" or autotune.interpreted():
             return None
         from triton import knobs
         from triton.runtime import driver
@@ -157,7 +153,7 @@ class WrapperCodegen:
             ns[f"run_{name}"], ns[f"fn_{name}"], ns[f"meta_{name}"] = k.run, k.function, k.packed_metadata
         index = device.index if device.index is not None else torch.cuda.current_device()
         ns.update(get_stream=driver.active.get_current_stream, get_device=getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device),
-                  empty_cuda=empty_strided_cuda, launch_hooks=(knobs.runtime.launch_enter_hook,
+                  launch_hooks=(knobs.runtime.launch_enter_hook,
                                                                knobs.runtime.launch_exit_hook))
         aligned = [n for n, t in zip(self.lowered.inputs, inputs) if t.data_ptr() % 16 == 0]
         other = [f"{n}.data_ptr() % 16 != {t.data_ptr() % 16}"
@@ -175,7 +171,7 @@ class WrapperCodegen:
             args = list(item.args) + [repr(v) for v in launcher.constexprs()]
             return (f"run_{name}({launcher.grid[0]}, 1, 1, stream, fn_{name}, meta_{name}, "
                     f"None, None, None, {', '.join(args)})")
-        return self._function("fast", checks, launch, "empty_cuda({shape}, {stride}, {dtype})")
+        return self._function("fast", checks, launch, _ALLOC)
 
     @staticmethod
     def _configs(kernel):
