@@ -200,9 +200,9 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
         try:
             return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
         except _RetryStatic as retry:
-            log.info("frametrace: %s (%s:%d) failed with symbolic sizes (%s); compiling it "
-                     "with static sizes", code.co_name, code.co_filename, code.co_firstlineno,
-                     retry.reason)
+            log.warning("frametrace: %s (%s:%d) failed with symbolic sizes (%s); it is "
+                        "compiled with static sizes from now on", code.co_name,
+                        code.co_filename, code.co_firstlineno, retry.reason)
             torch._C._set_grad_enabled(entry_grad)
             return _compile_frame(code, func, args, backend, fullgraph, False, entry_grad)
     finally:
@@ -224,12 +224,15 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     output = OutputGraph(guards, policy)
     tracer = InstructionTranslator(code, func, args, output, guards)
 
+    installed = len(_installed_globals)
+
     def retry_static(reason):
         # Whatever failed may have failed because a size was symbolic: a static
         # compile first, before giving up on the frame.
         if policy.used:
             output.close_contexts()
             policy.stay_static()
+            _uninstall(installed)         # graphs this attempt already handed out
             raise _RetryStatic(reason)
 
     try:
@@ -469,6 +472,14 @@ def _collect_outputs(v, out, seen=None):
         seen.add(id(v))
         for item in v.attrs.values():
             _collect_outputs(item, out, seen)
+
+
+def _uninstall(keep: int):
+    """Take back the __compiled_fn_N globals installed after the first `keep`."""
+    while len(_installed_globals) > keep:
+        g, name = _installed_globals.pop()
+        g.pop(name, None)
+        graph_modules.pop(name, None)
 
 
 def reset():

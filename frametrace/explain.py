@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 
-from . import _C, convert
+from . import _C, convert, shapes
 from .eval_frame import optimize
 
 
@@ -117,10 +117,12 @@ def explain(fn):
             return gm.forward
 
         convert.record_observers.append(records.append)
+        sizes = shapes.saved_sizes()
         try:
             result = optimize(backend=recording_backend)(fn)(*args, **kwargs)
         finally:
             convert.record_observers.remove(records.append)
+            shapes.restore_sizes(sizes)
             for r in records:
                 if r.check is not None:
                     _C.remove_entry(r.code, r.check)

@@ -77,6 +77,10 @@ class OutputGraph:
         self._input_by_id[id(value)] = inp
         return TensorVar(node, fake, source)
 
+    def input_of(self, var: TensorVar) -> GraphInput | None:
+        """The graph input `var` is, if it is one."""
+        return next((i for i in self.inputs if i.node is var.node), None)
+
     def add_int_input(self, value: int, source) -> SymNodeVar:
         """A Python int argument that has changed between calls: a symbolic input."""
         sym = symbolic_int(self.fake_mode, value, source)

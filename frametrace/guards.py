@@ -146,11 +146,19 @@ class GuardSet:
                     else:
                         parts.append(f"{read}[{i}] == {int(v)}")
                         (sizes if kind == "shape" else strides).append(int(v))
+
         parts.append(f"{e}.requires_grad is {t.requires_grad}")
         self._add(source, "TENSOR", " and ".join(parts),
                   f"{source.name()}: {type(t).__name__} {dtype}[{', '.join(map(str, sizes))}] "
                   f"stride=[{', '.join(map(str, strides))}] device={t.device} "
                   f"requires_grad={t.requires_grad}")
+
+    def storage_offset(self, source, t: torch.Tensor):
+        """The trace read the tensor's storage offset (most graphs never do, so the
+        tensor guard leaves it out: views at any offset share an entry)."""
+        e = source.guard_expr()
+        self._add(source, "OFFSET", f"{e}.storage_offset() == {t.storage_offset()}",
+                  f"{source.name()}.storage_offset() == {t.storage_offset()}")
 
     def symbolic_int(self, source, sym):
         """An int argument that is a symbolic input of the graph."""
@@ -185,7 +193,8 @@ class GuardSet:
                 (f" <= {upper}" if upper is not None else "") + " (symbolic)"
             self._add(None, f"SYMBOL {b.label}", " and ".join(checks), text, (b,))
         for label, read, now in later:
-            used = tuple(bound[s] for s in now.free_symbols if s in bound)
+            own = _Symbol(None, label, read, _hint(now, hints))
+            used = (own, *(bound[s] for s in now.free_symbols if s in bound))
             self._add(None, f"SIZE {label}", f"{read} == {names.doprint(now)}",
                       f"{label} == {labels.doprint(now)}", used)
         ranges = {s: r for s, r in shape_env.var_to_range.items() if s in bound}
@@ -386,6 +395,14 @@ class _Symbol:
 
     def __init__(self, name, label, read, hint):
         self.name, self.label, self.read, self.hint = name, label, read, hint
+
+
+def _hint(expr, hints):
+    """The value `expr` had while tracing."""
+    try:
+        return int(expr.xreplace(hints))
+    except (TypeError, ValueError):
+        return "?"
 
 
 def _implied_by_ranges(expr, ranges) -> bool:

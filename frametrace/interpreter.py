@@ -12,6 +12,8 @@ import dis
 import operator
 import sys
 
+import torch
+
 from .exc import Unsupported, frame_summary
 from .side_effects import SideEffects
 from .source import (BuiltinSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
@@ -808,7 +810,9 @@ def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
         seqs = [v if isinstance(v, TupleVar) else TupleVar([ConstVar(i) for i in v.value])
                 if isinstance(v, ConstVar) and isinstance(v.value, tuple) else None for v in (a, b)]
         if None not in seqs:
-            kind = SizeVar if isinstance(a, SizeVar) else TupleVar
+            # torch.Size wins on either side (Size.__radd__), as in CPython.
+            kind = SizeVar if any(isinstance(v, SizeVar) or isinstance(v, ConstVar) and
+                                  isinstance(v.value, torch.Size) for v in (a, b)) else TupleVar
             return kind(seqs[0].items + seqs[1].items)
     if fn in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge):
         from .graph import _to_fake

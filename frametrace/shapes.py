@@ -95,6 +95,17 @@ def forget_sizes() -> None:
     _frame_sizes.clear()
 
 
+def saved_sizes():
+    """What every code remembers, to put back with `restore_sizes` (explain() compiles
+    without changing what later compiles make symbolic)."""
+    return {code: dict(seen) for code, seen in _frame_sizes.items()}
+
+
+def restore_sizes(saved) -> None:
+    _frame_sizes.clear()
+    _frame_sizes.update(saved)
+
+
 # Per code object: source name -> sizes seen (None where a dimension has changed), or
 # ("int", value) for int arguments (None once it has changed).
 _frame_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

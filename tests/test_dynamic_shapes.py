@@ -343,3 +343,59 @@ def test_a_failure_with_symbolic_sizes_falls_back_to_static_compiles():
     x = torch.randn(5, 8)
     torch.testing.assert_close(h(x, w), mlp(x, w))
     assert len(seen) == 1
+
+
+def test_python_semantics_of_size_values_are_kept():
+    """Types and values as CPython gives them, and no needless pinning of sizes."""
+    def f(x):
+        return (x + 1, max(x.shape[0], 2.5), min(x.shape[0], 3), (1,) + x.shape,
+                torch.zeros(torch.Size([x.shape[0], 3])).shape, x[slice(x.shape[0] // 2)],
+                x.nbytes)
+
+    g, cnt = compile_counted(f, fullgraph=True)
+    for n in (4, 5, 6, 9):
+        x = torch.arange(float(n))
+        got, expected = g(x), f(x)
+        torch.testing.assert_close(got[0], expected[0])
+        torch.testing.assert_close(got[5], expected[5])
+        for a, b in zip(got[1:5] + got[6:], expected[1:5] + expected[6:]):
+            assert a == b and type(a) is type(b), (a, b)
+    assert cnt.frame_count == 2
+
+
+def test_storage_offset_read_by_the_trace_is_guarded():
+    big = torch.arange(100.)
+
+    def f(x):
+        return x * 2 if x.storage_offset() > 3 else x * 3
+
+    g, cnt = compile_counted(f, dynamic=True)
+    for sl in (slice(5, 10), slice(0, 5), slice(7, 12), slice(1, 6)):
+        torch.testing.assert_close(g(big[sl]), f(big[sl]))
+    # a graph that never reads the offset shares one entry for views at any offset
+    h, hcnt = compile_counted(lambda x: x * 2)
+    for i in range(5):
+        h(big[i:i + 4])
+    assert hcnt.frame_count == 1
+
+
+def test_recompile_log_shows_both_sides_of_a_size_equality():
+    def f(a, b):
+        return a + b
+
+    g, cnt = compile_counted(f, dynamic=True)
+    g(torch.randn(5), torch.randn(5))
+    failure = compiled_entries(f)[0].check.guard_set.first_failure(
+        (torch.randn(6), torch.randn(7)), f)
+    assert failure.startswith("b.shape[0] == a.shape[0]")
+    assert "b.shape[0] = 7, traced with 5" in failure and "a.shape[0] = 6, traced with 5" in failure
+
+
+def test_explain_does_not_change_what_later_compiles_make_symbolic():
+    def f(x):
+        return x * 2
+
+    frametrace.explain(f)(torch.randn(5))
+    g, cnt = compile_counted(f)
+    g(torch.randn(4))
+    assert not has_symbolic_size(cnt.graphs[0])      # still static first

@@ -17,7 +17,7 @@ from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .objects import (MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, _const_kwargs,
                       _consts)
-from .symbolic import SymNodeVar
+from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
 
 # An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
@@ -569,11 +569,20 @@ def _min_max(pick):
             unsupported(f"{pick.__name__}() of an empty sequence (ValueError)")
         if "key" not in kwargs and any(isinstance(i, SymNodeVar) for i in items) and \
                 all(isinstance(i, (SymNodeVar, ConstVar)) for i in items):
-            # Sizes: torch.sym_max / sym_min keep the result symbolic, without a guard.
-            sym_pick = torch.sym_max if pick is max else torch.sym_min
             best = items[0]
+            if all(i.python_type() is int for i in items):
+                # Sizes: torch.sym_max / sym_min keep the result symbolic, without a guard.
+                sym_pick = torch.sym_max if pick is max else torch.sym_min
+                for item in items[1:]:
+                    best = tx.output.call("call_function", sym_pick, (best, item), {})
+                return best
+            # Mixed with floats: CPython returns one of the items, so pick it by
+            # comparisons (each a guard on the relation, not on the value).
+            from ..graph import _to_fake
             for item in items[1:]:
-                best = tx.output.call("call_function", sym_pick, (best, item), {})
+                a, b = _to_fake(item), _to_fake(best)
+                if bool(a > b if pick is max else a < b):
+                    best = item
             return best
         keys = _keys_of(tx, items, kwargs.get("key"))
         try:
@@ -638,6 +647,11 @@ def _data_conversion(kind):
         if kind is str and len(args) == 1 and isinstance(args[0], SetVar):
             return ConstVar(str(args[0].as_const()))
     return handler
+
+
+def _slice(tx, args, kwargs):
+    if not kwargs and 1 <= len(args) <= 3 and any(isinstance(a, SymNodeVar) for a in args):
+        return SliceVar(args if len(args) > 1 else [ConstVar(None), args[0]])
 
 
 def _getattr(tx, args, kwargs):
@@ -776,7 +790,7 @@ _BUILTIN_HANDLERS = {
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),
     complex: _data_conversion(complex), str: _data_conversion(str),
     getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
-    super: _super, callable: _callable,
+    super: _super, callable: _callable, slice: _slice,
 }
 
 _FOLDABLE_BUILTINS = {abs, min, max, int, float, bool, str, round, divmod, pow, len, sum,

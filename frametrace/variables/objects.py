@@ -14,6 +14,7 @@ from ..source import AttrSource, GetItemSource
 from .base import ValueVar, Var, unsupported
 from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
 from .constant import ConstVar
+from .containers import SizeVar
 from .tensor import TensorVar
 
 
@@ -79,6 +80,8 @@ class ObjectVar(ValueVar):
 
     def call(self, tx, args, kwargs):
         value = self.value
+        if value is torch.Size and len(args) == 1 and not kwargs:
+            return SizeVar(args[0].unpack(tx))       # symbolic sizes stay symbolic
         if isinstance(value, type) and value in _CONST_CLASSES and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if isinstance(value, type):

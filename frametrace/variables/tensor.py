@@ -36,6 +36,10 @@ class TensorVar(Var):
         from .objects import MethodVar
         if name == "shape":
             return tx.output.size_of(self)
+        if name == "nbytes":
+            numel = tx.output.size_of(self).call_method(tx, "numel", [], {})
+            return tx.output.call("call_function", operator.mul,
+                                  (numel, ConstVar(self.example.element_size())), {})
         if name in _META_ATTRS:
             return ConstVar(getattr(self.example, name))
         if name in _TENSOR_ATTRS:
@@ -58,6 +62,12 @@ class TensorVar(Var):
             return shape.getitem(tx, args[0]) if args else shape
         if name == "dim" and not args and not kwargs:
             return ConstVar(self.example.dim())
+        if name == "storage_offset" and not args and not kwargs:
+            inp = tx.output.input_of(self)
+            if inp is None:
+                unsupported("storage_offset() of a tensor computed in the graph")
+            tx.guards.storage_offset(inp.source, inp.value)
+            return ConstVar(inp.value.storage_offset())
         return tx.output.call("call_method", name, (self, *args), kwargs)
 
     def getitem(self, tx, key):
