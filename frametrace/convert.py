@@ -13,6 +13,7 @@ import warnings
 import weakref
 
 import torch
+from bytecode import CellVar
 
 from . import _C, config, resume
 from .codegen import CodeGen
@@ -319,7 +320,10 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     """Compile the graph and build the transformed code: it returns `result`, or at a
     graph break runs `break_at` in CPython and continues in a resume function."""
     out_nodes = []
-    live = [result] if break_at is None else _live_at_break(tracer)
+    # At a return, the frame's cells are stored too: a returned closure reads them.
+    cells = resume.cells_to_store(tracer) if break_at is None else []
+    live = [result, *(tracer.cells[n].value for n in cells)] if break_at is None \
+        else _live_at_break(tracer)
     for v in live:
         _collect_outputs(v, out_nodes)
     side_effects = tracer.side_effects
@@ -338,6 +342,9 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     if break_at is None:
         result.reconstruct(cg)
         cg.emit("STORE_FAST", "___return_value")
+        for n in cells:
+            tracer.cells[n].value.reconstruct(cg)
+            cg.emit("STORE_DEREF", CellVar(n))
     else:
         plan = resume.prepare_break(cg, tracer, break_at)
     side_effects.reconstruct(cg, set(code.co_freevars))

@@ -254,8 +254,7 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
         n for n in plan.bound
         if type(tracer.locals[n]) is not _Lazy and not (
             tracer.locals[n].source is not None and getattr(tracer.locals[n].source, "local", None) == n)]
-    plan.cells_to_store = [n for n, c in tracer.cells.items()
-                           if c.value is not None and type(c.value) is not _Lazy and n in code.co_cellvars]
+    plan.cells_to_store = cells_to_store(tracer)
     plan.temps = {}
 
     def keep(key, emit_value):
@@ -281,6 +280,14 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     for n in plan.cells_to_store:
         keep(("cell", n), lambda n=n: tracer.cells[n].value.reconstruct(cg))
     return plan
+
+
+def cells_to_store(tracer) -> list[str]:
+    """The frame's own cells the trace filled: the transformed code stores them, since
+    closures over them may outlive the trace (at a break, or returned)."""
+    from .interpreter import _Lazy
+    return [n for n, c in tracer.cells.items()
+            if c.value is not None and type(c.value) is not _Lazy and n in tracer.code.co_cellvars]
 
 
 def emit_break(cg, tracer, inst, func, plan: _BreakPlan):

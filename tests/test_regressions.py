@@ -298,3 +298,23 @@ def test_alias_guards_only_for_inputs_the_graph_writes():
     torch.testing.assert_close(g(same, same, z), expected)
     torch.testing.assert_close(same, expected_same)
     assert cnt.frame_count == 2
+
+
+def test_returned_closure_keeps_its_cells():
+    def f(x):
+        n = 3
+        w = x * 2                       # a tensor the closure captures
+        size = x.shape[0]               # a size (symbolic after a second shape)
+
+        def inner(y):
+            return y[:n] + w[:n] + size
+        return inner, x + 1
+
+    g, cnt = counted(f)
+    for length in (5, 6, 7):
+        x = torch.arange(float(length))
+        inner, out = g(x)
+        ref_inner, ref_out = f(x)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(inner(torch.ones(4)), ref_inner(torch.ones(4)))
+    assert cnt.frame_count == 2
