@@ -397,7 +397,9 @@ def _guard_aliasing(output, guards, side_effects):
                 continue
             for b in tensors:
                 if b is not a and pairs < _MAX_ALIAS_GUARDS ** 2:
-                    guards.distinct_tensors(*sorted((a.source, b.source), key=lambda s: s.name()))
+                    first, second = sorted((a, b), key=lambda i: i.source.name())
+                    guards.tensor_aliasing(first.source, second.source, _storage_key(a.node) ==
+                                           _storage_key(b.node))
                     pairs += 1
     if side_effects.has_container_mutations():
         containers = [var.source for _, var in output.object_vars.values()

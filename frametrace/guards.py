@@ -228,14 +228,18 @@ class GuardSet:
                   f"{self.const(keys)} and not ({e}._backward_hooks or {e}._backward_pre_hooks)",
                   f"{source.name()} has hooks {keys}")
 
-    def distinct_tensors(self, a: Source, b: Source):
-        """Two tensor inputs do not share memory (the graph mutates inputs, and was
-        traced with them apart)."""
+    def tensor_aliasing(self, a: Source, b: Source, shared: bool):
+        """Two tensor inputs share memory, or do not, as when traced (the graph
+        mutates one of them, so which it is changes the program)."""
         ea, eb = a.guard_expr(), b.guard_expr()
         sa, sb = f"{ea}.untyped_storage().data_ptr()", f"{eb}.untyped_storage().data_ptr()"
-        self._add(None, f"NO_ALIAS {a.name()} {b.name()}",
-                  f"{ea} is not {eb} and ({sa} != {sb} or {sa} == 0)",
-                  f"{a.name()} and {b.name()} do not share memory")
+        if shared:
+            self._add(None, f"ALIAS {a.name()} {b.name()}", f"{sa} == {sb}",
+                      f"{a.name()} and {b.name()} share memory")
+        else:
+            self._add(None, f"NO_ALIAS {a.name()} {b.name()}",
+                      f"{ea} is not {eb} and ({sa} != {sb} or {sa} == 0)",
+                      f"{a.name()} and {b.name()} do not share memory")
 
     def distinct_objects(self, a: Source, b: Source):
         self._add(None, f"DISTINCT {a.name()} {b.name()}",

@@ -318,3 +318,21 @@ def test_returned_closure_keeps_its_cells():
         torch.testing.assert_close(out, ref_out)
         torch.testing.assert_close(inner(torch.ones(4)), ref_inner(torch.ones(4)))
     assert cnt.frame_count == 2
+
+
+def test_inputs_traced_aliased_do_not_recompile_on_every_call():
+    def f(a, b):
+        b.add_(1)                  # writes through a view of `a` when aliased
+        return a * 2
+
+    g, cnt = counted(f)
+    for _ in range(4):
+        base, ref_base = torch.zeros(6), torch.zeros(6)
+        torch.testing.assert_close(g(base, base[1:]), f(ref_base, ref_base[1:]))
+        torch.testing.assert_close(base, ref_base)
+    assert cnt.frame_count == 1
+    x, y = torch.zeros(5), torch.zeros(5)
+    torch.testing.assert_close(g(x, y), torch.zeros(5))
+    assert cnt.frame_count == 2
+    texts = {gd.text for e in compiled_entries(f) for gd in e.check.guards}
+    assert {"a and b share memory", "a and b do not share memory"} <= texts
