@@ -301,9 +301,11 @@ def test_constants_and_ranges(dtype):
 
 
 # -- runtime, logs, fallbacks ----------------------------------------------------------------------
-def test_autotune_choice_cached_per_shape():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_autotune_choice_cached_per_shape(dynamic):
+    """Symbolic kernels too: per actual size (the row length varies here)."""
     autotune.TUNED.clear()
-    f = frametrace.optimize(backend="triton", dynamic=False)(lambda x: torch.softmax(x, -1))
+    f = frametrace.optimize(backend="triton", dynamic=dynamic)(lambda x: torch.softmax(x, -1))
     for shape in [(4, 32), (4, 64), (4, 32)]:
         x = torch.randn(*shape)
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
@@ -311,6 +313,7 @@ def test_autotune_choice_cached_per_shape():
     tuned = autotune.STATS["tuned"]
     f(torch.randn(4, 64))
     assert autotune.STATS["tuned"] == tuned
+    assert last_compiled().symbolic == dynamic
 
 
 def test_output_code_log(caplog):
@@ -380,13 +383,104 @@ def test_scalar_load_under_a_mask():
     compiled_run(lambda x: torch.cat([x[:1] - 1, x[1:] * 2]), torch.randn(9), kernels=1)
 
 
-def test_symbolic_shapes_fall_back_to_aot_eager_with_a_log_line(caplog):
+# -- dynamic shapes: symbolic sizes become kernel arguments -------------------------------------
+def _layer_norm(x, w, b):
+    return F.layer_norm(x, (32,), w, b)
+
+
+def _add_rms_norm(x, residual, w):
+    h = x + residual
+    return h, rms_norm(h, w)
+
+
+DYNAMIC = {  # fn, inputs for a size n (the batch, or rows, that varies)
+    "pointwise_chain": (lambda x, w, b: F.gelu(x * w + b).sigmoid() * 3 - x,
+                        lambda n: (torch.randn(n, 32), torch.randn(32), torch.randn(32))),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda n: (torch.randn(n, 100),)),
+    "softmax_row_length": (lambda x: torch.softmax(x, -1), lambda n: (torch.randn(6, 7 * n),)),
+    "layer_norm": (_layer_norm, lambda n: (torch.randn(n, 3, 32), torch.randn(32), torch.randn(32))),
+    "add_rms_norm": (_add_rms_norm, lambda n: (torch.randn(n, 64), torch.randn(n, 64), torch.randn(64))),
+}
+
+
+def _symbolic_kernels(mod):
+    """The module is a symbolic graph's, launching generated kernels with size arguments."""
+    assert mod is not None and mod.symbolic, mod and mod.source
+    assert len(mod.kernels) == 1, mod.source
+    src = mod.kernels[0].source
+    assert mod.kernels[0].symbols and all(f"{s}," in src for s in mod.kernels[0].symbols), src
+    assert "xmask = xindex < xnumel" in src
+    return mod
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC))
+def test_dynamic_sizes_compile_twice_into_symbolic_kernels(name):
+    from frametrace.testing import CompileCounter
+    fn, make = DYNAMIC[name]
+    counter = CompileCounter(inner="triton")
+    f = frametrace.optimize(backend=counter)(fn)
+    for i, n in enumerate((3, 5, 8, 13)):
+        args = make(n)
+        torch.testing.assert_close(f(*args), fn(*args), atol=1e-5, rtol=1e-5)
+        mod = last_compiled()
+        if i == 0:
+            assert not mod.symbolic
+        else:
+            _symbolic_kernels(mod)
+    assert counter.frame_count == 2
+    assert sum(m.symbolic for m in backend.COMPILED) == 1
+    if name == "softmax_row_length":  # a row of symbolic length: looped, masked
+        assert "triton_red_" in mod.kernels[0].name and "rmask" in mod.kernels[0].source
+
+
+def test_dynamic_true_compiles_symbolic_kernels_on_the_first_call():
+    from frametrace.testing import CompileCounter
+    fn, make = DYNAMIC["layer_norm"]
+    counter = CompileCounter(inner="triton")
+    f = frametrace.optimize(backend=counter, dynamic=True)(fn)
+    for n in (2, 7, 4, 9):
+        args = make(n)
+        torch.testing.assert_close(f(*args), fn(*args), atol=1e-5, rtol=1e-5)
+        _symbolic_kernels(last_compiled())
+    assert counter.frame_count == 1 and len(backend.COMPILED) == 1
+
+
+def test_dynamic_views_slices_cat_externs_and_int_inputs():
+    cases = [
+        (lambda x, n: x * n + n, lambda n: (torch.randn(4, 3), n)),
+        (lambda x: x[:, 1:].sum(-1) + x.shape[1], lambda n: (torch.randn(3, n),)),
+        (lambda x, y: torch.cat([x, y], 1).var(-1) @ torch.ones(3, 2),
+         lambda n: (torch.randn(3, n), torch.randn(3, n))),
+        (lambda x, w: (x.transpose(0, 1) * w).reshape(-1, 8).mean(0),
+         lambda n: (torch.randn(8, n), torch.randn(n, 1))),
+    ]
+    for fn, make in cases:
+        f = frametrace.optimize(backend="triton", dynamic=True)(fn)
+        for n in (5, 6, 11):
+            args = make(n)
+            torch.testing.assert_close(f(*args), fn(*args), atol=1e-5, rtol=1e-5)
+            assert last_compiled().symbolic
+
+
+def test_symbolic_sizes_it_cannot_express_fall_back_to_aot_eager_with_a_log_line(caplog):
+    fn = lambda x: (x.reshape(-1, 2) * 2).sum(1)  # noqa: E731  (a size s0 // 2)
+    f = frametrace.optimize(backend="triton", dynamic=True)(fn)
+    with caplog.at_level(logging.INFO, logger="frametrace.output_code"):
+        for n in (6, 8, 10):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), fn(x))
+    assert "symbolic shapes" in caplog.text and "aot_eager" in caplog.text
+    assert last_compiled() is None
+
+
+def test_symbolic_shapes_can_be_turned_off(monkeypatch, caplog):
+    monkeypatch.setattr(config, "dynamic_shapes", False)
     f = frametrace.optimize(backend="triton", dynamic=True)(lambda x: torch.softmax(x, -1) * 2)
     with caplog.at_level(logging.INFO, logger="frametrace.output_code"):
         for n in (5, 7):
             x = torch.randn(3, n)
             torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
-    assert "symbolic shapes" in caplog.text or "dynamic shapes" in caplog.text
+    assert "symbolic shapes" in caplog.text
     assert last_compiled() is None
 
 

@@ -37,9 +37,14 @@ def is_persistent(rnumel: int) -> bool:
     return next_pow2(rnumel) <= config.persistent_rblock_max
 
 
-def candidates(xnumel: int, rnumel: int, reduction: bool) -> list[Config]:
-    """Candidates, the heuristic default first."""
+def candidates(xnumel: int, rnumel: int, reduction: bool, looped=False) -> list[Config]:
+    """Candidates, the heuristic default first.  `looped`: a looped reduction whose rows
+    may be short (a symbolic length, `rnumel` its hint)."""
     xmax = next_pow2(xnumel)
+    if looped and next_pow2(rnumel) < 2048:
+        r = max(16, next_pow2(rnumel))
+        x = min(xmax, max(1, 2048 // r))
+        return _unique([Config(x, r, w) for w in (4, 8)] + [Config(max(1, x // 2), r, 4)])
     if not reduction:
         return _unique([Config(min(x, xmax), 1, w)
                         for x, w in ((1024, 4), (2048, 8), (4096, 8), (2048, 4), (512, 4))])

@@ -30,6 +30,8 @@ class CompiledModule:
         self.wrapper, self.source, self.namespace = wrapper, source, wrapper.ns
         self.kernels, self.externs, self.fallback_ops = kernels, externs, fallback_ops
         self.extern_ops = extern_ops
+        # symbolic sizes: the wrapper reads the shape symbols from its inputs
+        self.symbolic = bool(wrapper.lowered.hints)
         self.call = self.namespace["call"]
         self.fast = None    # `fast(args)`, once the first call has compiled every kernel
         self.runner = None  # a CudaGraphRunner, when launches are replayed as a CUDA graph
@@ -37,7 +39,7 @@ class CompiledModule:
     @property
     def graphable(self) -> bool:
         """Worth replaying as a CUDA graph, and safe to: no op mutates its inputs."""
-        return (config.cudagraphs and self.namespace["device"].type == "cuda"
+        return (config.cudagraphs and not self.symbolic and self.namespace["device"].type == "cuda"
                 and len(self.kernels) + len(self.externs) >= config.cudagraph_min_launches
                 and not any(op._schema.is_mutable for op in self.extern_ops))
 
@@ -75,9 +77,13 @@ def _why_not(example_inputs) -> str | None:
     """Why these inputs cannot run as Triton kernels, or None."""
     tensors = []
     for t in example_inputs:
+        if isinstance(t, (int, torch.SymInt)) and not isinstance(t, bool):
+            if isinstance(t, torch.SymInt) and not config.dynamic_shapes:
+                return "symbolic shapes"
+            continue
         if not isinstance(t, torch.Tensor):
             return f"a non-tensor input ({type(t).__name__}: dynamic shapes)"
-        if any(not isinstance(s, int) for s in t.shape):
+        if not config.dynamic_shapes and any(not isinstance(s, int) for s in t.shape):
             return "symbolic shapes"
         tensors.append(t)
     devices = {t.device.type for t in tensors}
@@ -114,12 +120,19 @@ def _graph_device(example_inputs):
 
 
 def compile_forward(gm, example_inputs):
-    reason = _why_not(example_inputs) or _symbolic(gm)
+    reason = _why_not(example_inputs) or (None if config.dynamic_shapes else _symbolic(gm))
     if reason is not None:
         output_code.info("triton backend: %s; this graph runs eagerly", reason)
         return _eager(gm, example_inputs)
     try:
         mod = build(gm, example_inputs)
+    except Unsupported as e:
+        if _symbolic(gm) is None:
+            return _give_up(gm, e)
+        # what the lowering cannot express with symbolic sizes runs as before
+        output_code.info("triton backend: symbolic shapes (%s); this graph runs with aot_eager", e)
+        log.info("triton backend: symbolic shapes (%s); this graph runs with aot_eager", e)
+        return _eager(gm, example_inputs)
     except Exception as e:
         return _give_up(gm, e)
     COMPILED.append(mod)

@@ -10,6 +10,7 @@ last one; values that only depend on the row (`level` 1) are hoisted out of the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import re
@@ -43,6 +44,30 @@ COMBINE = {
     "_argmin": _combine("_argmin", "    take = (a < b) | ((a == b) & (ai < bi))\n"
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
 }
+
+
+def _runtime_range_ok() -> bool:
+    return _range_probe(autotune.interpreted())
+
+
+@functools.cache
+def _range_probe(interpreted) -> bool:
+    """Whether `range` takes a kernel's int argument: always when compiled; Triton 3.6's
+    interpreter gives it a one-element array, which NumPy 2 cannot make an int (then the
+    loops over rows of a symbolic length are `while` loops, under the interpreter only)."""
+    if not interpreted:
+        return True
+    from .wrapper import load_kernel
+    src = ("@triton.jit\ndef _range_probe(out_ptr, n):\n    acc = 0\n"
+           "    for i in range(0, n, 2):\n        acc += 1\n    tl.store(out_ptr, acc)\n")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    try:
+        with unset_fake_temporarily():  # (compiles run under AOTAutograd's fake mode)
+            out = torch.zeros(1, dtype=torch.int32)
+            load_kernel("_range_probe", src)[(1,)](out, 5)
+            return int(out) == 3
+    except Exception:
+        return False
 
 
 class NotFusable(Exception):
@@ -82,17 +107,31 @@ def _acc_dtype(rtype, src):
     return cd
 
 
+def configs_for(group) -> list:
+    """Block-size candidates, for the size hints when extents are symbolic."""
+    x, r = group.xnumel, group.rnumel
+    if indexing.is_static(x) and indexing.is_static(r):
+        return autotune.candidates(x, r, group.reduction)
+    return autotune.candidates(indexing.hint(x), indexing.hint(r), group.reduction,
+                               looped=group.reduction and not indexing.is_static(r))
+
+
 class KernelCodegen:
     def __init__(self, group: KernelGroup, stores):
         self.group, self.stores = group, stores
         self.members = {c.name: c for c in group.members}
         self.first = min(c.order for c in group.members)
         self.xnumel, self.rnumel = group.xnumel, group.rnumel
-        self.configs = autotune.candidates(group.xnumel, group.rnumel, group.reduction)
-        self.persistent = not group.reduction or autotune.is_persistent(group.rnumel)
+        # symbolic extents: int arguments, masks always on, rows of a symbolic length
+        # looped (correct for any length), int64 indices
+        xstatic, rstatic = indexing.is_static(self.xnumel), indexing.is_static(self.rnumel)
+        self.symbolic = not (xstatic and rstatic)
+        self.configs = configs_for(group)
+        self.persistent = not group.reduction or (rstatic and autotune.is_persistent(group.rnumel))
         self.looped = not self.persistent
-        self.has_xmask = any(self.xnumel % c.xblock for c in self.configs)
-        self.has_rmask = group.reduction and any(self.rnumel % c.rblock for c in self.configs)
+        self.has_xmask = not xstatic or any(self.xnumel % c.xblock for c in self.configs)
+        self.has_rmask = group.reduction and (
+            not rstatic or any(self.rnumel % c.rblock for c in self.configs))
         self.outer: list[str] = []
         self.body = None
         self.cache, self.body_cache, self.memo, self.levels = {}, {}, {}, {}
@@ -100,7 +139,8 @@ class KernelCodegen:
         self.args: dict[str, str] = {}
         self.reads: set[str] = set()
         self.helpers: set[str] = set()
-        self.wide = group.xnumel * group.rnumel >= 2 ** 31
+        self.wide = self.symbolic or group.xnumel * group.rnumel >= 2 ** 31
+        self.symbols: list[str] = []  # the shape symbols the kernel takes, after its pointers
         self._n = 0
 
     # -- values ----------------------------------------------------------------------------
@@ -178,8 +218,11 @@ class KernelCodegen:
     def load(self, buf, index) -> str:
         if buf.name in self.members:
             raise NotFusable(f"{buf.name} is written by this kernel")
-        span = buf.offset + sum((n - 1) * s for n, s in zip(buf.shape, buf.stride))
-        self.wide |= span >= 2 ** 31
+        if buf.symbolic:
+            self.wide = True
+        else:
+            span = buf.offset + sum((n - 1) * s for n, s in zip(buf.shape, buf.stride))
+            self.wide |= span >= 2 ** 31
         text = pexpr(index)
         mask = self._mask(self.level(text))
         if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
@@ -305,9 +348,13 @@ class KernelCodegen:
         lines, self.body = self.body, None
         self._forget_row_values()
         head = ["for roffset in range(0, rnumel, RBLOCK):", "    rindex = roffset + rbase"]
+        tail = []
+        if not indexing.is_static(self.rnumel) and not _runtime_range_ok():
+            head[0:1] = ["roffset = 0", "while roffset < rnumel:"]
+            tail = ["    roffset += RBLOCK"]
         if self.has_rmask:
             head.append("    rmask = rindex < rnumel")
-        self.outer += inits + head + ["    " + line for line in lines]
+        self.outer += inits + head + ["    " + line for line in lines] + tail
 
     def _forget_row_values(self):
         self.body_cache = {}
@@ -338,15 +385,29 @@ class KernelCodegen:
             self.loop(lambda: [self.store(c) for c in full], [])
         return self._source()
 
+    def _numel(self, name, n) -> str:
+        if indexing.is_static(n):
+            # constexpr: Triton 3.6's interpreter makes a plain `n = 5` a one-element array,
+            # which `range` cannot take (NumPy 2 refuses int() of it)
+            return f"{name}: tl.constexpr = {int(n)}"
+        return f"{name} = {pexpr(n)}"
+
     def _source(self):
         red = self.group.reduction
-        params = list(self.args.values()) + ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
+        head = [self._numel("xnumel", self.xnumel)] + ([self._numel("rnumel", self.rnumel)] if red else [])
+        if indexing.HINTS:
+            names = {s.name for s in indexing.HINTS}
+            used = set(re.findall(r"\b[A-Za-z_]\w*\b", "\n".join(head + self.outer)))
+            self.symbols = sorted(names & used, key=lambda n: (len(n), n))
+        params = list(self.args.values()) + self.symbols + ["XBLOCK: tl.constexpr"] + \
+            (["RBLOCK: tl.constexpr"] if red else [])
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
-        # constexpr: Triton 3.6's interpreter makes a plain `n = 5` a one-element array,
-        # which `range` cannot take (NumPy 2 refuses int() of it)
-        head = [f"xnumel: tl.constexpr = {self.xnumel}"] + \
-            ([f"rnumel: tl.constexpr = {self.rnumel}"] if red else [])
-        head.append(f"xoffset = {pid} * XBLOCK")
+        offset = f"xoffset = {pid} * XBLOCK"
+        if self.symbols:
+            # the sizes as int64 (xoffset is), so that products of them cannot overflow
+            head = [offset] + [f"{n} = {n} + xoffset * 0" for n in self.symbols] + head
+        else:
+            head.append(offset)
         head.append("xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else ""))
         if self.has_xmask:
             head.append("xmask = xindex < xnumel")

@@ -18,3 +18,7 @@ fast_erf = True
 # An erf whose result is rounded to bf16/fp16 (gelu on half inputs): one exp2 and a
 # polynomial, no division (absolute error < 4.7e-6); needs fast_erf
 half_erf = True
+
+# Graphs with symbolic sizes (dynamic shapes) compile to kernels that take the sizes as
+# int arguments; False: such graphs run with aot_eager
+dynamic_shapes = True

@@ -35,10 +35,92 @@ RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 _ranges: dict = {}
 
 
-def set_ranges(xnumel: int, rnumel: int) -> None:
+def set_ranges(xnumel, rnumel) -> None:
     _ranges.clear()
     _ranges[XINDEX] = xnumel
     _ranges[RINDEX] = rnumel
+
+
+# -- symbolic sizes ---------------------------------------------------------------------------
+# With dynamic shapes a size is a sympy expression of the ShapeEnv's symbols (positive
+# integers): a polynomial with integer coefficients, or an int.  Kernels take the symbols
+# as int arguments; the wrapper reads them from its inputs' sizes.
+
+# The ShapeEnv's values of the symbols of the graph being compiled (block sizes and
+# persistent reductions are chosen for these; the code is correct for any value).
+HINTS: dict = {}
+
+
+def hint(e) -> int:
+    return int(e) if is_static(e) else int(e.subs(HINTS))
+
+
+def is_static(e) -> bool:
+    return isinstance(e, int) or (isinstance(e, sympy.Basic) and e.is_Integer)
+
+
+def sym(v):
+    """A size (int, SymInt, sympy) as an int or a sympy polynomial of shape symbols;
+    raises ValueError for anything else (FloorDiv, Max, a float...)."""
+    import torch
+    if isinstance(v, bool):
+        raise ValueError(f"size {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, torch.SymInt):
+        v = v.node.expr
+    if not isinstance(v, sympy.Basic):
+        raise ValueError(f"size {v!r}")
+    if v.is_Integer:
+        return int(v)
+    for a in sympy.preorder_traversal(v):
+        if a.is_Symbol or a.is_Integer or a.is_Add or a.is_Mul:
+            continue
+        if a.is_Pow and a.exp.is_Integer and int(a.exp) > 0:
+            continue
+        raise ValueError(f"symbolic size {v}")
+    return v
+
+
+def symbols_of(*exprs) -> set:
+    out = set()
+    for e in exprs:
+        if isinstance(e, (list, tuple)):
+            out |= symbols_of(*e)
+        elif isinstance(e, sympy.Basic):
+            out |= {s for s in e.free_symbols if s not in (XINDEX, RINDEX)}
+    return out
+
+
+def pycode(e) -> str:
+    """A size as Python source (the wrapper's symbols are local variables)."""
+    if isinstance(e, (list, tuple)):
+        inner = ", ".join(pycode(x) for x in e)
+        return f"({inner}{',' if len(e) == 1 else ''})"
+    return str(int(e)) if is_static(e) else f"({e})"
+
+
+def _nonneg(e) -> bool:
+    """Provably e >= 0 for all values >= 1 of its symbols."""
+    if e in (math.inf, -math.inf):
+        return e > 0
+    e = sympy.sympify(e)
+    if e.is_number:
+        return bool(e >= 0)
+    shifted = sympy.expand(e.subs({s: s + 1 for s in e.free_symbols}, simultaneous=True))
+    return all(c >= 0 for c in sympy.Poly(shifted, *sorted(shifted.free_symbols, key=str)).coeffs()) \
+        if shifted.is_polynomial() else False
+
+
+def le(a, b) -> bool:
+    """Provably a <= b."""
+    if a == -math.inf or b == math.inf:
+        return True
+    if a == math.inf or b == -math.inf:
+        return False
+    if isinstance(a, int) and isinstance(b, int):
+        return a <= b
+    return _nonneg(sympy.expand(sympy.sympify(b) - a))
 
 
 def bounds(e) -> tuple:
@@ -47,12 +129,28 @@ def bounds(e) -> tuple:
         return int(e), int(e)
     if e.is_Symbol:
         hi = _ranges.get(e)
-        return (0, hi - 1) if hi is not None else (-math.inf, math.inf)
+        if hi is not None:
+            return 0, hi - 1
+        if e.is_positive and e.is_integer:  # a shape symbol
+            return 1, math.inf
+        return -math.inf, math.inf
     if e.is_Add:
         lo = hi = 0
         for a in e.args:
             a_lo, a_hi = bounds(a)
-            lo, hi = lo + a_lo, hi + a_hi
+            lo = -math.inf if -math.inf in (lo, a_lo) else lo + a_lo
+            hi = math.inf if math.inf in (hi, a_hi) else hi + a_hi
+        return lo, hi
+    if e.is_Mul and any(not (is_static(b) or b in (math.inf, -math.inf))
+                        for a in e.args for b in bounds(a)):
+        # symbolic bounds: only products of non-negative factors
+        lo = hi = 1
+        for a in e.args:
+            a_lo, a_hi = bounds(a)
+            if not le(0, a_lo):
+                return -math.inf, math.inf
+            lo = lo * a_lo
+            hi = math.inf if math.inf in (hi, a_hi) else hi * a_hi
         return lo, hi
     if e.is_Mul:
         lo = hi = 1
@@ -63,12 +161,17 @@ def bounds(e) -> tuple:
             cands = (lo * a_lo, lo * a_hi, hi * a_lo, hi * a_hi)
             lo, hi = min(cands), max(cands)
         return lo, hi
+    if isinstance(e, FloorDiv) and not e.args[1].is_Integer:
+        lo, _ = bounds(e.args[0])
+        return (0 if le(0, lo) else -math.inf), math.inf
     if isinstance(e, FloorDiv):
         lo, hi = bounds(e.args[0])
         d = int(e.args[1])
+        if not (is_static(lo) or lo == -math.inf) or not (is_static(hi) or hi == math.inf):
+            return (lo // d if is_static(lo) else 0 if le(0, lo) else -math.inf), math.inf
         return (lo if lo == -math.inf else lo // d), (hi if hi == math.inf else hi // d)
     if isinstance(e, ModIdx):
-        return 0, int(e.args[1]) - 1
+        return 0, e.args[1] - 1
     return -math.inf, math.inf
 
 
@@ -87,7 +190,7 @@ def _split(e, d):
 
 def _in(e, lo, hi) -> bool:
     b_lo, b_hi = bounds(e)
-    return lo <= b_lo and b_hi <= hi
+    return le(lo, b_lo) and le(b_hi, hi)
 
 
 def _common_factor(rest, d):
@@ -112,7 +215,28 @@ def _decompose(e, d):
     return exact, r, _common_factor(rest, d)
 
 
-def floordiv(e, d: int):
+def _sym_split(e, d):
+    """Terms of `e` that the symbolic `d` divides (as quotients), and the others."""
+    exact, rest = [], []
+    for t in Add.make_args(e):
+        q = sympy.expand(t / d)
+        if q.as_numer_denom()[1] == 1:
+            exact.append(q)
+        else:
+            rest.append(t)
+    return exact, Add(*rest)
+
+
+def floordiv(e, d):
+    if not is_static(d):
+        c, rest = d.as_coeff_Mul()
+        if c != 1 and c.is_Integer:
+            return floordiv(floordiv(e, int(c)), rest)
+        exact, r = _sym_split(e, d)
+        base = Add(*exact)
+        if r == 0 or _in(r, 0, d - 1):
+            return base
+        return base + FloorDiv(r, d)
     d = int(d)
     if d == 1:
         return e
@@ -124,11 +248,16 @@ def floordiv(e, d: int):
         g, big, _ = how
         return base + floordiv(sympy.expand(big / g), d // g)
     if isinstance(r, FloorDiv):  # (a // m) // d == a // (m * d)
-        return base + floordiv(r.args[0], int(r.args[1]) * d)
+        return base + floordiv(r.args[0], r.args[1] * d)
     return base + FloorDiv(r, d)
 
 
-def mod(e, d: int):
+def mod(e, d):
+    if not is_static(d):
+        _, r = _sym_split(e, d)
+        if r == 0 or _in(r, 0, d - 1):
+            return r
+        return ModIdx(r, d)
     d = int(d)
     if d == 1:
         return Integer(0)
@@ -151,6 +280,8 @@ def _join(e):
         mods = [(i, _coef(t)) for i, t in enumerate(terms) if isinstance(_coef(t)[1], ModIdx)]
         for i, (k, m_expr) in mods:
             inner, m = m_expr.args
+            if not m.is_Integer or (isinstance(inner, FloorDiv) and not inner.args[1].is_Integer):
+                continue
             m = int(m)
             if isinstance(inner, FloorDiv):
                 u, n = inner.args[0], int(inner.args[1])
@@ -169,16 +300,40 @@ def _join(e):
     return e
 
 
+def _join_symbolic(e):
+    """c*m*(a // m) + c*(a % m) == c*a for a symbolic m."""
+    changed = True
+    while changed and e.is_Add:
+        changed = False
+        for t in e.args:
+            for m_expr in [a for a in t.atoms(ModIdx) if not a.args[1].is_Integer]:
+                c = sympy.expand(t / m_expr)
+                if c.has(ModIdx):
+                    continue
+                a, m = m_expr.args
+                partner = sympy.expand(c * m * FloorDiv(a, m))
+                if partner in e.args:
+                    e = sympy.expand(e - t - partner + c * a)
+                    changed = True
+                    break
+            if changed:
+                break
+    return e
+
+
 def simplify(e):
-    return _join(sympy.expand(e))
+    e = _join(sympy.expand(e))
+    return _join_symbolic(e) if any(not a.args[1].is_Integer for a in e.atoms(ModIdx)) else e
 
 
 def unflatten(flat, shape) -> list:
     """Per-dimension indices of a flat (row-major) index into `shape`."""
     out, stride = [], 1
-    for size in reversed(shape):
-        out.append(Integer(0) if size == 1 else mod(floordiv(flat, stride), size)
-                   if stride * size < math.prod(shape) else floordiv(flat, stride))
+    for d in reversed(range(len(shape))):
+        size = shape[d]
+        outer = all(n == 1 for n in shape[:d])  # no dimension outside this one
+        out.append(Integer(0) if size == 1 else floordiv(flat, stride) if outer
+                   else mod(floordiv(flat, stride), size))
         stride *= size
     return out[::-1]
 
@@ -204,6 +359,8 @@ def pexpr(e) -> str:
         return "(" + " + ".join(pexpr(t) for t in terms) + ")"
     if e.is_Mul:
         return "*".join(pexpr(a) for a in e.args)
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+        return "*".join([pexpr(e.base)] * int(e.exp))
     if isinstance(e, FloorDiv):
         return f"({pexpr(e.args[0])} // {pexpr(e.args[1])})"
     if isinstance(e, ModIdx):

@@ -23,7 +23,7 @@ def contiguous_strides(shape) -> tuple:
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
-        step *= max(size, 1)
+        step *= max(size, 1) if indexing.is_static(size) else size
     return tuple(reversed(strides))
 
 
@@ -52,8 +52,15 @@ class Buffer(IRNode):
     def load(self, k, idx):
         return k.load(self, self.index(idx))
 
+    @property
+    def symbolic(self) -> bool:
+        return not all(indexing.is_static(v) for v in self.shape + self.stride + (self.offset,))
+
     def meta(self):
-        """A meta tensor with this buffer's layout, to compute the layout of a view."""
+        """A meta tensor with this buffer's layout, to compute the layout of a view (None
+        for symbolic sizes: views of those are index maps)."""
+        if self.symbolic:
+            return None
         span = 1 + self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n)
         base = torch.empty(span, dtype=self.dtype, device="meta")
         return base.as_strided(self.shape, self.stride, self.offset)

@@ -7,6 +7,7 @@ import operator
 import torch
 import torch.fx
 
+from . import indexing
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
 from .ops import LOWERINGS
 
@@ -26,6 +27,11 @@ class GraphLowering:
         self.wrapper_reads: set = set()  # Computed names that externs or outputs use
         self.computed_names: dict = {}
         self.fallback_ops: list[str] = []
+        # symbolic sizes: (symbol, Python source of its value in the wrapper), the first
+        # input that gives each; `hints`: the ShapeEnv's values of the symbols
+        self.symbol_sources: dict = {}
+        self.hints: dict = {}
+        indexing.HINTS.clear()
         self._count = 0
 
     def name(self, prefix="buf") -> str:
@@ -49,11 +55,45 @@ class GraphLowering:
                 raise Unsupported(f"FX node {node.op}")
         return self
 
+    def size(self, v):
+        """A size or an int value as an int or a sympy polynomial of shape symbols."""
+        try:
+            e = indexing.sym(v)
+        except ValueError as err:
+            raise Unsupported(str(err)) from None
+        if isinstance(v, torch.SymInt) and not isinstance(e, int):
+            env = v.node.shape_env
+            values = getattr(env, "backed_var_to_val", None)
+            values = env.var_to_val if values is None else values
+            for s in e.free_symbols:
+                if s not in self.hints:
+                    if s not in values:
+                        raise Unsupported(f"no size hint for {s}")
+                    self.hints[s] = int(values[s])
+                    indexing.HINTS[s] = self.hints[s]
+        return e
+
+    def bind(self, value, source):
+        """Where the wrapper finds a symbol: a size (or int input) that is just it."""
+        if isinstance(value, torch.SymInt):
+            e = self.size(value)
+            if not isinstance(e, int) and e.is_Symbol and e not in self.symbol_sources:
+                self.symbol_sources[e] = source
+
     def placeholder(self, node, example):
+        self.inputs.append(node.name)
+        if isinstance(example, (int, torch.SymInt)) and not isinstance(example, bool):
+            self.bind(example, node.name)
+            return self.size(example)
         if not isinstance(example, torch.Tensor):
             raise Unsupported(f"non-tensor graph input {example!r}")
-        self.inputs.append(node.name)
-        return Buffer(node.name, example.shape, example.stride(), example.dtype, example.device)
+        for i, n in enumerate(example.shape):
+            self.bind(n, f"{node.name}.shape[{i}]")
+        for i, n in enumerate(example.stride()):
+            self.bind(n, f"{node.name}.stride({i})")
+        shape = tuple(self.size(n) for n in example.shape)
+        stride = tuple(self.size(n) for n in example.stride())
+        return Buffer(node.name, shape, stride, example.dtype, example.device)
 
     def constant(self, tensor):
         name = self.name("const")
@@ -64,12 +104,23 @@ class GraphLowering:
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
         if node.target is operator.getitem:
             return args[0][args[1]]
+        val = node.meta.get("val")
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # arithmetic on sizes (sym_size, mul of sizes): its value as an expression
+            if not isinstance(val, torch.SymInt):
+                raise Unsupported(f"a {type(val).__name__} value")
+            return self.size(val)
         lower = LOWERINGS.get(node.target)
         value = None
         if lower is not None:
             try:
                 value = lower(self, node, *args, **kwargs)
             except Unsupported:
+                value = None
+            except (TypeError, ValueError):
+                # a lowering that compares symbolic sizes: the op stays aten
+                if not self.hints:
+                    raise
                 value = None
         if value is None:
             return self.extern(node, args, kwargs)
@@ -106,6 +157,8 @@ class GraphLowering:
     def view_buffer(self, base: Buffer, view_fn):
         """The Buffer a view op gives on `base`'s memory, or None if it would copy."""
         meta = base.meta()
+        if meta is None:  # symbolic: an index map instead
+            return None
         try:
             out = view_fn(meta)
         except (RuntimeError, ValueError):  # not expressible as strides of this memory
@@ -132,14 +185,19 @@ class GraphLowering:
 
         def out(v, layout, path):
             if isinstance(v, torch.Tensor):
-                stride = layout.stride() if isinstance(layout, torch.Tensor) and \
-                    tuple(layout.shape) == tuple(v.shape) else v.stride()
-                return Buffer(name + path, v.shape, stride, v.dtype, self.device)
+                shape = tuple(self.size(n) for n in v.shape)
+                if isinstance(layout, torch.Tensor) and tuple(layout.shape) == tuple(v.shape):
+                    stride = layout.stride()
+                else:
+                    stride = tuple(self.size(n) for n in v.stride())
+                return Buffer(name + path, shape, stride, v.dtype, self.device)
             if isinstance(v, (list, tuple)):
                 ls = layout if isinstance(layout, (list, tuple)) and len(layout) == len(v) else [None] * len(v)
                 return [out(x, lx, f"{path}_{i}") for i, (x, lx) in enumerate(zip(v, ls))]
+            if isinstance(v, torch.SymInt):
+                return self.size(v)
             if v is None or type(v) in (int, float, bool):
-                return v  # shapes are static: a number the op returns is this one
+                return v  # a number the op returns is this one (its value does not vary)
             raise Unsupported(f"{node.target} returns {type(v).__name__}")
         outputs = out(val, layouts, "")
         self.items.append(Extern(name, node.target, args, kwargs, outputs))
@@ -153,11 +211,17 @@ class GraphLowering:
         def meta(a):
             if isinstance(a, Buffer):
                 found.append(a)
-                return a.meta()
+                m = a.meta()
+                if m is None:
+                    raise Unsupported("symbolic")
+                return m
             if isinstance(a, (list, tuple)):
                 return type(a)(meta(x) for x in a)
             return a
-        margs, mkwargs = meta(args), {k: meta(v) for k, v in kwargs.items()}
+        try:
+            margs, mkwargs = meta(args), {k: meta(v) for k, v in kwargs.items()}
+        except Unsupported:
+            return None
         if not found or "device" in kwargs:
             return None
         try:

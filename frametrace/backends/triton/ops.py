@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
 from . import config, indexing
@@ -41,7 +42,18 @@ def _val(node):
         raise Unsupported(f"{node.target} returns {type(val).__name__}")
     if val.is_complex():
         raise Unsupported("complex")
-    return tuple(val.shape), val.dtype
+    return _shape(val.shape), val.dtype
+
+
+def _shape(sizes) -> tuple:
+    try:
+        return tuple(indexing.sym(n) for n in sizes)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+
+
+def _symbolic(v) -> bool:
+    return isinstance(v, sympy.Basic) and not v.is_number
 
 
 def reads_of(x) -> int:
@@ -59,6 +71,8 @@ def bcast(idx, shape):
 def operand(k, x, idx, dtype):
     if isinstance(x, IRNode):
         return k.cast(x.load(k, bcast(idx, x.shape)), x.dtype, dtype)
+    if _symbolic(x):  # a size: the kernel's int arguments
+        return k.cast(k.op(indexing.pexpr(x), level=0), torch.int64, dtype)
     return k.literal(x, dtype)
 
 
@@ -365,7 +379,7 @@ def _full(L, node, *args, **kwargs):
     name = node.target.overloadpacket.__name__
     value = {"zeros": 0, "ones": 1, "zeros_like": 0, "ones_like": 1}.get(
         name, args[0] if name == "scalar_tensor" else args[-1])
-    if not isinstance(value, (int, float, bool)):
+    if not isinstance(value, (int, float, bool)) or isinstance(value, sympy.Basic):
         raise Unsupported("a non-constant fill value")
     return pointwise(shape, dtype, lambda k, idx: k.literal(value, dtype))
 
@@ -384,6 +398,8 @@ def _arange(L, node, *args, **kwargs):
     else:
         start = args[0] if len(args) > 1 else 0
         step = args[2] if len(args) > 2 else kwargs.get("step", 1)
+    if _symbolic(start) or _symbolic(step):
+        raise Unsupported("arange with a symbolic start or step")
 
     def fn(k, idx):
         i = k.cast(k.index(idx[0]), torch.int32, dtype)
@@ -471,6 +487,14 @@ def _squeeze(L, node, x, dims=None):
 
 
 def _slice_bounds(size, start, end, step):
+    if _symbolic(size) or _symbolic(start) or _symbolic(end):
+        # symbolic: from a non-negative start to the end (or to a symbolic end), only
+        start = 0 if start is None else start
+        if end is None or (isinstance(end, int) and end >= 2 ** 62):
+            end = size
+        if _symbolic(start) or start < 0 or (isinstance(end, int) and end < 0) or step != 1:
+            raise Unsupported("a slice of a symbolic size")
+        return start, end
     start, end, _ = slice(start, end, step).indices(size)
     return start, max(end, start)
 
@@ -488,6 +512,8 @@ def _slice(L, node, x, dim=0, start=None, end=None, step=1):
 @register(aten.select.int)
 def _select(L, node, x, dim, index):
     dim %= len(x.shape)
+    if _symbolic(index) or (_symbolic(x.shape[dim]) and index < 0):
+        raise Unsupported("select at a symbolic position")
     index %= x.shape[dim]
     return view(L, node, x, lambda idx: idx[:dim] + [indexing.Integer(index)] + idx[dim:],
                 lambda t: t.select(dim, index))
@@ -508,8 +534,9 @@ def _split(L, node, x, sizes=0, dim=0):
     dim %= len(x.shape)
     out, start = [], 0
     for v in vals:
-        out.append(_slice(L, _Sub(v), x, dim, start, start + v.shape[dim]))
-        start += v.shape[dim]
+        n = _shape(v.shape)[dim]
+        out.append(_slice(L, _Sub(v), x, dim, start, start + n))
+        start += n
     return out
 
 
@@ -592,7 +619,8 @@ def _cat(L, node, tensors, dim=0):
         i = k.index(idx[dim])
         out = None
         for n, (t, lo, hi) in enumerate(reversed(parts)):
-            conds = ([f"({i} >= {lo})"] if lo else []) + ([f"({i} < {hi})"] if hi < shape[dim] else [])
+            conds = ([f"({i} >= {indexing.pexpr(sympy.sympify(lo))})"] if lo != 0 else []) + \
+                ([f"({i} < {indexing.pexpr(sympy.sympify(hi))})"] if hi != shape[dim] else [])
             cond = k.op(" & ".join(conds)) if conds else None
             sub = idx[:dim] + [idx[dim] - lo] + idx[dim + 1:]
             with k.masked(cond):
@@ -613,8 +641,9 @@ def _pad(L, node, x, pad, value=0):
         for d, p in before.items():
             src[d] = idx[d] - p
             i = k.index(idx[d])
+            end = sympy.sympify(p + x.shape[d])
             conds += ([f"({i} >= {p})"] if p > 0 else []) + \
-                     ([f"({i} < {p + x.shape[d]})"] if p + x.shape[d] < shape[d] else [])
+                     ([f"({i} < {indexing.pexpr(end)})"] if end != shape[d] else [])
         if not conds:
             return k.cast(x.load(k, src), x.dtype, dtype)
         cond = k.op(" & ".join(conds))
@@ -665,8 +694,18 @@ def _prod(L, node, x, *args, **kwargs):
 
 
 def _scale(L, node, r, factor):
+    """r * factor, a float or (symbolic) ("div", n): r / n."""
     shape, dtype = _val(node)
+    if isinstance(factor, tuple):
+        n = factor[1]
+        return pointwise(shape, dtype, lambda k, idx: k.op(
+            f"{r.load(k, idx)} / {operand(k, n, idx, torch.float32)}"), r)
     return pointwise(shape, dtype, lambda k, idx: k.op(f"{r.load(k, idx)} * {factor!r}"), r)
+
+
+def _inverse(n):
+    """1 / n as a factor for `_scale`."""
+    return ("div", n) if _symbolic(n) else 1.0 / n
 
 
 @register(aten.mean.dim, aten.mean.default)
@@ -674,7 +713,7 @@ def _mean(L, node, x, dims=None, keepdim=False, dtype=None):
     _, out = _val(node)
     dims = _dims(x, dims)
     s = reduction(L, x, dims, keepdim, "sum", out)
-    return _scale(L, node, s, 1.0 / math.prod(x.shape[d] for d in dims))
+    return _scale(L, node, s, _inverse(math.prod(x.shape[d] for d in dims)))
 
 
 def _var(L, node, x, dims, correction, keepdim):
@@ -685,11 +724,14 @@ def _var(L, node, x, dims, correction, keepdim):
     mean = reduction(L, x, dims, True, "sum", dtype)
 
     def centred_sq(k, xi):
-        m = k.op(f"{mean.load(k, [indexing.Integer(0) if d in dims else i for d, i in enumerate(xi)])} "
-                 f"* {1.0 / n!r}")
+        s = mean.load(k, [indexing.Integer(0) if d in dims else i for d, i in enumerate(xi)])
+        m = k.op(f"{s} / {operand(k, n, xi, torch.float32)}" if _symbolic(n) else f"{s} * {1.0 / n!r}")
         c = k.op(f"{k.cast(x.load(k, xi), x.dtype, dtype)} - {m}")
         return k.op(f"{c} * {c}")
     sq = reduction(L, x, dims, keepdim, "sum", dtype, src_dtype=dtype, value=centred_sq)
+    if _symbolic(n):
+        denom = n - (1 if correction is None else correction)  # 0: x / 0, as torch
+        return sq, mean, ("div", denom), ("div", n)
     denom = max(n - (1 if correction is None else correction), 0)
     return sq, mean, (1.0 / denom if denom else float("inf")), 1.0 / n
 

@@ -62,10 +62,11 @@ def group(items) -> list:
 
 class Kernel:
     """One launch: the group, which members it stores, and its source."""
-    __slots__ = ("group", "stores", "name", "source", "args")
+    __slots__ = ("group", "stores", "name", "source", "args", "symbols")
 
-    def __init__(self, group, stores, name, source, args):
+    def __init__(self, group, stores, name, source, args, symbols=()):
         self.group, self.stores, self.name, self.source, self.args = group, stores, name, source, args
+        self.symbols = list(symbols)  # shape symbols passed after the pointers
 
     def __repr__(self):
         return f"Kernel({self.name}, stores={[c.name for c in self.stores]})"
@@ -90,5 +91,5 @@ def schedule(lowered) -> list:
         if stores:
             cg = KernelCodegen(g, stores)
             name, source = cg.generate()
-            out.append(Kernel(g, stores, name, source, dict(cg.args)))
+            out.append(Kernel(g, stores, name, source, dict(cg.args), cg.symbols))
     return out

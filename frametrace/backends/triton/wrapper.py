@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import linecache
 import math
+import re
 
+import sympy
 import torch
 
-from . import autotune
-from .ir import Buffer, Extern
+from . import autotune, indexing
+from .indexing import pycode
+from .ir import Buffer, Extern, Unsupported
 from .scheduler import Kernel
 
 _JITTED: dict = {}   # source -> Triton function
@@ -33,20 +36,35 @@ class Launcher:
     """Launches one kernel; picks its block sizes on the first call and keeps the compiled
     kernel of its last launch (`compiled`), which a fast wrapper launches directly."""
     __slots__ = ("name", "fn", "xnumel", "rnumel", "reduction", "configs", "grid", "kwargs",
-                 "compiled")
+                 "compiled", "numel", "nsym", "tuned")
 
     def __init__(self, kernel: Kernel, configs):
         g = kernel.group
         self.name, self.fn = kernel.name, load_kernel(kernel.name, kernel.source)
         self.xnumel, self.rnumel, self.reduction = g.xnumel, g.rnumel, g.reduction
         self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
+        # symbolic extents: the shape symbols' values come last in the arguments; the
+        # block sizes are picked (and cached) per actual (xnumel, rnumel)
+        self.numel = self.nsym = self.tuned = None
+        if not (indexing.is_static(g.xnumel) and indexing.is_static(g.rnumel)):
+            self.nsym, self.tuned = len(kernel.symbols), {}
+            self.numel = eval(f"lambda {', '.join(kernel.symbols)}: "
+                              f"({pycode(g.xnumel)}, {pycode(g.rnumel)})")
 
-    def _launch(self, config, args):
-        grid = (math.ceil(self.xnumel / config.xblock),)
+    def _launch(self, config, args, xnumel=None):
+        grid = (math.ceil((xnumel or self.xnumel) / config.xblock),)
         self.fn[grid](*args, **config.kwargs(self.reduction))
 
     def __call__(self, *args):
-        if self.kwargs is None:
+        if self.numel is not None:
+            x, r = self.numel(*args[len(args) - self.nsym:])
+            got = self.tuned.get((x, r))
+            if got is None:
+                best = autotune.pick(self.name, x, r, self.configs,
+                                     lambda c: self._launch(c, args, x))
+                got = self.tuned[x, r] = ((math.ceil(x / best.xblock),), best.kwargs(self.reduction))
+            self.grid, self.kwargs = got
+        elif self.kwargs is None:
             best = autotune.pick(self.name, self.xnumel, self.rnumel, self.configs,
                                  lambda c: self._launch(c, args))
             self.grid, self.kwargs = (math.ceil(self.xnumel / best.xblock),), best.kwargs(self.reduction)
@@ -93,7 +111,11 @@ class WrapperCodegen:
         if isinstance(a, Buffer):
             if not a.is_view:
                 return a.name
-            return f"reinterpret({a.name}, {tuple(a.shape)}, {tuple(a.stride)}, {a.offset})"
+            return f"reinterpret({a.name}, {pycode(a.shape)}, {pycode(a.stride)}, {pycode(a.offset)})"
+        if isinstance(a, sympy.Basic) and a.is_Integer:
+            return repr(int(a))
+        if isinstance(a, sympy.Basic) and not a.is_number:  # a size: the symbols are locals
+            return pycode(a)
         if isinstance(a, (list, tuple)):
             inner = ", ".join(self.expr(x) for x in a)
             return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
@@ -112,6 +134,12 @@ class WrapperCodegen:
                 kernels.append(item)
                 self.launchers.append(self.const(Launcher(item, self._configs(item)), "kernel"))
         source = self._function("call", [], self._launch, _ALLOC)
+        if indexing.HINTS:
+            names = {s.name for s in indexing.HINTS}
+            bound = {s.name for s in self.lowered.symbol_sources}
+            unbound = (names & set(re.findall(r"\b[A-Za-z_]\w*\b", source))) - bound
+            if unbound:
+                raise Unsupported(f"sizes {sorted(unbound)} that no input gives")
         return source, kernels, externs
 
     def _function(self, name, checks, launch, alloc) -> str:
@@ -119,6 +147,7 @@ class WrapperCodegen:
         lines = [f"def {name}(args):"]
         if L.inputs:
             lines.append(f"    {', '.join(L.inputs)}, = args")
+        lines += [f"    {s.name} = {src}" for s, src in L.symbol_sources.items()]
         lines += checks
         lines.append("    args.clear()")
         launchers = iter(self.launchers)
@@ -128,14 +157,14 @@ class WrapperCodegen:
                 continue
             for c in item.stores:
                 lines.append(f"    {c.name} = " + alloc.format(
-                    shape=tuple(c.shape), stride=c.buffer.stride, dtype=c.dtype))
+                    shape=pycode(c.shape), stride=pycode(c.buffer.stride), dtype=c.dtype))
             lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
         lines.append(f"    return [{', '.join(self.expr(o) for o in L.outputs)}]")
         return "\n".join(lines) + "\n"
 
     @staticmethod
     def _launch(launcher, item) -> str:
-        return f"{launcher}({', '.join(item.args)})"
+        return f"{launcher}({', '.join(list(item.args) + item.symbols)})"
 
     def fast_source(self, inputs) -> str | None:
         """`fast(args)`, or None where it cannot be had (CPU, Triton's interpreter, a
@@ -143,8 +172,8 @@ class WrapperCodegen:
         pointer alignment (mod 16) the kernels were compiled for: a call whose inputs
         differ there runs `call`, which compiles what they need."""
         device = self.lowered.device
-        if device.type != "cuda" or autotune.interpreted():
-            return None
+        if device.type != "cuda" or autotune.interpreted() or self.lowered.hints:
+            return None  # (symbolic sizes: block sizes and grids vary with the sizes)
         from triton import knobs
         from triton.runtime import driver
         ns = self.ns
@@ -175,8 +204,8 @@ class WrapperCodegen:
 
     @staticmethod
     def _configs(kernel):
-        g = kernel.group
-        return autotune.candidates(g.xnumel, g.rnumel, g.reduction)
+        from .codegen import configs_for
+        return configs_for(kernel.group)
 
     def extern(self, e: Extern) -> list[str]:
         lines = self._externs.get(e.name)
@@ -190,7 +219,7 @@ class WrapperCodegen:
         def unpack(out, path):
             if isinstance(out, Buffer):
                 ref = e.name + "".join(f"[{i}]" for i in path)
-                lines.append(f"    {out.name} = ensure_layout({ref}, {tuple(out.stride)})")
+                lines.append(f"    {out.name} = ensure_layout({ref}, {pycode(out.stride)})")
             elif isinstance(out, (list, tuple)):
                 for i, o in enumerate(out):
                     unpack(o, path + (i,))
