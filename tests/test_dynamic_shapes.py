@@ -399,3 +399,23 @@ def test_explain_does_not_change_what_later_compiles_make_symbolic():
     g, cnt = compile_counted(f)
     g(torch.randn(4))
     assert not has_symbolic_size(cnt.graphs[0])      # still static first
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_math_of_sizes_stays_symbolic(backend):
+    import math
+    import operator
+
+    def f(x):
+        d = x.shape[-1]
+        blocks = math.ceil(x.shape[0] / 4)
+        return x / math.sqrt(d) + blocks + operator.mul(d, 2), blocks
+
+    cnt = frametrace.testing.CompileCounter(inner=backend)
+    g = frametrace.optimize(backend=cnt, fullgraph=True)(f)
+    for n in (3, 5, 8, 13):
+        x = torch.randn(n, n + 1)
+        got, expected = g(x), f(x)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1] == expected[1] and type(got[1]) is int
+    assert cnt.frame_count == 2

@@ -23,6 +23,7 @@ from .builtins import LazyIteratorVar, _is_none_var, const_key, var_iter, var_li
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .objects import ObjectVar, _all_const, _const_kwargs, _consts
+from .symbolic import SymNodeVar
 from .tensor import TensorVar
 
 
@@ -597,10 +598,23 @@ LIBRARY_HANDLERS = {
     operator.methodcaller: _getter(operator.methodcaller),
 }
 
-# math: every function folds on constants.
+def _math(fn):
+    """A math function: on sizes, a symbolic graph node (torch's ``_sym_sqrt`` and
+    friends; floor and ceil take SymFloats as they are), else folded on constants."""
+    fold = _fold(fn)
+    symbolic = fn if fn in (math.floor, math.ceil, math.trunc) else \
+        getattr(torch, f"_sym_{fn.__name__}", None)
+
+    def handler(tx, args, kwargs):
+        if symbolic is not None and not kwargs and any(isinstance(a, SymNodeVar) for a in args):
+            return tx.output.call("call_function", symbolic, tuple(args), {})
+        return fold(tx, args, kwargs)
+    return handler
+
+
 for _name, _fn in vars(math).items():
     if not _name.startswith("_") and isinstance(_fn, types.BuiltinFunctionType):
-        LIBRARY_HANDLERS[_fn] = _fold(_fn)
+        LIBRARY_HANDLERS[_fn] = _math(_fn)
 
 # operator: the interpreter's semantics for each.
 _BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift",
