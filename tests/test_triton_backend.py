@@ -566,3 +566,36 @@ def test_gpu_fast_launches_and_moved_or_misaligned_inputs(monkeypatch):
         torch.testing.assert_close(cf(x, w), f(x, w), **close)
         y = torch.randn(64 * 1000 + 3, device="cuda")[3:].view(64, 1000)  # misaligned
         torch.testing.assert_close(cf(y, w), f(y, w), **close)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_symbolic_sizes(monkeypatch):
+    """On the GPU: kernels with size arguments (rows and row lengths that change, sizes
+    not multiples of 16) compiled once, right for every size; then a small GPT-2 over
+    several sequence lengths compiles twice."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    transformers = pytest.importorskip("transformers")
+
+    def f(x, r, w):
+        h = x + r
+        return torch.softmax(x, -1), h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    cnt = frametrace.testing.CompileCounter(inner="triton")
+    g = frametrace.optimize(backend=cnt, dynamic=True)(f)
+    for rows, cols in ((64, 1000), (3, 77), (130, 4096), (1000, 17)):
+        x, r = torch.randn(rows, cols, device="cuda"), torch.randn(rows, cols, device="cuda")
+        w = torch.randn(cols, device="cuda")
+        torch.testing.assert_close(g(x, r, w), f(x, r, w), rtol=1e-4, atol=1e-4)
+    assert cnt.frame_count == 1 and last_compiled().kernels
+
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64)).cuda().eval()
+    mcnt = frametrace.testing.CompileCounter(inner="triton")
+    compiled = frametrace.optimize(backend=mcnt)(model)
+    with torch.no_grad():
+        for seq in (8, 13, 16, 29):
+            ids = torch.randint(0, 100, (2, seq), device="cuda")
+            torch.testing.assert_close(compiled(ids).last_hidden_state,
+                                       model(ids).last_hidden_state, rtol=1e-3, atol=1e-3)
+    assert mcnt.frame_count == 2
