@@ -376,13 +376,16 @@ def _check_lines(guards) -> list[str]:
     patterns = [(re.compile(r"(?<![\w.'\"])" + re.escape(text) + r"(?!\w)"), text)
                 for text in sorted(temps, key=len, reverse=True)]
 
+    lines, assigned = [], set()
+
     def substitute(expr, skip=None):
+        # Only locals already assigned: a guard may name a source (an alias guard's
+        # other tensor) whose chain is first walked by a later guard.
         for pattern, text in patterns:
-            if text != skip and text in expr:
+            if text != skip and text in assigned and text in expr:
                 expr = pattern.sub(temps[text], expr)
         return expr
 
-    lines, assigned = [], set()
     for g, chain in zip(guards, chains):
         for text in chain:
             if text in temps and text not in assigned:
