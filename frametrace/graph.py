@@ -125,8 +125,8 @@ class OutputGraph:
         computing its result on FakeTensors.  Results without tensors are constants."""
         node_args = tuple(_to_node_arg(a) for a in args)
         node_kwargs = {k: _to_node_arg(v) for k, v in kwargs.items()}
-        fake_args = tuple(_to_fake(a) for a in args)
-        fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
+        fake_args = tuple(to_fake(a) for a in args)
+        fake_kwargs = {k: to_fake(v) for k, v in kwargs.items()}
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
         try:
             with self.fake_mode, self._dispatcher():
@@ -143,7 +143,7 @@ class OutputGraph:
             # setitem, _foreach_*_ ...: a mutation whose result is None stays in the graph.
             self.graph.create_node(kind, target, node_args, node_kwargs)
             return ConstVar(None)
-        if not _has_tensor(out) and not _has_sym(out):
+        if not _contains(out, (torch.Tensor, *SYM_TYPES)):
             if is_constant_value(out) or (isinstance(out, (tuple, list)) and all(map(is_constant_value, out))):
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
@@ -241,21 +241,14 @@ def _structseq_fields(out):
     return tuple(by_index.get(i, f"_{i}") for i in range(len(out)))
 
 
-def _has_tensor(out) -> bool:
-    if isinstance(out, torch.Tensor):
+def _contains(out, types) -> bool:
+    """`out`, or something in its tuples, lists and dicts, is one of `types`."""
+    if isinstance(out, types):
         return True
     if isinstance(out, (tuple, list)):
-        return any(_has_tensor(o) for o in out)
+        return any(_contains(o, types) for o in out)
     if isinstance(out, dict):
-        return any(_has_tensor(o) for o in out.values())
-    return False
-
-
-def _has_sym(out) -> bool:
-    if isinstance(out, SYM_TYPES):
-        return True
-    if isinstance(out, (tuple, list)):
-        return any(_has_sym(o) for o in out)
+        return any(_contains(o, types) for o in out.values())
     return False
 
 
@@ -277,18 +270,19 @@ def _to_node_arg(v):
     unsupported(f"passing {v} to a torch operation")
 
 
-def _to_fake(v):
+def to_fake(v):
+    """The value a Var stands for while tracing: FakeTensors, SymInts, constants."""
     if isinstance(v, (TensorVar, SymNodeVar)):
         return v.example
     if isinstance(v, SliceVar):
-        return slice(*(_to_fake(p) for p in v.parts))
+        return slice(*(to_fake(p) for p in v.parts))
     if isinstance(v, ConstVar):
         return v.value
     if isinstance(v, (TupleVar, ListVar)):
-        items = [_to_fake(x) for x in v.items]
+        items = [to_fake(x) for x in v.items]
         return tuple(items) if isinstance(v, TupleVar) else items
     if isinstance(v, DictVar):
-        return {k: _to_fake(x) for k, x in v.items.items()}
+        return {k: to_fake(x) for k, x in v.items.items()}
     from .variables.objects import ObjectVar
     if isinstance(v, ObjectVar):
         return v.value

@@ -815,8 +815,8 @@ def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
                                   isinstance(v.value, torch.Size) for v in (a, b)) else TupleVar
             return kind(seqs[0].items + seqs[1].items)
     if fn in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge):
-        from .graph import _to_fake
-        return ConstVar(bool(fn(_to_fake(a), _to_fake(b))))
+        from .graph import to_fake
+        return ConstVar(bool(fn(to_fake(a), to_fake(b))))
     unsupported(f"{fn.__name__} on {a} and {b}")
 
 

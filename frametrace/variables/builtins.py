@@ -578,9 +578,9 @@ def _min_max(pick):
                 return best
             # Mixed with floats: CPython returns one of the items, so pick it by
             # comparisons (each a guard on the relation, not on the value).
-            from ..graph import _to_fake
+            from ..graph import to_fake
             for item in items[1:]:
-                a, b = _to_fake(item), _to_fake(best)
+                a, b = to_fake(item), to_fake(best)
                 if bool(a > b if pick is max else a < b):
                     best = item
             return best
