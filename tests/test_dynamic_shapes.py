@@ -370,8 +370,11 @@ def test_storage_offset_read_by_the_trace_is_guarded():
         return x * 2 if x.storage_offset() > 3 else x * 3
 
     g, cnt = compile_counted(f, dynamic=True)
-    for sl in (slice(5, 10), slice(0, 5), slice(7, 12), slice(1, 6)):
+    for sl in (slice(5, 10), slice(0, 5), slice(7, 12), slice(1, 6), slice(5, 10)):
         torch.testing.assert_close(g(big[sl]), f(big[sl]))
+    assert cnt.frame_count == 4          # one entry per offset read; a repeat hits
+    assert "x.storage_offset() == 5" in {gd.text for e in compiled_entries(f)
+                                         for gd in e.check.guards}
     # a graph that never reads the offset shares one entry for views at any offset
     h, hcnt = compile_counted(lambda x: x * 2)
     for i in range(5):
