@@ -388,18 +388,18 @@ def _guard_aliasing(output, guards, side_effects):
     something is mutated: guard each tensor input the graph writes to apart from the
     other tensor inputs, and the mutated lists and dicts apart from the other
     containers."""
-    tensors = [i for i in output.inputs if isinstance(i.node.meta.get("example_value"), torch.Tensor)]
     written = _written_storages(output.graph)
     if written:
+        tensors = [(i, _storage_key(i.node)) for i in output.inputs
+                   if isinstance(i.node.meta.get("example_value"), torch.Tensor)]
         pairs = 0
-        for a in tensors:
-            if _storage_key(a.node) not in written:
+        for a, key_a in tensors:
+            if key_a not in written:
                 continue
-            for b in tensors:
+            for b, key_b in tensors:
                 if b is not a and pairs < _MAX_ALIAS_GUARDS ** 2:
                     first, second = sorted((a, b), key=lambda i: i.source.name())
-                    guards.tensor_aliasing(first.source, second.source, _storage_key(a.node) ==
-                                           _storage_key(b.node))
+                    guards.tensor_aliasing(first.source, second.source, key_a == key_b)
                     pairs += 1
     if side_effects.has_container_mutations():
         containers = [var.source for _, var in output.object_vars.values()

@@ -1,6 +1,10 @@
 """Tuples, lists, dicts and iterators of traced values."""
 from __future__ import annotations
 
+import operator
+
+import torch
+
 from .base import CollectionVar, Var, unsupported
 from .constant import ConstVar
 
@@ -73,16 +77,15 @@ class SizeVar(TupleVar):
     __slots__ = ()
 
     def python_type(self):
-        import torch
         return torch.Size
 
     def as_const(self):
-        import torch
         return torch.Size(v.as_const() for v in self.items)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "numel" and not args and not kwargs:
-            import operator
+            if all(isinstance(v, ConstVar) for v in self.items):
+                return ConstVar(self.as_const().numel())
             total = ConstVar(1)
             for item in self.items:    # a product of symbolic sizes stays symbolic
                 total = tx.output.call("call_function", operator.mul, (total, item), {})
@@ -90,7 +93,6 @@ class SizeVar(TupleVar):
         return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg):
-        import torch
         cg.call_const(torch.Size, [lambda cg: TupleVar(self.items).reconstruct(cg)])
 
 
