@@ -22,6 +22,11 @@ from .source import ConstSource, Source, const_sources, guard_local_name
 from .variables.symbolic import is_symbolic
 
 
+# Names every check reads besides its constants (shape guards print torch.sym_float,
+# math.inf).
+_CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "math": math, "torch": torch}
+
+
 class Guard:
     __slots__ = ("source", "kind", "expr", "text", "symbols")
 
@@ -136,17 +141,17 @@ class GuardSet:
             z, st = f"___z{n}", f"___st{n}"
             parts.append(f"___len({z} := {e}.shape) == {len(shape)}")
             parts.append(f"___len({st} := {e}.stride()) == {len(shape)}")
-            sizes, strides = [], []
+            shown = {"shape": [], "stride()": []}     # for the text: "*" where symbolic
             for kind, read, values in (("shape", z, fake.shape), ("stride()", st, fake.stride())):
                 for i, v in enumerate(values):
                     if is_symbolic(v):
                         self.sym_reads.append((f"{source.name()}.{kind}[{i}]", f"{read}[{i}]",
                                                v.node.expr))
-                        (sizes if kind == "shape" else strides).append("*")
+                        shown[kind].append("*")
                     else:
                         parts.append(f"{read}[{i}] == {int(v)}")
-                        (sizes if kind == "shape" else strides).append(int(v))
-
+                        shown[kind].append(int(v))
+            sizes, strides = shown["shape"], shown["stride()"]
         parts.append(f"{e}.requires_grad is {t.requires_grad}")
         self._add(source, "TENSOR", " and ".join(parts),
                   f"{source.name()}: {type(t).__name__} {dtype}[{', '.join(map(str, sizes))}] "
@@ -287,7 +292,7 @@ class GuardSet:
                f"    except Exception:\n"
                f"        return False\n")
         namespace = dict(self.constants)
-        namespace.update(___type=type, ___len=len, ___tuple=tuple, math=math, torch=torch)
+        namespace.update(_CHECK_NAMES)
         if uses_globals:
             namespace["___G"] = self.func.__globals__
         if uses_builtins:
@@ -308,8 +313,8 @@ class GuardSet:
         params = [guard_local_name(n) for n in code.co_varnames[:len(args)]]
         env = dict(self.constants)
         env.update(zip(params, args))
-        env.update(___func=func, ___type=type, ___len=len, ___tuple=tuple, math=math, torch=torch,
-                   ___G=func.__globals__, ___B=func.__builtins__)
+        env.update(_CHECK_NAMES)
+        env.update(___func=func, ___G=func.__globals__, ___B=func.__builtins__)
         for g in self.guards.values():
             try:
                 ok = eval(g.expr, env) is True
