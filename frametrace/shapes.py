@@ -90,6 +90,12 @@ def release_shape_env_caches() -> None:
         cache.cache_clear()
 
 
+# Per code object: source name -> the sizes seen (None where a dimension has changed),
+# and ("int", source name) -> the int argument seen (None once it has changed).
+_frame_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STATIC = "<static>"     # a key of _frame_sizes[code]: symbolic sizes failed there
+
+
 def forget_sizes() -> None:
     """reset(): no code remembers the sizes it was compiled for."""
     _frame_sizes.clear()
@@ -106,22 +112,13 @@ def restore_sizes(saved) -> None:
     _frame_sizes.update(saved)
 
 
-# Per code object: source name -> sizes seen (None where a dimension has changed), or
-# ("int", value) for int arguments (None once it has changed).
-_frame_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-_STATIC = "<static>"     # a key of _frame_sizes[code]: symbolic sizes failed there
-
-
 class ShapePolicy:
     """Decides, for one compile of `code`, which input dimensions and ints are
     symbolic; records what it saw for the next compile of the same code.  `used` says
     whether it made anything symbolic."""
-    __slots__ = ("code", "dynamic", "seen", "used")
+    __slots__ = ("dynamic", "seen", "used")
 
     def __init__(self, code, dynamic):
-        self.code = code
         try:
             self.seen = _frame_sizes.setdefault(code, {})
         except TypeError:
