@@ -15,8 +15,7 @@ import torch
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
-from .objects import (MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, _const_kwargs,
-                      _consts)
+from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
 
@@ -38,10 +37,7 @@ class BuiltinVar(ObjectVar):
             if result is not None:
                 return result
         if fn in _FOLDABLE_BUILTINS and _all_const(args, kwargs):
-            try:
-                return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
-            except Exception as e:
-                unsupported(f"{fn.__name__}() raised {type(e).__name__}: {e}")
+            return fold_call(fn, args, kwargs, fn.__name__)
         unsupported(f"builtin {fn.__name__}() on {args}")
 
 
@@ -369,10 +365,7 @@ def _class_covers(t, classes):
 
 def _range(tx, args, kwargs):
     if _all_const(args, kwargs):
-        try:
-            return ConstVar(range(*_consts(args), **_const_kwargs(kwargs)))
-        except Exception as e:
-            unsupported(f"range() raised {type(e).__name__}: {e}")
+        return fold_call(range, args, kwargs, "range")
     unsupported(f"range() of values not known at trace time: {args}")
 
 

@@ -291,6 +291,15 @@ def _const_kwargs(kwargs):
     return {k: v.as_const() for k, v in kwargs.items()}
 
 
+def fold_call(fn, args, kwargs, name: str) -> ConstVar:
+    """``fn(*args, **kwargs)`` evaluated now, on constant Vars; an exception it raises
+    stops the trace with its message (CPython would raise it at this call)."""
+    try:
+        return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
+    except Exception as e:
+        unsupported(f"{name}() raised {type(e).__name__}: {e}")
+
+
 def _is_library_object(value) -> bool:
     if isinstance(value, (types.CodeType, types.MappingProxyType)):
         return True     # immutable: nothing to guard below them

@@ -22,7 +22,7 @@ from .base import Var, unsupported
 from .builtins import LazyIteratorVar, _is_none_var, const_key, var_iter, var_list
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
-from .objects import ObjectVar, _all_const, _const_kwargs, _consts
+from .objects import ObjectVar, _all_const, fold_call
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
 
@@ -47,10 +47,7 @@ def _fold(fn):
             if any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):
                 unsupported(f"{name}() of a tensor needs the tensor's data")
             return None
-        try:
-            return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
-        except Exception as e:
-            unsupported(f"{name}() raised {type(e).__name__}: {e}")
+        return fold_call(fn, args, kwargs, name)
     return handler
 
 
