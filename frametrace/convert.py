@@ -11,6 +11,7 @@ import sysconfig
 import time
 import warnings
 import weakref
+from collections import Counter
 
 import torch
 from bytecode import CellVar
@@ -67,6 +68,10 @@ class CompileRecord:
 
 # Observers get every CompileRecord (explain() and tests register one).
 record_observers: list = []
+
+# Events worth asserting on in tests: "internal_error" counts tracer bugs that were
+# caught (the frame ran in CPython), so a test can require zero.
+counters: Counter = Counter()
 
 
 # --------------------------------------------------------------------------- skipping
@@ -275,6 +280,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
                      format_user_stack(e.user_stack))
     except Exception as e:
+        counters["internal_error"] += 1
         where = [tracer.user_location()]
         retry_static(f"{type(e).__name__}: {e}")
         if fullgraph:
@@ -296,6 +302,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         guards.shape_guards(output.shape_env)
         check = guards.compile()
     except Exception as e:
+        counters["internal_error"] += 1
         retry_static(f"guards: {type(e).__name__}: {e}")
         log.warning("frametrace: could not build guards for %s", code.co_name, exc_info=True)
         return None
