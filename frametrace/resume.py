@@ -12,9 +12,10 @@ from __future__ import annotations
 import sys
 import types
 
-from . import _C
 from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVar, Instr,
                       Label, TryBegin, TryEnd)
+
+from . import _C
 
 PY312 = sys.version_info >= (3, 12)
 
