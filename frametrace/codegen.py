@@ -80,6 +80,13 @@ class CodeGen:
             self.emit("PRECALL", nargs)
         self.emit("CALL", nargs)
 
+    def jump_if(self, name, label):
+        """A conditional jump `name` (the original's POP_JUMP_*) to a label emitted
+        later: 3.11 spells the direction in the opcode, and ours points forward."""
+        if not PY312:
+            name = name.replace("_BACKWARD_", "_FORWARD_")
+        self.instrs.append(Instr(name, label, lineno=self.lineno))
+
     def store_attr(self, name):
         self.emit("STORE_ATTR", name)
 
@@ -140,9 +147,13 @@ class CodeGen:
             unsupported(f"returning {var}, which is neither a graph output nor an input")
 
     # -- whole programs --
-    def call_graph(self, fn_name: str, input_sources, n_outputs: int):
-        """Call the compiled graph on its inputs and keep the outputs in locals."""
-        self.load_global(fn_name, push_null=True)
+    def call_graph(self, slot, input_sources, n_outputs: int):
+        """Call the compiled graph on its inputs and keep the outputs in locals.  The
+        graph is a constant of the code (`slot`, replaced by `fill_graph_slot` once the
+        backend compiled it), not a global: reset() in another thread, or anything
+        else that edits the module's globals, cannot take it from a running frame."""
+        self.emit("PUSH_NULL")
+        self.load_const(slot)
         for source in input_sources:
             source.reconstruct(self)
         self.call(len(input_sources))
@@ -179,6 +190,21 @@ class CodeGen:
         prologue.append(Instr("RESUME", 0, lineno=code.co_firstlineno))
         bc.extend(prologue + self.instrs)
         return bc.to_code()
+
+
+class GraphSlot:
+    """Stands for a compiled graph among a transformed code's constants until the
+    backend has compiled it."""
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+
+def fill_graph_slot(code, slot, fn):
+    """`code` with the graph `fn` in place of its `slot` constant."""
+    consts = tuple(fn if c is slot else c for c in code.co_consts)
+    return code.replace(co_consts=consts)
 
 
 def rebuild_object(cls, attrs):

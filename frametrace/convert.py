@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import site
+import sys
 import sysconfig
 import time
 import warnings
@@ -17,8 +18,9 @@ import torch
 from bytecode import CellVar
 
 from . import _C, config, resume
-from .codegen import CodeGen
+from .codegen import CodeGen, GraphSlot, fill_graph_slot
 from .exc import Unsupported, format_user_stack
+from .global_state import GlobalState
 from .graph import OutputGraph
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
@@ -167,6 +169,8 @@ def _make_callback(backend, fullgraph: bool, dynamic):
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
                 code.co_name in _COMPREHENSIONS:
             return _C.SKIP
+        if _called_by_import_system():
+            return None           # this call runs in CPython; nothing is cached
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))
         if n_entries >= config.cache_size_limit:
@@ -177,14 +181,34 @@ def _make_callback(backend, fullgraph: bool, dynamic):
                     f"recompiled {n_entries} times (config.cache_size_limit); calls that match "
                     f"none of its compiled entries now run in CPython", stacklevel=2)
             return _C.RUN_DEFAULT_ON_MISS
-        if n_entries and recompile_log.isEnabledFor(logging.INFO):
-            _log_recompile(code, func, args)
-        return compile_frame(code, func, args, backend, fullgraph, dynamic)
+        try:
+            if n_entries and recompile_log.isEnabledFor(logging.INFO):
+                _log_recompile(code, func, args)
+            return compile_frame(code, func, args, backend, fullgraph, dynamic)
+        except Unsupported:
+            raise
+        except Exception as e:
+            # A failure outside the tracer's own handlers: still ours, never the user's.
+            counters["internal_error"] += 1
+            if fullgraph:
+                raise Unsupported(f"internal error while compiling: {type(e).__name__}: {e}",
+                                  []) from e
+            _log_internal_error(code, [], e)
+            return None         # this call runs in CPython; the next one tries again
 
     callback.backend = backend
     callback.fullgraph = fullgraph
     callback.dynamic = dynamic
     return callback
+
+
+def _called_by_import_system() -> bool:
+    """Whether the frame being decided on was called by importlib: finders, loaders and
+    import hooks (setuptools' _distutils_hack, say) run for an `import` the user's frame
+    makes; they are the import system's business, not code to compile.  (The hook
+    calls us before that frame starts, so our caller's frame is its caller.)"""
+    caller = sys._getframe(2)
+    return caller is not None and caller.f_code.co_filename.startswith("<frozen importlib")
 
 
 def _log_recompile(code, func, args):
@@ -202,6 +226,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
     grad mode and autocast for real (so FakeTensors come out right); whatever happens,
     the program's state is put back as it was at the frame's entry."""
     entry_grad = torch.is_grad_enabled()
+    state = GlobalState()
     try:
         try:
             return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
@@ -212,7 +237,9 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
             torch._C._set_grad_enabled(entry_grad)
             return _compile_frame(code, func, args, backend, fullgraph, False, entry_grad)
     finally:
-        torch._C._set_grad_enabled(entry_grad)
+        # Also after an interrupt (KeyboardInterrupt mid-trace, in a backend...): modes,
+        # autocast, grad mode and defaults as they were; the interrupt goes on to the user.
+        state.restore()
         release_shape_env_caches()
 
 
@@ -222,7 +249,13 @@ class _RetryStatic(Exception):
         self.reason = reason
 
 
+# Bumped by reset(): a compile that started before a reset (in another thread) hands
+# back nothing, so no entry outlives the reset that should have dropped it.
+_generation = 0
+
+
 def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
+    generation = _generation
     record = CompileRecord(code)
     t0 = time.perf_counter()
     guards = GuardSet(code, func)
@@ -274,6 +307,13 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             except Unsupported as e2:
                 log.info("frametrace: cannot break the graph there (%s)", e2.reason)
                 new_code = None
+            except Exception as e2:
+                # Building the break (its code, a resume function) failed: our bug, and
+                # the frame still runs correctly in CPython.
+                counters["internal_error"] += 1
+                _log_internal_error(code, [tracer.user_location()], e2)
+                _uninstall(installed)
+                new_code = None
         if new_code is None:
             retry_static(e.reason)
             record.outcome = "fallback"
@@ -285,8 +325,8 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         retry_static(f"{type(e).__name__}: {e}")
         if fullgraph:
             raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}", where) from e
-        log.warning("frametrace: internal error while tracing %s; running it in CPython%s",
-                    code.co_name, format_user_stack(where), exc_info=True)
+        _log_internal_error(code, where, e)
+        _uninstall(installed)
         record.reason = f"internal error: {type(e).__name__}: {e}"
         record.user_stack = where
         record.outcome = "fallback"
@@ -304,7 +344,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     except Exception as e:
         counters["internal_error"] += 1
         retry_static(f"guards: {type(e).__name__}: {e}")
-        log.warning("frametrace: could not build guards for %s", code.co_name, exc_info=True)
+        _log_internal_error(code, [], e)
         return None
     check.guard_set = guards
     record.guards = guards.texts()
@@ -317,9 +357,19 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     if new_code is not None and bytecode_log.isEnabledFor(logging.INFO):
         from .viewer import plain_diff
         bytecode_log.info("bytecode of %s:\n%s", code.co_name, plain_diff(code, new_code))
+    if generation != _generation:
+        _uninstall(installed)
+        return None                 # reset() ran meanwhile: this call runs in CPython
     for observer in record_observers:
         observer(record)
     return (check, new_code)
+
+
+def _log_internal_error(code, where, e):
+    """One line per internal error (the traceback at DEBUG level)."""
+    log.warning("frametrace: internal error while tracing %s (%s: %s); running it in "
+                "CPython%s", code.co_name, type(e).__name__, e, format_user_stack(where),
+                exc_info=log.isEnabledFor(logging.DEBUG))
 
 
 def _finish(code, func, tracer, output, guards, result, backend, record, break_at=None,
@@ -342,7 +392,8 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     name = None
     if output.op_count():
         name = f"__compiled_fn_{next(_fn_ids)}"
-        names = cg.call_graph(name, [i.source for i in output.inputs], len(out_nodes))
+        slot = GraphSlot(name)
+        names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes))
         cg.tensor_locals = dict(zip(out_nodes, names))
     # What the frame returns, or hands over at a break, is computed before the side
     # effects are replayed: CPython computed it before them too.
@@ -381,7 +432,12 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
             source = getattr(compiled, "source_code", None) or getattr(
                 getattr(compiled, "__self__", None), "code", None) or gm.code
             output_code_log.info("output code of %s:\n%s", name, str(source).strip())
-        func.__globals__[name] = _C.Unhooked(compiled)
+        graph_fn = _C.Unhooked(compiled)
+        graph_fn.__name__ = name
+        new_code = fill_graph_slot(new_code, slot, graph_fn)
+        # Also a global of that name, for people and tools reading the module (the
+        # code does not load it from there).
+        func.__globals__[name] = graph_fn
         _installed_globals.append((func.__globals__, name))
         graph_modules[name] = gm
     return new_code
@@ -463,7 +519,11 @@ def _collect_outputs(v, out, seen=None):
     if isinstance(v, (TensorVar, SymNodeVar)):
         if v.node.op != "placeholder" and v.node not in out:
             out.append(v.node)
-    elif isinstance(v, (TupleVar, ListVar)):
+        return
+    if id(v) in seen:         # containers can hold themselves (d = locals(); d['d'] = d)
+        return
+    seen.add(id(v))
+    if isinstance(v, (TupleVar, ListVar)):
         for item in v.items:
             _collect_outputs(item, out, seen)
     elif isinstance(v, DictVar):
@@ -483,9 +543,6 @@ def _collect_outputs(v, out, seen=None):
         for item in [*v.args, *v.kwargs.values()]:
             _collect_outputs(item, out, seen)
     elif isinstance(v, NewObjectVar):
-        if id(v) in seen:
-            return
-        seen.add(id(v))
         for item in v.attrs.values():
             _collect_outputs(item, out, seen)
 
@@ -499,16 +556,20 @@ def _uninstall(keep: int):
 
 
 def reset():
-    """Forget every compiled entry and the globals frametrace installed."""
+    """Forget every compiled entry and the globals frametrace installed.  Frames
+    running compiled code meanwhile (other threads) finish with it: their code holds
+    its graphs itself."""
+    global _generation
+    _generation += 1
     for ref in list(_seen_codes.values()):
         code = ref()
         if code is not None:
             _C.clear_code(code)
     _seen_codes.clear()
     _warned_cache_limit.clear()
-    for g, name in _installed_globals:
+    while _installed_globals:
+        g, name = _installed_globals.pop()
         g.pop(name, None)
-    _installed_globals.clear()
     graph_modules.clear()
     resume.clear()
     forget_sizes()

@@ -173,6 +173,27 @@ class InstructionTranslator:
             v = self.locals[name] = wrap(self, v.value, v.source)
         return v
 
+    def frame_locals(self) -> Var:
+        """What locals() returns here: a new dict of the bound locals, cells and free
+        variables in CPython's order (the slots of the frame).  A resume frame answers
+        with its original's names: its ___stackN/___resultN parameters are ours."""
+        from .resume import original_code
+        code = original_code(self.code)
+        names = list(code.co_varnames)
+        names += [n for n in code.co_cellvars if n not in names]
+        names += list(code.co_freevars)
+        items = {}
+        for name in names:
+            if name in self.cells:
+                v = self.cells[name].value
+                if type(v) is _Lazy:
+                    v = self.cells[name].value = wrap(self, v.value, v.source)
+            else:
+                v = self._local(name) if name in self.locals else None
+            if v is not None and v is not NULL:
+                items[name] = v
+        return DictVar(items)
+
     # ------------------------------------------------------------ no-ops
     def NOP(self, inst):
         pass
@@ -617,7 +638,12 @@ class InstructionTranslator:
         level = self.pop().as_const()
         # Importing runs for real: the module is normally loaded already, and either
         # way the program's state afterwards is what CPython would leave.
-        module = __import__(inst.argval, self.f_globals, None, fromlist, level)
+        try:
+            module = __import__(inst.argval, self.f_globals, None, fromlist, level)
+        except Exception as e:
+            # CPython raises it at this point of the frame (an optional dependency's
+            # ImportError, say): the frame runs there.
+            unsupported(f"import {inst.argval} raised {type(e).__name__}: {e}")
         self.push(wrap(self, module, None, guard=False))
 
     def IMPORT_FROM(self, inst):
@@ -759,9 +785,13 @@ def _instructions(code):
 # --------------------------------------------------------------------------- semantics
 def binary_op(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
-    if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-        return tx.output.call("call_function", fn, (a, b), {})
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if isinstance(a, TensorVar):
+        return tx.output.call("call_function", fn, (a, b), {})
+    if isinstance(b, TensorVar) and not (isinstance(a, ListVar) and fn is operator.iadd):
+        # Only a tensor has in-place operators here: `x += t` on a number rebinds x to
+        # `x + t` (int has no __iadd__), and the graph must record it that way.
+        return tx.output.call("call_function", plain, (a, b), {})
     if isinstance(a, ListVar) and fn in (operator.iadd, operator.imul):
         a._check_mutable(tx)
         if fn is operator.iadd:

@@ -15,6 +15,8 @@ import types
 from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVar, Instr,
                       Label, TryBegin, TryEnd)
 
+from . import _C
+
 PY312 = sys.version_info >= (3, 12)
 
 _PROLOGUE = {"COPY_FREE_VARS", "MAKE_CELL", "RESUME"}
@@ -27,7 +29,7 @@ def abstract_instructions(code):
     """The `bytecode` package's abstract form of `code`, and a map from dis offsets to
     its Instr objects."""
     concrete = ConcreteBytecode.from_code(code)
-    abstract = concrete.to_bytecode()
+    abstract = concrete.to_bytecode(conserve_exception_block_stackdepth=True)
     offsets, pos = [], 0
     for ci in concrete:
         if ci.name != "CACHE":
@@ -45,6 +47,12 @@ _opaque: dict[types.CodeType, frozenset] = {}
 
 def opaque_locals(code) -> frozenset:
     return _opaque.get(code, frozenset())
+
+
+def original_code(code):
+    """The code a resume code was made from (itself for any other code)."""
+    hit = _origin.get(code)
+    return code if hit is None else hit[0]
 
 
 def original_position(code, offset):
@@ -91,7 +99,8 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     new.qualname = f"{base}.<resume at line {_line_of(target, code)}>"
     new.filename = code.co_filename
     new.first_lineno = code.co_firstlineno
-    new.argnames = names + list(local_names)
+    lead, rest = split_locals(code, local_names)
+    new.argnames = lead + names + rest
     new.argcount = len(new.argnames)
     new.posonlyargcount = 0
     new.kwonlyargcount = 0
@@ -116,7 +125,12 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
             prologue.append(Instr("GET_ITER", lineno=line))
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
-    result = new.to_code()
+    # The body runs from states the original frame had (the prologue rebuilds its stack
+    # at the target), so the original's stack size and exception-table depths hold.
+    # Computing them anew would start inside a `with`/try region whose TryBegin the
+    # jump skipped, and misjudge its handler (a `raise` there: a negative size).
+    result = new.to_code(stacksize=max(code.co_stacksize, len(layout)),
+                         compute_exception_stack_depths=False)
     _cache[key] = result
     _opaque[result] = opaque
     # Instruction i of the body is instruction i of the original after its prologue.
@@ -128,6 +142,16 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
                               if id(o) in orig_offset_of})
     return result
+
+
+def split_locals(code, local_names) -> tuple[list, list]:
+    """The resume function's parameters are (lead, stack values, rest): the original's
+    first argument stays first, since zero-argument super() reads `self`/`cls` from
+    the first local slot (the `__class__` cell is among the free variables)."""
+    first = code.co_varnames[0] if code.co_argcount and code.co_varnames else None
+    if first is not None and first in local_names and first not in code.co_cellvars:
+        return [first], [n for n in local_names if n != first]
+    return [], list(local_names)
 
 
 def resume_codes_in(code) -> list:
@@ -316,9 +340,13 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         handler = Label()
         try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
         cg.instrs.append(try_begin)
+    callee = (1 if plan.top[0] is NULL else 0) if inst.opname == "CALL" else None
     for i, v in enumerate(plan.top):
         if v is NULL:
             cg.emit("PUSH_NULL")
+        elif i == callee and _runs_unhooked(v):
+            # (the trace guarded the function's identity)
+            cg.load_const(_C.Unhooked(v.value))
         else:
             cg.emit("LOAD_FAST", plan.temps[("top", i)])
     if tracer.kw_names:
@@ -328,8 +356,10 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     if inst.opname == "CALL" and not PY312:
         cg.emit("PRECALL", inst.arg)
     jump_label = Label() if inst.opname.startswith("POP_JUMP") else None
-    cg.instrs.append(Instr(original.name, jump_label if jump_label is not None else original.arg,
-                           lineno=cg.lineno))
+    if jump_label is not None:
+        cg.jump_if(original.name, jump_label)
+    else:
+        cg.instrs.append(Instr(original.name, original.arg, lineno=cg.lineno))
     if protect:
         after = Label()
         cg.instrs.append(TryEnd(try_begin))
@@ -353,6 +383,9 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
                              tuple(plan.bound), opaque)
         cg.emit("PUSH_NULL")
         _load_function(cg, resume, func, code)
+        lead, rest = split_locals(original, plan.bound)
+        for name in lead:
+            cg.emit("LOAD_FAST", name)
         n = 0
         for i, v in enumerate(plan.lower):
             if v is not NULL:
@@ -360,7 +393,7 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
                 n += 1
         for t in results:
             cg.emit("LOAD_FAST", t)
-        for name in plan.bound:
+        for name in rest:
             cg.emit("LOAD_FAST", name)
         cg.call(n + produced + len(plan.bound))
         cg.emit("RETURN_VALUE")
@@ -371,6 +404,19 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     if jump_label is not None:
         cg.instrs.append(jump_label)
         continue_at(inst.argval, 0)
+
+
+def _unhooked_functions():
+    """Functions that call user code twice and need the same code both times: the
+    whole call runs in CPython.  (Activation checkpointing reruns its function in
+    backward, outside any compiled region, and checks it saved the same tensors.)"""
+    import torch.utils.checkpoint as checkpoint
+    return (checkpoint.checkpoint, checkpoint.checkpoint_sequential)
+
+
+def _runs_unhooked(v) -> bool:
+    value = getattr(v, "value", None)
+    return value is not None and any(value is f for f in _unhooked_functions())
 
 
 def _load_function(cg, resume, func, code):

@@ -23,7 +23,7 @@ def _instructions(code):
 
 
 def _text(inst) -> str:
-    arg = inst.argrepr
+    arg = _graph_name(inst) or inst.argrepr
     if inst.opname in ("LOAD_CONST",) and isinstance(inst.argval, types.CodeType):
         arg = f"<code {inst.argval.co_qualname}>"
     elif len(arg) > 48:
@@ -94,9 +94,19 @@ def _table(original, transformed, title):
     return table
 
 
+def _graph_name(inst):
+    """The name of the compiled graph an instruction loads, or None."""
+    if inst.opname == "LOAD_CONST":
+        name = getattr(inst.argval, "__name__", None)
+    elif inst.opname == "LOAD_GLOBAL":
+        name = inst.argval
+    else:
+        return None
+    return name if isinstance(name, str) and name.startswith("__compiled_fn_") else None
+
+
 def _graph_names(code):
-    return [i.argval for i in _instructions(code)
-            if i.opname == "LOAD_GLOBAL" and str(i.argval).startswith("__compiled_fn_")]
+    return [n for n in map(_graph_name, _instructions(code)) if n is not None]
 
 
 def frame_renderables(code, seen=None):

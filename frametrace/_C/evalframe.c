@@ -289,6 +289,16 @@ new_entry(PyObject *check, PyObject *code, PyObject *callback)
 /* ---- the hook ---- */
 #define MAX_STACK_ARGS 32
 
+/* What lookup_and_run returns for "evaluate the frame in CPython": the caller does,
+ * as a tail call, so a frame we let run costs no C stack of ours (with the hook
+ * installed CPython already recurses in C once per Python call; deep recursion
+ * through frames we skip must not need more than that). */
+static char run_default_marker;
+#define RUN_DEFAULT ((PyObject *)&run_default_marker)
+
+static PyObject *lookup_and_run(PyThreadState *, _PyInterpreterFrame *, PyObject *,
+                                PyCodeObject *, CodeState *) __attribute__((noinline));
+
 static PyObject *
 frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
 {
@@ -310,7 +320,19 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         drop_unrun_frame(tstate, frame);
         return NULL;
     }
+    PyObject *result = lookup_and_run(tstate, frame, cb, code, st);
+    if (result == RUN_DEFAULT) {
+        return _PyEval_EvalFrameDefault(tstate, frame, 0);
+    }
+    return result;
+}
 
+/* Guards, then the callback on a miss; runs a hit's transformed code.  Returns
+ * RUN_DEFAULT (after releasing everything) when the frame runs unchanged. */
+static PyObject *
+lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
+               PyCodeObject *code, CodeState *st)
+{
     int nargs = code->co_argcount + code->co_kwonlyargcount +
                 ((code->co_flags & CO_VARARGS) != 0) + ((code->co_flags & CO_VARKEYWORDS) != 0);
     PyFunctionObject *func = FRAME_FUNC(frame);
@@ -417,7 +439,7 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         drop_unrun_frame(tstate, frame);
     }
     else if (hit == NULL || hit->code == Py_None) {
-        result = _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+        result = RUN_DEFAULT;
     }
     else {
         PyObject *fn = entry_function(hit, func);

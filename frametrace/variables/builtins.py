@@ -784,6 +784,8 @@ _BUILTIN_HANDLERS = {
     complex: _data_conversion(complex), str: _data_conversion(str),
     getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
     super: _super, callable: _callable, slice: _slice,
+    locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
+    vars: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
 }
 
 _FOLDABLE_BUILTINS = {abs, min, max, int, float, bool, str, round, divmod, pow, len, sum,

@@ -136,14 +136,20 @@ class SuperVar(Var):
         from .builder import wrap
         from .functions import BoundMethodVar
         cls = self.cls.as_const() if not isinstance(self.cls, ObjectVar) else self.cls.value
-        mro = self.obj.python_type().__mro__
+        # super(C, obj) searches type(obj)'s MRO; super(C, klass) in a classmethod,
+        # klass's own (and binds classmethods to it).
+        start = self.obj.value if isinstance(self.obj, ObjectVar) and isinstance(self.obj.value, type) \
+            and isinstance(cls, type) and issubclass(self.obj.value, cls) else self.obj.python_type()
+        mro = start.__mro__
+        if cls not in mro:
+            unsupported(f"super({cls!r}, {self.obj}): not an instance or subtype")
         for klass in mro[mro.index(cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
                 if isinstance(attr, classmethod):
-                    return BoundMethodVar(wrap(tx, attr.__func__, None, guard=False), ObjectVar(cls))
+                    return BoundMethodVar(wrap(tx, attr.__func__, None, guard=False), ObjectVar(start))
                 if isinstance(attr, staticmethod):
                     return wrap(tx, attr.__func__, None, guard=False)
                 if isinstance(attr, property):
