@@ -874,7 +874,13 @@ def contains(tx, container: Var, item: Var) -> bool:
         return dunder(tx, "__contains__", [item]).truth(tx)
     if isinstance(container, DictVar):
         return _const_key(item) in container.items
-    if isinstance(container, (TupleVar, ListVar, ConstVar)) and item.is_const():
+    if isinstance(container, ConstVar) and item.is_const():
+        # The container's own __contains__: substrings of str and bytes, ranges ...
+        try:
+            return item.as_const() in container.value
+        except Exception as e:
+            unsupported(f"'in' {container.value!r} raised {type(e).__name__}: {e}")
+    if isinstance(container, (TupleVar, ListVar)) and item.is_const():
         members = container.unpack(tx)
         if all(m.is_const() for m in members):
             return item.as_const() in [m.as_const() for m in members]
