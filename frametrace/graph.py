@@ -128,6 +128,8 @@ class OutputGraph:
         fake_args = tuple(to_fake(a) for a in args)
         fake_kwargs = {k: to_fake(v) for k, v in kwargs.items()}
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+        if kind == "call_function" and not fx_can_name(target):
+            unsupported(f"{what} cannot be named in an FX graph")
         try:
             with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
@@ -221,6 +223,39 @@ class OutputGraph:
         if not callable(compiled):
             raise TypeError(f"backend {backend!r} returned {compiled!r}, which is not callable")
         return gm, compiled, seconds
+
+
+_FX_NAMEABLE: dict = {}
+
+
+def fx_can_name(target) -> bool:
+    """Whether the code FX generates can refer to `target`: FX writes torch objects as
+    their dotted path from ``torch`` (other objects it keeps by reference), and that
+    path must lead back to `target` (a staticmethod's does not)."""
+    try:
+        known = _FX_NAMEABLE.get(target)
+    except TypeError:       # unhashable
+        known = None
+    if known is not None:
+        return known
+    from torch.fx.graph import _is_from_torch
+    from torch.fx.node import _get_qualified_name
+    ok = True
+    if _is_from_torch(target) and target is not torch.device:
+        try:
+            path = _get_qualified_name(target).split(".")
+            import builtins
+            obj = torch if path[0] == "torch" else getattr(builtins, path[0])
+            for part in path[1:]:
+                obj = getattr(obj, part)
+            ok = obj is target or obj == target
+        except Exception:
+            ok = False
+    try:
+        _FX_NAMEABLE[target] = ok
+    except TypeError:
+        pass
+    return ok
 
 
 def _structseq_fields(out):

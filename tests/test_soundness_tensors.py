@@ -1,0 +1,70 @@
+"""Soundness of tensors, modules and constants in the tracer: each test runs a program
+in CPython and compiled (tests/differential.py) and checks what was compiled."""
+import pytest
+import torch
+
+import frametrace
+from differential import Call, check
+
+S = "hello world"
+
+
+# -- constant strings and bytes --
+def test_substring_containment_on_constant_strings():
+    def f(x):
+        s = "xaby"
+        return x + 1, "ab" in s, "ab" not in s, "q" in s, "" in s, "xaby" in s, "xabyz" in s, \
+            "lo" in S, S.__contains__("lo")
+    check(f, [torch.ones(2)], graphs=1, breaks=0)
+
+
+def test_bytes_containment_and_methods():
+    def f(x):
+        b = b"xaby"
+        return x + 1, b"ab" in b, 97 in b, b"q" not in b, b.startswith(b"xa"), b.upper(), \
+            b.decode(), b[1:3], b[0], b.split(b"a"), b.hex(), b.find(b"y"), len(b)
+    check(f, [torch.ones(2)], graphs=1, breaks=0)
+
+
+def test_string_methods_and_membership_in_tuples_of_strings():
+    def f(x):
+        n = "weight"
+        return x + 1, n in ("weight", "bias"), "w" in ("weight",), n in ["bias"], \
+            S.startswith(("he", "x")), S.split(), S.count("o"), S[1:4], f"{S!r:>20}|{n}", \
+            "%s-%d" % (n, 3), "{:>5}".format(3), n.removesuffix("ght"), n.partition("i"), \
+            str.upper(n), ",".join((n, S)), n.translate({101: None}), [c for c in "ab"]
+    check(f, [torch.ones(2)], graphs=1, breaks=0)
+
+
+# -- graph targets FX can name --
+def test_staticmethod_of_module_class_is_traced_through():
+    def through_class(x):
+        return x + torch.nn.Transformer.generate_square_subsequent_mask(x.shape[0])
+
+    def through_instance(m, x):
+        return x + m.generate_square_subsequent_mask(x.shape[0])
+    check(through_class, [torch.ones(3, 3)], graphs=1, breaks=0)
+    t = torch.nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                             dim_feedforward=8)
+    check(through_instance, [(t, torch.ones(4, 4))], graphs=1, breaks=0)
+    explained = frametrace.explain(through_class)(torch.ones(3, 3))
+    assert explained.graph_count == 1 and not explained.break_reasons
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_small_transformer_end_to_end(mode):
+    torch.manual_seed(0)
+    model = torch.nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=32)
+    getattr(model, mode)()
+
+    def run(m, src, tgt):
+        mask = m.generate_square_subsequent_mask(tgt.shape[0])
+        return m(src, tgt, tgt_mask=mask, tgt_is_causal=True)
+
+    def detect_causal(m, src, tgt):
+        # Without tgt_is_causal, nn.Transformer compares the mask's values: a graph break.
+        return m(src, tgt, tgt_mask=m.generate_square_subsequent_mask(tgt.shape[0]))
+    inputs = [(model, torch.randn(5, 2, 16), torch.randn(4, 2, 16))]
+    check(run, inputs, graphs=1, breaks=0, rtol=1e-4, atol=1e-5)
+    check(detect_causal, inputs, breaks=1, rtol=1e-4, atol=1e-5)
