@@ -44,6 +44,10 @@ class OutputGraph:
         self.inputs: list[GraphInput] = []
         self._input_by_id: dict[int, GraphInput] = {}
         self._sizes: dict[tuple, SymNodeVar] = {}   # (tensor node, dim) -> its size
+        # id(FakeTensor) -> (fake, node): the last in-place op on that tensor, after which
+        # its sizes are read (t_, unsqueeze_ ... change them).
+        self._last_inplace: dict[int, tuple] = {}
+        self._input_fakes: dict[int, object] = {}   # id(fake) -> fake, of graph inputs
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
         self.object_vars: dict[int, tuple] = {}
         # id(ContextVar) -> traced value set during the trace (reset before it ends).
@@ -73,6 +77,7 @@ class OutputGraph:
         self.guards.tensor(source, value, fake)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
+        self._input_fakes[id(fake)] = fake
         self.inputs.append(inp)
         self._input_by_id[id(value)] = inp
         return TensorVar(node, fake, source)
@@ -106,16 +111,18 @@ class OutputGraph:
         """``tensor.shape``: constants for static sizes, symbolic sizes read at run time
         by one ``sym_size`` node per dimension."""
         items = []
+        last = self._last_inplace.get(id(tensor.example))
+        anchor = last[1] if last is not None and last[0] is tensor.example else tensor.node
         for i, size in enumerate(tensor.example.shape):
             if not is_symbolic(size):
                 items.append(ConstVar(int(size)))
                 continue
-            var = self._sizes.get((tensor.node, i))
+            var = self._sizes.get((anchor, i))
             if var is None:
-                with self.graph.inserting_after(tensor.node):
-                    node = self.graph.call_function(torch.ops.aten.sym_size.int, (tensor.node, i))
+                with self.graph.inserting_after(anchor):
+                    node = self.graph.call_function(torch.ops.aten.sym_size.int, (anchor, i))
                 node.meta["example_value"] = node.meta["val"] = size
-                var = self._sizes[(tensor.node, i)] = SymNodeVar(node, size)
+                var = self._sizes[(anchor, i)] = SymNodeVar(node, size)
             items.append(var)
         return SizeVar(items)
 
@@ -130,6 +137,7 @@ class OutputGraph:
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
         if kind == "call_function" and not fx_can_name(target):
             unsupported(f"{what} cannot be named in an FX graph")
+        self._check_input_metadata_kept(what, target, args, kwargs, fake_args, fake_kwargs)
         try:
             with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
@@ -150,7 +158,51 @@ class OutputGraph:
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        same = self._same_tensor_arg(out, args, kwargs)
+        if same is not None:
+            # The op returned its argument itself (add_, float() of a float tensor,
+            # contiguous() of a contiguous one ...): the same tensor, so the same Var.
+            node.meta["example_value"] = node.meta["val"] = out
+            self._last_inplace[id(out)] = (out, node)
+            return same
         return self._wrap_result(node, out)
+
+    @staticmethod
+    def _same_tensor_arg(out, args, kwargs):
+        if not isinstance(out, torch.Tensor):
+            return None
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, TensorVar) and a.example is out:
+                return a
+        return None
+
+    def _check_input_metadata_kept(self, what, target, args, kwargs, fake_args, fake_kwargs):
+        """In-place changes of an input's sizes, strides or requires_grad cannot be
+        replayed on the caller's tensor by every backend: they are graph breaks (the op
+        then runs in CPython, on the caller's tensor)."""
+        first = args[0] if args else None
+        if isinstance(first, TensorVar) and id(first.example) in self._input_fakes:
+            if _is_inplace_view(target):
+                unsupported(f"{what}() changes the sizes or strides of an input tensor")
+            if what == "requires_grad_":
+                flag = fake_kwargs.get("requires_grad", fake_args[1] if len(fake_args) > 1 else True)
+                if bool(flag) != first.example.requires_grad:
+                    unsupported("requires_grad_() changes requires_grad of an input tensor")
+        out = kwargs.get("out")
+        outs = out.items if isinstance(out, (TupleVar, ListVar)) else [out]
+        if any(isinstance(o, TensorVar) and id(o.example) in self._input_fakes for o in outs):
+            # out= resizes the caller's tensor when the result's shape differs.
+            want = [tuple(o.shape) for o in (fake_kwargs["out"] if isinstance(out, (TupleVar, ListVar))
+                                             else [fake_kwargs["out"]])]
+            rest = {k: v for k, v in fake_kwargs.items() if k != "out"}
+            try:
+                with self.fake_mode, self._dispatcher():
+                    got = target(*fake_args, **rest) if callable(target) else None
+            except Exception:
+                got = None
+            got = list(got) if isinstance(got, (tuple, list)) else [got]
+            if got == [None] or [tuple(getattr(g, "shape", ())) for g in got] != want:
+                unsupported(f"{what}(out=...) may resize an input tensor")
 
     def _wrap_result(self, node, out):
         if isinstance(out, torch.Tensor):
@@ -223,6 +275,26 @@ class OutputGraph:
         if not callable(compiled):
             raise TypeError(f"backend {backend!r} returned {compiled!r}, which is not callable")
         return gm, compiled, seconds
+
+
+def _is_inplace_view(target) -> bool:
+    """Whether `target` (a Tensor method name, a torch function or an aten op) changes
+    its first argument's sizes or strides in place (aten's inplace_view tag)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.inplace_view in target.tags
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        packet = target
+    else:
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        if not name.endswith("_"):
+            return False
+        packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return False
+    try:
+        return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+    except Exception:
+        return True     # unknown: the safe answer
 
 
 _FX_NAMEABLE: dict = {}

@@ -850,7 +850,7 @@ def is_same(a: Var, b: Var) -> bool:
     if ra is not _MISSING and rb is not _MISSING and not isinstance(a, TensorVar):
         return ra is rb
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
-        return a.node is b.node
+        return a.example is b.example       # one FakeTensor per real tensor
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):

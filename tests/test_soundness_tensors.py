@@ -68,3 +68,60 @@ def test_small_transformer_end_to_end(mode):
     inputs = [(model, torch.randn(5, 2, 16), torch.randn(4, 2, 16))]
     check(run, inputs, graphs=1, breaks=0, rtol=1e-4, atol=1e-5)
     check(detect_causal, inputs, breaks=1, rtol=1e-4, atol=1e-5)
+
+
+# -- identity of tensor results --
+def test_ops_returning_self_give_the_same_tensor():
+    def f(x):
+        y = x * 2
+        return x.add_(1) is x, x.float() is x, x.contiguous() is x, x.to(x.dtype) is x, \
+            x.type_as(x) is x, x.detach() is x, x[...] is x, x.double() is x, \
+            y.mul_(2) is y, y.t() is y, y.requires_grad_() is y, y
+    check(f, [torch.ones(2, 3), torch.randn(2, 3)], graphs=1, breaks=0)
+
+
+def test_returned_self_is_the_callers_tensor():
+    def f(x):
+        return x.add_(1), x.float()
+    for backend in ("eager", "aot_eager"):
+        g = frametrace.optimize(backend)(f)
+        x = torch.ones(3)
+        a, b = g(x)
+        assert a is x and b is x and torch.equal(x, torch.full((3,), 2.0))
+
+
+# -- in-place metadata changes --
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_inplace_metadata_change_of_input_reaches_the_caller(backend):
+    def resize(x):
+        y = x * 2
+        x.resize_(2, 2)
+        return y, x.shape
+
+    def needs_grad(x):
+        x.requires_grad_()
+        return x * 2
+
+    def view_ops(x):
+        x.t_()
+        a = x.shape
+        x.unsqueeze_(0)
+        b = x.shape
+        x.squeeze_()
+        x.transpose_(0, 1)
+        return x + 1, a, b, x.shape
+    check(resize, [torch.arange(6.0), torch.arange(6.0) + 1], backend=backend, breaks=1)
+    check(needs_grad, [torch.ones(3)], backend=backend, breaks=1)
+    check(view_ops, [torch.randn(2, 3), torch.randn(4, 5)], backend=backend, dynamic=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_sizes_after_inplace_view_of_intermediate_are_current(backend):
+    def f(x):
+        y = x * 2
+        y.t_()
+        a = y.shape
+        y.unsqueeze_(0)
+        return y + 1, a, y.shape, y.size(1)
+    check(f, [torch.randn(2, 3), torch.randn(4, 5), torch.randn(3, 7)], backend=backend,
+          dynamic=True, graphs=1, breaks=0)
