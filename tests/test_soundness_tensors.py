@@ -125,3 +125,54 @@ def test_sizes_after_inplace_view_of_intermediate_are_current(backend):
         return y + 1, a, y.shape, y.size(1)
     check(f, [torch.randn(2, 3), torch.randn(4, 5), torch.randn(3, 7)], backend=backend,
           dynamic=True, graphs=1, breaks=0)
+
+
+# -- the optimized module wrapper --
+def test_optimized_module_follows_the_original_training_flag():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    cnt = frametrace.testing.CompileCounter()
+    om = frametrace.optimize(backend=cnt)(m)
+    x = torch.randn(8, 4)
+    torch.manual_seed(1)
+    want = m(x)
+    torch.manual_seed(1)
+    assert torch.equal(om(x), want) and om.training
+    m.eval()
+    assert om.training is False and not om.state_dict().keys() - m.state_dict().keys()
+    assert torch.equal(om(x), m(x)) and cnt.frame_count == 2     # recompiled: dropout off
+    om.train()
+    assert m.training and m[1].training and om.training
+    om.eval()
+    assert not m.training and not m[1].training and not om.training
+    torch.manual_seed(2)
+    assert torch.equal(om(x), m(x)) and cnt.frame_count == 2
+
+
+class _Tree(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(2, 2)
+        self.b = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        self.register_buffer("buf", torch.ones(2))
+        self.c = self.a             # shared: removed as a duplicate unless asked not to
+
+    def forward(self, x):
+        names = [n for n, _ in self.named_parameters(prefix="foo")]
+        names += [n for n, _ in self.named_parameters(recurse=False)]
+        names += [n for n, _ in self.named_parameters(remove_duplicate=False)]
+        names += [n for n, _ in self.named_buffers(prefix="bb", recurse=True)]
+        names += [n for n, _ in self.named_modules(prefix="mm")]
+        names += [n for n, _ in self.named_modules(remove_duplicate=False)]
+        names += [n for n, _ in self.named_children()]
+        names.append(len(list(self.parameters(recurse=False))))
+        names.append(len(list(self.children())))
+        first = next(self.parameters())
+        total = sum(p.sum() for _, p in self.named_parameters(prefix="p", remove_duplicate=False))
+        return x + first.sum() + total, names
+
+
+def test_module_iterators_follow_their_arguments():
+    m = _Tree()
+    check(m.forward, [torch.ones(2)], graphs=1, breaks=0,
+          compiled=lambda cnt: frametrace.optimize(backend=cnt)(m))
