@@ -176,3 +176,48 @@ def test_module_iterators_follow_their_arguments():
     m = _Tree()
     check(m.forward, [torch.ones(2)], graphs=1, breaks=0,
           compiled=lambda cnt: frametrace.optimize(backend=cnt)(m))
+
+
+# -- isinstance / issubclass --
+ACCEPT_INTS = True
+
+
+class _DuckMeta(type):
+    def __instancecheck__(cls, obj):
+        return hasattr(obj, "shape")
+
+    def __subclasscheck__(cls, sub):
+        return ACCEPT_INTS and sub is int
+
+
+class Duck(metaclass=_DuckMeta):
+    pass
+
+
+def test_metaclass_instancecheck_and_subclasscheck_are_followed():
+    def f(x, n):
+        return x + 1, isinstance(x, Duck), isinstance(n, Duck), isinstance(n, (str, Duck)), \
+            issubclass(int, Duck), issubclass(float, (Duck, str)), isinstance(x, (Duck, int))
+    check(f, [(torch.ones(2), 3), (torch.randn(2), 3)], graphs=1, breaks=0)
+
+    def g(x):
+        return x + 1, issubclass(int, Duck)
+
+    global ACCEPT_INTS
+    try:
+        cnt = frametrace.testing.CompileCounter()
+        h = frametrace.optimize(backend=cnt)(g)
+        assert h(torch.ones(1))[1] is True
+        ACCEPT_INTS = False          # the check read a global: the compiled code notices
+        assert h(torch.ones(1))[1] is False and cnt.frame_count == 2
+    finally:
+        ACCEPT_INTS = True
+
+
+def test_isinstance_of_legacy_tensor_types_follows_dtype():
+    def f(x):
+        return x + 1, isinstance(x, torch.FloatTensor), isinstance(x, torch.DoubleTensor), \
+            isinstance(x, (torch.LongTensor, torch.IntTensor)), isinstance(x * 2, torch.FloatTensor), \
+            isinstance(x, torch.cuda.FloatTensor), isinstance(x, torch.Tensor)
+    check(f, [torch.ones(2), torch.ones(2, dtype=torch.float64), torch.ones(2, dtype=torch.long),
+              torch.ones(2)], compiles=3, breaks=0)
