@@ -177,17 +177,18 @@ class OutputGraph:
         return None
 
     def _check_input_metadata_kept(self, what, target, args, kwargs, fake_args, fake_kwargs):
-        """In-place changes of an input's sizes, strides or requires_grad cannot be
-        replayed on the caller's tensor by every backend: they are graph breaks (the op
-        then runs in CPython, on the caller's tensor)."""
+        """In-place changes of an input's sizes or strides, and of any tensor's
+        requires_grad, are not kept by every backend: they are graph breaks (the op then
+        runs in CPython, on the caller's tensor)."""
         first = args[0] if args else None
-        if isinstance(first, TensorVar) and id(first.example) in self._input_fakes:
-            if _is_inplace_view(target):
-                unsupported(f"{what}() changes the sizes or strides of an input tensor")
-            if what == "requires_grad_":
-                flag = fake_kwargs.get("requires_grad", fake_args[1] if len(fake_args) > 1 else True)
-                if bool(flag) != first.example.requires_grad:
-                    unsupported("requires_grad_() changes requires_grad of an input tensor")
+        if isinstance(first, TensorVar) and id(first.example) in self._input_fakes and \
+                _is_inplace_view(target):
+            unsupported(f"{what}() changes the sizes or strides of an input tensor")
+        if isinstance(first, TensorVar) and what == "requires_grad_":
+            # AOTAutograd drops it even on a tensor made in the graph.
+            flag = fake_kwargs.get("requires_grad", fake_args[1] if len(fake_args) > 1 else True)
+            if bool(flag) != first.example.requires_grad:
+                unsupported("requires_grad_() changes a tensor's requires_grad")
         out = kwargs.get("out")
         outs = out.items if isinstance(out, (TupleVar, ListVar)) else [out]
         if any(isinstance(o, TensorVar) and id(o.example) in self._input_fakes for o in outs):
