@@ -3,6 +3,7 @@ FakeTensors, and the hand-off to a backend."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import time
 
@@ -189,21 +190,26 @@ class OutputGraph:
             flag = fake_kwargs.get("requires_grad", fake_args[1] if len(fake_args) > 1 else True)
             if bool(flag) != first.example.requires_grad:
                 unsupported("requires_grad_() changes a tensor's requires_grad")
-        out = kwargs.get("out")
+        if "out" in kwargs and self._out_resizes_input(target, kwargs["out"], fake_args, fake_kwargs):
+            unsupported(f"{what}(out=...) may resize an input tensor")
+
+    def _out_resizes_input(self, target, out, fake_args, fake_kwargs) -> bool:
+        """Whether ``out=`` names an input whose shape differs from the result's (the op
+        would resize the caller's tensor)."""
         outs = out.items if isinstance(out, (TupleVar, ListVar)) else [out]
-        if any(isinstance(o, TensorVar) and id(o.example) in self._input_fakes for o in outs):
-            # out= resizes the caller's tensor when the result's shape differs.
-            want = [tuple(o.shape) for o in (fake_kwargs["out"] if isinstance(out, (TupleVar, ListVar))
-                                             else [fake_kwargs["out"]])]
-            rest = {k: v for k, v in fake_kwargs.items() if k != "out"}
-            try:
-                with self.fake_mode, self._dispatcher():
-                    got = target(*fake_args, **rest) if callable(target) else None
-            except Exception:
-                got = None
-            got = list(got) if isinstance(got, (tuple, list)) else [got]
-            if got == [None] or [tuple(getattr(g, "shape", ())) for g in got] != want:
-                unsupported(f"{what}(out=...) may resize an input tensor")
+        if not any(isinstance(o, TensorVar) and id(o.example) in self._input_fakes for o in outs):
+            return False
+        if not callable(target):
+            return True
+        rest = {k: v for k, v in fake_kwargs.items() if k != "out"}
+        try:
+            with self.fake_mode, self._dispatcher():
+                got = target(*fake_args, **rest)
+        except Exception:
+            return True
+        got = got if isinstance(got, (tuple, list)) else [got]
+        return [tuple(getattr(g, "shape", ())) for g in got] != \
+            [tuple(o.example.shape) if isinstance(o, TensorVar) else None for o in outs]
 
     def _wrap_result(self, node, out):
         if isinstance(out, torch.Tensor):
@@ -287,11 +293,17 @@ def _is_inplace_view(target) -> bool:
         packet = target
     else:
         name = target if isinstance(target, str) else getattr(target, "__name__", "")
-        if not name.endswith("_"):
-            return False
-        packet = getattr(torch.ops.aten, name, None)
-    if packet is None:
-        return False
+        return name.endswith("_") and _inplace_view_name(name)
+    return _packet_is_inplace_view(packet)
+
+
+@functools.lru_cache(maxsize=None)
+def _inplace_view_name(name: str) -> bool:
+    packet = getattr(torch.ops.aten, name, None)
+    return packet is not None and _packet_is_inplace_view(packet)
+
+
+def _packet_is_inplace_view(packet) -> bool:
     try:
         return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
     except Exception:

@@ -120,7 +120,12 @@ def test_inplace_metadata_change_of_input_reaches_the_caller(backend):
         return x + 1, a, b, x.shape
     check(resize, [torch.arange(6.0), torch.arange(6.0) + 1], backend=backend, breaks=1)
     check(needs_grad, [torch.ones(3)], backend=backend, breaks=1)
+    def out_resizes(x, y):
+        torch.add(x, 1, out=y)
+        return y.shape, y * 2
     check(view_ops, [torch.randn(2, 3), torch.randn(4, 5)], backend=backend, dynamic=True)
+    check(out_resizes, [(torch.ones(3), torch.empty(0)), (torch.ones(3), torch.empty(0))],
+          backend=backend, breaks=1)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
