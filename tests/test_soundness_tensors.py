@@ -254,7 +254,7 @@ def test_bart_without_cache_matches_eager(cls_name):
         out = model(input_ids=ids, use_cache=False)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
     ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(0))
-    check(run, [ids], rtol=1e-4, atol=1e-5)
+    check(run, [ids], graphs=1, breaks=0, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.xfail(reason="a graph break inside BartAttention (the EncoderDecoderCache is opaque) "
