@@ -131,16 +131,27 @@ class OptimizedModule(torch.nn.Module):
         return getattr(self.__dict__["_orig_mod"], name)
 
     def __setattr__(self, name, value):
-        if name in ("training",):
-            object.__setattr__(self, name, value)
-        setattr(self._orig_mod, name, value)
+        if name == "training":
+            object.__setattr__(self, name, value)       # the property below
+        else:
+            setattr(self._orig_mod, name, value)
 
     def __delattr__(self, name):
         delattr(self._orig_mod, name)
 
+    # The wrapper has no mode of its own: `m.eval()` on the original shows through it.
+    @property
+    def training(self):
+        return self._orig_mod.training
+
+    @training.setter
+    def training(self, mode):
+        orig = self.__dict__.get("_orig_mod")
+        if orig is not None:        # nn.Module.__init__ sets it before _orig_mod exists
+            orig.training = mode
+
     def train(self, mode: bool = True):
         self._orig_mod.train(mode)
-        object.__setattr__(self, "training", mode)
         return self
 
     def _apply(self, fn, *args, **kwargs):

@@ -3,6 +3,7 @@ FakeTensors, and the hand-off to a backend."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import time
 
@@ -44,6 +45,10 @@ class OutputGraph:
         self.inputs: list[GraphInput] = []
         self._input_by_id: dict[int, GraphInput] = {}
         self._sizes: dict[tuple, SymNodeVar] = {}   # (tensor node, dim) -> its size
+        # id(FakeTensor) -> (fake, node): the last in-place op on that tensor, after which
+        # its sizes are read (t_, unsqueeze_ ... change them).
+        self._last_inplace: dict[int, tuple] = {}
+        self._input_fakes: dict[int, object] = {}   # id(fake) -> fake, of graph inputs
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
         self.object_vars: dict[int, tuple] = {}
         # id(ContextVar) -> traced value set during the trace (reset before it ends).
@@ -73,6 +78,7 @@ class OutputGraph:
         self.guards.tensor(source, value, fake)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
+        self._input_fakes[id(fake)] = fake
         self.inputs.append(inp)
         self._input_by_id[id(value)] = inp
         return TensorVar(node, fake, source)
@@ -106,16 +112,18 @@ class OutputGraph:
         """``tensor.shape``: constants for static sizes, symbolic sizes read at run time
         by one ``sym_size`` node per dimension."""
         items = []
+        last = self._last_inplace.get(id(tensor.example))
+        anchor = last[1] if last is not None and last[0] is tensor.example else tensor.node
         for i, size in enumerate(tensor.example.shape):
             if not is_symbolic(size):
                 items.append(ConstVar(int(size)))
                 continue
-            var = self._sizes.get((tensor.node, i))
+            var = self._sizes.get((anchor, i))
             if var is None:
-                with self.graph.inserting_after(tensor.node):
-                    node = self.graph.call_function(torch.ops.aten.sym_size.int, (tensor.node, i))
+                with self.graph.inserting_after(anchor):
+                    node = self.graph.call_function(torch.ops.aten.sym_size.int, (anchor, i))
                 node.meta["example_value"] = node.meta["val"] = size
-                var = self._sizes[(tensor.node, i)] = SymNodeVar(node, size)
+                var = self._sizes[(anchor, i)] = SymNodeVar(node, size)
             items.append(var)
         return SizeVar(items)
 
@@ -128,6 +136,9 @@ class OutputGraph:
         fake_args = tuple(to_fake(a) for a in args)
         fake_kwargs = {k: to_fake(v) for k, v in kwargs.items()}
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+        if kind == "call_function" and not fx_can_name(target):
+            unsupported(f"{what} cannot be named in an FX graph")
+        self._check_input_metadata_kept(what, target, args, kwargs, fake_args, fake_kwargs)
         try:
             with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
@@ -148,7 +159,57 @@ class OutputGraph:
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        same = self._same_tensor_arg(out, args, kwargs)
+        if same is not None:
+            # The op returned its argument itself (add_, float() of a float tensor,
+            # contiguous() of a contiguous one ...): the same tensor, so the same Var.
+            node.meta["example_value"] = node.meta["val"] = out
+            self._last_inplace[id(out)] = (out, node)
+            return same
         return self._wrap_result(node, out)
+
+    @staticmethod
+    def _same_tensor_arg(out, args, kwargs):
+        if not isinstance(out, torch.Tensor):
+            return None
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, TensorVar) and a.example is out:
+                return a
+        return None
+
+    def _check_input_metadata_kept(self, what, target, args, kwargs, fake_args, fake_kwargs):
+        """In-place changes of an input's sizes or strides, and of any tensor's
+        requires_grad, are not kept by every backend: they are graph breaks (the op then
+        runs in CPython, on the caller's tensor)."""
+        first = args[0] if args else None
+        if isinstance(first, TensorVar) and id(first.example) in self._input_fakes and \
+                _is_inplace_view(target):
+            unsupported(f"{what}() changes the sizes or strides of an input tensor")
+        if isinstance(first, TensorVar) and what == "requires_grad_":
+            # AOTAutograd drops it even on a tensor made in the graph.
+            flag = fake_kwargs.get("requires_grad", fake_args[1] if len(fake_args) > 1 else True)
+            if bool(flag) != first.example.requires_grad:
+                unsupported("requires_grad_() changes a tensor's requires_grad")
+        if "out" in kwargs and self._out_resizes_input(target, kwargs["out"], fake_args, fake_kwargs):
+            unsupported(f"{what}(out=...) may resize an input tensor")
+
+    def _out_resizes_input(self, target, out, fake_args, fake_kwargs) -> bool:
+        """Whether ``out=`` names an input whose shape differs from the result's (the op
+        would resize the caller's tensor)."""
+        outs = out.items if isinstance(out, (TupleVar, ListVar)) else [out]
+        if not any(isinstance(o, TensorVar) and id(o.example) in self._input_fakes for o in outs):
+            return False
+        if not callable(target):
+            return True
+        rest = {k: v for k, v in fake_kwargs.items() if k != "out"}
+        try:
+            with self.fake_mode, self._dispatcher():
+                got = target(*fake_args, **rest)
+        except Exception:
+            return True
+        got = got if isinstance(got, (tuple, list)) else [got]
+        return [tuple(getattr(g, "shape", ())) for g in got] != \
+            [tuple(o.example.shape) if isinstance(o, TensorVar) else None for o in outs]
 
     def _wrap_result(self, node, out):
         if isinstance(out, torch.Tensor):
@@ -221,6 +282,65 @@ class OutputGraph:
         if not callable(compiled):
             raise TypeError(f"backend {backend!r} returned {compiled!r}, which is not callable")
         return gm, compiled, seconds
+
+
+def _is_inplace_view(target) -> bool:
+    """Whether `target` (a Tensor method name, a torch function or an aten op) changes
+    its first argument's sizes or strides in place (aten's inplace_view tag)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.inplace_view in target.tags
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        packet = target
+    else:
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        return name.endswith("_") and _inplace_view_name(name)
+    return _packet_is_inplace_view(packet)
+
+
+@functools.lru_cache(maxsize=None)
+def _inplace_view_name(name: str) -> bool:
+    packet = getattr(torch.ops.aten, name, None)
+    return packet is not None and _packet_is_inplace_view(packet)
+
+
+def _packet_is_inplace_view(packet) -> bool:
+    try:
+        return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+    except Exception:
+        return True     # unknown: the safe answer
+
+
+_FX_NAMEABLE: dict = {}
+
+
+def fx_can_name(target) -> bool:
+    """Whether the code FX generates can refer to `target`: FX writes torch objects as
+    their dotted path from ``torch`` (other objects it keeps by reference), and that
+    path must lead back to `target` (a staticmethod's does not)."""
+    try:
+        known = _FX_NAMEABLE.get(target)
+    except TypeError:       # unhashable
+        known = None
+    if known is not None:
+        return known
+    from torch.fx.graph import _is_from_torch
+    from torch.fx.node import _get_qualified_name
+    ok = True
+    if _is_from_torch(target) and target is not torch.device:
+        try:
+            path = _get_qualified_name(target).split(".")
+            import builtins
+            obj = torch if path[0] == "torch" else getattr(builtins, path[0])
+            for part in path[1:]:
+                obj = getattr(obj, part)
+            ok = obj is target or obj == target
+        except Exception:
+            ok = False
+    try:
+        _FX_NAMEABLE[target] = ok
+    except TypeError:
+        pass
+    return ok
 
 
 def _structseq_fields(out):

@@ -880,7 +880,7 @@ def is_same(a: Var, b: Var) -> bool:
     if ra is not _MISSING and rb is not _MISSING and not isinstance(a, TensorVar):
         return ra is rb
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
-        return a.node is b.node
+        return a.example is b.example       # one FakeTensor per real tensor
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):
@@ -904,7 +904,13 @@ def contains(tx, container: Var, item: Var) -> bool:
         return dunder(tx, "__contains__", [item]).truth(tx)
     if isinstance(container, DictVar):
         return _const_key(item) in container.items
-    if isinstance(container, (TupleVar, ListVar, ConstVar)) and item.is_const():
+    if isinstance(container, ConstVar) and item.is_const():
+        # The container's own __contains__: substrings of str and bytes, ranges ...
+        try:
+            return item.as_const() in container.value
+        except Exception as e:
+            unsupported(f"'in' {container.value!r} raised {type(e).__name__}: {e}")
+    if isinstance(container, (TupleVar, ListVar)) and item.is_const():
         members = container.unpack(tx)
         if all(m.is_const() for m in members):
             return item.as_const() in [m.as_const() for m in members]

@@ -12,6 +12,7 @@ import torch
 
 from ..source import AttrSource, GetItemSource
 from .base import unsupported
+from ..graph import fx_can_name
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
@@ -146,6 +147,10 @@ def is_torch_callable(value) -> bool:
         return False
     if isinstance(value, (types.BuiltinFunctionType, types.FunctionType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
+        if isinstance(value, types.FunctionType) and is_inlinable(value):
+            return False        # nn.Module code (forwards, staticmethods): traced through
+        if not fx_can_name(value):
+            return False        # FX would write a path to it that does not exist
         objclass = getattr(value, "__objclass__", None)
         if objclass is torch._C.TensorBase or objclass is torch.Tensor:
             return True

@@ -341,19 +341,74 @@ def _class_value(v):
 def _isinstance(tx, args, kwargs):
     if len(args) != 2 or kwargs:
         return None
-    classes = _class_value(args[1])
-    t = _python_type_of(tx, args[0])
-    if isinstance(args[0], TensorVar):
+    return ConstVar(_instance_check(tx, args[0], args[1]))
+
+
+def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
+    """CPython's isinstance: the exact type first, tuples member by member, then the
+    metaclass's __instancecheck__ (traced when the user wrote it)."""
+    if isinstance(cls_var, TupleVar):
+        return any(_instance_check(tx, obj, c) for c in cls_var.items)
+    cls = _class_value(cls_var)
+    if isinstance(cls, tuple):
+        return any(_instance_check(tx, obj, ObjectVar(c)) for c in cls)
+    t = _python_type_of(tx, obj)
+    if isinstance(obj, TensorVar):
+        if type(cls) is type(torch.FloatTensor):
+            # Legacy tensor types (torch.FloatTensor ...) check dtype, device and
+            # layout, which the FakeTensor has (and the input's tensor guard checks).
+            return isinstance(obj.example, cls)
         # A FakeTensor stands for a plain tensor or a Parameter.
-        probe = torch.nn.Parameter if t is torch.nn.Parameter else torch.Tensor
-        return ConstVar(_class_covers(probe, classes))
-    return ConstVar(_class_covers(t, classes))
+        t = torch.nn.Parameter if t is torch.nn.Parameter else torch.Tensor
+    if t is cls:
+        return True
+    check = _user_meta_method(cls, "__instancecheck__")
+    if check is not None:
+        return _call_meta_method(tx, check, cls_var, cls, obj)
+    return _class_covers(t, cls)
 
 
 def _issubclass(tx, args, kwargs):
     if len(args) != 2 or kwargs:
         return None
-    return ConstVar(_class_covers(_class_value(args[0]), _class_value(args[1])))
+    return ConstVar(_subclass_check(tx, args[0], args[1]))
+
+
+def _subclass_check(tx, sub: Var, cls_var: Var) -> bool:
+    if isinstance(cls_var, TupleVar):
+        return any(_subclass_check(tx, sub, c) for c in cls_var.items)
+    cls = _class_value(cls_var)
+    if isinstance(cls, tuple):
+        return any(_subclass_check(tx, sub, ObjectVar(c)) for c in cls)
+    check = _user_meta_method(cls, "__subclasscheck__")
+    if check is not None:
+        return _call_meta_method(tx, check, cls_var, cls, sub)
+    return _class_covers(_class_value(sub), cls)
+
+
+def _user_meta_method(cls, name):
+    """`name` of cls's metaclass when it is a Python function from user code (library
+    metaclasses, ABCMeta and torch's, are answered on the real classes)."""
+    import sys
+    import types
+    from .modules import _class_lookup
+    meta = type(cls)
+    if meta is type:
+        return None
+    fn = _class_lookup(meta, name)
+    if not isinstance(fn, types.FunctionType):
+        return None
+    module = (getattr(fn, "__module__", None) or "").split(".")[0]
+    if module in sys.stdlib_module_names or module in ("torch", "frametrace", "typing_extensions"):
+        return None
+    return fn
+
+
+def _call_meta_method(tx, fn, cls_var, cls, arg) -> bool:
+    from .builder import wrap
+    if not isinstance(cls_var, ObjectVar) or cls_var.value is not cls:
+        cls_var = ObjectVar(cls)
+    return wrap(tx, fn, None, guard=False).call(tx, [cls_var, arg], {}).truth(tx)
 
 
 def _class_covers(t, classes):

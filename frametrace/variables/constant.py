@@ -9,14 +9,14 @@ import torch
 
 from .base import ValueVar, unsupported
 
-# Methods safe to evaluate at trace time on constants (no mutation, no I/O).
+# Methods safe to evaluate at trace time on constants (no mutation, no I/O).  Every
+# public method of str and bytes qualifies: both are immutable.
+_STR_DUNDERS = {"__getitem__", "__len__", "__contains__", "__add__", "__mul__", "__rmul__",
+                "__mod__", "__format__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+                "__ge__", "__hash__", "__iter__"}
 _PURE_METHODS = {
-    str: {"format", "join", "split", "strip", "lstrip", "rstrip", "lower", "upper", "startswith",
-          "endswith", "replace", "count", "find", "index", "isdigit", "isalpha", "title",
-          "splitlines", "partition", "rpartition", "rsplit", "encode", "zfill", "center",
-          "ljust", "rjust", "__getitem__", "__len__", "__contains__", "isupper", "islower",
-          "isspace", "isalnum", "capitalize", "casefold", "removeprefix", "removesuffix",
-          "rfind", "rindex", "isnumeric", "isdecimal", "isidentifier", "swapcase"},
+    str: {n for n in dir(str) if not n.startswith("_")} | _STR_DUNDERS,
+    bytes: {n for n in dir(bytes) if not n.startswith("_")} | _STR_DUNDERS,
     int: {"bit_length", "to_bytes", "__index__", "__int__", "__float__", "conjugate"},
     float: {"is_integer", "__int__", "__float__", "conjugate", "hex"},
     torch.Size: {"numel", "index", "count", "__getitem__", "__len__"},
@@ -24,6 +24,11 @@ _PURE_METHODS = {
     range: {"index", "count"},
     torch.dtype: {"to_complex", "to_real"},
 }
+
+
+def is_pure_method(cls: type, name: str) -> bool:
+    """Whether ``cls.name`` called on constants may be evaluated at trace time."""
+    return name in _PURE_METHODS.get(cls, ())
 
 
 class ConstVar(ValueVar):
@@ -56,8 +61,11 @@ class ConstVar(ValueVar):
         if not all(a.is_const() for a in args) or not all(v.is_const() for v in kwargs.values()):
             unsupported(f"{type(self.value).__name__}.{name} with non-constant arguments")
         fn = getattr(self.value, name)
-        return ConstVar(fn(*[a.as_const() for a in args],
-                           **{k: v.as_const() for k, v in kwargs.items()}))
+        try:
+            return ConstVar(fn(*[a.as_const() for a in args],
+                               **{k: v.as_const() for k, v in kwargs.items()}))
+        except Exception as e:      # CPython raises it at this call
+            unsupported(f"{type(self.value).__name__}.{name} raised {type(e).__name__}: {e}")
 
     def getitem(self, tx, key):
         if not key.is_const():

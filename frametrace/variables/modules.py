@@ -222,22 +222,43 @@ def _call_property(tx, prop, obj_var):
 
 
 def _named(kind):
+    """nn.Module's own iterator methods (named_parameters(prefix=..., recurse=...,
+    remove_duplicate=...), modules() ...), run on the real module for the names and
+    their order; each item is the Var read from its path below the module."""
     def method(tx, self, args, kwargs):
         from .builder import wrap
-        m = self.module
-        if kind in ("named_children", "children"):
-            items = [(name, self._member(tx, name)) for name in m._modules if m._modules[name] is not None]
-        elif kind in ("named_parameters", "parameters"):
-            items = [(name, wrap(tx, p, _path_source(self, name))) for name, p in m.named_parameters()]
-        elif kind in ("named_buffers", "buffers"):
-            items = [(name, wrap(tx, b, _path_source(self, name))) for name, b in m.named_buffers()]
-        else:  # named_modules / modules
-            items = [(name, wrap(tx, sub, _path_source(self, name) if name else self.source))
-                     for name, sub in m.named_modules()]
-        if kind.startswith("named_"):
-            return ListVar([TupleVar([ConstVar(n), v]) for n, v in items])
-        return ListVar([v for _, v in items])
+        from .builtins import LazyIteratorVar
+        if not all(a.is_const() for a in (*args, *kwargs.values())):
+            unsupported(f"{kind}() with arguments that are not constants")
+        a = [v.as_const() for v in args]
+        kw = {k: v.as_const() for k, v in kwargs.items()}
+        impl = getattr(torch.nn.Module, kind)
+        try:
+            items = list(impl(self.module, *a, **kw))
+            paths = _unprefixed_paths(self.module, kind, a, kw)
+        except Exception as e:       # a bad argument: CPython raises it
+            unsupported(f"{kind}() raised {type(e).__name__}: {e}")
+        out = []
+        for item, path in zip(items, paths):
+            name, obj = item if kind.startswith("named_") else (None, item)
+            var = self if path == "" else wrap(tx, obj, _path_source(self, path))
+            out.append(var if name is None else TupleVar([ConstVar(name), var]))
+        return LazyIteratorVar(iter(out), types.GeneratorType)
     return method
+
+
+def _unprefixed_paths(m, kind, args, kwargs):
+    """The dotted path below `m` of each item `kind(*args, **kwargs)` yields, in order."""
+    import inspect
+    bound = inspect.signature(getattr(torch.nn.Module, kind)).bind(m, *args, **kwargs)
+    params = dict(bound.arguments)
+    params.pop("self")
+    if "memo" in params and params["memo"] is not None:
+        raise TypeError("a memo set is not supported")
+    if "prefix" in params:
+        params["prefix"] = ""
+    named = kind if kind.startswith("named_") else f"named_{kind}"
+    return [n for n, _ in getattr(torch.nn.Module, named)(m, **params)]
 
 
 def _path_source(self, dotted):

@@ -13,7 +13,7 @@ import torch
 from ..source import AttrSource, GetItemSource
 from .base import ValueVar, Var, unsupported
 from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
-from .constant import ConstVar
+from .constant import ConstVar, is_pure_method
 from .containers import SizeVar
 from .tensor import TensorVar
 
@@ -90,8 +90,14 @@ class ObjectVar(ValueVar):
                 return made
         if value in TRACE_TIME_ANSWERS:
             return ConstVar(TRACE_TIME_ANSWERS[value])
+        if value in _GLOBAL_STATE_READERS and not args and not kwargs:
+            return _read_global_state(tx, value)
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
+        if isinstance(value, types.MethodDescriptorType) and args and _all_const(args, kwargs) \
+                and is_pure_method(value.__objclass__, value.__name__) \
+                and type(args[0].as_const()) is value.__objclass__:
+            return fold_call(value, args, kwargs, value.__qualname__)     # str.upper(s)
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
         what = getattr(value, "__qualname__", None) or repr(value)
@@ -112,15 +118,19 @@ class TorchFnVar(ObjectVar):
         if fn is torch._C._set_grad_enabled:
             return GradModeSetVar().call(tx, args, kwargs)
         if fn in _GLOBAL_STATE_READERS:
-            value = fn()
-            if fn is not torch.is_grad_enabled:
-                # Grad mode is guarded at frame entry, and changes inside the frame are
-                # traced; the others can only change outside it.
-                tx.guards.global_state(fn.__name__, fn, value)
-            return ConstVar(value)
+            return _read_global_state(tx, fn)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
         return tx.output.call("call_function", fn, tuple(args), kwargs)
+
+
+def _read_global_state(tx, fn):
+    value = fn()
+    if fn is not torch.is_grad_enabled:
+        # Grad mode is guarded at frame entry, and changes inside the frame are traced;
+        # the others can only change outside it.
+        tx.guards.global_state(fn.__name__, fn, value)
+    return ConstVar(value)
 
 
 class SuperVar(Var):
@@ -347,7 +357,8 @@ TRACE_TIME_ANSWERS = {
 }
 
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
-                         torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled}
+                         torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled,
+                         torch.backends.mha.get_fastpath_enabled}
 _GLOBAL_STATE_WRITERS = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
                          torch.use_deterministic_algorithms, torch.set_printoptions,
                          torch.seed}

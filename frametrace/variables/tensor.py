@@ -11,7 +11,7 @@ from .constant import ConstVar
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
 _META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf",
                "layout", "is_sparse", "is_quantized", "is_meta", "is_complex_", "itemsize",
-               "nbytes"}
+               "nbytes", "is_nested", "is_cpu", "is_mkldnn", "is_sparse_csr", "is_mps", "is_xpu"}
 # Attributes that are new tensors: graph nodes.
 _TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
 # Methods that need real data, or act outside the graph.
