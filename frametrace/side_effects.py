@@ -41,6 +41,9 @@ class SideEffects:
         hit = self._attrs.get(("attr", id(real_obj), name))
         return None if hit is None else hit[2]
 
+    def has_attr_writes(self, real_obj) -> bool:
+        return any(key[1] == id(real_obj) for key in self._attrs)
+
     def store_global(self, f_globals: dict, name: str, value, is_root: bool):
         key = ("global", id(f_globals), name)
         self._globals[key] = (f_globals, name, value, is_root)
