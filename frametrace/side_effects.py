@@ -30,11 +30,13 @@ class SideEffects:
             self._order.append(key)
 
     # -- recording --
-    def store_attr(self, owner, real_obj, name: str, value):
+    def store_attr(self, owner, real_obj, name: str, value, plain: bool = False):
+        """`plain`: the store is object.__setattr__'s, replayed as such (the class's own
+        __setattr__ already ran while tracing and must not run again)."""
         if owner.source is None:
             unsupported(f"setting attribute {name!r} on an object made while tracing")
         key = ("attr", id(real_obj), name)
-        self._attrs[key] = (owner, name, value)
+        self._attrs[key] = (owner, name, value, plain)
         self._note(key)
 
     def load_attr(self, real_obj, name: str):
@@ -121,7 +123,13 @@ class SideEffects:
         for key, temp in zip(self._order, temps):
             kind = key[0]
             if kind == "attr":
-                _, name, _ = self._attrs[key]
+                _, name, _, plain = self._attrs[key]
+                if plain:
+                    cg.call_const(object.__setattr__, [
+                        lambda cg: cg.emit("LOAD_FAST", owners[key]),
+                        lambda cg: cg.load_const(name), lambda cg: cg.emit("LOAD_FAST", temp)])
+                    cg.emit("POP_TOP")
+                    continue
                 cg.emit("LOAD_FAST", temp)
                 cg.emit("LOAD_FAST", owners[key])
                 cg.store_attr(name)

@@ -495,3 +495,44 @@ def test_setattr_hook_calling_super_setattr():
         return x + o.a
 
     check(f, [(torch.randn(3), SuperSetattr()), (torch.randn(3), SuperSetattr())])
+
+
+def test_custom_setattr_traced_into_one_graph():
+    def f(x, o):
+        o.a = 2
+        return x + o.a
+
+    check(f, [(torch.randn(3), Logged()), (torch.randn(3), Logged())], graphs=1, breaks=0)
+    check(f, [(torch.randn(3), SuperSetattr()), (torch.randn(3), SuperSetattr())], graphs=1,
+          breaks=0)
+
+
+@dataclasses.dataclass
+class Bag:
+    items: list
+
+    def __len__(self):
+        return len(self.items)
+
+
+def test_truth_of_dataclass_with_len_made_in_frame():
+    def f(x, items):
+        b = Bag(items)
+        return x + 1 if b else x - 1
+
+    check(f, [(torch.randn(3), []), (torch.randn(3), [1])])
+
+
+class SymLen:
+    def __init__(self, t):
+        self.t = t
+
+    def __bool__(self):
+        return self.t.shape[0] > 2
+
+
+def test_bool_returning_symbolic_comparison_is_guarded():
+    def f(o):
+        return o.t + 1 if o else o.t - 1
+
+    check(f, [SymLen(torch.randn(n)) for n in (2, 3, 4, 5, 1)])

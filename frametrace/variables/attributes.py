@@ -48,16 +48,17 @@ class InstanceAttrs:
     def set_class(self, tx, cls):
         raise NotImplementedError
 
-    def opaque_attr(self, tx, name):
+    def opaque_attr(self, tx, name, hooked=False):
         """An attribute computed by code the protocol does not follow: a descriptor
-        written in C (a namedtuple field), or the class's own __getattribute__."""
+        written in C (a namedtuple field; no traced store changes what it reads), or
+        the class's own __getattribute__ (`hooked`, which may read anything)."""
         unsupported(f"attribute {name!r} of {self.instance_class().__name__} is computed in C")
 
     # -- reading --
     def getattr(self, tx, name):
         cls = self.instance_class()
         if isinstance(_class_lookup(cls, "__getattribute__"), types.FunctionType):
-            return self.opaque_attr(tx, name)
+            return self.opaque_attr(tx, name, hooked=True)
         attr = _class_lookup(cls, name)
         if attr is not None and is_data_descriptor(attr):
             got = _descriptor_get(tx, self, cls, name, attr)

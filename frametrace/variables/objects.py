@@ -67,6 +67,8 @@ class ObjectVar(ValueVar):
 
     def getattr(self, tx, name):
         from .builder import wrap
+        if self.value is object and name == "__setattr__":
+            return GenericSetattrVar()
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
                 callable(getattr(self.value, name, None)):
             return MethodVar(self, name)
@@ -148,6 +150,8 @@ class SuperVar(Var):
                     return wrap(tx, attr.__func__, None, guard=False)
                 if isinstance(attr, property):
                     return wrap(tx, attr.fget, None, guard=False).call(tx, [self.obj], {})
+                if klass is object and name == "__setattr__":
+                    return BoundMethodVar(GenericSetattrVar(), self.obj)
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
@@ -217,6 +221,20 @@ class _TokenVar(Var):
         super().__init__(None)
         self.cv = cv
         self.previous = previous
+
+
+class GenericSetattrVar(Var):
+    """object.__setattr__ (called by a class's own __setattr__): the plain store,
+    descriptors included, without the class's hook."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        from .attributes import InstanceAttrs
+        if len(args) != 3 or kwargs or not args[1].is_const() or \
+                not isinstance(args[0], InstanceAttrs):
+            unsupported(f"object.__setattr__ on {args[0] if args else None}")
+        args[0].generic_setattr(tx, args[1].as_const(), args[2])
+        return ConstVar(None)
 
 
 class _NoOpVar(Var):

@@ -56,21 +56,21 @@ class UserObjectVar(InstanceAttrs, Var):
         return wrap(tx, getattr(self.value, name),
                     AttrSource(self.source, name) if self.source is not None else None)
 
-    def opaque_attr(self, tx, name):
+    def opaque_attr(self, tx, name, hooked=False):
         from .builder import wrap
-        if self.cls is not type(self.value) or tx.side_effects.has_attr_writes(self.value):
+        if self.cls is not type(self.value) or hooked and tx.side_effects.has_attr_writes(self.value):
             # Answered by the real object only while the trace has not changed it.
-            return super().opaque_attr(tx, name)
+            return super().opaque_attr(tx, name, hooked)
         return wrap(tx, getattr(self.value, name),
                     AttrSource(self.source, name) if self.source is not None else None)
 
     def set_own_attr(self, tx, name, value):
-        tx.side_effects.store_attr(self, self.value, name, value)
+        tx.side_effects.store_attr(self, self.value, name, value, plain=True)
 
     def set_class(self, tx, cls):
         from .objects import ObjectVar
         tx.side_effects.store_attr(self, self.value, "__class__",
-                                   ObjectVar(cls, ConstSource(cls, cls.__qualname__)))
+                                   ObjectVar(cls, ConstSource(cls, cls.__qualname__)), plain=True)
         self.cls = cls
 
     def call(self, tx, args, kwargs):
@@ -98,8 +98,7 @@ class UserObjectVar(InstanceAttrs, Var):
         self._dunder(tx, "__setitem__", [key, value])
 
     def length(self, tx):
-        n = self._dunder(tx, "__len__", [])
-        return n.as_const()
+        return checked_len(self._dunder(tx, "__len__", []))
 
     def unpack(self, tx):
         return _unpack_user(tx, self, self.cls)
@@ -109,7 +108,7 @@ class UserObjectVar(InstanceAttrs, Var):
         if _class_lookup(cls, "__bool__") is None and _class_lookup(cls, "__len__") is None:
             return True
         if isinstance(_class_lookup(cls, "__bool__"), types.FunctionType):
-            return self._dunder(tx, "__bool__", []).truth(tx)
+            return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
 
     def __repr__(self):
@@ -155,7 +154,7 @@ class NewObjectVar(InstanceAttrs, Var):
         self._dunder(tx, "__setitem__", [key, value])
 
     def length(self, tx):
-        return self._dunder(tx, "__len__", []).as_const()
+        return checked_len(self._dunder(tx, "__len__", []))
 
     def unpack(self, tx):
         return _unpack_user(tx, self, self.cls)
@@ -168,7 +167,7 @@ class NewObjectVar(InstanceAttrs, Var):
         if _class_lookup(self.cls, "__bool__") is None and _class_lookup(self.cls, "__len__") is None:
             return True
         if _class_lookup(self.cls, "__bool__") is not None:
-            return self._dunder(tx, "__bool__", []).truth(tx)
+            return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
 
     def reconstruct(self, cg):
@@ -187,6 +186,42 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def __repr__(self):
         return f"NewObjectVar({self.cls.__name__})"
+
+
+def checked_bool(tx, result) -> bool:
+    """What __bool__ returned, as CPython takes it: a bool, else the TypeError it raises
+    (stopping the trace there, so it raises in place)."""
+    if result.is_const():
+        if type(result.as_const()) is bool:
+            return result.as_const()
+        unsupported(f"TypeError: __bool__ should return bool, returned "
+                    f"{type(result.as_const()).__name__}")
+    from .symbolic import SymNodeVar
+    if isinstance(result, SymNodeVar) and result.python_type() is bool:
+        return result.truth(tx)          # a symbolic comparison: guarded
+    unsupported(f"__bool__ returned {result}, not a bool known while tracing")
+
+
+def checked_len(result) -> int:
+    """What __len__ returned, as len() takes it: an int >= 0 (or an __index__ of one),
+    else the error CPython raises."""
+    if not result.is_const():
+        unsupported(f"__len__ returned a value unknown while tracing ({result})")
+    try:
+        return len(_Sized(result.as_const()))
+    except (TypeError, ValueError, OverflowError) as e:
+        unsupported(f"{type(e).__name__}: {e}")
+
+
+class _Sized:
+    """len() of this is len() of an object whose __len__ returns `n`: CPython's checks."""
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
 
 
 def _unpack_user(tx, var, cls):
@@ -309,6 +344,15 @@ class DataclassVar(Var):
         return len(self._present())
 
     def truth(self, tx):
+        if is_model_output(self.cls):
+            return True
+        for name in ("__bool__", "__len__"):
+            method = _class_lookup(self.cls, name)
+            if isinstance(method, types.FunctionType):
+                result = UserFunctionVar(method).call(tx, [self], {})
+                return checked_bool(tx, result) if name == "__bool__" else checked_len(result) > 0
+            if method is not None:
+                unsupported(f"{self.cls.__name__}.{name} is not a Python function")
         return True
 
     def reconstruct(self, cg):
