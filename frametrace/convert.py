@@ -351,11 +351,16 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         cg.emit("STORE_FAST", "___return_value")
         for n in cells:
             tracer.cells[n].value.reconstruct(cg)
-            cg.emit("STORE_DEREF", CellVar(n))
+            cg.emit("STORE_FAST", f"___cell_{n}")
     else:
         plan = resume.prepare_break(cg, tracer, break_at)
     side_effects.reconstruct(cg, set(code.co_freevars))
     if break_at is None:
+        # The cells change only now: a replayed value read through one (an int argument
+        # that a closure captured) is the value the trace saw, not the final one.
+        for n in cells:
+            cg.emit("LOAD_FAST", f"___cell_{n}")
+            cg.emit("STORE_DEREF", CellVar(n))
         if torch.is_grad_enabled() != entry_grad:
             # set_grad_enabled(mode) called as a function: the mode outlives the frame,
             # whatever the backend did with the graph's grad-mode nodes.

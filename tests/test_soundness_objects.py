@@ -272,7 +272,7 @@ def test_global_written_through_globals_dict_read_by_name():
         globals()["G"] = 5
         return x + G
 
-    check(f, [torch.randn(3), torch.randn(3)], globals=["G"])
+    check(f, [torch.randn(3), torch.randn(3)], globals=["G"], breaks=0)
 
 
 def test_global_statement_then_globals_dict_read():
@@ -284,11 +284,36 @@ def test_global_statement_then_globals_dict_read():
     check(f, [torch.randn(3), torch.randn(3)], globals=["G"])
 
 
+THIS = sys.modules[__name__]
+
+
 def test_module_dict_write_then_attribute_read():
     def f(x):
-        mod = sys.modules[__name__]
-        vars(mod)["G"] = 3
-        return x + mod.G
+        vars(THIS)["G"] = 3
+        a = THIS.G
+        THIS.__dict__["G"] = a + 1
+        return x + THIS.G + G
+
+    check(f, [torch.randn(3), torch.randn(3)], globals=["G"], breaks=0)
+
+
+def test_module_attribute_write_then_global_read():
+    def f(x):
+        global G
+        THIS.G = 4
+        a = G
+        G = a + 1
+        return x + THIS.G + globals()["G"] + ("G" in globals())
+
+    check(f, [torch.randn(3), torch.randn(3)], globals=["G"], breaks=0)
+
+
+def test_globals_dict_passed_through_a_graph_break():
+    def f(x):
+        g = globals()
+        print(end="")
+        g["G"] = 6
+        return x + G
 
     check(f, [torch.randn(3), torch.randn(3)], globals=["G"])
 
@@ -345,16 +370,6 @@ def test_class_assignment_on_object_made_in_frame():
 
 # ------------------------------------------------------------------ 6. stored before rebinding
 
-D = {}
-
-
-def make_storer(n):
-    def f(x):
-        D["k"] = n
-        return x + n
-    return f
-
-
 def test_dict_holds_value_at_store_time_of_symbolic_int():
     def f(x, n, d):
         k = n
@@ -366,17 +381,30 @@ def test_dict_holds_value_at_store_time_of_symbolic_int():
     check(f, [(torch.randn(3), i, {}) for i in (2, 3, 4, 5)])
 
 
-def test_dict_holds_closure_int_becoming_symbolic():
-    import frametrace
-    for dyn in (None,):
-        for n in (2, 3, 4, 5):
-            D.clear()
-            fn = make_storer(n)
-            want = fn(torch.ones(3))
-            want_d = dict(D)
-            D.clear()
-            got = frametrace.optimize(fn)(torch.ones(3))
-            assert torch.equal(want, got) and D == want_d, (n, D, want_d)
+def test_dict_holds_captured_symbolic_int_rebound_later():
+    def f(x, n, d):
+        def store():
+            d["k"] = n
+        store()
+        n = n + 1
+        return x + n
+
+    r = check(f, [(torch.randn(3), i, {}) for i in (2, 3, 4, 5)])
+    assert r.compiles == 2, r        # the second compile made n symbolic
+
+
+def test_dict_holds_symbolic_int_rebound_by_inlined_closure():
+    def f(x, n, d):
+        d["a"] = [n, n * 2]
+
+        def bump():
+            nonlocal n
+            n = n + 1
+        bump()
+        return x + n
+
+    r = check(f, [(torch.randn(3), i, {}) for i in (2, 3, 4, 5)])
+    assert r.compiles == 2, r
 
 
 # ------------------------------------------------------------------ 7. __bool__ / __len__
