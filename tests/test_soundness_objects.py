@@ -564,3 +564,28 @@ def test_bool_returning_symbolic_comparison_is_guarded():
         return o.t + 1 if o else o.t - 1
 
     check(f, [SymLen(torch.randn(n)) for n in (2, 3, 4, 5, 1)])
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._scale = 1.0
+
+    @property
+    def scale(self):
+        return self._scale * 2
+
+    @scale.setter
+    def scale(self, v):
+        self._scale = v + 1
+
+    def forward(self, x):
+        self.scale = 3.0
+        return x * self.scale
+
+
+def test_module_property_setter_runs_and_getter_transforms():
+    def f(x, m):
+        return m(x)
+
+    check(f, [(torch.randn(3), Scaled()), (torch.randn(3), Scaled())])
