@@ -589,3 +589,26 @@ def test_module_property_setter_runs_and_getter_transforms():
         return m(x)
 
     check(f, [(torch.randn(3), Scaled()), (torch.randn(3), Scaled())])
+
+
+def test_instance_dict_write_then_attribute_read():
+    def f(x, o):
+        o.__dict__["a"] = 3
+        vars(o)["b"] = 4
+        return x + o.a + o.b
+
+    check(f, [(torch.randn(3), WithLateAttrs()), (torch.randn(3), WithLateAttrs())], breaks=0)
+
+
+def test_attribute_write_then_instance_dict_read():
+    def f(x, o):
+        o.a = 5
+        return x + o.__dict__["a"]
+
+    # Two records of one state are refused: the frame may run in CPython, never wrong.
+    check(f, [(torch.randn(3), WithLateAttrs()), (torch.randn(3), WithLateAttrs())], graphs=None)
+
+
+class WithLateAttrs:
+    def __init__(self):
+        self.a = 1

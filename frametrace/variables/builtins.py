@@ -744,8 +744,9 @@ def _globals(tx, args, kwargs):
 
 
 def _vars(tx, args, kwargs):
-    if len(args) == 1 and not kwargs and isinstance(args[0], ObjectVar) and \
-            type(args[0].value) is types.ModuleType:
+    from .attributes import InstanceAttrs
+    if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
+            args[0], ObjectVar) and type(args[0].value) is types.ModuleType):
         return args[0].getattr(tx, "__dict__")
 
 

@@ -39,6 +39,10 @@ class UserObjectVar(InstanceAttrs, Var):
         if written is not None:
             return written
         obj = self.value
+        as_dict = self._dict_var(tx)
+        if as_dict is not None:
+            # The trace holds obj.__dict__ (and may have changed it): it is the truth.
+            return as_dict.items.get(name, MISSING)
         if name not in getattr(obj, "__dict__", {}) and \
                 not isinstance(_class_lookup(self.cls, name), types.MemberDescriptorType):
             return MISSING
@@ -56,8 +60,17 @@ class UserObjectVar(InstanceAttrs, Var):
         return wrap(tx, getattr(self.value, name),
                     AttrSource(self.source, name) if self.source is not None else None)
 
+    def _dict_var(self, tx):
+        d = getattr(self.value, "__dict__", None)
+        known = tx.output.object_vars.get(id(d)) if d is not None else None
+        return known[1] if known is not None and known[0] is d else None
+
     def opaque_attr(self, tx, name, hooked=False):
         from .builder import wrap
+        if name == "__dict__" and not hooked and tx.side_effects.has_attr_writes(self.value):
+            # Attribute writes and writes through __dict__ would be two records of one
+            # state: the trace keeps one.
+            unsupported(f"__dict__ of a {self.cls.__name__} object whose attributes the trace changed")
         if self.cls is not type(self.value) or hooked and tx.side_effects.has_attr_writes(self.value):
             # Answered by the real object only while the trace has not changed it.
             return super().opaque_attr(tx, name, hooked)
@@ -65,6 +78,9 @@ class UserObjectVar(InstanceAttrs, Var):
                     AttrSource(self.source, name) if self.source is not None else None)
 
     def set_own_attr(self, tx, name, value):
+        if self._dict_var(tx) is not None:
+            unsupported(f"setting attribute {name!r} of a {self.cls.__name__} object whose "
+                        "__dict__ the trace holds")
         tx.side_effects.store_attr(self, self.value, name, value, plain=True)
 
     def set_class(self, tx, cls):
