@@ -24,7 +24,7 @@ from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
-from .variables.functions import BoundMethodVar, PartialVar
+from .variables.functions import BoundMethodVar, Cell, PartialVar
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar
 
@@ -420,6 +420,16 @@ def _guard_aliasing(output, guards, side_effects):
         for i, a in enumerate(containers):
             for b in containers[i + 1:]:
                 guards.distinct_objects(a, b)
+    # Closure cells from outside: one the trace wrote is another Cell than those it
+    # read through other closures only while they are other cells at run time too.
+    written_cells = side_effects.written_cells()
+    if written_cells:
+        cells = [c.cell_source for _, c in output.object_vars.values()
+                 if isinstance(c, Cell) and c.cell_source is not None][:_MAX_ALIAS_GUARDS]
+        for w in written_cells[:_MAX_ALIAS_GUARDS]:
+            for other in cells:
+                if other != w.cell_source:
+                    guards.distinct_objects(w.cell_source, other)
 
 
 def _storage_key(node):

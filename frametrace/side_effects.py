@@ -61,6 +61,10 @@ class SideEffects:
             self._cells[key] = (cell, value)
             self._note(key)
 
+    def written_cells(self) -> list:
+        """The cells from outside the trace wrote (their Cells)."""
+        return [self._cells[key][0] for key in self._order if key[0] == "cell"]
+
     def mutate_container(self, var, real_obj):
         """A list or dict from outside is about to change: its final contents are
         written back after the graph."""

@@ -612,3 +612,46 @@ def test_attribute_write_then_instance_dict_read():
 class WithLateAttrs:
     def __init__(self):
         self.a = 1
+
+
+def _shared_pair():
+    return make_pair()
+
+
+def _unshared_pair():
+    return make_pair()[0], make_pair()[1]
+
+
+def test_cell_shared_at_trace_time_is_guarded():
+    def f(x, c):
+        inc, get = c.fns
+        inc()
+        return x + get()
+
+    r = check(f, [(torch.randn(3), Closures(_shared_pair)), (torch.randn(3), Closures(_unshared_pair)),
+                  (torch.randn(3), Closures(_shared_pair))])
+    assert r.compiles == 2, r
+
+
+def test_module_store_that_raises_is_caught_in_place():
+    def f(x, m, log):
+        log.append(1)
+        try:
+            m.weight = x * 2
+        except TypeError:
+            log.append(2)
+        return m(x)
+
+    check(f, [(torch.randn(3), torch.nn.Linear(3, 3), []), (torch.randn(3), torch.nn.Linear(3, 3), [])],
+          graphs=None)
+
+
+def test_module_store_that_raises_reaches_caller_in_place():
+    def f(x, m, log):
+        log.append(1)
+        m.weight = x * 2
+        log.append(2)
+        return x
+
+    check(f, [(torch.randn(3), torch.nn.Linear(3, 3), []), (torch.randn(3), torch.nn.Linear(3, 3), [])],
+          graphs=None)

@@ -85,6 +85,7 @@ class NNModuleVar(Var):
             return
         if attr is not None and hasattr(type(attr), "__set__"):
             unsupported(f"setting {name!r} through a descriptor of {cls.__name__}")
+        _check_module_store(self.module, name, value)
         tx.side_effects.store_attr(self, self.module, name, value)
 
     def call_method(self, tx, name, args, kwargs):
@@ -225,6 +226,21 @@ def _class_lookup(cls, name):
         if name in klass.__dict__:
             return klass.__dict__[name]
     return None
+
+
+def _check_module_store(m, name, value):
+    """The TypeErrors Module.__setattr__ raises, raised in place (by stopping the trace at
+    the store) rather than when the store is replayed after the graph."""
+    from .constant import ConstVar
+    from .tensor import TensorVar
+    is_none = isinstance(value, ConstVar) and value.value is None
+    if name in m.__dict__.get("_parameters", {}) and not is_none and not (
+            isinstance(value, TensorVar) and value.python_type() is torch.nn.Parameter):
+        unsupported(f"TypeError: cannot assign {value} as parameter {name!r}")
+    if name in m.__dict__.get("_modules", {}) and not is_none and not isinstance(value, NNModuleVar):
+        unsupported(f"TypeError: cannot assign {value} as child module {name!r}")
+    if name in m.__dict__.get("_buffers", {}) and not is_none and not isinstance(value, TensorVar):
+        unsupported(f"TypeError: cannot assign {value} as buffer {name!r}")
 
 
 def _call_property(tx, prop, obj_var):
