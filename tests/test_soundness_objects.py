@@ -234,6 +234,7 @@ def test_nonlocal_written_after_break_is_read_fresh():
           breaks=1)
 
 
+# A variation that already passed before the fix: it guards the new code path.
 def test_cell_shared_by_closures_made_in_frame_and_returned():
     def f(x):
         n = 1
@@ -275,6 +276,7 @@ def test_global_written_through_globals_dict_read_by_name():
     check(f, [torch.randn(3), torch.randn(3)], globals=["G"], breaks=0)
 
 
+# A variation that already passed before the fix: it guards the new code path.
 def test_global_statement_then_globals_dict_read():
     def f(x):
         global G
@@ -324,6 +326,7 @@ class Pair(namedtuple("Pair", "a b")):
     pass
 
 
+# A variation that already passed before the fix: it guards the new code path.
 def test_attribute_on_namedtuple_subclass_instance():
     def f(x, p):
         p.extra = 4
@@ -370,6 +373,7 @@ def test_class_assignment_on_object_made_in_frame():
 
 # ------------------------------------------------------------------ 6. stored before rebinding
 
+# A variation that already passed before the fix: it guards the new code path.
 def test_dict_holds_value_at_store_time_of_symbolic_int():
     def f(x, n, d):
         k = n
@@ -494,6 +498,7 @@ class UsesDoubling:
         self.base = 5
 
 
+# A variation that already passed before the fix: it guards the new code path.
 def test_non_data_descriptor_read_and_shadowed_by_instance_attribute():
     def f(x, o):
         a = o.d
@@ -559,6 +564,7 @@ class SymLen:
         return self.t.shape[0] > 2
 
 
+# A variation that already passed before the fix: it guards the new code path.
 def test_bool_returning_symbolic_comparison_is_guarded():
     def f(o):
         return o.t + 1 if o else o.t - 1
@@ -655,3 +661,15 @@ def test_module_store_that_raises_reaches_caller_in_place():
 
     check(f, [(torch.randn(3), torch.nn.Linear(3, 3), []), (torch.randn(3), torch.nn.Linear(3, 3), [])],
           graphs=None)
+
+
+def test_class_assignment_to_incompatible_layout_raises_in_place():
+    def f(x, o, log):
+        log.append(1)
+        try:
+            o.__class__ = Slotted
+        except TypeError:
+            log.append(2)
+        return x + o.who()
+
+    check(f, [(torch.randn(3), A(), []), (torch.randn(3), A(), [])], graphs=None)
