@@ -9,11 +9,11 @@ import types
 from collections import OrderedDict
 
 from ..source import AttrSource, ConstSource
+from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
-from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .modules import _class_lookup
 
 
@@ -93,7 +93,7 @@ class UserObjectVar(InstanceAttrs, Var):
         call = _class_lookup(self.cls, "__call__")
         if isinstance(call, types.FunctionType):
             return UserFunctionVar(call).call(tx, [self, *args], kwargs)
-        unsupported(f"calling {type(self.value).__name__} object")
+        unsupported(f"calling {self.cls.__name__} object")
 
     def _dunder(self, tx, name, args):
         """Call a special method: inlined when written in Python, evaluated on the real
@@ -101,8 +101,8 @@ class UserObjectVar(InstanceAttrs, Var):
         method = _class_lookup(self.cls, name)
         if isinstance(method, types.FunctionType):
             return UserFunctionVar(method).call(tx, [self, *args], {})
-        if method is not None and self.cls is type(self.value) and name in ("__getitem__", "__len__", "__contains__") and \
-                all(a.is_const() for a in args):
+        if method is not None and self.cls is type(self.value) and \
+                name in ("__getitem__", "__len__", "__contains__") and all(a.is_const() for a in args):
             from .builder import wrap
             return wrap(tx, method(self.value, *[a.as_const() for a in args]), None, guard=False)
         unsupported(f"{self.cls.__name__}.{name}")
