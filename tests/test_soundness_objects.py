@@ -673,3 +673,26 @@ def test_class_assignment_to_incompatible_layout_raises_in_place():
         return x + o.who()
 
     check(f, [(torch.randn(3), A(), []), (torch.randn(3), A(), [])], graphs=None)
+
+
+class Namespace:
+    """Holds a module's namespace; deep copies share it (a module cannot be copied)."""
+    __slots__ = ("ns",)
+
+    def __init__(self, ns):
+        self.ns = ns
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+# A variation that already passed before the fix: it guards the new code path.
+def test_module_namespace_reached_from_an_object_is_guarded_by_identity():
+    import math
+
+    def f(x, h):
+        return x + len(h.ns["__name__"])
+
+    r = check(f, [(torch.randn(3), Namespace(vars(THIS))), (torch.randn(3), Namespace(vars(math))),
+                  (torch.randn(3), Namespace(vars(THIS)))])
+    assert r.compiles == 2, r

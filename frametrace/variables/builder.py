@@ -53,6 +53,8 @@ def wrap(tx, value, source, guard: bool = True):
             tx.output.object_vars[id(value)] = (value, var)
         return var
     if module_namespace(value) is not None:
+        if guards is not None:
+            guards.identity(source, value)      # the trace reads this module's globals
         return namespace_var(tx, value)
     if type(value) is dict and all(type(k) in (str, int) for k in value):
         if guards is not None:
