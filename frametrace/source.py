@@ -186,6 +186,17 @@ class GetItemSource(Source):
         cg.subscr()
 
 
+class ContainsSource(GetItemSource):
+    """``index in base``: whether a key is there, for a guard on its presence."""
+    __slots__ = ()
+
+    def guard_expr(self):
+        return f"({self.index!r} in {self.base.guard_expr()})"
+
+    def name(self):
+        return f"{self.index!r} in {self.base.name()}"
+
+
 class ConstSource(Source):
     """An object held by the compiled entry itself (a module's globals dict, a closure
     cell, a function): guards name it as a constant and the transformed code loads it

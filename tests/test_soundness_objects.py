@@ -696,3 +696,24 @@ def test_module_namespace_reached_from_an_object_is_guarded_by_identity():
     r = check(f, [(torch.randn(3), Namespace(vars(THIS))), (torch.randn(3), Namespace(vars(math))),
                   (torch.randn(3), Namespace(vars(THIS)))])
     assert r.compiles == 2, r
+
+
+class WithMethod:
+    def m(self):
+        return 1
+
+
+def _shadowed(shadow):
+    o = WithMethod()
+    if shadow:
+        o.m = lambda: 5
+    return o
+
+
+def test_method_shadowed_by_instance_attribute_is_noticed():
+    def f(x, o):
+        return x + o.m()
+
+    r = check(f, [(torch.randn(3), _shadowed(False)), (torch.randn(3), _shadowed(True)),
+                  (torch.randn(3), _shadowed(False))])
+    assert r.compiles == 2, r

@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from ..source import AttrSource, ConstSource, GetItemSource, GlobalSource
+from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
 from .base import ValueVar, Var, unsupported
 from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
 from .constant import ConstVar
@@ -145,7 +145,7 @@ class GlobalsDictVar(Var):
         if tx.side_effects.load_global(self.namespace, name) is not None:
             return True
         found = name in self.namespace
-        tx.guards.equals(_NamespaceHasSource(self.source, name), found)
+        tx.guards.equals(ContainsSource(self.source, name), found)
         return found
 
     def call_method(self, tx, name, args, kwargs):
@@ -165,17 +165,6 @@ class GlobalsDictVar(Var):
 
     def __repr__(self):
         return f"GlobalsDictVar({self.namespace.get('__name__', '?')})"
-
-
-class _NamespaceHasSource(GetItemSource):
-    """`name in namespace`, for a guard on whether a global exists."""
-    __slots__ = ()
-
-    def guard_expr(self):
-        return f"({self.index!r} in {self.base.guard_expr()})"
-
-    def name(self):
-        return f"{self.index!r} in {self.base.name()}"
 
 
 def read_global(tx, namespace: dict, name: str):

@@ -8,7 +8,7 @@ import dataclasses
 import types
 from collections import OrderedDict
 
-from ..source import AttrSource, ConstSource
+from ..source import AttrSource, ConstSource, ContainsSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -45,6 +45,10 @@ class UserObjectVar(InstanceAttrs, Var):
             return as_dict.items.get(name, MISSING)
         if name not in getattr(obj, "__dict__", {}) and \
                 not isinstance(_class_lookup(self.cls, name), types.MemberDescriptorType):
+            if self.source is not None and hasattr(obj, "__dict__"):
+                # What the class gives (a method) holds while the instance does not
+                # shadow it.
+                tx.guards.equals(ContainsSource(AttrSource(self.source, "__dict__"), name), False)
             return MISSING
         try:
             value = object.__getattribute__(obj, name)
