@@ -26,7 +26,7 @@ from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
-from .variables.functions import BoundMethodVar, PartialVar
+from .variables.functions import BoundMethodVar, Cell, PartialVar
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar
 
@@ -402,11 +402,16 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         cg.emit("STORE_FAST", "___return_value")
         for n in cells:
             tracer.cells[n].value.reconstruct(cg)
-            cg.emit("STORE_DEREF", CellVar(n))
+            cg.emit("STORE_FAST", f"___cell_{n}")
     else:
         plan = resume.prepare_break(cg, tracer, break_at)
     side_effects.reconstruct(cg, set(code.co_freevars))
     if break_at is None:
+        # The cells change only now: a replayed value read through one (an int argument
+        # that a closure captured) is the value the trace saw, not the final one.
+        for n in cells:
+            cg.emit("LOAD_FAST", f"___cell_{n}")
+            cg.emit("STORE_DEREF", CellVar(n))
         if torch.is_grad_enabled() != entry_grad:
             # set_grad_enabled(mode) called as a function: the mode outlives the frame,
             # whatever the backend did with the graph's grad-mode nodes.
@@ -471,6 +476,16 @@ def _guard_aliasing(output, guards, side_effects):
         for i, a in enumerate(containers):
             for b in containers[i + 1:]:
                 guards.distinct_objects(a, b)
+    # Closure cells from outside: one the trace wrote is another Cell than those it
+    # read through other closures only while they are other cells at run time too.
+    written_cells = side_effects.written_cells()
+    if written_cells:
+        cells = [c.cell_source for _, c in output.object_vars.values()
+                 if isinstance(c, Cell) and c.cell_source is not None][:_MAX_ALIAS_GUARDS]
+        for w in written_cells[:_MAX_ALIAS_GUARDS]:
+            for other in cells:
+                if other != w.cell_source:
+                    guards.distinct_objects(w.cell_source, other)
 
 
 def _storage_key(node):

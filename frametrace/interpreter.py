@@ -16,7 +16,7 @@ import torch
 
 from .exc import Unsupported, frame_summary
 from .side_effects import SideEffects
-from .source import (BuiltinSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
+from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
                      LocalSource)
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar, TensorVar,
                         TupleVar, Var, unsupported)
@@ -107,9 +107,17 @@ class InstructionTranslator:
                     self.locals[name] = OpaqueVar(value, LocalSource(name))
                 else:
                     self.locals[name] = _Lazy(value, LocalSource(name))
-            self.closure = [Cell(_Lazy(c.cell_contents, ClosureSource(n, i)), ClosureSource(n, i))
-                            if _cell_full(c) else Cell(None, ClosureSource(n, i))
+            self.closure = [self._root_cell(n, i, c)
                             for i, (n, c) in enumerate(zip(code.co_freevars, func.__closure__ or ()))]
+
+    def _root_cell(self, name, index, cell):
+        """A free variable's cell of the traced frame: the one Cell of the trace for
+        that cell object (inlined closures over it share it)."""
+        source = ClosureSource(name, index)
+        traced = Cell(_Lazy(cell.cell_contents, source) if _cell_full(cell) else None, source)
+        traced.cell_source = ClosureCellSource(name, index)
+        self.output.object_vars[id(cell)] = (cell, traced)
+        return traced
 
     # ------------------------------------------------------------ running
     def run(self) -> Var | None:

@@ -30,16 +30,21 @@ class SideEffects:
             self._order.append(key)
 
     # -- recording --
-    def store_attr(self, owner, real_obj, name: str, value):
+    def store_attr(self, owner, real_obj, name: str, value, plain: bool = False):
+        """`plain`: the store is object.__setattr__'s, replayed as such (the class's own
+        __setattr__ already ran while tracing and must not run again)."""
         if owner.source is None:
             unsupported(f"setting attribute {name!r} on an object made while tracing")
         key = ("attr", id(real_obj), name)
-        self._attrs[key] = (owner, name, value)
+        self._attrs[key] = (owner, name, value, plain)
         self._note(key)
 
     def load_attr(self, real_obj, name: str):
         hit = self._attrs.get(("attr", id(real_obj), name))
         return None if hit is None else hit[2]
+
+    def has_attr_writes(self, real_obj) -> bool:
+        return any(key[1] == id(real_obj) for key in self._attrs)
 
     def store_global(self, f_globals: dict, name: str, value, is_root: bool):
         key = ("global", id(f_globals), name)
@@ -55,6 +60,10 @@ class SideEffects:
             key = ("cell", id(cell))
             self._cells[key] = (cell, value)
             self._note(key)
+
+    def written_cells(self) -> list:
+        """The cells from outside the trace wrote (their Cells)."""
+        return [self._cells[key][0] for key in self._order if key[0] == "cell"]
 
     def mutate_container(self, var, real_obj):
         """A list or dict from outside is about to change: its final contents are
@@ -118,7 +127,13 @@ class SideEffects:
         for key, temp in zip(self._order, temps):
             kind = key[0]
             if kind == "attr":
-                _, name, _ = self._attrs[key]
+                _, name, _, plain = self._attrs[key]
+                if plain:
+                    cg.call_const(object.__setattr__, [
+                        lambda cg: cg.emit("LOAD_FAST", owners[key]),
+                        lambda cg: cg.load_const(name), lambda cg: cg.emit("LOAD_FAST", temp)])
+                    cg.emit("POP_TOP")
+                    continue
                 cg.emit("LOAD_FAST", temp)
                 cg.emit("LOAD_FAST", owners[key])
                 cg.store_attr(name)

@@ -121,6 +121,27 @@ class ClosureSource(Source):
         cg.load_deref(self.var)
 
 
+class ClosureCellSource(Source):
+    """The closure cell object itself of the traced function's free variable `var`."""
+    __slots__ = ("var", "index")
+
+    def __init__(self, var: str, index: int):
+        self.var = var
+        self.index = index
+
+    def key(self):
+        return (self.var, self.index)
+
+    def guard_expr(self):
+        return f"___func.__closure__[{self.index}]"
+
+    def name(self):
+        return f"<cell {self.var}>"
+
+    def reconstruct(self, cg):
+        cg.load_closure(self.var)
+
+
 class AttrSource(Source):
     __slots__ = ("base", "attr")
 
@@ -163,6 +184,17 @@ class GetItemSource(Source):
         self.base.reconstruct(cg)
         cg.load_const(self.index)
         cg.subscr()
+
+
+class ContainsSource(GetItemSource):
+    """``index in base``: whether a key is there, for a guard on its presence."""
+    __slots__ = ()
+
+    def guard_expr(self):
+        return f"({self.index!r} in {self.base.guard_expr()})"
+
+    def name(self):
+        return f"{self.index!r} in {self.base.name()}"
 
 
 class ConstSource(Source):

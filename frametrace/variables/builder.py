@@ -19,7 +19,7 @@ from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar
-from .objects import ContextVarVar, ObjectVar, TorchFnVar
+from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 
@@ -53,6 +53,10 @@ def wrap(tx, value, source, guard: bool = True):
         if type(value) is list:
             tx.output.object_vars[id(value)] = (value, var)
         return var
+    if module_namespace(value) is not None:
+        if guards is not None:
+            guards.identity(source, value)      # the trace reads this module's globals
+        return namespace_var(tx, value)
     if type(value) is dict and all(type(k) in (str, int) for k in value):
         if guards is not None:
             guards.dict_keys(source, value)

@@ -9,6 +9,7 @@ only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
 import operator
+import types
 
 import torch
 
@@ -791,6 +792,19 @@ def _hasattr(tx, args, kwargs):
     return ConstVar(present)
 
 
+def _globals(tx, args, kwargs):
+    if not args and not kwargs:
+        from .objects import namespace_var
+        return namespace_var(tx, tx.f_globals)
+
+
+def _vars(tx, args, kwargs):
+    from .attributes import InstanceAttrs
+    if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
+            args[0], ObjectVar) and type(args[0].value) is types.ModuleType):
+        return args[0].getattr(tx, "__dict__")
+
+
 def _setattr(tx, args, kwargs):
     if len(args) == 3 and not kwargs and args[1].is_const():
         args[0].setattr(tx, args[1].as_const(), args[2])
@@ -838,6 +852,7 @@ _BUILTIN_HANDLERS = {
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),
     complex: _data_conversion(complex), str: _data_conversion(str),
     getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
+    globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
     vars: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),

@@ -97,18 +97,23 @@ class SizeVar(TupleVar):
 
 
 class NamedTupleVar(TupleVar):
-    """A namedtuple or torch.return_types result (values, indices, ...)."""
-    __slots__ = ("fields", "cls")
+    """A namedtuple or torch.return_types result (values, indices, ...).  An instance of
+    a namedtuple subclass with a __dict__ may get attributes (`attrs`): it is then one
+    object, rebuilt once."""
+    __slots__ = ("fields", "cls", "attrs")
 
     def __init__(self, items, fields, source=None, cls=None):
         super().__init__(items, source)
         self.fields = tuple(fields)
         self.cls = cls
+        self.attrs = {}
 
     def python_type(self):
         return self.cls or tuple
 
     def getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
         if name in self.fields:
             return self.items[self.fields.index(name)]
         if name == "_fields":
@@ -117,6 +122,15 @@ class NamedTupleVar(TupleVar):
             from .objects import MethodVar
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
+
+    def setattr(self, tx, name, value):
+        from .modules import _class_lookup
+        cls = self.cls
+        if self.source is not None or cls is None or not cls.__dictoffset__ or \
+                _class_lookup(cls, name) is not None or \
+                _class_lookup(cls, "__setattr__") is not object.__setattr__:
+            unsupported(f"setting attribute {name!r} on {self.python_type().__name__}")
+        self.attrs[name] = value
 
     def call_method(self, tx, name, args, kwargs):
         if name == "_replace" and not args:
@@ -133,10 +147,30 @@ class NamedTupleVar(TupleVar):
     def reconstruct(self, cg):
         if self.cls is None:
             return super().reconstruct(cg)
+        if not self.cls.__dictoffset__ or self.source is not None:
+            return self._construct(cg)
+        if cg.load_rebuilt(self):
+            return
+        names = list(self.attrs)
+
+        def attrs(cg):
+            for n in names:
+                cg.load_const(n)
+                self.attrs[n].reconstruct(cg)
+            cg.build(dict, len(names))
+        cg.call_const(_with_attrs, [self._construct, attrs])
+        cg.keep_rebuilt(self)
+
+    def _construct(self, cg):
         cg.load_constructor(self.cls)
         for v in self.items:
             v.reconstruct(cg)
         cg.call(len(self.items))
+
+
+def _with_attrs(obj, attrs):
+    obj.__dict__.update(attrs)
+    return obj
 
 
 class ListVar(_SequenceVar):

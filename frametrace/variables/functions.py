@@ -17,12 +17,13 @@ _VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 class Cell:
     """A closure cell while tracing: holds a Var (or a not-yet-wrapped value), or None
     when empty.  `source` is set for cells that exist outside the trace."""
-    __slots__ = ("value", "source", "written")
+    __slots__ = ("value", "source", "written", "cell_source")
 
     def __init__(self, value=None, source=None):
         self.value = value
         self.source = source
         self.written = False
+        self.cell_source = None     # where the cell object itself is, for aliasing guards
 
 
 class CellRefVar(Var):
@@ -79,23 +80,40 @@ def bind_arguments(code, name: str, args: list, kwargs: dict, defaults: list, kw
     return bound
 
 
-def _real_cells(fn, fn_source):
+def _real_cells(tx, fn, fn_source):
     cells = []
     for i, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
         if fn_source is not None:
             # Through the function's own path: a new closure of the same code (made on
             # every call of its parent) reuses the compiled entry.
-            source = AttrSource(GetItemSource(AttrSource(fn_source, "__closure__"), i), "cell_contents")
+            cell_source = GetItemSource(AttrSource(fn_source, "__closure__"), i)
         else:
-            source = AttrSource(ConstSource(cell, f"{fn.__qualname__}.<cell {name}>"), "cell_contents")
-        try:
-            contents = cell.cell_contents
-        except ValueError:
-            cells.append(Cell(None, source))
-            continue
-        from ..interpreter import _Lazy
-        cells.append(Cell(_Lazy(contents, source), source))
+            cell_source = ConstSource(cell, f"{fn.__qualname__}.<cell {name}>")
+        cells.append(traced_cell(tx, cell, cell_source))
     return cells
+
+
+def traced_cell(tx, cell, cell_source):
+    """The one Cell of the trace for a real closure cell (reached at `cell_source`):
+    every closure sharing the cell sees the writes of the others.  Reached again by
+    another path, the trace relies on the two paths giving the same cell: guarded."""
+    known = tx.output.object_vars.get(id(cell))
+    if known is not None and known[0] is cell:
+        traced = known[1]
+        if traced.cell_source != cell_source:
+            tx.guards.same_object(cell_source, traced.cell_source)
+        return traced
+    source = AttrSource(cell_source, "cell_contents")
+    try:
+        contents = cell.cell_contents
+    except ValueError:
+        traced = Cell(None, source)
+    else:
+        from ..interpreter import _Lazy
+        traced = Cell(_Lazy(contents, source), source)
+    traced.cell_source = cell_source
+    tx.output.object_vars[id(cell)] = (cell, traced)
+    return traced
 
 
 class UserFunctionVar(Var):
@@ -129,7 +147,7 @@ class UserFunctionVar(Var):
         kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), guard)
                       for k, d in (fn.__kwdefaults__ or {}).items()}
         bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
-        return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(fn, self.source),
+        return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(tx, fn, self.source),
                               fn.__qualname__)
 
     def getattr(self, tx, name):

@@ -41,14 +41,14 @@ class NNModuleVar(Var):
 
     def getattr(self, tx, name):
         from .builder import wrap
-        written = tx.side_effects.load_attr(self.module, name)
-        if written is not None:
-            return written
         m = self.module
-        d = m.__dict__
         cls_attr = _class_lookup(type(m), name)
         if isinstance(cls_attr, property):
             return _call_property(tx, cls_attr, self)
+        written = tx.side_effects.load_attr(self.module, name)
+        if written is not None:
+            return written
+        d = m.__dict__
         for store in ("_parameters", "_buffers", "_modules"):
             table = d.get(store)
             if table is not None and name in table:
@@ -72,6 +72,20 @@ class NNModuleVar(Var):
         unsupported(f"attribute {name!r} of module {type(m).__name__}")
 
     def setattr(self, tx, name, value):
+        cls = type(self.module)
+        hook = _class_lookup(cls, "__setattr__")
+        if hook is not torch.nn.Module.__setattr__:
+            unsupported(f"{cls.__name__} defines __setattr__")
+        attr = _class_lookup(cls, name)
+        if isinstance(attr, property):
+            # Module.__setattr__ runs the property's setter (a plain store would skip it).
+            if not isinstance(attr.fset, types.FunctionType):
+                unsupported(f"AttributeError: property {name!r} of {cls.__name__} has no setter")
+            UserFunctionVar(attr.fset).call(tx, [self, value], {})
+            return
+        if attr is not None and hasattr(type(attr), "__set__"):
+            unsupported(f"setting {name!r} through a descriptor of {cls.__name__}")
+        _check_module_store(self.module, name, value)
         tx.side_effects.store_attr(self, self.module, name, value)
 
     def call_method(self, tx, name, args, kwargs):
@@ -212,6 +226,21 @@ def _class_lookup(cls, name):
         if name in klass.__dict__:
             return klass.__dict__[name]
     return None
+
+
+def _check_module_store(m, name, value):
+    """The TypeErrors Module.__setattr__ raises, raised in place (by stopping the trace at
+    the store) rather than when the store is replayed after the graph."""
+    from .constant import ConstVar
+    from .tensor import TensorVar
+    is_none = isinstance(value, ConstVar) and value.value is None
+    if name in m.__dict__.get("_parameters", {}) and not is_none and not (
+            isinstance(value, TensorVar) and value.python_type() is torch.nn.Parameter):
+        unsupported(f"TypeError: cannot assign {value} as parameter {name!r}")
+    if name in m.__dict__.get("_modules", {}) and not is_none and not isinstance(value, NNModuleVar):
+        unsupported(f"TypeError: cannot assign {value} as child module {name!r}")
+    if name in m.__dict__.get("_buffers", {}) and not is_none and not isinstance(value, TensorVar):
+        unsupported(f"TypeError: cannot assign {value} as buffer {name!r}")
 
 
 def _call_property(tx, prop, obj_var):

@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from ..source import AttrSource, GetItemSource
+from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
 from .base import ValueVar, Var, unsupported
 from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
 from .constant import ConstVar, is_pure_method
@@ -67,6 +67,14 @@ class ObjectVar(ValueVar):
 
     def getattr(self, tx, name):
         from .builder import wrap
+        if self.value is object and name == "__setattr__":
+            return GenericSetattrVar()
+        if type(self.value) is types.ModuleType and not _is_library_object(self.value):
+            # A user module's attributes are its globals: writes by any spelling count.
+            if name == "__dict__":
+                return namespace_var(tx, vars(self.value))
+            if tx.side_effects.load_global(vars(self.value), name) is not None:
+                return tx.side_effects.load_global(vars(self.value), name)
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
                 callable(getattr(self.value, name, None)):
             return MethodVar(self, name)
@@ -77,6 +85,12 @@ class ObjectVar(ValueVar):
         source = AttrSource(self.source, name) if self.source is not None else None
         # Attributes of torch and the standard library are taken as constants.
         return wrap(tx, attr, source, guard=not _is_library_object(self.value))
+
+    def setattr(self, tx, name, value):
+        if type(self.value) is types.ModuleType and not _is_library_object(self.value):
+            write_global(tx, vars(self.value), name, value)
+            return
+        super().setattr(tx, name, value)
 
     def call(self, tx, args, kwargs):
         value = self.value
@@ -105,6 +119,84 @@ class ObjectVar(ValueVar):
 
     def __repr__(self):
         return f"ObjectVar({self.value!r})"
+
+
+class GlobalsDictVar(Var):
+    """A module's namespace dict (`globals()`, `vars(module)`, `module.__dict__`): its
+    items are that module's globals, read and written through the same records as
+    LOAD_GLOBAL / STORE_GLOBAL and module attributes, so every spelling sees every write."""
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: dict):
+        super().__init__(ConstSource(namespace, f"{namespace.get('__name__', '?')}.__dict__"))
+        self.namespace = namespace
+
+    def python_type(self):
+        return dict
+
+    def getitem(self, tx, key):
+        if not key.is_const() or not isinstance(key.as_const(), str):
+            unsupported(f"globals()[{key}]")
+        return read_global(tx, self.namespace, key.as_const())
+
+    def setitem(self, tx, key, value):
+        if not key.is_const() or not isinstance(key.as_const(), str):
+            unsupported(f"globals()[{key}] = ...")
+        write_global(tx, self.namespace, key.as_const(), value)
+
+    def contains(self, tx, item):
+        if not item.is_const() or not isinstance(item.as_const(), str):
+            unsupported(f"{item} in globals()")
+        name = item.as_const()
+        if tx.side_effects.load_global(self.namespace, name) is not None:
+            return True
+        found = name in self.namespace
+        tx.guards.equals(ContainsSource(self.source, name), found)
+        return found
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("__getitem__", "__setitem__", "__contains__") and not kwargs:
+            if name == "__getitem__" and len(args) == 1:
+                return self.getitem(tx, args[0])
+            if name == "__setitem__" and len(args) == 2:
+                self.setitem(tx, *args)
+                return ConstVar(None)
+            if name == "__contains__" and len(args) == 1:
+                return ConstVar(self.contains(tx, args[0]))
+        if name == "get" and 1 <= len(args) <= 2 and not kwargs:
+            if self.contains(tx, args[0]):
+                return self.getitem(tx, args[0])
+            return args[1] if len(args) == 2 else ConstVar(None)
+        unsupported(f"globals().{name}()")
+
+    def __repr__(self):
+        return f"GlobalsDictVar({self.namespace.get('__name__', '?')})"
+
+
+def read_global(tx, namespace: dict, name: str):
+    """Global `name` of the module whose namespace is `namespace`, as the trace has it."""
+    from .builder import wrap
+    written = tx.side_effects.load_global(namespace, name)
+    if written is not None:
+        return written
+    if name not in namespace:
+        unsupported(f"KeyError/AttributeError: {namespace.get('__name__', '?')} has no {name!r}")
+    source = GlobalSource(name) if namespace is tx.root.f_globals else \
+        GetItemSource(ConstSource(namespace, f"{namespace.get('__name__', '?')}.__dict__"), name)
+    return wrap(tx, namespace[name], source)
+
+
+def write_global(tx, namespace: dict, name: str, value):
+    tx.side_effects.store_global(namespace, name, value, namespace is tx.root.f_globals)
+
+
+def module_namespace(value):
+    """The module whose __dict__ `value` is, as its namespace, or None."""
+    if type(value) is not dict:
+        return None
+    name = value.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return value if module is not None and getattr(module, "__dict__", None) is value else None
 
 
 class TorchFnVar(ObjectVar):
@@ -164,6 +256,8 @@ class SuperVar(Var):
                     return wrap(tx, attr.__func__, None, guard=False)
                 if isinstance(attr, property):
                     return wrap(tx, attr.fget, None, guard=False).call(tx, [self.obj], {})
+                if klass is object and name == "__setattr__":
+                    return BoundMethodVar(GenericSetattrVar(), self.obj)
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
@@ -235,12 +329,36 @@ class _TokenVar(Var):
         self.previous = previous
 
 
+class GenericSetattrVar(Var):
+    """object.__setattr__ (called by a class's own __setattr__): the plain store,
+    descriptors included, without the class's hook."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        from .attributes import InstanceAttrs
+        if len(args) != 3 or kwargs or not args[1].is_const() or \
+                not isinstance(args[0], InstanceAttrs):
+            unsupported(f"object.__setattr__ on {args[0] if args else None}")
+        args[0].generic_setattr(tx, args[1].as_const(), args[2])
+        return ConstVar(None)
+
+
 class _NoOpVar(Var):
     """object.__init__ reached through super(): does nothing."""
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
         return ConstVar(None)
+
+
+def namespace_var(tx, namespace: dict) -> GlobalsDictVar:
+    """The one GlobalsDictVar of the trace for a module's namespace dict."""
+    known = tx.output.object_vars.get(id(namespace))
+    if known is not None and known[0] is namespace:
+        return known[1]
+    var = GlobalsDictVar(namespace)
+    tx.output.object_vars[id(namespace)] = (namespace, var)
+    return var
 
 
 def _construct(tx, cls, args, kwargs):

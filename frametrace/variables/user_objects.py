@@ -8,7 +8,8 @@ import dataclasses
 import types
 from collections import OrderedDict
 
-from ..source import AttrSource
+from ..source import AttrSource, ConstSource, ContainsSource
+from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar
@@ -16,60 +17,99 @@ from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup
 
 
-class UserObjectVar(Var):
-    """An object of a user class from outside the trace."""
-    __slots__ = ("value",)
+class UserObjectVar(InstanceAttrs, Var):
+    """An object of a user class from outside the trace.  `cls` is its class, as the
+    trace has it (an `obj.__class__ = D` while tracing changes it)."""
+    __slots__ = ("value", "cls")
 
     def __init__(self, value, source):
         super().__init__(source)
         self.value = value
+        self.cls = type(value)
 
     def python_type(self):
-        return type(self.value)
+        return self.cls
 
-    def getattr(self, tx, name):
+    def instance_class(self):
+        return self.cls
+
+    def own_attr(self, tx, name):
         from .builder import wrap
         written = tx.side_effects.load_attr(self.value, name)
         if written is not None:
             return written
         obj = self.value
-        cls_attr = _class_lookup(type(obj), name)
-        if isinstance(cls_attr, property) and cls_attr.fget is not None and \
-                isinstance(cls_attr.fget, types.FunctionType):
-            return wrap(tx, cls_attr.fget, None, guard=False).call(tx, [self], {})
-        if isinstance(cls_attr, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
-            return BoundMethodVar(UserFunctionVar(cls_attr), self)
-        if isinstance(cls_attr, classmethod):
-            from .objects import ObjectVar
-            return BoundMethodVar(wrap(tx, cls_attr.__func__, None, guard=False), ObjectVar(type(obj)))
-        if isinstance(cls_attr, staticmethod):
-            return wrap(tx, cls_attr.__func__, None, guard=False)
+        as_dict = self._dict_var(tx)
+        if as_dict is not None:
+            # The trace holds obj.__dict__ (and may have changed it): it is the truth.
+            return as_dict.items.get(name, MISSING)
+        if name not in getattr(obj, "__dict__", {}) and \
+                not isinstance(_class_lookup(self.cls, name), types.MemberDescriptorType):
+            if self.source is not None and hasattr(obj, "__dict__"):
+                # What the class gives (a method) holds while the instance does not
+                # shadow it.
+                tx.guards.equals(ContainsSource(AttrSource(self.source, "__dict__"), name), False)
+            return MISSING
         try:
-            value = getattr(obj, name)
+            value = object.__getattribute__(obj, name)
         except AttributeError:
-            unsupported(f"{type(obj).__name__} object has no attribute {name!r}")
+            return MISSING
         return wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
 
-    def setattr(self, tx, name, value):
-        tx.side_effects.store_attr(self, self.value, name, value)
+    def class_value_attr(self, tx, name, attr):
+        from .builder import wrap
+        if self.cls is not type(self.value):
+            return wrap(tx, attr, None, guard=False)
+        # Read through the object, as before any write: guarded by value there.
+        return wrap(tx, getattr(self.value, name),
+                    AttrSource(self.source, name) if self.source is not None else None)
+
+    def _dict_var(self, tx):
+        d = getattr(self.value, "__dict__", None)
+        known = tx.output.object_vars.get(id(d)) if d is not None else None
+        return known[1] if known is not None and known[0] is d else None
+
+    def opaque_attr(self, tx, name, hooked=False):
+        from .builder import wrap
+        if name == "__dict__" and not hooked and tx.side_effects.has_attr_writes(self.value):
+            # Attribute writes and writes through __dict__ would be two records of one
+            # state: the trace keeps one.
+            unsupported(f"__dict__ of a {self.cls.__name__} object whose attributes the trace changed")
+        if self.cls is not type(self.value) or hooked and tx.side_effects.has_attr_writes(self.value):
+            # Answered by the real object only while the trace has not changed it.
+            return super().opaque_attr(tx, name, hooked)
+        return wrap(tx, getattr(self.value, name),
+                    AttrSource(self.source, name) if self.source is not None else None)
+
+    def set_own_attr(self, tx, name, value):
+        if self._dict_var(tx) is not None:
+            unsupported(f"setting attribute {name!r} of a {self.cls.__name__} object whose "
+                        "__dict__ the trace holds")
+        tx.side_effects.store_attr(self, self.value, name, value, plain=True)
+
+    def set_class(self, tx, cls):
+        from .objects import ObjectVar
+        tx.side_effects.store_attr(self, self.value, "__class__",
+                                   ObjectVar(cls, ConstSource(cls, cls.__qualname__)), plain=True)
+        self.cls = cls
 
     def call(self, tx, args, kwargs):
-        call = _class_lookup(type(self.value), "__call__")
+        call = _class_lookup(self.cls, "__call__")
         if isinstance(call, types.FunctionType):
             return UserFunctionVar(call).call(tx, [self, *args], kwargs)
-        unsupported(f"calling {type(self.value).__name__} object")
+        unsupported(f"calling {self.cls.__name__} object")
 
     def _dunder(self, tx, name, args):
         """Call a special method: inlined when written in Python, evaluated on the real
         object when it is a builtin base's read-only method (a dict subclass's get)."""
-        method = _class_lookup(type(self.value), name)
+        method = _class_lookup(self.cls, name)
         if isinstance(method, types.FunctionType):
             return UserFunctionVar(method).call(tx, [self, *args], {})
-        if method is not None and name in ("__getitem__", "__len__", "__contains__") and \
-                all(a.is_const() for a in args):
+        if method is not None and self.cls is type(self.value) and \
+                name in ("__getitem__", "__len__", "__contains__") and all(a.is_const() for a in args):
             from .builder import wrap
             return wrap(tx, method(self.value, *[a.as_const() for a in args]), None, guard=False)
-        unsupported(f"{type(self.value).__name__}.{name}")
+        unsupported(f"{self.cls.__name__}.{name}")
 
     def getitem(self, tx, key):
         return self._dunder(tx, "__getitem__", [key])
@@ -78,25 +118,24 @@ class UserObjectVar(Var):
         self._dunder(tx, "__setitem__", [key, value])
 
     def length(self, tx):
-        n = self._dunder(tx, "__len__", [])
-        return n.as_const()
+        return checked_len(self._dunder(tx, "__len__", []))
 
     def unpack(self, tx):
-        return _unpack_user(tx, self, type(self.value))
+        return _unpack_user(tx, self, self.cls)
 
     def truth(self, tx):
-        cls = type(self.value)
+        cls = self.cls
         if _class_lookup(cls, "__bool__") is None and _class_lookup(cls, "__len__") is None:
             return True
         if isinstance(_class_lookup(cls, "__bool__"), types.FunctionType):
-            return self._dunder(tx, "__bool__", []).truth(tx)
+            return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
 
     def __repr__(self):
-        return f"UserObjectVar({type(self.value).__name__})"
+        return f"UserObjectVar({self.cls.__name__})"
 
 
-class NewObjectVar(Var):
+class NewObjectVar(InstanceAttrs, Var):
     """An instance of a user class made while tracing: its __init__ was inlined and its
     attributes are Vars.  If it escapes the frame, the transformed code rebuilds it
     (cls.__new__ and the attributes), once, however many places refer to it."""
@@ -110,36 +149,17 @@ class NewObjectVar(Var):
     def python_type(self):
         return self.cls
 
-    def getattr(self, tx, name):
-        if name in self.attrs:
-            return self.attrs[name]
-        cls_attr = _class_lookup(self.cls, name)
-        if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
-            return UserFunctionVar(cls_attr.fget).call(tx, [self], {})
-        if isinstance(cls_attr, types.FunctionType):
-            return BoundMethodVar(UserFunctionVar(cls_attr), self)
-        if isinstance(cls_attr, classmethod):
-            from .objects import ObjectVar
-            return BoundMethodVar(UserFunctionVar(cls_attr.__func__), ObjectVar(self.cls))
-        if isinstance(cls_attr, staticmethod):
-            from .builder import wrap
-            return wrap(tx, cls_attr.__func__, None, guard=False)
-        if cls_attr is not None:
-            from .builder import wrap
-            return wrap(tx, cls_attr, None, guard=False)
-        getattr_hook = _class_lookup(self.cls, "__getattr__")
-        if isinstance(getattr_hook, types.FunctionType):
-            return UserFunctionVar(getattr_hook).call(tx, [self, ConstVar(name)], {})
-        unsupported(f"{self.cls.__name__} object has no attribute {name!r}")
+    def instance_class(self):
+        return self.cls
 
-    def setattr(self, tx, name, value):
-        setter = _class_lookup(self.cls, name)
-        if isinstance(setter, property):
-            if setter.fset is None:
-                unsupported(f"can't set property {name!r}")
-            UserFunctionVar(setter.fset).call(tx, [self, value], {})
-            return
+    def own_attr(self, tx, name):
+        return self.attrs.get(name, MISSING)
+
+    def set_own_attr(self, tx, name, value):
         self.attrs[name] = value
+
+    def set_class(self, tx, cls):
+        self.cls = cls
 
     def _dunder(self, tx, name, args):
         method = _class_lookup(self.cls, name)
@@ -154,7 +174,7 @@ class NewObjectVar(Var):
         self._dunder(tx, "__setitem__", [key, value])
 
     def length(self, tx):
-        return self._dunder(tx, "__len__", []).as_const()
+        return checked_len(self._dunder(tx, "__len__", []))
 
     def unpack(self, tx):
         return _unpack_user(tx, self, self.cls)
@@ -167,7 +187,7 @@ class NewObjectVar(Var):
         if _class_lookup(self.cls, "__bool__") is None and _class_lookup(self.cls, "__len__") is None:
             return True
         if _class_lookup(self.cls, "__bool__") is not None:
-            return self._dunder(tx, "__bool__", []).truth(tx)
+            return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
 
     def reconstruct(self, cg):
@@ -186,6 +206,42 @@ class NewObjectVar(Var):
 
     def __repr__(self):
         return f"NewObjectVar({self.cls.__name__})"
+
+
+def checked_bool(tx, result) -> bool:
+    """What __bool__ returned, as CPython takes it: a bool, else the TypeError it raises
+    (stopping the trace there, so it raises in place)."""
+    if result.is_const():
+        if type(result.as_const()) is bool:
+            return result.as_const()
+        unsupported(f"TypeError: __bool__ should return bool, returned "
+                    f"{type(result.as_const()).__name__}")
+    from .symbolic import SymNodeVar
+    if isinstance(result, SymNodeVar) and result.python_type() is bool:
+        return result.truth(tx)          # a symbolic comparison: guarded
+    unsupported(f"__bool__ returned {result}, not a bool known while tracing")
+
+
+def checked_len(result) -> int:
+    """What __len__ returned, as len() takes it: an int >= 0 (or an __index__ of one),
+    else the error CPython raises."""
+    if not result.is_const():
+        unsupported(f"__len__ returned a value unknown while tracing ({result})")
+    try:
+        return len(_Sized(result.as_const()))
+    except (TypeError, ValueError, OverflowError) as e:
+        unsupported(f"{type(e).__name__}: {e}")
+
+
+class _Sized:
+    """len() of this is len() of an object whose __len__ returns `n`: CPython's checks."""
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
 
 
 def _unpack_user(tx, var, cls):
@@ -259,6 +315,13 @@ class DataclassVar(Var):
         unsupported(f"{self.cls.__name__} has no attribute {name!r}")
 
     def setattr(self, tx, name, value):
+        if not is_model_output(self.cls):
+            # A frozen dataclass's __setattr__ raises; a property or slot runs its code.
+            hook = _class_lookup(self.cls, "__setattr__")
+            attr = _class_lookup(self.cls, name)
+            if hook is not object.__setattr__ or attr is not None and is_data_descriptor(attr):
+                unsupported(f"setting {name!r} on {self.cls.__name__} runs "
+                            f"{'its __setattr__' if hook is not object.__setattr__ else 'a descriptor'}")
         self.fields[name] = value
 
     def call_method(self, tx, name, args, kwargs):
@@ -301,15 +364,40 @@ class DataclassVar(Var):
         return len(self._present())
 
     def truth(self, tx):
+        if is_model_output(self.cls):
+            return True
+        for name in ("__bool__", "__len__"):
+            method = _class_lookup(self.cls, name)
+            if isinstance(method, types.FunctionType):
+                result = UserFunctionVar(method).call(tx, [self], {})
+                return checked_bool(tx, result) if name == "__bool__" else checked_len(result) > 0
+            if method is not None:
+                unsupported(f"{self.cls.__name__}.{name} is not a Python function")
         return True
 
     def reconstruct(self, cg):
+        if cg.load_rebuilt(self):
+            return
         init_fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
         names = [n for n in init_fields if n in self.fields]
-        cg.load_constructor(self.cls)
-        for n in names:
-            self.fields[n].reconstruct(cg)
-        cg.call_kw(len(names), tuple(names))
+        extras = [n for n in self.fields if n not in init_fields]
+
+        def construct(cg):
+            cg.load_constructor(self.cls)
+            for n in names:
+                self.fields[n].reconstruct(cg)
+            cg.call_kw(len(names), tuple(names))
+        if not extras or is_model_output(self.cls):
+            construct(cg)
+        else:
+            # Fields outside __init__ and attributes set later, set as __post_init__ did.
+            def attrs(cg):
+                for n in extras:
+                    cg.load_const(n)
+                    self.fields[n].reconstruct(cg)
+                cg.build(dict, len(extras))
+            cg.call_const(_set_attrs, [construct, attrs])
+        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"DataclassVar({self.cls.__name__})"
@@ -342,6 +430,12 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     post_init = _class_lookup(cls, "__post_init__")
     if post_init is not None and not is_model_output(cls):
         UserFunctionVar(post_init).call(tx, [obj], {})
+    return obj
+
+
+def _set_attrs(obj, attrs):
+    for name, value in attrs.items():
+        object.__setattr__(obj, name, value)
     return obj
 
 

@@ -1,0 +1,179 @@
+"""Attribute access on instances of user classes, in the order object.__getattribute__
+and object.__setattr__ follow: a data descriptor of the class (property, __slots__
+member, a user class with __set__) wins over the instance's own attributes, which win
+over the rest of the class; a class's own __setattr__ / __getattr__ is inlined.
+
+An instance Var mixes in `InstanceAttrs` and says where its own attributes live.  A
+store CPython would refuse (a read-only property, a name outside __slots__, a frozen
+dataclass) stops the trace at that store, so it raises there, in the user's try block,
+never later in a replay."""
+from __future__ import annotations
+
+import types
+
+from ..source import ConstSource
+from .base import unsupported
+from .constant import ConstVar
+from .modules import _class_lookup
+
+MISSING = object()
+_CLASS_SLOT = object.__dict__["__class__"]
+
+
+def is_data_descriptor(attr) -> bool:
+    t = type(attr)
+    return hasattr(t, "__set__") or hasattr(t, "__delete__")
+
+
+class InstanceAttrs:
+    """The attribute protocol over `own_attr` / `set_own_attr` (the instance's __dict__
+    or slot values) and `instance_class`."""
+    __slots__ = ()
+
+    def instance_class(self) -> type:
+        raise NotImplementedError
+
+    def own_attr(self, tx, name):
+        """The Var of the instance's own attribute `name`, or MISSING."""
+        raise NotImplementedError
+
+    def set_own_attr(self, tx, name, value):
+        raise NotImplementedError
+
+    def class_value_attr(self, tx, name, attr):
+        """A class attribute that is no descriptor (an int, a tensor, a nested class)."""
+        from .builder import wrap
+        return wrap(tx, attr, None, guard=False)
+
+    def set_class(self, tx, cls):
+        raise NotImplementedError
+
+    def opaque_attr(self, tx, name, hooked=False):
+        """An attribute computed by code the protocol does not follow: a descriptor
+        written in C (a namedtuple field; no traced store changes what it reads), or
+        the class's own __getattribute__ (`hooked`, which may read anything)."""
+        unsupported(f"attribute {name!r} of {self.instance_class().__name__} is computed in C")
+
+    # -- reading --
+    def getattr(self, tx, name):
+        cls = self.instance_class()
+        if isinstance(_class_lookup(cls, "__getattribute__"), types.FunctionType):
+            return self.opaque_attr(tx, name, hooked=True)
+        attr = _class_lookup(cls, name)
+        if attr is not None and is_data_descriptor(attr):
+            got = _descriptor_get(tx, self, cls, name, attr)
+            if got is not MISSING:
+                return got
+        own = self.own_attr(tx, name)
+        if own is not MISSING:
+            return own
+        if attr is not None:
+            return _class_attr(tx, self, cls, name, attr)
+        hook = _class_lookup(cls, "__getattr__")
+        if isinstance(hook, types.FunctionType):
+            from .functions import UserFunctionVar
+            return UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
+        unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
+
+    # -- writing --
+    def setattr(self, tx, name, value):
+        cls = self.instance_class()
+        hook = _class_lookup(cls, "__setattr__")
+        if hook is not object.__setattr__:
+            if not isinstance(hook, types.FunctionType):
+                unsupported(f"{cls.__name__}.__setattr__ is not a Python function")
+            from .functions import UserFunctionVar
+            UserFunctionVar(hook).call(tx, [self, ConstVar(name), value], {})
+            return
+        self.generic_setattr(tx, name, value)
+
+    def generic_setattr(self, tx, name, value):
+        """object.__setattr__(self, name, value)."""
+        cls = self.instance_class()
+        attr = _class_lookup(cls, name)
+        if attr is _CLASS_SLOT:
+            self.set_class(tx, _class_to_assign(cls, value))
+            return
+        if attr is not None and is_data_descriptor(attr):
+            _descriptor_set(tx, self, cls, name, attr, value)
+            return
+        if not cls.__dictoffset__:
+            unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r} "
+                        "(no __dict__)")
+        self.set_own_attr(tx, name, value)
+
+
+def _descriptor_var(tx, attr, cls, name):
+    from .builder import wrap
+    return wrap(tx, attr, ConstSource(attr, f"{cls.__qualname__}.{name}"))
+
+
+def _descriptor_get(tx, obj, cls, name, attr):
+    from .builder import wrap
+    from .functions import UserFunctionVar
+    if isinstance(attr, property):
+        if not isinstance(attr.fget, types.FunctionType):
+            unsupported(f"property {name!r} of {cls.__name__} has no Python getter")
+        return UserFunctionVar(attr.fget).call(tx, [obj], {})
+    if isinstance(attr, types.MemberDescriptorType):
+        own = obj.own_attr(tx, name)
+        if own is MISSING:
+            unsupported(f"AttributeError: slot {name!r} of {cls.__name__} is not set")
+        return own
+    get = getattr(type(attr), "__get__", None)
+    if get is None:
+        return MISSING          # a data descriptor without __get__: the instance's own wins
+    if isinstance(get, types.FunctionType):
+        return UserFunctionVar(get).call(
+            tx, [_descriptor_var(tx, attr, cls, name), obj, wrap(tx, cls, None, guard=False)], {})
+    return obj.opaque_attr(tx, name)
+
+
+def _descriptor_set(tx, obj, cls, name, attr, value):
+    from .functions import UserFunctionVar
+    if isinstance(attr, property):
+        if not isinstance(attr.fset, types.FunctionType):
+            unsupported(f"AttributeError: property {name!r} of {cls.__name__!r} object has no "
+                        "Python setter")
+        UserFunctionVar(attr.fset).call(tx, [obj, value], {})
+        return
+    if isinstance(attr, types.MemberDescriptorType):
+        obj.set_own_attr(tx, name, value)
+        return
+    setter = getattr(type(attr), "__set__", None)
+    if isinstance(setter, types.FunctionType):
+        UserFunctionVar(setter).call(tx, [_descriptor_var(tx, attr, cls, name), obj, value], {})
+        return
+    unsupported(f"setting {name!r} through descriptor {type(attr).__name__} of {cls.__name__}")
+
+
+def _class_attr(tx, obj, cls, name, attr):
+    """A class attribute no instance attribute shadows: methods bind, descriptors run."""
+    from .builder import wrap
+    from .functions import BoundMethodVar, UserFunctionVar
+    from .objects import ObjectVar
+    if isinstance(attr, types.FunctionType):
+        return BoundMethodVar(UserFunctionVar(attr), obj)
+    if isinstance(attr, classmethod):
+        return BoundMethodVar(wrap(tx, attr.__func__, None, guard=False), ObjectVar(cls))
+    if isinstance(attr, staticmethod):
+        return wrap(tx, attr.__func__, None, guard=False)
+    get = getattr(type(attr), "__get__", None)
+    if isinstance(get, types.FunctionType):
+        return UserFunctionVar(get).call(
+            tx, [_descriptor_var(tx, attr, cls, name), obj, wrap(tx, cls, None, guard=False)], {})
+    return obj.class_value_attr(tx, name, attr)
+
+
+def _class_to_assign(cls, value):
+    """The class in `obj.__class__ = value`, checked as CPython checks it (layouts must
+    match), on a blank instance of the old class."""
+    new = value.as_const() if value.is_const() else getattr(value, "value", None)
+    if not isinstance(new, type):
+        unsupported(f"TypeError: __class__ must be set to a class, not {value}")
+    try:
+        probe = object.__new__(cls)
+        probe.__class__ = new
+    except TypeError as e:
+        unsupported(f"TypeError: {e}")
+    return new
