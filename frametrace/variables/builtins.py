@@ -800,6 +800,8 @@ def _globals(tx, args, kwargs):
 
 def _vars(tx, args, kwargs):
     from .attributes import InstanceAttrs
+    if not args and not kwargs:
+        return tx.frame_locals()              # vars() is locals()
     if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
             args[0], ObjectVar) and type(args[0].value) is types.ModuleType):
         return args[0].getattr(tx, "__dict__")
@@ -855,7 +857,6 @@ _BUILTIN_HANDLERS = {
     globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
-    vars: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
 }
 
 _FOLDABLE_BUILTINS = {abs, min, max, int, float, bool, str, round, divmod, pow, len, sum,
