@@ -14,7 +14,7 @@ import torch
 
 from .base import Var, unsupported
 from .constant import ConstVar
-from .containers import DictVar, IteratorVar, ListVar, TupleVar
+from .containers import DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -60,12 +60,32 @@ class LazyIteratorVar(IteratorVar):
         return self.kind
 
     def next(self):
+        if self.index < len(self.items):      # pulled ahead by remaining()
+            self.index += 1
+            return self.items[self.index - 1]
         try:
             return next(self.gen)
         except StopIteration:
             return None
 
+    def remaining(self, tx) -> list:
+        # Pulling the rest now moves it before the breaking instruction: right only
+        # when no code of the program runs for it (map's function, a generator's body
+        # with effects), which would then run early, or for items never consumed.
+        before = tx.root.code_runs
+        self.items = self.items[self.index:] + self._pull_all()
+        self.index = 0
+        if tx.root.code_runs != before:
+            unsupported("a graph break in a loop over an iterator that runs code of the "
+                        "program for its items (map, filter, a generator)")
+        return self.items
+
     def unpack(self, tx):
+        rest = self.items[self.index:] + self._pull_all()
+        self.items, self.index = [], 0
+        return rest
+
+    def _pull_all(self):
         out = []
         for v in self.gen:
             out.append(v)
@@ -103,9 +123,23 @@ def var_iter(tx, v: Var):
     CPython's iter() would be); iterators are consumed lazily."""
     if isinstance(v, IteratorVar):
         return _drain(v)
+    if type(v) is ListVar:
+        return live_items(v)
+    if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
+        return live_keys(v)
+    if isinstance(v, DictViewVar):
+        return v.iter_items()
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
     return iter(v.unpack(tx))
+
+
+def call_item_fn(tx, fn, args):
+    """Call a function an iterator applies to its items (map, filter, ...): code of the
+    program, counted, since a graph break in a loop must not run it ahead of time."""
+    if not (isinstance(fn, BuiltinVar) and fn.value in _FOLDABLE_BUILTINS):
+        tx.root.code_runs += 1
+    return fn.call(tx, args, {})
 
 
 def _drain(it: IteratorVar):
@@ -453,7 +487,7 @@ def _map(tx, args, kwargs):
         return None
     fn = args[0]
     iters = [var_iter(tx, a) for a in args[1:]]
-    return LazyIteratorVar((fn.call(tx, row, {}) for row in _zip_rows(iters)), map)
+    return LazyIteratorVar((call_item_fn(tx, fn, row) for row in _zip_rows(iters)), map)
 
 
 def _is_none_var(v):
@@ -468,7 +502,7 @@ def _filter(tx, args, kwargs):
 
     def gen():
         for v in source:
-            keep = v if _is_none_var(fn) else fn.call(tx, [v], {})
+            keep = v if _is_none_var(fn) else call_item_fn(tx, fn, [v])
             if _truth(tx, keep):
                 yield v
     return LazyIteratorVar(gen(), filter)
@@ -495,7 +529,11 @@ def _reversed(tx, args, kwargs):
 def _iter(tx, args, kwargs):
     if len(args) != 1 or kwargs:
         return None
-    v = args[0]
+    return iter_of(tx, args[0])
+
+
+def iter_of(tx, v: Var) -> IteratorVar:
+    """iter(v) (and GET_ITER)."""
     if isinstance(v, IteratorVar):
         return v
     if isinstance(v, TensorVar):

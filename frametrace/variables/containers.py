@@ -261,12 +261,8 @@ class DictVar(CollectionVar):
         if name == "__setitem__" and len(args) == 2:
             self.setitem(tx, args[0], args[1])
             return ConstVar(None)
-        if name == "keys" and not args:
-            return ListVar([ConstVar(k) for k in self.items])
-        if name == "values" and not args:
-            return ListVar(list(self.items.values()))
-        if name == "items" and not args:
-            return ListVar([TupleVar([ConstVar(k), v]) for k, v in self.items.items()])
+        if name in ("keys", "values", "items") and not args and not kwargs:
+            return DictViewVar(self, name)
         if name == "get" and 1 <= len(args) <= 2 and args[0].is_const():
             default = args[1] if len(args) == 2 else ConstVar(None)
             return self.items.get(args[0].as_const(), default)
@@ -291,6 +287,76 @@ class DictVar(CollectionVar):
         return f"DictVar({self.items!r})"
 
 
+class DictViewVar(Var):
+    """d.keys(), d.values() or d.items(): a live view, which sees later changes of the
+    dict, as CPython's."""
+    __slots__ = ("dict", "kind")
+    _TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+    def __init__(self, d: DictVar, kind: str):
+        super().__init__(None)
+        self.dict = d
+        self.kind = kind
+
+    def python_type(self):
+        return self._TYPES[self.kind]
+
+    def item(self, d, k):
+        if self.kind == "keys":
+            return ConstVar(k)
+        if self.kind == "values":
+            return d.items[k]
+        return TupleVar([ConstVar(k), d.items[k]])
+
+    def iter_items(self):
+        return live_keys(self.dict, self.item)
+
+    def unpack(self, tx):
+        return [self.item(self.dict, k) for k in self.dict.items]
+
+    def length(self, tx):
+        return len(self.dict.items)
+
+    def truth(self, tx):
+        return bool(self.dict.items)
+
+    def contains(self, tx, item):
+        if self.kind == "keys":
+            return _dict_key(item) in self.dict.items
+        members = self.unpack(tx)
+        if item.is_const() and all(m.is_const() for m in members):
+            return item.as_const() in [m.as_const() for m in members]
+        unsupported(f"'in' on dict.{self.kind}() with {item}")
+
+    def is_const(self):
+        return self.kind == "keys" or self.dict.is_const()
+
+    def as_const(self):
+        return getattr(self.dict.as_const(), self.kind)()
+
+    def getattr(self, tx, name):
+        if name in ("__len__", "__iter__", "__contains__", "isdisjoint", "mapping"):
+            from .objects import MethodVar
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of dict.{self.kind}()")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__len__" and not args:
+            return ConstVar(len(self.dict.items))
+        if name == "__contains__" and len(args) == 1:
+            return ConstVar(self.contains(tx, args[0]))
+        unsupported(f"dict.{self.kind}().{name}")
+
+    def reconstruct(self, cg):
+        cg.emit("PUSH_NULL")
+        self.dict.reconstruct(cg)
+        cg.load_attr(self.kind)
+        cg.call(0)
+
+    def __repr__(self):
+        return f"DictViewVar({self.kind})"
+
+
 def _dict_key(v):
     if not v.is_const():
         unsupported(f"dict key {v} is not a constant")
@@ -298,7 +364,7 @@ def _dict_key(v):
 
 
 class IteratorVar(Var):
-    """The iterator of a for loop over a value known at trace time; the loop is
+    """The iterator of a for loop over items known at trace time; the loop is
     unrolled."""
     __slots__ = ("items", "index")
 
@@ -318,3 +384,32 @@ class IteratorVar(Var):
         rest = self.items[self.index:]
         self.index = len(self.items)
         return rest
+
+    def remaining(self, tx) -> list:
+        """What the iterator has left, as a list, for a graph break that hands the rest
+        of the loop to a resume function; the iterator then iterates that list."""
+        return self.items[self.index:]
+
+
+def live_items(seq: _SequenceVar):
+    """The items of a list as its iterator sees them: by index into the live list, so
+    items appended while the loop runs are seen (CPython's list iterator)."""
+    i = 0
+    while i < len(seq.items):
+        yield seq.items[i]
+        i += 1
+
+
+def live_keys(d: DictVar, view=lambda d, k: ConstVar(k)):
+    """The keys (or `view` of each key) of a dict as its iterator sees them: a change of
+    its size while the loop runs is CPython's RuntimeError, which the trace cannot give
+    (the frame runs in CPython, which raises it)."""
+    size = len(d.items)
+    for k in list(d.items):
+        if len(d.items) != size:
+            break
+        if k not in d.items:
+            unsupported("a dict key deleted while iterating over the dict")
+        yield view(d, k)
+    if len(d.items) != size:
+        unsupported("dictionary changed size during iteration (RuntimeError)")

@@ -43,6 +43,10 @@ class ObjectVar(ValueVar):
 
     def unpack(self, tx):
         from .builder import wrap
+        if _is_iterator(self.value):
+            # Iterating would consume the program's iterator now, at trace time, and
+            # its contents are not guarded: CPython iterates it.
+            unsupported(f"iterating over a {type(self.value).__name__} from outside the frame")
         try:
             items = list(self.value)
         except TypeError:
@@ -345,3 +349,10 @@ _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
 _GLOBAL_STATE_WRITERS = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
                          torch.use_deterministic_algorithms, torch.set_printoptions,
                          torch.seed}
+
+
+def _is_iterator(value) -> bool:
+    try:
+        return iter(value) is value
+    except Exception:
+        return False
