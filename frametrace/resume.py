@@ -62,7 +62,8 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
                 opaque: frozenset = frozenset()) -> types.CodeType:
     """The code object that continues `code` at instruction `offset`, with a stack of
     `layout` ("v": a value passed in; "r": a value the breaking instruction produced;
-    "i": a list passed in and iterated again; "n": a NULL)."""
+    "i": a list passed in and iterated again; "l:POS": a list passed in, iterated from POS;
+    "d:POS:VIEW": a dict passed in, its VIEW iterated from POS; "n": a NULL)."""
     names = _stack_names(layout)
     key = (code, offset, layout, local_names, opaque)
     hit = _cache.get(key)
@@ -114,6 +115,11 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
         prologue.append(Instr("LOAD_FAST", next(names_iter), lineno=line))
         if kind == "i":
             prologue.append(Instr("GET_ITER", lineno=line))
+        elif kind.startswith("l:"):
+            prologue.extend(_list_iterator_at(int(kind[2:]), line))
+        elif kind.startswith("d:"):
+            _, pos, view = kind.split(":")
+            prologue.extend(_dict_iterator_at(int(pos), view, line))
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
     result = new.to_code()
@@ -128,6 +134,38 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
                               if id(o) in orig_offset_of})
     return result
+
+
+def _list_iterator_at(pos: int, line) -> list:
+    """iter(list) (the list on the stack), then it.__setstate__(pos): the live list
+    iterator a break handed over, at the position it had."""
+    method, call = _method_call("__setstate__", 1, line)
+    return [Instr("GET_ITER", lineno=line), Instr("COPY", 1, lineno=line), *method,
+            Instr("LOAD_CONST", pos, lineno=line), *call, Instr("POP_TOP", lineno=line)]
+
+
+def _method_call(name, nargs, line) -> list:
+    """obj.name(...) with obj and then the arguments pushed in between."""
+    method = [Instr("LOAD_ATTR", (True, name), lineno=line)] if PY312 else \
+        [Instr("LOAD_METHOD", name, lineno=line)]
+    call = [Instr("CALL", nargs, lineno=line)] if PY312 else \
+        [Instr("PRECALL", nargs, lineno=line), Instr("CALL", nargs, lineno=line)]
+    return method, call
+
+
+def _dict_iterator_at(pos: int, view: str, line) -> list:
+    """iter(d) or iter(d.VIEW()) (the dict on the stack), advanced by `pos` items: the
+    live dict iterator a break handed over (dict iterators cannot be set to a position;
+    the dict's size is unchanged since the loop began, or the break did not happen)."""
+    out = []
+    if view != "keys":
+        method, call = _method_call(view, 0, line)
+        out += method + call
+    out.append(Instr("GET_ITER", lineno=line))
+    method, call = _method_call("__next__", 0, line)
+    for _ in range(pos):
+        out += [Instr("COPY", 1, lineno=line), *method, *call, Instr("POP_TOP", lineno=line)]
+    return out
 
 
 def resume_codes_in(code) -> list:
@@ -242,9 +280,9 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     plan = _BreakPlan()
     plan.lower, plan.top = stack[:len(stack) - consumed], stack[len(stack) - consumed:]
     # Per lower stack slot: "v" a value, "n" a NULL, "i" an iterator passed as the list of
-    # what it has left (so the resume frame can guard and trace its items).
-    plan.layout = tuple("n" if v is NULL else "i" if isinstance(v, IteratorVar) else "v"
-                        for v in plan.lower)
+    # what it has left (so the resume frame can guard and trace its items), "l:POS" a
+    # list iterator passed as its (live) list, iterated again from POS.
+    plan.layout = tuple(_layout_kind(v) for v in plan.lower)
     cells = set(code.co_cellvars) | set(code.co_freevars)
     # A resume frame's ___stackN parameters are dead once its prologue pushed them.
     plan.bound = [n for n in code.co_varnames if n in tracer.locals and n not in cells
@@ -264,7 +302,11 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
         plan.temps[key] = name
 
     for i, v in enumerate(plan.lower):
-        if isinstance(v, IteratorVar):
+        if plan.layout[i][0] == "l":
+            keep(("lower", i), lambda v=v: v.seq.reconstruct(cg))
+        elif plan.layout[i][0] == "d":
+            keep(("lower", i), lambda v=v: v.dict.reconstruct(cg))
+        elif isinstance(v, IteratorVar):
             def build(v=v):
                 for item in v.items[v.index:]:
                     item.reconstruct(cg)
@@ -280,6 +322,19 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     for n in plan.cells_to_store:
         keep(("cell", n), lambda n=n: tracer.cells[n].value.reconstruct(cg))
     return plan
+
+
+def _layout_kind(v) -> str:
+    from .variables.base import NULL
+    from .variables.builtins import DictIteratorVar, ListIteratorVar
+    from .variables.containers import IteratorVar
+    if v is NULL:
+        return "n"
+    if isinstance(v, ListIteratorVar):
+        return f"l:{v.pos}"
+    if isinstance(v, DictIteratorVar):
+        return f"d:{v.pos}:{v.view}"
+    return "i" if isinstance(v, IteratorVar) else "v"
 
 
 def cells_to_store(tracer) -> list[str]:

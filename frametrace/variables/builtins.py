@@ -118,6 +118,63 @@ class LazyIteratorVar(IteratorVar):
         return f"LazyIteratorVar({getattr(self.kind, '__name__', '?')})"
 
 
+class ListIteratorVar(LazyIteratorVar):
+    """iter(a list): reads the live list by index, so items appended while a loop runs
+    are seen (CPython's list iterator).  A graph break hands over the list itself and the
+    position, which the resume function restores with __setstate__."""
+    __slots__ = ("seq", "pos")
+
+    def __init__(self, seq: ListVar):
+        self.seq = seq
+        self.pos = 0
+        super().__init__(self._pull(), type(iter([])))
+
+    def _pull(self):
+        while self.pos < len(self.seq.items):
+            self.pos += 1
+            yield self.seq.items[self.pos - 1]
+
+    def remaining(self, tx) -> list:
+        return self.seq.items[self.pos:]
+
+    def getattr(self, tx, name):
+        if name == "__setstate__":
+            return MethodVar(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__setstate__" and len(args) == 1 and not kwargs:
+            self.pos = max(0, min(const_key(args[0], "list iterator position"), len(self.seq.items)))
+            return ConstVar(None)
+        return super().call_method(tx, name, args, kwargs)
+
+
+class DictIteratorVar(LazyIteratorVar):
+    """iter(a dict) or iter(d.keys() / .values() / .items()): live, as CPython's.  A
+    graph break hands over the dict and the number of items taken; the resume function
+    makes the iterator anew and advances it."""
+    __slots__ = ("dict", "view", "pos", "size")
+
+    def __init__(self, d: DictVar, view: str):
+        self.dict, self.view, self.pos, self.size = d, view, 0, len(d.items)
+        item = DictViewVar(d, view).item
+        super().__init__(self._pull(live_keys(d, item)), _DICT_ITER_TYPES[view])
+
+    def _pull(self, items):
+        for v in items:
+            self.pos += 1
+            yield v
+
+    def remaining(self, tx) -> list:
+        if len(self.dict.items) != self.size:
+            unsupported("dictionary changed size during iteration (RuntimeError)")
+        return []
+
+
+_DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
+                    "items": type(iter({}.items()))}
+
+
 def var_iter(tx, v: Var):
     """A Python iterator over the Vars that iterating over `v` gives, taken now (as
     CPython's iter() would be); iterators are consumed lazily."""
@@ -538,6 +595,12 @@ def iter_of(tx, v: Var) -> IteratorVar:
         return v
     if isinstance(v, TensorVar):
         return LazyIteratorVar(iter(v.unpack(tx)), None)
+    if type(v) is ListVar:
+        return ListIteratorVar(v)
+    if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
+        return DictIteratorVar(v, "keys")
+    if isinstance(v, DictViewVar) and type(v.dict).unpack is DictVar.unpack:
+        return DictIteratorVar(v.dict, v.kind)
     kind = None
     try:
         kind = _ITER_TYPES.get(v.python_type().__name__)

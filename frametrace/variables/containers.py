@@ -403,8 +403,12 @@ def live_items(seq: _SequenceVar):
 def live_keys(d: DictVar, view=lambda d, k: ConstVar(k)):
     """The keys (or `view` of each key) of a dict as its iterator sees them: a change of
     its size while the loop runs is CPython's RuntimeError, which the trace cannot give
-    (the frame runs in CPython, which raises it)."""
-    size = len(d.items)
+    (the frame runs in CPython, which raises it).  The size is taken now, as iter()
+    does."""
+    return _live_keys(d, view, len(d.items))
+
+
+def _live_keys(d, view, size):
     for k in list(d.items):
         if len(d.items) != size:
             break
