@@ -395,3 +395,20 @@ def test_dict_view_argument_contents_are_not_baked_in():
     for value in (2.0, 3.0):
         d["a"] = value
         assert torch.equal(loop_over_values_view_arg(x, vals), compiled(x, vals))
+
+
+def test_hugging_face_layers_loop_with_a_break_in_layer_0():
+    transformers = pytest.importorskip("transformers")
+    import frametrace
+    torch.manual_seed(0)
+    config = transformers.BloomConfig(n_layer=3, hidden_size=32, n_head=4, vocab_size=100)
+    model = transformers.BloomForCausalLM(config).eval()
+    model.transformer.h[0].register_forward_pre_hook(lambda mod, args: print("layer 0"))
+
+    def logits(input_ids):
+        with torch.no_grad():
+            return model(input_ids=input_ids).logits
+
+    with quiet():
+        r = check(logits, [(torch.randint(0, 100, (1, 7)),), (torch.randint(0, 100, (1, 7)),)])
+    assert r.breaks >= 1 and r.graphs >= 2, r
