@@ -481,10 +481,10 @@ def _collect_outputs(v, out, seen=None):
         _collect_outputs(v.obj, out, seen)
     elif getattr(v, "base", None) is not None and isinstance(v.base, Var):
         _collect_outputs(v.base, out, seen)
-    elif isinstance(getattr(v, "seq", None), ListVar):       # a list iterator
-        _collect_outputs(v.seq, out, seen)
-    elif isinstance(getattr(v, "dict", None), DictVar):      # a dict iterator or view
+    elif isinstance(getattr(v, "dict", None), DictVar):      # a dict view
         _collect_outputs(v.dict, out, seen)
+    elif isinstance(v, IteratorVar) and v.handover() is not None:
+        _collect_outputs(v.handover()[1], out, seen)
     elif isinstance(v, IteratorVar):
         for item in v.items[v.index:]:
             _collect_outputs(item, out, seen)

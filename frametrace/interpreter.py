@@ -196,6 +196,9 @@ class InstructionTranslator:
 
     # ------------------------------------------------------------ locals, cells
     def LOAD_CONST(self, inst):
+        if inst.argval is enumerate:      # only in a resume function's prologue
+            self.push(wrap(self, enumerate, None, guard=False))
+            return
         self.push(ConstVar(inst.argval))
 
     def RETURN_CONST(self, inst):

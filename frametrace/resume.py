@@ -115,11 +115,8 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
         prologue.append(Instr("LOAD_FAST", next(names_iter), lineno=line))
         if kind == "i":
             prologue.append(Instr("GET_ITER", lineno=line))
-        elif kind.startswith("l:"):
-            prologue.extend(_list_iterator_at(int(kind[2:]), line))
-        elif kind.startswith("d:"):
-            _, pos, view = kind.split(":")
-            prologue.extend(_dict_iterator_at(int(pos), view, line))
+        elif kind != "v" and kind != "r":
+            prologue.extend(_live_iterator(kind, line))
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
     result = new.to_code()
@@ -134,6 +131,24 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
                               if id(o) in orig_offset_of})
     return result
+
+
+def _live_iterator(kind: str, line) -> list:
+    """The prologue that turns the container on the stack into the live iterator a
+    break handed over (`kind` from IteratorVar.handover)."""
+    what, rest = kind.split(":", 1)
+    if what == "l":
+        return _list_iterator_at(int(rest), line)
+    if what == "d":
+        pos, view = rest.split(":")
+        return _dict_iterator_at(int(pos), view, line)
+    if what == "e":
+        count, inner = rest.split(":", 1)
+        # enumerate(it, count), called as a method call would be: [enumerate, it, count].
+        _, call = _method_call("", 1, line)
+        return [*_live_iterator(inner, line), Instr("LOAD_CONST", enumerate, lineno=line),
+                Instr("SWAP", 2, lineno=line), Instr("LOAD_CONST", int(count), lineno=line), *call]
+    raise AssertionError(kind)
 
 
 def _list_iterator_at(pos: int, line) -> list:
@@ -302,10 +317,9 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
         plan.temps[key] = name
 
     for i, v in enumerate(plan.lower):
-        if plan.layout[i][0] == "l":
-            keep(("lower", i), lambda v=v: v.seq.reconstruct(cg))
-        elif plan.layout[i][0] == "d":
-            keep(("lower", i), lambda v=v: v.dict.reconstruct(cg))
+        live = v.handover() if isinstance(v, IteratorVar) else None
+        if live is not None:
+            keep(("lower", i), lambda c=live[1]: c.reconstruct(cg))
         elif isinstance(v, IteratorVar):
             def build(v=v):
                 for item in v.items[v.index:]:
@@ -326,15 +340,13 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
 
 def _layout_kind(v) -> str:
     from .variables.base import NULL
-    from .variables.builtins import DictIteratorVar, ListIteratorVar
     from .variables.containers import IteratorVar
     if v is NULL:
         return "n"
-    if isinstance(v, ListIteratorVar):
-        return f"l:{v.pos}"
-    if isinstance(v, DictIteratorVar):
-        return f"d:{v.pos}:{v.view}"
-    return "i" if isinstance(v, IteratorVar) else "v"
+    if isinstance(v, IteratorVar):
+        live = v.handover()
+        return "i" if live is None else live[0]
+    return "v"
 
 
 def cells_to_store(tracer) -> list[str]:

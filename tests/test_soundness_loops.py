@@ -412,3 +412,18 @@ def test_hugging_face_layers_loop_with_a_break_in_layer_0():
     with quiet():
         r = check(logits, [(torch.randint(0, 100, (1, 7)),), (torch.randint(0, 100, (1, 7)),)])
     assert r.breaks >= 1 and r.graphs >= 2, r
+
+
+def enumerate_list_growing_after_a_break(x, ws):
+    for i, w in enumerate(ws, 1):
+        print(i)
+        if len(ws) < 4:
+            ws.append(w + i)
+        x = x * w
+    return x
+
+
+def test_enumerate_over_a_live_list_at_a_break():
+    with quiet():
+        r = check(enumerate_list_growing_after_a_break, [(torch.randn(3), [1.0, 2.0]), (torch.randn(3), [3.0])])
+    assert r.fallbacks == 0 and r.breaks >= 2, r

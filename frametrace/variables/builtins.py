@@ -135,7 +135,10 @@ class ListIteratorVar(LazyIteratorVar):
             yield self.seq.items[self.pos - 1]
 
     def remaining(self, tx) -> list:
-        return self.seq.items[self.pos:]
+        return []               # nothing pulled: handed over live
+
+    def handover(self):
+        return f"l:{self.pos}", self.seq
 
     def getattr(self, tx, name):
         if name == "__setstate__":
@@ -168,7 +171,10 @@ class DictIteratorVar(LazyIteratorVar):
     def remaining(self, tx) -> list:
         if len(self.dict.items) != self.size:
             unsupported("dictionary changed size during iteration (RuntimeError)")
-        return []
+        return []               # nothing pulled: handed over live
+
+    def handover(self):
+        return f"d:{self.pos}:{self.view}", self.dict
 
 
 _DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
@@ -503,13 +509,36 @@ def _enumerate(tx, args, kwargs):
     if len(args) not in (1, 2) or set(kwargs) - {"start"}:
         return None
     start = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))
-    start = const_key(start, "enumerate start")
-    source = var_iter(tx, args[0])
+    return EnumerateVar(iter_of(tx, args[0]), const_key(start, "enumerate start"))
 
-    def gen():
-        for i, v in enumerate(source, start):
-            yield TupleVar([ConstVar(i), v])
-    return LazyIteratorVar(gen(), enumerate)
+
+class EnumerateVar(LazyIteratorVar):
+    """enumerate(it): at a graph break, over a live list or dict iterator, it is handed
+    over as enumerate(that iterator, count) (else as what it has left)."""
+    __slots__ = ("inner", "count")
+
+    def __init__(self, inner: IteratorVar, start: int):
+        self.inner, self.count = inner, start
+        super().__init__(self._pull(), enumerate)
+
+    def _pull(self):
+        for v in _drain(self.inner):
+            self.count += 1
+            yield TupleVar([ConstVar(self.count - 1), v])
+
+    def handover(self):
+        inner = self.inner.handover()
+        return None if inner is None else (f"e:{self.count}:{inner[0]}", inner[1])
+
+    def remaining(self, tx) -> list:
+        if self.handover() is not None:
+            return self.inner.remaining(tx)
+        if self.index >= len(self.items):
+            rest = self.inner.remaining(tx)
+            self.items = [TupleVar([ConstVar(self.count + i), v]) for i, v in enumerate(rest)]
+            self.index = 0
+            self.gen = iter(())
+        return self.items[self.index:]
 
 
 def _zip_rows(iters, strict=False):

@@ -387,8 +387,15 @@ class IteratorVar(Var):
 
     def remaining(self, tx) -> list:
         """What the iterator has left, as a list, for a graph break that hands the rest
-        of the loop to a resume function; the iterator then iterates that list."""
+        of the loop to a resume function (its tensors become graph outputs); the
+        iterator then iterates that list.  [] for one handed over live."""
         return self.items[self.index:]
+
+    def handover(self):
+        """(layout kind, container Var) when a graph break hands this iterator over
+        live, as the container it reads and its position (see resume.resume_code);
+        None when it is handed over as the list of what it has left."""
+        return None
 
 
 def live_items(seq: _SequenceVar):
