@@ -26,14 +26,14 @@ def loop_enumerate_print(x):
 
 
 def loop_zip_item(x):
-    for w, v in zip(W, [1.0, -1.0, 2.0]):
+    for w, v in zip((2.0, 3.0, 5.0), [1.0, -1.0, 2.0]):
         x = x * w + v
         x = x + x.sum().item()
     return x
 
 
 def loop_reversed_branch(x):
-    for w in reversed(W):
+    for w in reversed([2.0, 3.0, 5.0]):
         x = x * w
         if x.sum() > 0:
             x = x + 1
@@ -57,7 +57,7 @@ def loop_map_builtin(x):
 
 
 def loop_chain(x):
-    for w in itertools.chain(W, (7.0,)):
+    for w in itertools.chain([2.0, 3.0, 5.0], (7.0,)):
         x = x + w
         print("w")
     return x
@@ -426,4 +426,42 @@ def enumerate_list_growing_after_a_break(x, ws):
 def test_enumerate_over_a_live_list_at_a_break():
     with quiet():
         r = check(enumerate_list_growing_after_a_break, [(torch.randn(3), [1.0, 2.0]), (torch.randn(3), [3.0])])
+    assert r.fallbacks == 0 and r.breaks >= 2, r
+
+
+def zip_list_growing_after_a_break(x, ws):
+    for a, b in zip(ws, [1.0, 2.0, 3.0, 4.0]):
+        print(a)
+        if len(ws) < 4:
+            ws.append(a + b)
+        x = x * a + b
+    return x
+
+
+def zip_over_fresh_lists_with_a_break(x):
+    for a, b in zip([1.0, 2.0], [3.0, 4.0]):
+        print(a)
+        x = x * a + b
+    return x
+
+
+def reversed_list_changed_while_iterated(x):
+    ws = [1.0, 2.0, 3.0]
+    for w in reversed(ws):
+        ws[0] = 10.0
+        x = x * w
+    return x
+
+
+def test_reversed_list_iterator_is_live():
+    check(reversed_list_changed_while_iterated, _inputs(), breaks=0)
+
+
+def test_zip_over_a_live_list_at_a_break_is_exact():
+    with quiet():
+        # The list can change after the break: not a snapshot (CPython runs the frame).
+        check(zip_list_growing_after_a_break, [(torch.randn(3), [1.0, 2.0]), (torch.randn(3), [3.0])],
+              graphs=None)
+        # Lists nothing else can reach: the rest is handed over, graphs on both sides.
+        r = check(zip_over_fresh_lists_with_a_break, _inputs())
     assert r.fallbacks == 0 and r.breaks >= 2, r

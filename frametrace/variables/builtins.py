@@ -35,6 +35,7 @@ class BuiltinVar(ObjectVar):
         if handler is not None:
             result = handler(tx, args, kwargs)
             if result is not None:
+                note_reads(result, args, kwargs)
                 return result
         if fn in _FOLDABLE_BUILTINS and _all_const(args, kwargs):
             return fold_call(fn, args, kwargs, fn.__name__)
@@ -45,7 +46,7 @@ class BuiltinVar(ObjectVar):
 class LazyIteratorVar(IteratorVar):
     """An iterator whose items come from `gen`, a Python iterator of Vars (a generator
     that may call traced functions, add graph nodes, or never end)."""
-    __slots__ = ("gen", "kind")
+    __slots__ = ("gen", "kind", "reads")
 
     def __init__(self, gen, kind=None):
         Var.__init__(self, None)
@@ -53,6 +54,7 @@ class LazyIteratorVar(IteratorVar):
         self.index = 0
         self.gen = gen
         self.kind = kind
+        self.reads = ()         # lists and dicts it iterates live (see note_reads)
 
     def python_type(self):
         if self.kind is None:
@@ -72,12 +74,17 @@ class LazyIteratorVar(IteratorVar):
         # Pulling the rest now moves it before the breaking instruction: right only
         # when no code of the program runs for it (map's function, a generator's body
         # with effects), which would then run early, or for items never consumed.
+        # And what is left of a list or dict it reads live is a snapshot then: right
+        # only when nothing can change that container later.
         before = tx.root.code_runs
         self.items = self.items[self.index:] + self._pull_all()
         self.index = 0
         if tx.root.code_runs != before:
             unsupported("a graph break in a loop over an iterator that runs code of the "
                         "program for its items (map, filter, a generator)")
+        if any(_reachable(tx, c) for c in self.reads):
+            unsupported("a graph break in a loop over an iterator that reads a list or dict "
+                        "the frame can still change")
         return self.items
 
     def unpack(self, tx):
@@ -179,6 +186,51 @@ class DictIteratorVar(LazyIteratorVar):
 
 _DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
                     "items": type(iter({}.items()))}
+
+
+def note_reads(result, args, kwargs):
+    """Record on an iterator made from `args` the lists and dicts it iterates live."""
+    if not isinstance(result, LazyIteratorVar) or any(result is a for a in args):
+        return
+    reads = []
+    for a in (*args, *kwargs.values()):
+        if type(a) is ListVar or isinstance(a, DictVar):
+            reads.append(a)
+        elif isinstance(a, DictViewVar):
+            reads.append(a.dict)
+        elif isinstance(a, IteratorVar):
+            reads.extend(getattr(a, "reads", ()))
+            live = a.handover()
+            if live is not None:
+                reads.append(live[1])
+    if reads and result.handover() is None:
+        result.reads = tuple(reads)
+
+
+def _reachable(tx, container) -> bool:
+    """Whether the frame can reach `container` other than through an iterator: it came
+    from outside, or a local, cell or stack slot holds it (inside tuples, lists, dicts
+    and objects too)."""
+    if container.source is not None:
+        return True
+    seen = set()
+    todo = [*tx.stack, *tx.locals.values(), *(c.value for c in tx.cells.values())]
+    while todo:
+        v = todo.pop()
+        if v is container:
+            return True
+        if id(v) in seen or isinstance(v, IteratorVar):
+            continue
+        seen.add(id(v))
+        items = getattr(v, "items", None)
+        if isinstance(items, dict):
+            todo.extend(items.values())
+        elif isinstance(items, list):
+            todo.extend(items)
+        attrs = getattr(v, "attrs", None)
+        if isinstance(attrs, dict):
+            todo.extend(attrs.values())
+    return False
 
 
 def var_iter(tx, v: Var):
@@ -608,8 +660,19 @@ def _reversed(tx, args, kwargs):
         except TypeError as e:
             unsupported(f"reversed(): {e}")
         return LazyIteratorVar((ConstVar(x) for x in real), type(real))
+    if type(v) is ListVar:
+        return LazyIteratorVar(_live_reversed(v), type(reversed([])))
     items = var_list(tx, v)
     return LazyIteratorVar(iter(items[::-1]), type(reversed([])))
+
+
+def _live_reversed(seq):
+    """CPython's reversed list iterator: by index into the live list, from the end it
+    had; it stops for good at an index past the end (the list shrank)."""
+    i = len(seq.items) - 1
+    while 0 <= i < len(seq.items):
+        yield seq.items[i]
+        i -= 1
 
 
 def _iter(tx, args, kwargs):
