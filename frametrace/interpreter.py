@@ -97,6 +97,7 @@ class InstructionTranslator:
         self.return_value: Var | None = None
         self.generator = False              # an inlined generator's frame: yields suspend it
         self.code_runs = 0                  # root only: see builtins.call_item_fn
+        self.live_reads: list | None = None  # root only: see containers.note_live_read
         self.stop_at: int | None = None     # root only: stop before this instruction
         if parent is None:
             from .resume import opaque_locals

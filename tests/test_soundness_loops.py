@@ -79,7 +79,7 @@ def loop_dict_items(x):
 
 
 def loop_genexpr(x):
-    for w in (w * 2 for w in W):
+    for w in (w * 2 for w in [2.0, 3.0, 5.0]):
         x = x * w
         print("w")
     return x
@@ -455,6 +455,38 @@ def reversed_list_changed_while_iterated(x):
 
 def test_reversed_list_iterator_is_live():
     check(reversed_list_changed_while_iterated, _inputs(), breaks=0)
+
+
+def genexpr_over_list_growing_after_a_break(x, ws):
+    for w in (w * 2 for w in ws):
+        print(w)
+        if len(ws) < 4:
+            ws.append(w)
+        x = x * w
+    return x
+
+
+def generator_over_attribute_list(x, holder):
+    def items():
+        for w in holder.ws:
+            yield w
+    for w in items():
+        print(w)
+        if len(holder.ws) < 4:
+            holder.ws.append(w + 1)
+        x = x * w
+    return x
+
+
+class _Holder:
+    def __init__(self, ws):
+        self.ws = ws
+
+
+def test_generator_over_a_live_list_at_a_break_is_exact():
+    with quiet():
+        check(genexpr_over_list_growing_after_a_break, [(torch.randn(3), [1.0, 2.0])], graphs=None)
+        check(generator_over_attribute_list, [(torch.randn(3), _Holder([1.0, 2.0]))], graphs=None)
 
 
 def test_zip_over_a_live_list_at_a_break_is_exact():

@@ -14,7 +14,8 @@ import torch
 
 from .base import Var, unsupported
 from .constant import ConstVar
-from .containers import DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys,
+                         note_live_read)
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -35,7 +36,6 @@ class BuiltinVar(ObjectVar):
         if handler is not None:
             result = handler(tx, args, kwargs)
             if result is not None:
-                note_reads(result, args, kwargs)
                 return result
         if fn in _FOLDABLE_BUILTINS and _all_const(args, kwargs):
             return fold_call(fn, args, kwargs, fn.__name__)
@@ -46,7 +46,7 @@ class BuiltinVar(ObjectVar):
 class LazyIteratorVar(IteratorVar):
     """An iterator whose items come from `gen`, a Python iterator of Vars (a generator
     that may call traced functions, add graph nodes, or never end)."""
-    __slots__ = ("gen", "kind", "reads")
+    __slots__ = ("gen", "kind")
 
     def __init__(self, gen, kind=None):
         Var.__init__(self, None)
@@ -54,7 +54,6 @@ class LazyIteratorVar(IteratorVar):
         self.index = 0
         self.gen = gen
         self.kind = kind
-        self.reads = ()         # lists and dicts it iterates live (see note_reads)
 
     def python_type(self):
         if self.kind is None:
@@ -76,13 +75,20 @@ class LazyIteratorVar(IteratorVar):
         # with effects), which would then run early, or for items never consumed.
         # And what is left of a list or dict it reads live is a snapshot then: right
         # only when nothing can change that container later.
-        before = tx.root.code_runs
-        self.items = self.items[self.index:] + self._pull_all()
+        root = tx.root
+        before = root.code_runs
+        outer, root.live_reads = root.live_reads, []
+        try:
+            self.items = self.items[self.index:] + self._pull_all()
+        finally:
+            reads, root.live_reads = root.live_reads, outer
+        if outer is not None:
+            outer.extend(reads)
         self.index = 0
-        if tx.root.code_runs != before:
+        if root.code_runs != before:
             unsupported("a graph break in a loop over an iterator that runs code of the "
                         "program for its items (map, filter, a generator)")
-        if any(_reachable(tx, c) for c in self.reads):
+        if any(_reachable(tx, c) for c in reads):
             unsupported("a graph break in a loop over an iterator that reads a list or dict "
                         "the frame can still change")
         return self.items
@@ -131,13 +137,16 @@ class ListIteratorVar(LazyIteratorVar):
     position, which the resume function restores with __setstate__."""
     __slots__ = ("seq", "pos")
 
-    def __init__(self, seq: ListVar):
+    def __init__(self, seq: ListVar, tx):
         self.seq = seq
         self.pos = 0
-        super().__init__(self._pull(), type(iter([])))
+        super().__init__(self._pull(tx), type(iter([])))
 
-    def _pull(self):
-        while self.pos < len(self.seq.items):
+    def _pull(self, tx):
+        while True:
+            note_live_read(tx, self.seq)
+            if self.pos >= len(self.seq.items):
+                return
             self.pos += 1
             yield self.seq.items[self.pos - 1]
 
@@ -165,10 +174,10 @@ class DictIteratorVar(LazyIteratorVar):
     makes the iterator anew and advances it."""
     __slots__ = ("dict", "view", "pos", "size")
 
-    def __init__(self, d: DictVar, view: str):
+    def __init__(self, d: DictVar, view: str, tx):
         self.dict, self.view, self.pos, self.size = d, view, 0, len(d.items)
         item = DictViewVar(d, view).item
-        super().__init__(self._pull(live_keys(d, item)), _DICT_ITER_TYPES[view])
+        super().__init__(self._pull(live_keys(d, tx, item)), _DICT_ITER_TYPES[view])
 
     def _pull(self, items):
         for v in items:
@@ -186,25 +195,6 @@ class DictIteratorVar(LazyIteratorVar):
 
 _DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
                     "items": type(iter({}.items()))}
-
-
-def note_reads(result, args, kwargs):
-    """Record on an iterator made from `args` the lists and dicts it iterates live."""
-    if not isinstance(result, LazyIteratorVar) or any(result is a for a in args):
-        return
-    reads = []
-    for a in (*args, *kwargs.values()):
-        if type(a) is ListVar or isinstance(a, DictVar):
-            reads.append(a)
-        elif isinstance(a, DictViewVar):
-            reads.append(a.dict)
-        elif isinstance(a, IteratorVar):
-            reads.extend(getattr(a, "reads", ()))
-            live = a.handover()
-            if live is not None:
-                reads.append(live[1])
-    if reads and result.handover() is None:
-        result.reads = tuple(reads)
 
 
 def _reachable(tx, container) -> bool:
@@ -239,11 +229,11 @@ def var_iter(tx, v: Var):
     if isinstance(v, IteratorVar):
         return _drain(v)
     if type(v) is ListVar:
-        return live_items(v)
+        return live_items(v, tx)
     if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
-        return live_keys(v)
+        return live_keys(v, tx)
     if isinstance(v, DictViewVar):
-        return v.iter_items()
+        return v.iter_items(tx)
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
     return iter(v.unpack(tx))
@@ -661,16 +651,19 @@ def _reversed(tx, args, kwargs):
             unsupported(f"reversed(): {e}")
         return LazyIteratorVar((ConstVar(x) for x in real), type(real))
     if type(v) is ListVar:
-        return LazyIteratorVar(_live_reversed(v), type(reversed([])))
+        return LazyIteratorVar(_live_reversed(v, tx), type(reversed([])))
     items = var_list(tx, v)
     return LazyIteratorVar(iter(items[::-1]), type(reversed([])))
 
 
-def _live_reversed(seq):
+def _live_reversed(seq, tx):
     """CPython's reversed list iterator: by index into the live list, from the end it
     had; it stops for good at an index past the end (the list shrank)."""
     i = len(seq.items) - 1
-    while 0 <= i < len(seq.items):
+    while True:
+        note_live_read(tx, seq)
+        if not 0 <= i < len(seq.items):
+            return
         yield seq.items[i]
         i -= 1
 
@@ -688,11 +681,11 @@ def iter_of(tx, v: Var) -> IteratorVar:
     if isinstance(v, TensorVar):
         return LazyIteratorVar(iter(v.unpack(tx)), None)
     if type(v) is ListVar:
-        return ListIteratorVar(v)
+        return ListIteratorVar(v, tx)
     if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
-        return DictIteratorVar(v, "keys")
+        return DictIteratorVar(v, "keys", tx)
     if isinstance(v, DictViewVar) and type(v.dict).unpack is DictVar.unpack:
-        return DictIteratorVar(v.dict, v.kind)
+        return DictIteratorVar(v.dict, v.kind, tx)
     kind = None
     try:
         kind = _ITER_TYPES.get(v.python_type().__name__)

@@ -308,8 +308,8 @@ class DictViewVar(Var):
             return d.items[k]
         return TupleVar([ConstVar(k), d.items[k]])
 
-    def iter_items(self):
-        return live_keys(self.dict, self.item)
+    def iter_items(self, tx):
+        return live_keys(self.dict, tx, self.item)
 
     def unpack(self, tx):
         return [self.item(self.dict, k) for k in self.dict.items]
@@ -398,29 +398,42 @@ class IteratorVar(Var):
         return None
 
 
-def live_items(seq: _SequenceVar):
+def note_live_read(tx, container):
+    """A live iterator read `container`: while a graph break pulls what an iterator has
+    left (LazyIteratorVar.remaining), the containers it reads are collected."""
+    reads = tx.root.live_reads
+    if reads is not None:
+        reads.append(container)
+
+
+def live_items(seq: _SequenceVar, tx):
     """The items of a list as its iterator sees them: by index into the live list, so
     items appended while the loop runs are seen (CPython's list iterator)."""
     i = 0
-    while i < len(seq.items):
+    while True:
+        note_live_read(tx, seq)
+        if i >= len(seq.items):
+            return
         yield seq.items[i]
         i += 1
 
 
-def live_keys(d: DictVar, view=lambda d, k: ConstVar(k)):
+def live_keys(d: DictVar, tx, view=lambda d, k: ConstVar(k)):
     """The keys (or `view` of each key) of a dict as its iterator sees them: a change of
     its size while the loop runs is CPython's RuntimeError, which the trace cannot give
     (the frame runs in CPython, which raises it).  The size is taken now, as iter()
     does."""
-    return _live_keys(d, view, len(d.items))
+    return _live_keys(d, tx, view, len(d.items))
 
 
-def _live_keys(d, view, size):
+def _live_keys(d, tx, view, size):
     for k in list(d.items):
+        note_live_read(tx, d)
         if len(d.items) != size:
             break
         if k not in d.items:
             unsupported("a dict key deleted while iterating over the dict")
         yield view(d, k)
+    note_live_read(tx, d)
     if len(d.items) != size:
         unsupported("dictionary changed size during iteration (RuntimeError)")

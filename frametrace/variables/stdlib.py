@@ -19,7 +19,7 @@ import types
 import torch
 
 from .base import Var, unsupported
-from .builtins import LazyIteratorVar, _is_none_var, call_item_fn, note_reads, const_key, var_iter, var_list
+from .builtins import LazyIteratorVar, _is_none_var, call_item_fn, const_key, var_iter, var_list
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .objects import ObjectVar, _all_const, fold_call
@@ -35,7 +35,6 @@ class LibraryFnVar(ObjectVar):
         result = LIBRARY_HANDLERS[self.value](tx, args, kwargs)
         if result is None:
             unsupported(f"{getattr(self.value, '__qualname__', self.value)}() with these arguments")
-        note_reads(result, args, kwargs)
         return result
 
 
