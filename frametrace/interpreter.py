@@ -197,8 +197,8 @@ class InstructionTranslator:
 
     # ------------------------------------------------------------ locals, cells
     def LOAD_CONST(self, inst):
-        if inst.argval is enumerate:      # only in a resume function's prologue
-            self.push(wrap(self, enumerate, None, guard=False))
+        if inst.argval is enumerate or inst.argval is zip:   # a resume function's prologue
+            self.push(wrap(self, inst.argval, None, guard=False))
             return
         self.push(ConstVar(inst.argval))
 

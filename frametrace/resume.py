@@ -41,10 +41,17 @@ def abstract_instructions(code):
 # and the locals that hold opaque data there.
 _origin: dict[types.CodeType, tuple] = {}
 _opaque: dict[types.CodeType, frozenset] = {}
+# resume code -> its parameters that are lists made by the break for an "i" slot: only
+# the loop's iterator sees them.
+_private: dict[types.CodeType, frozenset] = {}
 
 
 def opaque_locals(code) -> frozenset:
     return _opaque.get(code, frozenset())
+
+
+def private_lists(code) -> frozenset:
+    return _private.get(code, frozenset())
 
 
 def original_position(code, offset):
@@ -62,8 +69,8 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
                 opaque: frozenset = frozenset()) -> types.CodeType:
     """The code object that continues `code` at instruction `offset`, with a stack of
     `layout` ("v": a value passed in; "r": a value the breaking instruction produced;
-    "i": a list passed in and iterated again; "l:POS": a list passed in, iterated from POS;
-    "d:POS:VIEW": a dict passed in, its VIEW iterated from POS; "n": a NULL)."""
+    "i": a list passed in and iterated again; "n": a NULL; else a live iterator handed
+    over, see IteratorVar.handover and _live_iterator)."""
     names = _stack_names(layout)
     key = (code, offset, layout, local_names, opaque)
     hit = _cache.get(key)
@@ -116,17 +123,19 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
         if kind == "i":
             prologue.append(Instr("GET_ITER", lineno=line))
         elif kind != "v" and kind != "r":
-            prologue.extend(_live_iterator(kind, line))
+            prologue.extend(_live_iterator(kind, line))     # see IteratorVar.handover
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
     result = new.to_code()
     _cache[key] = result
     _opaque[result] = opaque
+    _private[result] = frozenset(n for n, kind in zip(names, (k for k in layout if k != "n"))
+                                 if kind == "i")
     # Instruction i of the body is instruction i of the original after its prologue.
     original_instrs = [i for i in abstract if isinstance(i, Instr)]
     original_instrs = original_instrs[len(original_instrs) - sum(isinstance(i, Instr) for i in body):]
     _, new_by_offset = abstract_instructions(result)
-    new_offsets = sorted(new_by_offset)[len(prologue):]
+    new_offsets = sorted(new_by_offset)[sum(isinstance(i, Instr) for i in prologue):]
     orig_offset_of = {id(ins): off for off, ins in by_offset.items()}
     _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
                               if id(o) in orig_offset_of})
@@ -134,29 +143,50 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
 
 
 def _live_iterator(kind: str, line) -> list:
-    """The prologue that turns the container on the stack into the live iterator a
-    break handed over (`kind` from IteratorVar.handover)."""
-    what, rest = kind.split(":", 1)
+    """The prologue that turns the tuple on top of the stack (containers and positions,
+    from IteratorVar.handover) into the live iterator a break handed over.  Positions
+    are values, not constants of the code: one resume code serves every iteration."""
+    what, _, rest = kind.partition(":")
+    I = lambda name, arg=UNSET: Instr(name, arg, lineno=line) if arg is not UNSET \
+        else Instr(name, lineno=line)  # noqa: E731
     if what == "l":
-        return _list_iterator_at(int(rest), line)
+        # (list, pos) -> iter(list), then it.__setstate__(pos)
+        method, call = _method_call("__setstate__", 1, line)
+        return [I("UNPACK_SEQUENCE", 2), I("GET_ITER"), I("COPY", 1), *method, I("COPY", 4),
+                *call, I("POP_TOP"), I("SWAP", 2), I("POP_TOP")]
     if what == "d":
-        pos, view = rest.split(":")
-        return _dict_iterator_at(int(pos), view, line)
+        # (dict, pos) -> iter(dict.VIEW()), then next() pos times
+        out = [I("UNPACK_SEQUENCE", 2)]
+        if rest != "keys":
+            method, call = _method_call(rest, 0, line)
+            out += method + call
+        top, end = Label(), Label()
+        method, call = _method_call("__next__", 0, line)
+        return out + [I("GET_ITER"), I("SWAP", 2), top, I("COPY", 1),
+                      I("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE", end),
+                      I("SWAP", 2), I("COPY", 1), *method, *call, I("POP_TOP"), I("SWAP", 2),
+                      I("LOAD_CONST", 1), I("BINARY_OP", 10), I("JUMP_BACKWARD", top), end,
+                      I("POP_TOP")]
     if what == "e":
-        count, inner = rest.split(":", 1)
-        # enumerate(it, count), called as a method call would be: [enumerate, it, count].
+        # (inner, count) -> enumerate(inner's iterator, count), called as a method call
+        # would be: [enumerate, it, count]
         _, call = _method_call("", 1, line)
-        return [*_live_iterator(inner, line), Instr("LOAD_CONST", enumerate, lineno=line),
-                Instr("SWAP", 2, lineno=line), Instr("LOAD_CONST", int(count), lineno=line), *call]
+        return [I("UNPACK_SEQUENCE", 2), *_live_iterator(rest, line), I("LOAD_CONST", enumerate),
+                I("SWAP", 2), I("COPY", 3), *call, I("SWAP", 2), I("POP_TOP")]
+    if what == "z":
+        # (inner1, ..., innerN) -> zip(it1, ..., itN): [zip, it1, ..., itN], the tuple
+        # kept on top while the iterators are made
+        out = [I("LOAD_CONST", zip), I("SWAP", 2)]
+        inners = rest.split(";")
+        for i, inner in enumerate(inners):
+            out += [I("COPY", 1), I("LOAD_CONST", i), I("BINARY_SUBSCR"),
+                    *_live_iterator(inner, line), I("SWAP", 2)]
+        _, call = _method_call("", len(inners) - 1, line)
+        return out + [I("POP_TOP"), *call]
     raise AssertionError(kind)
 
 
-def _list_iterator_at(pos: int, line) -> list:
-    """iter(list) (the list on the stack), then it.__setstate__(pos): the live list
-    iterator a break handed over, at the position it had."""
-    method, call = _method_call("__setstate__", 1, line)
-    return [Instr("GET_ITER", lineno=line), Instr("COPY", 1, lineno=line), *method,
-            Instr("LOAD_CONST", pos, lineno=line), *call, Instr("POP_TOP", lineno=line)]
+UNSET = object()
 
 
 def _method_call(name, nargs, line) -> list:
@@ -166,21 +196,6 @@ def _method_call(name, nargs, line) -> list:
     call = [Instr("CALL", nargs, lineno=line)] if PY312 else \
         [Instr("PRECALL", nargs, lineno=line), Instr("CALL", nargs, lineno=line)]
     return method, call
-
-
-def _dict_iterator_at(pos: int, view: str, line) -> list:
-    """iter(d) or iter(d.VIEW()) (the dict on the stack), advanced by `pos` items: the
-    live dict iterator a break handed over (dict iterators cannot be set to a position;
-    the dict's size is unchanged since the loop began, or the break did not happen)."""
-    out = []
-    if view != "keys":
-        method, call = _method_call(view, 0, line)
-        out += method + call
-    out.append(Instr("GET_ITER", lineno=line))
-    method, call = _method_call("__next__", 0, line)
-    for _ in range(pos):
-        out += [Instr("COPY", 1, lineno=line), *method, *call, Instr("POP_TOP", lineno=line)]
-    return out
 
 
 def resume_codes_in(code) -> list:
@@ -215,6 +230,7 @@ def clear():
     _cache.clear()
     _origin.clear()
     _opaque.clear()
+    _private.clear()
 
 
 # --------------------------------------------------------------------------- at a break

@@ -489,11 +489,23 @@ def test_generator_over_a_live_list_at_a_break_is_exact():
         check(generator_over_attribute_list, [(torch.randn(3), _Holder([1.0, 2.0]))], graphs=None)
 
 
+def zip_enumerate_dict_after_a_break(x, ws, d):
+    for (i, w), k in zip(enumerate(ws), d):
+        print(i)
+        if len(ws) < 4:
+            ws.append(w + i)
+        x = x * w + d[k]
+    return x
+
+
 def test_zip_over_a_live_list_at_a_break_is_exact():
     with quiet():
-        # The list can change after the break: not a snapshot (CPython runs the frame).
-        check(zip_list_growing_after_a_break, [(torch.randn(3), [1.0, 2.0]), (torch.randn(3), [3.0])],
-              graphs=None)
+        # Handed over as zip(live iterators): the list can change after the break.
+        r = check(zip_list_growing_after_a_break, [(torch.randn(3), [1.0, 2.0]), (torch.randn(3), [3.0])])
+        assert r.fallbacks == 0 and r.breaks >= 2, r
+        r = check(zip_enumerate_dict_after_a_break,
+                  [(torch.randn(3), [1.0, 2.0], {"a": 1.0, "b": 2.0, "c": 3.0})])
+        assert r.fallbacks == 0 and r.breaks >= 2, r
         # Lists nothing else can reach: the rest is handed over, graphs on both sides.
         r = check(zip_over_fresh_lists_with_a_break, _inputs())
     assert r.fallbacks == 0 and r.breaks >= 2, r

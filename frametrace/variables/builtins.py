@@ -154,7 +154,7 @@ class ListIteratorVar(LazyIteratorVar):
         return []               # nothing pulled: handed over live
 
     def handover(self):
-        return f"l:{self.pos}", self.seq
+        return "l", TupleVar([self.seq, ConstVar(self.pos)])
 
     def getattr(self, tx, name):
         if name == "__setstate__":
@@ -190,21 +190,33 @@ class DictIteratorVar(LazyIteratorVar):
         return []               # nothing pulled: handed over live
 
     def handover(self):
-        return f"d:{self.pos}:{self.view}", self.dict
+        return f"d:{self.view}", TupleVar([self.dict, ConstVar(self.pos)])
 
 
 _DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
                     "items": type(iter({}.items()))}
 
 
+def _private(tx, container) -> bool:
+    """A list that a graph break made for its resume function, to iterate (a
+    parameter of it that only the loop's iterator reads)."""
+    from ..resume import private_lists
+    from ..source import LocalSource
+    source = container.source
+    return isinstance(source, LocalSource) and source.local in private_lists(tx.root.code)
+
+
 def _reachable(tx, container) -> bool:
     """Whether the frame can reach `container` other than through an iterator: it came
-    from outside, or a local, cell or stack slot holds it (inside tuples, lists, dicts
-    and objects too)."""
-    if container.source is not None:
+    from outside, was stored outside (an attribute, a global, a cell), or a local, cell
+    or stack slot holds it (inside tuples, lists, dicts and objects too)."""
+    if container.source is not None and not _private(tx, container):
         return True
     seen = set()
-    todo = [*tx.stack, *tx.locals.values(), *(c.value for c in tx.cells.values())]
+    # (A resume function's ___stackN parameters are dead once its prologue ran.)
+    todo = [*tx.stack, *(v for n, v in tx.locals.items() if not n.startswith("___stack")),
+            *(c.value for c in tx.cells.values()),
+            *tx.side_effects.values()]
     while todo:
         v = todo.pop()
         if v is container:
@@ -570,7 +582,7 @@ class EnumerateVar(LazyIteratorVar):
 
     def handover(self):
         inner = self.inner.handover()
-        return None if inner is None else (f"e:{self.count}:{inner[0]}", inner[1])
+        return None if inner is None else (f"e:{inner[0]}", TupleVar([inner[1], ConstVar(self.count)]))
 
     def remaining(self, tx) -> list:
         if self.handover() is not None:
@@ -606,8 +618,33 @@ def _zip(tx, args, kwargs):
     if set(kwargs) - {"strict"}:
         return None
     strict = bool(const_key(kwargs["strict"])) if "strict" in kwargs else False
-    iters = [var_iter(tx, a) for a in args]
-    return LazyIteratorVar((TupleVar(row) for row in _zip_rows(iters, strict)), zip)
+    return ZipVar([iter_of(tx, a) for a in args], strict)
+
+
+class ZipVar(LazyIteratorVar):
+    """zip(...): at a graph break, over live list or dict iterators (enumerated or
+    not), it is handed over as zip of those iterators (else as what it has left)."""
+    __slots__ = ("inners", "strict")
+
+    def __init__(self, inners: list, strict: bool):
+        self.inners, self.strict = inners, strict
+        rows = _zip_rows([_drain(i) for i in inners], strict)
+        super().__init__((TupleVar(row) for row in rows), zip)
+
+    def handover(self):
+        if self.strict or not self.inners:
+            return None
+        live = [i.handover() for i in self.inners]
+        if any(h is None or ";" in h[0] for h in live):     # no zip in a zip
+            return None
+        return "z:" + ";".join(h[0] for h in live), TupleVar([h[1] for h in live])
+
+    def remaining(self, tx) -> list:
+        if self.handover() is None:
+            return super().remaining(tx)
+        for inner in self.inners:
+            inner.remaining(tx)
+        return []
 
 
 def _map(tx, args, kwargs):
@@ -681,6 +718,10 @@ def iter_of(tx, v: Var) -> IteratorVar:
     if isinstance(v, TensorVar):
         return LazyIteratorVar(iter(v.unpack(tx)), None)
     if type(v) is ListVar:
+        if _private(tx, v):
+            # The rest of a loop handed to this resume function: handed on the same
+            # way at a break, so that one resume code serves every iteration.
+            return LazyIteratorVar(live_items(v, tx), type(iter([])))
         return ListIteratorVar(v, tx)
     if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
         return DictIteratorVar(v, "keys", tx)

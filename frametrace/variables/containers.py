@@ -392,9 +392,10 @@ class IteratorVar(Var):
         return self.items[self.index:]
 
     def handover(self):
-        """(layout kind, container Var) when a graph break hands this iterator over
-        live, as the container it reads and its position (see resume.resume_code);
-        None when it is handed over as the list of what it has left."""
+        """(layout kind, Var) when a graph break hands this iterator over live: the Var
+        is a tuple of the containers it reads and its positions, from which the resume
+        function's prologue makes it anew (see resume._live_iterator); None when it is
+        handed over as the list of what it has left."""
         return None
 
 
