@@ -509,3 +509,15 @@ def test_zip_over_a_live_list_at_a_break_is_exact():
         # Lists nothing else can reach: the rest is handed over, graphs on both sides.
         r = check(zip_over_fresh_lists_with_a_break, _inputs())
     assert r.fallbacks == 0 and r.breaks >= 2, r
+
+
+def set_growing_while_iterated(x):
+    s = {1, 2}
+    for v in s:
+        s.add(v + 10)
+        x = x + v
+    return x
+
+
+def test_set_changed_size_during_iteration_raises():
+    check(set_growing_while_iterated, _inputs(), graphs=None)
