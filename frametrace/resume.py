@@ -189,6 +189,15 @@ def _live_iterator(kind: str, line) -> list:
 UNSET = object()
 
 
+def prologue_stacksize(prologue) -> int:
+    """The most stack a resume prologue uses: the stack values, plus the temporaries of
+    the live iterators it makes (more than the original frame needed there).  A resume
+    code given a fixed stack size must have at least this much."""
+    body = [i for i in prologue if not (isinstance(i, Instr) and i.name == "JUMP_FORWARD")]
+    code = Bytecode(body + [Instr("LOAD_CONST", None), Instr("RETURN_VALUE")])
+    return code.compute_stacksize(check_pre_and_post=False)
+
+
 def _method_call(name, nargs, line) -> list:
     """obj.name(...) with obj and then the arguments pushed in between."""
     method = [Instr("LOAD_ATTR", (True, name), lineno=line)] if PY312 else \
