@@ -315,6 +315,10 @@ class InstructionTranslator:
             # A generator's body runs lazily, as CPython's: up to the next yield on each
             # next(), so no item is computed that the caller does not consume.
             from .variables.builtins import LazyIteratorVar
+            if _has_cleanup(code):
+                # CPython runs its finally/with exits when the generator is closed or
+                # collected, which a trace cannot place.
+                unsupported(f"generator {qualname} with try/finally or with")
             child.generator = True
             return LazyIteratorVar(_generator_items(child, _pure_generator(code)), _GENERATOR)
         self.root.code_runs += 1
@@ -705,6 +709,18 @@ _PURE_OPS = frozenset("""RETURN_GENERATOR POP_TOP RESUME NOP CACHE EXTENDED_ARG 
     UNARY_NOT UNARY_INVERT BUILD_TUPLE BUILD_LIST BUILD_MAP BUILD_CONST_KEY_MAP BINARY_SUBSCR
     BUILD_SLICE BINARY_SLICE UNPACK_SEQUENCE UNPACK_EX LIST_APPEND LIST_EXTEND LIST_TO_TUPLE
     FORMAT_VALUE BUILD_STRING CALL_INTRINSIC_1 RERAISE""".split())
+
+
+def _has_cleanup(code) -> bool:
+    """Whether a generator has handlers of its own (3.12 wraps every generator in one
+    that turns StopIteration into RuntimeError: not a cleanup)."""
+    instructions = {i.offset: i for i in _instructions(code)}
+    for entry in dis._parse_exception_table(code):
+        handler = instructions.get(entry.target)
+        if handler is None or handler.opname != "CALL_INTRINSIC_1" or \
+                "STOPITERATION" not in handler.argrepr:
+            return True
+    return False
 
 
 def _pure_generator(code) -> bool:

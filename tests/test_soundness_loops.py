@@ -521,3 +521,22 @@ def set_growing_while_iterated(x):
 
 def test_set_changed_size_during_iteration_raises():
     check(set_growing_while_iterated, _inputs(), graphs=None)
+
+
+def _gen_with_finally(log):
+    try:
+        yield 1.0
+        yield 2.0
+    finally:
+        log.append("closed")
+
+
+def generator_with_finally_consumed(x, log):
+    for v in _gen_with_finally(log):
+        log.append(v)
+        x = x * v
+    return x
+
+
+def test_generator_cleanup_runs_as_in_cpython():
+    check(generator_with_finally_consumed, [(torch.randn(3), []), (torch.randn(3), [])], graphs=None)
