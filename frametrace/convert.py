@@ -523,6 +523,11 @@ def _live_at_break(tracer):
     """The Vars a graph break hands to CPython: the stack, locals and cells."""
     from .interpreter import _Lazy
     from .variables import NULL
+    # The loops the break is inside go on in the resume function, over what their
+    # iterators have left (pulled now, so its tensors are graph outputs).
+    for v in tracer.stack:
+        if isinstance(v, IteratorVar):
+            v.remaining(tracer)
     live = [v for v in tracer.stack if v is not NULL]
     live += [v for v in tracer.locals.values() if type(v) is not _Lazy and v is not NULL]
     live += [c.value for c in tracer.cells.values() if c.value is not None and type(c.value) is not _Lazy]
@@ -551,6 +556,10 @@ def _collect_outputs(v, out, seen=None):
         _collect_outputs(v.obj, out, seen)
     elif getattr(v, "base", None) is not None and isinstance(v.base, Var):
         _collect_outputs(v.base, out, seen)
+    elif isinstance(getattr(v, "dict", None), DictVar):      # a dict view
+        _collect_outputs(v.dict, out, seen)
+    elif isinstance(v, IteratorVar) and v.handover() is not None:
+        _collect_outputs(v.handover()[1], out, seen)
     elif isinstance(v, IteratorVar):
         for item in v.items[v.index:]:
             _collect_outputs(item, out, seen)

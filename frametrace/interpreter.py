@@ -95,7 +95,9 @@ class InstructionTranslator:
         self.ip = 0
         self.lineno = code.co_firstlineno
         self.return_value: Var | None = None
-        self.yielded: list | None = None
+        self.generator = False              # an inlined generator's frame: yields suspend it
+        self.code_runs = 0                  # root only: see builtins.call_item_fn
+        self.live_reads: list | None = None  # root only: see containers.note_live_read
         self.stop_at: int | None = None     # root only: stop before this instruction
         if parent is None:
             from .resume import opaque_locals
@@ -224,6 +226,9 @@ class InstructionTranslator:
 
     # ------------------------------------------------------------ locals, cells
     def LOAD_CONST(self, inst):
+        if inst.argval is enumerate or inst.argval is zip:   # a resume function's prologue
+            self.push(wrap(self, inst.argval, None, guard=False))
+            return
         self.push(ConstVar(inst.argval))
 
     def RETURN_CONST(self, inst):
@@ -336,12 +341,16 @@ class InstructionTranslator:
             child.locals[name] = v
         child.closure = list(closure)
         if code.co_flags & 0x20:
-            # A generator runs to completion now; the caller iterates what it yielded.
-            # Right for what generators are used for in model code (genexprs fed to
-            # all/any/tuple/sum); interleaved side effects would be reordered.
-            child.yielded = []
-            child.run()
-            return IteratorVar(child.yielded)
+            # A generator's body runs lazily, as CPython's: up to the next yield on each
+            # next(), so no item is computed that the caller does not consume.
+            from .variables.builtins import LazyIteratorVar
+            if _has_cleanup(code):
+                # CPython runs its finally/with exits when the generator is closed or
+                # collected, which a trace cannot place.
+                unsupported(f"generator {qualname} with try/finally or with")
+            child.generator = True
+            return LazyIteratorVar(_generator_items(child, _pure_generator(code)), _GENERATOR)
+        self.root.code_runs += 1
         return child.run()
 
     # ------------------------------------------------------------ attributes
@@ -527,13 +536,20 @@ class InstructionTranslator:
         v = self.pop()
         self.stack[-inst.arg].call_method(self, "update", [v], {})
 
+    # The list or dict a display builds is the frame's own, except in a resume
+    # function, which gets it as an argument (a break inside `[*a, *f()]`): then
+    # the change is a side effect on it, written back.
     def LIST_APPEND(self, inst):
         v = self.pop()
-        self.stack[-inst.arg].items.append(v)
+        target = self.stack[-inst.arg]
+        target._check_mutable(self)
+        target.items.append(v)
 
     def LIST_EXTEND(self, inst):
         v = self.pop()
-        self.stack[-inst.arg].items.extend(v.unpack(self))
+        target = self.stack[-inst.arg]
+        target._check_mutable(self)
+        target.items.extend(v.unpack(self))
 
     def LIST_TO_TUPLE(self, inst):  # 3.11
         self.push(TupleVar(self.pop().unpack(self)))
@@ -542,14 +558,18 @@ class InstructionTranslator:
         v = self.pop()
         if not isinstance(v, DictVar):
             unsupported(f"dict update with {v}")
-        self.stack[-inst.arg].items.update(v.items)
+        target = self.stack[-inst.arg]
+        target._mutating(self)
+        target.items.update(v.items)
 
     DICT_MERGE = DICT_UPDATE
 
     def MAP_ADD(self, inst):
         value = self.pop()
         key = self.pop()
-        self.stack[-inst.arg].items[_const_key(key)] = value
+        target = self.stack[-inst.arg]
+        target._mutating(self)
+        target.items[_const_key(key)] = value
 
     def CALL_INTRINSIC_1(self, inst):  # 3.12
         name = inst.argrepr
@@ -621,8 +641,8 @@ class InstructionTranslator:
             self.pop()
 
     def GET_ITER(self, inst):
-        v = self.pop()
-        self.push(v if isinstance(v, IteratorVar) else IteratorVar(v.unpack(self)))
+        from .variables.builtins import iter_of
+        self.push(iter_of(self, self.pop()))
 
     def FOR_ITER(self, inst):
         it = self.stack[-1]
@@ -669,10 +689,11 @@ class InstructionTranslator:
         self.push(ConstVar(None))     # what the generator is first resumed with
 
     def YIELD_VALUE(self, inst):
-        if self.yielded is None:
+        if not self.generator:
             unsupported("yield outside an inlined generator")
-        self.yielded.append(self.pop())
+        value = self.pop()
         self.push(ConstVar(None))     # the value sent back: next() sends None
+        raise _Yield(value)
 
     def RETURN_VALUE(self, inst):
         self.return_value = self.pop()
@@ -682,6 +703,68 @@ class InstructionTranslator:
 
     def RAISE_VARARGS(self, inst):
         unsupported("raising an exception")
+
+
+class _Yield(Exception):
+    """An inlined generator's frame suspends at a yield: run() unwinds with the value,
+    and the next pull calls run() again, at the instruction after the yield."""
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+
+_GENERATOR = type((lambda: (yield))())
+
+
+def _generator_items(child, pure: bool):
+    while True:
+        if not pure:
+            child.root.code_runs += 1
+        try:
+            child.run()
+        except _Yield as y:
+            yield y.value
+            continue
+        return
+
+
+# Opcodes whose effects stay inside a generator's frame (or are graph ops without side
+# effects): a generator made of only these can be pulled ahead of time at a graph break.
+# Calls, stores to anything but locals, and in-place operators are not among them;
+# user dunders reached through them are inlined calls, counted on their own.
+_PURE_OPS = frozenset("""RETURN_GENERATOR POP_TOP RESUME NOP CACHE EXTENDED_ARG COPY_FREE_VARS
+    MAKE_CELL PUSH_NULL COPY SWAP LOAD_FAST LOAD_FAST_CHECK LOAD_FAST_AND_CLEAR STORE_FAST
+    LOAD_CONST LOAD_DEREF LOAD_GLOBAL LOAD_ATTR FOR_ITER GET_ITER END_FOR JUMP_FORWARD
+    JUMP_BACKWARD JUMP_BACKWARD_NO_INTERRUPT POP_JUMP_IF_FALSE POP_JUMP_IF_TRUE
+    POP_JUMP_IF_NONE POP_JUMP_IF_NOT_NONE POP_JUMP_FORWARD_IF_FALSE POP_JUMP_FORWARD_IF_TRUE
+    POP_JUMP_FORWARD_IF_NONE POP_JUMP_FORWARD_IF_NOT_NONE POP_JUMP_BACKWARD_IF_FALSE
+    POP_JUMP_BACKWARD_IF_TRUE POP_JUMP_BACKWARD_IF_NONE POP_JUMP_BACKWARD_IF_NOT_NONE
+    YIELD_VALUE RETURN_VALUE RETURN_CONST COMPARE_OP IS_OP CONTAINS_OP UNARY_NEGATIVE
+    UNARY_NOT UNARY_INVERT BUILD_TUPLE BUILD_LIST BUILD_MAP BUILD_CONST_KEY_MAP BINARY_SUBSCR
+    BUILD_SLICE BINARY_SLICE UNPACK_SEQUENCE UNPACK_EX LIST_APPEND LIST_EXTEND LIST_TO_TUPLE
+    FORMAT_VALUE BUILD_STRING CALL_INTRINSIC_1 RERAISE""".split())
+
+
+def _has_cleanup(code) -> bool:
+    """Whether a generator has handlers of its own (3.12 wraps every generator in one
+    that turns StopIteration into RuntimeError: not a cleanup)."""
+    instructions = {i.offset: i for i in _instructions(code)}
+    for entry in dis._parse_exception_table(code):
+        handler = instructions.get(entry.target)
+        if handler is None or handler.opname != "CALL_INTRINSIC_1" or \
+                "STOPITERATION" not in handler.argrepr:
+            return True
+    return False
+
+
+def _pure_generator(code) -> bool:
+    for inst in _instructions(code):
+        if inst.opname == "BINARY_OP":
+            if dis._nb_ops[inst.arg][1].endswith("="):
+                return False
+        elif inst.opname not in _PURE_OPS:
+            return False
+    return True
 
 
 def _is_data(value) -> bool:

@@ -43,6 +43,9 @@ def abstract_instructions(code):
 # and the locals that hold opaque data there.
 _origin: dict[types.CodeType, tuple] = {}
 _opaque: dict[types.CodeType, frozenset] = {}
+# resume code -> its parameters that are lists made by the break for an "i" slot: only
+# the loop's iterator sees them.
+_private: dict[types.CodeType, frozenset] = {}
 
 
 def opaque_locals(code) -> frozenset:
@@ -53,6 +56,10 @@ def original_code(code):
     """The code a resume code was made from (itself for any other code)."""
     hit = _origin.get(code)
     return code if hit is None else hit[0]
+
+
+def private_lists(code) -> frozenset:
+    return _private.get(code, frozenset())
 
 
 def original_position(code, offset):
@@ -70,7 +77,8 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
                 opaque: frozenset = frozenset()) -> types.CodeType:
     """The code object that continues `code` at instruction `offset`, with a stack of
     `layout` ("v": a value passed in; "r": a value the breaking instruction produced;
-    "i": a list passed in and iterated again; "n": a NULL)."""
+    "i": a list passed in and iterated again; "n": a NULL; else a live iterator handed
+    over, see IteratorVar.handover and _live_iterator)."""
     names = _stack_names(layout)
     key = (code, offset, layout, local_names, opaque)
     hit = _cache.get(key)
@@ -123,21 +131,25 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
         prologue.append(Instr("LOAD_FAST", next(names_iter), lineno=line))
         if kind == "i":
             prologue.append(Instr("GET_ITER", lineno=line))
+        elif kind != "v" and kind != "r":
+            prologue.extend(_live_iterator(kind, line))     # see IteratorVar.handover
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
     # The body runs from states the original frame had (the prologue rebuilds its stack
     # at the target), so the original's stack size and exception-table depths hold.
     # Computing them anew would start inside a `with`/try region whose TryBegin the
     # jump skipped, and misjudge its handler (a `raise` there: a negative size).
-    result = new.to_code(stacksize=max(code.co_stacksize, len(layout)),
+    result = new.to_code(stacksize=max(code.co_stacksize, prologue_stacksize(prologue)),
                          compute_exception_stack_depths=False)
     _cache[key] = result
     _opaque[result] = opaque
+    _private[result] = frozenset(n for n, kind in zip(names, (k for k in layout if k != "n"))
+                                 if kind == "i")
     # Instruction i of the body is instruction i of the original after its prologue.
     original_instrs = [i for i in abstract if isinstance(i, Instr)]
     original_instrs = original_instrs[len(original_instrs) - sum(isinstance(i, Instr) for i in body):]
     _, new_by_offset = abstract_instructions(result)
-    new_offsets = sorted(new_by_offset)[len(prologue):]
+    new_offsets = sorted(new_by_offset)[sum(isinstance(i, Instr) for i in prologue):]
     orig_offset_of = {id(ins): off for off, ins in by_offset.items()}
     _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
                               if id(o) in orig_offset_of})
@@ -152,6 +164,71 @@ def split_locals(code, local_names) -> tuple[list, list]:
     if first is not None and first in local_names and first not in code.co_cellvars:
         return [first], [n for n in local_names if n != first]
     return [], list(local_names)
+
+
+def _live_iterator(kind: str, line) -> list:
+    """The prologue that turns the tuple on top of the stack (containers and positions,
+    from IteratorVar.handover) into the live iterator a break handed over.  Positions
+    are values, not constants of the code: one resume code serves every iteration."""
+    what, _, rest = kind.partition(":")
+    I = lambda name, arg=UNSET: Instr(name, arg, lineno=line) if arg is not UNSET \
+        else Instr(name, lineno=line)  # noqa: E731
+    if what == "l":
+        # (list, pos) -> iter(list), then it.__setstate__(pos)
+        method, call = _method_call("__setstate__", 1, line)
+        return [I("UNPACK_SEQUENCE", 2), I("GET_ITER"), I("COPY", 1), *method, I("COPY", 4),
+                *call, I("POP_TOP"), I("SWAP", 2), I("POP_TOP")]
+    if what == "d":
+        # (dict, pos) -> iter(dict.VIEW()), then next() pos times
+        out = [I("UNPACK_SEQUENCE", 2)]
+        if rest != "keys":
+            method, call = _method_call(rest, 0, line)
+            out += method + call
+        top, end = Label(), Label()
+        method, call = _method_call("__next__", 0, line)
+        return out + [I("GET_ITER"), I("SWAP", 2), top, I("COPY", 1),
+                      I("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE", end),
+                      I("SWAP", 2), I("COPY", 1), *method, *call, I("POP_TOP"), I("SWAP", 2),
+                      I("LOAD_CONST", 1), I("BINARY_OP", 10), I("JUMP_BACKWARD", top), end,
+                      I("POP_TOP")]
+    if what == "e":
+        # (inner, count) -> enumerate(inner's iterator, count), called as a method call
+        # would be: [enumerate, it, count]
+        _, call = _method_call("", 1, line)
+        return [I("UNPACK_SEQUENCE", 2), *_live_iterator(rest, line), I("LOAD_CONST", enumerate),
+                I("SWAP", 2), I("COPY", 3), *call, I("SWAP", 2), I("POP_TOP")]
+    if what == "z":
+        # (inner1, ..., innerN) -> zip(it1, ..., itN): [zip, it1, ..., itN], the tuple
+        # kept on top while the iterators are made
+        out = [I("LOAD_CONST", zip), I("SWAP", 2)]
+        inners = rest.split(";")
+        for i, inner in enumerate(inners):
+            out += [I("COPY", 1), I("LOAD_CONST", i), I("BINARY_SUBSCR"),
+                    *_live_iterator(inner, line), I("SWAP", 2)]
+        _, call = _method_call("", len(inners) - 1, line)
+        return out + [I("POP_TOP"), *call]
+    raise AssertionError(kind)
+
+
+UNSET = object()
+
+
+def prologue_stacksize(prologue) -> int:
+    """The most stack a resume prologue uses: the stack values, plus the temporaries of
+    the live iterators it makes (more than the original frame needed there).  A resume
+    code given a fixed stack size must have at least this much."""
+    body = [i for i in prologue if not (isinstance(i, Instr) and i.name == "JUMP_FORWARD")]
+    code = Bytecode(body + [Instr("LOAD_CONST", None), Instr("RETURN_VALUE")])
+    return code.compute_stacksize(check_pre_and_post=False)
+
+
+def _method_call(name, nargs, line) -> list:
+    """obj.name(...) with obj and then the arguments pushed in between."""
+    method = [Instr("LOAD_ATTR", (True, name), lineno=line)] if PY312 else \
+        [Instr("LOAD_METHOD", name, lineno=line)]
+    call = [Instr("CALL", nargs, lineno=line)] if PY312 else \
+        [Instr("PRECALL", nargs, lineno=line), Instr("CALL", nargs, lineno=line)]
+    return method, call
 
 
 def resume_codes_in(code) -> list:
@@ -186,6 +263,7 @@ def clear():
     _cache.clear()
     _origin.clear()
     _opaque.clear()
+    _private.clear()
 
 
 # --------------------------------------------------------------------------- at a break
@@ -266,9 +344,9 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     plan = _BreakPlan()
     plan.lower, plan.top = stack[:len(stack) - consumed], stack[len(stack) - consumed:]
     # Per lower stack slot: "v" a value, "n" a NULL, "i" an iterator passed as the list of
-    # what it has left (so the resume frame can guard and trace its items).
-    plan.layout = tuple("n" if v is NULL else "i" if isinstance(v, IteratorVar) else "v"
-                        for v in plan.lower)
+    # what it has left (so the resume frame can guard and trace its items), "l:POS" a
+    # list iterator passed as its (live) list, iterated again from POS.
+    plan.layout = tuple(_layout_kind(v) for v in plan.lower)
     cells = set(code.co_cellvars) | set(code.co_freevars)
     # A resume frame's ___stackN parameters are dead once its prologue pushed them.
     plan.bound = [n for n in code.co_varnames if n in tracer.locals and n not in cells
@@ -288,7 +366,10 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
         plan.temps[key] = name
 
     for i, v in enumerate(plan.lower):
-        if isinstance(v, IteratorVar):
+        live = v.handover() if isinstance(v, IteratorVar) else None
+        if live is not None:
+            keep(("lower", i), lambda c=live[1]: c.reconstruct(cg))
+        elif isinstance(v, IteratorVar):
             def build(v=v):
                 for item in v.items[v.index:]:
                     item.reconstruct(cg)
@@ -304,6 +385,17 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     for n in plan.cells_to_store:
         keep(("cell", n), lambda n=n: tracer.cells[n].value.reconstruct(cg))
     return plan
+
+
+def _layout_kind(v) -> str:
+    from .variables.base import NULL
+    from .variables.containers import IteratorVar
+    if v is NULL:
+        return "n"
+    if isinstance(v, IteratorVar):
+        live = v.handover()
+        return "i" if live is None else live[0]
+    return "v"
 
 
 def cells_to_store(tracer) -> list[str]:

@@ -15,7 +15,8 @@ import torch
 
 from .base import Var, unsupported
 from .constant import ConstVar
-from .containers import DictVar, IteratorVar, ListVar, TupleVar
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys,
+                         note_live_read)
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -61,12 +62,44 @@ class LazyIteratorVar(IteratorVar):
         return self.kind
 
     def next(self):
+        if self.index < len(self.items):      # pulled ahead by remaining()
+            self.index += 1
+            return self.items[self.index - 1]
         try:
             return next(self.gen)
         except StopIteration:
             return None
 
+    def remaining(self, tx) -> list:
+        # Pulling the rest now moves it before the breaking instruction: right only
+        # when no code of the program runs for it (map's function, a generator's body
+        # with effects), which would then run early, or for items never consumed.
+        # And what is left of a list or dict it reads live is a snapshot then: right
+        # only when nothing can change that container later.
+        root = tx.root
+        before = root.code_runs
+        outer, root.live_reads = root.live_reads, []
+        try:
+            self.items = self.items[self.index:] + self._pull_all()
+        finally:
+            reads, root.live_reads = root.live_reads, outer
+        if outer is not None:
+            outer.extend(reads)
+        self.index = 0
+        if root.code_runs != before:
+            unsupported("a graph break in a loop over an iterator that runs code of the "
+                        "program for its items (map, filter, a generator)")
+        if any(_reachable(tx, c) for c in reads):
+            unsupported("a graph break in a loop over an iterator that reads a list or dict "
+                        "the frame can still change")
+        return self.items
+
     def unpack(self, tx):
+        rest = self.items[self.index:] + self._pull_all()
+        self.items, self.index = [], 0
+        return rest
+
+    def _pull_all(self):
         out = []
         for v in self.gen:
             out.append(v)
@@ -99,14 +132,134 @@ class LazyIteratorVar(IteratorVar):
         return f"LazyIteratorVar({getattr(self.kind, '__name__', '?')})"
 
 
+class ListIteratorVar(LazyIteratorVar):
+    """iter(a list): reads the live list by index, so items appended while a loop runs
+    are seen (CPython's list iterator).  A graph break hands over the list itself and the
+    position, which the resume function restores with __setstate__."""
+    __slots__ = ("seq", "pos")
+
+    def __init__(self, seq: ListVar, tx):
+        self.seq = seq
+        self.pos = 0
+        super().__init__(self._pull(tx), type(iter([])))
+
+    def _pull(self, tx):
+        while True:
+            note_live_read(tx, self.seq)
+            if self.pos >= len(self.seq.items):
+                return
+            self.pos += 1
+            yield self.seq.items[self.pos - 1]
+
+    def remaining(self, tx) -> list:
+        return []               # nothing pulled: handed over live
+
+    def handover(self):
+        return "l", TupleVar([self.seq, ConstVar(self.pos)])
+
+    def getattr(self, tx, name):
+        if name == "__setstate__":
+            return MethodVar(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__setstate__" and len(args) == 1 and not kwargs:
+            self.pos = max(0, min(const_key(args[0], "list iterator position"), len(self.seq.items)))
+            return ConstVar(None)
+        return super().call_method(tx, name, args, kwargs)
+
+
+class DictIteratorVar(LazyIteratorVar):
+    """iter(a dict) or iter(d.keys() / .values() / .items()): live, as CPython's.  A
+    graph break hands over the dict and the number of items taken; the resume function
+    makes the iterator anew and advances it."""
+    __slots__ = ("dict", "view", "pos", "size")
+
+    def __init__(self, d: DictVar, view: str, tx):
+        self.dict, self.view, self.pos, self.size = d, view, 0, len(d.items)
+        item = DictViewVar(d, view).item
+        super().__init__(self._pull(live_keys(d, tx, item)), _DICT_ITER_TYPES[view])
+
+    def _pull(self, items):
+        for v in items:
+            self.pos += 1
+            yield v
+
+    def remaining(self, tx) -> list:
+        if len(self.dict.items) != self.size:
+            unsupported("dictionary changed size during iteration (RuntimeError)")
+        return []               # nothing pulled: handed over live
+
+    def handover(self):
+        return f"d:{self.view}", TupleVar([self.dict, ConstVar(self.pos)])
+
+
+_DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
+                    "items": type(iter({}.items()))}
+
+
+def _private(tx, container) -> bool:
+    """A list that a graph break made for its resume function, to iterate (a
+    parameter of it that only the loop's iterator reads)."""
+    from ..resume import private_lists
+    from ..source import LocalSource
+    source = container.source
+    return isinstance(source, LocalSource) and source.local in private_lists(tx.root.code)
+
+
+def _reachable(tx, container) -> bool:
+    """Whether the frame can reach `container` other than through an iterator: it came
+    from outside, was stored outside (an attribute, a global, a cell), or a local, cell
+    or stack slot holds it (inside tuples, lists, dicts and objects too)."""
+    if container.source is not None and not _private(tx, container):
+        return True
+    seen = set()
+    # (A resume function's ___stackN parameters are dead once its prologue ran.)
+    todo = [*tx.stack, *(v for n, v in tx.locals.items() if not n.startswith("___stack")),
+            *(c.value for c in tx.cells.values()),
+            *tx.side_effects.values()]
+    while todo:
+        v = todo.pop()
+        if v is container:
+            return True
+        if id(v) in seen or isinstance(v, IteratorVar):
+            continue
+        seen.add(id(v))
+        items = getattr(v, "items", None)
+        if isinstance(items, dict):
+            todo.extend(items.values())
+        elif isinstance(items, list):
+            todo.extend(items)
+        attrs = getattr(v, "attrs", None)
+        if isinstance(attrs, dict):
+            todo.extend(attrs.values())
+    return False
+
+
 def var_iter(tx, v: Var):
     """A Python iterator over the Vars that iterating over `v` gives, taken now (as
     CPython's iter() would be); iterators are consumed lazily."""
     if isinstance(v, IteratorVar):
         return _drain(v)
+    if type(v) is ListVar:
+        return live_items(v, tx)
+    if type(v) is SetVar:
+        return _live_set(v, tx)
+    if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
+        return live_keys(v, tx)
+    if isinstance(v, DictViewVar):
+        return v.iter_items(tx)
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
     return iter(v.unpack(tx))
+
+
+def call_item_fn(tx, fn, args):
+    """Call a function an iterator applies to its items (map, filter, ...): code of the
+    program, counted, since a graph break in a loop must not run it ahead of time."""
+    if not (isinstance(fn, BuiltinVar) and fn.value in _FOLDABLE_BUILTINS):
+        tx.root.code_runs += 1
+    return fn.call(tx, args, {})
 
 
 def _drain(it: IteratorVar):
@@ -468,13 +621,36 @@ def _enumerate(tx, args, kwargs):
     if len(args) not in (1, 2) or set(kwargs) - {"start"}:
         return None
     start = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))
-    start = const_key(start, "enumerate start")
-    source = var_iter(tx, args[0])
+    return EnumerateVar(iter_of(tx, args[0]), const_key(start, "enumerate start"))
 
-    def gen():
-        for i, v in enumerate(source, start):
-            yield TupleVar([ConstVar(i), v])
-    return LazyIteratorVar(gen(), enumerate)
+
+class EnumerateVar(LazyIteratorVar):
+    """enumerate(it): at a graph break, over a live list or dict iterator, it is handed
+    over as enumerate(that iterator, count) (else as what it has left)."""
+    __slots__ = ("inner", "count")
+
+    def __init__(self, inner: IteratorVar, start: int):
+        self.inner, self.count = inner, start
+        super().__init__(self._pull(), enumerate)
+
+    def _pull(self):
+        for v in _drain(self.inner):
+            self.count += 1
+            yield TupleVar([ConstVar(self.count - 1), v])
+
+    def handover(self):
+        inner = self.inner.handover()
+        return None if inner is None else (f"e:{inner[0]}", TupleVar([inner[1], ConstVar(self.count)]))
+
+    def remaining(self, tx) -> list:
+        if self.handover() is not None:
+            return self.inner.remaining(tx)
+        if self.index >= len(self.items):
+            rest = self.inner.remaining(tx)
+            self.items = [TupleVar([ConstVar(self.count + i), v]) for i, v in enumerate(rest)]
+            self.index = 0
+            self.gen = iter(())
+        return self.items[self.index:]
 
 
 def _zip_rows(iters, strict=False):
@@ -500,8 +676,33 @@ def _zip(tx, args, kwargs):
     if set(kwargs) - {"strict"}:
         return None
     strict = bool(const_key(kwargs["strict"])) if "strict" in kwargs else False
-    iters = [var_iter(tx, a) for a in args]
-    return LazyIteratorVar((TupleVar(row) for row in _zip_rows(iters, strict)), zip)
+    return ZipVar([iter_of(tx, a) for a in args], strict)
+
+
+class ZipVar(LazyIteratorVar):
+    """zip(...): at a graph break, over live list or dict iterators (enumerated or
+    not), it is handed over as zip of those iterators (else as what it has left)."""
+    __slots__ = ("inners", "strict")
+
+    def __init__(self, inners: list, strict: bool):
+        self.inners, self.strict = inners, strict
+        rows = _zip_rows([_drain(i) for i in inners], strict)
+        super().__init__((TupleVar(row) for row in rows), zip)
+
+    def handover(self):
+        if self.strict or not self.inners:
+            return None
+        live = [i.handover() for i in self.inners]
+        if any(h is None or ";" in h[0] for h in live):     # no zip in a zip
+            return None
+        return "z:" + ";".join(h[0] for h in live), TupleVar([h[1] for h in live])
+
+    def remaining(self, tx) -> list:
+        if self.handover() is None:
+            return super().remaining(tx)
+        for inner in self.inners:
+            inner.remaining(tx)
+        return []
 
 
 def _map(tx, args, kwargs):
@@ -509,7 +710,7 @@ def _map(tx, args, kwargs):
         return None
     fn = args[0]
     iters = [var_iter(tx, a) for a in args[1:]]
-    return LazyIteratorVar((fn.call(tx, row, {}) for row in _zip_rows(iters)), map)
+    return LazyIteratorVar((call_item_fn(tx, fn, row) for row in _zip_rows(iters)), map)
 
 
 def _is_none_var(v):
@@ -524,7 +725,7 @@ def _filter(tx, args, kwargs):
 
     def gen():
         for v in source:
-            keep = v if _is_none_var(fn) else fn.call(tx, [v], {})
+            keep = v if _is_none_var(fn) else call_item_fn(tx, fn, [v])
             if _truth(tx, keep):
                 yield v
     return LazyIteratorVar(gen(), filter)
@@ -544,18 +745,62 @@ def _reversed(tx, args, kwargs):
         except TypeError as e:
             unsupported(f"reversed(): {e}")
         return LazyIteratorVar((ConstVar(x) for x in real), type(real))
+    if type(v) is ListVar:
+        return LazyIteratorVar(_live_reversed(v, tx), type(reversed([])))
     items = var_list(tx, v)
     return LazyIteratorVar(iter(items[::-1]), type(reversed([])))
+
+
+def _live_set(s, tx):
+    """A set's iterator: a change of its size while the loop runs is CPython's
+    RuntimeError (the frame then runs in CPython, which raises it)."""
+    size = len(s.real)
+    for k in list(s.real):
+        note_live_read(tx, s)
+        if len(s.real) != size:
+            break
+        if k not in s.real:
+            unsupported("a set member removed while iterating over the set")
+        yield s.members[k]
+    note_live_read(tx, s)
+    if len(s.real) != size:
+        unsupported("Set changed size during iteration (RuntimeError)")
+
+
+def _live_reversed(seq, tx):
+    """CPython's reversed list iterator: by index into the live list, from the end it
+    had; it stops for good at an index past the end (the list shrank)."""
+    i = len(seq.items) - 1
+    while True:
+        note_live_read(tx, seq)
+        if not 0 <= i < len(seq.items):
+            return
+        yield seq.items[i]
+        i -= 1
 
 
 def _iter(tx, args, kwargs):
     if len(args) != 1 or kwargs:
         return None
-    v = args[0]
+    return iter_of(tx, args[0])
+
+
+def iter_of(tx, v: Var) -> IteratorVar:
+    """iter(v) (and GET_ITER)."""
     if isinstance(v, IteratorVar):
         return v
     if isinstance(v, TensorVar):
         return LazyIteratorVar(iter(v.unpack(tx)), None)
+    if type(v) is ListVar:
+        if _private(tx, v):
+            # The rest of a loop handed to this resume function: handed on the same
+            # way at a break, so that one resume code serves every iteration.
+            return LazyIteratorVar(live_items(v, tx), type(iter([])))
+        return ListIteratorVar(v, tx)
+    if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
+        return DictIteratorVar(v, "keys", tx)
+    if isinstance(v, DictViewVar) and type(v.dict).unpack is DictVar.unpack:
+        return DictIteratorVar(v.dict, v.kind, tx)
     kind = None
     try:
         kind = _ITER_TYPES.get(v.python_type().__name__)

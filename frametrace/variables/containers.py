@@ -295,12 +295,8 @@ class DictVar(CollectionVar):
         if name == "__setitem__" and len(args) == 2:
             self.setitem(tx, args[0], args[1])
             return ConstVar(None)
-        if name == "keys" and not args:
-            return ListVar([ConstVar(k) for k in self.items])
-        if name == "values" and not args:
-            return ListVar(list(self.items.values()))
-        if name == "items" and not args:
-            return ListVar([TupleVar([ConstVar(k), v]) for k, v in self.items.items()])
+        if name in ("keys", "values", "items") and not args and not kwargs:
+            return DictViewVar(self, name)
         if name == "get" and 1 <= len(args) <= 2 and args[0].is_const():
             default = args[1] if len(args) == 2 else ConstVar(None)
             return self.items.get(args[0].as_const(), default)
@@ -325,6 +321,76 @@ class DictVar(CollectionVar):
         return f"DictVar({self.items!r})"
 
 
+class DictViewVar(Var):
+    """d.keys(), d.values() or d.items(): a live view, which sees later changes of the
+    dict, as CPython's."""
+    __slots__ = ("dict", "kind")
+    _TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+    def __init__(self, d: DictVar, kind: str):
+        super().__init__(None)
+        self.dict = d
+        self.kind = kind
+
+    def python_type(self):
+        return self._TYPES[self.kind]
+
+    def item(self, d, k):
+        if self.kind == "keys":
+            return ConstVar(k)
+        if self.kind == "values":
+            return d.items[k]
+        return TupleVar([ConstVar(k), d.items[k]])
+
+    def iter_items(self, tx):
+        return live_keys(self.dict, tx, self.item)
+
+    def unpack(self, tx):
+        return [self.item(self.dict, k) for k in self.dict.items]
+
+    def length(self, tx):
+        return len(self.dict.items)
+
+    def truth(self, tx):
+        return bool(self.dict.items)
+
+    def contains(self, tx, item):
+        if self.kind == "keys":
+            return _dict_key(item) in self.dict.items
+        members = self.unpack(tx)
+        if item.is_const() and all(m.is_const() for m in members):
+            return item.as_const() in [m.as_const() for m in members]
+        unsupported(f"'in' on dict.{self.kind}() with {item}")
+
+    def is_const(self):
+        return self.kind == "keys" or self.dict.is_const()
+
+    def as_const(self):
+        return getattr(self.dict.as_const(), self.kind)()
+
+    def getattr(self, tx, name):
+        if name in ("__len__", "__iter__", "__contains__", "isdisjoint", "mapping"):
+            from .objects import MethodVar
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of dict.{self.kind}()")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__len__" and not args:
+            return ConstVar(len(self.dict.items))
+        if name == "__contains__" and len(args) == 1:
+            return ConstVar(self.contains(tx, args[0]))
+        unsupported(f"dict.{self.kind}().{name}")
+
+    def reconstruct(self, cg):
+        cg.emit("PUSH_NULL")
+        self.dict.reconstruct(cg)
+        cg.load_attr(self.kind)
+        cg.call(0)
+
+    def __repr__(self):
+        return f"DictViewVar({self.kind})"
+
+
 def _dict_key(v):
     if not v.is_const():
         unsupported(f"dict key {v} is not a constant")
@@ -332,7 +398,7 @@ def _dict_key(v):
 
 
 class IteratorVar(Var):
-    """The iterator of a for loop over a value known at trace time; the loop is
+    """The iterator of a for loop over items known at trace time; the loop is
     unrolled."""
     __slots__ = ("items", "index")
 
@@ -352,3 +418,57 @@ class IteratorVar(Var):
         rest = self.items[self.index:]
         self.index = len(self.items)
         return rest
+
+    def remaining(self, tx) -> list:
+        """What the iterator has left, as a list, for a graph break that hands the rest
+        of the loop to a resume function (its tensors become graph outputs); the
+        iterator then iterates that list.  [] for one handed over live."""
+        return self.items[self.index:]
+
+    def handover(self):
+        """(layout kind, Var) when a graph break hands this iterator over live: the Var
+        is a tuple of the containers it reads and its positions, from which the resume
+        function's prologue makes it anew (see resume._live_iterator); None when it is
+        handed over as the list of what it has left."""
+        return None
+
+
+def note_live_read(tx, container):
+    """A live iterator read `container`: while a graph break pulls what an iterator has
+    left (LazyIteratorVar.remaining), the containers it reads are collected."""
+    reads = tx.root.live_reads
+    if reads is not None:
+        reads.append(container)
+
+
+def live_items(seq: _SequenceVar, tx):
+    """The items of a list as its iterator sees them: by index into the live list, so
+    items appended while the loop runs are seen (CPython's list iterator)."""
+    i = 0
+    while True:
+        note_live_read(tx, seq)
+        if i >= len(seq.items):
+            return
+        yield seq.items[i]
+        i += 1
+
+
+def live_keys(d: DictVar, tx, view=lambda d, k: ConstVar(k)):
+    """The keys (or `view` of each key) of a dict as its iterator sees them: a change of
+    its size while the loop runs is CPython's RuntimeError, which the trace cannot give
+    (the frame runs in CPython, which raises it).  The size is taken now, as iter()
+    does."""
+    return _live_keys(d, tx, view, len(d.items))
+
+
+def _live_keys(d, tx, view, size):
+    for k in list(d.items):
+        note_live_read(tx, d)
+        if len(d.items) != size:
+            break
+        if k not in d.items:
+            unsupported("a dict key deleted while iterating over the dict")
+        yield view(d, k)
+    note_live_read(tx, d)
+    if len(d.items) != size:
+        unsupported("dictionary changed size during iteration (RuntimeError)")

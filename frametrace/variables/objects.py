@@ -43,6 +43,10 @@ class ObjectVar(ValueVar):
 
     def unpack(self, tx):
         from .builder import wrap
+        if _is_iterator(self.value) or isinstance(self.value, _MUTABLE_ITERABLES):
+            # Iterating would consume the program's iterator now, at trace time, or read
+            # contents that the guard on the object's identity does not cover.
+            unsupported(f"iterating over a {type(self.value).__name__} from outside the frame")
         try:
             items = list(self.value)
         except TypeError:
@@ -480,3 +484,14 @@ _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
 _GLOBAL_STATE_WRITERS = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
                          torch.use_deterministic_algorithms, torch.set_printoptions,
                          torch.seed}
+
+
+_MUTABLE_ITERABLES = (type({}.keys()), type({}.values()), type({}.items()), bytearray, set,
+                      memoryview)
+
+
+def _is_iterator(value) -> bool:
+    try:
+        return iter(value) is value
+    except Exception:
+        return False

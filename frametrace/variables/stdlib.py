@@ -19,7 +19,7 @@ import types
 import torch
 
 from .base import Var, unsupported
-from .builtins import LazyIteratorVar, _is_none_var, const_key, var_iter, var_list
+from .builtins import LazyIteratorVar, _is_none_var, call_item_fn, const_key, var_iter, var_list
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar
 from .objects import ObjectVar, _all_const, fold_call
@@ -257,7 +257,7 @@ def _accumulate(tx, args, kwargs):
             elif _is_none_var(func):
                 acc = binary_op(tx, operator.add, acc, v)
             else:
-                acc = func.call(tx, [acc, v], {})
+                acc = call_item_fn(tx, func, [acc, v])
             yield acc
     return _lazy(gen(), itertools.accumulate)
 
@@ -319,7 +319,7 @@ def _starmap(tx, args, kwargs):
     if kwargs or len(args) != 2:
         return None
     fn, source = args[0], var_iter(tx, args[1])
-    return _lazy((fn.call(tx, var_list(tx, row), {}) for row in source), itertools.starmap)
+    return _lazy((call_item_fn(tx, fn, var_list(tx, row)) for row in source), itertools.starmap)
 
 
 def _while(kind):
@@ -327,7 +327,7 @@ def _while(kind):
         if kwargs or len(args) != 2:
             return None
         fn, source = args[0], var_iter(tx, args[1])
-        pred = lambda v: fn.call(tx, [v], {}).truth(tx)  # noqa: E731
+        pred = lambda v: call_item_fn(tx, fn, [v]).truth(tx)  # noqa: E731
         return _lazy(kind(pred, source), kind)
     return handler
 
