@@ -257,10 +257,9 @@ def test_bart_without_cache_matches_eager(cls_name):
     check(run, [ids], graphs=1, breaks=0, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(reason="a graph break inside BartAttention (the EncoderDecoderCache is opaque) "
-                          "ends the decoder's `for idx, layer in enumerate(self.layers)` loop after "
-                          "the first layer: the loops area")
 def test_bart_with_cache_matches_eager():
+    # A graph break inside BartAttention (the EncoderDecoderCache is opaque) used to end
+    # the decoder's `for idx, layer in enumerate(self.layers)` loop after the first layer.
     model = _small_bart("BartForConditionalGeneration")
 
     def run(ids):
