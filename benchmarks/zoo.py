@@ -3,7 +3,7 @@ download): is frametrace right on each, and how many graphs and breaks does it t
 beside torch.compile, measured in one run.  Both use a counting eager backend, so the
 comparison is of the tracers.
 
-    python benchmarks/zoo.py [--only gpt2,t5] [--no-torch-compile] [--grad]
+    python benchmarks/zoo.py [--only gpt2,t5] [--no-torch-compile] [--grad] [--jobs N]
 
 Each model runs in a child process (a crash or hang costs one row, not the run).  A row
 is "ok" when every output tensor of frametrace's forward matches eager (atol/rtol 1e-4)
@@ -161,6 +161,7 @@ def main():
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--grad", action="store_true")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--jobs", type=int, default=1, help="models run at once (child processes)")
     ap.add_argument("--child", nargs=2)
     a = ap.parse_args()
     if a.child:
@@ -174,21 +175,32 @@ def main():
     archs = a.only.split(",") if a.only else list(ARCHS)
     totals = {"ft_ok": 0, "tc_ok": 0, "n": 0}
     print(f"{'model':14} {'frametrace':>10} {'graphs':>6} {'breaks':>6} {'fb':>3} | {'torch.compile':>13} {'graphs':>6} {'breaks':>6}  detail")
-    for arch in archs:
+
+    def both(arch):
         ft = run_one(arch, "frametrace", a.grad, a.timeout)
-        if ft["status"] == "skip":
-            print(f"{arch:14} skipped: {ft['detail']}")
-            continue
-        tc = {"status": "-"} if a.no_torch_compile else run_one(arch, "torch.compile", a.grad, a.timeout)
-        totals["n"] += 1
-        totals["ft_ok"] += ft["status"] == "ok"
-        totals["tc_ok"] += tc["status"] == "ok"
-        detail = ft.get("detail") or "; ".join(ft.get("reasons", []))
-        print(f"{arch:14} {ft['status']:>10} {ft.get('graphs', ''):>6} {ft.get('breaks', ''):>6} "
-              f"{ft.get('fallbacks', ''):>3} | {tc['status']:>13} {tc.get('graphs', ''):>6} "
-              f"{tc.get('breaks', ''):>6}  {detail[:150]}", flush=True)
+        if ft["status"] == "skip" or a.no_torch_compile:
+            return ft, {"status": "-"}
+        return ft, run_one(arch, "torch.compile", a.grad, a.timeout)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, a.jobs)) as pool:
+        rows = pool.map(both, archs)
+        for arch, (ft, tc) in zip(archs, rows):
+            if ft["status"] == "skip":
+                print(f"{arch:14} skipped: {ft['detail']}")
+                continue
+            report(arch, ft, tc, totals)
     print(f"\ncorrect: frametrace {totals['ft_ok']}/{totals['n']}, torch.compile "
           f"{totals['tc_ok']}/{totals['n']}")
+
+
+def report(arch, ft, tc, totals):
+    totals["n"] += 1
+    totals["ft_ok"] += ft["status"] == "ok"
+    totals["tc_ok"] += tc["status"] == "ok"
+    detail = ft.get("detail") or "; ".join(ft.get("reasons", []))
+    print(f"{arch:14} {ft['status']:>10} {ft.get('graphs', ''):>6} {ft.get('breaks', ''):>6} "
+          f"{ft.get('fallbacks', ''):>3} | {tc['status']:>13} {tc.get('graphs', ''):>6} "
+          f"{tc.get('breaks', ''):>6}  {detail[:150]}", flush=True)
 
 
 if __name__ == "__main__":
