@@ -287,10 +287,10 @@ def test_activation_checkpoint_inside_a_compiled_function():
 
 
 # --------------------------------------------------------------------------- deep recursion
-@pytest.mark.xfail(reason="each level of a recursive *compiled* function still costs two "
-                          "C-level evaluations (hook + transformed code): 16 MiB is not enough",
-                   strict=False)
 def test_deep_recursion_under_the_hook_runs_like_cpython():
+    # 20,000 levels of a recursive function that is itself compiled (a graph break at
+    # its recursive call), in a 16 MiB thread stack: each level's transformed code runs
+    # from the hook's small C frame, and frames that run unchanged are tail calls.
     script = textwrap.dedent("""
         import sys, threading, torch, frametrace
         sys.setrecursionlimit(100000)

@@ -320,15 +320,27 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         drop_unrun_frame(tstate, frame);
         return NULL;
     }
-    PyObject *result = lookup_and_run(tstate, frame, cb, code, st);
-    if (result == RUN_DEFAULT) {
+    PyObject *fn = lookup_and_run(tstate, frame, cb, code, st);
+    if (fn == RUN_DEFAULT) {
         return _PyEval_EvalFrameDefault(tstate, frame, 0);
     }
+    if (fn == NULL) {
+        return NULL;
+    }
+    /* A hit: its transformed code runs from this small C frame, not from inside
+     * lookup_and_run's (a recursive compiled function nests one of these per level).
+     * The arguments are still the unrun frame's first slots. */
+    int nargs = code->co_argcount + code->co_kwonlyargcount +
+                ((code->co_flags & CO_VARARGS) != 0) + ((code->co_flags & CO_VARKEYWORDS) != 0);
+    PyObject *result = PyObject_Vectorcall(fn, frame->localsplus, nargs, NULL);
+    Py_DECREF(fn);
+    drop_unrun_frame(tstate, frame);
     return result;
 }
 
-/* Guards, then the callback on a miss; runs a hit's transformed code.  Returns
- * RUN_DEFAULT (after releasing everything) when the frame runs unchanged. */
+/* Guards, then the callback on a miss.  Returns RUN_DEFAULT when the frame runs
+ * unchanged, NULL on an error (the frame dropped), or a new reference to the function
+ * that runs a hit's transformed code (the frame left for the caller to drop). */
 static PyObject *
 lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
                PyCodeObject *code, CodeState *st)
@@ -442,11 +454,11 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
         result = RUN_DEFAULT;
     }
     else {
-        PyObject *fn = entry_function(hit, func);
-        Py_XINCREF(fn);     /* the entry may be dropped while fn runs */
-        result = fn != NULL ? PyObject_Vectorcall(fn, argv, nargs, NULL) : NULL;
-        Py_XDECREF(fn);
-        drop_unrun_frame(tstate, frame);
+        result = entry_function(hit, func);
+        Py_XINCREF(result);     /* the entry may be dropped while it runs */
+        if (result == NULL) {
+            drop_unrun_frame(tstate, frame);
+        }
     }
     Py_XDECREF(hit);
     Py_DECREF(cb);
