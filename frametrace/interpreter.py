@@ -104,7 +104,7 @@ class InstructionTranslator:
                 if (name.startswith("___result") or name in opaque) and _is_data(value):
                     # Computed in CPython at a graph break (x.item(), open(...)): data,
                     # not a constant to specialize on.
-                    self.locals[name] = OpaqueVar(value, LocalSource(name))
+                    self.locals[name] = OpaqueVar(value, LocalSource(name), guards=guards)
                 else:
                     self.locals[name] = _Lazy(value, LocalSource(name))
             self.closure = [Cell(_Lazy(c.cell_contents, ClosureSource(n, i)), ClosureSource(n, i))
@@ -660,16 +660,21 @@ def _is_data(value) -> bool:
 class OpaqueVar(Var):
     """A Python value that is data: passed along unguarded; using its value stops the
     trace there (a graph break).  Its attributes are opaque too, so `obj.method(...)`
-    breaks at the call, where CPython can take over."""
-    __slots__ = ("kind", "base", "attr")
+    breaks at the call, where CPython can take over.  Its type is known, but may
+    differ on the next call: asking for it (isinstance, type()) guards it."""
+    __slots__ = ("kind", "base", "attr", "guards")
 
-    def __init__(self, value, source, base=None, attr=None):
+    def __init__(self, value, source, base=None, attr=None, guards=None):
         super().__init__(source)
         self.kind = type(value) if value is not None else object
         self.base = base
         self.attr = attr
+        self.guards = guards
 
     def python_type(self):
+        if self.base is not None or self.guards is None or self.source is None:
+            unsupported("the type of a value computed after a graph break")
+        self.guards.type_match(self.source, None, kind=self.kind)
         return self.kind
 
     def getattr(self, tx, name):

@@ -196,3 +196,46 @@ def const_sources(source):
             yield source
             return
         source = getattr(source, "base", None)
+
+
+class CallMethodSource(Source):
+    """``base.method(*args)`` for a read-only method of a real object and constant
+    arguments (``os.environ.get('X')``, ``s.__len__()``, ``'k' in d``): what the trace
+    read by calling it, re-read by the guard.  With `as_list`, ``[*base.method()]``
+    (a view such as ``d.keys()``, read as a list)."""
+    __slots__ = ("base", "method", "args", "as_list")
+
+    def __init__(self, base: Source, method: str, args=(), as_list=False):
+        self.base = base
+        self.method = method
+        self.args = tuple(args)
+        self.as_list = as_list
+
+    @staticmethod
+    def supports(args) -> bool:
+        """Arguments written into the guard's text (their repr must read back)."""
+        return all(a is None or type(a) in (str, int, bool) for a in args)
+
+    def key(self):
+        return (self.base, self.method, self.args, self.as_list)
+
+    def guard_expr(self):
+        call = f"{self.base.guard_expr()}.{self.method}({', '.join(map(repr, self.args))})"
+        return f"[*{call}]" if self.as_list else call
+
+    def name(self):
+        call = f"{self.base.name()}.{self.method}({', '.join(map(repr, self.args))})"
+        return f"list({call})" if self.as_list else call
+
+    def reconstruct(self, cg):
+        def emit_call(cg):
+            cg.emit("PUSH_NULL")
+            self.base.reconstruct(cg)
+            cg.load_attr(self.method)
+            for a in self.args:
+                cg.load_const(a)
+            cg.call(len(self.args))
+        if self.as_list:
+            cg.call_const(list, [emit_call])
+        else:
+            emit_call(cg)

@@ -691,14 +691,20 @@ def _has_attr(tx, obj, name):
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
-        from .modules import _class_lookup as lookup
-        return lookup(obj.cls, name) is not None
+        from .modules import class_attr
+        return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
             _guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
+        inp = tx.output.input_of(obj)
+        if inp is not None and inp.source is not None:
+            # Inputs can carry Python attributes (`t.tag = 1`), which fakes lack.
+            found = hasattr(inp.value, name)
+            _guard_hasattr(tx, inp.source, name, found)
+            return found
         return hasattr(obj.example, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:

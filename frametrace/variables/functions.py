@@ -123,10 +123,19 @@ class UserFunctionVar(Var):
             return GradModeDecoratedVar(mode, UserFunctionVar(inner)).call(tx, args, kwargs)
         anchor = self.source if self.source is not None and fn.__closure__ else \
             ConstSource(fn, fn.__qualname__)
-        guard = anchor is self.source    # closures are guarded by code, their defaults by value
-        defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i), guard)
+        # The function object is fixed (by identity, or for a closure by code), but its
+        # code and defaults can be assigned: guard the ones inlined here.
+        if anchor is not self.source:
+            tx.guards.identity(AttrSource(anchor, "__code__"), fn.__code__)
+        tx.guards.value(AttrSource(anchor, "__defaults__"), fn.__defaults__) \
+            if not fn.__defaults__ else tx.guards.length(AttrSource(anchor, "__defaults__"), fn.__defaults__)
+        if fn.__kwdefaults__:
+            tx.guards.dict_keys(AttrSource(anchor, "__kwdefaults__"), fn.__kwdefaults__)
+        else:
+            tx.guards.value(AttrSource(anchor, "__kwdefaults__"), fn.__kwdefaults__)
+        defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i))
                     for i, d in enumerate(fn.__defaults__ or ())]
-        kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), guard)
+        kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k))
                       for k, d in (fn.__kwdefaults__ or {}).items()}
         bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
         return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(fn, self.source),
@@ -138,19 +147,18 @@ class UserFunctionVar(Var):
             value = getattr(self.fn, name)
         except AttributeError:
             unsupported(f"function {self.fn.__qualname__} has no attribute {name!r}")
-        # The function is fixed by identity: its attributes are read as they are now.
-        return wrap(tx, value, AttrSource(ConstSource(self.fn, self.fn.__qualname__), name),
-                    guard=False)
+        # The function is fixed by identity, its attributes are not (`f.k = 2`).
+        base = self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
+        return wrap(tx, value, AttrSource(base, name))
 
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
 
 
-def _default(tx, value, source, guard):
+def _default(tx, value, source):
     from .builder import wrap
-    # Defaults belong to the function object: guarded with it, unless the function is
-    # guarded by its code only (a closure).
-    return wrap(tx, value, source, guard=guard)
+    # `__defaults__` can be reassigned, and a default can be a mutable object: guarded.
+    return wrap(tx, value, source)
 
 
 class NestedFunctionVar(Var):

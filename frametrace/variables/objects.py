@@ -2,6 +2,7 @@
 methods of traced values, and nn.Modules."""
 from __future__ import annotations
 
+import collections.abc
 import functools
 import math
 import sys
@@ -23,39 +24,77 @@ class ObjectVar(ValueVar):
     __slots__ = ()
 
     # Read-only methods of plain objects (mapping proxies, os.environ, OrderedDicts from
-    # outside), answered on the real object.
+    # outside), answered on the real object.  What they answer is state of a mutable
+    # object (an identity guard does not cover it): the result is guarded through a
+    # source that calls the method again.
     def call_method(self, tx, name, args, kwargs):
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
-                _all_const(args, kwargs):
-            from .builder import wrap
+                _all_const(args, kwargs) and not kwargs:
             method = getattr(self.value, name, None)
             if method is not None:
-                result = method(*_consts(args))
-                source = None
-                if name in ("get", "__getitem__") and args and self.source is not None and \
-                        isinstance(args[0].as_const(), (str, int)):
-                    source = GetItemSource(self.source, args[0].as_const())
-                if isinstance(result, (type({}.keys()), type({}.values()), type({}.items()))):
-                    result = list(result)
-                return wrap(tx, result, source, guard=False) if source is None or \
-                    not isinstance(result, torch.Tensor) else wrap(tx, result, source)
+                consts = _consts(args)
+                try:
+                    result = method(*consts)
+                except Exception as e:
+                    unsupported(f"{type(self.value).__name__}.{name}() raised {type(e).__name__}")
+                listed = isinstance(result, (type({}.keys()), type({}.values()), type({}.items())))
+                return self._read(tx, list(result) if listed else result, name, consts, listed)
         return super().call_method(tx, name, args, kwargs)
 
-    def unpack(self, tx):
+    def _read(self, tx, result, name, args, listed=False):
+        from ..source import CallMethodSource
         from .builder import wrap
+        if self.source is None:
+            return wrap(tx, result, None, guard=False)
+        if name == "__getitem__" and len(args) == 1 and isinstance(args[0], (str, int)):
+            return wrap(tx, result, GetItemSource(self.source, args[0]))
+        if not CallMethodSource.supports(args):
+            unsupported(f"{type(self.value).__name__}.{name}() on arguments a guard cannot name")
+        var = wrap(tx, result, CallMethodSource(self.source, name, args, listed))
+        if listed:
+            # A new list, which the frame may mutate freely: not the source's object.
+            tx.output.object_vars.pop(id(result), None)
+            from .containers import ListVar
+            var = ListVar(list(var.items))
+        return var
+
+    def getitem(self, tx, key):
+        if key.is_const() and not isinstance(self.value, (type, types.ModuleType)) and \
+                hasattr(type(self.value), "__getitem__") and isinstance(self.value, collections.abc.Mapping):
+            try:
+                result = self.value[key.as_const()]
+            except Exception as e:
+                unsupported(f"{type(self.value).__name__}[{key.as_const()!r}] raised {type(e).__name__}")
+            return self._read(tx, result, "__getitem__", [key.as_const()])
+        return super().getitem(tx, key)
+
+    def contains(self, tx, item) -> bool:
+        """`item in self` on a real container (a set in a closure, os.environ)."""
+        if not item.is_const() or isinstance(self.value, (type, types.ModuleType)):
+            unsupported(f"`in` on {type(self.value).__name__}")
+        try:
+            found = item.as_const() in self.value
+        except Exception as e:
+            unsupported(f"`in` on {type(self.value).__name__} raised {type(e).__name__}")
+        self._read(tx, found, "__contains__", [item.as_const()])
+        return found
+
+    def unpack(self, tx):
         try:
             items = list(self.value)
         except TypeError:
             unsupported(f"iterating over {type(self.value).__name__}")
         if any(isinstance(i, torch.Tensor) for i in items):
             unsupported(f"iterating over {type(self.value).__name__} holding tensors")
-        return [wrap(tx, i, None, guard=False) for i in items]
+        return self._read(tx, items, "__iter__", [], listed=True).unpack(tx)
 
     def length(self, tx):
         try:
-            return len(self.value)
+            n = len(self.value)
         except TypeError:
             unsupported(f"len() of {type(self.value).__name__}")
+        self._read(tx, n, "__len__", [])
+        return n
 
     def is_const(self):
         # Classes, functions and modules: fixed objects, usable as constants.
@@ -75,8 +114,8 @@ class ObjectVar(ValueVar):
         except AttributeError:
             unsupported(f"{self.value!r} has no attribute {name!r}")
         source = AttrSource(self.source, name) if self.source is not None else None
-        # Attributes of torch and the standard library are taken as constants.
-        return wrap(tx, attr, source, guard=not _is_library_object(self.value))
+        # Guarded even on torch and the standard library: `math.sqrt = ...` is legal.
+        return wrap(tx, attr, source)
 
     def call(self, tx, args, kwargs):
         value = self.value
@@ -140,6 +179,9 @@ class SuperVar(Var):
         for klass in mro[mro.index(cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                # A base's class dict can be patched (`Parent.scale = 7`): guarded
+                # through an equivalent super object, which reads the MRO again.
+                tx.guards.class_attr(mro[0], name, attr, after=cls)
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
                 if isinstance(attr, classmethod):
@@ -148,6 +190,10 @@ class SuperVar(Var):
                     return wrap(tx, attr.__func__, None, guard=False)
                 if isinstance(attr, property):
                     return wrap(tx, attr.fget, None, guard=False).call(tx, [self.obj], {})
+                if not isinstance(attr, (types.FunctionType, types.WrapperDescriptorType,
+                                         types.MethodDescriptorType)) and \
+                        not (klass is object or getattr(klass, "__module__", "") == "builtins"):
+                    return wrap(tx, attr, None, guard=False)   # a value: guarded above
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
@@ -158,6 +204,7 @@ class SuperVar(Var):
                     unsupported(f"super().{name} is implemented in C")
                 return wrap(tx, attr, None, guard=False)
         unsupported(f"super() has no attribute {name!r}")
+
 
 
 _PURE_READERS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items",
@@ -197,11 +244,16 @@ class ContextVarVar(ValueVar):
         if name == "get":
             if id(cv) in state and state[id(cv)] is not None:
                 return state[id(cv)]
+            from ..source import CallMethodSource
             from .builder import wrap
             try:
-                return wrap(tx, cv.get(*_consts(args)), None, guard=False)
+                value = cv.get(*_consts(args))
             except LookupError:
                 unsupported(f"ContextVar {cv.name} has no value")
+            # Its value can differ on the next call: read again by the guard.
+            if self.source is None or not CallMethodSource.supports(_consts(args)):
+                unsupported(f"ContextVar {cv.name}.get() with no way to guard its value")
+            return wrap(tx, value, CallMethodSource(self.source, "get", _consts(args)))
         if name == "reset" and len(args) == 1 and isinstance(args[0], _TokenVar):
             state[id(cv)] = args[0].previous
             if args[0].previous is None:
@@ -298,19 +350,6 @@ def fold_call(fn, args, kwargs, name: str) -> ConstVar:
         return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
     except Exception as e:
         unsupported(f"{name}() raised {type(e).__name__}: {e}")
-
-
-def _is_library_object(value) -> bool:
-    if isinstance(value, (types.CodeType, types.MappingProxyType)):
-        return True     # immutable: nothing to guard below them
-    if isinstance(value, types.ModuleType):
-        name = value.__name__
-    else:
-        name = getattr(value, "__module__", None) or ""
-    root = name.split(".")[0]
-    return root in ("torch", "math", "operator", "builtins", "functools", "itertools",
-                    "collections", "typing", "numbers") or (
-        isinstance(value, type) and value.__module__ == "builtins")
 
 
 _CONST_CLASSES = {torch.Size, torch.device, torch.finfo, torch.iinfo, slice}

@@ -13,7 +13,7 @@ from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
-from .modules import _class_lookup
+from .modules import _class_lookup, _shadowing_guard, class_attr
 
 
 class UserObjectVar(Var):
@@ -33,7 +33,9 @@ class UserObjectVar(Var):
         if written is not None:
             return written
         obj = self.value
-        cls_attr = _class_lookup(type(obj), name)
+        cls_attr = class_attr(tx, type(obj), name)
+        if cls_attr is not None and name not in getattr(obj, "__dict__", {}):
+            _shadowing_guard(tx, self.source, obj, name, cls_attr)
         if isinstance(cls_attr, property) and cls_attr.fget is not None and \
                 isinstance(cls_attr.fget, types.FunctionType):
             return wrap(tx, cls_attr.fget, None, guard=False).call(tx, [self], {})
@@ -54,7 +56,7 @@ class UserObjectVar(Var):
         tx.side_effects.store_attr(self, self.value, name, value)
 
     def call(self, tx, args, kwargs):
-        call = _class_lookup(type(self.value), "__call__")
+        call = class_attr(tx, type(self.value), "__call__")
         if isinstance(call, types.FunctionType):
             return UserFunctionVar(call).call(tx, [self, *args], kwargs)
         unsupported(f"calling {type(self.value).__name__} object")
@@ -62,13 +64,24 @@ class UserObjectVar(Var):
     def _dunder(self, tx, name, args):
         """Call a special method: inlined when written in Python, evaluated on the real
         object when it is a builtin base's read-only method (a dict subclass's get)."""
-        method = _class_lookup(type(self.value), name)
+        method = class_attr(tx, type(self.value), name)
         if isinstance(method, types.FunctionType):
             return UserFunctionVar(method).call(tx, [self, *args], {})
         if method is not None and name in ("__getitem__", "__len__", "__contains__") and \
                 all(a.is_const() for a in args):
+            # A builtin base's reader (a dict subclass): the object's contents, which
+            # can change between calls, guarded through a source that reads them again.
+            from ..source import CallMethodSource, GetItemSource
             from .builder import wrap
-            return wrap(tx, method(self.value, *[a.as_const() for a in args]), None, guard=False)
+            consts = [a.as_const() for a in args]
+            result = method(self.value, *consts)
+            if self.source is None:
+                return wrap(tx, result, None, guard=False)
+            if not CallMethodSource.supports(consts):
+                unsupported(f"{type(self.value).__name__}.{name} on arguments a guard cannot name")
+            source = GetItemSource(self.source, consts[0]) if name == "__getitem__" else \
+                CallMethodSource(self.source, name, consts)
+            return wrap(tx, result, source)
         unsupported(f"{type(self.value).__name__}.{name}")
 
     def getitem(self, tx, key):
@@ -86,9 +99,9 @@ class UserObjectVar(Var):
 
     def truth(self, tx):
         cls = type(self.value)
-        if _class_lookup(cls, "__bool__") is None and _class_lookup(cls, "__len__") is None:
+        if class_attr(tx, cls, "__bool__") is None and class_attr(tx, cls, "__len__") is None:
             return True
-        if isinstance(_class_lookup(cls, "__bool__"), types.FunctionType):
+        if isinstance(class_attr(tx, cls, "__bool__"), types.FunctionType):
             return self._dunder(tx, "__bool__", []).truth(tx)
         return self.length(tx) > 0
 
@@ -113,7 +126,7 @@ class NewObjectVar(Var):
     def getattr(self, tx, name):
         if name in self.attrs:
             return self.attrs[name]
-        cls_attr = _class_lookup(self.cls, name)
+        cls_attr = class_attr(tx, self.cls, name)
         if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
             return UserFunctionVar(cls_attr.fget).call(tx, [self], {})
         if isinstance(cls_attr, types.FunctionType):
@@ -127,13 +140,13 @@ class NewObjectVar(Var):
         if cls_attr is not None:
             from .builder import wrap
             return wrap(tx, cls_attr, None, guard=False)
-        getattr_hook = _class_lookup(self.cls, "__getattr__")
+        getattr_hook = class_attr(tx, self.cls, "__getattr__")
         if isinstance(getattr_hook, types.FunctionType):
             return UserFunctionVar(getattr_hook).call(tx, [self, ConstVar(name)], {})
         unsupported(f"{self.cls.__name__} object has no attribute {name!r}")
 
     def setattr(self, tx, name, value):
-        setter = _class_lookup(self.cls, name)
+        setter = class_attr(tx, self.cls, name)
         if isinstance(setter, property):
             if setter.fset is None:
                 unsupported(f"can't set property {name!r}")
@@ -142,7 +155,7 @@ class NewObjectVar(Var):
         self.attrs[name] = value
 
     def _dunder(self, tx, name, args):
-        method = _class_lookup(self.cls, name)
+        method = class_attr(tx, self.cls, name)
         if isinstance(method, types.FunctionType):
             return UserFunctionVar(method).call(tx, [self, *args], {})
         unsupported(f"{self.cls.__name__}.{name}")
@@ -161,12 +174,12 @@ class NewObjectVar(Var):
 
     def call(self, tx, args, kwargs):
         return self._dunder(tx, "__call__", [*args]) if not kwargs else \
-            UserFunctionVar(_class_lookup(self.cls, "__call__")).call(tx, [self, *args], kwargs)
+            UserFunctionVar(class_attr(tx, self.cls, "__call__")).call(tx, [self, *args], kwargs)
 
     def truth(self, tx):
-        if _class_lookup(self.cls, "__bool__") is None and _class_lookup(self.cls, "__len__") is None:
+        if class_attr(tx, self.cls, "__bool__") is None and class_attr(tx, self.cls, "__len__") is None:
             return True
-        if _class_lookup(self.cls, "__bool__") is not None:
+        if class_attr(tx, self.cls, "__bool__") is not None:
             return self._dunder(tx, "__bool__", []).truth(tx)
         return self.length(tx) > 0
 
@@ -189,7 +202,7 @@ class NewObjectVar(Var):
 
 
 def _unpack_user(tx, var, cls):
-    it = _class_lookup(cls, "__iter__")
+    it = class_attr(tx, cls, "__iter__")
     if it is collections.abc.Sequence.__iter__:
         # Sequence.__iter__ indexes until IndexError: the same as indexing below len().
         return [var.getitem(tx, ConstVar(i)) for i in range(var.length(tx))]
@@ -209,11 +222,11 @@ def construct_user_object(tx, cls, args, kwargs):
         unsupported(f"{cls.__name__} defines __new__")
     if any(getattr(k, "__module__", "") == "builtins" and k is not object for k in cls.__mro__):
         unsupported(f"{cls.__name__} subclasses a builtin type")
-    new_new = _class_lookup(cls, "__new__")
+    new_new = class_attr(tx, cls, "__new__")
     if isinstance(new_new, staticmethod) and new_new.__func__ is not object.__new__:
         unsupported(f"{cls.__name__} defines __new__")
     obj = NewObjectVar(cls)
-    init = _class_lookup(cls, "__init__")
+    init = class_attr(tx, cls, "__init__")
     if isinstance(init, types.FunctionType):
         UserFunctionVar(init).call(tx, [obj, *args], kwargs)
     elif init not in (None, object.__init__):
@@ -248,7 +261,7 @@ class DataclassVar(Var):
     def getattr(self, tx, name):
         if name in self.fields:
             return self.fields[name]
-        cls_attr = _class_lookup(self.cls, name)
+        cls_attr = class_attr(tx, self.cls, name)
         if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
             return UserFunctionVar(cls_attr.fget).call(tx, [self], {})
         if isinstance(cls_attr, types.FunctionType):
@@ -339,7 +352,7 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
         elif f.init:
             unsupported(f"{cls.__name__}() missing argument {f.name!r}")
     obj = DataclassVar(cls, values)
-    post_init = _class_lookup(cls, "__post_init__")
+    post_init = class_attr(tx, cls, "__post_init__")
     if post_init is not None and not is_model_output(cls):
         UserFunctionVar(post_init).call(tx, [obj], {})
     return obj
