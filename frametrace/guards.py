@@ -102,6 +102,8 @@ class GuardSet:
             self._add(source, "ID", f"{e} == {self.const(value)}", f"{source.name()} is {_short(value)}")
             return
         try:
+            if isinstance(value, types.CodeType):
+                raise TypeError     # held by its function anyway: a plain `is` is cheaper
             ref = weakref.ref(value, self._on_death)
         except TypeError:
             # Builtins and other long-lived objects without weak references.
@@ -295,6 +297,26 @@ class GuardSet:
         self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {e}.__dict__",
                   f"{source.name()} has no instance attribute {name!r}")
 
+    def function_state(self, source, fn, fixed: bool):
+        """An inlined function's `__code__`, `__defaults__` and `__kwdefaults__` are
+        still what was traced (they can be assigned).  For a `fixed` function (one
+        object, guarded by identity) the very objects; for a closure (a new function
+        per call of its parent) the defaults' shape, each default being guarded
+        through its own source.  One guard: it runs per inlined function per call."""
+        e = source.guard_expr()
+        d, kw = fn.__defaults__, fn.__kwdefaults__
+        parts = [f"{e}.__code__ is {self.const(fn.__code__)}"]
+        if fixed or d is None:
+            parts.append(f"{e}.__defaults__ is {self.const(d)}")
+        else:
+            parts.append(f"___len({e}.__defaults__) == {len(d)}")
+        if fixed or kw is None:
+            parts.append(f"{e}.__kwdefaults__ is {self.const(kw)}")
+        else:
+            parts.append(f"___tuple({e}.__kwdefaults__) == {self.const(tuple(kw))}")
+        self._add(source, "FUNCTION", " and ".join(parts),
+                  f"{source.name()} has the code and defaults traced")
+
     def value(self, source, value):
         """`source` still gives `value`: by value for constants, else by identity."""
         from .variables.constant import is_constant_value
@@ -335,8 +357,9 @@ class GuardSet:
         the device the trace saw for their results) depend on it."""
         import torch.utils._device as device_mod
         current = device_mod.CURRENT_DEVICE
+        op = "is" if current is None else "=="
         self._add(None, "DEFAULT_DEVICE",
-                  f"{self.const(device_mod)}.CURRENT_DEVICE == {self.const(current)}",
+                  f"{self.const(device_mod)}.CURRENT_DEVICE {op} {self.const(current)}",
                   f"the default device is {current}")
 
     def distinct_objects(self, a: Source, b: Source):

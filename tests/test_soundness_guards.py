@@ -195,6 +195,19 @@ def test_replaced_code_and_defaults_are_seen():
         helper_a.__code__, helper_a.__defaults__ = code, defaults
 
 
+def make_closure(k):
+    def inner(a, b=[k * 2][0]):     # a computed default: a new tuple per closure
+        return a * b + k
+    return inner
+
+
+def test_closure_defaults_guarded_by_value():
+    def f(v, fn):
+        return fn(v)
+    # Fresh closures with equal defaults share an entry; other defaults recompile.
+    check(f, [(x(), make_closure(2)), (x(), make_closure(2)), (x(), make_closure(3))], compiles=2)
+
+
 def uses_sqrt(v):
     return v * math.sqrt(4.0)
 

@@ -125,14 +125,7 @@ class UserFunctionVar(Var):
             ConstSource(fn, fn.__qualname__)
         # The function object is fixed (by identity, or for a closure by code), but its
         # code and defaults can be assigned: guard the ones inlined here.
-        if anchor is not self.source:
-            tx.guards.identity(AttrSource(anchor, "__code__"), fn.__code__)
-        tx.guards.value(AttrSource(anchor, "__defaults__"), fn.__defaults__) \
-            if not fn.__defaults__ else tx.guards.length(AttrSource(anchor, "__defaults__"), fn.__defaults__)
-        if fn.__kwdefaults__:
-            tx.guards.dict_keys(AttrSource(anchor, "__kwdefaults__"), fn.__kwdefaults__)
-        else:
-            tx.guards.value(AttrSource(anchor, "__kwdefaults__"), fn.__kwdefaults__)
+        tx.guards.function_state(anchor, fn, fixed=anchor is not self.source)
         defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i))
                     for i, d in enumerate(fn.__defaults__ or ())]
         kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k))
