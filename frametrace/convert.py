@@ -296,6 +296,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     # Every graph depends on grad mode, and on the default dtype (factories, promotion
     # of Python floats), whether or not the trace read them.
     guards.grad_mode(entry_grad)
+    guards.autocast_state()
     if new_code is not None and record.graph_module is not None:
         guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype())
         guards.default_device()

@@ -352,6 +352,16 @@ class GuardSet:
         else:
             self.value(src, now)
 
+    def autocast_state(self):
+        """Autocast entered outside the frame changes what ops compute (their dtypes,
+        which the trace reads): the common case, autocast off, is one C call."""
+        if not torch._C._is_any_autocast_enabled():
+            self.global_state("autocast is off", torch._C._is_any_autocast_enabled, False)
+        else:
+            state = _autocast_state()
+            self._add(None, "AUTOCAST", f"{self.const(_autocast_state)}() == {self.const(state)}",
+                      f"autocast state is {state}")
+
     def default_device(self):
         """torch.set_default_device() / `with torch.device(...)`: factory calls (and
         the device the trace saw for their results) depend on it."""
@@ -470,6 +480,13 @@ class GuardSet:
             except TypeError:
                 pass
         return f"{g.source.name()} is {_short(value)}"
+
+
+def _autocast_state():
+    devices = [d for d in ("cpu", "cuda", "xpu", "mps") if hasattr(torch._C, "_is_autocast_available")
+               and torch._C._is_autocast_available(d)] or ["cpu", "cuda"]
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices) + \
+        (torch.is_autocast_cache_enabled(),)
 
 
 def _check_lines(guards) -> list[str]:

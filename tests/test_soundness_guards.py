@@ -286,6 +286,31 @@ def test_default_device_change_is_seen():
         torch.set_default_device(None)
 
 
+def matmul(v):
+    y = v @ v
+    return y, y.dtype
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_autocast_entered_outside_is_seen(backend):
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+    entered = []
+
+    def enter():
+        ctx.__enter__()
+        entered.append(True)
+
+    def leave():
+        ctx.__exit__(None, None, None)
+        entered.pop()
+    m = torch.eye(4)
+    try:
+        check(matmul, [m, Then(enter, m), Then(leave, m)], backend=backend, atol=1e-2, rtol=1e-2)
+    finally:
+        if entered:
+            leave()
+
+
 class Made:
     """An argument made fresh for each run by `make()` (deepcopy would drop a lazy
     conjugate or negative bit)."""
