@@ -362,15 +362,18 @@ class GuardSet:
             self._add(None, "AUTOCAST", f"{self.const(_autocast_state)}() == {self.const(state)}",
                       f"autocast state is {state}")
 
-    def default_device(self):
-        """torch.set_default_device() / `with torch.device(...)`: factory calls (and
-        the device the trace saw for their results) depend on it."""
-        import torch.utils._device as device_mod
-        current = device_mod.CURRENT_DEVICE
-        op = "is" if current is None else "=="
-        self._add(None, "DEFAULT_DEVICE",
-                  f"{self.const(device_mod)}.CURRENT_DEVICE {op} {self.const(current)}",
-                  f"the default device is {current}")
+    def function_modes(self):
+        """The torch function modes active outside the frame (a TorchFunctionMode;
+        torch.set_default_device and `with torch.device(...)` push one too) decide what
+        each op does, and which device factories use: the stack is what it was."""
+        if torch._C._len_torch_function_stack() == 0:
+            self.global_state("no torch function mode", torch._C._len_torch_function_stack, 0)
+        else:
+            from torch.overrides import _get_current_function_mode_stack
+            stack = tuple(_get_current_function_mode_stack())
+            self._add(None, "FUNCTION_MODES",
+                      f"___tuple({self.const(_get_current_function_mode_stack)}()) == {self.const(stack)}",
+                      f"the torch function modes are {[type(m).__name__ for m in stack]}")
 
     def distinct_objects(self, a: Source, b: Source):
         self._add(None, f"DISTINCT {a.name()} {b.name()}",

@@ -311,6 +311,35 @@ def test_autocast_entered_outside_is_seen(backend):
             leave()
 
 
+class Doubling(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.Tensor.add else out
+
+
+def adds(v):
+    return v + 1
+
+
+def test_torch_function_mode_entered_outside_is_seen():
+    backend = "aot_eager"       # (the eager backend replays the ops under the mode)
+    mode = Doubling()
+    entered = []
+
+    def enter():
+        mode.__enter__()
+        entered.append(True)
+
+    def leave():
+        mode.__exit__(None, None, None)
+        entered.pop()
+    try:
+        check(adds, [x(), Then(enter, x()), Then(leave, x())], backend=backend)
+    finally:
+        if entered:
+            leave()
+
+
 class Made:
     """An argument made fresh for each run by `make()` (deepcopy would drop a lazy
     conjugate or negative bit)."""
