@@ -273,9 +273,11 @@ class InstructionTranslator:
         elif name in self.f_globals:
             self.push(wrap(self, self.f_globals[name], self._global_source(name)))
         elif name in self.f_builtins:
-            # The builtin itself is not guarded, but that no global shadows it is.
+            # That no global shadows it, and the builtin itself (`builtins.abs = ...`
+            # is legal); for the frame's own builtins, an `is` on a dict lookup.
             self.guards.not_shadowed(self._globals_anchor(), name)
-            self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False))
+            guard = self.f_builtins is self.root.f_builtins
+            self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=guard))
         else:
             unsupported(f"name {name!r} is not defined")
 
@@ -868,6 +870,8 @@ def is_none(v: Var) -> bool:
         return v.value is None
     if isinstance(v, ObjectVar):
         return v.value is None
+    if isinstance(v, OpaqueVar):
+        v.python_type()     # not None now; guarded by its type, since it may be next time
     return False
 
 

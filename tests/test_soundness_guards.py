@@ -220,6 +220,19 @@ def test_monkeypatched_library_function_is_seen():
         math.sqrt = real
 
 
+def uses_abs(v):
+    return v * abs(-2)
+
+
+def test_monkeypatched_builtin_is_seen():
+    import builtins
+    real = builtins.abs
+    try:
+        check(uses_abs, [x(), Then(lambda: setattr(builtins, "abs", lambda a: 7), x())])
+    finally:
+        builtins.abs = real
+
+
 class Greeter:
     def method(self):
         return 1
@@ -372,6 +385,22 @@ class Registry(dict):
 REGISTRY = Registry(a=1)
 
 
+class Defaults(dict):
+    def get(self, key, default=None):
+        return super().get(key, default) * 10
+
+
+DEFAULTS = Defaults(a=1)
+
+
+def reads_through_super(v):
+    return v * DEFAULTS.get("a")
+
+
+def test_dict_subclass_read_through_super_is_seen():
+    check(reads_through_super, [x(), Then(lambda: DEFAULTS.update(a=4), x())])
+
+
 def reads_registry(v):
     return v * REGISTRY["a"] + len(REGISTRY)
 
@@ -419,4 +448,15 @@ def test_type_of_value_from_graph_break_is_guarded():
             return v + 1
         return v - 1, type(y).__name__
     r = check(f, [(x(), "1"), (x(), "1.5"), (x(), '"s"'), (x(), "2")])
+    assert r.breaks >= 1
+
+
+def test_none_check_of_value_from_graph_break_is_guarded():
+    def f(v, text):
+        v = v * 2
+        y = json.loads(text)
+        if y is None:
+            return v + 1
+        return v - 1
+    r = check(f, [(x(), "1"), (x(), "null"), (x(), "2"), (x(), "null")])
     assert r.breaks >= 1

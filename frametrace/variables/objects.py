@@ -198,7 +198,7 @@ class SuperVar(Var):
                     if name == "__init__":
                         return _NoOpVar()
                     if name in _PURE_READERS and hasattr(self.obj, "value"):
-                        return _RealMethodVar(attr, self.obj.value)
+                        return _RealMethodVar(attr, self.obj.value, self.obj.source)
                     unsupported(f"super().{name} of a builtin class")
                 if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
                     unsupported(f"super().{name} is implemented in C")
@@ -214,19 +214,28 @@ _PURE_READERS = {"get", "__getitem__", "__contains__", "__len__", "keys", "value
 class _RealMethodVar(Var):
     """A read-only method of a builtin type, called on the real object at trace time
     (e.g. dict.get on a registry that is a dict subclass)."""
-    __slots__ = ("method", "obj")
+    __slots__ = ("method", "obj", "obj_source")
 
-    def __init__(self, method, obj):
+    def __init__(self, method, obj, obj_source=None):
         super().__init__(None)
         self.method = method
         self.obj = obj
+        self.obj_source = obj_source
 
     def call(self, tx, args, kwargs):
+        from ..source import CallMethodSource
         from .builder import wrap
-        if not _all_const(args, kwargs):
+        if not _all_const(args, kwargs) or kwargs:
             unsupported(f"{self.method.__qualname__} with traced arguments")
-        return wrap(tx, self.method(self.obj, *_consts(args), **_const_kwargs(kwargs)), None,
-                    guard=False)
+        consts = _consts(args)
+        result = self.method(self.obj, *consts)
+        if self.obj_source is None:
+            return wrap(tx, result, None, guard=False)
+        if not CallMethodSource.supports(consts):
+            unsupported(f"{self.method.__qualname__} on arguments a guard cannot name")
+        # The object's contents can change between calls: read again by the guard.
+        return wrap(tx, result, CallMethodSource(self.obj_source, self.method.__name__, consts,
+                                                 through=self.method))
 
 
 class ContextVarVar(ValueVar):
