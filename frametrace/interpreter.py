@@ -411,7 +411,7 @@ class InstructionTranslator:
     def IS_OP(self, inst):
         b = self.pop()
         a = self.pop()
-        same = is_same(a, b)
+        same = is_same(a, b, self)
         self.push(ConstVar(same != bool(inst.arg)))
 
     def CONTAINS_OP(self, inst):
@@ -848,7 +848,7 @@ def _real_identity(v: Var):
 _MISSING = object()
 
 
-def is_same(a: Var, b: Var) -> bool:
+def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
     if isinstance(a, ConstVar) and isinstance(b, ConstVar):
@@ -857,7 +857,13 @@ def is_same(a: Var, b: Var) -> bool:
     if ra is not _MISSING and rb is not _MISSING and not isinstance(a, TensorVar):
         return ra is rb
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
-        return a.node is b.node
+        if a.node is b.node:
+            return True
+        ia, ib = (tx.output.input_of(a), tx.output.input_of(b)) if tx is not None else (None, None)
+        if ia is not None and ib is not None:
+            # Two inputs, distinct objects now: the answer holds while they stay so.
+            tx.guards.distinct_objects(*sorted((ia.source, ib.source), key=lambda s: s.name()))
+        return False
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):

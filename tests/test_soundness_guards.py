@@ -431,6 +431,13 @@ def test_aliasing_of_user_objects_is_guarded():
     check(f, [(x(), o, o), (x(), Box(), Box()), (x(), o, o)])
 
 
+def test_identity_of_tensor_inputs_is_guarded():
+    def f(a, b):
+        return a * 3 if a is b else a + b
+    t = x()
+    check(f, [(t, x()), (t, t), (x(), x())])
+
+
 def test_tensor_alias_guard_checks_view_geometry():
     def f(a, view):
         view.add_(1)
