@@ -125,10 +125,11 @@ class UserFunctionVar(Var):
             ConstSource(fn, fn.__qualname__)
         # The function object is fixed (by identity, or for a closure by code), but its
         # code and defaults can be assigned: guard the ones inlined here.
-        tx.guards.function_state(anchor, fn, fixed=anchor is not self.source)
-        defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i))
+        fixed = anchor is not self.source
+        tx.guards.function_state(anchor, fn, fixed)
+        defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i), fixed)
                     for i, d in enumerate(fn.__defaults__ or ())]
-        kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k))
+        kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), False)
                       for k, d in (fn.__kwdefaults__ or {}).items()}
         bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
         return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(fn, self.source),
@@ -148,9 +149,13 @@ class UserFunctionVar(Var):
         return f"UserFunctionVar({self.fn.__qualname__})"
 
 
-def _default(tx, value, source):
+def _default(tx, value, source, in_fixed_tuple):
     from .builder import wrap
-    # `__defaults__` can be reassigned, and a default can be a mutable object: guarded.
+    from .constant import is_constant_value
+    if in_fixed_tuple and is_constant_value(value):
+        # The defaults tuple is guarded by identity, and a tuple cannot change.
+        return ConstVar(value, source)
+    # A mutable default (a list), or one of a closure's defaults: guarded.
     return wrap(tx, value, source)
 
 

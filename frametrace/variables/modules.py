@@ -46,8 +46,11 @@ class NNModuleVar(Var):
             return written
         m = self.module
         d = m.__dict__
-        cls_attr = class_attr(tx, type(m), name)
+        # The class is guarded only where the answer comes from it: what the instance
+        # holds is read through a source (whose guard does the whole lookup again).
+        cls_attr = _class_lookup(type(m), name)
         if isinstance(cls_attr, property):
+            tx.guards.class_attr(type(m), name, cls_attr)
             return _call_property(tx, cls_attr, self)
         for store in ("_parameters", "_buffers", "_modules"):
             table = d.get(store)
@@ -56,11 +59,12 @@ class NNModuleVar(Var):
         source = AttrSource(self.source, name) if self.source is not None else None
         if name in d:
             return wrap(tx, d[name], source)
+        if cls_attr is not None:
+            tx.guards.class_attr(type(m), name, cls_attr)
+            _shadowing_guard(tx, self.source, m, name, cls_attr)
         if name in _INTROSPECTION and cls_attr is getattr(torch.nn.Module, name):
             from .objects import MethodVar
             return MethodVar(self, name)
-        if cls_attr is not None:
-            _shadowing_guard(tx, self.source, m, name, cls_attr)
         if isinstance(cls_attr, types.FunctionType):
             return BoundMethodVar(UserFunctionVar(cls_attr), self)
         if isinstance(cls_attr, staticmethod):

@@ -33,19 +33,25 @@ class UserObjectVar(Var):
         if written is not None:
             return written
         obj = self.value
-        cls_attr = class_attr(tx, type(obj), name)
-        if cls_attr is not None and name not in getattr(obj, "__dict__", {}):
-            _shadowing_guard(tx, self.source, obj, name, cls_attr)
+        cls_attr = _class_lookup(type(obj), name)
         if isinstance(cls_attr, property) and cls_attr.fget is not None and \
                 isinstance(cls_attr.fget, types.FunctionType):
+            tx.guards.class_attr(type(obj), name, cls_attr)
             return wrap(tx, cls_attr.fget, None, guard=False).call(tx, [self], {})
-        if isinstance(cls_attr, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
-            return BoundMethodVar(UserFunctionVar(cls_attr), self)
-        if isinstance(cls_attr, classmethod):
-            from .objects import ObjectVar
-            return BoundMethodVar(wrap(tx, cls_attr.__func__, None, guard=False), ObjectVar(type(obj)))
-        if isinstance(cls_attr, staticmethod):
+        if isinstance(cls_attr, (types.FunctionType, classmethod, staticmethod)) and \
+                name not in getattr(obj, "__dict__", {}):
+            # From the class, while the instance does not shadow it: both guarded.
+            tx.guards.class_attr(type(obj), name, cls_attr)
+            _shadowing_guard(tx, self.source, obj, name, cls_attr)
+            if isinstance(cls_attr, types.FunctionType):
+                return BoundMethodVar(UserFunctionVar(cls_attr), self)
+            if isinstance(cls_attr, classmethod):
+                from .objects import ObjectVar
+                return BoundMethodVar(wrap(tx, cls_attr.__func__, None, guard=False),
+                                      ObjectVar(type(obj)))
             return wrap(tx, cls_attr.__func__, None, guard=False)
+        # Anything else (instance attributes, class constants) is read through its
+        # source, whose guard repeats the whole lookup.
         try:
             value = getattr(obj, name)
         except AttributeError:
