@@ -28,7 +28,7 @@ from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
 from .variables.functions import BoundMethodVar, Cell, PartialVar
 from .variables.symbolic import SymNodeVar
-from .variables.user_objects import DataclassVar, NewObjectVar
+from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 
 log = logging.getLogger("frametrace")
 graph_log = logging.getLogger("frametrace.graph")
@@ -336,6 +336,8 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     # Every graph depends on grad mode, and on the default dtype (factories, promotion
     # of Python floats), whether or not the trace read them.
     guards.grad_mode(entry_grad)
+    guards.autocast_state()
+    guards.function_modes()
     if new_code is not None and record.graph_module is not None:
         guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype())
     try:
@@ -452,10 +454,9 @@ _MAX_ALIAS_GUARDS = 32
 
 
 def _guard_aliasing(output, guards, side_effects):
-    """A trace assumes its inputs are the distinct objects it saw.  That matters when
-    something is mutated: guard each tensor input the graph writes to apart from the
-    other tensor inputs, and the mutated lists and dicts apart from the other
-    containers."""
+    """A trace assumes its inputs are the distinct objects it saw.  For tensors that
+    matters when the graph writes to one: guard each written input's sharing of
+    memory with the other tensor inputs (and, where shared, the exact geometry)."""
     written = _written_storages(output.graph)
     if written:
         tensors = [(i, _storage_key(i.node)) for i in output.inputs
@@ -467,15 +468,17 @@ def _guard_aliasing(output, guards, side_effects):
             for b, key_b in tensors:
                 if b is not a and pairs < _MAX_ALIAS_GUARDS ** 2:
                     first, second = sorted((a, b), key=lambda i: i.source.name())
-                    guards.tensor_aliasing(first.source, second.source, key_a == key_b)
+                    guards.tensor_aliasing(first.source, second.source, key_a == key_b,
+                                           first.value, second.value)
                     pairs += 1
-    if side_effects.has_container_mutations():
-        containers = [var.source for _, var in output.object_vars.values()
-                      if isinstance(var, (ListVar, DictVar)) and var.source is not None]
-        containers = containers[:_MAX_ALIAS_GUARDS]
-        for i, a in enumerate(containers):
-            for b in containers[i + 1:]:
-                guards.distinct_objects(a, b)
+    # Mutable objects guarded by type (lists, dicts, user objects): the trace took
+    # two paths to different objects as different objects (a mutation through one
+    # is not seen through the other; `a is b` folded to False).  Paths to the same
+    # object are guarded by `same_object` where the second path was wrapped.
+    objects = [var.source for _, var in output.object_vars.values()
+               if isinstance(var, (ListVar, DictVar, UserObjectVar)) and var.source is not None]
+    if len(objects) > 1:
+        guards.distinct(objects)
     # Closure cells from outside: one the trace wrote is another Cell than those it
     # read through other closures only while they are other cells at run time too.
     written_cells = side_effects.written_cells()

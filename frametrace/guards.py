@@ -3,6 +3,20 @@ compiled into one Python function the C hook calls before reusing the entry.
 
 The check takes the frame's argument slots positionally (named as in the frame), then
 ``___func``, the running function; it returns exactly ``True`` when the entry applies.
+
+The soundness rule.  A compiled entry may rely only on facts that its check re-verifies
+on every call, or on values it treats as opaque data.  Everything the trace read from
+outside the frame (an argument, a global, a closure cell, an attribute of a function,
+class, module or tensor, os.environ, the result of a read-only method of a real object,
+global torch state, which inputs are the same object) becomes a guard on the *source*
+it was read through, by value for constants and by identity for other objects.  An
+identity guard says only "the same object": the object's mutable state (its attributes,
+its contents, its `__code__` and `__defaults__`, a class's dict) is a separate fact,
+guarded where it is read.  A value that cannot be guarded (computed in CPython at a
+graph break) stays opaque: using its type guards the type, using its value breaks.
+When a fact cannot be guarded, the tracer must graph-break rather than assume it.
+Checks run on every call: prefer one cheap expression per fact (an attribute lookup
+through the type's cache, a dict lookup) over scanning containers.
 """
 from __future__ import annotations
 
@@ -18,13 +32,14 @@ from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from . import _C
-from .source import ConstSource, Source, const_sources, guard_local_name
+from .source import AttrSource, ConstSource, Source, const_sources, guard_local_name
 from .variables.symbolic import is_symbolic
 
 
 # Names every check reads besides its constants (shape guards print torch.sym_float,
 # math.inf).
-_CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "math": math, "torch": torch}
+_CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "___id": id, "math": math,
+                "torch": torch}
 
 
 class Guard:
@@ -50,6 +65,7 @@ class GuardSet:
         self.guards: dict[tuple, Guard] = {}
         self.constants: dict[str, object] = {}
         self._ids: dict[int, str] = {}
+        self._supers: dict = {}     # (cls, type) -> the super object guards read through
         self.check_ref = None   # weak reference to the compiled check, once built
         # Where each symbolic size is read: (label, expression, sympy expr at trace time).
         self.sym_reads: list[tuple[str, str, object]] = []
@@ -71,14 +87,23 @@ class GuardSet:
                 self.constants[anchor.guard_expr()] = anchor.obj
 
     # -- guard kinds --
-    def type_match(self, source, value):
+    def type_match(self, source, value, kind=None):
         e = source.guard_expr()
-        self._add(source, "TYPE", f"___type({e}) is {self.const(type(value))}",
-                  f"type({source.name()}) is {type(value).__qualname__}")
+        kind = type(value) if kind is None else kind
+        self._add(source, "TYPE", f"___type({e}) is {self.const(kind)}",
+                  f"type({source.name()}) is {kind.__qualname__}")
 
     def identity(self, source, value):
         e = source.guard_expr()
+        if isinstance(value, (types.BuiltinMethodType, types.MethodWrapperType)) and \
+                not isinstance(getattr(value, "__self__", None), types.ModuleType):
+            # `d.get`, `dict.fromkeys`: a new object on every read, equal (same function,
+            # same __self__) to the one traced.
+            self._add(source, "ID", f"{e} == {self.const(value)}", f"{source.name()} is {_short(value)}")
+            return
         try:
+            if isinstance(value, types.CodeType):
+                raise TypeError     # held by its function anyway: a plain `is` is cheaper
             ref = weakref.ref(value, self._on_death)
         except TypeError:
             # Builtins and other long-lived objects without weak references.
@@ -153,10 +178,17 @@ class GuardSet:
                         shown[kind].append(int(v))
             sizes, strides = shown["shape"], shown["stride()"]
         parts.append(f"{e}.requires_grad is {t.requires_grad}")
+        # The lazy conjugate and negative bits: the trace reads them (is_conj(), the
+        # kernels AOTAutograd picks).  Only complex tensors have the conjugate bit;
+        # a negative view of a real tensor comes from `z.conj().imag`.
+        if t.is_complex():
+            parts.append(f"{e}.is_conj() is {t.is_conj()}")
+        parts.append(f"{e}.is_neg() is {t.is_neg()}")
+        bits = "".join((" conj" if t.is_conj() else "", " neg" if t.is_neg() else ""))
         self._add(source, "TENSOR", " and ".join(parts),
                   f"{source.name()}: {type(t).__name__} {dtype}[{', '.join(map(str, sizes))}] "
                   f"stride=[{', '.join(map(str, strides))}] device={t.device} "
-                  f"requires_grad={t.requires_grad}")
+                  f"requires_grad={t.requires_grad}{bits}")
 
     def storage_offset(self, source, t: torch.Tensor):
         """The trace read the tensor's storage offset (most graphs never do, so the
@@ -233,18 +265,115 @@ class GuardSet:
                   f"{self.const(keys)} and not ({e}._backward_hooks or {e}._backward_pre_hooks)",
                   f"{source.name()} has hooks {keys}")
 
-    def tensor_aliasing(self, a: Source, b: Source, shared: bool):
+    def tensor_aliasing(self, a: Source, b: Source, shared: bool, ta=None, tb=None):
         """Two tensor inputs share memory, or do not, as when traced (the graph
         mutates one of them, so which it is changes the program)."""
         ea, eb = a.guard_expr(), b.guard_expr()
         sa, sb = f"{ea}.untyped_storage().data_ptr()", f"{eb}.untyped_storage().data_ptr()"
         if shared:
-            self._add(None, f"ALIAS {a.name()} {b.name()}", f"{sa} == {sb}",
+            # Sharing memory is not enough: the graph was traced for these two views'
+            # exact geometry relative to each other (b[0] and b[1] are not alike).
+            geometry = (tuple(ta.shape), ta.stride(), tuple(tb.shape), tb.stride(),
+                        ta.storage_offset() - tb.storage_offset())
+            self._add(None, f"ALIAS {a.name()} {b.name()}",
+                      f"{sa} == {sb} and ({ea}.shape, {ea}.stride(), {eb}.shape, {eb}.stride(), "
+                      f"{ea}.storage_offset() - {eb}.storage_offset()) == {self.const(geometry)}",
                       f"{a.name()} and {b.name()} share memory")
         else:
             self._add(None, f"NO_ALIAS {a.name()} {b.name()}",
                       f"{ea} is not {eb} and ({sa} != {sb} or {sa} == 0)",
                       f"{a.name()} and {b.name()} do not share memory")
+
+    def distinct(self, sources):
+        """The objects at `sources` (mutable inputs guarded by type, not identity) are
+        as many distinct objects as when traced: one set of ids instead of n**2 checks."""
+        exprs = ", ".join(s.guard_expr() for s in sources)
+        self._add(None, "DISTINCT", f"___len({{*map(___id, ({exprs},))}}) == {len(sources)}",
+                  f"{', '.join(s.name() for s in sources)} are distinct objects")
+
+    def not_in_dict(self, source, name: str):
+        """An instance attribute does not shadow what its class provides."""
+        e = source.guard_expr()
+        self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {e}.__dict__",
+                  f"{source.name()} has no instance attribute {name!r}")
+
+    def function_state(self, source, fn, fixed: bool):
+        """An inlined function's `__code__`, `__defaults__` and `__kwdefaults__` are
+        still what was traced (they can be assigned).  For a `fixed` function (one
+        object, guarded by identity) the very objects; for a closure (a new function
+        per call of its parent) the defaults' shape, each default being guarded
+        through its own source.  One guard: it runs per inlined function per call."""
+        e = source.guard_expr()
+        d, kw = fn.__defaults__, fn.__kwdefaults__
+        parts = [f"{e}.__code__ is {self.const(fn.__code__)}"]
+        if fixed or d is None:
+            parts.append(f"{e}.__defaults__ is {self.const(d)}")
+        else:
+            parts.append(f"___len({e}.__defaults__) == {len(d)}")
+        if fixed or kw is None:
+            parts.append(f"{e}.__kwdefaults__ is {self.const(kw)}")
+        else:
+            parts.append(f"___tuple({e}.__kwdefaults__) == {self.const(tuple(kw))}")
+        self._add(source, "FUNCTION", " and ".join(parts),
+                  f"{source.name()} has the code and defaults traced")
+
+    def value(self, source, value):
+        """`source` still gives `value`: by value for constants, else by identity."""
+        from .variables.constant import is_constant_value
+        if is_constant_value(value):
+            self.equals(source, value)
+        else:
+            self.identity(source, value)
+
+    def class_attr(self, cls, name: str, found, after=None):
+        """The trace took what `cls` (an object's type, fixed by a type or identity
+        guard) defines for `name`: `found` from its MRO's dicts, or None.  Guards what
+        ``cls.name`` gives now (a class dict can be patched, in a base too); with
+        `after`, what ``super(after, cls).name`` gives."""
+        if after is None:
+            holder, label = cls, cls.__qualname__
+        else:
+            holder = self._supers.get((after, cls))
+            if holder is None:
+                holder = self._supers[(after, cls)] = super(after, cls)
+            label = f"super({after.__qualname__}, {cls.__qualname__})"
+        src = AttrSource(ConstSource(holder, label), name)
+        if found is None:
+            if not hasattr(holder, name):
+                self._add(src, "ABSENT", f"not {self.const(hasattr)}({src.base.guard_expr()}, {name!r})",
+                          f"{src.name()} is not defined")
+            return
+        try:
+            now = getattr(holder, name)
+        except Exception:
+            return
+        if isinstance(now, types.MethodType):      # a classmethod, bound anew on each read
+            self.identity(AttrSource(src, "__func__"), now.__func__)
+        else:
+            self.value(src, now)
+
+    def autocast_state(self):
+        """Autocast entered outside the frame changes what ops compute (their dtypes,
+        which the trace reads): the common case, autocast off, is one C call."""
+        if not torch._C._is_any_autocast_enabled():
+            self.global_state("autocast is off", torch._C._is_any_autocast_enabled, False)
+        else:
+            state = _autocast_state()
+            self._add(None, "AUTOCAST", f"{self.const(_autocast_state)}() == {self.const(state)}",
+                      f"autocast state is {state}")
+
+    def function_modes(self):
+        """The torch function modes active outside the frame (a TorchFunctionMode;
+        torch.set_default_device and `with torch.device(...)` push one too) decide what
+        each op does, and which device factories use: the stack is what it was."""
+        if torch._C._len_torch_function_stack() == 0:
+            self.global_state("no torch function mode", torch._C._len_torch_function_stack, 0)
+        else:
+            from torch.overrides import _get_current_function_mode_stack
+            stack = tuple(_get_current_function_mode_stack())
+            self._add(None, "FUNCTION_MODES",
+                      f"___tuple({self.const(_get_current_function_mode_stack)}()) == {self.const(stack)}",
+                      f"the torch function modes are {[type(m).__name__ for m in stack]}")
 
     def distinct_objects(self, a: Source, b: Source):
         self._add(None, f"DISTINCT {a.name()} {b.name()}",
@@ -354,6 +483,13 @@ class GuardSet:
             except TypeError:
                 pass
         return f"{g.source.name()} is {_short(value)}"
+
+
+def _autocast_state():
+    devices = [d for d in ("cpu", "cuda", "xpu", "mps") if hasattr(torch._C, "_is_autocast_available")
+               and torch._C._is_autocast_available(d)] or ["cpu", "cuda"]
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices) + \
+        (torch.is_autocast_cache_enabled(),)
 
 
 def _check_lines(guards) -> list[str]:

@@ -106,7 +106,7 @@ class InstructionTranslator:
                 if (name.startswith("___result") or name in opaque) and _is_data(value):
                     # Computed in CPython at a graph break (x.item(), open(...)): data,
                     # not a constant to specialize on.
-                    self.locals[name] = OpaqueVar(value, LocalSource(name))
+                    self.locals[name] = OpaqueVar(value, LocalSource(name), guards=guards)
                 else:
                     self.locals[name] = _Lazy(value, LocalSource(name))
             self.closure = [self._root_cell(n, i, c)
@@ -307,9 +307,11 @@ class InstructionTranslator:
         elif name in self.f_globals:
             self.push(wrap(self, self.f_globals[name], self._global_source(name)))
         elif name in self.f_builtins:
-            # The builtin itself is not guarded, but that no global shadows it is.
+            # That no global shadows it, and the builtin itself (`builtins.abs = ...`
+            # is legal); for the frame's own builtins, an `is` on a dict lookup.
             self.guards.not_shadowed(self._globals_anchor(), name)
-            self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False))
+            guard = self.f_builtins is self.root.f_builtins
+            self.push(wrap(self, self.f_builtins[name], BuiltinSource(name), guard=guard))
         else:
             unsupported(f"name {name!r} is not defined")
 
@@ -447,7 +449,7 @@ class InstructionTranslator:
     def IS_OP(self, inst):
         b = self.pop()
         a = self.pop()
-        same = is_same(a, b)
+        same = is_same(a, b, self)
         self.push(ConstVar(same != bool(inst.arg)))
 
     def CONTAINS_OP(self, inst):
@@ -777,16 +779,21 @@ def _is_data(value) -> bool:
 class OpaqueVar(Var):
     """A Python value that is data: passed along unguarded; using its value stops the
     trace there (a graph break).  Its attributes are opaque too, so `obj.method(...)`
-    breaks at the call, where CPython can take over."""
-    __slots__ = ("kind", "base", "attr")
+    breaks at the call, where CPython can take over.  Its type is known, but may
+    differ on the next call: asking for it (isinstance, type()) guards it."""
+    __slots__ = ("kind", "base", "attr", "guards")
 
-    def __init__(self, value, source, base=None, attr=None):
+    def __init__(self, value, source, base=None, attr=None, guards=None):
         super().__init__(source)
         self.kind = type(value) if value is not None else object
         self.base = base
         self.attr = attr
+        self.guards = guards
 
     def python_type(self):
+        if self.base is not None or self.guards is None or self.source is None:
+            unsupported("the type of a value computed after a graph break")
+        self.guards.type_match(self.source, None, kind=self.kind)
         return self.kind
 
     def getattr(self, tx, name):
@@ -962,7 +969,7 @@ def _real_identity(v: Var):
 _MISSING = object()
 
 
-def is_same(a: Var, b: Var) -> bool:
+def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
     if isinstance(a, ConstVar) and isinstance(b, ConstVar):
@@ -971,7 +978,13 @@ def is_same(a: Var, b: Var) -> bool:
     if ra is not _MISSING and rb is not _MISSING and not isinstance(a, TensorVar):
         return ra is rb
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
-        return a.example is b.example       # one FakeTensor per real tensor
+        if a.example is b.example:      # one FakeTensor per real tensor
+            return True
+        ia, ib = (tx.output.input_of(a), tx.output.input_of(b)) if tx is not None else (None, None)
+        if ia is not None and ib is not None:
+            # Two inputs, distinct objects now: the answer holds while they stay so.
+            tx.guards.distinct_objects(*sorted((ia.source, ib.source), key=lambda s: s.name()))
+        return False
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):
@@ -984,6 +997,8 @@ def is_none(v: Var) -> bool:
         return v.value is None
     if isinstance(v, ObjectVar):
         return v.value is None
+    if isinstance(v, OpaqueVar):
+        v.python_type()     # not None now; guarded by its type, since it may be next time
     return False
 
 

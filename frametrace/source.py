@@ -227,4 +227,61 @@ def const_sources(source):
         if isinstance(source, ConstSource):
             yield source
             return
+        through = getattr(source, "through", None)
+        if through is not None:
+            yield through
         source = getattr(source, "base", None)
+
+
+class CallMethodSource(Source):
+    """``base.method(*args)`` for a read-only method of a real object and constant
+    arguments (``os.environ.get('X')``, ``s.__len__()``, ``'k' in d``): what the trace
+    read by calling it, re-read by the guard.  With `as_list`, ``[*base.method()]``
+    (a view such as ``d.keys()``, read as a list)."""
+    __slots__ = ("base", "method", "args", "as_list", "through")
+
+    def __init__(self, base: Source, method: str, args=(), as_list=False, through=None):
+        self.base = base
+        self.method = method
+        self.args = tuple(args)
+        self.as_list = as_list
+        # A method object to call with base as first argument instead (`dict.get` for
+        # super().get: the object's own `get` may be overridden).
+        self.through = ConstSource(through, method) if through is not None else None
+
+    @staticmethod
+    def supports(args) -> bool:
+        """Arguments written into the guard's text (their repr must read back)."""
+        return all(a is None or type(a) in (str, int, bool) for a in args)
+
+    def key(self):
+        return (self.base, self.method, self.args, self.as_list, self.through)
+
+    def guard_expr(self):
+        if self.through is not None:
+            args = ", ".join((self.base.guard_expr(), *map(repr, self.args)))
+            call = f"{self.through.guard_expr()}({args})"
+        else:
+            call = f"{self.base.guard_expr()}.{self.method}({', '.join(map(repr, self.args))})"
+        return f"[*{call}]" if self.as_list else call
+
+    def name(self):
+        call = f"{self.base.name()}.{self.method}({', '.join(map(repr, self.args))})"
+        return f"list({call})" if self.as_list else call
+
+    def reconstruct(self, cg):
+        def emit_call(cg):
+            cg.emit("PUSH_NULL")
+            if self.through is not None:
+                cg.load_const(self.through.obj)
+                self.base.reconstruct(cg)
+            else:
+                self.base.reconstruct(cg)
+                cg.load_attr(self.method)
+            for a in self.args:
+                cg.load_const(a)
+            cg.call(len(self.args) + (self.through is not None))
+        if self.as_list:
+            cg.call_const(list, [emit_call])
+        else:
+            emit_call(cg)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import types
 
-from ..source import ConstSource
+from ..source import AttrSource, ConstSource
 from .base import unsupported
 from .constant import ConstVar
-from .modules import _class_lookup
+from .modules import _class_lookup, class_attr
 
 MISSING = object()
 _CLASS_SLOT = object.__dict__["__class__"]
+_IMMUTABLE_TYPE = 1 << 8       # Py_TPFLAGS_IMMUTABLETYPE: builtin types, not patchable
 
 
 def is_data_descriptor(attr) -> bool:
@@ -57,9 +58,26 @@ class InstanceAttrs:
     # -- reading --
     def getattr(self, tx, name):
         cls = self.instance_class()
-        if isinstance(_class_lookup(cls, "__getattribute__"), types.FunctionType):
+        getattribute = _class_lookup(cls, "__getattribute__")
+        if isinstance(getattribute, types.FunctionType):
+            tx.guards.class_attr(cls, "__getattribute__", getattribute)
             return self.opaque_attr(tx, name, hooked=True)
         attr = _class_lookup(cls, name)
+        got = self._lookup(tx, cls, name, attr)
+        if not self._read_through_source(got, name):
+            # The answer rests on what the class holds (no __getattribute__ of its own;
+            # for `name` a data descriptor or none, a method, a value): classes can be
+            # patched, in a base too.
+            tx.guards.class_attr(cls, "__getattribute__", getattribute)
+            _guard_class_attr(tx, cls, name, attr)
+        return got
+
+    def _read_through_source(self, var, name) -> bool:
+        """`var` was read as ``obj.name`` through the object's source: its guard repeats
+        CPython's whole lookup, so what the class held needs no guard of its own."""
+        return self.source is not None and var.source == AttrSource(self.source, name)
+
+    def _lookup(self, tx, cls, name, attr):
         if attr is not None and is_data_descriptor(attr):
             got = _descriptor_get(tx, self, cls, name, attr)
             if got is not MISSING:
@@ -69,7 +87,7 @@ class InstanceAttrs:
             return own
         if attr is not None:
             return _class_attr(tx, self, cls, name, attr)
-        hook = _class_lookup(cls, "__getattr__")
+        hook = class_attr(tx, cls, "__getattr__")
         if isinstance(hook, types.FunctionType):
             from .functions import UserFunctionVar
             return UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
@@ -78,7 +96,7 @@ class InstanceAttrs:
     # -- writing --
     def setattr(self, tx, name, value):
         cls = self.instance_class()
-        hook = _class_lookup(cls, "__setattr__")
+        hook = class_attr(tx, cls, "__setattr__")
         if hook is not object.__setattr__:
             if not isinstance(hook, types.FunctionType):
                 unsupported(f"{cls.__name__}.__setattr__ is not a Python function")
@@ -91,6 +109,7 @@ class InstanceAttrs:
         """object.__setattr__(self, name, value)."""
         cls = self.instance_class()
         attr = _class_lookup(cls, name)
+        _guard_class_attr(tx, cls, name, attr)
         if attr is _CLASS_SLOT:
             self.set_class(tx, _class_to_assign(cls, value))
             return
@@ -101,6 +120,16 @@ class InstanceAttrs:
             unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r} "
                         "(no __dict__)")
         self.set_own_attr(tx, name, value)
+
+
+def _guard_class_attr(tx, cls, name, attr):
+    """Guard what `cls` holds for `name` (`attr`), and, for an object of a user class
+    (a descriptor), what its class holds for the descriptor protocol."""
+    tx.guards.class_attr(cls, name, attr)
+    t = type(attr)
+    if attr is not None and not t.__flags__ & _IMMUTABLE_TYPE:
+        for dunder in ("__get__", "__set__", "__delete__"):
+            class_attr(tx, t, dunder)
 
 
 def _descriptor_var(tx, attr, cls, name):

@@ -1,5 +1,16 @@
 """`wrap`: from a real value found in the frame to a Var, with the guards the trace
-relies on.  This is where every input-derived guard is made."""
+relies on.  This is where every input-derived guard is made.
+
+The rule (guards.py says it in full): a value wrapped with a source is guarded for
+every fact its Var answers without looking again: constants by value, containers by
+type and length or keys (their items through their own sources), user objects and
+lists by type (their attributes and items are guarded where read), everything else by
+identity.  An identity guard does not cover an object's mutable state: Vars that read
+it (function attributes, class dicts, len() of a set, os.environ.get) guard what they
+read through a source of their own.  A second path to an object already wrapped is
+guarded to be the same object; distinct mutable objects are guarded distinct at the
+end of the trace (convert._guard_aliasing).  ``guard=False`` is only for values the
+caller guarded another way or that have no outside source."""
 from __future__ import annotations
 
 import builtins
@@ -30,6 +41,13 @@ def wrap(tx, value, source, guard: bool = True):
     """Make a Var for `value`, read from `source`.  With ``guard=False`` (attributes of
     torch and the standard library) only tensors are guarded."""
     guards = tx.guards if (guard and source is not None) else None
+    known = tx.output.object_vars.get(id(value))
+    if known is not None and known[0] is value:
+        # One Var per mutable object, so every path to it sees the same mutations; the
+        # trace now relies on both paths reaching the same object.
+        if guards is not None and known[1].source is not None and known[1].source != source:
+            guards.same_object(source, known[1].source)
+        return known[1]
     if isinstance(value, torch.Tensor):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
@@ -40,10 +58,6 @@ def wrap(tx, value, source, guard: bool = True):
         if guards is not None:
             guards.equals(source, value)
         return ConstVar(value, source)
-    known = tx.output.object_vars.get(id(value))
-    if known is not None and known[0] is value:
-        # One Var per mutable object, so every path to it sees the same mutations.
-        return known[1]
     if type(value) in (tuple, list):
         if guards is not None:
             guards.length(source, value)
@@ -64,10 +78,6 @@ def wrap(tx, value, source, guard: bool = True):
                                guard) for k, v in value.items()}, source)
         tx.output.object_vars[id(value)] = (value, var)
         return var
-    known = tx.output.object_vars.get(id(value))
-    if known is not None and known[0] is value:
-        # One Var per mutable object, so every path to it sees the same mutations.
-        return known[1]
     var = _wrap_object(tx, value, source, guards)
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
         tx.output.object_vars[id(value)] = (value, var)

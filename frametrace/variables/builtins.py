@@ -516,7 +516,7 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
         t = torch.nn.Parameter if t is torch.nn.Parameter else torch.Tensor
     if t is cls:
         return True
-    check = _user_meta_method(cls, "__instancecheck__")
+    check = _user_meta_method(tx, cls, "__instancecheck__")
     if check is not None:
         return _call_meta_method(tx, check, cls_var, cls, obj)
     return _class_covers(t, cls)
@@ -534,22 +534,23 @@ def _subclass_check(tx, sub: Var, cls_var: Var) -> bool:
     cls = _class_value(cls_var)
     if isinstance(cls, tuple):
         return any(_subclass_check(tx, sub, ObjectVar(c)) for c in cls)
-    check = _user_meta_method(cls, "__subclasscheck__")
+    check = _user_meta_method(tx, cls, "__subclasscheck__")
     if check is not None:
         return _call_meta_method(tx, check, cls_var, cls, sub)
     return _class_covers(_class_value(sub), cls)
 
 
-def _user_meta_method(cls, name):
+def _user_meta_method(tx, cls, name):
     """`name` of cls's metaclass when it is a Python function from user code (library
-    metaclasses, ABCMeta and torch's, are answered on the real classes)."""
+    metaclasses, ABCMeta and torch's, are answered on the real classes).  Guarded: a
+    metaclass is a class like any other."""
     import sys
     import types
-    from .modules import _class_lookup
+    from .modules import class_attr
     meta = type(cls)
     if meta is type:
         return None
-    fn = _class_lookup(meta, name)
+    fn = class_attr(tx, meta, name)
     if not isinstance(fn, types.FunctionType):
         return None
     module = (getattr(fn, "__module__", None) or "").split(".")[0]
@@ -992,14 +993,20 @@ def _has_attr(tx, obj, name):
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
-        from .modules import _class_lookup as lookup
-        return lookup(obj.cls, name) is not None
+        from .modules import class_attr
+        return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
             _guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
+        inp = tx.output.input_of(obj)
+        if inp is not None and inp.source is not None:
+            # Inputs can carry Python attributes (`t.tag = 1`), which fakes lack.
+            found = hasattr(inp.value, name)
+            _guard_hasattr(tx, inp.source, name, found)
+            return found
         return hasattr(obj.example, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:

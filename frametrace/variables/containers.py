@@ -124,11 +124,11 @@ class NamedTupleVar(TupleVar):
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
 
     def setattr(self, tx, name, value):
-        from .modules import _class_lookup
+        from .modules import class_attr
         cls = self.cls
         if self.source is not None or cls is None or not cls.__dictoffset__ or \
-                _class_lookup(cls, name) is not None or \
-                _class_lookup(cls, "__setattr__") is not object.__setattr__:
+                class_attr(tx, cls, name) is not None or \
+                class_attr(tx, cls, "__setattr__") is not object.__setattr__:
             unsupported(f"setting attribute {name!r} on {self.python_type().__name__}")
         self.attrs[name] = value
 

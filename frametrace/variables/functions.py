@@ -141,10 +141,13 @@ class UserFunctionVar(Var):
             return GradModeDecoratedVar(mode, UserFunctionVar(inner)).call(tx, args, kwargs)
         anchor = self.source if self.source is not None and fn.__closure__ else \
             ConstSource(fn, fn.__qualname__)
-        guard = anchor is self.source    # closures are guarded by code, their defaults by value
-        defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i), guard)
+        # The function object is fixed (by identity, or for a closure by code), but its
+        # code and defaults can be assigned: guard the ones inlined here.
+        fixed = anchor is not self.source
+        tx.guards.function_state(anchor, fn, fixed)
+        defaults = [_default(tx, d, GetItemSource(AttrSource(anchor, "__defaults__"), i), fixed)
                     for i, d in enumerate(fn.__defaults__ or ())]
-        kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), guard)
+        kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), False)
                       for k, d in (fn.__kwdefaults__ or {}).items()}
         bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
         return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(tx, fn, self.source),
@@ -156,19 +159,22 @@ class UserFunctionVar(Var):
             value = getattr(self.fn, name)
         except AttributeError:
             unsupported(f"function {self.fn.__qualname__} has no attribute {name!r}")
-        # The function is fixed by identity: its attributes are read as they are now.
-        return wrap(tx, value, AttrSource(ConstSource(self.fn, self.fn.__qualname__), name),
-                    guard=False)
+        # The function is fixed by identity, its attributes are not (`f.k = 2`).
+        base = self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
+        return wrap(tx, value, AttrSource(base, name))
 
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
 
 
-def _default(tx, value, source, guard):
+def _default(tx, value, source, in_fixed_tuple):
     from .builder import wrap
-    # Defaults belong to the function object: guarded with it, unless the function is
-    # guarded by its code only (a closure).
-    return wrap(tx, value, source, guard=guard)
+    from .constant import is_constant_value
+    if in_fixed_tuple and is_constant_value(value):
+        # The defaults tuple is guarded by identity, and a tuple cannot change.
+        return ConstVar(value, source)
+    # A mutable default (a list), or one of a closure's defaults: guarded.
+    return wrap(tx, value, source)
 
 
 class NestedFunctionVar(Var):

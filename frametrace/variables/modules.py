@@ -42,8 +42,11 @@ class NNModuleVar(Var):
     def getattr(self, tx, name):
         from .builder import wrap
         m = self.module
+        # The class is guarded only where the answer comes from it: what the instance
+        # holds is read through a source (whose guard does the whole lookup again).
         cls_attr = _class_lookup(type(m), name)
         if isinstance(cls_attr, property):
+            tx.guards.class_attr(type(m), name, cls_attr)
             return _call_property(tx, cls_attr, self)
         written = tx.side_effects.load_attr(self.module, name)
         if written is not None:
@@ -56,6 +59,9 @@ class NNModuleVar(Var):
         source = AttrSource(self.source, name) if self.source is not None else None
         if name in d:
             return wrap(tx, d[name], source)
+        if cls_attr is not None:
+            tx.guards.class_attr(type(m), name, cls_attr)
+            _shadowing_guard(tx, self.source, m, name, cls_attr)
         if name in _INTROSPECTION and cls_attr is getattr(torch.nn.Module, name):
             from .objects import MethodVar
             return MethodVar(self, name)
@@ -73,10 +79,10 @@ class NNModuleVar(Var):
 
     def setattr(self, tx, name, value):
         cls = type(self.module)
-        hook = _class_lookup(cls, "__setattr__")
+        hook = class_attr(tx, cls, "__setattr__")
         if hook is not torch.nn.Module.__setattr__:
             unsupported(f"{cls.__name__} defines __setattr__")
-        attr = _class_lookup(cls, name)
+        attr = class_attr(tx, cls, name)
         if isinstance(attr, property):
             # Module.__setattr__ runs the property's setter (a plain store would skip it).
             if not isinstance(attr.fset, types.FunctionType):
@@ -90,14 +96,16 @@ class NNModuleVar(Var):
 
     def call_method(self, tx, name, args, kwargs):
         m = self.module
-        if name in _INTROSPECTION and _class_lookup(type(m), name) is getattr(torch.nn.Module, name):
+        if name in _INTROSPECTION and name not in m.__dict__ and \
+                class_attr(tx, type(m), name) is getattr(torch.nn.Module, name):
+            _shadowing_guard(tx, self.source, m, name, getattr(torch.nn.Module, name))
             return _INTROSPECTION[name](tx, self, args, kwargs)
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__len__":
-            return ConstVar(len(m))
+            return ConstVar(self.length(tx))
         if name in ("items", "keys", "values") and isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
-            pairs = [(k, self._member(tx, k)) for k in m.keys()]
+            pairs = [(k, self._member(tx, k)) for k in self._keys(tx)]
             if name == "keys":
                 return ListVar([ConstVar(k) for k, _ in pairs])
             if name == "values":
@@ -113,11 +121,15 @@ class NNModuleVar(Var):
         key = str(key)
         return wrap(tx, getattr(m, store)[key], self._child_source(store, key))
 
-    def _keys(self):
+    def _keys(self, tx):
+        """The container's member names, guarded: a ModuleList can be appended to."""
         m = self.module
-        if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)):
-            return list(m._parameters.keys())
-        return list(m._modules.keys())
+        store = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) \
+            else "_modules"
+        table = getattr(m, store)
+        if self.source is not None:
+            tx.guards.dict_keys(AttrSource(self.source, store), table)
+        return list(table.keys())
 
     def getitem(self, tx, key):
         m = self.module
@@ -126,7 +138,7 @@ class NNModuleVar(Var):
         if not key.is_const():
             unsupported("module index that is not a constant")
         k = key.as_const()
-        keys = self._keys()
+        keys = self._keys(tx)
         if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
             return self._member(tx, k)
         if isinstance(k, slice):
@@ -136,18 +148,18 @@ class NNModuleVar(Var):
     def unpack(self, tx):
         m = self.module
         if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
-            return [ConstVar(k) for k in self._keys()]
+            return [ConstVar(k) for k in self._keys(tx)]
         if isinstance(m, _CONTAINERS):
-            return [self._member(tx, k) for k in self._keys()]
+            return [self._member(tx, k) for k in self._keys(tx)]
         unsupported(f"iterating over module {type(m).__name__}")
 
     def length(self, tx):
         if isinstance(self.module, _CONTAINERS):
-            return len(self._keys())
+            return len(self._keys(tx))
         unsupported(f"len() of module {type(self.module).__name__}")
 
     def truth(self, tx):
-        return True if not isinstance(self.module, _CONTAINERS) else bool(self._keys())
+        return True if not isinstance(self.module, _CONTAINERS) else bool(self._keys(tx))
 
     # -- calls --
     def call(self, tx, args, kwargs):
@@ -156,9 +168,12 @@ class NNModuleVar(Var):
         _guard_global_hooks(tx)
         if m._backward_hooks or m._backward_pre_hooks:
             unsupported(f"backward hooks on {type(m).__name__}")
-        forward = _class_lookup(type(m), "forward")
+        if "forward" in m.__dict__:
+            unsupported(f"{type(m).__name__}.forward replaced on the instance")
+        forward = class_attr(tx, type(m), "forward")
         if not isinstance(forward, types.FunctionType):
             unsupported(f"{type(m).__name__}.forward is not a Python function")
+        _shadowing_guard(tx, self.source, m, "forward", forward)
         if self.source is not None:
             if m._forward_hooks or m._forward_pre_hooks:
                 tx.guards.hook_keys(self.source, m)
@@ -243,6 +258,21 @@ def _check_module_store(m, name, value):
         unsupported(f"TypeError: cannot assign {value} as buffer {name!r}")
 
 
+def class_attr(tx, cls, name):
+    """`_class_lookup`, for a trace that relies on the answer: guarded (classes are
+    mutable: a method can be replaced, in a base class too)."""
+    found = _class_lookup(cls, name)
+    tx.guards.class_attr(cls, name, found)
+    return found
+
+
+def _shadowing_guard(tx, source, obj, name, attr):
+    """A method or other non-data descriptor from the class is what ``obj.name`` gives
+    only while the instance's own dict does not shadow it."""
+    if source is not None and hasattr(obj, "__dict__") and not hasattr(type(attr), "__set__"):
+        tx.guards.not_in_dict(source, name)
+
+
 def _call_property(tx, prop, obj_var):
     from .builder import wrap
     if prop.fget is None:
@@ -267,6 +297,7 @@ def _named(kind):
             paths = _unprefixed_paths(self.module, kind, a, kw)
         except Exception as e:       # a bad argument: CPython raises it
             unsupported(f"{kind}() raised {type(e).__name__}: {e}")
+        _guard_structure(tx, self, kind)
         out = []
         for item, path in zip(items, paths):
             name, obj = item if kind.startswith("named_") else (None, item)
@@ -288,6 +319,20 @@ def _unprefixed_paths(m, kind, args, kwargs):
         params["prefix"] = ""
     named = kind if kind.startswith("named_") else f"named_{kind}"
     return [n for n, _ in getattr(torch.nn.Module, named)(m, **params)]
+
+
+def _guard_structure(tx, self, kind):
+    """What the introspection walks (submodule names, and their parameter or buffer
+    names) is guarded by keys: modules can be added and removed between calls."""
+    if self.source is None:
+        return
+    stores = ["_modules"] + (["_parameters"] if "parameters" in kind else []) + \
+        (["_buffers"] if "buffers" in kind else [])
+    subs = [("", self.module)] if kind in ("named_children", "children") else self.module.named_modules()
+    for name, sub in subs:
+        source = _path_source(self, name) if name else self.source
+        for store in stores:
+            tx.guards.dict_keys(AttrSource(source, store), getattr(sub, store))
 
 
 def _path_source(self, dotted):

@@ -2,6 +2,7 @@
 methods of traced values, and nn.Modules."""
 from __future__ import annotations
 
+import collections.abc
 import functools
 import math
 import sys
@@ -23,26 +24,62 @@ class ObjectVar(ValueVar):
     __slots__ = ()
 
     # Read-only methods of plain objects (mapping proxies, os.environ, OrderedDicts from
-    # outside), answered on the real object.
+    # outside), answered on the real object.  What they answer is state of a mutable
+    # object (an identity guard does not cover it): the result is guarded through a
+    # source that calls the method again.
     def call_method(self, tx, name, args, kwargs):
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
-                _all_const(args, kwargs):
-            from .builder import wrap
+                _all_const(args, kwargs) and not kwargs:
             method = getattr(self.value, name, None)
             if method is not None:
-                result = method(*_consts(args))
-                source = None
-                if name in ("get", "__getitem__") and args and self.source is not None and \
-                        isinstance(args[0].as_const(), (str, int)):
-                    source = GetItemSource(self.source, args[0].as_const())
-                if isinstance(result, (type({}.keys()), type({}.values()), type({}.items()))):
-                    result = list(result)
-                return wrap(tx, result, source, guard=False) if source is None or \
-                    not isinstance(result, torch.Tensor) else wrap(tx, result, source)
+                consts = _consts(args)
+                try:
+                    result = method(*consts)
+                except Exception as e:
+                    unsupported(f"{type(self.value).__name__}.{name}() raised {type(e).__name__}")
+                listed = isinstance(result, (type({}.keys()), type({}.values()), type({}.items())))
+                return self._read(tx, list(result) if listed else result, name, consts, listed)
         return super().call_method(tx, name, args, kwargs)
 
-    def unpack(self, tx):
+    def _read(self, tx, result, name, args, listed=False):
+        from ..source import CallMethodSource
         from .builder import wrap
+        if self.source is None:
+            return wrap(tx, result, None, guard=False)
+        if name == "__getitem__" and len(args) == 1 and isinstance(args[0], (str, int)):
+            return wrap(tx, result, GetItemSource(self.source, args[0]))
+        if not CallMethodSource.supports(args):
+            unsupported(f"{type(self.value).__name__}.{name}() on arguments a guard cannot name")
+        var = wrap(tx, result, CallMethodSource(self.source, name, args, listed))
+        if listed:
+            # A new list, which the frame may mutate freely: not the source's object.
+            tx.output.object_vars.pop(id(result), None)
+            from .containers import ListVar
+            var = ListVar(list(var.items))
+        return var
+
+    def getitem(self, tx, key):
+        if key.is_const() and not isinstance(self.value, (type, types.ModuleType)) and \
+                hasattr(type(self.value), "__getitem__") and isinstance(self.value, collections.abc.Mapping):
+            try:
+                result = self.value[key.as_const()]
+            except Exception as e:
+                unsupported(f"{type(self.value).__name__}[{key.as_const()!r}] raised {type(e).__name__}")
+            return self._read(tx, result, "__getitem__", [key.as_const()])
+        return super().getitem(tx, key)
+
+    def contains(self, tx, item) -> bool:
+        """`item in self` on a real container (a set in a closure, os.environ)."""
+        if not item.is_const() or isinstance(self.value, (type, types.ModuleType)):
+            unsupported(f"`in` on {type(self.value).__name__}")
+        try:
+            found = item.as_const() in self.value
+        except Exception as e:
+            unsupported(f"`in` on {type(self.value).__name__} raised {type(e).__name__}")
+        self._read(tx, found, "__contains__", [item.as_const()])
+        return found
+
+    def unpack(self, tx):
         if _is_iterator(self.value) or isinstance(self.value, _MUTABLE_ITERABLES):
             # Iterating would consume the program's iterator now, at trace time, or read
             # contents that the guard on the object's identity does not cover.
@@ -53,13 +90,15 @@ class ObjectVar(ValueVar):
             unsupported(f"iterating over {type(self.value).__name__}")
         if any(isinstance(i, torch.Tensor) for i in items):
             unsupported(f"iterating over {type(self.value).__name__} holding tensors")
-        return [wrap(tx, i, None, guard=False) for i in items]
+        return self._read(tx, items, "__iter__", [], listed=True).unpack(tx)
 
     def length(self, tx):
         try:
-            return len(self.value)
+            n = len(self.value)
         except TypeError:
             unsupported(f"len() of {type(self.value).__name__}")
+        self._read(tx, n, "__len__", [])
+        return n
 
     def is_const(self):
         # Classes, functions and modules: fixed objects, usable as constants.
@@ -87,8 +126,8 @@ class ObjectVar(ValueVar):
         except AttributeError:
             unsupported(f"{self.value!r} has no attribute {name!r}")
         source = AttrSource(self.source, name) if self.source is not None else None
-        # Attributes of torch and the standard library are taken as constants.
-        return wrap(tx, attr, source, guard=not _is_library_object(self.value))
+        # Guarded even on torch and the standard library: `math.sqrt = ...` is legal.
+        return wrap(tx, attr, source)
 
     def setattr(self, tx, name, value):
         if type(self.value) is types.ModuleType and not _is_library_object(self.value):
@@ -252,6 +291,9 @@ class SuperVar(Var):
         for klass in mro[mro.index(cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                # A base's class dict can be patched (`Parent.scale = 7`): guarded
+                # through an equivalent super object, which reads the MRO again.
+                tx.guards.class_attr(mro[0], name, attr, after=cls)
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
                 if isinstance(attr, classmethod):
@@ -262,16 +304,21 @@ class SuperVar(Var):
                     return wrap(tx, attr.fget, None, guard=False).call(tx, [self.obj], {})
                 if klass is object and name == "__setattr__":
                     return BoundMethodVar(GenericSetattrVar(), self.obj)
+                if not isinstance(attr, (types.FunctionType, types.WrapperDescriptorType,
+                                         types.MethodDescriptorType)) and \
+                        not (klass is object or getattr(klass, "__module__", "") == "builtins"):
+                    return wrap(tx, attr, None, guard=False)   # a value: guarded above
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
                     if name in _PURE_READERS and hasattr(self.obj, "value"):
-                        return _RealMethodVar(attr, self.obj.value)
+                        return _RealMethodVar(attr, self.obj.value, self.obj.source)
                     unsupported(f"super().{name} of a builtin class")
                 if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
                     unsupported(f"super().{name} is implemented in C")
                 return wrap(tx, attr, None, guard=False)
         unsupported(f"super() has no attribute {name!r}")
+
 
 
 _PURE_READERS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items",
@@ -281,19 +328,28 @@ _PURE_READERS = {"get", "__getitem__", "__contains__", "__len__", "keys", "value
 class _RealMethodVar(Var):
     """A read-only method of a builtin type, called on the real object at trace time
     (e.g. dict.get on a registry that is a dict subclass)."""
-    __slots__ = ("method", "obj")
+    __slots__ = ("method", "obj", "obj_source")
 
-    def __init__(self, method, obj):
+    def __init__(self, method, obj, obj_source=None):
         super().__init__(None)
         self.method = method
         self.obj = obj
+        self.obj_source = obj_source
 
     def call(self, tx, args, kwargs):
+        from ..source import CallMethodSource
         from .builder import wrap
-        if not _all_const(args, kwargs):
+        if not _all_const(args, kwargs) or kwargs:
             unsupported(f"{self.method.__qualname__} with traced arguments")
-        return wrap(tx, self.method(self.obj, *_consts(args), **_const_kwargs(kwargs)), None,
-                    guard=False)
+        consts = _consts(args)
+        result = self.method(self.obj, *consts)
+        if self.obj_source is None:
+            return wrap(tx, result, None, guard=False)
+        if not CallMethodSource.supports(consts):
+            unsupported(f"{self.method.__qualname__} on arguments a guard cannot name")
+        # The object's contents can change between calls: read again by the guard.
+        return wrap(tx, result, CallMethodSource(self.obj_source, self.method.__name__, consts,
+                                                 through=self.method))
 
 
 class ContextVarVar(ValueVar):
@@ -311,11 +367,16 @@ class ContextVarVar(ValueVar):
         if name == "get":
             if id(cv) in state and state[id(cv)] is not None:
                 return state[id(cv)]
+            from ..source import CallMethodSource
             from .builder import wrap
             try:
-                return wrap(tx, cv.get(*_consts(args)), None, guard=False)
+                value = cv.get(*_consts(args))
             except LookupError:
                 unsupported(f"ContextVar {cv.name} has no value")
+            # Its value can differ on the next call: read again by the guard.
+            if self.source is None or not CallMethodSource.supports(_consts(args)):
+                unsupported(f"ContextVar {cv.name}.get() with no way to guard its value")
+            return wrap(tx, value, CallMethodSource(self.source, "get", _consts(args)))
         if name == "reset" and len(args) == 1 and isinstance(args[0], _TokenVar):
             state[id(cv)] = args[0].previous
             if args[0].previous is None:

@@ -103,7 +103,7 @@ def _op_is(negate):
     def handler(tx, args, kwargs):
         from ..interpreter import is_same
         if len(args) == 2 and not kwargs:
-            return ConstVar(is_same(args[0], args[1]) != negate)
+            return ConstVar(is_same(args[0], args[1], tx) != negate)
     return handler
 
 

@@ -48,6 +48,13 @@ class TensorVar(Var):
             unsupported("reading Tensor.grad")
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
+            inp = tx.output.input_of(self)
+            if inp is not None and inp.source is not None and name in getattr(inp.value, "__dict__", {}):
+                # A Python attribute of an input tensor (`t.tag = 1`): read through
+                # its source, so the guard sees it change.
+                from ..source import AttrSource
+                from .builder import wrap
+                return wrap(tx, inp.value.__dict__[name], AttrSource(inp.source, name))
             unsupported(f"Tensor has no attribute {name!r}")
         if callable(attr):
             return MethodVar(self, name)

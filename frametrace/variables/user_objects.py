@@ -8,13 +8,13 @@ import dataclasses
 import types
 from collections import OrderedDict
 
-from ..source import AttrSource, ConstSource, ContainsSource
+from ..source import AttrSource, ConstSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
-from .modules import _class_lookup
+from .modules import _class_lookup, class_attr
 
 
 class UserObjectVar(InstanceAttrs, Var):
@@ -48,7 +48,7 @@ class UserObjectVar(InstanceAttrs, Var):
             if self.source is not None and hasattr(obj, "__dict__"):
                 # What the class gives (a method) holds while the instance does not
                 # shadow it.
-                tx.guards.equals(ContainsSource(AttrSource(self.source, "__dict__"), name), False)
+                tx.guards.not_in_dict(self.source, name)
             return MISSING
         try:
             value = object.__getattribute__(obj, name)
@@ -94,7 +94,7 @@ class UserObjectVar(InstanceAttrs, Var):
         self.cls = cls
 
     def call(self, tx, args, kwargs):
-        call = _class_lookup(self.cls, "__call__")
+        call = class_attr(tx, self.cls, "__call__")
         if isinstance(call, types.FunctionType):
             return UserFunctionVar(call).call(tx, [self, *args], kwargs)
         unsupported(f"calling {self.cls.__name__} object")
@@ -102,13 +102,24 @@ class UserObjectVar(InstanceAttrs, Var):
     def _dunder(self, tx, name, args):
         """Call a special method: inlined when written in Python, evaluated on the real
         object when it is a builtin base's read-only method (a dict subclass's get)."""
-        method = _class_lookup(self.cls, name)
+        method = class_attr(tx, self.cls, name)
         if isinstance(method, types.FunctionType):
             return UserFunctionVar(method).call(tx, [self, *args], {})
         if method is not None and self.cls is type(self.value) and \
                 name in ("__getitem__", "__len__", "__contains__") and all(a.is_const() for a in args):
+            # A builtin base's reader (a dict subclass): the object's contents, which
+            # can change between calls, guarded through a source that reads them again.
+            from ..source import CallMethodSource, GetItemSource
             from .builder import wrap
-            return wrap(tx, method(self.value, *[a.as_const() for a in args]), None, guard=False)
+            consts = [a.as_const() for a in args]
+            result = method(self.value, *consts)
+            if self.source is None:
+                return wrap(tx, result, None, guard=False)
+            if not CallMethodSource.supports(consts):
+                unsupported(f"{self.cls.__name__}.{name} on arguments a guard cannot name")
+            source = GetItemSource(self.source, consts[0]) if name == "__getitem__" else \
+                CallMethodSource(self.source, name, consts)
+            return wrap(tx, result, source)
         unsupported(f"{self.cls.__name__}.{name}")
 
     def getitem(self, tx, key):
@@ -125,9 +136,9 @@ class UserObjectVar(InstanceAttrs, Var):
 
     def truth(self, tx):
         cls = self.cls
-        if _class_lookup(cls, "__bool__") is None and _class_lookup(cls, "__len__") is None:
+        if class_attr(tx, cls, "__bool__") is None and class_attr(tx, cls, "__len__") is None:
             return True
-        if isinstance(_class_lookup(cls, "__bool__"), types.FunctionType):
+        if isinstance(class_attr(tx, cls, "__bool__"), types.FunctionType):
             return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
 
@@ -162,7 +173,7 @@ class NewObjectVar(InstanceAttrs, Var):
         self.cls = cls
 
     def _dunder(self, tx, name, args):
-        method = _class_lookup(self.cls, name)
+        method = class_attr(tx, self.cls, name)
         if isinstance(method, types.FunctionType):
             return UserFunctionVar(method).call(tx, [self, *args], {})
         unsupported(f"{self.cls.__name__}.{name}")
@@ -181,12 +192,12 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def call(self, tx, args, kwargs):
         return self._dunder(tx, "__call__", [*args]) if not kwargs else \
-            UserFunctionVar(_class_lookup(self.cls, "__call__")).call(tx, [self, *args], kwargs)
+            UserFunctionVar(class_attr(tx, self.cls, "__call__")).call(tx, [self, *args], kwargs)
 
     def truth(self, tx):
-        if _class_lookup(self.cls, "__bool__") is None and _class_lookup(self.cls, "__len__") is None:
+        if class_attr(tx, self.cls, "__bool__") is None and class_attr(tx, self.cls, "__len__") is None:
             return True
-        if _class_lookup(self.cls, "__bool__") is not None:
+        if class_attr(tx, self.cls, "__bool__") is not None:
             return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
 
@@ -245,7 +256,7 @@ class _Sized:
 
 
 def _unpack_user(tx, var, cls):
-    it = _class_lookup(cls, "__iter__")
+    it = class_attr(tx, cls, "__iter__")
     if it is collections.abc.Sequence.__iter__:
         # Sequence.__iter__ indexes until IndexError: the same as indexing below len().
         return [var.getitem(tx, ConstVar(i)) for i in range(var.length(tx))]
@@ -265,11 +276,11 @@ def construct_user_object(tx, cls, args, kwargs):
         unsupported(f"{cls.__name__} defines __new__")
     if any(getattr(k, "__module__", "") == "builtins" and k is not object for k in cls.__mro__):
         unsupported(f"{cls.__name__} subclasses a builtin type")
-    new_new = _class_lookup(cls, "__new__")
+    new_new = class_attr(tx, cls, "__new__")
     if isinstance(new_new, staticmethod) and new_new.__func__ is not object.__new__:
         unsupported(f"{cls.__name__} defines __new__")
     obj = NewObjectVar(cls)
-    init = _class_lookup(cls, "__init__")
+    init = class_attr(tx, cls, "__init__")
     if isinstance(init, types.FunctionType):
         UserFunctionVar(init).call(tx, [obj, *args], kwargs)
     elif init not in (None, object.__init__):
@@ -304,7 +315,7 @@ class DataclassVar(Var):
     def getattr(self, tx, name):
         if name in self.fields:
             return self.fields[name]
-        cls_attr = _class_lookup(self.cls, name)
+        cls_attr = class_attr(tx, self.cls, name)
         if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
             return UserFunctionVar(cls_attr.fget).call(tx, [self], {})
         if isinstance(cls_attr, types.FunctionType):
@@ -317,8 +328,8 @@ class DataclassVar(Var):
     def setattr(self, tx, name, value):
         if not is_model_output(self.cls):
             # A frozen dataclass's __setattr__ raises; a property or slot runs its code.
-            hook = _class_lookup(self.cls, "__setattr__")
-            attr = _class_lookup(self.cls, name)
+            hook = class_attr(tx, self.cls, "__setattr__")
+            attr = class_attr(tx, self.cls, name)
             if hook is not object.__setattr__ or attr is not None and is_data_descriptor(attr):
                 unsupported(f"setting {name!r} on {self.cls.__name__} runs "
                             f"{'its __setattr__' if hook is not object.__setattr__ else 'a descriptor'}")
@@ -367,7 +378,7 @@ class DataclassVar(Var):
         if is_model_output(self.cls):
             return True
         for name in ("__bool__", "__len__"):
-            method = _class_lookup(self.cls, name)
+            method = class_attr(tx, self.cls, name)
             if isinstance(method, types.FunctionType):
                 result = UserFunctionVar(method).call(tx, [self], {})
                 return checked_bool(tx, result) if name == "__bool__" else checked_len(result) > 0
@@ -427,7 +438,7 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
         elif f.init:
             unsupported(f"{cls.__name__}() missing argument {f.name!r}")
     obj = DataclassVar(cls, values)
-    post_init = _class_lookup(cls, "__post_init__")
+    post_init = class_attr(tx, cls, "__post_init__")
     if post_init is not None and not is_model_output(cls):
         UserFunctionVar(post_init).call(tx, [obj], {})
     return obj
