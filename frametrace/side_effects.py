@@ -92,9 +92,6 @@ class SideEffects:
             else:
                 yield self._containers[key]
 
-    def has_container_mutations(self) -> bool:
-        return bool(self._containers)
-
     def __bool__(self):
         return bool(self._order)
 
