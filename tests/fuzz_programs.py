@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import io
+import collections
+import json
 import linecache
 import os
 import re
@@ -287,11 +288,20 @@ class Gen:
         self.pending = []         # names a statement defines: in scope after it
 
     # -- drawing helpers
+    def index(self, n):
+        """An index below n, drawn as bits: hypothesis biases its integer draws toward
+        constants it finds in the modules loaded so far, which would make the programs
+        of a seed depend on what ran before; booleans have no such bias."""
+        i = 0
+        for _ in range((n - 1).bit_length()):
+            i = 2 * i + self.draw(st.booleans())
+        return i % n
+
     def pick(self, options):
-        return self.draw(st.sampled_from(options))
+        return options[self.index(len(options))]
 
     def num(self, lo, hi):
-        return self.draw(st.integers(lo, hi))
+        return lo + self.index(hi - lo + 1)
 
     def flag(self):
         return self.draw(st.booleans())
@@ -1036,7 +1046,7 @@ def failure_kind(message):
     m = re.match(r"exception: (\w+)\((.*)\) != (\w+)\((.*)\)", text)
     if m:
         return _slug(f"exception {m.group(1)} compiled-{m.group(3)} {m.group(4)}", 90)
-    where = re.match(r"([a-z ]+|global \w+)", text)
+    where = re.match(r"(global \w+|[a-z ]+)", text)
     what = "values" if "values differ" in text else "type" if ": type " in text else \
         "length" if "length" in text else "keys" if "keys" in text else \
         "exception" if text.startswith("exception") else "value"
@@ -1099,51 +1109,57 @@ def reduce(source, kind, attempt):
 
 
 # --------------------------------------------------------------------------- long runs
-def _in_child(fn, timeout):
-    """fn() in a forked child: returns (ok, text); a crash or hang is a failure."""
+def _in_child(fn):
+    """fn() in a forked child: returns (ok, text, report); a crash is a failure."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
-            fn()
-            out = b"ok"
+            rep = fn()
+            out = {"ok": True, "graphs": rep.graphs, "breaks": rep.breaks,
+                   "fallbacks": rep.fallbacks, "reasons": rep.reasons()}
         except AssertionError as e:
-            out = b"F" + str(e).encode(errors="replace")
+            out = {"ok": False, "msg": str(e)}
         except BaseException as e:      # noqa: BLE001 - report anything, in the child
-            out = b"F" + f"harness error {type(e).__name__}: {e}".encode(errors="replace")
-        with os.fdopen(w, "wb") as f:
-            f.write(out)
+            out = {"ok": False, "msg": f"harness error {type(e).__name__}: {e}"}
+        with os.fdopen(w, "w") as f:
+            json.dump(out, f)
         os._exit(0)
     os.close(w)
-    with os.fdopen(r, "rb") as f:
+    with os.fdopen(r) as f:
         data = f.read()
     _, status = os.waitpid(pid, 0)
-    if data == b"ok":
-        return True, ""
-    if data.startswith(b"F"):
-        return False, data[1:].decode()
-    return False, f"crash: child exited with status {status}"
+    if not data:
+        return False, f"crash: child exited with status {status}", None
+    out = json.loads(data)
+    return out["ok"], out.get("msg", ""), out
 
 
-def attempt_kind(source, fork=True):
+def attempt(source, fork=True):
+    """(kind of failure or None, the report's counts of a passing run)."""
     try:
         compile(source, FILENAME, "exec")
     except SyntaxError:
-        return None
+        return None, None
     if fork:
-        ok, msg = _in_child(lambda: run_program(source), TIMEOUT_S + 5)
+        ok, msg, rep = _in_child(lambda: run_program(source))
     else:
         try:
-            run_program(source)
-            ok, msg = True, ""
+            r = run_program(source)
+            ok, msg, rep = True, "", {"graphs": r.graphs, "breaks": r.breaks,
+                                      "fallbacks": r.fallbacks, "reasons": r.reasons()}
         except AssertionError as e:
-            ok, msg = False, str(e)
+            ok, msg, rep = False, str(e), None
     if ok:
-        return None
+        return None, rep
     if msg.startswith("crash"):
-        return "crash"
-    return "harness-error" if msg.startswith("harness error") else failure_kind(msg)
+        return "crash", None
+    return ("harness-error" if msg.startswith("harness error") else failure_kind(msg)), None
+
+
+def attempt_kind(source, fork=True):
+    return attempt(source, fork)[0]
 
 
 def main(argv=None):
@@ -1171,6 +1187,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     kinds: dict[str, list[str]] = {}
     count = [0]
+    seen = collections.Counter()            # what the passing programs compiled
 
     @seed(args.seed)
     @settings(max_examples=args.examples, database=None, deadline=None, phases=[Phase.generate],
@@ -1179,8 +1196,14 @@ def main(argv=None):
     def fuzz(program):
         count[0] += 1
         n = count[0]
-        kind = attempt_kind(program.source, fork)
+        kind, rep = attempt(program.source, fork)
         if kind is None:
+            seen["passed"] += 1
+            seen["compiled a graph"] += rep["graphs"] > 0
+            seen["fell back somewhere"] += rep["fallbacks"] > 0
+            seen["graph breaks"] += rep["breaks"]
+            for reason in rep["reasons"]:
+                seen["reason: " + re.sub(r"\(.*|\[.*", "", reason)[:70]] += 1
             if not args.quiet:
                 print(f"{n:5d} ok", flush=True)
             return
@@ -1196,6 +1219,9 @@ def main(argv=None):
     print(f"\n{count[0]} programs, {sum(map(len, kinds.values()))} failures, {len(kinds)} kinds:")
     for kind, paths in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(paths):5d}  {kind}  e.g. {paths[0]}")
+    print("passing programs:")
+    for what, k in seen.most_common(25):
+        print(f"  {k:5d}  {what}")
     if args.reduce_all:
         for kind, paths in kinds.items():
             smallest = min(paths, key=os.path.getsize)
