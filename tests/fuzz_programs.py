@@ -1151,6 +1151,8 @@ def attempt(source, fork=True):
                                       "fallbacks": r.fallbacks, "reasons": r.reasons()}
         except AssertionError as e:
             ok, msg, rep = False, str(e), None
+        except Exception as e:          # noqa: BLE001 - a program the reducer broke
+            ok, msg, rep = False, f"harness error {type(e).__name__}: {e}", None
     if ok:
         return None, rep
     if msg.startswith("crash"):
@@ -1170,8 +1172,10 @@ def main(argv=None):
     ap.add_argument("--reduce", metavar="FILE", help="shrink one failing program and print it")
     ap.add_argument("--reduce-all", action="store_true", help="after the run, shrink one program per kind")
     ap.add_argument("--no-fork", action="store_true")
+    ap.add_argument("--checkout", help="the checkout whose frametrace to test (default: this one)")
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)
+    sys.path.insert(0, args.checkout or os.path.dirname(HERE))
     import torch
     torch.set_num_threads(1)
     fork = not args.no_fork
