@@ -1164,6 +1164,35 @@ def attempt_kind(source, fork=True):
     return attempt(source, fork)[0]
 
 
+WARMUP = """\
+import torch
+
+
+class Out:
+    def __init__(self):
+        self.parts = []
+
+    def write(self, text):
+        self.parts.append(text)
+
+
+def f(t0, xs, d, n, out):
+    for u in xs:
+        if u.sum() > 0:
+            t0 = t0 + u * n
+        print(n, file=out)
+    d["a"] = t0.relu()
+    return t0.sum().item(), [t0 * 2 for t0 in xs], len(d)
+
+
+def make_inputs():
+    return [(torch.ones(k), [torch.ones(k), -torch.ones(k)], {}, k, Out()) for k in (2, 3, 4)]
+
+
+GLOBALS = ()
+"""
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--examples", type=int, default=200)
@@ -1188,6 +1217,8 @@ def main(argv=None):
             print(source)
         return 0
     from hypothesis import HealthCheck, Phase, given, seed, settings
+    if fork:            # the children start warm: torch and frametrace load lazily, and slowly
+        attempt(WARMUP, fork=False)
     os.makedirs(args.out, exist_ok=True)
     kinds: dict[str, list[str]] = {}
     count = [0]
