@@ -254,12 +254,12 @@ class Scope:
     """Names in scope, by type.  Every tensor named here has shape (L,), the size of
     the call's tensors; `scalars` are 0-d tensors."""
     __slots__ = ("tensors", "scalars", "ints", "counters", "floats", "lists", "dicts",
-                 "sets", "objs", "funcs", "logs", "locals")
+                 "sets", "objs", "funcs", "logs")
 
     def __init__(self):
         self.tensors, self.scalars, self.ints, self.counters = [], [], [], []
         self.floats, self.lists, self.dicts, self.sets = [], [], [], []
-        self.objs, self.funcs, self.logs, self.locals = [], [], [], set()
+        self.objs, self.funcs, self.logs = [], [], []
 
     def copy(self):
         s = Scope()
