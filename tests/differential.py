@@ -24,6 +24,7 @@ program that must not compile anything.
 from __future__ import annotations
 
 import copy
+import io
 import math
 
 import torch
@@ -132,6 +133,8 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
         return _same_attrs(a, b, path, rtol, atol, seen) if hasattr(a, "__dict__") else None
     if isinstance(a, (set, frozenset)):
         return None if a == b else f"{path}: {a!r} != {b!r}"
+    if isinstance(a, io.StringIO):          # what was printed to it
+        return None if a.getvalue() == b.getvalue() else f"{path}: {a.getvalue()!r} != {b.getvalue()!r}"
     if isinstance(a, torch.nn.Module):
         return same(a.state_dict(), b.state_dict(), f"{path}.state_dict()", rtol, atol, seen)
     if (hasattr(a, "__dict__") or _slot_names(type(a))) and not isinstance(a, type) and not callable(a):

@@ -897,18 +897,22 @@ class Gen:
         body = self.block(8)
         body.append(f"return {self.result()}")
         params.append("out")
+        out = self.pick(["Out()", "io.StringIO()"])      # print() to a user object or a StringIO
+        if out == "Out()":
+            self.use("Out")
         head = []
         if self.global_writes & {"G_N", "G_T"}:
             head.append("global " + ", ".join(sorted(self.global_writes & {"G_N", "G_T"})))
-        inputs = self.inputs(params, obj_cls)
+        inputs = self.inputs(params, obj_cls, out)
         return Program(self.assemble(params, head + body, inputs))
 
     def assemble(self, params, body, inputs):
-        parts = ["import dataclasses", "import sys", "", "import torch", ""]
+        parts = ["import dataclasses", "import io", "import sys", "", "import torch", ""]
         globals_ = [g for g in GLOBAL_INIT if g in self.used]
         parts += [GLOBAL_INIT[g] for g in globals_]
         parts.append(f"GLOBALS = {tuple(globals_)!r}")
-        parts += ["", "", OUT_CLASS.rstrip()]
+        if "Out" in self.used:
+            parts += ["", "", OUT_CLASS.rstrip()]
         for name, src in CLASSES.items():
             if name in self.used:
                 parts += ["", "", src.rstrip()]
@@ -924,7 +928,7 @@ class Gen:
         vals = [self.num(-3, 3) for _ in range(size)]
         return f"torch.tensor([{', '.join(f'{v}.0' for v in vals)}])"
 
-    def inputs(self, params, obj_cls):
+    def inputs(self, params, obj_cls, out):
         lines = []
         vary_size = self.flag()
         size = self.num(2, 5)
@@ -965,7 +969,7 @@ class Gen:
                 args["o"] = f"{obj_cls}({v}, {self.num(0, 2)})"
             if "k" in params:
                 args["k"] = str(self.num(0, 3))
-            args["out"] = "Out()"
+            args["out"] = out
             lines.append(f"calls.append(({', '.join(args[p] for p in params)},))")
         return lines
 
