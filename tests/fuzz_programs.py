@@ -985,8 +985,8 @@ def programs(draw):
 
 
 # --------------------------------------------------------------------------- running
-class Timeout(Exception):
-    pass
+class Timeout(BaseException):
+    """Not an Exception: the tracer's own `except Exception` must not swallow it."""
 
 
 def _alarm(signum, frame):
