@@ -24,6 +24,7 @@ program that must not compile anything.
 from __future__ import annotations
 
 import copy
+import io
 import math
 
 import torch
@@ -132,9 +133,11 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
         return _same_attrs(a, b, path, rtol, atol, seen) if hasattr(a, "__dict__") else None
     if isinstance(a, (set, frozenset)):
         return None if a == b else f"{path}: {a!r} != {b!r}"
+    if isinstance(a, io.StringIO):          # what was printed to it
+        return None if a.getvalue() == b.getvalue() else f"{path}: {a.getvalue()!r} != {b.getvalue()!r}"
     if isinstance(a, torch.nn.Module):
         return same(a.state_dict(), b.state_dict(), f"{path}.state_dict()", rtol, atol, seen)
-    if hasattr(a, "__dict__") and not isinstance(a, type) and not callable(a):
+    if (hasattr(a, "__dict__") or _slot_names(type(a))) and not isinstance(a, type) and not callable(a):
         return _same_attrs(a, b, path, rtol, atol, seen)
     try:
         equal = a == b
@@ -149,7 +152,24 @@ def _same_attrs(a, b, path, rtol, atol, seen):
     if id(a) in seen:
         return None
     seen.add(id(a))
-    return same(vars(a), vars(b), f"{path}.__dict__", rtol, atol, seen)
+    return same(_state(a), _state(b), f"{path}.__dict__", rtol, atol, seen)
+
+
+def _slot_names(cls):
+    names = []
+    for c in cls.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
+    return names
+
+
+def _state(obj):
+    """An object's attributes: its __dict__ and the __slots__ that are set."""
+    state = dict(getattr(obj, "__dict__", {}))
+    for name in _slot_names(type(obj)):
+        if hasattr(obj, name):
+            state[name] = getattr(obj, name)
+    return state
 
 
 def check(fn, inputs, *, backend="eager", globals=(), graphs=_MISSING, breaks=None,
