@@ -21,7 +21,7 @@ from . import _C, config, resume
 from .codegen import CodeGen, GraphSlot, fill_graph_slot
 from .exc import Unsupported, format_user_stack
 from .global_state import GlobalState
-from .graph import OutputGraph
+from .graph import OutputGraph, written_arg
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
@@ -502,19 +502,11 @@ def _storage_key(node):
 def _written_storages(graph) -> set:
     """The (fake) storages that in-place ops of the graph write to: an input among
     them is mutated, directly or through a view."""
-    import operator
     written = set()
     for node in graph.nodes:
-        target = None
-        if node.op == "call_method" and node.target.endswith("_") and not node.target.startswith("__"):
-            target = node.args[0]
-        elif node.op == "call_function":
-            name = getattr(node.target, "__name__", "")
-            if "out" in node.kwargs:
-                target = node.kwargs["out"]
-            elif node.target is operator.setitem or (name.endswith("_") and not name.endswith("__")) or \
-                    (node.target.__module__ == "_operator" and name.startswith("i") and name != "index"):
-                target = node.args[0] if node.args else None
+        if node.op not in ("call_method", "call_function"):
+            continue
+        target = written_arg(node.op, node.target, node.args, node.kwargs)
         for t in (target if isinstance(target, (list, tuple)) else [target]):
             if isinstance(t, torch.fx.Node):
                 written.add(_storage_key(t))

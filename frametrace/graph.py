@@ -138,7 +138,7 @@ class OutputGraph:
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
         if kind == "call_function" and not fx_can_name(target):
             unsupported(f"{what} cannot be named in an FX graph")
-        self._check_input_metadata_kept(what, target, args, kwargs, fake_args, fake_kwargs)
+        self._check_input_metadata_kept(kind, what, target, args, kwargs, fake_args, fake_kwargs)
         try:
             with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
@@ -177,10 +177,11 @@ class OutputGraph:
                 return a
         return None
 
-    def _check_input_metadata_kept(self, what, target, args, kwargs, fake_args, fake_kwargs):
+    def _check_input_metadata_kept(self, kind, what, target, args, kwargs, fake_args, fake_kwargs):
         """In-place changes of an input's sizes or strides, and of any tensor's
-        requires_grad, are not kept by every backend: they are graph breaks (the op then
-        runs in CPython, on the caller's tensor)."""
+        requires_grad, are not kept by every backend, and in-place writes to overlapping
+        memory raise only in eager: they are graph breaks (the op then runs in CPython,
+        on the caller's tensor)."""
         first = args[0] if args else None
         if isinstance(first, TensorVar) and id(first.example) in self._input_fakes and \
                 _is_inplace_view(target):
@@ -192,6 +193,13 @@ class OutputGraph:
                 unsupported("requires_grad_() changes a tensor's requires_grad")
         if "out" in kwargs and self._out_resizes_input(target, kwargs["out"], fake_args, fake_kwargs):
             unsupported(f"{what}(out=...) may resize an input tensor")
+        written = written_arg(kind, target, args, kwargs)
+        for t in written.items if isinstance(written, (TupleVar, ListVar)) else [written]:
+            if isinstance(t, TensorVar) and _has_internal_overlap(t.example):
+                # Eager raises at run time, FakeTensors do not (and functionalized graphs
+                # would write without raising): CPython runs the op, after the side
+                # effects before it were replayed.
+                unsupported(f"{what}() writes in place to a tensor whose elements share memory")
 
     def _out_resizes_input(self, target, out, fake_args, fake_kwargs) -> bool:
         """Whether ``out=`` names an input whose shape differs from the result's (the op
@@ -282,6 +290,31 @@ class OutputGraph:
         if not callable(compiled):
             raise TypeError(f"backend {backend!r} returned {compiled!r}, which is not callable")
         return gm, compiled, seconds
+
+
+def written_arg(kind: str, target, args, kwargs):
+    """What an op writes in place: its ``out=`` tensor(s), its first argument (``x.add_``,
+    ``x += y``, ``x[i] = v``), or None."""
+    if "out" in kwargs:
+        return kwargs["out"]
+    if kind == "call_method":
+        writes = target.endswith("_") and not target.startswith("__")
+    else:
+        name = getattr(target, "__name__", "")
+        writes = target is operator.setitem or (name.endswith("_") and not name.endswith("__")) or \
+            (getattr(target, "__module__", None) == "_operator" and name.startswith("i") and name != "index")
+    return args[0] if writes and args else None
+
+
+def _has_internal_overlap(t) -> bool:
+    """Whether some elements of `t` share memory (an expanded view): eager refuses to
+    write such a tensor in place.  Symbolic strides: only a literal 0 stride counts
+    (symbolic sizes are at least 2)."""
+    sizes, strides = t.shape, t.stride()
+    if all(type(v) is int for v in (*sizes, *strides)):
+        return torch._debug_has_internal_overlap(t) == 1
+    return any(type(st) is int and st == 0 and not (type(sz) is int and sz <= 1)
+               for sz, st in zip(sizes, strides))
 
 
 def _is_inplace_view(target) -> bool:
