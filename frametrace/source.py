@@ -165,6 +165,34 @@ class GetItemSource(Source):
         cg.subscr()
 
 
+class BuiltinCallSource(Source):
+    """``op(base, *args)`` for `len` or `operator.contains` and constant arguments: a fact
+    read through a builtin method of an object (a dict subclass's ``in`` or ``len``), so
+    that a guard can check it again."""
+    __slots__ = ("base", "op", "args")
+
+    _EXPR = {"len": "___len({0})", "contains": "({1!r} in {0})"}
+
+    def __init__(self, base: Source, op: str, args=()):
+        self.base = base
+        self.op = op
+        self.args = tuple(args)
+
+    def key(self):
+        return (self.base, self.op, self.args)
+
+    def guard_expr(self):
+        return self._EXPR[self.op].format(self.base.guard_expr(), *self.args)
+
+    def name(self):
+        return self._EXPR[self.op].replace("___", "").format(self.base.name(), *self.args)
+
+    def reconstruct(self, cg):
+        import operator
+        fn = len if self.op == "len" else operator.contains
+        cg.call_const(fn, [self.base.reconstruct] + [lambda cg, a=a: cg.load_const(a) for a in self.args])
+
+
 class ConstSource(Source):
     """An object held by the compiled entry itself (a module's globals dict, a closure
     cell, a function): guards name it as a constant and the transformed code loads it

@@ -8,12 +8,15 @@ import dataclasses
 import types
 from collections import OrderedDict
 
-from ..source import AttrSource
+from ..source import AttrSource, BuiltinCallSource, GetItemSource
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup
+
+# Keys a guard can spell with repr().
+_REPR_KEYS = (str, int, bool, type(None))
 
 
 class UserObjectVar(Var):
@@ -67,9 +70,23 @@ class UserObjectVar(Var):
             return UserFunctionVar(method).call(tx, [self, *args], {})
         if method is not None and name in ("__getitem__", "__len__", "__contains__") and \
                 all(a.is_const() for a in args):
-            from .builder import wrap
-            return wrap(tx, method(self.value, *[a.as_const() for a in args]), None, guard=False)
+            return self._builtin_read(tx, name, method, [a.as_const() for a in args])
         unsupported(f"{type(self.value).__name__}.{name}")
+
+    def _builtin_read(self, tx, name, method, args):
+        """Evaluate a builtin base's read-only method on the real object; the result is a
+        fact about its contents, so it is guarded (read again by the check) like an input."""
+        from .builder import wrap
+        result = method(self.value, *args)
+        if self.source is None:
+            return wrap(tx, result, None, guard=False)
+        if any(type(a) not in _REPR_KEYS for a in args):
+            unsupported(f"{type(self.value).__name__}.{name} with key {args[0]!r}")
+        if name == "__getitem__":
+            return wrap(tx, result, GetItemSource(self.source, args[0]))
+        source = BuiltinCallSource(self.source, "len" if name == "__len__" else "contains", args)
+        tx.guards.equals(source, result)
+        return ConstVar(result, source)
 
     def getitem(self, tx, key):
         return self._dunder(tx, "__getitem__", [key])

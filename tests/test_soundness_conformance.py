@@ -1,0 +1,48 @@
+"""Soundness failures found by running PyTorch's own Dynamo unit tests against frametrace
+(wrong values, wrong exceptions, internal errors), each as our own differential test."""
+import collections
+
+import torch
+
+from differential import check
+
+
+class Registry(dict):
+    """A dict subclass: its `in`, `len` and `[]` are dict's builtins, read on the object."""
+
+
+class OrderedRegistry(collections.OrderedDict):
+    pass
+
+
+def _branch_on_keys(x, d):
+    if "key1" in d:
+        x = x + 2
+    if "key2" in d:
+        x = x + 4
+    return x + 8
+
+
+def test_dict_subclass_membership_is_guarded():
+    for cls in (Registry, OrderedRegistry):
+        check(_branch_on_keys, [(torch.ones(3), cls(key1=torch.ones(3))),
+                                (torch.ones(3), cls(key2=torch.ones(3))),
+                                (torch.ones(3), cls(key1=1, key2=2))], graphs=3, breaks=0)
+
+
+def test_dict_subclass_length_and_truth_are_guarded():
+    def f(x, d):
+        if d:
+            x = x + len(d)
+        return x * 2
+
+    check(f, [(torch.ones(2), Registry(a=1)), (torch.ones(2), Registry(a=1, b=2)),
+              (torch.ones(2), Registry())], graphs=3, breaks=0)
+
+
+def test_dict_subclass_item_is_guarded():
+    def f(x, d):
+        return x * d["scale"]
+
+    check(f, [(torch.ones(2), Registry(scale=2)), (torch.ones(2), Registry(scale=3)),
+              (torch.ones(2), Registry(scale=3))], graphs=2, breaks=0)
