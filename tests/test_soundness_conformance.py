@@ -4,6 +4,8 @@ import collections
 
 import torch
 
+import frametrace
+
 from differential import check
 
 
@@ -46,3 +48,16 @@ def test_dict_subclass_item_is_guarded():
 
     check(f, [(torch.ones(2), Registry(scale=2)), (torch.ones(2), Registry(scale=3)),
               (torch.ones(2), Registry(scale=3))], graphs=2, breaks=0)
+
+
+def test_factory_with_requires_grad_in_the_graph_makes_a_real_leaf():
+    # AOTAutograd returned the new leaf detached (requires_grad=False): backward failed.
+    def f(x):
+        leaf = torch.ones(2, requires_grad=True)
+        return leaf, leaf * x
+
+    r = check(f, [torch.arange(2.0), torch.arange(2.0) + 1], backend="aot_eager")
+    assert r.breaks >= 1
+    leaf, out = frametrace.optimize("aot_eager")(f)(torch.arange(2.0))
+    out.sum().backward()
+    assert torch.equal(leaf.grad, torch.arange(2.0))
