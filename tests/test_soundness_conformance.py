@@ -61,3 +61,35 @@ def test_factory_with_requires_grad_in_the_graph_makes_a_real_leaf():
     leaf, out = frametrace.optimize("aot_eager")(f)(torch.arange(2.0))
     out.sum().backward()
     assert torch.equal(leaf.grad, torch.arange(2.0))
+
+
+def test_torch_flag_read_with_no_argument_is_guarded():
+    # torch.autograd._profiler_enabled() was folded to its value at trace time, unguarded.
+    def f(x):
+        if torch.autograd._profiler_enabled():
+            return x + 1
+        return x - 1
+
+    opt = frametrace.optimize("eager")(f)
+    x = torch.zeros(2)
+    assert torch.equal(opt(x), f(x))
+    with torch.autograd.profiler.profile():
+        assert torch.equal(opt(x), f(x))
+    check(f, [torch.zeros(2), torch.ones(2)], graphs=1, breaks=0)
+
+
+def test_torch_state_setter_runs_at_every_call():
+    # Run at trace time only, torch.set_num_threads changed the state once.
+    def f(x, n):
+        torch.set_num_threads(n)
+        return x * 2
+
+    before = torch.get_num_threads()
+    try:
+        opt = frametrace.optimize("eager")(f)
+        opt(torch.ones(2), 1)
+        torch.set_num_threads(2)
+        opt(torch.ones(2), 1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

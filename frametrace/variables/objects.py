@@ -14,7 +14,7 @@ from ..source import AttrSource, GetItemSource
 from .base import ValueVar, Var, unsupported
 from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
 from .constant import ConstVar, is_pure_method
-from .containers import SizeVar
+from .containers import ListVar, SizeVar
 from .tensor import TensorVar
 
 
@@ -121,7 +121,15 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
-        return tx.output.call("call_function", fn, tuple(args), kwargs)
+        if not args and not kwargs and _is_state_reader(fn):
+            return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
+        if _is_state_writer(fn):
+            unsupported(f"torch.{fn.__name__} changes global state")
+        out = tx.output.call("call_function", fn, tuple(args), kwargs)
+        if not args and not kwargs and isinstance(out, (ConstVar, ListVar)):
+            # Computed from nothing but torch's global state, which nothing guards.
+            unsupported(f"torch.{getattr(fn, '__name__', fn)}() returned a constant")
+        return out
 
 
 def _read_global_state(tx, fn):
@@ -359,6 +367,19 @@ TRACE_TIME_ANSWERS = {
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
                          torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled,
                          torch.backends.mha.get_fastpath_enabled}
+def _is_state_reader(fn) -> bool:
+    """A torch function of no arguments that reads a flag (is_*, get_*, *_enabled):
+    evaluated again by the guard."""
+    name = getattr(fn, "__name__", "").lstrip("_")
+    return name.startswith(("is_", "get_", "are_")) or name.endswith("_enabled")
+
+
+def _is_state_writer(fn) -> bool:
+    """torch.set_num_threads, torch._C._set_cudnn_enabled ...: run at trace time, they
+    would change the state once and never again."""
+    return getattr(fn, "__name__", "").lstrip("_").startswith("set_")
+
+
 _GLOBAL_STATE_WRITERS = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
                          torch.use_deterministic_algorithms, torch.set_printoptions,
                          torch.seed}
