@@ -93,3 +93,30 @@ def test_torch_state_setter_runs_at_every_call():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_saved_tensor_hooks_do_not_run_while_tracing():
+    # The pack hook ran on the trace's FakeTensors too: one call packed twice.
+    counts = {"pack": 0, "unpack": 0}
+
+    def pack(t):
+        counts["pack"] += 1
+        return t
+
+    def unpack(t):
+        counts["unpack"] += 1
+        return t
+
+    def f(x, y):
+        return x * y
+
+    x, y = torch.ones(4, requires_grad=True), torch.ones(4)
+    for backend in ("eager", "aot_eager"):
+        frametrace.reset()
+        counts.update(pack=0, unpack=0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = frametrace.optimize(backend)(f)(x, y)
+            assert counts == {"pack": 1, "unpack": 0}, (backend, counts)
+            out.sum().backward()
+            assert counts == {"pack": 1, "unpack": 1}, (backend, counts)
+    check(f, [(x, y)], backend="aot_eager")
