@@ -135,3 +135,21 @@ def test_set_isdisjoint_and_issuperset_stop_at_the_deciding_item():
 
     check(f, [(torch.zeros(1), [9, 2, 5, 6]), (torch.zeros(1), [1, 3]),
               (torch.zeros(1), [2, 4, 7, 8])], graphs=3, breaks=0)
+
+
+def test_none_test_of_a_value_computed_at_a_graph_break_is_guarded():
+    # re.match breaks the graph; its Match result went on to the resume function as
+    # unguarded data, and `if m is not None` was decided once for all later calls.
+    import re
+
+    def f(t):
+        m = re.match(r"^(.+)\?$", t)
+        if m is not None:
+            return "optional"
+        m = re.match(r"^(.+)\[([0-9]+)?\]$", t)
+        if m is not None:
+            return m.group(1)
+        return "base"
+
+    r = check(f, ["Tensor", "int[]", "Tensor?", "int[2]", "Tensor", "int[]"], graphs=0)
+    assert r.breaks >= 1 and r.fallbacks == 0
