@@ -75,7 +75,6 @@ class InstructionTranslator:
         self.code = code
         self.func = func
         self.parent = parent
-        self.root = self if parent is None else parent.root
         self.depth = 0 if parent is None else parent.depth + 1
         self.f_globals = func.__globals__
         self.f_builtins = func.__builtins__
@@ -110,6 +109,15 @@ class InstructionTranslator:
             self.closure = [Cell(_Lazy(c.cell_contents, ClosureSource(n, i)), ClosureSource(n, i))
                             if _cell_full(c) else Cell(None, ClosureSource(n, i))
                             for i, (n, c) in enumerate(zip(code.co_freevars, func.__closure__ or ()))]
+
+    @property
+    def root(self) -> "InstructionTranslator":
+        # Walked, not stored: `self.root = self` was a reference cycle, which kept every
+        # object the trace saw alive after the compile until the next GC pass.
+        tx = self
+        while tx.parent is not None:
+            tx = tx.parent
+        return tx
 
     # ------------------------------------------------------------ running
     def run(self) -> Var | None:

@@ -180,3 +180,39 @@ def test_for_over_a_user_iterator_object_is_no_internal_error():
         return x
 
     check(f, [torch.zeros(2), torch.ones(2)], max_graphs=4)
+
+
+class _Stepper:
+    def __init__(self):
+        self.state = torch.zeros(4)
+
+    def step(self):
+        self.state.add_(1)
+
+
+@frametrace.disable
+def _opaque_step(obj):
+    obj.step()
+
+
+def test_a_compile_frees_what_it_traced_without_waiting_for_the_gc():
+    # The tracer referred to itself (root = self): the objects its Vars held lived on
+    # until the next GC pass, so `state = None` did not free an optimizer's tensors.
+    import gc
+    import weakref
+
+    holder = {"obj": _Stepper()}
+
+    def f(x):
+        _opaque_step(holder["obj"])
+        return x + 1
+
+    check(f, [torch.zeros(2)], breaks=1)
+    frametrace.optimize("eager")(f)(torch.zeros(2))
+    ref = weakref.ref(holder["obj"].state)
+    gc.disable()
+    try:
+        holder["obj"] = None
+        assert ref() is None
+    finally:
+        gc.enable()
