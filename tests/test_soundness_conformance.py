@@ -216,3 +216,16 @@ def test_a_compile_frees_what_it_traced_without_waiting_for_the_gc():
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_an_object_whose_hash_raises_is_no_internal_error():
+    # torchgen's frozen dataclasses (module "torchgen", taken for a library): their
+    # __init__ frame got `self` before its fields exist, and looking it up among the
+    # library handlers hashed it (AttributeError inside the tracer).
+    from torchgen.model import BaseTy, BaseType
+
+    def f(names):
+        return [BaseType(BaseTy[n]) for n in names]
+
+    r = check(f, [(["Tensor", "int"],), (["float"],)], graphs=0)
+    assert r.breaks >= 1 and r.internal_errors == 0
