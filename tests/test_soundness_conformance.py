@@ -229,3 +229,18 @@ def test_an_object_whose_hash_raises_is_no_internal_error():
 
     r = check(f, [(["Tensor", "int"],), (["float"],)], graphs=0)
     assert r.breaks >= 1 and r.internal_errors == 0
+
+
+def test_aot_eager_decomp_partition_backend_matches_eager():
+    # PyTorch's own tests name this backend; it was a ValueError here.
+    def f(x, w):
+        y = torch.nn.functional.batch_norm(x, None, None, training=True)
+        return (y @ w).relu().sum()
+
+    check(f, [(torch.randn(4, 3), torch.randn(3, 2, requires_grad=True))],
+          backend="aot_eager_decomp_partition", graphs=1)
+    w = torch.randn(3, 2, requires_grad=True)
+    x = torch.randn(4, 3)
+    frametrace.optimize("aot_eager_decomp_partition")(f)(x, w).backward()
+    expected = torch.autograd.grad(f(x, w), w)[0]
+    assert torch.allclose(w.grad, expected, atol=1e-5)
