@@ -121,7 +121,7 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
-        if not args and not kwargs and _is_state_reader(fn):
+        if not args and not kwargs and _is_state_reader(fn) and _is_flag(fn()):
             return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
         if _is_state_writer(fn):
             unsupported(f"torch.{fn.__name__} changes global state")
@@ -372,6 +372,11 @@ def _is_state_reader(fn) -> bool:
     evaluated again by the guard."""
     name = getattr(fn, "__name__", "").lstrip("_")
     return name.startswith(("is_", "get_", "are_")) or name.endswith("_enabled")
+
+
+def _is_flag(value) -> bool:
+    """Values the global-state guard can compare with `is`."""
+    return value is None or type(value) is bool or isinstance(value, torch.dtype)
 
 
 def _is_state_writer(fn) -> bool:
