@@ -227,6 +227,9 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
     the program's state is put back as it was at the frame's entry."""
     entry_grad = torch.is_grad_enabled()
     state = GlobalState()
+    # The user's saved-tensor hooks (pack/unpack) are for the program's tensors, not for
+    # FakeTensors of the trace: they run when the compiled code runs.
+    hooks_were_tracing = _set_saved_tensors_hooks_tracing(True)
     try:
         try:
             return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
@@ -240,7 +243,13 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
         # Also after an interrupt (KeyboardInterrupt mid-trace, in a backend...): modes,
         # autocast, grad mode and defaults as they were; the interrupt goes on to the user.
         state.restore()
+        _set_saved_tensors_hooks_tracing(hooks_were_tracing)
         release_shape_env_caches()
+
+
+def _set_saved_tensors_hooks_tracing(on: bool) -> bool:
+    setter = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
+    return setter(on) if setter is not None else False
 
 
 class _RetryStatic(Exception):

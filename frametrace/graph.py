@@ -191,6 +191,9 @@ class OutputGraph:
             flag = fake_kwargs.get("requires_grad", fake_args[1] if len(fake_args) > 1 else True)
             if bool(flag) != first.example.requires_grad:
                 unsupported("requires_grad_() changes a tensor's requires_grad")
+        elif fake_kwargs.get("requires_grad") is True:
+            # A new leaf that needs grad: AOTAutograd returns it detached from autograd.
+            unsupported(f"{what}(requires_grad=True) makes a leaf tensor in the graph")
         if "out" in kwargs and self._out_resizes_input(target, kwargs["out"], fake_args, fake_kwargs):
             unsupported(f"{what}(out=...) may resize an input tensor")
         written = written_arg(kind, target, args, kwargs)

@@ -131,6 +131,9 @@ class GuardSet:
             expr = f"___type({e}) is {t} and {e} == {self.const(value)}"
         self._add(source, "EQ", expr, f"{source.name()} == {value!r}")
 
+    def not_none(self, source):
+        self._add(source, "NOT_NONE", f"{source.guard_expr()} is not None", f"{source.name()} is not None")
+
     def length(self, source, value):
         e = source.guard_expr()
         self._add(source, "LEN",

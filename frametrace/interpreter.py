@@ -623,12 +623,21 @@ class InstructionTranslator:
             self.jump(inst)
 
     def POP_JUMP_IF_NONE(self, inst):
-        if is_none(self.pop()):
+        if self._is_none(self.pop()):
             self.jump(inst)
 
     def POP_JUMP_IF_NOT_NONE(self, inst):
-        if not is_none(self.pop()):
+        if not self._is_none(self.pop()):
             self.jump(inst)
+
+    def _is_none(self, v: Var) -> bool:
+        if isinstance(v, OpaqueVar):
+            # Data from CPython is never None when traced, but may be on a later call.
+            if v.source is None:
+                unsupported(f"testing a {v.kind.__name__} computed after a graph break for None")
+            self.guards.not_none(v.source)
+            return False
+        return is_none(v)
 
     def JUMP_IF_FALSE_OR_POP(self, inst):  # 3.11
         if not self.stack[-1].truth(self):
@@ -997,9 +1006,7 @@ def is_none(v: Var) -> bool:
         return v.value is None
     if isinstance(v, ObjectVar):
         return v.value is None
-    if isinstance(v, OpaqueVar):
-        v.python_type()     # not None now; guarded by its type, since it may be next time
-    return False
+    return False          # OpaqueVar: see InstructionTranslator._is_none
 
 
 def contains(tx, container: Var, item: Var) -> bool:

@@ -16,3 +16,18 @@ def aot_eager(gm, example_inputs):
     return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
                                  bw_compiler=_boxed_forward,
                                  keep_inference_input_mutations=True)
+
+
+@register_backend("aot_eager_decomp_partition")
+def aot_eager_decomp_partition(gm, example_inputs):
+    """aot_eager with ATen decompositions and the min-cut partitioner (what inductor's
+    AOTAutograd stage does), both halves still run eagerly: tells AOTAutograd problems
+    from code generation problems."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._decomp import core_aten_decompositions
+    from torch._functorch.aot_autograd import aot_module_simplified
+    return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
+                                 bw_compiler=_boxed_forward,
+                                 decompositions=core_aten_decompositions(),
+                                 partition_fn=min_cut_rematerialization_partition,
+                                 keep_inference_input_mutations=True)

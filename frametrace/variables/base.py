@@ -9,6 +9,16 @@ def unsupported(reason: str):
     raise Unsupported(reason)
 
 
+def safe_repr(obj) -> str:
+    """repr() of a program's object for a message: a user __repr__ may fail (a
+    half-built dataclass) or be slow, and a message must never raise."""
+    try:
+        text = repr(obj)
+    except Exception:
+        return f"<{type(obj).__qualname__} object>"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 class _Null:
     """The NULL that CPython's call protocol pushes below a callable."""
     __slots__ = ()

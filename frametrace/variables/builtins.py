@@ -13,7 +13,7 @@ import types
 
 import torch
 
-from .base import Var, unsupported
+from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys,
                          note_live_read)
@@ -381,6 +381,9 @@ class SetVar(DictVar):
             unsupported(f"{self.kind.__name__}.{name} with keyword arguments")
         if name == "__contains__" and len(args) == 1:
             return ConstVar(self.contains(tx, args[0]))
+        if name in ("isdisjoint", "issuperset") and len(args) == 1 and \
+                not isinstance(args[0], SetVar):
+            return ConstVar(self._scan(tx, args[0], stop_if_in=name == "isdisjoint"))
         new_members = {}
         if name in ("add", "discard", "remove"):
             real_args = [set_key(a) for a in args]
@@ -412,6 +415,14 @@ class SetVar(DictVar):
             return ConstVar(getattr(self.real, name)(*real_args))
         unsupported(f"{self.kind.__name__}.{name}")
 
+    def _scan(self, tx, iterable, stop_if_in: bool) -> bool:
+        """isdisjoint / issuperset of an iterable that is not a set: CPython stops at
+        the first item that decides (a generator is left part-way)."""
+        for x in var_iter(tx, iterable):
+            if (set_key(x) in self.real) == stop_if_in:
+                return False
+        return True
+
     def _as_real(self, tx, v, members):
         if isinstance(v, SetVar):
             members.update(v.members)
@@ -431,7 +442,7 @@ class SetVar(DictVar):
         cg.call(1)
 
     def __repr__(self):
-        return f"{type(self).__name__}({self.real!r})"
+        return f"{type(self).__name__}({safe_repr(self.real)})"
 
 
 class FrozenSetVar(SetVar):

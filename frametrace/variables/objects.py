@@ -12,10 +12,10 @@ import types
 import torch
 
 from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
-from .base import ValueVar, Var, unsupported
+from .base import ValueVar, Var, safe_repr, unsupported
 from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
 from .constant import ConstVar, is_pure_method
-from .containers import SizeVar
+from .containers import ListVar, SizeVar
 from .tensor import TensorVar
 
 
@@ -161,7 +161,7 @@ class ObjectVar(ValueVar):
         unsupported(f"calling {what}")
 
     def __repr__(self):
-        return f"ObjectVar({self.value!r})"
+        return f"ObjectVar({safe_repr(self.value)})"
 
 
 class GlobalsDictVar(Var):
@@ -256,7 +256,15 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
-        return tx.output.call("call_function", fn, tuple(args), kwargs)
+        if not args and not kwargs and _is_state_reader(fn) and _is_flag(fn()):
+            return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
+        if _is_state_writer(fn):
+            unsupported(f"torch.{fn.__name__} changes global state")
+        out = tx.output.call("call_function", fn, tuple(args), kwargs)
+        if not args and not kwargs and isinstance(out, (ConstVar, ListVar)):
+            # Computed from nothing but torch's global state, which nothing guards.
+            unsupported(f"torch.{getattr(fn, '__name__', fn)}() returned a constant")
+        return out
 
 
 def _read_global_state(tx, fn):
@@ -542,6 +550,24 @@ TRACE_TIME_ANSWERS = {
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
                          torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled,
                          torch.backends.mha.get_fastpath_enabled}
+def _is_state_reader(fn) -> bool:
+    """A torch function of no arguments that reads a flag (is_*, get_*, *_enabled):
+    evaluated again by the guard."""
+    name = getattr(fn, "__name__", "").lstrip("_")
+    return name.startswith(("is_", "get_", "are_")) or name.endswith("_enabled")
+
+
+def _is_flag(value) -> bool:
+    """Values the global-state guard can compare with `is`."""
+    return value is None or type(value) is bool or isinstance(value, torch.dtype)
+
+
+def _is_state_writer(fn) -> bool:
+    """torch.set_num_threads, torch._C._set_cudnn_enabled ...: run at trace time, they
+    would change the state once and never again."""
+    return getattr(fn, "__name__", "").lstrip("_").startswith("set_")
+
+
 _GLOBAL_STATE_WRITERS = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
                          torch.use_deterministic_algorithms, torch.set_printoptions,
                          torch.seed}

@@ -641,7 +641,7 @@ def library_var(value, source):
     try:
         if value in LIBRARY_HANDLERS:
             return LibraryFnVar(value, source)
-    except TypeError:      # unhashable
+    except Exception:      # unhashable, or a __hash__ that fails (a half-built frozen dataclass)
         pass
     return None
 

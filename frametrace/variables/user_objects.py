@@ -261,7 +261,12 @@ def _unpack_user(tx, var, cls):
         # Sequence.__iter__ indexes until IndexError: the same as indexing below len().
         return [var.getitem(tx, ConstVar(i)) for i in range(var.length(tx))]
     if isinstance(it, types.FunctionType):
-        return UserFunctionVar(it).call(tx, [var], {}).unpack(tx)
+        iterator = UserFunctionVar(it).call(tx, [var], {})
+        if iterator is var:
+            # An iterator whose __iter__ returns itself: items come from __next__ until
+            # it raises StopIteration (unpacking it again would recurse for ever).
+            unsupported(f"iterating over {cls.__name__}, an iterator (__next__)")
+        return iterator.unpack(tx)
     unsupported(f"iterating over {cls.__name__}")
 
 
