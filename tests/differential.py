@@ -24,6 +24,7 @@ program that must not compile anything.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 
@@ -90,6 +91,8 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
     """None if `a` and `b` are equal as results (tensors by dtype, shape and values),
     else a sentence saying where they differ."""
     seen = set() if seen is None else seen
+    if a is b:
+        return None         # one object seen from both sides (a module, a class ...)
     if type(a) is not type(b):
         return f"{path}: type {type(a).__name__} != {type(b).__name__} ({a!r} vs {b!r})"
     if isinstance(a, torch.Tensor):
@@ -107,6 +110,8 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
             ok = torch.allclose(a.detach().resolve_conj(), b.detach().resolve_conj(),
                                 rtol=rtol, atol=atol, equal_nan=True)
         return None if ok else f"{path}: tensor values differ\n{a}\nvs\n{b}"
+    if isinstance(a, complex) and (a != a) and (b != b):
+        return None
     if isinstance(a, float):
         if math.isnan(a) and math.isnan(b):
             return None
@@ -137,7 +142,10 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
         return None if a.getvalue() == b.getvalue() else f"{path}: {a.getvalue()!r} != {b.getvalue()!r}"
     if isinstance(a, torch.nn.Module):
         return same(a.state_dict(), b.state_dict(), f"{path}.state_dict()", rtol, atol, seen)
-    if (hasattr(a, "__dict__") or _slot_names(type(a))) and not isinstance(a, type) and not callable(a):
+    if type(a).__eq__ is not object.__eq__ and not dataclasses.is_dataclass(a):
+        pass                # the class says what equal means: == below (a dataclass's
+        #                     __eq__ would compare tensors with ==, so its fields are)
+    elif (hasattr(a, "__dict__") or _slot_names(type(a))) and not isinstance(a, type) and not callable(a):
         return _same_attrs(a, b, path, rtol, atol, seen)
     try:
         equal = a == b
