@@ -287,6 +287,10 @@ def test_activation_checkpoint_inside_a_compiled_function():
 
 
 # --------------------------------------------------------------------------- deep recursion
+@pytest.mark.xfail(sys.version_info >= (3, 12), strict=True,
+                   reason="3.12 counts every C-level frame evaluation against its fixed C "
+                          "recursion limit, and with any PEP 523 hook installed CPython evaluates "
+                          "each Python call from C: about 1,000 levels, then RecursionError")
 def test_deep_recursion_under_the_hook_runs_like_cpython():
     # 20,000 levels of a recursive function that is itself compiled (a graph break at
     # its recursive call), in a 16 MiB thread stack: each level's transformed code runs
