@@ -75,7 +75,9 @@ class InstructionTranslator:
         self.code = code
         self.func = func
         self.parent = parent
-        self.root = self if parent is None else parent.root
+        # Children keep the root; the root does not refer to itself, so that a compile's
+        # objects are freed when it ends instead of at the next GC pass.
+        self._root = None if parent is None else parent.root
         self.depth = 0 if parent is None else parent.depth + 1
         self.f_globals = func.__globals__
         self.f_builtins = func.__builtins__
@@ -111,6 +113,11 @@ class InstructionTranslator:
                     self.locals[name] = _Lazy(value, LocalSource(name))
             self.closure = [self._root_cell(n, i, c)
                             for i, (n, c) in enumerate(zip(code.co_freevars, func.__closure__ or ()))]
+
+    @property
+    def root(self):
+        """The tracer of the frame being compiled (self, for that frame)."""
+        return self if self._root is None else self._root
 
     def _root_cell(self, name, index, cell):
         """A free variable's cell of the traced frame: the one Cell of the trace for

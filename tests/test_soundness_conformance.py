@@ -2,7 +2,6 @@
 (wrong values, wrong exceptions, internal errors), each as our own differential test."""
 import collections
 
-import pytest
 
 import torch
 
@@ -197,10 +196,6 @@ def _opaque_step(obj):
     obj.step()
 
 
-@pytest.mark.xfail(reason="breaking the tracer's root = self cycle frees a compile's objects "
-                          "at once, and that exposed a heap corruption still under investigation "
-                          "(also reached by a gc.collect() right after a compile); the cycle stays "
-                          "until it is found", strict=True)
 def test_a_compile_frees_what_it_traced_without_waiting_for_the_gc():
     # The tracer referred to itself (root = self): the objects its Vars held lived on
     # until the next GC pass, so `state = None` did not free an optimizer's tensors.

@@ -142,6 +142,11 @@ typedef struct {
     int miss_default;   /* on a miss, run in CPython without asking */
 } CodeState;
 
+/* Dropping the entries runs arbitrary Python (guard functions die, weakref callbacks
+ * such as a guard's _on_death call remove_entry).  CPython calls this while the state is
+ * still the code's extra (_PyCode_SetExtra frees the old value before storing the new
+ * one; code_dealloc frees it in place), so the list is detached first: nothing reached
+ * from here may see a list that is being deallocated. */
 static void
 free_code_state(void *p)
 {
@@ -149,8 +154,10 @@ free_code_state(void *p)
     if (st == NULL) {
         return;
     }
-    Py_XDECREF(st->entries);
+    PyObject *entries = st->entries;
+    st->entries = NULL;
     PyMem_Free(st);
+    Py_XDECREF(entries);
 }
 
 static CodeState *
@@ -673,10 +680,16 @@ py_clear_code(PyObject *m, PyObject *code)
         }
         Py_RETURN_NONE;
     }
-    /* SetExtra frees the old state through free_code_state. */
+    /* Unhook the state before its entries die: their deaths run Python (weakref
+     * callbacks calling remove_entry, guards of this very code), which must find the
+     * code without state, not a state that SetExtra is in the middle of freeing. */
+    PyObject *entries = st->entries;
+    st->entries = NULL;
     if (CODE_SET_EXTRA(code, extra_index, NULL) < 0) {
+        st->entries = entries;
         return NULL;
     }
+    Py_XDECREF(entries);
     Py_RETURN_NONE;
 }
 
