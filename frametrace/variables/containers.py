@@ -151,14 +151,7 @@ class NamedTupleVar(TupleVar):
             return self._construct(cg)
         if cg.load_rebuilt(self):
             return
-        names = list(self.attrs)
-
-        def attrs(cg):
-            for n in names:
-                cg.load_const(n)
-                self.attrs[n].reconstruct(cg)
-            cg.build(dict, len(names))
-        cg.call_const(_with_attrs, [self._construct, attrs])
+        cg.call_const(_with_attrs, [self._construct, attrs_dict(self.attrs)])
         cg.keep_rebuilt(self)
 
     def _construct(self, cg):
@@ -472,3 +465,16 @@ def _live_keys(d, tx, view, size):
     note_live_read(tx, d)
     if len(d.items) != size:
         unsupported("dictionary changed size during iteration (RuntimeError)")
+
+
+def attrs_dict(attrs: dict):
+    """An emitter of the dict ``{name: value}`` of an object's traced attributes (to
+    rebuild the object with them)."""
+    names = list(attrs)
+
+    def emit(cg):
+        for n in names:
+            cg.load_const(n)
+            attrs[n].reconstruct(cg)
+        cg.build(dict, len(names))
+    return emit

@@ -12,7 +12,7 @@ from ..source import AttrSource, ConstSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar
+from .containers import DictVar, ListVar, TupleVar, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr
 
@@ -205,14 +205,7 @@ class NewObjectVar(InstanceAttrs, Var):
         if cg.load_rebuilt(self):
             return
         from ..codegen import rebuild_object
-        names = list(self.attrs)
-
-        def attrs(cg):
-            for n in names:
-                cg.load_const(n)
-                self.attrs[n].reconstruct(cg)
-            cg.build(dict, len(names))
-        cg.call_const(rebuild_object, [lambda cg: cg.load_const(self.cls), attrs])
+        cg.call_const(rebuild_object, [lambda cg: cg.load_const(self.cls), attrs_dict(self.attrs)])
         cg.keep_rebuilt(self)
 
     def __repr__(self):
