@@ -16,7 +16,7 @@ import torch
 from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys,
-                         note_live_read)
+                         live_members, note_live_read)
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -244,7 +244,7 @@ def var_iter(tx, v: Var):
     if type(v) is ListVar:
         return live_items(v, tx)
     if type(v) is SetVar:
-        return _live_set(v, tx)
+        return live_members(v, "real", tx, lambda s, k: s.members[k], "set")
     if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
         return live_keys(v, tx)
     if isinstance(v, DictViewVar):
@@ -761,22 +761,6 @@ def _reversed(tx, args, kwargs):
         return LazyIteratorVar(_live_reversed(v, tx), type(reversed([])))
     items = var_list(tx, v)
     return LazyIteratorVar(iter(items[::-1]), type(reversed([])))
-
-
-def _live_set(s, tx):
-    """A set's iterator: a change of its size while the loop runs is CPython's
-    RuntimeError (the frame then runs in CPython, which raises it)."""
-    size = len(s.real)
-    for k in list(s.real):
-        note_live_read(tx, s)
-        if len(s.real) != size:
-            break
-        if k not in s.real:
-            unsupported("a set member removed while iterating over the set")
-        yield s.members[k]
-    note_live_read(tx, s)
-    if len(s.real) != size:
-        unsupported("Set changed size during iteration (RuntimeError)")
 
 
 def _live_reversed(seq, tx):

@@ -451,20 +451,27 @@ def live_keys(d: DictVar, tx, view=lambda d, k: ConstVar(k)):
     its size while the loop runs is CPython's RuntimeError, which the trace cannot give
     (the frame runs in CPython, which raises it).  The size is taken now, as iter()
     does."""
-    return _live_keys(d, tx, view, len(d.items))
+    return live_members(d, "items", tx, view, "dictionary")
 
 
-def _live_keys(d, tx, view, size):
-    for k in list(d.items):
-        note_live_read(tx, d)
-        if len(d.items) != size:
+def live_members(var, table: str, tx, view, kind: str):
+    """What iterating over a hash table gives (a dict's `items`, a set's `real`, read
+    through the attribute `table` of `var` on every step), with CPython's check that
+    its size did not change; the size is taken now, as iter() does."""
+    return _live_members(var, table, tx, view, kind, len(getattr(var, table)))
+
+
+def _live_members(var, table, tx, view, kind, size):
+    for k in list(getattr(var, table)):
+        note_live_read(tx, var)
+        if len(getattr(var, table)) != size:
             break
-        if k not in d.items:
-            unsupported("a dict key deleted while iterating over the dict")
-        yield view(d, k)
-    note_live_read(tx, d)
-    if len(d.items) != size:
-        unsupported("dictionary changed size during iteration (RuntimeError)")
+        if k not in getattr(var, table):
+            unsupported(f"a {kind} member removed while iterating over it")
+        yield view(var, k)
+    note_live_read(tx, var)
+    if len(getattr(var, table)) != size:
+        unsupported(f"{kind} changed size during iteration (RuntimeError)")
 
 
 def attrs_dict(attrs: dict):
