@@ -21,6 +21,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#if defined(__linux__)
+#include <pthread.h>
+#endif
 
 #if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030D0000
 #error "frametrace's frame hook supports CPython 3.11 and 3.12"
@@ -109,12 +112,88 @@ enum { DECIDE_SKIP = 0, DECIDE_RUN_DEFAULT_ON_MISS = 1 };
 
 static PyObject *frametrace_eval(PyThreadState *, _PyInterpreterFrame *, int);
 
+/* Frames being evaluated with the hook removed because their thread ran deep (below). */
+static Py_ssize_t deep_regions = 0;                   /* under the GIL */
+
 static void
 update_install(void)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
     _PyInterpreterState_SetEvalFrameFunc(
-        interp, threads_with_callback > 0 ? frametrace_eval : _PyEval_EvalFrameDefault);
+        interp, threads_with_callback > 0 && deep_regions == 0 ? frametrace_eval
+                                                            : _PyEval_EvalFrameDefault);
+}
+
+/* ---- deep recursion ----
+ * With any PEP 523 hook installed CPython stops inlining Python-to-Python calls: each
+ * call recurses in C, costing C stack (and, on 3.12, a unit of the fixed C recursion
+ * limit).  CPython without a hook runs 20,000 nested calls in no C stack at all; with
+ * one it segfaults (3.11) or raises RecursionError after ~1,000 levels (3.12).  So when
+ * a thread runs low on either, the frame at that depth is evaluated with the hook
+ * removed: its callees are inlined again, as in plain CPython, and run uncompiled
+ * (always a correct answer) until it returns.  The hook is interpreter-wide, so other
+ * threads run uncompiled for that time too. */
+#if PY_VERSION_HEX >= 0x030C0000
+#  if defined(Py_C_RECURSION_LIMIT)
+#    define C_LIMIT Py_C_RECURSION_LIMIT
+#  elif defined(C_RECURSION_LIMIT)
+#    define C_LIMIT C_RECURSION_LIMIT
+#  else
+#    define C_LIMIT 1500
+#  endif
+#endif
+
+/* Lowest address this thread's C stack may grow to before its frames run unhooked
+ * (stacks grow down on every platform we build for); 1 when unknown. */
+static _Thread_local uintptr_t tls_stack_floor = 0;
+
+static uintptr_t
+stack_floor(void)
+{
+    uintptr_t floor = 1;
+#if defined(__linux__)
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        void *base;
+        size_t size;
+        if (pthread_attr_getstack(&attr, &base, &size) == 0 && size > 0) {
+            /* A quarter of the stack, at least 256 KiB, stays for the unhooked
+             * subtree's own C recursion (CPython's C calls, extensions). */
+            size_t reserve = size / 4 > (256u << 10) ? size / 4 : (256u << 10);
+            floor = (uintptr_t)base + (reserve < size ? reserve : size / 2);
+        }
+        pthread_attr_destroy(&attr);
+    }
+#endif
+    return floor;
+}
+
+static inline int
+running_deep(PyThreadState *tstate)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (tstate->c_recursion_remaining < C_LIMIT / 3) {
+        return 1;
+    }
+#else
+    (void)tstate;
+#endif
+    char here;
+    if (tls_stack_floor == 0) {
+        tls_stack_floor = stack_floor();
+    }
+    return (uintptr_t)&here < tls_stack_floor;
+}
+
+static PyObject *
+eval_unhooked(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
+{
+    deep_regions++;
+    update_install();
+    PyObject *r = _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    deep_regions--;
+    update_install();
+    return r;
 }
 
 /* Swap this thread's callback; returns the previous one (new reference,
@@ -309,6 +388,9 @@ static PyObject *lookup_and_run(PyThreadState *, _PyInterpreterFrame *, PyObject
 static PyObject *
 frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
 {
+    if (running_deep(tstate)) {
+        return eval_unhooked(tstate, frame, throwflag);
+    }
     PyObject *cb = tls_callback;
     if (cb == NULL || tls_suspended || throwflag || frame->owner != FRAME_OWNED_BY_THREAD ||
         frame->frame_obj != NULL) {
