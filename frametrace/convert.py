@@ -234,7 +234,9 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
         try:
             return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
         except _RetryStatic as retry:
-            log.warning("frametrace: %s (%s:%d) failed with symbolic sizes (%s); it is "
+            # AOTAutograd asks for a restart when it cannot keep a float symbolic: expected.
+            quiet = retry.reason.startswith("TensorifyScalarRestartAnalysis")
+            (log.info if quiet else log.warning)("frametrace: %s (%s:%d) failed with symbolic sizes (%s); it is "
                         "compiled with static sizes from now on", code.co_name,
                         code.co_filename, code.co_firstlineno, retry.reason)
             torch._C._set_grad_enabled(entry_grad)
@@ -329,9 +331,9 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
                      format_user_stack(e.user_stack))
     except Exception as e:
-        counters["internal_error"] += 1
         where = [tracer.user_location()]
         retry_static(f"{type(e).__name__}: {e}")
+        counters["internal_error"] += 1
         if fullgraph:
             raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}", where) from e
         _log_internal_error(code, where, e)

@@ -15,11 +15,11 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException)
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from .shapes import ShapePolicy, new_fake_mode, symbolic_fake, symbolic_int
+from .shapes import ShapePolicy, new_fake_mode, symbolic_fake, symbolic_float, symbolic_int
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
-from .variables.symbolic import SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, wrap_sym
+from .variables.symbolic import SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data, wrap_sym
 from .variables.tensor import TensorVar
 
 
@@ -87,10 +87,18 @@ class OutputGraph:
         """The graph input `var` is, if it is one."""
         return next((i for i in self.inputs if i.node is var.node), None)
 
-    def add_int_input(self, value: int, source) -> SymNodeVar:
-        """A Python int argument that has changed between calls: a symbolic input."""
-        sym = symbolic_int(self.fake_mode, value, source)
-        self.guards.symbolic_int(source, sym)
+    def add_number_input(self, value, source, data: bool = False) -> SymNodeVar:
+        """A Python int or float that is a symbolic input of the graph: an argument that
+        has changed between calls, or (``data=True``) a number computed in CPython at a
+        graph break, which the trace never pins to the value seen (see `mark_data`)."""
+        if type(value) is float:
+            sym = symbolic_float(self.fake_mode, value, source)
+        else:
+            sym = symbolic_int(self.fake_mode, value, source, any_value=data)
+        if data:
+            mark_data(sym)
+            self.policy.used = True         # a failed compile retries with it opaque
+        self.guards.symbolic_number(source, sym, type(value))
         node = self._placeholder(source, sym)
         self.inputs.append(GraphInput(source, node, sym))
         return SymNodeVar(node, sym, source)

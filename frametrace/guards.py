@@ -200,10 +200,11 @@ class GuardSet:
         self._add(source, "OFFSET", f"{e}.storage_offset() == {t.storage_offset()}",
                   f"{source.name()}.storage_offset() == {t.storage_offset()}")
 
-    def symbolic_int(self, source, sym):
-        """An int argument that is a symbolic input of the graph."""
+    def symbolic_number(self, source, sym, kind):
+        """An int or float that is a symbolic input of the graph."""
         e = source.guard_expr()
-        self._add(source, "TYPE", f"___type({e}) is int", f"type({source.name()}) is int")
+        self._add(source, "TYPE", f"___type({e}) is {kind.__name__}",
+                  f"type({source.name()}) is {kind.__name__}")
         self.sym_reads.append((source.name(), e, sym.node.expr))
 
     def shape_guards(self, shape_env):
@@ -226,7 +227,8 @@ class GuardSet:
             r = shape_env.var_to_range.get(sym)
             lower = int(r.lower) if r is not None and isinstance(r.lower, sympy.Integer) else None
             upper = int(r.upper) if r is not None and isinstance(r.upper, sympy.Integer) else None
-            checks = [f"(({b.name} := {b.read}) == {b.name})"]
+            # Binds the symbol's name for the checks after it (`is`: NaN != NaN).
+            checks = [f"(({b.name} := {b.read}) is {b.name})"]
             checks += [f"{b.name} >= {lower}"] if lower is not None else []
             checks += [f"{b.name} <= {upper}"] if upper is not None else []
             text = (f"{lower} <= " if lower is not None else "") + b.label + \

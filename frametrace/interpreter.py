@@ -9,6 +9,7 @@ live in the table at the end of this file.
 from __future__ import annotations
 
 import dis
+import math
 import operator
 import sys
 
@@ -61,11 +62,18 @@ MAX_INLINE_DEPTH = 48
 class _Lazy:
     """A frame value not yet looked at: wrapped (and guarded) on first use, so unused
     arguments add no guards."""
-    __slots__ = ("value", "source")
+    __slots__ = ("value", "source", "data")
 
-    def __init__(self, value, source):
+    def __init__(self, value, source, data=False):
         self.value = value
         self.source = source
+        self.data = data
+
+    def wrap(self, tx):
+        if self.data:
+            # A number computed at a graph break: a graph input, not a constant.
+            return tx.output.add_number_input(self.value, self.source, data=True)
+        return wrap(tx, self.value, self.source)
 
 
 class InstructionTranslator:
@@ -105,12 +113,16 @@ class InstructionTranslator:
             from .resume import opaque_locals
             opaque = opaque_locals(code)
             for name, value in zip(code.co_varnames, args):
-                if (name.startswith("___result") or name in opaque) and _is_data(value):
-                    # Computed in CPython at a graph break (x.item(), open(...)): data,
-                    # not a constant to specialize on.
-                    self.locals[name] = OpaqueVar(value, LocalSource(name), guards=guards)
-                else:
+                if not (name.startswith("___result") or name in opaque) or not _is_data(value):
                     self.locals[name] = _Lazy(value, LocalSource(name))
+                elif type(value) in (int, float) and (type(value) is int or math.isfinite(value)) \
+                        and output.policy.data_numbers():
+                    # A number computed in CPython at a graph break (x.item()): an input
+                    # of the graph that is never pinned to its value.
+                    self.locals[name] = _Lazy(value, LocalSource(name), data=True)
+                else:
+                    # Other data (open(...), a string): passed along, not specialized on.
+                    self.locals[name] = OpaqueVar(value, LocalSource(name), guards=guards)
             self.closure = [self._root_cell(n, i, c)
                             for i, (n, c) in enumerate(zip(code.co_freevars, func.__closure__ or ()))]
 
@@ -178,7 +190,7 @@ class InstructionTranslator:
 
     def realize(self, v):
         if type(v) is _Lazy:
-            return wrap(self, v.value, v.source)
+            return v.wrap(self)
         return v
 
     def _local(self, name):
@@ -187,7 +199,7 @@ class InstructionTranslator:
         except KeyError:
             unsupported(f"local variable {name!r} referenced before assignment")
         if type(v) is _Lazy:
-            v = self.locals[name] = wrap(self, v.value, v.source)
+            v = self.locals[name] = v.wrap(self)
         return v
 
     def frame_locals(self) -> Var:
@@ -204,7 +216,7 @@ class InstructionTranslator:
             if name in self.cells:
                 v = self.cells[name].value
                 if type(v) is _Lazy:
-                    v = self.cells[name].value = wrap(self, v.value, v.source)
+                    v = self.cells[name].value = v.wrap(self)
             else:
                 v = self._local(name) if name in self.locals else None
             if v is not None and v is not NULL:
@@ -281,7 +293,7 @@ class InstructionTranslator:
         if v is None:
             unsupported(f"free variable {inst.argval!r} referenced before assignment")
         if type(v) is _Lazy:
-            v = cell.value = wrap(self, v.value, v.source)
+            v = cell.value = v.wrap(self)
         self.push(v)
 
     def STORE_DEREF(self, inst):
@@ -947,7 +959,7 @@ def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
     """An operator on symbolic sizes: numbers become graph nodes with a symbolic result;
     sequences (shapes) are compared item by item, each comparison a guard."""
     if not isinstance(a, TupleVar) and not isinstance(b, TupleVar):
-        if not a.is_const() or not b.is_const():
+        if not all(isinstance(v, SymNodeVar) or v.is_const() for v in (a, b)):
             unsupported(f"{fn.__name__} on {a} and {b}")
         return tx.output.call("call_function", fn, (a, b), {})
     if fn is operator.add:

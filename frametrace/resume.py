@@ -286,6 +286,10 @@ def _consumed(inst) -> int | None:
         return 1
     if name == "STORE_ATTR":
         return 2
+    if name == "FORMAT_VALUE":
+        return 2 if inst.arg & 0x04 else 1      # with a format spec on the stack
+    if name == "BUILD_STRING":
+        return inst.arg
     return None
 
 
@@ -387,6 +391,14 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     return plan
 
 
+def _is_opaque(v) -> bool:
+    """A value computed in CPython at an earlier break (see OpaqueVar, mark_data)."""
+    from .interpreter import OpaqueVar, _Lazy
+    from .variables.symbolic import SymNodeVar
+    return isinstance(v, OpaqueVar) or isinstance(v, SymNodeVar) and not v.is_const() or \
+        type(v) is _Lazy and v.data
+
+
 def _layout_kind(v) -> str:
     from .variables.base import NULL
     from .variables.containers import IteratorVar
@@ -412,7 +424,6 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     `inst` in CPython, and return what the resume function(s) return."""
     import torch
 
-    from .interpreter import OpaqueVar
     from .variables.base import NULL
     code = tracer.code
     # The mode the code after the break expects: the trace's, at the break.
@@ -464,7 +475,11 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
             cg.emit("POP_TOP")
         cg.emit("RERAISE", 0)
         cg.instrs.append(after)
-    opaque = frozenset(n for n in plan.bound if isinstance(tracer.locals[n], OpaqueVar))
+    # Data computed at earlier breaks stays data in the resume frame (not specialized on):
+    # the locals and stack values that hold it.
+    opaque = frozenset([n for n in plan.bound if _is_opaque(tracer.locals[n])] +
+                       [f"___stack{i}" for i, v in enumerate(plan.lower)
+                        if plan.layout[i] == "v" and _is_opaque(v)])
 
     def continue_at(offset, produced):
         results = [f"___result_{i}" for i in range(produced)]

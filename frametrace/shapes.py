@@ -13,6 +13,8 @@ it is a different program), as in torch.compile.
 """
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import functools
 import weakref
@@ -154,11 +156,27 @@ class ShapePolicy:
                 if i not in static and shape[i] not in (0, 1) and
                 (self.dynamic is True or i in marked or size is None)]
 
+    def data_numbers(self) -> bool:
+        """Whether numbers computed at a graph break may be symbolic graph inputs."""
+        return self.dynamic is not False
+
     def dynamic_int(self, source, value: int) -> bool:
-        if self.dynamic is False or type(value) is not int or value in (0, 1) \
-                or not _is_argument(source):
+        if type(value) is not int or value in (0, 1):
             return False
-        key = ("int", source.name())
+        return self._dynamic_number(source, value, "int")
+
+    def dynamic_float(self, source, value: float) -> bool:
+        """A float argument is symbolic once it has changed (torch.compile's automatic
+        dynamic floats), so a learning rate or a scale does not compile per value.
+        NaN and infinities stay constants: a symbol needs a finite hint."""
+        if type(value) is not float or not math.isfinite(value):
+            return False
+        return self._dynamic_number(source, value, "float")
+
+    def _dynamic_number(self, source, value, kind) -> bool:
+        if self.dynamic is False or not _is_argument(source):
+            return False
+        key = (kind, source.name())
         before = self.seen.get(key, value)
         changed = before is None or before != value
         self.seen[key] = None if changed else value
@@ -193,8 +211,17 @@ def symbolic_fake(fake_mode, t: torch.Tensor, source, dims: list[int]):
     return fake_mode.from_tensor(t, source=ShapeSource(source.name()), symbolic_context=context)
 
 
-def symbolic_int(fake_mode, value: int, source):
+def symbolic_float(fake_mode, value: float, source):
+    env = fake_mode.shape_env
+    sym = env.create_unspecified_symbol(value, ShapeSource(source.name()), DimDynamic.DYNAMIC)
+    return env.create_symfloatnode(sym, hint=value, source=ShapeSource(source.name()))
+
+
+def symbolic_int(fake_mode, value: int, source, any_value: bool = False):
+    """A SymInt for an int input.  Unless `any_value`, 0 and 1 stay constants (guarded),
+    as sizes do; a number computed from data takes any value, so it is never pinned."""
     env = fake_mode.shape_env
     return env.create_symintnode(
-        env.create_symbol(value, ShapeSource(source.name()), DimDynamic.DYNAMIC, positive=None),
+        env.create_symbol(value, ShapeSource(source.name()), DimDynamic.DYNAMIC, positive=None,
+                          do_not_specialize_zero_one=any_value),
         hint=value, source=ShapeSource(source.name()))

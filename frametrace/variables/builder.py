@@ -52,8 +52,9 @@ def wrap(tx, value, source, guard: bool = True):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
         return tx.output.add_input(value, source)
-    if type(value) is int and guards is not None and tx.output.policy.dynamic_int(source, value):
-        return tx.output.add_int_input(value, source)
+    if guards is not None and (tx.output.policy.dynamic_int(source, value) or
+                               tx.output.policy.dynamic_float(source, value)):
+        return tx.output.add_number_input(value, source)
     if is_constant_value(value):
         if guards is not None:
             guards.equals(source, value)
@@ -110,6 +111,14 @@ def _wrap_object(tx, value, source, guards):
             guards.identity(source, value) if guards is not None else None
             return NNModuleVar(value, source)
         return UserObjectVar(value, source)
+    if type(value) is types.BuiltinMethodType and type(value.__self__) in _CONTAINER_TYPES \
+            and source is not None:
+        # `log.append` held on a stack at a break: a new bound method on every call, so
+        # not an identity; it is the method of its (wrapped, guarded) object.
+        if guards is not None:
+            guards.type_match(source, value)
+        owner = wrap(tx, value.__self__, AttrSource(source, "__self__"), guards is not None)
+        return owner.getattr(tx, value.__name__)
     if isinstance(value, types.FunctionType) and value.__closure__ and guards is not None \
             and is_inlinable(value):
         # A closure: often a new function object per call of its parent.  Guard its code;
@@ -133,6 +142,9 @@ def _wrap_object(tx, value, source, guards):
     if isinstance(value, types.FunctionType) and is_inlinable(value):
         return UserFunctionVar(value, source)
     return ObjectVar(value, source)
+
+
+_CONTAINER_TYPES = (list, dict, set, frozenset, tuple, str, bytes)
 
 
 def _is_user_instance(value) -> bool:

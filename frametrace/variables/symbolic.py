@@ -23,8 +23,32 @@ def is_symbolic(value) -> bool:
     return isinstance(value, SYM_TYPES) and not value.node.expr.is_number
 
 
+def mark_data(sym) -> None:
+    """`sym` is a number computed in CPython at a graph break (``x.item()``): data that
+    changes from call to call.  Arithmetic and torch ops on it, and on what is computed
+    from it, stay in the graph; code that needs the plain number breaks the graph
+    instead of pinning the value (which would recompile on every call)."""
+    if not isinstance(sym, SYM_TYPES):
+        return
+    env = sym.node.shape_env
+    data = getattr(env, "_frametrace_data", None)
+    if data is None:
+        data = env._frametrace_data = set()
+    data |= sym.node.expr.free_symbols
+
+
+def _from_data(value) -> bool:
+    if not isinstance(value, SYM_TYPES):
+        return False
+    data = getattr(value.node.shape_env, "_frametrace_data", None)
+    return bool(data) and not data.isdisjoint(value.node.expr.free_symbols)
+
+
 def plain(value):
     """The number a Sym* value stands for, by specializing it (adds a guard)."""
+    if _from_data(value):
+        unsupported(f"using the value of a {_PLAIN[type(value)].__name__} computed at a "
+                    "graph break (it changes between calls)")
     if isinstance(value, torch.SymBool):
         return guard_bool(value)
     if isinstance(value, torch.SymFloat):
@@ -45,9 +69,10 @@ class SymNodeVar(Var):
     def python_type(self):
         return _PLAIN[type(self.example)]
 
-    # A size is a constant to any code that needs one: asking specializes it.
+    # A size is a constant to any code that needs one: asking specializes it.  Not so
+    # for numbers computed from data (see `mark_data`): those break the graph instead.
     def is_const(self):
-        return True
+        return not _from_data(self.example)
 
     def as_const(self):
         return plain(self.example)
