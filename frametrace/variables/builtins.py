@@ -376,9 +376,27 @@ class SetVar(DictVar):
     _QUERY = {"issubset", "issuperset", "isdisjoint", "__len__", "__eq__",
               "__ne__", "__le__", "__lt__", "__ge__", "__gt__"}
 
+    # Operators take sets only (else NotImplemented: a TypeError, or == is False).
+    _OPERATORS = {"__or__", "__and__", "__sub__", "__xor__", "__eq__", "__ne__", "__lt__",
+                  "__le__", "__gt__", "__ge__", "__ior__", "__iand__", "__isub__", "__ixor__"}
+    _INPLACE = {"__ior__": "update", "__iand__": "intersection_update",
+                "__isub__": "difference_update", "__ixor__": "symmetric_difference_update"}
+
     def call_method(self, tx, name, args, kwargs):
         if kwargs:
             unsupported(f"{self.kind.__name__}.{name} with keyword arguments")
+        if name in self._OPERATORS:
+            other = as_set_var(args[0]) if len(args) == 1 else None
+            if other is None:
+                if name in ("__eq__", "__ne__") and len(args) == 1 and never_equal_to_set(args[0]):
+                    return ConstVar(name == "__ne__")
+                unsupported(f"{self.kind.__name__}.{name} with {args} (NotImplemented)")
+            args = [other]
+            if name in self._INPLACE:
+                if self.kind is not set:
+                    unsupported(f"frozenset.{name}")
+                SetVar.call_method(self, tx, self._INPLACE[name], args, {})
+                return self
         if name == "__contains__" and len(args) == 1:
             return ConstVar(self.contains(tx, args[0]))
         if name in ("isdisjoint", "issuperset") and len(args) == 1 and \
@@ -406,7 +424,8 @@ class SetVar(DictVar):
             self._sync()
             return ConstVar(None)
         if name in self._NEW:
-            out = type(self)()
+            # A plain set or frozenset, also for a subclass (as CPython's).
+            out = (FrozenSetVar if self.kind is frozenset else SetVar)()
             out.real = getattr(self.real, name)(*real_args)
             out.members = {**new_members, **self.members}
             out._sync()
@@ -457,6 +476,25 @@ class FrozenSetVar(SetVar):
             cg.load_const(self.real)
         else:
             super().reconstruct(cg)
+
+
+def as_set_var(v: Var):
+    """`v` as a SetVar when it is a set or frozenset (a constant frozenset too), else None."""
+    if isinstance(v, SetVar):
+        return v
+    if isinstance(v, ConstVar) and isinstance(v.value, (set, frozenset)):
+        return FrozenSetVar(v.value)
+    return None
+
+
+def never_equal_to_set(v: Var) -> bool:
+    """Values whose == with a set is False with no code of the program run (neither side
+    knows the other: both __eq__ return NotImplemented, then identity decides)."""
+    from .subclasses import is_user_container
+    if is_user_container(v):
+        return False
+    return isinstance(v, (ConstVar, TupleVar, ListVar, DictViewVar)) or \
+        isinstance(v, DictVar) and not isinstance(v, SetVar)
 
 
 def set_key(v: Var):
@@ -934,9 +972,20 @@ def _data_conversion(kind):
             return tx.output.call("call_function", _SYM_CONVERSIONS[kind], (args[0],), {})
         if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
             return ConstVar(_truth(tx, args[0]))
-        if kind is str and len(args) == 1 and isinstance(args[0], SetVar):
-            return ConstVar(str(args[0].as_const()))
+        if kind is str and len(args) == 1 and not kwargs:
+            from .subclasses import container_format
+            text = container_format(tx, args[0], "str")
+            if text is not None:
+                return ConstVar(text)
     return handler
+
+
+def _repr(tx, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        from .subclasses import container_format
+        text = container_format(tx, args[0], "repr")
+        if text is not None:
+            return ConstVar(text)
 
 
 def _slice(tx, args, kwargs):
@@ -1100,7 +1149,7 @@ _BUILTIN_HANDLERS = {
     abs: _abs, round: _round, pow: _pow, divmod: _divmod,
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),
     complex: _data_conversion(complex), str: _data_conversion(str),
-    getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
+    repr: _repr, getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
     globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),

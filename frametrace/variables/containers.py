@@ -42,7 +42,14 @@ class _SequenceVar(CollectionVar):
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const():
-            return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
+            try:
+                return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
+            except ValueError as e:
+                unsupported(f"ValueError: {e}")
+        if name == "index" and len(args) == 1 and not kwargs and type(self).python_type is \
+                _SequenceVar.python_type:
+            return ConstVar(ListVar._find(self, tx, args[0], f"{self.kind.__name__}.index(x): x not in "
+                                          f"{self.kind.__name__}"))
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__len__":
@@ -198,7 +205,40 @@ class ListVar(_SequenceVar):
             return ConstVar(None)
         if name == "copy" and not args:
             return ListVar(self.items)
+        if name == "clear" and not args:
+            self._check_mutable(tx)
+            self.items.clear()
+            return ConstVar(None)
+        if name == "remove" and len(args) == 1:
+            i = self._find(tx, args[0], "list.remove(x): x not in list")
+            self._check_mutable(tx)
+            del self.items[i]
+            return ConstVar(None)
+        if name == "sort" and not args and set(kwargs) <= {"key", "reverse"}:
+            from .builtins import _sorted
+            ordered = _sorted(tx, [ListVar(self.items)], kwargs)
+            self._check_mutable(tx)
+            self.items[:] = ordered.items
+            return ConstVar(None)
         return super().call_method(tx, name, args, kwargs)
+
+    def _find(self, tx, item, error):
+        """The index of the first item == `item`, comparing as CPython's list does
+        (identity first, then ==), when the trace can tell."""
+        from ..interpreter import is_same
+        from .base import Unsupported
+        for i, v in enumerate(self.items):
+            try:
+                if is_same(v, item, tx):
+                    return i
+            except Unsupported:
+                pass
+            if v.is_const() and item.is_const():
+                if v.as_const() == item.as_const():
+                    return i
+                continue
+            unsupported(f"comparing {item} with list item {v}")
+        unsupported(f"ValueError: {error}")
 
     def setitem(self, tx, key, value):
         self._check_mutable(tx)
@@ -281,6 +321,15 @@ class DictVar(CollectionVar):
             return ConstVar(None)
         if name == "copy" and not args:
             return DictVar(self.items)
+        if name in ("__or__", "__ror__") and len(args) == 1:
+            other = args[0]
+            if not isinstance(other, DictVar) or _is_set(other):
+                unsupported(f"dict | {other} (NotImplemented)")
+            first, second = (self, other) if name == "__or__" else (other, self)
+            return DictVar({**first.items, **second.items})
+        if name == "__ior__" and len(args) == 1:
+            type(self).call_method(self, tx, "update", args, {})
+            return self
         if name == "clear" and not args:
             self._mutating(tx)
             self.items.clear()
@@ -382,6 +431,11 @@ class DictViewVar(Var):
 
     def __repr__(self):
         return f"DictViewVar({self.kind})"
+
+
+def _is_set(v) -> bool:
+    from .builtins import SetVar
+    return isinstance(v, SetVar)
 
 
 def _dict_key(v):

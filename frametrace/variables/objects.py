@@ -121,6 +121,11 @@ class ObjectVar(ValueVar):
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
                 callable(getattr(self.value, name, None)):
             return MethodVar(self, name)
+        if name == "fromkeys" and isinstance(self.value, type):
+            from .subclasses import fromkeys_var
+            made = fromkeys_var(tx, self.value)
+            if made is not None:
+                return made
         try:
             attr = getattr(self.value, name)
         except AttributeError:
@@ -157,6 +162,10 @@ class ObjectVar(ValueVar):
             return fold_call(value, args, kwargs, value.__qualname__)     # str.upper(s)
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
+        from .subclasses import call_unbound_builtin
+        made = call_unbound_builtin(tx, value, args, kwargs)
+        if made is not None:
+            return made
         what = getattr(value, "__qualname__", None) or repr(value)
         unsupported(f"calling {what}")
 
@@ -302,6 +311,10 @@ class SuperVar(Var):
                 # A base's class dict can be patched (`Parent.scale = 7`): guarded
                 # through an equivalent super object, which reads the MRO again.
                 tx.guards.class_attr(mro[0], name, attr, after=cls)
+                from .subclasses import CONTAINER_BASES, BaseMethodVar, is_user_container
+                if klass in CONTAINER_BASES and is_user_container(self.obj) and \
+                        not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
+                    return BaseMethodVar(self.obj, name)
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
                 if isinstance(attr, classmethod):
@@ -456,6 +469,9 @@ def _construct(tx, cls, args, kwargs):
         if len(values) != len(names):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
+    from .subclasses import construct_container_subclass, container_base
+    if container_base(cls) is not None and not issubclass(cls, torch.Size):
+        return construct_container_subclass(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
     if not module.startswith(("torch", "builtins")) and module.split(".")[0] not in sys.stdlib_module_names \
             and not issubclass(cls, torch.nn.Module):
