@@ -1026,6 +1026,9 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
             # Two inputs, distinct objects now: the answer holds while they stay so.
             tx.guards.distinct_objects(*sorted((ia.source, ib.source), key=lambda s: s.name()))
         return False
+    from .variables.subclasses import is_user_container
+    if any(is_user_container(v) and v.source is None for v in (a, b)):
+        return False        # an object of a user class made in the frame: a new one
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):

@@ -46,10 +46,11 @@ class _SequenceVar(CollectionVar):
                 return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
             except ValueError as e:
                 unsupported(f"ValueError: {e}")
-        if name == "index" and len(args) == 1 and not kwargs and type(self).python_type is \
-                _SequenceVar.python_type:
-            return ConstVar(ListVar._find(self, tx, args[0], f"{self.kind.__name__}.index(x): x not in "
-                                          f"{self.kind.__name__}"))
+        if name == "index" and len(args) == 1 and not kwargs:
+            return ConstVar(_find(tx, self.items, args[0], f"{self.kind.__name__}.index(x): x not in "
+                                  f"{self.kind.__name__}"))
+        if name == "count" and len(args) == 1 and not kwargs:
+            return ConstVar(sum(_matches(tx, v, args[0]) for v in self.items))
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__len__":
@@ -72,6 +73,27 @@ class _SequenceVar(CollectionVar):
 
     def __repr__(self):
         return f"{type(self).__name__}({self.items!r})"
+
+
+def _matches(tx, v, item) -> bool:
+    """``v is item or v == item`` (a list's comparison), when the trace can tell."""
+    from ..interpreter import is_same
+    from .base import Unsupported
+    try:
+        if is_same(v, item, tx):
+            return True
+    except Unsupported:
+        pass
+    if v.is_const() and item.is_const():
+        return v.as_const() == item.as_const()
+    unsupported(f"comparing {item} with item {v}")
+
+
+def _find(tx, items, item, error):
+    for i, v in enumerate(items):
+        if _matches(tx, v, item):
+            return i
+    unsupported(f"ValueError: {error}")
 
 
 class TupleVar(_SequenceVar):
@@ -210,7 +232,7 @@ class ListVar(_SequenceVar):
             self.items.clear()
             return ConstVar(None)
         if name == "remove" and len(args) == 1:
-            i = self._find(tx, args[0], "list.remove(x): x not in list")
+            i = _find(tx, self.items, args[0], "list.remove(x): x not in list")
             self._check_mutable(tx)
             del self.items[i]
             return ConstVar(None)
@@ -221,24 +243,6 @@ class ListVar(_SequenceVar):
             self.items[:] = ordered.items
             return ConstVar(None)
         return super().call_method(tx, name, args, kwargs)
-
-    def _find(self, tx, item, error):
-        """The index of the first item == `item`, comparing as CPython's list does
-        (identity first, then ==), when the trace can tell."""
-        from ..interpreter import is_same
-        from .base import Unsupported
-        for i, v in enumerate(self.items):
-            try:
-                if is_same(v, item, tx):
-                    return i
-            except Unsupported:
-                pass
-            if v.is_const() and item.is_const():
-                if v.as_const() == item.as_const():
-                    return i
-                continue
-            unsupported(f"comparing {item} with list item {v}")
-        unsupported(f"ValueError: {error}")
 
     def setitem(self, tx, key, value):
         self._check_mutable(tx)

@@ -236,9 +236,25 @@ class UserContainerMixin(InstanceAttrs):
         if cg.load_rebuilt(self):
             return
         cg.call_const(rebuild_container, [lambda cg: cg.load_const(self.cls),
-                                          lambda cg: self.plain().reconstruct(cg),
+                                          self._emit_contents,
                                           attrs_dict(self.attrs)])
         cg.keep_rebuilt(self)
+
+    def _emit_contents(self, cg):
+        """Push the builtin part as a plain container (a new one: never one rebuilt
+        before, which a plain() copy's reused id could name)."""
+        from .builtins import SetVar
+        if isinstance(self, SetVar):
+            SetVar.reconstruct(self, cg)
+        elif isinstance(self, DictVar):
+            for k, v in self.items.items():
+                cg.load_const(k)
+                v.reconstruct(cg)
+            cg.build(dict, len(self.items))
+        else:
+            for v in self.items:
+                v.reconstruct(cg)
+            cg.build(tuple if self.base_class() is tuple else list, len(self.items))
 
     def __repr__(self):
         return f"{self.cls.__name__}<{self._base().__repr__(self)}>"

@@ -1,0 +1,235 @@
+"""Containers: user subclasses of set, frozenset, dict, list, tuple and OrderedDict
+(made in the frame and returned, their own and inherited methods, super() and unbound
+builtin calls), set operators and methods, dict and list methods, formatting of
+containers.  Differential: values, side effects, exceptions, graph and break counts."""
+import collections
+
+import pytest
+import torch
+
+from differential import check
+
+
+class CustomSet(set):
+    def add(self, item):
+        return super().add(item + 1)
+
+    def contains(self, item):
+        return True
+
+
+class PlainSetSub(set):
+    pass
+
+
+class CustomFrozenset(frozenset):
+    def double(self):
+        return {2 * x for x in self}
+
+
+class CountingDict(dict):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.writes = 0
+
+    def __setitem__(self, key, value):
+        self.writes += 1
+        super().__setitem__(key, value)
+
+    def __missing__(self, key):
+        return len(key)
+
+
+class StackList(list):
+    def push(self, v):
+        self.append(v)
+        return self
+
+    def __add__(self, other):
+        return StackList([*self, *other, "added"])
+
+
+class Pair(tuple):
+    def swap(self):
+        return Pair((self[1], self[0]))
+
+
+class LastFirst(collections.OrderedDict):
+    pass
+
+
+def _x():
+    return torch.randn(3)
+
+
+def test_set_subclass_built_in_frame_inlines_overrides_and_runs_inherited_methods():
+    def f(x):
+        s = CustomSet([1, 2])
+        s.add(3)                    # the override: adds 4
+        s.update([7])               # inherited
+        s.discard(1)
+        return x * len(s), s, s == {2, 4, 7}, s.contains(99), isinstance(s, set), type(s) is CustomSet
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_set_subclass_results_of_builtin_operators_are_plain_sets():
+    def f(x):
+        p, q = map(PlainSetSub, ["abc", "bef"])
+        outs = (p | q, p & q, p - q, p ^ q, q - p, p.union("z"), p.copy(),
+                PlainSetSub.__sub__(p, q), set.__and__(p, q), set.union(p, q))
+        return x + 1, outs, [type(o).__name__ for o in outs]
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_set_subclass_in_place_operators_keep_the_object():
+    def f(x):
+        s = PlainSetSub("ab")
+        alias = s
+        s |= {"c"}
+        s -= {"a"}
+        s &= {"b", "c", "d"}
+        s ^= {"z"}
+        return x + 1, s, alias is s, type(s).__name__
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_frozenset_subclass_operators_and_user_methods():
+    def f(x):
+        p = CustomFrozenset([1, 2, 3])
+        q = frozenset([2, 3, 4])
+        alias = p
+        p |= q                      # no __ior__: a new frozenset
+        return (x + 1, p, alias, alias is p, CustomFrozenset([1]).double(), q < p, alias <= p,
+                alias > q, CustomFrozenset.__eq__(alias, alias), frozenset.__ne__(alias, q))
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_set_comparisons_and_equality_with_other_types():
+    def f(x):
+        p, r = set("abc"), frozenset("ab")
+        return (x + 1, p < p, r < p, p > r, p >= p, r <= p, p == frozenset("abc"),
+                p == "abc", p != ["a", "b", "c"], p == dict.fromkeys("abc"), p != 1)
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_set_operator_with_a_non_set_is_a_type_error_not_an_iteration():
+    def f(x):
+        s = {"a", "b"}
+        try:
+            s - "ab"
+        except TypeError:
+            return x - 1
+        return x + 1
+    r = check(f, [_x()], graphs=None)
+    assert r.breaks + r.fallbacks >= 1
+
+
+def test_set_in_place_operators_mutate_a_shared_set():
+    def f(x):
+        s = {1, 2}
+        holder = [s]
+        s |= {3}
+        s -= {1}
+        return x * len(holder[0]), holder
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_set_methods_and_errors():
+    def f(x, k):
+        s = {1, 2, 3}
+        s.intersection_update([2, 3, 4])
+        s.symmetric_difference_update({3, 9})
+        a = (s.isdisjoint([5]), s.issubset(range(10)), s.symmetric_difference([2]), s.copy())
+        s.remove(k)
+        return x + 1, s, a
+    check(f, [(_x(), 2), (_x(), 9), (_x(), 5)])
+
+
+def test_dict_subclass_with_init_setitem_missing_and_attributes():
+    def f(x):
+        d = CountingDict(a=1)
+        d["b"] = 2
+        d.update(c=3)               # dict.update does not call __setitem__
+        return x + d["a"], d, d.writes, d["zzz"], len(d), "b" in d, list(d.items()), type(d).__name__
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_dict_subclass_fromkeys_fills_through_setitem():
+    def f(x):
+        d = CountingDict.fromkeys("ab", 0)
+        e = dict.fromkeys([1, 2])
+        return x + 1, d, d.writes, e
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_list_subclass_user_add_and_inherited_methods():
+    def f(x):
+        l = StackList([3, 1])
+        l.push(2).push(0)
+        l.sort()
+        m = l + [9]                  # the user's __add__
+        n = [9] + l                  # list's: a plain list
+        l += [5]                     # list.__iadd__: the same object
+        return x + l[0], l, m, n, type(m).__name__, type(n).__name__, l.index(2), l.count(5)
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_tuple_subclass_built_in_frame():
+    def f(x):
+        p = Pair((1, 2))
+        q = p.swap()
+        return x + q[0], p, q, p + (3,), type(p + (3,)).__name__, len(q), isinstance(q, tuple)
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_ordered_dict_subclass_built_in_frame():
+    def f(x):
+        d = LastFirst(a=1, b=2)
+        d["c"] = 3
+        d.move_to_end("a")
+        return x + 1, d, list(d), type(d).__name__
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_formatting_sets_dicts_and_subclasses():
+    def f(x):
+        s, d = {1}, {"a": [1, 2], "b": (3,)}
+        return x + 1, f"{s} {d!r} {PlainSetSub([2])} {CustomFrozenset()}", str(s), repr(d), str([s])
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_list_clear_remove_index_and_sort_with_key():
+    def f(x, xs):
+        xs.sort(key=lambda v: -v)
+        i = xs.index(2)
+        xs.remove(3)
+        ys = list(xs)
+        xs.clear()
+        return x + i, ys
+    check(f, [(_x(), [1, 2, 3]), (_x(), [3, 2, 5])], breaks=0)
+
+
+def test_list_remove_of_a_missing_item_raises():
+    def f(x, xs):
+        try:
+            xs.remove(7)
+        except ValueError:
+            return x - 1
+        return x + 1
+    check(f, [(_x(), [1, 2]), (_x(), [7])])
+
+
+def test_dict_or_and_in_place_or():
+    def f(x, d):
+        e = d | {"z": 1}
+        d |= {"y": 2}
+        d |= [("w", 3)]
+        return x + 1, e
+    check(f, [(_x(), {"a": 1}), (_x(), {"a": 2, "z": 0})], breaks=0)
+
+
+def test_empty_tuple_plus_traced_tuple():
+    def f(x):
+        t = (x + 1,)
+        return () + t + (1,)
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
