@@ -643,8 +643,8 @@ def _set(kind):
     def handler(tx, args, kwargs):
         if kwargs or len(args) > 1:
             return None
-        if args and isinstance(args[0], cls):
-            return args[0] if cls is FrozenSetVar else args[0].call_method(tx, "copy", [], {})
+        if args and type(args[0]) is cls:
+            return args[0] if cls is FrozenSetVar else SetVar.call_method(args[0], tx, "copy", [], {})
         return cls.of_vars(tx, var_list(tx, args[0]) if args else [])
     return handler
 

@@ -70,6 +70,8 @@ class ObjectVar(ValueVar):
 
     def contains(self, tx, item) -> bool:
         """`item in self` on a real container (a set in a closure, os.environ)."""
+        if isinstance(self.value, (set, frozenset)) and not item.is_const():
+            return self._contains_object(tx, item)
         if not item.is_const() or isinstance(self.value, (type, types.ModuleType)):
             unsupported(f"`in` on {type(self.value).__name__}")
         try:
@@ -77,6 +79,19 @@ class ObjectVar(ValueVar):
         except Exception as e:
             unsupported(f"`in` on {type(self.value).__name__} raised {type(e).__name__}")
         self._read(tx, found, "__contains__", [item.as_const()])
+        return found
+
+    def _contains_object(self, tx, item) -> bool:
+        """An object hashed by identity (a function, a module) in a real set: what the
+        set holds can change between calls, so the guard asks again."""
+        from .builtins import set_key
+        key = set_key(item)
+        found = key in self.value
+        if self.source is not None:
+            guards = tx.guards
+            e, k = self.source.guard_expr(), guards.const(key)
+            guards._add(self.source, f"CONTAINS {k}", f"({k} in {e}) is {found}",
+                        f"({safe_repr(key)} in {self.source.name()}) is {found}")
         return found
 
     def unpack(self, tx):

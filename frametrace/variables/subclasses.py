@@ -309,6 +309,8 @@ def _copy_slots(target_type, src, src_type):
 def adopt(cls, base: Var) -> UserContainerMixin:
     """A `cls` object whose builtin part is the contents of `base` (a fresh container
     Var of cls's builtin base)."""
+    if is_user_container(base):
+        base = base.plain()
     sub = _copy_slots(_sub_var_type(type(base)), base, type(base))
     sub.cls = cls
     sub.attrs = {}
