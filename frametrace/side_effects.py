@@ -8,6 +8,8 @@ the real inputs.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from bytecode import FreeVar
 
 from .source import ClosureSource
@@ -180,8 +182,14 @@ def _store_contents(cg, container: str, temp: str):
 
 
 def _replace_contents(container, new):
+    # Through the builtin base's methods: a subclass's own clear / update /
+    # __setitem__ ran while tracing and must not run again.
     if isinstance(container, list):
-        container[:] = new
+        list.__setitem__(container, slice(None), new)
+    elif isinstance(container, OrderedDict):
+        OrderedDict.clear(container)
+        for k, v in new.items():
+            OrderedDict.__setitem__(container, k, v)
     else:
-        container.clear()
-        container.update(new)
+        dict.clear(container)
+        dict.update(container, new)

@@ -233,3 +233,56 @@ def test_empty_tuple_plus_traced_tuple():
         t = (x + 1,)
         return () + t + (1,)
     check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+class Registry(dict):
+    pass
+
+
+class Tracked(list):
+    def total(self):
+        return sum(self)
+
+
+class Overriding(dict):
+    def __getitem__(self, k):
+        return 1
+
+
+def _registry(n):
+    r = Registry(a=n, b=2)
+    r.tag = 3
+    return r
+
+
+def test_dict_subclass_from_outside_reads_mutations_and_attributes_written_back():
+    def f(x, d):
+        for v in d.values():
+            x = x * v
+        d["c"] = x.sum().item() if False else 4
+        d.tag = d.tag + 1
+        return x * d.get("a", 0) * len(d), "b" in d, d.pop("b"), type(d).__name__
+    check(f, [(_x(), _registry(1)), (_x(), _registry(5))], graphs=2, breaks=0, fullgraph=True)
+
+
+def test_dict_subclass_from_outside_guards_keys_and_instance_attributes():
+    def f(x, d):
+        return x + len(d) + getattr(d, "tag", 10)
+    extra = _registry(1)
+    extra["z"] = 1
+    bare = Registry(a=1, b=2)
+    r = check(f, [(_x(), _registry(1)), (_x(), extra), (_x(), bare), (_x(), _registry(1))], breaks=0)
+    assert r.compiles >= 3
+
+
+def test_list_subclass_from_outside_user_method_and_write_back():
+    def f(x, l):
+        l.append(5)
+        return x * l.total(), l
+    check(f, [(_x(), Tracked([1, 2])), (_x(), Tracked([3]))], breaks=0, fullgraph=True)
+
+
+def test_dict_subclass_overriding_getitem_from_outside_runs_its_method():
+    def f(x, d):
+        return x + d["a"]
+    check(f, [(_x(), Overriding(a=5))], breaks=0)

@@ -1034,6 +1034,14 @@ def _has_attr(tx, obj, name):
         if obj.source is not None:
             _guard_hasattr(tx, obj.source, name, found)
         return found
+    from .subclasses import is_user_container
+    if is_user_container(obj):
+        # Its own attributes are all known (the names in an outside one's __dict__ are
+        # guarded); the class's, guarded as classes are.
+        from .modules import class_attr
+        if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
+            return True
+        return None if _class_lookup(obj.cls, "__getattr__") is not None else False
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True

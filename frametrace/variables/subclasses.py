@@ -83,6 +83,8 @@ class UserContainerMixin(InstanceAttrs):
         return self.attrs.get(name, MISSING)
 
     def set_own_attr(self, tx, name, value):
+        if self.source is not None:         # an object from outside: written back
+            tx.side_effects.store_attr(self, self.value, name, value, plain=True)
         self.attrs[name] = value
 
     def set_class(self, tx, cls):
@@ -284,7 +286,7 @@ def _sub_var_type(base_var):
     t = _SUB_VAR_TYPES.get(base_var)
     if t is None:
         t = type(f"User{base_var.__name__}", (UserContainerMixin, base_var),
-                 {"__slots__": ("cls", "attrs"), "__module__": __name__})
+                 {"__slots__": ("cls", "attrs", "value"), "__module__": __name__})
         _SUB_VAR_TYPES[base_var] = t
     return t
 
@@ -293,7 +295,7 @@ def _copy_slots(target_type, src, src_type):
     out = object.__new__(target_type)
     for klass in src_type.__mro__:
         for slot in getattr(klass, "__slots__", ()):
-            if slot in ("cls", "attrs"):
+            if slot in ("cls", "attrs", "value"):
                 continue
             try:
                 value = getattr(src, slot)
@@ -314,6 +316,7 @@ def adopt(cls, base: Var) -> UserContainerMixin:
     sub = _copy_slots(_sub_var_type(type(base)), base, type(base))
     sub.cls = cls
     sub.attrs = {}
+    sub.value = None
     return sub
 
 
@@ -604,3 +607,59 @@ def fromkeys_var(tx, cls):
     if not isinstance(attr, types.ClassMethodDescriptorType):
         return None             # the class wrote its own
     return _FromKeysVar(cls)
+
+
+# What reading a container from outside relies on (its guards and its Var's answers):
+# a class that writes one of these itself stays a plain user object (UserObjectVar).
+_READERS = {dict: ("__getitem__", "__iter__", "__len__", "keys", "__contains__", "items",
+                   "values", "get", "__eq__"),
+            list: ("__getitem__", "__iter__", "__len__", "__contains__", "__eq__")}
+_READERS[collections.OrderedDict] = _READERS[dict]
+_READERS[tuple] = _READERS[list]
+
+
+def wrap_container_subclass(tx, value, source, guards):
+    """The Var of a dict, OrderedDict, list or tuple subclass object from outside the
+    frame, guarded as the builtin one is (type, keys or length, items through their own
+    sources) and by the names in its __dict__ (its attributes by value); None when it
+    is not one such (then it is a plain user object)."""
+    from ..source import AttrSource, GetItemSource
+    from .attributes import is_data_descriptor
+    from .builder import wrap
+    cls = type(value)
+    base = container_base(cls)
+    if base not in _READERS or not cls.__dictoffset__ or type(cls) is not type or \
+            hasattr(cls, "_fields") or any(_class_lookup(cls, n) is not _class_lookup(base, n)
+                                           for n in (*_READERS[base], "__getattribute__", "__getattr__")):
+        return None
+    is_map = base in (dict, collections.OrderedDict)
+    if is_map and not all(type(k) in (str, int) for k in value):
+        return None
+    own = vars(value)
+    if any(is_data_descriptor(_class_lookup(cls, n)) for n in own):
+        return None
+    if guards is not None:
+        e = source.guard_expr()
+        guards.type_match(source, value)
+        shape = tuple(base.keys(value)) if is_map else base.__len__(value)
+        reader = guards.const(base.keys if is_map else base.__len__)
+        expr = f"___tuple({reader}({e})) == {guards.const(shape)}" if is_map else \
+            f"{reader}({e}) == {shape}"
+        guards._add(source, "KEYS" if is_map else "LEN", expr,
+                    f"{source.name()} has {'keys ' + repr(list(shape)) if is_map else f'length {shape}'}")
+        guards._add(source, "DICT", f"___tuple({e}.__dict__) == {guards.const(tuple(own))}",
+                    f"{source.name()}.__dict__ has names {list(own)}")
+
+    def sub(key):
+        return GetItemSource(source, key) if source is not None else None
+    g = guards is not None
+    if is_map:
+        items = {k: wrap(tx, base.__getitem__(value, k), sub(k), g) for k in base.keys(value)}
+        var = _sub_var_type(_var_types()[base])(items, source)
+    else:
+        items = [wrap(tx, v, sub(i), g) for i, v in enumerate(base.__iter__(value))]
+        var = _sub_var_type(_var_types()[base])(items, source)
+    var.cls, var.value = cls, value
+    var.attrs = {n: wrap(tx, v, AttrSource(source, n) if source is not None else None, g)
+                 for n, v in own.items()}
+    return var
