@@ -286,3 +286,21 @@ def test_dict_subclass_overriding_getitem_from_outside_runs_its_method():
     def f(x, d):
         return x + d["a"]
     check(f, [(_x(), Overriding(a=5))], breaks=0)
+
+
+def _helper_a():
+    pass
+
+
+def _helper_b():
+    pass
+
+
+def test_function_in_a_set_from_outside_is_guarded_on_membership():
+    def f(x, s):
+        if _helper_a in s:
+            return x.sin()
+        return x.cos()
+    r = check(f, [(_x(), {_helper_a, "k", 1.5}), (_x(), {_helper_b, "k"}), (_x(), {_helper_a})],
+              breaks=0, fullgraph=True)
+    assert r.compiles >= 2

@@ -507,6 +507,7 @@ def set_key(v: Var):
         except TypeError:
             unsupported(f"unhashable set member {k!r}")
         return k
+    from .functions import UserFunctionVar
     from .modules import NNModuleVar
     from .user_objects import UserObjectVar
     real = None
@@ -514,7 +515,10 @@ def set_key(v: Var):
         real = v.module
     elif isinstance(v, (UserObjectVar, ObjectVar)):
         real = v.value
-    if real is not None and (isinstance(real, type) or type(real).__hash__ is object.__hash__):
+    elif isinstance(v, UserFunctionVar) and not (v.fn.__closure__ and v.source is not None):
+        real = v.fn         # (a closure from outside is guarded by its code, not identity)
+    if real is not None and (isinstance(real, (type, types.FunctionType, types.BuiltinFunctionType))
+                             or type(real).__hash__ is object.__hash__):
         return real
     unsupported(f"set member {v} (only constants and objects hashed by identity)")
 

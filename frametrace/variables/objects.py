@@ -70,7 +70,8 @@ class ObjectVar(ValueVar):
 
     def contains(self, tx, item) -> bool:
         """`item in self` on a real container (a set in a closure, os.environ)."""
-        if isinstance(self.value, (set, frozenset)) and not item.is_const():
+        if isinstance(self.value, (set, frozenset)) and (
+                not item.is_const() or type(item.as_const()) not in (str, int, bool, type(None))):
             return self._contains_object(tx, item)
         if not item.is_const() or isinstance(self.value, (type, types.ModuleType)):
             unsupported(f"`in` on {type(self.value).__name__}")
