@@ -304,3 +304,37 @@ def test_function_in_a_set_from_outside_is_guarded_on_membership():
     r = check(f, [(_x(), {_helper_a, "k", 1.5}), (_x(), {_helper_b, "k"}), (_x(), {_helper_a})],
               breaks=0, fullgraph=True)
     assert r.compiles >= 2
+
+
+class Pipeline(list):
+    def __call__(self, x):
+        for step in self:
+            x = step(x)
+        return x
+
+    def add_twice(self, v):
+        self.extend([v, v])
+
+
+def test_list_subclass_call_and_aliasing_from_outside():
+    def f(a, b):
+        a.extend(b)
+        a.add_twice(b[2] + 1)
+        a.append(b[3] + 2)
+        return b
+
+    def run(x):
+        l = Pipeline([x, x * 2])
+        return (l, l)
+    check(f, [run(_x()), run(_x())], breaks=0, fullgraph=True)
+
+    def g(x):
+        p = Pipeline([torch.sin, lambda t: t + 1])
+        return p(x)
+    check(g, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_list_index_with_bounds():
+    def f(x, xs):
+        return x + xs.index(3, 1) + xs.index(3, -3, 4) + [x, 3].index(x)
+    check(f, [(_x(), [3, 1, 3, 3, 5]), (_x(), [0, 3, 3, 0])], breaks=0)

@@ -46,9 +46,14 @@ class _SequenceVar(CollectionVar):
                 return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
             except ValueError as e:
                 unsupported(f"ValueError: {e}")
-        if name == "index" and len(args) == 1 and not kwargs:
-            return ConstVar(_find(tx, self.items, args[0], f"{self.kind.__name__}.index(x): x not in "
-                                  f"{self.kind.__name__}"))
+        if name == "index" and 1 <= len(args) <= 3 and not kwargs:
+            # start and stop clip as a slice does; the index found is in the whole list.
+            ends = [a.as_const() if a.is_const() else unsupported("index() bounds") for a in args[1:]]
+            bounds = slice(*(ends + [None, None])[:2])
+            start = bounds.indices(len(self.items))[0]
+            return ConstVar(start + _find(tx, self.items[bounds], args[0],
+                                          f"{self.kind.__name__}.index(x): x not in "
+                                          f"{self.kind.__name__}"))
         if name == "count" and len(args) == 1 and not kwargs:
             return ConstVar(sum(_matches(tx, v, args[0]) for v in self.items))
         if name == "__getitem__" and len(args) == 1:

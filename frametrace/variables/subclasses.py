@@ -114,6 +114,13 @@ class UserContainerMixin(InstanceAttrs):
         from .functions import UserFunctionVar
         return UserFunctionVar(method).call(tx, [self, *args], {})
 
+    def call(self, tx, args, kwargs):
+        method = self._user_method(tx, "__call__")
+        if method is None:
+            unsupported(f"TypeError: '{self.cls.__name__}' object is not callable")
+        from .functions import UserFunctionVar
+        return UserFunctionVar(method).call(tx, [self, *args], kwargs)
+
     def getitem(self, tx, key):
         method = self._user_method(tx, "__getitem__")
         if method is not None:
