@@ -934,6 +934,9 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
     if isinstance(b, SetVar) and plain in (operator.eq, operator.ne):
         return b.call_method(tx, _SET_DUNDERS[plain], [a], {})      # reflected
     if isinstance(a, DictVar) and plain is operator.or_:
+        if fn is operator.or_ and isinstance(b, DictVar) and not isinstance(b, SetVar) and \
+                b.python_type() is not a.python_type() and issubclass(b.python_type(), a.python_type()):
+            return b.call_method(tx, "__ror__", [a], {})     # the subclass's reflected first
         return a.call_method(tx, "__ior__" if fn is operator.ior else "__or__", [b], {})
     seq = (TupleVar, ListVar)
     if plain is operator.add and isinstance(a, seq) and type(a) is type(b):

@@ -338,3 +338,26 @@ def test_list_index_with_bounds():
     def f(x, xs):
         return x + xs.index(3, 1) + xs.index(3, -3, 4) + [x, 3].index(x)
     check(f, [(_x(), [3, 1, 3, 3, 5]), (_x(), [0, 3, 3, 0])], breaks=0)
+
+
+class LoudOrdered(collections.OrderedDict):
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v * 10)
+
+
+def test_ordered_dict_subclass_with_its_own_setitem_is_never_bypassed():
+    def f(x):
+        d = LoudOrdered()
+        d["a"] = 1
+        d.update(b=2)               # OrderedDict.update calls the subclass's __setitem__
+        return x + 1, d
+    check(f, [_x()], graphs=None)
+
+
+def test_dict_or_result_kinds():
+    def f(x):
+        od = collections.OrderedDict(a=1)
+        dd = collections.defaultdict(list, b=2)
+        outs = ({"z": 0} | od, od | {"z": 0}, dd | {"z": 0}, {"z": 0} | dd, Registry(q=1) | {"z": 0})
+        return x + 1, outs, [type(o).__name__ for o in outs], outs[2].default_factory
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)

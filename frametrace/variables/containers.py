@@ -299,6 +299,11 @@ class DictVar(CollectionVar):
         if self.source is not None:
             tx.side_effects.mutate_container(self, self)
 
+    def copy_with(self, items: dict):
+        """A new dict of this kind (OrderedDict, defaultdict ...) holding `items`: what
+        `self | other` makes."""
+        return DictVar(items)
+
     def delitem(self, tx, key):
         self._mutating(tx)
         self.items.pop(_dict_key(key), None)
@@ -335,7 +340,7 @@ class DictVar(CollectionVar):
             if not isinstance(other, DictVar) or _is_set(other):
                 unsupported(f"dict | {other} (NotImplemented)")
             first, second = (self, other) if name == "__or__" else (other, self)
-            return DictVar({**first.items, **second.items})
+            return self.copy_with({**first.items, **second.items})
         if name == "__ior__" and len(args) == 1:
             type(self).call_method(self, tx, "update", args, {})
             return self

@@ -380,6 +380,9 @@ class OrderedDictVar(DictVar):
             return OrderedDictVar(self.items)
         return super().call_method(tx, name, args, kwargs)
 
+    def copy_with(self, items):
+        return OrderedDictVar(items)
+
     def reconstruct(self, cg):
         cg.load_constructor(collections.OrderedDict)
         DictVar.reconstruct(self, cg)
@@ -420,6 +423,9 @@ class DefaultDictVar(DictVar):
         if name == "copy" and not args:
             return DefaultDictVar(self.factory, self.items)
         return super().call_method(tx, name, args, kwargs)
+
+    def copy_with(self, items):
+        return DefaultDictVar(self.factory, items)
 
     def reconstruct(self, cg):
         cg.load_constructor(collections.defaultdict)

@@ -218,12 +218,22 @@ class UserContainerMixin(InstanceAttrs):
             return _base_binary(tx, self, name, args)
         if base is collections.OrderedDict and name in ("copy", "__or__", "__ror__", "fromkeys"):
             unsupported(f"OrderedDict.{name} on a subclass (calls the subclass)")
+        self._check_odict_hooks(tx, name)
         return self._base().call_method(self, tx, name, args, kwargs)
+
+    def _check_odict_hooks(self, tx, name):
+        """OrderedDict's methods (update, setdefault, pop, __init__ ...) go through the
+        item methods of a subclass, which the builtin Var's code does not call."""
+        if self.base_class() is collections.OrderedDict and name not in _ITEM_HOOKS and \
+                any(self._user_method(tx, n) is not None for n in _ITEM_HOOKS):
+            unsupported(f"OrderedDict.{name} on a subclass with its own item methods")
 
     def _base_init(self, tx, args, kwargs):
         """The builtin __init__: refills a mutable container (immutable ones got their
         contents from __new__)."""
         base = self.base_class()
+        if args or kwargs:
+            self._check_odict_hooks(tx, "__init__")
         if base in (tuple, frozenset):
             return ConstVar(None)
         from .builtins import BuiltinVar
@@ -249,6 +259,11 @@ class UserContainerMixin(InstanceAttrs):
                                           attrs_dict(self.attrs)])
         cg.keep_rebuilt(self)
 
+    def copy_with(self, items):
+        if self.base_class() is collections.OrderedDict:
+            unsupported(f"{self.cls.__name__} | ...: OrderedDict calls the subclass")
+        return self._base().copy_with(self, items)
+
     def _emit_contents(self, cg):
         """Push the builtin part as a plain container (a new one: never one rebuilt
         before, which a plain() copy's reused id could name)."""
@@ -267,6 +282,9 @@ class UserContainerMixin(InstanceAttrs):
 
     def __repr__(self):
         return f"{self.cls.__name__}<{self._base().__repr__(self)}>"
+
+
+_ITEM_HOOKS = ("__setitem__", "__getitem__", "__delitem__", "__contains__", "__iter__", "keys")
 
 
 class BaseMethodVar(Var):
@@ -459,6 +477,9 @@ def user_container_binary_op(tx, fn, a, b):
     methods (b's reflected one first when b's class derives from a's), inlined; else
     the builtin base's."""
     from ..interpreter import binary_op
+    if _INPLACE_PLAIN.get(fn, fn) is operator.or_ and any(
+            is_user_container(v) and v.base_class() is collections.OrderedDict for v in (a, b)):
+        unsupported("| on an OrderedDict subclass (OrderedDict calls the subclass)")
     if fn in _INPLACE_PLAIN:
         if is_user_container(a):
             name = _DUNDER_OF[fn]
@@ -468,6 +489,7 @@ def user_container_binary_op(tx, fn, a, b):
                 if not _is_not_implemented(result):
                     return result
             elif _class_lookup(a.cls, name) is not None:     # the base's (list +=, set |=)
+                a._check_odict_hooks(tx, name)
                 return _base_binary(tx, a, name, [b])
         return user_container_binary_op(tx, _INPLACE_PLAIN[fn], a, b)
     tries = [(a, _DUNDER_OF.get(fn), b), (b, _REFLECTED.get(fn), a)]
