@@ -361,3 +361,43 @@ def test_dict_or_result_kinds():
         outs = ({"z": 0} | od, od | {"z": 0}, dd | {"z": 0}, {"z": 0} | dd, Registry(q=1) | {"z": 0})
         return x + 1, outs, [type(o).__name__ for o in outs], outs[2].default_factory
     check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def _od(*keys):
+    return collections.OrderedDict((k, i) for i, k in enumerate(keys))
+
+
+def test_ordered_dict_from_outside_mutations_written_back_in_order():
+    def f(x, od):
+        od.move_to_end("a")
+        k, v = od.popitem(last=False)
+        od.setdefault("new", 7)
+        od["a"] = od["a"] + 1
+        return x + v, k, list(od), od
+    r = check(f, [(_x(), _od("a", "b", "c")), (_x(), _od("b", "a")), (_x(), _od("a", "b", "c"))],
+              breaks=0, fullgraph=True)
+    assert r.compiles == 2
+
+
+def test_defaultdict_from_outside_missing_keys_call_the_factory():
+    def f(x, dd):
+        dd["hits"].append(1)
+        dd |= {"z": [0]}
+        return x + len(dd["hits"]), dd
+    dd1 = collections.defaultdict(list, hits=[5])
+    dd2 = collections.defaultdict(list)
+    check(f, [(_x(), dd1), (_x(), dd2), (_x(), collections.defaultdict(list, hits=[1, 2]))],
+          breaks=0, fullgraph=True)
+
+
+def test_ordered_and_default_dicts_made_in_frame_returned_twice_are_one_object():
+    def f(x):
+        od = collections.OrderedDict(a=1)
+        dd = collections.defaultdict(list)
+        dd["q"].append(1)
+        return x + 1, (od, od), (dd, dd), (od[0] if False else None)
+    r = check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+    compiled = __import__("frametrace").optimize(f)
+    out = compiled(_x())
+    assert out[1][0] is out[1][1] and out[2][0] is out[2][1]

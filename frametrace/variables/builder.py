@@ -80,7 +80,7 @@ def wrap(tx, value, source, guard: bool = True):
         return var
     from .subclasses import wrap_container_subclass
     var = wrap_container_subclass(tx, value, source, guards) if type(value).__module__ != "builtins" \
-        else None
+        and isinstance(value, (dict, list, tuple)) else None
     if var is None:
         var = _wrap_object(tx, value, source, guards)
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):

@@ -367,11 +367,15 @@ class DictVar(CollectionVar):
             return self.source.reconstruct(cg)
         if cg.load_rebuilt(self):
             return
+        self.emit_items(cg)
+        cg.keep_rebuilt(self)
+
+    def emit_items(self, cg):
+        """Push a new plain dict of the items."""
         for k, v in self.items.items():
             cg.load_const(k)
             v.reconstruct(cg)
         cg.build(dict, len(self.items))
-        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"DictVar({self.items!r})"

@@ -384,9 +384,15 @@ class OrderedDictVar(DictVar):
         return OrderedDictVar(items)
 
     def reconstruct(self, cg):
+        # One object however many places refer to it; one from outside is itself.
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
         cg.load_constructor(collections.OrderedDict)
-        DictVar.reconstruct(self, cg)
+        self.emit_items(cg)
         cg.call(1)
+        cg.keep_rebuilt(self)
 
 
 class DefaultDictVar(DictVar):
@@ -428,10 +434,15 @@ class DefaultDictVar(DictVar):
         return DefaultDictVar(self.factory, items)
 
     def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
         cg.load_constructor(collections.defaultdict)
         self.factory.reconstruct(cg)
-        DictVar.reconstruct(self, cg)
+        self.emit_items(cg)
         cg.call(2)
+        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"DefaultDictVar({self.factory!r}, {self.items!r})"

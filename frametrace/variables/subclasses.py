@@ -656,6 +656,8 @@ def wrap_container_subclass(tx, value, source, guards):
     from .attributes import is_data_descriptor
     from .builder import wrap
     cls = type(value)
+    if cls in (collections.OrderedDict, collections.defaultdict):
+        return _wrap_stdlib_dict(tx, value, source, guards)
     base = container_base(cls)
     if base not in _READERS or not cls.__dictoffset__ or type(cls) is not type or \
             hasattr(cls, "_fields") or any(_class_lookup(cls, n) is not _class_lookup(base, n)
@@ -692,3 +694,27 @@ def wrap_container_subclass(tx, value, source, guards):
     var.attrs = {n: wrap(tx, v, AttrSource(source, n) if source is not None else None, g)
                  for n, v in own.items()}
     return var
+
+
+def _wrap_stdlib_dict(tx, value, source, guards):
+    """An OrderedDict or defaultdict from outside (string and int keys): guarded by
+    type and keys in order, items through their own sources; changes are written back."""
+    from ..source import AttrSource, GetItemSource
+    from .builder import wrap
+    from .stdlib import DefaultDictVar, OrderedDictVar
+    cls = type(value)
+    if not all(type(k) in (str, int) for k in value):
+        return None
+    keys = tuple(cls.keys(value))
+    if guards is not None:
+        guards.type_match(source, value)
+        guards._add(source, "KEYS", f"___tuple({guards.const(cls.keys)}({source.guard_expr()})) == "
+                    f"{guards.const(keys)}", f"{source.name()} has keys {list(keys)}")
+    g = guards is not None
+    items = {k: wrap(tx, dict.__getitem__(value, k), GetItemSource(source, k) if source is not None
+                     else None, g) for k in keys}
+    if cls is collections.OrderedDict:
+        return OrderedDictVar(items, source)
+    factory = wrap(tx, value.default_factory,
+                   AttrSource(source, "default_factory") if source is not None else None, g)
+    return DefaultDictVar(factory, items, source)
