@@ -401,3 +401,31 @@ def test_ordered_and_default_dicts_made_in_frame_returned_twice_are_one_object()
     compiled = __import__("frametrace").optimize(f)
     out = compiled(_x())
     assert out[1][0] is out[1][1] and out[2][0] is out[2][1]
+
+
+class Node:
+    def __init__(self, v):
+        self.v = v
+
+
+def test_sets_of_tensors_and_objects_hash_by_identity():
+    def f(x, y):
+        s = {x, y}
+        s.add(x)
+        n = Node(1)
+        seen = {n}
+        t = x * 2
+        rest = s - {y}
+        return (x + 1, len(s), x in s, t in s, n in seen, Node(1) in seen,
+                {y} <= s, len(rest), x in rest, y in rest)
+    check(f, [(_x(), _x())], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_iterating_a_set_of_tensors_is_not_traced_in_a_guessed_order():
+    def f(x, y):
+        out = []
+        for t in {x, y}:
+            out.append(t + 1)
+        return out
+    r = check(f, [(_x(), _x())], graphs=None)
+    assert r.breaks + r.fallbacks >= 1

@@ -244,6 +244,7 @@ def var_iter(tx, v: Var):
     if type(v) is ListVar:
         return live_items(v, tx)
     if type(v) is SetVar:
+        v.check_order_known()
         return live_members(v, "real", tx, lambda s, k: s.members[k], "set")
     if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
         return live_keys(v, tx)
@@ -348,7 +349,17 @@ class SetVar(DictVar):
         return self.kind(self.real)
 
     def unpack(self, tx):
+        self.check_order_known()
         return [self.members[k] for k in self.real]
+
+    def check_order_known(self):
+        """Iteration order is the order of the keys' hashes: known for constants and
+        objects guarded by identity, not for members hashed by an identity that the
+        next call changes (tensors, objects made in the frame, objects guarded by
+        type only)."""
+        if any(_order_unknown(m) for m in self.members.values()):
+            unsupported(f"iterating over a {self.kind.__name__} of tensors or objects hashed by "
+                        "identity (its order changes from call to call)")
 
     def length(self, tx):
         return len(self.real)
@@ -414,6 +425,7 @@ class SetVar(DictVar):
             if name == "pop" and not self.real:
                 unsupported("pop from an empty set (KeyError)")
             if name == "pop":
+                self.check_order_known()
                 k = self.real.pop()
                 v = self.members[k]
                 self._sync()
@@ -497,6 +509,17 @@ def never_equal_to_set(v: Var) -> bool:
         isinstance(v, DictVar) and not isinstance(v, SetVar)
 
 
+def _identity_hashed(cls) -> bool:
+    from .modules import _class_lookup
+    return _class_lookup(cls, "__hash__") is object.__hash__ and \
+        _class_lookup(cls, "__eq__") is object.__eq__
+
+
+def _order_unknown(member: Var) -> bool:
+    from .user_objects import NewObjectVar, UserObjectVar
+    return isinstance(member, (TensorVar, NewObjectVar, UserObjectVar))
+
+
 def set_key(v: Var):
     """What stands for `v` in a set: the constant, or the real object for values hashed
     by identity."""
@@ -509,7 +532,11 @@ def set_key(v: Var):
         return k
     from .functions import UserFunctionVar
     from .modules import NNModuleVar
-    from .user_objects import UserObjectVar
+    from .user_objects import NewObjectVar, UserObjectVar
+    if isinstance(v, TensorVar):
+        return v.example        # one FakeTensor per tensor; a tensor hashes by identity
+    if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
+        return v                # one Var per object made in the frame
     real = None
     if isinstance(v, NNModuleVar):
         real = v.module
