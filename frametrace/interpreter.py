@@ -525,7 +525,7 @@ class InstructionTranslator:
     def BUILD_MAP(self, inst):
         flat = self.popn(2 * inst.arg)
         keys, values = flat[0::2], flat[1::2]
-        self.push(DictVar({_const_key(k): v for k, v in zip(keys, values)}))
+        self.push(DictVar({_dict_key(k): v for k, v in zip(keys, values)}))
 
     def BUILD_CONST_KEY_MAP(self, inst):
         keys = self.pop().as_const()
@@ -581,7 +581,7 @@ class InstructionTranslator:
         key = self.pop()
         target = self.stack[-inst.arg]
         target._mutating(self)
-        target.items[_const_key(key)] = value
+        target.items[_dict_key(key)] = value
 
     def CALL_INTRINSIC_1(self, inst):  # 3.12
         name = inst.argrepr
@@ -1054,7 +1054,7 @@ def contains(tx, container: Var, item: Var) -> bool:
     if dunder is not None:
         return dunder(tx, "__contains__", [item]).truth(tx)
     if isinstance(container, DictVar):
-        return _const_key(item) in container.items
+        return _dict_key(item) in container.items
     if isinstance(container, ConstVar) and item.is_const():
         # The container's own __contains__: substrings of str and bytes, ranges ...
         try:
@@ -1078,10 +1078,9 @@ def _make_slice(parts) -> Var:
     return ConstVar(slice(*(p.as_const() for p in parts)))
 
 
-def _const_key(v: Var):
-    if not v.is_const():
-        unsupported(f"dict key {v} is not a constant")
-    return v.as_const()
+def _dict_key(v: Var):
+    from .variables.containers import _dict_key as key
+    return key(v)
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -159,14 +159,14 @@ class SideEffects:
 
 def _new_contents(cg, var):
     """Push the final contents of a list or dict from outside (a new list / dict)."""
-    from .variables.containers import DictVar, ListVar
+    from .variables.containers import DictVar, ListVar, emit_key
     if isinstance(var, ListVar):
         for item in var.items:
             item.reconstruct(cg)
         cg.build(list, len(var.items))
     elif isinstance(var, DictVar):
         for k, v in var.items.items():
-            cg.load_const(k)
+            emit_key(cg, k)
             v.reconstruct(cg)
         cg.build(dict, len(var.items))
     else:

@@ -15,8 +15,8 @@ import torch
 
 from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
-from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys,
-                         live_members, note_live_read)
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
+                         live_keys, live_members, note_live_read)
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -693,7 +693,7 @@ def _dict(tx, args, kwargs):
                 kv = var_list(tx, pair)
                 if len(kv) != 2:
                     unsupported("dict() from a sequence element that is not a pair")
-                items[const_key(kv[0], "dict key")] = kv[1]
+                items[_dict_key(kv[0])] = kv[1]
     items.update(kwargs)
     return DictVar(items)
 

@@ -19,7 +19,7 @@ import types
 from .attributes import MISSING, InstanceAttrs
 from .base import Var, unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar, attrs_dict
+from .containers import DictVar, ListVar, TupleVar, attrs_dict, emit_key
 from .modules import _class_lookup, class_attr
 
 _BUILTIN_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType,
@@ -272,7 +272,7 @@ class UserContainerMixin(InstanceAttrs):
             SetVar.reconstruct(self, cg)
         elif isinstance(self, DictVar):
             for k, v in self.items.items():
-                cg.load_const(k)
+                emit_key(cg, k)
                 v.reconstruct(cg)
             cg.build(dict, len(self.items))
         else:
@@ -412,6 +412,9 @@ def _const_of(var):
     if isinstance(var, SetVar):
         return var.as_const()
     if isinstance(var, DictVar):
+        from .containers import has_var_keys
+        if has_var_keys(var.items):
+            unsupported(f"formatting {var} into a string (keys hashed by identity)")
         return {k: _const_of(v) for k, v in var.items.items()} if type(var) is DictVar \
             else var.as_const()
     if isinstance(var, (ListVar, TupleVar)) and type(var) in (ListVar, TupleVar):
