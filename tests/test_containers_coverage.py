@@ -458,3 +458,16 @@ def test_dict_from_outside_gets_a_tensor_key_written_back():
         x, d = _x(), {"a": 1}
         out = compiled(x, d)
         assert list(d)[0] == "a" and list(d)[1] is x and d[x] == 1 and torch.equal(out, x + 2)
+
+
+def test_formatting_a_set_keeps_its_own_order_after_removals():
+    def f(x):
+        s = set(range(40))
+        p = PlainSetSub(range(40))
+        for i in range(0, 40, 3):
+            s.discard(i)
+            p.discard(i)
+        s.add(100)
+        p.add(100)
+        return x + 1, str(s), f"{p}", repr(PlainSetSub())
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)

@@ -238,14 +238,15 @@ class UserContainerMixin(InstanceAttrs):
             return ConstVar(None)
         from .builtins import BuiltinVar
         made = BuiltinVar(dict if base is collections.OrderedDict else base).call(tx, list(args), kwargs)
-        if isinstance(self, DictVar) and base is not set:
-            self._mutating(tx) if hasattr(self, "_mutating") else None
-            self.items.clear()
-            self.items.update(made.items)
-        elif base is set:
+        if base is set:
             self.real, self.members = made.real, made.members
             self._sync()
+        elif isinstance(self, DictVar):
+            self._mutating(tx)
+            self.items.clear()
+            self.items.update(made.items)
         else:
+            self._check_mutable(tx)
             self.items[:] = made.items
         return ConstVar(None)
 
@@ -404,13 +405,21 @@ def base_repr(var) -> str:
     if not is_user_container(var):
         return repr(_const_of(var))
     base = var.base_class()
+    if base in (set, frozenset):
+        # The set's own order (a copy can order its members differently), as set_repr
+        # writes a subclass: Name({...}).
+        members = _const_of(var)
+        return f"{var.cls.__name__}({{{repr(list(members))[1:-1]}}})" if members else \
+            f"{var.cls.__name__}()"
     return base.__repr__(rebuild_container(var.cls, _const_of(var.plain()), {}))
 
 
 def _const_of(var):
     from .builtins import SetVar
     if isinstance(var, SetVar):
-        return var.as_const()
+        if not all(m.is_const() for m in var.members.values()):
+            unsupported(f"formatting {var} into a string")
+        return var.real           # (the same history of adds and removes: the same order)
     if isinstance(var, DictVar):
         from .containers import has_var_keys
         if has_var_keys(var.items):
