@@ -471,3 +471,18 @@ def test_formatting_a_set_keeps_its_own_order_after_removals():
         p.add(100)
         return x + 1, str(s), f"{p}", repr(PlainSetSub())
     check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_set_method_called_wrongly_is_a_type_error_in_place():
+    def f(x, n):
+        s = {1, 2}
+        try:
+            if n:
+                s.isdisjoint()
+            else:
+                s.add()
+        except TypeError:
+            return x - 1
+        return x + 1
+    r = check(f, [(_x(), 0), (_x(), 1)], graphs=None)
+    assert r.internal_errors == 0

@@ -396,6 +396,12 @@ class SetVar(DictVar):
     def call_method(self, tx, name, args, kwargs):
         if kwargs:
             unsupported(f"{self.kind.__name__}.{name} with keyword arguments")
+        try:
+            return self._call_method(tx, name, args)
+        except TypeError as e:      # the real set's own check (a missing argument ...)
+            unsupported(f"TypeError: {e}")
+
+    def _call_method(self, tx, name, args):
         if name in self._OPERATORS:
             other = as_set_var(args[0]) if len(args) == 1 else None
             if other is None:
