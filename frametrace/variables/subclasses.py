@@ -715,8 +715,8 @@ def _wrap_stdlib_dict(tx, value, source, guards):
     from .builder import wrap
     from .stdlib import DefaultDictVar, OrderedDictVar
     cls = type(value)
-    if not all(type(k) in (str, int) for k in value):
-        return None
+    if not all(type(k) in (str, int) for k in value) or getattr(value, "__dict__", None):
+        return None             # (attributes, as a state_dict's _metadata: an object as before)
     keys = tuple(cls.keys(value))
     if guards is not None:
         guards.type_match(source, value)
