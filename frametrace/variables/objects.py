@@ -485,10 +485,10 @@ def _construct(tx, cls, args, kwargs):
         if len(values) != len(names):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
-    from .subclasses import construct_container_subclass, container_base
-    if container_base(cls) is not None and not issubclass(cls, torch.Size):
-        return construct_container_subclass(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
+    from .subclasses import construct_container_subclass, container_base
+    if container_base(cls) is not None and not module.startswith("torch"):
+        return construct_container_subclass(tx, cls, args, kwargs)
     if not module.startswith(("torch", "builtins")) and module.split(".")[0] not in sys.stdlib_module_names \
             and not issubclass(cls, torch.nn.Module):
         from .user_objects import construct_user_object
