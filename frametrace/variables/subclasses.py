@@ -9,7 +9,11 @@ a method the user wrote (in the subclass or a Python base) is inlined, with this
 on the builtin part (`base_call`), and so do ``super().m(...)`` and unbound calls such
 as ``set.__and__(a, b)``.  Results of the builtin operations are plain containers, as
 in CPython (``CustomSet() | s`` is a set).  Leaving the frame, the object is rebuilt as
-its class (`rebuild_container`), without running the user's __init__ again."""
+its class (`rebuild_container`), without running the user's __init__ again.
+
+Objects of such classes from outside the frame (dict, OrderedDict, list and tuple
+subclasses that keep the base's readers) get the same Vars with a source, guarded as
+the builtin containers are; so do plain OrderedDicts and defaultdicts."""
 from __future__ import annotations
 
 import collections
