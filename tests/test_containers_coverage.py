@@ -486,3 +486,23 @@ def test_set_method_called_wrongly_is_a_type_error_in_place():
         return x + 1
     r = check(f, [(_x(), 0), (_x(), 1)], graphs=None)
     assert r.internal_errors == 0
+
+
+def test_dict_subclass_changed_while_iterating_is_cpythons_runtime_error():
+    def f(x, d):
+        try:
+            for k in d:
+                d[k + "!"] = 1
+        except RuntimeError:
+            return x - 1
+        return x + 1
+    r = check(f, [(_x(), _registry(1))], graphs=None)
+    assert r.breaks + r.fallbacks >= 1
+
+    def g(x):
+        l = StackList([1, 2])
+        for v in l:
+            if v < 5:
+                l.append(v + 2)     # a list iterator sees items appended meanwhile
+        return x + len(l), l
+    check(g, [_x()], graphs=1, breaks=0, fullgraph=True)

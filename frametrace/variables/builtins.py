@@ -241,6 +241,15 @@ def var_iter(tx, v: Var):
     CPython's iter() would be); iterators are consumed lazily."""
     if isinstance(v, IteratorVar):
         return _drain(v)
+    from .subclasses import is_user_container
+    if is_user_container(v) and v._user_method(tx, "__iter__") is None:
+        # The builtin base's iterator: live, as for a plain container.
+        if isinstance(v, SetVar):
+            v.check_order_known()
+            return live_members(v, "real", tx, lambda s, k: s.members[k], "set")
+        if isinstance(v, DictVar):
+            return live_keys(v, tx)
+        return live_items(v, tx)
     if type(v) is ListVar:
         return live_items(v, tx)
     if type(v) is SetVar:
