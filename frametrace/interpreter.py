@@ -49,7 +49,10 @@ _INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
                      operator.ixor: operator.xor}
 _SET_DUNDERS = {operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__",
                 operator.xor: "__xor__", operator.eq: "__eq__", operator.ne: "__ne__",
-                operator.le: "issubset", operator.ge: "issuperset"}
+                operator.le: "__le__", operator.ge: "__ge__", operator.lt: "__lt__",
+                operator.gt: "__gt__"}
+_SET_INPLACE = {operator.ior: "__ior__", operator.iand: "__iand__", operator.isub: "__isub__",
+                operator.ixor: "__ixor__"}
 _COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
                 ">": operator.gt, ">=": operator.ge}
 
@@ -534,7 +537,7 @@ class InstructionTranslator:
     def BUILD_MAP(self, inst):
         flat = self.popn(2 * inst.arg)
         keys, values = flat[0::2], flat[1::2]
-        self.push(DictVar({_const_key(k): v for k, v in zip(keys, values)}))
+        self.push(DictVar({_dict_key(k): v for k, v in zip(keys, values)}))
 
     def BUILD_CONST_KEY_MAP(self, inst):
         keys = self.pop().as_const()
@@ -590,7 +593,7 @@ class InstructionTranslator:
         key = self.pop()
         target = self.stack[-inst.arg]
         target._mutating(self)
-        target.items[_const_key(key)] = value
+        target.items[_dict_key(key)] = value
 
     def CALL_INTRINSIC_1(self, inst):  # 3.12
         name = inst.argrepr
@@ -620,10 +623,16 @@ class InstructionTranslator:
     def FORMAT_VALUE(self, inst):
         spec = self.pop().as_const() if inst.arg & 0x04 else ""
         value = self.pop()
-        if not value.is_const():
-            unsupported(f"formatting {value} into a string")
-        v = value.as_const()
         conv = inst.arg & 0x03
+        if not value.is_const():
+            from .variables.subclasses import container_format
+            text = container_format(self, value, "repr" if conv == 2 else "str") \
+                if conv != 3 and not spec else None
+            if text is None:
+                unsupported(f"formatting {value} into a string")
+            self.push(ConstVar(text))
+            return
+        v = value.as_const()
         v = {0: v, 1: str(v) if conv == 1 else v, 2: repr(v), 3: ascii(v)}[conv] if conv else v
         self.push(ConstVar(format(v, spec)))
 
@@ -926,11 +935,30 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
             a.items[:] = a.items * b.as_const()
         return a
     from .variables.builtins import SetVar
-    if isinstance(a, SetVar) and plain in _SET_DUNDERS:
-        return a.call_method(tx, _SET_DUNDERS[plain], [b], {})
+    from .variables.subclasses import is_user_container, user_container_binary_op
+    if is_user_container(a) or is_user_container(b):
+        return user_container_binary_op(tx, fn, a, b)
+    if isinstance(a, SetVar):
+        if fn in _SET_INPLACE and a.kind is set:
+            return a.call_method(tx, _SET_INPLACE[fn], [b], {})
+        if plain in _SET_DUNDERS:
+            return a.call_method(tx, _SET_DUNDERS[plain], [b], {})
+    if isinstance(b, SetVar) and plain in (operator.eq, operator.ne):
+        return b.call_method(tx, _SET_DUNDERS[plain], [a], {})      # reflected
+    if isinstance(a, DictVar) and plain is operator.or_:
+        if fn is operator.or_ and isinstance(b, DictVar) and not isinstance(b, SetVar) and \
+                b.python_type() is not a.python_type() and issubclass(b.python_type(), a.python_type()):
+            return b.call_method(tx, "__ror__", [a], {})     # the subclass's reflected first
+        return a.call_method(tx, "__ior__" if fn is operator.ior else "__or__", [b], {})
     seq = (TupleVar, ListVar)
     if plain is operator.add and isinstance(a, seq) and type(a) is type(b):
         return type(a)(a.items + b.items)
+    if plain is operator.add and {type(a), type(b)} == {TupleVar, ConstVar} and \
+            type((a if isinstance(a, ConstVar) else b).value) is tuple:
+        # A constant tuple (`()`) and a traced one.
+        items = [x.unpack(tx) if isinstance(x, TupleVar) else [ConstVar(c) for c in x.value]
+                 for x in (a, b)]
+        return TupleVar(items[0] + items[1])
     if plain is operator.mul and isinstance(a, seq) and isinstance(b, (ConstVar, SymNodeVar)):
         return type(a)(a.items * b.as_const())
     if plain is operator.mul and isinstance(b, seq) and isinstance(a, (ConstVar, SymNodeVar)):
@@ -1013,6 +1041,9 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
             # Two inputs, distinct objects now: the answer holds while they stay so.
             tx.guards.distinct_objects(*sorted((ia.source, ib.source), key=lambda s: s.name()))
         return False
+    from .variables.subclasses import is_user_container
+    if any(is_user_container(v) and v.source is None for v in (a, b)):
+        return False        # an object of a user class made in the frame: a new one
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):
@@ -1035,7 +1066,7 @@ def contains(tx, container: Var, item: Var) -> bool:
     if dunder is not None:
         return dunder(tx, "__contains__", [item]).truth(tx)
     if isinstance(container, DictVar):
-        return _const_key(item) in container.items
+        return _dict_key(item) in container.items
     if isinstance(container, ConstVar) and item.is_const():
         # The container's own __contains__: substrings of str and bytes, ranges ...
         try:
@@ -1059,10 +1090,9 @@ def _make_slice(parts) -> Var:
     return ConstVar(slice(*(p.as_const() for p in parts)))
 
 
-def _const_key(v: Var):
-    if not v.is_const():
-        unsupported(f"dict key {v} is not a constant")
-    return v.as_const()
+def _dict_key(v: Var):
+    from .variables.containers import _dict_key as key
+    return key(v)
 
 
 # --------------------------------------------------------------------------- dispatch

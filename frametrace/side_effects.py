@@ -8,6 +8,8 @@ the real inputs.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from bytecode import FreeVar
 
 from .source import ClosureSource
@@ -157,14 +159,14 @@ class SideEffects:
 
 def _new_contents(cg, var):
     """Push the final contents of a list or dict from outside (a new list / dict)."""
-    from .variables.containers import DictVar, ListVar
+    from .variables.containers import DictVar, ListVar, emit_key
     if isinstance(var, ListVar):
         for item in var.items:
             item.reconstruct(cg)
         cg.build(list, len(var.items))
     elif isinstance(var, DictVar):
         for k, v in var.items.items():
-            cg.load_const(k)
+            emit_key(cg, k)
             v.reconstruct(cg)
         cg.build(dict, len(var.items))
     else:
@@ -180,8 +182,14 @@ def _store_contents(cg, container: str, temp: str):
 
 
 def _replace_contents(container, new):
+    # Through the builtin base's methods: a subclass's own clear / update /
+    # __setitem__ ran while tracing and must not run again.
     if isinstance(container, list):
-        container[:] = new
+        list.__setitem__(container, slice(None), new)
+    elif isinstance(container, OrderedDict):
+        OrderedDict.clear(container)
+        for k, v in new.items():
+            OrderedDict.__setitem__(container, k, v)
     else:
-        container.clear()
-        container.update(new)
+        dict.clear(container)
+        dict.update(container, new)

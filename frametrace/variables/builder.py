@@ -79,7 +79,11 @@ def wrap(tx, value, source, guard: bool = True):
                                guard) for k, v in value.items()}, source)
         tx.output.object_vars[id(value)] = (value, var)
         return var
-    var = _wrap_object(tx, value, source, guards)
+    from .subclasses import wrap_container_subclass
+    var = wrap_container_subclass(tx, value, source, guards) if type(value).__module__ != "builtins" \
+        and isinstance(value, (dict, list, tuple)) else None
+    if var is None:
+        var = _wrap_object(tx, value, source, guards)
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
         tx.output.object_vars[id(value)] = (value, var)
     return var

@@ -15,8 +15,8 @@ import torch
 
 from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
-from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys,
-                         live_members, note_live_read)
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
+                         live_keys, live_members, note_live_read)
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -241,9 +241,19 @@ def var_iter(tx, v: Var):
     CPython's iter() would be); iterators are consumed lazily."""
     if isinstance(v, IteratorVar):
         return _drain(v)
+    from .subclasses import is_user_container
+    if is_user_container(v) and v._user_method(tx, "__iter__") is None:
+        # The builtin base's iterator: live, as for a plain container.
+        if isinstance(v, SetVar):
+            v.check_order_known()
+            return live_members(v, "real", tx, lambda s, k: s.members[k], "set")
+        if isinstance(v, DictVar):
+            return live_keys(v, tx)
+        return live_items(v, tx)
     if type(v) is ListVar:
         return live_items(v, tx)
     if type(v) is SetVar:
+        v.check_order_known()
         return live_members(v, "real", tx, lambda s, k: s.members[k], "set")
     if isinstance(v, DictVar) and type(v).unpack is DictVar.unpack:
         return live_keys(v, tx)
@@ -348,7 +358,17 @@ class SetVar(DictVar):
         return self.kind(self.real)
 
     def unpack(self, tx):
+        self.check_order_known()
         return [self.members[k] for k in self.real]
+
+    def check_order_known(self):
+        """Iteration order is the order of the keys' hashes: known for constants and
+        objects guarded by identity, not for members hashed by an identity that the
+        next call changes (tensors, objects made in the frame, objects guarded by
+        type only)."""
+        if any(_order_unknown(m) for m in self.members.values()):
+            unsupported(f"iterating over a {self.kind.__name__} of tensors or objects hashed by "
+                        "identity (its order changes from call to call)")
 
     def length(self, tx):
         return len(self.real)
@@ -376,9 +396,33 @@ class SetVar(DictVar):
     _QUERY = {"issubset", "issuperset", "isdisjoint", "__len__", "__eq__",
               "__ne__", "__le__", "__lt__", "__ge__", "__gt__"}
 
+    # Operators take sets only (else NotImplemented: a TypeError, or == is False).
+    _OPERATORS = {"__or__", "__and__", "__sub__", "__xor__", "__eq__", "__ne__", "__lt__",
+                  "__le__", "__gt__", "__ge__", "__ior__", "__iand__", "__isub__", "__ixor__"}
+    _INPLACE = {"__ior__": "update", "__iand__": "intersection_update",
+                "__isub__": "difference_update", "__ixor__": "symmetric_difference_update"}
+
     def call_method(self, tx, name, args, kwargs):
         if kwargs:
             unsupported(f"{self.kind.__name__}.{name} with keyword arguments")
+        try:
+            return self._call_method(tx, name, args)
+        except TypeError as e:      # the real set's own check (a missing argument ...)
+            unsupported(f"TypeError: {e}")
+
+    def _call_method(self, tx, name, args):
+        if name in self._OPERATORS:
+            other = as_set_var(args[0]) if len(args) == 1 else None
+            if other is None:
+                if name in ("__eq__", "__ne__") and len(args) == 1 and never_equal_to_set(args[0]):
+                    return ConstVar(name == "__ne__")
+                unsupported(f"{self.kind.__name__}.{name} with {args} (NotImplemented)")
+            args = [other]
+            if name in self._INPLACE:
+                if self.kind is not set:
+                    unsupported(f"frozenset.{name}")
+                SetVar.call_method(self, tx, self._INPLACE[name], args, {})
+                return self
         if name == "__contains__" and len(args) == 1:
             return ConstVar(self.contains(tx, args[0]))
         if name in ("isdisjoint", "issuperset") and len(args) == 1 and \
@@ -396,6 +440,7 @@ class SetVar(DictVar):
             if name == "pop" and not self.real:
                 unsupported("pop from an empty set (KeyError)")
             if name == "pop":
+                self.check_order_known()
                 k = self.real.pop()
                 v = self.members[k]
                 self._sync()
@@ -406,7 +451,8 @@ class SetVar(DictVar):
             self._sync()
             return ConstVar(None)
         if name in self._NEW:
-            out = type(self)()
+            # A plain set or frozenset, also for a subclass (as CPython's).
+            out = (FrozenSetVar if self.kind is frozenset else SetVar)()
             out.real = getattr(self.real, name)(*real_args)
             out.members = {**new_members, **self.members}
             out._sync()
@@ -459,6 +505,36 @@ class FrozenSetVar(SetVar):
             super().reconstruct(cg)
 
 
+def as_set_var(v: Var):
+    """`v` as a SetVar when it is a set or frozenset (a constant frozenset too), else None."""
+    if isinstance(v, SetVar):
+        return v
+    if isinstance(v, ConstVar) and isinstance(v.value, (set, frozenset)):
+        return FrozenSetVar(v.value)
+    return None
+
+
+def never_equal_to_set(v: Var) -> bool:
+    """Values whose == with a set is False with no code of the program run (neither side
+    knows the other: both __eq__ return NotImplemented, then identity decides)."""
+    from .subclasses import is_user_container
+    if is_user_container(v):
+        return False
+    return isinstance(v, (ConstVar, TupleVar, ListVar, DictViewVar)) or \
+        isinstance(v, DictVar) and not isinstance(v, SetVar)
+
+
+def _identity_hashed(cls) -> bool:
+    from .modules import _class_lookup
+    return _class_lookup(cls, "__hash__") is object.__hash__ and \
+        _class_lookup(cls, "__eq__") is object.__eq__
+
+
+def _order_unknown(member: Var) -> bool:
+    from .user_objects import NewObjectVar, UserObjectVar
+    return isinstance(member, (TensorVar, NewObjectVar, UserObjectVar))
+
+
 def set_key(v: Var):
     """What stands for `v` in a set: the constant, or the real object for values hashed
     by identity."""
@@ -469,14 +545,22 @@ def set_key(v: Var):
         except TypeError:
             unsupported(f"unhashable set member {k!r}")
         return k
+    from .functions import UserFunctionVar
     from .modules import NNModuleVar
-    from .user_objects import UserObjectVar
+    from .user_objects import NewObjectVar, UserObjectVar
+    if isinstance(v, TensorVar):
+        return v.example        # one FakeTensor per tensor; a tensor hashes by identity
+    if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
+        return v                # one Var per object made in the frame
     real = None
     if isinstance(v, NNModuleVar):
         real = v.module
     elif isinstance(v, (UserObjectVar, ObjectVar)):
         real = v.value
-    if real is not None and (isinstance(real, type) or type(real).__hash__ is object.__hash__):
+    elif isinstance(v, UserFunctionVar) and not (v.fn.__closure__ and v.source is not None):
+        real = v.fn         # (a closure from outside is guarded by its code, not identity)
+    if real is not None and (isinstance(real, (type, types.FunctionType, types.BuiltinFunctionType))
+                             or type(real).__hash__ is object.__hash__):
         return real
     unsupported(f"set member {v} (only constants and objects hashed by identity)")
 
@@ -605,8 +689,8 @@ def _set(kind):
     def handler(tx, args, kwargs):
         if kwargs or len(args) > 1:
             return None
-        if args and isinstance(args[0], cls):
-            return args[0] if cls is FrozenSetVar else args[0].call_method(tx, "copy", [], {})
+        if args and type(args[0]) is cls:
+            return args[0] if cls is FrozenSetVar else SetVar.call_method(args[0], tx, "copy", [], {})
         return cls.of_vars(tx, var_list(tx, args[0]) if args else [])
     return handler
 
@@ -624,7 +708,7 @@ def _dict(tx, args, kwargs):
                 kv = var_list(tx, pair)
                 if len(kv) != 2:
                     unsupported("dict() from a sequence element that is not a pair")
-                items[const_key(kv[0], "dict key")] = kv[1]
+                items[_dict_key(kv[0])] = kv[1]
     items.update(kwargs)
     return DictVar(items)
 
@@ -934,9 +1018,20 @@ def _data_conversion(kind):
             return tx.output.call("call_function", _SYM_CONVERSIONS[kind], (args[0],), {})
         if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
             return ConstVar(_truth(tx, args[0]))
-        if kind is str and len(args) == 1 and isinstance(args[0], SetVar):
-            return ConstVar(str(args[0].as_const()))
+        if kind is str and len(args) == 1 and not kwargs:
+            from .subclasses import container_format
+            text = container_format(tx, args[0], "str")
+            if text is not None:
+                return ConstVar(text)
     return handler
+
+
+def _repr(tx, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        from .subclasses import container_format
+        text = container_format(tx, args[0], "repr")
+        if text is not None:
+            return ConstVar(text)
 
 
 def _slice(tx, args, kwargs):
@@ -985,6 +1080,14 @@ def _has_attr(tx, obj, name):
         if obj.source is not None:
             _guard_hasattr(tx, obj.source, name, found)
         return found
+    from .subclasses import is_user_container
+    if is_user_container(obj):
+        # Its own attributes are all known (the names in an outside one's __dict__ are
+        # guarded); the class's, guarded as classes are.
+        from .modules import class_attr
+        if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
+            return True
+        return None if _class_lookup(obj.cls, "__getattr__") is not None else False
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
@@ -1100,7 +1203,7 @@ _BUILTIN_HANDLERS = {
     abs: _abs, round: _round, pow: _pow, divmod: _divmod,
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),
     complex: _data_conversion(complex), str: _data_conversion(str),
-    getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
+    repr: _repr, getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
     globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),

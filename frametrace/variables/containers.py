@@ -42,7 +42,20 @@ class _SequenceVar(CollectionVar):
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const():
-            return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
+            try:
+                return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
+            except ValueError as e:
+                unsupported(f"ValueError: {e}")
+        if name == "index" and 1 <= len(args) <= 3 and not kwargs:
+            # start and stop clip as a slice does; the index found is in the whole list.
+            ends = [a.as_const() if a.is_const() else unsupported("index() bounds") for a in args[1:]]
+            bounds = slice(*(ends + [None, None])[:2])
+            start = bounds.indices(len(self.items))[0]
+            return ConstVar(start + _find(tx, self.items[bounds], args[0],
+                                          f"{self.kind.__name__}.index(x): x not in "
+                                          f"{self.kind.__name__}"))
+        if name == "count" and len(args) == 1 and not kwargs:
+            return ConstVar(sum(_matches(tx, v, args[0]) for v in self.items))
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__len__":
@@ -65,6 +78,27 @@ class _SequenceVar(CollectionVar):
 
     def __repr__(self):
         return f"{type(self).__name__}({self.items!r})"
+
+
+def _matches(tx, v, item) -> bool:
+    """``v is item or v == item`` (a list's comparison), when the trace can tell."""
+    from ..interpreter import is_same
+    from .base import Unsupported
+    try:
+        if is_same(v, item, tx):
+            return True
+    except Unsupported:
+        pass
+    if v.is_const() and item.is_const():
+        return v.as_const() == item.as_const()
+    unsupported(f"comparing {item} with item {v}")
+
+
+def _find(tx, items, item, error):
+    for i, v in enumerate(items):
+        if _matches(tx, v, item):
+            return i
+    unsupported(f"ValueError: {error}")
 
 
 class TupleVar(_SequenceVar):
@@ -198,6 +232,21 @@ class ListVar(_SequenceVar):
             return ConstVar(None)
         if name == "copy" and not args:
             return ListVar(self.items)
+        if name == "clear" and not args:
+            self._check_mutable(tx)
+            self.items.clear()
+            return ConstVar(None)
+        if name == "remove" and len(args) == 1:
+            i = _find(tx, self.items, args[0], "list.remove(x): x not in list")
+            self._check_mutable(tx)
+            del self.items[i]
+            return ConstVar(None)
+        if name == "sort" and not args and set(kwargs) <= {"key", "reverse"}:
+            from .builtins import _sorted
+            ordered = _sorted(tx, [ListVar(self.items)], kwargs)
+            self._check_mutable(tx)
+            self.items[:] = ordered.items
+            return ConstVar(None)
         return super().call_method(tx, name, args, kwargs)
 
     def setitem(self, tx, key, value):
@@ -223,32 +272,37 @@ class DictVar(CollectionVar):
         return dict
 
     def is_const(self):
-        return all(v.is_const() for v in self.items.values())
+        return all(v.is_const() for v in self.items.values()) and not has_var_keys(self.items)
 
     def as_const(self):
+        if has_var_keys(self.items):
+            unsupported("a dict with keys hashed by identity as a constant")
         return {k: v.as_const() for k, v in self.items.items()}
 
     def unpack(self, tx):
-        return [ConstVar(k) for k in self.items]
+        return [key_var(k) for k in self.items]
 
     def getitem(self, tx, key):
-        if not key.is_const():
-            unsupported("dict key that is not a constant")
+        k = _dict_key(key)
         try:
-            return self.items[key.as_const()]
+            return self.items[k]
         except KeyError:
-            unsupported(f"missing dict key {key.as_const()!r}")
+            unsupported(f"missing dict key {k!r} (KeyError)")
 
     def setitem(self, tx, key, value):
+        k = _dict_key(key)
         if self.source is not None:
             tx.side_effects.mutate_container(self, self)
-        if not key.is_const():
-            unsupported("dict key that is not a constant")
-        self.items[key.as_const()] = value
+        self.items[k] = value
 
     def _mutating(self, tx):
         if self.source is not None:
             tx.side_effects.mutate_container(self, self)
+
+    def copy_with(self, items: dict):
+        """A new dict of this kind (OrderedDict, defaultdict ...) holding `items`: what
+        `self | other` makes."""
+        return DictVar(items)
 
     def delitem(self, tx, key):
         self._mutating(tx)
@@ -281,6 +335,15 @@ class DictVar(CollectionVar):
             return ConstVar(None)
         if name == "copy" and not args:
             return DictVar(self.items)
+        if name in ("__or__", "__ror__") and len(args) == 1:
+            other = args[0]
+            if not isinstance(other, DictVar) or _is_set(other):
+                unsupported(f"dict | {other} (NotImplemented)")
+            first, second = (self, other) if name == "__or__" else (other, self)
+            return self.copy_with({**first.items, **second.items})
+        if name == "__ior__" and len(args) == 1:
+            type(self).call_method(self, tx, "update", args, {})
+            return self
         if name == "clear" and not args:
             self._mutating(tx)
             self.items.clear()
@@ -290,13 +353,13 @@ class DictVar(CollectionVar):
             return ConstVar(None)
         if name in ("keys", "values", "items") and not args and not kwargs:
             return DictViewVar(self, name)
-        if name == "get" and 1 <= len(args) <= 2 and args[0].is_const():
+        if name == "get" and 1 <= len(args) <= 2:
             default = args[1] if len(args) == 2 else ConstVar(None)
-            return self.items.get(args[0].as_const(), default)
+            return self.items.get(_dict_key(args[0]), default)
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
-        if name == "__contains__" and len(args) == 1 and args[0].is_const():
-            return ConstVar(args[0].as_const() in self.items)
+        if name == "__contains__" and len(args) == 1:
+            return ConstVar(_dict_key(args[0]) in self.items)
         unsupported(f"dict.{name}")
 
     def reconstruct(self, cg):
@@ -304,11 +367,15 @@ class DictVar(CollectionVar):
             return self.source.reconstruct(cg)
         if cg.load_rebuilt(self):
             return
+        self.emit_items(cg)
+        cg.keep_rebuilt(self)
+
+    def emit_items(self, cg):
+        """Push a new plain dict of the items."""
         for k, v in self.items.items():
-            cg.load_const(k)
+            emit_key(cg, k)
             v.reconstruct(cg)
         cg.build(dict, len(self.items))
-        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"DictVar({self.items!r})"
@@ -330,10 +397,10 @@ class DictViewVar(Var):
 
     def item(self, d, k):
         if self.kind == "keys":
-            return ConstVar(k)
+            return key_var(k)
         if self.kind == "values":
             return d.items[k]
-        return TupleVar([ConstVar(k), d.items[k]])
+        return TupleVar([key_var(k), d.items[k]])
 
     def iter_items(self, tx):
         return live_keys(self.dict, tx, self.item)
@@ -384,10 +451,54 @@ class DictViewVar(Var):
         return f"DictViewVar({self.kind})"
 
 
+def _is_set(v) -> bool:
+    from .builtins import SetVar
+    return isinstance(v, SetVar)
+
+
+class VarKey:
+    """A dict key that is a traced value hashed by identity (a tensor, an object made
+    in the frame, an object from outside): equal to another for the same object (`obj`:
+    the FakeTensor, the Var, the real object); `var` is the Var it stands for.  A dict
+    keeps insertion order, so, unlike a set's, its order is known."""
+    __slots__ = ("obj", "var")
+
+    def __init__(self, obj, var):
+        self.obj = obj
+        self.var = var
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, VarKey) and other.obj is self.obj
+
+    def __repr__(self):
+        return f"<key {self.var!r}>"
+
+
+def key_var(k):
+    """The Var of a dict key."""
+    return k.var if isinstance(k, VarKey) else ConstVar(k)
+
+
+def emit_key(cg, k):
+    if isinstance(k, VarKey):
+        k.var.reconstruct(cg)
+    else:
+        cg.load_const(k)
+
+
+def has_var_keys(items: dict) -> bool:
+    return any(isinstance(k, VarKey) for k in items)
+
+
 def _dict_key(v):
-    if not v.is_const():
-        unsupported(f"dict key {v} is not a constant")
-    return v.as_const()
+    """What stands for `v` among a dict's keys: the constant, or a VarKey for a value
+    hashed by identity."""
+    from .builtins import set_key
+    k = set_key(v)
+    return k if v.is_const() else VarKey(k, v)
 
 
 class IteratorVar(Var):
@@ -446,7 +557,7 @@ def live_items(seq: _SequenceVar, tx):
         i += 1
 
 
-def live_keys(d: DictVar, tx, view=lambda d, k: ConstVar(k)):
+def live_keys(d: DictVar, tx, view=lambda d, k: key_var(k)):
     """The keys (or `view` of each key) of a dict as its iterator sees them: a change of
     its size while the loop runs is CPython's RuntimeError, which the trace cannot give
     (the frame runs in CPython, which raises it).  The size is taken now, as iter()

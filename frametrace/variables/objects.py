@@ -70,6 +70,9 @@ class ObjectVar(ValueVar):
 
     def contains(self, tx, item) -> bool:
         """`item in self` on a real container (a set in a closure, os.environ)."""
+        if isinstance(self.value, (set, frozenset)) and (
+                not item.is_const() or type(item.as_const()) not in (str, int, bool, type(None))):
+            return self._contains_object(tx, item)
         if not item.is_const() or isinstance(self.value, (type, types.ModuleType)):
             unsupported(f"`in` on {type(self.value).__name__}")
         try:
@@ -77,6 +80,19 @@ class ObjectVar(ValueVar):
         except Exception as e:
             unsupported(f"`in` on {type(self.value).__name__} raised {type(e).__name__}")
         self._read(tx, found, "__contains__", [item.as_const()])
+        return found
+
+    def _contains_object(self, tx, item) -> bool:
+        """An object hashed by identity (a function, a module) in a real set: what the
+        set holds can change between calls, so the guard asks again."""
+        from .builtins import set_key
+        key = set_key(item)
+        found = key in self.value
+        if self.source is not None:
+            guards = tx.guards
+            e, k = self.source.guard_expr(), guards.const(key)
+            guards._add(self.source, f"CONTAINS {k}", f"({k} in {e}) is {found}",
+                        f"({safe_repr(key)} in {self.source.name()}) is {found}")
         return found
 
     def unpack(self, tx):
@@ -121,6 +137,11 @@ class ObjectVar(ValueVar):
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
                 callable(getattr(self.value, name, None)):
             return MethodVar(self, name)
+        if name == "fromkeys" and isinstance(self.value, type):
+            from .subclasses import fromkeys_var
+            made = fromkeys_var(tx, self.value)
+            if made is not None:
+                return made
         try:
             attr = getattr(self.value, name)
         except AttributeError:
@@ -157,6 +178,10 @@ class ObjectVar(ValueVar):
             return fold_call(value, args, kwargs, value.__qualname__)     # str.upper(s)
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
+        from .subclasses import call_unbound_builtin
+        made = call_unbound_builtin(tx, value, args, kwargs)
+        if made is not None:
+            return made
         what = getattr(value, "__qualname__", None) or repr(value)
         unsupported(f"calling {what}")
 
@@ -302,6 +327,10 @@ class SuperVar(Var):
                 # A base's class dict can be patched (`Parent.scale = 7`): guarded
                 # through an equivalent super object, which reads the MRO again.
                 tx.guards.class_attr(mro[0], name, attr, after=cls)
+                from .subclasses import CONTAINER_BASES, BaseMethodVar, is_user_container
+                if klass in CONTAINER_BASES and is_user_container(self.obj) and \
+                        not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
+                    return BaseMethodVar(self.obj, name)
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
                 if isinstance(attr, classmethod):
@@ -457,6 +486,9 @@ def _construct(tx, cls, args, kwargs):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
     module = getattr(cls, "__module__", "") or ""
+    from .subclasses import construct_container_subclass, container_base
+    if container_base(cls) is not None and not module.startswith("torch"):
+        return construct_container_subclass(tx, cls, args, kwargs)
     if not module.startswith(("torch", "builtins")) and module.split(".")[0] not in sys.stdlib_module_names \
             and not issubclass(cls, torch.nn.Module):
         from .user_objects import construct_user_object

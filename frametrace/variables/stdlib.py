@@ -21,7 +21,7 @@ import torch
 from .base import Var, unsupported
 from .builtins import LazyIteratorVar, _is_none_var, call_item_fn, const_key, var_iter, var_list
 from .constant import ConstVar
-from .containers import DictVar, IteratorVar, ListVar, TupleVar
+from .containers import DictVar, IteratorVar, ListVar, TupleVar, _dict_key, key_var
 from .objects import ObjectVar, _all_const, fold_call
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
@@ -360,7 +360,7 @@ class OrderedDictVar(DictVar):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "move_to_end" and args and set(kwargs) <= {"last"}:
-            key = const_key(args[0], "dict key")
+            key = _dict_key(args[0])
             if key not in self.items:
                 unsupported(f"move_to_end of missing key {key!r} (KeyError)")
             _mutating(self, tx)
@@ -375,15 +375,24 @@ class OrderedDictVar(DictVar):
             _mutating(self, tx)
             last = const_key(args[0] if args else kwargs.get("last", ConstVar(True)))
             key = list(self.items)[-1 if last else 0]
-            return TupleVar([ConstVar(key), self.items.pop(key)])
+            return TupleVar([key_var(key), self.items.pop(key)])
         if name == "copy" and not args:
             return OrderedDictVar(self.items)
         return super().call_method(tx, name, args, kwargs)
 
+    def copy_with(self, items):
+        return OrderedDictVar(items)
+
     def reconstruct(self, cg):
+        # One object however many places refer to it; one from outside is itself.
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
         cg.load_constructor(collections.OrderedDict)
-        DictVar.reconstruct(self, cg)
+        self.emit_items(cg)
         cg.call(1)
+        cg.keep_rebuilt(self)
 
 
 class DefaultDictVar(DictVar):
@@ -401,7 +410,7 @@ class DefaultDictVar(DictVar):
         return False
 
     def getitem(self, tx, key):
-        k = const_key(key, "dict key")
+        k = _dict_key(key)
         if k not in self.items:
             if _is_none_var(self.factory):
                 unsupported(f"missing key {k!r} (KeyError)")
@@ -421,11 +430,19 @@ class DefaultDictVar(DictVar):
             return DefaultDictVar(self.factory, self.items)
         return super().call_method(tx, name, args, kwargs)
 
+    def copy_with(self, items):
+        return DefaultDictVar(self.factory, items)
+
     def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
         cg.load_constructor(collections.defaultdict)
         self.factory.reconstruct(cg)
-        DictVar.reconstruct(self, cg)
+        self.emit_items(cg)
         cg.call(2)
+        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"DefaultDictVar({self.factory!r}, {self.items!r})"
