@@ -33,6 +33,9 @@ class BuiltinVar(ObjectVar):
 
     def call(self, tx, args, kwargs):
         fn = self.value
+        if isinstance(fn, type) and issubclass(fn, BaseException):
+            from .exceptions import construct_exception
+            return construct_exception(tx, fn, args, kwargs)
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
             result = handler(tx, args, kwargs)
@@ -815,7 +818,8 @@ def _next(tx, args, kwargs):
     if v is None:
         if len(args) == 2:
             return args[1]
-        unsupported("next() on an exhausted iterator (StopIteration)")
+        from .exceptions import raise_builtin
+        raise_builtin(tx, StopIteration)
     return v
 
 
@@ -958,9 +962,12 @@ def _getattr(tx, args, kwargs):
     if present is False:
         return args[2]
     from .base import Unsupported
+    from .exceptions import caught
     try:
         return obj.getattr(tx, name)
-    except Unsupported:
+    except Unsupported as e:
+        if caught(e, AttributeError):
+            return args[2]
         unsupported(f"getattr({obj}, {name!r}, default): cannot tell whether it exists")
 
 
@@ -1031,10 +1038,13 @@ def _hasattr(tx, args, kwargs):
     present = _has_attr(tx, obj, name)
     if present is None:
         from .base import Unsupported
+        from .exceptions import caught
         try:
             obj.getattr(tx, name)
             return ConstVar(True)
-        except Unsupported:
+        except Unsupported as e:
+            if caught(e, AttributeError):
+                return ConstVar(False)
             unsupported(f"hasattr({obj}, {name!r}): cannot tell")
     return ConstVar(present)
 

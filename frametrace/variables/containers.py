@@ -237,7 +237,9 @@ class DictVar(CollectionVar):
         try:
             return self.items[key.as_const()]
         except KeyError:
-            unsupported(f"missing dict key {key.as_const()!r}")
+            pass
+        from .exceptions import raise_builtin
+        raise_builtin(tx, KeyError, key.as_const())
 
     def setitem(self, tx, key, value):
         if self.source is not None:
