@@ -26,7 +26,8 @@ from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.containers import SizeVar
 from .variables.symbolic import SliceVar, SymNodeVar
 from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
-                                   exception_of, matches, throw)
+                                   chain, exception_of, matches,
+                                   raise_folded, throw)
 
 PY312 = sys.version_info >= (3, 12)
 # 3.11 turns a StopIteration leaving a generator into RuntimeError in gen_send_ex; 3.12
@@ -153,6 +154,9 @@ class InstructionTranslator:
                     unsupported(f"bytecode {inst.opname}")
                 handler(self, inst)
             except TracedRaise as r:
+                if r.fresh:
+                    chain(self.root, r.exc)
+                    r.fresh = False
                 if not self._unwind(r, inst):
                     if self.parent is not None:
                         raise
@@ -770,20 +774,20 @@ class InstructionTranslator:
                 unsupported("bare raise of the exception the caller was handling")
             if not isinstance(handled, ExceptionVar):
                 unsupported("bare raise with no active exception (RuntimeError)")
-            raise TracedRaise(handled)
+            raise TracedRaise(handled, fresh=False)
         cause = self.pop() if inst.arg == 2 else None
         exc = exception_of(self, self.pop())
         if cause is not None:
             if not is_none(cause):
                 cause = exception_of(self, cause)
             exc.setattr(self, "__cause__", cause)
-        throw(self, exc)
+        throw(exc)
 
     def RERAISE(self, inst):
         exc = self.pop()
         if not isinstance(exc, ExceptionVar):
             unsupported(f"re-raising {exc}")
-        raise TracedRaise(exc)
+        raise TracedRaise(exc, fresh=False)
 
     def PUSH_EXC_INFO(self, inst):
         exc = self.pop()
@@ -867,7 +871,7 @@ def stop_iteration_error(tx, exc):
     error = ExceptionVar(RuntimeError, [ConstVar("generator raised StopIteration")])
     error.cause = error.context = exc
     error.suppress = True
-    raise TracedRaise(error)
+    raise TracedRaise(error, fresh=False)
 
 
 # Opcodes whose effects stay inside a generator's frame (or are graph ops without side
@@ -1054,7 +1058,7 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
         try:
             return ConstVar(plain(a.as_const(), b.as_const()))
         except Exception as e:
-            unsupported(f"{plain.__name__} on constants raised {type(e).__name__}: {e}")
+            raise_folded(e, f"{plain.__name__} on constants")
     if plain in (operator.eq, operator.ne) and isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
         same = a.value == b.value
         return ConstVar(same if plain is operator.eq else not same)

@@ -286,12 +286,15 @@ def _consumed(inst) -> int | None:
         return 1
     if name == "STORE_ATTR":
         return 2
+    if name == "RAISE_VARARGS":
+        return inst.arg
     return None
 
 
 def _produced(inst) -> int:
     """Values the instruction leaves on the stack (falling through)."""
-    if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR"):
+    if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR",
+                                                              "RAISE_VARARGS"):
         return 0
     return 1
 
@@ -321,9 +324,10 @@ def exception_cover(code, offset) -> str | None:
 
 def can_break(code, inst) -> bool:
     """Whether a frame can break its graph at `inst`: an instruction we know the stack
-    effect of, not inside a try statement (whose handler the transformed code lacks;
-    `with` cleanups it provides)."""
-    return can_break_at(inst) and exception_cover(code, inst.offset) != "try"
+    effect of.  Inside a try statement, the transformed code catches what the
+    instruction raises and goes on in a resume function at the user's handler; `with`
+    cleanups it runs itself."""
+    return can_break_at(inst)
 
 
 class _BreakPlan:
@@ -338,7 +342,12 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     from .interpreter import _Lazy
     from .variables.base import NULL
     from .variables.containers import IteratorVar
+    from .variables.exceptions import UNKNOWN
     code = tracer.code
+    if tracer.exc_handled is not UNKNOWN:
+        # Inside an except or finally block on the exceptional path: the exception being
+        # handled (sys.exc_info(), a bare raise) cannot be handed to a resume function.
+        unsupported_break("a graph break while handling an exception")
     stack = list(tracer.stack)
     consumed = _consumed(inst)
     plan = _BreakPlan()
@@ -427,7 +436,15 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     # the original frame's cleanup handlers would: a handler of our own does that.
     from .interpreter import _ExitVar
     exits = [plan.temps[("lower", i)] for i, v in enumerate(plan.lower) if isinstance(v, _ExitVar)]
-    protect = exits and exception_cover(code, inst.offset) == "with"
+    cover = exception_cover(code, inst.offset)
+    protect = exits and cover == "with"
+    catch = None
+    if cover == "try":
+        # What the instruction raises goes to the user's handler, in a resume function
+        # that starts there with the stack the exception table gives it.
+        catch = Label()
+        catch_begin = TryBegin(catch, push_lasti=False, stack_depth=0)
+        cg.instrs.append(catch_begin)
     if protect:
         handler = Label()
         try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
@@ -464,25 +481,41 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
             cg.emit("POP_TOP")
         cg.emit("RERAISE", 0)
         cg.instrs.append(after)
+    if catch is not None:
+        cg.instrs.append(TryEnd(catch_begin))
+        after_catch = Label()
+        if inst.opname != "RAISE_VARARGS":
+            cg.emit("JUMP_FORWARD", after_catch)
     opaque = frozenset(n for n in plan.bound if isinstance(tracer.locals[n], OpaqueVar))
 
-    def continue_at(offset, produced):
+    def continue_at(offset, produced, depth=None, lasti=None):
+        """Call the resume function at `offset` with the lower stack (its first `depth`
+        slots, for a handler, then the handler's lasti if it takes one) and the
+        `produced` values on top of the stack, then return what it returns."""
+        lower = plan.lower if depth is None else plan.lower[:depth]
+        layout = plan.layout[:len(lower)] + ("v",) * (lasti is not None) + ("r",) * produced
         results = [f"___result_{i}" for i in range(produced)]
         for t in reversed(results):
             cg.emit("STORE_FAST", t)
         original, original_offset = original_position(code, offset)
-        resume = resume_code(original, original_offset, plan.layout + ("r",) * produced,
-                             tuple(plan.bound), opaque)
+        resume = resume_code(original, original_offset, layout, tuple(plan.bound), opaque)
         cg.emit("PUSH_NULL")
         _load_function(cg, resume, func, code)
         lead, rest = split_locals(original, plan.bound)
         for name in lead:
             cg.emit("LOAD_FAST", name)
         n = 0
-        for i, v in enumerate(plan.lower):
+        for i, v in enumerate(lower):
             if v is not NULL:
                 cg.emit("LOAD_FAST", plan.temps[("lower", i)])
                 n += 1
+        if lasti is not None:
+            # In code units of the resume code (RERAISE sets the frame's position, for
+            # the traceback, from it).
+            _, lasti_original = original_position(code, lasti)
+            here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
+            cg.load_const(here[0] // 2 if here else 0)
+            n += 1
         for t in results:
             cg.emit("LOAD_FAST", t)
         for name in rest:
@@ -490,12 +523,30 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         cg.call(n + produced + len(plan.bound))
         cg.emit("RETURN_VALUE")
 
+    if catch is not None:
+        from .interpreter import _handler_for
+        entry = _handler_for(code, inst.offset)
+        if entry.depth > len(plan.lower):
+            unsupported_break("a handler deeper than the stack at the break")
+        cg.instrs.append(catch)
+        continue_at(entry.target, 1, depth=entry.depth,
+                    lasti=inst.offset if entry.lasti else None)
+        if inst.opname == "RAISE_VARARGS":
+            return
+        cg.instrs.append(after_catch)
+    elif inst.opname == "RAISE_VARARGS":
+        return
     index = tracer.index_of[inst.offset]
     next_offset = tracer.instructions[index + 1].offset
     continue_at(next_offset, _produced(inst))
     if jump_label is not None:
         cg.instrs.append(jump_label)
         continue_at(inst.argval, 0)
+
+
+def unsupported_break(reason):
+    from .variables.base import unsupported
+    unsupported(reason)
 
 
 def _unhooked_functions():

@@ -101,7 +101,7 @@ class InstanceAttrs:
         tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
         _guard_class_attr(tx, cls, name, None)
         from .exceptions import raise_builtin
-        raise_builtin(tx, AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
+        raise_builtin(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
     # -- writing --
     def setattr(self, tx, name, value):

@@ -819,7 +819,7 @@ def _next(tx, args, kwargs):
         if len(args) == 2:
             return args[1]
         from .exceptions import raise_builtin
-        raise_builtin(tx, StopIteration)
+        raise_builtin(StopIteration)
     return v
 
 
@@ -938,6 +938,8 @@ def _data_conversion(kind):
             return tx.output.call("call_function", _SYM_CONVERSIONS[kind], (args[0],), {})
         if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
             return ConstVar(_truth(tx, args[0]))
+        if kind is str and len(args) == 1 and hasattr(args[0], "str_of"):
+            return args[0].str_of(tx, str)
         if kind is str and len(args) == 1 and isinstance(args[0], SetVar):
             return ConstVar(str(args[0].as_const()))
     return handler

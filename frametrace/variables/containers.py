@@ -239,7 +239,7 @@ class DictVar(CollectionVar):
         except KeyError:
             pass
         from .exceptions import raise_builtin
-        raise_builtin(tx, KeyError, key.as_const())
+        raise_builtin(KeyError, key.as_const())
 
     def setitem(self, tx, key, value):
         if self.source is not None:

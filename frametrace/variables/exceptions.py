@@ -36,9 +36,12 @@ class TracedRaise(Unsupported):
     """The traced program raised `exc` (an ExceptionVar).  Caught by the interpreter
     loop; as an Unsupported, any code that cannot handle it stops the trace."""
 
-    def __init__(self, exc):
+    def __init__(self, exc, fresh=True):
         super().__init__(f"{exc.cls.__name__} raised{exc.describe()}")
         self.exc = exc
+        # A new raise (not a re-raise): the interpreter chains it to the exception
+        # being handled (see chain) where it catches it.
+        self.fresh = fresh
 
 
 def builtin_base(cls) -> type:
@@ -124,8 +127,24 @@ class ExceptionVar(NewObjectVar):
             self.exc_args = value.unpack(tx)
         elif name == "__traceback__":
             unsupported("setting __traceback__ of a traced exception")
-        else:
+        elif isinstance(class_attr(tx, self.cls, "__setattr__"), types.FunctionType):
             super().setattr(tx, name, value)
+        else:
+            self.generic_setattr(tx, name, value)      # BaseException's is the generic one
+
+    def str_of(self, tx, kind):
+        """str(exc) or repr(exc)."""
+        method = class_attr(tx, self.cls, "__str__" if kind is str else "__repr__")
+        if isinstance(method, types.FunctionType):
+            from .functions import UserFunctionVar
+            return UserFunctionVar(method).call(tx, [self], {})
+        if not all(a.is_const() for a in self.exc_args):
+            unsupported(f"{kind.__name__}() of {self}")
+        real = self.real_builtin()
+        text = kind(real)
+        if kind is repr and builtin_base(self.cls) is not self.cls:
+            text = self.cls.__name__ + text[len(type(real).__name__):]
+        return ConstVar(text)
 
     def builtin_init(self):
         """BaseException.__init__ (and a builtin subclass's) bound to this exception:
@@ -220,13 +239,22 @@ def construct_exception(tx, cls, args, kwargs) -> ExceptionVar:
     return exc
 
 
-def throw(tx, exc: ExceptionVar):
-    """Raise `exc` in the traced program, chained to the exception being handled as
-    CPython's raise does (which leaves __context__ alone when none is)."""
-    handled = tx.root.exc_handled
+def throw(exc: ExceptionVar):
+    """Raise `exc` in the traced program."""
+    raise TracedRaise(exc)
+
+
+def chain(root, exc: ExceptionVar):
+    """What CPython's raise does with the exception being handled: it becomes the new
+    one's __context__ (a raise while none is handled leaves __context__ alone)."""
+    handled = root.exc_handled
     if handled is UNKNOWN:
         exc.context = UNKNOWN
-    elif isinstance(handled, ExceptionVar) and handled is not exc:
+    elif isinstance(handled, ConstVar) and handled.value is None or handled is exc:
+        pass
+    elif not isinstance(handled, ExceptionVar):
+        exc.context = UNKNOWN           # a real exception from CPython (a resume frame's)
+    else:
         # Break a cycle exc -> ... -> exc, as CPython does.
         link = handled
         while isinstance(link, ExceptionVar):
@@ -235,18 +263,32 @@ def throw(tx, exc: ExceptionVar):
                 break
             link = link.context
         exc.context = handled
-    raise TracedRaise(exc)
 
 
-def raise_builtin(tx, cls, *args):
+def raise_builtin(cls, *args):
     """A builtin the trace runs raises `cls(*args)` (constant arguments)."""
-    throw(tx, ExceptionVar(cls, [ConstVar(a) for a in args]))
+    throw(ExceptionVar(cls, [ConstVar(a) for a in args]))
+
+
+# Exceptions of builtins run on constants at trace time that the trace raises as they
+# are: their arguments are the message (and, for KeyError, the key).
+_FOLDED = (ValueError, TypeError, ZeroDivisionError, OverflowError, KeyError, IndexError,
+           AttributeError)
+
+
+def raise_folded(e: Exception, what: str):
+    """A builtin evaluated now on constants raised `e`: CPython raises it at this
+    point too.  Unsupported for exceptions with state beyond constant arguments."""
+    if type(e) in _FOLDED and all(type(a) in (str, int, float, bool, type(None)) for a in e.args) \
+            and e.__cause__ is None and not getattr(e, "__notes__", None):
+        throw(ExceptionVar(type(e), [ConstVar(a) for a in e.args]))
+    unsupported(f"{what} raised {type(e).__name__}: {e}")
 
 
 def matches(exc, classes) -> bool:
     """`except classes:` catches `exc`: a class or a tuple of classes."""
-    if not isinstance(exc, ExceptionVar):
-        unsupported(f"matching {exc} against an except clause")
+    # An exception CPython raised (given to a resume frame's handler) has a known type.
+    cls = exc.cls if isinstance(exc, ExceptionVar) else exc.python_type()
     if isinstance(classes, tuple):
         flat = []
         for c in classes:
@@ -257,7 +299,7 @@ def matches(exc, classes) -> bool:
         bad = [] if is_exception_class(classes) else [classes]
     if bad:
         unsupported(f"except clause with {bad[0]!r}, which is not an exception class")
-    return issubclass(exc.cls, classes)
+    return issubclass(cls, classes)
 
 
 def caught(r: TracedRaise, classes) -> bool:

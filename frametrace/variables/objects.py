@@ -509,7 +509,8 @@ def fold_call(fn, args, kwargs, name: str) -> ConstVar:
     try:
         return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
     except Exception as e:
-        unsupported(f"{name}() raised {type(e).__name__}: {e}")
+        from .exceptions import raise_folded
+        raise_folded(e, f"{name}()")
 
 
 def _is_library_object(value) -> bool:
