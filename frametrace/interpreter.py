@@ -26,7 +26,7 @@ from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.containers import SizeVar
 from .variables.symbolic import SliceVar, SymNodeVar
 from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
-                                   chain, exception_of, matches,
+                                   chain, exception_of, exception_type, matches,
                                    raise_folded, throw)
 
 PY312 = sys.version_info >= (3, 12)
@@ -180,7 +180,7 @@ class InstructionTranslator:
         """CPython's exception unwinding in this frame: the stack cut to the handler's
         depth, the instruction's offset pushed if the entry asks, then the exception.
         False if no handler covers `inst` (the caller's frame gets it)."""
-        if self.parent is None and inst.opname != "RERAISE":
+        if self.parent is None and inst.opname != "RERAISE" and isinstance(r.exc, ExceptionVar):
             # Where the exception entered this frame (RERAISE passes on one that did).
             r.exc.root_origin = self.ip - 1
         entry = _handler_for(self.code, inst.offset)
@@ -198,7 +198,7 @@ class InstructionTranslator:
         instruction it came from, where CPython raises it (with its handlers)."""
         e = Unsupported(r.reason)
         e.user_stack.insert(0, frame_summary(self.code, self.lineno))
-        origin = r.exc.root_origin
+        origin = getattr(r.exc, "root_origin", None)
         e.break_index = self.ip - 1 if origin is None else origin
         raise e from None
 
@@ -785,7 +785,8 @@ class InstructionTranslator:
 
     def RERAISE(self, inst):
         exc = self.pop()
-        if not isinstance(exc, ExceptionVar):
+        if not isinstance(exc, ExceptionVar) and not (
+                isinstance(exc, OpaqueVar) and exc.base is None and issubclass(exc.kind, BaseException)):
             unsupported(f"re-raising {exc}")
         raise TracedRaise(exc, fresh=False)
 
@@ -860,7 +861,7 @@ def _generator_items(child, pure: bool):
             yield y.value
             continue
         except TracedRaise as r:
-            if _STOPITERATION_IN_GEN_SEND and issubclass(r.exc.cls, StopIteration):
+            if _STOPITERATION_IN_GEN_SEND and issubclass(exception_type(r.exc), StopIteration):
                 stop_iteration_error(child, r.exc)
             raise
         return

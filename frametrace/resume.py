@@ -307,19 +307,25 @@ def exception_cover(code, offset) -> str | None:
     """What catches an exception raised at `offset`: None (nothing), "with" (only the
     cleanups of `with` blocks) or "try" (a try statement of the user's)."""
     import dis
+    from .interpreter import _handler_for
     instructions = {i.offset: i for i in dis.get_instructions(code)}
+    names = lambda at, n: [getattr(instructions.get(at + 2 * k), "opname", None)  # noqa: E731
+                           for k in range(n)]
     covered = None
-    for entry in dis._parse_exception_table(code):
-        if not entry.start <= offset < entry.end:
-            continue
-        first = instructions.get(entry.target)
-        after = instructions.get(entry.target + 2)
-        if first is not None and first.opname == "PUSH_EXC_INFO" and after is not None \
-                and after.opname == "WITH_EXCEPT_START":
-            covered = covered or "with"
+    # A `with` cleanup re-raises (unless __exit__ swallows the exception), through the
+    # cleanup that restores the exception state: whatever covers that catches it next.
+    for _ in range(len(instructions)):
+        entry = _handler_for(code, offset)
+        if entry is None:
+            return covered
+        if names(entry.target, 2) == ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+            covered = "with"
+            offset = entry.target
+        elif names(entry.target, 3) == ["COPY", "POP_EXCEPT", "RERAISE"]:
+            offset = entry.target + 4
         else:
             return "try"
-    return covered
+    return "try"
 
 
 def can_break(code, inst) -> bool:

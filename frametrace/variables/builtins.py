@@ -254,6 +254,10 @@ def var_iter(tx, v: Var):
         return v.iter_items(tx)
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
+    from .exceptions import user_iterator
+    items = user_iterator(tx, v)
+    if items is not None:
+        return items
     return iter(v.unpack(tx))
 
 
@@ -276,7 +280,8 @@ def _drain(it: IteratorVar):
 def _next_or_fail(it):
     v = it.next()
     if v is None:
-        unsupported("next() on an exhausted iterator (StopIteration)")
+        from .exceptions import raise_builtin
+        raise_builtin(StopIteration)
     return v
 
 
@@ -813,7 +818,8 @@ def _next(tx, args, kwargs):
         return None
     it = args[0]
     if not isinstance(it, IteratorVar):
-        unsupported(f"next() of {it}, which is not an iterator")
+        from .exceptions import user_next
+        return user_next(tx, it, args[1] if len(args) == 2 else None)
     v = it.next()
     if v is None:
         if len(args) == 2:

@@ -37,11 +37,18 @@ class TracedRaise(Unsupported):
     loop; as an Unsupported, any code that cannot handle it stops the trace."""
 
     def __init__(self, exc, fresh=True):
-        super().__init__(f"{exc.cls.__name__} raised{exc.describe()}")
+        # exc: an ExceptionVar, or (re-raised in a resume frame's handler) the OpaqueVar
+        # of an exception CPython raised
+        described = exc.describe() if isinstance(exc, ExceptionVar) else ""
+        super().__init__(f"{exception_type(exc).__name__} raised{described}")
         self.exc = exc
         # A new raise (not a re-raise): the interpreter chains it to the exception
         # being handled (see chain) where it catches it.
         self.fresh = fresh
+
+
+def exception_type(exc) -> type:
+    return exc.cls if isinstance(exc, ExceptionVar) else exc.kind
 
 
 def builtin_base(cls) -> type:
@@ -304,7 +311,7 @@ def matches(exc, classes) -> bool:
 
 def caught(r: TracedRaise, classes) -> bool:
     """Whether a builtin that catches `classes` (hasattr: AttributeError) catches `r`."""
-    return isinstance(r, TracedRaise) and issubclass(r.exc.cls, classes)
+    return isinstance(r, TracedRaise) and issubclass(exception_type(r.exc), classes)
 
 
 class TracebackVar(Var):
@@ -325,3 +332,53 @@ def exception_of(tx, v: Var) -> ExceptionVar:
         if isinstance(made, ExceptionVar):
             return made
     unsupported(f"raise {v}")
+
+
+# --------------------------------------------------------------------------- iterators
+def _python_dunder(tx, v, name):
+    """A user object's class's `name` when it is a Python function, else None."""
+    from .attributes import InstanceAttrs
+    if not isinstance(v, InstanceAttrs):
+        return None
+    method = class_attr(tx, v.instance_class(), name)
+    return method if isinstance(method, types.FunctionType) else None
+
+
+def user_iterator(tx, v):
+    """iter(v) for an object of a user class whose __iter__ is Python: the items its
+    iterator's __next__ gives until it raises StopIteration, called one at a time as a
+    loop asks (None if `v` is no such object)."""
+    if _python_dunder(tx, v, "__iter__") is None:
+        return None
+    from .functions import UserFunctionVar
+    it = UserFunctionVar(_python_dunder(tx, v, "__iter__")).call(tx, [v], {})
+    if _python_dunder(tx, it, "__next__") is None:
+        from .builtins import _drain, iter_of
+        return _drain(iter_of(tx, it))
+    return _next_items(tx, it)
+
+
+def _next_items(tx, it):
+    from .functions import UserFunctionVar
+    while True:
+        try:
+            item = UserFunctionVar(_python_dunder(tx, it, "__next__")).call(tx, [it], {})
+        except TracedRaise as r:
+            if issubclass(exception_type(r.exc), StopIteration):
+                return
+            raise
+        yield item
+
+
+def user_next(tx, it, default):
+    """next(it[, default]) on an object of a user class with a Python __next__."""
+    method = _python_dunder(tx, it, "__next__")
+    if method is None:
+        unsupported(f"next() of {it}, which is not an iterator")
+    from .functions import UserFunctionVar
+    try:
+        return UserFunctionVar(method).call(tx, [it], {})
+    except TracedRaise as r:
+        if default is not None and issubclass(exception_type(r.exc), StopIteration):
+            return default
+        raise
