@@ -893,10 +893,17 @@ _PURE_OPS = frozenset("""RETURN_GENERATOR POP_TOP RESUME NOP CACHE EXTENDED_ARG 
 
 
 def _has_cleanup(code) -> bool:
-    """Whether a generator has handlers of its own (3.12 wraps every generator in one
-    that turns StopIteration into RuntimeError: not a cleanup)."""
+    """Whether closing a generator suspended at one of its yields may run its code: a
+    yield inside a try, with or except block (3.12 wraps every generator in a handler
+    that turns StopIteration into RuntimeError: not a cleanup).  Handlers around code
+    without yields run, as any, while the generator runs."""
     instructions = {i.offset: i for i in _instructions(code)}
-    for entry in dis._parse_exception_table(code):
+    for inst in instructions.values():
+        if inst.opname != "YIELD_VALUE":
+            continue
+        entry = _handler_for(code, inst.offset)
+        if entry is None:
+            continue
         handler = instructions.get(entry.target)
         if handler is None or handler.opname != "CALL_INTRINSIC_1" or \
                 "STOPITERATION" not in handler.argrepr:

@@ -440,3 +440,106 @@ def test_exception_of_the_breaking_call_not_matching_the_handler():
 
     LOG.clear()
     check(fn, [(torch.randn(3), "a")], globals=("LOG",))
+
+
+def test_exception_of_a_breaking_call_in_a_with_block_inside_try():
+    # The with block's cleanup re-raises into the try: its handler must still run.
+    def fn(x, k):
+        x = torch.cos(x)
+        try:
+            with torch.no_grad():
+                x = torch.sin(x)
+                _raises_in_cpython(k)
+                x = x + 1
+        except KeyError:
+            x = torch.sigmoid(x)
+        return x, torch.is_grad_enabled()
+
+    r = check(fn, [(torch.randn(4, requires_grad=True), "k")])
+    assert r.fallbacks == 0
+
+
+def test_graph_break_in_a_with_block_inside_try():
+    def fn(x):
+        x = torch.cos(x)
+        try:
+            with torch.no_grad():
+                x = torch.sin(x)
+                _opaque(1)
+                x = x + 1
+                raise NotImplementedError("after the break")
+        except NotImplementedError:
+            x = torch.sigmoid(x)
+        return x, torch.is_grad_enabled()
+
+    r = check(fn, [torch.randn(4, requires_grad=True)])
+    assert r.fallbacks == 0 and r.graphs == 2
+
+
+# ----------------------------------------------------------------- user iterators
+class Countdown:
+    def __init__(self, n):
+        self.n = n
+        self.calls = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.calls += 1
+        if self.n <= 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+def test_user_iterator_ends_loop_with_stop_iteration():
+    def fn(x, it):
+        for v in it:
+            x = x + v
+            if v == 1:
+                break
+        first = next(Countdown(0), -5)
+        return x, first
+
+    check(fn, [(torch.randn(3), Countdown(4)), (torch.randn(3), Countdown(1))], fullgraph=True)
+
+
+def test_generator_with_try_except_around_code_without_yield():
+    def pairs(*iterables):
+        its = [iter(i) for i in iterables]
+        while True:
+            row = []
+            for it in its:
+                try:
+                    row.append(next(it))
+                except StopIteration:
+                    return
+            yield tuple(row)
+
+    def fn(x, a, b):
+        for p, q in pairs(a, b):
+            x = x + p * q
+        return x
+
+    check(fn, [(torch.randn(3), [1, 2, 3], [4, 5]), (torch.randn(3), [], [1])], fullgraph=True)
+
+
+def test_generator_yielding_inside_try_is_not_traced_through():
+    def gen(n):
+        try:
+            for i in range(n):
+                yield i
+        finally:
+            LOG.append("closed")
+
+    def fn(x):
+        x = x.sin()
+        for v in gen(3):
+            x = x + v
+            if v == 1:
+                break
+        return x
+
+    LOG.clear()
+    check(fn, [torch.randn(3)], globals=("LOG",))

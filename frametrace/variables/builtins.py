@@ -970,12 +970,14 @@ def _getattr(tx, args, kwargs):
     if present is False:
         return args[2]
     from .base import Unsupported
-    from .exceptions import caught
+    from .exceptions import TracedRaise, caught
     try:
         return obj.getattr(tx, name)
     except Unsupported as e:
         if caught(e, AttributeError):
             return args[2]
+        if isinstance(e, TracedRaise):
+            raise
         unsupported(f"getattr({obj}, {name!r}, default): cannot tell whether it exists")
 
 
@@ -1046,13 +1048,15 @@ def _hasattr(tx, args, kwargs):
     present = _has_attr(tx, obj, name)
     if present is None:
         from .base import Unsupported
-        from .exceptions import caught
+        from .exceptions import TracedRaise, caught
         try:
             obj.getattr(tx, name)
             return ConstVar(True)
         except Unsupported as e:
             if caught(e, AttributeError):
                 return ConstVar(False)
+            if isinstance(e, TracedRaise):
+                raise
             unsupported(f"hasattr({obj}, {name!r}): cannot tell")
     return ConstVar(present)
 

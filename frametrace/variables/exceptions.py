@@ -16,7 +16,7 @@ from ..exc import Unsupported
 from .attributes import MISSING
 from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
-from .modules import _class_lookup, class_attr
+from .modules import class_attr
 from .user_objects import NewObjectVar
 
 
@@ -60,7 +60,9 @@ def builtin_base(cls) -> type:
 
 
 # Attributes of BaseException the trace keeps itself.
-_CHAINING = ("__cause__", "__context__", "__suppress_context__")
+_BASE_FIELDS = {name: BaseException.__dict__[name] for name in (
+    "args", "__cause__", "__context__", "__suppress_context__", "__traceback__",
+    "with_traceback", "add_note")}
 
 
 class ExceptionVar(NewObjectVar):
@@ -84,6 +86,8 @@ class ExceptionVar(NewObjectVar):
 
     def getattr(self, tx, name):
         from .containers import TupleVar
+        if name in _BASE_FIELDS and class_attr(tx, self.cls, name) is not _BASE_FIELDS[name]:
+            return super().getattr(tx, name)            # a class of the user's redefines it
         if name == "args":
             return TupleVar(list(self.exc_args))
         if name == "__cause__":
@@ -96,7 +100,7 @@ class ExceptionVar(NewObjectVar):
             return ConstVar(self.suppress)
         if name in ("__traceback__", "with_traceback", "add_note", "__notes__"):
             unsupported(f"{name} of a traced exception")
-        attr = _class_lookup(self.cls, name)
+        attr = class_attr(tx, self.cls, name)
         if isinstance(attr, (types.GetSetDescriptorType, types.MemberDescriptorType)) and \
                 name not in self.attrs:
             return self._builtin_field(name)
@@ -230,7 +234,7 @@ def construct_exception(tx, cls, args, kwargs) -> ExceptionVar:
     arguments; a user __init__ is inlined (its super().__init__ sets `args` again)."""
     if issubclass(cls, _SPECIAL_BUILTINS):
         unsupported(f"creating a {cls.__name__} while tracing")
-    new = _class_lookup(cls, "__new__")
+    new = class_attr(tx, cls, "__new__")
     if isinstance(new, (staticmethod, types.FunctionType)):
         unsupported(f"{cls.__name__} defines __new__")
     if type(cls) is not type and type(cls).__module__ not in ("abc",):
