@@ -543,3 +543,42 @@ def test_generator_yielding_inside_try_is_not_traced_through():
 
     LOG.clear()
     check(fn, [torch.randn(3)], globals=("LOG",))
+
+
+# Compiled apart from this file: pytest rewrites the assert statements of test modules.
+exec(compile("def _assert_five(x):\n    assert x.shape[0] == 5, 'need 5'\n", __file__, "exec"))
+
+
+def test_lookup_and_value_errors_of_containers_and_assert():
+    def fn(x, lst, d):
+        v = 0
+        try:
+            v += lst.index(7)
+        except ValueError as e:
+            v -= 1
+        for i in (1, 10):
+            try:
+                v += lst[i]
+            except IndexError as e:
+                v += len(str(e))
+        try:
+            _assert_five(x)
+        except AssertionError as e:
+            v += len(e.args[0])
+        try:
+            lst.pop(20)
+        except IndexError as e:
+            v += len(e.args[0])
+        t = (1, 2)
+        try:
+            t[5]
+        except IndexError as e:
+            v += len(e.args[0])
+        try:
+            d.pop("zz")
+        except KeyError as e:
+            v += len(e.args[0])
+        return x + v, lst
+
+    check(fn, [(torch.randn(3), [1, 2, 3], {"a": 1}), (torch.randn(3), [7, 8], {"zz": 2})],
+          fullgraph=True)

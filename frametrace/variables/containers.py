@@ -38,11 +38,14 @@ class _SequenceVar(CollectionVar):
         try:
             return self.items[k]
         except (IndexError, TypeError) as e:
-            unsupported(f"indexing a {self.kind.__name__}: {e}")
+            from .exceptions import raise_folded
+            raise_folded(type(e)(str(e).replace("list", self.kind.__name__, 1)),
+                         f"indexing a {self.kind.__name__}")
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const():
-            return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
+            from .objects import fold_call
+            return fold_call(getattr(self.as_const(), name), args, kwargs, f"{self.kind.__name__}.{name}")
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__len__":
@@ -190,6 +193,9 @@ class ListVar(_SequenceVar):
             self.items.insert(args[0].as_const(), args[1])
             return ConstVar(None)
         if name == "pop" and len(args) <= 1:
+            if not self.items or args and not -len(self.items) <= args[0].as_const() < len(self.items):
+                from .exceptions import raise_builtin
+                raise_builtin(IndexError, "pop index out of range" if self.items else "pop from empty list")
             self._check_mutable(tx)
             return self.items.pop(*(a.as_const() for a in args))
         if name == "reverse" and not args:
@@ -260,7 +266,8 @@ class DictVar(CollectionVar):
         if name == "pop" and 1 <= len(args) <= 2:
             key = _dict_key(args[0])
             if key not in self.items and len(args) == 1:
-                unsupported(f"dict.pop of missing key {key!r}")
+                from .exceptions import raise_builtin
+                raise_builtin(KeyError, key)
             self._mutating(tx)
             return self.items.pop(key) if key in self.items else args[1]
         if name == "setdefault" and 1 <= len(args) <= 2:
