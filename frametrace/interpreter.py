@@ -656,6 +656,8 @@ class InstructionTranslator:
     def FORMAT_VALUE(self, inst):
         spec = self.pop().as_const() if inst.arg & 0x04 else ""
         value = self.pop()
+        if isinstance(value, ExceptionVar) and inst.arg & 0x03 in (0, 1) and not inst.arg & 0x04:
+            value = value.format_of(self)
         if not value.is_const():
             unsupported(f"formatting {value} into a string")
         v = value.as_const()

@@ -582,3 +582,22 @@ def test_lookup_and_value_errors_of_containers_and_assert():
 
     check(fn, [(torch.randn(3), [1, 2, 3], {"a": 1}), (torch.randn(3), [7, 8], {"zz": 2})],
           fullgraph=True)
+
+
+def test_message_of_a_caught_exception_in_a_new_one():
+    class Wrapped(Exception):
+        def __str__(self):
+            return "wrapped: " + self.args[0]
+
+    def fn(x, d):
+        try:
+            try:
+                d["missing"]
+            except KeyError as e:
+                raise RuntimeError(f"lookup failed: {e}") from e
+        except RuntimeError as e:
+            msg = str(e)
+        w = Wrapped("w")
+        return x + len(msg), msg, str(w), f"{w}"
+
+    check(fn, [(torch.randn(2), {"a": 1})], fullgraph=True, graphs=1)

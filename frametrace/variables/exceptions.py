@@ -157,13 +157,16 @@ class ExceptionVar(NewObjectVar):
             text = self.cls.__name__ + text[len(type(real).__name__):]
         return ConstVar(text)
 
+    def format_of(self, tx):
+        """format(exc, ""): object.__format__ gives str(exc)."""
+        if class_attr(tx, self.cls, "__format__") is not object.__format__:
+            unsupported(f"format() of {self}")
+        return self.str_of(tx, str)
+
     def builtin_init(self):
         """BaseException.__init__ (and a builtin subclass's) bound to this exception:
         what super().__init__(...) reaches from a user exception's __init__."""
         return _BuiltinInitVar(self)
-
-    def truth(self, tx):
-        return super().truth(tx)
 
     def reconstruct(self, cg):
         if cg.load_rebuilt(self):
