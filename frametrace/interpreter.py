@@ -774,7 +774,7 @@ class InstructionTranslator:
             handled = self.root.exc_handled
             if handled is UNKNOWN:
                 unsupported("bare raise of the exception the caller was handling")
-            if not isinstance(handled, ExceptionVar):
+            if not _is_exception(handled):
                 unsupported("bare raise with no active exception (RuntimeError)")
             raise TracedRaise(handled, fresh=False)
         cause = self.pop() if inst.arg == 2 else None
@@ -787,8 +787,7 @@ class InstructionTranslator:
 
     def RERAISE(self, inst):
         exc = self.pop()
-        if not isinstance(exc, ExceptionVar) and not (
-                isinstance(exc, OpaqueVar) and exc.base is None and issubclass(exc.kind, BaseException)):
+        if not _is_exception(exc):
             unsupported(f"re-raising {exc}")
         raise TracedRaise(exc, fresh=False)
 
@@ -817,6 +816,13 @@ class InstructionTranslator:
         exit_fn = self.stack[-4]
         cls = wrap(self, exc.python_type(), None, guard=False)
         self.push(exit_fn.call(self, [cls, exc, TracebackVar()], {}))
+
+
+def _is_exception(v) -> bool:
+    """An exception the trace made, or one CPython raised (a resume frame's handler
+    gets it as data)."""
+    return isinstance(v, ExceptionVar) or (
+        isinstance(v, OpaqueVar) and v.base is None and issubclass(v.kind, BaseException))
 
 
 class _CallerException(Var):

@@ -478,7 +478,8 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     if protect:
         after = Label()
         cg.instrs.append(TryEnd(try_begin))
-        cg.emit("JUMP_FORWARD", after)
+        if inst.opname != "RAISE_VARARGS":      # (which never falls through)
+            cg.emit("JUMP_FORWARD", after)
         cg.instrs.append(handler)
         for temp in reversed(exits):           # innermost `with` first
             cg.emit("PUSH_NULL")
@@ -486,7 +487,8 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
             cg.call(0)
             cg.emit("POP_TOP")
         cg.emit("RERAISE", 0)
-        cg.instrs.append(after)
+        if inst.opname != "RAISE_VARARGS":
+            cg.instrs.append(after)
     if catch is not None:
         cg.instrs.append(TryEnd(catch_begin))
         after_catch = Label()

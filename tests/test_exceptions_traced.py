@@ -601,3 +601,18 @@ def test_message_of_a_caught_exception_in_a_new_one():
         return x + len(msg), msg, str(w), f"{w}"
 
     check(fn, [(torch.randn(2), {"a": 1})], fullgraph=True, graphs=1)
+
+
+def test_uncaught_raise_inside_no_grad_restores_grad_mode():
+    def fn(x):
+        with torch.no_grad():
+            y = x.sin()
+            raise ValueError("v", y.shape[0])
+
+    r = check(fn, [torch.randn(3, requires_grad=True)])
+    assert r.graphs == 1 and r.breaks == 1 and r.fallbacks == 0
+    import pytest
+    from frametrace import optimize
+    with pytest.raises(ValueError):
+        optimize(fn)(torch.randn(2, requires_grad=True))
+    assert torch.is_grad_enabled()
