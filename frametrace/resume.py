@@ -303,29 +303,30 @@ def can_break_at(inst) -> bool:
     return _consumed(inst) is not None
 
 
-def exception_cover(code, offset) -> str | None:
+def exception_cover(code, offset) -> tuple[str | None, list[int]]:
     """What catches an exception raised at `offset`: None (nothing), "with" (only the
-    cleanups of `with` blocks) or "try" (a try statement of the user's)."""
+    cleanups of `with` blocks) or "try" (a try statement of the user's); and the stack
+    slots of the __exit__s of the `with` blocks it leaves first, innermost first."""
     import dis
     from .interpreter import _handler_for
     instructions = {i.offset: i for i in dis.get_instructions(code)}
     names = lambda at, n: [getattr(instructions.get(at + 2 * k), "opname", None)  # noqa: E731
                            for k in range(n)]
-    covered = None
+    exits = []
     # A `with` cleanup re-raises (unless __exit__ swallows the exception), through the
     # cleanup that restores the exception state: whatever covers that catches it next.
     for _ in range(len(instructions)):
         entry = _handler_for(code, offset)
         if entry is None:
-            return covered
+            return ("with" if exits else None), exits
         if names(entry.target, 2) == ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
-            covered = "with"
+            exits.append(entry.depth - 1)          # below it: lasti, the exception
             offset = entry.target
         elif names(entry.target, 3) == ["COPY", "POP_EXCEPT", "RERAISE"]:
             offset = entry.target + 4
         else:
-            return "try"
-    return "try"
+            return "try", exits
+    return "try", exits
 
 
 def can_break(code, inst) -> bool:
@@ -440,10 +441,11 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         cg.emit("STORE_DEREF", CellVar(n))
     # Inside `with` blocks, an exception from the instruction must run their exits, as
     # the original frame's cleanup handlers would: a handler of our own does that.
-    from .interpreter import _ExitVar
-    exits = [plan.temps[("lower", i)] for i, v in enumerate(plan.lower) if isinstance(v, _ExitVar)]
-    cover = exception_cover(code, inst.offset)
-    protect = exits and cover == "with"
+    cover, slots = exception_cover(code, inst.offset)
+    protect = cover == "with"
+    if protect and any(i >= len(plan.lower) or plan.lower[i] is NULL for i in slots):
+        unsupported_break("a with block's __exit__ is not where the exception table says")
+    exits = [plan.temps[("lower", i)] for i in slots] if protect else []
     catch = None
     if cover == "try":
         # What the instruction raises goes to the user's handler, in a resume function
@@ -481,7 +483,7 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         if inst.opname != "RAISE_VARARGS":      # (which never falls through)
             cg.emit("JUMP_FORWARD", after)
         cg.instrs.append(handler)
-        for temp in reversed(exits):           # innermost `with` first
+        for temp in exits:                     # innermost `with` first
             cg.emit("PUSH_NULL")
             cg.emit("LOAD_FAST", temp)
             cg.call(0)

@@ -616,3 +616,23 @@ def test_uncaught_raise_inside_no_grad_restores_grad_mode():
     with pytest.raises(ValueError):
         optimize(fn)(torch.randn(2, requires_grad=True))
     assert torch.is_grad_enabled()
+
+
+def test_raise_inside_no_grad_in_a_resume_function_restores_grad_mode():
+    # The raise is traced in the resume function, whose __exit__ is a value passed in.
+    def fn(x):
+        with torch.no_grad():
+            y = x + 1
+            if y.sum() > 0:
+                raise ValueError("positive")
+        return y
+
+    check(fn, [torch.ones(3), -torch.ones(3)])
+    from frametrace import optimize
+    g = optimize(fn)
+    for _ in range(2):
+        try:
+            g(torch.ones(3))
+        except ValueError:
+            pass
+        assert torch.is_grad_enabled()
