@@ -352,10 +352,10 @@ def _python_dunder(tx, v, name):
 
 
 def user_iterator(tx, v):
-    """iter(v) for an object of a user class whose __iter__ is Python: the items its
-    iterator's __next__ gives until it raises StopIteration, called one at a time as a
-    loop asks (None if `v` is no such object)."""
-    if _python_dunder(tx, v, "__iter__") is None:
+    """iter(v) for an iterator of a user class (Python __iter__ and __next__): the items
+    __next__ gives until it raises StopIteration, called one at a time as a loop asks
+    (None if `v` is no such object: other iterables are unpacked as before)."""
+    if _python_dunder(tx, v, "__iter__") is None or _python_dunder(tx, v, "__next__") is None:
         return None
     from .functions import UserFunctionVar
     it = UserFunctionVar(_python_dunder(tx, v, "__iter__")).call(tx, [v], {})
