@@ -26,8 +26,14 @@ from .variables.constant import BINARY_FOLD
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.containers import SizeVar
 from .variables.symbolic import SliceVar, SymNodeVar
+from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
+                                   chain, exception_of, exception_type, matches,
+                                   raise_folded, throw)
 
 PY312 = sys.version_info >= (3, 12)
+# 3.11 turns a StopIteration leaving a generator into RuntimeError in gen_send_ex; 3.12
+# compiles a handler into the generator (CALL_INTRINSIC_1 INTRINSIC_STOPITERATION_ERROR).
+_STOPITERATION_IN_GEN_SEND = not PY312
 
 # Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
 _BINARY_OPS = {
@@ -112,6 +118,8 @@ class InstructionTranslator:
         self.code_runs = 0                  # root only: see builtins.call_item_fn
         self.live_reads: list | None = None  # root only: see containers.note_live_read
         self.stop_at: int | None = None     # root only: stop before this instruction
+        # root only: the exception being handled (sys.exc_info()); at entry, the caller's
+        self.exc_handled = UNKNOWN
         if parent is None:
             from .resume import opaque_locals
             opaque = opaque_locals(code)
@@ -160,6 +168,14 @@ class InstructionTranslator:
                 if handler is None:
                     unsupported(f"bytecode {inst.opname}")
                 handler(self, inst)
+            except TracedRaise as r:
+                if r.fresh:
+                    chain(self.root, r.exc)
+                    r.fresh = False
+                if not self._unwind(r, inst):
+                    if self.parent is not None:
+                        raise
+                    self._uncaught(r, inst)
             except Unsupported as e:
                 # Innermost frame first to be seen; each caller goes in front of it.
                 e.user_stack.insert(0, frame_summary(self.code, self.lineno))
@@ -173,6 +189,33 @@ class InstructionTranslator:
 
     def user_location(self):
         return frame_summary(self.code, self.lineno)
+
+    # ------------------------------------------------------------ exceptions
+    def _unwind(self, r: TracedRaise, inst) -> bool:
+        """CPython's exception unwinding in this frame: the stack cut to the handler's
+        depth, the instruction's offset pushed if the entry asks, then the exception.
+        False if no handler covers `inst` (the caller's frame gets it)."""
+        if self.parent is None and inst.opname != "RERAISE" and isinstance(r.exc, ExceptionVar):
+            # Where the exception entered this frame (RERAISE passes on one that did).
+            r.exc.root_origin = self.ip - 1
+        entry = _handler_for(self.code, inst.offset)
+        if entry is None:
+            return False
+        del self.stack[entry.depth:]
+        if entry.lasti:
+            self.push(ConstVar(inst.offset))
+        self.push(r.exc)
+        self.ip = self.index_of[entry.target]
+        return True
+
+    def _uncaught(self, r: TracedRaise, inst):
+        """An exception leaves the frame being compiled: the graph breaks at the
+        instruction it came from, where CPython raises it (with its handlers)."""
+        e = Unsupported(r.reason)
+        e.user_stack.insert(0, frame_summary(self.code, self.lineno))
+        origin = getattr(r.exc, "root_origin", None)
+        e.break_index = self.ip - 1 if origin is None else origin
+        raise e from None
 
     # ------------------------------------------------------------ helpers
     def push(self, v):
@@ -601,6 +644,11 @@ class InstructionTranslator:
             self.push(TupleVar(self.pop().unpack(self)))
         elif name == "INTRINSIC_UNARY_POSITIVE":
             self.push(unary_op(self, operator.pos, self.pop()))
+        elif name == "INTRINSIC_STOPITERATION_ERROR":
+            exc = self.pop()
+            if isinstance(exc, ExceptionVar) and issubclass(exc.cls, StopIteration):
+                stop_iteration_error(self, exc)
+            self.push(exc)
         else:
             unsupported(f"{name}")
 
@@ -623,6 +671,8 @@ class InstructionTranslator:
     def FORMAT_VALUE(self, inst):
         spec = self.pop().as_const() if inst.arg & 0x04 else ""
         value = self.pop()
+        if isinstance(value, ExceptionVar) and inst.arg & 0x03 in (0, 1) and not inst.arg & 0x04:
+            value = value.format_of(self)
         conv = inst.arg & 0x03
         if not value.is_const():
             from .variables.subclasses import container_format
@@ -738,10 +788,85 @@ class InstructionTranslator:
         self.return_value = self.pop()
 
     def LOAD_ASSERTION_ERROR(self, inst):
-        self.push(ObjectVar(AssertionError))
+        self.push(wrap(self, AssertionError, None, guard=False))
 
     def RAISE_VARARGS(self, inst):
-        unsupported("raising an exception")
+        if inst.arg == 0:
+            handled = self.root.exc_handled
+            if handled is UNKNOWN:
+                unsupported("bare raise of the exception the caller was handling")
+            if not _is_exception(handled):
+                unsupported("bare raise with no active exception (RuntimeError)")
+            raise TracedRaise(handled, fresh=False)
+        cause = self.pop() if inst.arg == 2 else None
+        exc = exception_of(self, self.pop())
+        if cause is not None:
+            if not is_none(cause):
+                cause = exception_of(self, cause)
+            exc.setattr(self, "__cause__", cause)
+        throw(exc)
+
+    def RERAISE(self, inst):
+        exc = self.pop()
+        if not _is_exception(exc):
+            unsupported(f"re-raising {exc}")
+        raise TracedRaise(exc, fresh=False)
+
+    def PUSH_EXC_INFO(self, inst):
+        exc = self.pop()
+        root = self.root
+        if root.exc_handled is UNKNOWN:
+            # What POP_EXCEPT puts back: the caller's exception, never read by the trace.
+            self.push(_CallerException())
+        else:
+            self.push(root.exc_handled)
+        root.exc_handled = exc
+        self.push(exc)
+
+    def POP_EXCEPT(self, inst):
+        prev = self.pop()
+        self.root.exc_handled = UNKNOWN if isinstance(prev, _CallerException) else prev
+
+    def CHECK_EXC_MATCH(self, inst):
+        from .variables.builtins import _class_value
+        classes = _class_value(self.pop())
+        self.push(ConstVar(matches(self.stack[-1], classes)))
+
+    def WITH_EXCEPT_START(self, inst):
+        exc = self.stack[-1]
+        exit_fn = self.stack[-4]
+        cls = wrap(self, exc.python_type(), None, guard=False)
+        self.push(exit_fn.call(self, [cls, exc, TracebackVar()], {}))
+
+
+def _is_exception(v) -> bool:
+    """An exception the trace made, or one CPython raised (a resume frame's handler
+    gets it as data)."""
+    return isinstance(v, ExceptionVar) or (
+        isinstance(v, OpaqueVar) and v.base is None and issubclass(v.kind, BaseException))
+
+
+class _CallerException(Var):
+    """The exception the caller was handling, saved on the stack by PUSH_EXC_INFO."""
+    __slots__ = ()
+
+
+_EXCEPTION_TABLES: dict = {}
+
+
+def _handler_for(code, offset):
+    """The exception-table entry that covers `offset` (the innermost: entries do not
+    overlap), or None."""
+    hit = _EXCEPTION_TABLES.get(code)
+    if hit is None or hit[0] is not code:
+        hit = (code, dis._parse_exception_table(code))
+        if len(_EXCEPTION_TABLES) > 4096:
+            _EXCEPTION_TABLES.clear()
+        _EXCEPTION_TABLES[code] = hit
+    for entry in hit[1]:
+        if entry.start <= offset < entry.end:
+            return entry
+    return None
 
 
 class _Yield(Exception):
@@ -764,7 +889,19 @@ def _generator_items(child, pure: bool):
         except _Yield as y:
             yield y.value
             continue
+        except TracedRaise as r:
+            if _STOPITERATION_IN_GEN_SEND and issubclass(exception_type(r.exc), StopIteration):
+                stop_iteration_error(child, r.exc)
+            raise
         return
+
+
+def stop_iteration_error(tx, exc):
+    """PEP 479: a StopIteration leaving a generator's frame becomes a RuntimeError."""
+    error = ExceptionVar(RuntimeError, [ConstVar("generator raised StopIteration")])
+    error.cause = error.context = exc
+    error.suppress = True
+    raise TracedRaise(error, fresh=False)
 
 
 # Opcodes whose effects stay inside a generator's frame (or are graph ops without side
@@ -785,10 +922,17 @@ _PURE_OPS = frozenset("""RETURN_GENERATOR POP_TOP RESUME NOP CACHE EXTENDED_ARG 
 
 
 def _has_cleanup(code) -> bool:
-    """Whether a generator has handlers of its own (3.12 wraps every generator in one
-    that turns StopIteration into RuntimeError: not a cleanup)."""
+    """Whether closing a generator suspended at one of its yields may run its code: a
+    yield inside a try, with or except block (3.12 wraps every generator in a handler
+    that turns StopIteration into RuntimeError: not a cleanup).  Handlers around code
+    without yields run, as any, while the generator runs."""
     instructions = {i.offset: i for i in _instructions(code)}
-    for entry in dis._parse_exception_table(code):
+    for inst in instructions.values():
+        if inst.opname != "YIELD_VALUE":
+            continue
+        entry = _handler_for(code, inst.offset)
+        if entry is None:
+            continue
         handler = instructions.get(entry.target)
         if handler is None or handler.opname != "CALL_INTRINSIC_1" or \
                 "STOPITERATION" not in handler.argrepr:
@@ -970,7 +1114,7 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
         try:
             return ConstVar(plain(a.as_const(), b.as_const()))
         except Exception as e:
-            unsupported(f"{plain.__name__} on constants raised {type(e).__name__}: {e}")
+            raise_folded(e, f"{plain.__name__} on constants")
     if plain in (operator.eq, operator.ne) and isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
         same = a.value == b.value
         return ConstVar(same if plain is operator.eq else not same)

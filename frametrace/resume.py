@@ -288,14 +288,15 @@ def _consumed(inst) -> int | None:
         return 2
     if name == "FORMAT_VALUE":
         return 2 if inst.arg & 0x04 else 1      # with a format spec on the stack
-    if name == "BUILD_STRING":
+    if name in ("BUILD_STRING", "RAISE_VARARGS"):
         return inst.arg
     return None
 
 
 def _produced(inst) -> int:
     """Values the instruction leaves on the stack (falling through)."""
-    if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR"):
+    if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR",
+                                                              "RAISE_VARARGS"):
         return 0
     return 1
 
@@ -304,30 +305,38 @@ def can_break_at(inst) -> bool:
     return _consumed(inst) is not None
 
 
-def exception_cover(code, offset) -> str | None:
+def exception_cover(code, offset) -> tuple[str | None, list[int]]:
     """What catches an exception raised at `offset`: None (nothing), "with" (only the
-    cleanups of `with` blocks) or "try" (a try statement of the user's)."""
+    cleanups of `with` blocks) or "try" (a try statement of the user's); and the stack
+    slots of the __exit__s of the `with` blocks it leaves first, innermost first."""
     import dis
+    from .interpreter import _handler_for
     instructions = {i.offset: i for i in dis.get_instructions(code)}
-    covered = None
-    for entry in dis._parse_exception_table(code):
-        if not entry.start <= offset < entry.end:
-            continue
-        first = instructions.get(entry.target)
-        after = instructions.get(entry.target + 2)
-        if first is not None and first.opname == "PUSH_EXC_INFO" and after is not None \
-                and after.opname == "WITH_EXCEPT_START":
-            covered = covered or "with"
+    names = lambda at, n: [getattr(instructions.get(at + 2 * k), "opname", None)  # noqa: E731
+                           for k in range(n)]
+    exits = []
+    # A `with` cleanup re-raises (unless __exit__ swallows the exception), through the
+    # cleanup that restores the exception state: whatever covers that catches it next.
+    for _ in range(len(instructions)):
+        entry = _handler_for(code, offset)
+        if entry is None:
+            return ("with" if exits else None), exits
+        if names(entry.target, 2) == ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+            exits.append(entry.depth - 1)          # below it: lasti, the exception
+            offset = entry.target
+        elif names(entry.target, 3) == ["COPY", "POP_EXCEPT", "RERAISE"]:
+            offset = entry.target + 4
         else:
-            return "try"
-    return covered
+            return "try", exits
+    return "try", exits
 
 
 def can_break(code, inst) -> bool:
     """Whether a frame can break its graph at `inst`: an instruction we know the stack
-    effect of, not inside a try statement (whose handler the transformed code lacks;
-    `with` cleanups it provides)."""
-    return can_break_at(inst) and exception_cover(code, inst.offset) != "try"
+    effect of.  Inside a try statement, the transformed code catches what the
+    instruction raises and goes on in a resume function at the user's handler; `with`
+    cleanups it runs itself."""
+    return can_break_at(inst)
 
 
 class _BreakPlan:
@@ -342,7 +351,12 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     from .interpreter import _Lazy
     from .variables.base import NULL
     from .variables.containers import IteratorVar
+    from .variables.exceptions import UNKNOWN
     code = tracer.code
+    if tracer.exc_handled is not UNKNOWN:
+        # Inside an except or finally block on the exceptional path: the exception being
+        # handled (sys.exc_info(), a bare raise) cannot be handed to a resume function.
+        unsupported_break("a graph break while handling an exception")
     stack = list(tracer.stack)
     consumed = _consumed(inst)
     plan = _BreakPlan()
@@ -436,9 +450,18 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         cg.emit("STORE_DEREF", CellVar(n))
     # Inside `with` blocks, an exception from the instruction must run their exits, as
     # the original frame's cleanup handlers would: a handler of our own does that.
-    from .interpreter import _ExitVar
-    exits = [plan.temps[("lower", i)] for i, v in enumerate(plan.lower) if isinstance(v, _ExitVar)]
-    protect = exits and exception_cover(code, inst.offset) == "with"
+    cover, slots = exception_cover(code, inst.offset)
+    protect = cover == "with"
+    if protect and any(i >= len(plan.lower) or plan.lower[i] is NULL for i in slots):
+        unsupported_break("a with block's __exit__ is not where the exception table says")
+    exits = [plan.temps[("lower", i)] for i in slots] if protect else []
+    catch = None
+    if cover == "try":
+        # What the instruction raises goes to the user's handler, in a resume function
+        # that starts there with the stack the exception table gives it.
+        catch = Label()
+        catch_begin = TryBegin(catch, push_lasti=False, stack_depth=0)
+        cg.instrs.append(catch_begin)
     if protect:
         handler = Label()
         try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
@@ -466,38 +489,56 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
     if protect:
         after = Label()
         cg.instrs.append(TryEnd(try_begin))
-        cg.emit("JUMP_FORWARD", after)
+        if inst.opname != "RAISE_VARARGS":      # (which never falls through)
+            cg.emit("JUMP_FORWARD", after)
         cg.instrs.append(handler)
-        for temp in reversed(exits):           # innermost `with` first
+        for temp in exits:                     # innermost `with` first
             cg.emit("PUSH_NULL")
             cg.emit("LOAD_FAST", temp)
             cg.call(0)
             cg.emit("POP_TOP")
         cg.emit("RERAISE", 0)
-        cg.instrs.append(after)
+        if inst.opname != "RAISE_VARARGS":
+            cg.instrs.append(after)
+    if catch is not None:
+        cg.instrs.append(TryEnd(catch_begin))
+        after_catch = Label()
+        if inst.opname != "RAISE_VARARGS":
+            cg.emit("JUMP_FORWARD", after_catch)
     # Data computed at earlier breaks stays data in the resume frame (not specialized on):
     # the locals and stack values that hold it.
     opaque = frozenset([n for n in plan.bound if _is_opaque(tracer.locals[n])] +
                        [f"___stack{i}" for i, v in enumerate(plan.lower)
                         if plan.layout[i] == "v" and _is_opaque(v)])
 
-    def continue_at(offset, produced):
+    def continue_at(offset, produced, depth=None, lasti=None):
+        """Call the resume function at `offset` with the lower stack (its first `depth`
+        slots, for a handler, then the handler's lasti if it takes one) and the
+        `produced` values on top of the stack, then return what it returns."""
+        lower = plan.lower if depth is None else plan.lower[:depth]
+        layout = plan.layout[:len(lower)] + ("v",) * (lasti is not None) + ("r",) * produced
         results = [f"___result_{i}" for i in range(produced)]
         for t in reversed(results):
             cg.emit("STORE_FAST", t)
         original, original_offset = original_position(code, offset)
-        resume = resume_code(original, original_offset, plan.layout + ("r",) * produced,
-                             tuple(plan.bound), opaque)
+        resume = resume_code(original, original_offset, layout, tuple(plan.bound), opaque)
         cg.emit("PUSH_NULL")
         _load_function(cg, resume, func, code)
         lead, rest = split_locals(original, plan.bound)
         for name in lead:
             cg.emit("LOAD_FAST", name)
         n = 0
-        for i, v in enumerate(plan.lower):
+        for i, v in enumerate(lower):
             if v is not NULL:
                 cg.emit("LOAD_FAST", plan.temps[("lower", i)])
                 n += 1
+        if lasti is not None:
+            # In code units of the resume code (RERAISE sets the frame's position, for
+            # the traceback, from it).
+            _, lasti_original = original_position(code, lasti)
+            here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
+            cg.load_const(here[0] // 2 if here else 0)
+            n += 1
         for t in results:
             cg.emit("LOAD_FAST", t)
         for name in rest:
@@ -505,12 +546,30 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         cg.call(n + produced + len(plan.bound))
         cg.emit("RETURN_VALUE")
 
+    if catch is not None:
+        from .interpreter import _handler_for
+        entry = _handler_for(code, inst.offset)
+        if entry.depth > len(plan.lower):
+            unsupported_break("a handler deeper than the stack at the break")
+        cg.instrs.append(catch)
+        continue_at(entry.target, 1, depth=entry.depth,
+                    lasti=inst.offset if entry.lasti else None)
+        if inst.opname == "RAISE_VARARGS":
+            return
+        cg.instrs.append(after_catch)
+    elif inst.opname == "RAISE_VARARGS":
+        return
     index = tracer.index_of[inst.offset]
     next_offset = tracer.instructions[index + 1].offset
     continue_at(next_offset, _produced(inst))
     if jump_label is not None:
         cg.instrs.append(jump_label)
         continue_at(inst.argval, 0)
+
+
+def unsupported_break(reason):
+    from .variables.base import unsupported
+    unsupported(reason)
 
 
 def _unhooked_functions():

@@ -91,7 +91,17 @@ class InstanceAttrs:
         if isinstance(hook, types.FunctionType):
             from .functions import UserFunctionVar
             return UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
-        unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
+        self._missing(tx, cls, name)
+
+    def _missing(self, tx, cls, name):
+        """CPython raises AttributeError.  The instance's own attributes were guarded
+        (own_attr) unless it came from outside with no source; the class is guarded here."""
+        if getattr(self, "value", None) is not None and self.source is None:
+            unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
+        tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
+        _guard_class_attr(tx, cls, name, None)
+        from .exceptions import raise_builtin
+        raise_builtin(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
     # -- writing --
     def setattr(self, tx, name, value):

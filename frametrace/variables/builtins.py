@@ -33,6 +33,9 @@ class BuiltinVar(ObjectVar):
 
     def call(self, tx, args, kwargs):
         fn = self.value
+        if isinstance(fn, type) and issubclass(fn, BaseException):
+            from .exceptions import construct_exception
+            return construct_exception(tx, fn, args, kwargs)
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
             result = handler(tx, args, kwargs)
@@ -261,6 +264,10 @@ def var_iter(tx, v: Var):
         return v.iter_items(tx)
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
+    from .exceptions import user_iterator
+    items = user_iterator(tx, v)
+    if items is not None:
+        return items
     return iter(v.unpack(tx))
 
 
@@ -283,7 +290,8 @@ def _drain(it: IteratorVar):
 def _next_or_fail(it):
     v = it.next()
     if v is None:
-        unsupported("next() on an exhausted iterator (StopIteration)")
+        from .exceptions import raise_builtin
+        raise_builtin(StopIteration)
     return v
 
 
@@ -894,12 +902,14 @@ def _next(tx, args, kwargs):
         return None
     it = args[0]
     if not isinstance(it, IteratorVar):
-        unsupported(f"next() of {it}, which is not an iterator")
+        from .exceptions import user_next
+        return user_next(tx, it, args[1] if len(args) == 2 else None)
     v = it.next()
     if v is None:
         if len(args) == 2:
             return args[1]
-        unsupported("next() on an exhausted iterator (StopIteration)")
+        from .exceptions import raise_builtin
+        raise_builtin(StopIteration)
     return v
 
 
@@ -1018,6 +1028,8 @@ def _data_conversion(kind):
             return tx.output.call("call_function", _SYM_CONVERSIONS[kind], (args[0],), {})
         if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
             return ConstVar(_truth(tx, args[0]))
+        if kind is str and len(args) == 1 and hasattr(args[0], "str_of"):
+            return args[0].str_of(tx, str)
         if kind is str and len(args) == 1 and not kwargs:
             from .subclasses import container_format
             text = container_format(tx, args[0], "str")
@@ -1053,9 +1065,14 @@ def _getattr(tx, args, kwargs):
     if present is False:
         return args[2]
     from .base import Unsupported
+    from .exceptions import TracedRaise, caught
     try:
         return obj.getattr(tx, name)
-    except Unsupported:
+    except Unsupported as e:
+        if caught(e, AttributeError):
+            return args[2]
+        if isinstance(e, TracedRaise):
+            raise
         unsupported(f"getattr({obj}, {name!r}, default): cannot tell whether it exists")
 
 
@@ -1134,10 +1151,15 @@ def _hasattr(tx, args, kwargs):
     present = _has_attr(tx, obj, name)
     if present is None:
         from .base import Unsupported
+        from .exceptions import TracedRaise, caught
         try:
             obj.getattr(tx, name)
             return ConstVar(True)
-        except Unsupported:
+        except Unsupported as e:
+            if caught(e, AttributeError):
+                return ConstVar(False)
+            if isinstance(e, TracedRaise):
+                raise
             unsupported(f"hasattr({obj}, {name!r}): cannot tell")
     return ConstVar(present)
 

@@ -65,7 +65,8 @@ class ConstVar(ValueVar):
             return ConstVar(fn(*[a.as_const() for a in args],
                                **{k: v.as_const() for k, v in kwargs.items()}))
         except Exception as e:      # CPython raises it at this call
-            unsupported(f"{type(self.value).__name__}.{name} raised {type(e).__name__}: {e}")
+            from .exceptions import raise_folded
+            raise_folded(e, f"{type(self.value).__name__}.{name}")
 
     def getitem(self, tx, key):
         if not key.is_const():
@@ -73,7 +74,8 @@ class ConstVar(ValueVar):
         try:
             return ConstVar(self.value[key.as_const()])
         except (TypeError, IndexError, KeyError) as e:
-            unsupported(f"indexing {self.value!r}: {e}")
+            from .exceptions import raise_folded
+            raise_folded(e, f"indexing {self.value!r}")
 
     def unpack(self, tx):
         try:

@@ -38,14 +38,14 @@ class _SequenceVar(CollectionVar):
         try:
             return self.items[k]
         except (IndexError, TypeError) as e:
-            unsupported(f"indexing a {self.kind.__name__}: {e}")
+            from .exceptions import raise_folded
+            raise_folded(type(e)(str(e).replace("list", self.kind.__name__, 1)),
+                         f"indexing a {self.kind.__name__}")
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const():
-            try:
-                return ConstVar(getattr(self.as_const(), name)(*[a.as_const() for a in args]))
-            except ValueError as e:
-                unsupported(f"ValueError: {e}")
+            from .objects import fold_call
+            return fold_call(getattr(self.as_const(), name), args, kwargs, f"{self.kind.__name__}.{name}")
         if name == "index" and 1 <= len(args) <= 3 and not kwargs:
             # start and stop clip as a slice does; the index found is in the whole list.
             ends = [a.as_const() if a.is_const() else unsupported("index() bounds") for a in args[1:]]
@@ -98,7 +98,8 @@ def _find(tx, items, item, error):
     for i, v in enumerate(items):
         if _matches(tx, v, item):
             return i
-    unsupported(f"ValueError: {error}")
+    from .exceptions import raise_builtin
+    raise_builtin(ValueError, error)
 
 
 class TupleVar(_SequenceVar):
@@ -224,6 +225,9 @@ class ListVar(_SequenceVar):
             self.items.insert(args[0].as_const(), args[1])
             return ConstVar(None)
         if name == "pop" and len(args) <= 1:
+            if not self.items or args and not -len(self.items) <= args[0].as_const() < len(self.items):
+                from .exceptions import raise_builtin
+                raise_builtin(IndexError, "pop index out of range" if self.items else "pop from empty list")
             self._check_mutable(tx)
             return self.items.pop(*(a.as_const() for a in args))
         if name == "reverse" and not args:
@@ -287,7 +291,9 @@ class DictVar(CollectionVar):
         try:
             return self.items[k]
         except KeyError:
-            unsupported(f"missing dict key {k!r} (KeyError)")
+            pass
+        from .exceptions import raise_builtin
+        raise_builtin(KeyError, key.as_const())
 
     def setitem(self, tx, key, value):
         k = _dict_key(key)
@@ -312,7 +318,8 @@ class DictVar(CollectionVar):
         if name == "pop" and 1 <= len(args) <= 2:
             key = _dict_key(args[0])
             if key not in self.items and len(args) == 1:
-                unsupported(f"dict.pop of missing key {key!r}")
+                from .exceptions import raise_builtin
+                raise_builtin(KeyError, key)
             self._mutating(tx)
             return self.items.pop(key) if key in self.items else args[1]
         if name == "setdefault" and 1 <= len(args) <= 2:

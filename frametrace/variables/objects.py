@@ -345,6 +345,8 @@ class SuperVar(Var):
                                          types.MethodDescriptorType)) and \
                         not (klass is object or getattr(klass, "__module__", "") == "builtins"):
                     return wrap(tx, attr, None, guard=False)   # a value: guarded above
+                if name == "__init__" and hasattr(self.obj, "builtin_init"):
+                    return self.obj.builtin_init()       # an exception's args
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
@@ -467,6 +469,9 @@ def _construct(tx, cls, args, kwargs):
     """Calling a class while tracing."""
     import contextlib
     import dataclasses
+    if issubclass(cls, BaseException):
+        from .exceptions import construct_exception
+        return construct_exception(tx, cls, args, kwargs)
     if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
         return NullContextVar(args[0] if args else ConstVar(None))
     made = grad_mode_class(tx, cls, args, kwargs)
@@ -536,7 +541,8 @@ def fold_call(fn, args, kwargs, name: str) -> ConstVar:
     try:
         return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
     except Exception as e:
-        unsupported(f"{name}() raised {type(e).__name__}: {e}")
+        from .exceptions import raise_folded
+        raise_folded(e, f"{name}()")
 
 
 def _is_library_object(value) -> bool:
