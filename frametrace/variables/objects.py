@@ -112,6 +112,8 @@ class ObjectVar(ValueVar):
         from .builder import wrap
         if self.value is object and name == "__setattr__":
             return GenericSetattrVar()
+        if self.value is object and name == "__getattribute__":
+            return GenericGetattrVar()
         if type(self.value) is types.ModuleType and not _is_library_object(self.value):
             # A user module's attributes are its globals: writes by any spelling count.
             if name == "__dict__":
@@ -312,6 +314,8 @@ class SuperVar(Var):
                     return wrap(tx, attr.fget, None, guard=False).call(tx, [self.obj], {})
                 if klass is object and name == "__setattr__":
                     return BoundMethodVar(GenericSetattrVar(), self.obj)
+                if klass is object and name == "__getattribute__":
+                    return BoundMethodVar(GenericGetattrVar(), self.obj)
                 if not isinstance(attr, (types.FunctionType, types.WrapperDescriptorType,
                                          types.MethodDescriptorType)) and \
                         not (klass is object or getattr(klass, "__module__", "") == "builtins"):
@@ -414,6 +418,19 @@ class GenericSetattrVar(Var):
             unsupported(f"object.__setattr__ on {args[0] if args else None}")
         args[0].generic_setattr(tx, args[1].as_const(), args[2])
         return ConstVar(None)
+
+
+class GenericGetattrVar(Var):
+    """object.__getattribute__ (called by a class's own __getattribute__): the plain
+    lookup, descriptors included, without the class's hook."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        from .attributes import InstanceAttrs
+        if len(args) != 2 or kwargs or not args[1].is_const() or \
+                not isinstance(args[0], InstanceAttrs) or type(args[1].as_const()) is not str:
+            unsupported(f"object.__getattribute__ on {args[0] if args else None}")
+        return args[0].generic_getattr(tx, args[1].as_const())
 
 
 class _NoOpVar(Var):

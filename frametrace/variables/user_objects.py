@@ -8,7 +8,7 @@ import dataclasses
 import types
 from collections import OrderedDict
 
-from ..source import AttrSource, ConstSource
+from ..source import AttrSource, CallMethodSource, ConstSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -54,32 +54,54 @@ class UserObjectVar(InstanceAttrs, Var):
             value = object.__getattribute__(obj, name)
         except AttributeError:
             return MISSING
-        return wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
+        return wrap(tx, value, self.attr_source(name))
+
+    def attr_source(self, name):
+        # A class's own __getattribute__ may answer `obj.name` otherwise than the plain
+        # lookup the trace did: the guard repeats the plain one.
+        if self.source is None:
+            return None
+        if isinstance(_class_lookup(type(self.value), "__getattribute__"), types.FunctionType):
+            return CallMethodSource(self.source, "__getattribute__", (name,),
+                                    through=object.__getattribute__)
+        return AttrSource(self.source, name)
 
     def class_value_attr(self, tx, name, attr):
         from .builder import wrap
         if self.cls is not type(self.value):
             return wrap(tx, attr, None, guard=False)
         # Read through the object, as before any write: guarded by value there.
-        return wrap(tx, getattr(self.value, name),
-                    AttrSource(self.source, name) if self.source is not None else None)
+        return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
+
+    def hooked_attr(self, tx, name, getattribute):
+        from .builder import wrap
+        if self.cls is type(self.value) and self.source is not None and \
+                not tx.side_effects.has_attr_writes(self.value):
+            # The hook run on the real object (cheaper than inlining it), guarded by
+            # reading `obj.name` again, the hook included.
+            try:
+                value = getattr(self.value, name)
+            except Exception:
+                value = MISSING
+            if value is not MISSING:
+                return wrap(tx, value, AttrSource(self.source, name))
+        return super().hooked_attr(tx, name, getattribute)
 
     def _dict_var(self, tx):
         d = getattr(self.value, "__dict__", None)
         known = tx.output.object_vars.get(id(d)) if d is not None else None
         return known[1] if known is not None and known[0] is d else None
 
-    def opaque_attr(self, tx, name, hooked=False):
+    def opaque_attr(self, tx, name):
         from .builder import wrap
-        if name == "__dict__" and not hooked and tx.side_effects.has_attr_writes(self.value):
+        if name == "__dict__" and tx.side_effects.has_attr_writes(self.value):
             # Attribute writes and writes through __dict__ would be two records of one
             # state: the trace keeps one.
             unsupported(f"__dict__ of a {self.cls.__name__} object whose attributes the trace changed")
-        if self.cls is not type(self.value) or hooked and tx.side_effects.has_attr_writes(self.value):
+        if self.cls is not type(self.value):
             # Answered by the real object only while the trace has not changed it.
-            return super().opaque_attr(tx, name, hooked)
-        return wrap(tx, getattr(self.value, name),
-                    AttrSource(self.source, name) if self.source is not None else None)
+            return super().opaque_attr(tx, name)
+        return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
 
     def set_own_attr(self, tx, name, value):
         if self._dict_var(tx) is not None:

@@ -1,0 +1,59 @@
+"""Python mechanisms Hugging Face models lean on, each in a small program: classes with
+their own __getattribute__ (configs with an attribute_map), ..."""
+import torch
+
+from differential import Call, check
+
+
+class Aliased:
+    """A config-like class: some names are read through another attribute."""
+    attribute_map = {"hidden": "d_model"}
+
+    def __init__(self, d_model, scale):
+        self.d_model = d_model
+        self.scale = scale
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+def test_own_getattribute_of_an_outside_object_is_followed():
+    def f(x, cfg):
+        return x * cfg.hidden + cfg.scale
+
+    r = check(f, [(torch.randn(3), Aliased(2, 1.0)), (torch.randn(3), Aliased(2, 1.0)),
+                  (torch.randn(3), Aliased(5, 3.0))], fullgraph=True)
+    assert r.graphs == 2 and r.breaks == 0
+
+
+def test_own_getattribute_of_an_object_made_in_the_frame_is_inlined():
+    def f(x):
+        cfg = Aliased(3, 0.5)
+        cfg.d_model = cfg.hidden + 1
+        return x * cfg.hidden + cfg.scale, cfg
+
+    r = check(f, [torch.randn(3), torch.randn(4)], fullgraph=True)
+    assert r.graphs >= 1 and r.breaks == 0
+
+
+def test_own_getattribute_after_a_write_by_the_trace_sees_the_write():
+    def f(x, cfg):
+        cfg.d_model = cfg.d_model * 2
+        return x * cfg.hidden
+
+    r = check(f, [(torch.randn(3), Aliased(2, 1.0)), (torch.randn(3), Aliased(4, 1.0))],
+              fullgraph=True)
+    assert r.breaks == 0
+
+
+def test_getattribute_frame_itself_compiles():
+    # The hook's own frame, entered from CPython: super().__getattribute__ is the plain
+    # lookup, guarded by repeating that (not by going through the hook again).
+    def f(x, cfg, key):
+        return x * Aliased.__getattribute__(cfg, key)
+
+    r = check(f, [(torch.randn(3), Aliased(2, 1.0), "hidden"), (torch.randn(3), Aliased(2, 1.0), "scale"),
+                  (torch.randn(3), Aliased(3, 1.0), "d_model")], fullgraph=True)
+    assert r.breaks == 0
