@@ -1,7 +1,9 @@
 """Python mechanisms Hugging Face models lean on, each in a small program: classes with
-their own __getattribute__ (configs with an attribute_map), ..."""
+their own __getattribute__ (configs with an attribute_map), methods bound while tracing
+that leave the frame, ..."""
 import torch
 
+import frametrace
 from differential import Call, check
 
 
@@ -57,3 +59,23 @@ def test_getattribute_frame_itself_compiles():
     r = check(f, [(torch.randn(3), Aliased(2, 1.0), "hidden"), (torch.randn(3), Aliased(2, 1.0), "scale"),
                   (torch.randn(3), Aliased(3, 1.0), "d_model")], fullgraph=True)
     assert r.breaks == 0
+
+
+class Greeter:
+    def __init__(self, k):
+        self.k = k
+
+    def scale(self, x):
+        return x * self.k
+
+
+def test_bound_method_made_while_tracing_is_returned():
+    def f(x, g):
+        m = g.scale
+        return m(x), m
+
+    g = Greeter(3)
+    cnt = frametrace.testing.CompileCounter()
+    out, m = frametrace.optimize(backend=cnt, fullgraph=True)(f)(torch.ones(2), g)
+    assert m.__self__ is g and m.__func__ is Greeter.scale and cnt.frame_count == 1
+    torch.testing.assert_close(out, torch.full((2,), 3.0))

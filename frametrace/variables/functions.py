@@ -163,6 +163,12 @@ class UserFunctionVar(Var):
         base = self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
         return wrap(tx, value, AttrSource(base, name))
 
+    def reconstruct(self, cg):
+        # Fixed by identity where the trace took it from (a class's dict, guarded there).
+        if self.source is not None:
+            return super().reconstruct(cg)
+        cg.load_const(self.fn)
+
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
 
@@ -256,6 +262,13 @@ class BoundMethodVar(Var):
         if name == "__func__":
             return self.fn
         return self.fn.getattr(tx, name)
+
+    def reconstruct(self, cg):
+        # A method bound while tracing that outlives the frame: bound again, to the
+        # same function and object, as CPython binds it.
+        if self.source is not None:
+            return super().reconstruct(cg)
+        cg.call_const(types.MethodType, [self.fn.reconstruct, self.obj.reconstruct])
 
     def __repr__(self):
         return f"BoundMethodVar({self.fn!r} of {self.obj!r})"
