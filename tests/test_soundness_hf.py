@@ -79,3 +79,13 @@ def test_bound_method_made_while_tracing_is_returned():
     out, m = frametrace.optimize(backend=cnt, fullgraph=True)(f)(torch.ones(2), g)
     assert m.__self__ is g and m.__func__ is Greeter.scale and cnt.frame_count == 1
     torch.testing.assert_close(out, torch.full((2,), 3.0))
+
+
+def test_hasattr_and_getattr_default_ask_the_class_own_getattribute():
+    # `hidden` exists only through the hook's alias: not in __dict__, nor the class.
+    def f(x, cfg):
+        return x * getattr(cfg, "hidden", 7), hasattr(cfg, "hidden"), hasattr(cfg, "other")
+
+    r = check(f, [(torch.randn(3), Aliased(2, 1.0)), (torch.randn(3), Aliased(4, 1.0))],
+              fullgraph=True)
+    assert r.breaks == 0

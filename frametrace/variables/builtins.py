@@ -971,6 +971,15 @@ def _has_attr(tx, obj, name):
     from .user_objects import DataclassVar, UserObjectVar
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
+        if isinstance(_class_lookup(type(value), "__getattribute__"), types.FunctionType):
+            # The class's own hook answers (a config's attribute_map aliases), not
+            # its __dict__: asked of the real object while the trace left it alone.
+            if obj.source is None or tx.side_effects.has_attr_writes(value) or \
+                    type(value) is not obj.python_type():
+                return None
+            found = hasattr(value, name)
+            _guard_hasattr(tx, obj.source, name, found)
+            return found
         if tx.side_effects.load_attr(value, name) is not None:
             return True
         d = getattr(value, "__dict__", {})
