@@ -917,6 +917,10 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
     if isinstance(a, SetVar) and plain in _SET_DUNDERS:
         return a.call_method(tx, _SET_DUNDERS[plain], [b], {})
     seq = (TupleVar, ListVar)
+    if plain is operator.add and TupleVar in (type(a), type(b)):
+        # A constant tuple (`() + (t,)`) joins a traced one item by item.
+        a, b = (TupleVar([ConstVar(i) for i in v.value])
+                if isinstance(v, ConstVar) and type(v.value) is tuple else v for v in (a, b))
     if plain is operator.add and isinstance(a, seq) and type(a) is type(b):
         return type(a)(a.items + b.items)
     if plain is operator.mul and isinstance(a, seq) and isinstance(b, (ConstVar, SymNodeVar)):

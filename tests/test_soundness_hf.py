@@ -1,6 +1,8 @@
 """Python mechanisms Hugging Face models lean on, each in a small program: classes with
 their own __getattribute__ (configs with an attribute_map), methods bound while tracing
 that leave the frame, ..."""
+import functools
+
 import torch
 
 import frametrace
@@ -89,3 +91,36 @@ def test_hasattr_and_getattr_default_ask_the_class_own_getattribute():
     r = check(f, [(torch.randn(3), Aliased(2, 1.0)), (torch.randn(3), Aliased(4, 1.0))],
               fullgraph=True)
     assert r.breaks == 0
+
+
+LIMIT = [1]
+
+
+@functools.lru_cache
+def above_limit(v):
+    return v > LIMIT[0]
+
+
+def test_lru_cache_function_on_constants_is_answered_and_guarded():
+    def f(x):
+        return x + 1 if above_limit(2) else x - 1
+
+    cnt = frametrace.testing.CompileCounter()
+    compiled = frametrace.optimize(backend=cnt, fullgraph=True)(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), f(x))
+    LIMIT[0] = 5                  # the cached answer stands: CPython still says True
+    torch.testing.assert_close(compiled(x), f(x))
+    above_limit.cache_clear()     # now CPython computes False: the guard sees it
+    torch.testing.assert_close(compiled(x), x - 1)
+    assert cnt.frame_count == 2
+
+
+def test_tuple_constant_joins_a_traced_tuple():
+    def f(x):
+        acc = ()
+        for i in range(3):
+            acc = acc + (x * i,)
+        return acc
+
+    check(f, [torch.randn(3)], graphs=1, breaks=0)

@@ -375,3 +375,28 @@ def _grad_mode_decorator(fn):
     if type(ctx) is torch.set_grad_enabled:
         return ctx.mode, inner
     return None
+
+
+def cached_call(tx, fn_var, args, kwargs):
+    """A call of a functools.lru_cache-wrapped function on constants (a version check):
+    the real call, whose answer is the cached one from the second call on.  The guard
+    calls it again (a cache hit, unless someone cleared the cache), so a changed answer
+    recompiles.  Only immutable constant answers: a cached list is one object shared
+    by every caller, which a Var could not follow."""
+    from ..source import CallMethodSource, ConstSource
+    from .builder import wrap
+    from .constant import is_constant_value
+    fn = fn_var.value
+    if kwargs or not all(a.is_const() for a in args):
+        unsupported(f"calling {fn.__qualname__} (lru_cache) on traced arguments")
+    consts = [a.as_const() for a in args]
+    if not CallMethodSource.supports(consts):
+        unsupported(f"calling {fn.__qualname__} (lru_cache) on arguments a guard cannot name")
+    try:
+        result = fn(*consts)
+    except Exception as e:
+        unsupported(f"{fn.__qualname__}() raised {type(e).__name__}")
+    if not is_constant_value(result):
+        unsupported(f"{fn.__qualname__} (lru_cache) returned a {type(result).__name__}")
+    base = fn_var.source if fn_var.source is not None else ConstSource(fn, fn.__qualname__)
+    return wrap(tx, result, CallMethodSource(base, "__call__", consts))

@@ -149,6 +149,9 @@ class ObjectVar(ValueVar):
                 return made
         if value in TRACE_TIME_ANSWERS:
             return ConstVar(TRACE_TIME_ANSWERS[value])
+        if isinstance(value, functools._lru_cache_wrapper):
+            from .functions import cached_call
+            return cached_call(tx, self, args, kwargs)
         if value in _GLOBAL_STATE_READERS and not args and not kwargs:
             return _read_global_state(tx, value)
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
