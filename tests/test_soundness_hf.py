@@ -124,3 +124,43 @@ def test_tuple_constant_joins_a_traced_tuple():
         return acc
 
     check(f, [torch.randn(3)], graphs=1, breaks=0)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, k, act=None):
+        super().__init__()
+        self.k = k
+        self.act = act if act is not None else torch.nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        return self.act(x) * self.k
+
+
+def test_modules_made_in_the_frame_are_inlined():
+    def f(x, k):
+        a = torch.nn.Softmax(dim=-1)(x)
+        b = Scaled(k, torch.nn.GELU())(x)
+        m = Scaled(2)
+        m.k = m.k + 1          # a store after __init__
+        return a + b + m(x)
+
+    r = check(f, [(torch.randn(2, 3), 2), (torch.randn(2, 3), 3)], fullgraph=True)
+    assert r.breaks == 0
+
+
+def test_module_made_in_the_frame_with_parameters_is_not_compiled():
+    # Its weights are new random tensors on every call: the frame runs in CPython there.
+    def f(x):
+        return torch.nn.Linear(3, 2)(x).sum()
+
+    r = check(f, [torch.randn(2, 3), torch.randn(2, 3)], graphs=None)
+    assert r.graphs == 0 or r.breaks >= 1
+
+
+def test_module_made_in_the_frame_does_not_leave_it_compiled():
+    def f(x):
+        m = torch.nn.Softmax(dim=0)
+        return m(x), m
+
+    r = check(f, [torch.randn(3)], graphs=None)
+    assert r.breaks + r.fallbacks >= 1

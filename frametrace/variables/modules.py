@@ -359,3 +359,70 @@ def _path_source(self, dotted):
 _INTROSPECTION = {name: _named(name) for name in (
     "named_children", "children", "named_parameters", "parameters", "named_buffers", "buffers",
     "named_modules", "modules")}
+
+
+class NewModuleVar(NNModuleVar):
+    """An nn.Module made in the frame (``nn.Softmax(dim=-1)(x)``, ``ACT2FN["gelu"]``): a
+    real blank instance on which nn.Module.__init__ ran (torch's own bookkeeping: empty
+    tables, training=True), with the class's __init__ inlined; what that stores lives
+    here as Vars.  It holds no parameters or buffers (they would be new random tensors
+    on each call), and it cannot leave the frame (no source to rebuild it from)."""
+    __slots__ = ("attrs", "initialized")
+
+    def __init__(self, module):
+        super().__init__(module, None)
+        self.attrs = {}
+        self.initialized = True
+
+    def getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
+        if name in ("_parameters", "_buffers", "_modules", "__dict__"):
+            unsupported(f"{name} of a module made in the frame")
+        return super().getattr(tx, name)
+
+    def setattr(self, tx, name, value):
+        from .tensor import TensorVar
+        cls = type(self.module)
+        if class_attr(tx, cls, "__setattr__") is not torch.nn.Module.__setattr__:
+            unsupported(f"{cls.__name__} defines __setattr__")
+        attr = class_attr(tx, cls, name)
+        if attr is not None and hasattr(type(attr), "__set__"):
+            if isinstance(attr, property) and isinstance(attr.fset, types.FunctionType):
+                UserFunctionVar(attr.fset).call(tx, [self, value], {})
+                return
+            unsupported(f"setting {name!r} through a descriptor of {cls.__name__}")
+        if isinstance(value, TensorVar) and issubclass(value.python_type(), torch.nn.Parameter):
+            unsupported(f"a parameter of a module made in the frame ({cls.__name__}.{name})")
+        self.attrs[name] = value
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in _INTROSPECTION or name.startswith("register_"):
+            unsupported(f"{name}() of a module made in the frame")
+        return super().call_method(tx, name, args, kwargs)
+
+    def __repr__(self):
+        return f"NewModuleVar({type(self.module).__name__})"
+
+
+def construct_module(tx, cls, args, kwargs):
+    """``cls(*args)`` for an nn.Module class while tracing: a NewModuleVar."""
+    if type(cls) is not type or issubclass(cls, _CONTAINERS):
+        unsupported(f"creating module {cls.__name__} in the frame")
+    for name, expected in (("__new__", object.__new__), ("__setattr__", torch.nn.Module.__setattr__),
+                           ("__getattr__", torch.nn.Module.__getattr__)):
+        if class_attr(tx, cls, name) is not expected:
+            unsupported(f"creating module {cls.__name__} in the frame ({name} of its own)")
+    init = class_attr(tx, cls, "__init__")
+    if not isinstance(init, types.FunctionType):
+        unsupported(f"{cls.__name__}.__init__ is not a Python function")
+    module = object.__new__(cls)
+    torch.nn.Module.__init__(module)
+    var = NewModuleVar(module)
+    if init is not torch.nn.Module.__init__:
+        result = UserFunctionVar(init).call(tx, [var, *args], kwargs)
+        if not _is_none(result):
+            unsupported(f"TypeError: __init__() should return None, not {result}")
+    elif args or kwargs:
+        unsupported("nn.Module() takes no arguments")
+    return var

@@ -307,6 +307,8 @@ class SuperVar(Var):
                 # A base's class dict can be patched (`Parent.scale = 7`): guarded
                 # through an equivalent super object, which reads the MRO again.
                 tx.guards.class_attr(mro[0], name, attr, after=cls)
+                if attr is torch.nn.Module.__init__ and getattr(self.obj, "initialized", False):
+                    return _ModuleInitDoneVar()
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
                 if isinstance(attr, classmethod):
@@ -436,6 +438,17 @@ class GenericGetattrVar(Var):
         return args[0].generic_getattr(tx, args[1].as_const())
 
 
+class _ModuleInitDoneVar(Var):
+    """nn.Module.__init__ reached through super() from the __init__ of a module made in
+    the frame: already run, on the real blank module (see modules.construct_module)."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            unsupported("nn.Module.__init__() with arguments")
+        return ConstVar(None)
+
+
 class _NoOpVar(Var):
     """object.__init__ reached through super(): does nothing."""
     __slots__ = ()
@@ -476,9 +489,11 @@ def _construct(tx, cls, args, kwargs):
         if len(values) != len(names):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
+    if issubclass(cls, torch.nn.Module):
+        from .modules import construct_module
+        return construct_module(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
-    if not module.startswith(("torch", "builtins")) and module.split(".")[0] not in sys.stdlib_module_names \
-            and not issubclass(cls, torch.nn.Module):
+    if not module.startswith(("torch", "builtins")) and module.split(".")[0] not in sys.stdlib_module_names:
         from .user_objects import construct_user_object
         return construct_user_object(tx, cls, args, kwargs)
     return None
