@@ -3,6 +3,7 @@ their own __getattribute__ (configs with an attribute_map), methods bound while 
 that leave the frame, ..."""
 import functools
 
+import pytest
 import torch
 
 import frametrace
@@ -164,3 +165,20 @@ def test_module_made_in_the_frame_does_not_leave_it_compiled():
 
     r = check(f, [torch.randn(3)], graphs=None)
     assert r.breaks + r.fallbacks >= 1
+
+
+def test_model_output_from_outside_is_read_as_a_dict():
+    transformers = pytest.importorskip("transformers")
+    Out = transformers.modeling_outputs.BaseModelOutput
+
+    def f(x, out):
+        total = x
+        for k, v in out.items():
+            total = total + v
+        return out[0] + out["last_hidden_state"], out.to_tuple(), list(out.keys()), total, len(out)
+
+    r = check(f, [(torch.randn(2), Out(last_hidden_state=torch.randn(2), attentions=torch.randn(2))),
+                  (torch.randn(2), Out(last_hidden_state=torch.randn(2), attentions=torch.randn(2))),
+                  (torch.randn(2), Out(last_hidden_state=torch.randn(2)))],   # other keys: recompiled
+              fullgraph=True)
+    assert r.graphs == 2 and r.breaks == 0

@@ -360,13 +360,21 @@ class _RealMethodVar(Var):
             unsupported(f"{self.method.__qualname__} with traced arguments")
         consts = _consts(args)
         result = self.method(self.obj, *consts)
+        listed = isinstance(result, (type({}.keys()), type({}.values()), type({}.items())))
+        if listed:
+            result = list(result)       # a view, read as the list of what it shows now
         if self.obj_source is None:
             return wrap(tx, result, None, guard=False)
         if not CallMethodSource.supports(consts):
             unsupported(f"{self.method.__qualname__} on arguments a guard cannot name")
         # The object's contents can change between calls: read again by the guard.
-        return wrap(tx, result, CallMethodSource(self.obj_source, self.method.__name__, consts,
-                                                 through=self.method))
+        var = wrap(tx, result, CallMethodSource(self.obj_source, self.method.__name__, consts,
+                                                as_list=listed, through=self.method))
+        if listed:
+            # A new list, which the frame may mutate freely: not the source's object.
+            tx.output.object_vars.pop(id(result), None)
+            var = ListVar(list(var.items))
+        return var
 
 
 class ContextVarVar(ValueVar):

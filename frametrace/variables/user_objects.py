@@ -68,8 +68,14 @@ class UserObjectVar(InstanceAttrs, Var):
 
     def class_value_attr(self, tx, name, attr):
         from .builder import wrap
+        from .objects import _PURE_READERS, _RealMethodVar
         if self.cls is not type(self.value):
             return wrap(tx, attr, None, guard=False)
+        if name in _PURE_READERS and isinstance(attr, types.MethodDescriptorType) and \
+                attr.__objclass__ in _BUILTIN_BASES and isinstance(self.value, attr.__objclass__):
+            # A builtin base's reader (a ModelOutput's keys(), an OrderedDict subclass's
+            # get): the object's contents, read now and guarded by reading them again.
+            return _RealMethodVar(attr, self.value, self.source)
         # Read through the object, as before any write: guarded by value there.
         return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
 
@@ -232,6 +238,9 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def __repr__(self):
         return f"NewObjectVar({self.cls.__name__})"
+
+
+_BUILTIN_BASES = (dict, OrderedDict, list, tuple)
 
 
 def checked_bool(tx, result) -> bool:
