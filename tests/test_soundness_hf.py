@@ -182,3 +182,40 @@ def test_model_output_from_outside_is_read_as_a_dict():
                   (torch.randn(2), Out(last_hidden_state=torch.randn(2)))],   # other keys: recompiled
               fullgraph=True)
     assert r.graphs == 2 and r.breaks == 0
+
+
+class Settings:
+    def __init__(self, n, tags):
+        self.n = n
+        self.tags = tags
+        self.alias = tags
+        self.table = {"k": [1, 2]}
+
+
+class SelfCopying(Settings):
+    def __deepcopy__(self, memo):
+        return Settings(self.n * 10, [])
+
+
+def test_deepcopy_of_a_plain_object_copies_its_state():
+    import copy
+
+    def f(x, s):
+        c = copy.deepcopy(s)
+        c.tags.append(len(c.table["k"]))
+        c.n = c.n + 1
+        d = c.__dict__
+        return x * c.n + len(s.tags), c, c.alias is c.tags, d["n"]
+
+    r = check(f, [(torch.randn(2), Settings(2, ["a"])), (torch.randn(2), Settings(2, ["a"])),
+                  (torch.randn(2), Settings(3, ["a", "b"]))], fullgraph=True)
+    assert r.breaks == 0 and r.graphs == 2
+
+
+def test_deepcopy_follows_a_class_own_deepcopy():
+    import copy
+
+    def f(x, s):
+        return x * copy.deepcopy(s).n
+
+    check(f, [(torch.randn(2), SelfCopying(2, [])), (torch.randn(2), Settings(2, []))], graphs=None)

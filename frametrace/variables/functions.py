@@ -2,6 +2,7 @@
 records into the same graph, so calls of user code cost nothing at run time."""
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -134,6 +135,9 @@ class UserFunctionVar(Var):
         fn = self.fn
         if fn in TRACE_TIME_EVALUATED:
             return _evaluate_now(tx, fn, args, kwargs)
+        if fn is copy.deepcopy and len(args) == 1 and not kwargs:
+            from .user_objects import deepcopy_var
+            return deepcopy_var(tx, args[0], {})
         grad_decorated = _grad_mode_decorator(fn)
         if grad_decorated is not None:
             mode, inner = grad_decorated

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
+import operator
 import types
 from collections import OrderedDict
 
@@ -228,6 +230,11 @@ class NewObjectVar(InstanceAttrs, Var):
         if class_attr(tx, self.cls, "__bool__") is not None:
             return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
+
+    def opaque_attr(self, tx, name):
+        if name == "__dict__":
+            return _AttrsDictVar(self)
+        return super().opaque_attr(tx, name)
 
     def reconstruct(self, cg):
         if cg.load_rebuilt(self):
@@ -481,6 +488,105 @@ def _set_attrs(obj, attrs):
 
 def _is_none(v):
     return isinstance(v, ConstVar) and v.value is None
+
+
+class _AttrsDictVar(DictVar):
+    """``obj.__dict__`` of an object made in the frame: its attribute table itself, so
+    writes through either are seen by both.  It stays in the frame (rebuilt on its own
+    it would no longer be the object's __dict__)."""
+    __slots__ = ("owner",)
+
+    def __init__(self, owner):
+        super().__init__({})
+        self.items = owner.attrs
+        self.owner = owner
+
+    def reconstruct(self, cg):
+        unsupported(f"the __dict__ of a {self.owner.cls.__name__} made in the frame leaves it")
+
+
+def deepcopy_var(tx, var, memo):
+    """``copy.deepcopy(var)`` on Vars, as copy.deepcopy does it for what it supports:
+    immutable atoms stay, lists, dicts and tuples are copied item by item, and objects
+    of plain classes (no __deepcopy__, __reduce__, __getstate__, __setstate__ or
+    __slots__ of their own) become a new object with deep copies of their __dict__ (what
+    object.__reduce_ex__ and copy._reconstruct do).  `memo` keeps shared parts shared."""
+    from .symbolic import SymNodeVar
+    from .objects import ObjectVar
+    if id(var) in memo:
+        return memo[id(var)][1]
+    if isinstance(var, ConstVar) or isinstance(var, SymNodeVar):
+        return var                          # immutable: deepcopy returns it (or an equal)
+    if isinstance(var, ObjectVar) and isinstance(var.value, (type, types.FunctionType,
+                                                             types.BuiltinFunctionType)):
+        return var                          # copy's atomic types
+    if type(var) is TupleVar:
+        items = [deepcopy_var(tx, v, memo) for v in var.items]
+        return var if all(a is b for a, b in zip(items, var.items)) else TupleVar(items)
+    if type(var) is ListVar:
+        copied = ListVar([])
+        memo[id(var)] = (var, copied)
+        copied.items = [deepcopy_var(tx, v, memo) for v in var.items]
+        return copied
+    if type(var) is DictVar or type(var) is _AttrsDictVar:
+        copied = DictVar({})
+        memo[id(var)] = (var, copied)
+        copied.items = {k: deepcopy_var(tx, v, memo) for k, v in var.items.items()}
+        return copied
+    if isinstance(var, (UserObjectVar, NewObjectVar)):
+        state = _plain_object_state(tx, var)
+        copied = NewObjectVar(var.cls)
+        memo[id(var)] = (var, copied)
+        copied.attrs = {k: deepcopy_var(tx, v, memo) for k, v in state.items()}
+        return copied
+    unsupported(f"copy.deepcopy of {var}")
+
+
+_NO_COPY_HOOKS = ("__deepcopy__", "__setstate__", "__getattr__")
+
+
+def _plain_object_state(tx, var) -> dict:
+    """The attributes deepcopy copies from an object of a plain Python class (checked,
+    and guarded, to be one), as Vars."""
+    import copy
+    import copyreg
+    cls = var.cls
+    if type(cls) is not type or any(k.__module__ == "builtins" and k is not object
+                                    for k in cls.__mro__):
+        unsupported(f"copy.deepcopy of a {cls.__name__} (a builtin subclass or a metaclass)")
+    expected = {"__new__": object.__new__, "__reduce_ex__": object.__reduce_ex__,
+                "__reduce__": object.__reduce__,
+                "__getstate__": getattr(object, "__getstate__", None)}
+    for name, want in [*expected.items(), *((n, None) for n in _NO_COPY_HOOKS)]:
+        if class_attr(tx, cls, name) is not want:
+            unsupported(f"copy.deepcopy of a {cls.__name__}: it has its own {name}")
+    if any("__slots__" in k.__dict__ for k in cls.__mro__) or cls in copy._deepcopy_dispatch:
+        unsupported(f"copy.deepcopy of a {cls.__name__} (slots or a registered copier)")
+    if cls in copyreg.dispatch_table:
+        unsupported(f"copy.deepcopy of a {cls.__name__} (a copyreg reducer)")
+    tx.guards.global_state(f"{cls.__qualname__} has no copyreg reducer",
+                           functools.partial(operator.contains, copyreg.dispatch_table, cls), False)
+    hook = _class_lookup(cls, "__getattribute__")
+    if isinstance(var, NewObjectVar):
+        if hook is not object.__getattribute__:
+            unsupported(f"copy.deepcopy of a {cls.__name__} made in the frame with its own "
+                        "__getattribute__")
+        return dict(var.attrs)
+    value = var.value
+    if var.source is None or cls is not type(value) or tx.side_effects.has_attr_writes(value) \
+            or var._dict_var(tx) is not None:
+        unsupported(f"copy.deepcopy of a {cls.__name__} the trace changed")
+    if hook is not object.__getattribute__:
+        # deepcopy asks the object itself for __deepcopy__ / __setstate__.
+        from .builtins import _guard_hasattr
+        for name in ("__deepcopy__", "__setstate__"):
+            found = hasattr(value, name)
+            _guard_hasattr(tx, var.source, name, found)
+            if found:
+                unsupported(f"copy.deepcopy of a {cls.__name__}: its __getattribute__ gives {name}")
+    d = object.__getattribute__(value, "__dict__")
+    tx.guards.dict_keys(var.attr_source("__dict__"), d)
+    return {k: var.own_attr(tx, k) for k in d}
 
 
 __all__ = ["UserObjectVar", "DataclassVar", "make_dataclass_instance", "is_model_output",
