@@ -219,3 +219,12 @@ def test_deepcopy_follows_a_class_own_deepcopy():
         return x * copy.deepcopy(s).n
 
     check(f, [(torch.randn(2), SelfCopying(2, [])), (torch.randn(2), Settings(2, []))], graphs=None)
+
+
+def test_classes_reached_without_a_path_are_returned():
+    def f(x, s):
+        return x + 1, type(s), s.__class__, type(x), Settings
+
+    r = check(f, [(torch.randn(2), Settings(1, [])), (torch.randn(2), Settings(2, []))],
+              fullgraph=True)
+    assert r.breaks == 0

@@ -108,6 +108,13 @@ class ObjectVar(ValueVar):
     def as_const(self):
         return self.value
 
+    def reconstruct(self, cg):
+        # A class, function or module the trace reached without a path (type(obj), a
+        # class attribute): the object itself, held by the compiled code.
+        if self.source is None and self.is_const():
+            return cg.load_const(self.value)
+        super().reconstruct(cg)
+
     def getattr(self, tx, name):
         from .builder import wrap
         if self.value is object and name == "__setattr__":
