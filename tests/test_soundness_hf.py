@@ -228,3 +228,64 @@ def test_classes_reached_without_a_path_are_returned():
     r = check(f, [(torch.randn(2), Settings(1, [])), (torch.randn(2), Settings(2, []))],
               fullgraph=True)
     assert r.breaks == 0
+
+
+class Doubling(torch.nn.Module):
+    flag = None
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def __call__(self, x):
+        return super().__call__(x) * 2
+
+    def forward(self, x):
+        return self.lin(x) if self.flag is None else x
+
+
+DOUBLING, LINEAR = Doubling(), torch.nn.Linear(4, 4)
+
+
+def test_module_class_own_call_is_followed():
+    def f(x):
+        return DOUBLING(x)
+
+    check(f, [torch.randn(2, 4)], graphs=1, breaks=0)
+
+
+def test_module_call_spelled_out_is_the_module_call():
+    def f(x):
+        return LINEAR.__call__(x) + torch.nn.Module.__call__(LINEAR, x)
+
+    check(f, [torch.randn(2, 4)], graphs=1, breaks=0)
+
+
+class WithNoneDefault:
+    marker = None
+
+    def __init__(self, k):
+        self.k = k
+
+
+def test_class_attribute_that_is_none_is_read():
+    def f(x, obj):
+        made = WithNoneDefault(2)
+        return x * obj.k if obj.marker is None and made.marker is None else x
+
+    check(f, [(torch.randn(2), WithNoneDefault(3)), (torch.randn(2), WithNoneDefault(3))],
+          graphs=1, breaks=0)
+
+
+def test_class_attribute_that_is_none_is_guarded():
+    class Holder:
+        marker = None
+
+    def f(x, obj):
+        return x + 1 if obj.marker is None else x - 1
+
+    compiled = frametrace.optimize(fullgraph=True)(f)
+    h, x = Holder(), torch.zeros(1)
+    assert compiled(x, h).item() == 1
+    Holder.marker = 5
+    assert compiled(x, h).item() == -1

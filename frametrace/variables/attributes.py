@@ -14,7 +14,7 @@ import types
 from ..source import AttrSource, ConstSource
 from .base import unsupported
 from .constant import ConstVar
-from .modules import _class_lookup, class_attr
+from .modules import _class_lookup, class_attr, class_defines, guard_class_none
 
 MISSING = object()
 _CLASS_SLOT = object.__dict__["__class__"]
@@ -106,6 +106,8 @@ class InstanceAttrs:
             return own
         if attr is not None:
             return _class_attr(tx, self, cls, name, attr)
+        if class_defines(cls, name):
+            return self.class_value_attr(tx, name, None)     # a class attribute set to None
         hook = class_attr(tx, cls, "__getattr__") if fallback else None
         if isinstance(hook, types.FunctionType):
             from .functions import UserFunctionVar
@@ -144,6 +146,9 @@ class InstanceAttrs:
 def _guard_class_attr(tx, cls, name, attr):
     """Guard what `cls` holds for `name` (`attr`), and, for an object of a user class
     (a descriptor), what its class holds for the descriptor protocol."""
+    if attr is None and class_defines(cls, name):
+        guard_class_none(tx, cls, name)
+        return
     tx.guards.class_attr(cls, name, attr)
     t = type(attr)
     if attr is not None and not t.__flags__ & _IMMUTABLE_TYPE:

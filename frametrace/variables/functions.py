@@ -135,6 +135,12 @@ class UserFunctionVar(Var):
         fn = self.fn
         if fn in TRACE_TIME_EVALUATED:
             return _evaluate_now(tx, fn, args, kwargs)
+        if fn in _MODULE_CALLS and args:
+            from .modules import NNModuleVar
+            if isinstance(args[0], NNModuleVar):
+                # nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`):
+                # what calling the module does, hooks included.
+                return args[0].module_call(tx, args[1:], kwargs)
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
             from .user_objects import deepcopy_var
             return deepcopy_var(tx, args[0], {})
@@ -379,6 +385,16 @@ def _grad_mode_decorator(fn):
     if type(ctx) is torch.set_grad_enabled:
         return ctx.mode, inner
     return None
+
+
+def _module_calls():
+    import torch
+    m = torch.nn.Module
+    return {f for f in (m.__call__, getattr(m, "_wrapped_call_impl", None),
+                        getattr(m, "_call_impl", None)) if isinstance(f, types.FunctionType)}
+
+
+_MODULE_CALLS = _module_calls()
 
 
 def cached_call(tx, fn_var, args, kwargs):

@@ -75,6 +75,10 @@ class NNModuleVar(Var):
                                   ObjectVar(type(m)))
         if cls_attr is not None:
             return wrap(tx, cls_attr, source)
+        if class_defines(type(m), name):          # a class attribute that is None
+            guard_class_none(tx, type(m), name)
+            _shadowing_guard(tx, self.source, m, name, None)
+            return ConstVar(None)
         unsupported(f"attribute {name!r} of module {type(m).__name__}")
 
     def setattr(self, tx, name, value):
@@ -163,6 +167,15 @@ class NNModuleVar(Var):
 
     # -- calls --
     def call(self, tx, args, kwargs):
+        call = class_attr(tx, type(self.module), "__call__")
+        if call is not torch.nn.Module.__dict__["__call__"]:
+            # The class's own __call__ (its super().__call__ comes back to module_call).
+            if not isinstance(call, types.FunctionType):
+                unsupported(f"{type(self.module).__name__}.__call__ is not a Python function")
+            return UserFunctionVar(call).call(tx, [self, *args], kwargs)
+        return self.module_call(tx, args, kwargs)
+
+    def module_call(self, tx, args, kwargs):
         """What nn.Module.__call__ does: pre-hooks, forward, forward hooks."""
         m = self.module
         _guard_global_hooks(tx)
@@ -241,6 +254,18 @@ def _class_lookup(cls, name):
         if name in klass.__dict__:
             return klass.__dict__[name]
     return None
+
+
+def class_defines(cls, name) -> bool:
+    """Whether `cls` or a base holds `name` (`_class_lookup` answers None both for a
+    missing name and for a class attribute set to None)."""
+    return any(name in klass.__dict__ for klass in cls.__mro__)
+
+
+def guard_class_none(tx, cls, name):
+    """The trace took ``cls.name`` to be None (a class attribute, not a missing one)."""
+    from ..source import ConstSource
+    tx.guards.value(AttrSource(ConstSource(cls, cls.__qualname__), name), None)
 
 
 def _check_module_store(m, name, value):
