@@ -289,3 +289,32 @@ def test_class_attribute_that_is_none_is_guarded():
     assert compiled(x, h).item() == 1
     Holder.marker = 5
     assert compiled(x, h).item() == -1
+
+
+RNN = torch.nn.RNN(4, 3, batch_first=True)
+
+
+def test_rnn_reads_its_weights_through_weak_references():
+    def f(x):
+        return RNN(x)[0].sum(-1)
+
+    check(f, [torch.randn(2, 5, 4), torch.randn(2, 5, 4)], graphs=1, breaks=0, atol=1e-5)
+
+
+def test_weak_reference_call_follows_the_referent():
+    import weakref
+
+    class Box:
+        pass
+
+    def f(x, ref):
+        target = ref()
+        return x + 1 if target is None else x * target.k
+
+    alive = Box()
+    alive.k = 3
+    ref = weakref.ref(alive)
+    compiled = frametrace.optimize()(f)
+    assert compiled(torch.ones(1), ref).item() == 3
+    del alive
+    assert compiled(torch.ones(1), ref).item() == 2

@@ -8,6 +8,7 @@ import math
 import sys
 import operator
 import types
+import weakref
 
 import torch
 
@@ -156,6 +157,11 @@ class ObjectVar(ValueVar):
                 return made
         if value in TRACE_TIME_ANSWERS:
             return ConstVar(TRACE_TIME_ANSWERS[value])
+        if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
+            # The referent (or None once it died), read again through the call.
+            from ..source import CallMethodSource
+            from .builder import wrap
+            return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
         if isinstance(value, functools._lru_cache_wrapper):
             from .functions import cached_call
             return cached_call(tx, self, args, kwargs)
