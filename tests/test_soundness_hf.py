@@ -318,3 +318,43 @@ def test_weak_reference_call_follows_the_referent():
     assert compiled(torch.ones(1), ref).item() == 3
     del alive
     assert compiled(torch.ones(1), ref).item() == 2
+
+
+VALIDATORS = {list: len, dict: len}
+
+
+def test_dict_with_class_keys_is_read_and_guarded():
+    def f(x, kind):
+        if validator := VALIDATORS.get(kind):
+            return x + validator([1, 2])
+        return x
+
+    check(f, [(torch.randn(2), list), (torch.randn(2), tuple)], globals=("VALIDATORS",), breaks=0)
+
+
+def test_copied_object_with_own_getattribute_renames_keys():
+    # What a config's get_text_config does on a deep copy: hasattr through the hook,
+    # delattr and setattr of the copy; the original is left alone.
+    import copy
+
+    def f(x, cfg):
+        c = copy.deepcopy(cfg)
+        if hasattr(c, "hidden") and not hasattr(c, "missing"):
+            value = c.scale
+            delattr(c, "scale")
+            setattr(c, "gain", value)
+        return x * c.hidden + c.gain, hasattr(c, "scale"), dict(c.__dict__), c
+
+    r = check(f, [(torch.randn(2), Aliased(2, 1.5)), (torch.randn(2), Aliased(3, 0.5))],
+              fullgraph=True)
+    assert r.breaks == 0
+
+
+def test_deleting_a_missing_attribute_is_not_compiled_away():
+    def f(x):
+        s = Settings(1, [])
+        del s.n
+        del s.n           # AttributeError, in CPython too
+        return x
+
+    check(f, [torch.randn(2)], graphs=None)

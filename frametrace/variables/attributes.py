@@ -126,6 +126,28 @@ class InstanceAttrs:
             return
         self.generic_setattr(tx, name, value)
 
+    def delattr(self, tx, name):
+        cls = self.instance_class()
+        hook = class_attr(tx, cls, "__delattr__")
+        if hook is not object.__delattr__:
+            if not isinstance(hook, types.FunctionType):
+                unsupported(f"{cls.__name__}.__delattr__ is not a Python function")
+            from .functions import UserFunctionVar
+            UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
+            return
+        attr = _class_lookup(cls, name)
+        _guard_class_attr(tx, cls, name, attr)
+        if attr is not None and is_data_descriptor(attr):
+            if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
+                from .functions import UserFunctionVar
+                UserFunctionVar(attr.fdel).call(tx, [self], {})
+                return
+            unsupported(f"deleting {name!r} through a descriptor of {cls.__name__}")
+        self.del_own_attr(tx, name)
+
+    def del_own_attr(self, tx, name):
+        unsupported(f"deleting attribute {name!r} of a {self.instance_class().__name__} object")
+
     def generic_setattr(self, tx, name, value):
         """object.__setattr__(self, name, value)."""
         cls = self.instance_class()

@@ -994,6 +994,9 @@ def _has_attr(tx, obj, name):
         if obj.source is not None:
             _guard_hasattr(tx, obj.source, name, found)
         return found
+    from .user_objects import NewObjectVar, new_object_hasattr
+    if isinstance(obj, NewObjectVar):
+        return new_object_hasattr(tx, obj, name)
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
@@ -1069,6 +1072,13 @@ def _setattr(tx, args, kwargs):
         return ConstVar(None)
 
 
+def _delattr(tx, args, kwargs):
+    from .attributes import InstanceAttrs
+    if len(args) == 2 and not kwargs and args[1].is_const() and isinstance(args[0], InstanceAttrs):
+        args[0].delattr(tx, args[1].as_const())
+        return ConstVar(None)
+
+
 def _type(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
         from .builder import wrap
@@ -1109,7 +1119,7 @@ _BUILTIN_HANDLERS = {
     abs: _abs, round: _round, pow: _pow, divmod: _divmod,
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),
     complex: _data_conversion(complex), str: _data_conversion(str),
-    getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
+    getattr: _getattr, hasattr: _hasattr, setattr: _setattr, delattr: _delattr, type: _type,
     globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),

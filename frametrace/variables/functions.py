@@ -179,6 +179,9 @@ class UserFunctionVar(Var):
             return super().reconstruct(cg)
         cg.load_const(self.fn)
 
+    def truth(self, tx):
+        return True           # functions and methods have no __bool__ or __len__
+
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
 
@@ -279,6 +282,9 @@ class BoundMethodVar(Var):
         if self.source is not None:
             return super().reconstruct(cg)
         cg.call_const(types.MethodType, [self.fn.reconstruct, self.obj.reconstruct])
+
+    def truth(self, tx):
+        return True           # functions and methods have no __bool__ or __len__
 
     def __repr__(self):
         return f"BoundMethodVar({self.fn!r} of {self.obj!r})"

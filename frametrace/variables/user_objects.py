@@ -16,7 +16,7 @@ from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
-from .modules import _class_lookup, class_attr
+from .modules import _class_lookup, class_attr, class_defines
 
 
 class UserObjectVar(InstanceAttrs, Var):
@@ -147,7 +147,8 @@ class UserObjectVar(InstanceAttrs, Var):
                 return wrap(tx, result, None, guard=False)
             if not CallMethodSource.supports(consts):
                 unsupported(f"{self.cls.__name__}.{name} on arguments a guard cannot name")
-            source = GetItemSource(self.source, consts[0]) if name == "__getitem__" else \
+            source = GetItemSource(self.source, consts[0]) \
+                if name == "__getitem__" and type(consts[0]) in (str, int) else \
                 CallMethodSource(self.source, name, consts)
             return wrap(tx, result, source)
         unsupported(f"{self.cls.__name__}.{name}")
@@ -198,6 +199,11 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def set_own_attr(self, tx, name, value):
         self.attrs[name] = value
+
+    def del_own_attr(self, tx, name):
+        if name not in self.attrs:
+            unsupported(f"AttributeError: {self.cls.__name__!r} object has no attribute {name!r}")
+        del self.attrs[name]
 
     def set_class(self, tx, cls):
         self.cls = cls
@@ -569,8 +575,11 @@ def _plain_object_state(tx, var) -> dict:
     hook = _class_lookup(cls, "__getattribute__")
     if isinstance(var, NewObjectVar):
         if hook is not object.__getattribute__:
-            unsupported(f"copy.deepcopy of a {cls.__name__} made in the frame with its own "
-                        "__getattribute__")
+            # deepcopy asks the object itself for __deepcopy__ / __setstate__.
+            for name in ("__deepcopy__", "__setstate__"):
+                if new_object_hasattr(tx, var, name) is not False:
+                    unsupported(f"copy.deepcopy of a {cls.__name__}: its __getattribute__ "
+                                f"may give {name}")
         return dict(var.attrs)
     value = var.value
     if var.source is None or cls is not type(value) or tx.side_effects.has_attr_writes(value) \
@@ -587,6 +596,41 @@ def _plain_object_state(tx, var) -> dict:
     d = object.__getattribute__(value, "__dict__")
     tx.guards.dict_keys(var.attr_source("__dict__"), d)
     return {k: var.own_attr(tx, k) for k in d}
+
+
+def new_object_hasattr(tx, var, name):
+    """hasattr() of an object made in the frame: True, False, or None (cannot tell).
+    With a __getattribute__ of its class's own, the hook answers, run for real on a
+    scratch object given the same (constant) attributes, by the guard too: what it reads
+    beside them (class attributes, say) can change between calls."""
+    cls = var.cls
+    if name in var.attrs:
+        return True
+    hook = class_attr(tx, cls, "__getattribute__")
+    if hook is object.__getattribute__:
+        if class_attr(tx, cls, name) is not None or class_defines(cls, name):
+            return True
+        return None if class_attr(tx, cls, "__getattr__") is not None else False
+    if not isinstance(hook, types.FunctionType) or \
+            not all(v.is_const() for v in var.attrs.values()):
+        return None
+    state = {k: v.as_const() for k, v in var.attrs.items()}
+    probe = functools.partial(_scratch_hasattr, cls, state, name)
+    try:
+        found = probe()
+    except Exception:
+        return None
+    tx.guards.global_state(f"hasattr(<a {cls.__qualname__} made in the frame>, {name!r})",
+                           probe, found)
+    return found
+
+
+def _scratch_hasattr(cls, state, name):
+    import copy
+    obj = cls.__new__(cls)
+    for k, v in copy.deepcopy(state).items():
+        object.__setattr__(obj, k, v)
+    return hasattr(obj, name)
 
 
 __all__ = ["UserObjectVar", "DataclassVar", "make_dataclass_instance", "is_model_output",
