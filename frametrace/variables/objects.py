@@ -109,6 +109,13 @@ class ObjectVar(ValueVar):
     def as_const(self):
         return self.value
 
+    def truth(self, tx):
+        v = self.value
+        if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType)) or \
+                isinstance(v, type) and type(v) is type:
+            return True       # no __bool__ or __len__ (a metaclass's could say otherwise)
+        return super().truth(tx)
+
     def reconstruct(self, cg):
         # A class, function or module the trace reached without a path (type(obj), a
         # class attribute): the object itself, held by the compiled code.
