@@ -358,3 +358,18 @@ def test_deleting_a_missing_attribute_is_not_compiled_away():
         return x
 
     check(f, [torch.randn(2)], graphs=None)
+
+
+def test_hasattr_of_an_object_made_in_the_frame():
+    class Thing:
+        kind = "t"
+
+        def __init__(self, k):
+            self.k = k
+
+    def f(x):
+        t = Thing(2)
+        return x * t.k, hasattr(t, "k"), hasattr(t, "kind"), hasattr(t, "other"), \
+            getattr(t, "other", 5)
+
+    check(f, [torch.randn(2)], fullgraph=True, breaks=0)

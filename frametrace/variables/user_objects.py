@@ -608,7 +608,12 @@ def new_object_hasattr(tx, var, name):
         return True
     hook = class_attr(tx, cls, "__getattribute__")
     if hook is object.__getattribute__:
-        if class_attr(tx, cls, name) is not None or class_defines(cls, name):
+        attr = class_attr(tx, cls, name)
+        if isinstance(attr, types.MemberDescriptorType):
+            return False                    # a slot not set (set ones are in attrs)
+        if attr is not None and is_data_descriptor(attr):
+            return None                     # a property's getter may raise
+        if attr is not None or class_defines(cls, name):
             return True
         return None if class_attr(tx, cls, "__getattr__") is not None else False
     if not isinstance(hook, types.FunctionType) or \
