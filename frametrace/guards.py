@@ -342,6 +342,10 @@ class GuardSet:
             if holder is None:
                 holder = self._supers[(after, cls)] = super(after, cls)
             label = f"super({after.__qualname__}, {cls.__qualname__})"
+        if name == "__dict__" and found is not None:
+            # The instances' __dict__ slot: ``cls.__dict__`` is the class's own mapping
+            # (type's descriptor wins), and the slot cannot be assigned or deleted.
+            return
         src = AttrSource(ConstSource(holder, label), name)
         if found is None:
             if not hasattr(holder, name):

@@ -1095,6 +1095,10 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
             return b.call_method(tx, "__ror__", [a], {})     # the subclass's reflected first
         return a.call_method(tx, "__ior__" if fn is operator.ior else "__or__", [b], {})
     seq = (TupleVar, ListVar)
+    if plain is operator.add and TupleVar in (type(a), type(b)):
+        # A constant tuple (`() + (t,)`) joins a traced one item by item.
+        a, b = (TupleVar([ConstVar(i) for i in v.value])
+                if isinstance(v, ConstVar) and type(v.value) is tuple else v for v in (a, b))
     if plain is operator.add and isinstance(a, seq) and type(a) is type(b):
         return type(a)(a.items + b.items)
     if plain is operator.add and {type(a), type(b)} == {TupleVar, ConstVar} and \

@@ -230,6 +230,9 @@ def const_sources(source):
         through = getattr(source, "through", None)
         if through is not None:
             yield through
+        for a in getattr(source, "args", ()):
+            if isinstance(a, type):
+                yield ConstSource(a, a.__qualname__)
         source = getattr(source, "base", None)
 
 
@@ -251,18 +254,23 @@ class CallMethodSource(Source):
 
     @staticmethod
     def supports(args) -> bool:
-        """Arguments written into the guard's text (their repr must read back)."""
-        return all(a is None or type(a) in (str, int, bool) for a in args)
+        """Arguments written into the guard's text: constants whose repr reads back, and
+        classes (named as constants of the guard, like ConstSource)."""
+        return all(a is None or type(a) in (str, int, bool) or isinstance(a, type) for a in args)
+
+    @staticmethod
+    def _arg_text(a):
+        return ConstSource(a, "").guard_expr() if isinstance(a, type) else repr(a)
 
     def key(self):
         return (self.base, self.method, self.args, self.as_list, self.through)
 
     def guard_expr(self):
         if self.through is not None:
-            args = ", ".join((self.base.guard_expr(), *map(repr, self.args)))
+            args = ", ".join((self.base.guard_expr(), *map(self._arg_text, self.args)))
             call = f"{self.through.guard_expr()}({args})"
         else:
-            call = f"{self.base.guard_expr()}.{self.method}({', '.join(map(repr, self.args))})"
+            call = f"{self.base.guard_expr()}.{self.method}({', '.join(map(self._arg_text, self.args))})"
         return f"[*{call}]" if self.as_list else call
 
     def name(self):

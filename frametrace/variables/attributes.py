@@ -14,7 +14,7 @@ import types
 from ..source import AttrSource, ConstSource
 from .base import unsupported
 from .constant import ConstVar
-from .modules import _class_lookup, class_attr
+from .modules import _class_lookup, class_attr, class_defines, guard_class_none
 
 MISSING = object()
 _CLASS_SLOT = object.__dict__["__class__"]
@@ -49,10 +49,9 @@ class InstanceAttrs:
     def set_class(self, tx, cls):
         raise NotImplementedError
 
-    def opaque_attr(self, tx, name, hooked=False):
+    def opaque_attr(self, tx, name):
         """An attribute computed by code the protocol does not follow: a descriptor
-        written in C (a namedtuple field; no traced store changes what it reads), or
-        the class's own __getattribute__ (`hooked`, which may read anything)."""
+        written in C (a namedtuple field; no traced store changes what it reads)."""
         unsupported(f"attribute {name!r} of {self.instance_class().__name__} is computed in C")
 
     # -- reading --
@@ -61,9 +60,25 @@ class InstanceAttrs:
         getattribute = _class_lookup(cls, "__getattribute__")
         if isinstance(getattribute, types.FunctionType):
             tx.guards.class_attr(cls, "__getattribute__", getattribute)
-            return self.opaque_attr(tx, name, hooked=True)
+            return self.hooked_attr(tx, name, getattribute)
+        return self._generic_getattr(tx, cls, name, getattribute)
+
+    def hooked_attr(self, tx, name, getattribute):
+        """``obj.name`` for a class with its own __getattribute__ (written in Python):
+        the hook inlined; its super().__getattribute__ is `generic_getattr`."""
+        from .functions import UserFunctionVar
+        return UserFunctionVar(getattribute).call(tx, [self, ConstVar(name)], {})
+
+    def generic_getattr(self, tx, name):
+        """object.__getattribute__(self, name): the protocol without the class's hook,
+        and without __getattr__ (CPython calls that after the hook raised, not here)."""
+        cls = self.instance_class()
+        return self._generic_getattr(tx, cls, name, _class_lookup(cls, "__getattribute__"),
+                                     fallback=False)
+
+    def _generic_getattr(self, tx, cls, name, getattribute, fallback=True):
         attr = _class_lookup(cls, name)
-        got = self._lookup(tx, cls, name, attr)
+        got = self._lookup(tx, cls, name, attr, fallback)
         if not self._read_through_source(got, name):
             # The answer rests on what the class holds (no __getattribute__ of its own;
             # for `name` a data descriptor or none, a method, a value): classes can be
@@ -75,9 +90,13 @@ class InstanceAttrs:
     def _read_through_source(self, var, name) -> bool:
         """`var` was read as ``obj.name`` through the object's source: its guard repeats
         CPython's whole lookup, so what the class held needs no guard of its own."""
-        return self.source is not None and var.source == AttrSource(self.source, name)
+        return self.source is not None and var.source == self.attr_source(name)
 
-    def _lookup(self, tx, cls, name, attr):
+    def attr_source(self, name):
+        """The source of what the trace read as the instance's own `name`."""
+        return AttrSource(self.source, name) if self.source is not None else None
+
+    def _lookup(self, tx, cls, name, attr, fallback=True):
         if attr is not None and is_data_descriptor(attr):
             got = _descriptor_get(tx, self, cls, name, attr)
             if got is not MISSING:
@@ -87,7 +106,9 @@ class InstanceAttrs:
             return own
         if attr is not None:
             return _class_attr(tx, self, cls, name, attr)
-        hook = class_attr(tx, cls, "__getattr__")
+        if class_defines(cls, name):
+            return self.class_value_attr(tx, name, None)     # a class attribute set to None
+        hook = class_attr(tx, cls, "__getattr__") if fallback else None
         if isinstance(hook, types.FunctionType):
             from .functions import UserFunctionVar
             return UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
@@ -115,6 +136,28 @@ class InstanceAttrs:
             return
         self.generic_setattr(tx, name, value)
 
+    def delattr(self, tx, name):
+        cls = self.instance_class()
+        hook = class_attr(tx, cls, "__delattr__")
+        if hook is not object.__delattr__:
+            if not isinstance(hook, types.FunctionType):
+                unsupported(f"{cls.__name__}.__delattr__ is not a Python function")
+            from .functions import UserFunctionVar
+            UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
+            return
+        attr = _class_lookup(cls, name)
+        _guard_class_attr(tx, cls, name, attr)
+        if attr is not None and is_data_descriptor(attr):
+            if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
+                from .functions import UserFunctionVar
+                UserFunctionVar(attr.fdel).call(tx, [self], {})
+                return
+            unsupported(f"deleting {name!r} through a descriptor of {cls.__name__}")
+        self.del_own_attr(tx, name)
+
+    def del_own_attr(self, tx, name):
+        unsupported(f"deleting attribute {name!r} of a {self.instance_class().__name__} object")
+
     def generic_setattr(self, tx, name, value):
         """object.__setattr__(self, name, value)."""
         cls = self.instance_class()
@@ -135,6 +178,9 @@ class InstanceAttrs:
 def _guard_class_attr(tx, cls, name, attr):
     """Guard what `cls` holds for `name` (`attr`), and, for an object of a user class
     (a descriptor), what its class holds for the descriptor protocol."""
+    if attr is None and class_defines(cls, name):
+        guard_class_none(tx, cls, name)
+        return
     tx.guards.class_attr(cls, name, attr)
     t = type(attr)
     if attr is not None and not t.__flags__ & _IMMUTABLE_TYPE:

@@ -1083,6 +1083,15 @@ def _has_attr(tx, obj, name):
     from .user_objects import DataclassVar, UserObjectVar
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
+        if isinstance(_class_lookup(type(value), "__getattribute__"), types.FunctionType):
+            # The class's own hook answers (a config's attribute_map aliases), not
+            # its __dict__: asked of the real object while the trace left it alone.
+            if obj.source is None or tx.side_effects.has_attr_writes(value) or \
+                    type(value) is not obj.python_type():
+                return None
+            found = hasattr(value, name)
+            _guard_hasattr(tx, obj.source, name, found)
+            return found
         if tx.side_effects.load_attr(value, name) is not None:
             return True
         d = getattr(value, "__dict__", {})
@@ -1105,6 +1114,9 @@ def _has_attr(tx, obj, name):
         if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
             return True
         return None if _class_lookup(obj.cls, "__getattr__") is not None else False
+    from .user_objects import NewObjectVar, new_object_hasattr
+    if isinstance(obj, NewObjectVar):
+        return new_object_hasattr(tx, obj, name)
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
@@ -1185,6 +1197,13 @@ def _setattr(tx, args, kwargs):
         return ConstVar(None)
 
 
+def _delattr(tx, args, kwargs):
+    from .attributes import InstanceAttrs
+    if len(args) == 2 and not kwargs and args[1].is_const() and isinstance(args[0], InstanceAttrs):
+        args[0].delattr(tx, args[1].as_const())
+        return ConstVar(None)
+
+
 def _type(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
         from .builder import wrap
@@ -1225,7 +1244,8 @@ _BUILTIN_HANDLERS = {
     abs: _abs, round: _round, pow: _pow, divmod: _divmod,
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),
     complex: _data_conversion(complex), str: _data_conversion(str),
-    repr: _repr, getattr: _getattr, hasattr: _hasattr, setattr: _setattr, type: _type,
+    repr: _repr, getattr: _getattr, hasattr: _hasattr, setattr: _setattr, delattr: _delattr,
+    type: _type,
     globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),

@@ -2,6 +2,7 @@
 records into the same graph, so calls of user code cost nothing at run time."""
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -134,6 +135,15 @@ class UserFunctionVar(Var):
         fn = self.fn
         if fn in TRACE_TIME_EVALUATED:
             return _evaluate_now(tx, fn, args, kwargs)
+        if fn in _MODULE_CALLS and args:
+            from .modules import NNModuleVar
+            if isinstance(args[0], NNModuleVar):
+                # nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`):
+                # what calling the module does, hooks included.
+                return args[0].module_call(tx, args[1:], kwargs)
+        if fn is copy.deepcopy and len(args) == 1 and not kwargs:
+            from .user_objects import deepcopy_var
+            return deepcopy_var(tx, args[0], {})
         grad_decorated = _grad_mode_decorator(fn)
         if grad_decorated is not None:
             mode, inner = grad_decorated
@@ -162,6 +172,15 @@ class UserFunctionVar(Var):
         # The function is fixed by identity, its attributes are not (`f.k = 2`).
         base = self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
         return wrap(tx, value, AttrSource(base, name))
+
+    def reconstruct(self, cg):
+        # Fixed by identity where the trace took it from (a class's dict, guarded there).
+        if self.source is not None:
+            return super().reconstruct(cg)
+        cg.load_const(self.fn)
+
+    def truth(self, tx):
+        return True           # functions and methods have no __bool__ or __len__
 
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
@@ -256,6 +275,16 @@ class BoundMethodVar(Var):
         if name == "__func__":
             return self.fn
         return self.fn.getattr(tx, name)
+
+    def reconstruct(self, cg):
+        # A method bound while tracing that outlives the frame: bound again, to the
+        # same function and object, as CPython binds it.
+        if self.source is not None:
+            return super().reconstruct(cg)
+        cg.call_const(types.MethodType, [self.fn.reconstruct, self.obj.reconstruct])
+
+    def truth(self, tx):
+        return True           # functions and methods have no __bool__ or __len__
 
     def __repr__(self):
         return f"BoundMethodVar({self.fn!r} of {self.obj!r})"
@@ -362,3 +391,38 @@ def _grad_mode_decorator(fn):
     if type(ctx) is torch.set_grad_enabled:
         return ctx.mode, inner
     return None
+
+
+def _module_calls():
+    import torch
+    m = torch.nn.Module
+    return {f for f in (m.__call__, getattr(m, "_wrapped_call_impl", None),
+                        getattr(m, "_call_impl", None)) if isinstance(f, types.FunctionType)}
+
+
+_MODULE_CALLS = _module_calls()
+
+
+def cached_call(tx, fn_var, args, kwargs):
+    """A call of a functools.lru_cache-wrapped function on constants (a version check):
+    the real call, whose answer is the cached one from the second call on.  The guard
+    calls it again (a cache hit, unless someone cleared the cache), so a changed answer
+    recompiles.  Only immutable constant answers: a cached list is one object shared
+    by every caller, which a Var could not follow."""
+    from ..source import CallMethodSource, ConstSource
+    from .builder import wrap
+    from .constant import is_constant_value
+    fn = fn_var.value
+    if kwargs or not all(a.is_const() for a in args):
+        unsupported(f"calling {fn.__qualname__} (lru_cache) on traced arguments")
+    consts = [a.as_const() for a in args]
+    if not CallMethodSource.supports(consts):
+        unsupported(f"calling {fn.__qualname__} (lru_cache) on arguments a guard cannot name")
+    try:
+        result = fn(*consts)
+    except Exception as e:
+        unsupported(f"{fn.__qualname__}() raised {type(e).__name__}")
+    if not is_constant_value(result):
+        unsupported(f"{fn.__qualname__} (lru_cache) returned a {type(result).__name__}")
+    base = fn_var.source if fn_var.source is not None else ConstSource(fn, fn.__qualname__)
+    return wrap(tx, result, CallMethodSource(base, "__call__", consts))

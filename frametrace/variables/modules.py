@@ -75,6 +75,10 @@ class NNModuleVar(Var):
                                   ObjectVar(type(m)))
         if cls_attr is not None:
             return wrap(tx, cls_attr, source)
+        if class_defines(type(m), name):          # a class attribute that is None
+            guard_class_none(tx, type(m), name)
+            _shadowing_guard(tx, self.source, m, name, None)
+            return ConstVar(None)
         unsupported(f"attribute {name!r} of module {type(m).__name__}")
 
     def setattr(self, tx, name, value):
@@ -163,6 +167,15 @@ class NNModuleVar(Var):
 
     # -- calls --
     def call(self, tx, args, kwargs):
+        call = class_attr(tx, type(self.module), "__call__")
+        if call is not torch.nn.Module.__dict__["__call__"]:
+            # The class's own __call__ (its super().__call__ comes back to module_call).
+            if not isinstance(call, types.FunctionType):
+                unsupported(f"{type(self.module).__name__}.__call__ is not a Python function")
+            return UserFunctionVar(call).call(tx, [self, *args], kwargs)
+        return self.module_call(tx, args, kwargs)
+
+    def module_call(self, tx, args, kwargs):
         """What nn.Module.__call__ does: pre-hooks, forward, forward hooks."""
         m = self.module
         _guard_global_hooks(tx)
@@ -241,6 +254,18 @@ def _class_lookup(cls, name):
         if name in klass.__dict__:
             return klass.__dict__[name]
     return None
+
+
+def class_defines(cls, name) -> bool:
+    """Whether `cls` or a base holds `name` (`_class_lookup` answers None both for a
+    missing name and for a class attribute set to None)."""
+    return any(name in klass.__dict__ for klass in cls.__mro__)
+
+
+def guard_class_none(tx, cls, name):
+    """The trace took ``cls.name`` to be None (a class attribute, not a missing one)."""
+    from ..source import ConstSource
+    tx.guards.value(AttrSource(ConstSource(cls, cls.__qualname__), name), None)
 
 
 def _check_module_store(m, name, value):
@@ -359,3 +384,70 @@ def _path_source(self, dotted):
 _INTROSPECTION = {name: _named(name) for name in (
     "named_children", "children", "named_parameters", "parameters", "named_buffers", "buffers",
     "named_modules", "modules")}
+
+
+class NewModuleVar(NNModuleVar):
+    """An nn.Module made in the frame (``nn.Softmax(dim=-1)(x)``, ``ACT2FN["gelu"]``): a
+    real blank instance on which nn.Module.__init__ ran (torch's own bookkeeping: empty
+    tables, training=True), with the class's __init__ inlined; what that stores lives
+    here as Vars.  It holds no parameters or buffers (they would be new random tensors
+    on each call), and it cannot leave the frame (no source to rebuild it from)."""
+    __slots__ = ("attrs", "initialized")
+
+    def __init__(self, module):
+        super().__init__(module, None)
+        self.attrs = {}
+        self.initialized = True
+
+    def getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
+        if name in ("_parameters", "_buffers", "_modules", "__dict__"):
+            unsupported(f"{name} of a module made in the frame")
+        return super().getattr(tx, name)
+
+    def setattr(self, tx, name, value):
+        from .tensor import TensorVar
+        cls = type(self.module)
+        if class_attr(tx, cls, "__setattr__") is not torch.nn.Module.__setattr__:
+            unsupported(f"{cls.__name__} defines __setattr__")
+        attr = class_attr(tx, cls, name)
+        if attr is not None and hasattr(type(attr), "__set__"):
+            if isinstance(attr, property) and isinstance(attr.fset, types.FunctionType):
+                UserFunctionVar(attr.fset).call(tx, [self, value], {})
+                return
+            unsupported(f"setting {name!r} through a descriptor of {cls.__name__}")
+        if isinstance(value, TensorVar) and issubclass(value.python_type(), torch.nn.Parameter):
+            unsupported(f"a parameter of a module made in the frame ({cls.__name__}.{name})")
+        self.attrs[name] = value
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in _INTROSPECTION or name.startswith("register_"):
+            unsupported(f"{name}() of a module made in the frame")
+        return super().call_method(tx, name, args, kwargs)
+
+    def __repr__(self):
+        return f"NewModuleVar({type(self.module).__name__})"
+
+
+def construct_module(tx, cls, args, kwargs):
+    """``cls(*args)`` for an nn.Module class while tracing: a NewModuleVar."""
+    if type(cls) is not type or issubclass(cls, _CONTAINERS):
+        unsupported(f"creating module {cls.__name__} in the frame")
+    for name, expected in (("__new__", object.__new__), ("__setattr__", torch.nn.Module.__setattr__),
+                           ("__getattr__", torch.nn.Module.__getattr__)):
+        if class_attr(tx, cls, name) is not expected:
+            unsupported(f"creating module {cls.__name__} in the frame ({name} of its own)")
+    init = class_attr(tx, cls, "__init__")
+    if not isinstance(init, types.FunctionType):
+        unsupported(f"{cls.__name__}.__init__ is not a Python function")
+    module = object.__new__(cls)
+    torch.nn.Module.__init__(module)
+    var = NewModuleVar(module)
+    if init is not torch.nn.Module.__init__:
+        result = UserFunctionVar(init).call(tx, [var, *args], kwargs)
+        if not _is_none(result):
+            unsupported(f"TypeError: __init__() should return None, not {result}")
+    elif args or kwargs:
+        unsupported("nn.Module() takes no arguments")
+    return var

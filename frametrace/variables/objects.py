@@ -8,6 +8,7 @@ import math
 import sys
 import operator
 import types
+import weakref
 
 import torch
 
@@ -124,10 +125,26 @@ class ObjectVar(ValueVar):
     def as_const(self):
         return self.value
 
+    def truth(self, tx):
+        v = self.value
+        if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType)) or \
+                isinstance(v, type) and type(v) is type:
+            return True       # no __bool__ or __len__ (a metaclass's could say otherwise)
+        return super().truth(tx)
+
+    def reconstruct(self, cg):
+        # A class, function or module the trace reached without a path (type(obj), a
+        # class attribute): the object itself, held by the compiled code.
+        if self.source is None and self.is_const():
+            return cg.load_const(self.value)
+        super().reconstruct(cg)
+
     def getattr(self, tx, name):
         from .builder import wrap
         if self.value is object and name == "__setattr__":
             return GenericSetattrVar()
+        if self.value is object and name == "__getattribute__":
+            return GenericGetattrVar()
         if type(self.value) is types.ModuleType and not _is_library_object(self.value):
             # A user module's attributes are its globals: writes by any spelling count.
             if name == "__dict__":
@@ -168,6 +185,14 @@ class ObjectVar(ValueVar):
                 return made
         if value in TRACE_TIME_ANSWERS:
             return ConstVar(TRACE_TIME_ANSWERS[value])
+        if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
+            # The referent (or None once it died), read again through the call.
+            from ..source import CallMethodSource
+            from .builder import wrap
+            return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
+        if isinstance(value, functools._lru_cache_wrapper):
+            from .functions import cached_call
+            return cached_call(tx, self, args, kwargs)
         if value in _GLOBAL_STATE_READERS and not args and not kwargs:
             return _read_global_state(tx, value)
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
@@ -331,6 +356,8 @@ class SuperVar(Var):
                 if klass in CONTAINER_BASES and is_user_container(self.obj) and \
                         not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
                     return BaseMethodVar(self.obj, name)
+                if attr is torch.nn.Module.__init__ and getattr(self.obj, "initialized", False):
+                    return _ModuleInitDoneVar()
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVar(wrap(tx, attr, None, guard=False), self.obj)
                 if isinstance(attr, classmethod):
@@ -341,6 +368,8 @@ class SuperVar(Var):
                     return wrap(tx, attr.fget, None, guard=False).call(tx, [self.obj], {})
                 if klass is object and name == "__setattr__":
                     return BoundMethodVar(GenericSetattrVar(), self.obj)
+                if klass is object and name == "__getattribute__":
+                    return BoundMethodVar(GenericGetattrVar(), self.obj)
                 if not isinstance(attr, (types.FunctionType, types.WrapperDescriptorType,
                                          types.MethodDescriptorType)) and \
                         not (klass is object or getattr(klass, "__module__", "") == "builtins"):
@@ -382,13 +411,21 @@ class _RealMethodVar(Var):
             unsupported(f"{self.method.__qualname__} with traced arguments")
         consts = _consts(args)
         result = self.method(self.obj, *consts)
+        listed = isinstance(result, (type({}.keys()), type({}.values()), type({}.items())))
+        if listed:
+            result = list(result)       # a view, read as the list of what it shows now
         if self.obj_source is None:
             return wrap(tx, result, None, guard=False)
         if not CallMethodSource.supports(consts):
             unsupported(f"{self.method.__qualname__} on arguments a guard cannot name")
         # The object's contents can change between calls: read again by the guard.
-        return wrap(tx, result, CallMethodSource(self.obj_source, self.method.__name__, consts,
-                                                 through=self.method))
+        var = wrap(tx, result, CallMethodSource(self.obj_source, self.method.__name__, consts,
+                                                as_list=listed, through=self.method))
+        if listed:
+            # A new list, which the frame may mutate freely: not the source's object.
+            tx.output.object_vars.pop(id(result), None)
+            var = ListVar(list(var.items))
+        return var
 
 
 class ContextVarVar(ValueVar):
@@ -447,6 +484,30 @@ class GenericSetattrVar(Var):
         return ConstVar(None)
 
 
+class GenericGetattrVar(Var):
+    """object.__getattribute__ (called by a class's own __getattribute__): the plain
+    lookup, descriptors included, without the class's hook."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        from .attributes import InstanceAttrs
+        if len(args) != 2 or kwargs or not args[1].is_const() or \
+                not isinstance(args[0], InstanceAttrs) or type(args[1].as_const()) is not str:
+            unsupported(f"object.__getattribute__ on {args[0] if args else None}")
+        return args[0].generic_getattr(tx, args[1].as_const())
+
+
+class _ModuleInitDoneVar(Var):
+    """nn.Module.__init__ reached through super() from the __init__ of a module made in
+    the frame: already run, on the real blank module (see modules.construct_module)."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            unsupported("nn.Module.__init__() with arguments")
+        return ConstVar(None)
+
+
 class _NoOpVar(Var):
     """object.__init__ reached through super(): does nothing."""
     __slots__ = ()
@@ -490,6 +551,9 @@ def _construct(tx, cls, args, kwargs):
         if len(values) != len(names):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
+    if issubclass(cls, torch.nn.Module):
+        from .modules import construct_module
+        return construct_module(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):

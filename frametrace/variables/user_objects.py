@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
+import operator
 import types
 from collections import OrderedDict
 
-from ..source import AttrSource, ConstSource
+from ..source import AttrSource, CallMethodSource, ConstSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
-from .modules import _class_lookup, class_attr
+from .modules import _class_lookup, class_attr, class_defines
 
 
 class UserObjectVar(InstanceAttrs, Var):
@@ -54,32 +56,60 @@ class UserObjectVar(InstanceAttrs, Var):
             value = object.__getattribute__(obj, name)
         except AttributeError:
             return MISSING
-        return wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
+        return wrap(tx, value, self.attr_source(name))
+
+    def attr_source(self, name):
+        # A class's own __getattribute__ may answer `obj.name` otherwise than the plain
+        # lookup the trace did: the guard repeats the plain one.
+        if self.source is None:
+            return None
+        if isinstance(_class_lookup(type(self.value), "__getattribute__"), types.FunctionType):
+            return CallMethodSource(self.source, "__getattribute__", (name,),
+                                    through=object.__getattribute__)
+        return AttrSource(self.source, name)
 
     def class_value_attr(self, tx, name, attr):
         from .builder import wrap
+        from .objects import _PURE_READERS, _RealMethodVar
         if self.cls is not type(self.value):
             return wrap(tx, attr, None, guard=False)
+        if name in _PURE_READERS and isinstance(attr, types.MethodDescriptorType) and \
+                attr.__objclass__ in _BUILTIN_BASES and isinstance(self.value, attr.__objclass__):
+            # A builtin base's reader (a ModelOutput's keys(), an OrderedDict subclass's
+            # get): the object's contents, read now and guarded by reading them again.
+            return _RealMethodVar(attr, self.value, self.source)
         # Read through the object, as before any write: guarded by value there.
-        return wrap(tx, getattr(self.value, name),
-                    AttrSource(self.source, name) if self.source is not None else None)
+        return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
+
+    def hooked_attr(self, tx, name, getattribute):
+        from .builder import wrap
+        if self.cls is type(self.value) and self.source is not None and \
+                not tx.side_effects.has_attr_writes(self.value):
+            # The hook run on the real object (cheaper than inlining it), guarded by
+            # reading `obj.name` again, the hook included.
+            try:
+                value = getattr(self.value, name)
+            except Exception:
+                value = MISSING
+            if value is not MISSING:
+                return wrap(tx, value, AttrSource(self.source, name))
+        return super().hooked_attr(tx, name, getattribute)
 
     def _dict_var(self, tx):
         d = getattr(self.value, "__dict__", None)
         known = tx.output.object_vars.get(id(d)) if d is not None else None
         return known[1] if known is not None and known[0] is d else None
 
-    def opaque_attr(self, tx, name, hooked=False):
+    def opaque_attr(self, tx, name):
         from .builder import wrap
-        if name == "__dict__" and not hooked and tx.side_effects.has_attr_writes(self.value):
+        if name == "__dict__" and tx.side_effects.has_attr_writes(self.value):
             # Attribute writes and writes through __dict__ would be two records of one
             # state: the trace keeps one.
             unsupported(f"__dict__ of a {self.cls.__name__} object whose attributes the trace changed")
-        if self.cls is not type(self.value) or hooked and tx.side_effects.has_attr_writes(self.value):
+        if self.cls is not type(self.value):
             # Answered by the real object only while the trace has not changed it.
-            return super().opaque_attr(tx, name, hooked)
-        return wrap(tx, getattr(self.value, name),
-                    AttrSource(self.source, name) if self.source is not None else None)
+            return super().opaque_attr(tx, name)
+        return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
 
     def set_own_attr(self, tx, name, value):
         if self._dict_var(tx) is not None:
@@ -117,7 +147,8 @@ class UserObjectVar(InstanceAttrs, Var):
                 return wrap(tx, result, None, guard=False)
             if not CallMethodSource.supports(consts):
                 unsupported(f"{self.cls.__name__}.{name} on arguments a guard cannot name")
-            source = GetItemSource(self.source, consts[0]) if name == "__getitem__" else \
+            source = GetItemSource(self.source, consts[0]) \
+                if name == "__getitem__" and type(consts[0]) in (str, int) else \
                 CallMethodSource(self.source, name, consts)
             return wrap(tx, result, source)
         unsupported(f"{self.cls.__name__}.{name}")
@@ -169,6 +200,11 @@ class NewObjectVar(InstanceAttrs, Var):
     def set_own_attr(self, tx, name, value):
         self.attrs[name] = value
 
+    def del_own_attr(self, tx, name):
+        if name not in self.attrs:
+            unsupported(f"AttributeError: {self.cls.__name__!r} object has no attribute {name!r}")
+        del self.attrs[name]
+
     def set_class(self, tx, cls):
         self.cls = cls
 
@@ -201,6 +237,11 @@ class NewObjectVar(InstanceAttrs, Var):
             return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
 
+    def opaque_attr(self, tx, name):
+        if name == "__dict__":
+            return _AttrsDictVar(self)
+        return super().opaque_attr(tx, name)
+
     def reconstruct(self, cg):
         if cg.load_rebuilt(self):
             return
@@ -210,6 +251,9 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def __repr__(self):
         return f"NewObjectVar({self.cls.__name__})"
+
+
+_BUILTIN_BASES = (dict, OrderedDict, list, tuple)
 
 
 def checked_bool(tx, result) -> bool:
@@ -450,6 +494,148 @@ def _set_attrs(obj, attrs):
 
 def _is_none(v):
     return isinstance(v, ConstVar) and v.value is None
+
+
+class _AttrsDictVar(DictVar):
+    """``obj.__dict__`` of an object made in the frame: its attribute table itself, so
+    writes through either are seen by both.  It stays in the frame (rebuilt on its own
+    it would no longer be the object's __dict__)."""
+    __slots__ = ("owner",)
+
+    def __init__(self, owner):
+        super().__init__({})
+        self.items = owner.attrs
+        self.owner = owner
+
+    def reconstruct(self, cg):
+        unsupported(f"the __dict__ of a {self.owner.cls.__name__} made in the frame leaves it")
+
+
+def deepcopy_var(tx, var, memo):
+    """``copy.deepcopy(var)`` on Vars, as copy.deepcopy does it for what it supports:
+    immutable atoms stay, lists, dicts and tuples are copied item by item, and objects
+    of plain classes (no __deepcopy__, __reduce__, __getstate__, __setstate__ or
+    __slots__ of their own) become a new object with deep copies of their __dict__ (what
+    object.__reduce_ex__ and copy._reconstruct do).  `memo` keeps shared parts shared."""
+    from .symbolic import SymNodeVar
+    from .objects import ObjectVar
+    if id(var) in memo:
+        return memo[id(var)][1]
+    if isinstance(var, ConstVar) or isinstance(var, SymNodeVar):
+        return var                          # immutable: deepcopy returns it (or an equal)
+    if isinstance(var, ObjectVar) and isinstance(var.value, (type, types.FunctionType,
+                                                             types.BuiltinFunctionType)):
+        return var                          # copy's atomic types
+    if type(var) is TupleVar:
+        items = [deepcopy_var(tx, v, memo) for v in var.items]
+        return var if all(a is b for a, b in zip(items, var.items)) else TupleVar(items)
+    if type(var) is ListVar:
+        copied = ListVar([])
+        memo[id(var)] = (var, copied)
+        copied.items = [deepcopy_var(tx, v, memo) for v in var.items]
+        return copied
+    if type(var) is DictVar or type(var) is _AttrsDictVar:
+        copied = DictVar({})
+        memo[id(var)] = (var, copied)
+        copied.items = {k: deepcopy_var(tx, v, memo) for k, v in var.items.items()}
+        return copied
+    if isinstance(var, (UserObjectVar, NewObjectVar)):
+        state = _plain_object_state(tx, var)
+        copied = NewObjectVar(var.cls)
+        memo[id(var)] = (var, copied)
+        copied.attrs = {k: deepcopy_var(tx, v, memo) for k, v in state.items()}
+        return copied
+    unsupported(f"copy.deepcopy of {var}")
+
+
+_NO_COPY_HOOKS = ("__deepcopy__", "__setstate__", "__getattr__")
+
+
+def _plain_object_state(tx, var) -> dict:
+    """The attributes deepcopy copies from an object of a plain Python class (checked,
+    and guarded, to be one), as Vars."""
+    import copy
+    import copyreg
+    cls = var.cls
+    if type(cls) is not type or any(k.__module__ == "builtins" and k is not object
+                                    for k in cls.__mro__):
+        unsupported(f"copy.deepcopy of a {cls.__name__} (a builtin subclass or a metaclass)")
+    expected = {"__new__": object.__new__, "__reduce_ex__": object.__reduce_ex__,
+                "__reduce__": object.__reduce__,
+                "__getstate__": getattr(object, "__getstate__", None)}
+    for name, want in [*expected.items(), *((n, None) for n in _NO_COPY_HOOKS)]:
+        if class_attr(tx, cls, name) is not want:
+            unsupported(f"copy.deepcopy of a {cls.__name__}: it has its own {name}")
+    if any("__slots__" in k.__dict__ for k in cls.__mro__) or cls in copy._deepcopy_dispatch:
+        unsupported(f"copy.deepcopy of a {cls.__name__} (slots or a registered copier)")
+    if cls in copyreg.dispatch_table:
+        unsupported(f"copy.deepcopy of a {cls.__name__} (a copyreg reducer)")
+    tx.guards.global_state(f"{cls.__qualname__} has no copyreg reducer",
+                           functools.partial(operator.contains, copyreg.dispatch_table, cls), False)
+    hook = _class_lookup(cls, "__getattribute__")
+    if isinstance(var, NewObjectVar):
+        if hook is not object.__getattribute__:
+            # deepcopy asks the object itself for __deepcopy__ / __setstate__.
+            for name in ("__deepcopy__", "__setstate__"):
+                if new_object_hasattr(tx, var, name) is not False:
+                    unsupported(f"copy.deepcopy of a {cls.__name__}: its __getattribute__ "
+                                f"may give {name}")
+        return dict(var.attrs)
+    value = var.value
+    if var.source is None or cls is not type(value) or tx.side_effects.has_attr_writes(value) \
+            or var._dict_var(tx) is not None:
+        unsupported(f"copy.deepcopy of a {cls.__name__} the trace changed")
+    if hook is not object.__getattribute__:
+        # deepcopy asks the object itself for __deepcopy__ / __setstate__.
+        from .builtins import _guard_hasattr
+        for name in ("__deepcopy__", "__setstate__"):
+            found = hasattr(value, name)
+            _guard_hasattr(tx, var.source, name, found)
+            if found:
+                unsupported(f"copy.deepcopy of a {cls.__name__}: its __getattribute__ gives {name}")
+    d = object.__getattribute__(value, "__dict__")
+    tx.guards.dict_keys(var.attr_source("__dict__"), d)
+    return {k: var.own_attr(tx, k) for k in d}
+
+
+def new_object_hasattr(tx, var, name):
+    """hasattr() of an object made in the frame: True, False, or None (cannot tell).
+    With a __getattribute__ of its class's own, the hook answers, run for real on a
+    scratch object given the same (constant) attributes, by the guard too: what it reads
+    beside them (class attributes, say) can change between calls."""
+    cls = var.cls
+    if name in var.attrs:
+        return True
+    hook = class_attr(tx, cls, "__getattribute__")
+    if hook is object.__getattribute__:
+        attr = class_attr(tx, cls, name)
+        if isinstance(attr, types.MemberDescriptorType):
+            return False                    # a slot not set (set ones are in attrs)
+        if attr is not None and is_data_descriptor(attr):
+            return None                     # a property's getter may raise
+        if attr is not None or class_defines(cls, name):
+            return True
+        return None if class_attr(tx, cls, "__getattr__") is not None else False
+    if not isinstance(hook, types.FunctionType) or \
+            not all(v.is_const() for v in var.attrs.values()):
+        return None
+    state = {k: v.as_const() for k, v in var.attrs.items()}
+    probe = functools.partial(_scratch_hasattr, cls, state, name)
+    try:
+        found = probe()
+    except Exception:
+        return None
+    tx.guards.global_state(f"hasattr(<a {cls.__qualname__} made in the frame>, {name!r})",
+                           probe, found)
+    return found
+
+
+def _scratch_hasattr(cls, state, name):
+    import copy
+    obj = cls.__new__(cls)
+    for k, v in copy.deepcopy(state).items():
+        object.__setattr__(obj, k, v)
+    return hasattr(obj, name)
 
 
 __all__ = ["UserObjectVar", "DataclassVar", "make_dataclass_instance", "is_model_output",
