@@ -336,8 +336,12 @@ class InstructionTranslator:
             self.pop()                                  # annotations: unused
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
         defaults = self.pop().items if flags & 0x01 else []
+        root_cells = self.root.cells
+        root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
         self.push(NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
-                                    code.co_qualname, in_root=self.parent is None))
+                                    code.co_qualname, in_root=self.parent is None,
+                                    root_names=root_names,
+                                    same_globals=self.f_globals is self.root.f_globals))
 
     # ------------------------------------------------------------ inlining
     def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:

@@ -8,6 +8,8 @@ the real inputs.
 """
 from __future__ import annotations
 
+import collections
+
 from bytecode import FreeVar
 
 from .source import ClosureSource
@@ -182,6 +184,9 @@ def _store_contents(cg, container: str, temp: str):
 def _replace_contents(container, new):
     if isinstance(container, list):
         container[:] = new
+    elif isinstance(container, collections.deque):
+        container.clear()
+        container.extend(new)
     else:
         container.clear()
         container.update(new)

@@ -14,6 +14,7 @@ caller guarded another way or that have no outside source."""
 from __future__ import annotations
 
 import builtins
+import collections
 import contextvars
 import functools
 import sys
@@ -67,6 +68,8 @@ def wrap(tx, value, source, guard: bool = True):
         if type(value) is list:
             tx.output.object_vars[id(value)] = (value, var)
         return var
+    if type(value) is collections.deque:
+        return _wrap_deque(tx, value, source, guards, guard)
     if module_namespace(value) is not None:
         if guards is not None:
             guards.identity(source, value)      # the trace reads this module's globals
@@ -81,6 +84,20 @@ def wrap(tx, value, source, guard: bool = True):
     var = _wrap_object(tx, value, source, guards)
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
         tx.output.object_vars[id(value)] = (value, var)
+    return var
+
+
+def _wrap_deque(tx, value, source, guards, guard):
+    """A deque from outside: its items and maxlen are guarded as a list's; changes to
+    it are written back after the graph."""
+    from .stdlib import DequeVar
+    if guards is not None:
+        guards.length(source, value)
+        guards.equals(AttrSource(source, "maxlen"), value.maxlen)
+    items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard)
+             for i, v in enumerate(value)]
+    var = DequeVar(items, value.maxlen, source)
+    tx.output.object_vars[id(value)] = (value, var)
     return var
 
 
@@ -102,7 +119,7 @@ def _wrap_object(tx, value, source, guards):
         g = guards is not None
         return PartialVar(wrap(tx, value.func, sub("func"), g),
                           wrap(tx, value.args, sub("args"), g).items,
-                          wrap(tx, value.keywords, sub("keywords"), g).items, source)
+                          wrap(tx, value.keywords, sub("keywords"), g).items, source, value)
     if _is_user_instance(value):
         if guards is not None:
             guards.type_match(source, value)

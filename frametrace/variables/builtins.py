@@ -8,6 +8,7 @@ and infinite iterators (itertools.count) work under islice/zip.  Sets hold const
 only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
+import functools
 import operator
 import types
 
@@ -17,6 +18,7 @@ from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, live_items, live_keys,
                          live_members, note_live_read)
+from .functions import NestedFunctionVar, PartialVar
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -776,9 +778,28 @@ def _live_reversed(seq, tx):
 
 
 def _iter(tx, args, kwargs):
+    if len(args) == 2 and not kwargs:
+        return _call_until(tx, args[0], args[1])
     if len(args) != 1 or kwargs:
         return None
     return iter_of(tx, args[0])
+
+
+_CALLABLE_ITERATOR = type(iter(int, 0))
+
+
+def _call_until(tx, fn, sentinel):
+    """iter(fn, sentinel): calls fn lazily, one call per item, until it returns
+    something equal to the sentinel (CPython compares with ==, sentinel on the left)."""
+    from ..interpreter import binary_op
+
+    def gen():
+        while True:
+            v = call_item_fn(tx, fn, [])
+            if binary_op(tx, operator.eq, sentinel, v).truth(tx):
+                return
+            yield v
+    return LazyIteratorVar(gen(), _CALLABLE_ITERATOR)
 
 
 def iter_of(tx, v: Var) -> IteratorVar:
@@ -985,6 +1006,10 @@ def _has_attr(tx, obj, name):
         if obj.source is not None:
             _guard_hasattr(tx, obj.source, name, found)
         return found
+    if isinstance(obj, PartialVar):
+        return _partial_has_attr(tx, obj, name)
+    if isinstance(obj, NestedFunctionVar):
+        return obj.has_attr(name)
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
@@ -1014,6 +1039,18 @@ def _has_attr(tx, obj, name):
             return name in obj.fields
         return False
     return None
+
+
+def _partial_has_attr(tx, p, name):
+    """A functools.partial has func, args and keywords, what its class has, and what
+    was set on it: one made while tracing nothing (setting on it is not traced)."""
+    if name in ("func", "args", "keywords") or hasattr(functools.partial, name):
+        return True
+    if p.real is None:
+        return False
+    found = hasattr(p.real, name)
+    _guard_hasattr(tx, p.source, name, found)
+    return found
 
 
 def _guard_hasattr(tx, source, name, found):

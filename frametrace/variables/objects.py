@@ -545,6 +545,8 @@ TRACE_TIME_ANSWERS = {
     torch.jit.is_scripting: False,
     torch.jit.is_tracing: False,
     torch._C._get_tracing_state: None,
+    # How torch was built: fixed for the life of the process.
+    torch.distributed.is_available: torch.distributed.is_available(),
 }
 
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,

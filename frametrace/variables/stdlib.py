@@ -469,6 +469,8 @@ class DequeVar(ListVar):
         items = self.items
         if kwargs:
             unsupported(f"deque.{name} with keyword arguments")
+        if name in _DEQUE_MUTATORS:
+            self._check_mutable(tx)         # a deque from outside: written back
         if name == "append" and len(args) == 1:
             items.append(args[0])
             if self.maxlen is not None and len(items) > self.maxlen:
@@ -518,6 +520,16 @@ class DequeVar(ListVar):
         unsupported(f"deque.{name}")
 
     def reconstruct(self, cg):
+        # One object: the deque from outside itself, or one new deque however many
+        # places refer to it.
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
+        self._construct(cg)
+        cg.keep_rebuilt(self)
+
+    def _construct(self, cg):
         cg.load_constructor(collections.deque)
         for v in self.items:
             v.reconstruct(cg)
@@ -530,6 +542,10 @@ class DequeVar(ListVar):
 
     def __repr__(self):
         return f"DequeVar({self.items!r}, maxlen={self.maxlen})"
+
+
+_DEQUE_MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "pop", "popleft",
+                             "rotate", "clear", "insert", "reverse", "remove"})
 
 
 def _dict_items(tx, args, kwargs):
