@@ -723,7 +723,10 @@ class InstructionTranslator:
         raise _Yield(value)
 
     def RETURN_VALUE(self, inst):
-        self.return_value = self.pop()
+        value = self.pop()
+        if self.parent is None:
+            _freeze_returned_iterators(self, value)
+        self.return_value = value
 
     def LOAD_ASSERTION_ERROR(self, inst):
         self.push(ObjectVar(AssertionError))
@@ -930,6 +933,18 @@ class InlinedGeneratorVar(LazyIteratorVar):
                 unsupported("send() to a generator that returned (StopIteration)")
             return v
         return super().call_method(tx, name, args, kwargs)
+
+
+def _freeze_returned_iterators(tx, v, depth=0):
+    """Iterators the frame returns (in tuples, lists and dicts too) outlive the trace."""
+    if isinstance(v, LazyIteratorVar):
+        v.freeze(tx)
+    elif depth < 8 and isinstance(v, (TupleVar, ListVar)):
+        for item in v.items:
+            _freeze_returned_iterators(tx, item, depth + 1)
+    elif depth < 8 and type(v) is DictVar:
+        for item in v.items.values():
+            _freeze_returned_iterators(tx, item, depth + 1)
 
 
 class _Yield(Exception):

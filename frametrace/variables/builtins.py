@@ -9,6 +9,7 @@ only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import types
 
@@ -49,7 +50,7 @@ class BuiltinVar(ObjectVar):
 class LazyIteratorVar(IteratorVar):
     """An iterator whose items come from `gen`, a Python iterator of Vars (a generator
     that may call traced functions, add graph nodes, or never end)."""
-    __slots__ = ("gen", "kind")
+    __slots__ = ("gen", "kind", "frozen")
 
     def __init__(self, gen, kind=None):
         Var.__init__(self, None)
@@ -57,6 +58,7 @@ class LazyIteratorVar(IteratorVar):
         self.index = 0
         self.gen = gen
         self.kind = kind
+        self.frozen = False
 
     def python_type(self):
         if self.kind is None:
@@ -127,11 +129,95 @@ class LazyIteratorVar(IteratorVar):
             return _next_or_fail(self)
         unsupported(f"iterator.{name}")
 
+    def freeze(self, tx):
+        """The frame returns this iterator: what it has left is pulled now, when that
+        computes nothing (no graph op, no code of the program), so that the iterator the
+        caller gets yields the same objects, of the same type.  A live iterator (over a
+        list or dict) is rebuilt over its containers instead."""
+        if self.handover() is not None:
+            self.remaining(tx)              # (its checks: a dict changed size ...)
+            return
+        if self.kind not in _REBUILD:
+            unsupported(f"returning a {getattr(self.kind, '__name__', 'lazy')} iterator from a compiled frame")
+        ops = tx.output.op_count()
+        self.remaining(tx)
+        if tx.output.op_count() != ops:
+            unsupported("returning an iterator whose items are computed as it is consumed")
+        self.frozen = True
+
     def reconstruct(self, cg):
-        unsupported("returning an iterator from a compiled frame")
+        if cg.load_rebuilt(self):
+            return
+        live = self.handover()
+        if live is not None:
+            cg.call_const(rebuild_live_iterator, [lambda cg: cg.load_const(live[0]), live[1].reconstruct])
+        elif self.frozen:
+            rest = self.items[self.index:]
+
+            def push_rest(cg):
+                for v in rest:
+                    v.reconstruct(cg)
+                cg.build(list, len(rest))
+            cg.call_const(_REBUILD[self.kind], [push_rest])
+        else:
+            unsupported("returning an iterator from a compiled frame")
+        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"LazyIteratorVar({getattr(self.kind, '__name__', '?')})"
+
+
+# Iterators of each kind over given items (what a returned iterator had left): the
+# same type as the original, yielding the same objects.
+def _replay(items):
+    yield from items
+
+
+def _enumerate_rows(rows):
+    return enumerate([v for _, v in rows], rows[0][0]) if rows else enumerate(())
+
+
+_REBUILD = {
+    type(iter([])): iter, type(iter(())): lambda items: iter(tuple(items)),
+    type(reversed([])): lambda items: reversed(items[::-1]),
+    zip: lambda rows: zip(*zip(*rows)) if rows else zip(),
+    map: lambda items: map(_identity, items), filter: lambda items: filter(_always, items),
+    enumerate: _enumerate_rows,
+    type(_replay(())): _replay,
+    itertools.islice: lambda items: itertools.islice(items, None),
+    itertools.chain: itertools.chain,
+}
+
+
+def _identity(v):
+    return v
+
+
+def _always(v):
+    return True
+
+
+def rebuild_live_iterator(kind: str, state):
+    """At run time: the live iterator a frame returns, made anew over its containers at
+    the position the trace left it (the kinds of IteratorVar.handover)."""
+    what, _, rest = kind.partition(":")
+    if what == "l":
+        seq, pos = state
+        it = iter(seq)
+        it.__setstate__(pos)
+        return it
+    if what == "d":
+        d, pos = state
+        it = iter(d if rest == "keys" else getattr(d, rest)())
+        for _ in range(pos):
+            next(it)
+        return it
+    if what == "e":
+        inner, count = state
+        return enumerate(rebuild_live_iterator(rest, inner), count)
+    if what == "z":
+        return zip(*(rebuild_live_iterator(k, s) for k, s in zip(rest.split(";"), state)))
+    raise AssertionError(kind)
 
 
 class ListIteratorVar(LazyIteratorVar):

@@ -332,6 +332,88 @@ def _while(kind):
     return handler
 
 
+def _same_key(tx, a, b) -> bool:
+    """PyObject_RichCompareBool(a, b, Py_EQ): identity first, then ==."""
+    from ..interpreter import binary_op
+    if a is b or isinstance(a, ConstVar) and isinstance(b, ConstVar) and a.value is b.value:
+        return True
+    return binary_op(tx, operator.eq, a, b).truth(tx)
+
+
+class _GroupBy:
+    """itertools.groupby as CPython's C code runs it: one underlying iterator; a group
+    yields only while it is the newest group (advancing the outer ends the others)."""
+
+    def __init__(self, tx, source, key):
+        self.tx, self.source, self.key = tx, source, key
+        self.tgtkey = self.currkey = self.currvalue = None
+        self.current = None
+
+    def _step(self) -> bool:
+        value = next(self.source, None)
+        if value is None:
+            return False
+        self.currkey = value if _is_none_var(self.key) else call_item_fn(self.tx, self.key, [value])
+        self.currvalue = value
+        return True
+
+    def groups(self):
+        while True:
+            self.current = None
+            while not (self.currkey is not None and (self.tgtkey is None or not _same_key(
+                    self.tx, self.tgtkey, self.currkey))):
+                if not self._step():
+                    return
+            self.tgtkey = self.currkey
+            token = self.current = object()
+            yield TupleVar([self.currkey, _lazy(self._group(token, self.tgtkey), _GROUPER)])
+
+    def _group(self, token, tgtkey):
+        while self.current is token:
+            if self.currvalue is None and not self._step():
+                return
+            if not _same_key(self.tx, tgtkey, self.currkey):
+                return
+            value, self.currvalue = self.currvalue, None
+            yield value
+
+
+_GROUPER = type(next(itertools.groupby([1]))[1])
+
+
+def _groupby(tx, args, kwargs):
+    if len(args) > 2 or set(kwargs) - {"key"} or not args and "iterable" not in kwargs:
+        return None
+    source = var_iter(tx, args[0])
+    key = args[1] if len(args) == 2 else kwargs.get("key", ConstVar(None))
+    return _lazy(_GroupBy(tx, source, key).groups(), itertools.groupby)
+
+
+def _tee(tx, args, kwargs):
+    if kwargs or not 1 <= len(args) <= 2:
+        return None
+    n = const_key(args[1], "tee count") if len(args) == 2 else 2
+    if not isinstance(n, int) or n < 0:
+        unsupported("tee(): n must be >= 0 (ValueError)")
+    source = var_iter(tx, args[0])
+    buffer = []
+
+    def follower():
+        i = 0
+        while True:
+            if i == len(buffer):
+                v = next(source, None)
+                if v is None:
+                    return
+                buffer.append(v)
+            i += 1
+            yield buffer[i - 1]
+    return TupleVar([_lazy(follower(), _TEE) for _ in range(n)])
+
+
+_TEE = type(itertools.tee([])[0])
+
+
 def _compress(tx, args, kwargs):
     if kwargs or len(args) != 2:
         return None
@@ -602,6 +684,8 @@ LIBRARY_HANDLERS = {
     itertools.takewhile: _while(itertools.takewhile),
     itertools.dropwhile: _while(itertools.dropwhile),
     itertools.compress: _compress,
+    itertools.groupby: _groupby,
+    itertools.tee: _tee,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,
