@@ -26,7 +26,7 @@ from ..source import AttrSource, GetItemSource
 from .base import unsupported
 from ..graph import fx_can_name
 from .constant import ConstVar, is_constant_value
-from .containers import DictVar, ListVar, TupleVar
+from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
@@ -68,6 +68,11 @@ def wrap(tx, value, source, guard: bool = True):
         if type(value) is list:
             tx.output.object_vars[id(value)] = (value, var)
         return var
+    if _is_plain_namedtuple(type(value)):
+        if guards is not None:
+            guards.length(source, value)        # (its exact class, too)
+        return NamedTupleVar([wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard)
+                              for i, v in enumerate(value)], type(value)._fields, source, type(value))
     if type(value) is collections.deque:
         return _wrap_deque(tx, value, source, guards, guard)
     if module_namespace(value) is not None:
@@ -85,6 +90,18 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
         tx.output.object_vars[id(value)] = (value, var)
     return var
+
+
+# (copyreg caches __slotnames__ on the class when an instance is copied or pickled.)
+_NAMEDTUPLE_KEYS = frozenset(collections.namedtuple("_", "a").__dict__) - {"a"} | {
+    "__orig_bases__", "__annotations__", "__slotnames__"}
+
+
+def _is_plain_namedtuple(cls) -> bool:
+    """A class collections.namedtuple made, with nothing of the user's added: its
+    instances are tuples with field names."""
+    return cls.__bases__ == (tuple,) and isinstance(cls.__dict__.get("_fields"), tuple) and \
+        set(cls.__dict__) - set(cls._fields) <= _NAMEDTUPLE_KEYS
 
 
 def _wrap_deque(tx, value, source, guards, guard):

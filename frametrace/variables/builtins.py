@@ -1127,10 +1127,13 @@ def _has_attr(tx, obj, name):
     return None
 
 
+_BLANK_PARTIAL = functools.partial(len)      # what every partial has
+
+
 def _partial_has_attr(tx, p, name):
     """A functools.partial has func, args and keywords, what its class has, and what
     was set on it: one made while tracing nothing (setting on it is not traced)."""
-    if name in ("func", "args", "keywords") or hasattr(functools.partial, name):
+    if hasattr(_BLANK_PARTIAL, name):
         return True
     if p.real is None:
         return False

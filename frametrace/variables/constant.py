@@ -64,6 +64,14 @@ class ConstVar(ValueVar):
         if name == "__iter__" and not args and not kwargs:
             from .builtins import iter_of
             return iter_of(tx, self)       # a traced iterator, not the real one
+        if name == "join" and isinstance(self.value, (str, bytes)) and len(args) == 1 and \
+                not kwargs and not args[0].is_const():
+            # Of strings computed here (a generator, a list of them): joined now.
+            from .builtins import var_list
+            parts = var_list(tx, args[0])
+            if not all(p.is_const() for p in parts):
+                unsupported(f"{type(self.value).__name__}.join of {parts}")
+            return self._call_pure_method(tx, name, [ConstVar([p.as_const() for p in parts])], {})
         return self._call_pure_method(tx, name, args, kwargs)
 
     def _call_pure_method(self, tx, name, args, kwargs):
