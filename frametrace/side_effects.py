@@ -97,6 +97,9 @@ class SideEffects:
     def __bool__(self):
         return bool(self._order)
 
+    def __len__(self):
+        return len(self._order)
+
     def reconstruct(self, cg, root_cells: set[str]):
         """Replay in two phases: every new value first (they may be read from what the
         stores change, as in `a, b = b, a`), then every store, in program order."""

@@ -277,6 +277,58 @@ def test_partial_introspection():
     assert got[-1] is want[-1] is True and torch.equal(got[-2], want[-2])
 
 
+@functools.lru_cache(None)
+def _pure_cached(n):
+    return tuple(range(n)), n * 2
+
+
+SCALE = 2
+
+
+@functools.cache
+def _cached_reads_global(n):
+    return n * SCALE
+
+
+@functools.cache
+def _cached_returns_list(n):
+    return [n]
+
+
+def call_pure_cached(x):
+    return x * _pure_cached(3)[1], _pure_cached(2)[0]
+
+
+def call_cached_reading_a_global(x):
+    return x * _cached_reads_global(3)
+
+
+def call_cached_returning_a_list(x):
+    lst = _cached_returns_list(3)
+    lst.append(1)               # CPython: the cached list itself grows
+    return x + len(lst)
+
+
+def test_lru_cache_of_a_pure_function_is_traced_through():
+    check(call_pure_cached, [_x()], fullgraph=True, graphs=1)
+
+
+def test_lru_cache_answers_stay_cpythons_when_the_function_is_not_pure():
+    global SCALE
+    _cached_reads_global.cache_clear()
+    _cached_returns_list.cache_clear()
+    compiled = frametrace.optimize(backend="eager")(call_cached_reading_a_global)
+    x = _x()
+    try:
+        assert torch.equal(compiled(x), x * 6)
+        SCALE = 3                           # the cache still answers 6
+        assert torch.equal(compiled(x), x * 6)
+    finally:
+        SCALE = 2
+    compiled = frametrace.optimize(backend="eager")(call_cached_returning_a_list)
+    assert [compiled(x)[0].item() for _ in range(3)] == [x[0].item() + n for n in (2, 3, 4)]
+
+
 # --------------------------------------------------------------------------- collections
 def deque_in_frame(x):
     d = collections.deque([1, 2, 3], maxlen=3)

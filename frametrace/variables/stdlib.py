@@ -67,6 +67,66 @@ def _reduce(tx, args, kwargs):
     return acc
 
 
+class CachedFunctionVar(ObjectVar):
+    """A Python function wrapped by functools.lru_cache / functools.cache.  CPython
+    answers a repeated call from the cache, and the wrapped function runs again only
+    on a miss: calling through __wrapped__ gives the same answer when the function is a
+    pure one of its constant arguments.  That is checked on what the inlined call did:
+    no side effects, no graph ops, an immutable constant result, and nothing read from
+    outside that could change (a global, an attribute) but the function itself and the
+    builtins.  Otherwise the call breaks the graph and CPython makes it."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        from ..source import AttrSource, BuiltinSource, ConstSource
+        from .builder import wrap
+        name = getattr(self.value, "__qualname__", "cached function")
+        if not _all_const(args, kwargs) or not all(_hashable(v.as_const()) for v in (*args, *kwargs.values())):
+            unsupported(f"{name}() (lru_cache) on arguments that are not hashable constants")
+        base = self.source if self.source is not None else ConstSource(self.value, name)
+        inner_source = AttrSource(base, "__wrapped__")
+        inner = wrap(tx, self.value.__wrapped__, inner_source)
+        guards_before, effects_before, ops_before = set(tx.guards.guards), len(tx.side_effects), \
+            tx.output.op_count()
+        result = inner.call(tx, args, kwargs)
+        for key, guard in tx.guards.guards.items():
+            if key in guards_before or guard.kind.startswith("NOT_GLOBAL") or \
+                    isinstance(guard.source, BuiltinSource) or \
+                    _rooted_at(guard.source, inner_source, self.value.__wrapped__):
+                continue
+            unsupported(f"{name}() (lru_cache) reads {guard.text}: the cache may hold an older answer")
+        if len(tx.side_effects) != effects_before or tx.output.op_count() != ops_before:
+            unsupported(f"{name}() (lru_cache) has effects the cache would skip")
+        if not _immutable_constant(result):
+            unsupported(f"{name}() (lru_cache) returns {result}: the cache returns one object each time")
+        return result
+
+
+def _rooted_at(source, anchor, fn) -> bool:
+    """Whether `source` reads from the function `fn` (reached at `anchor`) itself."""
+    from ..source import ConstSource
+    while source is not None:
+        if source == anchor or isinstance(source, ConstSource) and source.obj is fn:
+            return True
+        source = getattr(source, "base", None)
+    return False
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _immutable_constant(v) -> bool:
+    from .constant import is_constant_value
+    if isinstance(v, TupleVar) and type(v) is TupleVar:
+        return all(_immutable_constant(i) for i in v.items)
+    return isinstance(v, ConstVar) and is_constant_value(v.value)
+
+
 # --------------------------------------------------------------------------- operator
 def _op_binary(fn):
     def handler(tx, args, kwargs):
@@ -738,6 +798,11 @@ if hasattr(operator, "call"):
 
 def library_var(value, source):
     """The Var for `value` if it is a handled library callable, else None."""
+    if isinstance(value, functools._lru_cache_wrapper) and \
+            isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
+        from .functions import is_inlinable
+        if is_inlinable(value.__wrapped__):
+            return CachedFunctionVar(value, source)
     try:
         if value in LIBRARY_HANDLERS:
             return LibraryFnVar(value, source)
