@@ -82,6 +82,59 @@ def test_itertools_mix():
     check(itertools_mix, [_x()], fullgraph=True, graphs=1)
 
 
+# --------------------------------------------------------------------------- torch.utils._pytree
+from torch.utils import _pytree as pytree  # noqa: E402
+
+
+def pytree_round_trip(x):
+    leaves, spec = pytree.tree_flatten({"a": x, "b": [x, (x, None)], "c": NT(x, 1)})
+    return pytree.tree_unflatten([t * 2 if isinstance(t, torch.Tensor) else t for t in leaves], spec)
+
+
+def pytree_map_over_argument(x, tree):
+    return pytree.tree_map(lambda t: t + x, tree)
+
+
+def pytree_leaves_and_spec(x):
+    leaves, spec = pytree.tree_flatten([x, {"k": x}])
+    return sum(pytree.tree_leaves([x, (x, x)])), leaves, spec.num_leaves, spec
+
+
+def test_pytree_flatten_unflatten():
+    check(pytree_round_trip, [_x()], fullgraph=True, graphs=1)
+
+
+def test_pytree_map_over_an_argument():
+    check(pytree_map_over_argument, [(_x(), {"u": [_x()], "v": (_x(),)}),
+                                     (_x(), {"u": [_x()], "v": (_x(),)})], fullgraph=True, graphs=1)
+
+
+def test_pytree_leaves_and_returned_spec():
+    compiled = frametrace.optimize(backend="eager", fullgraph=True)(pytree_leaves_and_spec)
+    x = _x()
+    got, want = compiled(x), pytree_leaves_and_spec(x)
+    assert torch.equal(got[0], want[0]) and got[2] == want[2] and got[3] == want[3]
+
+
+class _Pair:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+def pytree_leaf_count(x, tree):
+    return x * len(pytree.tree_leaves(tree))
+
+
+def test_pytree_registering_a_node_type_is_noticed():
+    compiled = frametrace.optimize(backend="eager", fullgraph=True)(pytree_leaf_count)
+    x = _x()
+    tree = [_Pair(1, 2)]
+    assert torch.equal(compiled(x, tree), x * 1)        # a leaf
+    pytree.register_pytree_node(_Pair, lambda p: ([p.a, p.b], None),
+                                lambda leaves, ctx: _Pair(*leaves))
+    assert torch.equal(compiled(x, tree), x * 2)        # a node: the registry was guarded
+
+
 # --------------------------------------------------------------------------- iterators
 def iter_with_sentinel(x, xs):
     it = iter(lambda: xs.pop(0), 0)

@@ -333,6 +333,20 @@ class DataclassVar(Var):
                             f"{'its __setattr__' if hook is not object.__setattr__ else 'a descriptor'}")
         self.fields[name] = value
 
+    def plain_setattr(self, tx, name, value):
+        """object.__setattr__(self, name, value) (how a frozen dataclass's
+        __post_init__ sets fields): no __setattr__ of the class, but descriptors and
+        __slots__ still apply."""
+        from .attributes import is_data_descriptor
+        attr = class_attr(tx, self.cls, name)
+        if isinstance(attr, types.MemberDescriptorType):
+            self.fields[name] = value           # a slot of the class
+            return
+        if attr is not None and is_data_descriptor(attr) or not self.cls.__dictoffset__:
+            unsupported(f"object.__setattr__ of {name!r} on {self.cls.__name__} (a descriptor, "
+                        "or no such slot)")
+        self.fields[name] = value
+
     def call_method(self, tx, name, args, kwargs):
         if is_model_output(self.cls):
             present = self._present()
@@ -387,6 +401,16 @@ class DataclassVar(Var):
     def reconstruct(self, cg):
         if cg.load_rebuilt(self):
             return
+        if not _generated_init(self.cls) and not is_model_output(self.cls):
+            # Its own __init__ took other arguments: the state it left, set directly.
+            def attrs(cg):
+                for n, v in self.fields.items():
+                    cg.load_const(n)
+                    v.reconstruct(cg)
+                cg.build(dict, len(self.fields))
+            cg.call_const(_new_with_attrs, [lambda cg: cg.load_const(self.cls), attrs])
+            cg.keep_rebuilt(self)
+            return
         init_fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
         names = [n for n in init_fields if n in self.fields]
         extras = [n for n in self.fields if n not in init_fields]
@@ -415,6 +439,14 @@ class DataclassVar(Var):
 def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     """Run a dataclass's generated __init__ (and __post_init__, inlined) on Vars."""
     from .builder import wrap
+    if not _generated_init(cls):
+        # The class wrote its own __init__ (dataclass(init=True) keeps it): that runs.
+        init = _class_lookup(cls, "__init__")
+        if not isinstance(init, types.FunctionType):
+            unsupported(f"{cls.__name__}.__init__ is not a Python function")
+        obj = DataclassVar(cls, {})
+        UserFunctionVar(init).call(tx, [obj, *args], kwargs)
+        return obj
     fields = [f for f in dataclasses.fields(cls)]
     values = {}
     init_fields = [f for f in fields if f.init]
@@ -440,6 +472,16 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     if post_init is not None and not is_model_output(cls):
         UserFunctionVar(post_init).call(tx, [obj], {})
     return obj
+
+
+def _generated_init(cls) -> bool:
+    """Whether cls.__init__ is the one @dataclass wrote (compiled from a string)."""
+    init = _class_lookup(cls, "__init__")
+    return getattr(getattr(init, "__code__", None), "co_filename", None) == "<string>"
+
+
+def _new_with_attrs(cls, attrs):
+    return _set_attrs(object.__new__(cls), attrs)
 
 
 def _set_attrs(obj, attrs):
