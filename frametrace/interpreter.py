@@ -920,6 +920,12 @@ class InlinedGeneratorVar(LazyIteratorVar):
         self.returned = returned
         return None
 
+    def freeze(self, tx):
+        super().freeze(tx)
+        if not is_none(self.returned):
+            # (the rebuilt generator would end with StopIteration(None))
+            unsupported("returning a generator that ends with a return value")
+
     def getattr(self, tx, name):
         if name == "send":
             from .variables.objects import MethodVar
