@@ -746,8 +746,10 @@ class InstructionTranslator:
         cell = self._cell(inst.argval)
         if cell.value is None:
             unsupported(f"free variable {inst.argval!r} referenced before assignment (NameError)")
-        if cell.source is not None:
-            unsupported(f"del of closure variable {inst.argval!r} of a cell from outside")
+        if cell.source is not None or self.parent is None:
+            # The compiled frame's own cells are set by its transformed code, which
+            # only stores values: CPython deletes it, at a graph break.
+            unsupported(f"del of closure variable {inst.argval!r}")
         cell.value = None
 
     def DELETE_GLOBAL(self, inst):

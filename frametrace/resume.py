@@ -291,7 +291,7 @@ def _consumed(inst) -> int | None:
 
 # Instructions of statements that break the graph as a whole (del, match): how many
 # stack values each consumes and leaves.  (Match opcodes leave their subject.)
-_CONSUMED_PRODUCED = {"DELETE_ATTR": (1, 0), "DELETE_SUBSCR": (2, 0),
+_CONSUMED_PRODUCED = {"DELETE_ATTR": (1, 0), "DELETE_SUBSCR": (2, 0), "DELETE_DEREF": (0, 0),
                       "MATCH_SEQUENCE": (1, 2), "MATCH_MAPPING": (1, 2), "GET_LEN": (1, 2),
                       "MATCH_KEYS": (2, 3), "MATCH_CLASS": (3, 1)}
 

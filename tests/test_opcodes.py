@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import frametrace
 from differential import check
 from frametrace.interpreter import _DISPATCH
 
@@ -188,7 +189,7 @@ def test_del_attribute_breaks_the_graph_not_the_frame():
     assert r.fallbacks == 0 and r.breaks >= 1 and r.graphs >= 2
 
 
-def del_closure_variable(x):
+def _del_in_inlined(x):
     y = x + 1
 
     def g():
@@ -198,8 +199,31 @@ def del_closure_variable(x):
     return r
 
 
-def test_del_of_a_closure_variable():
-    check(del_closure_variable, [torch.randn(2)], fullgraph=True)
+def del_closure_variable_inlined(x):
+    return _del_in_inlined(x)
+
+
+def test_del_of_a_closure_variable_in_an_inlined_call():
+    check(del_closure_variable_inlined, [torch.randn(2)], fullgraph=True)
+
+
+def del_closure_variable_of_the_frame(x):
+    y = x + 1
+
+    def g():
+        return y * 2
+    r = g()
+    del y
+    return r + 1, g
+
+
+def test_del_of_a_closure_variable_of_the_frame_breaks_there():
+    compiled = frametrace.optimize(backend="eager")(del_closure_variable_of_the_frame)
+    x = torch.randn(2)
+    r, g = compiled(x)
+    assert torch.equal(r, (x + 1) * 2 + 1)
+    with pytest.raises(NameError):
+        g()                     # the cell was emptied, as CPython's
 
 
 def match_rest_of_mapping(x, d):
