@@ -129,7 +129,12 @@ class SideEffects:
         for key, temp in zip(self._order, temps):
             kind = key[0]
             if kind == "attr":
-                _, name, _, plain = self._attrs[key]
+                _, name, value, plain = self._attrs[key]
+                if value is _deleted():
+                    cg.call_const(object.__delattr__ if plain else delattr, [
+                        lambda cg: cg.emit("LOAD_FAST", owners[key]), lambda cg: cg.load_const(name)])
+                    cg.emit("POP_TOP")
+                    continue
                 if plain:
                     cg.call_const(object.__setattr__, [
                         lambda cg: cg.emit("LOAD_FAST", owners[key]),
@@ -158,6 +163,11 @@ class SideEffects:
                     cg.store_attr("cell_contents")
             else:
                 _store_contents(cg, owners[key], temp)
+
+
+def _deleted():
+    from .variables.user_objects import DELETED     # (variables import this module)
+    return DELETED
 
 
 def _new_contents(cg, var):

@@ -178,15 +178,46 @@ class Box:
         self.b = 2
 
 
+class Guarded(Box):
+    @property
+    def v(self):
+        return self.b
+
+    @v.deleter
+    def v(self):
+        del self.b
+
+
 def del_attribute(x, box):
     y = x + box.a
     del box.a
-    return y * 2, hasattr(box, "a")
+    fresh = Box()
+    del fresh.b
+    return y * 2, hasattr(box, "a"), getattr(box, "a", 7), hasattr(fresh, "b"), fresh
 
 
-def test_del_attribute_breaks_the_graph_not_the_frame():
-    r = check(del_attribute, [(torch.randn(2), Box()), (torch.randn(2), Box())])
-    assert r.fallbacks == 0 and r.breaks >= 1 and r.graphs >= 2
+def test_del_attribute_of_an_argument_and_of_a_new_object():
+    check(del_attribute, [(torch.randn(2), Box()), (torch.randn(2), Box())], fullgraph=True, graphs=1)
+
+
+def del_through_a_property(x, obj):
+    del obj.v
+    return x + 1, hasattr(obj, "b")
+
+
+def test_del_through_a_property_deleter():
+    check(del_through_a_property, [(torch.randn(2), Guarded())], fullgraph=True, graphs=1)
+
+
+def del_missing_attribute(x, box):
+    y = x + 1
+    del box.zz
+    return y
+
+
+def test_del_of_a_missing_attribute_breaks_and_raises_as_cpython():
+    r = check(del_missing_attribute, [(torch.randn(2), Box())], graphs=None)
+    assert r.fallbacks == 0 and r.breaks == 1
 
 
 def _del_in_inlined(x):

@@ -288,7 +288,9 @@ def function_attributes(x):
         return 1
     f.tag = 3
     f.__doc__ = "doc"
-    return x * f.tag, hasattr(f, "tag"), hasattr(f, "other"), f.__name__, f.__doc__
+    f.__annotations__ = {"return": int}
+    return x * f.tag, hasattr(f, "tag"), hasattr(f, "other"), f.__name__, f.__doc__, \
+        f.__annotations__
 
 
 def test_attributes_set_on_a_function_made_here():

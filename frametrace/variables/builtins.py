@@ -1078,8 +1078,10 @@ def _has_attr(tx, obj, name):
     from .user_objects import DataclassVar, UserObjectVar
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
-        if tx.side_effects.load_attr(value, name) is not None:
-            return True
+        written = tx.side_effects.load_attr(value, name)
+        if written is not None:
+            from .user_objects import DELETED
+            return written is not DELETED
         d = getattr(value, "__dict__", {})
         cls = type(value)
         found = name in d or _class_lookup(cls, name) is not None
@@ -1094,6 +1096,15 @@ def _has_attr(tx, obj, name):
         return found
     if isinstance(obj, PartialVar):
         return _partial_has_attr(tx, obj, name)
+    from .user_objects import NewObjectVar
+    if isinstance(obj, NewObjectVar):
+        from .modules import class_attr
+        attr = class_attr(tx, obj.cls, name)
+        if name in obj.attrs or attr is not None and not isinstance(attr, types.MemberDescriptorType):
+            return True
+        hooked = any(class_attr(tx, obj.cls, h) not in (None, object.__getattribute__)
+                     for h in ("__getattr__", "__getattribute__"))
+        return None if hooked else False
     if isinstance(obj, NestedFunctionVar):
         return obj.has_attr(name)
     if isinstance(obj, DataclassVar):

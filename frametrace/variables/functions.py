@@ -272,7 +272,7 @@ class NestedFunctionVar(Var):
         # A new function's __dict__ is its own; the special attributes change what
         # calls do, and are not followed.
         if name in _FUNCTION_ATTRS and name not in ("__doc__", "__module__", "__name__",
-                                                    "__qualname__"):
+                                                    "__qualname__", "__annotations__"):
             unsupported(f"setting {name!r} of a function made while tracing")
         if name in ("__name__", "__qualname__", "__module__") and not \
                 (value.is_const() and isinstance(value.as_const(), str)):

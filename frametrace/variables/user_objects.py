@@ -9,7 +9,7 @@ import types
 from collections import OrderedDict
 
 from ..source import AttrSource, ConstSource
-from .attributes import MISSING, InstanceAttrs, is_data_descriptor
+from .attributes import MISSING, AttrDeleting, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
@@ -17,7 +17,7 @@ from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr
 
 
-class UserObjectVar(InstanceAttrs, Var):
+class UserObjectVar(AttrDeleting, InstanceAttrs, Var):
     """An object of a user class from outside the trace.  `cls` is its class, as the
     trace has it (an `obj.__class__ = D` while tracing changes it)."""
     __slots__ = ("value", "cls")
@@ -37,7 +37,7 @@ class UserObjectVar(InstanceAttrs, Var):
         from .builder import wrap
         written = tx.side_effects.load_attr(self.value, name)
         if written is not None:
-            return written
+            return MISSING if written is DELETED else written
         obj = self.value
         as_dict = self._dict_var(tx)
         if as_dict is not None:
@@ -86,6 +86,12 @@ class UserObjectVar(InstanceAttrs, Var):
             unsupported(f"setting attribute {name!r} of a {self.cls.__name__} object whose "
                         "__dict__ the trace holds")
         tx.side_effects.store_attr(self, self.value, name, value, plain=True)
+
+    def del_own_attr(self, tx, name):
+        if self._dict_var(tx) is not None:
+            unsupported(f"del of attribute {name!r} of a {self.cls.__name__} object whose "
+                        "__dict__ the trace holds")
+        tx.side_effects.store_attr(self, self.value, name, DELETED, plain=True)
 
     def set_class(self, tx, cls):
         from .objects import ObjectVar
@@ -146,7 +152,7 @@ class UserObjectVar(InstanceAttrs, Var):
         return f"UserObjectVar({self.cls.__name__})"
 
 
-class NewObjectVar(InstanceAttrs, Var):
+class NewObjectVar(AttrDeleting, InstanceAttrs, Var):
     """An instance of a user class made while tracing: its __init__ was inlined and its
     attributes are Vars.  If it escapes the frame, the transformed code rebuilds it
     (cls.__new__ and the attributes), once, however many places refer to it."""
@@ -165,6 +171,9 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def own_attr(self, tx, name):
         return self.attrs.get(name, MISSING)
+
+    def del_own_attr(self, tx, name):
+        del self.attrs[name]
 
     def set_own_attr(self, tx, name, value):
         self.attrs[name] = value
@@ -210,6 +219,17 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def __repr__(self):
         return f"NewObjectVar({self.cls.__name__})"
+
+
+class _Deleted(Var):
+    """What a deleted attribute holds in the side effects: replayed as a delete."""
+    __slots__ = ()
+
+    def reconstruct(self, cg):
+        cg.load_const(None)
+
+
+DELETED = _Deleted(None)
 
 
 def checked_bool(tx, result) -> bool:
