@@ -131,7 +131,7 @@ class SideEffects:
             if kind == "attr":
                 _, name, value, plain = self._attrs[key]
                 if value is _deleted():
-                    cg.call_const(object.__delattr__ if plain else delattr, [
+                    cg.call_const(_ensure_deleted, [
                         lambda cg: cg.emit("LOAD_FAST", owners[key]), lambda cg: cg.load_const(name)])
                     cg.emit("POP_TOP")
                     continue
@@ -163,6 +163,15 @@ class SideEffects:
                     cg.store_attr("cell_contents")
             else:
                 _store_contents(cg, owners[key], temp)
+
+
+def _ensure_deleted(obj, name):
+    """The attribute's last change was a del (which the trace checked was legal then):
+    it may have been set only by the trace (`o.c = 1; del o.c`), so absent now too."""
+    try:
+        object.__delattr__(obj, name)
+    except AttributeError:
+        pass
 
 
 def _deleted():

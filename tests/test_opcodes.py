@@ -191,6 +191,8 @@ class Guarded(Box):
 def del_attribute(x, box):
     y = x + box.a
     del box.a
+    box.c = y
+    del box.c                   # set and deleted by the frame: absent afterwards
     fresh = Box()
     del fresh.b
     return y * 2, hasattr(box, "a"), getattr(box, "a", 7), hasattr(fresh, "b"), fresh
