@@ -26,7 +26,7 @@ from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
-from .variables.functions import BoundMethodVar, Cell, PartialVar
+from .variables.functions import BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 
@@ -568,6 +568,11 @@ def _collect_outputs(v, out, seen=None):
         _collect_outputs(v.handover()[1], out, seen)
     elif isinstance(v, IteratorVar):
         for item in v.items[v.index:]:
+            _collect_outputs(item, out, seen)
+    elif isinstance(v, NestedFunctionVar):
+        # A function made while tracing, rebuilt: over its defaults, cells, attributes.
+        cells = [c.value for c in v.cells if isinstance(c.value, Var)]
+        for item in [*v.defaults, *v.kwdefaults.values(), *cells, *v.attrs.values()]:
             _collect_outputs(item, out, seen)
     elif isinstance(v, PartialVar):
         for item in [*v.args, *v.kwargs.values()]:

@@ -8,6 +8,7 @@ live in the table at the end of this file.
 """
 from __future__ import annotations
 
+import collections
 import dis
 import math
 import operator
@@ -22,6 +23,7 @@ from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSourc
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar, TensorVar,
                         TupleVar, Var, unsupported)
 from .variables.builder import wrap
+from .variables.builtins import LazyIteratorVar
 from .variables.constant import BINARY_FOLD
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.containers import SizeVar
@@ -392,8 +394,12 @@ class InstructionTranslator:
             self.pop()                                  # annotations: unused
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
         defaults = self.pop().items if flags & 0x01 else []
+        root_cells = self.root.cells
+        root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
         self.push(NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
-                                    code.co_qualname, in_root=self.parent is None))
+                                    code.co_qualname, in_root=self.parent is None,
+                                    root_names=root_names,
+                                    same_globals=self.f_globals is self.root.f_globals))
 
     # ------------------------------------------------------------ inlining
     def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:
@@ -410,13 +416,12 @@ class InstructionTranslator:
         if code.co_flags & 0x20:
             # A generator's body runs lazily, as CPython's: up to the next yield on each
             # next(), so no item is computed that the caller does not consume.
-            from .variables.builtins import LazyIteratorVar
             if _has_cleanup(code):
                 # CPython runs its finally/with exits when the generator is closed or
                 # collected, which a trace cannot place.
                 unsupported(f"generator {qualname} with try/finally or with")
             child.generator = True
-            return LazyIteratorVar(_generator_items(child, _pure_generator(code)), _GENERATOR)
+            return InlinedGeneratorVar(child, _pure_generator(code))
         self.root.code_runs += 1
         return child.run()
 
@@ -550,9 +555,13 @@ class InstructionTranslator:
         key = self.pop()
         container = self.pop()
         delitem = getattr(container, "delitem", None)
-        if delitem is None:
+        if delitem is not None:
+            delitem(self, key)
+        elif isinstance(container, ListVar) and type(container).call_method is ListVar.call_method \
+                or type(container).__name__ == "DequeVar":
+            _delete_list_item(self, container, key)
+        else:
             unsupported(f"del on {container}")
-        delitem(self, key)
 
     def BINARY_SLICE(self, inst):  # 3.12
         end = self.pop()
@@ -785,7 +794,10 @@ class InstructionTranslator:
         raise _Yield(value)
 
     def RETURN_VALUE(self, inst):
-        self.return_value = self.pop()
+        value = self.pop()
+        if self.parent is None:
+            _freeze_returned_iterators(self, value)
+        self.return_value = value
 
     def LOAD_ASSERTION_ERROR(self, inst):
         self.push(wrap(self, AssertionError, None, guard=False))
@@ -838,6 +850,108 @@ class InstructionTranslator:
         cls = wrap(self, exc.python_type(), None, guard=False)
         self.push(exit_fn.call(self, [cls, exc, TracebackVar()], {}))
 
+    # ------------------------------------------------------------ deleting
+    def DELETE_ATTR(self, inst):
+        obj = self.pop()
+        delattr_ = getattr(obj, "delattr", None)
+        if delattr_ is None:
+            unsupported(f"del of attribute {inst.argval!r} of {obj}")
+        delattr_(self, inst.argval)
+
+    def DELETE_DEREF(self, inst):
+        cell = self._cell(inst.argval)
+        if cell.value is None:
+            unsupported(f"free variable {inst.argval!r} referenced before assignment (NameError)")
+        if cell.source is not None or self.parent is None:
+            # The compiled frame's own cells are set by its transformed code, which
+            # only stores values: CPython deletes it, at a graph break.
+            unsupported(f"del of closure variable {inst.argval!r}")
+        cell.value = None
+
+    def DELETE_GLOBAL(self, inst):
+        unsupported(f"del of global {inst.argval!r}")
+
+    # ------------------------------------------------------------ match statements
+    # Each leaves the subject on the stack, as CPython's; which patterns match is
+    # decided on the types the trace knows (guarded where they came from).
+    def GET_LEN(self, inst):
+        from .variables.builtins import _len
+        self.push(_len(self, [self.stack[-1]], {}))
+
+    def MATCH_SEQUENCE(self, inst):
+        self.push(ConstVar(bool(self.stack[-1].python_type().__flags__ & _TPFLAGS_SEQUENCE)))
+
+    def MATCH_MAPPING(self, inst):
+        self.push(ConstVar(bool(self.stack[-1].python_type().__flags__ & _TPFLAGS_MAPPING)))
+
+    def MATCH_KEYS(self, inst):
+        keys = [_dict_key(k) for k in self.stack[-1].unpack(self)]
+        subject = self.stack[-2]
+        if not isinstance(subject, DictVar) or subject.python_type() not in _PLAIN_MAPPINGS:
+            # Others answer through their own get(), which may be user code.
+            unsupported(f"mapping pattern on {subject}")
+        if len(set(keys)) != len(keys):
+            unsupported("mapping pattern checks a key twice (ValueError)")
+        if all(k in subject.items for k in keys):
+            self.push(TupleVar([subject.items[k] for k in keys]))
+        else:
+            self.push(ConstVar(None))
+
+    def MATCH_CLASS(self, inst):
+        names = self.pop().as_const()
+        cls_var = self.pop()
+        subject = self.pop()
+        self.push(_match_class(self, subject, cls_var, inst.arg, names))
+
+    # ------------------------------------------------------------ yield from
+    def GET_YIELD_FROM_ITER(self, inst):
+        v = self.stack[-1]
+        if not isinstance(v, InlinedGeneratorVar):
+            from .variables.builtins import iter_of
+            self.stack[-1] = iter_of(self, v)
+
+    def SEND(self, inst):
+        sent = self.pop()
+        receiver = self.stack[-1]
+        if isinstance(receiver, InlinedGeneratorVar):
+            value = receiver.resume(self, sent)
+            returned = receiver.returned
+        elif isinstance(receiver, IteratorVar) and is_none(sent):
+            value, returned = receiver.next(), ConstVar(None)
+        else:
+            unsupported(f"send() to {receiver}")
+        if value is not None:
+            self.push(value)
+            return
+        # Exhausted: the generator's return value is what `yield from` gives.
+        if PY312:
+            self.push(returned)         # END_SEND, at the target, drops the receiver
+        else:
+            self.stack[-1] = returned
+        self.jump(inst)
+
+    def END_SEND(self, inst):  # 3.12
+        value = self.pop()
+        self.stack[-1] = value
+
+    def CLEANUP_THROW(self, inst):  # 3.12: a throw() into a `yield from`
+        unsupported("an exception thrown into a generator")
+
+    # ------------------------------------------------------------ stopping there
+    # Opcodes a function body can hold that the trace does not follow: the frame
+    # stops there (they make classes, or belong to coroutines, which are not inlined).
+    def LOAD_BUILD_CLASS(self, inst):
+        unsupported("a class statement")
+
+    def _coroutine_op(self, inst):
+        unsupported(f"{inst.opname} (coroutines are not traced)")
+
+    GET_AWAITABLE = GET_AITER = GET_ANEXT = END_ASYNC_FOR = BEFORE_ASYNC_WITH = \
+        ASYNC_GEN_WRAP = _coroutine_op
+
+    def CALL_INTRINSIC_2(self, inst):  # 3.12: except* and generic type parameters
+        unsupported(f"{inst.argrepr}")
+
 
 def _is_exception(v) -> bool:
     """An exception the trace made, or one CPython raised (a resume frame's handler
@@ -868,6 +982,128 @@ def _handler_for(code, offset):
             return entry
     return None
 
+_TPFLAGS_SEQUENCE, _TPFLAGS_MAPPING = 1 << 5, 1 << 6
+# Mappings whose get() is dict's own (MATCH_KEYS calls the subject's get()).
+_PLAIN_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
+# Classes whose single positional sub-pattern matches the subject itself.
+_SELF_MATCHING = (bool, bytearray, bytes, dict, float, frozenset, int, list, set, str, tuple)
+
+
+def _match_class(tx, subject, cls_var, npos, names):
+    """MATCH_CLASS: the subject's attributes a class pattern binds, or None (no match)."""
+    from .variables.builtins import _class_value, _instance_check
+    cls = _class_value(cls_var)
+    if not isinstance(cls, type):
+        unsupported("called match pattern must be a class (TypeError)")
+    if not _instance_check(tx, subject, cls_var):
+        return ConstVar(None)
+    attrs = []
+    if npos:
+        match_args = cls_var.getattr(tx, "__match_args__") if hasattr(cls, "__match_args__") else None
+        if match_args is None:
+            if cls not in _SELF_MATCHING or npos > 1:
+                unsupported(f"{cls.__name__}() accepts 0 positional sub-patterns (TypeError)")
+            attrs.append(subject)
+            positional = ()
+        else:
+            positional = match_args.as_const() if match_args.is_const() else None
+            if type(positional) is not tuple or not all(type(n) is str for n in positional):
+                unsupported(f"{cls.__name__}.__match_args__ must be a tuple of strings")
+            if npos > len(positional):
+                unsupported(f"{cls.__name__}() accepts {len(positional)} positional sub-patterns")
+            positional = positional[:npos]
+    else:
+        positional = ()
+    seen = set()
+    for name in (*positional, *names):
+        if name in seen:
+            unsupported(f"{cls.__name__}() got multiple sub-patterns for attribute {name!r}")
+        seen.add(name)
+        # A missing attribute is no match in CPython; here it stops the trace (the
+        # tracer cannot tell "missing" from "not followed").
+        attrs.append(tx._getattr(subject, name))
+    return TupleVar(attrs)
+
+
+class InlinedGeneratorVar(LazyIteratorVar):
+    """A generator of an inlined generator function.  Its body runs lazily, as
+    CPython's, up to the next yield on each next() or send(), so no item is computed
+    that the caller does not consume."""
+    __slots__ = ("child", "pure", "started", "finished", "returned")
+
+    def __init__(self, child, pure: bool):
+        self.child = child
+        self.pure = pure
+        self.started = self.finished = False
+        self.returned = ConstVar(None)
+        super().__init__(self._items(), _GENERATOR)
+
+    def _items(self):
+        while True:
+            v = self.resume(self.child, ConstVar(None))
+            if v is None:
+                return
+            yield v
+
+    def resume(self, tx, sent):
+        """Run to the next yield (its value) or the return (None) with `sent` as the
+        value of the yield it was suspended at."""
+        if self.index < len(self.items):
+            unsupported("send() to a generator a graph break pulled ahead")
+        if self.finished:
+            return None
+        if self.started:
+            self.child.stack[-1] = sent
+        elif not is_none(sent):
+            unsupported("can't send non-None value to a just-started generator (TypeError)")
+        self.started = True
+        if not self.pure:
+            self.child.root.code_runs += 1
+        try:
+            returned = self.child.run()
+        except _Yield as y:
+            return y.value
+        except TracedRaise as r:
+            self.finished = True
+            if _STOPITERATION_IN_GEN_SEND and issubclass(exception_type(r.exc), StopIteration):
+                stop_iteration_error(self.child, r.exc)
+            raise
+        self.finished = True
+        self.returned = returned
+        return None
+
+    def freeze(self, tx):
+        super().freeze(tx)
+        if not is_none(self.returned):
+            # (the rebuilt generator would end with StopIteration(None))
+            unsupported("returning a generator that ends with a return value")
+
+    def getattr(self, tx, name):
+        if name == "send":
+            from .variables.objects import MethodVar
+            return MethodVar(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "send" and len(args) == 1 and not kwargs:
+            v = self.resume(tx, args[0])
+            if v is None:
+                unsupported("send() to a generator that returned (StopIteration)")
+            return v
+        return super().call_method(tx, name, args, kwargs)
+
+
+def _freeze_returned_iterators(tx, v, depth=0):
+    """Iterators the frame returns (in tuples, lists and dicts too) outlive the trace."""
+    if isinstance(v, LazyIteratorVar):
+        v.freeze(tx)
+    elif depth < 8 and isinstance(v, (TupleVar, ListVar)):
+        for item in v.items:
+            _freeze_returned_iterators(tx, item, depth + 1)
+    elif depth < 8 and type(v) is DictVar:
+        for item in v.items.values():
+            _freeze_returned_iterators(tx, item, depth + 1)
+
 
 class _Yield(Exception):
     """An inlined generator's frame suspends at a yield: run() unwinds with the value,
@@ -878,22 +1114,6 @@ class _Yield(Exception):
 
 
 _GENERATOR = type((lambda: (yield))())
-
-
-def _generator_items(child, pure: bool):
-    while True:
-        if not pure:
-            child.root.code_runs += 1
-        try:
-            child.run()
-        except _Yield as y:
-            yield y.value
-            continue
-        except TracedRaise as r:
-            if _STOPITERATION_IN_GEN_SEND and issubclass(exception_type(r.exc), StopIteration):
-                stop_iteration_error(child, r.exc)
-            raise
-        return
 
 
 def stop_iteration_error(tx, exc):
@@ -934,6 +1154,8 @@ def _has_cleanup(code) -> bool:
         if entry is None:
             continue
         handler = instructions.get(entry.target)
+        if handler is not None and handler.opname == "CLEANUP_THROW":
+            continue        # 3.12: a throw() into a `yield from` (no code of the user's)
         if handler is None or handler.opname != "CALL_INTRINSIC_1" or \
                 "STOPITERATION" not in handler.argrepr:
             return True
@@ -1228,6 +1450,21 @@ def contains(tx, container: Var, item: Var) -> bool:
     if isinstance(item, ObjectVar) and isinstance(container, (TupleVar, ListVar)):
         return any(isinstance(m, ObjectVar) and m.value is item.value for m in container.items)
     unsupported(f"'in' with {item} and {container}")
+
+
+def _delete_list_item(tx, seq, key: Var):
+    """``del seq[key]`` on a list (or deque) the trace holds the items of."""
+    if not key.is_const():
+        unsupported(f"del with index {key}")
+    k = key.as_const()
+    if isinstance(k, slice) and seq.python_type() is not list:
+        unsupported("sequence index must be integer, not 'slice' (TypeError)")
+    if not isinstance(k, (int, slice)):
+        unsupported(f"list indices must be integers or slices, not {type(k).__name__} (TypeError)")
+    if isinstance(k, int) and not -len(seq.items) <= k < len(seq.items):
+        unsupported("list assignment index out of range (IndexError)")
+    seq._check_mutable(tx)
+    del seq.items[k]
 
 
 def _make_slice(parts) -> Var:

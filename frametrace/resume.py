@@ -290,7 +290,14 @@ def _consumed(inst) -> int | None:
         return 2 if inst.arg & 0x04 else 1      # with a format spec on the stack
     if name in ("BUILD_STRING", "RAISE_VARARGS"):
         return inst.arg
-    return None
+    return _CONSUMED_PRODUCED.get(name, (None,))[0]
+
+
+# Instructions of statements that break the graph as a whole (del, match): how many
+# stack values each consumes and leaves.  (Match opcodes leave their subject.)
+_CONSUMED_PRODUCED = {"DELETE_ATTR": (1, 0), "DELETE_SUBSCR": (2, 0), "DELETE_DEREF": (0, 0),
+                      "MATCH_SEQUENCE": (1, 2), "MATCH_MAPPING": (1, 2), "GET_LEN": (1, 2),
+                      "MATCH_KEYS": (2, 3), "MATCH_CLASS": (3, 1)}
 
 
 def _produced(inst) -> int:
@@ -298,6 +305,8 @@ def _produced(inst) -> int:
     if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR",
                                                               "RAISE_VARARGS"):
         return 0
+    if inst.opname in _CONSUMED_PRODUCED:
+        return _CONSUMED_PRODUCED[inst.opname][1]
     return 1
 
 

@@ -8,6 +8,7 @@ the real inputs.
 """
 from __future__ import annotations
 
+import collections
 from collections import OrderedDict
 
 from bytecode import FreeVar
@@ -97,6 +98,9 @@ class SideEffects:
     def __bool__(self):
         return bool(self._order)
 
+    def __len__(self):
+        return len(self._order)
+
     def reconstruct(self, cg, root_cells: set[str]):
         """Replay in two phases: every new value first (they may be read from what the
         stores change, as in `a, b = b, a`), then every store, in program order."""
@@ -126,7 +130,12 @@ class SideEffects:
         for key, temp in zip(self._order, temps):
             kind = key[0]
             if kind == "attr":
-                _, name, _, plain = self._attrs[key]
+                _, name, value, plain = self._attrs[key]
+                if value is _deleted():
+                    cg.call_const(_ensure_deleted, [
+                        lambda cg: cg.emit("LOAD_FAST", owners[key]), lambda cg: cg.load_const(name)])
+                    cg.emit("POP_TOP")
+                    continue
                 if plain:
                     cg.call_const(object.__setattr__, [
                         lambda cg: cg.emit("LOAD_FAST", owners[key]),
@@ -155,6 +164,20 @@ class SideEffects:
                     cg.store_attr("cell_contents")
             else:
                 _store_contents(cg, owners[key], temp)
+
+
+def _ensure_deleted(obj, name):
+    """The attribute's last change was a del (which the trace checked was legal then):
+    it may have been set only by the trace (`o.c = 1; del o.c`), so absent now too."""
+    try:
+        object.__delattr__(obj, name)
+    except AttributeError:
+        pass
+
+
+def _deleted():
+    from .variables.user_objects import DELETED     # (variables import this module)
+    return DELETED
 
 
 def _new_contents(cg, var):
@@ -190,6 +213,9 @@ def _replace_contents(container, new):
         OrderedDict.clear(container)
         for k, v in new.items():
             OrderedDict.__setitem__(container, k, v)
+    elif isinstance(container, collections.deque):
+        container.clear()
+        container.extend(new)
     else:
         dict.clear(container)
         dict.update(container, new)

@@ -230,10 +230,19 @@ def const_sources(source):
         through = getattr(source, "through", None)
         if through is not None:
             yield through
-        for a in getattr(source, "args", ()):
-            if isinstance(a, type):
-                yield ConstSource(a, a.__qualname__)
+        if isinstance(source, CallMethodSource):
+            yield from (_class_arg(a) for a in source.args if _named_arg(a))
         source = getattr(source, "base", None)
+
+
+def _named_arg(a) -> bool:
+    """Arguments a guard names as constants: classes and functions (fixed objects)."""
+    import types
+    return isinstance(a, (type, types.FunctionType, types.BuiltinFunctionType))
+
+
+def _class_arg(cls):
+    return ConstSource(cls, getattr(cls, "__qualname__", "class"))
 
 
 class CallMethodSource(Source):
@@ -254,23 +263,22 @@ class CallMethodSource(Source):
 
     @staticmethod
     def supports(args) -> bool:
-        """Arguments written into the guard's text: constants whose repr reads back, and
-        classes (named as constants of the guard, like ConstSource)."""
-        return all(a is None or type(a) in (str, int, bool) or isinstance(a, type) for a in args)
+        """Arguments written into the guard's text (their repr must read back), or
+        classes and functions (named as constants of the guard: `cls in registry`)."""
+        return all(a is None or type(a) in (str, int, bool) or _named_arg(a) for a in args)
 
-    @staticmethod
-    def _arg_text(a):
-        return ConstSource(a, "").guard_expr() if isinstance(a, type) else repr(a)
+    def _args_expr(self):
+        return [_class_arg(a).guard_expr() if _named_arg(a) else repr(a) for a in self.args]
 
     def key(self):
         return (self.base, self.method, self.args, self.as_list, self.through)
 
     def guard_expr(self):
         if self.through is not None:
-            args = ", ".join((self.base.guard_expr(), *map(self._arg_text, self.args)))
+            args = ", ".join((self.base.guard_expr(), *self._args_expr()))
             call = f"{self.through.guard_expr()}({args})"
         else:
-            call = f"{self.base.guard_expr()}.{self.method}({', '.join(map(self._arg_text, self.args))})"
+            call = f"{self.base.guard_expr()}.{self.method}({', '.join(self._args_expr())})"
         return f"[*{call}]" if self.as_list else call
 
     def name(self):

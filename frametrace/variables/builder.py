@@ -14,6 +14,7 @@ caller guarded another way or that have no outside source."""
 from __future__ import annotations
 
 import builtins
+import collections
 import contextvars
 import functools
 import sys
@@ -25,7 +26,7 @@ from ..source import AttrSource, GetItemSource
 from .base import unsupported
 from ..graph import fx_can_name
 from .constant import ConstVar, is_constant_value
-from .containers import DictVar, ListVar, TupleVar
+from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
@@ -68,6 +69,13 @@ def wrap(tx, value, source, guard: bool = True):
         if type(value) is list:
             tx.output.object_vars[id(value)] = (value, var)
         return var
+    if _is_plain_namedtuple(type(value)):
+        if guards is not None:
+            guards.length(source, value)        # (its exact class, too)
+        return NamedTupleVar([wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard)
+                              for i, v in enumerate(value)], type(value)._fields, source, type(value))
+    if type(value) is collections.deque:
+        return _wrap_deque(tx, value, source, guards, guard)
     if module_namespace(value) is not None:
         if guards is not None:
             guards.identity(source, value)      # the trace reads this module's globals
@@ -89,6 +97,32 @@ def wrap(tx, value, source, guard: bool = True):
     return var
 
 
+# (copyreg caches __slotnames__ on the class when an instance is copied or pickled.)
+_NAMEDTUPLE_KEYS = frozenset(collections.namedtuple("_", "a").__dict__) - {"a"} | {
+    "__orig_bases__", "__annotations__", "__slotnames__"}
+
+
+def _is_plain_namedtuple(cls) -> bool:
+    """A class collections.namedtuple made, with nothing of the user's added: its
+    instances are tuples with field names."""
+    return cls.__bases__ == (tuple,) and isinstance(cls.__dict__.get("_fields"), tuple) and \
+        set(cls.__dict__) - set(cls._fields) <= _NAMEDTUPLE_KEYS
+
+
+def _wrap_deque(tx, value, source, guards, guard):
+    """A deque from outside: its items and maxlen are guarded as a list's; changes to
+    it are written back after the graph."""
+    from .stdlib import DequeVar
+    if guards is not None:
+        guards.length(source, value)
+        guards.equals(AttrSource(source, "maxlen"), value.maxlen)
+    items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard)
+             for i, v in enumerate(value)]
+    var = DequeVar(items, value.maxlen, source)
+    tx.output.object_vars[id(value)] = (value, var)
+    return var
+
+
 def _wrap_object(tx, value, source, guards):
     if isinstance(value, GradModeRestore):
         if guards is not None:
@@ -107,7 +141,7 @@ def _wrap_object(tx, value, source, guards):
         g = guards is not None
         return PartialVar(wrap(tx, value.func, sub("func"), g),
                           wrap(tx, value.args, sub("args"), g).items,
-                          wrap(tx, value.keywords, sub("keywords"), g).items, source)
+                          wrap(tx, value.keywords, sub("keywords"), g).items, source, value)
     if _is_user_instance(value):
         if guards is not None:
             guards.type_match(source, value)

@@ -8,6 +8,8 @@ and infinite iterators (itertools.count) work under islice/zip.  Sets hold const
 only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
+import functools
+import itertools
 import operator
 import types
 
@@ -17,6 +19,7 @@ from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
+from .functions import NestedFunctionVar, PartialVar
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -50,7 +53,7 @@ class BuiltinVar(ObjectVar):
 class LazyIteratorVar(IteratorVar):
     """An iterator whose items come from `gen`, a Python iterator of Vars (a generator
     that may call traced functions, add graph nodes, or never end)."""
-    __slots__ = ("gen", "kind")
+    __slots__ = ("gen", "kind", "frozen")
 
     def __init__(self, gen, kind=None):
         Var.__init__(self, None)
@@ -58,6 +61,7 @@ class LazyIteratorVar(IteratorVar):
         self.index = 0
         self.gen = gen
         self.kind = kind
+        self.frozen = False
 
     def python_type(self):
         if self.kind is None:
@@ -128,11 +132,95 @@ class LazyIteratorVar(IteratorVar):
             return _next_or_fail(self)
         unsupported(f"iterator.{name}")
 
+    def freeze(self, tx):
+        """The frame returns this iterator: what it has left is pulled now, when that
+        computes nothing (no graph op, no code of the program), so that the iterator the
+        caller gets yields the same objects, of the same type.  A live iterator (over a
+        list or dict) is rebuilt over its containers instead."""
+        if self.handover() is not None:
+            self.remaining(tx)              # (its checks: a dict changed size ...)
+            return
+        if self.kind not in _REBUILD:
+            unsupported(f"returning a {getattr(self.kind, '__name__', 'lazy')} iterator from a compiled frame")
+        ops = tx.output.op_count()
+        self.remaining(tx)
+        if tx.output.op_count() != ops:
+            unsupported("returning an iterator whose items are computed as it is consumed")
+        self.frozen = True
+
     def reconstruct(self, cg):
-        unsupported("returning an iterator from a compiled frame")
+        if cg.load_rebuilt(self):
+            return
+        live = self.handover()
+        if live is not None:
+            cg.call_const(rebuild_live_iterator, [lambda cg: cg.load_const(live[0]), live[1].reconstruct])
+        elif self.frozen:
+            rest = self.items[self.index:]
+
+            def push_rest(cg):
+                for v in rest:
+                    v.reconstruct(cg)
+                cg.build(list, len(rest))
+            cg.call_const(_REBUILD[self.kind], [push_rest])
+        else:
+            unsupported("returning an iterator from a compiled frame")
+        cg.keep_rebuilt(self)
 
     def __repr__(self):
         return f"LazyIteratorVar({getattr(self.kind, '__name__', '?')})"
+
+
+# Iterators of each kind over given items (what a returned iterator had left): the
+# same type as the original, yielding the same objects.
+def _replay(items):
+    yield from items
+
+
+def _enumerate_rows(rows):
+    return enumerate([v for _, v in rows], rows[0][0]) if rows else enumerate(())
+
+
+_REBUILD = {
+    type(iter([])): iter, type(iter(())): lambda items: iter(tuple(items)),
+    type(reversed([])): lambda items: reversed(items[::-1]),
+    zip: lambda rows: zip(*zip(*rows)) if rows else zip(),
+    map: lambda items: map(_identity, items), filter: lambda items: filter(_always, items),
+    enumerate: _enumerate_rows,
+    type(_replay(())): _replay,
+    itertools.islice: lambda items: itertools.islice(items, None),
+    itertools.chain: itertools.chain,
+}
+
+
+def _identity(v):
+    return v
+
+
+def _always(v):
+    return True
+
+
+def rebuild_live_iterator(kind: str, state):
+    """At run time: the live iterator a frame returns, made anew over its containers at
+    the position the trace left it (the kinds of IteratorVar.handover)."""
+    what, _, rest = kind.partition(":")
+    if what == "l":
+        seq, pos = state
+        it = iter(seq)
+        it.__setstate__(pos)
+        return it
+    if what == "d":
+        d, pos = state
+        it = iter(d if rest == "keys" else getattr(d, rest)())
+        for _ in range(pos):
+            next(it)
+        return it
+    if what == "e":
+        inner, count = state
+        return enumerate(rebuild_live_iterator(rest, inner), count)
+    if what == "z":
+        return zip(*(rebuild_live_iterator(k, s) for k, s in zip(rest.split(";"), state)))
+    raise AssertionError(kind)
 
 
 class ListIteratorVar(LazyIteratorVar):
@@ -868,9 +956,28 @@ def _live_reversed(seq, tx):
 
 
 def _iter(tx, args, kwargs):
+    if len(args) == 2 and not kwargs:
+        return _call_until(tx, args[0], args[1])
     if len(args) != 1 or kwargs:
         return None
     return iter_of(tx, args[0])
+
+
+_CALLABLE_ITERATOR = type(iter(int, 0))
+
+
+def _call_until(tx, fn, sentinel):
+    """iter(fn, sentinel): calls fn lazily, one call per item, until it returns
+    something equal to the sentinel (CPython compares with ==, sentinel on the left)."""
+    from ..interpreter import binary_op
+
+    def gen():
+        while True:
+            v = call_item_fn(tx, fn, [])
+            if binary_op(tx, operator.eq, sentinel, v).truth(tx):
+                return
+            yield v
+    return LazyIteratorVar(gen(), _CALLABLE_ITERATOR)
 
 
 def iter_of(tx, v: Var) -> IteratorVar:
@@ -1092,8 +1199,10 @@ def _has_attr(tx, obj, name):
             found = hasattr(value, name)
             _guard_hasattr(tx, obj.source, name, found)
             return found
-        if tx.side_effects.load_attr(value, name) is not None:
-            return True
+        written = tx.side_effects.load_attr(value, name)
+        if written is not None:
+            from .user_objects import DELETED
+            return written is not DELETED
         d = getattr(value, "__dict__", {})
         cls = type(value)
         found = name in d or _class_lookup(cls, name) is not None
@@ -1114,9 +1223,13 @@ def _has_attr(tx, obj, name):
         if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
             return True
         return None if _class_lookup(obj.cls, "__getattr__") is not None else False
+    if isinstance(obj, PartialVar):
+        return _partial_has_attr(tx, obj, name)
     from .user_objects import NewObjectVar, new_object_hasattr
     if isinstance(obj, NewObjectVar):
         return new_object_hasattr(tx, obj, name)
+    if isinstance(obj, NestedFunctionVar):
+        return obj.has_attr(name)
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
@@ -1146,6 +1259,21 @@ def _has_attr(tx, obj, name):
             return name in obj.fields
         return False
     return None
+
+
+_BLANK_PARTIAL = functools.partial(len)      # what every partial has
+
+
+def _partial_has_attr(tx, p, name):
+    """A functools.partial has func, args and keywords, what its class has, and what
+    was set on it: one made while tracing nothing (setting on it is not traced)."""
+    if hasattr(_BLANK_PARTIAL, name):
+        return True
+    if p.real is None:
+        return False
+    found = hasattr(p.real, name)
+    _guard_hasattr(tx, p.source, name, found)
+    return found
 
 
 def _guard_hasattr(tx, source, name, found):

@@ -53,11 +53,28 @@ class ConstVar(ValueVar):
                 return MethodVar(self, name)
             return ConstVar(attr)
         from .objects import MethodVar
-        if any(isinstance(value, t) and name in names for t, names in _PURE_METHODS.items()):
+        if any(isinstance(value, t) and name in names for t, names in _PURE_METHODS.items()) or \
+                name == "__iter__" and isinstance(value, (str, bytes, tuple, range, torch.Size)):
             return MethodVar(self, name)
+        if isinstance(value, enum.Enum) and name in ("value", "name", "_value_", "_name_"):
+            return _enum_member_attr(value, name)
         unsupported(f"attribute {name!r} of constant {value!r}")
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "__iter__" and not args and not kwargs:
+            from .builtins import iter_of
+            return iter_of(tx, self)       # a traced iterator, not the real one
+        if name == "join" and isinstance(self.value, (str, bytes)) and len(args) == 1 and \
+                not kwargs and not args[0].is_const():
+            # Of strings computed here (a generator, a list of them): joined now.
+            from .builtins import var_list
+            parts = var_list(tx, args[0])
+            if not all(p.is_const() for p in parts):
+                unsupported(f"{type(self.value).__name__}.join of {parts}")
+            return self._call_pure_method(tx, name, [ConstVar([p.as_const() for p in parts])], {})
+        return self._call_pure_method(tx, name, args, kwargs)
+
+    def _call_pure_method(self, tx, name, args, kwargs):
         if not all(a.is_const() for a in args) or not all(v.is_const() for v in kwargs.values()):
             unsupported(f"{type(self.value).__name__}.{name} with non-constant arguments")
         fn = getattr(self.value, name)
@@ -94,6 +111,22 @@ class ConstVar(ValueVar):
 
     def __repr__(self):
         return f"ConstVar({self.value!r})"
+
+
+def _enum_member_attr(member, name):
+    """An enum member's value or name: set when its class was made (a member is
+    guarded by identity), unless the class overrides the attribute."""
+    attr = None
+    for klass in type(member).__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            break
+    if name in ("value", "name") and attr is not enum.Enum.__dict__.get(name):
+        unsupported(f"{type(member).__name__}.{name} is overridden")
+    got = getattr(member, name)
+    if not is_constant_value(got):
+        unsupported(f"{type(member).__name__} member with a value of type {type(got).__name__}")
+    return ConstVar(got)
 
 
 def is_constant_value(value) -> bool:

@@ -198,11 +198,16 @@ def _default(tx, value, source, in_fixed_tuple):
 
 class NestedFunctionVar(Var):
     """A function made by MAKE_FUNCTION while tracing (a closure or lambda).
-    `in_root` says it was made by the frame being compiled itself, whose cells the
-    transformed code has, so it can be made again there (at a graph break)."""
-    __slots__ = ("code", "f_globals", "defaults", "kwdefaults", "cells", "qualname", "in_root")
+    `root_names[i]` names the cell of the frame being compiled that free variable i
+    is (None for a cell made by an inlined call, or one from outside the trace): the
+    transformed code makes the function again over the frame's own cells, over new
+    cells holding the traced contents, or over the real cells.  `attrs` are the
+    attributes set on it while tracing."""
+    __slots__ = ("code", "f_globals", "defaults", "kwdefaults", "cells", "qualname", "in_root",
+                 "root_names", "same_globals", "attrs")
 
-    def __init__(self, code, f_globals, defaults, kwdefaults, cells, qualname, in_root=False):
+    def __init__(self, code, f_globals, defaults, kwdefaults, cells, qualname, in_root=False,
+                 root_names=None, same_globals=None):
         super().__init__(None)
         self.code = code
         self.f_globals = f_globals
@@ -211,12 +216,18 @@ class NestedFunctionVar(Var):
         self.cells = cells
         self.qualname = qualname
         self.in_root = in_root
+        self.root_names = list(root_names) if root_names is not None else \
+            list(code.co_freevars) if in_root else [None] * len(cells)
+        self.same_globals = in_root if same_globals is None else same_globals
+        self.attrs = {}
 
     def reconstruct(self, cg):
-        """MAKE_FUNCTION again in the transformed code, over the frame's own cells (the
-        cells' contents are stored back before the code after the break runs)."""
-        if not self.in_root:
-            unsupported(f"function {self.qualname} made inside an inlined call outlives it")
+        """MAKE_FUNCTION again in the transformed code (one function object however
+        often it is referred to), then the attributes set on it."""
+        if cg.load_rebuilt(self):
+            return
+        if not self.same_globals:
+            unsupported(f"function {self.qualname} made in another module's code outlives the call")
         flags = 0
         if self.defaults:
             for v in self.defaults:
@@ -230,12 +241,18 @@ class NestedFunctionVar(Var):
             cg.build(dict, len(self.kwdefaults))
             flags |= 0x02
         if self.code.co_freevars:
-            for name in self.code.co_freevars:
-                cg.load_closure(name)
+            for cell, root_name in zip(self.cells, self.root_names):
+                _load_cell(cg, cell, root_name)
             cg.build(tuple, len(self.code.co_freevars))
             flags |= 0x08
         cg.load_const(self.code)
         cg.emit("MAKE_FUNCTION", flags)
+        cg.keep_rebuilt(self)
+        for name, v in self.attrs.items():
+            cg.emit("COPY", 1)
+            v.reconstruct(cg)
+            cg.emit("SWAP", 2)
+            cg.store_attr(name)
 
     def python_type(self):
         return types.FunctionType
@@ -246,12 +263,70 @@ class NestedFunctionVar(Var):
         return tx.inline_call(self.code, self.f_globals, bound, self.cells, self.qualname)
 
     def getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
         if name in ("__name__", "__qualname__"):
             return ConstVar(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
+        if name == "__module__":
+            return ConstVar(self.f_globals.get("__name__"))
+        if name == "__code__":
+            from .objects import ObjectVar
+            return ObjectVar(self.code)
+        if name == "__defaults__":
+            return TupleVar(list(self.defaults)) if self.defaults else ConstVar(None)
+        if name == "__kwdefaults__":
+            return DictVar(dict(self.kwdefaults)) if self.kwdefaults else ConstVar(None)
+        if name == "__doc__":
+            doc = self.code.co_consts[0] if self.code.co_consts and \
+                isinstance(self.code.co_consts[0], str) and self.code.co_flags & 0x4000000 else None
+            return ConstVar(doc)
+        if name not in _FUNCTION_ATTRS:
+            unsupported(f"AttributeError: 'function' object has no attribute {name!r}")
         unsupported(f"attribute {name!r} of a function made while tracing")
+
+    def has_attr(self, name) -> bool:
+        return name in self.attrs or name in _FUNCTION_ATTRS
+
+    def setattr(self, tx, name, value):
+        # A new function's __dict__ is its own; the special attributes change what
+        # calls do, and are not followed.
+        if name in _FUNCTION_ATTRS and name not in ("__doc__", "__module__", "__name__",
+                                                    "__qualname__", "__annotations__"):
+            unsupported(f"setting {name!r} of a function made while tracing")
+        if name in ("__name__", "__qualname__", "__module__") and not \
+                (value.is_const() and isinstance(value.as_const(), str)):
+            unsupported(f"setting {name!r} of a function to {value}")
+        self.attrs[name] = value
 
     def __repr__(self):
         return f"NestedFunctionVar({self.qualname})"
+
+
+_FUNCTION_ATTRS = frozenset(dir(lambda: None))
+
+
+def _load_cell(cg, cell, root_name):
+    """Push the real cell for a traced Cell: the frame's own, the one from outside,
+    or a new one (shared by every function rebuilt over it) holding the contents."""
+    if root_name is not None:
+        cg.load_closure(root_name)
+        return
+    if cell.source is not None:
+        if cell.cell_source is None:
+            unsupported("a closure over a cell the trace cannot name")
+        cell.cell_source.reconstruct(cg)
+        return
+    if cg.load_rebuilt(cell):
+        return
+    from ..interpreter import _Lazy
+    value = cell.value
+    if value is None:
+        cg.call_const(types.CellType, [])
+    elif type(value) is _Lazy:
+        cg.call_const(types.CellType, [lambda cg: value.source.reconstruct(cg)])
+    else:
+        cg.call_const(types.CellType, [value.reconstruct])
+    cg.keep_rebuilt(cell)
 
 
 class BoundMethodVar(Var):
@@ -291,14 +366,16 @@ class BoundMethodVar(Var):
 
 
 class PartialVar(Var):
-    """functools.partial(fn, *args, **kwargs), from outside or made while tracing."""
-    __slots__ = ("fn", "args", "kwargs")
+    """functools.partial(fn, *args, **kwargs), from outside (`real`, reached at
+    `source`) or made while tracing."""
+    __slots__ = ("fn", "args", "kwargs", "real")
 
-    def __init__(self, fn: Var, args: list, kwargs: dict, source=None):
+    def __init__(self, fn: Var, args: list, kwargs: dict, source=None, real=None):
         super().__init__(source)
         self.fn = fn
         self.args = list(args)
         self.kwargs = dict(kwargs)
+        self.real = real if source is not None else None
 
     def python_type(self):
         return functools.partial
@@ -313,10 +390,18 @@ class PartialVar(Var):
             return TupleVar(self.args)
         if name == "keywords":
             return DictVar(self.kwargs)
+        if self.real is not None and hasattr(self.real, name):
+            # Set on the object (`p.__name__ = ...`), or its class's: read through it.
+            from .builder import wrap
+            return wrap(tx, getattr(self.real, name), AttrSource(self.source, name))
         unsupported(f"attribute {name!r} of functools.partial")
 
     def __repr__(self):
         return f"PartialVar({self.fn!r})"
+
+
+# torch's pure-Python helpers over containers, which make no graph ops: traced through.
+_INLINED_TORCH_MODULES = frozenset({"torch.utils._pytree"})
 
 
 def is_inlinable(fn) -> bool:
@@ -326,6 +411,8 @@ def is_inlinable(fn) -> bool:
         return False
     module = getattr(fn, "__module__", None) or ""
     if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
+        return True
+    if module in _INLINED_TORCH_MODULES:
         return True
     if module == "torch" or module.startswith("torch.") or module.startswith("frametrace"):
         return False
@@ -403,6 +490,13 @@ def _module_calls():
 _MODULE_CALLS = _module_calls()
 
 
+def _immutable(value) -> bool:
+    from .constant import is_constant_value
+    if type(value) is tuple:
+        return all(map(_immutable, value))
+    return is_constant_value(value)
+
+
 def cached_call(tx, fn_var, args, kwargs):
     """A call of a functools.lru_cache-wrapped function on constants (a version check):
     the real call, whose answer is the cached one from the second call on.  The guard
@@ -411,7 +505,6 @@ def cached_call(tx, fn_var, args, kwargs):
     by every caller, which a Var could not follow."""
     from ..source import CallMethodSource, ConstSource
     from .builder import wrap
-    from .constant import is_constant_value
     fn = fn_var.value
     if kwargs or not all(a.is_const() for a in args):
         unsupported(f"calling {fn.__qualname__} (lru_cache) on traced arguments")
@@ -422,7 +515,7 @@ def cached_call(tx, fn_var, args, kwargs):
         result = fn(*consts)
     except Exception as e:
         unsupported(f"{fn.__qualname__}() raised {type(e).__name__}")
-    if not is_constant_value(result):
+    if not _immutable(result):
         unsupported(f"{fn.__qualname__} (lru_cache) returned a {type(result).__name__}")
     base = fn_var.source if fn_var.source is not None else ConstSource(fn, fn.__qualname__)
     return wrap(tx, result, CallMethodSource(base, "__call__", consts))

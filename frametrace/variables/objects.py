@@ -60,13 +60,16 @@ class ObjectVar(ValueVar):
         return var
 
     def getitem(self, tx, key):
-        if key.is_const() and not isinstance(self.value, (type, types.ModuleType)) and \
+        k = _lookup_key(key)
+        if k is not _NO_KEY and not isinstance(self.value, (type, types.ModuleType)) and \
                 hasattr(type(self.value), "__getitem__") and isinstance(self.value, collections.abc.Mapping):
             try:
-                result = self.value[key.as_const()]
+                result = self.value[k]
             except Exception as e:
-                unsupported(f"{type(self.value).__name__}[{key.as_const()!r}] raised {type(e).__name__}")
-            return self._read(tx, result, "__getitem__", [key.as_const()])
+                unsupported(f"{type(self.value).__name__}[{k!r}] raised {type(e).__name__}")
+            return self._read(tx, result, "__getitem__", [k])
+        if _is_type_hint(self.value):
+            return _type_hint(tx, self.value, key)
         return super().getitem(tx, key)
 
     def contains(self, tx, item) -> bool:
@@ -74,13 +77,14 @@ class ObjectVar(ValueVar):
         if isinstance(self.value, (set, frozenset)) and (
                 not item.is_const() or type(item.as_const()) not in (str, int, bool, type(None))):
             return self._contains_object(tx, item)
-        if not item.is_const() or isinstance(self.value, (type, types.ModuleType)):
+        key = _lookup_key(item)
+        if key is _NO_KEY or isinstance(self.value, (type, types.ModuleType)):
             unsupported(f"`in` on {type(self.value).__name__}")
         try:
-            found = item.as_const() in self.value
+            found = key in self.value
         except Exception as e:
             unsupported(f"`in` on {type(self.value).__name__} raised {type(e).__name__}")
-        self._read(tx, found, "__contains__", [item.as_const()])
+        self._read(tx, found, "__contains__", [key])
         return found
 
     def _contains_object(self, tx, item) -> bool:
@@ -477,6 +481,11 @@ class GenericSetattrVar(Var):
 
     def call(self, tx, args, kwargs):
         from .attributes import InstanceAttrs
+        from .user_objects import DataclassVar
+        if len(args) == 3 and not kwargs and isinstance(args[0], DataclassVar) and \
+                args[1].is_const() and isinstance(args[1].as_const(), str):
+            args[0].plain_setattr(tx, args[1].as_const(), args[2])
+            return ConstVar(None)
         if len(args) != 3 or kwargs or not args[1].is_const() or \
                 not isinstance(args[0], InstanceAttrs):
             unsupported(f"object.__setattr__ on {args[0] if args else None}")
@@ -586,6 +595,46 @@ class MethodVar(Var):
 
 
 # ---------------------------------------------------------------- helpers
+_NO_KEY = object()
+
+
+def _lookup_key(v):
+    """The real key a traced value looks up in a real mapping: a constant, or a
+    function (hashed by identity); _NO_KEY for others."""
+    from .functions import UserFunctionVar
+    if isinstance(v, UserFunctionVar):
+        return v.fn
+    return v.as_const() if v.is_const() else _NO_KEY
+
+
+def _is_type_hint(value) -> bool:
+    """Builtin generic classes (list[int]) and typing's forms (Optional[int]), whose
+    subscripts only make annotation objects (evaluated by `def` when annotations are)."""
+    if isinstance(value, type):
+        return value.__module__ in ("builtins", "collections.abc", "collections") and \
+            "__class_getitem__" in value.__dict__
+    return type(value).__module__ == "typing"
+
+
+def _hint_arg(v):
+    if isinstance(v, ObjectVar):
+        return v.value
+    if type(v).__name__ == "TupleVar":
+        return tuple(_hint_arg(i) for i in v.items)
+    if v.is_const():
+        return v.as_const()
+    unsupported(f"type hint argument {v}")
+
+
+def _type_hint(tx, hint, key):
+    from .builder import wrap
+    try:
+        made = hint[_hint_arg(key)]
+    except Exception as e:
+        unsupported(f"{hint}[...] raised {type(e).__name__}: {e}")
+    return wrap(tx, made, None, guard=False)
+
+
 
 def _all_const(args, kwargs):
     return all(a.is_const() for a in args) and all(v.is_const() for v in kwargs.values())
@@ -647,6 +696,8 @@ TRACE_TIME_ANSWERS = {
     torch.jit.is_scripting: False,
     torch.jit.is_tracing: False,
     torch._C._get_tracing_state: None,
+    # How torch was built: fixed for the life of the process.
+    torch.distributed.is_available: torch.distributed.is_available(),
 }
 
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,

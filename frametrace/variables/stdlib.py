@@ -67,6 +67,18 @@ def _reduce(tx, args, kwargs):
     return acc
 
 
+class CachedFunctionVar(ObjectVar):
+    """A Python function wrapped by functools.lru_cache / functools.cache.  CPython
+    answers a repeated call from the cache, and the wrapped function runs again only on
+    a miss, so the answer is the cache's, not what the function would compute now: the
+    real call is made, and its guard calls again (see functions.cached_call)."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        from .functions import cached_call
+        return cached_call(tx, self, args, kwargs)
+
+
 # --------------------------------------------------------------------------- operator
 def _op_binary(fn):
     def handler(tx, args, kwargs):
@@ -332,6 +344,88 @@ def _while(kind):
     return handler
 
 
+def _same_key(tx, a, b) -> bool:
+    """PyObject_RichCompareBool(a, b, Py_EQ): identity first, then ==."""
+    from ..interpreter import binary_op
+    if a is b or isinstance(a, ConstVar) and isinstance(b, ConstVar) and a.value is b.value:
+        return True
+    return binary_op(tx, operator.eq, a, b).truth(tx)
+
+
+class _GroupBy:
+    """itertools.groupby as CPython's C code runs it: one underlying iterator; a group
+    yields only while it is the newest group (advancing the outer ends the others)."""
+
+    def __init__(self, tx, source, key):
+        self.tx, self.source, self.key = tx, source, key
+        self.tgtkey = self.currkey = self.currvalue = None
+        self.current = None
+
+    def _step(self) -> bool:
+        value = next(self.source, None)
+        if value is None:
+            return False
+        self.currkey = value if _is_none_var(self.key) else call_item_fn(self.tx, self.key, [value])
+        self.currvalue = value
+        return True
+
+    def groups(self):
+        while True:
+            self.current = None
+            while not (self.currkey is not None and (self.tgtkey is None or not _same_key(
+                    self.tx, self.tgtkey, self.currkey))):
+                if not self._step():
+                    return
+            self.tgtkey = self.currkey
+            token = self.current = object()
+            yield TupleVar([self.currkey, _lazy(self._group(token, self.tgtkey), _GROUPER)])
+
+    def _group(self, token, tgtkey):
+        while self.current is token:
+            if self.currvalue is None and not self._step():
+                return
+            if not _same_key(self.tx, tgtkey, self.currkey):
+                return
+            value, self.currvalue = self.currvalue, None
+            yield value
+
+
+_GROUPER = type(next(itertools.groupby([1]))[1])
+
+
+def _groupby(tx, args, kwargs):
+    if len(args) > 2 or set(kwargs) - {"key"} or not args and "iterable" not in kwargs:
+        return None
+    source = var_iter(tx, args[0])
+    key = args[1] if len(args) == 2 else kwargs.get("key", ConstVar(None))
+    return _lazy(_GroupBy(tx, source, key).groups(), itertools.groupby)
+
+
+def _tee(tx, args, kwargs):
+    if kwargs or not 1 <= len(args) <= 2:
+        return None
+    n = const_key(args[1], "tee count") if len(args) == 2 else 2
+    if not isinstance(n, int) or n < 0:
+        unsupported("tee(): n must be >= 0 (ValueError)")
+    source = var_iter(tx, args[0])
+    buffer = []
+
+    def follower():
+        i = 0
+        while True:
+            if i == len(buffer):
+                v = next(source, None)
+                if v is None:
+                    return
+                buffer.append(v)
+            i += 1
+            yield buffer[i - 1]
+    return TupleVar([_lazy(follower(), _TEE) for _ in range(n)])
+
+
+_TEE = type(itertools.tee([])[0])
+
+
 def _compress(tx, args, kwargs):
     if kwargs or len(args) != 2:
         return None
@@ -486,6 +580,8 @@ class DequeVar(ListVar):
         items = self.items
         if kwargs:
             unsupported(f"deque.{name} with keyword arguments")
+        if name in _DEQUE_MUTATORS:
+            self._check_mutable(tx)         # a deque from outside: written back
         if name == "append" and len(args) == 1:
             items.append(args[0])
             if self.maxlen is not None and len(items) > self.maxlen:
@@ -535,6 +631,16 @@ class DequeVar(ListVar):
         unsupported(f"deque.{name}")
 
     def reconstruct(self, cg):
+        # One object: the deque from outside itself, or one new deque however many
+        # places refer to it.
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
+        self._construct(cg)
+        cg.keep_rebuilt(self)
+
+    def _construct(self, cg):
         cg.load_constructor(collections.deque)
         for v in self.items:
             v.reconstruct(cg)
@@ -547,6 +653,10 @@ class DequeVar(ListVar):
 
     def __repr__(self):
         return f"DequeVar({self.items!r}, maxlen={self.maxlen})"
+
+
+_DEQUE_MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "pop", "popleft",
+                             "rotate", "clear", "insert", "reverse", "remove"})
 
 
 def _dict_items(tx, args, kwargs):
@@ -603,6 +713,8 @@ LIBRARY_HANDLERS = {
     itertools.takewhile: _while(itertools.takewhile),
     itertools.dropwhile: _while(itertools.dropwhile),
     itertools.compress: _compress,
+    itertools.groupby: _groupby,
+    itertools.tee: _tee,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,
@@ -655,6 +767,11 @@ if hasattr(operator, "call"):
 
 def library_var(value, source):
     """The Var for `value` if it is a handled library callable, else None."""
+    if isinstance(value, functools._lru_cache_wrapper) and \
+            isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
+        from .functions import is_inlinable
+        if is_inlinable(value.__wrapped__):
+            return CachedFunctionVar(value, source)
     try:
         if value in LIBRARY_HANDLERS:
             return LibraryFnVar(value, source)

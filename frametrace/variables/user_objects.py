@@ -11,7 +11,7 @@ import types
 from collections import OrderedDict
 
 from ..source import AttrSource, CallMethodSource, ConstSource
-from .attributes import MISSING, InstanceAttrs, is_data_descriptor
+from .attributes import MISSING, AttrDeleting, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
@@ -19,7 +19,7 @@ from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr, class_defines
 
 
-class UserObjectVar(InstanceAttrs, Var):
+class UserObjectVar(AttrDeleting, InstanceAttrs, Var):
     """An object of a user class from outside the trace.  `cls` is its class, as the
     trace has it (an `obj.__class__ = D` while tracing changes it)."""
     __slots__ = ("value", "cls")
@@ -39,7 +39,7 @@ class UserObjectVar(InstanceAttrs, Var):
         from .builder import wrap
         written = tx.side_effects.load_attr(self.value, name)
         if written is not None:
-            return written
+            return MISSING if written is DELETED else written
         obj = self.value
         as_dict = self._dict_var(tx)
         if as_dict is not None:
@@ -117,6 +117,12 @@ class UserObjectVar(InstanceAttrs, Var):
                         "__dict__ the trace holds")
         tx.side_effects.store_attr(self, self.value, name, value, plain=True)
 
+    def del_own_attr(self, tx, name):
+        if self._dict_var(tx) is not None:
+            unsupported(f"del of attribute {name!r} of a {self.cls.__name__} object whose "
+                        "__dict__ the trace holds")
+        tx.side_effects.store_attr(self, self.value, name, DELETED, plain=True)
+
     def set_class(self, tx, cls):
         from .objects import ObjectVar
         tx.side_effects.store_attr(self, self.value, "__class__",
@@ -177,7 +183,7 @@ class UserObjectVar(InstanceAttrs, Var):
         return f"UserObjectVar({self.cls.__name__})"
 
 
-class NewObjectVar(InstanceAttrs, Var):
+class NewObjectVar(AttrDeleting, InstanceAttrs, Var):
     """An instance of a user class made while tracing: its __init__ was inlined and its
     attributes are Vars.  If it escapes the frame, the transformed code rebuilds it
     (cls.__new__ and the attributes), once, however many places refer to it."""
@@ -196,6 +202,9 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def own_attr(self, tx, name):
         return self.attrs.get(name, MISSING)
+
+    def del_own_attr(self, tx, name):
+        del self.attrs[name]
 
     def set_own_attr(self, tx, name, value):
         self.attrs[name] = value
@@ -254,6 +263,17 @@ class NewObjectVar(InstanceAttrs, Var):
 
 
 _BUILTIN_BASES = (dict, OrderedDict, list, tuple)
+
+
+class _Deleted(Var):
+    """What a deleted attribute holds in the side effects: replayed as a delete."""
+    __slots__ = ()
+
+    def reconstruct(self, cg):
+        cg.load_const(None)
+
+
+DELETED = _Deleted(None)
 
 
 def checked_bool(tx, result) -> bool:
@@ -377,6 +397,20 @@ class DataclassVar(Var):
                             f"{'its __setattr__' if hook is not object.__setattr__ else 'a descriptor'}")
         self.fields[name] = value
 
+    def plain_setattr(self, tx, name, value):
+        """object.__setattr__(self, name, value) (how a frozen dataclass's
+        __post_init__ sets fields): no __setattr__ of the class, but descriptors and
+        __slots__ still apply."""
+        from .attributes import is_data_descriptor
+        attr = class_attr(tx, self.cls, name)
+        if isinstance(attr, types.MemberDescriptorType):
+            self.fields[name] = value           # a slot of the class
+            return
+        if attr is not None and is_data_descriptor(attr) or not self.cls.__dictoffset__:
+            unsupported(f"object.__setattr__ of {name!r} on {self.cls.__name__} (a descriptor, "
+                        "or no such slot)")
+        self.fields[name] = value
+
     def call_method(self, tx, name, args, kwargs):
         if is_model_output(self.cls):
             present = self._present()
@@ -431,6 +465,16 @@ class DataclassVar(Var):
     def reconstruct(self, cg):
         if cg.load_rebuilt(self):
             return
+        if not _generated_init(self.cls) and not is_model_output(self.cls):
+            # Its own __init__ took other arguments: the state it left, set directly.
+            def attrs(cg):
+                for n, v in self.fields.items():
+                    cg.load_const(n)
+                    v.reconstruct(cg)
+                cg.build(dict, len(self.fields))
+            cg.call_const(_new_with_attrs, [lambda cg: cg.load_const(self.cls), attrs])
+            cg.keep_rebuilt(self)
+            return
         init_fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
         names = [n for n in init_fields if n in self.fields]
         extras = [n for n in self.fields if n not in init_fields]
@@ -459,6 +503,14 @@ class DataclassVar(Var):
 def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     """Run a dataclass's generated __init__ (and __post_init__, inlined) on Vars."""
     from .builder import wrap
+    if not _generated_init(cls):
+        # The class wrote its own __init__ (dataclass(init=True) keeps it): that runs.
+        init = _class_lookup(cls, "__init__")
+        if not isinstance(init, types.FunctionType):
+            unsupported(f"{cls.__name__}.__init__ is not a Python function")
+        obj = DataclassVar(cls, {})
+        UserFunctionVar(init).call(tx, [obj, *args], kwargs)
+        return obj
     fields = [f for f in dataclasses.fields(cls)]
     values = {}
     init_fields = [f for f in fields if f.init]
@@ -484,6 +536,16 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     if post_init is not None and not is_model_output(cls):
         UserFunctionVar(post_init).call(tx, [obj], {})
     return obj
+
+
+def _generated_init(cls) -> bool:
+    """Whether cls.__init__ is the one @dataclass wrote (compiled from a string)."""
+    init = _class_lookup(cls, "__init__")
+    return getattr(getattr(init, "__code__", None), "co_filename", None) == "<string>"
+
+
+def _new_with_attrs(cls, attrs):
+    return _set_attrs(object.__new__(cls), attrs)
 
 
 def _set_attrs(obj, attrs):
