@@ -133,6 +133,9 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
             prologue.append(Instr("GET_ITER", lineno=line))
         elif kind != "v" and kind != "r":
             prologue.extend(_live_iterator(kind, line))     # see IteratorVar.handover
+    # Once on the stack, the parameters are dead: deleted, so that locals() (in CPython
+    # too, when this frame is not compiled) shows the user's names only.
+    prologue.extend(Instr("DELETE_FAST", n, lineno=line) for n in names)
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
     # The body runs from states the original frame had (the prologue rebuilds its stack
