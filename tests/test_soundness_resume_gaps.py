@@ -22,3 +22,42 @@ def test_locals_in_a_resume_function_run_in_cpython_lists_only_user_names():
         return sorted(locals())
     r = check(f, [torch.ones(2), torch.zeros(2)], breaks=1)
     assert r.fallbacks == 1
+
+
+class _Base:
+    def g(self, x):
+        return x * 2
+
+
+class _CellSelf(_Base):
+    k = 3
+
+    def g(self, x):
+        y = opaque(x + 1)
+        h = lambda: self          # noqa: E731  (self is a cell)
+        return super().g(y) + h().k
+
+
+class _CellSelfInCPython(_Base):
+    def g(self, x):
+        y = opaque(x + 1)
+        h = lambda: self          # noqa: E731
+        try:                      # the resume frame runs in CPython
+            opaque(y)
+        except ValueError:
+            pass
+        s = super()
+        return s.g(y), h() is self
+
+
+def test_zero_argument_super_after_a_break_when_self_is_a_cell():
+    def f(b, x):
+        return b.g(x)
+    check(f, [(_CellSelf(), torch.ones(2)), (_CellSelf(), torch.zeros(2))], breaks=1)
+
+
+def test_zero_argument_super_in_a_resume_frame_run_in_cpython_when_self_is_a_cell():
+    def f(b, x):
+        return b.g(x)
+    r = check(f, [(_CellSelfInCPython(), torch.ones(2)), (_CellSelfInCPython(), torch.zeros(2))])
+    assert r.fallbacks >= 1
