@@ -61,3 +61,21 @@ def test_zero_argument_super_in_a_resume_frame_run_in_cpython_when_self_is_a_cel
         return b.g(x)
     r = check(f, [(_CellSelfInCPython(), torch.ones(2)), (_CellSelfInCPython(), torch.zeros(2))])
     assert r.fallbacks >= 1
+
+
+class _Plain:
+    def __init__(self):
+        self.v = 1
+
+
+class _WithFoo:
+    foo = 5
+
+
+def test_hasattr_and_getattr_follow_a_class_assigned_in_the_frame():
+    def f(o, x):
+        before = hasattr(o, "foo"), getattr(o, "foo", None)
+        o.__class__ = _WithFoo
+        return x + 1, before, hasattr(o, "foo"), getattr(o, "foo", 0), hasattr(o, "bar"), \
+            hasattr(o, "v")
+    check(f, [(_Plain(), torch.ones(2)), (_Plain(), torch.zeros(2))])

@@ -974,7 +974,9 @@ def _has_attr(tx, obj, name):
         if tx.side_effects.load_attr(value, name) is not None:
             return True
         d = getattr(value, "__dict__", {})
-        cls = type(value)
+        cls = obj.instance_class() if isinstance(obj, UserObjectVar) else type(value)
+        if cls is not type(value):
+            return _has_attr_of_new_class(tx, obj, d, cls, name)
         found = name in d or _class_lookup(cls, name) is not None
         if not found and isinstance(value, torch.nn.Module):
             found = any(name in (d.get(t) or {}) for t in ("_parameters", "_buffers", "_modules"))
@@ -1014,6 +1016,21 @@ def _has_attr(tx, obj, name):
             return name in obj.fields
         return False
     return None
+
+
+def _has_attr_of_new_class(tx, obj, d, cls, name):
+    """_has_attr for an object whose __class__ the frame assigned: the class the trace
+    has answers (its lookups guarded), and the instance dict, guarded on its own (a
+    hasattr guard would ask the class the object has when the frame starts)."""
+    from .modules import class_attr
+    if class_attr(tx, cls, name) is not None:
+        return True
+    if name in d or obj.source is None:
+        return True if name in d and obj.source is None else None
+    if class_attr(tx, cls, "__getattr__") is not None:
+        return None
+    tx.guards.not_in_dict(obj.source, name)
+    return False
 
 
 def _guard_hasattr(tx, source, name, found):
