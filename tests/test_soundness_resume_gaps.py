@@ -79,3 +79,24 @@ def test_hasattr_and_getattr_follow_a_class_assigned_in_the_frame():
         return x + 1, before, hasattr(o, "foo"), getattr(o, "foo", 0), hasattr(o, "bar"), \
             hasattr(o, "v")
     check(f, [(_Plain(), torch.ones(2)), (_Plain(), torch.zeros(2))])
+
+
+def test_isinstance_of_an_abc_notices_a_later_register():
+    import abc
+
+    class Shape(abc.ABC):
+        pass
+
+    class Square:
+        pass
+
+    def f(o, x):
+        return x + 1 if isinstance(o, Shape) else x - 1, issubclass(type(o), (int, Shape))
+    counter = frametrace.testing.CompileCounter()
+    compiled = frametrace.optimize(backend=counter)(f)
+    x = torch.ones(2)
+    assert compiled(Square(), x)[1] is False and torch.equal(compiled(Square(), x)[0], x - 1)
+    Shape.register(Square)
+    got, want = compiled(Square(), x), f(Square(), x)
+    assert got[1] is want[1] is True and torch.equal(got[0], want[0])
+    assert counter.frame_count == 2

@@ -8,6 +8,7 @@ and infinite iterators (itertools.count) work under islice/zip.  Sets hold const
 only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
+import abc
 import operator
 import types
 
@@ -530,7 +531,7 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     check = _user_meta_method(tx, cls, "__instancecheck__")
     if check is not None:
         return _call_meta_method(tx, check, cls_var, cls, obj)
-    return _class_covers(t, cls)
+    return _class_covers(t, cls, tx)
 
 
 def _issubclass(tx, args, kwargs):
@@ -548,7 +549,7 @@ def _subclass_check(tx, sub: Var, cls_var: Var) -> bool:
     check = _user_meta_method(tx, cls, "__subclasscheck__")
     if check is not None:
         return _call_meta_method(tx, check, cls_var, cls, sub)
-    return _class_covers(_class_value(sub), cls)
+    return _class_covers(_class_value(sub), cls, tx)
 
 
 def _user_meta_method(tx, cls, name):
@@ -577,11 +578,15 @@ def _call_meta_method(tx, fn, cls_var, cls, arg) -> bool:
     return wrap(tx, fn, None, guard=False).call(tx, [cls_var, arg], {}).truth(tx)
 
 
-def _class_covers(t, classes):
+def _class_covers(t, classes, tx=None):
     try:
-        return issubclass(t, classes)
+        answer = issubclass(t, classes)
     except TypeError:
         unsupported(f"isinstance with {classes!r}")
+    if tx is not None and any(isinstance(c, abc.ABCMeta)
+                              for c in (classes if isinstance(classes, tuple) else (classes,))):
+        tx.guards.abc_registry()
+    return answer
 
 
 def _range(tx, args, kwargs):
