@@ -100,3 +100,23 @@ def test_isinstance_of_an_abc_notices_a_later_register():
     got, want = compiled(Square(), x), f(Square(), x)
     assert got[1] is want[1] is True and torch.equal(got[0], want[0])
     assert counter.frame_count == 2
+
+
+def test_isinstance_of_a_runtime_protocol_looks_at_the_instance():
+    import typing
+
+    @typing.runtime_checkable
+    class Closer(typing.Protocol):
+        def close(self): ...
+
+    class Thing:
+        pass
+
+    def with_close():
+        t = Thing()
+        t.close = print
+        return t
+
+    def f(o, x):
+        return x + 1 if isinstance(o, Closer) else x - 1
+    check(f, [(with_close(), torch.ones(2)), (Thing(), torch.ones(2)), (with_close(), torch.ones(2))])

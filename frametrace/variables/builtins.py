@@ -531,7 +531,24 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     check = _user_meta_method(tx, cls, "__instancecheck__")
     if check is not None:
         return _call_meta_method(tx, check, cls_var, cls, obj)
+    if not isinstance(obj, TensorVar) and _instance_dependent(cls):
+        unsupported(f"isinstance with {getattr(cls, '__qualname__', cls)!r}, whose metaclass "
+                    "looks at the instance")
     return _class_covers(t, cls, tx)
+
+
+_CLASS_BASED_CHECKS = (type.__dict__["__instancecheck__"], abc.ABCMeta.__dict__["__instancecheck__"])
+
+
+def _instance_dependent(cls) -> bool:
+    """Whether isinstance(obj, cls) may depend on more than type(obj): a library
+    metaclass's own __instancecheck__ (typing's runtime protocols look at the instance's
+    attributes)."""
+    for k in type(cls).__mro__:
+        check = k.__dict__.get("__instancecheck__")
+        if check is not None:
+            return check not in _CLASS_BASED_CHECKS
+    return False
 
 
 def _issubclass(tx, args, kwargs):
