@@ -120,3 +120,27 @@ def test_isinstance_of_a_runtime_protocol_looks_at_the_instance():
     def f(o, x):
         return x + 1 if isinstance(o, Closer) else x - 1
     check(f, [(with_close(), torch.ones(2)), (Thing(), torch.ones(2)), (with_close(), torch.ones(2))])
+
+
+def test_parameters_without_recursion_guard_only_the_module_own_parameters():
+    def f(m, x):
+        total = x
+        for p in m.parameters(recurse=False):
+            total = total + p.sum()
+        return total, [n for n, _ in m.named_buffers(recurse=False)]
+
+    def g(m, x):
+        return sum(p.sum() for p in m.parameters()) + x
+
+    m = torch.nn.Linear(2, 2)
+    m.inner = torch.nn.Linear(2, 2)
+    x = torch.ones(2)
+    counter = frametrace.testing.CompileCounter()
+    cf, cg = frametrace.optimize(backend=counter)(f), frametrace.optimize(backend=counter)(g)
+    cf(m, x), cg(m, x)
+    m.inner.more = torch.nn.Linear(2, 2)      # what recurse=False does not walk changed
+    m.other = torch.nn.ReLU()
+    for compiled, fn in ((cf, f), (cg, g)):
+        got, want = compiled(m, x), fn(m, x)
+        assert str(got) == str(want)
+    assert counter.frame_count == 3           # f once; g again (its walk changed)
