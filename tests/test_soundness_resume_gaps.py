@@ -144,3 +144,16 @@ def test_parameters_without_recursion_guard_only_the_module_own_parameters():
         got, want = compiled(m, x), fn(m, x)
         assert str(got) == str(want)
     assert counter.frame_count == 3           # f once; g again (its walk changed)
+
+
+def test_numpy_scalars_passed_in_then_python_numbers():
+    # No wrong answer was found with NumPy scalars (they are opaque values: a torch op
+    # on one breaks the graph, and their types are guarded); this keeps it so.
+    np = __import__("numpy")
+
+    def f(x, s):
+        return x * s, type(s) is np.float64, isinstance(s, float), s * 2, (x + s).dtype, \
+            x.int() * s
+
+    inputs = [np.float32(2.0), np.float64(3.0), 2.5, np.int64(2), 2, np.float32(4.0)]
+    check(f, [(torch.ones(2), s) for s in inputs], max_graphs=len(inputs))
