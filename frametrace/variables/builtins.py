@@ -600,8 +600,10 @@ def _class_covers(t, classes, tx=None):
         answer = issubclass(t, classes)
     except TypeError:
         unsupported(f"isinstance with {classes!r}")
-    if tx is not None and any(isinstance(c, abc.ABCMeta)
-                              for c in (classes if isinstance(classes, tuple) else (classes,))):
+    # A register() can turn an ABC's False into True; a True stays (registries and the
+    # ABCs' positive caches only grow).
+    if tx is not None and not answer and any(
+            isinstance(c, abc.ABCMeta) for c in (classes if isinstance(classes, tuple) else (classes,))):
         tx.guards.abc_registry()
     return answer
 
