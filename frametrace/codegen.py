@@ -7,9 +7,12 @@ return value.  Differences between 3.11 and 3.12 are in `CodeGen`'s emitters onl
 """
 from __future__ import annotations
 
+import builtins
 import sys
+import types
+import weakref
 
-from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr
+from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label, TryBegin, TryEnd
 
 PY312 = sys.version_info >= (3, 12)
 _NO_ARG = object()
@@ -147,16 +150,33 @@ class CodeGen:
             unsupported(f"returning {var}, which is neither a graph output nor an input")
 
     # -- whole programs --
-    def call_graph(self, slot, input_sources, n_outputs: int):
+    def call_graph(self, slot, input_sources, n_outputs: int, rerun_grad=None):
         """Call the compiled graph on its inputs and keep the outputs in locals.  The
         graph is a constant of the code (`slot`, replaced by `fill_graph_slot` once the
         backend compiled it), not a global: reset() in another thread, or anything
-        else that edits the module's globals, cannot take it from a running frame."""
+        else that edits the module's globals, cannot take it from a running frame.
+
+        `rerun_grad` (the grad mode the frame was compiled for), when given, says the
+        graph changes nothing outside itself before it returns: if it raises (for a
+        reason only the data decide, an index out of range), nothing the frame did has
+        happened yet, so the frame runs again in CPython from its start, and does in
+        order what comes before the failing op.  Free when nothing raises."""
+        if rerun_grad is not None:
+            handler = Label()
+            try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
+            self.instrs.append(try_begin)
         self.emit("PUSH_NULL")
         self.load_const(slot)
         for source in input_sources:
             source.reconstruct(self)
         self.call(len(input_sources))
+        if rerun_grad is not None:
+            after = Label()
+            self.instrs.append(TryEnd(try_begin))
+            self.emit("JUMP_FORWARD", after)
+            self.instrs.append(handler)
+            self._rerun_on_exception(rerun_grad)
+            self.instrs.append(after)
         if n_outputs == 0:
             self.emit("POP_TOP")
             return []
@@ -165,6 +185,38 @@ class CodeGen:
         for name in names:
             self.emit("STORE_FAST", name)
         return names
+
+    def _rerun_on_exception(self, grad: bool):
+        """The handler: an Exception runs the original frame in CPython (outside the
+        handler, so the graph's exception is no __context__); anything else (a
+        KeyboardInterrupt) goes on unchanged."""
+        code = self.code
+        rerun = Label()
+        self.load_const(Exception)
+        self.emit("CHECK_EXC_MATCH")
+        self.instrs.append(Instr("POP_JUMP_IF_TRUE" if PY312 else "POP_JUMP_FORWARD_IF_TRUE",
+                                 rerun, lineno=self.lineno))
+        self.emit("RERAISE", 0)
+        self.instrs.append(rerun)
+        self.emit("POP_TOP")
+
+        def closure(cg):
+            if not code.co_freevars:
+                cg.load_const(None)
+                return
+            for name in code.co_freevars:
+                cg.emit("LOAD_CLOSURE", FreeVar(name))
+            cg.build(tuple, len(code.co_freevars))
+
+        def args(cg):
+            names = code.co_varnames[:frame_arg_count(code)]
+            for name in names:
+                cg.load_local(name)
+            cg.build(tuple, len(names))
+        self.call_const(rerun_frame, [lambda cg: cg.load_const(code),
+                                      lambda cg: cg.call_const(builtins.globals, []),
+                                      closure, args, lambda cg: cg.load_const(grad)])
+        self.emit("RETURN_VALUE")
 
     def assemble(self):
         """The transformed code object."""
@@ -214,3 +266,31 @@ def rebuild_object(cls, attrs):
     for name, value in attrs.items():
         object.__setattr__(obj, name, value)
     return obj
+
+
+_unhooked_copies = weakref.WeakKeyDictionary()
+
+
+def rerun_frame(code, f_globals, closure, args, grad: bool):
+    """Run `code` in CPython on the frame's arguments `args` (its first slots, as the
+    hook passed them), starting in grad mode `grad` as the compiled graph did.  A copy
+    of the code runs, marked skip, so the hook does not find the entry that failed;
+    frames it calls are hooked as usual."""
+    from . import _C
+    import torch
+    torch._C._set_grad_enabled(grad)
+    copy = _unhooked_copies.get(code)
+    if copy is None:
+        copy = _unhooked_copies[code] = code.replace(co_name=code.co_name)
+    _C.mark_skip(copy)          # (again: reset() forgets marks)
+    fn = types.FunctionType(copy, f_globals, code.co_name, None, closure)
+    npos, nkw = code.co_argcount, code.co_kwonlyargcount
+    pos = list(args[:npos])
+    kw = dict(zip(code.co_varnames[npos:npos + nkw], args[npos:npos + nkw]))
+    i = npos + nkw
+    if code.co_flags & CompilerFlags.VARARGS:
+        pos.extend(args[i])
+        i += 1
+    if code.co_flags & CompilerFlags.VARKEYWORDS:
+        kw.update(args[i])
+    return fn(*pos, **kw)

@@ -406,7 +406,8 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     if output.op_count():
         name = f"__compiled_fn_{next(_fn_ids)}"
         slot = GraphSlot(name)
-        names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes))
+        rerun = entry_grad if _can_run_again(output, backend) else None
+        names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes), rerun)
         cg.tensor_locals = dict(zip(out_nodes, names))
     # What the frame returns, or hands over at a break, is computed before the side
     # effects are replayed: CPython computed it before them too.
@@ -459,6 +460,22 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         _installed_globals.append((func.__globals__, name))
         graph_modules[name] = gm
     return new_code
+
+
+def _can_run_again(output, backend) -> bool:
+    """Whether a graph that raised has changed nothing outside itself, so the frame can
+    run again in CPython from its start: it drew no random numbers, entered no
+    autocast, and wrote to no input (or the backend writes inputs only once the rest
+    succeeded, as AOTAutograd's functionalized graphs do)."""
+    mode = output.fake_mode
+    if mode.used_rng:
+        return False
+    if any(n.op == "call_function" and getattr(n.target, "__name__", "") == "_enter_autocast"
+           for n in output.graph.nodes):
+        return False
+    if getattr(backend, "__frametrace_defers_input_mutations__", False):
+        return True
+    return not any(_storage_key(i.node) in mode.written_storages for i in output.inputs)
 
 
 _MAX_ALIAS_GUARDS = 32

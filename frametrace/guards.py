@@ -396,6 +396,14 @@ class GuardSet:
         self._add(None, name, f"{self.const(reader)}() is {self.const(value)}",
                   f"{name} is {value!r}")
 
+    def abc_registry(self):
+        """An answer of an ABC's isinstance/issubclass holds until some ABC's register()
+        (which CPython's ABC caches notice by this token)."""
+        import abc
+        token = abc.get_cache_token()
+        self._add(None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
+                  f"abc.get_cache_token() == {token!r}")
+
     def grad_mode(self, enabled: bool):
         self.global_state("grad_mode", torch.is_grad_enabled, enabled)
 

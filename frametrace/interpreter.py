@@ -456,9 +456,12 @@ class InstructionTranslator:
         """super() inside a method: the __class__ cell and the first argument."""
         from .variables.objects import SuperVar
         cell = self.cells.get("__class__")
-        if cell is None or not self.code.co_argcount:
+        # (In a resume code, the original's first argument: a cell, or its first local.)
+        from .resume import original_code
+        original = original_code(self.code)
+        if cell is None or not original.co_argcount:
             unsupported("super() without __class__ cell")
-        first = self.code.co_varnames[0]
+        first = original.co_varnames[0]
         obj = self.cells[first].value if first in self.cells else self._local(first)
         cls = cell.value
         if type(cls) is _Lazy:

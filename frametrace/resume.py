@@ -96,9 +96,12 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     label = Label()
     body.insert(index, label)
     cells = set(code.co_cellvars)
+    origins = {}        # id(new Instr) -> the original's Instr it stands for
     for i, ins in enumerate(body):
         if isinstance(ins, Instr) and isinstance(ins.arg, CellVar) and ins.arg.name in cells:
             body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
+            origins[id(body[i])] = ins
+    body, extra_stack = _explicit_super(body, code, origins)
 
     freevars = list(code.co_cellvars) + list(code.co_freevars)
     new = Bytecode()
@@ -133,27 +136,67 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
             prologue.append(Instr("GET_ITER", lineno=line))
         elif kind != "v" and kind != "r":
             prologue.extend(_live_iterator(kind, line))     # see IteratorVar.handover
+    # Once on the stack, the parameters are dead: deleted, so that locals() (in CPython
+    # too, when this frame is not compiled) shows the user's names only.
+    prologue.extend(Instr("DELETE_FAST", n, lineno=line) for n in names)
     prologue.append(Instr("JUMP_FORWARD", label, lineno=line))
     new.extend(prologue + body)
     # The body runs from states the original frame had (the prologue rebuilds its stack
     # at the target), so the original's stack size and exception-table depths hold.
     # Computing them anew would start inside a `with`/try region whose TryBegin the
     # jump skipped, and misjudge its handler (a `raise` there: a negative size).
-    result = new.to_code(stacksize=max(code.co_stacksize, prologue_stacksize(prologue)),
+    result = new.to_code(stacksize=max(code.co_stacksize + extra_stack, prologue_stacksize(prologue)),
                          compute_exception_stack_depths=False)
     _cache[key] = result
     _opaque[result] = opaque
     _private[result] = frozenset(n for n, kind in zip(names, (k for k in layout if k != "n"))
                                  if kind == "i")
-    # Instruction i of the body is instruction i of the original after its prologue.
-    original_instrs = [i for i in abstract if isinstance(i, Instr)]
-    original_instrs = original_instrs[len(original_instrs) - sum(isinstance(i, Instr) for i in body):]
+    # Each Instr of the body is one of the original's (or stands for one, `origins`).
+    body_instrs = [origins.get(id(i), i) for i in body if isinstance(i, Instr)]
     _, new_by_offset = abstract_instructions(result)
     new_offsets = sorted(new_by_offset)[sum(isinstance(i, Instr) for i in prologue):]
     orig_offset_of = {id(ins): off for off, ins in by_offset.items()}
-    _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, original_instrs)
+    _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, body_instrs)
                               if id(o) in orig_offset_of})
     return result
+
+
+def _explicit_super(body, code, origins):
+    """Zero-argument super() reads the frame's first local slot, which in a resume code
+    is not the original's first argument when that argument is a cell (a closure
+    captured `self`; the cell is a free variable here).  Each `super()` call becomes
+    `super(__class__, self)` read from the cells, when `super` is still the builtin
+    (anything else is called with no arguments, as before).  Returns (body, stack
+    slots it may need beyond the original's)."""
+    first = code.co_varnames[0] if code.co_argcount else None
+    if first not in code.co_cellvars or "__class__" not in code.co_freevars:
+        return body, 0
+    names = ["CALL"] if PY312 else ["PRECALL", "CALL"]
+    out, i, changed = [], 0, False
+    while i < len(body):
+        ins = body[i]
+        out.append(ins)
+        call = body[i + 1:i + 1 + len(names)]
+        if isinstance(ins, Instr) and ins.name == "LOAD_GLOBAL" and ins.arg == (True, "super") \
+                and all(isinstance(c, Instr) and c.arg == 0 for c in call) \
+                and [c.name for c in call] == names:
+            following = next((b for b in body[i + 1 + len(names):] if isinstance(b, Instr)), None)
+            I = lambda name, arg=UNSET: Instr(name, arg, location=ins.location) \
+                if arg is not UNSET else Instr(name, location=ins.location)  # noqa: E731
+            plain, done = Label(), Label()
+            jump = I("JUMP_FORWARD", done)
+            if following is not None:
+                # A break at the explicit call continues where the original's would.
+                origins[id(jump)] = origins.get(id(following), following)
+            out += [I("COPY", 1), I("LOAD_CONST", super), I("IS_OP", 0),
+                    I("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE", plain),
+                    I("LOAD_DEREF", FreeVar("__class__")), I("LOAD_DEREF", FreeVar(first)),
+                    *([] if PY312 else [I("PRECALL", 2)]), I("CALL", 2), jump, plain, *call, done]
+            i += 1 + len(names)
+            changed = True
+            continue
+        i += 1
+    return out, 2 if changed else 0
 
 
 def split_locals(code, local_names) -> tuple[list, list]:

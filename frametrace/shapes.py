@@ -78,7 +78,39 @@ def new_fake_mode() -> FakeTensorMode:
     # would need unbacked symbols, which no guard can check.
     env = ShapeEnv(specialize_zero_one=True, duck_shape=True,
                    allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
-    return FakeTensorMode(shape_env=env)
+    return _FakeMode(shape_env=env)
+
+
+class _FakeMode(FakeTensorMode):
+    """FakeTensorMode that notes what a trace's ops do beyond computing: whether one
+    draws random numbers, and which storages ops write to.  A graph that did neither
+    to its inputs can be run again from its start (see codegen's failure path)."""
+    used_rng = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.written_storages = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.used_rng and torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+            self.used_rng = True
+        for i, name in _written_args(func):
+            t = args[i] if i < len(args) else kwargs.get(name)
+            for v in (t if isinstance(t, (list, tuple)) else (t,)):
+                if isinstance(v, torch.Tensor):
+                    self.written_storages.add(v.untyped_storage()._cdata)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _written_args(func) -> tuple:
+    """(position, name) of the arguments an ATen op writes to (its schema's `(a!)`)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return ()
+    return tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
 
 
 _ENV_CACHES = [v for k, v in vars(ShapeEnv).items() if hasattr(v, "cache_clear")]

@@ -22,6 +22,12 @@ class CompileCounter:
         self.op_count = 0
         self.graphs = []
 
+    @property
+    def __frametrace_defers_input_mutations__(self):
+        from .backends import lookup_backend
+        return self.inner is not None and \
+            getattr(lookup_backend(self.inner), "__frametrace_defers_input_mutations__", False)
+
     def __call__(self, gm, example_inputs):
         self.frame_count += 1
         self.op_count += sum(1 for n in gm.graph.nodes

@@ -342,6 +342,8 @@ class Gen:
             (2, bool(s.funcs), lambda: f"{self.pick(s.funcs)}({t()})"),
             (3, True, lambda: self.helper_tensor(t)),
             (1, True, lambda: self.use_global("G_T") and f"{t()} + G_T"),
+            # An index only the data decide: out of range when every element is > -1.
+            (1, True, lambda: f"{t()} + {t()}.view(-1)[({t()} > -1).long().sum().view(1)]"),
         ])
 
     def wrap(self, d, options):

@@ -18,6 +18,11 @@ def aot_eager(gm, example_inputs):
                                  keep_inference_input_mutations=True)
 
 
+# Input mutations of a functionalized graph are applied after all of its compute: a
+# graph that raises has written no input (codegen's failure path relies on it).
+aot_eager.__frametrace_defers_input_mutations__ = True
+
+
 @register_backend("aot_eager_decomp_partition")
 def aot_eager_decomp_partition(gm, example_inputs):
     """aot_eager with ATen decompositions and the min-cut partitioner (what inductor's
@@ -31,3 +36,6 @@ def aot_eager_decomp_partition(gm, example_inputs):
                                  decompositions=core_aten_decompositions(),
                                  partition_fn=min_cut_rematerialization_partition,
                                  keep_inference_input_mutations=True)
+
+
+aot_eager_decomp_partition.__frametrace_defers_input_mutations__ = True

@@ -8,6 +8,7 @@ and infinite iterators (itertools.count) work under islice/zip.  Sets hold const
 only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
+import abc
 import functools
 import itertools
 import operator
@@ -710,7 +711,24 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     check = _user_meta_method(tx, cls, "__instancecheck__")
     if check is not None:
         return _call_meta_method(tx, check, cls_var, cls, obj)
-    return _class_covers(t, cls)
+    if not isinstance(obj, TensorVar) and _instance_dependent(cls):
+        unsupported(f"isinstance with {getattr(cls, '__qualname__', cls)!r}, whose metaclass "
+                    "looks at the instance")
+    return _class_covers(t, cls, tx)
+
+
+_CLASS_BASED_CHECKS = (type.__dict__["__instancecheck__"], abc.ABCMeta.__dict__["__instancecheck__"])
+
+
+def _instance_dependent(cls) -> bool:
+    """Whether isinstance(obj, cls) may depend on more than type(obj): a library
+    metaclass's own __instancecheck__ (typing's runtime protocols look at the instance's
+    attributes)."""
+    for k in type(cls).__mro__:
+        check = k.__dict__.get("__instancecheck__")
+        if check is not None:
+            return check not in _CLASS_BASED_CHECKS
+    return False
 
 
 def _issubclass(tx, args, kwargs):
@@ -728,7 +746,7 @@ def _subclass_check(tx, sub: Var, cls_var: Var) -> bool:
     check = _user_meta_method(tx, cls, "__subclasscheck__")
     if check is not None:
         return _call_meta_method(tx, check, cls_var, cls, sub)
-    return _class_covers(_class_value(sub), cls)
+    return _class_covers(_class_value(sub), cls, tx)
 
 
 def _user_meta_method(tx, cls, name):
@@ -757,11 +775,17 @@ def _call_meta_method(tx, fn, cls_var, cls, arg) -> bool:
     return wrap(tx, fn, None, guard=False).call(tx, [cls_var, arg], {}).truth(tx)
 
 
-def _class_covers(t, classes):
+def _class_covers(t, classes, tx=None):
     try:
-        return issubclass(t, classes)
+        answer = issubclass(t, classes)
     except TypeError:
         unsupported(f"isinstance with {classes!r}")
+    # A register() can turn an ABC's False into True; a True stays (registries and the
+    # ABCs' positive caches only grow).
+    if tx is not None and not answer and any(
+            isinstance(c, abc.ABCMeta) for c in (classes if isinstance(classes, tuple) else (classes,))):
+        tx.guards.abc_registry()
+    return answer
 
 
 def _range(tx, args, kwargs):
@@ -1204,7 +1228,9 @@ def _has_attr(tx, obj, name):
             from .user_objects import DELETED
             return written is not DELETED
         d = getattr(value, "__dict__", {})
-        cls = type(value)
+        cls = obj.instance_class() if isinstance(obj, UserObjectVar) else type(value)
+        if cls is not type(value):
+            return _has_attr_of_new_class(tx, obj, d, cls, name)
         found = name in d or _class_lookup(cls, name) is not None
         if not found and isinstance(value, torch.nn.Module):
             found = any(name in (d.get(t) or {}) for t in ("_parameters", "_buffers", "_modules"))
@@ -1274,6 +1300,21 @@ def _partial_has_attr(tx, p, name):
     found = hasattr(p.real, name)
     _guard_hasattr(tx, p.source, name, found)
     return found
+
+
+def _has_attr_of_new_class(tx, obj, d, cls, name):
+    """_has_attr for an object whose __class__ the frame assigned: the class the trace
+    has answers (its lookups guarded), and the instance dict, guarded on its own (a
+    hasattr guard would ask the class the object has when the frame starts)."""
+    from .modules import class_attr
+    if class_attr(tx, cls, name) is not None:
+        return True
+    if name in d or obj.source is None:
+        return True if name in d and obj.source is None else None
+    if class_attr(tx, cls, "__getattr__") is not None:
+        return None
+    tx.guards.not_in_dict(obj.source, name)
+    return False
 
 
 def _guard_hasattr(tx, source, name, found):

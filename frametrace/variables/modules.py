@@ -322,7 +322,7 @@ def _named(kind):
             paths = _unprefixed_paths(self.module, kind, a, kw)
         except Exception as e:       # a bad argument: CPython raises it
             unsupported(f"{kind}() raised {type(e).__name__}: {e}")
-        _guard_structure(tx, self, kind)
+        _guard_structure(tx, self, kind, _recurses(kind, a, kw))
         out = []
         for item, path in zip(items, paths):
             name, obj = item if kind.startswith("named_") else (None, item)
@@ -346,14 +346,25 @@ def _unprefixed_paths(m, kind, args, kwargs):
     return [n for n, _ in getattr(torch.nn.Module, named)(m, **params)]
 
 
-def _guard_structure(tx, self, kind):
+def _recurses(kind, args, kwargs) -> bool:
+    """Whether parameters()/buffers() (and their named_ forms) walk submodules."""
+    if "parameters" not in kind and "buffers" not in kind:
+        return True
+    import inspect
+    bound = inspect.signature(getattr(torch.nn.Module, kind)).bind(None, *args, **kwargs)
+    return bool(bound.arguments.get("recurse", True))
+
+
+def _guard_structure(tx, self, kind, recurse=True):
     """What the introspection walks (submodule names, and their parameter or buffer
-    names) is guarded by keys: modules can be added and removed between calls."""
+    names) is guarded by keys: modules can be added and removed between calls.  With
+    recurse=False only the module's own parameters or buffers are walked."""
     if self.source is None:
         return
-    stores = ["_modules"] + (["_parameters"] if "parameters" in kind else []) + \
-        (["_buffers"] if "buffers" in kind else [])
-    subs = [("", self.module)] if kind in ("named_children", "children") else self.module.named_modules()
+    stores = ([] if not recurse else ["_modules"]) + \
+        (["_parameters"] if "parameters" in kind else []) + (["_buffers"] if "buffers" in kind else [])
+    subs = [("", self.module)] if kind in ("named_children", "children") or not recurse \
+        else self.module.named_modules()
     for name, sub in subs:
         source = _path_source(self, name) if name else self.source
         for store in stores:
