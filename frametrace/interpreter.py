@@ -101,6 +101,8 @@ class InstructionTranslator:
         self.code_runs = 0                  # root only: see builtins.call_item_fn
         self.live_reads: list | None = None  # root only: see containers.note_live_read
         self.stop_at: int | None = None     # root only: stop before this instruction
+        self.take_generator_frame = False   # the next generator called here is driven by
+        #                                     its caller (contexts.GeneratorContextVar)
         if parent is None:
             from .resume import opaque_locals
             opaque = opaque_locals(code)
@@ -349,6 +351,11 @@ class InstructionTranslator:
         for name, v in bound.items():
             child.locals[name] = v
         child.closure = list(closure)
+        if code.co_flags & 0x20 and self.take_generator_frame:
+            from .variables.contexts import GeneratorFrameVar
+            self.take_generator_frame = False
+            child.generator = True
+            return GeneratorFrameVar(child)
         if code.co_flags & 0x20:
             # A generator's body runs lazily, as CPython's: up to the next yield on each
             # next(), so no item is computed that the caller does not consume.
@@ -699,7 +706,11 @@ class InstructionTranslator:
         ctx = self.pop()
         enter = getattr(ctx, "enter", None)
         if enter is None:
-            unsupported(f"'with' over {ctx}")
+            from .variables.contexts import user_context
+            user = user_context(self, ctx)
+            if user is None:
+                unsupported(f"'with' over {ctx}")
+            ctx, enter = user, user.enter
         self.push(_ExitVar(ctx))
         self.push(enter(self))
 
@@ -844,7 +855,10 @@ class _ExitVar(Var):
 
     def reconstruct(self, cg):
         from .variables.contexts import GradModeRestore, GradModeVar, NullContextVar, no_op_exit
-        if isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
+        handover = getattr(self.ctx, "reconstruct_exit", None)
+        if handover is not None:
+            handover(cg)
+        elif isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
             cg.load_const(GradModeRestore(self.ctx.prev))
         elif isinstance(self.ctx, NullContextVar):
             cg.load_const(no_op_exit)

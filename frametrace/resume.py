@@ -425,8 +425,11 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         cg.emit("STORE_DEREF", CellVar(n))
     # Inside `with` blocks, an exception from the instruction must run their exits, as
     # the original frame's cleanup handlers would: a handler of our own does that.
-    from .interpreter import _ExitVar
-    exits = [plan.temps[("lower", i)] for i, v in enumerate(plan.lower) if isinstance(v, _ExitVar)]
+    from .variables.contexts import check_exit_handover, exit_all, with_exit_slots
+    slots = [i for i in with_exit_slots(code, inst.offset) if i < len(plan.lower)]
+    for i in slots:
+        check_exit_handover(plan.lower[i])
+    exits = [plan.temps[("lower", i)] for i in slots]
     protect = exits and exception_cover(code, inst.offset) == "with"
     if protect:
         handler = Label()
@@ -457,11 +460,13 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         cg.instrs.append(TryEnd(try_begin))
         cg.emit("JUMP_FORWARD", after)
         cg.instrs.append(handler)
-        for temp in reversed(exits):           # innermost `with` first
-            cg.emit("PUSH_NULL")
+        cg.emit("PUSH_NULL")                   # exit_all(exc, *exits), innermost first
+        cg.load_const(exit_all)
+        cg.emit("COPY", 3)
+        for temp in exits:
             cg.emit("LOAD_FAST", temp)
-            cg.call(0)
-            cg.emit("POP_TOP")
+        cg.call(1 + len(exits))
+        cg.emit("POP_TOP")
         cg.emit("RERAISE", 0)
         cg.instrs.append(after)
     opaque = frozenset(n for n in plan.bound if isinstance(tracer.locals[n], OpaqueVar))

@@ -173,3 +173,198 @@ class NullContextVar(Var):
 def no_op_exit(*exc):
     """Stands for nullcontext's __exit__ when a graph break falls inside its block."""
     return False
+
+
+# --------------------------------------------------------------------------- user contexts
+class UserContextVar(Var):
+    """`with obj:` over an object of a user class: its class's __enter__ and __exit__
+    (Python functions, found as CPython finds them, on the type) are inlined.  At a graph
+    break inside the block the real __exit__ is handed over bound to the object, which
+    the transformed code rebuilds or reloads; __enter__ has run once, in the trace."""
+    __slots__ = ("obj", "enter_fn", "exit_fn")
+
+    def __init__(self, obj, enter_fn, exit_fn):
+        super().__init__(None)
+        self.obj = obj
+        self.enter_fn = enter_fn
+        self.exit_fn = exit_fn
+
+    def enter(self, tx):
+        from .functions import UserFunctionVar
+        return UserFunctionVar(self.enter_fn).call(tx, [self.obj], {})
+
+    def exit(self, tx):
+        from .functions import UserFunctionVar
+        none = ConstVar(None)
+        UserFunctionVar(self.exit_fn).call(tx, [self.obj, none, none, none], {})
+
+    def reconstruct_exit(self, cg):
+        import types
+        if not never_suppresses(self.exit_fn):
+            unsupported(f"a graph break inside 'with' over {self.obj}, whose __exit__ may "
+                        "swallow an exception")
+        cg.call_const(types.MethodType, [lambda cg: cg.load_const(self.exit_fn),
+                                         lambda cg: self.obj.reconstruct(cg)])
+
+    def __repr__(self):
+        return f"UserContextVar({self.obj!r})"
+
+
+def user_context(tx, obj):
+    """The context Var for `with obj:` over an instance of a user class, else None."""
+    import types
+
+    from .attributes import InstanceAttrs
+    from .modules import class_attr
+    if not isinstance(obj, InstanceAttrs):
+        return None
+    cls = obj.instance_class()
+    enter, exit_ = class_attr(tx, cls, "__enter__"), class_attr(tx, cls, "__exit__")
+    if enter is None or exit_ is None:
+        unsupported(f"TypeError: {cls.__name__!r} object does not support the context manager protocol")
+    if not isinstance(enter, types.FunctionType) or not isinstance(exit_, types.FunctionType):
+        unsupported(f"'with' over {cls.__name__}, whose __enter__/__exit__ is not a Python function")
+    return UserContextVar(obj, enter, exit_)
+
+
+def never_suppresses(fn) -> bool:
+    """Whether a Python __exit__ can only return None or False (so it never swallows the
+    exception it is given): every return in its code returns one of those constants."""
+    import dis
+    code = fn.__code__
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        return False
+    prev = None
+    for inst in dis.get_instructions(code):
+        if inst.opname == "RETURN_CONST" and inst.argval not in (None, False):
+            return False
+        if inst.opname == "RETURN_VALUE" and not (
+                prev is not None and prev.opname == "LOAD_CONST" and prev.argval in (None, False)):
+            return False
+        prev = inst
+    return True
+
+
+# --------------------------------------------------------------------------- contextlib
+class GeneratorContextVar(Var):
+    """A @contextlib.contextmanager context made while tracing: the generator's frame is
+    inlined, run to its yield at enter (the yielded value is what `as` binds) and on to
+    its end at exit.  The generator exists only in the trace, so a graph break inside
+    the block cannot hand it over (the frame runs in CPython then)."""
+    __slots__ = ("func", "args", "kwargs", "frame")
+
+    def __init__(self, func, args, kwargs):
+        super().__init__(None)
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.frame = None
+
+    def enter(self, tx):
+        if self.frame is not None:
+            unsupported("RuntimeError: a contextmanager's generator entered twice")
+        tx.take_generator_frame = True
+        try:
+            frame = self.func.call(tx, list(self.args), dict(self.kwargs))
+        finally:
+            tx.take_generator_frame = False
+        if not isinstance(frame, GeneratorFrameVar):
+            unsupported(f"contextmanager over {self.func}, which does not make a generator")
+        self.frame = frame
+        value = frame.resume()
+        if value is None:
+            unsupported("RuntimeError: generator didn't yield")
+        return value
+
+    def exit(self, tx):
+        if self.frame.resume() is not None:
+            unsupported("RuntimeError: generator didn't stop")
+
+    def __repr__(self):
+        return f"GeneratorContextVar({self.func!r})"
+
+
+class GeneratorFrameVar(Var):
+    """An inlined generator's frame driven by its caller (see GeneratorContextVar)."""
+    __slots__ = ("child",)
+
+    def __init__(self, child):
+        super().__init__(None)
+        self.child = child
+
+    def resume(self):
+        """Run to the next yield (its value) or to the end (None)."""
+        from ..interpreter import _Yield
+        self.child.root.code_runs += 1
+        try:
+            self.child.run()
+        except _Yield as y:
+            return y.value
+        return None
+
+
+def context_class(tx, cls, args, kwargs):
+    """The context Var for calling a context manager class frametrace models, else None."""
+    import contextlib
+    if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
+        return NullContextVar(args[0] if args else ConstVar(None))
+    if cls is contextlib._GeneratorContextManager and len(args) == 3 and not kwargs:
+        from .containers import DictVar, TupleVar
+        func, fargs, fkwargs = args
+        if isinstance(fargs, TupleVar) and isinstance(fkwargs, DictVar):
+            return GeneratorContextVar(func, fargs.items, fkwargs.items)
+    return grad_mode_class(tx, cls, args, kwargs)
+
+
+# --------------------------------------------------------------------------- breaks in `with`
+def with_exit_slots(code, offset) -> list:
+    """The stack slots holding the __exit__ of each `with` block around `offset`,
+    innermost first.  A `with` body's exception-table entries (split by blocks nested
+    in it) share one handler, PUSH_EXC_INFO then WITH_EXCEPT_START, and one depth: the
+    stack up to and including its __exit__."""
+    import dis
+    from ..interpreter import _instructions
+    at = {i.offset: i for i in _instructions(code)}
+    spans = {}
+    for entry in dis._parse_exception_table(code):
+        first, after = at.get(entry.target), at.get(entry.target + 2)
+        if first is None or first.opname != "PUSH_EXC_INFO" or after is None or \
+                after.opname != "WITH_EXCEPT_START":
+            continue
+        start, end, depth = spans.get(entry.target, (entry.start, entry.end, entry.depth))
+        spans[entry.target] = (min(start, entry.start), max(end, entry.end), depth)
+    return sorted((depth - 1 for start, end, depth in spans.values() if start <= offset < end),
+                  reverse=True)
+
+
+def check_exit_handover(var):
+    """A graph break inside a `with` hands its __exit__ to CPython, which must then
+    behave as the original frame: an __exit__ that may swallow the exception raised at
+    the break would need the code after the block, so such breaks are refused."""
+    from ..interpreter import _ExitVar
+    from .functions import BoundMethodVar, UserFunctionVar
+    if isinstance(var, (_ExitVar, GradModeSetVar)):
+        return                      # _ExitVar.reconstruct checks its context
+    if isinstance(var, BoundMethodVar) and isinstance(var.fn, UserFunctionVar) and \
+            never_suppresses(var.fn.fn):
+        return
+    if isinstance(var, UserFunctionVar) and var.fn is no_op_exit:
+        return
+    unsupported(f"a graph break inside 'with' whose __exit__ ({var}) may swallow an exception")
+
+
+def exit_all(exc, *exits):
+    """Run the __exit__s of the `with` blocks an exception leaves (innermost first), as
+    the original frame's cleanups would; none of them swallows it (check_exit_handover).
+    One that raises replaces the exception, chained to it, and is raised here; else
+    the caller re-raises the original."""
+    raised = exc
+    for exit_ in exits:
+        try:
+            exit_(type(raised), raised, raised.__traceback__)
+        except BaseException as e:      # noqa: B036 (raised by __exit__: it propagates)
+            if e is not raised and e.__context__ is None:
+                e.__context__ = raised
+            raised = e
+    if raised is not exc:
+        raise raised

@@ -13,7 +13,7 @@ import torch
 
 from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
 from .base import ValueVar, Var, safe_repr, unsupported
-from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
+from .contexts import GradModeSetVar, context_class
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
 from .tensor import TensorVar
@@ -436,11 +436,8 @@ def namespace_var(tx, namespace: dict) -> GlobalsDictVar:
 
 def _construct(tx, cls, args, kwargs):
     """Calling a class while tracing."""
-    import contextlib
     import dataclasses
-    if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
-        return NullContextVar(args[0] if args else ConstVar(None))
-    made = grad_mode_class(tx, cls, args, kwargs)
+    made = context_class(tx, cls, args, kwargs)
     if made is not None:
         return made
     if cls is functools.partial and args:

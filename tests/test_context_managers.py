@@ -1,0 +1,291 @@
+"""`with` over context managers beyond grad mode: objects of user classes (__enter__ and
+__exit__ inlined), @contextlib.contextmanager generators, torch's mode contexts, and
+graph breaks inside their blocks (the real __exit__ runs once, with the exception)."""
+import contextlib
+
+import pytest
+import torch
+
+import frametrace
+from differential import check
+
+
+class Boom(Exception):
+    pass
+
+
+@frametrace.disable
+def opaque_raise(y):
+    # Not traced: the frame breaks at this call, which raises in CPython inside the
+    # `with` block.
+    raise Boom(f"boom {y.shape[0]}")
+
+
+@frametrace.disable
+def opaque(y):
+    return y + 1
+
+
+def own(report, fn):
+    """Outcomes of the compiles of fn and its resume functions (not of the functions
+    CPython calls from them, such as an __exit__ run at a break)."""
+    name = fn.__code__.co_qualname
+    return [r.outcome for r in report.records
+            if r.code.co_qualname == name or r.code.co_qualname.startswith(name + ".<resume")]
+
+
+class Logged:
+    """Appends to a log on enter and exit; exit records the exception type."""
+
+    def __init__(self, log, tag="c"):
+        self.log = log
+        self.tag = tag
+        self.entries = 0
+
+    def __enter__(self):
+        self.entries += 1
+        self.log.append(f"enter {self.tag}")
+        return self.tag
+
+    def __exit__(self, typ, exc, tb):
+        self.log.append(f"exit {self.tag} {typ.__name__ if typ else None}")
+
+
+class NoGradCtx:
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __enter__(self):
+        self.prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+
+
+class Suppress:
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+
+    def __exit__(self, typ, exc, tb):
+        self.log.append(f"exit {typ.__name__ if typ else None}")
+        return True
+
+
+@contextlib.contextmanager
+def logged_gen(log, value):
+    log.append("gen enter")
+    try:
+        yield value * 2
+    finally:
+        log.append("gen exit")
+
+
+@contextlib.contextmanager
+def grad_gen(mode):
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(mode)
+    try:
+        yield
+    finally:
+        torch._C._set_grad_enabled(prev)
+
+
+def _x():
+    return torch.randn(3, requires_grad=True)
+
+
+def _grad_is_on():
+    assert torch.is_grad_enabled()
+
+
+# ------------------------------------------------------------------ user classes, traced
+def test_user_context_made_in_frame_is_inlined_in_one_graph():
+    def f(x, log):
+        with Logged(log) as tag:
+            y = x * 2
+            log.append(tag)
+        return y + 1
+
+    check(f, [(_x(), []), (_x(), ["a"])], graphs=2, breaks=0, fullgraph=True)
+
+
+def test_user_context_passed_in_is_inlined_and_its_state_written_back():
+    def f(x, ctx):
+        with ctx as tag:
+            y = x.sin()
+        with ctx:
+            y = y + len(tag)
+        return y
+
+    r = check(f, [(_x(), Logged([])), (_x(), Logged(["z"], tag="d"))], breaks=0, fullgraph=True)
+    assert r.graphs >= 1
+
+
+def test_user_context_switching_grad_mode_in_enter_and_exit():
+    def f(x):
+        with NoGradCtx(False):
+            y = x * 2
+        z = x * 3
+        return y, z, torch.is_grad_enabled()
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+    _grad_is_on()
+
+
+def test_user_context_returned_from_frame():
+    def f(x):
+        cm = NoGradCtx(False)
+        with cm:
+            y = x + 1
+        return cm, y
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+    _grad_is_on()
+
+
+def test_object_without_context_protocol_is_a_type_error_in_cpython():
+    class NotCtx:
+        pass
+
+    def f(x):
+        with NotCtx():
+            return x + 1
+
+    check(f, [_x()], graphs=0)
+
+
+# ------------------------------------------------------------------ contextlib
+def test_contextmanager_generator_is_inlined_to_its_yield_and_end():
+    def f(x, log):
+        with logged_gen(log, 3) as v:
+            y = x * v
+        log.append("after")
+        return y
+
+    check(f, [(_x(), []), (_x(), [])], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_contextmanager_generator_switching_grad_mode():
+    def f(x):
+        with grad_gen(False):
+            y = x * 2
+            inner = torch.is_grad_enabled()
+        return y, inner, x * 3
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+    _grad_is_on()
+
+
+def test_nullcontext_binds_its_value():
+    def f(x):
+        with contextlib.nullcontext(5) as v:
+            return x + v
+
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+# ------------------------------------------------------------------ graph breaks inside
+def test_graph_break_inside_user_context_resumes_and_exits_once():
+    def f(x, log):
+        with Logged(log) as tag:
+            y = x * 2
+            y = opaque(y)
+            log.append(tag)
+            y = y * 3
+        return y
+
+    r = check(f, [(_x(), []), (_x(), [])])
+    assert own(r, f) == ["break", "compiled"]
+
+
+def test_exception_at_a_break_inside_user_context_reaches_exit_once():
+    def f(x, log):
+        with Logged(log):
+            y = x * 2
+            opaque_raise(y)
+        return y
+
+    r = check(f, [(_x(), []), (_x(), ["a"])])
+    assert set(own(r, f)) == {"break"}
+
+
+def test_exception_at_a_later_break_inside_user_context_reaches_exit_once():
+    # The second break is in the resume function, which has the __exit__ as an argument.
+    def f(x, log, fail):
+        with Logged(log):
+            y = opaque(x * 2)
+            if fail:
+                opaque_raise(y)
+            y = opaque(y)
+        return y
+
+    r = check(f, [(_x(), [], True), (_x(), [], False), (_x(), [], True)])
+    assert "fallback" not in own(r, f) and "break" in own(r, f)
+
+
+def test_exception_at_a_later_break_inside_no_grad_restores_grad_mode():
+    def f(x, fail):
+        with torch.no_grad():
+            y = opaque(x * 2)
+            if fail:
+                opaque_raise(y)
+            y = opaque(y)
+        return y
+
+    r = check(f, [(_x(), True), (_x(), False), (_x(), True)])
+    assert "fallback" not in own(r, f) and "break" in own(r, f)
+    _grad_is_on()
+
+
+def test_nested_user_contexts_with_a_break_exit_innermost_first():
+    def f(x, log, fail):
+        with Logged(log, "outer"):
+            with Logged(log, "inner"):
+                y = opaque(x * 2)
+                if fail:
+                    opaque_raise(y)
+            log.append("between")
+        return y
+
+    r = check(f, [(_x(), [], False), (_x(), [], True)])
+    assert "fallback" not in own(r, f) and "break" in own(r, f)
+
+
+def test_break_inside_a_context_that_may_swallow_exceptions_runs_the_frame_in_cpython():
+    def f(x, log, fail):
+        with Suppress(log):
+            y = x * 2
+            if fail:
+                opaque_raise(y)
+            log.append("body")
+        return x + 1
+
+    check(f, [(_x(), [], True), (_x(), [], False)], graphs=None)
+
+
+def test_break_inside_contextmanager_generator_runs_it_once():
+    def f(x, log):
+        with logged_gen(log, 1):
+            y = opaque(x * 2)
+        return y
+
+    check(f, [(_x(), []), (_x(), [])], graphs=None)
+
+
+def test_break_in_enter_of_user_context_runs_enter_once():
+    class BreakingEnter(Logged):
+        def __enter__(self):
+            print(end="")
+            return super().__enter__()
+
+    def f(x, log):
+        with BreakingEnter(log):
+            y = x * 2
+        return y
+
+    check(f, [(_x(), []), (_x(), [])], graphs=None)
