@@ -289,3 +289,121 @@ def test_break_in_enter_of_user_context_runs_enter_once():
         return y
 
     check(f, [(_x(), []), (_x(), [])], graphs=None)
+
+
+# ------------------------------------------------------------------ torch's contexts
+def test_inference_mode_block_makes_inference_tensors():
+    def f(x):
+        with torch.inference_mode():
+            y = x * 2
+            inside = torch.is_grad_enabled()
+        z = x * 3
+        return y, y.is_inference(), z, z.is_inference(), inside
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+    assert not torch.is_inference_mode_enabled()
+
+
+def test_sdpa_kernel_selects_the_backend_at_run_time():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def f(q):
+        with sdpa_kernel([SDPBackend.MATH]):
+            out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return out * 2
+
+    q = torch.randn(1, 2, 4, 8)
+    g = frametrace.optimize(backend="eager", fullgraph=True)(f)
+    want = f(q)
+    assert torch.allclose(g(q), want)
+    # Run where the math kernel is off outside: only a graph that switches backends
+    # when it runs finds one.
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        assert torch.allclose(g(q), want)
+        assert torch.nn.attention._cur_sdpa_kernel_backends() == [SDPBackend.EFFICIENT_ATTENTION]
+    assert SDPBackend.MATH in torch.nn.attention._cur_sdpa_kernel_backends()
+
+
+def test_disable_saved_tensors_hooks_as_context_and_restored():
+    def f(x):
+        with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+            with torch.autograd.graph.disable_saved_tensors_hooks("inner"):
+                y = x.sin()
+            y = y * 2
+        return y.cos()
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+    assert torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is None
+
+
+def test_profiler_ranges_are_no_ops_and_a_break_inside_resumes():
+    def f(x):
+        y = x ** 2
+        with torch.profiler.profile():
+            y = y + 2
+            with torch.autograd.profiler.record_function("inner"):
+                z = opaque(y ** 3)
+                z = z + 1
+        return z
+
+    r = check(f, [_x(), _x()])
+    assert own(r, f) == ["break", "compiled"]
+
+
+def test_catch_warnings_and_disable_torch_function_subclass_are_no_ops():
+    import warnings
+
+    def f(x):
+        with warnings.catch_warnings():
+            y = x + 1
+        with torch._C.DisableTorchFunctionSubclass():
+            y = y * 2
+        return y
+
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_break_inside_catch_warnings_runs_the_block_in_cpython():
+    import warnings
+
+    @frametrace.disable
+    def quiet_filters():
+        warnings.simplefilter("ignore")
+
+    def f(x):
+        before = len(warnings.filters)
+        with warnings.catch_warnings():
+            quiet_filters()
+            y = x + 1
+        return y, len(warnings.filters) == before
+
+    check(f, [_x(), _x()], graphs=None)
+
+
+def test_grad_mode_decorated_function_returned_from_frame():
+    def f(x, mode_on):
+        def inner(y):
+            return y * 2
+        deco = torch.enable_grad() if mode_on else torch.no_grad()
+        return deco(inner)
+
+    for mode_on in (True, False):
+        fn = frametrace.optimize(backend="eager", fullgraph=True)(f)(_x(), mode_on)
+        with torch.set_grad_enabled(not mode_on):
+            out = fn(_x())
+        assert out.requires_grad == mode_on
+    _grad_is_on()
+
+
+def test_set_grad_enabled_as_decorator_does_not_switch_the_mode():
+    def f(x, mode):
+        with torch.set_grad_enabled(not mode):
+            @torch.set_grad_enabled(mode)
+            def inner(y):
+                return y.sin()
+            outside = torch.is_grad_enabled()
+        with torch.set_grad_enabled(not mode):
+            return inner(x), outside, torch.is_grad_enabled()
+
+    check(f, [(_x(), True), (_x(), False)], breaks=0, fullgraph=True)
+    _grad_is_on()

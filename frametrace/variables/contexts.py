@@ -49,6 +49,12 @@ class _SetGradEnabledVar(GradModeVar):
     def enter(self, tx):
         return ConstVar(None)
 
+    def call(self, tx, args, kwargs):
+        # Used as a decorator, it puts back the mode its constructor switched.
+        decorated = super().call(tx, args, kwargs)
+        self._set(tx, self.prev)
+        return decorated
+
 
 class GradModeRestore:
     """Stands for a grad-mode context's __exit__ when a graph break falls inside its
@@ -101,6 +107,14 @@ class GradModeDecoratedVar(Var):
             return self.fn.call(tx, args, kwargs)
         finally:
             ctx.exit(tx)
+
+    def reconstruct(self, cg):
+        cg.call_const(grad_mode_decorated, [lambda cg: cg.load_const(self.mode), self.fn.reconstruct])
+
+
+def grad_mode_decorated(mode, fn):
+    """What @torch.enable_grad() / @torch.no_grad() makes of `fn`."""
+    return (torch.enable_grad if mode else torch.no_grad)()(fn)
 
 
 class AutocastVar(Var):
@@ -156,12 +170,15 @@ def grad_mode_class(tx, cls, args, kwargs):
 
 
 class NullContextVar(Var):
-    """contextlib.nullcontext(value): `with` gives value and does nothing else."""
-    __slots__ = ("value",)
+    """contextlib.nullcontext(value): `with` gives value and does nothing else.  Also
+    the contexts that do nothing a graph can see (profiler ranges); `resumable` says
+    whether CPython may run part of the block without them (at a graph break)."""
+    __slots__ = ("value", "resumable")
 
-    def __init__(self, value):
+    def __init__(self, value, resumable=True):
         super().__init__(None)
         self.value = value
+        self.resumable = resumable
 
     def enter(self, tx):
         return self.value
@@ -169,10 +186,92 @@ class NullContextVar(Var):
     def exit(self, tx):
         pass
 
+    def reconstruct_exit(self, cg):
+        if not self.resumable:
+            unsupported(f"a graph break inside 'with' over {self.value}")
+        cg.load_const(no_op_exit)
+
+
+class UnusableVar(Var):
+    """What a no-op context's __enter__ gives (a profiler object): any use of it stops
+    the trace (so the frame runs it in CPython)."""
+    __slots__ = ("what",)
+
+    def __init__(self, what):
+        super().__init__(None)
+        self.what = what
+
+    def __repr__(self):
+        return f"UnusableVar({self.what})"
+
+
+class RunTimeContextVar(Var):
+    """A torch context that switches process state the graph's operations depend on
+    (inference mode, sdpa_kernel's backends, disabled saved-tensor hooks), made from
+    constants: entered for real while tracing, and entered and exited again by nodes of
+    the graph at run time, where the state before it is read again."""
+    __slots__ = ("factory", "args", "kwargs", "value", "real", "node")
+
+    def __init__(self, factory, args, kwargs, value=None):
+        super().__init__(None)
+        self.factory = factory
+        self.args = args
+        self.kwargs = kwargs
+        self.value = value           # what `as` binds: None, or a Var for a constant
+        self.real = None
+        self.node = None
+
+    def enter(self, tx):
+        from .builder import wrap
+        self.real = self.factory(*self.args, **self.kwargs)
+        value = self.real.__enter__()
+        tx.output.open_contexts.append(self.real)
+        self.node = tx.output.graph.create_node(
+            "call_function", RunTimeEnter(self.factory, self.args, self.kwargs), ())
+        if value is None or value == {}:
+            return wrap(tx, value, None, guard=False)
+        unsupported(f"the value {type(value).__name__} of 'with {self.factory.__name__}(...)'")
+
+    def exit(self, tx):
+        if self.real in tx.output.open_contexts:
+            tx.output.open_contexts.remove(self.real)
+        self.real.__exit__(None, None, None)
+        tx.output.graph.create_node("call_function", run_time_exit, (self.node,))
+
+    def __repr__(self):
+        return f"RunTimeContextVar({self.factory.__name__})"
+
+
+class RunTimeEnter:
+    """A graph node's target: makes and enters the context, returns it for the exit."""
+    def __init__(self, factory, args, kwargs):
+        self.factory = factory
+        self.args = args
+        self.kwargs = kwargs
+        # FX names a node's target by these (and keeps the object by reference)
+        self.__name__ = self.__qualname__ = f"enter_{factory.__name__}"
+
+    def __call__(self):
+        ctx = self.factory(*self.args, **self.kwargs)
+        ctx.__enter__()
+        return ctx
+
+
+def run_time_exit(ctx):
+    ctx.__exit__(None, None, None)
+
 
 def no_op_exit(*exc):
     """Stands for nullcontext's __exit__ when a graph break falls inside its block."""
     return False
+
+
+class NoOpExitVar(Var):
+    """no_op_exit carried into a resume function: calling it does nothing."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        return ConstVar(False)
 
 
 # --------------------------------------------------------------------------- user contexts
@@ -303,11 +402,60 @@ class GeneratorFrameVar(Var):
         return None
 
 
+def _plain_constant(v: Var):
+    """The value of a Var made only of constants (pybind enums too, as sdpa_kernel's
+    backends), else raise Unsupported."""
+    from .containers import ListVar, TupleVar
+    if isinstance(v, (ListVar, TupleVar)):
+        items = [_plain_constant(i) for i in v.items]
+        return items if isinstance(v, ListVar) else tuple(items)
+    if v.is_const():
+        return v.as_const()
+    value = getattr(v, "value", None)
+    if type(type(value)).__name__ == "pybind11_type" and hasattr(value, "name"):
+        return value
+    unsupported(f"{v} is not a constant")
+
+
+def _no_op_contexts():
+    import warnings
+    return {torch.profiler.profile: True, torch.autograd.profiler.profile: True,
+            torch.autograd.profiler.record_function: True,
+            torch._C.DisableTorchFunctionSubclass: True,
+            # (its exit puts back warning filters that CPython code in the block may change)
+            warnings.catch_warnings: False}
+
+
+def _run_time_contexts():
+    return (torch.inference_mode, torch.nn.attention.sdpa_kernel,
+            torch.autograd.graph.disable_saved_tensors_hooks)
+
+
+def context_function(tx, fn, args, kwargs):
+    """The context Var for calling `fn`, a context manager class or function
+    frametrace models, else None."""
+    if any(fn is f for f in _run_time_contexts()):
+        return RunTimeContextVar(fn, [_plain_constant(a) for a in args],
+                                 {k: _plain_constant(v) for k, v in kwargs.items()})
+    no_op = _no_op_contexts()
+    if any(fn is f for f in no_op):
+        import warnings
+        if fn is warnings.catch_warnings and kwargs.get("record", ConstVar(False)).as_const():
+            unsupported("warnings.catch_warnings(record=True)")
+        value = ConstVar(None) if fn in (warnings.catch_warnings, torch._C.DisableTorchFunctionSubclass) \
+            else UnusableVar(fn.__name__)
+        return NullContextVar(value, resumable=no_op[fn])
+    return None
+
+
 def context_class(tx, cls, args, kwargs):
     """The context Var for calling a context manager class frametrace models, else None."""
     import contextlib
     if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
         return NullContextVar(args[0] if args else ConstVar(None))
+    made = context_function(tx, cls, args, kwargs)
+    if made is not None:
+        return made
     if cls is contextlib._GeneratorContextManager and len(args) == 3 and not kwargs:
         from .containers import DictVar, TupleVar
         func, fargs, fkwargs = args
@@ -343,12 +491,10 @@ def check_exit_handover(var):
     the break would need the code after the block, so such breaks are refused."""
     from ..interpreter import _ExitVar
     from .functions import BoundMethodVar, UserFunctionVar
-    if isinstance(var, (_ExitVar, GradModeSetVar)):
+    if isinstance(var, (_ExitVar, GradModeSetVar, NoOpExitVar)):
         return                      # _ExitVar.reconstruct checks its context
     if isinstance(var, BoundMethodVar) and isinstance(var.fn, UserFunctionVar) and \
             never_suppresses(var.fn.fn):
-        return
-    if isinstance(var, UserFunctionVar) and var.fn is no_op_exit:
         return
     unsupported(f"a graph break inside 'with' whose __exit__ ({var}) may swallow an exception")
 

@@ -13,7 +13,7 @@ import torch
 
 from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
 from .base import ValueVar, Var, safe_repr, unsupported
-from .contexts import GradModeSetVar, context_class
+from .contexts import GradModeSetVar, context_class, context_function
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
 from .tensor import TensorVar
@@ -157,6 +157,9 @@ class ObjectVar(ValueVar):
             return fold_call(value, args, kwargs, value.__qualname__)     # str.upper(s)
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
+        made = context_function(tx, value, args, kwargs)
+        if made is not None:
+            return made
         what = getattr(value, "__qualname__", None) or repr(value)
         unsupported(f"calling {what}")
 
