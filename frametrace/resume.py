@@ -282,7 +282,7 @@ def _consumed(inst) -> int | None:
         return 2
     if name == "STORE_SUBSCR":
         return 3
-    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "GET_ITER"):
+    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "GET_ITER", "BEFORE_WITH"):
         return 1
     if name == "STORE_ATTR":
         return 2
@@ -293,6 +293,8 @@ def _produced(inst) -> int:
     """Values the instruction leaves on the stack (falling through)."""
     if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR"):
         return 0
+    if inst.opname == "BEFORE_WITH":
+        return 2            # __exit__ and what __enter__ returned
     return 1
 
 

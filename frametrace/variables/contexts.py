@@ -238,6 +238,19 @@ class RunTimeContextVar(Var):
         self.real.__exit__(None, None, None)
         tx.output.graph.create_node("call_function", run_time_exit, (self.node,))
 
+    def reconstruct(self, cg):
+        if self.real is not None or self.kwargs:
+            unsupported(f"{self} outlives the trace")
+
+        def emit(cg, a):
+            if isinstance(a, list):
+                for item in a:
+                    cg.load_const(item)
+                cg.build(list, len(a))
+            else:
+                cg.load_const(a)
+        cg.call_const(self.factory, [lambda cg, a=a: emit(cg, a) for a in self.args])
+
     def __repr__(self):
         return f"RunTimeContextVar({self.factory.__name__})"
 
@@ -379,6 +392,27 @@ class GeneratorContextVar(Var):
         if self.frame.resume() is not None:
             unsupported("RuntimeError: generator didn't stop")
 
+    def reconstruct(self, cg):
+        """Not entered yet (a graph break at its `with`): made again as the decorated
+        function made it; nothing has run of the generator."""
+        import contextlib
+        if self.frame is not None:
+            unsupported(f"{self} entered in the trace outlives it")
+        args = list(self.args)
+        kwargs = dict(self.kwargs)
+
+        def emit_args(cg):
+            for a in args:
+                a.reconstruct(cg)
+            cg.build(tuple, len(args))
+
+        def emit_kwargs(cg):
+            for k, v in kwargs.items():
+                cg.load_const(k)
+                v.reconstruct(cg)
+            cg.build(dict, len(kwargs))
+        cg.call_const(contextlib._GeneratorContextManager, [self.func.reconstruct, emit_args, emit_kwargs])
+
     def __repr__(self):
         return f"GeneratorContextVar({self.func!r})"
 
@@ -465,11 +499,11 @@ def context_class(tx, cls, args, kwargs):
 
 
 # --------------------------------------------------------------------------- breaks in `with`
-def with_exit_slots(code, offset) -> list:
-    """The stack slots holding the __exit__ of each `with` block around `offset`,
-    innermost first.  A `with` body's exception-table entries (split by blocks nested
-    in it) share one handler, PUSH_EXC_INFO then WITH_EXCEPT_START, and one depth: the
-    stack up to and including its __exit__."""
+def _with_spans(code) -> list:
+    """(start, end, depth) of each `with` body.  Its exception-table entries (split by
+    blocks nested in it) share one handler, PUSH_EXC_INFO then WITH_EXCEPT_START, and
+    one depth: the stack up to and including its __exit__.  The body starts right
+    after its BEFORE_WITH."""
     import dis
     from ..interpreter import _instructions
     at = {i.offset: i for i in _instructions(code)}
@@ -481,8 +515,25 @@ def with_exit_slots(code, offset) -> list:
             continue
         start, end, depth = spans.get(entry.target, (entry.start, entry.end, entry.depth))
         spans[entry.target] = (min(start, entry.start), max(end, entry.end), depth)
-    return sorted((depth - 1 for start, end, depth in spans.values() if start <= offset < end),
+    return list(spans.values())
+
+
+def with_exit_slots(code, offset) -> list:
+    """The stack slots holding the __exit__ of each `with` block around `offset`,
+    innermost first."""
+    return sorted((depth - 1 for start, end, depth in _with_spans(code) if start <= offset < end),
                   reverse=True)
+
+
+def enclosing_with_starts(code, offset) -> list:
+    """The offsets of the BEFORE_WITHs of the `with` blocks around `offset`, innermost
+    first: where a graph break can go instead of inside a block whose context cannot
+    be handed over, so that CPython runs the whole block (entering it once)."""
+    from ..interpreter import _instructions
+    at = {i.offset: i for i in _instructions(code)}
+    starts = [start - 2 for start, end, depth in _with_spans(code)
+              if start <= offset < end and getattr(at.get(start - 2), "opname", None) == "BEFORE_WITH"]
+    return sorted(starts, reverse=True)
 
 
 def check_exit_handover(var):
