@@ -342,6 +342,9 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     from .variables.containers import IteratorVar
     code = tracer.code
     stack = list(tracer.stack)
+    if inst.opname == "BEFORE_WITH":
+        from .variables.contexts import check_break_at_with
+        check_break_at_with(stack[-1])
     consumed = _consumed(inst)
     plan = _BreakPlan()
     plan.lower, plan.top = stack[:len(stack) - consumed], stack[len(stack) - consumed:]

@@ -414,3 +414,27 @@ def test_set_grad_enabled_as_decorator_does_not_switch_the_mode():
 
     check(f, [(_x(), True), (_x(), False)], breaks=0, fullgraph=True)
     _grad_is_on()
+
+
+def test_grad_mode_class_called_on_a_function_decorates_it():
+    def f(x, mode_on):
+        def inner(y):
+            return y.sin()
+        inner = torch.enable_grad(inner) if mode_on else torch.no_grad(inner)
+        with torch.set_grad_enabled(not mode_on):
+            return inner(x)
+
+    check(f, [(_x(), True), (_x(), False)], breaks=0, fullgraph=True)
+    _grad_is_on()
+
+
+def test_disable_saved_tensors_hooks_as_decorator():
+    def f(x):
+        @torch.autograd.graph.disable_saved_tensors_hooks("not here")
+        def inner(a, b):
+            return a * b
+
+        return inner(x, x + 1)
+
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+    assert torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is None

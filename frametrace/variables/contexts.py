@@ -151,10 +151,14 @@ class AutocastVar(Var):
 def grad_mode_class(tx, cls, args, kwargs):
     """The context Var for calling torch.no_grad / enable_grad / set_grad_enabled /
     autocast while tracing, else None."""
-    if cls is torch.no_grad:
-        return GradModeVar(False)
-    if cls is torch.enable_grad:
-        return GradModeVar(True)
+    if cls is torch.no_grad or cls is torch.enable_grad:
+        mode = cls is torch.enable_grad
+        if not args and not kwargs:
+            return GradModeVar(mode)
+        if len(args) == 1 and not kwargs:
+            # torch.no_grad(fn) is torch.no_grad()(fn)
+            return GradModeDecoratedVar(mode, args[0])
+        unsupported(f"{cls.__name__} with arguments")
     if cls is torch.set_grad_enabled and len(args) == 1 and args[0].is_const():
         mode = bool(args[0].as_const())
         # set_grad_enabled(mode) takes effect when called, also outside a `with`.
@@ -232,6 +236,13 @@ class RunTimeContextVar(Var):
             return wrap(tx, value, None, guard=False)
         unsupported(f"the value {type(value).__name__} of 'with {self.factory.__name__}(...)'")
 
+    def call(self, tx, args, kwargs):
+        # Used as a decorator: each call of the function enters a new one.
+        if len(args) != 1 or kwargs or self.real is not None:
+            unsupported(f"calling {self}")
+        return ContextDecoratedVar(lambda: RunTimeContextVar(self.factory, self.args, self.kwargs),
+                                   args[0])
+
     def exit(self, tx):
         if self.real in tx.output.open_contexts:
             tx.output.open_contexts.remove(self.real)
@@ -253,6 +264,27 @@ class RunTimeContextVar(Var):
 
     def __repr__(self):
         return f"RunTimeContextVar({self.factory.__name__})"
+
+
+class ContextDecoratedVar(Var):
+    """A function decorated with a context (a ContextDecorator): each call runs it in a
+    context made anew by `make_ctx`."""
+    __slots__ = ("make_ctx", "fn")
+
+    def __init__(self, make_ctx, fn):
+        super().__init__(None)
+        self.make_ctx = make_ctx
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        ctx = self.make_ctx()
+        ctx.enter(tx)
+        result = self.fn.call(tx, args, kwargs)
+        ctx.exit(tx)
+        return result
+
+    def __repr__(self):
+        return f"ContextDecoratedVar({self.fn!r})"
 
 
 class RunTimeEnter:
@@ -534,6 +566,16 @@ def enclosing_with_starts(code, offset) -> list:
     starts = [start - 2 for start, end, depth in _with_spans(code)
               if start <= offset < end and getattr(at.get(start - 2), "opname", None) == "BEFORE_WITH"]
     return sorted(starts, reverse=True)
+
+
+def check_break_at_with(ctx):
+    """A graph break at a `with` (CPython enters the context, the block goes on in a
+    resume function) is for contexts frametrace models, whose block it could not hand
+    over: a `with` over anything else runs its whole frame in CPython, as torch.compile
+    does."""
+    from .attributes import InstanceAttrs
+    if not isinstance(ctx, (InstanceAttrs, GeneratorContextVar, RunTimeContextVar)):
+        unsupported(f"a graph break at 'with' over {ctx}")
 
 
 def check_exit_handover(var):
