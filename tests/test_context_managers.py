@@ -438,3 +438,40 @@ def test_disable_saved_tensors_hooks_as_decorator():
 
     check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
     assert torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is None
+
+
+@pytest.mark.parametrize("make", ["set_grad_enabled", "no_grad", "enable_grad", "nullcontext"])
+def test_context_made_before_a_break_and_entered_after_it(make):
+    def f(x, log):
+        x = x + 1
+        if make == "set_grad_enabled":
+            ctx = torch.set_grad_enabled(False)     # switches the mode already
+        elif make == "no_grad":
+            ctx = torch.no_grad()
+        elif make == "enable_grad":
+            ctx = torch.enable_grad()
+        else:
+            ctx = contextlib.nullcontext(3)
+        log.append(torch.is_grad_enabled())
+        opaque(x)
+        with ctx as v:
+            x = x * 2
+            log.append(torch.is_grad_enabled())
+        log.append(v)
+        return x, torch.is_grad_enabled()
+
+    r = check(f, [(_x(), []), (_x(), [])])
+    assert own(r, f) == ["break", "compiled"]
+    _grad_is_on()
+
+
+def test_set_grad_enabled_object_entered_after_the_mode_changed():
+    def f(x):
+        ctx = torch.set_grad_enabled(False)
+        torch._C._set_grad_enabled(True)
+        with ctx:
+            y = x * 2
+        return y, torch.is_grad_enabled()
+
+    check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
+    _grad_is_on()

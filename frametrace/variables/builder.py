@@ -29,7 +29,7 @@ from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
-from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit
+from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
 from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
@@ -90,6 +90,9 @@ def _wrap_object(tx, value, source, guards):
             guards.type_match(source, value)
             guards.equals(AttrSource(source, "mode"), value.mode)
         return GradModeSetVar(value.mode, source)
+    context = wrap_context_object(tx, value, source, guards)
+    if context is not None:
+        return context
     if value is no_op_exit:
         if guards is not None:
             guards.identity(source, value)

@@ -16,10 +16,19 @@ class GradModeVar(Var):
     applies while tracing, so FakeTensors get the right requires_grad."""
     __slots__ = ("mode", "prev")
 
-    def __init__(self, mode: bool):
-        super().__init__(None)
+    def __init__(self, mode: bool, source=None):
+        super().__init__(source)
         self.mode = mode
         self.prev = None
+
+    def reconstruct(self, cg):
+        # A context object held across a graph break (made, or entered, in the trace).
+        if self.source is not None:
+            return super().reconstruct(cg)
+        remade = isinstance(self, _SetGradEnabledVar)
+        cg.call_const(remake_grad_context, [lambda cg: cg.load_const(self.mode),
+                                            lambda cg: cg.load_const(self.prev),
+                                            lambda cg: cg.load_const(remade)])
 
     def _set(self, tx, mode):
         if torch.is_grad_enabled() == mode:
@@ -47,6 +56,8 @@ class _SetGradEnabledVar(GradModeVar):
     __slots__ = ()
 
     def enter(self, tx):
+        # Its constructor switched the mode and kept the one before (for exit).
+        self._set(tx, self.mode)
         return ConstVar(None)
 
     def call(self, tx, args, kwargs):
@@ -54,6 +65,49 @@ class _SetGradEnabledVar(GradModeVar):
         decorated = super().call(tx, args, kwargs)
         self._set(tx, self.prev)
         return decorated
+
+
+def remake_grad_context(mode, prev, set_grad_enabled):
+    """The grad-mode context object a trace made (its `prev` as the trace had it),
+    without switching the mode as set_grad_enabled's constructor would."""
+    if set_grad_enabled:
+        obj = object.__new__(torch.set_grad_enabled)
+        obj.mode = mode
+    else:
+        obj = (torch.enable_grad if mode else torch.no_grad)()
+    if prev is not None:
+        obj.prev = prev
+    return obj
+
+
+def wrap_context_object(tx, value, source, guards):
+    """The Var for a context object of a kind frametrace models, found in the frame
+    (made before a graph break, or passed in), else None."""
+    import contextlib
+
+    from ..source import AttrSource
+    t = type(value)
+    if t is torch.no_grad or t is torch.enable_grad:
+        if guards is not None:
+            guards.type_match(source, value)
+        return GradModeVar(t is torch.enable_grad, source)
+    if t is torch.set_grad_enabled and type(getattr(value, "prev", None)) is bool:
+        if guards is not None:
+            guards.type_match(source, value)
+            guards.equals(AttrSource(source, "mode"), value.mode)
+            guards.equals(AttrSource(source, "prev"), value.prev)
+        var = _SetGradEnabledVar(bool(value.mode), source)
+        var.prev = value.prev
+        return var
+    if t is contextlib.nullcontext:
+        from .builder import wrap
+        if guards is not None:
+            guards.type_match(source, value)
+        inner = AttrSource(source, "enter_result") if source is not None else None
+        var = NullContextVar(wrap(tx, value.enter_result, inner, guards is not None))
+        var.source = source
+        return var
+    return None
 
 
 class GradModeRestore:
@@ -177,12 +231,13 @@ class NullContextVar(Var):
     """contextlib.nullcontext(value): `with` gives value and does nothing else.  Also
     the contexts that do nothing a graph can see (profiler ranges); `resumable` says
     whether CPython may run part of the block without them (at a graph break)."""
-    __slots__ = ("value", "resumable")
+    __slots__ = ("value", "resumable", "plain")
 
-    def __init__(self, value, resumable=True):
+    def __init__(self, value, resumable=True, plain=True):
         super().__init__(None)
         self.value = value
         self.resumable = resumable
+        self.plain = plain          # contextlib.nullcontext itself
 
     def enter(self, tx):
         return self.value
@@ -194,6 +249,14 @@ class NullContextVar(Var):
         if not self.resumable:
             unsupported(f"a graph break inside 'with' over {self.value}")
         cg.load_const(no_op_exit)
+
+    def reconstruct(self, cg):
+        import contextlib
+        if self.source is not None:
+            return super().reconstruct(cg)
+        if not self.plain:
+            unsupported(f"{self} outlives the trace")
+        cg.call_const(contextlib.nullcontext, [self.value.reconstruct])
 
 
 class UnusableVar(Var):
@@ -510,7 +573,7 @@ def context_function(tx, fn, args, kwargs):
             unsupported("warnings.catch_warnings(record=True)")
         value = ConstVar(None) if fn in (warnings.catch_warnings, torch._C.DisableTorchFunctionSubclass) \
             else UnusableVar(fn.__name__)
-        return NullContextVar(value, resumable=no_op[fn])
+        return NullContextVar(value, resumable=no_op[fn], plain=False)
     return None
 
 
