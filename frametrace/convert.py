@@ -413,7 +413,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     _guard_aliasing(output, guards, tracer.side_effects)
     cg = CodeGen(code, lineno=tracer.lineno)
     name = None
-    if output.op_count():
+    if output.computes():
         name = f"__compiled_fn_{next(_fn_ids)}"
         slot = GraphSlot(name)
         names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes))

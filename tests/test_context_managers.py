@@ -475,3 +475,20 @@ def test_set_grad_enabled_object_entered_after_the_mode_changed():
 
     check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
     _grad_is_on()
+
+
+def test_graph_that_only_switches_grad_mode_is_not_compiled():
+    def gn(z):
+        with torch.no_grad():
+            z = opaque(z)
+            return torch.sin(z)
+
+    def f(x, y, z):
+        a = torch.mm(x, y)
+        z = gn(z)
+        return a, z
+
+    r = check(f, [(torch.randn(3, 1, requires_grad=True), torch.randn(1, 3, requires_grad=True), _x())])
+    # f up to the call, then gn after its break: gn's part before it computes nothing.
+    assert r.graphs == 2
+    _grad_is_on()
