@@ -316,7 +316,9 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             tracer = InstructionTranslator(code, func, args, output, guards)
             tracer.stop_at = break_index
             try:
-                tracer.run()
+                if tracer.run() is not None or tracer.ip != break_index:
+                    # (a `with` a resume function starts inside: never reached)
+                    raise Unsupported(f"the trace does not reach instruction {break_index}")
                 new_code = _finish(code, func, tracer, output, guards, None, backend, record,
                                    break_at=tracer.instructions[break_index],
                                    entry_grad=entry_grad)

@@ -481,7 +481,11 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         for t in reversed(results):
             cg.emit("STORE_FAST", t)
         original, original_offset = original_position(code, offset)
-        resume = resume_code(original, original_offset, plan.layout + ("r",) * produced,
+        # What the instruction produced is data computed in CPython ("r"), except the
+        # __exit__ a BEFORE_WITH leaves: the resume frame guards and calls it (inlined
+        # at the block's end; handed over again at a break inside it).
+        made = ("v", "r") if inst.opname == "BEFORE_WITH" and produced == 2 else ("r",) * produced
+        resume = resume_code(original, original_offset, plan.layout + made,
                              tuple(plan.bound), opaque)
         cg.emit("PUSH_NULL")
         _load_function(cg, resume, func, code)
