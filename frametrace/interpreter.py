@@ -842,7 +842,8 @@ class OpaqueVar(Var):
 
 
 class _ExitVar(Var):
-    """The __exit__ that BEFORE_WITH leaves on the stack; called with three Nones."""
+    """The __exit__ that BEFORE_WITH leaves on the stack: called with three Nones at
+    the block's end (or with an exception, for a context that takes one)."""
     __slots__ = ("ctx",)
 
     def __init__(self, ctx):
@@ -850,7 +851,10 @@ class _ExitVar(Var):
         self.ctx = ctx
 
     def call(self, tx, args, kwargs):
-        self.ctx.exit(tx)
+        with_exception = getattr(self.ctx, "exit_with", None)
+        if with_exception is not None:
+            return with_exception(tx, args)
+        self.ctx.exit(tx)         # (the others restore state, and never swallow one)
         return ConstVar(None)
 
     def reconstruct(self, cg):

@@ -401,9 +401,14 @@ class UserContextVar(Var):
         return UserFunctionVar(self.enter_fn).call(tx, [self.obj], {})
 
     def exit(self, tx):
-        from .functions import UserFunctionVar
         none = ConstVar(None)
-        UserFunctionVar(self.exit_fn).call(tx, [self.obj, none, none, none], {})
+        self.exit_with(tx, [none, none, none])
+
+    def exit_with(self, tx, args):
+        """__exit__(type, value, traceback): what it returns says whether it swallows
+        an exception."""
+        from .functions import UserFunctionVar
+        return UserFunctionVar(self.exit_fn).call(tx, [self.obj, *args], {})
 
     def reconstruct_exit(self, cg):
         import types
@@ -486,6 +491,13 @@ class GeneratorContextVar(Var):
     def exit(self, tx):
         if self.frame.resume() is not None:
             unsupported("RuntimeError: generator didn't stop")
+
+    def exit_with(self, tx, args):
+        if any(not (a.is_const() and a.as_const() is None) for a in args):
+            # (thrown into the generator, which may catch it)
+            unsupported(f"an exception leaving 'with' over {self}")
+        self.exit(tx)
+        return ConstVar(False)
 
     def reconstruct(self, cg):
         """Not entered yet (a graph break at its `with`): made again as the decorated
