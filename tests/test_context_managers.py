@@ -386,7 +386,7 @@ def test_catch_warnings_and_disable_torch_function_subclass_are_no_ops():
     check(f, [_x()], graphs=1, breaks=0, fullgraph=True)
 
 
-def test_break_inside_catch_warnings_runs_the_block_in_cpython():
+def test_break_inside_catch_warnings_breaks_at_its_with():
     import warnings
 
     @frametrace.disable
@@ -395,12 +395,14 @@ def test_break_inside_catch_warnings_runs_the_block_in_cpython():
 
     def f(x):
         before = len(warnings.filters)
+        x = x.cos()
         with warnings.catch_warnings():
             quiet_filters()
             y = x + 1
         return y, len(warnings.filters) == before
 
-    check(f, [_x(), _x()], graphs=None)
+    r = check(f, [_x(), _x()])
+    assert own(r, f)[0] == "break"
 
 
 def test_grad_mode_decorated_function_returned_from_frame():
@@ -508,3 +510,44 @@ def test_graph_that_only_switches_grad_mode_is_not_compiled():
     # f up to the call, then gn after its break: gn's part before it computes nothing.
     assert r.graphs == 2
     _grad_is_on()
+
+
+def test_suppress_without_an_exception_is_traced_and_a_break_inside_goes_to_its_with():
+    def f(x, fail):
+        y = x.cos()
+        with contextlib.suppress(Boom, KeyError):
+            y = y * 2
+        with contextlib.suppress(Boom):
+            y = y + 1
+            if fail:
+                opaque_raise(y)         # swallowed: CPython runs this block
+            y = y * 3
+        return y
+
+    r = check(f, [(_x(), False), (_x(), True), (_x(), False)])
+    # (the resume function, inside the block, has suppress's __exit__, which may
+    # swallow the exception raised at its break: it runs in CPython)
+    assert "break" in own(r, f)
+
+
+def test_fork_rng_restores_the_generator_state_at_run_time():
+    def f(x):
+        with torch.random.fork_rng():
+            a = torch.rand(3)
+        b = torch.rand(3)             # drawn from the state before the block again
+        return x + a, x + b
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_suppress_and_catch_warnings_blocks_are_traced_in_one_graph():
+    import warnings
+
+    def f(x):
+        with contextlib.suppress(KeyError, Boom):
+            y = x * 2
+        with warnings.catch_warnings():
+            y = y + 1
+        return y
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)

@@ -231,13 +231,16 @@ class NullContextVar(Var):
     """contextlib.nullcontext(value): `with` gives value and does nothing else.  Also
     the contexts that do nothing a graph can see (profiler ranges); `resumable` says
     whether CPython may run part of the block without them (at a graph break)."""
-    __slots__ = ("value", "resumable", "plain")
+    __slots__ = ("value", "resumable", "factory", "args")
 
-    def __init__(self, value, resumable=True, plain=True):
+    def __init__(self, value, resumable=True, factory=None, args=()):
         super().__init__(None)
         self.value = value
         self.resumable = resumable
-        self.plain = plain          # contextlib.nullcontext itself
+        # How the transformed code makes it again (None: contextlib.nullcontext(value)):
+        # a class called on constants, or None for one it cannot make.
+        self.factory = factory
+        self.args = args
 
     def enter(self, tx):
         return self.value
@@ -254,9 +257,35 @@ class NullContextVar(Var):
         import contextlib
         if self.source is not None:
             return super().reconstruct(cg)
-        if not self.plain:
+        if self.factory is None:
+            cg.call_const(contextlib.nullcontext, [self.value.reconstruct])
+        elif self.factory is _CANNOT_REMAKE:
             unsupported(f"{self} outlives the trace")
-        cg.call_const(contextlib.nullcontext, [self.value.reconstruct])
+        else:
+            cg.call_const(self.factory, [lambda cg, a=a: cg.load_const(a) for a in self.args])
+
+    def __repr__(self):
+        return f"NullContextVar({getattr(self.factory, '__name__', 'nullcontext')})"
+
+
+_CANNOT_REMAKE = object()
+
+
+class SuppressVar(NullContextVar):
+    """contextlib.suppress(*exceptions): its exit swallows those exceptions."""
+    __slots__ = ()
+
+    def reconstruct_exit(self, cg):
+        unsupported("a graph break inside 'with contextlib.suppress(...)'")
+
+    def exit_with(self, tx, args):
+        kind = args[0]
+        if kind.is_const() and kind.as_const() is None:
+            return ConstVar(False)
+        cls = kind.as_const() if kind.is_const() else getattr(kind, "value", None)
+        if not isinstance(cls, type):
+            unsupported(f"the exception type {kind} leaving contextlib.suppress")
+        return ConstVar(issubclass(cls, self.args))
 
 
 class UnusableVar(Var):
@@ -569,7 +598,7 @@ def _no_op_contexts():
 
 def _run_time_contexts():
     return (torch.inference_mode, torch.nn.attention.sdpa_kernel,
-            torch.autograd.graph.disable_saved_tensors_hooks)
+            torch.autograd.graph.disable_saved_tensors_hooks, torch.random.fork_rng)
 
 
 def context_function(tx, fn, args, kwargs):
@@ -585,7 +614,13 @@ def context_function(tx, fn, args, kwargs):
             unsupported("warnings.catch_warnings(record=True)")
         value = ConstVar(None) if fn in (warnings.catch_warnings, torch._C.DisableTorchFunctionSubclass) \
             else UnusableVar(fn.__name__)
-        return NullContextVar(value, resumable=no_op[fn], plain=False)
+        remake = fn if fn is warnings.catch_warnings and not kwargs else _CANNOT_REMAKE
+        return NullContextVar(value, resumable=no_op[fn], factory=remake)
+    import contextlib
+    if fn is contextlib.suppress and not kwargs:
+        kinds = tuple(getattr(a, "value", None) for a in args)
+        if all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+            return SuppressVar(ConstVar(None), resumable=False, factory=fn, args=kinds)
     return None
 
 
@@ -649,6 +684,8 @@ def check_break_at_with(ctx):
     over: a `with` over anything else runs its whole frame in CPython, as torch.compile
     does."""
     from .attributes import InstanceAttrs
+    if isinstance(ctx, NullContextVar) and ctx.factory is not _CANNOT_REMAKE:
+        return
     if not isinstance(ctx, (InstanceAttrs, GeneratorContextVar, RunTimeContextVar)):
         unsupported(f"a graph break at 'with' over {ctx}")
 
