@@ -551,3 +551,22 @@ def test_suppress_and_catch_warnings_blocks_are_traced_in_one_graph():
         return y
 
     check(f, [_x(), _x()], graphs=1, breaks=0, fullgraph=True)
+
+
+class SneakySuppress(Logged):
+    def __exit__(self, typ, exc, tb):
+        super().__exit__(typ, exc, tb)
+        return typ is Boom or None          # a return of None textually, but not only
+
+
+def test_exit_returning_a_value_that_may_be_true_is_not_handed_over():
+    def f(x, log, fail):
+        y = x.cos()
+        with SneakySuppress(log):
+            y = opaque(y)
+            if fail:
+                opaque_raise(y)
+        log.append("after")
+        return y
+
+    check(f, [(_x(), [], False), (_x(), [], True)])

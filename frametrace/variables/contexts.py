@@ -479,9 +479,9 @@ def never_suppresses(fn) -> bool:
     for inst in dis.get_instructions(code):
         if inst.opname == "RETURN_CONST" and inst.argval not in (None, False):
             return False
-        if inst.opname == "RETURN_VALUE" and not (
-                prev is not None and prev.opname == "LOAD_CONST" and prev.argval in (None, False)):
-            return False
+        if inst.opname == "RETURN_VALUE" and (inst.is_jump_target or not (
+                prev is not None and prev.opname == "LOAD_CONST" and prev.argval in (None, False))):
+            return False            # (a jump to it brings another value: `return a or None`)
         prev = inst
     return True
 
