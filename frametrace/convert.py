@@ -298,7 +298,17 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         record.reason = e.reason
         record.user_stack = e.user_stack
         new_code = None
-        if e.break_index is not None and resume.can_break(code, tracer.instructions[e.break_index]):
+        candidates = [] if e.break_index is not None else ()
+        if e.break_index is not None:
+            # Inside `with` blocks whose context cannot be handed over to CPython, the
+            # break goes to their `with` instead (innermost first): CPython runs the
+            # whole block.
+            from .variables.contexts import enclosing_with_starts
+            offset = tracer.instructions[e.break_index].offset
+            candidates = [e.break_index] + [tracer.index_of[o] for o in enclosing_with_starts(code, offset)]
+        for break_index in candidates:
+            if not resume.can_break(code, tracer.instructions[break_index]):
+                continue
             # Trace again up to the instruction that failed, compile that much, and go
             # on in CPython from there (then in a resume function).
             output.close_contexts()
@@ -306,15 +316,18 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             guards = GuardSet(code, func)
             output = OutputGraph(guards, policy)
             tracer = InstructionTranslator(code, func, args, output, guards)
-            tracer.stop_at = e.break_index
+            tracer.stop_at = break_index
             try:
-                tracer.run()
+                if tracer.run() is not None or tracer.ip != break_index:
+                    # (a `with` a resume function starts inside: never reached)
+                    raise Unsupported(f"the trace does not reach instruction {break_index}")
                 new_code = _finish(code, func, tracer, output, guards, None, backend, record,
-                                   break_at=tracer.instructions[e.break_index],
+                                   break_at=tracer.instructions[break_index],
                                    entry_grad=entry_grad)
                 record.outcome = "break"
                 break_log.info("graph break in %s: %s%s", code.co_name, e.reason,
                                format_user_stack(e.user_stack))
+                break
             except Unsupported as e2:
                 log.info("frametrace: cannot break the graph there (%s)", e2.reason)
                 new_code = None
@@ -325,6 +338,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
                 _log_internal_error(code, [tracer.user_location()], e2)
                 _uninstall(installed)
                 new_code = None
+                break
         if new_code is None:
             retry_static(e.reason)
             record.outcome = "fallback"
@@ -403,7 +417,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     _guard_aliasing(output, guards, tracer.side_effects)
     cg = CodeGen(code, lineno=tracer.lineno)
     name = None
-    if output.op_count():
+    if output.computes():
         name = f"__compiled_fn_{next(_fn_ids)}"
         slot = GraphSlot(name)
         rerun = entry_grad if _can_run_again(output, backend) else None

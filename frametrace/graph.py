@@ -269,6 +269,12 @@ class OutputGraph:
     def op_count(self) -> int:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
+    def computes(self) -> bool:
+        """Whether the graph does anything but switch grad mode (which the transformed
+        code sets itself where it matters: at a break, and at a return that keeps it)."""
+        return any(n.op in ("call_function", "call_method", "call_module") and
+                   n.target is not torch._C._set_grad_enabled for n in self.graph.nodes)
+
     def prune_unused(self, keep=()):
         """Drop size reads and size arithmetic nobody used (shape checks done in
         Python), then inputs nothing reads; `keep` are the nodes the frame needs."""

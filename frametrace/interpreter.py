@@ -122,6 +122,8 @@ class InstructionTranslator:
         self.stop_at: int | None = None     # root only: stop before this instruction
         # root only: the exception being handled (sys.exc_info()); at entry, the caller's
         self.exc_handled = UNKNOWN
+        self.take_generator_frame = False   # the next generator called here is driven by
+        #                                     its caller (contexts.GeneratorContextVar)
         if parent is None:
             from .resume import opaque_locals
             opaque = opaque_locals(code)
@@ -413,6 +415,11 @@ class InstructionTranslator:
         for name, v in bound.items():
             child.locals[name] = v
         child.closure = list(closure)
+        if code.co_flags & 0x20 and self.take_generator_frame:
+            from .variables.contexts import GeneratorFrameVar
+            self.take_generator_frame = False
+            child.generator = True
+            return GeneratorFrameVar(child)
         if code.co_flags & 0x20:
             # A generator's body runs lazily, as CPython's: up to the next yield on each
             # next(), so no item is computed that the caller does not consume.
@@ -782,7 +789,11 @@ class InstructionTranslator:
         ctx = self.pop()
         enter = getattr(ctx, "enter", None)
         if enter is None:
-            unsupported(f"'with' over {ctx}")
+            from .variables.contexts import user_context
+            user = user_context(self, ctx)
+            if user is None:
+                unsupported(f"'with' over {ctx}")
+            ctx, enter = user, user.enter
         self.push(_ExitVar(ctx))
         self.push(enter(self))
 
@@ -1221,7 +1232,8 @@ class OpaqueVar(Var):
 
 
 class _ExitVar(Var):
-    """The __exit__ that BEFORE_WITH leaves on the stack; called with three Nones."""
+    """The __exit__ that BEFORE_WITH leaves on the stack: called with three Nones at
+    the block's end (or with an exception, for a context that takes one)."""
     __slots__ = ("ctx",)
 
     def __init__(self, ctx):
@@ -1229,12 +1241,18 @@ class _ExitVar(Var):
         self.ctx = ctx
 
     def call(self, tx, args, kwargs):
-        self.ctx.exit(tx)
+        with_exception = getattr(self.ctx, "exit_with", None)
+        if with_exception is not None:
+            return with_exception(tx, args)
+        self.ctx.exit(tx)         # (the others restore state, and never swallow one)
         return ConstVar(None)
 
     def reconstruct(self, cg):
         from .variables.contexts import GradModeRestore, GradModeVar, NullContextVar, no_op_exit
-        if isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
+        handover = getattr(self.ctx, "reconstruct_exit", None)
+        if handover is not None:
+            handover(cg)
+        elif isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
             cg.load_const(GradModeRestore(self.ctx.prev))
         elif isinstance(self.ctx, NullContextVar):
             cg.load_const(no_op_exit)

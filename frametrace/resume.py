@@ -325,7 +325,7 @@ def _consumed(inst) -> int | None:
         return 2
     if name == "STORE_SUBSCR":
         return 3
-    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "GET_ITER"):
+    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "GET_ITER", "BEFORE_WITH"):
         return 1
     if name == "STORE_ATTR":
         return 2
@@ -348,6 +348,8 @@ def _produced(inst) -> int:
     if inst.opname.startswith("POP_JUMP") or inst.opname in ("STORE_SUBSCR", "STORE_ATTR",
                                                               "RAISE_VARARGS"):
         return 0
+    if inst.opname == "BEFORE_WITH":
+        return 2            # __exit__ and what __enter__ returned
     if inst.opname in _CONSUMED_PRODUCED:
         return _CONSUMED_PRODUCED[inst.opname][1]
     return 1
@@ -410,6 +412,9 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
         # handled (sys.exc_info(), a bare raise) cannot be handed to a resume function.
         unsupported_break("a graph break while handling an exception")
     stack = list(tracer.stack)
+    if inst.opname == "BEFORE_WITH":
+        from .variables.contexts import check_break_at_with
+        check_break_at_with(stack[-1])
     consumed = _consumed(inst)
     plan = _BreakPlan()
     plan.lower, plan.top = stack[:len(stack) - consumed], stack[len(stack) - consumed:]
@@ -502,10 +507,14 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         cg.emit("STORE_DEREF", CellVar(n))
     # Inside `with` blocks, an exception from the instruction must run their exits, as
     # the original frame's cleanup handlers would: a handler of our own does that.
+    from .variables.contexts import check_exit_handover, exit_all
     cover, slots = exception_cover(code, inst.offset)
     protect = cover == "with"
     if protect and any(i >= len(plan.lower) or plan.lower[i] is NULL for i in slots):
         unsupported_break("a with block's __exit__ is not where the exception table says")
+    if protect:
+        for i in slots:
+            check_exit_handover(plan.lower[i])
     exits = [plan.temps[("lower", i)] for i in slots] if protect else []
     catch = None
     if cover == "try":
@@ -544,11 +553,13 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         if inst.opname != "RAISE_VARARGS":      # (which never falls through)
             cg.emit("JUMP_FORWARD", after)
         cg.instrs.append(handler)
-        for temp in exits:                     # innermost `with` first
-            cg.emit("PUSH_NULL")
+        cg.emit("PUSH_NULL")                   # exit_all(exc, *exits), innermost first
+        cg.load_const(exit_all)
+        cg.emit("COPY", 3)
+        for temp in exits:
             cg.emit("LOAD_FAST", temp)
-            cg.call(0)
-            cg.emit("POP_TOP")
+        cg.call(1 + len(exits))
+        cg.emit("POP_TOP")
         cg.emit("RERAISE", 0)
         if inst.opname != "RAISE_VARARGS":
             cg.instrs.append(after)
@@ -568,7 +579,11 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
         slots, for a handler, then the handler's lasti if it takes one) and the
         `produced` values on top of the stack, then return what it returns."""
         lower = plan.lower if depth is None else plan.lower[:depth]
-        layout = plan.layout[:len(lower)] + ("v",) * (lasti is not None) + ("r",) * produced
+        # What the instruction produced is data computed in CPython ("r"), except the
+        # __exit__ a BEFORE_WITH leaves: the resume frame guards and calls it (inlined
+        # at the block's end; handed over again at a break inside it).
+        made = ("v", "r") if inst.opname == "BEFORE_WITH" and produced == 2 else ("r",) * produced
+        layout = plan.layout[:len(lower)] + ("v",) * (lasti is not None) + made
         results = [f"___result_{i}" for i in range(produced)]
         for t in reversed(results):
             cg.emit("STORE_FAST", t)

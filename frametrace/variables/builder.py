@@ -30,7 +30,7 @@ from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
-from .contexts import GradModeRestore, GradModeSetVar
+from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
 from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
@@ -129,6 +129,13 @@ def _wrap_object(tx, value, source, guards):
             guards.type_match(source, value)
             guards.equals(AttrSource(source, "mode"), value.mode)
         return GradModeSetVar(value.mode, source)
+    context = wrap_context_object(tx, value, source, guards)
+    if context is not None:
+        return context
+    if value is no_op_exit:
+        if guards is not None:
+            guards.identity(source, value)
+        return NoOpExitVar(source)
     if isinstance(value, types.MethodType):
         self_source = AttrSource(source, "__self__") if source is not None else None
         func_source = AttrSource(source, "__func__") if source is not None else None

@@ -16,10 +16,19 @@ class GradModeVar(Var):
     applies while tracing, so FakeTensors get the right requires_grad."""
     __slots__ = ("mode", "prev")
 
-    def __init__(self, mode: bool):
-        super().__init__(None)
+    def __init__(self, mode: bool, source=None):
+        super().__init__(source)
         self.mode = mode
         self.prev = None
+
+    def reconstruct(self, cg):
+        # A context object held across a graph break (made, or entered, in the trace).
+        if self.source is not None:
+            return super().reconstruct(cg)
+        remade = isinstance(self, _SetGradEnabledVar)
+        cg.call_const(remake_grad_context, [lambda cg: cg.load_const(self.mode),
+                                            lambda cg: cg.load_const(self.prev),
+                                            lambda cg: cg.load_const(remade)])
 
     def _set(self, tx, mode):
         if torch.is_grad_enabled() == mode:
@@ -47,7 +56,58 @@ class _SetGradEnabledVar(GradModeVar):
     __slots__ = ()
 
     def enter(self, tx):
+        # Its constructor switched the mode and kept the one before (for exit).
+        self._set(tx, self.mode)
         return ConstVar(None)
+
+    def call(self, tx, args, kwargs):
+        # Used as a decorator, it puts back the mode its constructor switched.
+        decorated = super().call(tx, args, kwargs)
+        self._set(tx, self.prev)
+        return decorated
+
+
+def remake_grad_context(mode, prev, set_grad_enabled):
+    """The grad-mode context object a trace made (its `prev` as the trace had it),
+    without switching the mode as set_grad_enabled's constructor would."""
+    if set_grad_enabled:
+        obj = object.__new__(torch.set_grad_enabled)
+        obj.mode = mode
+    else:
+        obj = (torch.enable_grad if mode else torch.no_grad)()
+    if prev is not None:
+        obj.prev = prev
+    return obj
+
+
+def wrap_context_object(tx, value, source, guards):
+    """The Var for a context object of a kind frametrace models, found in the frame
+    (made before a graph break, or passed in), else None."""
+    import contextlib
+
+    from ..source import AttrSource
+    t = type(value)
+    if t is torch.no_grad or t is torch.enable_grad:
+        if guards is not None:
+            guards.type_match(source, value)
+        return GradModeVar(t is torch.enable_grad, source)
+    if t is torch.set_grad_enabled and type(getattr(value, "prev", None)) is bool:
+        if guards is not None:
+            guards.type_match(source, value)
+            guards.equals(AttrSource(source, "mode"), value.mode)
+            guards.equals(AttrSource(source, "prev"), value.prev)
+        var = _SetGradEnabledVar(bool(value.mode), source)
+        var.prev = value.prev
+        return var
+    if t is contextlib.nullcontext:
+        from .builder import wrap
+        if guards is not None:
+            guards.type_match(source, value)
+        inner = AttrSource(source, "enter_result") if source is not None else None
+        var = NullContextVar(wrap(tx, value.enter_result, inner, guards is not None))
+        var.source = source
+        return var
+    return None
 
 
 class GradModeRestore:
@@ -102,6 +162,14 @@ class GradModeDecoratedVar(Var):
         finally:
             ctx.exit(tx)
 
+    def reconstruct(self, cg):
+        cg.call_const(grad_mode_decorated, [lambda cg: cg.load_const(self.mode), self.fn.reconstruct])
+
+
+def grad_mode_decorated(mode, fn):
+    """What @torch.enable_grad() / @torch.no_grad() makes of `fn`."""
+    return (torch.enable_grad if mode else torch.no_grad)()(fn)
+
 
 class AutocastVar(Var):
     """torch.autocast(...) as a context manager: entered for real while tracing (so
@@ -137,10 +205,14 @@ class AutocastVar(Var):
 def grad_mode_class(tx, cls, args, kwargs):
     """The context Var for calling torch.no_grad / enable_grad / set_grad_enabled /
     autocast while tracing, else None."""
-    if cls is torch.no_grad:
-        return GradModeVar(False)
-    if cls is torch.enable_grad:
-        return GradModeVar(True)
+    if cls is torch.no_grad or cls is torch.enable_grad:
+        mode = cls is torch.enable_grad
+        if not args and not kwargs:
+            return GradModeVar(mode)
+        if len(args) == 1 and not kwargs:
+            # torch.no_grad(fn) is torch.no_grad()(fn)
+            return GradModeDecoratedVar(mode, args[0])
+        unsupported(f"{cls.__name__} with arguments")
     if cls is torch.set_grad_enabled and len(args) == 1 and args[0].is_const():
         mode = bool(args[0].as_const())
         # set_grad_enabled(mode) takes effect when called, also outside a `with`.
@@ -156,12 +228,19 @@ def grad_mode_class(tx, cls, args, kwargs):
 
 
 class NullContextVar(Var):
-    """contextlib.nullcontext(value): `with` gives value and does nothing else."""
-    __slots__ = ("value",)
+    """contextlib.nullcontext(value): `with` gives value and does nothing else.  Also
+    the contexts that do nothing a graph can see (profiler ranges); `resumable` says
+    whether CPython may run part of the block without them (at a graph break)."""
+    __slots__ = ("value", "resumable", "factory", "args")
 
-    def __init__(self, value):
+    def __init__(self, value, resumable=True, factory=None, args=()):
         super().__init__(None)
         self.value = value
+        self.resumable = resumable
+        # How the transformed code makes it again (None: contextlib.nullcontext(value)):
+        # a class called on constants, or None for one it cannot make.
+        self.factory = factory
+        self.args = args
 
     def enter(self, tx):
         return self.value
@@ -169,7 +248,467 @@ class NullContextVar(Var):
     def exit(self, tx):
         pass
 
+    def reconstruct_exit(self, cg):
+        if not self.resumable:
+            unsupported(f"a graph break inside 'with' over {self.value}")
+        cg.load_const(no_op_exit)
+
+    def reconstruct(self, cg):
+        import contextlib
+        if self.source is not None:
+            return super().reconstruct(cg)
+        if self.factory is None:
+            cg.call_const(contextlib.nullcontext, [self.value.reconstruct])
+        elif self.factory is _CANNOT_REMAKE:
+            unsupported(f"{self} outlives the trace")
+        else:
+            cg.call_const(self.factory, [lambda cg, a=a: cg.load_const(a) for a in self.args])
+
+    def __repr__(self):
+        return f"NullContextVar({getattr(self.factory, '__name__', 'nullcontext')})"
+
+
+_CANNOT_REMAKE = object()
+
+
+class SuppressVar(NullContextVar):
+    """contextlib.suppress(*exceptions): its exit swallows those exceptions."""
+    __slots__ = ()
+
+    def reconstruct_exit(self, cg):
+        unsupported("a graph break inside 'with contextlib.suppress(...)'")
+
+    def exit_with(self, tx, args):
+        kind = args[0]
+        if kind.is_const() and kind.as_const() is None:
+            return ConstVar(False)
+        cls = kind.as_const() if kind.is_const() else getattr(kind, "value", None)
+        if not isinstance(cls, type):
+            unsupported(f"the exception type {kind} leaving contextlib.suppress")
+        return ConstVar(issubclass(cls, self.args))
+
+
+class UnusableVar(Var):
+    """What a no-op context's __enter__ gives (a profiler object): any use of it stops
+    the trace (so the frame runs it in CPython)."""
+    __slots__ = ("what",)
+
+    def __init__(self, what):
+        super().__init__(None)
+        self.what = what
+
+    def __repr__(self):
+        return f"UnusableVar({self.what})"
+
+
+class RunTimeContextVar(Var):
+    """A torch context that switches process state the graph's operations depend on
+    (inference mode, sdpa_kernel's backends, disabled saved-tensor hooks), made from
+    constants: entered for real while tracing, and entered and exited again by nodes of
+    the graph at run time, where the state before it is read again."""
+    __slots__ = ("factory", "args", "kwargs", "value", "real", "node")
+
+    def __init__(self, factory, args, kwargs, value=None):
+        super().__init__(None)
+        self.factory = factory
+        self.args = args
+        self.kwargs = kwargs
+        self.value = value           # what `as` binds: None, or a Var for a constant
+        self.real = None
+        self.node = None
+
+    def enter(self, tx):
+        from .builder import wrap
+        self.real = self.factory(*self.args, **self.kwargs)
+        value = self.real.__enter__()
+        tx.output.open_contexts.append(self.real)
+        self.node = tx.output.graph.create_node(
+            "call_function", RunTimeEnter(self.factory, self.args, self.kwargs), ())
+        if value is None or value == {}:
+            return wrap(tx, value, None, guard=False)
+        unsupported(f"the value {type(value).__name__} of 'with {self.factory.__name__}(...)'")
+
+    def call(self, tx, args, kwargs):
+        # Used as a decorator: each call of the function enters a new one.
+        if len(args) != 1 or kwargs or self.real is not None:
+            unsupported(f"calling {self}")
+        return ContextDecoratedVar(lambda: RunTimeContextVar(self.factory, self.args, self.kwargs),
+                                   args[0])
+
+    def exit(self, tx):
+        if self.real in tx.output.open_contexts:
+            tx.output.open_contexts.remove(self.real)
+        self.real.__exit__(None, None, None)
+        tx.output.graph.create_node("call_function", run_time_exit, (self.node,))
+
+    def reconstruct(self, cg):
+        if self.real is not None or self.kwargs:
+            unsupported(f"{self} outlives the trace")
+
+        def emit(cg, a):
+            if isinstance(a, list):
+                for item in a:
+                    cg.load_const(item)
+                cg.build(list, len(a))
+            else:
+                cg.load_const(a)
+        cg.call_const(self.factory, [lambda cg, a=a: emit(cg, a) for a in self.args])
+
+    def __repr__(self):
+        return f"RunTimeContextVar({self.factory.__name__})"
+
+
+class ContextDecoratedVar(Var):
+    """A function decorated with a context (a ContextDecorator): each call runs it in a
+    context made anew by `make_ctx`."""
+    __slots__ = ("make_ctx", "fn")
+
+    def __init__(self, make_ctx, fn):
+        super().__init__(None)
+        self.make_ctx = make_ctx
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        ctx = self.make_ctx()
+        ctx.enter(tx)
+        result = self.fn.call(tx, args, kwargs)
+        ctx.exit(tx)
+        return result
+
+    def __repr__(self):
+        return f"ContextDecoratedVar({self.fn!r})"
+
+
+class RunTimeEnter:
+    """A graph node's target: makes and enters the context, returns it for the exit."""
+    def __init__(self, factory, args, kwargs):
+        self.factory = factory
+        self.args = args
+        self.kwargs = kwargs
+        # FX names a node's target by these (and keeps the object by reference)
+        self.__name__ = self.__qualname__ = f"enter_{factory.__name__}"
+
+    def __call__(self):
+        ctx = self.factory(*self.args, **self.kwargs)
+        ctx.__enter__()
+        return ctx
+
+
+def run_time_exit(ctx):
+    ctx.__exit__(None, None, None)
+
 
 def no_op_exit(*exc):
     """Stands for nullcontext's __exit__ when a graph break falls inside its block."""
     return False
+
+
+class NoOpExitVar(Var):
+    """no_op_exit carried into a resume function: calling it does nothing."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        return ConstVar(False)
+
+
+# --------------------------------------------------------------------------- user contexts
+class UserContextVar(Var):
+    """`with obj:` over an object of a user class: its class's __enter__ and __exit__
+    (Python functions, found as CPython finds them, on the type) are inlined.  At a graph
+    break inside the block the real __exit__ is handed over bound to the object, which
+    the transformed code rebuilds or reloads; __enter__ has run once, in the trace."""
+    __slots__ = ("obj", "enter_fn", "exit_fn")
+
+    def __init__(self, obj, enter_fn, exit_fn):
+        super().__init__(None)
+        self.obj = obj
+        self.enter_fn = enter_fn
+        self.exit_fn = exit_fn
+
+    def enter(self, tx):
+        from .functions import UserFunctionVar
+        return UserFunctionVar(self.enter_fn).call(tx, [self.obj], {})
+
+    def exit(self, tx):
+        none = ConstVar(None)
+        self.exit_with(tx, [none, none, none])
+
+    def exit_with(self, tx, args):
+        """__exit__(type, value, traceback): what it returns says whether it swallows
+        an exception."""
+        from .functions import UserFunctionVar
+        return UserFunctionVar(self.exit_fn).call(tx, [self.obj, *args], {})
+
+    def reconstruct_exit(self, cg):
+        import types
+        if not never_suppresses(self.exit_fn):
+            unsupported(f"a graph break inside 'with' over {self.obj}, whose __exit__ may "
+                        "swallow an exception")
+        cg.call_const(types.MethodType, [lambda cg: cg.load_const(self.exit_fn),
+                                         lambda cg: self.obj.reconstruct(cg)])
+
+    def __repr__(self):
+        return f"UserContextVar({self.obj!r})"
+
+
+def user_context(tx, obj):
+    """The context Var for `with obj:` over an instance of a user class, else None."""
+    import types
+
+    from .attributes import InstanceAttrs
+    from .modules import class_attr
+    if not isinstance(obj, InstanceAttrs):
+        return None
+    cls = obj.instance_class()
+    enter, exit_ = class_attr(tx, cls, "__enter__"), class_attr(tx, cls, "__exit__")
+    if enter is None or exit_ is None:
+        unsupported(f"TypeError: {cls.__name__!r} object does not support the context manager protocol")
+    if not isinstance(enter, types.FunctionType) or not isinstance(exit_, types.FunctionType):
+        unsupported(f"'with' over {cls.__name__}, whose __enter__/__exit__ is not a Python function")
+    return UserContextVar(obj, enter, exit_)
+
+
+def never_suppresses(fn) -> bool:
+    """Whether a Python __exit__ can only return None or False (so it never swallows the
+    exception it is given): every return in its code returns one of those constants."""
+    import dis
+    code = fn.__code__
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        return False
+    prev = None
+    for inst in dis.get_instructions(code):
+        if inst.opname == "RETURN_CONST" and inst.argval not in (None, False):
+            return False
+        if inst.opname == "RETURN_VALUE" and (inst.is_jump_target or not (
+                prev is not None and prev.opname == "LOAD_CONST" and prev.argval in (None, False))):
+            return False            # (a jump to it brings another value: `return a or None`)
+        prev = inst
+    return True
+
+
+# --------------------------------------------------------------------------- contextlib
+class GeneratorContextVar(Var):
+    """A @contextlib.contextmanager context made while tracing: the generator's frame is
+    inlined, run to its yield at enter (the yielded value is what `as` binds) and on to
+    its end at exit.  The generator exists only in the trace, so a graph break inside
+    the block cannot hand it over (the frame runs in CPython then)."""
+    __slots__ = ("func", "args", "kwargs", "frame")
+
+    def __init__(self, func, args, kwargs):
+        super().__init__(None)
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.frame = None
+
+    def enter(self, tx):
+        if self.frame is not None:
+            unsupported("RuntimeError: a contextmanager's generator entered twice")
+        tx.take_generator_frame = True
+        try:
+            frame = self.func.call(tx, list(self.args), dict(self.kwargs))
+        finally:
+            tx.take_generator_frame = False
+        if not isinstance(frame, GeneratorFrameVar):
+            unsupported(f"contextmanager over {self.func}, which does not make a generator")
+        self.frame = frame
+        value = frame.resume()
+        if value is None:
+            unsupported("RuntimeError: generator didn't yield")
+        return value
+
+    def exit(self, tx):
+        if self.frame.resume() is not None:
+            unsupported("RuntimeError: generator didn't stop")
+
+    def exit_with(self, tx, args):
+        if any(not (a.is_const() and a.as_const() is None) for a in args):
+            # (thrown into the generator, which may catch it)
+            unsupported(f"an exception leaving 'with' over {self}")
+        self.exit(tx)
+        return ConstVar(False)
+
+    def reconstruct(self, cg):
+        """Not entered yet (a graph break at its `with`): made again as the decorated
+        function made it; nothing has run of the generator."""
+        import contextlib
+        if self.frame is not None:
+            unsupported(f"{self} entered in the trace outlives it")
+        args = list(self.args)
+        kwargs = dict(self.kwargs)
+
+        def emit_args(cg):
+            for a in args:
+                a.reconstruct(cg)
+            cg.build(tuple, len(args))
+
+        def emit_kwargs(cg):
+            for k, v in kwargs.items():
+                cg.load_const(k)
+                v.reconstruct(cg)
+            cg.build(dict, len(kwargs))
+        cg.call_const(contextlib._GeneratorContextManager, [self.func.reconstruct, emit_args, emit_kwargs])
+
+    def __repr__(self):
+        return f"GeneratorContextVar({self.func!r})"
+
+
+class GeneratorFrameVar(Var):
+    """An inlined generator's frame driven by its caller (see GeneratorContextVar)."""
+    __slots__ = ("child",)
+
+    def __init__(self, child):
+        super().__init__(None)
+        self.child = child
+
+    def resume(self):
+        """Run to the next yield (its value) or to the end (None)."""
+        from ..interpreter import _Yield
+        self.child.root.code_runs += 1
+        try:
+            self.child.run()
+        except _Yield as y:
+            return y.value
+        return None
+
+
+def _plain_constant(v: Var):
+    """The value of a Var made only of constants (pybind enums too, as sdpa_kernel's
+    backends), else raise Unsupported."""
+    from .containers import ListVar, TupleVar
+    if isinstance(v, (ListVar, TupleVar)):
+        items = [_plain_constant(i) for i in v.items]
+        return items if isinstance(v, ListVar) else tuple(items)
+    if v.is_const():
+        return v.as_const()
+    value = getattr(v, "value", None)
+    if type(type(value)).__name__ == "pybind11_type" and hasattr(value, "name"):
+        return value
+    unsupported(f"{v} is not a constant")
+
+
+def _no_op_contexts():
+    import warnings
+    return {torch.profiler.profile: True, torch.autograd.profiler.profile: True,
+            torch.autograd.profiler.record_function: True,
+            torch._C.DisableTorchFunctionSubclass: True,
+            # (its exit puts back warning filters that CPython code in the block may change)
+            warnings.catch_warnings: False}
+
+
+def _run_time_contexts():
+    return (torch.inference_mode, torch.nn.attention.sdpa_kernel,
+            torch.autograd.graph.disable_saved_tensors_hooks, torch.random.fork_rng)
+
+
+def context_function(tx, fn, args, kwargs):
+    """The context Var for calling `fn`, a context manager class or function
+    frametrace models, else None."""
+    if any(fn is f for f in _run_time_contexts()):
+        return RunTimeContextVar(fn, [_plain_constant(a) for a in args],
+                                 {k: _plain_constant(v) for k, v in kwargs.items()})
+    no_op = _no_op_contexts()
+    if any(fn is f for f in no_op):
+        import warnings
+        if fn is warnings.catch_warnings and kwargs.get("record", ConstVar(False)).as_const():
+            unsupported("warnings.catch_warnings(record=True)")
+        value = ConstVar(None) if fn in (warnings.catch_warnings, torch._C.DisableTorchFunctionSubclass) \
+            else UnusableVar(fn.__name__)
+        remake = fn if fn is warnings.catch_warnings and not kwargs else _CANNOT_REMAKE
+        return NullContextVar(value, resumable=no_op[fn], factory=remake)
+    import contextlib
+    if fn is contextlib.suppress and not kwargs:
+        kinds = tuple(getattr(a, "value", None) for a in args)
+        if all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+            return SuppressVar(ConstVar(None), resumable=False, factory=fn, args=kinds)
+    return None
+
+
+def context_class(tx, cls, args, kwargs):
+    """The context Var for calling a context manager class frametrace models, else None."""
+    import contextlib
+    if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
+        return NullContextVar(args[0] if args else ConstVar(None))
+    made = context_function(tx, cls, args, kwargs)
+    if made is not None:
+        return made
+    if cls is contextlib._GeneratorContextManager and len(args) == 3 and not kwargs:
+        from .containers import DictVar, TupleVar
+        func, fargs, fkwargs = args
+        if isinstance(fargs, TupleVar) and isinstance(fkwargs, DictVar):
+            return GeneratorContextVar(func, fargs.items, fkwargs.items)
+    return grad_mode_class(tx, cls, args, kwargs)
+
+
+# --------------------------------------------------------------------------- breaks in `with`
+def _with_spans(code) -> list:
+    """(start, end, depth) of each `with` body.  Its exception-table entries (split by
+    blocks nested in it) share one handler, PUSH_EXC_INFO then WITH_EXCEPT_START, and
+    one depth: the stack up to and including its __exit__.  The body starts right
+    after its BEFORE_WITH."""
+    import dis
+    from ..interpreter import _instructions
+    at = {i.offset: i for i in _instructions(code)}
+    spans = {}
+    for entry in dis._parse_exception_table(code):
+        first, after = at.get(entry.target), at.get(entry.target + 2)
+        if first is None or first.opname != "PUSH_EXC_INFO" or after is None or \
+                after.opname != "WITH_EXCEPT_START":
+            continue
+        start, end, depth = spans.get(entry.target, (entry.start, entry.end, entry.depth))
+        spans[entry.target] = (min(start, entry.start), max(end, entry.end), depth)
+    return list(spans.values())
+
+
+def enclosing_with_starts(code, offset) -> list:
+    """The offsets of the BEFORE_WITHs of the `with` blocks around `offset`, innermost
+    first: where a graph break can go instead of inside a block whose context cannot
+    be handed over, so that CPython runs the whole block (entering it once)."""
+    from ..interpreter import _instructions
+    at = {i.offset: i for i in _instructions(code)}
+    starts = [start - 2 for start, end, depth in _with_spans(code)
+              if start <= offset < end and getattr(at.get(start - 2), "opname", None) == "BEFORE_WITH"]
+    return sorted(starts, reverse=True)
+
+
+def check_break_at_with(ctx):
+    """A graph break at a `with` (CPython enters the context, the block goes on in a
+    resume function) is for contexts frametrace models, whose block it could not hand
+    over: a `with` over anything else runs its whole frame in CPython, as torch.compile
+    does."""
+    from .attributes import InstanceAttrs
+    if isinstance(ctx, NullContextVar) and ctx.factory is not _CANNOT_REMAKE:
+        return
+    if not isinstance(ctx, (InstanceAttrs, GeneratorContextVar, RunTimeContextVar)):
+        unsupported(f"a graph break at 'with' over {ctx}")
+
+
+def check_exit_handover(var):
+    """A graph break inside a `with` hands its __exit__ to CPython, which must then
+    behave as the original frame: an __exit__ that may swallow the exception raised at
+    the break would need the code after the block, so such breaks are refused."""
+    from ..interpreter import _ExitVar
+    from .functions import BoundMethodVar, UserFunctionVar
+    if isinstance(var, (_ExitVar, GradModeSetVar, NoOpExitVar)):
+        return                      # _ExitVar.reconstruct checks its context
+    if isinstance(var, BoundMethodVar) and isinstance(var.fn, UserFunctionVar) and \
+            never_suppresses(var.fn.fn):
+        return
+    unsupported(f"a graph break inside 'with' whose __exit__ ({var}) may swallow an exception")
+
+
+def exit_all(exc, *exits):
+    """Run the __exit__s of the `with` blocks an exception leaves (innermost first), as
+    the original frame's cleanups would; none of them swallows it (check_exit_handover).
+    One that raises replaces the exception, chained to it, and is raised here; else
+    the caller re-raises the original."""
+    raised = exc
+    for exit_ in exits:
+        try:
+            exit_(type(raised), raised, raised.__traceback__)
+        except BaseException as e:      # noqa: B036 (raised by __exit__: it propagates)
+            if e is not raised and e.__context__ is None:
+                e.__context__ = raised
+            raised = e
+    if raised is not exc:
+        raise raised

@@ -14,7 +14,7 @@ import torch
 
 from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
 from .base import ValueVar, Var, safe_repr, unsupported
-from .contexts import GradModeSetVar, NullContextVar, grad_mode_class
+from .contexts import GradModeSetVar, context_class, context_function
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
 from .tensor import TensorVar
@@ -209,6 +209,9 @@ class ObjectVar(ValueVar):
             return tx.output.call("call_function", value, tuple(args), kwargs)
         from .subclasses import call_unbound_builtin
         made = call_unbound_builtin(tx, value, args, kwargs)
+        if made is not None:
+            return made
+        made = context_function(tx, value, args, kwargs)
         if made is not None:
             return made
         what = getattr(value, "__qualname__", None) or repr(value)
@@ -537,14 +540,11 @@ def namespace_var(tx, namespace: dict) -> GlobalsDictVar:
 
 def _construct(tx, cls, args, kwargs):
     """Calling a class while tracing."""
-    import contextlib
     import dataclasses
     if issubclass(cls, BaseException):
         from .exceptions import construct_exception
         return construct_exception(tx, cls, args, kwargs)
-    if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
-        return NullContextVar(args[0] if args else ConstVar(None))
-    made = grad_mode_class(tx, cls, args, kwargs)
+    made = context_class(tx, cls, args, kwargs)
     if made is not None:
         return made
     if cls is functools.partial and args:
