@@ -156,6 +156,15 @@ def _wrap_object(tx, value, source, guards):
             guards.identity(source, value) if guards is not None else None
             return NNModuleVar(value, source)
         return UserObjectVar(value, source)
+    inline = getattr(value, "_torchdynamo_inline", None) \
+        if isinstance(value, torch.jit.ScriptFunction) else None
+    if isinstance(inline, types.FunctionType) and is_inlinable(inline):
+        # A torch.jit.script function: its Python original is traced (torch.jit.script
+        # keeps it for compilers); the scripted object is guarded by identity.
+        if guards is not None:
+            guards.identity(source, value)
+        return wrap(tx, inline, AttrSource(source, "_torchdynamo_inline") if source is not None
+                    else None, guards is not None)
     if type(value) is types.BuiltinMethodType and type(value.__self__) in _CONTAINER_TYPES \
             and source is not None:
         # `log.append` held on a stack at a break: a new bound method on every call, so
