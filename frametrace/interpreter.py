@@ -1326,6 +1326,10 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
     if is_user_container(a) or is_user_container(b):
         return user_container_binary_op(tx, fn, a, b)
     if isinstance(a, SetVar):
+        if _no_set_operand(b) and plain not in (operator.eq, operator.ne) and \
+                (plain in _SET_DUNDERS or fn in _SET_INPLACE):
+            # Neither side takes the other (a constant has no reflected set operator).
+            _operand_type_error(fn, plain, a, b)
         if fn in _SET_INPLACE and a.kind is set:
             return a.call_method(tx, _SET_INPLACE[fn], [b], {})
         if plain in _SET_DUNDERS:
@@ -1366,6 +1370,26 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
         same = a.value == b.value
         return ConstVar(same if plain is operator.eq else not same)
     unsupported(f"{plain.__name__} on {a} and {b}")
+
+
+_OP_SYMBOLS = {operator.or_: "|", operator.and_: "&", operator.sub: "-", operator.xor: "^",
+               operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
+               operator.ior: "|=", operator.iand: "&=", operator.isub: "-=", operator.ixor: "^="}
+
+
+def _no_set_operand(v: Var) -> bool:
+    return isinstance(v, ConstVar) and type(v.value) in (int, float, complex, str, bytes, bool,
+                                                         type(None), tuple)
+
+
+def _operand_type_error(fn, plain, a, b):
+    from .variables.exceptions import raise_builtin
+    left, right = a.python_type().__name__, type(b.value).__name__
+    if plain in (operator.lt, operator.le, operator.gt, operator.ge):
+        raise_builtin(TypeError, f"'{_OP_SYMBOLS[plain]}' not supported between instances of "
+                                 f"'{left}' and '{right}'")
+    symbol = _OP_SYMBOLS[fn] if fn in _OP_SYMBOLS else _OP_SYMBOLS[plain]
+    raise_builtin(TypeError, f"unsupported operand type(s) for {symbol}: '{left}' and '{right}'")
 
 
 def _symbolic(v: Var) -> bool:

@@ -505,7 +505,8 @@ class SetVar(DictVar):
         try:
             return self._call_method(tx, name, args)
         except TypeError as e:      # the real set's own check (a missing argument ...)
-            unsupported(f"TypeError: {e}")
+            from .exceptions import raise_folded
+            raise_folded(e, f"{self.kind.__name__}.{name}")
 
     def _call_method(self, tx, name, args):
         if name in self._OPERATORS:
@@ -532,10 +533,13 @@ class SetVar(DictVar):
         else:
             real_args = [self._as_real(tx, a, new_members) for a in args]
         if name in self._MUTATING and self.kind is set:
+            from .exceptions import raise_builtin
             if name == "remove" and real_args and real_args[0] not in self.real:
-                unsupported("set.remove of a missing member (KeyError)")
+                if not args[0].is_const():
+                    unsupported("set.remove of a missing member (KeyError)")
+                raise_builtin(KeyError, real_args[0])
             if name == "pop" and not self.real:
-                unsupported("pop from an empty set (KeyError)")
+                raise_builtin(KeyError, "pop from an empty set")
             if name == "pop":
                 self.check_order_known()
                 k = self.real.pop()
@@ -639,8 +643,9 @@ def set_key(v: Var):
         k = v.as_const()
         try:
             hash(k)
-        except TypeError:
-            unsupported(f"unhashable set member {k!r}")
+        except TypeError as e:
+            from .exceptions import raise_folded
+            raise_folded(e, f"unhashable set member {k!r}")
         return k
     from .functions import UserFunctionVar
     from .modules import NNModuleVar

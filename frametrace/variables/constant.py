@@ -97,8 +97,9 @@ class ConstVar(ValueVar):
     def unpack(self, tx):
         try:
             return [ConstVar(v) for v in self.value]
-        except TypeError:
-            unsupported(f"iterating over {self.value!r}")
+        except TypeError as e:          # 'int' object is not iterable
+            from .exceptions import raise_folded
+            raise_folded(e, f"iterating over {self.value!r}")
 
     def truth(self, tx):
         return bool(self.value)

@@ -98,7 +98,9 @@ class ExceptionVar(NewObjectVar):
             return self.context
         if name == "__suppress_context__":
             return ConstVar(self.suppress)
-        if name in ("__traceback__", "with_traceback", "add_note", "__notes__"):
+        if name == "with_traceback":
+            return _WithTracebackVar(self)
+        if name in ("__traceback__", "add_note", "__notes__"):
             unsupported(f"{name} of a traced exception")
         attr = class_attr(tx, self.cls, name)
         if isinstance(attr, (types.GetSetDescriptorType, types.MemberDescriptorType)) and \
@@ -319,6 +321,23 @@ def matches(exc, classes) -> bool:
 def caught(r: TracedRaise, classes) -> bool:
     """Whether a builtin that catches `classes` (hasattr: AttributeError) catches `r`."""
     return isinstance(r, TracedRaise) and issubclass(exception_type(r.exc), classes)
+
+
+class _WithTracebackVar(Var):
+    """``exc.with_traceback``: a traced exception carries no traceback of its own (one
+    is made when CPython raises it), so setting None, or the traceback it was caught
+    with, leaves nothing to change; it returns the exception."""
+    __slots__ = ("exc",)
+
+    def __init__(self, exc):
+        super().__init__(None)
+        self.exc = exc
+
+    def call(self, tx, args, kwargs):
+        if len(args) == 1 and not kwargs and (isinstance(args[0], TracebackVar) or
+                                              isinstance(args[0], ConstVar) and args[0].value is None):
+            return self.exc
+        unsupported("with_traceback of a traced exception with another traceback")
 
 
 class TracebackVar(Var):

@@ -567,11 +567,23 @@ def _construct(tx, cls, args, kwargs):
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):
         return construct_container_subclass(tx, cls, args, kwargs)
-    if not module.startswith(("torch", "builtins")) and module.split(".")[0] not in sys.stdlib_module_names \
-            and not issubclass(cls, torch.nn.Module):
+    if not module.startswith(("torch", "builtins")) and not issubclass(cls, torch.nn.Module) and \
+            (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
         from .user_objects import construct_user_object
         return construct_user_object(tx, cls, args, kwargs)
     return None
+
+
+def _plain_python_class(cls) -> bool:
+    """A standard-library class written wholly in Python over `object` (unittest's
+    assertRaises context, argparse.Namespace): traced like a user's class.  Classes with
+    a C base, their own metaclass or __new__ stay opaque."""
+    return type(cls) is type and cls.__new__ is object.__new__ and \
+        all(c is object or (c.__flags__ & _TPFLAGS_HEAPTYPE and "__slots__" not in vars(c))
+            for c in cls.__mro__)
+
+
+_TPFLAGS_HEAPTYPE = 1 << 9
 
 
 class MethodVar(Var):
@@ -585,6 +597,13 @@ class MethodVar(Var):
 
     def call(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__name__":          # a builtin value's method: its own name
+            return ConstVar(self.name)
+        if name == "__self__":
+            return self.obj
+        return super().getattr(tx, name)
 
     def reconstruct(self, cg):
         self.obj.reconstruct(cg)

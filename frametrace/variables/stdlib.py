@@ -14,6 +14,7 @@ import functools
 import itertools
 import math
 import operator
+import traceback
 import types
 
 import torch
@@ -737,6 +738,18 @@ def _math(fn):
         return fold(tx, args, kwargs)
     return handler
 
+
+
+def _clear_frames(tx, args, kwargs):
+    # The traceback of an exception raised in the trace has no frame objects to clear
+    # (unittest's assertRaises clears the one it caught).
+    from .exceptions import TracebackVar
+    if len(args) == 1 and not kwargs and isinstance(args[0], TracebackVar):
+        return ConstVar(None)
+    return None
+
+
+LIBRARY_HANDLERS[traceback.clear_frames] = _clear_frames
 
 for _name, _fn in vars(math).items():
     if not _name.startswith("_") and isinstance(_fn, types.BuiltinFunctionType):

@@ -304,6 +304,13 @@ class BaseMethodVar(Var):
     def call(self, tx, args, kwargs):
         return self.obj.base_call(tx, self.name, args, kwargs)
 
+    def getattr(self, tx, name):
+        if name == "__name__":          # a builtin method's name (unittest reads it)
+            return ConstVar(self.name)
+        if name == "__self__":
+            return self.obj
+        return super().getattr(tx, name)
+
     def reconstruct(self, cg):
         self.obj.reconstruct(cg)
         cg.load_attr(self.name)
