@@ -26,7 +26,35 @@ def is_data_descriptor(attr) -> bool:
     return hasattr(t, "__set__") or hasattr(t, "__delete__")
 
 
-class InstanceAttrs:
+class AttrDeleting:
+    """`del obj.name` by object.__delattr__'s rules (a class's own __delattr__ is
+    inlined); an instance Var says how its own attribute goes (`del_own_attr`)."""
+    __slots__ = ()
+
+    def delattr(self, tx, name):
+        cls = self.instance_class()
+        hook = class_attr(tx, cls, "__delattr__")
+        if hook is not object.__delattr__:
+            if not isinstance(hook, types.FunctionType):
+                unsupported(f"{cls.__name__}.__delattr__ is not a Python function")
+            from .functions import UserFunctionVar
+            UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
+            return
+        attr = _class_lookup(cls, name)
+        _guard_class_attr(tx, cls, name, attr)
+        if attr is not None and is_data_descriptor(attr):
+            if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
+                from .functions import UserFunctionVar
+                UserFunctionVar(attr.fdel).call(tx, [self], {})
+                return
+            if not isinstance(attr, types.MemberDescriptorType):
+                unsupported(f"del of {name!r} through descriptor {type(attr).__name__} of {cls.__name__}")
+        if self.own_attr(tx, name) is MISSING:
+            unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
+        self.del_own_attr(tx, name)
+
+
+class InstanceAttrs(AttrDeleting):
     """The attribute protocol over `own_attr` / `set_own_attr` (the instance's __dict__
     or slot values) and `instance_class`."""
     __slots__ = ()
@@ -136,25 +164,6 @@ class InstanceAttrs:
             return
         self.generic_setattr(tx, name, value)
 
-    def delattr(self, tx, name):
-        cls = self.instance_class()
-        hook = class_attr(tx, cls, "__delattr__")
-        if hook is not object.__delattr__:
-            if not isinstance(hook, types.FunctionType):
-                unsupported(f"{cls.__name__}.__delattr__ is not a Python function")
-            from .functions import UserFunctionVar
-            UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
-            return
-        attr = _class_lookup(cls, name)
-        _guard_class_attr(tx, cls, name, attr)
-        if attr is not None and is_data_descriptor(attr):
-            if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
-                from .functions import UserFunctionVar
-                UserFunctionVar(attr.fdel).call(tx, [self], {})
-                return
-            unsupported(f"deleting {name!r} through a descriptor of {cls.__name__}")
-        self.del_own_attr(tx, name)
-
     def del_own_attr(self, tx, name):
         unsupported(f"deleting attribute {name!r} of a {self.instance_class().__name__} object")
 
@@ -173,34 +182,6 @@ class InstanceAttrs:
             unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r} "
                         "(no __dict__)")
         self.set_own_attr(tx, name, value)
-
-
-class AttrDeleting:
-    """`del obj.name` by object.__delattr__'s rules (a class's own __delattr__ is
-    inlined); an instance Var says how its own attribute goes (`del_own_attr`)."""
-    __slots__ = ()
-
-    def delattr(self, tx, name):
-        cls = self.instance_class()
-        hook = class_attr(tx, cls, "__delattr__")
-        if hook is not object.__delattr__:
-            if not isinstance(hook, types.FunctionType):
-                unsupported(f"{cls.__name__}.__delattr__ is not a Python function")
-            from .functions import UserFunctionVar
-            UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
-            return
-        attr = _class_lookup(cls, name)
-        _guard_class_attr(tx, cls, name, attr)
-        if attr is not None and is_data_descriptor(attr):
-            if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
-                from .functions import UserFunctionVar
-                UserFunctionVar(attr.fdel).call(tx, [self], {})
-                return
-            if not isinstance(attr, types.MemberDescriptorType):
-                unsupported(f"del of {name!r} through descriptor {type(attr).__name__} of {cls.__name__}")
-        if self.own_attr(tx, name) is MISSING:
-            unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
-        self.del_own_attr(tx, name)
 
 
 def _guard_class_attr(tx, cls, name, attr):

@@ -25,6 +25,7 @@ from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict, emit_key
 from .modules import _class_lookup, class_attr
+from .objects import MethodVar
 
 _BUILTIN_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType,
                     types.ClassMethodDescriptorType, types.BuiltinFunctionType)
@@ -292,28 +293,12 @@ class UserContainerMixin(InstanceAttrs):
 _ITEM_HOOKS = ("__setitem__", "__getitem__", "__delitem__", "__contains__", "__iter__", "keys")
 
 
-class BaseMethodVar(Var):
+class BaseMethodVar(MethodVar):
     """``obj.name`` where the class inherits `name` from its builtin container base."""
-    __slots__ = ("obj", "name")
-
-    def __init__(self, obj, name):
-        super().__init__(None)
-        self.obj = obj
-        self.name = name
+    __slots__ = ()
 
     def call(self, tx, args, kwargs):
         return self.obj.base_call(tx, self.name, args, kwargs)
-
-    def getattr(self, tx, name):
-        if name == "__name__":          # a builtin method's name (unittest reads it)
-            return ConstVar(self.name)
-        if name == "__self__":
-            return self.obj
-        return super().getattr(tx, name)
-
-    def reconstruct(self, cg):
-        self.obj.reconstruct(cg)
-        cg.load_attr(self.name)
 
 
 _SUB_VAR_TYPES: dict = {}

@@ -11,7 +11,7 @@ import types
 from collections import OrderedDict
 
 from ..source import AttrSource, CallMethodSource, ConstSource
-from .attributes import MISSING, AttrDeleting, InstanceAttrs, is_data_descriptor
+from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
@@ -19,7 +19,7 @@ from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr, class_defines
 
 
-class UserObjectVar(AttrDeleting, InstanceAttrs, Var):
+class UserObjectVar(InstanceAttrs, Var):
     """An object of a user class from outside the trace.  `cls` is its class, as the
     trace has it (an `obj.__class__ = D` while tracing changes it)."""
     __slots__ = ("value", "cls")
@@ -183,7 +183,7 @@ class UserObjectVar(AttrDeleting, InstanceAttrs, Var):
         return f"UserObjectVar({self.cls.__name__})"
 
 
-class NewObjectVar(AttrDeleting, InstanceAttrs, Var):
+class NewObjectVar(InstanceAttrs, Var):
     """An instance of a user class made while tracing: its __init__ was inlined and its
     attributes are Vars.  If it escapes the frame, the transformed code rebuilds it
     (cls.__new__ and the attributes), once, however many places refer to it."""
