@@ -458,6 +458,27 @@ def test_disable_saved_tensors_hooks_as_decorator():
     assert torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is None
 
 
+def _saved_tensors_hooks_enabled():
+    return torch._C._autograd._saved_tensors_hooks_is_enabled()
+
+
+def test_context_decorated_function_that_raises_exits_its_context():
+    def f(x):
+        @torch.autograd.graph.disable_saved_tensors_hooks("not here")
+        def inner(a):
+            a = a * 2
+            raise ValueError("boom")
+
+        try:
+            inner(x)
+        except ValueError:
+            pass
+        return x + 1, _saved_tensors_hooks_enabled()
+
+    check(f, [_x(), _x()], graphs=1, breaks=0)
+    assert _saved_tensors_hooks_enabled()
+
+
 @pytest.mark.parametrize("make", ["set_grad_enabled", "no_grad", "enable_grad", "nullcontext"])
 def test_context_made_before_a_break_and_entered_after_it(make):
     def f(x, log):

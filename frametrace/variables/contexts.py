@@ -371,9 +371,10 @@ class ContextDecoratedVar(Var):
     def call(self, tx, args, kwargs):
         ctx = self.make_ctx()
         ctx.enter(tx)
-        result = self.fn.call(tx, args, kwargs)
-        ctx.exit(tx)
-        return result
+        try:
+            return self.fn.call(tx, args, kwargs)
+        finally:        # also when the call raises (an exception the frame may catch)
+            ctx.exit(tx)
 
     def __repr__(self):
         return f"ContextDecoratedVar({self.fn!r})"
