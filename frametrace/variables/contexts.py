@@ -145,22 +145,36 @@ class GradModeSetVar(Var):
         return ConstVar(None if self.mode is None else False)
 
 
-class GradModeDecoratedVar(Var):
-    """A function decorated with a grad-mode context while tracing."""
-    __slots__ = ("mode", "fn")
+class ContextDecoratedVar(Var):
+    """A function decorated with a context (a ContextDecorator): each call runs it in a
+    context made anew by `make_ctx`."""
+    __slots__ = ("make_ctx", "fn")
 
-    def __init__(self, mode, fn):
+    def __init__(self, make_ctx, fn):
         super().__init__(None)
-        self.mode = mode
+        self.make_ctx = make_ctx
         self.fn = fn
 
     def call(self, tx, args, kwargs):
-        ctx = GradModeVar(self.mode)
+        ctx = self.make_ctx()
         ctx.enter(tx)
         try:
             return self.fn.call(tx, args, kwargs)
-        finally:
+        finally:        # also when the call raises (an exception the frame may catch)
             ctx.exit(tx)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.fn!r})"
+
+
+class GradModeDecoratedVar(ContextDecoratedVar):
+    """A function decorated with a grad-mode context while tracing (it can leave the
+    frame: rebuilt by `grad_mode_decorated`)."""
+    __slots__ = ("mode",)
+
+    def __init__(self, mode, fn):
+        super().__init__(lambda: GradModeVar(mode), fn)
+        self.mode = mode
 
     def reconstruct(self, cg):
         cg.call_const(grad_mode_decorated, [lambda cg: cg.load_const(self.mode), self.fn.reconstruct])
@@ -356,28 +370,6 @@ class RunTimeContextVar(Var):
 
     def __repr__(self):
         return f"RunTimeContextVar({self.factory.__name__})"
-
-
-class ContextDecoratedVar(Var):
-    """A function decorated with a context (a ContextDecorator): each call runs it in a
-    context made anew by `make_ctx`."""
-    __slots__ = ("make_ctx", "fn")
-
-    def __init__(self, make_ctx, fn):
-        super().__init__(None)
-        self.make_ctx = make_ctx
-        self.fn = fn
-
-    def call(self, tx, args, kwargs):
-        ctx = self.make_ctx()
-        ctx.enter(tx)
-        try:
-            return self.fn.call(tx, args, kwargs)
-        finally:        # also when the call raises (an exception the frame may catch)
-            ctx.exit(tx)
-
-    def __repr__(self):
-        return f"ContextDecoratedVar({self.fn!r})"
 
 
 class RunTimeEnter:
