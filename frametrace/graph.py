@@ -55,7 +55,16 @@ class OutputGraph:
         self.context_vars: dict[int, object] = {}
         # Real context managers entered while tracing (autocast), closed if it aborts.
         self.open_contexts: list = []
+        # What the global-state readers answered before the first of them was entered.
+        self.entry_state: dict | None = None
         self._last_placeholder = None
+
+    def entering_context(self):
+        """Called before a context is entered for real: a state reader called inside it
+        answers for the context, so the guard must name what it answered at frame entry."""
+        if self.entry_state is None:
+            from .variables.objects import entry_state_readers
+            self.entry_state = {fn: fn() for fn in entry_state_readers()}
 
     def close_contexts(self):
         while self.open_contexts:

@@ -200,6 +200,7 @@ class AutocastVar(Var):
     def enter(self, tx):
         from torch.amp.autocast_mode import _enter_autocast
         self.ctx = torch.autocast(*self.args, **self.kwargs)
+        tx.output.entering_context()
         self.ctx.__enter__()
         tx.output.open_contexts.append(self.ctx)
         ctx = self.ctx   # its defaults resolved: dtype, enabled, cache_enabled
@@ -334,6 +335,7 @@ class RunTimeContextVar(Var):
     def enter(self, tx):
         from .builder import wrap
         self.real = self.factory(*self.args, **self.kwargs)
+        tx.output.entering_context()
         value = self.real.__enter__()
         tx.output.open_contexts.append(self.real)
         self.node = tx.output.graph.create_node(
@@ -584,13 +586,14 @@ def _no_op_contexts():
     import warnings
     return {torch.profiler.profile: True, torch.autograd.profiler.profile: True,
             torch.autograd.profiler.record_function: True,
-            torch._C.DisableTorchFunctionSubclass: True,
             # (its exit puts back warning filters that CPython code in the block may change)
             warnings.catch_warnings: False}
 
 
 def _run_time_contexts():
-    return (torch.inference_mode, torch.nn.attention.sdpa_kernel,
+    # (DisableTorchFunctionSubclass changes nothing the graph's ops see, but code in
+    # the block reads its state: torch._C._is_torch_function_enabled() is False there)
+    return (torch.inference_mode, torch.nn.attention.sdpa_kernel, torch._C.DisableTorchFunctionSubclass,
             torch.autograd.graph.disable_saved_tensors_hooks, torch.random.fork_rng)
 
 
@@ -605,7 +608,7 @@ def context_function(tx, fn, args, kwargs):
         import warnings
         if fn is warnings.catch_warnings and kwargs.get("record", ConstVar(False)).as_const():
             unsupported("warnings.catch_warnings(record=True)")
-        value = ConstVar(None) if fn in (warnings.catch_warnings, torch._C.DisableTorchFunctionSubclass) \
+        value = ConstVar(None) if fn is warnings.catch_warnings \
             else UnusableVar(fn.__name__)
         remake = fn if fn is warnings.catch_warnings and not kwargs else _CANNOT_REMAKE
         return NullContextVar(value, resumable=no_op[fn], factory=remake)

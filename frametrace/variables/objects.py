@@ -326,6 +326,16 @@ class TorchFnVar(ObjectVar):
 
 def _read_global_state(tx, fn):
     value = fn()
+    entry = tx.output.entry_state
+    if entry is not None and tx.output.open_contexts:
+        # Inside contexts the trace entered for real, the answer is the context's,
+        # from the state at frame entry: that state is what the guards check.
+        if fn not in entry:
+            unsupported(f"reading torch.{fn.__name__}() inside a context")
+        for reader, before in entry.items():
+            if reader is not torch.is_grad_enabled:
+                tx.guards.global_state(reader.__name__, reader, before)
+        return ConstVar(value)
     if fn is not torch.is_grad_enabled:
         # Grad mode is guarded at frame entry, and changes inside the frame are traced;
         # the others can only change outside it.
@@ -722,6 +732,14 @@ TRACE_TIME_ANSWERS = {
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
                          torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled,
                          torch.backends.mha.get_fastpath_enabled}
+def entry_state_readers():
+    """The state readers answered inside contexts entered while tracing (see
+    `OutputGraph.entering_context`)."""
+    return (*_GLOBAL_STATE_READERS, torch._C._is_torch_function_enabled,
+            torch._C._is_torch_function_all_disabled, torch._C._is_torch_function_mode_enabled,
+            torch.is_autocast_enabled, torch.is_autocast_cache_enabled)
+
+
 def _is_state_reader(fn) -> bool:
     """A torch function of no arguments that reads a flag (is_*, get_*, *_enabled):
     evaluated again by the guard."""

@@ -1,0 +1,57 @@
+"""Global-state readers called inside a context the trace enters for real
+(`inference_mode`, `DisableTorchFunctionSubclass`, autocast) answer as CPython does
+there, and the guard names the state at frame entry, so the compiled entry is reused
+and a caller in another state recompiles."""
+import torch
+
+import frametrace
+from differential import check
+
+
+def _torch_function_reads(x):
+    with torch._C.DisableTorchFunctionSubclass():
+        inside = torch._C._is_torch_function_enabled()
+        y = x + 1
+    return y, inside, torch._C._is_torch_function_enabled()
+
+
+def test_torch_function_state_inside_disable_subclass():
+    r = check(_torch_function_reads, [torch.randn(3), torch.randn(3), torch.randn(3)],
+              fullgraph=True)
+    assert r.graphs == 1 and r.compiles == 1
+
+
+def _inference_reads(x):
+    with torch.inference_mode():
+        inside = torch.is_inference_mode_enabled()
+        y = x * 2
+    return y.clone(), inside, torch.is_inference_mode_enabled()
+
+
+def test_inference_mode_read_inside_reuses_the_entry():
+    # It used to guard `is_inference_mode_enabled() is True` at frame entry: a
+    # recompile on every call until the cache limit.
+    r = check(_inference_reads, [torch.randn(3) for _ in range(4)])
+    assert r.graphs == 1 and r.compiles == 1
+
+
+def test_entry_state_change_recompiles_with_the_right_answer():
+    seen = []
+
+    def f(x):
+        with torch._C.DisableTorchFunctionSubclass():
+            a = torch._C._is_torch_function_all_disabled()
+        return x + 1, a
+
+    cc = frametrace.testing.CompileCounter()
+    g = frametrace.optimize(cc)(f)
+    for outer in (False, True, False, True):
+        x = torch.randn(2)
+        if outer:
+            with torch._C.DisableTorchFunction():
+                seen.append((g(x)[1], f(x)[1]))
+        else:
+            seen.append((g(x)[1], f(x)[1]))
+    assert all(a == b for a, b in seen), seen
+    assert [a for a, _ in seen] == [False, True, False, True]
+    assert cc.frame_count == 2
