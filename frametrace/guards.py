@@ -296,6 +296,12 @@ class GuardSet:
         self._add(None, "DISTINCT", f"___len({{*map(___id, ({exprs},))}}) == {len(sources)}",
                   f"{', '.join(s.name() for s in sources)} are distinct objects")
 
+    def in_dict(self, source, name: str):
+        """An instance attribute is present (whatever its value)."""
+        e = source.guard_expr()
+        self._add(source, f"IN_DICT {name}", f"{name!r} in {e}.__dict__",
+                  f"{source.name()} has instance attribute {name!r}")
+
     def not_in_dict(self, source, name: str):
         """An instance attribute does not shadow what its class provides."""
         e = source.guard_expr()

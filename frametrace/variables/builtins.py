@@ -1272,13 +1272,8 @@ def _has_attr(tx, obj, name):
             _guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
-        inp = tx.output.input_of(obj)
-        if inp is not None and inp.source is not None:
-            # Inputs can carry Python attributes (`t.tag = 1`), which fakes lack.
-            found = hasattr(inp.value, name)
-            _guard_hasattr(tx, inp.source, name, found)
-            return found
-        return hasattr(obj.example, name)
+        from .tensor_attrs import has_python_attr
+        return has_python_attr(tx, obj, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:
             t = obj.python_type()
