@@ -62,7 +62,9 @@ class OutputGraph:
             self.open_contexts.pop().__exit__(None, None, None)
 
     # -- inputs --
-    def add_input(self, value: torch.Tensor, source) -> TensorVar:
+    def add_input(self, value: torch.Tensor, source, guarded: bool = True) -> TensorVar:
+        """`guarded=False`: an input the transformed code makes itself (its facts follow
+        from guarded ones)."""
         if type(value) not in (torch.Tensor, torch.nn.Parameter):
             unsupported(f"tensor subclass {type(value).__name__}")
         known = self._input_by_id.get(id(value))
@@ -75,7 +77,8 @@ class OutputGraph:
             fake = symbolic_fake(self.fake_mode, value, source, dims)
         else:
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
-        self.guards.tensor(source, value, fake)
+        if guarded:
+            self.guards.tensor(source, value, fake)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
         self._input_fakes[id(fake)] = fake

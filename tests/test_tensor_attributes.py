@@ -211,3 +211,45 @@ def test_deleting_a_missing_attribute_raises_attribute_error():
         return x - 1
 
     check(f, [torch.randn(3), tagged(tag=3)], breaks=0, fullgraph=True)
+
+
+# -- nn.Parameter made in the frame --
+def test_parameter_of_an_input_is_made_before_the_graph_and_used_in_it():
+    def f(x):
+        p = nn.Parameter(x)
+        q = nn.Parameter(x, requires_grad=False)
+        return p, q, p is q, (p * 2).sum()
+
+    check(f, [torch.randn(3), torch.randn(4)], breaks=0, fullgraph=True)
+
+
+def test_parameter_stored_on_a_module_by_the_frame():
+    class Lazy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = None
+
+        def forward(self, x, init):
+            if self.w is None:
+                self.w = nn.Parameter(init)
+            return x @ self.w
+
+    check(lambda m, x, i: m(x, i), [(Lazy(), torch.randn(2, 3), torch.randn(3))] * 2,
+          breaks=0, fullgraph=True)
+
+
+def test_gradient_reaches_a_parameter_made_in_the_frame():
+    def f(x):
+        p = nn.Parameter(x)
+        y = (p * 3).sum()
+        y.backward()            # a break: the backward runs in CPython
+        return p.grad
+
+    check(f, [torch.randn(3)], breaks=1)
+
+
+def test_parameter_of_a_computed_tensor_is_a_graph_break():
+    def f(x):
+        return nn.Parameter(x + 1)
+
+    check(f, [torch.randn(3)], breaks=1)
