@@ -93,7 +93,11 @@ class OutputGraph:
     def add_number_input(self, value, source, data: bool = False) -> SymNodeVar:
         """A Python int or float that is a symbolic input of the graph: an argument that
         has changed between calls, or (``data=True``) a number computed in CPython at a
-        graph break, which the trace never pins to the value seen (see `mark_data`)."""
+        graph break, which the trace never pins to the value seen (see `mark_data`).
+        A number read again through the same source (`cfg.n` twice) is the same input."""
+        for inp in self.inputs:
+            if inp.source == source and not isinstance(inp.value, torch.Tensor):
+                return SymNodeVar(inp.node, inp.value, source)
         if type(value) is float:
             sym = symbolic_float(self.fake_mode, value, source)
         else:
