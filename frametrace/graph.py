@@ -20,6 +20,7 @@ from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
 from .variables.symbolic import SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data, wrap_sym
+from .variables import wrapper_subclasses
 from .variables.tensor import TensorVar
 
 
@@ -65,20 +66,23 @@ class OutputGraph:
     def add_input(self, value: torch.Tensor, source, guarded: bool = True) -> TensorVar:
         """`guarded=False`: an input the transformed code makes itself (its facts follow
         from guarded ones)."""
-        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+        subclass = type(value) not in (torch.Tensor, torch.nn.Parameter)
+        if subclass and not wrapper_subclasses.is_traceable(value):
             unsupported(f"tensor subclass {type(value).__name__}")
         known = self._input_by_id.get(id(value))
         if known is not None:
             if known.source != source:
                 self.guards.same_object(source, known.source)
             return TensorVar(known.node, known.node.meta["example_value"], source)
-        dims = self.policy.dynamic_dims(source, value)
+        dims = [] if subclass else self.policy.dynamic_dims(source, value)
         if dims:
             fake = symbolic_fake(self.fake_mode, value, source, dims)
         else:
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
         if guarded:
             self.guards.tensor(source, value, fake)
+            if subclass:
+                wrapper_subclasses.guard_inner(self.guards, source, value, fake)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
         self._input_fakes[id(fake)] = fake

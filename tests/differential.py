@@ -170,7 +170,12 @@ def _same_tensor_extras(a, b, path, rtol, atol, seen):
         d = same(a.grad, b.grad, f"{path}.grad", rtol, atol, seen)
         if d:
             return d
-    return same(dict(a.__dict__), dict(b.__dict__), f"{path}.__dict__", rtol, atol, seen)
+    return same(_tensor_attrs(a), _tensor_attrs(b), f"{path}.__dict__", rtol, atol, seen)
+
+
+def _tensor_attrs(t):
+    # AOTAutograd marks the tensors it returns with symbolic dims (torch.compile's too).
+    return {k: v for k, v in t.__dict__.items() if k != "_dynamo_propagated_dynamic_indices"}
 
 
 def _same_attrs(a, b, path, rtol, atol, seen):

@@ -2,6 +2,7 @@
 accumulated gradient `.grad`, nn.Parameter, tensor subclasses and the legacy tensor
 types.  Differential: the harness compares the tensors' __dict__ and .grad after each
 call, on the arguments and on what is returned."""
+import pytest
 import torch
 import torch.nn as nn
 
@@ -253,3 +254,78 @@ def test_parameter_of_a_computed_tensor_is_a_graph_break():
         return nn.Parameter(x + 1)
 
     check(f, [torch.randn(3)], breaks=1)
+
+
+# -- tensor subclasses --
+def two(n=3, a=None, b=None):
+    from torch.testing._internal.two_tensor import TwoTensor
+    return TwoTensor(torch.randn(n) if a is None else a, torch.randn(n) if b is None else b)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_wrapper_subclass_input_is_traced_through_its_dispatch(backend):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x, y):
+        z = (x.sin() + y) * 2
+        return z, isinstance(z, TwoTensor), type(x) is TwoTensor, x.a + 1
+
+    r = check(f, [(two(), torch.randn(3)), (two(), torch.randn(3)), (two(4), torch.randn(4))],
+              backend=backend, breaks=0, fullgraph=True)
+    assert r.compiles == 2, r
+
+
+def test_wrapper_subclass_inner_tensors_are_guarded():
+    def f(x):
+        return x.mul(3)
+
+    r = check(f, [two(), two(a=torch.randn(6)[::2], b=torch.randn(6)[::2]), two(), torch.randn(3)],
+              breaks=0)
+    assert r.compiles == 3, r
+
+
+def test_inner_tensors_of_a_computed_wrapper_subclass_are_not_guessed():
+    def f(x):
+        y = x * 2
+        return y.a + y.b
+
+    check(f, [two()], graphs=0)
+
+
+class Scaled(torch.Tensor):
+    """A __torch_function__ subclass: additions come out ten times larger."""
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        r = super().__torch_function__(func, types, args, kwargs or {})
+        return r * 10 if func in (torch.Tensor.add, torch.add) else r
+
+    def __deepcopy__(self, memo):
+        return self.as_subclass(torch.Tensor).clone().as_subclass(Scaled)
+
+
+def test_torch_function_subclass_input_keeps_its_override():
+    def f(x):
+        return x.add(1) + 0
+
+    check(f, [torch.randn(3).as_subclass(Scaled)], graphs=0)
+
+
+def test_as_subclass_in_the_frame_keeps_the_override():
+    def f(x):
+        y = x * 2
+        return y.as_subclass(Scaled).add(1)
+
+    check(f, [torch.randn(3), torch.randn(3)], breaks=1)
+
+
+def test_wrapper_subclass_overriding_a_tensor_method_is_not_traced():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    class Loud(TwoTensor):
+        def sin(self):
+            return self.a.sin() * 0 + 5
+
+    def f(x):
+        return x.sin()
+
+    check(f, [Loud(torch.randn(3), torch.randn(3))], graphs=0)

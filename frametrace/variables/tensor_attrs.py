@@ -50,6 +50,8 @@ def python_attr(tx, var, name):
     if got is not None and not deleted:
         return got
     inp = input_for(tx, var)
+    if got is None:
+        _known_to_plain_attrs(var, inp, name)
     if got is None and inp is not None:
         d = inp.value.__dict__
         if name in d:
@@ -57,6 +59,17 @@ def python_attr(tx, var, name):
             return wrap(tx, d[name], AttrSource(inp.source, name))
         tx.guards.not_in_dict(inp.source, name)
     _no_attr(var, name)
+
+
+def _known_to_plain_attrs(var, inp, name):
+    """A wrapper subclass (torch's TwoTensor) has attributes of its class, and its
+    instances made by ops have inner tensors the trace does not see as attributes:
+    only an input's own __dict__ is known."""
+    cls = var.python_type()
+    if cls in (torch.Tensor, torch.nn.Parameter):
+        return
+    if inp is None or hasattr(cls, name):
+        unsupported(f"attribute {name!r} of a {cls.__name__} tensor")
 
 
 def _no_attr(var, name):
@@ -72,6 +85,7 @@ def has_python_attr(tx, var, name) -> bool:
     if got is not None:
         return not deleted
     inp = input_for(tx, var)
+    _known_to_plain_attrs(var, inp, name)
     if inp is None:
         return False            # a tensor made in the frame starts with no attributes
     if name in inp.value.__dict__:
