@@ -284,12 +284,49 @@ def test_wrapper_subclass_inner_tensors_are_guarded():
     assert r.compiles == 3, r
 
 
-def test_inner_tensors_of_a_computed_wrapper_subclass_are_not_guessed():
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_inner_tensors_of_a_computed_wrapper_subclass_are_read_in_the_graph(backend):
     def f(x):
         y = x * 2
         return y.a + y.b
 
-    check(f, [two()], graphs=0)
+    check(f, [two(), two()], backend=backend, breaks=0, fullgraph=True)
+
+
+class Tagged(torch.Tensor):
+    """A wrapper over one tensor with a constant label in its flattening context."""
+    @staticmethod
+    def __new__(cls, data, label):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(),
+                                                   dtype=data.dtype, device=data.device)
+
+    def __init__(self, data, label):
+        self.data_ = data
+        self.label = label
+
+    def __tensor_flatten__(self):
+        return ["data_"], {"label": self.label}
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, size, stride):
+        return Tagged(inner["data_"], ctx["label"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        first = next(a for a in args if isinstance(a, Tagged))
+        unwrap = [a.data_ if isinstance(a, Tagged) else a for a in args]
+        out = func(*unwrap, **(kwargs or {}))
+        return Tagged(out, first.label + 1) if isinstance(out, torch.Tensor) else out
+
+
+def test_constant_attributes_of_wrapper_subclasses_are_guarded_and_propagate():
+    def f(x):
+        y = x.cos() * 2
+        return y.data_ + y.label, y.label, x.label
+
+    r = check(f, [Tagged(torch.randn(3), 1), Tagged(torch.randn(3), 1), Tagged(torch.randn(3), 5)],
+              breaks=0, fullgraph=True)
+    assert r.compiles == 2, r
 
 
 class Scaled(torch.Tensor):

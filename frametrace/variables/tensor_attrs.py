@@ -50,6 +50,10 @@ def python_attr(tx, var, name):
     if got is not None and not deleted:
         return got
     inp = input_for(tx, var)
+    if got is None and inp is None:
+        inner = _computed_subclass_attr(tx, var, name)
+        if inner is not None:
+            return inner
     if got is None:
         _known_to_plain_attrs(var, inp, name)
     if got is None and inp is not None:
@@ -59,6 +63,25 @@ def python_attr(tx, var, name):
             return wrap(tx, d[name], AttrSource(inp.source, name))
         tx.guards.not_in_dict(inp.source, name)
     _no_attr(var, name)
+
+
+def _computed_subclass_attr(tx, var, name):
+    """An attribute a wrapper subclass's own code gave a tensor an op made (the
+    dispatch ran on fakes while tracing and runs alike on the real inputs): an inner
+    tensor is read in the graph, a constant (from the guarded flattening) as is."""
+    from .constant import is_constant_value
+    cls = var.python_type()
+    if cls in (torch.Tensor, torch.nn.Parameter) or hasattr(cls, name):
+        return None
+    value = var.example.__dict__.get(name, _ABSENT)
+    if isinstance(value, torch.Tensor):
+        return tx.output.call("call_function", getattr, (var, ConstVar(name)), {})
+    if value is not _ABSENT and is_constant_value(value):
+        return ConstVar(value)
+    return None
+
+
+_ABSENT = object()
 
 
 def _known_to_plain_attrs(var, inp, name):
