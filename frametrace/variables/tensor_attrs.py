@@ -47,16 +47,15 @@ def python_attr(tx, var, name):
     """`t.name` for a name torch.Tensor does not define: the instance's own attribute,
     or AttributeError as CPython raises it."""
     got, deleted = _written(tx, var, name)
-    if got is not None and not deleted:
-        return got
+    if got is not None:
+        return _no_attr(var, name) if deleted else got
     inp = input_for(tx, var)
-    if got is None and inp is None:
+    if inp is None:
         inner = _computed_subclass_attr(tx, var, name)
         if inner is not None:
             return inner
-    if got is None:
-        _known_to_plain_attrs(var, inp, name)
-    if got is None and inp is not None:
+    _known_to_plain_attrs(var, inp, name)
+    if inp is not None:
         d = inp.value.__dict__
         if name in d:
             from .builder import wrap
@@ -108,6 +107,9 @@ def has_python_attr(tx, var, name) -> bool:
     if got is not None:
         return not deleted
     inp = input_for(tx, var)
+    cls = var.python_type()
+    if inp is None and cls not in (torch.Tensor, torch.nn.Parameter) and not hasattr(cls, name):
+        return name in var.example.__dict__     # what the subclass's dispatch gave it
     _known_to_plain_attrs(var, inp, name)
     if inp is None:
         return False            # a tensor made in the frame starts with no attributes
