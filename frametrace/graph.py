@@ -20,6 +20,7 @@ from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
 from .variables.symbolic import SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data, wrap_sym
+from .variables import wrapper_subclasses
 from .variables.tensor import TensorVar
 
 
@@ -71,20 +72,26 @@ class OutputGraph:
             self.open_contexts.pop().__exit__(None, None, None)
 
     # -- inputs --
-    def add_input(self, value: torch.Tensor, source) -> TensorVar:
-        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+    def add_input(self, value: torch.Tensor, source, guarded: bool = True) -> TensorVar:
+        """`guarded=False`: an input the transformed code makes itself (its facts follow
+        from guarded ones)."""
+        subclass = type(value) not in (torch.Tensor, torch.nn.Parameter)
+        if subclass and not wrapper_subclasses.is_traceable(value):
             unsupported(f"tensor subclass {type(value).__name__}")
         known = self._input_by_id.get(id(value))
         if known is not None:
             if known.source != source:
                 self.guards.same_object(source, known.source)
             return TensorVar(known.node, known.node.meta["example_value"], source)
-        dims = self.policy.dynamic_dims(source, value)
+        dims = [] if subclass else self.policy.dynamic_dims(source, value)
         if dims:
             fake = symbolic_fake(self.fake_mode, value, source, dims)
         else:
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
-        self.guards.tensor(source, value, fake)
+        if guarded:
+            self.guards.tensor(source, value, fake)
+            if subclass:
+                wrapper_subclasses.guard_inner(self.guards, source, value, fake)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
         self._input_fakes[id(fake)] = fake
@@ -99,7 +106,11 @@ class OutputGraph:
     def add_number_input(self, value, source, data: bool = False) -> SymNodeVar:
         """A Python int or float that is a symbolic input of the graph: an argument that
         has changed between calls, or (``data=True``) a number computed in CPython at a
-        graph break, which the trace never pins to the value seen (see `mark_data`)."""
+        graph break, which the trace never pins to the value seen (see `mark_data`).
+        A number read again through the same source (`cfg.n` twice) is the same input."""
+        for inp in self.inputs:
+            if inp.source == source and not isinstance(inp.value, torch.Tensor):
+                return SymNodeVar(inp.node, inp.value, source)
         if type(value) is float:
             sym = symbolic_float(self.fake_mode, value, source)
         else:

@@ -56,6 +56,10 @@ class Guard:
         return f"Guard({self.text})"
 
 
+# Marks the guard expression of a source the transformed code makes itself.
+FRESH = "___fresh_"
+
+
 class GuardSet:
     """Guards collected while tracing one frame, in the order they were made."""
 
@@ -80,6 +84,10 @@ class GuardSet:
         return name
 
     def _add(self, source: Source | None, kind: str, expr: str, text: str, symbols=()):
+        if FRESH in expr:
+            # About an object the transformed code makes anew on every call, in the
+            # same way from guarded inputs (an nn.Parameter of an input): always true.
+            return
         key = (source, kind)
         if key not in self.guards:
             self.guards[key] = Guard(source, kind, expr, text, symbols)
@@ -295,6 +303,12 @@ class GuardSet:
         exprs = ", ".join(s.guard_expr() for s in sources)
         self._add(None, "DISTINCT", f"___len({{*map(___id, ({exprs},))}}) == {len(sources)}",
                   f"{', '.join(s.name() for s in sources)} are distinct objects")
+
+    def in_dict(self, source, name: str):
+        """An instance attribute is present (whatever its value)."""
+        e = source.guard_expr()
+        self._add(source, f"IN_DICT {name}", f"{name!r} in {e}.__dict__",
+                  f"{source.name()} has instance attribute {name!r}")
 
     def not_in_dict(self, source, name: str):
         """An instance attribute does not shadow what its class provides."""

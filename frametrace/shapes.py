@@ -229,9 +229,14 @@ def _is_parameter(source, t) -> bool:
 
 
 def _is_argument(source) -> bool:
-    """Ints passed to the frame, or held in its tuple/list/dict arguments.  Ints read
-    from objects (a config, a module) stay constants."""
-    while isinstance(source, GetItemSource):
+    """Numbers reached from the frame's arguments: passed to it, held in its
+    tuple/list/dict arguments, or attributes of objects it was passed (`cfg.max_len`,
+    `self.config.scale`), as torch.compile's automatic dynamic has them.  Globals and
+    dunder attributes (a function's __defaults__, a class's __dict__) stay constants;
+    ints of nn.Modules are the caller's concern (builder.wrap)."""
+    while isinstance(source, (GetItemSource, AttrSource)):
+        if isinstance(source, AttrSource) and source.attr.startswith("__"):
+            return False
         source = source.base
     return isinstance(source, LocalSource)
 

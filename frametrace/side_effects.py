@@ -36,7 +36,7 @@ class SideEffects:
     def store_attr(self, owner, real_obj, name: str, value, plain: bool = False):
         """`plain`: the store is object.__setattr__'s, replayed as such (the class's own
         __setattr__ already ran while tracing and must not run again)."""
-        if owner.source is None:
+        if owner.source is None and not _rebuilt_by_graph(owner):
             unsupported(f"setting attribute {name!r} on an object made while tracing")
         key = ("attr", id(real_obj), name)
         self._attrs[key] = (owner, name, value, plain)
@@ -87,7 +87,10 @@ class SideEffects:
         for key in self._order:
             kind = key[0]
             if kind == "attr":
-                yield self._attrs[key][2]
+                owner, _, value, _ = self._attrs[key]
+                yield value
+                if owner.source is None:
+                    yield owner         # a tensor the graph computed: an output too
             elif kind == "global":
                 yield self._globals[key][2]
             elif kind == "cell":
@@ -119,7 +122,7 @@ class SideEffects:
                 temps.append(keep(lambda: self._attrs[key][2].reconstruct(cg)))
                 # The object written to is found now too: a store before it may
                 # rebind the path to it (old = o.a; o.a = o.b; old.v = 5).
-                owners[key] = keep(lambda: owner.source.reconstruct(cg))
+                owners[key] = keep(lambda: (owner if owner.source is None else owner.source).reconstruct(cg))
             elif kind == "global":
                 temps.append(keep(lambda: self._globals[key][2].reconstruct(cg)))
             elif kind == "cell":
@@ -164,6 +167,13 @@ class SideEffects:
                     cg.store_attr("cell_contents")
             else:
                 _store_contents(cg, owners[key], temp)
+
+
+def _rebuilt_by_graph(owner) -> bool:
+    """A tensor computed in the graph: the replay finds it among the graph's outputs
+    (its attributes leave the frame with it)."""
+    from .variables.tensor import TensorVar
+    return isinstance(owner, TensorVar)
 
 
 def _ensure_deleted(obj, name):

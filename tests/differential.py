@@ -109,7 +109,9 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
         else:
             ok = torch.allclose(a.detach().resolve_conj(), b.detach().resolve_conj(),
                                 rtol=rtol, atol=atol, equal_nan=True)
-        return None if ok else f"{path}: tensor values differ\n{a}\nvs\n{b}"
+        if not ok:
+            return f"{path}: tensor values differ\n{a}\nvs\n{b}"
+        return _same_tensor_extras(a, b, path, rtol, atol, seen)
     if isinstance(a, complex) and (a != a) and (b != b):
         return None
     if isinstance(a, float):
@@ -141,7 +143,9 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
     if isinstance(a, io.StringIO):          # what was printed to it
         return None if a.getvalue() == b.getvalue() else f"{path}: {a.getvalue()!r} != {b.getvalue()!r}"
     if isinstance(a, torch.nn.Module):
-        return same(a.state_dict(), b.state_dict(), f"{path}.state_dict()", rtol, atol, seen)
+        return same(a.state_dict(), b.state_dict(), f"{path}.state_dict()", rtol, atol, seen) or \
+            same([p.grad for p in a.parameters()], [p.grad for p in b.parameters()],
+                 f"{path}.parameters() .grad", rtol, atol, seen)
     if type(a).__eq__ is not object.__eq__ and not dataclasses.is_dataclass(a):
         pass                # the class says what equal means: == below (a dataclass's
         #                     __eq__ would compare tensors with ==, so its fields are)
@@ -154,6 +158,24 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
     except Exception:
         equal = a is b
     return None if equal else f"{path}: {a!r} != {b!r}"
+
+
+def _same_tensor_extras(a, b, path, rtol, atol, seen):
+    """What a tensor carries besides its values: its accumulated gradient (a leaf's
+    .grad; reading a non-leaf's warns) and its Python attributes (`t.tag = 1`)."""
+    if id(a) in seen:
+        return None
+    seen.add(id(a))
+    if a.is_leaf and b.is_leaf:
+        d = same(a.grad, b.grad, f"{path}.grad", rtol, atol, seen)
+        if d:
+            return d
+    return same(_tensor_attrs(a), _tensor_attrs(b), f"{path}.__dict__", rtol, atol, seen)
+
+
+def _tensor_attrs(t):
+    # AOTAutograd marks the tensors it returns with symbolic dims (torch.compile's too).
+    return {k: v for k, v in t.__dict__.items() if k != "_dynamo_propagated_dynamic_indices"}
 
 
 def _same_attrs(a, b, path, rtol, atol, seen):

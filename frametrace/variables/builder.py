@@ -53,8 +53,7 @@ def wrap(tx, value, source, guard: bool = True):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
         return tx.output.add_input(value, source)
-    if guards is not None and (tx.output.policy.dynamic_int(source, value) or
-                               tx.output.policy.dynamic_float(source, value)):
+    if guards is not None and type(value) in (int, float) and _may_be_symbolic(tx, source, value):
         return tx.output.add_number_input(value, source)
     if is_constant_value(value):
         if guards is not None:
@@ -95,6 +94,28 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
         tx.output.object_vars[id(value)] = (value, var)
     return var
+
+
+def _may_be_symbolic(tx, source, value) -> bool:
+    """Whether a number from the frame is a symbolic input (once it has changed between
+    calls).  Ints held by nn.Modules stay constants, as torch.compile has them (a
+    module's sizes are not expected to change; a change recompiles); floats do not."""
+    policy = tx.output.policy
+    if type(value) is float:
+        return policy.dynamic_float(source, value)
+    return not _under_module(tx, source) and policy.dynamic_int(source, value)
+
+
+def _under_module(tx, source) -> bool:
+    owners = []
+    while isinstance(source, (AttrSource, GetItemSource)):
+        source = source.base
+        owners.append(source)
+    if not owners:
+        return False
+    modules = {var.source for _, var in tx.output.object_vars.values()
+               if isinstance(var, NNModuleVar) and var.source is not None}
+    return any(o in modules for o in owners)
 
 
 # (copyreg caches __slotnames__ on the class when an instance is copied or pickled.)

@@ -709,8 +709,10 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
             # Legacy tensor types (torch.FloatTensor ...) check dtype, device and
             # layout, which the FakeTensor has (and the input's tensor guard checks).
             return isinstance(obj.example, cls)
-        # A FakeTensor stands for a plain tensor or a Parameter.
-        t = torch.nn.Parameter if t is torch.nn.Parameter else torch.Tensor
+        # A FakeTensor stands for a plain tensor or a Parameter; a wrapper subclass's
+        # fake is an instance of the subclass.
+        from torch._subclasses.fake_tensor import FakeTensor
+        t = torch.Tensor if issubclass(t, FakeTensor) else t
     if t is cls:
         return True
     check = _user_meta_method(tx, cls, "__instancecheck__")
@@ -1272,13 +1274,8 @@ def _has_attr(tx, obj, name):
             _guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
-        inp = tx.output.input_of(obj)
-        if inp is not None and inp.source is not None:
-            # Inputs can carry Python attributes (`t.tag = 1`), which fakes lack.
-            found = hasattr(inp.value, name)
-            _guard_hasattr(tx, inp.source, name, found)
-            return found
-        return hasattr(obj.example, name)
+        from .tensor_attrs import has_python_attr
+        return has_python_attr(tx, obj, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:
             t = obj.python_type()

@@ -570,6 +570,9 @@ def _construct(tx, cls, args, kwargs):
         if len(values) != len(names):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
+    if cls is torch.nn.Parameter:
+        from .tensor_attrs import new_parameter
+        return new_parameter(tx, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         from .modules import construct_module
         return construct_module(tx, cls, args, kwargs)

@@ -5,6 +5,7 @@ import operator
 
 import torch
 
+from . import tensor_attrs
 from .base import Var, unsupported
 from .constant import ConstVar
 
@@ -45,20 +46,19 @@ class TensorVar(Var):
         if name in _TENSOR_ATTRS:
             return tx.output.call("call_function", getattr, (self, ConstVar(name)), {})
         if name == "grad":
-            unsupported("reading Tensor.grad")
+            return tensor_attrs.grad(tx, self)
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
-            inp = tx.output.input_of(self)
-            if inp is not None and inp.source is not None and name in getattr(inp.value, "__dict__", {}):
-                # A Python attribute of an input tensor (`t.tag = 1`): read through
-                # its source, so the guard sees it change.
-                from ..source import AttrSource
-                from .builder import wrap
-                return wrap(tx, inp.value.__dict__[name], AttrSource(inp.source, name))
-            unsupported(f"Tensor has no attribute {name!r}")
+            return tensor_attrs.python_attr(tx, self, name)
         if callable(attr):
             return MethodVar(self, name)
         unsupported(f"Tensor attribute {name!r}")
+
+    def setattr(self, tx, name, value):
+        tensor_attrs.set_python_attr(tx, self, name, value)
+
+    def delattr(self, tx, name):
+        tensor_attrs.del_python_attr(tx, self, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name in _DATA_METHODS:
