@@ -169,7 +169,7 @@ def _make_callback(backend, fullgraph: bool, dynamic):
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
                 code.co_name in _COMPREHENSIONS:
             return _C.SKIP
-        if _called_by_import_system():
+        if _called_by_import_system() or _inside_torch_tracing():
             return None           # this call runs in CPython; nothing is cached
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))
@@ -209,6 +209,23 @@ def _called_by_import_system() -> bool:
     calls us before that frame starts, so our caller's frame is its caller.)"""
     caller = sys._getframe(2)
     return caller is not None and caller.f_code.co_filename.startswith("<frozen importlib")
+
+
+_TRACER_MODULES = ("torch.fx", "torch._subclasses", "torch._functorch", "torch._export",
+                   "torch._higher_order_ops", "torch._dynamo", "torch._inductor")
+
+
+def _inside_torch_tracing() -> bool:
+    """Whether torch is tracing the code that calls this frame: make_fx (torch.func's
+    linearize, AOTAutograd, export) or fake-tensor propagation.  Such code is the
+    tracer's input, not a program to compile: a compiled frame there would hand its
+    transformed code (grad-mode calls, a graph of FakeTensors) to the tracer, which
+    torch.compile avoids by disabling itself in those regions.  (Eager functorch
+    transforms are not tracers: frames under torch.func.grad are compiled.)"""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    return any(type(m).__module__.startswith(_TRACER_MODULES)
+               for m in (*_get_current_function_mode_stack(), *_get_current_dispatch_mode_stack()))
 
 
 def _log_recompile(code, func, args):
@@ -447,7 +464,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         cg.emit("LOAD_FAST", "___return_value")
         cg.emit("RETURN_VALUE")
     else:
-        resume.emit_break(cg, tracer, break_at, func, plan)
+        resume.emit_break(cg, tracer, break_at, func, plan, entry_grad)
     new_code = cg.assemble()
     # Only now, when the frame can be rebuilt, is the graph handed to the backend.
     if name is not None:

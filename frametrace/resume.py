@@ -489,7 +489,7 @@ def cells_to_store(tracer) -> list[str]:
             if c.value is not None and type(c.value) is not _Lazy and n in tracer.code.co_cellvars]
 
 
-def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
+def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
     """After the graph call and side effects: set grad mode as the trace had it, store
     the changed locals, push the stack as the original frame has it before `inst`, run
     `inst` in CPython, and return what the resume function(s) return."""
@@ -497,8 +497,12 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan):
 
     from .variables.base import NULL
     code = tracer.code
-    # The mode the code after the break expects: the trace's, at the break.
-    cg.set_grad_mode(torch.is_grad_enabled())
+    # The mode the code after the break expects: the trace's, at the break.  Where it
+    # is the mode at entry (guarded) the graph left it so, whatever the backend kept of
+    # its grad-mode nodes; the call is not made then, since it is not free (under a
+    # torch function mode it dispatches to the mode: make_fx's setup code crashed in it).
+    if torch.is_grad_enabled() != entry_grad:
+        cg.set_grad_mode(torch.is_grad_enabled())
     for n in plan.locals_to_store:
         cg.emit("LOAD_FAST", plan.temps[("local", n)])
         cg.emit("STORE_FAST", n)
