@@ -218,7 +218,15 @@ class ListVar(_SequenceVar):
             return ConstVar(None)
         if name == "extend" and len(args) == 1:
             self._check_mutable(tx)
-            self.items.extend(args[0].unpack(tx))
+            src = args[0]
+            if src is self or type(src) in (ListVar, TupleVar):
+                self.items.extend(src.unpack(tx))
+            else:
+                # As CPython: other iterables append each item as it comes, so a
+                # generator reading the list sees the items already appended.
+                from .builtins import var_iter
+                for v in var_iter(tx, src):
+                    self.items.append(v)
             return ConstVar(None)
         if name == "insert" and len(args) == 2 and args[0].is_const():
             self._check_mutable(tx)

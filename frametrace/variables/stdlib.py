@@ -593,13 +593,13 @@ class DequeVar(ListVar):
             if self.maxlen is not None and len(items) > self.maxlen:
                 del items[-1]
             return ConstVar(None)
-        if name == "extend" and len(args) == 1:
-            for v in var_list(tx, args[0]):
-                self.call_method(tx, "append", [v], {})
-            return ConstVar(None)
-        if name == "extendleft" and len(args) == 1:
-            for v in var_list(tx, args[0]):
-                self.call_method(tx, "appendleft", [v], {})
+        if name in ("extend", "extendleft") and len(args) == 1:
+            # Item by item as they come (a generator reading the deque sees them),
+            # except the deque itself, which CPython copies first.
+            add = "append" if name == "extend" else "appendleft"
+            src = var_list(tx, args[0]) if args[0] is self else var_iter(tx, args[0])
+            for v in src:
+                self.call_method(tx, add, [v], {})
             return ConstVar(None)
         if name in ("pop", "popleft") and not args:
             if not items:
