@@ -161,6 +161,8 @@ class OutputGraph:
         except Exception as e:
             self._drop_unbound_symbols()
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
+        if not _contains(out, (torch.Tensor, *SYM_TYPES)):
+            self._drop_unbound_symbols()        # nothing to bind them to
         if out is None and any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):
             # setitem, _foreach_*_ ...: a mutation whose result is None stays in the graph.
             self.graph.create_node(kind, target, node_args, node_kwargs)
@@ -244,6 +246,8 @@ class OutputGraph:
                 got = target(*fake_args, **rest)
         except Exception:
             return True
+        finally:
+            self._drop_unbound_symbols()        # a dry run: its result binds nothing
         got = got if isinstance(got, (tuple, list)) else [got]
         return [tuple(getattr(g, "shape", ())) for g in got] != \
             [tuple(o.example.shape) if isinstance(o, TensorVar) else None for o in outs]

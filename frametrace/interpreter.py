@@ -28,6 +28,7 @@ from .variables.constant import BINARY_FOLD
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.containers import SizeVar
 from .variables.symbolic import SliceVar, SymNodeVar
+from .variables.scalars import capturing
 from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, exception_type, matches,
                                    raise_folded, throw)
@@ -577,17 +578,17 @@ class InstructionTranslator:
         end = self.pop()
         start = self.pop()
         container = self.pop()
-        self.push(container.getitem(self, _make_slice([start, end])))
+        self.push(container.getitem(self, _make_slice([start, end], self)))
 
     def STORE_SLICE(self, inst):  # 3.12
         end = self.pop()
         start = self.pop()
         container = self.pop()
         value = self.pop()
-        container.setitem(self, _make_slice([start, end]), value)
+        container.setitem(self, _make_slice([start, end], self), value)
 
     def BUILD_SLICE(self, inst):
-        self.push(_make_slice(self.popn(inst.arg)))
+        self.push(_make_slice(self.popn(inst.arg), self))
 
     # ------------------------------------------------------------ building
     def BUILD_TUPLE(self, inst):
@@ -1512,7 +1513,11 @@ def _delete_list_item(tx, seq, key: Var):
     del seq.items[k]
 
 
-def _make_slice(parts) -> Var:
+def _make_slice(parts, tx) -> Var:
+    if any(isinstance(p, TensorVar) for p in parts) and capturing():
+        # A tensor bound is read by __index__: a number of the graph (see scalars.py).
+        parts = [p.call_method(tx, "__index__", [], {}) if isinstance(p, TensorVar) else p
+                 for p in parts]
     if any(isinstance(p, SymNodeVar) for p in parts):
         return SliceVar(parts)
     if not all(p.is_const() for p in parts):
