@@ -136,6 +136,10 @@ class InstructionTranslator:
                     # A number computed in CPython at a graph break (x.item()): an input
                     # of the graph that is never pinned to its value.
                     self.locals[name] = _Lazy(value, LocalSource(name), data=True)
+                elif type(value) is bool:
+                    # bool(t) at a break: two values at most, so a constant (guarded)
+                    # costs at most one more compile, where opaque data would break again.
+                    self.locals[name] = _Lazy(value, LocalSource(name))
                 else:
                     # Other data (open(...), a string): passed along, not specialized on.
                     self.locals[name] = OpaqueVar(value, LocalSource(name), guards=guards)

@@ -188,6 +188,23 @@ def test_item_without_capture_is_one_break_feeding_the_resumed_graph():
     assert (r.graphs, r.breaks, r.compiles) == (2, 1, 2), r
 
 
+def test_int_and_bool_without_capture_are_one_break_each():
+    def f(x):
+        n = int(x.sum() * 3)
+        return x * n + 1
+
+    def g(x):
+        b = bool(x.sum() > 0)
+        return x * b + 1
+
+    inputs = [torch.randn(4) for _ in range(5)]
+    r = check(f, inputs)
+    assert (r.graphs, r.breaks, r.compiles) == (2, 1, 2), r
+    r = check(g, [torch.full((3,), v) for v in (1.0, -1.0, 2.0, -3.0)])
+    # the resumed graph is specialized on the bool: one entry for each value
+    assert (r.graphs, r.breaks, r.compiles) == (3, 1, 3), r
+
+
 def test_triton_backend_falls_back_cleanly_on_numbers_from_data(capture, monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
