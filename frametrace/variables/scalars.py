@@ -41,7 +41,7 @@ def scalar_method(tx, t, name, args, kwargs):
     if name == "__index__":
         if dtype.is_floating_point or dtype.is_complex:
             unsupported("__index__ of a floating-point tensor (TypeError)")
-        return _item(tx, t)
+        return _item(tx, _to(tx, t, torch.int64) if dtype == torch.bool else t)
     if dtype.is_complex:
         unsupported(f"{name[2:-2]}() of a complex tensor")
     if name == "__int__":
