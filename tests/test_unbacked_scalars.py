@@ -205,6 +205,24 @@ def test_int_and_bool_without_capture_are_one_break_each():
     assert (r.graphs, r.breaks, r.compiles) == (3, 1, 3), r
 
 
+def _tensors_of_numbers(x):
+    y = x.sum().item()
+    n = int(x.sum() > 0)
+    return (torch.tensor([[y, 1.0], [n, y * 2]]) + x, torch.tensor([n, 3]),
+            torch.tensor([n > 0, True]), torch.tensor((y,), dtype=torch.float64))
+
+
+def test_tensor_of_numbers_from_data_stays_in_the_graph(capture):
+    check(_tensors_of_numbers, [torch.randn(2) for _ in range(4)], fullgraph=True,
+          graphs=1, compiles=1)
+
+
+def test_tensor_of_numbers_from_a_break_is_not_pinned_to_their_values():
+    r = check(_tensors_of_numbers, [torch.randn(2) for _ in range(4)])
+    # item() and int() break; no entry per value of y
+    assert (r.graphs, r.breaks, r.compiles) == (3, 2, 3), r
+
+
 def test_triton_backend_falls_back_cleanly_on_numbers_from_data(capture, monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -125,3 +125,70 @@ def call_check(tx, fn, args, kwargs):
         unsupported(f"torch.{fn.__name__}() of {cond} fails (or is not a bool)")
     # The trace records the fact; the graph's runtime asserts check it.
     return tx.output.call("call_function", fn, (cond,), {})
+
+
+# -- torch.tensor([n, ...]) of symbolic numbers --
+
+def is_tensor_of_numbers(fn, args) -> bool:
+    """``torch.tensor(data)`` whose data holds symbolic numbers (``x.item()`` in the graph,
+    a number from a graph break): FakeTensor's torch.tensor would read (and pin) them."""
+    return fn in (torch.tensor, torch.as_tensor) and len(args) == 1 and _has_symbolic(args[0])
+
+
+def _has_symbolic(v) -> bool:
+    from .containers import TupleVar
+    from .symbolic import SymNodeVar
+    if isinstance(v, SymNodeVar):
+        return True
+    return isinstance(v, (ListVar, TupleVar)) and any(map(_has_symbolic, v.items))
+
+
+def tensor_of_numbers(tx, fn, args, kwargs):
+    """The tensor as a stack of 0-d tensors made from each number in the graph."""
+    from .objects import ObjectVar
+    if set(kwargs) - {"dtype", "device"}:
+        unsupported(f"torch.{fn.__name__}() of symbolic numbers with {sorted(kwargs)}")
+    shape, leaves = _flatten(args[0])
+    dtype = kwargs.get("dtype")
+    dtype = _inferred_dtype(leaves) if dtype is None or dtype.is_const() and dtype.as_const() is None \
+        else _const_of(dtype)
+    extra = {"device": kwargs["device"]} if "device" in kwargs else {}
+    parts = [tx.output.call("call_function", torch.scalar_tensor, (v,),
+                            {"dtype": ObjectVar(dtype), **extra}) for v in leaves]
+    t = tx.output.call("call_function", torch.stack, (ListVar(parts),), {})
+    if len(shape) != 1:
+        from .containers import TupleVar
+        t = tx.output.call("call_method", "reshape", (t, TupleVar([ConstVar(s) for s in shape])), {})
+    return t
+
+
+def _flatten(v):
+    """(shape, leaves) of nested lists of numbers; ragged data is left to CPython."""
+    from .containers import TupleVar
+    if not isinstance(v, (ListVar, TupleVar)):
+        kind = v.python_type()
+        if kind not in (bool, int, float):
+            unsupported(f"torch.tensor() of a {kind.__name__} with symbolic numbers")
+        return [], [v]
+    parts = [_flatten(item) for item in v.items]
+    shapes = {tuple(s) for s, _ in parts}
+    if len(shapes) > 1:
+        unsupported("torch.tensor() of ragged nested sequences (ValueError)")
+    inner = list(shapes.pop()) if parts else []
+    return [len(parts), *inner], [leaf for _, ls in parts for leaf in ls]
+
+
+def _inferred_dtype(leaves):
+    kinds = {leaf.python_type() for leaf in leaves}
+    if float in kinds:
+        return torch.get_default_dtype()     # guarded in every compiled frame
+    return torch.int64 if int in kinds else torch.bool
+
+
+def _const_of(v):
+    from .objects import ObjectVar
+    if isinstance(v, ObjectVar) and isinstance(v.value, torch.dtype):
+        return v.value
+    if v.is_const() and isinstance(v.as_const(), torch.dtype):
+        return v.as_const()
+    unsupported(f"torch.tensor(dtype={v})")
