@@ -89,13 +89,12 @@ def _nest(flat, shape):
 
 # -- torch._check --
 
-_CHECKS = {torch._check: RuntimeError, torch._check_index: IndexError,
-           torch._check_value: ValueError, torch._check_type: TypeError,
-           torch._check_not_implemented: NotImplementedError}
+_CHECKS = frozenset({torch._check, torch._check_index, torch._check_value, torch._check_type,
+                     torch._check_not_implemented, torch._check_is_size})
 
 
 def is_check(fn) -> bool:
-    return fn in _CHECKS or fn is torch._check_is_size
+    return fn in _CHECKS
 
 
 def call_check(tx, fn, args, kwargs):
@@ -149,9 +148,11 @@ def tensor_of_numbers(tx, fn, args, kwargs):
     if set(kwargs) - {"dtype", "device"}:
         unsupported(f"torch.{fn.__name__}() of symbolic numbers with {sorted(kwargs)}")
     shape, leaves = _flatten(args[0])
-    dtype = kwargs.get("dtype")
-    dtype = _inferred_dtype(leaves) if dtype is None or dtype.is_const() and dtype.as_const() is None \
-        else _const_of(dtype)
+    given = kwargs.get("dtype")
+    if given is None or given.is_const() and given.as_const() is None:
+        dtype = _inferred_dtype(leaves)
+    else:
+        dtype = _const_of(given)
     extra = {"device": kwargs["device"]} if "device" in kwargs else {}
     parts = [tx.output.call("call_function", torch.scalar_tensor, (v,),
                             {"dtype": ObjectVar(dtype), **extra}) for v in leaves]
