@@ -12,3 +12,15 @@ cache_size_limit = 8
 # is always skipped.
 skip_packages = ("torch", "functorch", "frametrace", "sympy", "bytecode", "rich", "numpy",
                  "triton", "_pytest", "pluggy", "typing_extensions")
+
+# `t.item()`, `t.tolist()`, `int(t)`, `float(t)` and `bool(t)` stay in the graph as numbers
+# the trace does not know ("unbacked" symbols, checked at run time by `torch._check`
+# facts); off, they are graph breaks whose results feed the resumed graph.  As
+# torch.compile's `capture_scalar_outputs`.
+capture_scalar_outputs = False
+
+# Ops whose output sizes depend on the data (`nonzero`, `masked_select`, `x[mask]`,
+# `unique`, `repeat_interleave` with tensor repeats) stay in the graph, their sizes
+# unbacked symbols; off, they are graph breaks.  As torch.compile's
+# `capture_dynamic_output_shape_ops`.
+capture_dynamic_output_shape_ops = False

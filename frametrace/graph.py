@@ -13,7 +13,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException)
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, compute_unbacked_bindings
 
 from .shapes import ShapePolicy, new_fake_mode, symbolic_fake, symbolic_float, symbolic_int
 from .variables.base import unsupported
@@ -59,6 +59,7 @@ class OutputGraph:
         # What the global-state readers answered before the first of them was entered.
         self.entry_state: dict | None = None
         self._last_placeholder = None
+        self.has_unbacked = False       # some node reads a number from a tensor's data
 
     def entering_context(self):
         """Called before a context is entered for real: a state reader called inside it
@@ -175,9 +176,13 @@ class OutputGraph:
                     out = target(*fake_args, **fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException,
                 GuardOnDataDependentSymNode) as e:
+            self._drop_unbound_symbols()
             unsupported(f"{what}() has a data-dependent result ({type(e).__name__})")
         except Exception as e:
+            self._drop_unbound_symbols()
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
+        if not _contains(out, (torch.Tensor, *SYM_TYPES)):
+            self._drop_unbound_symbols()        # nothing to bind them to
         if out is None and any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):
             # setitem, _foreach_*_ ...: a mutation whose result is None stays in the graph.
             self.graph.create_node(kind, target, node_args, node_kwargs)
@@ -187,6 +192,7 @@ class OutputGraph:
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        self._bind_unbacked(node, out)
         same = self._same_tensor_arg(out, args, kwargs)
         if same is not None:
             # The op returned its argument itself (add_, float() of a float tensor,
@@ -195,6 +201,20 @@ class OutputGraph:
             self._last_inplace[id(out)] = (out, node)
             return same
         return self._wrap_result(node, out)
+
+    def _bind_unbacked(self, node, out):
+        """Note on `node` which new unbacked symbols (``item()``, ``nonzero()``'s size)
+        its result holds, and where: backends that trace the graph again (AOTAutograd)
+        and the runtime-assert pass find each symbol's defining node by it."""
+        if self.shape_env.pending_fresh_unbacked_symbols:
+            bindings = compute_unbacked_bindings(self.shape_env, out)
+            if bindings:
+                node.meta["unbacked_bindings"] = bindings
+                self.has_unbacked = True
+
+    def _drop_unbound_symbols(self):
+        # An op that failed may have made unbacked symbols no node will bind.
+        self.shape_env.pending_fresh_unbacked_symbols.clear()
 
     @staticmethod
     def _same_tensor_arg(out, args, kwargs):
@@ -246,6 +266,8 @@ class OutputGraph:
                 got = target(*fake_args, **rest)
         except Exception:
             return True
+        finally:
+            self._drop_unbound_symbols()        # a dry run: its result binds nothing
         got = got if isinstance(got, (tuple, list)) else [got]
         return [tuple(getattr(g, "shape", ())) for g in got] != \
             [tuple(o.example.shape) if isinstance(o, TensorVar) else None for o in outs]
@@ -314,6 +336,8 @@ class OutputGraph:
         self.graph.output(tuple(output_nodes))
         self.graph.lint()
         gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name=name)
+        if self.has_unbacked:
+            insert_runtime_asserts(gm, self.shape_env, name)
         gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]
         example_inputs = [i.value for i in self.inputs]
         t0 = time.perf_counter()
@@ -327,6 +351,16 @@ class OutputGraph:
         if not callable(compiled):
             raise TypeError(f"backend {backend!r} returned {compiled!r}, which is not callable")
         return gm, compiled, seconds
+
+
+def insert_runtime_asserts(gm, shape_env, name):
+    """What the trace assumed about numbers read from data (``torch._check`` facts, a
+    size being >= 0, a view's divisibility) is checked when the graph runs: no guard
+    can check it before.  (A fact about input sizes alone is a guard instead.)"""
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+    with enable_python_dispatcher():
+        insert_deferred_runtime_asserts(gm, shape_env, name)
+    gm.recompile()
 
 
 def written_arg(kind: str, target, args, kwargs):

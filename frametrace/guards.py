@@ -28,6 +28,7 @@ import weakref
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
@@ -252,6 +253,10 @@ class GuardSet:
             expr = shape_env.simplify(g.expr)
             if expr == sympy.true or _implied_by_ranges(expr, ranges):
                 continue
+            if free_unbacked_symbols(expr):
+                # A number read from data exists only inside the graph: the ShapeEnv
+                # asserts facts about it at run time, it never guards them.
+                raise AssertionError(f"shape guard {expr} names a number read from data")
             used = tuple(bound[s] for s in expr.free_symbols if s in bound)
             self._add(None, f"SHAPE {expr}", names.doprint(expr), labels.doprint(expr), used)
 

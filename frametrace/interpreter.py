@@ -28,6 +28,7 @@ from .variables.constant import BINARY_FOLD
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.containers import SizeVar
 from .variables.symbolic import SliceVar, SymNodeVar
+from .variables.scalars import capturing
 from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, exception_type, matches,
                                    raise_folded, throw)
@@ -135,6 +136,10 @@ class InstructionTranslator:
                     # A number computed in CPython at a graph break (x.item()): an input
                     # of the graph that is never pinned to its value.
                     self.locals[name] = _Lazy(value, LocalSource(name), data=True)
+                elif type(value) is bool:
+                    # bool(t) at a break: two values at most, so a constant (guarded)
+                    # costs at most one more compile, where opaque data would break again.
+                    self.locals[name] = _Lazy(value, LocalSource(name))
                 else:
                     # Other data (open(...), a string): passed along, not specialized on.
                     self.locals[name] = OpaqueVar(value, LocalSource(name), guards=guards)
@@ -577,17 +582,17 @@ class InstructionTranslator:
         end = self.pop()
         start = self.pop()
         container = self.pop()
-        self.push(container.getitem(self, _make_slice([start, end])))
+        self.push(container.getitem(self, _make_slice([start, end], self)))
 
     def STORE_SLICE(self, inst):  # 3.12
         end = self.pop()
         start = self.pop()
         container = self.pop()
         value = self.pop()
-        container.setitem(self, _make_slice([start, end]), value)
+        container.setitem(self, _make_slice([start, end], self), value)
 
     def BUILD_SLICE(self, inst):
-        self.push(_make_slice(self.popn(inst.arg)))
+        self.push(_make_slice(self.popn(inst.arg), self))
 
     # ------------------------------------------------------------ building
     def BUILD_TUPLE(self, inst):
@@ -1512,7 +1517,11 @@ def _delete_list_item(tx, seq, key: Var):
     del seq.items[k]
 
 
-def _make_slice(parts) -> Var:
+def _make_slice(parts, tx) -> Var:
+    if any(isinstance(p, TensorVar) for p in parts) and capturing():
+        # A tensor bound is read by __index__: a number of the graph (see scalars.py).
+        parts = [p.call_method(tx, "__index__", [], {}) if isinstance(p, TensorVar) else p
+                 for p in parts]
     if any(isinstance(p, SymNodeVar) for p in parts):
         return SliceVar(parts)
     if not all(p.is_const() for p in parts):

@@ -74,10 +74,13 @@ class ShapeSource(_TorchSource):
 
 
 def new_fake_mode() -> FakeTensorMode:
-    # Data-dependent output shapes (nonzero, masked_select) stay graph breaks: they
-    # would need unbacked symbols, which no guard can check.
+    # Scalars read from tensors and data-dependent output sizes are "unbacked" symbols
+    # (no guard can check them; the graph asserts facts about them at run time), and
+    # only where the config lets them into graphs; otherwise they are graph breaks.
+    from . import config
     env = ShapeEnv(specialize_zero_one=True, duck_shape=True,
-                   allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
+                   allow_dynamic_output_shape_ops=config.capture_dynamic_output_shape_ops,
+                   allow_scalar_outputs=config.capture_scalar_outputs)
     return _FakeMode(shape_env=env)
 
 

@@ -1158,6 +1158,8 @@ _SYM_CONVERSIONS = {int: torch.sym_int, float: torch.sym_float}
 
 def _data_conversion(kind):
     def handler(tx, args, kwargs):
+        if len(args) == 1 and isinstance(args[0], TensorVar) and not kwargs and kind in (int, float, bool):
+            return args[0].call_method(tx, f"__{kind.__name__}__", [], {})
         if len(args) == 1 and isinstance(args[0], TensorVar):
             unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
         if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVar) and kind in _SYM_CONVERSIONS:

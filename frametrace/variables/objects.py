@@ -17,6 +17,7 @@ from .base import ValueVar, Var, safe_repr, unsupported
 from .contexts import GradModeSetVar, context_class, context_function
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
+from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar
 
 
@@ -309,6 +310,10 @@ class TorchFnVar(ObjectVar):
             return ConstVar(TRACE_TIME_ANSWERS[fn])
         if fn is torch._C._set_grad_enabled:
             return GradModeSetVar().call(tx, args, kwargs)
+        if is_check(fn):
+            return call_check(tx, fn, args, kwargs)
+        if is_tensor_of_numbers(fn, args):
+            return tensor_of_numbers(tx, fn, args, kwargs)
         if fn in _GLOBAL_STATE_READERS:
             return _read_global_state(tx, fn)
         if fn in _GLOBAL_STATE_WRITERS:

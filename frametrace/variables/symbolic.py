@@ -9,7 +9,8 @@ value seen, so the answer is right, at the price of a recompile for another valu
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_bool, guard_float, guard_int
+from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, free_unbacked_symbols,
+                                                   guard_bool, guard_float, guard_int)
 
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -44,8 +45,16 @@ def _from_data(value) -> bool:
     return bool(data) and not data.isdisjoint(value.node.expr.free_symbols)
 
 
+def is_unbacked(value) -> bool:
+    """A number the graph computes from a tensor's data (``t.item()``, a size of
+    ``nonzero()``): the trace never knows it, and no guard may name it."""
+    return isinstance(value, SYM_TYPES) and bool(free_unbacked_symbols(value))
+
+
 def plain(value):
     """The number a Sym* value stands for, by specializing it (adds a guard)."""
+    if is_unbacked(value):
+        unsupported(f"using the value of {value}, a number the graph reads from a tensor's data")
     if _from_data(value):
         unsupported(f"using the value of a {_PLAIN[type(value)].__name__} computed at a "
                     "graph break (it changes between calls)")
@@ -72,14 +81,19 @@ class SymNodeVar(Var):
     # A size is a constant to any code that needs one: asking specializes it.  Not so
     # for numbers computed from data (see `mark_data`): those break the graph instead.
     def is_const(self):
-        return not _from_data(self.example)
+        return not _from_data(self.example) and not is_unbacked(self.example)
 
     def as_const(self):
         return plain(self.example)
 
     def truth(self, tx):
-        # bool(SymBool) guards on the relation; bool(SymInt) on "!= 0".
-        return bool(self.example)
+        # bool(SymBool) guards on the relation; bool(SymInt) on "!= 0".  About a
+        # number read from data, only what the ShapeEnv can prove is answered (a guard
+        # cannot read it): anything else is a graph break.
+        try:
+            return bool(self.example)
+        except GuardOnDataDependentSymNode:
+            unsupported(f"branching on {self.example}, which depends on a tensor's data")
 
     def getattr(self, tx, name):
         return ConstVar(self.as_const()).getattr(tx, name)

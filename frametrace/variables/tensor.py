@@ -8,6 +8,7 @@ import torch
 from . import tensor_attrs
 from .base import Var, unsupported
 from .constant import ConstVar
+from .scalars import SCALAR_METHODS, capturing, scalar_method
 
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
 _META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf",
@@ -61,6 +62,8 @@ class TensorVar(Var):
         tensor_attrs.del_python_attr(tx, self, name)
 
     def call_method(self, tx, name, args, kwargs):
+        if name in SCALAR_METHODS and capturing():
+            return scalar_method(tx, self, name, args, kwargs)
         if name in _DATA_METHODS:
             unsupported(f"Tensor.{name}() needs the tensor's data")
         if name == "size" and len(args) <= 1 and not kwargs:

@@ -1,0 +1,195 @@
+"""Numbers read out of tensors inside the graph (``config.capture_scalar_outputs``), and
+``torch._check`` facts about them.
+
+``t.item()`` is a graph node whose value the trace does not know: an *unbacked* symbol
+of the ShapeEnv (FakeTensorMode makes it when the ShapeEnv allows scalar outputs).  It
+flows into later ops (``torch.zeros(n)``, ``x[:n]``, arithmetic) as a symbolic number.
+Nothing is ever guarded on it: no guard could read it before the graph runs.  A fact the
+trace needs about it must follow from what the ShapeEnv knows (its range, ``torch._check``
+facts); otherwise the code that needs it is a graph break (see `symbolic.plain`).  Facts
+assumed without proof (``torch._check(n < 10)``, ``n >= 0`` for ``torch.zeros(n)``) are
+checked when the graph runs (`graph.insert_runtime_asserts`).
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .base import unsupported
+from .constant import ConstVar
+from .containers import ListVar
+
+# Tensor methods that read the tensor's value as a Python number.
+SCALAR_METHODS = {"item", "tolist", "__int__", "__float__", "__bool__", "__index__"}
+
+
+def capturing() -> bool:
+    from .. import config
+    return config.capture_scalar_outputs
+
+
+def scalar_method(tx, t, name, args, kwargs):
+    """``t.item()`` and friends as graph values (only with capture_scalar_outputs)."""
+    if args or kwargs:
+        unsupported(f"Tensor.{name}() with arguments")
+    if name == "item":
+        return _item(tx, t)
+    if name == "tolist":
+        return _tolist(tx, t)
+    dtype = t.example.dtype
+    if name == "__index__":
+        if dtype.is_floating_point or dtype.is_complex:
+            unsupported("__index__ of a floating-point tensor (TypeError)")
+        return _item(tx, _to(tx, t, torch.int64) if dtype == torch.bool else t)
+    if dtype.is_complex:
+        unsupported(f"{name[2:-2]}() of a complex tensor")
+    if name == "__int__":
+        if dtype == torch.bool:
+            return _item(tx, _to(tx, t, torch.int64))
+        value = _item(tx, t)
+        # int() of a float truncates (and raises on NaN or inf, as CPython's does).
+        return value if value.python_type() is int else \
+            tx.output.call("call_function", torch.sym_int, (value,), {})
+    if name == "__float__":
+        # An int64 rounds to a double as Python's float(int) does.
+        return _item(tx, t if dtype.is_floating_point else _to(tx, t, torch.float64))
+    # __bool__: nonzero (NaN is true)
+    return _item(tx, t if dtype == torch.bool else _to(tx, t, torch.bool))
+
+
+def _to(tx, t, dtype):
+    from .objects import ObjectVar
+    return tx.output.call("call_method", "to", (t, ObjectVar(dtype)), {})
+
+
+def _item(tx, t):
+    # (A tensor of other than one element fails on the FakeTensor: a break.)
+    return tx.output.call("call_method", "item", (t,), {})
+
+
+def _tolist(tx, t):
+    """A (nested) list of the elements' values: one item() per element, so the shape
+    must be known (its symbolic sizes are specialized, unbacked ones break)."""
+    shape = [s.as_const() for s in tx.output.size_of(t).items]
+    if not shape:
+        return _item(tx, t)
+    flat = [_item(tx, t.getitem(tx, ConstVar(idx)) if len(idx) > 1 else
+                  t.getitem(tx, ConstVar(idx[0])))
+            for idx in itertools.product(*map(range, shape))]
+    return _nest(flat, shape)
+
+
+def _nest(flat, shape):
+    if len(shape) == 1:
+        return ListVar(list(flat))
+    step = len(flat) // shape[0] if shape[0] else 0
+    return ListVar([_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])])
+
+
+# -- torch._check --
+
+_CHECKS = frozenset({torch._check, torch._check_index, torch._check_value, torch._check_type,
+                     torch._check_not_implemented, torch._check_is_size})
+
+
+def is_check(fn) -> bool:
+    return fn in _CHECKS
+
+
+def call_check(tx, fn, args, kwargs):
+    """``torch._check(cond[, message])``: a constant condition is decided now (a false
+    one raises in CPython, after a break); a symbolic one becomes a fact of the ShapeEnv
+    (guarded when it is about input sizes, asserted at run time when it is about
+    unbacked numbers).  The message function is only called when the check fails, so
+    it is not traced."""
+    params = ("i", "message") if fn is torch._check_is_size else ("cond", "message")
+    bound = dict(zip(params, args))
+    for k, v in kwargs.items():
+        if k not in params and not (fn is torch._check_is_size and k == "max") or k in bound:
+            unsupported(f"torch.{fn.__name__}() with argument {k!r}")
+        bound[k] = v
+    cond = bound.get(params[0])
+    if cond is None:
+        unsupported(f"torch.{fn.__name__}() without a condition")
+    from .tensor import TensorVar
+    if isinstance(cond, TensorVar):
+        unsupported(f"torch.{fn.__name__}() of a tensor (TypeError)")
+    if fn is torch._check_is_size:
+        rest = {"max": bound["max"]} if "max" in bound else {}
+        return tx.output.call("call_function", torch._check_is_size, (cond,), rest)
+    if cond.is_const():
+        if cond.as_const() is True:
+            return ConstVar(None)
+        unsupported(f"torch.{fn.__name__}() of {cond} fails (or is not a bool)")
+    # The trace records the fact; the graph's runtime asserts check it.
+    return tx.output.call("call_function", fn, (cond,), {})
+
+
+# -- torch.tensor([n, ...]) of symbolic numbers --
+
+def is_tensor_of_numbers(fn, args) -> bool:
+    """``torch.tensor(data)`` whose data holds symbolic numbers (``x.item()`` in the graph,
+    a number from a graph break): FakeTensor's torch.tensor would read (and pin) them."""
+    return fn in (torch.tensor, torch.as_tensor) and len(args) == 1 and _has_symbolic(args[0])
+
+
+def _has_symbolic(v) -> bool:
+    from .containers import TupleVar
+    from .symbolic import SymNodeVar
+    if isinstance(v, SymNodeVar):
+        return True
+    return isinstance(v, (ListVar, TupleVar)) and any(map(_has_symbolic, v.items))
+
+
+def tensor_of_numbers(tx, fn, args, kwargs):
+    """The tensor as a stack of 0-d tensors made from each number in the graph."""
+    from .objects import ObjectVar
+    if set(kwargs) - {"dtype", "device"}:
+        unsupported(f"torch.{fn.__name__}() of symbolic numbers with {sorted(kwargs)}")
+    shape, leaves = _flatten(args[0])
+    given = kwargs.get("dtype")
+    if given is None or given.is_const() and given.as_const() is None:
+        dtype = _inferred_dtype(leaves)
+    else:
+        dtype = _const_of(given)
+    extra = {"device": kwargs["device"]} if "device" in kwargs else {}
+    parts = [tx.output.call("call_function", torch.scalar_tensor, (v,),
+                            {"dtype": ObjectVar(dtype), **extra}) for v in leaves]
+    t = tx.output.call("call_function", torch.stack, (ListVar(parts),), {})
+    if len(shape) != 1:
+        from .containers import TupleVar
+        t = tx.output.call("call_method", "reshape", (t, TupleVar([ConstVar(s) for s in shape])), {})
+    return t
+
+
+def _flatten(v):
+    """(shape, leaves) of nested lists of numbers; ragged data is left to CPython."""
+    from .containers import TupleVar
+    if not isinstance(v, (ListVar, TupleVar)):
+        kind = v.python_type()
+        if kind not in (bool, int, float):
+            unsupported(f"torch.tensor() of a {kind.__name__} with symbolic numbers")
+        return [], [v]
+    parts = [_flatten(item) for item in v.items]
+    shapes = {tuple(s) for s, _ in parts}
+    if len(shapes) > 1:
+        unsupported("torch.tensor() of ragged nested sequences (ValueError)")
+    inner = list(shapes.pop()) if parts else []
+    return [len(parts), *inner], [leaf for _, ls in parts for leaf in ls]
+
+
+def _inferred_dtype(leaves):
+    kinds = {leaf.python_type() for leaf in leaves}
+    if float in kinds:
+        return torch.get_default_dtype()     # guarded in every compiled frame
+    return torch.int64 if int in kinds else torch.bool
+
+
+def _const_of(v):
+    from .objects import ObjectVar
+    if isinstance(v, ObjectVar) and isinstance(v.value, torch.dtype):
+        return v.value
+    if v.is_const() and isinstance(v.as_const(), torch.dtype):
+        return v.as_const()
+    unsupported(f"torch.tensor(dtype={v})")
