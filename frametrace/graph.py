@@ -297,7 +297,9 @@ class OutputGraph:
                 return SizeVar(items)
             fields = getattr(type(out), "_fields", None) or _structseq_fields(out)
             if fields:
-                return NamedTupleVar(items, fields)
+                # Its own class (torch.return_types.max...): isinstance and the result
+                # the caller gets are the op's, not a plain tuple.
+                return NamedTupleVar(items, fields, cls=type(out))
             return (TupleVar if isinstance(out, tuple) else ListVar)(items)
         unsupported(f"graph op returned {type(out).__name__}")
 

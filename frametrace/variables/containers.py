@@ -153,7 +153,7 @@ class NamedTupleVar(TupleVar):
             return self.items[self.fields.index(name)]
         if name == "_fields":
             return ConstVar(self.fields)
-        if name in ("_replace", "_asdict") and self.cls is not None:
+        if name in ("_replace", "_asdict") and hasattr(self.cls, name):
             from .objects import MethodVar
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
@@ -168,6 +168,8 @@ class NamedTupleVar(TupleVar):
         self.attrs[name] = value
 
     def call_method(self, tx, name, args, kwargs):
+        if name in ("_replace", "_asdict") and not hasattr(self.cls, name):
+            unsupported(f"{name}() of a {self.python_type().__name__}")     # AttributeError
         if name == "_replace" and not args:
             items = list(self.items)
             for k, v in kwargs.items():
@@ -193,7 +195,12 @@ class NamedTupleVar(TupleVar):
         cg.load_constructor(self.cls)
         for v in self.items:
             v.reconstruct(cg)
-        cg.call(len(self.items))
+        if hasattr(self.cls, "n_fields"):
+            # A structseq (torch.return_types) is made from one sequence.
+            cg.emit("BUILD_TUPLE", len(self.items))
+            cg.call(1)
+        else:
+            cg.call(len(self.items))
 
 
 def _with_attrs(obj, attrs):
