@@ -20,6 +20,7 @@ import functools
 import sys
 import types
 
+import numpy as np
 import torch
 
 from ..source import AttrSource, GetItemSource
@@ -31,6 +32,7 @@ from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
+from .numpy import numpy_callable_var, wrap_numpy_value
 from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
@@ -53,6 +55,8 @@ def wrap(tx, value, source, guard: bool = True):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
         return tx.output.add_input(value, source)
+    if isinstance(value, (np.ndarray, np.generic, np.dtype)):
+        return wrap_numpy_value(tx, value, source, guards)
     if guards is not None and (tx.output.policy.dynamic_int(source, value) or
                                tx.output.policy.dynamic_float(source, value)):
         return tx.output.add_number_input(value, source)
@@ -124,6 +128,11 @@ def _wrap_deque(tx, value, source, guards, guard):
 
 
 def _wrap_object(tx, value, source, guards):
+    numpy_var = numpy_callable_var(value, source)
+    if numpy_var is not None:
+        if guards is not None:
+            guards.identity(source, value)
+        return numpy_var
     if isinstance(value, GradModeRestore):
         if guards is not None:
             guards.type_match(source, value)

@@ -1,0 +1,750 @@
+"""NumPy traced into the graph: an ndarray is a tensor in the graph, and NumPy's API
+runs on it through torch's NumPy-compatible layer (`torch._numpy`).
+
+Each NumPy call becomes one graph node whose target (`NumpyCall`) turns its tensor
+arguments into `torch._numpy` arrays, calls the `torch._numpy` twin of the function,
+method or operator, and returns tensors again; the FakeTensors give the result's dtype
+and shape at trace time.  Values the user sees (returned, or live at a graph break) are
+real `numpy.ndarray`s (or NumPy scalars) again, sharing memory with the graph's tensor.
+Array arguments are graph inputs through `torch.as_tensor` (memory shared, so in-place
+writes reach the caller), guarded on type, writeability and the tensor facts.
+
+Where `torch._numpy` is known to differ from NumPy (the random stream, views it copies,
+results it aliases, integer powers and divisions NumPy raises or warns on, 0-d results
+whose scalar-ness is unknown) the trace stops instead: a graph break, never another
+answer.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+
+import numpy as np
+import torch
+
+from .base import Var, unsupported
+from .constant import ConstVar, is_constant_value
+from .containers import DictVar, ListVar, TupleVar
+from .symbolic import SymNodeVar
+from .tensor import TensorVar
+from ..source import ConstSource, Source
+
+
+def _tnp():
+    """torch._numpy, with NumPy's default dtypes set first: left unset, it reads them
+    from torch._dynamo's config (an import we must not make)."""
+    import torch._numpy as tnp
+    from torch._numpy import _dtypes_impl
+    if _dtypes_impl._default_dtypes is None:
+        _dtypes_impl._default_dtypes = _dtypes_impl.DefaultDTypes(
+            float_dtype=torch.float64, complex_dtype=torch.complex128, int_dtype=torch.int64)
+    return tnp
+
+
+# ------------------------------------------------------------------ the graph target
+def _to_tnp(v):
+    tnp = _tnp()
+    if isinstance(v, torch.Tensor):
+        return tnp.ndarray(v)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_to_tnp(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_tnp(x) for k, x in v.items()}
+    return v
+
+
+def _to_tensors(v):
+    tnp = _tnp()
+    if isinstance(v, tnp.ndarray):
+        return v.tensor
+    if isinstance(v, (tuple, list)):
+        return type(v)(_to_tensors(x) for x in v)
+    return v
+
+
+class NumpyCall:
+    """A graph node's target: `fn` (a torch._numpy callable, a method name of
+    torch._numpy's ndarray, or an operator) applied to arrays given as tensors.  NumPy's
+    default float is float64; torch makes some results in its own default dtype, so the
+    call runs with float64 as that default."""
+
+    def __init__(self, fn, label: str, method: bool = False, copy: bool = False):
+        self.fn = fn
+        self.method = method
+        self.copy = copy        # the result must not share memory with an argument
+        self.__name__ = "np_" + "".join(c if c.isalnum() else "_" for c in label)
+
+    def __repr__(self):
+        return f"<numpy {self.__name__[3:]}>"
+
+    def __call__(self, *args, **kwargs):
+        args, kwargs = _to_tnp(args), _to_tnp(kwargs)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            if self.method:
+                out = getattr(args[0], self.fn)(*args[1:], **kwargs)
+            else:
+                out = self.fn(*args, **kwargs)
+        finally:
+            torch.set_default_dtype(default)
+        out = _to_tensors(out)
+        return out.clone() if self.copy and isinstance(out, torch.Tensor) else out
+
+
+class NumpyConst:
+    """A graph node's target making a NumPy scalar constant (np.float32(0.5), finfo's
+    eps) as a 0-d tensor of its dtype."""
+
+    def __init__(self, value):
+        self.value = value.item()
+        self.dtype = torch_dtype(value.dtype)
+        self.__name__ = f"np_const_{value.dtype.name}"
+
+    def __repr__(self):
+        return f"<numpy constant {self.value!r}>"
+
+    def __call__(self):
+        return torch.tensor(self.value, dtype=self.dtype)
+
+
+# ------------------------------------------------------------------ runtime helpers
+def to_numpy(t: torch.Tensor):
+    """A graph output handed back to the user as the ndarray it stands for."""
+    return t.detach().numpy()
+
+
+def to_numpy_scalar(t: torch.Tensor):
+    return t.detach().numpy()[()]
+
+
+# ------------------------------------------------------------------ dtypes
+_NP_TO_TORCH = {np.dtype(n): getattr(torch, t) for n, t in (
+    ("bool", "bool"), ("int8", "int8"), ("uint8", "uint8"), ("int16", "int16"),
+    ("int32", "int32"), ("int64", "int64"), ("float16", "float16"), ("float32", "float32"),
+    ("float64", "float64"), ("complex64", "complex64"), ("complex128", "complex128"))}
+_TORCH_TO_NP = {t: n for n, t in _NP_TO_TORCH.items()}
+
+
+def torch_dtype(dtype):
+    t = _NP_TO_TORCH.get(np.dtype(dtype))
+    if t is None:
+        unsupported(f"NumPy dtype {dtype} has no torch equivalent")
+    return t
+
+
+def numpy_dtype(dtype: torch.dtype):
+    d = _TORCH_TO_NP.get(dtype)
+    if d is None:
+        unsupported(f"torch dtype {dtype} has no NumPy equivalent")
+    return d
+
+
+def _dtype_of(v: Var):
+    """The NumPy dtype a Var describes, if it is a constant dtype-like value."""
+    if isinstance(v, NumpyDTypeVar):
+        return v.value
+    if isinstance(v, NumpyTypeVar):
+        return np.dtype(v.value)
+    if isinstance(v, NdarrayVar):
+        return numpy_dtype(v.base.example.dtype)
+    if v.is_const():
+        value = v.as_const()
+        if isinstance(value, str) or value in (float, int, bool, complex):
+            try:
+                return np.dtype(value)
+            except TypeError:
+                pass
+    return None
+
+
+# ------------------------------------------------------------------ which callables
+_MODULES = ("", "linalg", "fft")        # np.random is left out: its stream is NumPy's own
+
+
+@functools.lru_cache(maxsize=1)
+def _callables():
+    """id(NumPy callable) -> (the NumPy callable, its torch._numpy twin, dotted name)."""
+    tnp = _tnp()
+    table = {}
+    for sub in _MODULES:
+        np_mod = getattr(np, sub) if sub else np
+        tnp_mod = getattr(tnp, sub) if sub else tnp
+        for name, twin in vars(tnp_mod).items():
+            if name.startswith("_") or not callable(twin) or isinstance(twin, type):
+                continue
+            ours = getattr(np_mod, name, None)
+            if callable(ours) and not isinstance(ours, type):
+                table[id(ours)] = (ours, twin, f"{sub + '.' if sub else ''}{name}")
+    for name in _DATA_FUNCTIONS:
+        table.pop(id(getattr(np, name, None)), None)
+    return table
+
+
+# Functions whose results are data (Python numbers), or that print or read files.
+_DATA_FUNCTIONS = ("count_nonzero", "array_equal", "array_equiv", "allclose", "isscalar")
+
+# Functions and methods that NumPy always answers with a view of their argument.
+_ALWAYS_VIEW = {"flip", "fliplr", "flipud", "broadcast_to", "diagonal", "rot90", "split",
+                "array_split", "hsplit", "vsplit", "dsplit", "broadcast_arrays"}
+# Those that return a view when the layout allows (as torch decides too), or the array
+# itself (asarray).
+_MAY_VIEW = {"reshape", "ravel", "transpose", "T", "mT", "swapaxes", "moveaxis", "squeeze",
+             "expand_dims", "atleast_1d", "atleast_2d", "atleast_3d", "real", "imag", "asarray",
+             "asanyarray", "ascontiguousarray", "view", "conj", "conjugate", "__getitem__",
+             "rollaxis", "squeeze", "ndarray.flat", "imag", "getitem", "rollaxis"}
+# 0-d results of these are NumPy scalars (ufuncs, reductions, and a few more); a 0-d
+# result of anything else is a 0-d array only where listed in _ZERO_D_ARRAY.
+_REDUCTIONS = {"sum", "prod", "mean", "var", "std", "min", "max", "amin", "amax", "argmin",
+               "argmax", "any", "all", "ptp", "nansum", "nanprod", "nanmean", "nanvar", "nanstd",
+               "nanmin", "nanmax", "nanargmin", "nanargmax", "median", "nanmedian", "average",
+               "dot", "vdot", "inner", "trace", "norm", "det", "clip", "percentile", "quantile",
+               "nanpercentile", "nanquantile", "cross"}
+_ZERO_D_ARRAY = {"array", "asarray", "asanyarray", "copy", "where", "reshape", "squeeze",
+                 "astype", "zeros", "ones", "empty", "full", "zeros_like", "ones_like",
+                 "full_like", "empty_like", "transpose", "T", "ravel", "atleast_1d"}
+
+
+@functools.lru_cache(maxsize=1)
+def _ufunc_names():
+    from torch._numpy import _ufuncs
+    return set(_ufuncs._binary) | set(_ufuncs._unary)
+
+
+def _scalar_result(label: str) -> bool | None:
+    """Whether a 0-d result of `label` is a NumPy scalar (True), a 0-d array (False),
+    or unknown (None)."""
+    name = label.rsplit(".", 1)[-1]
+    if name in _REDUCTIONS or name in _ufunc_names() or name.startswith("__"):
+        return True
+    if name in _ZERO_D_ARRAY:
+        return False
+    return None
+
+
+# ------------------------------------------------------------------ Vars
+class NdarrayVar(Var):
+    """A numpy.ndarray (or, with `scalar`, a NumPy scalar) whose data is the tensor
+    `base` of the graph.  `base` is named so that the frame's outputs are collected
+    through it."""
+    __slots__ = ("base", "scalar")
+
+    def __init__(self, base: TensorVar, scalar: bool = False, source=None):
+        super().__init__(source)
+        self.base = base
+        self.scalar = scalar
+
+    @property
+    def dtype(self):
+        return numpy_dtype(self.base.example.dtype)
+
+    def python_type(self):
+        return self.dtype.type if self.scalar else np.ndarray
+
+    def getattr(self, tx, name):
+        t = self.base
+        if name == "shape":
+            return TupleVar(list(tx.output.size_of(t).items))
+        if name == "ndim":
+            return ConstVar(t.example.dim())
+        if name == "dtype":
+            return NumpyDTypeVar(self.dtype)
+        if name == "itemsize":
+            return ConstVar(self.dtype.itemsize)
+        if name in ("size", "nbytes"):
+            n = tx.output.size_of(t).call_method(tx, "numel", [], {})
+            if name == "nbytes":
+                from ..interpreter import binary_op
+                n = binary_op(tx, operator.mul, n, ConstVar(self.dtype.itemsize))
+            return n
+        if name in ("T", "mT", "real", "imag"):
+            return call_numpy(tx, name, operator.attrgetter(name), [self], {})
+        if name in _DATA_METHODS:
+            unsupported(f"ndarray.{name} needs the array's data")
+        if callable(getattr(_tnp().ndarray, name, None)) and callable(getattr(np.ndarray, name, None)):
+            from .objects import MethodVar
+            return MethodVar(self, name)
+        unsupported(f"ndarray attribute {name!r}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in _DATA_METHODS:
+            unsupported(f"ndarray.{name}() needs the array's data")
+        if not callable(getattr(_tnp().ndarray, name, None)):
+            unsupported(f"ndarray.{name}() is not in torch._numpy")
+        if self.scalar and name in _INPLACE_METHODS:
+            unsupported(f"{name}() of a NumPy scalar")
+        return call_numpy(tx, name, name, [self, *args], kwargs, method=True,
+                          inplace=name in _INPLACE_METHODS)
+
+    def getitem(self, tx, key):
+        if self.scalar:
+            unsupported("indexing a NumPy scalar")
+        out = call_numpy(tx, "__getitem__", operator.getitem, [self, key], {})
+        if isinstance(out, NdarrayVar) and out.base.example.dim() == 0:
+            keys = key.items if isinstance(key, TupleVar) else [key]
+            out.scalar = all(isinstance(k, SymNodeVar) or k.is_const() and type(k.as_const()) is int
+                             for k in keys)
+        return out
+
+    def setitem(self, tx, key, value):
+        if self.scalar:
+            unsupported("item assignment on a NumPy scalar")
+        call_numpy(tx, "__setitem__", operator.setitem, [self, key, value], {}, inplace=True)
+
+    def unpack(self, tx):
+        return [self.getitem(tx, ConstVar(i)) for i in range(self.length(tx))]
+
+    def length(self, tx):
+        if self.base.example.dim() == 0:
+            unsupported("len() of a 0-d array")
+        n = tx.output.size_of(self.base).items[0]
+        if not n.is_const():
+            unsupported("len() of an array of symbolic length")
+        return n.as_const()
+
+    def truth(self, tx):
+        unsupported("branching on an array's value (data-dependent control flow)")
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
+        cg.call_const(to_numpy_scalar if self.scalar else to_numpy,
+                      [lambda cg: cg.load_tensor(self.base)])
+        cg.keep_rebuilt(self)
+
+    def __repr__(self):
+        kind = "scalar" if self.scalar else "ndarray"
+        return f"NdarrayVar({kind} {self.base!r})"
+
+
+_DATA_METHODS = {"item", "tolist", "tobytes", "tostring", "__array__", "__bool__", "__int__",
+                 "__float__", "__index__", "__complex__", "__repr__", "__str__", "__format__",
+                 "dump", "dumps", "tofile", "data", "ctypes", "base", "flags", "strides",
+                 "__array_interface__", "__dlpack__", "__reduce__", "__setstate__", "itemset",
+                 "resize", "byteswap", "setflags", "getfield", "setfield", "partition",
+                 "argpartition", "nonzero", "searchsorted"}
+_INPLACE_METHODS = {"fill", "sort", "put", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                    "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                    "__ilshift__", "__irshift__", "__imatmul__", "__setitem__"}
+
+
+class NumpyDTypeVar(Var):
+    """A numpy.dtype: a constant, compared and read at trace time."""
+    __slots__ = ("value",)
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = np.dtype(value)
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_const(self):
+        return True
+
+    def as_const(self):
+        return self.value
+
+    def getattr(self, tx, name):
+        if name in ("name", "kind", "char", "itemsize", "num", "str", "byteorder", "isbuiltin",
+                    "alignment", "ndim", "shape"):
+            return ConstVar(getattr(self.value, name))
+        if name == "type":
+            return NumpyTypeVar(self.value.type)
+        unsupported(f"numpy.dtype attribute {name!r}")
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+
+class NumpyTypeVar(Var):
+    """A NumPy scalar type (np.float32): a dtype-like constant that, called, makes a
+    scalar (or, on an array, a converted copy)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_const(self):
+        return True
+
+    def as_const(self):
+        return self.value
+
+    def getattr(self, tx, name):
+        if name == "__name__":
+            return ConstVar(self.value.__name__)
+        unsupported(f"attribute {name!r} of {self.value.__name__}")
+
+    def call(self, tx, args, kwargs):
+        if len(args) != 1 or kwargs:
+            unsupported(f"{self.value.__name__}() with these arguments")
+        arg = args[0]
+        if arg.is_const() and is_constant_value(arg.as_const()) and \
+                isinstance(arg.as_const(), (bool, int, float, complex)):
+            try:
+                made = self.value(arg.as_const())
+            except Exception as e:
+                unsupported(f"{self.value.__name__}({arg.as_const()!r}) raised {type(e).__name__}")
+            return numpy_constant(tx, made)
+        out = call_numpy(tx, self.value.__name__, _tnp().array, [arg],
+                         {"dtype": ConstVar(np.dtype(self.value).name)}, copy=True)
+        if isinstance(out, NdarrayVar) and out.base.example.dim() == 0:
+            out.scalar = True
+        return out
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+
+class NumpyInfoVar(Var):
+    """np.finfo / np.iinfo of a constant dtype: NumPy's own answer, read at trace time."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        super().__init__(None)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def getattr(self, tx, name):
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError:
+            unsupported(f"{type(self.value).__name__} has no attribute {name!r}")
+        if isinstance(attr, np.generic):
+            return numpy_constant(tx, attr)
+        if isinstance(attr, np.dtype):
+            return NumpyDTypeVar(attr)
+        if is_constant_value(attr):
+            return ConstVar(attr)
+        unsupported(f"{type(self.value).__name__}.{name}")
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+
+class NumpyFnVar(Var):
+    """A NumPy function (or ufunc) that torch._numpy has a twin for."""
+    __slots__ = ("value", "twin", "label")
+
+    def __init__(self, value, twin, label, source=None):
+        super().__init__(source)
+        self.value = value
+        self.twin = twin
+        self.label = label
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_const(self):
+        return True
+
+    def as_const(self):
+        return self.value
+
+    def getattr(self, tx, name):
+        if name == "__name__":
+            return ConstVar(self.value.__name__)
+        unsupported(f"attribute {name!r} of numpy.{self.label}")
+
+    def call(self, tx, args, kwargs):
+        return call_numpy(tx, self.label, self.twin, args, kwargs)
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.reconstruct(cg)
+        cg.load_const(self.value)
+
+
+class _InfoFnVar(Var):
+    """np.finfo, np.iinfo and np.dtype: answered by NumPy at trace time on a constant
+    dtype."""
+    __slots__ = ("value",)
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_const(self):
+        return True
+
+    def as_const(self):
+        return self.value
+
+    def call(self, tx, args, kwargs):
+        dtype = _dtype_of(args[0]) if len(args) == 1 and not kwargs else None
+        if dtype is None:
+            unsupported(f"numpy.{self.value.__name__}() of a value not known at trace time")
+        if self.value is np.dtype:
+            return NumpyDTypeVar(dtype)
+        try:
+            return NumpyInfoVar(self.value(dtype))
+        except Exception as e:
+            unsupported(f"numpy.{self.value.__name__}({dtype}) raised {type(e).__name__}")
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+
+# ------------------------------------------------------------------ making Vars
+def numpy_constant(tx, value: np.generic) -> NdarrayVar:
+    """A NumPy scalar known at trace time, as a 0-d tensor made in the graph."""
+    torch_dtype(value.dtype)
+    t = tx.output.call("call_function", NumpyConst(value), (), {})
+    return NdarrayVar(t, scalar=True)
+
+
+def numpy_callable_var(value, source):
+    """The Var for a NumPy function, type or module attribute, or None."""
+    if value is np.finfo or value is np.iinfo or value is np.dtype:
+        return _InfoFnVar(value, source)
+    if isinstance(value, type):
+        if issubclass(value, np.generic) and value in {d.type for d in _NP_TO_TORCH}:
+            return NumpyTypeVar(value, source)
+        return None
+    try:
+        hit = _callables().get(id(value))
+    except Exception:
+        return None
+    if hit is None or hit[0] is not value:
+        return None
+    return NumpyFnVar(value, hit[1], hit[2], source)
+
+
+class ArrayTensorSource(Source):
+    """``torch.as_tensor(base)``: the graph input standing for an ndarray argument (the
+    same memory)."""
+    __slots__ = ("base", "through")
+
+    def __init__(self, base: Source):
+        self.base = base
+        self.through = ConstSource(torch.as_tensor, "torch.as_tensor")
+
+    def key(self):
+        return self.base
+
+    def guard_expr(self):
+        return f"{self.through.guard_expr()}({self.base.guard_expr()})"
+
+    def name(self):
+        return f"torch.as_tensor({self.base.name()})"
+
+    def reconstruct(self, cg):
+        cg.call_const(torch.as_tensor, [self.base.reconstruct])
+
+
+def wrap_numpy_value(tx, value, source, guards):
+    """An ndarray, NumPy scalar or dtype found in the frame."""
+    if isinstance(value, np.dtype):
+        if guards is not None:
+            guards.equals(source, value)
+        return NumpyDTypeVar(value, source)
+    if isinstance(value, np.generic):
+        if guards is not None:
+            guards.equals(source, value)
+        return numpy_constant(tx, value)
+    if type(value) is not np.ndarray:
+        unsupported(f"ndarray subclass {type(value).__name__}")
+    if source is None:
+        unsupported("an ndarray reached without a source")
+    if value.dtype not in _NP_TO_TORCH or not value.dtype.isnative:
+        unsupported(f"ndarray of dtype {value.dtype}")
+    if not value.flags.writeable:
+        unsupported("a read-only ndarray")
+    if any(s < 0 or s % value.itemsize for s in value.strides):
+        unsupported("an ndarray with strides torch cannot view")
+    if guards is not None:
+        guards.type_match(source, value)
+        e = source.guard_expr()
+        guards._add(source, "WRITEABLE", f"{e}.flags.writeable is True", f"{source.name()} is writeable")
+    t = tx.output.add_input(torch.as_tensor(value), ArrayTensorSource(source))
+    var = NdarrayVar(t, source=source)
+    tx.output.object_vars[id(value)] = (value, var)
+    return var
+
+
+def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
+    """``t.numpy()``: the same memory, seen as an ndarray."""
+    if args or kwargs:
+        unsupported("Tensor.numpy() with arguments")
+    ex = t.example
+    if ex.requires_grad or ex.device.type != "cpu" or ex.is_conj() or ex.is_neg() or \
+            ex.dtype not in _TORCH_TO_NP or t.python_type() is not torch.Tensor:
+        unsupported("Tensor.numpy() of a tensor NumPy cannot share (grad, device, dtype)")
+    return NdarrayVar(tx.output.call("call_function", torch.ops.aten.alias.default, (t,), {}))
+
+
+def torch_call_on_ndarray(tx, fn, args, kwargs):
+    """torch.from_numpy(a), torch.as_tensor(a) and torch.tensor(a) of a traced array;
+    None for other torch functions (which then do not take arrays)."""
+    if not args or not isinstance(args[0], NdarrayVar):
+        return None
+    a = args[0].base
+    if fn is torch.from_numpy and len(args) == 1 and not kwargs or \
+            fn in (torch.as_tensor, torch.asarray) and len(args) == 1 and \
+            set(kwargs) <= {"dtype", "device"} and _same_dtype(kwargs.get("dtype"), a) and \
+            _cpu(kwargs.get("device")):
+        return tx.output.call("call_function", torch.ops.aten.alias.default, (a,), {})
+    if fn is torch.tensor and len(args) == 1:
+        return tx.output.call("call_method", "clone", (a,), {}) if not kwargs else \
+            tx.output.call("call_function", torch.tensor, (a,), kwargs)
+    return None
+
+
+def _same_dtype(d, t):
+    return d is None or d.is_const() and d.as_const() in (None, t.example.dtype)
+
+
+def _cpu(d):
+    return d is None or d.is_const() and (d.as_const() is None or str(d.as_const()) == "cpu")
+
+
+# ------------------------------------------------------------------ calls
+def _node_arg(tx, v: Var):
+    """An argument of a NumPy call as the graph node takes it."""
+    if isinstance(v, NdarrayVar):
+        return v.base
+    if isinstance(v, TensorVar):
+        ex = v.example
+        if ex.requires_grad or ex.device.type != "cpu" or v.python_type() is not torch.Tensor:
+            unsupported("a tensor NumPy cannot convert passed to NumPy")
+        return v
+    if isinstance(v, (NumpyDTypeVar, NumpyTypeVar)):
+        return ConstVar(_dtype_of(v).name)
+    if isinstance(v, SymNodeVar):
+        return v
+    if isinstance(v, (TupleVar, ListVar)) and type(v) in (TupleVar, ListVar):
+        return type(v)([_node_arg(tx, x) for x in v.items])
+    if isinstance(v, DictVar) and type(v) is DictVar:
+        return DictVar({k: _node_arg(tx, x) for k, x in v.items.items()})
+    from .symbolic import SliceVar
+    if isinstance(v, SliceVar):
+        return SliceVar([_node_arg(tx, p) for p in v.parts])
+    if isinstance(v, ConstVar) and (is_constant_value(v.value) and not isinstance(v.value, (torch.dtype,
+                                                                                             torch.device))):
+        if isinstance(v.value, type) and v.value not in (float, int, bool, complex):
+            unsupported(f"passing {v.value!r} to NumPy")
+        return v
+    unsupported(f"passing {v} to NumPy")
+
+
+_INT_DIVISIONS = {"floor_divide", "remainder", "mod", "fmod", "divmod", "__floordiv__",
+                  "__mod__", "__ifloordiv__", "__imod__", "floordiv", "ifloordiv", "imod"}
+_POWERS = {"power", "pow", "__pow__", "__ipow__", "ipow", "float_power"}
+
+
+def call_numpy(tx, label: str, fn, args, kwargs, method: bool = False, inplace: bool = False,
+               copy: bool = False):
+    """Record one NumPy call in the graph; its array results become NdarrayVars."""
+    node_args = [_node_arg(tx, a) for a in args]
+    node_kwargs = {k: _node_arg(tx, v) for k, v in kwargs.items()}
+    name = label.rsplit(".", 1)[-1]
+    arrays = [a for a in (*node_args, *node_kwargs.values()) if isinstance(a, TensorVar)]
+    target = NumpyCall(fn, label, method=method)
+    out = tx.output.call("call_function", target, tuple(node_args), node_kwargs)
+    _check_integer_semantics(name, args, out)
+    if "out" in kwargs and isinstance(kwargs["out"], NdarrayVar):
+        return kwargs["out"]
+    return _result(tx, label, name, out, args, arrays, inplace, copy)
+
+
+def _check_integer_semantics(name, args, out):
+    """Integer division by zero warns in NumPy and raises in torch; an integer to a
+    negative power raises in NumPy: only constant operands that rule both out are
+    traced."""
+    results = out.items if isinstance(out, TupleVar) else [out]
+    if not any(isinstance(r, TensorVar) and not r.example.is_floating_point()
+               and not r.example.is_complex() for r in results):
+        return
+    if name in _INT_DIVISIONS or name in _POWERS:
+        other = args[1] if len(args) > 1 else None
+        ok = other is not None and other.is_const() and type(other.as_const()) is int and (
+            other.as_const() != 0 if name in _INT_DIVISIONS else other.as_const() >= 0)
+        if not ok:
+            unsupported(f"integer {name} of operands not known at trace time")
+
+
+def _shares_memory(a, b) -> bool:
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except Exception:
+        return True
+
+
+def _result(tx, label, name, out, args, arrays, inplace, copy):
+    if isinstance(out, (TupleVar, ListVar)):
+        items = [_result(tx, label, name, o, args, arrays, False, copy) for o in out.items]
+        return type(out)(items)
+    if not isinstance(out, TensorVar):
+        return out
+    if inplace:
+        for a in args:
+            if isinstance(a, NdarrayVar) and a.base is out:
+                return a
+        return NdarrayVar(out)
+    ex = out.example
+    aliases = any(_shares_memory(ex, a.example) for a in arrays)
+    if aliases and (copy or name not in _MAY_VIEW and name not in _ALWAYS_VIEW):
+        # torch._numpy answered with its argument (astype to the same dtype, +a) or a
+        # view of it, where NumPy makes a new array.
+        out = tx.output.call("call_method", "clone", (out,), {})
+    elif aliases and name in ("asarray", "asanyarray", "ascontiguousarray") and \
+            len(args) == 1 and isinstance(args[0], NdarrayVar) and args[0].base is out:
+        return args[0]          # NumPy's answer is the array itself
+    elif not aliases and name in _ALWAYS_VIEW and arrays:
+        unsupported(f"numpy.{name} is a view in NumPy and a copy in torch._numpy")
+    scalar = False
+    if ex.dim() == 0:
+        scalar = _scalar_result(label)
+        if scalar is None:
+            unsupported(f"numpy.{label} of 0-d arrays (scalar or array result unknown)")
+    return NdarrayVar(out, scalar=scalar)
+
+
+def numpy_binary_op(tx, fn, a: Var, b: Var):
+    """``a <op> b`` where either side is a traced array or NumPy scalar."""
+    if isinstance(a, (NumpyDTypeVar, NumpyTypeVar)) or isinstance(b, (NumpyDTypeVar, NumpyTypeVar)):
+        return _dtype_compare(fn, a, b)
+    if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        unsupported(f"{fn.__name__} between a tensor and an ndarray")
+    inplace = fn.__name__.startswith("i") and fn.__name__ not in ("is_", "is_not") and \
+        isinstance(a, NdarrayVar)
+    if inplace and a.scalar:
+        from ..interpreter import _INPLACE_TO_PLAIN
+        fn, inplace = _INPLACE_TO_PLAIN.get(fn, fn), False   # NumPy scalars are immutable
+    if fn in (operator.is_, operator.is_not, operator.contains):
+        unsupported(f"{fn.__name__} on arrays")
+    out = call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [a, b], {}, inplace=inplace)
+    return out
+
+
+def numpy_unary_op(tx, fn, v: Var):
+    if fn is operator.not_ or fn is operator.truth:
+        unsupported("truth value of an array")
+    return call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [v], {})
+
+
+def _dtype_compare(fn, a, b):
+    if fn not in (operator.eq, operator.ne):
+        unsupported(f"{fn.__name__} on NumPy dtypes")
+    da, db = _dtype_of(a), _dtype_of(b)
+    if da is None or db is None or isinstance(a, NdarrayVar) or isinstance(b, NdarrayVar):
+        unsupported("comparing a NumPy dtype with a value not known at trace time")
+    left = a.as_const() if not isinstance(a, NumpyDTypeVar) else a.value
+    right = b.as_const() if not isinstance(b, NumpyDTypeVar) else b.value
+    return ConstVar(bool(fn(left, right)))
+
+
+def is_numpy_var(v: Var) -> bool:
+    return isinstance(v, (NdarrayVar, NumpyDTypeVar, NumpyTypeVar))
