@@ -176,13 +176,21 @@ def _callables():
             ours = getattr(np_mod, name, None)
             if callable(ours) and not isinstance(ours, type):
                 table[id(ours)] = (ours, twin, f"{sub + '.' if sub else ''}{name}")
-    for name in _DATA_FUNCTIONS:
+    for name in (*_DATA_FUNCTIONS, *_DIFFERENT):
         table.pop(id(getattr(np, name, None)), None)
     return table
 
 
 # Functions whose results are data (Python numbers), or that print or read files.
 _DATA_FUNCTIONS = ("count_nonzero", "array_equal", "array_equiv", "allclose", "isscalar")
+# Functions where torch._numpy's answer is known to differ from NumPy's: a (1,)-shaped
+# result where NumPy gives a scalar, read-only views NumPy makes writable here, integer
+# accumulations NumPy widens and torch._numpy does not.
+_DIFFERENT = ("median", "nanmedian", "percentile", "quantile", "nanpercentile", "nanquantile",
+              "diag", "diagonal")
+_WIDENED_ACCUMULATIONS = {"cumsum", "cumprod"}
+# Sequence results: lists in NumPy (tuples in torch._numpy), everything else a tuple.
+_LIST_RESULTS = {"split", "array_split", "hsplit", "vsplit", "dsplit"}
 
 # Functions and methods that NumPy always answers with a view of their argument.
 _ALWAYS_VIEW = {"flip", "fliplr", "flipud", "broadcast_to", "diagonal", "rot90", "split",
@@ -198,8 +206,7 @@ _MAY_VIEW = {"reshape", "ravel", "transpose", "T", "mT", "swapaxes", "moveaxis",
 _REDUCTIONS = {"sum", "prod", "mean", "var", "std", "min", "max", "amin", "amax", "argmin",
                "argmax", "any", "all", "ptp", "nansum", "nanprod", "nanmean", "nanvar", "nanstd",
                "nanmin", "nanmax", "nanargmin", "nanargmax", "median", "nanmedian", "average",
-               "dot", "vdot", "inner", "trace", "norm", "det", "clip", "percentile", "quantile",
-               "nanpercentile", "nanquantile", "cross"}
+               "dot", "vdot", "inner", "trace", "norm", "det", "clip", "cross"}
 _ZERO_D_ARRAY = {"array", "asarray", "asanyarray", "copy", "where", "reshape", "squeeze",
                  "astype", "zeros", "ones", "empty", "full", "zeros_like", "ones_like",
                  "full_like", "empty_like", "transpose", "T", "ravel", "atleast_1d"}
@@ -269,19 +276,27 @@ class NdarrayVar(Var):
     def call_method(self, tx, name, args, kwargs):
         if name in _DATA_METHODS:
             unsupported(f"ndarray.{name}() needs the array's data")
-        if not callable(getattr(_tnp().ndarray, name, None)):
-            unsupported(f"ndarray.{name}() is not in torch._numpy")
-        if self.scalar and name in _INPLACE_METHODS:
+        if not callable(getattr(_tnp().ndarray, name, None)) or name in _DIFFERENT:
+            unsupported(f"ndarray.{name}() is not in torch._numpy, or differs there")
+        if self.scalar and name not in _REDUCTIONS and name not in ("astype", "conj", "conjugate"):
             unsupported(f"{name}() of a NumPy scalar")
         return call_numpy(tx, name, name, [self, *args], kwargs, method=True,
-                          inplace=name in _INPLACE_METHODS)
+                          inplace=name in _INPLACE_METHODS, scalar=True if self.scalar else None)
 
     def getitem(self, tx, key):
         if self.scalar:
             unsupported("indexing a NumPy scalar")
+        _check_steps(key)
         out = call_numpy(tx, "__getitem__", operator.getitem, [self, key], {})
         if isinstance(out, NdarrayVar) and out.base.example.dim() == 0:
-            keys = key.items if isinstance(key, TupleVar) else [key]
+            if isinstance(key, TupleVar):
+                keys = key.items
+            elif key.is_const() and type(key.as_const()) is tuple:
+                keys = [ConstVar(k) for k in key.as_const()]
+            else:
+                keys = [key]
+            # An integer in every dimension gives a NumPy scalar; anything else (an
+            # Ellipsis, an array) keeps a 0-d array.
             out.scalar = all(isinstance(k, SymNodeVar) or k.is_const() and type(k.as_const()) is int
                              for k in keys)
         return out
@@ -289,6 +304,7 @@ class NdarrayVar(Var):
     def setitem(self, tx, key, value):
         if self.scalar:
             unsupported("item assignment on a NumPy scalar")
+        _check_steps(key)
         call_numpy(tx, "__setitem__", operator.setitem, [self, key, value], {}, inplace=True)
 
     def unpack(self, tx):
@@ -317,6 +333,20 @@ class NdarrayVar(Var):
     def __repr__(self):
         kind = "scalar" if self.scalar else "ndarray"
         return f"NdarrayVar({kind} {self.base!r})"
+
+
+def _check_steps(key):
+    """A negative slice step is a view in NumPy; torch has none, and torch._numpy copies
+    (a write through it would be lost)."""
+    from .symbolic import SliceVar
+    keys = key.items if isinstance(key, TupleVar) else \
+        [ConstVar(k) for k in key.as_const()] if key.is_const() and type(key.as_const()) is tuple else [key]
+    for k in keys:
+        step = k.parts[2] if isinstance(k, SliceVar) else \
+            ConstVar(k.as_const().step) if k.is_const() and type(k.as_const()) is slice else None
+        if step is not None and not (step.is_const() and (step.as_const() is None or
+                                                          isinstance(step.as_const(), int) and step.as_const() > 0)):
+            unsupported("a slice with a negative (or unknown) step of an array")
 
 
 _DATA_METHODS = {"item", "tolist", "tobytes", "tostring", "__array__", "__bool__", "__int__",
@@ -393,11 +423,8 @@ class NumpyTypeVar(Var):
             except Exception as e:
                 unsupported(f"{self.value.__name__}({arg.as_const()!r}) raised {type(e).__name__}")
             return numpy_constant(tx, made)
-        out = call_numpy(tx, self.value.__name__, _tnp().array, [arg],
-                         {"dtype": ConstVar(np.dtype(self.value).name)}, copy=True)
-        if isinstance(out, NdarrayVar) and out.base.example.dim() == 0:
-            out.scalar = True
-        return out
+        return call_numpy(tx, self.value.__name__, _tnp().array, [arg],
+                          {"dtype": ConstVar(np.dtype(self.value).name)}, copy=True, scalar=True)
 
     def reconstruct(self, cg):
         cg.load_const(self.value)
@@ -568,10 +595,27 @@ def wrap_numpy_value(tx, value, source, guards):
         guards.type_match(source, value)
         e = source.guard_expr()
         guards._add(source, "WRITEABLE", f"{e}.flags.writeable is True", f"{source.name()} is writeable")
+    _guard_no_overlap(tx, value, source, guards)
     t = tx.output.add_input(torch.as_tensor(value), ArrayTensorSource(source))
     var = NdarrayVar(t, source=source)
     tx.output.object_vars[id(value)] = (value, var)
     return var
+
+
+def _guard_no_overlap(tx, value, source, guards):
+    """Array inputs become separate tensors even where their memory overlaps (views of
+    one buffer), which a graph that writes one and reads another cannot see: such
+    inputs are not traced, and the trace relies on them staying apart."""
+    seen = tx.output.__dict__.setdefault("numpy_inputs", [])
+    for other, other_source in seen:
+        if np.may_share_memory(value, other):
+            unsupported("ndarray arguments that share memory")
+        if guards is not None:
+            fn = guards.const(np.may_share_memory)
+            guards._add(None, f"NP_APART {source.name()} {other_source.name()}",
+                        f"not {fn}({source.guard_expr()}, {other_source.guard_expr()})",
+                        f"{source.name()} and {other_source.name()} do not share memory")
+    seen.append((value, source))
 
 
 def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
@@ -631,12 +675,20 @@ def _node_arg(tx, v: Var):
     from .symbolic import SliceVar
     if isinstance(v, SliceVar):
         return SliceVar([_node_arg(tx, p) for p in v.parts])
-    if isinstance(v, ConstVar) and (is_constant_value(v.value) and not isinstance(v.value, (torch.dtype,
-                                                                                             torch.device))):
-        if isinstance(v.value, type) and v.value not in (float, int, bool, complex):
-            unsupported(f"passing {v.value!r} to NumPy")
-        return v
+    if v.is_const() and v.as_const() in (float, int, bool, complex) if isinstance(v.as_const(), type) \
+            else False:
+        return ConstVar(np.dtype(v.as_const()).name)      # FX writes names, not classes
+    if v.is_const() and _plain(v.as_const()):
+        return ConstVar(v.as_const())
     unsupported(f"passing {v} to NumPy")
+
+
+def _plain(value) -> bool:
+    """Python values NumPy and torch._numpy read alike (numbers, strings, None, slices,
+    the builtin number types as dtypes), nested in tuples and lists."""
+    if type(value) in (tuple, list):
+        return all(map(_plain, value))
+    return value is None or value is Ellipsis or type(value) in (bool, int, float, complex, str, slice)
 
 
 _INT_DIVISIONS = {"floor_divide", "remainder", "mod", "fmod", "divmod", "__floordiv__",
@@ -645,18 +697,32 @@ _POWERS = {"power", "pow", "__pow__", "__ipow__", "ipow", "float_power"}
 
 
 def call_numpy(tx, label: str, fn, args, kwargs, method: bool = False, inplace: bool = False,
-               copy: bool = False):
+               copy: bool = False, scalar: bool | None = None):
     """Record one NumPy call in the graph; its array results become NdarrayVars."""
     node_args = [_node_arg(tx, a) for a in args]
     node_kwargs = {k: _node_arg(tx, v) for k, v in kwargs.items()}
     name = label.rsplit(".", 1)[-1]
+    _check_known_differences(name, node_args, node_kwargs)
     arrays = [a for a in (*node_args, *node_kwargs.values()) if isinstance(a, TensorVar)]
     target = NumpyCall(fn, label, method=method)
     out = tx.output.call("call_function", target, tuple(node_args), node_kwargs)
     _check_integer_semantics(name, args, out)
     if "out" in kwargs and isinstance(kwargs["out"], NdarrayVar):
         return kwargs["out"]
-    return _result(tx, label, name, out, args, arrays, inplace, copy)
+    return _result(tx, label, name, out, args, arrays, inplace, copy, scalar)
+
+
+def _check_known_differences(name, args, kwargs):
+    if name == "argsort":
+        kind = kwargs.get("kind", args[2] if len(args) > 2 else None)
+        # NumPy's default (introsort) orders ties its own way; stable sorts agree.
+        if kind is None or not kind.is_const() or kind.as_const() != "stable":
+            unsupported("numpy.argsort without kind='stable' (ties ordered differently)")
+    if name in _WIDENED_ACCUMULATIONS and "dtype" not in kwargs:
+        first = args[0] if args else None
+        if not isinstance(first, TensorVar) or not (first.example.is_floating_point() or
+                                                    first.example.is_complex()):
+            unsupported(f"numpy.{name} of integers (NumPy widens them)")
 
 
 def _check_integer_semantics(name, args, out):
@@ -682,10 +748,11 @@ def _shares_memory(a, b) -> bool:
         return True
 
 
-def _result(tx, label, name, out, args, arrays, inplace, copy):
+def _result(tx, label, name, out, args, arrays, inplace, copy, scalar=None):
+    """`scalar` says whether a 0-d result is a NumPy scalar, where the caller knows."""
     if isinstance(out, (TupleVar, ListVar)):
-        items = [_result(tx, label, name, o, args, arrays, False, copy) for o in out.items]
-        return type(out)(items)
+        items = [_result(tx, label, name, o, args, arrays, False, copy, scalar) for o in out.items]
+        return (ListVar if name in _LIST_RESULTS else TupleVar)(items)
     if not isinstance(out, TensorVar):
         return out
     if inplace:
@@ -704,8 +771,9 @@ def _result(tx, label, name, out, args, arrays, inplace, copy):
         return args[0]          # NumPy's answer is the array itself
     elif not aliases and name in _ALWAYS_VIEW and arrays:
         unsupported(f"numpy.{name} is a view in NumPy and a copy in torch._numpy")
-    scalar = False
-    if ex.dim() == 0:
+    if ex.dim() != 0:
+        scalar = False
+    elif scalar is None:
         scalar = _scalar_result(label)
         if scalar is None:
             unsupported(f"numpy.{label} of 0-d arrays (scalar or array result unknown)")

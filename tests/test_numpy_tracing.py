@@ -1,0 +1,198 @@
+"""NumPy code traced into the graph through torch._numpy: values, dtypes and types of
+results (ndarrays, NumPy scalars), graph/break counts, guards on array arguments,
+in-place writes seen by the caller, and breaks where torch._numpy cannot match NumPy."""
+import numpy as np
+import pytest
+import torch
+
+import frametrace
+from differential import Call, check
+
+
+def arrays(*shapes, dtype=np.float64, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(s).astype(dtype) for s in shapes)
+
+
+def test_tensor_numpy_softmax_round_trip_is_one_graph():
+    def f(x):
+        a = x.numpy()
+        e = np.exp(a - a.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        return torch.from_numpy(p), p.argmax(-1), np.clip(p, 0.1, 0.5).astype(np.float32)
+    check(f, [torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)],
+          graphs=1, breaks=0, fullgraph=True)
+
+
+def test_array_arguments_are_graph_inputs():
+    def f(a, b):
+        c = a * 2 + b
+        return c.sum(), c.mean(axis=0), c.T @ a, np.where(c > 0, c, 0.0), c.shape, c.ndim
+    check(f, [arrays((2, 3), (3,)), arrays((2, 3), (3,), seed=1)], graphs=1, breaks=0,
+          fullgraph=True)
+
+
+def test_in_place_writes_to_array_argument_reach_the_caller():
+    def f(a, b):
+        a[0] = 7.0
+        a += b
+        b *= 2
+        a[:, 1] = b[1]
+        return a.sum()
+    check(f, [arrays((2, 3), (3,)), arrays((2, 3), (3,), seed=2)], graphs=1, breaks=0,
+          fullgraph=True)
+
+
+def test_in_place_write_through_tensor_numpy_reaches_the_tensor():
+    def f(x):
+        n = x.numpy()
+        n[0] = 5.0
+        n *= 2
+        return x + 1
+    check(f, [torch.randn(4), torch.randn(4)], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_default_dtypes_and_promotion_follow_numpy():
+    def f(a, i):
+        return (np.arange(4) / 2, np.arange(5) // 2, np.linspace(0, 1, 5), np.zeros((2, 2)),
+                np.ones(3, dtype=np.float32) * 2.0, np.ones(3, dtype=np.float32) + a,
+                i / 2, i + 1, i * 2.5, i.astype(np.float32) + np.float64(1),
+                np.ones(3, dtype=np.int8) + 3, np.array([1, 2, 3]), np.array([1, 2.0]),
+                np.full((2,), 3), np.eye(2, dtype=np.int32), i.sum(), i.mean(),
+                np.true_divide(i, 2))
+    i = np.arange(3, dtype=np.int32)
+    check(f, [(np.ones(3), i), (np.zeros(3), i + 4)], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_reductions_and_indexing_return_numpy_scalars():
+    def f(a):
+        return (a.sum(), np.sum(a), a.max(), np.argmax(a), a[0, 1], a[1], np.linalg.norm(a),
+                a.std(), np.mean(a, axis=1), a[0, 1] * 2, np.exp(a[0, 0]), a.sum() > 0)
+    check(f, [arrays((2, 3)), arrays((2, 3), seed=3)], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_dtypes_iinfo_finfo_are_trace_time_constants():
+    def f(a):
+        big = np.iinfo(np.int32).max
+        eps = np.finfo(a.dtype).eps
+        same = a.dtype == np.float64, a.dtype == np.dtype("float32"), a.dtype.name
+        return a + eps, big, same, np.finfo(np.float32).tiny, a.astype(np.dtype("int64"))
+    check(f, [arrays((3,)), arrays((3,), dtype=np.float32)], graphs=2, breaks=0, fullgraph=True)
+
+
+def test_array_of_another_dtype_recompiles():
+    def f(a):
+        return (a * 3) // 2 if a.dtype.kind == "i" else a / 2
+    r = check(f, [np.arange(4, dtype=np.float64), np.arange(5, dtype=np.float64) + 1,
+                  np.arange(4, dtype=np.int64), np.arange(4, dtype=np.float32)],
+              breaks=0, fullgraph=True)
+    assert r.graphs >= 3
+
+
+def test_array_of_another_shape_is_guarded():
+    def f(a):
+        return a.reshape(2, -1).sum(axis=0) if a.shape[0] % 2 == 0 else a[:1]
+    r = check(f, [np.ones(4), np.arange(6.0), np.arange(5.0), np.ones((4,))], breaks=0)
+    assert r.graphs >= 2
+
+
+def test_concatenate_stack_and_friends():
+    def f(a, b):
+        c = np.concatenate([a, b], axis=0)
+        s = np.stack([a, b])
+        return c, s, np.maximum(a, b), np.abs(c).cumsum(), np.sort(c), \
+            np.expand_dims(a, 0).squeeze(0), np.transpose(s, (1, 0)), np.sqrt(np.abs(a))
+    check(f, [arrays((3,), (3,)), arrays((3,), (3,), seed=5)], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_results_that_numpy_copies_do_not_alias():
+    def f(a):
+        b = a.astype(np.float64)
+        c = a.flatten()
+        d = +a
+        b[0] = 100.0
+        c[1] = 200.0
+        d[0, 2] = 300.0
+        r = a.reshape(-1)
+        r[5] = -1.0
+        return a, b, c, d
+    check(f, [arrays((2, 3)), arrays((2, 3), seed=6)], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_numpy_random_is_a_graph_break_with_the_right_answer():
+    def f(x):
+        y = x.numpy() * 2
+        np.random.seed(0)
+        noise = np.random.rand(3)
+        return y + noise
+    r = check(f, [torch.randn(3), torch.randn(3)])
+    assert r.breaks >= 1
+
+
+def test_unsupported_numpy_breaks_and_stays_correct():
+    def f(a):
+        b = a * 2
+        c = np.array(["x", "y"])          # str arrays: NumPy's alone
+        f = np.flip(b)                      # a view in NumPy, a copy in torch._numpy
+        f[0] = 9.0
+        return b, c, np.pad(b, 1), f
+    r = check(f, [np.ones(3), np.arange(3.0)])
+    assert r.breaks >= 1
+
+
+def test_integer_division_and_power_that_numpy_treats_apart_break():
+    def f(a, b):
+        return a // b, a ** -1 if False else a ** 2, a % 3
+    r = check(f, [(np.arange(1, 5), np.array([1, 0, 2, 3])), (np.arange(4), np.array([2, 2, 1, 1]))])
+    assert r.breaks >= 1
+
+
+def test_array_lives_across_a_graph_break():
+    def f(x):
+        a = x.numpy() + 1
+        b = np.exp(a)
+        print("between")
+        return a * b, type(b)
+    check(f, [torch.randn(3), torch.randn(3)], graphs=2, breaks=1)
+
+
+def test_np_asarray_of_a_tensor():
+    def f(x):
+        a = np.asarray(x)
+        return np.tanh(a) + 1, torch.as_tensor(a) * 2
+    check(f, [torch.randn(4), torch.randn(4)], graphs=1, breaks=0, fullgraph=True)
+
+
+def test_aot_eager_backend():
+    def f(x, a):
+        n = x.numpy()
+        out = np.where(n > 0, n, 0.1 * n) + a
+        a += 1.0
+        return torch.from_numpy(out).sum(), out.max(axis=0)
+    check(f, [(torch.randn(2, 3), np.ones(3)), (torch.randn(2, 3), np.zeros(3))],
+          backend="aot_eager", graphs=1, breaks=0, fullgraph=True)
+
+
+def test_dynamic_shapes_over_array_arguments():
+    def f(a):
+        return (a - a.mean()) / (a.std() + 1e-6), a.shape[0]
+    r = check(f, [np.arange(4.0), np.arange(6.0), np.arange(9.0), np.arange(12.0)], breaks=0)
+    assert r.graphs <= 2
+
+
+def test_numpy_scalar_argument():
+    def f(a, s):
+        return a * s, s + 1
+    check(f, [(np.ones(2), np.float32(2.0)), (np.ones(2), np.float32(3.0))], breaks=0)
+
+
+def test_example_numpy_postprocess():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parent.parent / "examples" / "numpy_postprocess.py"
+    spec = importlib.util.spec_from_file_location("numpy_postprocess", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = check(mod.postprocess, [mod.make_inputs(seed) for seed in range(3)], graphs=1, breaks=0,
+              fullgraph=True)
+    assert r.compiles == 1
