@@ -1139,6 +1139,9 @@ def _any_all(want):
 def _abs(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], TensorVar):
         return tx.output.call("call_function", operator.abs, (args[0],), {})
+    from .numpy import NdarrayVar, numpy_unary_op
+    if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
+        return numpy_unary_op(tx, operator.abs, args[0])
 
 
 def _round(tx, args, kwargs):
@@ -1147,6 +1150,9 @@ def _round(tx, args, kwargs):
 
 
 def _pow(tx, args, kwargs):
+    from .numpy import NdarrayVar, numpy_binary_op
+    if len(args) == 2 and not kwargs and any(isinstance(a, NdarrayVar) for a in args):
+        return numpy_binary_op(tx, operator.pow, *args)
     if len(args) == 2 and not kwargs and any(isinstance(a, TensorVar) for a in args):
         return tx.output.call("call_function", operator.pow, tuple(args), {})
 

@@ -640,9 +640,12 @@ def torch_call_on_ndarray(tx, fn, args, kwargs):
             set(kwargs) <= {"dtype", "device"} and _same_dtype(kwargs.get("dtype"), a) and \
             _cpu(kwargs.get("device")):
         return tx.output.call("call_function", torch.ops.aten.alias.default, (a,), {})
-    if fn is torch.tensor and len(args) == 1:
-        return tx.output.call("call_method", "clone", (a,), {}) if not kwargs else \
-            tx.output.call("call_function", torch.tensor, (a,), kwargs)
+    if fn is torch.tensor and len(args) == 1 and not kwargs:
+        return tx.output.call("call_method", "clone", (a,), {})
+    if fn in (torch.as_tensor, torch.asarray, torch.tensor) and len(args) == 1 and \
+            set(kwargs) <= {"dtype", "device"}:
+        # A conversion: a new tensor (as_tensor shares memory only without one).
+        return tx.output.call("call_method", "to", (a,), kwargs)
     return None
 
 
