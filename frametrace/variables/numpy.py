@@ -603,19 +603,57 @@ def wrap_numpy_value(tx, value, source, guards):
 
 
 def _guard_no_overlap(tx, value, source, guards):
-    """Array inputs become separate tensors even where their memory overlaps (views of
-    one buffer), which a graph that writes one and reads another cannot see: such
-    inputs are not traced, and the trace relies on them staying apart."""
+    """Array inputs become tensors of their own even where their memory overlaps another
+    input's (views of one buffer, `t` and `t.numpy()`), which a graph that writes one
+    and reads the other cannot see (a functionalized graph writes inputs back at its
+    end): such inputs are not traced, and the trace relies on them staying apart."""
     seen = tx.output.__dict__.setdefault("numpy_inputs", [])
-    for other, other_source in seen:
-        if np.may_share_memory(value, other):
-            unsupported("ndarray arguments that share memory")
-        if guards is not None:
-            fn = guards.const(np.may_share_memory)
-            guards._add(None, f"NP_APART {source.name()} {other_source.name()}",
-                        f"not {fn}({source.guard_expr()}, {other_source.guard_expr()})",
-                        f"{source.name()} and {other_source.name()} do not share memory")
+    others = [(v, s) for v, s in seen] + [(i.value, i.source) for i in tx.output.inputs
+                                          if isinstance(i.value, torch.Tensor)]
+    for other, other_source in others:
+        _keep_apart(guards, value, source, other, other_source)
     seen.append((value, source))
+
+
+def keep_tensor_apart(output, value, source):
+    """A tensor input of a graph that has array inputs: see `_guard_no_overlap`."""
+    for arr, arr_source in output.__dict__.get("numpy_inputs", ()):
+        _keep_apart(output.guards, arr, arr_source, value, source)
+
+
+def _keep_apart(guards, value, source, other, other_source):
+    if isinstance(other_source, ArrayTensorSource):
+        return                  # the array itself, compared as an array
+    if memory_overlaps(value, other):
+        unsupported("an ndarray argument sharing memory with another input")
+    if guards is not None:
+        fn = guards.const(memory_overlaps)
+        guards._add(None, f"NP_APART {source.name()} {other_source.name()}",
+                    f"not {fn}({source.guard_expr()}, {other_source.guard_expr()})",
+                    f"{source.name()} and {other_source.name()} do not share memory")
+
+
+def _byte_range(x):
+    if isinstance(x, np.ndarray):
+        start = x.__array_interface__["data"][0]
+        sizes, strides, item = x.shape, x.strides, x.itemsize
+    else:
+        if x.device.type != "cpu" or x.numel() == 0:
+            return None
+        item = x.element_size()
+        start = x.data_ptr()
+        sizes, strides = x.shape, [st * item for st in x.stride()]
+    if 0 in sizes:
+        return None
+    low = start + sum(st * (n - 1) for n, st in zip(sizes, strides) if st < 0)
+    high = start + sum(st * (n - 1) for n, st in zip(sizes, strides) if st > 0) + item
+    return low, high
+
+
+def memory_overlaps(a, b) -> bool:
+    """Whether two arrays or tensors may share bytes (their extents overlap)."""
+    ra, rb = _byte_range(a), _byte_range(b)
+    return ra is not None and rb is not None and ra[0] < rb[1] and rb[0] < ra[1]
 
 
 def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
