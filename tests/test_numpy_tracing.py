@@ -187,6 +187,24 @@ def test_numpy_scalar_argument():
     check(f, [(np.ones(2), np.float32(2.0)), (np.ones(2), np.float32(3.0))], breaks=0)
 
 
+def test_numpy_scalars_known_at_trace_time_fold_as_numpy_does():
+    class Cfg:
+        pass
+
+    def f(x, cfg):
+        n = cfg.n                                   # an np.int64 from a config
+        eps = np.finfo(np.float32).eps
+        y = x[: n] * float(cfg.scale)
+        return y, eps * 2, np.float32(0.1) + np.float32(0.2), int(n) + 1, cfg.scale > 1, \
+            np.int8(100) + np.int8(1), y.numpy() * eps
+    cfgs = []
+    for n, scale in ((2, 2.0), (2, 0.5), (3, 1.5)):
+        c = Cfg()
+        c.n, c.scale = np.int64(n), np.float64(scale)
+        cfgs.append(c)
+    check(f, [(torch.arange(4.0), c) for c in cfgs], breaks=0, fullgraph=True)
+
+
 def test_example_numpy_postprocess():
     import importlib.util
     import pathlib

@@ -360,6 +360,77 @@ _INPLACE_METHODS = {"fill", "sort", "put", "__iadd__", "__isub__", "__imul__", "
                     "__ilshift__", "__irshift__", "__imatmul__", "__setitem__"}
 
 
+class NumpyScalarVar(Var):
+    """A NumPy scalar known at trace time (an argument guarded by value, finfo's eps,
+    np.float32(0.5)): arithmetic among such constants is NumPy's own, done while
+    tracing; beside an array it becomes a 0-d tensor of its dtype in the graph."""
+    __slots__ = ("value",)
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_const(self):
+        return True
+
+    def as_const(self):
+        return self.value
+
+    def truth(self, tx):
+        return bool(self.value)
+
+    def getattr(self, tx, name):
+        if name == "dtype":
+            return NumpyDTypeVar(self.value.dtype)
+        if name in ("ndim", "shape", "size", "itemsize", "nbytes", "real", "imag"):
+            return fold(getattr(self.value, name))
+        from .objects import MethodVar
+        if name in _SCALAR_METHODS:
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of a NumPy scalar")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name not in _SCALAR_METHODS or not all(a.is_const() for a in (*args, *kwargs.values())):
+            unsupported(f"{type(self.value).__name__}.{name}()")
+        consts = [_const_arg(a) for a in args]
+        try:
+            return fold(getattr(self.value, name)(*consts, **{k: _const_arg(v) for k, v in kwargs.items()}))
+        except Exception as e:
+            unsupported(f"{type(self.value).__name__}.{name}() raised {type(e).__name__}")
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+    def __repr__(self):
+        return f"NumpyScalarVar({self.value!r})"
+
+
+_SCALAR_METHODS = {"item", "astype", "tolist", "__round__", "__float__", "__int__", "__index__",
+                   "__bool__", "conjugate", "is_integer", "as_integer_ratio", "__abs__", "__neg__"}
+
+
+def _const_arg(v):
+    if isinstance(v, (NumpyDTypeVar, NumpyTypeVar)):
+        return _dtype_of(v)
+    return v.as_const()
+
+
+def fold(value):
+    """A value NumPy computed at trace time, as a Var."""
+    if isinstance(value, np.generic):
+        if value.dtype not in _NP_TO_TORCH:
+            unsupported(f"NumPy scalar of dtype {value.dtype}")
+        return NumpyScalarVar(value)
+    if isinstance(value, np.dtype):
+        return NumpyDTypeVar(value)
+    if is_constant_value(value) or type(value) is tuple and all(map(is_constant_value, value)):
+        return ConstVar(value)
+    unsupported(f"NumPy gave {type(value).__name__} at trace time")
+
+
 class NumpyDTypeVar(Var):
     """A numpy.dtype: a constant, compared and read at trace time."""
     __slots__ = ("value",)
@@ -422,7 +493,12 @@ class NumpyTypeVar(Var):
                 made = self.value(arg.as_const())
             except Exception as e:
                 unsupported(f"{self.value.__name__}({arg.as_const()!r}) raised {type(e).__name__}")
-            return numpy_constant(tx, made)
+            return fold(made)
+        if isinstance(arg, NumpyScalarVar):
+            try:
+                return fold(self.value(arg.value))
+            except Exception as e:
+                unsupported(f"{self.value.__name__}() raised {type(e).__name__}")
         return call_numpy(tx, self.value.__name__, _tnp().array, [arg],
                           {"dtype": ConstVar(np.dtype(self.value).name)}, copy=True, scalar=True)
 
@@ -446,13 +522,7 @@ class NumpyInfoVar(Var):
             attr = getattr(self.value, name)
         except AttributeError:
             unsupported(f"{type(self.value).__name__} has no attribute {name!r}")
-        if isinstance(attr, np.generic):
-            return numpy_constant(tx, attr)
-        if isinstance(attr, np.dtype):
-            return NumpyDTypeVar(attr)
-        if is_constant_value(attr):
-            return ConstVar(attr)
-        unsupported(f"{type(self.value).__name__}.{name}")
+        return fold(attr)
 
     def reconstruct(self, cg):
         cg.load_const(self.value)
@@ -578,9 +648,11 @@ def wrap_numpy_value(tx, value, source, guards):
             guards.equals(source, value)
         return NumpyDTypeVar(value, source)
     if isinstance(value, np.generic):
+        if value.dtype not in _NP_TO_TORCH:
+            unsupported(f"NumPy scalar of dtype {value.dtype}")
         if guards is not None:
             guards.equals(source, value)
-        return numpy_constant(tx, value)
+        return NumpyScalarVar(value, source)
     if type(value) is not np.ndarray:
         unsupported(f"ndarray subclass {type(value).__name__}")
     if source is None:
@@ -707,6 +779,8 @@ def _node_arg(tx, v: Var):
         return v
     if isinstance(v, (NumpyDTypeVar, NumpyTypeVar)):
         return ConstVar(_dtype_of(v).name)
+    if isinstance(v, NumpyScalarVar):
+        return numpy_constant(tx, v.value).base
     if isinstance(v, SymNodeVar):
         return v
     if isinstance(v, (TupleVar, ListVar)) and type(v) in (TupleVar, ListVar):
@@ -827,6 +901,14 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
         return _dtype_compare(fn, a, b)
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         unsupported(f"{fn.__name__} between a tensor and an ndarray")
+    if not isinstance(a, NdarrayVar) and not isinstance(b, NdarrayVar):
+        # NumPy scalars and Python constants: NumPy's own answer, now.
+        if not (a.is_const() and b.is_const()):
+            unsupported(f"{fn.__name__} of a NumPy scalar and {a if not a.is_const() else b}")
+        try:
+            return fold(fn(a.as_const(), b.as_const()))
+        except Exception as e:
+            unsupported(f"{fn.__name__} of NumPy scalars raised {type(e).__name__}")
     inplace = fn.__name__.startswith("i") and fn.__name__ not in ("is_", "is_not") and \
         isinstance(a, NdarrayVar)
     if inplace and a.scalar:
@@ -839,6 +921,11 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
 
 
 def numpy_unary_op(tx, fn, v: Var):
+    if isinstance(v, NumpyScalarVar):
+        try:
+            return fold(fn(v.value))
+        except Exception as e:
+            unsupported(f"{fn.__name__} of a NumPy scalar raised {type(e).__name__}")
     if fn is operator.not_ or fn is operator.truth:
         unsupported("truth value of an array")
     return call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [v], {})
@@ -856,4 +943,4 @@ def _dtype_compare(fn, a, b):
 
 
 def is_numpy_var(v: Var) -> bool:
-    return isinstance(v, (NdarrayVar, NumpyDTypeVar, NumpyTypeVar))
+    return isinstance(v, (NdarrayVar, NumpyDTypeVar, NumpyTypeVar, NumpyScalarVar))
