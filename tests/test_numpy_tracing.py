@@ -76,7 +76,9 @@ def test_dtypes_iinfo_finfo_are_trace_time_constants():
         big = np.iinfo(np.int32).max
         eps = np.finfo(a.dtype).eps
         same = a.dtype == np.float64, a.dtype == np.dtype("float32"), a.dtype.name
-        return a + eps, big, same, np.finfo(np.float32).tiny, a.astype(np.dtype("int64"))
+        kinds = (a.dtype in (np.float32, np.float64), np.issubdtype(a.dtype, np.floating),
+                 np.result_type(a.dtype, np.int32), np.can_cast(a.dtype, np.float64), a.dtype.type)
+        return a + eps, big, same, np.finfo(np.float32).tiny, a.astype(np.dtype("int64")), kinds
     check(f, [arrays((3,)), arrays((3,), dtype=np.float32)], graphs=2, breaks=0, fullgraph=True)
 
 

@@ -553,12 +553,34 @@ class NumpyFnVar(Var):
         unsupported(f"attribute {name!r} of numpy.{self.label}")
 
     def call(self, tx, args, kwargs):
+        if self.label in _DTYPE_FUNCTIONS:
+            return _fold_dtype_function(self.value, args, kwargs)
         return call_numpy(tx, self.label, self.twin, args, kwargs)
 
     def reconstruct(self, cg):
         if self.source is not None:
             return self.source.reconstruct(cg)
         cg.load_const(self.value)
+
+
+# Functions of dtypes alone: NumPy answers them at trace time.
+_DTYPE_FUNCTIONS = {"issubdtype", "result_type", "promote_types", "can_cast", "min_scalar_type"}
+
+
+def _fold_dtype_function(fn, args, kwargs):
+    def value(v):
+        if isinstance(v, (NumpyDTypeVar, NumpyTypeVar, NumpyScalarVar)):
+            return v.value
+        if isinstance(v, NdarrayVar):
+            unsupported(f"numpy.{fn.__name__} of an array")
+        if v.is_const() or isinstance(getattr(v, "value", None), type) and \
+                issubclass(v.value, np.generic):
+            return v.as_const() if v.is_const() else v.value
+        unsupported(f"numpy.{fn.__name__} of {v}")
+    try:
+        return fold(fn(*map(value, args), **{k: value(v) for k, v in kwargs.items()}))
+    except Exception as e:
+        unsupported(f"numpy.{fn.__name__} raised {type(e).__name__}")
 
 
 class _InfoFnVar(Var):
