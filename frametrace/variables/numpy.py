@@ -200,16 +200,17 @@ _ALWAYS_VIEW = {"flip", "fliplr", "flipud", "broadcast_to", "diagonal", "rot90",
 _MAY_VIEW = {"reshape", "ravel", "transpose", "T", "mT", "swapaxes", "moveaxis", "squeeze",
              "expand_dims", "atleast_1d", "atleast_2d", "atleast_3d", "real", "imag", "asarray",
              "asanyarray", "ascontiguousarray", "view", "conj", "conjugate", "__getitem__",
-             "rollaxis", "squeeze", "ndarray.flat", "imag", "getitem", "rollaxis"}
+             "rollaxis"}
 # 0-d results of these are NumPy scalars (ufuncs, reductions, and a few more); a 0-d
 # result of anything else is a 0-d array only where listed in _ZERO_D_ARRAY.
 _REDUCTIONS = {"sum", "prod", "mean", "var", "std", "min", "max", "amin", "amax", "argmin",
                "argmax", "any", "all", "ptp", "nansum", "nanprod", "nanmean", "nanvar", "nanstd",
                "nanmin", "nanmax", "nanargmin", "nanargmax", "median", "nanmedian", "average",
-               "dot", "vdot", "inner", "trace", "norm", "det", "clip", "cross"}
+               "dot", "vdot", "inner", "trace", "norm", "det", "clip", "round", "around", "einsum",
+               "matmul"}
 _ZERO_D_ARRAY = {"array", "asarray", "asanyarray", "copy", "where", "reshape", "squeeze",
                  "astype", "zeros", "ones", "empty", "full", "zeros_like", "ones_like",
-                 "full_like", "empty_like", "transpose", "T", "ravel", "atleast_1d"}
+                 "full_like", "empty_like", "transpose", "T"}
 
 
 @functools.lru_cache(maxsize=1)
