@@ -199,7 +199,7 @@ _ALWAYS_VIEW = {"flip", "fliplr", "flipud", "broadcast_to", "diagonal", "rot90",
 # itself (asarray).
 _MAY_VIEW = {"reshape", "ravel", "transpose", "T", "mT", "swapaxes", "moveaxis", "squeeze",
              "expand_dims", "atleast_1d", "atleast_2d", "atleast_3d", "real", "imag", "asarray",
-             "asanyarray", "ascontiguousarray", "view", "conj", "conjugate", "__getitem__",
+             "asanyarray", "ascontiguousarray", "view", "__getitem__",
              "rollaxis"}
 # 0-d results of these are NumPy scalars (ufuncs, reductions, and a few more); a 0-d
 # result of anything else is a 0-d array only where listed in _ZERO_D_ARRAY.
@@ -265,6 +265,8 @@ class NdarrayVar(Var):
                 from ..interpreter import binary_op
                 n = binary_op(tx, operator.mul, n, ConstVar(self.dtype.itemsize))
             return n
+        if name == "imag" and not t.example.is_complex():
+            unsupported("imag of a real array (read-only in NumPy)")
         if name in ("T", "mT", "real", "imag"):
             return call_numpy(tx, name, operator.attrgetter(name), [self], {})
         if name in _DATA_METHODS:
@@ -279,6 +281,9 @@ class NdarrayVar(Var):
             unsupported(f"ndarray.{name}() needs the array's data")
         if not callable(getattr(_tnp().ndarray, name, None)) or name in _DIFFERENT:
             unsupported(f"ndarray.{name}() is not in torch._numpy, or differs there")
+        if name in ("conj", "conjugate") and not args and not kwargs and \
+                not self.base.example.is_complex():
+            return self             # NumPy returns the real array itself
         if self.scalar and name not in _REDUCTIONS and name not in ("astype", "conj", "conjugate"):
             unsupported(f"{name}() of a NumPy scalar")
         return call_numpy(tx, name, name, [self, *args], kwargs, method=True,
@@ -841,6 +846,8 @@ def call_numpy(tx, label: str, fn, args, kwargs, method: bool = False, inplace: 
     node_kwargs = {k: _node_arg(tx, v) for k, v in kwargs.items()}
     name = label.rsplit(".", 1)[-1]
     _check_known_differences(name, node_args, node_kwargs)
+    if name == "imag" and not any(a.example.is_complex() for a in node_args if isinstance(a, TensorVar)):
+        unsupported("imag of a real array (read-only in NumPy)")
     arrays = [a for a in (*node_args, *node_kwargs.values()) if isinstance(a, TensorVar)]
     target = NumpyCall(fn, label, method=method)
     out = tx.output.call("call_function", target, tuple(node_args), node_kwargs)
