@@ -676,6 +676,9 @@ def _len(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
         if isinstance(args[0], TensorVar) and args[0].example.dim():
             return tx.output.size_of(args[0]).items[0]     # may stay symbolic
+        from .numpy import NdarrayVar
+        if isinstance(args[0], NdarrayVar) and not args[0].scalar and args[0].base.example.dim():
+            return tx.output.size_of(args[0].base).items[0]
         return ConstVar(args[0].length(tx))
 
 

@@ -348,7 +348,7 @@ def _check_steps(key):
     keys = key.items if isinstance(key, TupleVar) else \
         [ConstVar(k) for k in key.as_const()] if key.is_const() and type(key.as_const()) is tuple else [key]
     for k in keys:
-        step = k.parts[2] if isinstance(k, SliceVar) else \
+        step = (k.parts[2] if len(k.parts) > 2 else None) if isinstance(k, SliceVar) else \
             ConstVar(k.as_const().step) if k.is_const() and type(k.as_const()) is slice else None
         if step is not None and not (step.is_const() and (step.as_const() is None or
                                                           isinstance(step.as_const(), int) and step.as_const() > 0)):
