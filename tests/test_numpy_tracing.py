@@ -183,10 +183,19 @@ def test_dynamic_shapes_over_array_arguments():
     assert r.graphs == 2          # the second size makes it symbolic
 
 
-def test_numpy_scalar_argument():
+def test_numpy_scalar_arguments_are_data_not_constants():
     def f(a, s):
-        return a * s, s + 1
-    check(f, [(np.ones(2), np.float32(2.0)), (np.ones(2), np.float32(3.0))], breaks=0)
+        return a * s, s + 1, s / 2, s > 2, type(s)
+    r = check(f, [(np.ones(2), np.float32(2.0)), (np.ones(2), np.float32(3.0)),
+                  (np.ones(2), np.float32(-1.0)), (np.ones(2), np.int64(3)), (np.ones(2), np.int64(7))],
+              breaks=0, fullgraph=True)
+    assert r.graphs == 2            # one per scalar type, not per value
+
+    def g(x, n):
+        return x[: int(n)] * 2      # int() of it reads the value: guarded, as a constant
+    r = check(g, [(torch.ones(5), np.int64(2)), (torch.ones(5), np.int64(3)), (torch.ones(5), np.int64(3))],
+              breaks=0, fullgraph=True)
+    assert r.graphs == 2
 
 
 def test_numpy_scalars_known_at_trace_time_fold_as_numpy_does():

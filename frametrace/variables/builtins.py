@@ -1167,6 +1167,9 @@ def _data_conversion(kind):
     def handler(tx, args, kwargs):
         if len(args) == 1 and isinstance(args[0], TensorVar):
             unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
+        from .numpy import NdarrayVar
+        if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
+            return args[0].convert(tx, kind)
         if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVar) and kind in _SYM_CONVERSIONS:
             if args[0].python_type() is kind:
                 return args[0]

@@ -235,12 +235,25 @@ class NdarrayVar(Var):
     """A numpy.ndarray (or, with `scalar`, a NumPy scalar) whose data is the tensor
     `base` of the graph.  `base` is named so that the frame's outputs are collected
     through it."""
-    __slots__ = ("base", "scalar")
+    __slots__ = ("base", "scalar", "known")
 
-    def __init__(self, base: TensorVar, scalar: bool = False, source=None):
+    def __init__(self, base: TensorVar, scalar: bool = False, source=None, known=None):
         super().__init__(source)
         self.base = base
         self.scalar = scalar
+        self.known = known      # a scalar argument's value, read only by `convert`
+
+    def convert(self, tx, kind):
+        """int(s), float(s) ... of a NumPy scalar argument: its value, now guarded (a
+        change recompiles); of anything else, the data is not known while tracing."""
+        if self.known is None or self.source is None:
+            unsupported(f"{kind.__name__}() of an array needs its data")
+        try:
+            value = kind(self.known)
+        except Exception as e:
+            unsupported(f"{kind.__name__}() of {self.known!r} raised {type(e).__name__}")
+        tx.guards.equals(self.source, self.known)
+        return ConstVar(value)
 
     @property
     def dtype(self):
@@ -678,6 +691,12 @@ def wrap_numpy_value(tx, value, source, guards):
     if isinstance(value, np.generic):
         if value.dtype not in _NP_TO_TORCH:
             unsupported(f"NumPy scalar of dtype {value.dtype}")
+        if guards is not None and _unspecialized(tx, source):
+            # A NumPy scalar argument is data, as torch.compile treats it: a 0-d graph
+            # input (a copy: scalars are immutable), so new values reuse the graph.
+            guards.type_match(source, value)
+            t = tx.output.add_input(torch.as_tensor(value), ArrayTensorSource(source))
+            return NdarrayVar(t, scalar=True, source=source, known=value)
         if guards is not None:
             guards.equals(source, value)
         return NumpyScalarVar(value, source)
@@ -754,6 +773,11 @@ def memory_overlaps(a, b) -> bool:
     """Whether two arrays or tensors may share bytes (their extents overlap)."""
     ra, rb = _byte_range(a), _byte_range(b)
     return ra is not None and rb is not None and ra[0] < rb[1] and rb[0] < ra[1]
+
+
+def _unspecialized(tx, source) -> bool:
+    from ..shapes import _is_argument
+    return tx.output.policy.dynamic is not False and _is_argument(source)
 
 
 def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
