@@ -1190,11 +1190,12 @@ def _pure_generator(code) -> bool:
 def _is_data(value) -> bool:
     """Values computed in CPython that a resume frame passes on without guarding:
     everything but tensors, containers (whose items are guarded one by one) and None."""
-    import numpy
     import torch
+    numpy = sys.modules.get("numpy")
     # NumPy arrays are graph inputs like tensors (guarded on type, dtype and shape,
     # never on their values); NumPy scalars stay data (float() of one would pin it).
-    return not isinstance(value, (torch.Tensor, list, tuple, dict, type(None), numpy.ndarray))
+    return not isinstance(value, (torch.Tensor, list, tuple, dict, type(None))) and \
+        not (numpy is not None and type(value) is numpy.ndarray)
 
 
 class OpaqueVar(Var):

@@ -20,7 +20,6 @@ import functools
 import sys
 import types
 
-import numpy as np
 import torch
 
 from ..source import AttrSource, GetItemSource
@@ -32,7 +31,7 @@ from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
-from .numpy import numpy_callable_var, wrap_numpy_value
+from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_numpy_value
 from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
@@ -55,7 +54,7 @@ def wrap(tx, value, source, guard: bool = True):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
         return tx.output.add_input(value, source)
-    if isinstance(value, (np.ndarray, np.generic, np.dtype)):
+    if isinstance(value, NUMPY_VALUE_TYPES):
         return wrap_numpy_value(tx, value, source, guards)
     if guards is not None and (tx.output.policy.dynamic_int(source, value) or
                                tx.output.policy.dynamic_float(source, value)):

@@ -19,8 +19,12 @@ from __future__ import annotations
 import functools
 import operator
 
-import numpy as np
 import torch
+
+try:
+    import numpy as np
+except ImportError:         # NumPy is optional: without it there is nothing to trace
+    np = None
 
 from .base import Var, unsupported
 from .constant import ConstVar, is_constant_value
@@ -119,7 +123,7 @@ def to_numpy_scalar(t: torch.Tensor):
 
 
 # ------------------------------------------------------------------ dtypes
-_NP_TO_TORCH = {np.dtype(n): getattr(torch, t) for n, t in (
+_NP_TO_TORCH = {} if np is None else {np.dtype(n): getattr(torch, t) for n, t in (
     ("bool", "bool"), ("int8", "int8"), ("uint8", "uint8"), ("int16", "int16"),
     ("int32", "int32"), ("int64", "int64"), ("float16", "float16"), ("float32", "float32"),
     ("float64", "float64"), ("complex64", "complex64"), ("complex128", "complex128"))}
@@ -643,8 +647,14 @@ def numpy_constant(tx, value: np.generic) -> NdarrayVar:
     return NdarrayVar(t, scalar=True)
 
 
+# What `wrap` hands to `wrap_numpy_value`.
+VALUE_TYPES = (np.ndarray, np.generic, np.dtype) if np is not None else ()
+
+
 def numpy_callable_var(value, source):
     """The Var for a NumPy function, type or module attribute, or None."""
+    if np is None:
+        return None
     if value is np.finfo or value is np.iinfo or value is np.dtype:
         return _InfoFnVar(value, source)
     if isinstance(value, type):
