@@ -293,3 +293,21 @@ def test_numpy_scalar_results_of_zero_d_arrays():
         z = np.array(2.0)
         return -z, z + a.sum(), z.T, z + 1, np.exp(z), a[0, 0] * a[1, 1], np.float32(3) * 2.5
     check(f, [arrays((2, 2)), arrays((2, 2), seed=8)], graphs=1, breaks=0, fullgraph=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_integer_true_division_is_float64_under_every_backend(backend):
+    # torch makes it in its default dtype, which a retracing backend reads at run time
+    def f(a, b):
+        return a / b, a / 3, np.true_divide(a, 2), np.sqrt(a), np.arctan2(a, b), (a / 3).round(2)
+    i = np.array([1, 2, 3], dtype=np.int32)
+    u = np.array([3, 5, 7], dtype=np.uint8)
+    check(f, [(i, u), (i + 1, u)], backend=backend, graphs=1, breaks=0, fullgraph=True, rtol=0, atol=0)
+
+
+def test_result_dtypes_torch_numpy_gets_wrong_break():
+    def f(a, b):
+        y = a + 1
+        return y, np.exp(b), np.hypot(a, a), np.histogram(y / 3)[0], np.tri(3)
+    r = check(f, [(np.arange(3), np.arange(3, dtype=np.uint8)), (np.arange(3) + 2, np.ones(3, dtype=np.uint8))])
+    assert r.breaks >= 4

@@ -70,21 +70,27 @@ class NumpyCall:
     """A graph node's target: `fn` (a torch._numpy callable, a method name of
     torch._numpy's ndarray, or an operator) applied to arrays given as tensors.  NumPy's
     default float is float64; torch makes some results in its own default dtype, so the
-    call runs with float64 as that default."""
+    call runs with float64 as that default.  A backend that retraces the graph (AOT)
+    records no default, so calls whose result depends on it are made independent of it
+    (`cast_ints`: integer inputs converted to float64 first) or not traced."""
 
-    def __init__(self, fn, label: str, method: bool = False, copy: bool = False):
+    def __init__(self, fn, label: str, method: bool = False, cast_ints: bool = False,
+                 default=torch.float64):
         self.fn = fn
         self.method = method
-        self.copy = copy        # the result must not share memory with an argument
+        self.cast_ints = cast_ints
+        self.default = default
         self.__name__ = "np_" + "".join(c if c.isalnum() else "_" for c in label)
 
     def __repr__(self):
         return f"<numpy {self.__name__[3:]}>"
 
     def __call__(self, *args, **kwargs):
+        if self.cast_ints:
+            args, kwargs = _ints_to_float(args), _ints_to_float(kwargs)
         args, kwargs = _to_tnp(args), _to_tnp(kwargs)
         default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
+        torch.set_default_dtype(self.default)
         try:
             if self.method:
                 out = getattr(args[0], self.fn)(*args[1:], **kwargs)
@@ -92,8 +98,17 @@ class NumpyCall:
                 out = self.fn(*args, **kwargs)
         finally:
             torch.set_default_dtype(default)
-        out = _to_tensors(out)
-        return out.clone() if self.copy and isinstance(out, torch.Tensor) else out
+        return _to_tensors(out)
+
+
+def _ints_to_float(v):
+    if isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex()):
+        return v.to(torch.float64)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_ints_to_float(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _ints_to_float(x) for k, x in v.items()}
+    return v
 
 
 class NumpyConst:
@@ -188,10 +203,11 @@ def _callables():
 # Functions whose results are data (Python numbers), or that print or read files.
 _DATA_FUNCTIONS = ("count_nonzero", "array_equal", "array_equiv", "allclose", "isscalar")
 # Functions where torch._numpy's answer is known to differ from NumPy's: a (1,)-shaped
-# result where NumPy gives a scalar, read-only views NumPy makes writable here, integer
-# accumulations NumPy widens and torch._numpy does not.
+# result where NumPy gives a scalar, read-only views NumPy makes writable here, bin
+# edges rounded otherwise (a value lands in another bin).
 _DIFFERENT = ("median", "nanmedian", "percentile", "quantile", "nanpercentile", "nanquantile",
-              "diag", "diagonal")
+              "diag", "diagonal", "histogram", "histogram2d", "histogramdd",
+              "histogram_bin_edges", "digitize")
 _WIDENED_ACCUMULATIONS = {"cumsum", "cumprod"}
 # Sequence results: lists in NumPy (tuples in torch._numpy), everything else a tuple.
 _LIST_RESULTS = {"split", "array_split", "hsplit", "vsplit", "dsplit"}
@@ -285,7 +301,8 @@ class NdarrayVar(Var):
         if name == "imag" and not t.example.is_complex():
             unsupported("imag of a real array (read-only in NumPy)")
         if name in ("T", "mT", "real", "imag"):
-            return call_numpy(tx, name, operator.attrgetter(name), [self], {})
+            return call_numpy(tx, name, operator.attrgetter(name), [self], {},
+                              np_fn=operator.attrgetter(name))
         if name in _DATA_METHODS:
             unsupported(f"ndarray.{name} needs the array's data")
         if callable(getattr(_tnp().ndarray, name, None)) and callable(getattr(np.ndarray, name, None)):
@@ -310,7 +327,7 @@ class NdarrayVar(Var):
         if self.scalar:
             unsupported("indexing a NumPy scalar")
         _check_steps(key)
-        out = call_numpy(tx, "__getitem__", operator.getitem, [self, key], {})
+        out = call_numpy(tx, "__getitem__", operator.getitem, [self, key], {}, np_fn=operator.getitem)
         if isinstance(out, NdarrayVar) and out.base.example.dim() == 0:
             if isinstance(key, TupleVar):
                 keys = key.items
@@ -328,7 +345,8 @@ class NdarrayVar(Var):
         if self.scalar:
             unsupported("item assignment on a NumPy scalar")
         _check_steps(key)
-        call_numpy(tx, "__setitem__", operator.setitem, [self, key, value], {}, inplace=True)
+        call_numpy(tx, "__setitem__", operator.setitem, [self, key, value], {}, inplace=True,
+                   np_fn=operator.setitem)
 
     def unpack(self, tx):
         return [self.getitem(tx, ConstVar(i)) for i in range(self.length(tx))]
@@ -523,7 +541,8 @@ class NumpyTypeVar(Var):
             except Exception as e:
                 unsupported(f"{self.value.__name__}() raised {type(e).__name__}")
         return call_numpy(tx, self.value.__name__, _tnp().array, [arg],
-                          {"dtype": ConstVar(np.dtype(self.value).name)}, copy=True, scalar=True)
+                          {"dtype": ConstVar(np.dtype(self.value).name)}, copy=True, scalar=True,
+                          np_fn=np.array)
 
     def reconstruct(self, cg):
         cg.load_const(self.value)
@@ -578,7 +597,7 @@ class NumpyFnVar(Var):
     def call(self, tx, args, kwargs):
         if self.label in _DTYPE_FUNCTIONS:
             return _fold_dtype_function(self.value, args, kwargs)
-        return call_numpy(tx, self.label, self.twin, args, kwargs)
+        return call_numpy(tx, self.label, self.twin, args, kwargs, np_fn=self.value)
 
     def reconstruct(self, cg):
         if self.source is not None:
@@ -874,7 +893,7 @@ _POWERS = {"power", "pow", "__pow__", "__ipow__", "ipow", "float_power"}
 
 
 def call_numpy(tx, label: str, fn, args, kwargs, method: bool = False, inplace: bool = False,
-               copy: bool = False, scalar: bool | None = None):
+               copy: bool = False, scalar: bool | None = None, np_fn=None):
     """Record one NumPy call in the graph; its array results become NdarrayVars."""
     node_args = [_node_arg(tx, a) for a in args]
     node_kwargs = {k: _node_arg(tx, v) for k, v in kwargs.items()}
@@ -883,12 +902,118 @@ def call_numpy(tx, label: str, fn, args, kwargs, method: bool = False, inplace: 
     if name == "imag" and not any(a.example.is_complex() for a in node_args if isinstance(a, TensorVar)):
         unsupported("imag of a real array (read-only in NumPy)")
     arrays = [a for a in (*node_args, *node_kwargs.values()) if isinstance(a, TensorVar)]
-    target = NumpyCall(fn, label, method=method)
+    target = _default_free_target(tx, fn, label, method, node_args, node_kwargs)
     out = tx.output.call("call_function", target, tuple(node_args), node_kwargs)
     _check_integer_semantics(name, args, out)
+    expected = _numpy_dry_run(np_fn, method and fn, args, kwargs) if np_fn is not None or method \
+        else _NO_RUN
+    scalar = _check_against_numpy(label, out, expected, scalar)
     if "out" in kwargs and isinstance(kwargs["out"], NdarrayVar):
         return kwargs["out"]
     return _result(tx, label, name, out, args, arrays, inplace, copy, scalar)
+
+
+def _dtypes_of(out):
+    if isinstance(out, torch.Tensor):
+        return out.dtype
+    if isinstance(out, (tuple, list)):
+        return tuple(_dtypes_of(o) for o in out)
+    return None
+
+
+def _default_free_target(tx, fn, label, method, node_args, node_kwargs):
+    """The NumpyCall whose result does not depend on torch's default dtype (checked by
+    running it on FakeTensors under float64 and float32 defaults)."""
+    from ..graph import to_fake
+    fake_args = [to_fake(a) for a in node_args]
+    fake_kwargs = {k: to_fake(v) for k, v in node_kwargs.items()}
+
+    def dtypes(cast, default):
+        try:
+            with tx.output.fake_mode:
+                return _dtypes_of(NumpyCall(fn, label, method, cast, default)(*fake_args, **fake_kwargs))
+        except Exception:
+            return _FAILED
+    want = dtypes(False, torch.float64)
+    if want is _FAILED or dtypes(False, torch.float32) == want:
+        return NumpyCall(fn, label, method)
+    if dtypes(True, torch.float64) == want and dtypes(True, torch.float32) == want:
+        return NumpyCall(fn, label, method, cast_ints=True)
+    unsupported(f"numpy.{label}'s result dtype would depend on torch's default dtype")
+
+
+_FAILED = object()
+_NO_RUN = object()
+
+
+def _dummy(v):
+    """A small real NumPy value like the traced `v` (same dtype and ndim), or raise."""
+    if isinstance(v, NdarrayVar):
+        if v.scalar:
+            return v.dtype.type(0)
+        return _dummy_array(v.base.example)
+    if isinstance(v, TensorVar):
+        return _dummy_array(v.example)
+    if isinstance(v, (NumpyScalarVar, NumpyDTypeVar, NumpyTypeVar)):
+        return v.value
+    if isinstance(v, (TupleVar, ListVar)) and type(v) in (TupleVar, ListVar):
+        items = [_dummy(x) for x in v.items]
+        return tuple(items) if isinstance(v, TupleVar) else items
+    if v.is_const() and not isinstance(v, SymNodeVar):
+        value = v.as_const()
+        if _plain(value) or isinstance(value, type) and value in (float, int, bool, complex):
+            return value
+    raise TypeError("no dummy")
+
+
+def _dummy_array(t):
+    dtype = numpy_dtype(t.dtype)
+    shape = [int(n) if type(n) is int else 1 for n in t.shape]
+    if any(type(n) is not int for n in t.shape) or int(np.prod(shape)) > 4096:
+        shape = [1] * len(shape)
+    return np.ones(shape, dtype)
+
+
+def _numpy_dry_run(np_fn, method, args, kwargs):
+    """NumPy's own answer on small stand-ins of the arguments (same dtypes and ndims):
+    its dtypes and scalar-ness are what the traced call must give.  _NO_RUN when the
+    stand-ins cannot be made or NumPy refuses them (a shape they do not fit)."""
+    import warnings
+    try:
+        dargs = [_dummy(a) for a in args]
+        dkwargs = {k: _dummy(v) for k, v in kwargs.items()}
+    except Exception:
+        return _NO_RUN
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if method:
+                return getattr(dargs[0], method)(*dargs[1:], **dkwargs)
+            return np_fn(*dargs, **dkwargs)
+    except Exception:
+        return _NO_RUN
+
+
+def _check_against_numpy(label, out, expected, scalar):
+    """Compare the traced result with NumPy's dry run: a different dtype (or structure)
+    is a graph break; a 0-d result takes NumPy's scalar-ness."""
+    if expected is _NO_RUN:
+        return scalar
+    outs = out.items if isinstance(out, (TupleVar, ListVar)) else [out]
+    exps = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    if len(outs) != len(exps) and isinstance(out, (TupleVar, ListVar)):
+        unsupported(f"numpy.{label}: torch._numpy's result differs from NumPy's in structure")
+    for o, e in zip(outs, exps):
+        if isinstance(o, TensorVar) and isinstance(e, (np.ndarray, np.generic)):
+            if numpy_dtype(o.example.dtype) != e.dtype:
+                unsupported(f"numpy.{label} gives {e.dtype} in NumPy, "
+                            f"{o.example.dtype} in torch._numpy")
+            if o.example.dim() != np.ndim(e):
+                unsupported(f"numpy.{label}: torch._numpy's result has another ndim")
+    if isinstance(out, TensorVar) and out.example.dim() == 0 and \
+            isinstance(expected, (np.ndarray, np.generic)) and scalar is None:
+        return isinstance(expected, np.generic)
+    return scalar
 
 
 def _check_known_differences(name, args, kwargs):
@@ -980,7 +1105,7 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
         fn, inplace = _INPLACE_TO_PLAIN.get(fn, fn), False   # NumPy scalars are immutable
     if fn in (operator.is_, operator.is_not, operator.contains):
         unsupported(f"{fn.__name__} on arrays")
-    out = call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [a, b], {}, inplace=inplace)
+    out = call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [a, b], {}, inplace=inplace, np_fn=fn)
     return out
 
 
@@ -992,7 +1117,7 @@ def numpy_unary_op(tx, fn, v: Var):
             unsupported(f"{fn.__name__} of a NumPy scalar raised {type(e).__name__}")
     if fn is operator.not_ or fn is operator.truth:
         unsupported("truth value of an array")
-    return call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [v], {})
+    return call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [v], {}, np_fn=fn)
 
 
 def _dtype_compare(fn, a, b):
