@@ -184,12 +184,12 @@ def test_dynamic_shapes_over_array_arguments():
     assert r.graphs == 2          # the second size makes it symbolic
 
 
-def test_numpy_scalar_arguments_are_data_not_constants():
+def test_numpy_scalar_arguments_are_data_with_dynamic_true():
     def f(a, s):
         return a * s, s + 1, s / 2, s > 2, type(s)
     r = check(f, [(np.ones(2), np.float32(2.0)), (np.ones(2), np.float32(3.0)),
                   (np.ones(2), np.float32(-1.0)), (np.ones(2), np.int64(3)), (np.ones(2), np.int64(7))],
-              breaks=0, fullgraph=True)
+              breaks=0, fullgraph=True, dynamic=True)
     assert r.graphs == 2            # one per scalar type, not per value
 
     def g(x, n):
@@ -311,3 +311,10 @@ def test_result_dtypes_torch_numpy_gets_wrong_break():
         return y, np.exp(b), np.hypot(a, a), np.histogram(y / 3)[0], np.tri(3)
     r = check(f, [(np.arange(3), np.arange(3, dtype=np.uint8)), (np.arange(3) + 2, np.ones(3, dtype=np.uint8))])
     assert r.breaks >= 4
+
+
+def test_numpy_scalar_arguments_beside_tensors_are_python_numbers_to_torch():
+    def f(x, s):
+        return x * s, s * x, x.int() * s, (x + s).dtype, s * 2, type(s) is np.float64
+    inputs = [np.float32(2.0), np.float64(3.0), np.int64(2), np.float32(4.0), np.int8(3)]
+    check(f, [(torch.ones(2), s) for s in inputs], breaks=0, fullgraph=True)

@@ -721,8 +721,8 @@ def wrap_numpy_value(tx, value, source, guards):
         if value.dtype not in _NP_TO_TORCH:
             unsupported(f"NumPy scalar of dtype {value.dtype}")
         if guards is not None and _unspecialized(tx, source):
-            # A NumPy scalar argument is data, as torch.compile treats it: a 0-d graph
-            # input (a copy: scalars are immutable), so new values reuse the graph.
+            # Data: a 0-d graph input (a copy: scalars are immutable), so new values
+            # reuse the graph.
             guards.type_match(source, value)
             t = tx.output.add_input(torch.as_tensor(value), ArrayTensorSource(source))
             return NdarrayVar(t, scalar=True, source=source, known=value)
@@ -805,8 +805,11 @@ def memory_overlaps(a, b) -> bool:
 
 
 def _unspecialized(tx, source) -> bool:
+    """NumPy scalar arguments are constants (guarded by value), as Python numbers are
+    before they change; with dynamic=True they are data from the first call, as
+    torch.compile has them."""
     from ..shapes import _is_argument
-    return tx.output.policy.dynamic is not False and _is_argument(source)
+    return tx.output.policy.dynamic is True and _is_argument(source)
 
 
 def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
@@ -1089,6 +1092,12 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
     if isinstance(a, (NumpyDTypeVar, NumpyTypeVar)) or isinstance(b, (NumpyDTypeVar, NumpyTypeVar)):
         return _dtype_compare(fn, a, b)
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        other = b if isinstance(a, TensorVar) else a
+        if isinstance(other, NumpyScalarVar) and isinstance(other.value, (np.integer, np.floating)):
+            # torch takes a NumPy number as the Python number it equals (a weak scalar)
+            value = ConstVar(int(other.value) if isinstance(other.value, np.integer) else float(other.value))
+            from ..interpreter import binary_op
+            return binary_op(tx, fn, *((a, value) if other is b else (value, b)))
         unsupported(f"{fn.__name__} between a tensor and an ndarray")
     if not isinstance(a, NdarrayVar) and not isinstance(b, NdarrayVar):
         # NumPy scalars and Python constants: NumPy's own answer, now.
