@@ -93,6 +93,9 @@ class OutputGraph:
             self.guards.tensor(source, value, fake)
             if subclass:
                 wrapper_subclasses.guard_inner(self.guards, source, value, fake)
+            if "numpy_inputs" in self.__dict__:
+                from .variables.numpy import keep_tensor_apart
+                keep_tensor_apart(self, value, source)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
         self._input_fakes[id(fake)] = fake

@@ -28,6 +28,7 @@ from .variables.constant import BINARY_FOLD
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.containers import SizeVar
 from .variables.symbolic import SliceVar, SymNodeVar
+from .variables.numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .variables.scalars import capturing
 from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, exception_type, matches,
@@ -1195,7 +1196,11 @@ def _is_data(value) -> bool:
     """Values computed in CPython that a resume frame passes on without guarding:
     everything but tensors, containers (whose items are guarded one by one) and None."""
     import torch
-    return not isinstance(value, (torch.Tensor, list, tuple, dict, type(None)))
+    numpy = sys.modules.get("numpy")
+    # NumPy arrays are graph inputs like tensors (guarded on type, dtype and shape,
+    # never on their values); NumPy scalars stay data (float() of one would pin it).
+    return not isinstance(value, (torch.Tensor, list, tuple, dict, type(None))) and \
+        not (numpy is not None and type(value) is numpy.ndarray)
 
 
 class OpaqueVar(Var):
@@ -1313,6 +1318,8 @@ def _instructions(code):
 def binary_op(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if is_numpy_var(a) or is_numpy_var(b):
+        return numpy_binary_op(tx, fn, a, b)
     if isinstance(a, TensorVar):
         return tx.output.call("call_function", fn, (a, b), {})
     if isinstance(b, TensorVar) and not (isinstance(a, ListVar) and fn is operator.iadd):
@@ -1425,6 +1432,8 @@ def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
 
 
 def unary_op(tx, fn, v: Var) -> Var:
+    if is_numpy_var(v):
+        return numpy_unary_op(tx, fn, v)
     if isinstance(v, (TensorVar, SymNodeVar)):
         return tx.output.call("call_function", fn, (v,), {})
     if isinstance(v, ConstVar):

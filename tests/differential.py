@@ -28,6 +28,7 @@ import dataclasses
 import io
 import math
 
+import numpy as np
 import torch
 
 import frametrace
@@ -112,6 +113,8 @@ def same(a, b, path="value", rtol=1e-5, atol=1e-6, seen=None):
         if not ok:
             return f"{path}: tensor values differ\n{a}\nvs\n{b}"
         return _same_tensor_extras(a, b, path, rtol, atol, seen)
+    if isinstance(a, (np.ndarray, np.generic)):
+        return _same_numpy(a, b, path, rtol, atol)
     if isinstance(a, complex) and (a != a) and (b != b):
         return None
     if isinstance(a, float):
@@ -176,6 +179,17 @@ def _same_tensor_extras(a, b, path, rtol, atol, seen):
 def _tensor_attrs(t):
     # AOTAutograd marks the tensors it returns with symbolic dims (torch.compile's too).
     return {k: v for k, v in t.__dict__.items() if k != "_dynamo_propagated_dynamic_indices"}
+
+
+def _same_numpy(a, b, path, rtol, atol):
+    """NumPy arrays and scalars: by dtype, shape and values (NaNs equal)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return f"{path}: ndarray {a.dtype}{a.shape} != {b.dtype}{b.shape}"
+    if a.dtype.kind in "fc":
+        ok = np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        ok = np.array_equal(a, b)
+    return None if ok else f"{path}: ndarray values differ\n{a!r}\nvs\n{b!r}"
 
 
 def _same_attrs(a, b, path, rtol, atol, seen):

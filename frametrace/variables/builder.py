@@ -31,6 +31,7 @@ from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
+from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_numpy_value
 from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
@@ -53,6 +54,8 @@ def wrap(tx, value, source, guard: bool = True):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
         return tx.output.add_input(value, source)
+    if isinstance(value, NUMPY_VALUE_TYPES):
+        return wrap_numpy_value(tx, value, source, guards)
     if guards is not None and type(value) in (int, float) and _may_be_symbolic(tx, source, value):
         return tx.output.add_number_input(value, source)
     if is_constant_value(value):
@@ -145,6 +148,11 @@ def _wrap_deque(tx, value, source, guards, guard):
 
 
 def _wrap_object(tx, value, source, guards):
+    numpy_var = numpy_callable_var(value, source)
+    if numpy_var is not None:
+        if guards is not None:
+            guards.identity(source, value)
+        return numpy_var
     if isinstance(value, GradModeRestore):
         if guards is not None:
             guards.type_match(source, value)

@@ -676,6 +676,9 @@ def _len(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
         if isinstance(args[0], TensorVar) and args[0].example.dim():
             return tx.output.size_of(args[0]).items[0]     # may stay symbolic
+        from .numpy import NdarrayVar
+        if isinstance(args[0], NdarrayVar) and not args[0].scalar and args[0].base.example.dim():
+            return tx.output.size_of(args[0].base).items[0]
         return ConstVar(args[0].length(tx))
 
 
@@ -1141,6 +1144,9 @@ def _any_all(want):
 def _abs(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], TensorVar):
         return tx.output.call("call_function", operator.abs, (args[0],), {})
+    from .numpy import NdarrayVar, numpy_unary_op
+    if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
+        return numpy_unary_op(tx, operator.abs, args[0])
 
 
 def _round(tx, args, kwargs):
@@ -1149,6 +1155,9 @@ def _round(tx, args, kwargs):
 
 
 def _pow(tx, args, kwargs):
+    from .numpy import NdarrayVar, numpy_binary_op
+    if len(args) == 2 and not kwargs and any(isinstance(a, NdarrayVar) for a in args):
+        return numpy_binary_op(tx, operator.pow, *args)
     if len(args) == 2 and not kwargs and any(isinstance(a, TensorVar) for a in args):
         return tx.output.call("call_function", operator.pow, tuple(args), {})
 
@@ -1162,6 +1171,9 @@ def _data_conversion(kind):
             return args[0].call_method(tx, f"__{kind.__name__}__", [], {})
         if len(args) == 1 and isinstance(args[0], TensorVar):
             unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
+        from .numpy import NdarrayVar
+        if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
+            return args[0].convert(tx, kind)
         if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVar) and kind in _SYM_CONVERSIONS:
             if args[0].python_type() is kind:
                 return args[0]

@@ -300,6 +300,9 @@ def module_namespace(value):
     return value if module is not None and getattr(module, "__dict__", None) is value else None
 
 
+_NUMPY_CONVERTERS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
+
+
 class TorchFnVar(ObjectVar):
     """A torch function, Tensor method or operator: its calls become graph nodes."""
     __slots__ = ()
@@ -314,6 +317,11 @@ class TorchFnVar(ObjectVar):
             return call_check(tx, fn, args, kwargs)
         if is_tensor_of_numbers(fn, args):
             return tensor_of_numbers(tx, fn, args, kwargs)
+        if args and fn in _NUMPY_CONVERTERS:
+            from .numpy import torch_call_on_ndarray
+            made = torch_call_on_ndarray(tx, fn, args, kwargs)
+            if made is not None:
+                return made
         if fn in _GLOBAL_STATE_READERS:
             return _read_global_state(tx, fn)
         if fn in _GLOBAL_STATE_WRITERS:

@@ -64,6 +64,9 @@ class TensorVar(Var):
     def call_method(self, tx, name, args, kwargs):
         if name in SCALAR_METHODS and capturing():
             return scalar_method(tx, self, name, args, kwargs)
+        if name == "numpy":
+            from .numpy import tensor_to_ndarray
+            return tensor_to_ndarray(tx, self, args, kwargs)
         if name in _DATA_METHODS:
             unsupported(f"Tensor.{name}() needs the tensor's data")
         if name == "size" and len(args) <= 1 and not kwargs:
