@@ -29,16 +29,14 @@ class HigherOrderVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        return _HANDLERS[self.value](tx, args, kwargs)
+        return _BY_ID[id(self.value)][1](tx, args, kwargs)
 
 
 def higher_order_var(value, source):
     """The Var for `value` if it is a higher-order operator we trace, else None."""
-    try:
-        known = value in _HANDLERS
-    except TypeError:       # unhashable
-        return None
-    return HigherOrderVar(value, source) if known else None
+    # By identity: hashing a program's object may run (and fail in) its __hash__.
+    known = _BY_ID.get(id(value))
+    return HigherOrderVar(value, source) if known is not None and known[0] is value else None
 
 
 def _bind(what, names, args, kwargs, defaults=None):
@@ -216,3 +214,4 @@ _HANDLERS = {
     torch.while_loop: _while_loop,
     torch.utils.checkpoint.checkpoint: _checkpoint,
 }
+_BY_ID = {id(op): (op, handler) for op, handler in _HANDLERS.items()}
