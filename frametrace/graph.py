@@ -60,6 +60,8 @@ class OutputGraph:
         self.entry_state: dict | None = None
         self._last_placeholder = None
         self.has_unbacked = False       # some node reads a number from a tensor's data
+        # Graphs of higher-order ops' bodies (subgraph.py), held by the GraphModule.
+        self.submodules: dict[str, torch.nn.Module] = {}
 
     def entering_context(self):
         """Called before a context is entered for real: a state reader called inside it
@@ -158,6 +160,13 @@ class OutputGraph:
                 var = self._sizes[(anchor, i)] = SymNodeVar(node, size)
             items.append(var)
         return SizeVar(items)
+
+    def install_subgraph(self, prefix: str, gm: torch.nn.Module) -> fx.Node:
+        """Keep `gm` as a submodule of this graph's module; the get_attr node reading it."""
+        name = f"{prefix}_{len(self.submodules)}"
+        self.submodules[name] = gm
+        node = self.graph.get_attr(name)
+        return node
 
     # -- ops --
     def call(self, kind: str, target, args: tuple, kwargs: dict):
@@ -340,7 +349,10 @@ class OutputGraph:
         (GraphModule, compiled callable, seconds spent in the backend)."""
         self.graph.output(tuple(output_nodes))
         self.graph.lint()
-        gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name=name)
+        root = torch.nn.Module()
+        for sub_name, sub in self.submodules.items():
+            root.add_module(sub_name, sub)
+        gm = fx.GraphModule(root, self.graph, class_name=name)
         if self.has_unbacked:
             insert_runtime_asserts(gm, self.shape_env, name)
         gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]

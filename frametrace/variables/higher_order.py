@@ -1,0 +1,217 @@
+"""Higher-order operators: torch.cond, torch.while_loop and
+torch.utils.checkpoint.checkpoint.  Each body is speculated into a subgraph
+(subgraph.py), kept as a submodule of the frame's graph and called through torch's own
+higher-order op (``torch.ops.higher_order.cond`` ...), so backends see what
+torch.compile gives them.  A body that cannot be a subgraph breaks the graph at the
+operator's call, which then runs in CPython.
+
+The ops' signatures used here are the same on torch 2.11 and 2.13: cond(pred, true_gm,
+false_gm, operands), while_loop(cond_gm, body_gm, carried, additional) (2.13 adds a
+keyword-only argument we leave at its default), tag_activation_checkpoint(gm, *args,
+**checkpoint_kwargs) with a context_fn in gm.meta["_checkpoint_context_fn"].
+torch._higher_order_ops.map (not public API) is not handled here."""
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+
+from ..subgraph import call_hop, merge_inputs, same_structure, speculate
+from .base import unsupported
+from .constant import ConstVar
+from .containers import ListVar, TupleVar
+from .objects import ObjectVar
+from .symbolic import SymNodeVar
+from .tensor import TensorVar
+
+
+class HigherOrderVar(ObjectVar):
+    """A higher-order operator (the Python function users call, or torch.ops.higher_order.*)."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        return _BY_ID[id(self.value)][1](tx, args, kwargs)
+
+
+def higher_order_var(value, source):
+    """The Var for `value` if it is a higher-order operator we trace, else None."""
+    # By identity: hashing a program's object may run (and fail in) its __hash__.
+    known = _BY_ID.get(id(value))
+    return HigherOrderVar(value, source) if known is not None and known[0] is value else None
+
+
+def _bind(what, names, args, kwargs, defaults=None):
+    """Positional and keyword arguments to `names`, in order."""
+    if len(args) > len(names):
+        unsupported(f"{what}: too many arguments")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names or k in bound:
+            unsupported(f"{what}: unexpected argument {k!r}")
+        bound[k] = v
+    for k, v in (defaults or {}).items():
+        bound.setdefault(k, v)
+    missing = [n for n in names if n not in bound]
+    if missing:
+        unsupported(f"{what}: missing argument {missing[0]!r}")
+    return [bound[n] for n in names]
+
+
+def _sequence(tx, v, what):
+    if not isinstance(v, (TupleVar, ListVar)):
+        unsupported(f"{what} must be a tuple or list, not {v}")
+    return v.unpack(tx)
+
+
+def _fresh_like(tx, examples: list, requires_grad: list) -> list:
+    """New FakeTensors with the metadata of `examples` (a result is not any tensor the
+    body saw, so it must not share identity or storage with one)."""
+    out = []
+    with tx.output.fake_mode:
+        for ex, grad in zip(examples, requires_grad):
+            if not isinstance(ex, torch.Tensor):
+                out.append(ex)
+                continue
+            t = torch.empty_strided(ex.shape, ex.stride(), dtype=ex.dtype, device=ex.device)
+            out.append(t.requires_grad_(True) if grad else t)
+    return out
+
+
+# ---------------------------------------------------------------- torch.cond
+def _cond(tx, args, kwargs):
+    pred, true_fn, false_fn, operands = _bind(
+        "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs)
+    ops = _sequence(tx, operands, "torch.cond's operands")
+    if isinstance(pred, ConstVar):
+        # As torch.cond on a Python constant: the one branch, traced in line.
+        branch = true_fn if pred.value else false_fn
+        return branch.call(tx, ops, {})
+    if isinstance(pred, TensorVar):
+        if not (type(pred.example.numel()) is int and pred.example.numel() == 1):
+            unsupported("torch.cond's pred must be a tensor of one element")
+    elif not (isinstance(pred, SymNodeVar) and isinstance(pred.example, torch.SymBool)):
+        unsupported(f"torch.cond's pred must be a bool, a SymBool or a tensor, not {pred}")
+    for op in ops:
+        if not isinstance(op, (TensorVar, SymNodeVar, ConstVar)):
+            unsupported(f"torch.cond's operands must be tensors, not {op}")
+    branches = [speculate(tx, fn, ops, f"torch.cond {name}")
+                for fn, name in ((true_fn, "true_fn"), (false_fn, "false_fn"))]
+    t, f = branches
+    if not same_structure(t, f):
+        unsupported("torch.cond's branches return different structures")
+    for a, b in zip(t.output_examples(), f.output_examples()):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            unsupported("torch.cond's branches must return tensors")
+        if (a.dtype, a.device, tuple(a.shape)) != (b.dtype, b.device, tuple(b.shape)):
+            unsupported(f"torch.cond's branches return tensors of different metadata "
+                        f"({a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)})")
+    lifted = merge_inputs(branches)
+    true_node = tx.output.install_subgraph("cond_true", t.module())
+    false_node = tx.output.install_subgraph("cond_false", f.module())
+    examples = _fresh_like(tx, t.output_examples(),
+                           [a.requires_grad or b.requires_grad
+                            for a, b in zip(t.output_examples(), f.output_examples())])
+    outs = call_hop(tx, torch.ops.higher_order.cond,
+                    (pred, true_node, false_node, (*t.output.arg_vars, *lifted)), examples)
+    return t.rebuild(outs)
+
+
+# ---------------------------------------------------------------- torch.while_loop
+def _while_loop(tx, args, kwargs):
+    cond_fn, body_fn, carried = _bind(
+        "torch.while_loop", ("cond_fn", "body_fn", "carried_inputs"), args, kwargs)
+    init = _sequence(tx, carried, "torch.while_loop's carried_inputs")
+    if not all(isinstance(v, TensorVar) for v in init):
+        unsupported("torch.while_loop carrying something other than tensors")
+    if torch.is_grad_enabled() and any(v.example.requires_grad for v in init):
+        unsupported("torch.while_loop over tensors that require grad (no backward)")
+    c = speculate(tx, cond_fn, init, "torch.while_loop cond_fn", single_output=True)
+    b = speculate(tx, body_fn, init, "torch.while_loop body_fn")
+    pred = c.output_examples()
+    if c.spec[0] != "leaf" or not (pred[0].dtype == torch.bool and pred[0].dim() == 0):
+        unsupported("torch.while_loop's cond_fn must return a boolean scalar tensor")
+    outs = b.output_examples()
+    if b.spec[0] not in (TupleVar, ListVar) or len(outs) != len(init) or \
+            any(s[0] != "leaf" for s in b.spec[1]):
+        unsupported("torch.while_loop's body_fn must return a tuple like carried_inputs")
+    for v, o in zip(init, outs):
+        ex = v.example
+        if (ex.dtype, ex.device, tuple(ex.shape), ex.stride()) != (o.dtype, o.device, tuple(o.shape), o.stride()):
+            unsupported("torch.while_loop's body_fn changes a carried tensor's metadata")
+    if any(v.example.requires_grad for v in (*c.output.lifted, *b.output.lifted)) and torch.is_grad_enabled():
+        unsupported("torch.while_loop reading tensors that require grad (no backward)")
+    lifted = merge_inputs([c, b])
+    cond_node = tx.output.install_subgraph("while_cond", c.module())
+    body_node = tx.output.install_subgraph("while_body", b.module())
+    examples = _fresh_like(tx, [v.example for v in init], [False] * len(init))
+    results = call_hop(tx, torch.ops.higher_order.while_loop,
+                       (cond_node, body_node, tuple(init), tuple(lifted)), examples)
+    return TupleVar(results)
+
+
+# ---------------------------------------------------------------- checkpoint
+_CHECKPOINT_KWARGS = ("use_reentrant", "context_fn", "determinism_check", "debug",
+                      "early_stop", "preserve_rng_state")
+
+
+def _checkpoint(tx, args, kwargs):
+    """A non-reentrant checkpoint: the region is one tag_activation_checkpoint call, whose
+    intermediates AOTAutograd recomputes in the backward instead of saving."""
+    if not args:
+        unsupported("torch.utils.checkpoint.checkpoint without a function")
+    fn, fn_args = args[0], list(args[1:])
+    ckpt = {k: v for k, v in kwargs.items() if k in _CHECKPOINT_KWARGS}
+    fn_kwargs = {k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KWARGS}
+    reentrant = ckpt.pop("use_reentrant", None)
+    if not (isinstance(reentrant, ConstVar) and reentrant.value is False):
+        # The reentrant variant differs (no grads without an input needing one, a
+        # warning when not given): CPython runs it.
+        unsupported("torch.utils.checkpoint.checkpoint without use_reentrant=False")
+    context_fn = ckpt.pop("context_fn", None)
+    context = None
+    if context_fn is not None:
+        from torch.utils.checkpoint import noop_context_fn
+        context = getattr(context_fn, "value", None)
+        if context is not noop_context_fn:
+            if context_fn.source is None or not callable(context):
+                unsupported("torch.utils.checkpoint.checkpoint with a context_fn made in the frame")
+            tx.guards.identity(context_fn.source, context)
+        else:
+            context = None
+    consts = {}
+    for k, v in ckpt.items():
+        if not isinstance(v, ConstVar):
+            unsupported(f"torch.utils.checkpoint.checkpoint's {k} is not a constant")
+        consts[k] = v.value
+    mode = tx.output.fake_mode
+    drew, mode.used_rng = mode.used_rng, False
+    try:
+        body = speculate(tx, fn, fn_args, "torch.utils.checkpoint.checkpoint function",
+                         fn_kwargs, allow_aliasing=True)
+        random = mode.used_rng
+    finally:
+        mode.used_rng = drew or mode.used_rng
+    if random and consts.get("preserve_rng_state", True):
+        # The region is recomputed without restoring the RNG state (backends other
+        # than Inductor do not functionalize it): the backward would see other numbers.
+        unsupported("torch.utils.checkpoint.checkpoint over random ops")
+    if not body.leaves:
+        # Nothing to recompute; the region's ops are the frame's, inline.
+        return fn.call(tx, fn_args, fn_kwargs)
+    gm = body.module()
+    if context is not None:
+        gm.meta["_checkpoint_context_fn"] = context
+    node = tx.output.install_subgraph("checkpoint_body", gm)
+    examples = _fresh_like(tx, body.output_examples(),
+                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    outs = call_hop(tx, torch.ops.higher_order.tag_activation_checkpoint,
+                    (node, *body.inputs()), examples, consts)
+    return body.rebuild(outs)
+
+
+_HANDLERS = {
+    torch.cond: _cond,
+    torch.ops.higher_order.cond: _cond,
+    torch.while_loop: _while_loop,
+    torch.utils.checkpoint.checkpoint: _checkpoint,
+}
+_BY_ID = {id(op): (op, handler) for op, handler in _HANDLERS.items()}
