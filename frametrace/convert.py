@@ -128,6 +128,18 @@ def is_skipped_file(filename: str) -> bool:
     return hit
 
 
+def _generated_in_skipped_package(code, func) -> bool:
+    """Code made by exec in a skipped package's module (a dataclass's __init__, named
+    "<string>"), which a skipped call reaches (torch.cond running in CPython at a graph
+    break compiles with torch's own machinery)."""
+    if not code.co_filename.startswith("<"):
+        return False
+    name = (getattr(func, "__globals__", None) or {}).get("__name__")
+    # (collections.namedtuple's __new__ is made in a namespace of its own.)
+    return isinstance(name, str) and (name.split(".")[0] in config.skip_packages or
+                                      name.startswith("namedtuple_"))
+
+
 # 3.11 runs comprehensions as frames of their own, over a hidden iterator argument
 # ('.0') that is new on every call: traced alone they could never be reused.  (3.12
 # inlines them into the enclosing frame.)
@@ -167,7 +179,7 @@ def _make_callback(backend, fullgraph: bool, dynamic):
 
     def callback(code, func, args, n_entries):
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
-                code.co_name in _COMPREHENSIONS:
+                code.co_name in _COMPREHENSIONS or _generated_in_skipped_package(code, func):
             return _C.SKIP
         if _called_by_import_system():
             return None           # this call runs in CPython; nothing is cached

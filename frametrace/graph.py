@@ -56,6 +56,8 @@ class OutputGraph:
         # Real context managers entered while tracing (autocast), closed if it aborts.
         self.open_contexts: list = []
         self._last_placeholder = None
+        # Graphs of higher-order ops' bodies (subgraph.py), held by the GraphModule.
+        self.submodules: dict[str, torch.nn.Module] = {}
 
     def close_contexts(self):
         while self.open_contexts:
@@ -134,6 +136,13 @@ class OutputGraph:
                 var = self._sizes[(anchor, i)] = SymNodeVar(node, size)
             items.append(var)
         return SizeVar(items)
+
+    def install_subgraph(self, prefix: str, gm: torch.nn.Module) -> fx.Node:
+        """Keep `gm` as a submodule of this graph's module; the get_attr node reading it."""
+        name = f"{prefix}_{len(self.submodules)}"
+        self.submodules[name] = gm
+        node = self.graph.get_attr(name)
+        return node
 
     # -- ops --
     def call(self, kind: str, target, args: tuple, kwargs: dict):
@@ -293,7 +302,10 @@ class OutputGraph:
         (GraphModule, compiled callable, seconds spent in the backend)."""
         self.graph.output(tuple(output_nodes))
         self.graph.lint()
-        gm = fx.GraphModule(torch.nn.Module(), self.graph, class_name=name)
+        root = torch.nn.Module()
+        for sub_name, sub in self.submodules.items():
+            root.add_module(sub_name, sub)
+        gm = fx.GraphModule(root, self.graph, class_name=name)
         gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]
         example_inputs = [i.value for i in self.inputs]
         t0 = time.perf_counter()

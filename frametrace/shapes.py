@@ -91,8 +91,15 @@ class _FakeMode(FakeTensorMode):
         super().__init__(**kwargs)
         self.written_storages = set()
 
+    # Higher-order ops (cond, while_loop ...) dispatch on the mode's exact type: ours
+    # takes FakeTensorMode's rule for each.
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            rule = func.python_key_table.get(FakeTensorMode)
+            return NotImplemented if rule is None else rule(self, *args, **kwargs)
         if not self.used_rng and torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
             self.used_rng = True
         for i, name in _written_args(func):

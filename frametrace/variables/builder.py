@@ -27,6 +27,7 @@ from .base import unsupported
 from ..graph import fx_can_name
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
+from .higher_order import higher_order_var
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
@@ -132,6 +133,11 @@ def _wrap_object(tx, value, source, guards):
     context = wrap_context_object(tx, value, source, guards)
     if context is not None:
         return context
+    hop = higher_order_var(value, source)
+    if hop is not None:
+        if guards is not None:
+            guards.identity(source, value)
+        return hop
     if value is no_op_exit:
         if guards is not None:
             guards.identity(source, value)
