@@ -58,6 +58,12 @@ _TRANSFORMS = {
 }
 
 
+def remake_transform(kind, fn, options):
+    """``torch.func.<kind>(fn, **options)``, for a transformed function that outlives its
+    graph (held at a graph break)."""
+    return _TRANSFORMS[kind]()(fn, **dict(options))
+
+
 def transformed(body, kind, options, spec, args, kwargs, lifted):
     """``kind(fn, **options)(*args, **kwargs)`` for the traced fn: its whole result."""
     return _TRANSFORMS[kind]()(_as_function(body, spec, lifted), **dict(options))(*args, **kwargs)

@@ -79,8 +79,8 @@ def test_straight_through_estimator_uses_the_custom_backward(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_clipped_gradient_with_saved_tensor_and_ctx_attribute(backend):
     def f(x, b):
-        return ClippedGrad.apply(x.sin(), b).sum()
-    check_grads(f, [(rand(6) * 3, 0.5), (rand(6) * 3, 0.25)], backend=backend, fullgraph=True)
+        return ClippedGrad.apply(x.sin() * 3, b).sum()
+    check_grads(f, [(rand(6), 0.5), (rand(6), 0.25)], backend=backend, fullgraph=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -251,7 +251,7 @@ def test_side_effect_in_forward_breaks_and_keeps_the_custom_gradient():
     def f(x):
         return LogsInForward.apply(x.sin()) + 1
     r = check_grads(f, [rand(4), rand(6)], globals=("LOG",))
-    assert r.breaks >= 1
+    assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())
 
 
 class PrintsInBackward(torch.autograd.Function):

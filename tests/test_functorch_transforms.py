@@ -46,7 +46,7 @@ def rand(*shape, grad=False):
 def test_vmap_of_a_lambda_is_one_graph():
     def f(x):
         return torch.vmap(lambda r: r.sum() * r + 1)(x)
-    check(f, [rand(3, 4), rand(5, 4), rand(2, 7)], fullgraph=True, graphs=2)
+    check(f, [rand(3, 4), rand(5, 4), rand(6, 4)], fullgraph=True, graphs=2)
 
 
 def test_func_vmap_with_in_dims_out_dims_and_a_closure_over_a_tensor():
@@ -103,9 +103,9 @@ def test_vmap_over_a_function_with_a_side_effect_breaks_and_matches():
         def inner(r):
             log.append(1)
             return r * 2
-        return vmap(inner)(x) + 1
+        return vmap(inner)(x * 2) + 1
     r = check(f, [rand(3, 4), rand(3, 4)])
-    assert r.breaks >= 1
+    assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())
 
 
 def test_vmap_data_dependent_branch_raises_as_in_cpython():
@@ -208,6 +208,6 @@ def test_grad_of_a_function_with_a_side_effect_breaks_and_matches():
         def inner(r):
             log.append(r.shape[0])
             return (r * r).sum()
-        return grad(inner)(x)
+        return grad(inner)(x.cos())
     r = check(f, [rand(3), rand(3)])
-    assert r.breaks >= 1
+    assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())

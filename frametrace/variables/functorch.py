@@ -129,6 +129,12 @@ class TransformedVar(Var):
                      lambda body, spec, a, kw, lifted: (body, self.kind, self.options, spec, a, kw, lifted),
                      args, kwargs)
 
+    def reconstruct(self, cg):
+        # Held on the stack at a graph break: the real transform of the real function.
+        cg.call_const(runtime.remake_transform, [lambda cg: cg.load_const(self.kind),
+                                                 self.fn.reconstruct,
+                                                 lambda cg: cg.load_const(self.options)])
+
     def __repr__(self):
         return f"TransformedVar({self.kind}, {self.fn})"
 
@@ -182,7 +188,7 @@ def _per_example(tx, args, in_dims) -> list:
         in_dims = (in_dims,) * len(args)
     if not isinstance(in_dims, (tuple, list)) or len(in_dims) != len(args):
         unsupported("vmap's in_dims do not match the arguments")
-    sizes, out = set(), []
+    sizes, out = [], []
     with tx.output.fake_mode:
         for arg, dim in zip(args, in_dims):
             if dim is not None and not isinstance(dim, int):
@@ -196,12 +202,13 @@ def _per_example(tx, args, in_dims) -> list:
                 if not -ex.dim() <= dim < ex.dim():
                     unsupported("vmap's in_dim is out of range for an argument")
                 d = dim % ex.dim()
-                sizes.add(ex.shape[d])
+                sizes.append(ex.shape[d])
                 shape = ex.shape[:d] + ex.shape[d + 1:]
                 examples.append(torch.empty(shape, dtype=ex.dtype, device=ex.device)
                                 .requires_grad_(ex.requires_grad))
             out.append(examples)
-    if len(sizes) != 1:
+    # (Comparing symbolic sizes guards that they stay equal.)
+    if not sizes or any(s != sizes[0] for s in sizes[1:]):
         unsupported("vmap over no batched tensor, or over batch sizes that differ")
     return out
 
