@@ -132,6 +132,9 @@ _once_differentiable_backward = torch.autograd.function.once_differentiable(_bac
 
 
 def apply_function(plan, fwd, bwd, n_inputs, *tensors):
-    """The graph's call of a traced autograd.Function: its outputs as a flat tuple."""
-    out = _Applied.apply(plan, fwd, bwd, n_inputs, *tensors)
+    """The graph's call of a traced autograd.Function: its outputs as a flat tuple.
+    Tensors forward or backward read from outside (after the `n_inputs` arguments) are
+    constants to autograd, as in eager, where forward runs without recording."""
+    lifted = (t.detach() for t in tensors[n_inputs:])
+    out = _Applied.apply(plan, fwd, bwd, n_inputs, *tensors[:n_inputs], *lifted)
     return tuple(out) if plan["tuple_out"] else (out,)

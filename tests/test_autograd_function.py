@@ -293,3 +293,79 @@ def test_function_under_no_grad():
             y = StraightThrough.apply(x)
         return y + x
     check_grads(f, [rand(3), rand(3)], fullgraph=True)
+
+
+class ReadsParameter(torch.autograd.Function):
+    """forward reads a module's parameter it was not given: eager runs forward without
+    recording, so the parameter gets no gradient and the output needs none of its own."""
+    @staticmethod
+    def forward(ctx, x, m):
+        return x * m.weight.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parameter_read_inside_forward_gets_no_gradient(backend):
+    lin = torch.nn.Linear(3, 3)
+
+    def f(x):
+        return ReadsParameter.apply(x, lin) + 1
+    check(f, [rand(3, grad=False), rand(3, grad=False)], backend=backend, fullgraph=True)
+    check_grads(f, [rand(3), rand(3)], backend=backend, fullgraph=True)
+
+
+def test_setup_context_style_function_is_one_graph():
+    def f(x):
+        return SetupContextStyle.apply(x.cos(), 3) * 2
+    check_grads(f, [rand(4), rand(4)], fullgraph=True)
+
+
+def test_once_differentiable_backward_refuses_double_backward_as_in_cpython():
+    def f(x):
+        return CallsHelpers.apply(x) * x
+
+    def run(fn):
+        def go(x):
+            y = fn(x).sum()
+            (g,) = torch.autograd.grad(y, x, create_graph=True)
+            return torch.autograd.grad(g.sum(), x)
+        return go
+    check(run(f), [rand(3)], compiled=lambda c: run(frametrace.optimize(backend=c, fullgraph=True)(f)))
+
+
+class Doubler(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * x        # not 2x: the custom gradient, differentiable again
+
+
+@pytest.mark.parametrize("backend", ["eager"])     # (AOTAutograd has no double backward)
+def test_double_backward_through_a_custom_backward(backend):
+    def f(x):
+        return Doubler.apply(x)
+
+    def run(fn):
+        def go(x):
+            (g,) = torch.autograd.grad(fn(x).sum(), x, create_graph=True)
+            return g.detach(), torch.autograd.grad(g.sum(), x)
+        return go
+    check(run(f), [rand(3), rand(3)], backend=backend,
+          compiled=lambda c: run(frametrace.optimize(backend=c, fullgraph=True)(f)))
+
+
+def test_function_output_used_in_python_control_flow_guards_shape():
+    def f(x):
+        y = StraightThrough.apply(x)
+        if y.shape[0] > 3:
+            return y * 2
+        return y - 1
+    check_grads(f, [rand(2), rand(5), rand(6)])

@@ -211,3 +211,57 @@ def test_grad_of_a_function_with_a_side_effect_breaks_and_matches():
         return grad(inner)(x.cos())
     r = check(f, [rand(3), rand(3)])
     assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())
+
+
+def test_vjp_with_aux_and_a_tuple_output():
+    def fn(a, b):
+        return (a * b, a.sin()), b.sum()
+
+    def f(x, y, c1, c2):
+        out, pullback, aux = vjp(fn, x, y, has_aux=True)
+        gx, gy = pullback((c1, c2))
+        return out, aux, gx, gy
+    check(f, [(rand(3), rand(3), rand(3), rand(3))] * 2, fullgraph=True)
+
+
+def test_vjp_of_a_function_drawing_random_numbers_breaks():
+    def f(x, ct):
+        y = x * 2
+        out, pullback = vjp(lambda r: torch.nn.functional.dropout(r, 0.5), y)
+        return out, pullback(ct)
+    r = check(f, [(rand(4), rand(4))])
+    assert r.breaks >= 1 and any("random" in s for s in r.reasons())
+
+
+def test_vmap_with_out_dims_tuple_and_chunk_size():
+    def f(x):
+        return vmap(lambda r: (r * 2, r.sum()), out_dims=(1, 0), chunk_size=2)(x)
+    check(f, [rand(5, 3), rand(5, 3)], fullgraph=True)
+
+
+def test_vmap_with_randomness_same():
+    def f(x):
+        return vmap(lambda r: r + torch.rand(()), randomness="same")(x)
+    check(f, [rand(4, 3), rand(4, 3)], fullgraph=True)
+
+
+def test_vmap_with_mismatched_batch_sizes_raises_as_in_cpython():
+    def f(x, y):
+        return vmap(torch.add)(x, y)
+    check(f, [(rand(3, 2), rand(4, 2))], graphs=None)
+
+
+def test_jacrev_with_aux_and_gradients_through_it():
+    def f(x):
+        j, aux = jacrev(lambda r: (r.exp() * r, r.sum()), has_aux=True)(x)
+        return j.sum() * aux
+    check_grads(f, [rand(3, grad=True), rand(3, grad=True)], backend="aot_eager", fullgraph=True)
+
+
+def test_transform_held_across_a_graph_break():
+    def f(x):
+        g = vmap(lambda r: r * r.sum())
+        print("", end="")
+        return g(x)
+    r = check(f, [rand(3, 2), rand(3, 2)])
+    assert r.breaks >= 1

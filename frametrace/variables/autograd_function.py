@@ -65,8 +65,10 @@ class AutogradFunctionApplyVar(Var):
         if kwargs:
             unsupported(f"{name}.apply with keyword arguments")
         for a in args:
-            if not isinstance(a, (TensorVar, ConstVar)):
-                unsupported(f"{name}.apply over an argument that is not a tensor or a constant ({a})")
+            if not isinstance(a, TensorVar) and (isinstance(a, SymNodeVar) or _holds_graph_values(a)):
+                # (autograd does not look for tensors inside containers; a symbolic
+                # number would be a placeholder that is not an input of the Function)
+                unsupported(f"{name}.apply over {a}, a number or a container holding tensors")
         if self.cls.backward is _BASE_BACKWARD:
             unsupported(f"{name} defines no backward")
         grad_on = torch.is_grad_enabled()
@@ -139,6 +141,12 @@ class AutogradFunctionApplyVar(Var):
                 unsupported(f"{name}.backward returned {g} for the input {a}")
             grads.append(True)
         return bwd, once, tuple(grads)
+
+
+def _holds_graph_values(v) -> bool:
+    found = []
+    map_graph_vars(v, lambda t: found.append(t) or t)
+    return bool(found)
 
 
 def _is_none(v) -> bool:

@@ -350,9 +350,9 @@ class VjpFnVar(Var):
         self.primals = primals
 
     def call(self, tx, args, kwargs):
-        if kwargs:
-            unsupported("a vjp function called with keyword arguments")
-        cotangents = args[0] if len(args) == 1 else TupleVar(list(args))
+        if kwargs or len(args) != 1:
+            unsupported("a vjp function called with other than one cotangent structure")
+        cotangents = args[0]
         options = self.options
         return _emit(tx, runtime.apply_vjp, runtime.vjp_result, self.sub,
                      lambda body, spec, a, kw, lifted: (body, options, spec, a, kw["ct"], lifted),
