@@ -369,3 +369,28 @@ def test_function_output_used_in_python_control_flow_guards_shape():
             return y * 2
         return y - 1
     check_grads(f, [rand(2), rand(5), rand(6)])
+
+
+class Swappable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_replacing_backward_between_calls_is_seen():
+    def f(x):
+        return Swappable.apply(x)
+    fn = frametrace.optimize(fullgraph=True)(f)
+    x = rand(3)
+    (g1,) = torch.autograd.grad(fn(x).sum(), x)
+    old = Swappable.backward
+    try:
+        Swappable.backward = staticmethod(lambda ctx, g: g * 5)
+        (g2,) = torch.autograd.grad(fn(x).sum(), x)
+    finally:
+        Swappable.backward = old
+    assert torch.equal(g1, torch.ones(3)) and torch.equal(g2, torch.full((3,), 5.0))

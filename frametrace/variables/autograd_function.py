@@ -69,8 +69,6 @@ class AutogradFunctionApplyVar(Var):
                 # (autograd does not look for tensors inside containers; a symbolic
                 # number would be a placeholder that is not an input of the Function)
                 unsupported(f"{name}.apply over {a}, a number or a container holding tensors")
-        if self.cls.backward is _BASE_BACKWARD:
-            unsupported(f"{name} defines no backward")
         grad_on = torch.is_grad_enabled()
         needs = tuple(isinstance(a, TensorVar) and grad_on and a.example.requires_grad for a in args)
         state = _CtxState(needs)
@@ -109,9 +107,10 @@ class AutogradFunctionApplyVar(Var):
         return TupleVar(results) if plan["tuple_out"] else results[0]
 
     def _setup_context(self, tx):
-        if self.cls.setup_context is _BASE_SETUP_CONTEXT:
-            return None
-        return self.cls_var.getattr(tx, "setup_context")
+        # Read through the class (guarded), so a setup_context assigned later is seen.
+        setup = self.cls_var.getattr(tx, "setup_context")
+        value = getattr(setup, "value", getattr(setup, "fn", None))
+        return None if value is _BASE_SETUP_CONTEXT else setup
 
     def _backward(self, tx, state, outs, kept, args, name):
         """Speculate backward over the output gradients and what forward kept: its
@@ -119,6 +118,8 @@ class AutogradFunctionApplyVar(Var):
         gradient."""
         backward = self.cls_var.getattr(tx, "backward")
         real = self.cls.backward
+        if real is _BASE_BACKWARD:
+            unsupported(f"{name} defines no backward")
         once = getattr(real, "__code__", None) is _ONCE_DIFFERENTIABLE_CODE
         if once:
             backward = backward.getattr(tx, "__wrapped__")
