@@ -9,6 +9,8 @@ backend.  Whatever the subgraph cannot hold (a side effect, a data-dependent bra
 graph break) refuses the call, which then runs in CPython."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.utils._pytree as pytree
 
@@ -34,6 +36,7 @@ _OPTIONS = {
 }
 
 
+@functools.lru_cache(None)
 def _transforms():
     import torch.func as func
     return {func.vmap: "vmap", torch.vmap: "vmap", func.grad: "grad",
@@ -43,10 +46,8 @@ def _transforms():
 
 def functorch_var(value, source):
     """The Var for a torch.func transform, or None."""
-    try:
-        kind = _transforms().get(value)
-    except TypeError:       # unhashable
-        return None
+    # By identity: hashing a program's object runs its __hash__, which may fail.
+    kind = next((k for f, k in _transforms().items() if f is value), None)
     if kind is None:
         return None
     return VjpVar(value, source) if kind == "vjp" else TransformVar(value, source, kind)
