@@ -209,11 +209,12 @@ class Subgraph:
 
 def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
               allow_input_mutation: bool = False, allow_aliasing: bool = False,
-              finish: bool = True) -> Subgraph:
+              finish: bool = True, single_output: bool = False) -> Subgraph:
     """Trace `fn(*args, **kwargs)` into a new graph (see the module docstring).  `what`
     names the body in refusals ("torch.cond true_fn").  With ``finish=False`` the
     graph gets no output node yet (the caller adds outputs of its own first; then
-    `finish_outputs`).  Outputs that share memory with an input are refused unless
+    `finish_outputs`); with ``single_output`` the graph returns its one output bare,
+    not in a tuple (while_loop's cond_fn).  Outputs that share memory with an input are refused unless
     `allow_aliasing` (torch's control-flow ops raise on them)."""
     from .interpreter import InstructionTranslator
     from .variables.exceptions import TracedRaise
@@ -245,15 +246,19 @@ def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
     if not allow_aliasing and sub.aliased_outputs(leaves):
         unsupported(f"{what} returns an input tensor or a view of one (an alias)")
     sg = Subgraph(sub, result, leaves, spec, what)
+    if single_output and len(leaves) != 1:
+        unsupported(f"{what} must return one tensor")
     if finish:
-        finish_outputs(sg)
+        finish_outputs(sg, single=single_output)
     return sg
 
 
-def finish_outputs(sg: Subgraph, extra: list = ()):
-    """The output node: the body's graph values, then `extra` (Vars of the subgraph)."""
+def finish_outputs(sg: Subgraph, extra: list = (), single: bool = False):
+    """The output node: the body's graph values, then `extra` (Vars of the subgraph);
+    `single`: the one value itself, not a tuple."""
     sg.leaves = [*sg.leaves, *(sg.output.lift(v) for v in extra)]
-    sg.graph.output(tuple(leaf.node for leaf in sg.leaves))
+    nodes = tuple(leaf.node for leaf in sg.leaves)
+    sg.graph.output(nodes[0] if single else nodes)
 
 
 def _flatten(v, leaves: list, what: str):
@@ -410,12 +415,12 @@ def _describe(obj) -> str:
     return type(obj).__name__
 
 
-def call_hop(tx, target, args: tuple, examples: list) -> list:
-    """Record `target(*args)` in the frame's graph (a higher-order op whose results are
-    described by `examples`), and return one outer Var per result."""
+def call_hop(tx, target, args: tuple, examples: list, kwargs: dict | None = None) -> list:
+    """Record `target(*args, **kwargs)` in the frame's graph (a higher-order op whose
+    results are described by `examples`), and return one outer Var per result."""
     out = tx.output
     node_args = tuple(_node_arg(out, a) for a in args)
-    node = out.graph.create_node("call_function", target, node_args, {})
+    node = out.graph.create_node("call_function", target, node_args, dict(kwargs or {}))
     node.meta["example_value"] = tuple(examples)
     results = []
     for i, ex in enumerate(examples):

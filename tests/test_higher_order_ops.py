@@ -90,3 +90,118 @@ def test_cond_gradients_match_cpython():
             c(b).backward()
             torch.testing.assert_close(a.grad, b.grad)
             torch.testing.assert_close(want_w, m.weight.grad)
+
+
+def test_cond_symbolic_size_pred_keeps_both_branches():
+    def f(x):
+        return torch.cond(x.shape[0] > 4, lambda a: a.sin(), lambda a: a.cos(), (x,))
+    r = check(f, [(torch.randn(3),), (torch.randn(6),), (torch.randn(8),), (torch.randn(2),)],
+              fullgraph=True, dynamic=True)
+    assert r.graphs == 1 and r.compiles == 1
+
+
+def test_nested_cond_lifts_through_both_levels():
+    def f(x, y):
+        def inner(a):
+            return torch.cond(a.mean() > 0, lambda b: b * y, lambda b: b - y, (a,))
+        return torch.cond(x.sum() > 0, inner, lambda a: a.cos(), (x,))
+    r = check(f, [(x, torch.randn(4)) for (x,) in _pos_neg()], fullgraph=True, backend="aot_eager")
+    assert r.graphs == 1 and r.compiles == 1
+
+
+def test_cond_branch_with_graph_break_breaks_the_outer_graph():
+    def f(x):
+        def tb(a):
+            print("side")
+            return a.sin()
+        return torch.cond(x.sum() > 0, tb, lambda a: a.cos(), (x,)) * 2
+    r = check(f, _pos_neg())
+    assert r.breaks >= 1 and any("torch.cond true_fn cannot be traced" in s for s in r.reasons())
+
+
+def test_cond_branch_writing_its_input_in_place_breaks_the_graph():
+    def f(x):
+        def tb(a):
+            a.add_(1)
+            return a.sin()
+        return torch.cond(x.sum() > 0, tb, lambda a: a.cos(), (x,))
+    r = check(f, _pos_neg())
+    assert r.breaks >= 1 and any("writes in place to an input" in s for s in r.reasons())
+
+
+def test_while_loop_one_graph_with_lifted_closure():
+    def f(i, x, w):
+        def body(i, x):
+            return i + 1, x * w + 1
+        return torch.while_loop(lambda i, x: i < 4, body, (i, x))
+    for backend in ("eager", "aot_eager"):
+        r = check(f, [(torch.tensor(0), torch.randn(3), torch.randn(3)),
+                      (torch.tensor(2), torch.randn(3), torch.randn(3))], fullgraph=True, backend=backend)
+        assert r.graphs == 1 and r.compiles == 1
+
+
+def test_while_loop_body_changing_shape_breaks_the_graph():
+    def f(x):
+        return torch.while_loop(lambda x: x.sum() < 100, lambda x: (x.repeat(2),), (x,))
+    r = check(f, [(torch.ones(2),)], graphs=0)
+    assert any("metadata" in s for s in r.reasons())
+
+
+def _checkpoint_case():
+    from torch.utils.checkpoint import checkpoint
+    lin = torch.nn.Linear(8, 8)
+
+    def region(a, b):
+        return (lin(a).relu() * b).sin().cos()
+
+    def f(x, y):
+        return checkpoint(region, x, y, use_reentrant=False).sum()
+
+    def plain(x, y):
+        return region(x, y).sum()
+    return lin, f, plain
+
+
+def test_checkpoint_values_and_gradients_match_cpython():
+    lin, f, _ = _checkpoint_case()
+    r = check(f, [(torch.randn(4, 8), torch.randn(4, 8)), (torch.randn(4, 8), torch.randn(4, 8))],
+              fullgraph=True)
+    assert r.graphs == 1
+    for backend in ("eager", "aot_eager"):
+        c = frametrace.optimize(backend=backend, fullgraph=True)(f)
+        for _ in range(2):
+            x, y = torch.randn(4, 8), torch.randn(4, 8)
+            a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+            lin.zero_grad()
+            f(a, y).backward()
+            want = lin.weight.grad.clone()
+            lin.zero_grad()
+            c(b, y).backward()
+            torch.testing.assert_close(a.grad, b.grad)
+            torch.testing.assert_close(want, lin.weight.grad)
+
+
+def test_checkpoint_region_is_recomputed_in_the_aot_eager_backward():
+    _, f, plain = _checkpoint_case()
+
+    def saved_by(fn):
+        saved = []
+        x = torch.randn(4, 8, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            out = fn(x, torch.randn(4, 8))
+        out.backward()
+        return len(saved)
+    with_ckpt = saved_by(frametrace.optimize(backend="aot_eager", fullgraph=True)(f))
+    without = saved_by(frametrace.optimize(backend="aot_eager", fullgraph=True)(plain))
+    # Only the region's inputs (x, y, weight, bias) are kept; its intermediates are not.
+    assert with_ckpt == 4 and without > with_ckpt
+
+
+def test_checkpoint_over_random_ops_breaks_the_graph():
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x):
+        return checkpoint(lambda a: torch.nn.functional.dropout(a, 0.5).sin(), x,
+                          use_reentrant=False) + 1
+    r = check(f, [(torch.randn(8),)])
+    assert any("random" in s for s in r.reasons())

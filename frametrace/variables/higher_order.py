@@ -7,6 +7,7 @@ operator's call, which then runs in CPython."""
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 
 from ..subgraph import call_hop, merge_inputs, same_structure, speculate
 from .base import unsupported
@@ -110,7 +111,102 @@ def _cond(tx, args, kwargs):
     return t.rebuild(outs)
 
 
+# ---------------------------------------------------------------- torch.while_loop
+def _while_loop(tx, args, kwargs):
+    cond_fn, body_fn, carried = _bind(
+        "torch.while_loop", ("cond_fn", "body_fn", "carried_inputs"), args, kwargs)
+    init = _sequence(tx, carried, "torch.while_loop's carried_inputs")
+    if not all(isinstance(v, TensorVar) for v in init):
+        unsupported("torch.while_loop carrying something other than tensors")
+    if torch.is_grad_enabled() and any(v.example.requires_grad for v in init):
+        unsupported("torch.while_loop over tensors that require grad (no backward)")
+    c = speculate(tx, cond_fn, init, "torch.while_loop cond_fn", single_output=True)
+    b = speculate(tx, body_fn, init, "torch.while_loop body_fn")
+    pred = c.output_examples()
+    if c.spec[0] != "leaf" or not (pred[0].dtype == torch.bool and pred[0].dim() == 0):
+        unsupported("torch.while_loop's cond_fn must return a boolean scalar tensor")
+    outs = b.output_examples()
+    if b.spec[0] not in (TupleVar, ListVar) or len(outs) != len(init) or \
+            any(s[0] != "leaf" for s in b.spec[1]):
+        unsupported("torch.while_loop's body_fn must return a tuple like carried_inputs")
+    for v, o in zip(init, outs):
+        ex = v.example
+        if (ex.dtype, ex.device, tuple(ex.shape), ex.stride()) != (o.dtype, o.device, tuple(o.shape), o.stride()):
+            unsupported("torch.while_loop's body_fn changes a carried tensor's metadata")
+    if any(v.example.requires_grad for v in (*c.output.lifted, *b.output.lifted)) and torch.is_grad_enabled():
+        unsupported("torch.while_loop reading tensors that require grad (no backward)")
+    lifted = merge_inputs([c, b])
+    cond_node = tx.output.install_subgraph("while_cond", c.module())
+    body_node = tx.output.install_subgraph("while_body", b.module())
+    examples = _fresh_like(tx, [v.example for v in init], [False] * len(init))
+    results = call_hop(tx, torch.ops.higher_order.while_loop,
+                       (cond_node, body_node, tuple(init), tuple(lifted)), examples)
+    return TupleVar(results)
+
+
+# ---------------------------------------------------------------- checkpoint
+_CHECKPOINT_KWARGS = ("use_reentrant", "context_fn", "determinism_check", "debug",
+                      "early_stop", "preserve_rng_state")
+
+
+def _checkpoint(tx, args, kwargs):
+    """A non-reentrant checkpoint: the region is one tag_activation_checkpoint call, whose
+    intermediates AOTAutograd recomputes in the backward instead of saving."""
+    if not args:
+        unsupported("torch.utils.checkpoint.checkpoint without a function")
+    fn, fn_args = args[0], list(args[1:])
+    ckpt = {k: v for k, v in kwargs.items() if k in _CHECKPOINT_KWARGS}
+    fn_kwargs = {k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KWARGS}
+    reentrant = ckpt.pop("use_reentrant", None)
+    if not (isinstance(reentrant, ConstVar) and reentrant.value is False):
+        # The reentrant variant differs (no grads without an input needing one, a
+        # warning when not given): CPython runs it.
+        unsupported("torch.utils.checkpoint.checkpoint without use_reentrant=False")
+    context_fn = ckpt.pop("context_fn", None)
+    context = None
+    if context_fn is not None:
+        from torch.utils.checkpoint import noop_context_fn
+        context = getattr(context_fn, "value", None)
+        if context is not noop_context_fn:
+            if context_fn.source is None or not callable(context):
+                unsupported("torch.utils.checkpoint.checkpoint with a context_fn made in the frame")
+            tx.guards.identity(context_fn.source, context)
+        else:
+            context = None
+    consts = {}
+    for k, v in ckpt.items():
+        if not isinstance(v, ConstVar):
+            unsupported(f"torch.utils.checkpoint.checkpoint's {k} is not a constant")
+        consts[k] = v.value
+    mode = tx.output.fake_mode
+    drew, mode.used_rng = mode.used_rng, False
+    try:
+        body = speculate(tx, fn, fn_args, "torch.utils.checkpoint.checkpoint function",
+                         fn_kwargs, allow_aliasing=True)
+        random = mode.used_rng
+    finally:
+        mode.used_rng = drew or mode.used_rng
+    if random and consts.get("preserve_rng_state", True):
+        # The region is recomputed without restoring the RNG state (backends other
+        # than Inductor do not functionalize it): the backward would see other numbers.
+        unsupported("torch.utils.checkpoint.checkpoint over random ops")
+    if not body.leaves:
+        # Nothing to recompute; the region's ops are the frame's, inline.
+        return fn.call(tx, fn_args, fn_kwargs)
+    gm = body.module()
+    if context is not None:
+        gm.meta["_checkpoint_context_fn"] = context
+    node = tx.output.install_subgraph("checkpoint_body", gm)
+    examples = _fresh_like(tx, body.output_examples(),
+                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    outs = call_hop(tx, torch.ops.higher_order.tag_activation_checkpoint,
+                    (node, *body.inputs()), examples, consts)
+    return body.rebuild(outs)
+
+
 _HANDLERS = {
     torch.cond: _cond,
     torch.ops.higher_order.cond: _cond,
+    torch.while_loop: _while_loop,
+    torch.utils.checkpoint.checkpoint: _checkpoint,
 }
