@@ -265,3 +265,17 @@ def test_transform_held_across_a_graph_break():
         return g(x)
     r = check(f, [rand(3, 2), rand(3, 2)])
     assert r.breaks >= 1
+
+
+def test_layout_reads_in_a_vmapped_function_run_in_cpython():
+    # vmap's per-example tensors report the batch's strides, which the trace cannot know.
+    def f(x):
+        y = x + 1
+        return vmap(lambda r: r * 2 if r.is_contiguous() else r * 3, in_dims=1)(y)
+
+    def g(x):
+        y = x + 1
+        return vmap(lambda r: r * r.stride()[0], in_dims=1)(y)
+    for fn in (f, g):
+        r = check(fn, [rand(3, 4), rand(3, 4)])
+        assert r.breaks >= 1 and any("layout" in s for s in r.reasons())

@@ -125,7 +125,7 @@ class TransformedVar(Var):
         else:
             inner_args = _differentiated(tx, args, option(self.kind, self.options, "argnums"),
                                          self.kind)
-        sub = speculate(tx, _ArgsAs(self.fn, inner_args), args, what, kwargs)
+        sub = speculate(tx, _ArgsAs(self.fn, inner_args, self.kind == "vmap"), args, what, kwargs)
         return _emit(tx, runtime.apply_transform, runtime.transformed, sub,
                      lambda body, spec, a, kw, lifted: (body, self.kind, self.options, spec, a, kw, lifted),
                      args, kwargs)
@@ -144,14 +144,17 @@ class _ArgsAs(Var):
     """Calls `fn` with the subgraph's placeholders re-described: speculate makes each
     placeholder like the tensor passed, and a transform hands its function something
     else (vmap a slice without the batch dimension, grad a tensor that needs grad)."""
-    __slots__ = ("fn", "examples")
+    __slots__ = ("fn", "examples", "hides_layout")
 
-    def __init__(self, fn, examples):
+    def __init__(self, fn, examples, hides_layout=False):
         super().__init__(None)
         self.fn = fn
         self.examples = examples      # per argument: a list of FakeTensors (or None) in order
+        self.hides_layout = hides_layout
 
     def call(self, tx, args, kwargs):
+        if self.hides_layout:
+            tx.output.hides_layout = True
         redone = []
         for arg, examples in zip(args, self.examples):
             it = iter(examples)
