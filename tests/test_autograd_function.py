@@ -394,3 +394,11 @@ def test_replacing_backward_between_calls_is_seen():
     finally:
         Swappable.backward = old
     assert torch.equal(g1, torch.ones(3)) and torch.equal(g2, torch.full((3,), 5.0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_function_over_changing_sizes_compiles_once_dynamic(backend):
+    def f(x):
+        return ClippedGrad.apply(x * 2, 0.3) + StraightThrough.apply(x)
+    r = check_grads(f, [rand(3), rand(5), rand(8)], backend=backend, fullgraph=True)
+    assert r.graphs == 2

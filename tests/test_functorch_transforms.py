@@ -279,3 +279,21 @@ def test_layout_reads_in_a_vmapped_function_run_in_cpython():
     for fn in (f, g):
         r = check(fn, [rand(3, 4), rand(3, 4)])
         assert r.breaks >= 1 and any("layout" in s for s in r.reasons())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmap_and_grad_over_changing_sizes_compile_once_dynamic(backend):
+    def f(x, w):
+        per = vmap(grad(lambda r, v: (r @ v).tanh().sum()), in_dims=(0, None))(x, w)
+        return per * 2
+    r = check(f, [(rand(3, 4), rand(4, 2)), (rand(5, 4), rand(4, 2)), (rand(7, 4), rand(4, 2))],
+              backend=backend, fullgraph=True)
+    assert r.graphs == 2
+
+
+def test_vmap_of_a_torch_function_and_a_module():
+    lin = torch.nn.Linear(3, 2)
+
+    def f(a, b):
+        return vmap(torch.dot)(a, b), vmap(lin)(a)
+    check(f, [(rand(4, 3), rand(4, 3)), (rand(4, 3), rand(4, 3))], fullgraph=True)
