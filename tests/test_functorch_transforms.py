@@ -297,3 +297,14 @@ def test_vmap_of_a_torch_function_and_a_module():
     def f(a, b):
         return vmap(torch.dot)(a, b), vmap(lin)(a)
     check(f, [(rand(4, 3), rand(4, 3)), (rand(4, 3), rand(4, 3))], fullgraph=True)
+
+
+def test_a_python_attribute_of_an_input_is_not_on_the_vmapped_tensor():
+    def f(x):
+        y = x * 2
+        return vmap(lambda r: r * getattr(r, "scale", 1.0))(x) + y
+
+    def run(x):
+        x.scale = 3.0
+        return x
+    check(f, [run(rand(3, 2)), run(rand(3, 2))], fullgraph=True)

@@ -158,15 +158,18 @@ class _ArgsAs(Var):
         redone = []
         for arg, examples in zip(args, self.examples):
             it = iter(examples)
-            redone.append(map_graph_vars(arg, lambda t: _with_example(t, next(it))))
+            redone.append(map_graph_vars(arg, lambda t: _with_example(tx, t, next(it))))
         return self.fn.call(tx, redone, kwargs)
 
 
-def _with_example(var, example):
+def _with_example(tx, var, example):
     if example is None or not isinstance(var, TensorVar):
         return var
     node = var.node
     node.meta["example_value"] = node.meta["val"] = example
+    # The transform's wrapper is a new tensor, not the frame's input (whose Python
+    # attributes and identity it does not share).
+    tx.output._outer_of[node] = TensorVar(None, example)
     return TensorVar(node, example)
 
 
