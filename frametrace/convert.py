@@ -181,7 +181,7 @@ def _make_callback(backend, fullgraph: bool, dynamic):
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
                 code.co_name in _COMPREHENSIONS or _generated_in_skipped_package(code, func):
             return _C.SKIP
-        if _called_by_import_system():
+        if _called_by_import_system() or _in_functorch_transform():
             return None           # this call runs in CPython; nothing is cached
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))
@@ -221,6 +221,13 @@ def _called_by_import_system() -> bool:
     calls us before that frame starts, so our caller's frame is its caller.)"""
     caller = sys._getframe(2)
     return caller is not None and caller.f_code.co_filename.startswith("<frozen importlib")
+
+
+def _in_functorch_transform() -> bool:
+    """Whether a torch.func transform run by CPython (vmap, grad ... after a graph break)
+    is calling this frame: its tensors are the transform's wrappers, which FakeTensors
+    cannot stand for, so the frame is the transform's to run."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def _log_recompile(code, func, args):

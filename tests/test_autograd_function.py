@@ -402,3 +402,16 @@ def test_function_over_changing_sizes_compiles_once_dynamic(backend):
         return ClippedGrad.apply(x * 2, 0.3) + StraightThrough.apply(x)
     r = check_grads(f, [rand(3), rand(5), rand(8)], backend=backend, fullgraph=True)
     assert r.graphs == 2
+
+
+def test_function_inside_torch_func_grad_matches_cpython():
+    # torch.func.grad runs a Function only through setup_context; without one it raises.
+    def f(x):
+        y = x * 2
+        a = torch.func.grad(lambda r: SetupContextStyle.apply(r, 2).sum())(y)
+        return a
+
+    def g(x):
+        return torch.func.grad(lambda r: ClippedGrad.apply(r, 0.5).sum())(x * 2)
+    check(f, [rand(3, grad=False), rand(3, grad=False)], graphs=None)
+    check(g, [rand(3, grad=False)], graphs=None)
