@@ -1,9 +1,15 @@
-"""Higher-order operators: torch.cond, torch.while_loop, torch._higher_order_ops.map and
+"""Higher-order operators: torch.cond, torch.while_loop and
 torch.utils.checkpoint.checkpoint.  Each body is speculated into a subgraph
 (subgraph.py), kept as a submodule of the frame's graph and called through torch's own
 higher-order op (``torch.ops.higher_order.cond`` ...), so backends see what
 torch.compile gives them.  A body that cannot be a subgraph breaks the graph at the
-operator's call, which then runs in CPython."""
+operator's call, which then runs in CPython.
+
+The ops' signatures used here are the same on torch 2.11 and 2.13: cond(pred, true_gm,
+false_gm, operands), while_loop(cond_gm, body_gm, carried, additional) (2.13 adds a
+keyword-only argument we leave at its default), tag_activation_checkpoint(gm, *args,
+**checkpoint_kwargs) with a context_fn in gm.meta["_checkpoint_context_fn"].
+torch._higher_order_ops.map (not public API) is not handled here."""
 from __future__ import annotations
 
 import torch
