@@ -36,7 +36,7 @@ def higher_order_var(value, source):
     """The Var for `value` if it is a higher-order operator we trace, else None."""
     try:
         known = value in _HANDLERS
-    except TypeError:       # unhashable
+    except Exception:       # unhashable, or a program's __hash__ that fails
         return None
     return HigherOrderVar(value, source) if known else None
 
