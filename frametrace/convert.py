@@ -181,7 +181,7 @@ def _make_callback(backend, fullgraph: bool, dynamic):
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
                 code.co_name in _COMPREHENSIONS or _generated_in_skipped_package(code, func):
             return _C.SKIP
-        if _called_by_import_system() or _inside_torch_tracing():
+        if _called_by_import_system() or _inside_torch_tracing() or _in_functorch_transform():
             return None           # this call runs in CPython; nothing is cached
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))
@@ -232,12 +232,18 @@ def _inside_torch_tracing() -> bool:
     linearize, AOTAutograd, export) or fake-tensor propagation.  Such code is the
     tracer's input, not a program to compile: a compiled frame there would hand its
     transformed code (grad-mode calls, a graph of FakeTensors) to the tracer, which
-    torch.compile avoids by disabling itself in those regions.  (Eager functorch
-    transforms are not tracers: frames under torch.func.grad are compiled.)"""
+    torch.compile avoids by disabling itself in those regions."""
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     return any(type(m).__module__.startswith(_TRACER_MODULES)
                for m in (*_get_current_function_mode_stack(), *_get_current_dispatch_mode_stack()))
+
+
+def _in_functorch_transform() -> bool:
+    """Whether a torch.func transform run by CPython (vmap, grad ... after a graph break)
+    is calling this frame: its tensors are the transform's wrappers, which FakeTensors
+    cannot stand for, so the frame is the transform's to run."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def _log_recompile(code, func, args):

@@ -168,6 +168,19 @@ class OutputGraph:
         node = self.graph.get_attr(name)
         return node
 
+    # A vmapped function's graph (variables/functorch.py) sets it: its tensors stand for
+    # per-example views of a batch, whose strides the trace cannot know.
+    hides_layout = False
+
+    def layout_hidden(self) -> bool:
+        """Whether this graph, or one it is nested in, hides tensors' layout."""
+        out = self
+        while out is not None:
+            if out.hides_layout:
+                return True
+            out = out.__dict__.get("parent")
+        return False
+
     # -- ops --
     def call(self, kind: str, target, args: tuple, kwargs: dict):
         """Record `target(*args, **kwargs)` (kind 'call_function' or 'call_method'),
@@ -177,6 +190,8 @@ class OutputGraph:
         fake_args = tuple(to_fake(a) for a in args)
         fake_kwargs = {k: to_fake(v) for k, v in kwargs.items()}
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+        if what in _LAYOUT_READS and self.layout_hidden():
+            unsupported(f"Tensor.{what}() in a vmapped function (vmap hides the batch's layout)")
         if kind == "call_function" and not fx_can_name(target):
             unsupported(f"{what} cannot be named in an FX graph")
         self._check_input_metadata_kept(kind, what, target, args, kwargs, fake_args, fake_kwargs)
@@ -378,6 +393,10 @@ def insert_runtime_asserts(gm, shape_env, name):
     with enable_python_dispatcher():
         insert_deferred_runtime_asserts(gm, shape_env, name)
     gm.recompile()
+
+
+# Tensor methods whose answer depends on memory layout.
+_LAYOUT_READS = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense"})
 
 
 def written_arg(kind: str, target, args, kwargs):

@@ -28,6 +28,8 @@ from ..graph import fx_can_name
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
 from .higher_order import higher_order_var
+from .functorch import functorch_var
+from .autograd_function import autograd_function_apply_var
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
@@ -172,6 +174,9 @@ def _wrap_object(tx, value, source, guards):
             guards.identity(source, value)
         return NoOpExitVar(source)
     if isinstance(value, types.MethodType):
+        applied = autograd_function_apply_var(tx, value, source, guards)
+        if applied is not None:
+            return applied
         self_source = AttrSource(source, "__self__") if source is not None else None
         func_source = AttrSource(source, "__func__") if source is not None else None
         return BoundMethodVar(wrap(tx, value.__func__, func_source, guards is not None),
@@ -221,6 +226,9 @@ def _wrap_object(tx, value, source, guards):
         return NNModuleVar(value, source)
     if isinstance(value, contextvars.ContextVar):
         return ContextVarVar(value, source)
+    transform = functorch_var(value, source)
+    if transform is not None:
+        return transform
     library = library_var(value, source)
     if library is not None:
         return library

@@ -76,6 +76,8 @@ class TensorVar(Var):
         if name == "dim" and not args and not kwargs:
             return ConstVar(self.example.dim())
         if name == "storage_offset" and not args and not kwargs:
+            if tx.output.layout_hidden():
+                unsupported("Tensor.storage_offset() in a vmapped function")
             inp = tx.output.input_of(self)
             if inp is None:
                 unsupported("storage_offset() of a tensor computed in the graph")
