@@ -2,6 +2,7 @@
 graph, and hand the C hook a (guard, transformed code) cache entry."""
 from __future__ import annotations
 
+import gc
 import importlib.util
 import itertools
 import logging
@@ -181,7 +182,10 @@ def _make_callback(backend, fullgraph: bool, dynamic):
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
                 code.co_name in _COMPREHENSIONS or _generated_in_skipped_package(code, func):
             return _C.SKIP
-        if _called_by_import_system() or _inside_torch_tracing() or _in_functorch_transform():
+        if _called_by_import_system() or _inside_torch_tracing() or _in_functorch_transform() or \
+                any(func is cb for cb in gc.callbacks):
+            # (a gc callback runs wherever a collection happens to start: not the
+            # program's code, and compiling it would count against whatever it interrupted)
             return None           # this call runs in CPython; nothing is cached
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))

@@ -12,9 +12,15 @@ def _fresh_frametrace():
     frametrace.reset()
     limit = frametrace.config.cache_size_limit
     torch.manual_seed(0)
+    grad = torch.is_grad_enabled()
     yield
     frametrace.config.cache_size_limit = limit
     frametrace.reset()
+    # A compiled frame must leave grad mode as CPython would; a test that changes it
+    # would also change what every later test traces.
+    leaked = torch.is_grad_enabled() != grad
+    torch.set_grad_enabled(grad)
+    assert not leaked, "grad mode changed by the test"
 
 
 @pytest.fixture

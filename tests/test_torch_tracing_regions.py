@@ -74,3 +74,24 @@ def test_frames_under_an_eager_functorch_transform_run_like_cpython():
     assert torch.allclose(torch.vmap(g)(x.view(2, 2)), torch.vmap(inner)(x.view(2, 2)))
     assert cc.frame_count == 0
     assert torch.allclose(g(x), inner(x)) and cc.frame_count == 1
+
+
+def test_gc_callbacks_are_not_compiled():
+    import gc
+    seen = []
+
+    def on_gc(phase, info):
+        seen.append(torch.ones(1) * len(seen))
+
+    def f(x):
+        y = x + 1
+        gc.collect()                # a break: CPython runs it, and the callback
+        return y * 2
+
+    gc.callbacks.append(on_gc)
+    try:
+        r = check(f, [torch.randn(2), torch.randn(2)])
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert seen and not any(rec.code is on_gc.__code__ for rec in r.records)
+    assert r.breaks >= 1
