@@ -150,7 +150,7 @@ class CodeGen:
             unsupported(f"returning {var}, which is neither a graph output nor an input")
 
     # -- whole programs --
-    def call_graph(self, slot, input_sources, n_outputs: int, rerun_grad=None):
+    def call_graph(self, slot, input_sources, n_outputs: int, rerun_grad=None, restore_grad=None):
         """Call the compiled graph on its inputs and keep the outputs in locals.  The
         graph is a constant of the code (`slot`, replaced by `fill_graph_slot` once the
         backend compiled it), not a global: reset() in another thread, or anything
@@ -160,8 +160,12 @@ class CodeGen:
         graph changes nothing outside itself before it returns: if it raises (for a
         reason only the data decide, an index out of range), nothing the frame did has
         happened yet, so the frame runs again in CPython from its start, and does in
-        order what comes before the failing op.  Free when nothing raises."""
-        if rerun_grad is not None:
+        order what comes before the failing op.  Free when nothing raises.
+
+        `restore_grad`, when given instead, is the grad mode an exception out of the
+        graph leaves: the graph's `with` blocks are left, as in CPython."""
+        guarded = rerun_grad is not None or restore_grad is not None
+        if guarded:
             handler = Label()
             try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
             self.instrs.append(try_begin)
@@ -170,12 +174,16 @@ class CodeGen:
         for source in input_sources:
             source.reconstruct(self)
         self.call(len(input_sources))
-        if rerun_grad is not None:
+        if guarded:
             after = Label()
             self.instrs.append(TryEnd(try_begin))
             self.emit("JUMP_FORWARD", after)
             self.instrs.append(handler)
-            self._rerun_on_exception(rerun_grad)
+            if rerun_grad is not None:
+                self._rerun_on_exception(rerun_grad)
+            else:
+                self.set_grad_mode(restore_grad)
+                self.emit("RERAISE", 0)
             self.instrs.append(after)
         if n_outputs == 0:
             self.emit("POP_TOP")

@@ -460,7 +460,13 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         name = f"__compiled_fn_{next(_fn_ids)}"
         slot = GraphSlot(name)
         rerun = entry_grad if _can_run_again(output, backend) else None
-        names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes), rerun)
+        # A graph that switches grad mode inside `with` blocks and raises midway leaves
+        # the mode switched; CPython's blocks put it back as the exception leaves them.
+        outside = entry_grad if output.outer_grad is None else output.outer_grad
+        restore = outside if rerun is None and not output.unscoped_grad and any(
+            n.target is torch._C._set_grad_enabled for n in output.graph.nodes) else None
+        names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes), rerun,
+                              restore)
         cg.tensor_locals = dict(zip(out_nodes, names))
     # What the frame returns, or hands over at a break, is computed before the side
     # effects are replayed: CPython computed it before them too.

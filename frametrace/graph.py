@@ -60,6 +60,10 @@ class OutputGraph:
         self.entry_state: dict | None = None
         self._last_placeholder = None
         self.has_unbacked = False       # some node reads a number from a tensor's data
+        # Grad-mode switches not scoped by a `with` (set_grad_enabled called as a
+        # function): an exception out of the graph leaves those in effect, as CPython does.
+        self.unscoped_grad: set = set()
+        self.outer_grad = None          # see variables/builder.py (GradModeRestore)
         # Graphs of higher-order ops' bodies (subgraph.py), held by the GraphModule.
         self.submodules: dict[str, torch.nn.Module] = {}
 

@@ -160,6 +160,10 @@ def _wrap_object(tx, value, source, guards):
         if guards is not None:
             guards.type_match(source, value)
             guards.equals(AttrSource(source, "mode"), value.mode)
+        if tx.output.outer_grad is None:
+            # The exit of the resumed frame's outermost grad-mode `with` (its stack is
+            # read bottom first): the mode an exception out of the frame leaves.
+            tx.output.outer_grad = value.mode
         return GradModeSetVar(value.mode, source)
     context = wrap_context_object(tx, value, source, guards)
     if context is not None:

@@ -57,6 +57,7 @@ class _SetGradEnabledVar(GradModeVar):
 
     def enter(self, tx):
         # Its constructor switched the mode and kept the one before (for exit).
+        tx.output.unscoped_grad.discard(id(self))
         self._set(tx, self.mode)
         return ConstVar(None)
 
@@ -141,6 +142,7 @@ class GradModeSetVar(Var):
             if len(args) != 1 or not args[0].is_const():
                 unsupported("torch._C._set_grad_enabled with a traced mode")
             mode = bool(args[0].as_const())
+            tx.output.unscoped_grad.add("torch._C._set_grad_enabled")
         GradModeVar(mode)._set(tx, mode)
         return ConstVar(None if self.mode is None else False)
 
@@ -234,6 +236,7 @@ def grad_mode_class(tx, cls, args, kwargs):
         var = _SetGradEnabledVar(mode)
         var.prev = torch.is_grad_enabled()
         var._set(tx, mode)
+        tx.output.unscoped_grad.add(id(var))        # until a `with` enters it
         return var
     if cls is torch.autocast and all(a.is_const() for a in args) and \
             all(v.is_const() for v in kwargs.values()):
