@@ -11,7 +11,7 @@ cache_size_limit = 8
 # frametrace, and libraries with no torch program to capture.  The standard library
 # is always skipped.
 skip_packages = ("torch", "functorch", "frametrace", "sympy", "bytecode", "rich", "numpy",
-                 "triton", "_pytest", "pluggy", "typing_extensions")
+                 "triton", "_pytest", "pluggy", "typing_extensions", "filelock")
 
 # `t.item()`, `t.tolist()`, `int(t)`, `float(t)` and `bool(t)` stay in the graph as numbers
 # the trace does not know ("unbacked" symbols, checked at run time by `torch._check`

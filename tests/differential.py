@@ -178,7 +178,8 @@ def _same_tensor_extras(a, b, path, rtol, atol, seen):
 
 def _tensor_attrs(t):
     # AOTAutograd marks the tensors it returns with symbolic dims (torch.compile's too).
-    return {k: v for k, v in t.__dict__.items() if k != "_dynamo_propagated_dynamic_indices"}
+    # (`_dynamo_propagated_dynamic_indices`, `_dynamo_weak_dynamic_indices` on torch 2.11)
+    return {k: v for k, v in t.__dict__.items() if not k.startswith("_dynamo_")}
 
 
 def _same_numpy(a, b, path, rtol, atol):
