@@ -71,8 +71,12 @@ class OutputGraph:
         """Called before a context is entered for real: a state reader called inside it
         answers for the context, so the guard must name what it answered at frame entry."""
         if self.entry_state is None:
+            import warnings
+
             from .variables.objects import entry_state_readers
-            self.entry_state = {fn: fn() for fn in entry_state_readers()}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # (some readers are deprecated aliases)
+                self.entry_state = {fn: fn() for fn in entry_state_readers()}
 
     def close_contexts(self):
         while self.open_contexts:

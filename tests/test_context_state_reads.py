@@ -55,3 +55,18 @@ def test_entry_state_change_recompiles_with_the_right_answer():
     assert all(a == b for a, b in seen), seen
     assert [a for a, _ in seen] == [False, True, False, True]
     assert cc.frame_count == 2
+
+
+def _autocast_reads(a, b):
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        c = torch.mm(a, b)
+        if torch.is_autocast_cpu_enabled():
+            c = c + 1
+        dtype = torch.get_autocast_cpu_dtype()
+    return c, dtype, torch.is_autocast_cpu_enabled()
+
+
+def test_autocast_readers_inside_autocast():
+    r = check(_autocast_reads, [(torch.rand(4, 4), torch.rand(4, 4)) for _ in range(3)],
+              fullgraph=True, rtol=1e-2, atol=1e-2)
+    assert r.graphs == 1 and r.compiles == 1

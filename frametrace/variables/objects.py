@@ -343,11 +343,11 @@ def _read_global_state(tx, fn):
     if entry is not None and tx.output.open_contexts:
         # Inside contexts the trace entered for real, the answer is the context's,
         # from the state at frame entry: that state is what the guards check.
+        # (Each reader's answer there depends on the context and its own state before.)
         if fn not in entry:
             unsupported(f"reading torch.{fn.__name__}() inside a context")
-        for reader, before in entry.items():
-            if reader is not torch.is_grad_enabled:
-                tx.guards.global_state(reader.__name__, reader, before)
+        if fn is not torch.is_grad_enabled:
+            tx.guards.global_state(fn.__name__, fn, entry[fn])
         return ConstVar(value)
     if fn is not torch.is_grad_enabled:
         # Grad mode is guarded at frame entry, and changes inside the frame are traced;
@@ -751,9 +751,12 @@ _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
 def entry_state_readers():
     """The state readers answered inside contexts entered while tracing (see
     `OutputGraph.entering_context`)."""
+    names = ("is_autocast_enabled", "is_autocast_cache_enabled", "is_autocast_cpu_enabled",
+             "get_autocast_cpu_dtype", "get_autocast_gpu_dtype", "is_autocast_ipu_enabled",
+             "is_autocast_xla_enabled", "get_autocast_ipu_dtype", "get_autocast_xla_dtype")
     return (*_GLOBAL_STATE_READERS, torch._C._is_torch_function_enabled,
             torch._C._is_torch_function_all_disabled, torch._C._is_torch_function_mode_enabled,
-            torch.is_autocast_enabled, torch.is_autocast_cache_enabled)
+            *(getattr(torch, n) for n in names if hasattr(torch, n)))
 
 
 def _is_state_reader(fn) -> bool:
