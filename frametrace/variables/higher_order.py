@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 import torch.utils.checkpoint
+from torch._higher_order_ops.wrap import wrap as wrap_op
 
 from ..subgraph import call_hop, merge_inputs, same_structure, speculate
 from .base import unsupported
 from .constant import ConstVar
-from .containers import ListVar, TupleVar
+from .containers import DictVar, ListVar, TupleVar
 from .objects import ObjectVar
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
@@ -62,6 +63,20 @@ def _sequence(tx, v, what):
     return v.unpack(tx)
 
 
+def _check_pytree(v, what):
+    """Refuse `v` unless it is tensors, numbers and constants in tuples, lists and dicts."""
+    if isinstance(v, (TensorVar, SymNodeVar, ConstVar)):
+        return
+    if type(v) in (TupleVar, ListVar):
+        for x in v.items:
+            _check_pytree(x, what)
+    elif type(v) is DictVar:
+        for x in v.items.values():
+            _check_pytree(x, what)
+    else:
+        unsupported(f"{what} must be tensors (in tuples, lists and dicts), not {v}")
+
+
 def _fresh_like(tx, examples: list, requires_grad: list) -> list:
     """New FakeTensors with the metadata of `examples` (a result is not any tensor the
     body saw, so it must not share identity or storage with one)."""
@@ -79,7 +94,8 @@ def _fresh_like(tx, examples: list, requires_grad: list) -> list:
 # ---------------------------------------------------------------- torch.cond
 def _cond(tx, args, kwargs):
     pred, true_fn, false_fn, operands = _bind(
-        "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs)
+        "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs,
+        {"operands": TupleVar([])})
     ops = _sequence(tx, operands, "torch.cond's operands")
     if isinstance(pred, ConstVar):
         # As torch.cond on a Python constant: the one branch, traced in line.
@@ -91,8 +107,9 @@ def _cond(tx, args, kwargs):
     elif not (isinstance(pred, SymNodeVar) and isinstance(pred.example, torch.SymBool)):
         unsupported(f"torch.cond's pred must be a bool, a SymBool or a tensor, not {pred}")
     for op in ops:
-        if not isinstance(op, (TensorVar, SymNodeVar, ConstVar)):
-            unsupported(f"torch.cond's operands must be tensors, not {op}")
+        # Nested tuples, lists and dicts of tensors are flattened into the op's operands
+        # (speculate gives each tensor a placeholder); the branches see the structure.
+        _check_pytree(op, "torch.cond's operands")
     branches = [speculate(tx, fn, ops, f"torch.cond {name}")
                 for fn, name in ((true_fn, "true_fn"), (false_fn, "false_fn"))]
     t, f = branches
@@ -208,7 +225,25 @@ def _checkpoint(tx, args, kwargs):
     return body.rebuild(outs)
 
 
+# ---------------------------------------------------------------- wrap
+def _wrap(tx, args, kwargs):
+    """torch._higher_order_ops.wrap.wrap(fn, *args, **kwargs): fn's ops as one `wrap`
+    node over its subgraph (arguments' tensors, then what it read from outside)."""
+    if not args:
+        unsupported("wrap without a function")
+    fn, fn_args = args[0], list(args[1:])
+    for v in (*fn_args, *kwargs.values()):
+        _check_pytree(v, "wrap's arguments")
+    body = speculate(tx, fn, fn_args, "the function given to wrap", kwargs)
+    node = tx.output.install_subgraph("wrap_body", body.module())
+    examples = _fresh_like(tx, body.output_examples(),
+                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    outs = call_hop(tx, wrap_op, (node, *body.inputs()), examples)
+    return body.rebuild(outs)
+
+
 _HANDLERS = {
+    wrap_op: _wrap,
     torch.cond: _cond,
     torch.ops.higher_order.cond: _cond,
     torch.while_loop: _while_loop,
