@@ -1,5 +1,5 @@
-"""Higher-order operators: torch.cond, torch.while_loop and
-torch.utils.checkpoint.checkpoint.  Each body is speculated into a subgraph
+"""Higher-order operators: torch.cond, torch.while_loop,
+torch.utils.checkpoint.checkpoint, and torch._higher_order_ops' wrap and map.  Each body is speculated into a subgraph
 (subgraph.py), kept as a submodule of the frame's graph and called through torch's own
 higher-order op (``torch.ops.higher_order.cond`` ...), so backends see what
 torch.compile gives them.  A body that cannot be a subgraph breaks the graph at the
@@ -8,12 +8,13 @@ operator's call, which then runs in CPython.
 The ops' signatures used here are the same on torch 2.11 and 2.13: cond(pred, true_gm,
 false_gm, operands), while_loop(cond_gm, body_gm, carried, additional) (2.13 adds a
 keyword-only argument we leave at its default), tag_activation_checkpoint(gm, *args,
-**checkpoint_kwargs) with a context_fn in gm.meta["_checkpoint_context_fn"].
-torch._higher_order_ops.map (not public API) is not handled here."""
+**checkpoint_kwargs) with a context_fn in gm.meta["_checkpoint_context_fn"],
+wrap(gm, *args), map_impl(gm, xs, args)."""
 from __future__ import annotations
 
 import torch
 import torch.utils.checkpoint
+from torch._higher_order_ops.map import map as map_hop
 from torch._higher_order_ops.wrap import wrap as wrap_op
 
 from ..subgraph import call_hop, merge_inputs, same_structure, speculate
@@ -242,7 +243,56 @@ def _wrap(tx, args, kwargs):
     return body.rebuild(outs)
 
 
+# ---------------------------------------------------------------- map
+def _map(tx, args, kwargs):
+    """torch._higher_order_ops.map.map(f, xs, *args): f speculated over one slice of
+    the leading dimension of xs's tensors, then one map_impl node (torch's own op, which
+    stacks the slices' results and has a backward)."""
+    from .functorch import _ArgsAs, _tensors
+    if kwargs or len(args) < 2:
+        unsupported("map takes f, xs and positional arguments only")
+    f, xs, extra = args[0], args[1], list(args[2:])
+    for v in (xs, *extra):
+        _check_pytree(v, "map's arguments")
+    mapped = _tensors(xs)
+    if not mapped or not all(isinstance(t, TensorVar) for t in mapped):
+        unsupported("map's xs must be tensors")
+    if any(t.example.dim() == 0 for t in mapped):
+        unsupported("map over a 0-dimensional tensor")
+    size = mapped[0].example.shape[0]
+    # (Comparing symbolic sizes guards on the outcome.)
+    if size == 0 or any(t.example.shape[0] != size for t in mapped[1:]):
+        unsupported("map's xs have an empty or inconsistent leading dimension")
+    with tx.output.fake_mode:
+        slices = [t.example[0].clone(memory_format=torch.contiguous_format)
+                  .requires_grad_(t.example.requires_grad) for t in mapped]
+    examples = [slices] + [[None] * len(_tensors(e)) for e in extra]
+    body = speculate(tx, _ArgsAs(f, examples), [xs, *extra], "the function given to map")
+    outs = body.output_examples()
+    if not all(isinstance(o, torch.Tensor) for o in outs) or not outs or \
+            any(s[0] == "const" for s in _spec_leaves(body.spec)):
+        unsupported("the function given to map must return tensors")
+    n = len(mapped)
+    inputs = body.inputs()
+    node = tx.output.install_subgraph("map_body", body.module())
+    with tx.output.fake_mode:
+        examples = [torch.empty((size, *o.shape), dtype=o.dtype, device=o.device)
+                    .requires_grad_(o.requires_grad) for o in outs]
+    results = call_hop(tx, torch.ops.higher_order.map_impl,
+                       (node, list(inputs[:n]), list(inputs[n:])), examples)
+    return body.rebuild(results)
+
+
+def _spec_leaves(spec):
+    if spec[0] in ("leaf", "const"):
+        yield spec
+    else:
+        for s in spec[1]:
+            yield from _spec_leaves(s)
+
+
 _HANDLERS = {
+    map_hop: _map,
     wrap_op: _wrap,
     torch.cond: _cond,
     torch.ops.higher_order.cond: _cond,
