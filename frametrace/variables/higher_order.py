@@ -59,6 +59,8 @@ def _bind(what, names, args, kwargs, defaults=None):
 
 
 def _sequence(tx, v, what):
+    if isinstance(v, ConstVar) and type(v.value) in (tuple, list):
+        return v.unpack(tx)                 # a literal () or (1, 2): folded by the compiler
     if not isinstance(v, (TupleVar, ListVar)):
         unsupported(f"{what} must be a tuple or list, not {v}")
     return v.unpack(tx)
@@ -235,12 +237,20 @@ def _wrap(tx, args, kwargs):
     fn, fn_args = args[0], list(args[1:])
     for v in (*fn_args, *kwargs.values()):
         _check_pytree(v, "wrap's arguments")
-    body = speculate(tx, fn, fn_args, "the function given to wrap", kwargs)
+    body = speculate(tx, fn, fn_args, "the function given to wrap", kwargs, allow_aliasing=True)
+    # wrap calls fn as is: a tensor fn returns unchanged is the very object passed in
+    # (the outer Var); a view of one would need aliasing the node cannot describe.
+    outer_of = body.output._outer_of
+    same = [outer_of.get(leaf.node) if leaf.node.op == "placeholder" else None
+            for leaf in body.leaves]
+    if any(s is None for s in same) and body.output.aliased_outputs(
+            [leaf for leaf, s in zip(body.leaves, same) if s is None]):
+        unsupported("the function given to wrap returns a view of an input tensor")
     node = tx.output.install_subgraph("wrap_body", body.module())
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
     outs = call_hop(tx, wrap_op, (node, *body.inputs()), examples)
-    return body.rebuild(outs)
+    return body.rebuild([s if s is not None else o for s, o in zip(same, outs)])
 
 
 # ---------------------------------------------------------------- map
