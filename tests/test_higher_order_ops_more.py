@@ -1,0 +1,167 @@
+"""More higher-order operators: torch._higher_order_ops' wrap and map, torch.cond's
+call forms (no operands, pytree operands), torch.func.jvp and functional_call.  Bodies
+are speculated into subgraphs of one graph; refused bodies break the graph at the call."""
+import pytest
+import torch
+from functorch.experimental import control_flow
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.wrap import wrap
+
+import frametrace
+from differential import check
+
+G = torch.randn(3)
+LOG = []
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_on():
+    with torch.enable_grad():
+        yield
+
+
+def _xy(n=3):
+    return [(torch.randn(3), torch.randn(3)) for _ in range(n)]
+
+
+def _wrap_nodes(r):
+    return [n for gm in r.counter.graphs for n in gm.graph.nodes if n.target is wrap]
+
+
+def _grads_match(f, inputs, backend):
+    c = frametrace.optimize(backend=backend, fullgraph=True)(f)
+    for args in inputs:
+        a = [t.clone().requires_grad_() for t in args]
+        b = [t.clone().requires_grad_() for t in args]
+        sum(o.sum() for o in torch.utils._pytree.tree_leaves(f(*a))).backward()
+        sum(o.sum() for o in torch.utils._pytree.tree_leaves(c(*b))).backward()
+        for u, v in zip(a, b):
+            torch.testing.assert_close(u.grad, v.grad)
+
+
+# ---------------------------------------------------------------- wrap
+def test_wrap_lifts_closures_globals_and_module_parameters_into_one_node():
+    m = torch.nn.Linear(3, 3)
+
+    def f(x, y):
+        z = x * 2
+
+        def body(a, b=None):
+            return a.sin() + G + z, m(b)
+        return wrap(body, x, b=y)
+    for backend in ("eager", "aot_eager"):
+        r = check(f, _xy(), fullgraph=True, backend=backend)
+        assert r.graphs == 1 and r.compiles == 1 and r.breaks == 0
+        (node,) = _wrap_nodes(r)
+        # The body's module, then x and y, then the lifted z, G and m's parameters.
+        assert node.args[0].op == "get_attr" and len(node.args) == 1 + 2 + 4
+        _grads_match(f, _xy(2), backend)
+
+
+def test_wrap_body_side_effect_breaks_the_graph_and_runs_in_cpython():
+    def f(x):
+        def body(a):
+            LOG.append(1)
+            return a.cos()
+        return wrap(body, x) + 1
+    r = check(f, [(torch.randn(3),), (torch.randn(3),)], globals=("LOG",))
+    assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())
+    assert not _wrap_nodes(r)
+
+
+def test_wrap_body_writing_its_input_in_place_breaks_the_graph():
+    def f(x):
+        return wrap(lambda a: a.add_(1) * 2, x)
+    r = check(f, [(torch.randn(3),), (torch.randn(3),)])
+    assert r.breaks >= 1 and any("in place" in s for s in r.reasons()) and not _wrap_nodes(r)
+
+
+def test_wrap_returns_a_passed_tensor_as_that_object_and_dict_results():
+    def f(x, y):
+        out = wrap(lambda a: (a, {"s": a.sin(), "c": y * 2}), x)
+        return out[0] is x, out[1]["s"] + out[1]["c"], sorted(out[1])
+    r = check(f, _xy(), fullgraph=True)
+    assert r.graphs == 1 and len(_wrap_nodes(r)) == 1
+
+
+def test_wrap_returning_a_view_of_its_input_breaks_the_graph():
+    def f(x):
+        v = wrap(lambda a: a[1:], x)
+        v.mul_(2)
+        return x
+    r = check(f, [(torch.randn(3),), (torch.randn(3),)])
+    assert r.breaks >= 1 and any("view" in s for s in r.reasons())
+
+
+def test_nested_wrap_lifts_through_both_levels():
+    def f(x):
+        return wrap(lambda a: wrap(lambda b: b * G, a) + x.cos(), x)
+    r = check(f, [(torch.randn(3),), (torch.randn(3),)], fullgraph=True, backend="aot_eager")
+    assert r.graphs == 1 and len(_wrap_nodes(r)) == 1
+
+
+def test_lambda_with_constant_defaults_in_a_compiled_frame():
+    def f(x):
+        g = lambda a, k=2, s=None: a * k if s is None else a
+        return g(x) + 1
+    r = check(f, [(torch.randn(3),), (torch.randn(3),)], fullgraph=True)
+    assert r.graphs == 1
+
+
+# ---------------------------------------------------------------- map
+def test_map_over_leading_dim_with_extra_args_and_globals():
+    def f(xs, y):
+        return control_flow.map(lambda x, y: (x.sin() * y + G, {"a": x.cos()}["a"]), xs, y)
+    inputs = [(torch.randn(2, 3), torch.randn(3)), (torch.randn(4, 3), torch.randn(3)),
+              (torch.randn(4, 3), torch.randn(3))]
+    for backend in ("eager", "aot_eager"):
+        r = check(f, inputs, fullgraph=True, backend=backend)
+        assert r.graphs >= 1 and r.breaks == 0
+        assert any(n.target is torch.ops.higher_order.map_impl
+                   for gm in r.counter.graphs for n in gm.graph.nodes)
+        _grads_match(f, inputs, backend)
+
+
+def test_map_pytree_xs_and_pytree_result():
+    def f(a, b):
+        out = hop_map(lambda d: {"sum": d["p"][0] + d["q"], "prod": [d["p"][0] * d["q"]]},
+                      {"p": (a,), "q": b})
+        return out["sum"], out["prod"][0]
+    r = check(f, [(torch.randn(2, 3), torch.randn(2, 3)) for _ in range(3)], fullgraph=True)
+    assert r.graphs == 1 and r.breaks == 0
+
+
+def test_map_body_side_effect_breaks_the_graph():
+    def f(xs):
+        def body(x):
+            LOG.append(0)
+            return x + 1
+        return control_flow.map(body, xs * 2)
+    r = check(f, [(torch.randn(2, 3),)], globals=("LOG",))
+    assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())
+
+
+# ---------------------------------------------------------------- torch.cond call forms
+def test_cond_without_operands_reads_closures():
+    def f(p, x):
+        return torch.cond(p, lambda: x.sin(), lambda: x.cos())
+
+    def g(p, x):
+        return torch.cond(p, lambda: x.sin() + G, lambda: x.cos(), ())
+    for fn in (f, g):
+        r = check(fn, [(torch.tensor(True), torch.randn(3)), (torch.tensor(False), torch.randn(3))],
+                  fullgraph=True)
+        assert r.graphs == 1 and r.compiles == 1
+
+
+def test_cond_pytree_operands():
+    def f(x, d):
+        return torch.cond(x.sum() > 0, lambda d: d["a"] + d["b"][0][0], lambda d: d["a"] - d["b"][1],
+                          (d,))
+
+    def inp(sign):
+        return (sign * torch.rand(3) + 0.1 * sign,
+                {"a": torch.randn(3), "b": ([torch.randn(3)], torch.randn(3))})
+    for backend in ("eager", "aot_eager"):
+        r = check(f, [inp(1), inp(-1), inp(1)], fullgraph=True, backend=backend)
+        assert r.graphs == 1 and r.compiles == 1
