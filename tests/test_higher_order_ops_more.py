@@ -165,3 +165,27 @@ def test_cond_pytree_operands():
     for backend in ("eager", "aot_eager"):
         r = check(f, [inp(1), inp(-1), inp(1)], fullgraph=True, backend=backend)
         assert r.graphs == 1 and r.compiles == 1
+
+
+# ---------------------------------------------------------------- torch.func.jvp
+def test_jvp_of_closures_builtins_and_has_aux_in_one_graph():
+    def f(x, v, y):
+        a = torch.func.jvp(lambda x, y: (x.sin() * y + G, x.cos()), (x, y), (v, v))
+        b = torch.func.jvp(torch.sin, (x,), (v,))
+        c = torch.func.jvp(lambda x: (x * 2, {"aux": x + 1}), (x,), (v,), has_aux=True)
+        return a, b, c
+    inputs = [(torch.randn(3), torch.randn(3), torch.randn(3)) for _ in range(3)]
+    for backend in ("eager", "aot_eager"):
+        r = check(f, inputs, fullgraph=True, backend=backend)
+        assert r.graphs == 1 and r.compiles == 1 and r.breaks == 0
+        _grads_match(f, inputs[:2], backend)
+
+
+def test_jvp_body_side_effect_breaks_the_graph():
+    def f(x, v):
+        def body(a):
+            LOG.append(1)
+            return a * 2
+        return torch.func.jvp(body, (x * 1,), (v,))
+    r = check(f, [(torch.randn(3), torch.randn(3))], globals=("LOG",))
+    assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())
