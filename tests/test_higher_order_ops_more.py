@@ -189,3 +189,40 @@ def test_jvp_body_side_effect_breaks_the_graph():
         return torch.func.jvp(body, (x * 1,), (v,))
     r = check(f, [(torch.randn(3), torch.randn(3))], globals=("LOG",))
     assert r.breaks >= 1 and any("side effect" in s for s in r.reasons())
+
+
+# ---------------------------------------------------------------- torch.func.functional_call
+_SEQ = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+def _params(names=None):
+    return {k: torch.randn_like(v).requires_grad_() for k, v in _SEQ.named_parameters()
+            if names is None or k in names}
+
+
+def test_functional_call_uses_the_given_parameters_and_the_module_s_for_the_rest():
+    def f(params, x, t):
+        pred = torch.func.functional_call(_SEQ, params, (x,))
+        return torch.nn.functional.mse_loss(pred, t)
+    full = [(_params(), torch.randn(4, 3), torch.randn(4, 2)) for _ in range(3)]
+    for backend in ("eager", "aot_eager"):
+        r = check(f, full, fullgraph=True, backend=backend)
+        assert r.graphs == 1 and r.compiles == 1
+        c = frametrace.optimize(backend=backend, fullgraph=True)(f)
+        for params, x, t in full:
+            ga = torch.autograd.grad(f(params, x, t), list(params.values()))
+            gb = torch.autograd.grad(c(params, x, t), list(params.values()))
+            for u, v in zip(ga, gb):
+                torch.testing.assert_close(u, v)
+    # Some parameters given, the others the module's own (a recompile for the other keys).
+    r = check(f, [(_params({"0.weight"}), torch.randn(4, 3), torch.randn(4, 2)) for _ in range(2)],
+              fullgraph=True)
+    assert r.graphs == 1
+
+
+def test_functional_call_with_mismatched_shapes_breaks_the_graph():
+    def f(params, x):
+        return torch.func.functional_call(_SEQ, params, x)
+    bad = {"0.weight": torch.randn(3, 3), "0.bias": torch.randn(5)}
+    r = check(f, [(bad, torch.randn(4, 3))], graphs=0)
+    assert r.breaks >= 1 and any("functional_call" in s for s in r.reasons())

@@ -238,6 +238,13 @@ def _wrap(tx, args, kwargs):
     for v in (*fn_args, *kwargs.values()):
         _check_pytree(v, "wrap's arguments")
     body = speculate(tx, fn, fn_args, "the function given to wrap", kwargs, allow_aliasing=True)
+    return _emit_wrap(tx, body, body.inputs())
+
+
+def _emit_wrap(tx, body, inputs, instead=None):
+    """The `wrap` node calling `body` on `inputs` (outer Vars, one per placeholder);
+    `instead` maps a placeholder's outer Var to the one passed in its place."""
+    instead = instead or {}
     # wrap calls fn as is: a tensor fn returns unchanged is the very object passed in
     # (the outer Var); a view of one would need aliasing the node cannot describe.
     outer_of = body.output._outer_of
@@ -249,8 +256,65 @@ def _wrap(tx, args, kwargs):
     node = tx.output.install_subgraph("wrap_body", body.module())
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
-    outs = call_hop(tx, wrap_op, (node, *body.inputs()), examples)
+    outs = call_hop(tx, wrap_op, (node, *inputs), examples)
+    same = [instead.get(id(s), s) if s is not None else None for s in same]
     return body.rebuild([s if s is not None else o for s, o in zip(same, outs)])
+
+
+# ---------------------------------------------------------------- functional_call
+def _functional_call(tx, args, kwargs):
+    """torch.func.functional_call(module, tensors, args, kwargs): the module's call
+    speculated as it is, then one wrap node over its subgraph where the placeholders
+    the module's own parameters and buffers fill get the given tensors instead (which
+    must look like them: the trace read only their metadata)."""
+    from .modules import NNModuleVar
+    module, tensors, call_args, call_kwargs, tie, strict = _bind(
+        "torch.func.functional_call",
+        ("module", "parameter_and_buffer_dicts", "args", "kwargs", "tie_weights", "strict"),
+        args, kwargs, {"args": ConstVar(None), "kwargs": ConstVar(None),
+                       "tie_weights": ConstVar(True), "strict": ConstVar(False)})
+    if type(module) is not NNModuleVar:
+        unsupported("torch.func.functional_call over a module made in the frame")
+    if not (isinstance(tie, ConstVar) and tie.value is True and
+            isinstance(strict, ConstVar) and strict.value is False):
+        unsupported("torch.func.functional_call with tie_weights=False or strict=True")
+    if type(tensors) is not DictVar or not all(type(k) is str for k in tensors.items):
+        unsupported("torch.func.functional_call with other than one dict of tensors")
+    fn_args = [] if isinstance(call_args, ConstVar) and call_args.value is None else \
+        (list(call_args.items) if type(call_args) is TupleVar else [call_args])
+    if isinstance(call_kwargs, ConstVar) and call_kwargs.value is None:
+        fn_kwargs = {}
+    elif type(call_kwargs) is DictVar and all(type(k) is str for k in call_kwargs.items):
+        fn_kwargs = dict(call_kwargs.items)
+    else:
+        unsupported("torch.func.functional_call's kwargs are not a dict")
+    for v in (*fn_args, *fn_kwargs.values()):
+        _check_pytree(v, "torch.func.functional_call's arguments")
+    m = module.module
+    named = dict(m.named_parameters(remove_duplicate=False))
+    named.update(m.named_buffers(remove_duplicate=False))
+    by_id = {}
+    for name, v in tensors.items.items():
+        real = named.get(name)
+        if real is None or not isinstance(v, TensorVar):
+            unsupported(f"torch.func.functional_call: {name!r} is not a tensor for a "
+                        f"parameter or buffer of the module")
+        ex = v.example
+        if (ex.shape, ex.dtype, ex.device, ex.stride(), ex.requires_grad) != \
+                (real.shape, real.dtype, real.device, real.stride(), real.requires_grad):
+            unsupported(f"torch.func.functional_call: {name!r} differs from the module's in "
+                        f"shape, dtype, device, strides or requires_grad")
+        if by_id.setdefault(id(real), v) is not v:
+            unsupported("torch.func.functional_call given two tensors for one tied parameter")
+    body = speculate(tx, module, fn_args, "the module given to torch.func.functional_call",
+                     fn_kwargs, allow_aliasing=True)
+    instead = {}
+    for v in body.output.lifted:
+        graph_input = tx.output.input_of(v)
+        if graph_input is not None and id(graph_input.value) in by_id:
+            instead[id(v)] = by_id[id(graph_input.value)]
+    return _emit_wrap(tx, body, [instead.get(id(v), v) for v in body.inputs()], instead)
+
 
 
 # ---------------------------------------------------------------- map
@@ -302,6 +366,7 @@ def _spec_leaves(spec):
 
 
 _HANDLERS = {
+    torch.func.functional_call: _functional_call,
     map_hop: _map,
     wrap_op: _wrap,
     torch.cond: _cond,
