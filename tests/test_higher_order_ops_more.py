@@ -84,13 +84,29 @@ def test_wrap_returns_a_passed_tensor_as_that_object_and_dict_results():
     assert r.graphs == 1 and len(_wrap_nodes(r)) == 1
 
 
-def test_wrap_returning_a_view_of_its_input_breaks_the_graph():
+def test_wrap_returning_a_view_of_its_input_aliases_it():
     def f(x):
+        n = x.size(0) - 1
         v = wrap(lambda a: a[1:], x)
+        w = wrap(lambda a, k: a.view(k, -1), x, n + 1)
         v.mul_(2)
-        return x
-    r = check(f, [(torch.randn(3),), (torch.randn(3),)])
-    assert r.breaks >= 1 and any("view" in s for s in r.reasons())
+        return x + 0, w * 1, v.sum()
+    for backend in ("eager", "aot_eager"):
+        r = check(f, [(torch.randn(4),), (torch.randn(5),), (torch.randn(6),)], backend=backend,
+                  fullgraph=True)
+        assert r.breaks == 0 and 1 <= r.graphs <= 2
+
+
+class _Box:
+    def __init__(self, t):
+        self.val = t
+
+
+def test_wrap_takes_any_argument_and_lifts_the_tensors_it_reads():
+    def f(x, box):
+        return wrap(lambda z, flag=True: z[0].sin() * z[1].val.cos() if flag else z[0], (x, box))
+    r = check(f, [(torch.randn(3), _Box(torch.randn(3))) for _ in range(3)], fullgraph=True)
+    assert r.graphs == 1 and r.compiles == 1
 
 
 def test_nested_wrap_lifts_through_both_levels():

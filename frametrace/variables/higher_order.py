@@ -235,8 +235,6 @@ def _wrap(tx, args, kwargs):
     if not args:
         unsupported("wrap without a function")
     fn, fn_args = args[0], list(args[1:])
-    for v in (*fn_args, *kwargs.values()):
-        _check_pytree(v, "wrap's arguments")
     body = speculate(tx, fn, fn_args, "the function given to wrap", kwargs, allow_aliasing=True)
     return _emit_wrap(tx, body, body.inputs())
 
@@ -246,16 +244,19 @@ def _emit_wrap(tx, body, inputs, instead=None):
     `instead` maps a placeholder's outer Var to the one passed in its place."""
     instead = instead or {}
     # wrap calls fn as is: a tensor fn returns unchanged is the very object passed in
-    # (the outer Var); a view of one would need aliasing the node cannot describe.
+    # (the outer Var), and a view of one is a view of it: its example is the body's own
+    # FakeTensor, which shares the outer tensor's storage (so the frame's trace sees
+    # writes through it); other results are new tensors.
     outer_of = body.output._outer_of
     same = [outer_of.get(leaf.node) if leaf.node.op == "placeholder" else None
             for leaf in body.leaves]
-    if any(s is None for s in same) and body.output.aliased_outputs(
-            [leaf for leaf, s in zip(body.leaves, same) if s is None]):
-        unsupported("the function given to wrap returns a view of an input tensor")
+    views = {id(v) for v in body.output.aliased_outputs(body.leaves)}
+    if instead and views - {id(leaf) for leaf, s in zip(body.leaves, same) if s is not None}:
+        unsupported("torch.func.functional_call's module returns a view of an input tensor")
     node = tx.output.install_subgraph("wrap_body", body.module())
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    examples = [leaf.example if id(leaf) in views else ex for leaf, ex in zip(body.leaves, examples)]
     outs = call_hop(tx, wrap_op, (node, *inputs), examples)
     same = [instead.get(id(s), s) if s is not None else None for s in same]
     return body.rebuild([s if s is not None else o for s, o in zip(same, outs)])
