@@ -242,3 +242,11 @@ def test_functional_call_with_mismatched_shapes_breaks_the_graph():
     bad = {"0.weight": torch.randn(3, 3), "0.bias": torch.randn(5)}
     r = check(f, [(bad, torch.randn(4, 3))], graphs=0)
     assert r.breaks >= 1 and any("functional_call" in s for s in r.reasons())
+
+
+def test_wrap_passes_only_the_inputs_its_body_reads():
+    def f(x, y):
+        return wrap(lambda a, b, c=None: (G.sin(), b * 2), x, y)
+    r = check(f, _xy(), fullgraph=True)
+    (node,) = _wrap_nodes(r)
+    assert r.graphs == 1 and len(node.args) == 1 + 2      # the body, y and G

@@ -253,6 +253,12 @@ def _emit_wrap(tx, body, inputs, instead=None):
     views = {id(v) for v in body.output.aliased_outputs(body.leaves)}
     if instead and views - {id(leaf) for leaf, s in zip(body.leaves, same) if s is not None}:
         unsupported("torch.func.functional_call's module returns a view of an input tensor")
+    # Inputs the body never reads are not passed (torch.compile passes none).
+    placeholders = [p for p in body.graph.nodes if p.op == "placeholder"]
+    inputs = [v for p, v in zip(placeholders, inputs) if p.users]
+    for p in placeholders:
+        if not p.users:
+            body.graph.erase_node(p)
     node = tx.output.install_subgraph("wrap_body", body.module())
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
