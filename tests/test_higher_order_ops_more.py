@@ -250,3 +250,23 @@ def test_wrap_passes_only_the_inputs_its_body_reads():
     r = check(f, _xy(), fullgraph=True)
     (node,) = _wrap_nodes(r)
     assert r.graphs == 1 and len(node.args) == 1 + 2      # the body, y and G
+
+
+def test_nested_hints_wrapper_one_graph_with_hints_kept():
+    from torch._higher_order_ops.hints_wrap import hints_wrapper
+
+    def f(x, y):
+        x = x + y
+
+        def inner(x, y):
+            return torch.relu(x) + y
+
+        def outer(x, y):
+            return torch.abs(hints_wrapper(inner, (x, y), {}, hints={"inner": True}))
+        return hints_wrapper(outer, (x, y), {}, hints={"outer": True})
+    for backend in ("eager", "aot_eager"):
+        r = check(f, [(torch.randn(2, 4), torch.randn(4)) for _ in range(3)], fullgraph=True,
+                  backend=backend)
+        assert r.graphs == 1 and r.compiles == 1
+    nodes = [n for gm in r.counter.graphs for n in gm.graph.nodes if n.target is hints_wrapper]
+    assert [n.kwargs["hints"] for n in nodes] == [{"outer": True}]

@@ -1,5 +1,6 @@
 """Higher-order operators: torch.cond, torch.while_loop,
-torch.utils.checkpoint.checkpoint, and torch._higher_order_ops' wrap and map.  Each body is speculated into a subgraph
+torch.utils.checkpoint.checkpoint, torch.func.functional_call and
+torch._higher_order_ops' wrap, map and hints_wrapper.  Each body is speculated into a subgraph
 (subgraph.py), kept as a submodule of the frame's graph and called through torch's own
 higher-order op (``torch.ops.higher_order.cond`` ...), so backends see what
 torch.compile gives them.  A body that cannot be a subgraph breaks the graph at the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.utils.checkpoint
+from torch._higher_order_ops.hints_wrap import hints_wrapper as hints_wrapper_op
 from torch._higher_order_ops.map import map as map_hop
 from torch._higher_order_ops.wrap import wrap as wrap_op
 
@@ -268,6 +270,36 @@ def _emit_wrap(tx, body, inputs, instead=None):
     return body.rebuild([s if s is not None else o for s, o in zip(same, outs)])
 
 
+# ---------------------------------------------------------------- hints_wrapper
+def _hints_wrapper(tx, args, kwargs):
+    """hints_wrapper(body_fn, args, kwargs, hints=...): body_fn's subgraph as one
+    hints_wrapper node, its hints (constants) kept for the backend."""
+    body_fn, fn_args, fn_kwargs, hints = _bind(
+        "hints_wrapper", ("body_fn", "args", "kwargs", "hints"), args, kwargs)
+    items = _sequence(tx, fn_args, "hints_wrapper's args")
+    if not all(isinstance(v, (TensorVar, ConstVar)) for v in items) or \
+            any(isinstance(v, ConstVar) and type(v.value) not in (int, float, bool) for v in items):
+        unsupported("hints_wrapper's args must be tensors, ints, floats or bools")
+    no_kwargs = (type(fn_kwargs) is DictVar and not fn_kwargs.items) or \
+        (isinstance(fn_kwargs, ConstVar) and fn_kwargs.value == {})
+    if not no_kwargs:
+        unsupported("hints_wrapper with keyword arguments for the body")
+    try:
+        hint_values = hints.as_const()
+    except Exception:
+        hint_values = None
+    if not isinstance(hint_values, dict) or not all(
+            type(k) is str and type(v) in (int, float, bool, str) for k, v in hint_values.items()):
+        unsupported("hints_wrapper's hints must be a dict of constants")
+    body = speculate(tx, body_fn, items, "the function given to hints_wrapper")
+    node = tx.output.install_subgraph("hints_wrapper_body", body.module())
+    examples = _fresh_like(tx, body.output_examples(),
+                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    outs = call_hop(tx, hints_wrapper_op, (node, tuple(body.inputs()), {}), examples,
+                    {"hints": hint_values})
+    return body.rebuild(outs)
+
+
 # ---------------------------------------------------------------- functional_call
 def _functional_call(tx, args, kwargs):
     """torch.func.functional_call(module, tensors, args, kwargs): the module's call
@@ -373,6 +405,7 @@ def _spec_leaves(spec):
 
 
 _HANDLERS = {
+    hints_wrapper_op: _hints_wrapper,
     torch.func.functional_call: _functional_call,
     map_hop: _map,
     wrap_op: _wrap,
