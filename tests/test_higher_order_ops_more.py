@@ -211,8 +211,8 @@ def test_jvp_body_side_effect_breaks_the_graph():
 _SEQ = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
 
 
-def _params(names=None):
-    return {k: torch.randn_like(v).requires_grad_() for k, v in _SEQ.named_parameters()
+def _params(names=None, cls=torch.nn.Parameter):
+    return {k: cls(torch.randn_like(v)) for k, v in _SEQ.named_parameters()
             if names is None or k in names}
 
 
@@ -239,9 +239,17 @@ def test_functional_call_uses_the_given_parameters_and_the_module_s_for_the_rest
 def test_functional_call_with_mismatched_shapes_breaks_the_graph():
     def f(params, x):
         return torch.func.functional_call(_SEQ, params, x)
-    bad = {"0.weight": torch.randn(3, 3), "0.bias": torch.randn(5)}
+    bad = {"0.weight": torch.nn.Parameter(torch.randn(3, 3)), "0.bias": torch.nn.Parameter(torch.randn(5))}
     r = check(f, [(bad, torch.randn(4, 3))], graphs=0)
     assert r.breaks >= 1 and any("functional_call" in s for s in r.reasons())
+
+
+def test_functional_call_with_plain_tensors_for_parameters_breaks_the_graph():
+    # The module's code would see a Tensor where the trace saw its Parameter.
+    def f(params, x):
+        return torch.func.functional_call(_SEQ, params, x)
+    r = check(f, [(_params(cls=lambda t: t.requires_grad_()), torch.randn(4, 3))], graphs=0)
+    assert r.breaks >= 1 and any("Parameter" in s for s in r.reasons())
 
 
 def test_wrap_passes_only_the_inputs_its_body_reads():

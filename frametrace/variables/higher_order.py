@@ -343,6 +343,10 @@ def _functional_call(tx, args, kwargs):
                 (real.shape, real.dtype, real.device, real.stride(), real.requires_grad):
             unsupported(f"torch.func.functional_call: {name!r} differs from the module's in "
                         f"shape, dtype, device, strides or requires_grad")
+        if v.python_type() is not type(real):
+            # The module's code saw its own Parameter (isinstance checks included).
+            unsupported(f"torch.func.functional_call: {name!r} is a {v.python_type().__name__} "
+                        f"for a {type(real).__name__}")
         if by_id.setdefault(id(real), v) is not v:
             unsupported("torch.func.functional_call given two tensors for one tied parameter")
     body = speculate(tx, module, fn_args, "the module given to torch.func.functional_call",
