@@ -278,3 +278,10 @@ def test_nested_hints_wrapper_one_graph_with_hints_kept():
         assert r.graphs == 1 and r.compiles == 1
     nodes = [n for gm in r.counter.graphs for n in gm.graph.nodes if n.target is hints_wrapper]
     assert [n.kwargs["hints"] for n in nodes] == [{"outer": True}]
+
+
+def test_map_body_reading_strides_breaks_the_graph():
+    def f(xs):
+        return control_flow.map(lambda x: x * 2 if x.is_contiguous() else x + 1, xs.t())
+    r = check(f, [(torch.randn(3, 2),)])
+    assert r.breaks >= 1

@@ -384,7 +384,10 @@ def _map(tx, args, kwargs):
         slices = [t.example[0].clone(memory_format=torch.contiguous_format)
                   .requires_grad_(t.example.requires_grad) for t in mapped]
     examples = [slices] + [[None] * len(_tensors(e)) for e in extra]
-    body = speculate(tx, _ArgsAs(f, examples), [xs, *extra], "the function given to map")
+    # The slices' layout at run time is map_impl's business (a view or a copy): the body
+    # may not read strides (as in a vmapped function).
+    body = speculate(tx, _ArgsAs(f, examples, hides_layout=True), [xs, *extra],
+                     "the function given to map")
     outs = body.output_examples()
     if not all(isinstance(o, torch.Tensor) for o in outs) or not outs or \
             any(s[0] == "const" for s in _spec_leaves(body.spec)):
