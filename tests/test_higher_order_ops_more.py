@@ -285,3 +285,64 @@ def test_map_body_reading_strides_breaks_the_graph():
         return control_flow.map(lambda x: x * 2 if x.is_contiguous() else x + 1, xs.t())
     r = check(f, [(torch.randn(3, 2),)])
     assert r.breaks >= 1
+
+
+class _Obj:
+    pass
+
+
+GOBJ = _Obj()
+GOBJ.a = 1
+GMOD = torch.nn.Linear(3, 3)
+GNUM = 2.0
+GT = torch.zeros(3)
+
+
+def _body_side_effects():
+    def set_attr(a):
+        GOBJ.a = 5
+        return a + 1
+
+    def del_attr(a):
+        del GOBJ.a
+        return a + 1
+
+    def new_attr_module(a):
+        GMOD.extra = 3
+        return a + 1
+
+    def global_num(a):
+        global GNUM
+        GNUM += 1
+        return a * GNUM
+
+    def global_tensor_in_place(a):
+        GT.add_(1)
+        return a + GT
+
+    return [set_attr, del_attr, new_attr_module, global_num, global_tensor_in_place]
+
+
+@pytest.mark.parametrize("body", _body_side_effects(), ids=lambda b: b.__name__)
+def test_wrap_body_changing_outside_state_breaks_the_graph(body):
+    def f(x):
+        y = x * 2
+        return wrap(body, y)
+    r = check(f, [(torch.randn(3),), (torch.randn(3),)], globals=("GNUM", "GT", "GOBJ"))
+    assert r.breaks >= 1 and not _wrap_nodes(r)
+
+
+def test_wrap_body_mutating_a_nonlocal_breaks_the_graph():
+    def f(x):
+        count = 0
+        acc = []
+
+        def body(a):
+            nonlocal count
+            count += 1
+            acc.append(a)
+            return a.sin()
+        out = wrap(body, x * 1)
+        return out, count, len(acc)
+    r = check(f, [(torch.randn(3),), (torch.randn(3),)])
+    assert r.breaks >= 1 and not _wrap_nodes(r)
