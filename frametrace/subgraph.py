@@ -14,7 +14,7 @@ at the operator's call, which then runs in CPython): a graph break or an excepti
 the body, a change to Python state that outlives it (globals, cells, attributes, lists
 and dicts that existed before it ran, iterators advanced), an in-place write to an
 input tensor (unless the caller allows it), an output that is not tensors, numbers and
-constants in tuples and lists.
+constants in tuples, lists and dicts (constant keys).
 
     sub = speculate(tx, fn_var, [x_var], "torch.cond true_fn")
     name = tx.output.install_subgraph("cond_true", sub.module())
