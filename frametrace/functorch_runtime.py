@@ -10,7 +10,7 @@ support.
 
 A body spec describes what the traced callable returned over the subgraph's outputs:
 ``("leaf",)`` (the next output), ``("const", value)``, ``("tuple", specs)``,
-``("list", specs)``."""
+``("list", specs)``, ``("dict", specs, keys)``."""
 from __future__ import annotations
 
 import torch
@@ -24,6 +24,8 @@ def unflatten_body(spec, leaves):
     if kind == "const":
         return spec[1]
     items = [unflatten_body(s, leaves) for s in spec[1]]
+    if kind == "dict":
+        return dict(zip(spec[2], items))
     return tuple(items) if kind == "tuple" else items
 
 
@@ -82,6 +84,16 @@ def vjp_result(body, options, spec, primals, cotangents, lifted):
 
 def apply_vjp(body, options, spec, primals, cotangents, lifted):
     return tuple(pytree.tree_leaves(vjp_result(body, options, spec, primals, cotangents, lifted)))
+
+
+def jvp_result(body, options, spec, primals, tangents, lifted):
+    """``torch.func.jvp(fn, primals, tangents, **options)`` for the traced fn."""
+    return torch.func.jvp(_as_function(body, spec, lifted), tuple(primals), tangents,
+                          **dict(options))
+
+
+def apply_jvp(body, options, spec, primals, tangents, lifted):
+    return tuple(pytree.tree_leaves(jvp_result(body, options, spec, primals, tangents, lifted)))
 
 
 def call_body(body, spec, args, lifted):

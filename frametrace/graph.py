@@ -170,8 +170,15 @@ class OutputGraph:
         return SizeVar(items)
 
     def install_subgraph(self, prefix: str, gm: torch.nn.Module) -> fx.Node:
-        """Keep `gm` as a submodule of this graph's module; the get_attr node reading it."""
-        name = f"{prefix}_{len(self.submodules)}"
+        """Keep `gm` as a submodule of this graph's module; the get_attr node reading it.
+        Names count per prefix over the frame's graph and those nested in it (cond_true_0,
+        cond_false_0, wrap_body_1 around wrap_body_0), as torch.compile names them."""
+        root = self
+        while isinstance(getattr(root, "parent", None), OutputGraph):
+            root = root.parent
+        counts = root.__dict__.setdefault("_subgraph_counts", {})
+        number = counts[prefix] = counts.get(prefix, -1) + 1
+        name = f"{prefix}_{number}"
         self.submodules[name] = gm
         node = self.graph.get_attr(name)
         return node

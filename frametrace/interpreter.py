@@ -401,7 +401,8 @@ class InstructionTranslator:
         if flags & 0x04:
             self.pop()                                  # annotations: unused
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
-        defaults = self.pop().items if flags & 0x01 else []
+        # Defaults all constants are one folded constant tuple (LOAD_CONST (None,)).
+        defaults = self.pop().unpack(self) if flags & 0x01 else []
         root_cells = self.root.cells
         root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
         self.push(NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,

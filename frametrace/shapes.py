@@ -101,6 +101,11 @@ class _FakeMode(FakeTensorMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
+            import torch._higher_order_ops.utils as hop_utils
+            if func in getattr(hop_utils, "registered_hop_fake_fns", {}):
+                # Its FakeTensorMode rule only re-dispatches to the mode (map_impl):
+                # FakeTensorMode's own dispatch runs the registered fake function.
+                return super().__torch_dispatch__(func, types, args, kwargs)
             rule = func.python_key_table.get(FakeTensorMode)
             return NotImplemented if rule is None else rule(self, *args, **kwargs)
         if not self.used_rng and torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):

@@ -14,7 +14,7 @@ at the operator's call, which then runs in CPython): a graph break or an excepti
 the body, a change to Python state that outlives it (globals, cells, attributes, lists
 and dicts that existed before it ran, iterators advanced), an in-place write to an
 input tensor (unless the caller allows it), an output that is not tensors, numbers and
-constants in tuples and lists.
+constants in tuples, lists and dicts (constant keys).
 
     sub = speculate(tx, fn_var, [x_var], "torch.cond true_fn")
     name = tx.output.install_subgraph("cond_true", sub.module())
@@ -35,7 +35,7 @@ from .exc import Unsupported
 from .graph import OutputGraph, written_arg
 from .variables.base import Var, ValueVar, unsupported
 from .variables.constant import ConstVar
-from .variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar
+from .variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar, has_var_keys
 from .variables.symbolic import SliceVar, SymNodeVar, wrap_sym
 from .variables.tensor import TensorVar
 
@@ -271,6 +271,8 @@ def _flatten(v, leaves: list, what: str):
         return (type(v), [_flatten(x, leaves, what) for x in v.items])
     if type(v) is NamedTupleVar:
         return (v, [_flatten(x, leaves, what) for x in v.items])
+    if type(v) is DictVar and not has_var_keys(v.items):
+        return (DictVar, [_flatten(x, leaves, what) for x in v.items.values()], tuple(v.items))
     unsupported(f"{what} returns {v}, which a subgraph cannot return")
 
 
@@ -281,6 +283,8 @@ def _unflatten(spec, leaves):
     if kind == "const":
         return spec[1]
     items = [_unflatten(s, leaves) for s in spec[1]]
+    if kind is DictVar:
+        return DictVar(dict(zip(spec[2], items)))
     if kind in (TupleVar, ListVar):
         return kind(items)
     new = copy.copy(kind)
@@ -297,7 +301,7 @@ def same_structure(a: Subgraph, b: Subgraph) -> bool:
         if kind == "const":
             return (kind, type(spec[1].value), spec[1].value)
         head = kind if isinstance(kind, type) else (NamedTupleVar, getattr(kind, "fields", None))
-        return (head, tuple(norm(s) for s in spec[1]))
+        return (head, spec[2:], tuple(norm(s) for s in spec[1]))      # spec[2]: a dict's keys
     return norm(a.spec) == norm(b.spec)
 
 

@@ -1,5 +1,5 @@
-"""torch.func transforms over traced functions: vmap, grad, grad_and_value, jacrev, jacfwd
-and vjp (torch.vmap and torch.func.* are the same functions).
+"""torch.func transforms over traced functions: vmap, grad, grad_and_value, jacrev, jacfwd,
+vjp and jvp (torch.vmap and torch.func.* are the same functions).
 
 The transformed function is speculated once into a subgraph (subgraph.py) over tensors
 that look like what the transform hands it (per-example slices for vmap), and the frame's
@@ -41,7 +41,7 @@ def _transforms():
     import torch.func as func
     return {func.vmap: "vmap", torch.vmap: "vmap", func.grad: "grad",
             func.grad_and_value: "grad_and_value", func.jacrev: "jacrev",
-            func.jacfwd: "jacfwd", func.vjp: "vjp"}
+            func.jacfwd: "jacfwd", func.vjp: "vjp", func.jvp: "jvp"}
 
 
 def functorch_var(value, source):
@@ -50,7 +50,9 @@ def functorch_var(value, source):
     kind = next((k for f, k in _transforms().items() if f is value), None)
     if kind is None:
         return None
-    return VjpVar(value, source) if kind == "vjp" else TransformVar(value, source, kind)
+    if kind in ("vjp", "jvp"):
+        return (VjpVar if kind == "vjp" else JvpVar)(value, source)
+    return TransformVar(value, source, kind)
 
 
 class TransformVar(ObjectVar):
@@ -252,6 +254,8 @@ def body_spec(sub) -> tuple:
             return ("const", spec[1].as_const())
         if kind in (TupleVar, ListVar):
             return ("tuple" if kind is TupleVar else "list", tuple(convert(s) for s in spec[1]))
+        if kind is DictVar and all(type(k) in (str, int, bool) for k in spec[2]):
+            return ("dict", tuple(convert(s) for s in spec[1]), spec[2])
         unsupported(f"{sub.what} returns a {type(kind).__name__}, which the transform cannot rebuild")
     return convert(sub.spec)
 
@@ -306,6 +310,34 @@ def as_var(value):
     if value is None or isinstance(value, (int, float, bool, str)):
         return ConstVar(value)
     unsupported(f"a torch.func transform returned {type(value).__name__}")
+
+
+# ---------------------------------------------------------------- jvp
+class JvpVar(ObjectVar):
+    """torch.func.jvp(fn, primals, tangents, *, strict, has_aux): one graph node running
+    the real jvp over fn's subgraph (tensors fn reads from outside get no tangent, as in
+    eager)."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        if len(args) != 3 or set(kwargs) - {"strict", "has_aux"}:
+            unsupported("torch.func.jvp with arguments other than fn, primals, tangents, "
+                        "strict and has_aux")
+        for k, v in kwargs.items():
+            if not isinstance(v, ConstVar):
+                unsupported(f"torch.func.jvp's {k} is not a constant")
+        fn, primals, tangents = args
+        if type(primals) not in (TupleVar, ListVar):
+            unsupported("torch.func.jvp's primals are not a tuple")
+        for v in (primals, tangents):
+            _check_argument(v, "jvp")
+        items = list(primals.items)
+        sub = speculate(tx, _ArgsAs(fn, [[None] * len(_tensors(p)) for p in items]), items,
+                        "the function given to torch.func.jvp")
+        options = tuple((k, v.value) for k, v in kwargs.items())
+        return _emit(tx, runtime.apply_jvp, runtime.jvp_result, sub,
+                     lambda body, spec, a, kw, lifted: (body, options, spec, a, kw["t"], lifted),
+                     items, {"t": tangents})
 
 
 # ---------------------------------------------------------------- vjp

@@ -1,5 +1,6 @@
-"""Higher-order operators: torch.cond, torch.while_loop and
-torch.utils.checkpoint.checkpoint.  Each body is speculated into a subgraph
+"""Higher-order operators: torch.cond, torch.while_loop,
+torch.utils.checkpoint.checkpoint, torch.func.functional_call and
+torch._higher_order_ops' wrap, map and hints_wrapper.  Each body is speculated into a subgraph
 (subgraph.py), kept as a submodule of the frame's graph and called through torch's own
 higher-order op (``torch.ops.higher_order.cond`` ...), so backends see what
 torch.compile gives them.  A body that cannot be a subgraph breaks the graph at the
@@ -8,17 +9,20 @@ operator's call, which then runs in CPython.
 The ops' signatures used here are the same on torch 2.11 and 2.13: cond(pred, true_gm,
 false_gm, operands), while_loop(cond_gm, body_gm, carried, additional) (2.13 adds a
 keyword-only argument we leave at its default), tag_activation_checkpoint(gm, *args,
-**checkpoint_kwargs) with a context_fn in gm.meta["_checkpoint_context_fn"].
-torch._higher_order_ops.map (not public API) is not handled here."""
+**checkpoint_kwargs) with a context_fn in gm.meta["_checkpoint_context_fn"],
+wrap(gm, *args), map_impl(gm, xs, args)."""
 from __future__ import annotations
 
 import torch
 import torch.utils.checkpoint
+from torch._higher_order_ops.hints_wrap import hints_wrapper as hints_wrapper_op
+from torch._higher_order_ops.map import map as map_hop
+from torch._higher_order_ops.wrap import wrap as wrap_op
 
 from ..subgraph import call_hop, merge_inputs, same_structure, speculate
 from .base import unsupported
 from .constant import ConstVar
-from .containers import ListVar, TupleVar
+from .containers import DictVar, ListVar, TupleVar
 from .objects import ObjectVar
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
@@ -57,9 +61,25 @@ def _bind(what, names, args, kwargs, defaults=None):
 
 
 def _sequence(tx, v, what):
+    if isinstance(v, ConstVar) and type(v.value) in (tuple, list):
+        return v.unpack(tx)                 # a literal () or (1, 2): folded by the compiler
     if not isinstance(v, (TupleVar, ListVar)):
         unsupported(f"{what} must be a tuple or list, not {v}")
     return v.unpack(tx)
+
+
+def _check_pytree(v, what):
+    """Refuse `v` unless it is tensors, numbers and constants in tuples, lists and dicts."""
+    if isinstance(v, (TensorVar, SymNodeVar, ConstVar)):
+        return
+    if type(v) in (TupleVar, ListVar):
+        for x in v.items:
+            _check_pytree(x, what)
+    elif type(v) is DictVar:
+        for x in v.items.values():
+            _check_pytree(x, what)
+    else:
+        unsupported(f"{what} must be tensors (in tuples, lists and dicts), not {v}")
 
 
 def _fresh_like(tx, examples: list, requires_grad: list) -> list:
@@ -79,7 +99,8 @@ def _fresh_like(tx, examples: list, requires_grad: list) -> list:
 # ---------------------------------------------------------------- torch.cond
 def _cond(tx, args, kwargs):
     pred, true_fn, false_fn, operands = _bind(
-        "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs)
+        "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs,
+        {"operands": TupleVar([])})
     ops = _sequence(tx, operands, "torch.cond's operands")
     if isinstance(pred, ConstVar):
         # As torch.cond on a Python constant: the one branch, traced in line.
@@ -91,8 +112,9 @@ def _cond(tx, args, kwargs):
     elif not (isinstance(pred, SymNodeVar) and isinstance(pred.example, torch.SymBool)):
         unsupported(f"torch.cond's pred must be a bool, a SymBool or a tensor, not {pred}")
     for op in ops:
-        if not isinstance(op, (TensorVar, SymNodeVar, ConstVar)):
-            unsupported(f"torch.cond's operands must be tensors, not {op}")
+        # Nested tuples, lists and dicts of tensors are flattened into the op's operands
+        # (speculate gives each tensor a placeholder); the branches see the structure.
+        _check_pytree(op, "torch.cond's operands")
     branches = [speculate(tx, fn, ops, f"torch.cond {name}")
                 for fn, name in ((true_fn, "true_fn"), (false_fn, "false_fn"))]
     t, f = branches
@@ -208,7 +230,192 @@ def _checkpoint(tx, args, kwargs):
     return body.rebuild(outs)
 
 
+# ---------------------------------------------------------------- wrap
+def _wrap(tx, args, kwargs):
+    """torch._higher_order_ops.wrap.wrap(fn, *args, **kwargs): fn's ops as one `wrap`
+    node over its subgraph (arguments' tensors, then what it read from outside)."""
+    if not args:
+        unsupported("wrap without a function")
+    fn, fn_args = args[0], list(args[1:])
+    body = speculate(tx, fn, fn_args, "the function given to wrap", kwargs, allow_aliasing=True)
+    return _emit_wrap(tx, body, body.inputs())
+
+
+def _emit_wrap(tx, body, inputs, instead=None):
+    """The `wrap` node calling `body` on `inputs` (outer Vars, one per placeholder);
+    `instead` maps a placeholder's outer Var to the one passed in its place."""
+    instead = instead or {}
+    # wrap calls fn as is: a tensor fn returns unchanged is the very object passed in
+    # (the outer Var), and a view of one is a view of it: its example is the body's own
+    # FakeTensor, which shares the outer tensor's storage (so the frame's trace sees
+    # writes through it); other results are new tensors.
+    outer_of = body.output._outer_of
+    same = [outer_of.get(leaf.node) if leaf.node.op == "placeholder" else None
+            for leaf in body.leaves]
+    views = {id(v) for v in body.output.aliased_outputs(body.leaves)}
+    if instead and views - {id(leaf) for leaf, s in zip(body.leaves, same) if s is not None}:
+        unsupported("torch.func.functional_call's module returns a view of an input tensor")
+    # Inputs the body never reads are not passed (torch.compile passes none).
+    placeholders = [p for p in body.graph.nodes if p.op == "placeholder"]
+    inputs = [v for p, v in zip(placeholders, inputs) if p.users]
+    for p in placeholders:
+        if not p.users:
+            body.graph.erase_node(p)
+    node = tx.output.install_subgraph("wrap_body", body.module())
+    examples = _fresh_like(tx, body.output_examples(),
+                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    examples = [leaf.example if id(leaf) in views else ex for leaf, ex in zip(body.leaves, examples)]
+    outs = call_hop(tx, wrap_op, (node, *inputs), examples)
+    same = [instead.get(id(s), s) if s is not None else None for s in same]
+    return body.rebuild([s if s is not None else o for s, o in zip(same, outs)])
+
+
+# ---------------------------------------------------------------- hints_wrapper
+def _hints_wrapper(tx, args, kwargs):
+    """hints_wrapper(body_fn, args, kwargs, hints=...): body_fn's subgraph as one
+    hints_wrapper node, its hints (constants) kept for the backend."""
+    body_fn, fn_args, fn_kwargs, hints = _bind(
+        "hints_wrapper", ("body_fn", "args", "kwargs", "hints"), args, kwargs)
+    items = _sequence(tx, fn_args, "hints_wrapper's args")
+    if not all(isinstance(v, (TensorVar, ConstVar)) for v in items) or \
+            any(isinstance(v, ConstVar) and type(v.value) not in (int, float, bool) for v in items):
+        unsupported("hints_wrapper's args must be tensors, ints, floats or bools")
+    no_kwargs = (type(fn_kwargs) is DictVar and not fn_kwargs.items) or \
+        (isinstance(fn_kwargs, ConstVar) and fn_kwargs.value == {})
+    if not no_kwargs:
+        unsupported("hints_wrapper with keyword arguments for the body")
+    try:
+        hint_values = hints.as_const()
+    except Exception:
+        hint_values = None
+    if not isinstance(hint_values, dict) or not all(
+            type(k) is str and type(v) in (int, float, bool, str) for k, v in hint_values.items()):
+        unsupported("hints_wrapper's hints must be a dict of constants")
+    body = speculate(tx, body_fn, items, "the function given to hints_wrapper")
+    node = tx.output.install_subgraph("hints_wrapper_body", body.module())
+    examples = _fresh_like(tx, body.output_examples(),
+                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    outs = call_hop(tx, hints_wrapper_op, (node, tuple(body.inputs()), {}), examples,
+                    {"hints": hint_values})
+    return body.rebuild(outs)
+
+
+# ---------------------------------------------------------------- functional_call
+def _functional_call(tx, args, kwargs):
+    """torch.func.functional_call(module, tensors, args, kwargs): the module's call
+    speculated as it is, then one wrap node over its subgraph where the placeholders
+    the module's own parameters and buffers fill get the given tensors instead (which
+    must look like them: the trace read only their metadata)."""
+    from .modules import NNModuleVar
+    module, tensors, call_args, call_kwargs, tie, strict = _bind(
+        "torch.func.functional_call",
+        ("module", "parameter_and_buffer_dicts", "args", "kwargs", "tie_weights", "strict"),
+        args, kwargs, {"args": ConstVar(None), "kwargs": ConstVar(None),
+                       "tie_weights": ConstVar(True), "strict": ConstVar(False)})
+    if type(module) is not NNModuleVar:
+        unsupported("torch.func.functional_call over a module made in the frame")
+    if not (isinstance(tie, ConstVar) and tie.value is True and
+            isinstance(strict, ConstVar) and strict.value is False):
+        unsupported("torch.func.functional_call with tie_weights=False or strict=True")
+    if type(tensors) is not DictVar or not all(type(k) is str for k in tensors.items):
+        unsupported("torch.func.functional_call with other than one dict of tensors")
+    fn_args = [] if isinstance(call_args, ConstVar) and call_args.value is None else \
+        (list(call_args.items) if type(call_args) is TupleVar else [call_args])
+    if isinstance(call_kwargs, ConstVar) and call_kwargs.value is None:
+        fn_kwargs = {}
+    elif type(call_kwargs) is DictVar and all(type(k) is str for k in call_kwargs.items):
+        fn_kwargs = dict(call_kwargs.items)
+    else:
+        unsupported("torch.func.functional_call's kwargs are not a dict")
+    for v in (*fn_args, *fn_kwargs.values()):
+        _check_pytree(v, "torch.func.functional_call's arguments")
+    m = module.module
+    named = dict(m.named_parameters(remove_duplicate=False))
+    named.update(m.named_buffers(remove_duplicate=False))
+    by_id = {}
+    for name, v in tensors.items.items():
+        real = named.get(name)
+        if real is None or not isinstance(v, TensorVar):
+            unsupported(f"torch.func.functional_call: {name!r} is not a tensor for a "
+                        f"parameter or buffer of the module")
+        ex = v.example
+        if (ex.shape, ex.dtype, ex.device, ex.stride(), ex.requires_grad) != \
+                (real.shape, real.dtype, real.device, real.stride(), real.requires_grad):
+            unsupported(f"torch.func.functional_call: {name!r} differs from the module's in "
+                        f"shape, dtype, device, strides or requires_grad")
+        if v.python_type() is not type(real):
+            # The module's code saw its own Parameter (isinstance checks included).
+            unsupported(f"torch.func.functional_call: {name!r} is a {v.python_type().__name__} "
+                        f"for a {type(real).__name__}")
+        if by_id.setdefault(id(real), v) is not v:
+            unsupported("torch.func.functional_call given two tensors for one tied parameter")
+    body = speculate(tx, module, fn_args, "the module given to torch.func.functional_call",
+                     fn_kwargs, allow_aliasing=True)
+    instead = {}
+    for v in body.output.lifted:
+        graph_input = tx.output.input_of(v)
+        if graph_input is not None and id(graph_input.value) in by_id:
+            instead[id(v)] = by_id[id(graph_input.value)]
+    return _emit_wrap(tx, body, [instead.get(id(v), v) for v in body.inputs()], instead)
+
+
+
+# ---------------------------------------------------------------- map
+def _map(tx, args, kwargs):
+    """torch._higher_order_ops.map.map(f, xs, *args): f speculated over one slice of
+    the leading dimension of xs's tensors, then one map_impl node (torch's own op, which
+    stacks the slices' results and has a backward)."""
+    from .functorch import _ArgsAs, _tensors
+    if kwargs or len(args) < 2:
+        unsupported("map takes f, xs and positional arguments only")
+    f, xs, extra = args[0], args[1], list(args[2:])
+    for v in (xs, *extra):
+        _check_pytree(v, "map's arguments")
+    mapped = _tensors(xs)
+    if not mapped or not all(isinstance(t, TensorVar) for t in mapped):
+        unsupported("map's xs must be tensors")
+    if any(t.example.dim() == 0 for t in mapped):
+        unsupported("map over a 0-dimensional tensor")
+    size = mapped[0].example.shape[0]
+    # (Comparing symbolic sizes guards on the outcome.)
+    if size == 0 or any(t.example.shape[0] != size for t in mapped[1:]):
+        unsupported("map's xs have an empty or inconsistent leading dimension")
+    with tx.output.fake_mode:
+        slices = [t.example[0].clone(memory_format=torch.contiguous_format)
+                  .requires_grad_(t.example.requires_grad) for t in mapped]
+    examples = [slices] + [[None] * len(_tensors(e)) for e in extra]
+    # The slices' layout at run time is map_impl's business (a view or a copy): the body
+    # may not read strides (as in a vmapped function).
+    body = speculate(tx, _ArgsAs(f, examples, hides_layout=True), [xs, *extra],
+                     "the function given to map")
+    outs = body.output_examples()
+    if not all(isinstance(o, torch.Tensor) for o in outs) or not outs or \
+            any(s[0] == "const" for s in _spec_leaves(body.spec)):
+        unsupported("the function given to map must return tensors")
+    n = len(mapped)
+    inputs = body.inputs()
+    node = tx.output.install_subgraph("map_body", body.module())
+    with tx.output.fake_mode:
+        examples = [torch.empty((size, *o.shape), dtype=o.dtype, device=o.device)
+                    .requires_grad_(o.requires_grad) for o in outs]
+    results = call_hop(tx, torch.ops.higher_order.map_impl,
+                       (node, list(inputs[:n]), list(inputs[n:])), examples)
+    return body.rebuild(results)
+
+
+def _spec_leaves(spec):
+    if spec[0] in ("leaf", "const"):
+        yield spec
+    else:
+        for s in spec[1]:
+            yield from _spec_leaves(s)
+
+
 _HANDLERS = {
+    hints_wrapper_op: _hints_wrapper,
+    torch.func.functional_call: _functional_call,
+    map_hop: _map,
+    wrap_op: _wrap,
     torch.cond: _cond,
     torch.ops.higher_order.cond: _cond,
     torch.while_loop: _while_loop,
