@@ -1,5 +1,6 @@
 import contextlib
 import io
+import re
 
 import pytest
 import torch
@@ -64,3 +65,18 @@ def resume_codes(fn):
 
 def quiet():
     return contextlib.redirect_stdout(io.StringIO())
+
+
+# Numbers read from data: a value CPython computes that the trace never sees, and the
+# check that no guard names an unbacked symbol (u0, zuf0, zub0).
+@frametrace.disable
+def opaque(v):
+    return v
+
+
+_UNBACKED = re.compile(r"\b(u|zuf|zub)\d+\b")
+
+
+def no_unbacked_guards(r):
+    texts = [g for rec in r.records for g in rec.guards]
+    assert not [g for g in texts if _UNBACKED.search(g)], texts

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import io
 import math
 
@@ -231,7 +232,9 @@ def check(fn, inputs, *, backend="eager", globals=(), graphs=_MISSING, breaks=No
     counter = frametrace.testing.CompileCounter(inner=backend)
     target = compiled(counter) if compiled is not None else \
         frametrace.optimize(backend=counter, **optimize_kwargs)(fn)
-    g = getattr(fn, "__globals__", None) or getattr(getattr(fn, "forward", None), "__globals__", {})
+    # (a wrapper made with functools.wraps names the globals of the function it wraps)
+    inner = getattr(fn, "__wrapped__", fn)
+    g = getattr(inner, "__globals__", None) or getattr(getattr(inner, "forward", None), "__globals__", {})
     records = []
     errors_before = convert.counters["internal_error"]
     convert.record_observers.append(records.append)
@@ -279,3 +282,34 @@ def check(fn, inputs, *, backend="eager", globals=(), graphs=_MISSING, breaks=No
     if max_graphs is not None:
         assert report.graphs <= max_graphs, f"expected at most {max_graphs} graphs: {report}"
     return report
+
+
+def with_grads(f, use_backward=False):
+    """f's result and the gradients of its sum with respect to every argument that needs
+    them (and a module argument's parameters), by torch.autograd.grad or .backward()."""
+    @functools.wraps(f)
+    def run(*args):
+        out = f(*args)
+        leaves = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                leaves.append(a)
+            elif isinstance(a, torch.nn.Module):
+                leaves += list(a.parameters())
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        total = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
+        if use_backward:
+            total.backward()
+            grads = [leaf.grad for leaf in leaves]
+        else:
+            grads = torch.autograd.grad(total, leaves, allow_unused=True)
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], grads
+    return run
+
+
+def check_grads(f, inputs, backend="eager", fullgraph=False, use_backward=False, **kw):
+    """`check` of f's results and of the gradients through them (by torch.autograd.grad,
+    or by .backward() into .grad), compiled with `backend`."""
+    return check(with_grads(f, use_backward), inputs, backend=backend,
+                 compiled=lambda counter: with_grads(
+                     frametrace.optimize(backend=counter, fullgraph=fullgraph)(f), use_backward), **kw)

@@ -8,37 +8,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 import frametrace
-from differential import check
+from differential import check, check_grads
 
 BACKENDS = ["eager", "aot_eager"]
-
-
-def with_grads(f, use_backward=False):
-    """f's result and the gradients of its sum with respect to every argument that needs
-    them (and a module argument's parameters), by torch.autograd.grad or .backward()."""
-    def run(*args):
-        out = f(*args)
-        leaves = []
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.requires_grad:
-                leaves.append(a)
-            elif isinstance(a, torch.nn.Module):
-                leaves += list(a.parameters())
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        total = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
-        if use_backward:
-            total.backward()
-            grads = [leaf.grad for leaf in leaves]
-        else:
-            grads = torch.autograd.grad(total, leaves, allow_unused=True)
-        return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], grads
-    return run
-
-
-def check_grads(f, inputs, backend="eager", fullgraph=False, use_backward=False, **kw):
-    return check(with_grads(f, use_backward), inputs, backend=backend,
-                 compiled=lambda counter: with_grads(
-                     frametrace.optimize(backend=counter, fullgraph=fullgraph)(f), use_backward), **kw)
 
 
 def rand(*shape, grad=True):

@@ -5,12 +5,11 @@ graph serves every mask density; later ops, shape arithmetic, gradients, returni
 tensors and passing them across graph breaks work.  With the flag off they are graph
 breaks.
 """
-import re
-
 import pytest
 import torch
 
 import frametrace
+from conftest import no_unbacked_guards, opaque
 from differential import check
 
 BACKENDS = ["eager", "aot_eager"]
@@ -24,18 +23,6 @@ def capture():
     yield
     cfg.capture_scalar_outputs, cfg.capture_dynamic_output_shape_ops = saved
 
-
-@frametrace.disable
-def opaque(v):
-    return v
-
-
-_UNBACKED = re.compile(r"\b(u|zuf|zub)\d+\b")
-
-
-def no_unbacked_guards(r):
-    texts = [g for rec in r.records for g in rec.guards]
-    assert not [g for g in texts if _UNBACKED.search(g)], texts
 
 
 def densities(n=10, shape=(10,)):

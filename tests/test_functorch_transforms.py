@@ -8,33 +8,9 @@ import torch
 from torch.func import grad, grad_and_value, jacfwd, jacrev, vjp, vmap
 
 import frametrace
-from differential import check
+from differential import check, check_grads
 
 BACKENDS = ["eager", "aot_eager"]
-
-
-def with_grads(f):
-    """f's result and the gradients of its sum with respect to every argument that
-    needs them (and of a module argument's parameters)."""
-    def run(*args):
-        out = f(*args)
-        leaves = []
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.requires_grad:
-                leaves.append(a)
-            elif isinstance(a, torch.nn.Module):
-                leaves += list(a.parameters())
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        total = sum(o.sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
-        grads = torch.autograd.grad(total, leaves, allow_unused=True)
-        return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], grads
-    return run
-
-
-def check_grads(f, inputs, backend="eager", fullgraph=False, **kw):
-    """`check` of f's results and of the gradients through them, compiled with `backend`."""
-    return check(with_grads(f), inputs, backend=backend, compiled=lambda counter: with_grads(
-        frametrace.optimize(backend=counter, fullgraph=fullgraph)(f)), **kw)
 
 
 def rand(*shape, grad=False):

@@ -6,12 +6,11 @@ asserted when the graph runs, code that needs their value is a graph break (neve
 guard), and they cross graph breaks as real numbers.  With the flag off, ``item()`` is
 one break whose result feeds the resumed graph.
 """
-import re
-
 import pytest
 import torch
 
 import frametrace
+from conftest import no_unbacked_guards, opaque
 from differential import check as _check
 
 
@@ -34,18 +33,6 @@ def capture():
     yield
     cfg.capture_scalar_outputs, cfg.capture_dynamic_output_shape_ops = saved
 
-
-@frametrace.disable
-def opaque(v):
-    return v
-
-
-_UNBACKED = re.compile(r"\b(u|zuf|zub)\d+\b")
-
-
-def no_unbacked_guards(r):
-    texts = [g for rec in r.records for g in rec.guards]
-    assert not [g for g in texts if _UNBACKED.search(g)], texts
 
 
 def compiled_entries(r, fn):

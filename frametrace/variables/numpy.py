@@ -26,7 +26,7 @@ try:
 except ImportError:         # NumPy is optional: without it there is nothing to trace
     np = None
 
-from .base import Var, unsupported
+from .base import ValueVar, Var, unsupported
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
@@ -401,24 +401,26 @@ _INPLACE_METHODS = {"fill", "sort", "put", "__iadd__", "__isub__", "__imul__", "
                     "__ilshift__", "__irshift__", "__imatmul__", "__setitem__"}
 
 
-class NumpyScalarVar(Var):
-    """A NumPy scalar known at trace time (an argument guarded by value, finfo's eps,
-    np.float32(0.5)): arithmetic among such constants is NumPy's own, done while
-    tracing; beside an array it becomes a 0-d tensor of its dtype in the graph."""
-    __slots__ = ("value",)
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
+class _NumpyValueVar(ValueVar):
+    """A NumPy object known at trace time (a scalar, dtype, scalar type, function): a
+    constant to the trace, loaded as one by the transformed code."""
+    __slots__ = ()
 
     def is_const(self):
         return True
 
     def as_const(self):
         return self.value
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+
+class NumpyScalarVar(_NumpyValueVar):
+    """A NumPy scalar known at trace time (an argument guarded by value, finfo's eps,
+    np.float32(0.5)): arithmetic among such constants is NumPy's own, done while
+    tracing; beside an array it becomes a 0-d tensor of its dtype in the graph."""
+    __slots__ = ()
 
     def truth(self, tx):
         return bool(self.value)
@@ -441,9 +443,6 @@ class NumpyScalarVar(Var):
             return fold(getattr(self.value, name)(*consts, **{k: _const_arg(v) for k, v in kwargs.items()}))
         except Exception as e:
             unsupported(f"{type(self.value).__name__}.{name}() raised {type(e).__name__}")
-
-    def reconstruct(self, cg):
-        cg.load_const(self.value)
 
     def __repr__(self):
         return f"NumpyScalarVar({self.value!r})"
@@ -472,22 +471,12 @@ def fold(value):
     unsupported(f"NumPy gave {type(value).__name__} at trace time")
 
 
-class NumpyDTypeVar(Var):
+class NumpyDTypeVar(_NumpyValueVar):
     """A numpy.dtype: a constant, compared and read at trace time."""
-    __slots__ = ("value",)
+    __slots__ = ()
 
     def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = np.dtype(value)
-
-    def python_type(self):
-        return type(self.value)
-
-    def is_const(self):
-        return True
-
-    def as_const(self):
-        return self.value
+        super().__init__(np.dtype(value), source)
 
     def getattr(self, tx, name):
         if name in ("name", "kind", "char", "itemsize", "num", "str", "byteorder", "isbuiltin",
@@ -497,27 +486,11 @@ class NumpyDTypeVar(Var):
             return NumpyTypeVar(self.value.type)
         unsupported(f"numpy.dtype attribute {name!r}")
 
-    def reconstruct(self, cg):
-        cg.load_const(self.value)
 
-
-class NumpyTypeVar(Var):
+class NumpyTypeVar(_NumpyValueVar):
     """A NumPy scalar type (np.float32): a dtype-like constant that, called, makes a
     scalar (or, on an array, a converted copy)."""
-    __slots__ = ("value",)
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
-
-    def is_const(self):
-        return True
-
-    def as_const(self):
-        return self.value
+    __slots__ = ()
 
     def getattr(self, tx, name):
         if name == "__name__":
@@ -544,20 +517,10 @@ class NumpyTypeVar(Var):
                           {"dtype": ConstVar(np.dtype(self.value).name)}, copy=True, scalar=True,
                           np_fn=np.array)
 
-    def reconstruct(self, cg):
-        cg.load_const(self.value)
 
-
-class NumpyInfoVar(Var):
+class NumpyInfoVar(ValueVar):
     """np.finfo / np.iinfo of a constant dtype: NumPy's own answer, read at trace time."""
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        super().__init__(None)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
+    __slots__ = ()
 
     def getattr(self, tx, name):
         try:
@@ -570,24 +533,14 @@ class NumpyInfoVar(Var):
         cg.load_const(self.value)
 
 
-class NumpyFnVar(Var):
+class NumpyFnVar(_NumpyValueVar):
     """A NumPy function (or ufunc) that torch._numpy has a twin for."""
-    __slots__ = ("value", "twin", "label")
+    __slots__ = ("twin", "label")
 
     def __init__(self, value, twin, label, source=None):
-        super().__init__(source)
-        self.value = value
+        super().__init__(value, source)
         self.twin = twin
         self.label = label
-
-    def python_type(self):
-        return type(self.value)
-
-    def is_const(self):
-        return True
-
-    def as_const(self):
-        return self.value
 
     def getattr(self, tx, name):
         if name == "__name__":
@@ -625,23 +578,10 @@ def _fold_dtype_function(fn, args, kwargs):
         unsupported(f"numpy.{fn.__name__} raised {type(e).__name__}")
 
 
-class _InfoFnVar(Var):
+class _InfoFnVar(_NumpyValueVar):
     """np.finfo, np.iinfo and np.dtype: answered by NumPy at trace time on a constant
     dtype."""
-    __slots__ = ("value",)
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
-
-    def is_const(self):
-        return True
-
-    def as_const(self):
-        return self.value
+    __slots__ = ()
 
     def call(self, tx, args, kwargs):
         dtype = _dtype_of(args[0]) if len(args) == 1 and not kwargs else None
@@ -653,9 +593,6 @@ class _InfoFnVar(Var):
             return NumpyInfoVar(self.value(dtype))
         except Exception as e:
             unsupported(f"numpy.{self.value.__name__}({dtype}) raised {type(e).__name__}")
-
-    def reconstruct(self, cg):
-        cg.load_const(self.value)
 
 
 # ------------------------------------------------------------------ making Vars
