@@ -137,16 +137,22 @@ class OutputGraph:
         self.inputs.append(GraphInput(source, node, sym))
         return SymNodeVar(node, sym, source)
 
-    def _placeholder(self, source, example):
+    def new_placeholder(self, name, example):
+        """A placeholder after the last one (inputs come first, in the order made),
+        even when ops were recorded before it was needed."""
         if self._last_placeholder is not None:
             ctx = self.graph.inserting_after(self._last_placeholder)
         else:
             first = next(iter(self.graph.nodes), None)
             ctx = self.graph.inserting_before(first)
         with ctx:
-            node = self.graph.placeholder(_node_name(source.name()))
+            node = self.graph.placeholder(name)
         self._last_placeholder = node
         node.meta["example_value"] = node.meta["val"] = example
+        return node
+
+    def _placeholder(self, source, example):
+        node = self.new_placeholder(_node_name(source.name()), example)
         node.meta["source"] = source.name()
         return node
 

@@ -65,15 +65,7 @@ class SubgraphOutput(OutputGraph):
 
     # -- placeholders --
     def _new_placeholder(self, prefix, outer: Var) -> Var:
-        if self._last_placeholder is not None:
-            ctx = self.graph.inserting_after(self._last_placeholder)
-        else:
-            first = next(iter(self.graph.nodes), None)
-            ctx = self.graph.inserting_before(first)
-        with ctx:
-            node = self.graph.placeholder(f"{prefix}{len(self._outer_of)}")
-        self._last_placeholder = node
-        node.meta["example_value"] = node.meta["val"] = outer.example
+        node = self.new_placeholder(f"{prefix}{len(self._outer_of)}", outer.example)
         self._outer_of[node] = outer
         inner = copy.copy(outer)
         inner.node, inner.source = node, None

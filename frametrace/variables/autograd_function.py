@@ -11,7 +11,6 @@ backward the tracer cannot follow, outputs other than tensors, mark_dirty) refus
 call, which then runs in CPython with the user's class."""
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
@@ -74,7 +73,9 @@ class AutogradFunctionApplyVar(Var):
         state = _CtxState(needs)
         forward = _Forward(self.cls_var.getattr(tx, "forward"), _CtxVar(state, "forward"),
                            self._setup_context(tx))
-        with _grad_mode(False):
+        # Traced without recording, as autograd.Function runs forward (and backward,
+        # unless create_graph): the right requires_grad on what they make.
+        with torch.set_grad_enabled(False):
             fwd = speculate(tx, forward, args, f"{name}.forward", finish=False)
         outs = _outputs(fwd, name)
         kept = []
@@ -124,7 +125,9 @@ class AutogradFunctionApplyVar(Var):
         if once:
             backward = backward.getattr(tx, "__wrapped__")
         call = _Backward(backward, state, [o.example for o in outs], kept)
-        with _grad_mode(False):
+        # Traced without recording, as autograd.Function runs forward (and backward,
+        # unless create_graph): the right requires_grad on what they make.
+        with torch.set_grad_enabled(False):
             # A gradient may be returned as it came (a straight-through estimator):
             # the runtime's autograd.Function handles such aliases as eager does.
             bwd = speculate(tx, call, [], f"{name}.backward", allow_aliasing=True)
@@ -152,18 +155,6 @@ def _holds_graph_values(v) -> bool:
 
 def _is_none(v) -> bool:
     return isinstance(v, ConstVar) and v.value is None
-
-
-@contextlib.contextmanager
-def _grad_mode(mode):
-    # Forward and backward run without recording (autograd.Function's forward always,
-    # backward unless create_graph): trace them so, for the right requires_grad.
-    prev = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(mode)
-    try:
-        yield
-    finally:
-        torch._C._set_grad_enabled(prev)
 
 
 def _outputs(fwd, name) -> list:
