@@ -15,6 +15,7 @@ import operator
 import sys
 
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .exc import Unsupported, frame_summary
 from .side_effects import SideEffects
@@ -187,15 +188,25 @@ class InstructionTranslator:
                         raise
                     self._uncaught(r, inst)
             except Unsupported as e:
-                # Innermost frame first to be seen; each caller goes in front of it.
-                e.user_stack.insert(0, frame_summary(self.code, self.lineno))
-                if self.parent is None:
-                    e.break_index = self.ip - 1
+                self._note_break(e)
                 raise
+            except GuardOnDataDependentSymNode as e:
+                # A decision that needs a number read from data (an unbacked size,
+                # compared deep inside torch): a graph break here, never a guess.
+                cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+                err = Unsupported(f"a decision on a value read from data ({cause})")
+                self._note_break(err)
+                raise err from None
             steps += 1
             if steps > MAX_INSTRUCTIONS:
                 unsupported(f"more than {MAX_INSTRUCTIONS} instructions traced (a very long loop?)")
         return self.return_value
+
+    def _note_break(self, e: Unsupported):
+        # Innermost frame first to be seen; each caller goes in front of it.
+        e.user_stack.insert(0, frame_summary(self.code, self.lineno))
+        if self.parent is None:
+            e.break_index = self.ip - 1
 
     def user_location(self):
         return frame_summary(self.code, self.lineno)

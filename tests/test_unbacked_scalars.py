@@ -231,3 +231,16 @@ def test_triton_backend_falls_back_cleanly_on_numbers_from_data(capture, monkeyp
     x = torch.randn(6)
     check(f, [(x, k(2)), (x, k(4)), (x, k(0))], backend="triton", fullgraph=True,
           graphs=1, compiles=1)
+
+
+def test_a_decision_inside_torch_on_unbacked_sizes_is_a_graph_break(capture):
+    # torch.cond compares its branches' output sizes: two different unbacked symbols
+    # here, which no guard may decide (it was an internal error, the frame run whole
+    # in CPython).
+    def f(x, n):
+        k = n.item()
+        return torch.cond(x.sum() > 0, lambda t: t[:k] + 1, lambda t: t[:k] - 1, (x,))
+
+    r = check(f, [(torch.randn(6), k(3)), (-torch.ones(6), k(4)), (torch.ones(6), k(2))])
+    assert r.internal_errors == 0 and r.breaks >= 1
+    assert any("read from data" in reason for reason in r.reasons()), r
