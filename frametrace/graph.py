@@ -64,6 +64,9 @@ class OutputGraph:
         # function): an exception out of the graph leaves those in effect, as CPython does.
         self.unscoped_grad: set = set()
         self.outer_grad = None          # see variables/builder.py (GradModeRestore)
+        # Array inputs with their sources, kept apart from every other input in memory
+        # (variables/numpy.py); frame-wide, so a subgraph's reads share it.
+        self.numpy_inputs: list = []
         # Graphs of higher-order ops' bodies (subgraph.py), held by the GraphModule.
         self.submodules: dict[str, torch.nn.Module] = {}
 
@@ -103,7 +106,7 @@ class OutputGraph:
             self.guards.tensor(source, value, fake)
             if subclass:
                 wrapper_subclasses.guard_inner(self.guards, source, value, fake)
-            if "numpy_inputs" in self.__dict__:
+            if self.numpy_inputs:
                 from .variables.numpy import keep_tensor_apart
                 keep_tensor_apart(self, value, source)
         node = self._placeholder(source, fake)

@@ -320,3 +320,24 @@ def test_numpy_scalar_arguments_beside_tensors_are_python_numbers_to_torch():
         return x * s, s * x, x.int() * s, (x + s).dtype, s * 2, type(s) is np.float64
     inputs = [np.float32(2.0), np.float64(3.0), np.int64(2), np.float32(4.0), np.int8(3)]
     check(f, [(torch.ones(2), s) for s in inputs], breaks=0, fullgraph=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_array_first_read_in_a_subgraph_is_kept_apart_from_later_inputs(backend):
+    # `a` becomes an input while torch.cond's branch is traced; `b`, read after it,
+    # shares its memory.  The record of array inputs is the frame's, not the branch's:
+    # under aot_eager the write to `b` was not seen by the read of `a` (15.0, not 20.0).
+    def g(a, b):
+        y = torch.cond(torch.tensor(True), lambda x: x + torch.from_numpy(a).sum(),
+                       lambda x: x - 1, (torch.zeros(1, dtype=torch.float64),))
+        b += 1
+        return y, torch.from_numpy(a).sum()
+    counter = frametrace.testing.CompileCounter(inner=backend)
+    compiled = frametrace.optimize(backend=counter)(g)
+    got, want = compiled(np.arange(6.0)[1:], np.arange(6.0)), g(np.arange(6.0)[1:], np.arange(6.0))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert counter.frame_count == 1          # apart, the frame is traced
+    for _ in range(3):
+        base, other = np.arange(6.0), np.arange(6.0)
+        got, want = compiled(base[1:], base), g(other[1:], other)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (got, want)

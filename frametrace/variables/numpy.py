@@ -692,7 +692,7 @@ def _guard_no_overlap(tx, value, source, guards):
     input's (views of one buffer, `t` and `t.numpy()`), which a graph that writes one
     and reads the other cannot see (a functionalized graph writes inputs back at its
     end): such inputs are not traced, and the trace relies on them staying apart."""
-    seen = tx.output.__dict__.setdefault("numpy_inputs", [])
+    seen = tx.output.numpy_inputs
     others = [(v, s) for v, s in seen] + [(i.value, i.source) for i in tx.output.inputs
                                           if isinstance(i.value, torch.Tensor)]
     for other, other_source in others:
@@ -702,7 +702,7 @@ def _guard_no_overlap(tx, value, source, guards):
 
 def keep_tensor_apart(output, value, source):
     """A tensor input of a graph that has array inputs: see `_guard_no_overlap`."""
-    for arr, arr_source in output.__dict__.get("numpy_inputs", ()):
+    for arr, arr_source in output.numpy_inputs:
         _keep_apart(output.guards, arr, arr_source, value, source)
 
 
