@@ -67,19 +67,27 @@ class OutputGraph:
         # Array inputs with their sources, kept apart from every other input in memory
         # (variables/numpy.py); frame-wide, so a subgraph's reads share it.
         self.numpy_inputs: list = []
+        self.subgraph_counts: dict[str, int] = {}   # see install_subgraph
         # Graphs of higher-order ops' bodies (subgraph.py), held by the GraphModule.
         self.submodules: dict[str, torch.nn.Module] = {}
+
+    @property
+    def frame(self) -> OutputGraph:
+        """The frame's own graph.  A body traced into a subgraph records into its own
+        (subgraph.py), but what concerns the frame as a whole is kept here."""
+        return self
 
     def entering_context(self):
         """Called before a context is entered for real: a state reader called inside it
         answers for the context, so the guard must name what it answered at frame entry."""
-        if self.entry_state is None:
+        frame = self.frame
+        if frame.entry_state is None:
             import warnings
 
             from .variables.objects import entry_state_readers
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")     # (some readers are deprecated aliases)
-                self.entry_state = {fn: fn() for fn in entry_state_readers()}
+                frame.entry_state = {fn: fn() for fn in entry_state_readers()}
 
     def close_contexts(self):
         while self.open_contexts:
@@ -182,10 +190,7 @@ class OutputGraph:
         """Keep `gm` as a submodule of this graph's module; the get_attr node reading it.
         Names count per prefix over the frame's graph and those nested in it (cond_true_0,
         cond_false_0, wrap_body_1 around wrap_body_0), as torch.compile names them."""
-        root = self
-        while isinstance(getattr(root, "parent", None), OutputGraph):
-            root = root.parent
-        counts = root.__dict__.setdefault("_subgraph_counts", {})
+        counts = self.frame.subgraph_counts
         number = counts[prefix] = counts.get(prefix, -1) + 1
         name = f"{prefix}_{number}"
         self.submodules[name] = gm
