@@ -71,11 +71,17 @@ class OutputGraph:
         # Graphs of higher-order ops' bodies (subgraph.py), held by the GraphModule.
         self.submodules: dict[str, torch.nn.Module] = {}
 
+    # The graph a higher-order op's body is traced in is nested in another (subgraph.py).
+    parent: OutputGraph | None = None
+
     @property
     def frame(self) -> OutputGraph:
-        """The frame's own graph.  A body traced into a subgraph records into its own
-        (subgraph.py), but what concerns the frame as a whole is kept here."""
-        return self
+        """The frame's own graph.  A body traced into a subgraph records into its own,
+        but what concerns the frame as a whole is kept here."""
+        out = self
+        while out.parent is not None:
+            out = out.parent
+        return out
 
     def entering_context(self):
         """Called before a context is entered for real: a state reader called inside it
@@ -207,7 +213,7 @@ class OutputGraph:
         while out is not None:
             if out.hides_layout:
                 return True
-            out = out.__dict__.get("parent")
+            out = out.parent
         return False
 
     # -- ops --

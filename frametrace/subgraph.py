@@ -63,10 +63,6 @@ class SubgraphOutput(OutputGraph):
         # Only reached for attributes not set above: the frame-wide state.
         return getattr(self.parent, name)
 
-    @property
-    def frame(self) -> OutputGraph:
-        return self.parent.frame
-
     # -- placeholders --
     def _new_placeholder(self, prefix, outer: Var) -> Var:
         node = self.new_placeholder(f"{prefix}{len(self._outer_of)}", outer.example)
