@@ -86,6 +86,40 @@ def _ensure_layout(t, stride):
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
+# Attention kernels (cuDNN, memory-efficient, flash) reject an operand whose strides are
+# not multiples of 8 elements, even a size-1 dim's ("attn_bias is not correctly aligned
+# (strideH)"; ATen's preprocess_mask pads masks to 8): eager's expanded masks pass, a mask
+# our kernel stores densely (a key length of 129) does not.
+ATTENTION_OPS = frozenset(
+    op for op in (getattr(torch.ops.aten, n, None) for n in (
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention", "_efficient_attention_forward",
+        "_flash_attention_forward", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_fused_attention_overrideable")) if op is not None)
+ATTENTION_ALIGNMENT = 8
+
+
+def aligned_strides(shape, stride) -> bool:
+    """The last dim is dense and every other stride a multiple of ATTENTION_ALIGNMENT."""
+    if len(shape) and shape[-1] > 1 and stride[-1] != 1:
+        return False
+    return all(s % ATTENTION_ALIGNMENT == 0 for s in stride[:-1])
+
+
+def _align_attention(t):
+    """`t` with strides an attention kernel accepts: a view when only size-1 dims' strides
+    are off (they address nothing), else a copy whose rows are padded to the alignment."""
+    if t.dim() == 0 or aligned_strides(t.shape, t.stride()):
+        return t
+    n, step = t.shape[-1], ATTENTION_ALIGNMENT
+    if t.shape[-1] <= 1 or t.stride()[-1] == 1:
+        fixed = [s if size > 1 else step for size, s in zip(t.shape[:-1], t.stride()[:-1])]
+        if all(s % step == 0 for s in fixed):
+            return t.as_strided(t.shape, (*fixed, 1), t.storage_offset())
+    padded = torch.empty(*t.shape[:-1], -(-n // step) * step, dtype=t.dtype, device=t.device)
+    return padded[..., :n].copy_(t)
+
+
 _ALLOC = "empty_strided({shape}, {stride}, dtype={dtype}, device=device)"
 
 
@@ -97,7 +131,8 @@ class WrapperCodegen:
     def __init__(self, lowered, schedule):
         self.lowered, self.schedule = lowered, schedule
         self.ns = {"torch": torch, "empty_strided": torch.empty_strided, "device": lowered.device,
-                   "reinterpret": _reinterpret, "ensure_layout": _ensure_layout}
+                   "reinterpret": _reinterpret, "ensure_layout": _ensure_layout,
+                   "align_attention": _align_attention}
         self.ns.update(lowered.constants)
         self.launchers: list[str] = []   # namespace names of the Launchers, in launch order
         self._externs: dict[str, list[str]] = {}
@@ -166,6 +201,13 @@ class WrapperCodegen:
     def _launch(launcher, item) -> str:
         return f"{launcher}({', '.join(list(item.args) + item.symbols)})"
 
+    def _aligned_expr(self, a) -> str:
+        """An attention operand: a buffer whose strides may break the kernels' alignment
+        contract is passed through `align_attention` (a copy only when a real dim's are)."""
+        if isinstance(a, Buffer) and (a.symbolic or not aligned_strides(a.shape, a.stride)):
+            return f"align_attention({self.expr(a)})"
+        return self.expr(a)
+
     def fast_source(self, inputs) -> str | None:
         """`fast(args)`, or None where it cannot be had (CPU, Triton's interpreter, a
         Triton without these launcher attributes).  `inputs`: the first call's, whose
@@ -213,7 +255,10 @@ class WrapperCodegen:
             return lines
         # the OpOverload's C++ function: its Python __call__ only forwards to it
         op = self.const(getattr(e.op, "_op", e.op), "aten_")
-        args = [self.expr(a) for a in e.args] + [f"{k}={self.expr(v)}" for k, v in e.kwargs.items()]
+        expr = self.expr
+        if getattr(e.op, "overloadpacket", None) in ATTENTION_OPS:
+            expr = self._aligned_expr
+        args = [expr(a) for a in e.args] + [f"{k}={expr(v)}" for k, v in e.kwargs.items()]
         lines = self._externs[e.name] = [f"    {e.name} = {op}({', '.join(args)})"]
 
         def unpack(out, path):
