@@ -138,7 +138,7 @@ def compile_forward(gm, example_inputs):
     COMPILED.append(mod)
     del COMPILED[:-8]
     if mod.graphable:
-        mod.runner = CudaGraphRunner(mod.call)
+        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
 
     def first(args):
         # Triton compiles the kernels on their first launch: a failure there, too, runs

@@ -4,10 +4,11 @@
 # loop.  8192 bf16 (a softmax row) fits comfortably in 16 warps.
 persistent_rblock_max = 16384
 
-# Replay CUDA graphs of this many launches or more as one CUDA graph: a generated
-# wrapper's Python costs tens of microseconds a launch, more than small kernels run.
+# Replay a static graph of at least this many launches as one CUDA graph when its second
+# call measures that the host is the bottleneck (cudagraphs.py): a wrapper's Python costs
+# microseconds a launch, more than small kernels run (batch-1 decoding).
 cudagraphs = True
-cudagraph_min_launches = 8
+cudagraph_min_launches = 2
 
 # After the first call, launch each compiled kernel through its low-level launcher with
 # the grid and block sizes as literals (Triton's `kernel[grid](...)` costs ~20 us a launch).
