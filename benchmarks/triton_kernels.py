@@ -12,10 +12,23 @@ gelu_bcast_libdevice (with libdevice's erf), rmsnorm (add + RMSNorm 16384x4096 b
 (8192x8192 bf16), swiglu (silu(a)*b 8192x14336 bf16), layernorm (16384x4096 bf16),
 llama (HF LLaMA, 8 layers, hidden 2048) and gpt2 (HF GPT-2 default config), forward in
 bf16, batch 8 x sequence 512, use_cache=False, no_grad.
+
+Issue-13 cases (bf16 unless said): colsum (x.sum(0), 8192x8192 fp32), mean_mid (mean over
+dim 1 of 64x1024x1024), channel_stats (var_mean over (0,2,3) of NCHW 64x256x56x56),
+transpose_add (x.t() + y, 8192x8192), nchw_to_nhwc (64x256x56x56 to channels_last),
+bn_relu (inference BatchNorm + ReLU, NCHW 64x256x56x56), cumsum (last dim of 8192x4096),
+cross_entropy (8192 rows x 32000 classes, mean), conv_epilogue (3x3 conv 256->256 on
+64x256x56x56 + bias + BatchNorm + ReLU + residual; the conv is cuDNN's, no floor).
+Whole models: bert (HF BERT-base, 8x512), vit (HF ViT-base, 64x224x224), t5 (HF T5-small,
+encoder 8x512 + decoder 8x128), gpt2_decode (HF GPT-2, batch 1, one new token over a 128-token
+cache, no graph capture by the benchmark: per-call latency), resnet50 and convnext_tiny (timm,
+batch 64, 224x224).  Every case runs in its own process (a CUDA fault costs one row); a row
+counts whole-graph eager fallbacks and CUDA errors.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -26,8 +39,11 @@ import torch.nn.functional as F
 import frametrace
 
 BANDWIDTH = 4.3e12
-KERNELS = ("gelu", "gelu_bcast", "rmsnorm", "softmax", "swiglu", "layernorm")
-MODELS = ("llama", "gpt2")
+KERNELS = ("gelu", "gelu_bcast", "rmsnorm", "softmax", "swiglu", "layernorm",
+           "colsum", "mean_mid", "channel_stats", "transpose_add", "nchw_to_nhwc", "bn_relu",
+           "cumsum", "cross_entropy", "conv_epilogue")
+MODELS = ("llama", "gpt2", "bert", "vit", "t5", "gpt2_decode", "resnet50", "convnext_tiny")
+NO_FLOOR = ("conv_epilogue",)   # compute-bound: no memory floor
 
 
 def rms_norm(h, w, eps=1e-6):
@@ -57,6 +73,31 @@ def kernel_case(name):
     if name == "layernorm":
         w, b = torch.randn(4096, **bf), torch.randn(4096, **bf)
         return (lambda x: F.layer_norm(x, (4096,), w, b)), [torch.randn(16384, 4096, **bf)]
+    if name == "colsum":
+        return (lambda x: x.sum(0)), [torch.randn(8192, 8192, device="cuda")]
+    if name == "mean_mid":
+        return (lambda x: x.mean(1)), [torch.randn(64, 1024, 1024, **bf)]
+    if name == "channel_stats":
+        return (lambda x: torch.var_mean(x, (0, 2, 3))), [torch.randn(64, 256, 56, 56, **bf)]
+    if name == "transpose_add":
+        return (lambda x, y: x.t() + y), [torch.randn(8192, 8192, **bf), torch.randn(8192, 8192, **bf)]
+    if name == "nchw_to_nhwc":
+        return (lambda x: x.contiguous(memory_format=torch.channels_last)), [torch.randn(64, 256, 56, 56, **bf)]
+    if name in ("bn_relu", "conv_epilogue"):
+        c = 256
+        mean, var = torch.randn(c, **bf) * 0.1, torch.rand(c, **bf) + 0.5
+        g, b = torch.randn(c, **bf), torch.randn(c, **bf)
+        if name == "bn_relu":
+            return (lambda x: F.relu(F.batch_norm(x, mean, var, g, b, False))), \
+                [torch.randn(64, c, 56, 56, **bf)]
+        w, bias = torch.randn(c, c, 3, 3, **bf) * 0.02, torch.randn(c, **bf)
+        return (lambda x: F.relu(F.batch_norm(F.conv2d(x, w, bias, padding=1), mean, var, g, b, False) + x)), \
+            [torch.randn(64, c, 56, 56, **bf)]
+    if name == "cumsum":
+        return (lambda x: torch.cumsum(x, -1)), [torch.randn(8192, 4096, **bf)]
+    if name == "cross_entropy":
+        return (lambda logits, t: F.cross_entropy(logits, t)), [
+            torch.randn(8192, 32000, **bf), torch.randint(0, 32000, (8192,), device="cuda")]
     raise ValueError(name)
 
 
@@ -70,12 +111,52 @@ def model_case(name):
         model = transformers.LlamaModel(cfg)
     else:
         model = transformers.GPT2Model(transformers.GPT2Config())
+    if name not in ("llama", "gpt2"):
+        return other_model(name)
     model = model.cuda().to(torch.bfloat16).eval()
     ids = torch.randint(0, 32000 if name == "llama" else 50257, (8, 512), device="cuda")
 
     def fn(ids):
         return model(input_ids=ids, use_cache=False).last_hidden_state
     return fn, [ids], model
+
+
+def other_model(name):
+    import transformers
+    cuda = dict(device="cuda")
+    if name in ("resnet50", "convnext_tiny"):
+        import timm
+        model = timm.create_model(name).cuda().to(torch.bfloat16).eval()
+        return (lambda x: model(x)), [torch.randn(64, 3, 224, 224, dtype=torch.bfloat16, **cuda)], model
+    if name == "bert":
+        model = transformers.BertModel(transformers.BertConfig())
+        model = model.cuda().to(torch.bfloat16).eval()
+        return (lambda ids: model(input_ids=ids).last_hidden_state), \
+            [torch.randint(0, 30522, (8, 512), **cuda)], model
+    if name == "vit":
+        model = transformers.ViTModel(transformers.ViTConfig()).cuda().to(torch.bfloat16).eval()
+        return (lambda px: model(pixel_values=px).last_hidden_state), \
+            [torch.randn(64, 3, 224, 224, dtype=torch.bfloat16, **cuda)], model
+    if name == "t5":
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config())  # t5-small sizes
+        model = model.cuda().to(torch.bfloat16).eval()
+        return (lambda ids, dec: model(input_ids=ids, decoder_input_ids=dec).logits), \
+            [torch.randint(0, 32000, (8, 512), **cuda), torch.randint(0, 32000, (8, 128), **cuda)], model
+    if name == "gpt2_decode":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda().to(torch.bfloat16).eval()
+        prompt = torch.randint(0, 50257, (1, 128), **cuda)
+        with torch.no_grad():
+            cache = model(input_ids=prompt, use_cache=True).past_key_values
+        pos = torch.tensor([[128]], **cuda)
+
+        def step(tok):
+            # one decode step over the 128-token cache; the cache is cropped back after the
+            # step so that every call sees the same shapes (a static graph)
+            out = model(input_ids=tok, past_key_values=cache, position_ids=pos, use_cache=True).logits
+            return out
+        step.after = lambda: cache.crop(128)
+        return step, [torch.randint(0, 50257, (1, 1), **cuda)], model
+    raise ValueError(name)
 
 
 def nbytes(tensors) -> int:
@@ -131,6 +212,18 @@ def compile_variants(fn):
     return {"eager": fn, "frametrace": ft, "inductor": tc}, last_compiled
 
 
+class FallbackCount(logging.Handler):
+    """Counts the triton backend's whole-graph fallbacks (eager or aot_eager)."""
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.reasons = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if msg.startswith("triton backend") and ("runs eagerly" in msg or "runs with aot_eager" in msg):
+            self.reasons.append(msg)
+
+
 def run_case(name, args_ns):
     is_model = name in MODELS
     if is_model:
@@ -139,7 +232,13 @@ def run_case(name, args_ns):
         fn, inputs = kernel_case(name.replace("_libdevice", ""))
     from frametrace.backends.triton import backend, config
     config.fast_erf = not name.endswith("_libdevice")  # libdevice's erf for every dtype
+    fallbacks = FallbackCount()
+    logging.getLogger("frametrace").addHandler(fallbacks)
+    logging.getLogger("frametrace").setLevel(logging.INFO)
     fns, last_compiled = compile_variants(fn)
+    after = getattr(fn, "after", None)
+    if after is not None:  # state the step changes, put back after every call (outside the timing's compiled code)
+        fns = {k: (lambda *a, f=f: (f(*a), after())[0]) for k, f in fns.items()}
     with torch.no_grad():
         t0 = time.perf_counter()
         outs = {k: f(*inputs) for k, f in fns.items()}   # compiles, tunes
@@ -157,14 +256,68 @@ def run_case(name, args_ns):
         import collections
         print(name, "aten calls:", dict(collections.Counter(mod.externs)), flush=True)
     floor_ms = (nbytes(inputs) + nbytes(outs["eager"])) / BANDWIDTH * 1e3
-    info = {"kernels": len(mod.kernels) if mod else 0,
-            "unique": len(mod.unique_kernels) if mod else 0,
-            "externs": len(mod.externs) if mod else 0,
+    info = {"kernels": sum(len(m.kernels) for m in backend.COMPILED),
+            "unique": len({k for m in backend.COMPILED for k in m.unique_kernels}),
+            "externs": sum(len(m.externs) for m in backend.COMPILED),
             "cudagraph": bool(mod and mod.runner and mod.runner.graph is not None),
             "fast": bool(mod and mod.fast),
             "graphs": len(backend.COMPILED),
+            "eager_fallbacks": len(fallbacks.reasons),
+            # the wrapper's measured host cost per launch, and the CUDA-graph decision
+            "launch_us": mod.runner.launch_us if mod and mod.runner else None,
+            "graph_decision": mod.runner.decision if mod and mod.runner else None,
+            "fallback_reasons": fallbacks.reasons[:3],
             "compile_s": compile_s}
     return ms, floor_ms, errs, info
+
+
+HEAD = ("| case | eager ms | frametrace ms | inductor ms | floor ms | frametrace/inductor | eager/floor | "
+        "frametrace/floor | inductor/floor | ft vs eager | inductor vs eager | ft kernels | "
+        "eager fallbacks | ft rel err | ind rel err |")
+
+
+def row(name, ms, floor, errs, info) -> str:
+    e, f, i = ms["eager"], ms["frametrace"], ms["inductor"]
+    no_floor = name in MODELS or name in NO_FLOOR
+    launch = "" if info.get("launch_us") is None else f", {info['launch_us']:.1f} us/launch"
+    ratios = " | ".join("-" if no_floor else f"{t / floor:.2f}" for t in (e, f, i))
+    return (f"| {name} | {e:.3f} | {f:.3f} | {i:.3f} | {'-' if no_floor else f'{floor:.3f}'} | "
+            f"{f / i:.2f} | {ratios} | {e / f:.2f}x | {e / i:.2f}x | {info['kernels']} "
+            f"({info['unique']} unique, {info['externs']} aten{', cudagraph' if info['cudagraph'] else ''}"
+            f"{', fast launch' if info['fast'] else ''}, {info['graphs']} graph"
+            f"{launch}) | "
+            f"{info['eager_fallbacks']} | {errs['frametrace']:.1e} | {errs['inductor']:.1e} |")
+
+
+def child(name, args) -> None:
+    """Runs one case in this process and prints its row as a JSON line."""
+    import json
+    ms, floor, errs, info = run_case(name, args)
+    print("ROW " + json.dumps({"row": row(name, ms, floor, errs, info), "info": info}), flush=True)
+
+
+def isolated(name, argv, timeout) -> str:
+    """One case in a child process: a CUDA fault or a hang costs that row only."""
+    import json
+    import subprocess
+    cmd = [sys.executable, __file__, "--child", name] + argv
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"| {name} | timed out after {timeout} s |"
+    sys.stderr.write(p.stderr[-3000:] if p.returncode else "")
+    for line in p.stdout.splitlines():
+        if line.startswith("ROW "):
+            got = json.loads(line[4:])
+            for why in got["info"]["fallback_reasons"]:
+                print(f"{name}: eager fallback: {why}", flush=True)
+            if got["info"].get("graph_decision"):
+                print(f"{name}: CUDA graph: {got['info']['graph_decision']}", flush=True)
+            return got["row"]
+        print(line, flush=True)
+    tail = [x for x in p.stderr.strip().splitlines() if x.strip()][-1:] or ["no output"]
+    cuda = " (CUDA error)" if "CUDA" in p.stderr or "cuda" in tail[0] else ""
+    return f"| {name} | failed{cuda}: {tail[0][:200]} |"
 
 
 def main():
@@ -174,33 +327,22 @@ def main():
     p.add_argument("--md", help="also write the table as markdown to this file")
     p.add_argument("--no-cudagraphs", action="store_true")
     p.add_argument("--no-fast-launch", action="store_true", help="launch through Triton's JIT")
+    p.add_argument("--timeout", type=int, default=300, help="seconds per case")
+    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     from frametrace.backends.triton import config
     config.cudagraphs = not args.no_cudagraphs
     config.fast_launch = not args.no_fast_launch
+    if args.child:
+        return child(args.child, args)
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
-    head = ("| case | eager ms | frametrace ms | inductor ms | floor ms | eager/floor | "
-            "frametrace/floor | inductor/floor | ft vs eager | inductor vs eager | ft kernels | "
-            "ft rel err | ind rel err |")
-    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    rows = [HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
+    argv = [a for a in ("--quick", "--no-cudagraphs", "--no-fast-launch")
+            if getattr(args, a[2:].replace("-", "_"))]
     for name in args.cases.split(","):
-        try:
-            ms, floor, errs, info = run_case(name, args)
-        except Exception as e:  # keep the other cases' numbers
-            import traceback
-            traceback.print_exc()
-            print(f"{name}: failed: {e!r}", file=sys.stderr)
-            continue
-        e, f, i = ms["eager"], ms["frametrace"], ms["inductor"]
-        ratios = " | ".join("-" if name in MODELS else f"{t / floor:.2f}" for t in (e, f, i))
-        row = (f"| {name} | {e:.3f} | {f:.3f} | {i:.3f} | {'-' if name in MODELS else f'{floor:.3f}'} | "
-               f"{ratios} | {e / f:.2f}x | {e / i:.2f}x | {info['kernels']} ({info['unique']} unique, "
-               f"{info['externs']} aten{', cudagraph' if info['cudagraph'] else ''}"
-               f"{', fast launch' if info['fast'] else ''}, {info['graphs']} graph) | "
-               f"{errs['frametrace']:.1e} | {errs['inductor']:.1e} |")
-        rows.append(row)
-        print(row, flush=True)
+        rows.append(isolated(name, argv, args.timeout))
+        print(rows[-1], flush=True)
     print("\n".join(rows))
     if args.md:
         with open(args.md, "w") as fh:

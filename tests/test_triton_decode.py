@@ -1,0 +1,129 @@
+"""backend="triton" on decode-shaped graphs (batch 1, one token): a single row still fuses
+into one kernel, attention operands meet the attention kernels' 16-byte stride contract,
+and CUDA-graph replay decides by what it saves, not by a launch count."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import frametrace
+
+pytest.importorskip("triton")
+from frametrace.backends.triton import backend, cudagraphs, last_compiled, wrapper  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
+    backend.COMPILED.clear()
+
+
+def run(fn, *inputs, calls=2):
+    """fn compiled with the triton backend matches eager on fresh inputs over `calls` calls."""
+    compiled = frametrace.optimize(backend="triton", fullgraph=True)(fn)
+    for i in range(calls):
+        args = [t.clone() + i if t.is_floating_point() else t.clone() for t in inputs]
+        got, want = compiled(*args), fn(*[a.clone() for a in args])
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    mod = last_compiled()
+    assert mod is not None
+    return mod
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 96), (1, 96), (96,)])
+def test_one_row_residual_norm_and_softmax_are_one_kernel(shape):
+    w, b = torch.randn(96), torch.randn(96)
+
+    def block(x, y):
+        h = x + y
+        return h, F.layer_norm(h, (96,), w, b), torch.softmax(h, -1).sum(-1)
+    mod = run(block, torch.randn(*shape), torch.randn(*shape))
+    assert len(mod.kernels) == 1, mod.source
+
+
+def test_one_row_looped_reduction_is_one_kernel(monkeypatch):
+    from frametrace.backends.triton import config
+    monkeypatch.setattr(config, "persistent_rblock_max", 32)
+    mod = run(lambda x, y: torch.softmax(x * y, -1), torch.randn(1, 200), torch.randn(1, 200))
+    assert len(mod.kernels) == 1, mod.source
+
+
+@pytest.mark.parametrize("keys", [129, 7, 128])
+def test_attention_mask_stored_by_a_kernel_meets_the_16_byte_contract(keys):
+    # a decode step: one query over `keys` keys, the additive mask computed in the graph.
+    # (On the CPU F.scaled_dot_product_attention with a mask decomposes into matmuls; the
+    # CPU flash kernel, called directly, stands for the CUDA ones, which stay aten calls.)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def step(q, k, v, valid):
+        mask = torch.where(torch.arange(keys) < valid, 0.0, float("-inf")).view(1, 1, 1, keys)
+        return flash(q, k, v, attn_mask=mask * 1.0)[0]
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 4, keys, 16), torch.randn(1, 4, keys, 16)
+    mod = run(step, q, k, v, torch.tensor(keys - 2))
+    attention = [e for e in mod.externs if "attention" in e]
+    assert attention, mod.externs
+    assert ("align_attention(" in mod.source) == (keys % 8 != 0), mod.source
+
+
+def test_attention_operands_are_realigned_by_a_view_or_a_padded_copy():
+    t = torch.randn(2, 3, 129)
+    a = wrapper._align_attention(t)
+    assert torch.equal(a, t) and a.stride() == (3 * 136, 136, 1)
+    mask = torch.randn(1, 1, 1, 129)          # only size-1 dims are off: a view, no copy
+    v = wrapper._align_attention(mask)
+    assert torch.equal(v, mask) and v.data_ptr() == mask.data_ptr() and v.stride() == (8, 8, 8, 1)
+    dense = torch.randn(2, 3, 128)
+    assert wrapper._align_attention(dense) is dense
+    assert wrapper.aligned_strides((1, 1, 1, 129), (0, 0, 0, 1))
+    assert not wrapper.aligned_strides((1, 2, 1, 129), (258, 129, 129, 1))
+
+
+def test_cuda_graph_decision_weighs_host_time_against_copies():
+    r = cudagraphs.CudaGraphRunner(lambda args: args, launches=160)
+    small = [torch.empty(1, 1, dtype=torch.int64)]
+    r.host_us, r.gpu_us = 1600.0, 400.0            # host-bound: 160 launches of small kernels
+    assert r.pays(small, [torch.empty(1, 50257)]) and "160 launches" in r.decision
+    r.host_us, r.gpu_us = 40.0, 5000.0             # GPU-bound: launching hides behind the GPU
+    assert not r.pays(small, [torch.empty(1, 50257)])
+    r.host_us, r.gpu_us = 30.0, 25.0               # copies in and out cost what replay saves
+    big = [torch.empty(4, 1024, 1024)]
+    assert not r.pays(big, [torch.empty(4, 1024, 1024)])
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_gpu_many_small_launches_replay_as_a_cuda_graph(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    w = torch.randn(64, 64, device="cuda")
+
+    def decode(x):   # matmuls between norms: many small launches
+        for _ in range(6):
+            x = F.layer_norm(torch.tanh(x @ w), (64,))
+        return x, x.sum()
+    compiled = frametrace.optimize(backend="triton")(decode)
+    outs = []
+    for i in range(6):
+        x = torch.randn(1, 64, device="cuda")
+        got, want = compiled(x), decode(x)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        outs.append(got[0])
+    runner = last_compiled().runner
+    assert runner is not None and runner.graph is not None, runner and runner.decision
+    assert runner.launch_us is not None and runner.launch_us > 0
+    assert len({o.data_ptr() for o in outs[-3:]}) == 3   # each call's outputs are its own
+
+
+@cuda
+def test_gpu_bound_graph_keeps_launching(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+
+    def big(x, y):
+        return torch.softmax(x, -1), (x * y).sum(0)
+    compiled = frametrace.optimize(backend="triton")(big)
+    x, y = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
+    for _ in range(4):
+        torch.testing.assert_close(compiled(x, y), big(x, y), atol=1e-3, rtol=1e-3)
+    runner = last_compiled().runner
+    assert runner is not None and runner.graph is None and "vs replay" in runner.decision
