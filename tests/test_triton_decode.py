@@ -78,18 +78,6 @@ def test_attention_operands_are_realigned_by_a_view_or_a_padded_copy():
     assert not wrapper.aligned_strides((1, 2, 1, 129), (258, 129, 129, 1))
 
 
-def test_cuda_graph_decision_weighs_host_time_against_copies():
-    r = cudagraphs.CudaGraphRunner(lambda args: args, launches=160)
-    small = [torch.empty(1, 1, dtype=torch.int64)]
-    r.host_us, r.gpu_us = 1600.0, 400.0            # host-bound: 160 launches of small kernels
-    assert r.pays(small, [torch.empty(1, 50257)]) and "160 launches" in r.decision
-    r.host_us, r.gpu_us = 40.0, 5000.0             # GPU-bound: launching hides behind the GPU
-    assert not r.pays(small, [torch.empty(1, 50257)])
-    r.host_us, r.gpu_us = 30.0, 25.0               # copies in and out cost what replay saves
-    big = [torch.empty(4, 1024, 1024)]
-    assert not r.pays(big, [torch.empty(4, 1024, 1024)])
-
-
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -111,6 +99,7 @@ def test_gpu_many_small_launches_replay_as_a_cuda_graph(monkeypatch):
         outs.append(got[0])
     runner = last_compiled().runner
     assert runner is not None and runner.graph is not None, runner and runner.decision
+    assert "vs replay" in runner.decision
     assert runner.launch_us is not None and runner.launch_us > 0
     assert len({o.data_ptr() for o in outs[-3:]}) == 3   # each call's outputs are its own
 
@@ -127,3 +116,4 @@ def test_gpu_bound_graph_keeps_launching(monkeypatch):
         torch.testing.assert_close(compiled(x, y), big(x, y), atol=1e-3, rtol=1e-3)
     runner = last_compiled().runner
     assert runner is not None and runner.graph is None and "vs replay" in runner.decision
+    torch.testing.assert_close(compiled(x, y), big(x, y), atol=1e-3, rtol=1e-3)

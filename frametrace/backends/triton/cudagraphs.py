@@ -6,10 +6,11 @@ are captured in place and must stay there: if one moves, that call runs the wrap
 directly.  Other inputs are copied into buffers the graph owns.  Outputs are copied out
 of the graph's memory, which the next replay overwrites.
 
-Whether replaying pays is measured, not assumed from a launch count: the second call
-times the wrapper on the host and its launches on the GPU; a graph is captured when the
-host is the bottleneck (many small launches, as in batch-1 decoding) and the copies in
-and out cost less than the host time they save.
+Whether replaying pays is measured, not assumed from a launch count: the wrapper's
+direct call is timed (wall clock, synchronized) on the second call and once more before
+capture, then the captured graph's replay with its copies in and out; the graph is kept
+when it is faster (many small launches, as in batch-1 decoding, where the host is the
+bottleneck), else dropped and the wrapper launches directly from then on.
 """
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ import torch
 
 log = logging.getLogger("frametrace")
 
-# Rough costs of the copies a replay adds: bytes a second through memory (read + write),
-# and host time of one eager copy launch relative to a wrapper's launch.
-COPY_BANDWIDTH = 1.5e12
+# a graph must beat launching by this factor to be kept (timings of one call are noisy)
+KEEP_BELOW = 0.9
 
 
 class CudaGraphRunner:
@@ -33,7 +33,7 @@ class CudaGraphRunner:
         self.call, self.calls, self.last_ptrs = call, 0, None
         self.graph = self.static = self.stable = self.outputs = None
         self.misses, self.launches = 0, launches
-        # measured on the second call: the wrapper's host time and its GPU time (us)
+        # the direct call's best wall time (`gpu_us`, synchronized) and host time, in us
         self.host_us = self.gpu_us = None
         self.decision = "not yet measured"
 
@@ -72,41 +72,33 @@ class CudaGraphRunner:
             self.calls = -10 ** 9
         return self.call(args)
 
-    def _measure(self, args):
-        """The second call: run it directly, timing the host and the GPU."""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    def _timed(self, fn, args):
+        """(fn(args), wall microseconds, host microseconds) with the GPU synchronized."""
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = self.call(args)
-        self.host_us = (time.perf_counter() - t0) * 1e6
-        end.record()
-        end.synchronize()
-        self.gpu_us = start.elapsed_time(end) * 1e3
-        return out
+        out = fn(args)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return out, (time.perf_counter() - t0) * 1e6, (t1 - t0) * 1e6
 
-    def pays(self, static_inputs, outputs) -> bool:
-        """Whether replays beat launching: the copies in and out against the host time saved."""
-        host, gpu = self.host_us, self.gpu_us
-        copied = [a for a in static_inputs] + [o for o in outputs if isinstance(o, torch.Tensor)]
-        nbytes = sum(t.numel() * t.element_size() for t in copied)
-        copy_gpu = 2 * nbytes / COPY_BANDWIDTH * 1e6
-        copy_host = (len(static_inputs) + 2) * (self.launch_us or 5.0) + 2.0 * len(copied)
-        direct = max(host, gpu)
-        replay = max(copy_host, gpu + copy_gpu)
-        self.decision = (f"direct {direct:.0f} us (host {host:.0f}, GPU {gpu:.0f}, {self.launches} "
-                         f"launches) vs replay ~{replay:.0f} us")
-        return replay < 0.9 * direct
+    def _note(self, wall, host):
+        self.gpu_us = wall if self.gpu_us is None else min(self.gpu_us, wall)
+        self.host_us = host if self.host_us is None else min(self.host_us, host)
 
     def _warm(self, args):
         """The first call runs directly (it tunes and compiles), the second is timed, the
-        third captures if replaying pays."""
+        third captures, times a replay against the direct call and keeps the faster."""
         if self.calls < 0:  # replaying was given up
             return self.call(args)
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         self.calls += 1
         if self.calls < 3 or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             self.last_ptrs = ptrs
-            return self._measure(args) if self.calls == 2 else self.call(args)
+            if self.calls != 2:
+                return self.call(args)
+            out, wall, host = self._timed(self.call, args)
+            self._note(wall, host)
+            return out
         stable = [p == q for p, q in zip(ptrs, self.last_ptrs)]
         static = [a if keep else a.clone() for a, keep in zip(args, stable)]
         graph = torch.cuda.CUDAGraph()
@@ -114,18 +106,23 @@ class CudaGraphRunner:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                warm = self.call(list(static))
+                _, wall, host = self._timed(self.call, list(static))
             torch.cuda.current_stream().wait_stream(side)
-            if not self.pays([a for a, keep in zip(static, stable) if not keep], warm):
-                log.info("triton backend: CUDA graph not used: %s", self.decision)
-                self.calls = -10 ** 9
-                return self.call(args)
+            self._note(wall, host)
             with torch.cuda.graph(graph):
                 outputs = self.call(list(static))
         except Exception as e:  # an op that syncs with the host, say
             log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
             self.calls = -10 ** 9
             return self.call(args)
-        log.info("triton backend: replaying as a CUDA graph: %s", self.decision)
         self.graph, self.static, self.stable, self.outputs = graph, static, stable, outputs
-        return self(args)
+        out, replay, _ = self._timed(self, args)
+        self.decision = (f"direct {self.gpu_us:.0f} us ({self.launches} launches, host "
+                         f"{self.host_us:.0f} us) vs replay {replay:.0f} us")
+        if replay < KEEP_BELOW * self.gpu_us:
+            log.info("triton backend: replaying as a CUDA graph: %s", self.decision)
+        else:
+            log.info("triton backend: CUDA graph not used: %s", self.decision)
+            self.graph = self.static = self.outputs = None
+            self.calls = -10 ** 9
+        return out
