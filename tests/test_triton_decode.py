@@ -117,3 +117,25 @@ def test_gpu_bound_graph_keeps_launching(monkeypatch):
     runner = last_compiled().runner
     assert runner is not None and runner.graph is None and "vs replay" in runner.decision
     torch.testing.assert_close(compiled(x, y), big(x, y), atol=1e-3, rtol=1e-3)
+
+
+def test_value_read_through_a_view_by_a_later_kernel_is_stored():
+    # ConvNeXt's head at batch 1 (timm, bf16): residual, global average pool, LayerNorm over
+    # channels through a permute; the pooled value reaches the norm's kernel as a view of
+    # its buffer, which was left unwritten (NameError in the wrapper)
+    C = 32
+    bf = dict(dtype=torch.bfloat16)
+    g, lw, lb, fw = (torch.randn(C, **bf), torch.randn(C, **bf), torch.randn(C, **bf),
+                     torch.randn(10, C, **bf))
+
+    def head(y, shortcut):
+        x = y.permute(0, 3, 1, 2).mul(g.reshape(1, -1, 1, 1)) + shortcut
+        x = F.adaptive_avg_pool2d(x, 1)
+        x = F.layer_norm(x.permute(0, 2, 3, 1), (C,), lw, lb, 1e-6).permute(0, 3, 1, 2)
+        return F.linear(x.flatten(1), fw)
+    compiled = frametrace.optimize(backend="triton", fullgraph=True)(head)
+    for _ in range(2):
+        y, shortcut = torch.randn(1, 3, 3, C, **bf), torch.randn(1, C, 3, 3, **bf)
+        torch.testing.assert_close(compiled(y, shortcut).float(), head(y, shortcut).float(),
+                                   atol=1e-1, rtol=5e-2)
+    assert len(last_compiled().kernels) == 2, last_compiled().source

@@ -81,7 +81,9 @@ def schedule(lowered) -> list:
         if not isinstance(g, Extern):
             cg = KernelCodegen(g, g.members)
             cg.generate()
-            needed |= cg.reads
+            # every pointer it loads: a view of a computed value is loaded as a Buffer
+            # of that value's name, not through `reads`
+            needed |= cg.reads | (set(cg.args) - set(cg.members))
     out = []
     for g in groups:
         if isinstance(g, Extern):
