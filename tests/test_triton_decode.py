@@ -139,3 +139,47 @@ def test_value_read_through_a_view_by_a_later_kernel_is_stored():
         torch.testing.assert_close(compiled(y, shortcut).float(), head(y, shortcut).float(),
                                    atol=1e-1, rtol=5e-2)
     assert len(last_compiled().kernels) == 2, last_compiled().source
+
+
+def _sdpa_masks(mod):
+    """The attn_mask of each attention extern of a compiled module."""
+    from frametrace.backends.triton.ir import Extern
+    return [e.kwargs.get("attn_mask", e.args[3] if len(e.args) > 3 else None)
+            for e in mod.wrapper.schedule if isinstance(e, Extern) and "attention" in str(e.op)]
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_constant_mask_that_masks_nothing_is_dropped(kind):
+    # as Hugging Face builds it under compilation: a padding mask of ones, expanded
+    def attend(q, k, v):
+        pad = torch.ones(q.shape[0], k.shape[2], dtype=torch.bool)
+        mask = pad[:, None, None, :].expand(-1, 1, q.shape[2], -1)
+        if kind == "additive":
+            mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    mod = run(attend, torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16))
+    assert _sdpa_masks(mod) == [None], mod.source
+
+
+def test_masks_that_mask_something_or_come_from_inputs_are_kept():
+    def causal(q, k, v):
+        mask = torch.ones(8, 8, dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def given(q, k, v, pad):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=pad[:, None, None, :])
+    q = torch.randn(2, 4, 8, 16)
+    mod = run(causal, q, q.clone(), q.clone())
+    assert len(_sdpa_masks(mod)) == 1 and _sdpa_masks(mod)[0] is not None
+    backend.COMPILED.clear()
+    mod = run(given, q, q.clone(), q.clone(), torch.ones(2, 8, dtype=torch.bool))
+    assert len(_sdpa_masks(mod)) == 1 and _sdpa_masks(mod)[0] is not None
+
+
+def test_random_masks_are_not_constants():
+    def noisy(q, k, v):
+        mask = torch.rand(8, 8) < 2.0      # all True, but not a constant
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    q = torch.randn(2, 4, 8, 16)
+    mod = run(noisy, q, q.clone(), q.clone())
+    assert all(m is not None for m in _sdpa_masks(mod)) and _sdpa_masks(mod)

@@ -107,6 +107,9 @@ def compile_graph(gm, example_inputs):
         log.info("triton backend: %s; this graph runs with aot_eager", reason)
         return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
                                      keep_inference_input_mutations=True)
+    from .attention import drop_trivial_masks
+    if drop_trivial_masks(gm):
+        log.debug("triton backend: dropped attention masks that mask nothing")
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward,
                                  bw_compiler=_eager, decompositions=decompositions(),
                                  keep_inference_input_mutations=True)
