@@ -434,6 +434,12 @@ def insert_runtime_asserts(gm, shape_env, name):
 _LAYOUT_READS = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense"})
 
 
+# operator's in-place forms (`x += y`); `invert`, `index`, `is_` start with "i" too
+_INPLACE_OPERATORS = frozenset(
+    f"i{n}" for n in ("add", "and", "concat", "floordiv", "lshift", "mod", "mul", "matmul", "or",
+                      "pow", "rshift", "sub", "truediv", "xor"))
+
+
 def written_arg(kind: str, target, args, kwargs):
     """What an op writes in place: its ``out=`` tensor(s), its first argument (``x.add_``,
     ``x += y``, ``x[i] = v``), or None."""
@@ -444,7 +450,7 @@ def written_arg(kind: str, target, args, kwargs):
     else:
         name = getattr(target, "__name__", "")
         writes = target is operator.setitem or (name.endswith("_") and not name.endswith("__")) or \
-            (getattr(target, "__module__", None) == "_operator" and name.startswith("i") and name != "index")
+            (getattr(target, "__module__", None) == "_operator" and name in _INPLACE_OPERATORS)
     return args[0] if writes and args else None
 
 
