@@ -238,3 +238,36 @@ def test_argmax_is_not_split(small_splits):
 def test_split_reduction_with_a_fused_prologue_and_epilogue(small_splits):
     x, y = make((37, 41), torch.float32), make((37, 41), torch.float32)
     compiled_run(lambda x, y: ((x - y) ** 2).mean().sqrt(), x, y, kernels=2)
+
+
+# -- training BatchNorm: its statistics are these reductions ---------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("split", [False, True])
+def test_training_batch_norm_lowers_its_statistics(request, split, dtype):
+    if split:
+        request.getfixturevalue("small_splits")
+    m, ref = torch.nn.BatchNorm2d(3).to(dtype), torch.nn.BatchNorm2d(3).to(dtype)
+    x = make((4, 3, 9, 11), dtype) * 2 + 1
+    got = frametrace.optimize(backend="triton", fullgraph=True)(m)(x)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(got.float(), ref(x).float(), atol=atol, rtol=rtol)
+    for a, b in [(m.running_mean, ref.running_mean), (m.running_var, ref.running_var)]:
+        torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol)
+    mod = last_compiled()
+    assert all("batch_norm" not in op for op in mod.externs), mod.source
+    stats = [k for k in reductions(mod)]
+    assert len(stats) == (2 if split else 1), mod.source
+
+
+# -- symbolic sizes ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["col_sum", "mid_mean", "col_argmax"])
+def test_outer_reductions_with_symbolic_sizes(name):
+    fn = {"col_sum": lambda x: x.sum(0), "mid_mean": lambda x: x.mean(1),
+          "col_argmax": lambda x: x.argmax(0)}[name]
+    f = frametrace.optimize(backend="triton", dynamic=True)(fn)
+    for shape in [(37, 20, 9), (50, 3, 33)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(f(x), fn(x), atol=1e-4, rtol=1e-4)
+    mod = last_compiled()
+    assert mod.symbolic and len(mod.kernels) == 1
+    assert_outer(mod.kernels[0])
