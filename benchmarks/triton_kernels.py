@@ -10,7 +10,9 @@ Cases: gelu (gelu(x*w+b), x, w and b all 8192x8192 bf16: 4 x 128 MB moved), gelu
 same with w and b vectors of 8192, broadcast; erf's cost shows), gelu_libdevice /
 gelu_bcast_libdevice (with libdevice's erf), rmsnorm (add + RMSNorm 16384x4096 bf16), softmax
 (8192x8192 bf16), swiglu (silu(a)*b 8192x14336 bf16), layernorm (16384x4096 bf16),
-llama (HF LLaMA, 8 layers, hidden 2048) and gpt2 (HF GPT-2 default config), forward in
+colsum (x.sum(0), 8192x8192 fp32), midmean (x.mean(1), 32x2048x1024 bf16), bnstats
+(var_mean over (0, 2, 3) of 64x256x56x56 bf16), bntrain (training batch_norm of it), fullsum
+(x.float().sum(), 8192x8192 bf16), llama (HF LLaMA, 8 layers, hidden 2048) and gpt2 (HF GPT-2 default config), forward in
 bf16, batch 8 x sequence 512, use_cache=False, no_grad.
 """
 from __future__ import annotations
@@ -27,6 +29,9 @@ import frametrace
 
 BANDWIDTH = 4.3e12
 KERNELS = ("gelu", "gelu_bcast", "rmsnorm", "softmax", "swiglu", "layernorm")
+# reductions over other axes than the last: outer (column sum, middle-dim mean) and split
+# (few outputs: per-channel statistics, a full sum)
+REDUCTIONS = ("colsum", "midmean", "bnstats", "bntrain", "fullsum")
 MODELS = ("llama", "gpt2")
 
 
@@ -57,6 +62,19 @@ def kernel_case(name):
     if name == "layernorm":
         w, b = torch.randn(4096, **bf), torch.randn(4096, **bf)
         return (lambda x: F.layer_norm(x, (4096,), w, b)), [torch.randn(16384, 4096, **bf)]
+    if name == "colsum":
+        return (lambda x: x.sum(0)), [torch.randn(8192, 8192, device="cuda")]
+    if name == "midmean":
+        return (lambda x: x.mean(1)), [torch.randn(32, 2048, 1024, **bf)]
+    if name == "bnstats":
+        return (lambda x: torch.var_mean(x, (0, 2, 3))), [torch.randn(64, 256, 56, 56, **bf)]
+    if name == "bntrain":
+        rm, rv = torch.zeros(256, device="cuda"), torch.ones(256, device="cuda")
+        w, b = torch.randn(256, **bf), torch.randn(256, **bf)
+        return (lambda x: F.batch_norm(x, rm, rv, w, b, training=True)), \
+            [torch.randn(64, 256, 56, 56, **bf)]
+    if name == "fullsum":
+        return (lambda x: x.float().sum()), [torch.randn(8192, 8192, **bf)]
     raise ValueError(name)
 
 
@@ -169,7 +187,7 @@ def run_case(name, args_ns):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default=",".join(KERNELS + MODELS))
+    p.add_argument("--cases", default=",".join(KERNELS + REDUCTIONS + MODELS))
     p.add_argument("--quick", action="store_true", help="fewer timing rounds")
     p.add_argument("--md", help="also write the table as markdown to this file")
     p.add_argument("--no-cudagraphs", action="store_true")

@@ -271,3 +271,25 @@ def test_outer_reductions_with_symbolic_sizes(name):
     mod = last_compiled()
     assert mod.symbolic and len(mod.kernels) == 1
     assert_outer(mod.kernels[0])
+
+
+# -- index arithmetic of multi-axis reductions -----------------------------------------------------
+def loads(kernel):
+    return [line for line in kernel.source.splitlines() if "tl.load" in line]
+
+
+def test_reduced_plane_index_is_one_remainder():
+    """The H and W digits of an NCHW plane rejoin: one `% (H*W)`, a run Triton sees whole."""
+    mod = compiled_run(lambda x: x.mean((0, 2, 3)), make((2, 3, 5, 7), torch.float32), kernels=1)
+    (line,) = loads(mod.kernels[0])
+    assert "rindex % 35" in line and "// 7" not in line and "% 7" not in line, line
+
+
+def test_split_chunks_are_whole_planes(small_splits):
+    """A split of per-channel statistics cuts at plane boundaries: a chunk's index is a
+    plain offset, with no division."""
+    mod = compiled_run(lambda x: torch.var_mean(x, (0, 2, 3)), make((8, 3, 10, 10), torch.float32),
+                       kernels=2)
+    first = reductions(mod)[0]
+    assert first.group.rnumel % 100 == 0
+    assert all("//" not in line and "%" not in line for line in loads(first)), loads(first)

@@ -35,10 +35,26 @@ def count(L, r: Reduction, in_registers=False) -> int:
         return 1  # (no need to generate the kernel to know)
     outer = _is_outer(L, r)
     s = autotune.split_count(x, n, outer)
-    if s > 1 and in_registers and not outer and not autotune.is_persistent(-(-n // s)):
-        least = -(-n // config.persistent_rblock_max)
-        s = next((d for d in range(least, 2 * least + 1) if n % d == 0), least)
-    return s
+    if s == 1:
+        return 1
+    lo, hi = max(2, s // 2), min(2 * s, n // autotune.SPLIT_MIN_CHUNK[outer])
+    if in_registers and not outer and not autotune.is_persistent(-(-n // s)):
+        s = lo = -(-n // config.persistent_rblock_max)
+        hi = 2 * s
+    return _aligned(r.rshape, s, lo, hi) or s
+
+
+def _aligned(rshape, s, lo, hi):
+    """A chunk count in [lo, hi] near `s` that divides the leading reduced dimensions,
+    so that a chunk is whole runs of the trailing ones (per-channel statistics of NCHW:
+    whole H*W planes): its index needs no division across a run, and stays provably
+    contiguous along it.  None if there is none."""
+    for i in range(1, len(rshape) + 1):
+        lead = math.prod(rshape[:i])
+        near = [d for d in range(lo, hi + 1) if lead % d == 0]
+        if near:
+            return min(near, key=lambda d: (abs(d - s), -d))
+    return None
 
 
 def _is_outer(L, r) -> bool:
