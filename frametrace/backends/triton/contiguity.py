@@ -26,7 +26,7 @@ def axis(index, xnumel, rnumel) -> str | None:
     """'x' or 'r': the variable along which most consecutive positions of this access are
     consecutive elements, or None (a per-row or per-column operand, an indirect or strided
     access)."""
-    free = index.free_symbols
+    free = getattr(index, "free_symbols", set())
     if XINDEX not in free or RINDEX not in free:
         return None  # broadcast along one axis: small, and cached across the other
     names = {s.name: v for s, v in indexing.HINTS.items()}
