@@ -293,3 +293,26 @@ def test_split_chunks_are_whole_planes(small_splits):
     first = reductions(mod)[0]
     assert first.group.rnumel % 100 == 0
     assert all("//" not in line and "%" not in line for line in loads(first)), loads(first)
+
+
+# -- sibling split reductions share their passes --------------------------------------------------
+def test_sibling_split_reductions_share_two_kernels(small_splits):
+    """amax and amin of one tensor: both partials in one kernel (one pass over x), both
+    combinations in the other, though each partial is followed by its own combination."""
+    mod = compiled_run(lambda x: (x.amax(), x.amin()), make((37, 41), torch.float32), kernels=2)
+    assert len(mod.kernels[0].stores) == 2
+
+
+def test_sibling_column_split_reductions(small_splits):
+    compiled_run(lambda x: (x.sum(0), (x * x).sum(0), x.amax(0)), make((1031, 5), torch.float32),
+                 kernels=2)
+
+
+def test_split_mean_and_var_of_channels_share_a_pass(small_splits):
+    compiled_run(lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))), make((4, 3, 16, 16), torch.float32),
+                 kernels=2)
+
+
+def test_a_reduction_reading_the_kernel_between_does_not_move_before_it(small_splits):
+    # the second sum's partials read the first's result: they stay after its combination
+    compiled_run(lambda x: (x - x.sum(0)).sum(0), make((1031, 5), torch.float32), kernels=4)
