@@ -18,7 +18,8 @@ dim 1 of 64x1024x1024), channel_stats (var_mean over (0,2,3) of NCHW 64x256x56x5
 transpose_add (x.t() + y, 8192x8192), nchw_to_nhwc (64x256x56x56 to channels_last),
 bn_relu (inference BatchNorm + ReLU, NCHW 64x256x56x56), cumsum (last dim of 8192x4096),
 cross_entropy (8192 rows x 32000 classes, mean), conv_epilogue (3x3 conv 256->256 on
-64x256x56x56 + bias + BatchNorm + ReLU + residual; the conv is cuDNN's, no floor).
+64x256x56x56 + bias + BatchNorm + ReLU + residual; the conv is cuDNN's, no floor), bntrain
+(training batch_norm of 64x256x56x56), fullsum (x.float().sum(), 8192x8192).
 Whole models: bert (HF BERT-base, 8x512), vit (HF ViT-base, 64x224x224), t5 (HF T5-small,
 encoder 8x512 + decoder 8x128), gpt2_decode (HF GPT-2, batch 1, one new token over a 128-token
 cache, no graph capture by the benchmark: per-call latency), resnet50 and convnext_tiny (timm,
@@ -41,7 +42,7 @@ import frametrace
 BANDWIDTH = 4.3e12
 KERNELS = ("gelu", "gelu_bcast", "rmsnorm", "softmax", "swiglu", "layernorm",
            "colsum", "mean_mid", "channel_stats", "transpose_add", "nchw_to_nhwc", "bn_relu",
-           "cumsum", "cross_entropy", "conv_epilogue")
+           "cumsum", "cross_entropy", "conv_epilogue", "bntrain", "fullsum")
 MODELS = ("llama", "gpt2", "bert", "vit", "t5", "gpt2_decode", "resnet50", "convnext_tiny")
 NO_FLOOR = ("conv_epilogue",)   # compute-bound: no memory floor
 
@@ -93,6 +94,13 @@ def kernel_case(name):
         w, bias = torch.randn(c, c, 3, 3, **bf) * 0.02, torch.randn(c, **bf)
         return (lambda x: F.relu(F.batch_norm(F.conv2d(x, w, bias, padding=1), mean, var, g, b, False) + x)), \
             [torch.randn(64, c, 56, 56, **bf)]
+    if name == "bntrain":
+        rm, rv = torch.zeros(256, device="cuda"), torch.ones(256, device="cuda")
+        w, b = torch.randn(256, **bf), torch.randn(256, **bf)
+        return (lambda x: F.batch_norm(x, rm, rv, w, b, training=True)), \
+            [torch.randn(64, 256, 56, 56, **bf)]
+    if name == "fullsum":
+        return (lambda x: x.float().sum()), [torch.randn(8192, 8192, **bf)]
     if name == "cumsum":
         return (lambda x: torch.cumsum(x, -1)), [torch.randn(8192, 4096, **bf)]
     if name == "cross_entropy":

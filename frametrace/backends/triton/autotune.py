@@ -33,8 +33,10 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def is_persistent(rnumel: int) -> bool:
-    return next_pow2(rnumel) <= config.persistent_rblock_max
+def is_persistent(rnumel: int, outer=False) -> bool:
+    """Whether rows of `rnumel` stay in registers.  An outer reduction's block holds a
+    wide tile of rows, so only short reduced extents fit."""
+    return next_pow2(rnumel) <= (OUTER_PERSISTENT_MAX if outer else config.persistent_rblock_max)
 
 
 def candidates(xnumel: int, rnumel: int, reduction: bool, looped=False) -> list[Config]:
@@ -57,6 +59,71 @@ def candidates(xnumel: int, rnumel: int, reduction: bool, looped=False) -> list[
         x = min(xmax, max(1, 4096 // r))
         return _unique([Config(x, r, w) for w in (8, 4)] + [Config(max(1, min(xmax, x // 2)), r, 4)])
     return _unique([Config(1, r, w) for r, w in ((2048, 8), (1024, 4), (4096, 16))])
+
+
+# Outer reductions (contiguous along the kept axis x, see contiguity.py) reduce at most
+# this many elements per output in registers; longer ones loop over short RBLOCKs.
+OUTER_PERSISTENT_MAX = 64
+# Streaming multiprocessors of the GPUs tuned for (H100, H200): split reductions aim to
+# give them all work.
+SMS = 132
+
+
+def outer_candidates(xnumel: int, rnumel: int, looped=False) -> list[Config]:
+    """Block sizes of an outer reduction, the heuristic default first.  XBLOCK runs along
+    the contiguous kept axis (16-256 elements: whole 64-1024 byte segments a warp reads),
+    RBLOCK is short and looped over the reduced axis, as Inductor's outer configs; few
+    enough columns for that to leave SMs idle are split beforehand (`split_count`)."""
+    xmax = next_pow2(xnumel)
+    if not looped and is_persistent(rnumel, outer=True):
+        r = next_pow2(rnumel)
+        x = min(xmax, max(32, 2048 // r))
+        return _unique([Config(x, r, w) for w in (8, 4)] + [Config(max(1, min(xmax, x // 2)), r, 4),
+                                                            Config(min(xmax, 2 * x), r, 8)])
+    if xnumel < 4096:
+        x, r = min(xmax, 32), 16
+    elif xnumel <= 8 * 4096:
+        # as many programs as columns allow: 16 wide leaves 256-2048 of them
+        x, r = 16, 32
+    else:
+        x = max(64, min(256, next_pow2(xnumel // 4096)))
+        r = 512 // x
+    r = min(r, max(1, next_pow2(rnumel)))
+    warps = min(8, max(2, x * r // 128))
+    alts = [(64, 8, 4), (32, 16, 4), (128, 8, 4), (64, 32, 8)]
+    return _unique([Config(x, r, warps)] + [Config(min(xmax, a), min(b, next_pow2(rnumel)), w)
+                                           for a, b, w in alts])
+
+
+def split_count(xnumel: int, rnumel: int, outer: bool) -> int:
+    """How many chunks to cut each reduced row into when there are too few outputs to
+    fill the GPU (a full sum, per-channel statistics): a first kernel reduces the chunks,
+    a second one their partial results.  1: no split.
+
+    An inner reduction runs a program per output: it splits under 2 programs per SM, into
+    about 4 per SM in all.  An outer one runs a program per 64 columns, 4 warps: it splits
+    when that leaves SMs short of 16 programs each.  Chunks are `SPLIT_MIN_CHUNK` long
+    at least (rows under 4 of them are not split); a count dividing the row needs no mask."""
+    chunk = SPLIT_MIN_CHUNK[outer]
+    if rnumel < 4 * chunk or xnumel >= (64 if outer else 2) * SMS or xnumel * rnumel < SPLIT_MIN_WORK:
+        return 1
+    programs = -(-xnumel // 64) if outer else xnumel
+    s = min(-(-(16 if outer else 4) * SMS // programs), rnumel // chunk)
+    return near_divisor(rnumel, s, rnumel // chunk) if s >= 2 else 1
+
+
+def near_divisor(n: int, s: int, most: int) -> int:
+    """A divisor of `n` in [s/2, min(2s, most)] closest to `s` (the larger on ties), or `s`."""
+    near = [d for d in range(max(2, s // 2), min(2 * s, most) + 1) if n % d == 0]
+    return min(near, key=lambda d: (abs(d - s), -d)) if near else s
+
+
+# The shortest chunk of a split reduction, inner (False) and outer (True): an inner chunk
+# still fills a few loop steps of 2048, an outer one 8 steps of 32 rows.
+SPLIT_MIN_CHUNK = {False: 4096, True: 256}
+# Smaller reductions are not split: a second launch costs about what one program takes
+# to stream this many elements, and the split one no longer fuses with sibling reductions.
+SPLIT_MIN_WORK = 1 << 18
 
 
 def _unique(configs):

@@ -18,7 +18,7 @@ import re
 import sympy
 import torch
 
-from . import autotune, indexing
+from . import autotune, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
 from .ops import compute_dtype
 
@@ -81,11 +81,14 @@ class NeedReduction(Exception):
 
 
 class KernelGroup:
-    """Realized nodes one kernel evaluates, in program order."""
-    __slots__ = ("members", "xnumel", "rnumel", "reduction")
+    """Realized nodes one kernel evaluates, in program order.  `outer`: whether a
+    reduction's memory accesses are contiguous along x (see contiguity.py), found when
+    the kernel is first generated (None before)."""
+    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer")
 
     def __init__(self, members, xnumel, rnumel, reduction):
         self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
+        self.outer = None
 
 
 def _identity(rtype, dtype):
@@ -110,6 +113,9 @@ def _acc_dtype(rtype, src):
 def configs_for(group) -> list:
     """Block-size candidates, for the size hints when extents are symbolic."""
     x, r = group.xnumel, group.rnumel
+    if group.reduction and group.outer:
+        return autotune.outer_candidates(indexing.hint(x), indexing.hint(r),
+                                         looped=not indexing.is_static(r))
     if indexing.is_static(x) and indexing.is_static(r):
         return autotune.candidates(x, r, group.reduction)
     return autotune.candidates(indexing.hint(x), indexing.hint(r), group.reduction,
@@ -127,7 +133,8 @@ class KernelCodegen:
         xstatic, rstatic = indexing.is_static(self.xnumel), indexing.is_static(self.rnumel)
         self.symbolic = not (xstatic and rstatic)
         self.configs = configs_for(group)
-        self.persistent = not group.reduction or (rstatic and autotune.is_persistent(group.rnumel))
+        self.persistent = not group.reduction or (
+            rstatic and autotune.is_persistent(group.rnumel, bool(group.outer)))
         self.looped = not self.persistent
         self.has_xmask = not xstatic or any(self.xnumel % c.xblock for c in self.configs)
         self.has_rmask = group.reduction and (
@@ -141,6 +148,7 @@ class KernelCodegen:
         self.helpers: set[str] = set()
         self.wide = self.symbolic or group.xnumel * group.rnumel >= 2 ** 31
         self.symbols: list[str] = []  # the shape symbols the kernel takes, after its pointers
+        self.load_indices: list = []  # of memory loads, to tell outer reductions (contiguity.py)
         self._n = 0
 
     # -- values ----------------------------------------------------------------------------
@@ -223,6 +231,7 @@ class KernelCodegen:
         else:
             span = buf.offset + sum((n - 1) * s for n, s in zip(buf.shape, buf.stride))
             self.wide |= span >= 2 ** 31
+        self.load_indices.append(index)
         text = pexpr(index)
         mask = self._mask(self.level(text))
         if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
@@ -381,7 +390,18 @@ class KernelCodegen:
         (self.body if self.looped and level == 2 else self.outer).append(line)
 
     def generate(self) -> tuple[str, str]:
-        """(kernel name, source)."""
+        """(kernel name, source).  A reduction's first generation also finds whether it is
+        an outer one; if so it is generated again with outer block sizes."""
+        if self.group.reduction and self.group.outer is None:
+            self.group.outer = False
+            out = self._generate()
+            if not contiguity.is_outer(self):
+                return out
+            self.group.outer = True
+            self.__init__(self.group, self.stores)
+        return self._generate()
+
+    def _generate(self) -> tuple[str, str]:
         indexing.set_ranges(self.xnumel, self.rnumel)
         rows = [c for c in self.stores if self.own_flat(c) is XINDEX]
         full = [c for c in self.stores if self.own_flat(c) is not XINDEX]

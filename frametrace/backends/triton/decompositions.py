@@ -31,7 +31,9 @@ def decompositions():
     table.update(get_decompositions([
         aten._softmax, aten._log_softmax, aten.gelu, aten.silu, aten.embedding,
         aten.full_like, aten.zeros_like, aten.ones_like, aten.hardswish, aten.hardsigmoid,
-        aten.leaky_relu, aten.hardtanh, aten.elu, aten.mish, aten.softplus, aten.logsumexp]))
+        aten.leaky_relu, aten.hardtanh, aten.elu, aten.mish, aten.softplus, aten.logsumexp,
+        # training BatchNorm: per-channel var_mean (a split reduction) and one pointwise pass
+        aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit]))
     # lowered directly: their decompositions go through as_strided or prims
     for op in (aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int,
                aten.var_mean.correction, aten.var.correction, aten.mean.dim):

@@ -321,8 +321,35 @@ def _join_symbolic(e):
     return e
 
 
+def _join_digits(e):
+    """c*(u % m) + c*m*((u // m) % k) == c*(u % (m*k)): two digits of an index (w and h
+    of an H*W plane) used with matching strides are one; Triton then sees the whole run
+    as contiguous, and the index costs one remainder instead of three operations."""
+    changed = True
+    while changed and e.is_Add:
+        changed = False
+        terms = list(e.args)
+        for i, t in enumerate(terms):
+            c, hi = _coef(t)
+            if not (isinstance(hi, ModIdx) and hi.args[1].is_Integer and isinstance(hi.args[0], FloorDiv)
+                    and hi.args[0].args[1].is_Integer):
+                continue
+            (u, m), k = hi.args[0].args, int(hi.args[1])
+            m = int(m)
+            for j, t2 in enumerate(terms):
+                c2, lo = _coef(t2)
+                if j != i and c2 * m == c and lo == ModIdx(u, m):
+                    keep = [x for q, x in enumerate(terms) if q not in (i, j)]
+                    e = Add(*keep, c2 * ModIdx(u, m * k))
+                    changed = True
+                    break
+            if changed:
+                break
+    return e
+
+
 def simplify(e):
-    e = _join(sympy.expand(e))
+    e = _join_digits(_join(sympy.expand(e)))
     return _join_symbolic(e) if any(not a.args[1].is_Integer for a in e.atoms(ModIdx)) else e
 
 

@@ -663,7 +663,15 @@ def _dims(x, dims):
 
 
 def reduction(L, x, dims, keepdim, rtype, dtype, src_dtype=None, value=None):
-    """A realized Reduction of `x` (or of `value(k, xindex)`, an index into x's shape)."""
+    """A realized Reduction of `x` (or of `value(k, xindex)`, an index into x's shape),
+    split in two when it has too few outputs for its length (splits.py)."""
+    from . import splits
+    r = reduction_node(x, dims, keepdim, rtype, dtype, src_dtype, value)
+    s = splits.count(L, r)
+    return splits.split(L, r, s) if s > 1 else L.computed(r)
+
+
+def reduction_node(x, dims, keepdim, rtype, dtype, src_dtype=None, value=None) -> Reduction:
     if not isinstance(x, IRNode):
         raise Unsupported("reduction of a number")
     dims = _dims(x, dims)
@@ -679,7 +687,7 @@ def reduction(L, x, dims, keepdim, rtype, dtype, src_dtype=None, value=None):
         outer = iter([oidx[d] for d in kept] if keepdim else oidx)
         inner = iter(ridx)
         return value(k, [next(inner) if d in dims else next(outer) for d in range(n)])
-    return L.computed(Reduction(shape, dtype, rshape, rtype, fn, src_dtype or x.dtype))
+    return Reduction(shape, dtype, rshape, rtype, fn, src_dtype or x.dtype)
 
 
 @register(aten.sum.dim_IntList, aten.sum.default, prims.sum)
@@ -721,19 +729,36 @@ def _var(L, node, x, dims, correction, keepdim):
     dims = _dims(x, dims)
     n = math.prod(x.shape[d] for d in dims)
     dtype = x.dtype if x.dtype.is_floating_point else torch.float32
-    mean = reduction(L, x, dims, True, "sum", dtype)
+    from . import splits
+    total = reduction_node(x, dims, True, "sum", dtype)
+    chunks = splits.count(L, total, in_registers=True)
+    if chunks > 1:
+        shape = [1 if d in dims else x.shape[d] for d in range(len(x.shape))] if keepdim else \
+            [x.shape[d] for d in range(len(x.shape)) if d not in dims]
+
+        def keep_index(oidx):
+            it = iter(oidx)
+            return [indexing.Integer(0) if d in dims else next(it) for d in range(len(x.shape))]
+        sq, mean = splits.split_var(L, total, chunks, shape, (lambda i: i) if keepdim else keep_index)
+        return sq, mean, *_var_factors(n, correction)
+    mean = L.computed(total)
 
     def centred_sq(k, xi):
         s = mean.load(k, [indexing.Integer(0) if d in dims else i for d, i in enumerate(xi)])
         m = k.op(f"{s} / {operand(k, n, xi, torch.float32)}" if _symbolic(n) else f"{s} * {1.0 / n!r}")
         c = k.op(f"{k.cast(x.load(k, xi), x.dtype, dtype)} - {m}")
         return k.op(f"{c} * {c}")
-    sq = reduction(L, x, dims, keepdim, "sum", dtype, src_dtype=dtype, value=centred_sq)
+    sq = L.computed(reduction_node(x, dims, keepdim, "sum", dtype, src_dtype=dtype, value=centred_sq))
+    return sq, mean, *_var_factors(n, correction)
+
+
+def _var_factors(n, correction):
+    """The factors turning a centred sum of squares into the variance, a sum into the mean."""
     if _symbolic(n):
         denom = n - (1 if correction is None else correction)  # 0: x / 0, as torch
-        return sq, mean, ("div", denom), ("div", n)
+        return ("div", denom), ("div", n)
     denom = max(n - (1 if correction is None else correction), 0)
-    return sq, mean, (1.0 / denom if denom else float("inf")), 1.0 / n
+    return (1.0 / denom if denom else float("inf")), 1.0 / n
 
 
 @register(aten.var.correction, aten.var.dim)

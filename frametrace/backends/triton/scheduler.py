@@ -2,6 +2,8 @@
 (the same element count, or rows × row length around a reduction) and each reads the
 others only at its own position.  Whether it does is found by generating the kernel:
 `NotFusable` ends the group.  Extern calls end groups too: they run between kernels.
+A reduction may also join the kernel before the current one, when it does not read the
+current one's values (sibling split reductions, see `_join_back`).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ def _space(c: Computed):
     return c.numel, 1, False
 
 
-def _join(group: KernelGroup, c: Computed):
+def _join(group: KernelGroup, c: Computed, avoid=frozenset()):
     x, r, red = group.xnumel, group.rnumel, group.reduction
     cx, cr, cred = _space(c)
     if red and cred:
@@ -30,11 +32,26 @@ def _join(group: KernelGroup, c: Computed):
     if not ok:
         return None
     joined = KernelGroup(group.members + [c], x, r, red)
+    cg = KernelCodegen(joined, joined.members)
     try:
-        KernelCodegen(joined, joined.members).generate()
+        cg.generate()
     except NotFusable:
         return None
+    if avoid and cg.reads & avoid:
+        return None
     return joined
+
+
+def _join_back(out, current, c):
+    """`c` joined to the kernel before `current` when it reads nothing `current`
+    computes, or None.  Only a reduction into a reduction kernel of its shape: the first
+    halves of split reductions of one tensor (partials, then their combination, each)
+    share one pass over it."""
+    prev = out[-1] if out else None
+    if not (c.is_reduction and isinstance(prev, KernelGroup) and prev.reduction
+            and _space(c) == (prev.xnumel, prev.rnumel, True)):
+        return None
+    return _join(prev, c, avoid={m.name for m in current.members})
 
 
 def group(items) -> list:
@@ -48,6 +65,11 @@ def group(items) -> list:
             out.append(item)
             continue
         joined = _join(current, item) if current is not None else None
+        if joined is None and current is not None:
+            back = _join_back(out, current, item)
+            if back is not None:
+                out[-1] = back
+                continue
         if joined is None:
             if current is not None:
                 out.append(current)

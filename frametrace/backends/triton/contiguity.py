@@ -1,0 +1,57 @@
+"""Which iteration variable a reduction kernel's large memory accesses are contiguous
+along.  A kernel reduces `xnumel` rows of `rnumel`; when its full-size loads step by one
+element as `rindex` grows (a softmax row), the row is the contiguous axis: an *inner*
+reduction.  When they step by one as `xindex` grows (`x.sum(0)`, a mean over a middle
+dimension, channels-last statistics), the kept axis is: an *outer* reduction, which must
+be tiled wide along x and short along r for a warp to read contiguous memory.
+
+Strides are measured by evaluating each index at a few sample points rather than read off
+the expression: after views an index is a nest of `//` and `%` whose stride is one only
+almost everywhere."""
+from __future__ import annotations
+
+from . import indexing
+from .indexing import RINDEX, XINDEX, pexpr
+
+SAMPLES = 16
+
+
+def _points(n) -> list:
+    """A spread of positions p with p + 1 < n, by golden-ratio steps (evenly spaced ones
+    can share their residue modulo a dimension and all land on its last index)."""
+    return [int((i * 0.6180339887498949) % 1 * (n - 1)) for i in range(1, SAMPLES + 1)] if n >= 2 else []
+
+
+def axis(index, xnumel, rnumel) -> str | None:
+    """'x' or 'r': the variable along which most consecutive positions of this access are
+    consecutive elements, or None (a per-row or per-column operand, an indirect or strided
+    access)."""
+    free = getattr(index, "free_symbols", set())
+    if XINDEX not in free or RINDEX not in free:
+        return None  # broadcast along one axis: small, and cached across the other
+    names = {s.name: v for s, v in indexing.HINTS.items()}
+    if any(s.name not in names for s in free - {XINDEX, RINDEX}):
+        return None  # a loaded (indirect) index
+    fn = eval(f"lambda xindex, rindex, {', '.join(names)}: {pexpr(index)}" if names else
+              f"lambda xindex, rindex: {pexpr(index)}")
+    xs, rs = _points(indexing.hint(xnumel)), _points(indexing.hint(rnumel))
+    if not xs or not rs:
+        return None
+    at = lambda x, r: fn(x, r, **names)  # noqa: E731
+    pairs = list(zip(xs, rs[::-1]))
+    dx = sum(at(x + 1, r) - at(x, r) == 1 for x, r in pairs)
+    dr = sum(at(x, r + 1) - at(x, r) == 1 for x, r in pairs)
+    if 2 * dr > len(pairs) and dr >= dx:
+        return "r"
+    return "x" if 2 * dx > len(pairs) else None
+
+
+def is_outer(cg) -> bool:
+    """Whether the kernel `cg` generated reads and writes its full-size data mostly
+    contiguously along x (ties: inner, the layout reductions had before)."""
+    votes = {"x": 0, "r": 0, None: 0}
+    for index in cg.load_indices:
+        votes[axis(index, cg.xnumel, cg.rnumel)] += 1
+    # full-size stores (a softmax's output) walk rows: inner
+    votes["r"] += sum(cg.own_flat(c) is not XINDEX for c in cg.stores)
+    return votes["x"] > votes["r"]
