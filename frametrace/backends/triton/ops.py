@@ -12,7 +12,7 @@ import math
 import sympy
 import torch
 
-from . import config, indexing
+from . import config, indexing, layout
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Unsupported
 
@@ -544,7 +544,14 @@ def _split(L, node, x, sizes=0, dim=0):
 def _as_strided(L, node, x, size, stride, storage_offset=None):
     if not isinstance(x, Computed) and not isinstance(x, Pointwise):
         raise Unsupported("as_strided of an input (its storage offset is the caller's)")
-    base = L.realize(x, wrapper=False)
+    # as_strided reads memory: the value must be stored as eager stores it
+    val = _meta_arg(node.args[0])
+    eager = tuple(val.stride()) if isinstance(val, torch.Tensor) else None
+    if eager is None or not layout.dense(x.shape, eager):
+        raise Unsupported("as_strided of a value eager stores sparsely")
+    base = L.realize(x, wrapper=False, stride=eager)
+    if eager is None or base.stride != eager:
+        raise Unsupported("as_strided of a value stored in another layout than eager's")
     b = L.view_buffer(base, lambda t: t.as_strided(size, stride, storage_offset or 0))
     if b is None:
         raise Unsupported("as_strided")
