@@ -16,10 +16,10 @@ from . import indexing
 class _Reads:
     """Stands in for a kernel while a pointwise function runs: records each buffer it
     loads with the load's index, over one symbol per output dimension."""
-    __slots__ = ("reads", "_n")
+    __slots__ = ("reads", "_n", "reduced")
 
     def __init__(self):
-        self.reads, self._n = [], 0
+        self.reads, self._n, self.reduced = [], 0, False
 
     def _var(self, *_, **__) -> str:
         self._n += 1
@@ -32,6 +32,7 @@ class _Reads:
         return self._var()
 
     def computed(self, c, idx):
+        self.reduced |= c.is_reduction
         return self.load(c.buffer, c.buffer.index(idx))
 
     def cast(self, v, src, dst):
@@ -103,7 +104,7 @@ def normalized(shape, stride) -> tuple | None:
 def preferred(node) -> tuple | None:
     """Strides for storing the Pointwise `node`: the dimension order of its first input
     that varies along every output dimension (not broadcast), when that order is not
-    row-major; else None."""
+    row-major; else None (row-major)."""
     shape = node.shape
     if not _static(shape) or len(shape) < 2:
         return None
@@ -118,6 +119,10 @@ def preferred(node) -> tuple | None:
     finally:
         indexing._ranges.clear()
         indexing._ranges.update(saved)
+    if rec.reduced:
+        # it reads a reduction's result (x - mean): it shares that reduction's kernel,
+        # which walks row-major rows
+        return None
     zero = {d: 0 for d in dims}
     for buf, index in rec.reads:
         try:
