@@ -56,10 +56,15 @@ def _randomize_bn(m):
     return m.eval()
 
 
+WEIGHTS_CL = "weights channels-last, input contiguous"
+
+
 def _prepare(m, x, fmt, dtype=torch.float32):
     m, x = m.to(dtype), x.to(dtype)
+    if fmt in (CL, WEIGHTS_CL):
+        m = m.to(memory_format=CL)
     if fmt is CL:
-        m, x = m.to(memory_format=CL), x.to(memory_format=CL)
+        x = x.to(memory_format=CL)
     return m, x
 
 
@@ -110,7 +115,7 @@ class Bottleneck(nn.Module):
         return F.relu(out + self.downsample(x))
 
 
-@pytest.mark.parametrize("fmt", [torch.contiguous_format, CL])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, CL, WEIGHTS_CL])
 def test_resnet_bottleneck_block(fmt):
     torch.manual_seed(0)
     m, x = _prepare(_randomize_bn(Bottleneck(8, 4, stride=2)), torch.randn(2, 8, 8, 8), fmt)
@@ -214,3 +219,20 @@ def test_convnext_stages(fmt, norm2d):
     assert wrapper.LAYOUT_COPIES[0] == 0
     mod = last_compiled()
     assert mod.externs.count("aten.convolution.default") == 1 + 2 + 3 * 2
+
+
+def test_output_read_first_by_a_conv_keeps_eagers_strides():
+    # `y` reads a reduction, so it is stored row-major for the conv; eager's `y` is
+    # channels-last (it follows x): the output is a copy in eager's layout
+    def f(x, w):
+        y = x - x.mean(1, keepdim=True)
+        return F.conv2d(y, w, padding=1) + 1, y
+    x = torch.randn(2, 4, 6, 6).to(memory_format=CL)
+    w = torch.randn(3, 4, 3, 3)
+    with torch.no_grad():
+        got = frametrace.optimize(backend="triton", fullgraph=True)(f)(x, w)
+        want = f(x, w)
+    assert not FAILURES, FAILURES
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+        assert g.stride() == e.stride()
