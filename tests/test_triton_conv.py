@@ -222,10 +222,11 @@ def test_convnext_stages(fmt, norm2d):
 
 
 def test_output_read_first_by_a_conv_keeps_eagers_strides():
-    # `y` reads a reduction, so it is stored row-major for the conv; eager's `y` is
-    # channels-last (it follows x): the output is a copy in eager's layout
+    # `y` reads a reduction over its innermost dimension, so it is stored row-major (to
+    # share the reduction's kernel) for the conv; eager's `y` is channels-last (it
+    # follows x): the output is a copy in eager's layout
     def f(x, w):
-        y = x - x.mean(1, keepdim=True)
+        y = x - x.mean(3, keepdim=True)
         return F.conv2d(y, w, padding=1) + 1, y
     x = torch.randn(2, 4, 6, 6).to(memory_format=CL)
     w = torch.randn(3, 4, 3, 3)
@@ -233,6 +234,8 @@ def test_output_read_first_by_a_conv_keeps_eagers_strides():
         got = frametrace.optimize(backend="triton", fullgraph=True)(f)(x, w)
         want = f(x, w)
     assert not FAILURES, FAILURES
+    # the reduction with y (row-major), the conv's epilogue, y's copy
+    assert len(last_compiled().kernels) == 3, last_compiled().source
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
         assert g.stride() == e.stride()

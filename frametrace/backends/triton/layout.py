@@ -16,10 +16,10 @@ from . import indexing
 class _Reads:
     """Stands in for a kernel while a pointwise function runs: records each buffer it
     loads with the load's index, over one symbol per output dimension."""
-    __slots__ = ("reads", "_n", "reduced")
+    __slots__ = ("reads", "_n")
 
     def __init__(self):
-        self.reads, self._n, self.reduced = [], 0, False
+        self.reads, self._n = [], 0
 
     def _var(self, *_, **__) -> str:
         self._n += 1
@@ -27,13 +27,12 @@ class _Reads:
 
     op = index = _var
 
-    def load(self, buf, index):
-        self.reads.append((buf, index))
+    def load(self, buf, index, reduction=False):
+        self.reads.append((index, reduction))
         return self._var()
 
     def computed(self, c, idx):
-        self.reduced |= c.is_reduction
-        return self.load(c.buffer, c.buffer.index(idx))
+        return self.load(c.buffer, c.buffer.index(idx), c.is_reduction)
 
     def cast(self, v, src, dst):
         return v
@@ -93,12 +92,17 @@ def fill_order(shape, stride) -> tuple | None:
     return None if order == dims else tuple(order)
 
 
-def normalized(shape, stride) -> tuple | None:
-    """`stride` as this module writes such a layout, or None for row-major."""
-    if not _static(shape) or not all(indexing.is_static(s) for s in stride) or not dense(shape, stride):
+def _steps(index, dims, shape) -> list | None:
+    """How far the load moves in memory per step along each output dimension."""
+    zero = {d: 0 for d in dims}
+    try:
+        index = sympy.sympify(index)
+        base = index.subs(zero)
+        steps = [index.subs({**zero, d: 1}) - base if n != 1 else sympy.Integer(0)
+                 for d, n in zip(dims, shape)]
+    except Exception:
         return None
-    order = fill_order(shape, stride)
-    return None if order is None else strides_in_order(shape, order)
+    return [abs(int(s)) for s in steps] if all(s.is_Integer for s in steps) else None
 
 
 def preferred(node) -> tuple | None:
@@ -119,26 +123,17 @@ def preferred(node) -> tuple | None:
     finally:
         indexing._ranges.clear()
         indexing._ranges.update(saved)
-    if rec.reduced:
-        # it reads a reduction's result (x - mean): it shares that reduction's kernel,
-        # which walks row-major rows
+    big = [i for i, n in enumerate(shape) if n != 1]
+    reads = [(_steps(index, dims, shape), reduction) for index, reduction in rec.reads]
+    reads = [(steps, [i for i in big if steps[i] == 0], reduction)  # (broadcast dims)
+             for steps, reduction in reads if steps is not None]
+    if any(red and flat and big[len(big) - len(flat):] == flat for _, flat, red in reads):
+        # `x - mean` over the innermost dimensions: row-major, it shares the
+        # reduction's kernel (whose rows are row-major)
         return None
-    zero = {d: 0 for d in dims}
-    for buf, index in rec.reads:
-        try:
-            index = sympy.sympify(index)
-            base = index.subs(zero)
-            steps = [index.subs({**zero, d: 1}) - base if n != 1 else sympy.Integer(0)
-                     for d, n in zip(dims, shape)]
-        except Exception:
-            continue
-        if not all(s.is_Integer for s in steps):
-            continue
-        steps = [abs(int(s)) for s in steps]
-        if any(s == 0 for s, n in zip(steps, shape) if n != 1):
-            continue  # broadcast along a dimension: it does not decide
-        if len(set(s for s, n in zip(steps, shape) if n != 1)) < sum(n != 1 for n in shape):
-            continue  # two dimensions at the same stride: no order to follow
+    for steps, flat, _ in reads:
+        if flat or len({steps[i] for i in big}) < len(big):
+            continue  # broadcast, or two dimensions at one stride: no order to follow
         order = fill_order(shape, steps)
         return None if order is None else strides_in_order(shape, order)
     return None
