@@ -239,3 +239,39 @@ def test_output_read_first_by_a_conv_keeps_eagers_strides():
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
         assert g.stride() == e.stride()
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2),
+                                dict(kernel_size=3, stride=2, padding=1, dilation=2, ceil_mode=True),
+                                dict(kernel_size=(2, 3), stride=(1, 2), ceil_mode=True)])
+def test_max_pool2d_values_and_indices_in_one_kernel(kw):
+    x = torch.randn(2, 3, 7, 9)
+    x[0, 0, 1, 1] = float("nan")
+    x[1, 2, :3, :3] = float("-inf")
+    f = lambda x: F.max_pool2d(x * 2, return_indices=True, **kw)  # noqa: E731
+    got, idx = frametrace.optimize(backend="triton", fullgraph=True)(f)(x)
+    want, want_idx = f(x)
+    assert not FAILURES, FAILURES
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.equal(idx, want_idx)
+    mod = last_compiled()
+    assert len(mod.kernels) == 2 and mod.externs == [], mod.source  # x * 2 is stored first
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, CL])
+def test_resnet_stem_and_head(fmt):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8)
+            self.layer = nn.Sequential(Bottleneck(8, 2), Bottleneck(8, 4, stride=2))
+            self.fc = nn.Linear(16, 5)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layer(x), 1), 1))
+    torch.manual_seed(0)
+    m, x = _prepare(_randomize_bn(Net()), torch.randn(2, 3, 32, 32), fmt)
+    # stem epilogue, max pool, 3 per block (the last one with the average pool)
+    mod = compiled_run(m, x, kernels=8, atol=1e-4, rtol=1e-4)
+    assert mod.externs == ["aten.convolution.default"] * 9 + ["aten.addmm.default"]
