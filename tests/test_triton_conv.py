@@ -275,3 +275,19 @@ def test_resnet_stem_and_head(fmt):
     # stem epilogue, max pool, 3 per block (the last one with the average pool)
     mod = compiled_run(m, x, kernels=8, atol=1e-4, rtol=1e-4)
     assert mod.externs == ["aten.convolution.default"] * 9 + ["aten.addmm.default"]
+
+
+def test_as_strided_reads_memory_in_eagers_layout():
+    # `y` is stored row-major for the conv (it reads a reduction over its last dim);
+    # eager's `y` is channels-last, and as_strided reads that memory
+    def f(x, w):
+        y = x - x.amax(3, keepdim=True)
+        return F.conv2d(y, w) + 1, y.as_strided((4, 6), (6, 1)) * 2
+    x = torch.randn(1, 2, 3, 4).to(memory_format=CL)
+    w = torch.randn(3, 2, 1, 1)
+    with torch.no_grad():
+        got = frametrace.optimize(backend="triton", fullgraph=True)(f)(x, w)
+        want = f(x, w)
+    assert not FAILURES, FAILURES
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e)

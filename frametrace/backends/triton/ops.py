@@ -549,9 +549,13 @@ def _as_strided(L, node, x, size, stride, storage_offset=None):
     eager = tuple(val.stride()) if isinstance(val, torch.Tensor) else None
     if eager is None or not layout.dense(x.shape, eager):
         raise Unsupported("as_strided of a value eager stores sparsely")
+    if isinstance(x, Pointwise) and x.alias is not None and x.realized is None:
+        raise Unsupported("as_strided of a view")
     base = L.realize(x, wrapper=False, stride=eager)
-    if eager is None or base.stride != eager:
-        raise Unsupported("as_strided of a value stored in another layout than eager's")
+    if base.offset or not layout.same(base.shape, base.stride, eager):
+        # stored earlier in another layout (for an extern, say): a copy in eager's
+        base = L.realize(Pointwise(x.shape, x.dtype, lambda k, idx: x.load(k, idx), 1),
+                         wrapper=False, stride=eager)
     b = L.view_buffer(base, lambda t: t.as_strided(size, stride, storage_offset or 0))
     if b is None:
         raise Unsupported("as_strided")
