@@ -291,3 +291,14 @@ def test_as_strided_reads_memory_in_eagers_layout():
     assert not FAILURES, FAILURES
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e)
+
+
+def test_contiguous_copy_is_stored_row_major():
+    # .contiguous() of a permute: stored as asked (not in its input's order), so the
+    # view after it is a view, not another copy
+    def f(x, w):
+        y = (x * 2 + x.exp()).permute(0, 2, 3, 1).contiguous()
+        return torch.mm(y.view(-1, 3), w), torch.mm(y.view(-1, 3), w + 1)
+    mod = compiled_run(lambda x, w: sum(f(x, w)), torch.randn(2, 3, 4, 5), torch.randn(3, 4),
+                       kernels=3)  # y, w + 1, the sum
+    assert "empty_strided((2, 4, 5, 3), (60, 15, 3, 1)" in mod.source, mod.source

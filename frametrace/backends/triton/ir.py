@@ -73,11 +73,12 @@ class Pointwise(IRNode):
     """`fn(kernel, index) -> value`.  `reads` counts the memory loads it inlines (to
     decide when recomputing it in every consumer costs more than storing it once).
     `alias` is (base, view_fn) when it is a view of something that memory can hold."""
-    __slots__ = ("fn", "reads", "alias", "realized")
+    __slots__ = ("fn", "reads", "alias", "realized", "stride")
 
     def __init__(self, shape, dtype, fn, reads, alias=None):
         self.shape, self.dtype, self.fn, self.reads = tuple(shape), dtype, fn, reads
         self.alias, self.realized = alias, None
+        self.stride = None  # the strides the op asked for (a copy's memory_format)
 
     def load(self, k, idx):
         if self.realized is not None:

@@ -126,6 +126,8 @@ class GraphLowering:
                 value = None
         if value is None:
             return self.extern(node, args, kwargs)
+        if isinstance(value, Pointwise) and kwargs.get("memory_format") is not None:
+            self._asked_layout(value, val)
         if isinstance(value, Pointwise) and len(node.users) > 1 and value.reads >= REALIZE_READS:
             self.realize(value, wrapper=False)
         return value
@@ -144,6 +146,13 @@ class GraphLowering:
         # computed here in another layout (an extern read it first): a copy in eager's
         copy = Pointwise(b.shape, b.dtype, lambda k, idx: b.load(k, idx), 1)
         return self.realize(copy, stride=stride)
+
+    def _asked_layout(self, value, val):
+        """A copy to a memory format (`contiguous()`, `.to(memory_format=...)`) is stored
+        in it: the code after it may view it as that layout."""
+        if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == value.shape \
+                and layout.dense(value.shape, val.stride()):
+            value.stride = tuple(val.stride())
 
     def computed(self, node, stride=None) -> Computed:
         c = Computed(self.name(), node, self.device, len(self.items), stride)
@@ -168,7 +177,7 @@ class GraphLowering:
         if isinstance(value, Pointwise):
             if value.realized is None:
                 if stride is None:
-                    stride = layout.preferred(value)
+                    stride = value.stride or layout.preferred(value)
                 value.realized = self.computed(value, stride)
             value = value.realized
         if isinstance(value, Computed):
