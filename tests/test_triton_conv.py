@@ -195,12 +195,14 @@ class ConvNeXt(nn.Module):
             down = [norm2d(dims[i - 1], eps=1e-6), nn.Conv2d(dims[i - 1], d, 2, stride=2)] if i else []
             stages.append(nn.Sequential(*down, *[ConvNeXtBlock(d) for _ in range(depth)]))
         self.stages = nn.Sequential(*stages)
-        self.head_norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head_norm = norm2d(dims[-1], eps=1e-6)
         self.fc = nn.Linear(dims[-1], 5)
 
     def forward(self, x):
         x = self.stages(self.stem(x))
-        return x, self.fc(self.head_norm(x.mean((2, 3))))
+        # timm's NormMlpClassifierHead: pool, LayerNorm2d of (B, C, 1, 1), flatten, fc
+        # (its buffers were the ones the wrapper named without storing them)
+        return x, self.fc(torch.flatten(self.head_norm(F.adaptive_avg_pool2d(x, 1)), 1))
 
 
 @pytest.mark.parametrize("norm2d", [LayerNorm2d, LayerNorm2dStats])
