@@ -232,6 +232,7 @@ class KernelCodegen:
             span = buf.offset + sum((n - 1) * s for n, s in zip(buf.shape, buf.stride))
             self.wide |= span >= 2 ** 31
         self.load_indices.append(index)
+        self.reads.add(buf.name)  # (a view of a computed value is read as a Buffer)
         text = pexpr(index)
         mask = self._mask(self.level(text))
         if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
@@ -255,9 +256,24 @@ class KernelCodegen:
             return XINDEX
         return XINDEX * self.rnumel + RINDEX
 
+    def own_index(self, c) -> list:
+        """Member `c`'s index of that element: a pointwise kernel walks a member stored in
+        another dense layout (channels-last, say) in its memory order."""
+        if self.group.reduction or c.fill is None:
+            return unflatten(self.own_flat(c), c.shape)
+        idx = [sympy.Integer(0)] * len(c.shape)
+        for d, i in zip(c.fill, unflatten(XINDEX, [c.shape[d] for d in c.fill])):
+            idx[d] = i
+        return idx
+
+    def _own_position(self, c, idx):
+        if self.group.reduction or c.fill is None:
+            return flatten(idx, c.shape)
+        return flatten([idx[d] for d in c.fill], [c.shape[d] for d in c.fill])
+
     def computed(self, c, idx) -> str:
         if c.name in self.members:
-            if self._pinned(sympy.expand(flatten(idx, c.shape) - self.own_flat(c))) != 0:
+            if self._pinned(sympy.expand(self._own_position(c, idx) - self.own_flat(c))) != 0:
                 raise NotFusable(f"{c.name} is read at another position")
             return self.value(c)
         if c.order > self.first and not c.is_reduction:
@@ -271,7 +287,7 @@ class KernelCodegen:
             return self.reduce(c)
         key = ("pw", c.name)
         if key not in self.memo:
-            self.memo[key] = c.node.fn(self, unflatten(self.own_flat(c), c.shape))
+            self.memo[key] = c.node.fn(self, self.own_index(c))
         return self.memo[key]
 
     def _block(self, v, dtype) -> str:

@@ -25,6 +25,25 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     return out.to(x.dtype), mean, rstd
 
 
+def _batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, eps):
+    """Inference BatchNorm as per-channel pointwise ops: it fuses into the kernel that reads
+    the convolution's output (aten's runs as its own pass over memory)."""
+    cd = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    invstd = torch.rsqrt(running_var.to(cd) + eps)
+    out = (x.to(cd) - running_mean.to(cd).view(shape)) * invstd.view(shape)
+    if weight is not None:
+        out = out * weight.to(cd).view(shape)
+    if bias is not None:
+        out = out + bias.to(cd).view(shape)
+    # the saved statistics are what aten returns on the device: empty on the CPU
+    if x.device.type == "cpu":
+        stats = (x.new_zeros((0,)), x.new_zeros((0,)))
+    else:
+        stats = (running_mean.to(cd), invstd)
+    return (out.to(x.dtype),) + stats
+
+
 @functools.lru_cache(None)
 def decompositions():
     table = dict(core_aten_decompositions())
@@ -42,4 +61,5 @@ def decompositions():
     # the cuDNN/flash/efficient kernels have no decomposition
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.native_layer_norm.default] = _layer_norm
+    table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_inference
     return table

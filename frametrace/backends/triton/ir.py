@@ -73,11 +73,12 @@ class Pointwise(IRNode):
     """`fn(kernel, index) -> value`.  `reads` counts the memory loads it inlines (to
     decide when recomputing it in every consumer costs more than storing it once).
     `alias` is (base, view_fn) when it is a view of something that memory can hold."""
-    __slots__ = ("fn", "reads", "alias", "realized")
+    __slots__ = ("fn", "reads", "alias", "realized", "stride")
 
     def __init__(self, shape, dtype, fn, reads, alias=None):
         self.shape, self.dtype, self.fn, self.reads = tuple(shape), dtype, fn, reads
         self.alias, self.realized = alias, None
+        self.stride = None  # the strides the op asked for (a copy's memory_format)
 
     def load(self, k, idx):
         if self.realized is not None:
@@ -100,13 +101,19 @@ class Reduction(IRNode):
 
 
 class Computed(IRNode):
-    """A realized pointwise or reduction node, `name`d buffer when stored."""
-    __slots__ = ("name", "node", "buffer", "order")
+    """A realized pointwise or reduction node, `name`d buffer when stored.  A pointwise
+    node may be stored with other dense strides (`fill`: its dimensions of size > 1,
+    outermost first; None when row-major): its kernel then walks memory in that order."""
+    __slots__ = ("name", "node", "buffer", "order", "fill")
 
-    def __init__(self, name, node, device, order):
+    def __init__(self, name, node, device, order, stride=None):
         self.name, self.node, self.shape, self.dtype = name, node, node.shape, node.dtype
         self.order = order  # position in program order: kernels launched before read it
-        self.buffer = Buffer(name, node.shape, contiguous_strides(node.shape), node.dtype, device)
+        stride = contiguous_strides(node.shape) if stride is None else tuple(stride)
+        self.buffer = Buffer(name, node.shape, stride, node.dtype, device)
+        dims = [i for i, n in enumerate(node.shape) if n != 1]
+        fill = sorted(dims, key=lambda i: -stride[i])
+        self.fill = None if fill == dims else tuple(fill)
 
     @property
     def is_reduction(self) -> bool:

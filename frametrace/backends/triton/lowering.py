@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.fx
 
-from . import indexing
+from . import indexing, layout
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
 from .ops import LOWERINGS
 
@@ -49,8 +49,10 @@ class GraphLowering:
             elif node.op == "call_function":
                 env[node] = self.call(node, env)
             elif node.op == "output":
+                vals = torch.fx.node.map_arg(node.args[0], lambda n: n.meta.get("val"))
                 outs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
-                self.outputs = [self.realize(v) if isinstance(v, IRNode) else v for v in outs]
+                self.outputs = [self.output(v, val) if isinstance(v, IRNode) else v
+                                for v, val in zip(outs, vals)]
             else:
                 raise Unsupported(f"FX node {node.op}")
         return self
@@ -124,20 +126,48 @@ class GraphLowering:
                 value = None
         if value is None:
             return self.extern(node, args, kwargs)
+        if isinstance(value, Pointwise) and kwargs.get("memory_format") is not None:
+            self._asked_layout(value, val)
         if isinstance(value, Pointwise) and len(node.users) > 1 and value.reads >= REALIZE_READS:
             self.realize(value, wrapper=False)
         return value
 
-    def computed(self, node) -> Computed:
-        c = Computed(self.name(), node, self.device, len(self.items))
+    def output(self, value, val) -> Buffer:
+        """A graph output's Buffer, with eager's strides where this graph computes it: a
+        caller may rely on them (`is_contiguous(memory_format=...)`)."""
+        stride = None
+        if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == tuple(value.shape):
+            stride = tuple(val.stride())
+            if not layout.dense(value.shape, stride):
+                stride = None
+        b = self.realize(value, stride=stride)
+        if stride is None or b.name not in self.computed_names or layout.same(b.shape, b.stride, stride):
+            return b
+        # computed here in another layout (an extern read it first): a copy in eager's
+        copy = Pointwise(b.shape, b.dtype, lambda k, idx: b.load(k, idx), 1)
+        return self.realize(copy, stride=stride)
+
+    def _asked_layout(self, value, val):
+        """A copy to a memory format (`contiguous()`, `.to(memory_format=...)`) is stored
+        in it: the code after it may view it as that layout."""
+        if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == value.shape \
+                and layout.dense(value.shape, val.stride()):
+            value.stride = tuple(val.stride())
+
+    def computed(self, node, stride=None) -> Computed:
+        c = Computed(self.name(), node, self.device, len(self.items), stride)
         self.items.append(c)
         self.computed_names[c.name] = c
         return c
 
-    def realize(self, value, wrapper=True) -> Buffer:
+    def realize(self, value, wrapper=True, stride=None) -> Buffer:
         """A Buffer holding `value`; `wrapper`: the wrapper itself uses it (an extern's
-        argument, an output), so a Computed must be stored."""
+        argument, an output), so a Computed must be stored.  A pointwise value is stored
+        with `stride`, or else in the layout of its dominant input (layout.preferred)."""
         if isinstance(value, Buffer):
+            # a view of a computed value (as_strided gives one): the wrapper needs it stored
+            if wrapper and value.name in self.computed_names:
+                self.wrapper_reads.add(value.name)
             return value
         if isinstance(value, Pointwise) and value.realized is None and value.alias is not None:
             base, view_fn = value.alias
@@ -146,7 +176,9 @@ class GraphLowering:
                 return b
         if isinstance(value, Pointwise):
             if value.realized is None:
-                value.realized = self.computed(value)
+                if stride is None:
+                    stride = value.stride or layout.preferred(value)
+                value.realized = self.computed(value, stride)
             value = value.realized
         if isinstance(value, Computed):
             if wrapper:
@@ -205,26 +237,40 @@ class GraphLowering:
 
     def _meta_outputs(self, node, args, kwargs):
         """The op's outputs' layouts for *our* inputs' layouts, which may differ from
-        eager's (kernels write contiguous buffers)."""
+        eager's.  Fake tensors on the graph's device, not meta ones: some layouts depend
+        on the device's kernel (cuDNN's convolution returns channels-last for
+        channels-last inputs, a meta convolution a contiguous tensor), and a layout that
+        is not what the op returns costs a copy (`ensure_layout`) after every call."""
         found = []
+        mode = self._fake_mode()
 
         def meta(a):
             if isinstance(a, Buffer):
                 found.append(a)
-                m = a.meta()
-                if m is None:
+                if a.symbolic:
                     raise Unsupported("symbolic")
-                return m
+                span = 1 + a.offset + sum((n - 1) * s for n, s in zip(a.shape, a.stride) if n)
+                base = torch.empty_strided((span,), (1,), dtype=a.dtype, device=a.device)
+                return base.as_strided(a.shape, a.stride, a.offset)
             if isinstance(a, (list, tuple)):
                 return type(a)(meta(x) for x in a)
             return a
-        try:
-            margs, mkwargs = meta(args), {k: meta(v) for k, v in kwargs.items()}
-        except Unsupported:
-            return None
-        if not found or "device" in kwargs:
+        if mode is None:
             return None
         try:
-            return node.target(*margs, **mkwargs)
+            with mode:
+                margs, mkwargs = meta(args), {k: meta(v) for k, v in kwargs.items()}
+                if not found or "device" in kwargs:
+                    return None
+                return node.target(*margs, **mkwargs)
+        except Exception:
+            return None
+
+    def _fake_mode(self):
+        from torch._guards import detect_fake_mode
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        active = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        try:
+            return active or detect_fake_mode(self.example_inputs) or FakeTensorMode()
         except Exception:
             return None

@@ -12,7 +12,7 @@ import math
 import sympy
 import torch
 
-from . import config, indexing
+from . import config, indexing, layout
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Unsupported
 
@@ -544,7 +544,18 @@ def _split(L, node, x, sizes=0, dim=0):
 def _as_strided(L, node, x, size, stride, storage_offset=None):
     if not isinstance(x, Computed) and not isinstance(x, Pointwise):
         raise Unsupported("as_strided of an input (its storage offset is the caller's)")
-    base = L.realize(x, wrapper=False)
+    # as_strided reads memory: the value must be stored as eager stores it
+    val = _meta_arg(node.args[0])
+    eager = tuple(val.stride()) if isinstance(val, torch.Tensor) else None
+    if eager is None or not layout.dense(x.shape, eager):
+        raise Unsupported("as_strided of a value eager stores sparsely")
+    if isinstance(x, Pointwise) and x.alias is not None and x.realized is None:
+        raise Unsupported("as_strided of a view")
+    base = L.realize(x, wrapper=False, stride=eager)
+    if base.offset or not layout.same(base.shape, base.stride, eager):
+        # stored earlier in another layout (for an extern, say): a copy in eager's
+        base = L.realize(Pointwise(x.shape, x.dtype, lambda k, idx: x.load(k, idx), 1),
+                         wrapper=False, stride=eager)
     b = L.view_buffer(base, lambda t: t.as_strided(size, stride, storage_offset or 0))
     if b is None:
         raise Unsupported("as_strided")
@@ -651,6 +662,52 @@ def _pad(L, node, x, pad, value=0):
             v = k.cast(x.load(k, src), x.dtype, dtype)
         return k.op(f"tl.where({cond}, {v}, {k.literal(value, dtype)})")
     return pointwise(shape, dtype, fn, x)
+
+
+# -- pooling ---------------------------------------------------------------------------------
+def _pair(v, default):
+    v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * 2 if len(v) == 1 else v
+
+
+@register(aten.max_pool2d_with_indices)
+def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """Each output the max of its window, unrolled; the indices are a second value,
+    computed only where something reads them (inference reads only the max).  The input
+    is stored first (as Inductor does): windows overlap, so an inlined epilogue would be
+    recomputed for each window that covers it."""
+    (kh, kw), (dh, dw) = _pair(kernel_size, None), _pair(dilation, 1)
+    (sh, sw), (ph, pw) = _pair(stride, [kh, kw]), _pair(padding, 0)
+    vals = node.meta["val"]
+    shape, dtype = _shape(vals[0].shape), vals[0].dtype
+    if not isinstance(x, IRNode) or any(_symbolic(n) for n in x.shape) or len(x.shape) not in (3, 4):
+        raise Unsupported("max_pool2d")
+    H, W = x.shape[-2:]
+    cdt = compute_dtype(dtype)
+    if isinstance(x, Pointwise):
+        x = L.realize(x, wrapper=False)
+
+    def window(k, idx):
+        """(max, flat index into H*W) of the window of output `idx`."""
+        oh, ow = k.index(idx[-2]), k.index(idx[-1])
+        best, arg = k.literal(float("-inf") if cdt.is_floating_point else torch.iinfo(cdt).min, cdt), "-1"
+        for i in range(kh):
+            for j in range(kw):
+                ih = idx[-2] * sh + (i * dh - ph)
+                iw = idx[-1] * sw + (j * dw - pw)
+                ih_s, iw_s = f"({oh} * {sh} + {i * dh - ph})", f"({ow} * {sw} + {j * dw - pw})"
+                cond = k.op(f"({ih_s} >= 0) & ({ih_s} < {H}) & ({iw_s} >= 0) & ({iw_s} < {W})")
+                with k.masked(cond):
+                    v = k.cast(x.load(k, list(idx[:-2]) + [ih, iw]), x.dtype, cdt)
+                nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
+                take = k.op(f"{cond} & (({v} > {best}){nan} | ({arg} < 0))")
+                best = k.op(f"tl.where({take}, {v}, {best})")
+                arg = k.op(f"tl.where({take}, {ih_s} * {W} + {iw_s}, {arg})")
+        return best, arg
+    out = pointwise(shape, dtype, lambda k, idx: window(k, idx)[0], x)
+    ind = pointwise(shape, torch.int64, lambda k, idx: k.cast(window(k, idx)[1], torch.int32, torch.int64), x)
+    return [out, ind]
 
 
 # -- reductions -------------------------------------------------------------------------------

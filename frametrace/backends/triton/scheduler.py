@@ -17,6 +17,16 @@ def _space(c: Computed):
     return c.numel, 1, False
 
 
+def _same_walk(members, c: Computed, reduction: bool) -> bool:
+    """Whether `c` and the members visit memory in one order: a member stored in another
+    layout than row-major (its `fill`) shares only a pointwise kernel, with members of its
+    shape and layout (reductions walk row-major rows)."""
+    walks = {(m.fill, m.shape if m.fill else None) for m in members + [c] if not m.is_reduction}
+    if reduction or c.is_reduction:
+        return walks <= {(None, None)}
+    return len(walks) <= 1
+
+
 def _join(group: KernelGroup, c: Computed, avoid=frozenset()):
     x, r, red = group.xnumel, group.rnumel, group.reduction
     cx, cr, cred = _space(c)
@@ -29,7 +39,7 @@ def _join(group: KernelGroup, c: Computed, avoid=frozenset()):
         x, r, red = cx, cr, True
     else:
         ok = c.numel == x
-    if not ok:
+    if not ok or not _same_walk(group.members, c, red):
         return None
     joined = KernelGroup(group.members + [c], x, r, red)
     cg = KernelCodegen(joined, joined.members)

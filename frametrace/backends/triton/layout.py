@@ -1,0 +1,139 @@
+"""The memory layout of a stored pointwise value.  It follows the value's dominant input,
+as eager's TensorIterator does: the epilogue of a channels-last convolution is stored
+channels-last, so that its kernel reads and writes memory in the same order (both
+contiguous) and the next convolution gets the layout it returned, with no copy.  Graph
+outputs take eager's strides instead (a caller may test `is_contiguous(memory_format=)`).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import sympy
+
+from . import indexing
+
+
+class _Reads:
+    """Stands in for a kernel while a pointwise function runs: records each buffer it
+    loads with the load's index, over one symbol per output dimension."""
+    __slots__ = ("reads", "_n")
+
+    def __init__(self):
+        self.reads, self._n = [], 0
+
+    def _var(self, *_, **__) -> str:
+        self._n += 1
+        return f"tmp{self._n}"
+
+    op = index = _var
+
+    def load(self, buf, index, reduction=False):
+        self.reads.append((index, reduction))
+        return self._var()
+
+    def computed(self, c, idx):
+        return self.load(c.buffer, c.buffer.index(idx), c.is_reduction)
+
+    def cast(self, v, src, dst):
+        return v
+
+    def literal(self, value, dtype):
+        return repr(value)
+
+    def indirect(self, var):
+        return sympy.Symbol(var, integer=True)
+
+    @staticmethod
+    def tl(dtype):
+        return "tl.float32"
+
+    @contextlib.contextmanager
+    def masked(self, cond):
+        yield
+
+
+def _static(shape) -> bool:
+    return all(indexing.is_static(n) for n in shape)
+
+
+def dense(shape, stride) -> bool:
+    """Whether `stride` lays `shape` out densely (a permutation of a contiguous layout)."""
+    dims = sorted((i for i, n in enumerate(shape) if n != 1), key=lambda i: stride[i])
+    step = 1
+    for i in dims:
+        if stride[i] != step:
+            return False
+        step *= shape[i]
+    return True
+
+
+def same(shape, a, b) -> bool:
+    """The same layout: equal strides wherever the size is not 1."""
+    return all(x == y for n, x, y in zip(shape, a, b) if n != 1)
+
+
+def strides_in_order(shape, order) -> tuple:
+    """Dense strides with the dimensions of size > 1 nested as in `order` (outermost first)."""
+    stride, step = [0] * len(shape), 1
+    for i in reversed(order):
+        stride[i] = step
+        step *= shape[i]
+    for i, n in enumerate(shape):
+        if n == 1:
+            stride[i] = step
+    return tuple(stride)
+
+
+def fill_order(shape, stride) -> tuple | None:
+    """The dimensions of size > 1, outermost first, or None where that order is the
+    row-major one (then the layout is contiguous for what any index can tell)."""
+    dims = [i for i, n in enumerate(shape) if n != 1]
+    order = sorted(dims, key=lambda i: (-stride[i], i))
+    return None if order == dims else tuple(order)
+
+
+def _steps(index, dims, shape) -> list | None:
+    """How far the load moves in memory per step along each output dimension."""
+    zero = {d: 0 for d in dims}
+    try:
+        index = sympy.sympify(index)
+        base = index.subs(zero)
+        steps = [index.subs({**zero, d: 1}) - base if n != 1 else sympy.Integer(0)
+                 for d, n in zip(dims, shape)]
+    except Exception:
+        return None
+    return [abs(int(s)) for s in steps] if all(s.is_Integer for s in steps) else None
+
+
+def preferred(node) -> tuple | None:
+    """Strides for storing the Pointwise `node`: the dimension order of its first input
+    that varies along every output dimension (not broadcast), when that order is not
+    row-major; else None (row-major)."""
+    shape = node.shape
+    if not _static(shape) or len(shape) < 2:
+        return None
+    dims = [sympy.Symbol(f"_d{i}", integer=True, nonnegative=True) for i in range(len(shape))]
+    saved = dict(indexing._ranges)
+    rec = _Reads()
+    try:
+        indexing._ranges.update({d: n for d, n in zip(dims, shape)})
+        node.fn(rec, dims)
+    except Exception:  # an op the recorder cannot stand in for: row-major, as before
+        return None
+    finally:
+        indexing._ranges.clear()
+        indexing._ranges.update(saved)
+    big = [i for i, n in enumerate(shape) if n != 1]
+    reads = [(_steps(index, dims, shape), reduction) for index, reduction in rec.reads]
+    reads = [(steps, [i for i in big if steps[i] == 0], reduction)  # (broadcast dims)
+             for steps, reduction in reads if steps is not None]
+    if any(red and flat and big[len(big) - len(flat):] == flat for _, flat, red in reads):
+        # `x - mean` over the innermost dimensions: row-major, it shares the
+        # reduction's kernel (whose rows are row-major)
+        return None
+    for steps, flat, _ in reads:
+        if flat or len({steps[i] for i in big}) < len(big):
+            continue  # broadcast, or two dimensions at one stride: no order to follow
+        order = fill_order(shape, steps)
+        return None if order is None else strides_in_order(shape, order)
+    return None
