@@ -43,6 +43,16 @@ COMBINE = {
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
     "_argmin": _combine("_argmin", "    take = (a < b) | ((a == b) & (ai < bi))\n"
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
+    "_prod": _combine("_prod", "    return a * b"),
+    # log(exp(a) + exp(b)) without overflow; equal operands (two infinities of one sign)
+    # give hi + log(2), not inf - inf; log1p as in the log1p lowering (no libdevice in
+    # Triton's interpreter)
+    "_logaddexp": "@triton.jit\ndef _logaddexp(a, b):\n"
+                  "    hi = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)\n"
+                  "    lo = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)\n"
+                  "    e = tl.exp(tl.where(hi == lo, 0.0, lo - hi))\n"
+                  "    u = 1.0 + e\n"
+                  "    return hi + tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))\n\n\n",
 }
 
 
@@ -107,9 +117,23 @@ def _acc_dtype(rtype, src):
     return cd
 
 
+def _outer_scan(group) -> bool:
+    """A scan along a dimension that is not the innermost one: its rows are strided, so
+    its blocks hold many rows and a short stretch of each (contiguous across the rows)."""
+    return any(c.is_scan and math.prod(c.shape[c.node.dim + 1:]) != 1 for c in group.members)
+
+
+def _looped_scan(group) -> bool:
+    r = group.rnumel
+    return _outer_scan(group) and not (indexing.is_static(r) and autotune.is_persistent(r)
+                                       and autotune.next_pow2(r) <= autotune.OUTER_SCAN_RBLOCK)
+
+
 def configs_for(group) -> list:
     """Block-size candidates, for the size hints when extents are symbolic."""
     x, r = group.xnumel, group.rnumel
+    if _looped_scan(group):
+        return autotune.outer_scan_candidates(indexing.hint(x), indexing.hint(r))
     if indexing.is_static(x) and indexing.is_static(r):
         return autotune.candidates(x, r, group.reduction)
     return autotune.candidates(indexing.hint(x), indexing.hint(r), group.reduction,
@@ -127,7 +151,8 @@ class KernelCodegen:
         xstatic, rstatic = indexing.is_static(self.xnumel), indexing.is_static(self.rnumel)
         self.symbolic = not (xstatic and rstatic)
         self.configs = configs_for(group)
-        self.persistent = not group.reduction or (rstatic and autotune.is_persistent(group.rnumel))
+        self.persistent = not group.reduction or (
+            rstatic and autotune.is_persistent(group.rnumel) and not _looped_scan(group))
         self.looped = not self.persistent
         self.has_xmask = not xstatic or any(self.xnumel % c.xblock for c in self.configs)
         self.has_rmask = group.reduction and (
@@ -236,16 +261,18 @@ class KernelCodegen:
     # -- realized nodes ---------------------------------------------------------------------
     def own_flat(self, c):
         """The flat position of member `c`'s element that this kernel computes."""
+        if c.is_scan:
+            return self.scan_flat(c)
         if not self.group.reduction or c.is_reduction or c.numel != self.xnumel * self.rnumel:
             return XINDEX
-        return XINDEX * self.rnumel + RINDEX
+        return self.row_flat()
 
     def computed(self, c, idx) -> str:
         if c.name in self.members:
             if sympy.expand(flatten(idx, c.shape) - self.own_flat(c)) != 0:
                 raise NotFusable(f"{c.name} is read at another position")
             return self.value(c)
-        if c.order > self.first and not c.is_reduction:
+        if c.order > self.first and not (c.is_reduction or c.is_scan):
             # realized only after this kernel's nodes were built (an output, say): inline
             return c.node.fn(self, idx)
         self.reads.add(c.name)
@@ -254,6 +281,8 @@ class KernelCodegen:
     def value(self, c) -> str:
         if c.is_reduction:
             return self.reduce(c)
+        if c.is_scan:
+            return self.scan(c)
         key = ("pw", c.name)
         if key not in self.memo:
             self.memo[key] = c.node.fn(self, unflatten(self.own_flat(c), c.shape))
@@ -325,6 +354,52 @@ class KernelCodegen:
         if r.rtype.startswith("arg"):
             return self.op(f"tl.reduce(({a}, {ai}), 1, {self.combine(r.rtype)})[1][:, None]", level=1)
         return self.op(f"tl.reduce({a}, 1, {self.combine(r.rtype)})[:, None]", level=1)
+
+    # -- scans ------------------------------------------------------------------------------
+    def scan_index(self, c) -> list:
+        """Scan `c`'s output index at (xindex, rindex): xindex runs over the other dims."""
+        shape, dim = c.shape, c.node.dim
+        idx = unflatten(XINDEX, shape[:dim] + shape[dim + 1:])
+        return idx[:dim] + [RINDEX] + idx[dim:]
+
+    def scan_flat(self, c):
+        key = ("flat", c.name)
+        if key not in self.memo:
+            self.memo[key] = flatten(self.scan_index(c), c.shape)
+        return self.memo[key]
+
+    def row_flat(self):
+        """Where full-size pointwise members sit: along the first scan's rows when the
+        kernel has a scan (an epilogue then reads it in place), else row-major."""
+        for c in self.group.members:
+            if c.is_scan:
+                return self.scan_flat(c)
+        return XINDEX * self.rnumel + RINDEX
+
+    def scan(self, c) -> str:
+        key = ("scan", c.name)
+        if key in self.memo:
+            return self.memo[key]
+        s = c.node
+        acc = compute_dtype(s.dtype)
+        v = self._block(s.fn(self, self.scan_index(c)), acc)
+        combine = self.combine(s.stype)
+        part = self.op(f"tl.associative_scan({v}, 1, {combine})", level=2)
+        if self.persistent:
+            res = part
+        else:
+            # rows in chunks, in order: the running total of the chunks before carries on
+            carry = self.newvar("acc")
+            self.levels[carry] = 2
+            ident = {"sum": "-0.0" if acc.is_floating_point else "0",
+                     "prod": "1", "logaddexp": 'float("-inf")'}[s.stype]
+            self.outer.append(f"{carry} = tl.full([XBLOCK, 1], {ident}, {TL[acc]})")
+            res = self.op(f"{combine}({carry}, {part})", level=2)
+            last = self.op(f"tl.reduce(tl.where(rbase == RBLOCK - 1, {res}, 0), 1, "
+                           f"{self.combine('sum')})[:, None]", level=2)
+            self.body.append(f"{carry} = {last}")
+        self.memo[key] = res
+        return res
 
     def combine(self, rtype) -> str:
         """The combine function of a reduction, emitted with the kernel: Triton's own

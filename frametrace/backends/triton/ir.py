@@ -99,8 +99,26 @@ class Reduction(IRNode):
         return math.prod(self.rshape)
 
 
+class Scan(IRNode):
+    """The inclusive scan of `fn(kernel, index)` along `dim` (the value at each index of
+    the output, which has the input's shape), with `stype` in sum, prod, logaddexp.  Its
+    kernel runs over rows along `dim` like a reduction: xnumel rows of rnumel."""
+    __slots__ = ("dim", "stype", "fn")
+
+    def __init__(self, shape, dtype, dim, stype, fn):
+        self.shape, self.dtype, self.dim, self.stype, self.fn = tuple(shape), dtype, dim, stype, fn
+
+    @property
+    def rnumel(self):
+        return self.shape[self.dim]
+
+    @property
+    def xnumel(self):
+        return math.prod(n for d, n in enumerate(self.shape) if d != self.dim)
+
+
 class Computed(IRNode):
-    """A realized pointwise or reduction node, `name`d buffer when stored."""
+    """A realized pointwise, reduction or scan node, `name`d buffer when stored."""
     __slots__ = ("name", "node", "buffer", "order")
 
     def __init__(self, name, node, device, order):
@@ -111,6 +129,10 @@ class Computed(IRNode):
     @property
     def is_reduction(self) -> bool:
         return isinstance(self.node, Reduction)
+
+    @property
+    def is_scan(self) -> bool:
+        return isinstance(self.node, Scan)
 
     def load(self, k, idx):
         return k.computed(self, idx)

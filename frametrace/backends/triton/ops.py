@@ -14,7 +14,7 @@ import torch
 
 from . import config, indexing
 from .indexing import flatten, unflatten
-from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Unsupported
+from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 
 aten, prims = torch.ops.aten, torch.ops.prims
 LOWERINGS: dict = {}
@@ -793,3 +793,38 @@ def _argmax(L, node, x, dim=None, keepdim=False):
 def _any(L, node, x, dims=None, keepdim=False):
     return reduction(L, x, dims, keepdim, "any", torch.bool)
 
+
+
+# -- scans ------------------------------------------------------------------------------------
+def scan(L, node, x, dim, stype):
+    """A realized Scan of `x` along `dim`, accumulated in the output's compute dtype
+    (float32 for half outputs; int64 when torch promotes an integer cumsum)."""
+    shape, dtype = _val(node)
+    acc = compute_dtype(dtype)
+    if not isinstance(x, IRNode):
+        raise Unsupported("scan of a number")
+    if acc == torch.bool or (stype == "logaddexp" and not acc.is_floating_point):
+        raise Unsupported(f"a {stype} scan to {dtype}")
+    if 0 in shape:
+        raise Unsupported("empty scan")
+
+    def value(k, idx):
+        return k.cast(x.load(k, idx), x.dtype, acc)
+    if not shape or shape[dim % len(shape)] == 1:  # one element a row: the input itself
+        return pointwise(shape, dtype, value, x)
+    return L.computed(Scan(shape, dtype, dim % len(shape), stype, value))
+
+
+@register(aten.cumsum.default)
+def _cumsum(L, node, x, dim, dtype=None):
+    return scan(L, node, x, dim, "sum")
+
+
+@register(aten.cumprod.default)
+def _cumprod(L, node, x, dim, dtype=None):
+    return scan(L, node, x, dim, "prod")
+
+
+@register(aten.logcumsumexp.default)
+def _logcumsumexp(L, node, x, dim):
+    return scan(L, node, x, dim, "logaddexp")
