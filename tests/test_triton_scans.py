@@ -165,3 +165,49 @@ def test_one_element_rows():
         lambda x: (torch.cumsum(x, 1), torch.logcumsumexp(x, 1)))(x)
     torch.testing.assert_close(got, (x, x))
     assert not last_compiled().externs
+
+
+def _ties_and_nans(*shape):
+    x = torch.randn(*shape).round()  # ties: torch's index is the latest one
+    x[0, 5] = float("nan")
+    x[1, 2:9] = float("nan")
+    x[2] = float("-inf")
+    x[3, 10:] = float("inf")
+    return x
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
+@pytest.mark.parametrize("persistent", [True, False])
+def test_cummax_cummin_values_and_indices(op, persistent, monkeypatch):
+    if not persistent:
+        monkeypatch.setattr(config, "persistent_rblock_max", 16)
+    x = _ties_and_nans(4, 23)
+    mod = compiled_run(lambda x: op(x, 1), x, kernels=1)
+    # values and indices come from one (value, index) scan
+    assert mod.kernels[0].source.count("tl.associative_scan") == 1
+    compiled_run(lambda x: op(x.t() * 2, 0).values + 1, x, kernels=1)
+    compiled_run(lambda x: op((x.nan_to_num() * 3).long(), 1).indices, x, kernels=1)
+
+
+def test_cummax_of_bf16_and_one_element_rows():
+    x = _ties_and_nans(5, 20).to(torch.bfloat16)
+    compiled_run(lambda x: torch.cummax(x, 1), x, kernels=1)
+    got = frametrace.optimize(backend="triton", fullgraph=True)(lambda x: torch.cummin(x, 1))(x[:, :1])
+    torch.testing.assert_close(tuple(got), tuple(torch.cummin(x[:, :1], 1)), equal_nan=True)
+    assert not last_compiled().externs
+
+
+@pytest.mark.parametrize("case", ["row_length", "rows", "strided"])
+def test_scans_of_symbolic_sizes(case):
+    fn, make = {
+        "row_length": (lambda x: torch.cumsum(x * 2, -1) + 1, lambda n: torch.randn(3, n)),
+        "rows": (lambda x: torch.logcumsumexp(x, 1), lambda n: torch.randn(n, 4, 3)),
+        "strided": (lambda x: torch.cumsum(x, 0) / 3, lambda n: torch.randn(70, n)),
+    }[case]
+    f = frametrace.optimize(backend="triton", dynamic=True)(fn)
+    for n in (5, 6, 11):
+        x = make(n)
+        torch.testing.assert_close(f(x), fn(x), atol=1e-5, rtol=1e-5)
+        mod = last_compiled()
+        assert mod.symbolic and not mod.externs and len(mod.kernels) == 1, mod.source
+        assert "tl.associative_scan" in mod.kernels[0].source

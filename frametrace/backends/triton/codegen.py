@@ -44,6 +44,12 @@ COMBINE = {
     "_argmin": _combine("_argmin", "    take = (a < b) | ((a == b) & (ai < bi))\n"
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
     "_prod": _combine("_prod", "    return a * b"),
+    # torch's cummax/cummin: a later value that ties the running one, or is NaN, takes over
+    # (its index is the latest); nothing takes over from NaN
+    "_cummax": _combine("_cummax", "    take = (b != b) | ((a == a) & (b >= a))\n"
+                        "    return tl.where(take, b, a), tl.where(take, bi, ai)"),
+    "_cummin": _combine("_cummin", "    take = (b != b) | ((a == a) & (b <= a))\n"
+                        "    return tl.where(take, b, a), tl.where(take, bi, ai)"),
     # log(exp(a) + exp(b)) without overflow; equal operands (two infinities of one sign)
     # give hi + log(2), not inf - inf; log1p as in the log1p lowering (no libdevice in
     # Triton's interpreter)
@@ -106,6 +112,19 @@ def _identity(rtype, dtype):
         return 'float("inf")' if big else 'float("-inf")'
     info = torch.iinfo(dtype)
     return str(info.max if big else info.min)
+
+
+# the combine function of the (value, index) scans of cummax/cummin, by scan type
+_PAIRED = {"max": "cummax", "argmax": "cummax", "min": "cummin", "argmin": "cummin"}
+
+
+def _scan_identity(kind, dtype) -> tuple:
+    """What a running total starts from, per scanned value."""
+    if kind == "sum":
+        return ("-0.0" if dtype.is_floating_point else "0",)  # -0.0 + x is x, -0.0 too
+    if kind in ("cummax", "cummin"):
+        return _identity(kind[3:], dtype), "0"
+    return {"prod": ("1",), "logaddexp": ('float("-inf")',)}[kind]
 
 
 def _acc_dtype(rtype, src):
@@ -381,25 +400,44 @@ class KernelCodegen:
         if key in self.memo:
             return self.memo[key]
         s = c.node
-        acc = compute_dtype(s.dtype)
-        v = self._block(s.fn(self, self.scan_index(c)), acc)
-        combine = self.combine(s.stype)
-        part = self.op(f"tl.associative_scan({v}, 1, {combine})", level=2)
-        if self.persistent:
-            res = part
-        else:
-            # rows in chunks, in order: the running total of the chunks before carries on
-            carry = self.newvar("acc")
-            self.levels[carry] = 2
-            ident = {"sum": "-0.0" if acc.is_floating_point else "0",
-                     "prod": "1", "logaddexp": 'float("-inf")'}[s.stype]
-            self.outer.append(f"{carry} = tl.full([XBLOCK, 1], {ident}, {TL[acc]})")
-            res = self.op(f"{combine}({carry}, {part})", level=2)
-            last = self.op(f"tl.reduce(tl.where(rbase == RBLOCK - 1, {res}, 0), 1, "
-                           f"{self.combine('sum')})[:, None]", level=2)
-            self.body.append(f"{carry} = {last}")
+        vdt = compute_dtype(s.src_dtype)
+        inputs, dtypes = [self._block(s.fn(self, self.scan_index(c)), vdt)], [vdt]
+        kind = s.stype
+        if kind in _PAIRED:  # cummax/cummin: (value, index) pairs, the index of the latest
+            kind = _PAIRED[kind]
+            inputs.append(self.op("tl.full([XBLOCK, RBLOCK], 0, tl.int64) + rindex", level=2))
+            dtypes.append(torch.int64)
+        combine = self.combine(kind)
+        parts = self._unpack(f"tl.associative_scan({self._tuple(inputs)}, 1, {combine})", len(inputs))
+        if not self.persistent:
+            parts = self._carried(parts, combine, kind, dtypes)
+        res = parts[-1] if s.stype.startswith("arg") else parts[0]
         self.memo[key] = res
         return res
+
+    def _carried(self, parts, combine, kind, dtypes) -> list:
+        """Rows in chunks, in order: the running total of the chunks before carries on
+        (one per chunk scan: cummax's values and indices share it)."""
+        keys = [("carried", tuple(parts), i) for i in range(len(parts))]
+        if keys[0] not in self.memo:
+            carries = [self.newvar("acc") for _ in parts]
+            for carry, dt, ident in zip(carries, dtypes, _scan_identity(kind, dtypes[0])):
+                self.levels[carry] = 2
+                self.outer.append(f"{carry} = tl.full([XBLOCK, 1], {ident}, {TL[dt]})")
+            full = self._unpack(f"{combine}({', '.join(carries + parts)})", len(parts))
+            lasts = [self.op(f"tl.reduce(tl.where(rbase == RBLOCK - 1, {p}, 0), 1, "
+                             f"{self.combine('sum')})[:, None]", level=2) for p in full]
+            self.body += [f"{carry} = {last}" for carry, last in zip(carries, lasts)]
+            self.memo.update(zip(keys, full))
+        return [self.memo[k] for k in keys]
+
+    @staticmethod
+    def _tuple(values) -> str:
+        return values[0] if len(values) == 1 else f"({', '.join(values)})"
+
+    def _unpack(self, expr, n) -> list:
+        t = self.op(expr, level=2)
+        return [t] if n == 1 else [self.op(f"{t}[{i}]", level=2) for i in range(n)]
 
     def combine(self, rtype) -> str:
         """The combine function of a reduction, emitted with the kernel: Triton's own

@@ -101,12 +101,14 @@ class Reduction(IRNode):
 
 class Scan(IRNode):
     """The inclusive scan of `fn(kernel, index)` along `dim` (the value at each index of
-    the output, which has the input's shape), with `stype` in sum, prod, logaddexp.  Its
+    the output, which has the input's shape), with `stype` in sum, prod, logaddexp, max,
+    min (the running extreme) and argmax, argmin (its index); `fn` gives `src_dtype`.  Its
     kernel runs over rows along `dim` like a reduction: xnumel rows of rnumel."""
-    __slots__ = ("dim", "stype", "fn")
+    __slots__ = ("dim", "stype", "fn", "src_dtype")
 
-    def __init__(self, shape, dtype, dim, stype, fn):
+    def __init__(self, shape, dtype, dim, stype, fn, src_dtype=None):
         self.shape, self.dtype, self.dim, self.stype, self.fn = tuple(shape), dtype, dim, stype, fn
+        self.src_dtype = dtype if src_dtype is None else src_dtype
 
     @property
     def rnumel(self):

@@ -796,23 +796,31 @@ def _any(L, node, x, dims=None, keepdim=False):
 
 
 # -- scans ------------------------------------------------------------------------------------
-def scan(L, node, x, dim, stype):
-    """A realized Scan of `x` along `dim`, accumulated in the output's compute dtype
-    (float32 for half outputs; int64 when torch promotes an integer cumsum)."""
-    shape, dtype = _val(node)
-    acc = compute_dtype(dtype)
+def _scan_input(x, shape, dim, acc):
+    """(dim, fn giving x in `acc`); dim None when rows have one element (no scan)."""
     if not isinstance(x, IRNode):
         raise Unsupported("scan of a number")
-    if acc == torch.bool or (stype == "logaddexp" and not acc.is_floating_point):
-        raise Unsupported(f"a {stype} scan to {dtype}")
     if 0 in shape:
         raise Unsupported("empty scan")
 
     def value(k, idx):
         return k.cast(x.load(k, idx), x.dtype, acc)
-    if not shape or shape[dim % len(shape)] == 1:  # one element a row: the input itself
+    if not shape or shape[dim % len(shape)] == 1:
+        return None, value
+    return dim % len(shape), value
+
+
+def scan(L, node, x, dim, stype):
+    """A realized Scan of `x` along `dim`, accumulated in the output's compute dtype
+    (float32 for half outputs; int64 when torch promotes an integer cumsum)."""
+    shape, dtype = _val(node)
+    acc = compute_dtype(dtype)
+    if acc == torch.bool or (stype == "logaddexp" and not acc.is_floating_point):
+        raise Unsupported(f"a {stype} scan to {dtype}")
+    dim, value = _scan_input(x, shape, dim, acc)
+    if dim is None:  # one element a row: the input itself
         return pointwise(shape, dtype, value, x)
-    return L.computed(Scan(shape, dtype, dim % len(shape), stype, value))
+    return L.computed(Scan(shape, dtype, dim, stype, value))
 
 
 @register(aten.cumsum.default)
@@ -828,3 +836,20 @@ def _cumprod(L, node, x, dim, dtype=None):
 @register(aten.logcumsumexp.default)
 def _logcumsumexp(L, node, x, dim):
     return scan(L, node, x, dim, "logaddexp")
+
+
+@register(aten.cummax.default, aten.cummin.default)
+def _cummax(L, node, x, dim):
+    """Values and indices: two scans of one input, which a kernel computing both scans
+    as one (value, index) `tl.associative_scan`."""
+    kind = "max" if node.target is aten.cummax.default else "min"
+    vals, _ = node.meta["val"]
+    shape, dtype = _shape(vals.shape), vals.dtype
+    if dtype == torch.bool or dtype.is_complex:
+        raise Unsupported(f"cum{kind} of {dtype}")
+    dim, value = _scan_input(x, shape, dim, compute_dtype(dtype))
+    if dim is None:
+        return (pointwise(shape, dtype, value, x),
+                pointwise(shape, torch.int64, lambda k, idx: k.literal(0, torch.int64)))
+    return (L.computed(Scan(shape, dtype, dim, kind, value)),
+            L.computed(Scan(shape, torch.int64, dim, "arg" + kind, value, src_dtype=dtype)))
