@@ -211,3 +211,14 @@ def test_scans_of_symbolic_sizes(case):
         mod = last_compiled()
         assert mod.symbolic and not mod.externs and len(mod.kernels) == 1, mod.source
         assert "tl.associative_scan" in mod.kernels[0].source
+
+
+def test_one_long_row_stays_an_aten_scan(looped):
+    """One row longer than a block would be one program's serial walk: aten's device-wide
+    scan stays; a row that fits a block, or many long rows, are kernels."""
+    x = torch.randn(40)
+    got = frametrace.optimize(backend="triton", fullgraph=True)(lambda x: torch.cumsum(x * 2, 0) + 1)(x)
+    torch.testing.assert_close(got, torch.cumsum(x * 2, 0) + 1)
+    assert any("cumsum" in op for op in last_compiled().fallback_ops)
+    compiled_run(lambda x: torch.cumsum(x * 2, 0), torch.randn(13), kernels=1)
+    compiled_run(lambda x: torch.cumsum(x * 2, 1), torch.randn(2, 40), kernels=1)

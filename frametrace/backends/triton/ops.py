@@ -12,7 +12,7 @@ import math
 import sympy
 import torch
 
-from . import config, indexing
+from . import autotune, config, indexing
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 
@@ -807,7 +807,13 @@ def _scan_input(x, shape, dim, acc):
         return k.cast(x.load(k, idx), x.dtype, acc)
     if not shape or shape[dim % len(shape)] == 1:
         return None, value
-    return dim % len(shape), value
+    dim %= len(shape)
+    r, rows = shape[dim], math.prod(n for d, n in enumerate(shape) if d != dim)
+    if rows == 1 and not (indexing.is_static(r) and autotune.is_persistent(r)):
+        # one row too long for a block would be walked by one program, chunk after chunk:
+        # aten's device-wide scan is far faster
+        raise Unsupported("a scan of one long row")
+    return dim, value
 
 
 def scan(L, node, x, dim, stype):
