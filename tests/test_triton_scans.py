@@ -1,7 +1,7 @@
-"""backend="triton": cumsum, cumprod and logcumsumexp as `tl.associative_scan` kernels (rows
-in registers, or looped over row chunks with a running total), over any dimension, fused
-with the pointwise and reduction work around them; run in Triton's interpreter on the CPU
-and compared with eager."""
+"""backend="triton": cumsum, cumprod, logcumsumexp and cummax/cummin as `tl.associative_scan`
+kernels (rows in registers, or looped over row chunks with a running total), over any
+dimension, fused with the pointwise and reduction work around them; run in Triton's
+interpreter on the CPU and compared with eager (bf16 with a float32 scan of its values)."""
 import pytest
 import torch
 
