@@ -247,9 +247,9 @@ def test_mm_with_epilogue():
 
 def test_fallback_op_inside_the_same_graph():
     def f(x):
-        return torch.cumsum(x.exp(), 1).sin() + 1
+        return torch.sort(x.exp(), 1).values.sin() + 1
     mod = compiled_run(f, torch.randn(5, 9), kernels=2, rtol=1e-4)
-    assert any("cumsum" in op for op in mod.fallback_ops)
+    assert any("sort" in op for op in mod.fallback_ops)
 
 
 def test_kernels_deduplicated_by_source():

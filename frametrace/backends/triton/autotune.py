@@ -176,3 +176,17 @@ def _time(fn) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
+
+
+# Scans along a strided dimension: rows up to this long stay in registers (then blocks
+# hold 4096 // rnumel rows, still wide enough along the contiguous axis); longer rows loop.
+OUTER_SCAN_RBLOCK = 64
+
+
+def outer_scan_candidates(xnumel: int, rnumel: int) -> list[Config]:
+    """Looped scans along a strided dimension: a block is XBLOCK neighbouring rows (each
+    load a contiguous stretch across them) by an RBLOCK chunk of each.  Rows are the only
+    parallelism, so narrower blocks make more programs; taller ones more bytes in flight."""
+    xmax = next_pow2(xnumel)
+    return _unique([Config(min(x, xmax), r, w) for x, r, w in
+                    ((32, 32, 4), (64, 16, 4), (32, 64, 8), (16, 64, 4), (128, 8, 4))])

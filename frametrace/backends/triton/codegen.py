@@ -43,6 +43,22 @@ COMBINE = {
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
     "_argmin": _combine("_argmin", "    take = (a < b) | ((a == b) & (ai < bi))\n"
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
+    "_prod": _combine("_prod", "    return a * b"),
+    # torch's cummax/cummin: a later value that ties the running one, or is NaN, takes over
+    # (its index is the latest); nothing takes over from NaN
+    "_cummax": _combine("_cummax", "    take = (b != b) | ((a == a) & (b >= a))\n"
+                        "    return tl.where(take, b, a), tl.where(take, bi, ai)"),
+    "_cummin": _combine("_cummin", "    take = (b != b) | ((a == a) & (b <= a))\n"
+                        "    return tl.where(take, b, a), tl.where(take, bi, ai)"),
+    # log(exp(a) + exp(b)) without overflow; equal operands (two infinities of one sign)
+    # give hi + log(2), not inf - inf; log1p as in the log1p lowering (no libdevice in
+    # Triton's interpreter)
+    "_logaddexp": "@triton.jit\ndef _logaddexp(a, b):\n"
+                  "    hi = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)\n"
+                  "    lo = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)\n"
+                  "    e = tl.exp(tl.where(hi == lo, 0.0, lo - hi))\n"
+                  "    u = 1.0 + e\n"
+                  "    return hi + tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))\n\n\n",
 }
 
 
@@ -101,6 +117,19 @@ def _identity(rtype, dtype):
     return str(info.max if big else info.min)
 
 
+# the combine function of the (value, index) scans of cummax/cummin, by scan type
+_PAIRED = {"max": "cummax", "argmax": "cummax", "min": "cummin", "argmin": "cummin"}
+
+
+def _scan_identity(kind, dtype) -> tuple:
+    """What a running total starts from, per scanned value."""
+    if kind == "sum":
+        return ("-0.0" if dtype.is_floating_point else "0",)  # -0.0 + x is x, -0.0 too
+    if kind in ("cummax", "cummin"):
+        return _identity(kind[3:], dtype), "0"
+    return {"prod": ("1",), "logaddexp": ('float("-inf")',)}[kind]
+
+
 def _acc_dtype(rtype, src):
     cd = compute_dtype(src)
     if rtype == "sum":
@@ -110,9 +139,23 @@ def _acc_dtype(rtype, src):
     return cd
 
 
+def _outer_scan(group) -> bool:
+    """A scan along a dimension that is not the innermost one: its rows are strided, so
+    its blocks hold many rows and a short stretch of each (contiguous across the rows)."""
+    return any(c.is_scan and math.prod(c.shape[c.node.dim + 1:]) != 1 for c in group.members)
+
+
+def _looped_scan(group) -> bool:
+    r = group.rnumel
+    return _outer_scan(group) and not (indexing.is_static(r) and autotune.is_persistent(r)
+                                       and autotune.next_pow2(r) <= autotune.OUTER_SCAN_RBLOCK)
+
+
 def configs_for(group) -> list:
     """Block-size candidates, for the size hints when extents are symbolic."""
     x, r = group.xnumel, group.rnumel
+    if _looped_scan(group):
+        return autotune.outer_scan_candidates(indexing.hint(x), indexing.hint(r))
     if group.reduction and group.outer:
         return autotune.outer_candidates(indexing.hint(x), indexing.hint(r),
                                          looped=not indexing.is_static(r))
@@ -134,7 +177,7 @@ class KernelCodegen:
         self.symbolic = not (xstatic and rstatic)
         self.configs = configs_for(group)
         self.persistent = not group.reduction or (
-            rstatic and autotune.is_persistent(group.rnumel, bool(group.outer)))
+            rstatic and autotune.is_persistent(group.rnumel, bool(group.outer)) and not _looped_scan(group))
         self.looped = not self.persistent
         self.has_xmask = not xstatic or any(self.xnumel % c.xblock for c in self.configs)
         self.has_rmask = group.reduction and (
@@ -252,9 +295,11 @@ class KernelCodegen:
 
     def own_flat(self, c):
         """The flat position of member `c`'s element that this kernel computes."""
+        if c.is_scan:
+            return self.scan_flat(c)
         if not self.group.reduction or c.is_reduction or c.numel != self.xnumel * self.rnumel:
             return XINDEX
-        return XINDEX * self.rnumel + RINDEX
+        return self.row_flat()
 
     def own_index(self, c) -> list:
         """Member `c`'s index of that element: a pointwise kernel walks a member stored in
@@ -276,7 +321,7 @@ class KernelCodegen:
             if self._pinned(sympy.expand(self._own_position(c, idx) - self.own_flat(c))) != 0:
                 raise NotFusable(f"{c.name} is read at another position")
             return self.value(c)
-        if c.order > self.first and not c.is_reduction:
+        if c.order > self.first and not (c.is_reduction or c.is_scan):
             # realized only after this kernel's nodes were built (an output, say): inline
             return c.node.fn(self, idx)
         self.reads.add(c.name)
@@ -285,6 +330,8 @@ class KernelCodegen:
     def value(self, c) -> str:
         if c.is_reduction:
             return self.reduce(c)
+        if c.is_scan:
+            return self.scan(c)
         key = ("pw", c.name)
         if key not in self.memo:
             self.memo[key] = c.node.fn(self, self.own_index(c))
@@ -356,6 +403,71 @@ class KernelCodegen:
         if r.rtype.startswith("arg"):
             return self.op(f"tl.reduce(({a}, {ai}), 1, {self.combine(r.rtype)})[1][:, None]", level=1)
         return self.op(f"tl.reduce({a}, 1, {self.combine(r.rtype)})[:, None]", level=1)
+
+    # -- scans ------------------------------------------------------------------------------
+    def scan_index(self, c) -> list:
+        """Scan `c`'s output index at (xindex, rindex): xindex runs over the other dims."""
+        shape, dim = c.shape, c.node.dim
+        idx = unflatten(XINDEX, shape[:dim] + shape[dim + 1:])
+        return idx[:dim] + [RINDEX] + idx[dim:]
+
+    def scan_flat(self, c):
+        key = ("flat", c.name)
+        if key not in self.memo:
+            self.memo[key] = flatten(self.scan_index(c), c.shape)
+        return self.memo[key]
+
+    def row_flat(self):
+        """Where full-size pointwise members sit: along the first scan's rows when the
+        kernel has a scan (an epilogue then reads it in place), else row-major."""
+        for c in self.group.members:
+            if c.is_scan:
+                return self.scan_flat(c)
+        return XINDEX * self.rnumel + RINDEX
+
+    def scan(self, c) -> str:
+        key = ("scan", c.name)
+        if key in self.memo:
+            return self.memo[key]
+        s = c.node
+        vdt = compute_dtype(s.src_dtype)
+        inputs, dtypes = [self._block(s.fn(self, self.scan_index(c)), vdt)], [vdt]
+        kind = s.stype
+        if kind in _PAIRED:  # cummax/cummin: (value, index) pairs, the index of the latest
+            kind = _PAIRED[kind]
+            inputs.append(self.op("tl.full([XBLOCK, RBLOCK], 0, tl.int64) + rindex", level=2))
+            dtypes.append(torch.int64)
+        combine = self.combine(kind)
+        parts = self._unpack(f"tl.associative_scan({self._tuple(inputs)}, 1, {combine})", len(inputs))
+        if not self.persistent:
+            parts = self._carried(parts, combine, kind, dtypes)
+        res = parts[-1] if s.stype.startswith("arg") else parts[0]
+        self.memo[key] = res
+        return res
+
+    def _carried(self, parts, combine, kind, dtypes) -> list:
+        """Rows in chunks, in order: the running total of the chunks before carries on
+        (one per chunk scan: cummax's values and indices share it)."""
+        keys = [("carried", tuple(parts), i) for i in range(len(parts))]
+        if keys[0] not in self.memo:
+            carries = [self.newvar("acc") for _ in parts]
+            for carry, dt, ident in zip(carries, dtypes, _scan_identity(kind, dtypes[0])):
+                self.levels[carry] = 2
+                self.outer.append(f"{carry} = tl.full([XBLOCK, 1], {ident}, {TL[dt]})")
+            full = self._unpack(f"{combine}({', '.join(carries + parts)})", len(parts))
+            lasts = [self.op(f"tl.reduce(tl.where(rbase == RBLOCK - 1, {p}, 0), 1, "
+                             f"{self.combine('sum')})[:, None]", level=2) for p in full]
+            self.body += [f"{carry} = {last}" for carry, last in zip(carries, lasts)]
+            self.memo.update(zip(keys, full))
+        return [self.memo[k] for k in keys]
+
+    @staticmethod
+    def _tuple(values) -> str:
+        return values[0] if len(values) == 1 else f"({', '.join(values)})"
+
+    def _unpack(self, expr, n) -> list:
+        t = self.op(expr, level=2)
+        return [t] if n == 1 else [self.op(f"{t}[{i}]", level=2) for i in range(n)]
 
     def combine(self, rtype) -> str:
         """The combine function of a reduction, emitted with the kernel: Triton's own

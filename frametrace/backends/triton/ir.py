@@ -100,8 +100,28 @@ class Reduction(IRNode):
         return math.prod(self.rshape)
 
 
+class Scan(IRNode):
+    """The inclusive scan of `fn(kernel, index)` along `dim` (the value at each index of
+    the output, which has the input's shape), with `stype` in sum, prod, logaddexp, max,
+    min (the running extreme) and argmax, argmin (its index); `fn` gives `src_dtype`.  Its
+    kernel runs over rows along `dim` like a reduction: xnumel rows of rnumel."""
+    __slots__ = ("dim", "stype", "fn", "src_dtype")
+
+    def __init__(self, shape, dtype, dim, stype, fn, src_dtype=None):
+        self.shape, self.dtype, self.dim, self.stype, self.fn = tuple(shape), dtype, dim, stype, fn
+        self.src_dtype = dtype if src_dtype is None else src_dtype
+
+    @property
+    def rnumel(self):
+        return self.shape[self.dim]
+
+    @property
+    def xnumel(self):
+        return math.prod(n for d, n in enumerate(self.shape) if d != self.dim)
+
+
 class Computed(IRNode):
-    """A realized pointwise or reduction node, `name`d buffer when stored.  A pointwise
+    """A realized pointwise, reduction or scan node, `name`d buffer when stored.  A pointwise
     node may be stored with other dense strides (`fill`: its dimensions of size > 1,
     outermost first; None when row-major): its kernel then walks memory in that order."""
     __slots__ = ("name", "node", "buffer", "order", "fill")
@@ -109,15 +129,24 @@ class Computed(IRNode):
     def __init__(self, name, node, device, order, stride=None):
         self.name, self.node, self.shape, self.dtype = name, node, node.shape, node.dtype
         self.order = order  # position in program order: kernels launched before read it
-        stride = contiguous_strides(node.shape) if stride is None else tuple(stride)
+        self.fill = None
+        if stride is None:
+            stride = contiguous_strides(node.shape)
+        else:
+            stride = tuple(stride)
+            dims = [i for i, n in enumerate(node.shape) if n != 1]
+            # (symbolic strides: ordered by their size hints)
+            fill = sorted(dims, key=lambda i: -indexing.hint(stride[i]))
+            self.fill = None if fill == dims else tuple(fill)
         self.buffer = Buffer(name, node.shape, stride, node.dtype, device)
-        dims = [i for i, n in enumerate(node.shape) if n != 1]
-        fill = sorted(dims, key=lambda i: -stride[i])
-        self.fill = None if fill == dims else tuple(fill)
 
     @property
     def is_reduction(self) -> bool:
         return isinstance(self.node, Reduction)
+
+    @property
+    def is_scan(self) -> bool:
+        return isinstance(self.node, Scan)
 
     def load(self, k, idx):
         return k.computed(self, idx)

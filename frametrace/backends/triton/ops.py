@@ -12,9 +12,9 @@ import math
 import sympy
 import torch
 
-from . import config, indexing, layout
+from . import autotune, config, indexing, layout
 from .indexing import flatten, unflatten
-from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Unsupported
+from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 
 aten, prims = torch.ops.aten, torch.ops.prims
 LOWERINGS: dict = {}
@@ -875,3 +875,69 @@ def _argmax(L, node, x, dim=None, keepdim=False):
 def _any(L, node, x, dims=None, keepdim=False):
     return reduction(L, x, dims, keepdim, "any", torch.bool)
 
+
+
+# -- scans ------------------------------------------------------------------------------------
+def _scan_input(x, shape, dim, acc):
+    """(dim, fn giving x in `acc`); dim None when rows have one element (no scan)."""
+    if not isinstance(x, IRNode):
+        raise Unsupported("scan of a number")
+    if 0 in shape:
+        raise Unsupported("empty scan")
+
+    def value(k, idx):
+        return k.cast(x.load(k, idx), x.dtype, acc)
+    if not shape or shape[dim % len(shape)] == 1:
+        return None, value
+    dim %= len(shape)
+    r, rows = shape[dim], math.prod(n for d, n in enumerate(shape) if d != dim)
+    if rows == 1 and not (indexing.is_static(r) and autotune.is_persistent(r)):
+        # one row too long for a block would be walked by one program, chunk after chunk:
+        # aten's device-wide scan is far faster
+        raise Unsupported("a scan of one long row")
+    return dim, value
+
+
+def scan(L, node, x, dim, stype):
+    """A realized Scan of `x` along `dim`, accumulated in the output's compute dtype
+    (float32 for half outputs; int64 when torch promotes an integer cumsum)."""
+    shape, dtype = _val(node)
+    acc = compute_dtype(dtype)
+    if acc == torch.bool or (stype == "logaddexp" and not acc.is_floating_point):
+        raise Unsupported(f"a {stype} scan to {dtype}")
+    dim, value = _scan_input(x, shape, dim, acc)
+    if dim is None:  # one element a row: the input itself
+        return pointwise(shape, dtype, value, x)
+    return L.computed(Scan(shape, dtype, dim, stype, value))
+
+
+@register(aten.cumsum.default)
+def _cumsum(L, node, x, dim, dtype=None):
+    return scan(L, node, x, dim, "sum")
+
+
+@register(aten.cumprod.default)
+def _cumprod(L, node, x, dim, dtype=None):
+    return scan(L, node, x, dim, "prod")
+
+
+@register(aten.logcumsumexp.default)
+def _logcumsumexp(L, node, x, dim):
+    return scan(L, node, x, dim, "logaddexp")
+
+
+@register(aten.cummax.default, aten.cummin.default)
+def _cummax(L, node, x, dim):
+    """Values and indices: two scans of one input, which a kernel computing both scans
+    as one (value, index) `tl.associative_scan`."""
+    kind = "max" if node.target is aten.cummax.default else "min"
+    vals, _ = node.meta["val"]
+    shape, dtype = _shape(vals.shape), vals.dtype
+    if dtype == torch.bool or dtype.is_complex:
+        raise Unsupported(f"cum{kind} of {dtype}")
+    dim, value = _scan_input(x, shape, dim, compute_dtype(dtype))
+    if dim is None:
+        return (pointwise(shape, dtype, value, x),
+                pointwise(shape, torch.int64, lambda k, idx: k.literal(0, torch.int64)))
+    return (L.computed(Scan(shape, dtype, dim, kind, value)),
+            L.computed(Scan(shape, torch.int64, dim, "arg" + kind, value, src_dtype=dtype)))

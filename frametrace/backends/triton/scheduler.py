@@ -14,6 +14,8 @@ from .ir import Computed, Extern
 def _space(c: Computed):
     if c.is_reduction:
         return c.numel, c.node.rnumel, True
+    if c.is_scan:  # a row kernel whose output is full-size
+        return c.node.xnumel, c.node.rnumel, True
     return c.numel, 1, False
 
 
