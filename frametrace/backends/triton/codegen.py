@@ -20,6 +20,7 @@ import torch
 
 from . import autotune, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
+from .ir import contiguous_strides
 from .ops import compute_dtype
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -117,6 +118,10 @@ def configs_for(group) -> list:
 
 
 class KernelCodegen:
+    # (index text, level) of a zero with the shape of the whole block
+    LANES = ("xindex * 0", 1)
+    BLOCK = "[XBLOCK]"  # a pointwise kernel's block shape
+
     def __init__(self, group: KernelGroup, stores):
         self.group, self.stores = group, stores
         self.members = {c.name: c for c in group.members}
@@ -226,8 +231,8 @@ class KernelCodegen:
         text = pexpr(index)
         mask = self._mask(self.level(text))
         if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
-            text = f"{text} + xindex * 0"
-            mask = self._mask(1)
+            text = f"{text} + {self.LANES[0]}"
+            mask = self._mask(self.LANES[1])
         other = ", other=0" if mask else ""
         v = self.op(f"tl.load({self.arg(buf.name, 'in_ptr')} + ({text}){mask}{other})")
         cd = compute_dtype(buf.dtype)
@@ -361,15 +366,21 @@ class KernelCodegen:
         self.memo = {k: v for k, v in self.memo.items() if self.levels.get(v, 0) != 2}
 
     # -- stores and the whole kernel -----------------------------------------------------------
+    def store_index(self, c):
+        """Where member `c`'s element lies in its buffer, whose layout may not be row-major."""
+        flat = self.own_flat(c)
+        if c.buffer.stride == contiguous_strides(c.shape):
+            return flat
+        return c.buffer.index(unflatten(flat, c.shape))
+
     def store(self, c):
         v = self.value(c)
-        flat = self.own_flat(c)
-        text = pexpr(flat)
+        text = pexpr(self.store_index(c))
         level = self.level(text)
         if compute_dtype(c.dtype) != c.dtype:
             v = self.op(f"{v}.to({TL[c.dtype]})")
         if v not in self.levels:  # a constant
-            shape = "[XBLOCK, RBLOCK]" if self.group.reduction else "[XBLOCK]"
+            shape = "[XBLOCK, RBLOCK]" if self.group.reduction else self.BLOCK
             v = self.op(f"tl.full({shape}, {v}, {TL[c.dtype]})")
         line = f"tl.store({self.arg(c.name, 'out_ptr')} + ({text}), {v}{self._mask(level)})"
         (self.body if self.looped and level == 2 else self.outer).append(line)

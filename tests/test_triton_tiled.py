@@ -1,0 +1,230 @@
+"""backend="triton": tiled (2-D block) pointwise kernels.  Where the inputs and the output
+disagree about which dim is contiguous (transposes, permutes, NCHW <-> NHWC, `contiguous()`
+of views), or a broadcast operand is constant along the inner dims (a per-channel weight over
+NCHW activations), a pointwise kernel runs over [YBLOCK, XBLOCK] blocks on a 2-D grid.
+Kernels run in Triton's interpreter; values are compared with eager."""
+import re
+
+import pytest
+import torch
+
+import frametrace
+
+pytest.importorskip("triton")
+from frametrace.backends.triton import backend, last_compiled, tiling  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # an internal error raises instead of quietly running the graph eagerly
+    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
+    backend.COMPILED.clear()
+
+
+def compiled_run(fn, *args, kernels=1, tol=1e-5):
+    """fn compiled with the triton backend matches eager (half dtypes compared in float32);
+    returns the CompiledModule."""
+    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
+    expected = fn(*args)
+    for g, e in zip(got if isinstance(got, tuple) else (got,),
+                    expected if isinstance(expected, tuple) else (expected,)):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        if e.dtype in (torch.bfloat16, torch.float16):
+            g, e = g.float(), e.float()
+        torch.testing.assert_close(g, e, atol=tol, rtol=tol)
+    mod = last_compiled()
+    assert mod is not None, "the graph did not go through the triton backend"
+    assert len(mod.kernels) == kernels, mod.source
+    return mod
+
+
+def tiled(mod, i=0):
+    """Kernel i is a tiled one on a 2-D grid; returns its source."""
+    k = mod.kernels[i]
+    assert k.tile is not None and "tl.program_id(1)" in k.source, k.source
+    assert "[:, None]" in k.source and "[None, :]" in k.source
+    return k.source
+
+
+def flat(mod, i=0):
+    k = mod.kernels[i]
+    assert k.tile is None and "tl.program_id(1)" not in k.source, k.source
+    return k.source
+
+
+def values(dtype, *shape):
+    if dtype == torch.int64:
+        return torch.randint(-50, 50, shape)
+    return torch.randn(*shape).to(dtype)
+
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.int64: 0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_transpose_plus_add_is_one_tiled_kernel(dtype):
+    x, y = values(dtype, 9, 7), values(dtype, 7, 9)
+    mod = compiled_run(lambda x, y: x.t() + y, x, y, tol=TOL[dtype])
+    src = tiled(mod)
+    # the transposed operand is contiguous along y, the other and the store along x
+    assert "7*xindex + yindex" in src.replace("(", "").replace(")", ""), src
+    assert "xmask" in src and "ymask" in src  # 7 and 9 divide no block size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_permutes_of_3d_and_4d_tensors(dtype):
+    x3, x4 = values(dtype, 5, 6, 7), values(dtype, 2, 3, 5, 6)
+    mod = compiled_run(lambda x: x.permute(2, 0, 1) * 2, x3, tol=TOL[dtype])
+    tiled(mod)
+    mod = compiled_run(lambda x: x.permute(1, 2, 0).contiguous(), x3, tol=TOL[dtype])
+    tiled(mod)
+    mod = compiled_run(lambda x: x.permute(0, 3, 1, 2).contiguous(), x4, tol=TOL[dtype])
+    tiled(mod)
+    mod = compiled_run(lambda x: x.permute(3, 2, 1, 0) - 1, x4, tol=TOL[dtype])
+    tiled(mod)
+
+
+def test_pointwise_around_a_permute_fuses_into_the_tiled_kernel():
+    x, s, b = torch.randn(2, 3, 4, 5), torch.randn(5, 1, 1), torch.randn(3)
+    mod = compiled_run(lambda x, s: (x.permute(0, 3, 1, 2) * s).contiguous().relu() + 1, x, s)
+    tiled(mod)
+    # two outputs of one space: both stored by the one kernel
+    mod = compiled_run(lambda x, b: (x.transpose(1, 3) + b, (x.transpose(1, 3) * b).sigmoid()), x, b)
+    tiled(mod)
+    assert len(mod.kernels[0].stores) == 2
+
+
+def test_head_merge_permute_keeps_rows_contiguous_and_flat():
+    # attention heads: the last dim stays innermost, so every load runs along it already
+    x, s = torch.randn(2, 3, 5, 4), torch.randn(4)
+    mod = compiled_run(lambda x, s: (x.permute(0, 2, 1, 3) * s).contiguous(), x, s)
+    flat(mod)
+    mod = compiled_run(lambda x: x.transpose(1, 2).reshape(2, 5, 12) + 1, x)
+    flat(mod)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_nchw_to_channels_last_and_back(dtype):
+    x = values(dtype, 2, 3, 5, 7)
+
+    def to_nhwc(x):
+        return x.contiguous(memory_format=torch.channels_last)
+    mod = compiled_run(to_nhwc, x, tol=TOL[dtype])
+    src = tiled(mod)
+    out = frametrace.optimize(backend="triton")(to_nhwc)(x)
+    assert out.stride() == to_nhwc(x).stride() == (105, 1, 21, 3)
+    assert "ymask" in src and "xmask" in src
+
+    def to_nchw(x):
+        return x.contiguous() * 2
+    x_cl = to_nhwc(x)
+    mod = compiled_run(to_nchw, x_cl, tol=TOL[dtype])
+    tiled(mod)
+    out = frametrace.optimize(backend="triton")(to_nchw)(x_cl)
+    assert out.is_contiguous()
+
+
+def test_channels_last_copy_of_a_computed_value_fuses():
+    def f(x, w):
+        return (x * w[:, None, None]).relu().contiguous(memory_format=torch.channels_last)
+    x, w = torch.randn(2, 4, 3, 5), torch.randn(4)
+    mod = compiled_run(f, x, w)
+    tiled(mod)
+    assert frametrace.optimize(backend="triton")(f)(x, w).stride() == f(x, w).stride()
+
+
+@pytest.mark.parametrize("shape,dims", [((6, 9), (1, 0)), ((3, 5, 7), (0, 2, 1)),
+                                        ((4, 3, 5, 2), (0, 1, 3, 2))])
+def test_contiguous_of_a_transposed_view(shape, dims):
+    x = torch.randn(*shape)
+    mod = compiled_run(lambda x: x.permute(*dims).contiguous(), x)
+    tiled(mod)
+    # a transposed graph input (non-contiguous strides) made contiguous
+    xt = torch.randn(*reversed(shape)).permute(*reversed(range(len(shape))))
+    mod = compiled_run(lambda x: x.contiguous() + 0, xt)
+    tiled(mod)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channel_broadcast_over_nchw_loads_once_per_row(dtype):
+    x = values(dtype, 2, 3, 6, 7)
+    mean, var, w, b = (torch.randn(3).to(dtype) for _ in range(4))
+    var = var.abs() + 0.5
+
+    def bn_relu(x, mean, var, w, b):  # inference BatchNorm's arithmetic, then ReLU
+        c = (slice(None), None, None)
+        return ((x - mean[c]) * torch.rsqrt(var[c] + 1e-5) * w[c] + b[c]).relu()
+    mod = compiled_run(bn_relu, x, mean, var, w, b, tol=TOL[dtype])
+    src = tiled(mod)
+    assert mod.kernels[0].tile.kind == "broadcast" and mod.kernels[0].tile.xnumel == 42
+    # the per-channel operands: one address per row, masked along y only
+    assert src.count("(yindex % 3)), ymask") == 4, src
+
+
+def test_odd_sizes_over_several_blocks_on_both_axes():
+    x, y = torch.randn(70, 37), torch.randn(37, 70)
+    mod = compiled_run(lambda x, y: (x.t() * y).exp() - x.t(), x, y, tol=1e-4)
+    tiled(mod)
+    launcher = mod.namespace[re.search(r"(kernel\d+)\(", mod.source).group(1)]
+    assert len(launcher.grid) == 2 and launcher.grid[0] > 1 and launcher.grid[1] > 1
+    assert launcher.constexprs() == [launcher.kwargs["YBLOCK"], launcher.kwargs["XBLOCK"]]
+
+
+def test_contiguous_pointwise_stays_flat():
+    mod = compiled_run(lambda x, y, b: torch.sigmoid(x * y + b) * 2, torch.randn(6, 7),
+                       torch.randn(6, 7), torch.randn(7))
+    src = flat(mod)
+    assert "tl.program_id(0)" in src and "yindex" not in src
+    # a broadcast along a short inner dim is not worth a tile
+    mod = compiled_run(lambda x, s: x * s[:, None], torch.randn(6, 7), torch.randn(6))
+    flat(mod)
+
+
+def test_reductions_over_transposed_inputs_are_unchanged():
+    mod = compiled_run(lambda x, y: (x.t() + y).sum(-1), torch.randn(9, 7), torch.randn(7, 9))
+    assert mod.kernels[0].tile is None
+
+
+def test_symbolic_sizes_stay_flat():
+    f = frametrace.optimize(backend="triton", dynamic=True)(lambda x, y: x.t() + y)
+    for n in (5, 6, 9):
+        x, y = torch.randn(n, 4), torch.randn(4, n)
+        torch.testing.assert_close(f(x, y), x.t() + y)
+        mod = last_compiled()
+        assert mod.symbolic and mod.kernels[0].tile is None
+
+
+def test_grid_axes_swap_when_y_blocks_overflow_the_second_axis():
+    t = tiling.Tile(2 ** 24, 64, "transpose")
+    assert t.swap
+    c = t.configs[0]
+    gy, gx = t.grid(c)
+    assert gy == 2 ** 24 // c.yblock and gx == 64 // c.xblock
+    small = tiling.Tile(64, 2 ** 24, "transpose")
+    assert not small.swap and small.grid(small.configs[0])[1] == 64 // small.configs[0].yblock
+
+
+def test_scalar_operands_constants_and_mixed_shapes_in_a_tiled_kernel():
+    x, y, s = torch.randn(6, 9), torch.randn(9, 6), torch.tensor(3.0)
+
+    def f(x, y, s):
+        a = x.t() * s + y
+        return a, a.reshape(-1) * 2, torch.full_like(x, 2.0).t().contiguous()
+    mod = compiled_run(f, x, y, s)
+    src = tiled(mod)
+    assert "tl.load(in_ptr1 + (0))" in src, src  # the 0-d operand: one unmasked scalar load
+    assert len(mod.kernels[0].stores) == 3 and "tl.full([YBLOCK, XBLOCK]" in src
+    # a constant stored in channels-last order: a tiled store of a full block
+    f2 = lambda x: torch.full_like(x, 2.0).contiguous(memory_format=torch.channels_last)  # noqa: E731
+    mod = compiled_run(f2, torch.randn(2, 3, 5, 4))
+    assert "tl.full([YBLOCK, XBLOCK]" in tiled(mod)
+
+
+def test_a_channels_last_value_stored_by_a_reduction_kernel_and_read_back():
+    def f(x):
+        y = (x * 2).contiguous(memory_format=torch.channels_last)
+        return y, y.sum((2, 3)), y.relu() + x.mean()
+    x = torch.randn(2, 3, 4, 5)
+    compiled_run(f, x, kernels=3, tol=1e-4)
+    assert frametrace.optimize(backend="triton")(f)(x)[0].stride() == f(x)[0].stride()
