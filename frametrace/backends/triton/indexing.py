@@ -362,6 +362,12 @@ def flatten(index, shape):
     return simplify(flat)
 
 
+def _operand(e) -> str:
+    """A divisor: a product of sizes (s0*s1, s0**2) parenthesized, as `//` and `%` bind
+    as tightly as `*`."""
+    return pexpr(e) if e.is_Integer or e.is_Symbol else f"({pexpr(e)})"
+
+
 def pexpr(e) -> str:
     """Print an index expression as Triton source (all operands are non-negative)."""
     if e.is_Integer:
@@ -376,7 +382,7 @@ def pexpr(e) -> str:
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
         return "*".join([pexpr(e.base)] * int(e.exp))
     if isinstance(e, FloorDiv):
-        return f"({pexpr(e.args[0])} // {pexpr(e.args[1])})"
+        return f"({pexpr(e.args[0])} // {_operand(e.args[1])})"
     if isinstance(e, ModIdx):
-        return f"({pexpr(e.args[0])} % {pexpr(e.args[1])})"
+        return f"({pexpr(e.args[0])} % {_operand(e.args[1])})"
     raise NotImplementedError(f"index expression {e!r}")
