@@ -24,7 +24,8 @@ def _interpret(monkeypatch):
 
 def compiled_run(fn, *args, kernels=1, tol=1e-5):
     """fn compiled with the triton backend matches eager (half dtypes compared in float32);
-    returns the CompiledModule."""
+    returns the CompiledModule.  Compiled afresh: static sizes, whatever ran before."""
+    frametrace.reset()
     got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
     expected = fn(*args)
     for g, e in zip(got if isinstance(got, tuple) else (got,),
@@ -148,7 +149,7 @@ def test_contiguous_of_a_transposed_view(shape, dims):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_channel_broadcast_over_nchw_loads_once_per_row(dtype):
-    x = values(dtype, 2, 3, 6, 7)
+    x = values(dtype, 2, 3, 8, 12)
     mean, var, w, b = (torch.randn(3).to(dtype) for _ in range(4))
     var = var.abs() + 0.5
 
@@ -157,9 +158,12 @@ def test_channel_broadcast_over_nchw_loads_once_per_row(dtype):
         return ((x - mean[c]) * torch.rsqrt(var[c] + 1e-5) * w[c] + b[c]).relu()
     mod = compiled_run(bn_relu, x, mean, var, w, b, tol=TOL[dtype])
     src = tiled(mod)
-    assert mod.kernels[0].tile.kind == "broadcast" and mod.kernels[0].tile.xnumel == 42
+    assert mod.kernels[0].tile.kind == "broadcast" and mod.kernels[0].tile.xnumel == 96
     # the per-channel operands: one address per row, masked along y only
     assert src.count("(yindex % 3)), ymask") == 4, src
+    # 7x7 rows would leave too many lanes of their blocks masked off: flat
+    mod = compiled_run(bn_relu, values(dtype, 2, 3, 7, 7), mean, var, w, b, tol=TOL[dtype])
+    flat(mod)
 
 
 def test_odd_sizes_over_several_blocks_on_both_axes():
@@ -195,6 +199,19 @@ def test_symbolic_sizes_stay_flat():
         assert mod.symbolic and mod.kernels[0].tile is None
 
 
+def test_symbolic_sizes_divide_by_their_whole_product():
+    # H == W: one symbol s, and a flat index divided by s*s (printed `// s*s`, it was
+    # divided by s and multiplied by s)
+    def f(x, w):
+        return x * w[:, None, None] + 1
+    g = frametrace.optimize(backend="triton", dynamic=True)(f)
+    for n in (5, 7, 4):
+        x, w = torch.randn(2, 3, n, n), torch.randn(3)
+        torch.testing.assert_close(g(x, w), f(x, w))
+        mod = last_compiled()
+        assert mod.symbolic and "// (" in mod.kernels[0].source, mod.kernels[0].source
+
+
 def test_grid_axes_swap_when_y_blocks_overflow_the_second_axis():
     t = tiling.Tile(2 ** 24, 64, "transpose")
     assert t.swap
@@ -228,3 +245,26 @@ def test_a_channels_last_value_stored_by_a_reduction_kernel_and_read_back():
     x = torch.randn(2, 3, 4, 5)
     compiled_run(f, x, kernels=3, tol=1e-4)
     assert frametrace.optimize(backend="triton")(f)(x)[0].stride() == f(x)[0].stride()
+
+
+def test_fast_wrapper_launches_the_2d_grid(monkeypatch):
+    """The GPU's fast wrapper (Triton's low-level launcher: gridX, gridY, gridZ, then the
+    arguments and the constexprs), generated here with the GPU-only parts stubbed."""
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    from frametrace.backends.triton import autotune
+    x, y = torch.randn(70, 37), torch.randn(37, 70)
+    mod = compiled_run(lambda x, y: x.t() + y, x, y)
+    name = re.search(r"(kernel\d+)\(", mod.source).group(1)
+    launcher = mod.namespace[name]
+    launcher.compiled = SimpleNamespace(run=None, function=None, packed_metadata=None)
+    monkeypatch.setattr(autotune, "interpreted", lambda: False)
+    monkeypatch.setattr(mod.wrapper.lowered, "device", torch.device("cuda", 0))
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=None))
+    src = mod.wrapper.fast_source([x, y])
+    gx, gy = launcher.grid
+    assert gx > 1 and gy > 1
+    assert f"run_{name}({gx}, {gy}, 1, stream, " in src, src
+    assert f"buf1, {launcher.kwargs['YBLOCK']}, {launcher.kwargs['XBLOCK']})" in src, src

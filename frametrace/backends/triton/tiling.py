@@ -23,8 +23,6 @@ from .autotune import next_pow2
 from .codegen import KernelCodegen, NotFusable
 from .indexing import XINDEX, YINDEX, pexpr
 
-# an inner extent below this gains nothing from loading the broadcast once per row
-MIN_BROADCAST_X = 32
 MAX_GRID_Y = 65535  # CUDA's limit on the second and third grid axes
 _NAMES = re.compile(r"\b(tmp\d+|xindex|yindex|xmask|ymask)\b")
 _BITS = {"xindex": 1, "xmask": 1, "yindex": 4, "ymask": 4}
@@ -67,8 +65,8 @@ def candidates(ynumel, xnumel, kind) -> list[TileConfig]:
     if kind == "transpose":
         shapes = [(32, 32), (64, 64), (16, 128), (128, 16), (16, 256)]
     else:
-        x = min(256, next_pow2(xnumel))
-        shapes = [(max(1, 1024 // x), x), (8, 128), (4, 256), (2, 512), (16, 64), (1, 1024)]
+        x = broadcast_xblock(xnumel) or 32
+        shapes = [(1024 // x, x), (8, 128), (4, 256), (2, 512), (16, 64), (1, 1024)]
     out, seen = [], set()
     for y, x in shapes:
         c = _fit(y, x, ynumel, xnumel)
@@ -77,6 +75,15 @@ def candidates(ynumel, xnumel, kind) -> list[TileConfig]:
             seen.add(key)
             out.append(c)
     return out
+
+
+def broadcast_xblock(xnumel) -> int | None:
+    """The widest x block that rows of `xnumel` fill to 7/8 or more, or None: a row's masked
+    tail costs more lanes than loading the broadcast per element does."""
+    for x in (256, 128, 64, 32):
+        if -(-xnumel // x) * x * 7 <= xnumel * 8:
+            return x
+    return None
 
 
 def _fit(y, x, ynumel, xnumel) -> TileConfig:
@@ -113,7 +120,7 @@ def _address(index, flat):
     """`index` at output element `flat`, or None where it depends on loaded values."""
     try:
         return eval(pexpr(index), {"xindex": flat})
-    except NameError:
+    except Exception:  # (NameError: a loaded value's symbol) a heuristic's input: no vote
         return None
 
 
@@ -163,7 +170,7 @@ def choose(stores, accesses) -> Tile | None:
             continue
         k = max(votes[kind], key=votes[kind].get)
         ynumel, xnumel = math.prod(shape[:k]), math.prod(shape[k:])
-        if kind == "broadcast" and xnumel < MIN_BROADCAST_X:
+        if kind == "broadcast" and broadcast_xblock(xnumel) is None:
             continue
         tile = Tile(ynumel, xnumel, kind)
         if tile.swap and math.ceil(xnumel / min(c.xblock for c in tile.configs)) > MAX_GRID_Y:
