@@ -118,8 +118,6 @@ def configs_for(group) -> list:
 
 
 class KernelCodegen:
-    # (index text, level) of a zero with the shape of the whole block
-    LANES = ("xindex * 0", 1)
     BLOCK = "[XBLOCK]"  # a pointwise kernel's block shape
 
     def __init__(self, group: KernelGroup, stores):
@@ -214,6 +212,13 @@ class KernelCodegen:
                 (["rmask"] if level == 2 and self.has_rmask else []) + self.masks
         return ", " + " & ".join(parts) if parts else ""
 
+    def lanes(self, text):
+        """A load's address and mask, the address with the mask's shape."""
+        mask = self._mask(self.level(text))
+        if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
+            return f"{text} + xindex * 0", self._mask(1)
+        return text, mask
+
     def arg(self, name, prefix) -> str:
         arg = self.args.get(name)
         if arg is None:
@@ -229,10 +234,7 @@ class KernelCodegen:
             span = buf.offset + sum((n - 1) * s for n, s in zip(buf.shape, buf.stride))
             self.wide |= span >= 2 ** 31
         text = pexpr(index)
-        mask = self._mask(self.level(text))
-        if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
-            text = f"{text} + {self.LANES[0]}"
-            mask = self._mask(self.LANES[1])
+        text, mask = self.lanes(text)
         other = ", other=0" if mask else ""
         v = self.op(f"tl.load({self.arg(buf.name, 'in_ptr')} + ({text}){mask}{other})")
         cd = compute_dtype(buf.dtype)
@@ -244,6 +246,10 @@ class KernelCodegen:
         if not self.group.reduction or c.is_reduction or c.numel != self.xnumel * self.rnumel:
             return XINDEX
         return XINDEX * self.rnumel + RINDEX
+
+    def own_index(self, c) -> list:
+        """Member `c`'s index of the element this kernel computes."""
+        return unflatten(self.own_flat(c), c.shape)
 
     def computed(self, c, idx) -> str:
         if c.name in self.members:
@@ -261,7 +267,7 @@ class KernelCodegen:
             return self.reduce(c)
         key = ("pw", c.name)
         if key not in self.memo:
-            self.memo[key] = c.node.fn(self, unflatten(self.own_flat(c), c.shape))
+            self.memo[key] = c.node.fn(self, self.own_index(c))
         return self.memo[key]
 
     def _block(self, v, dtype) -> str:
@@ -367,11 +373,10 @@ class KernelCodegen:
 
     # -- stores and the whole kernel -----------------------------------------------------------
     def store_index(self, c):
-        """Where member `c`'s element lies in its buffer, whose layout may not be row-major."""
-        flat = self.own_flat(c)
+        """Where member `c`'s element lies in its buffer (whose layout may not be row-major)."""
         if c.buffer.stride == contiguous_strides(c.shape):
-            return flat
-        return c.buffer.index(unflatten(flat, c.shape))
+            return self.own_flat(c)
+        return c.buffer.index(self.own_index(c))
 
     def store(self, c):
         v = self.value(c)

@@ -72,14 +72,12 @@ class Buffer(IRNode):
 class Pointwise(IRNode):
     """`fn(kernel, index) -> value`.  `reads` counts the memory loads it inlines (to
     decide when recomputing it in every consumer costs more than storing it once).
-    `alias` is (base, view_fn) when it is a view of something that memory can hold.
-    `stride`: the layout it is stored with when realized (None: row-major), where the op
-    asks for one (`contiguous(memory_format=torch.channels_last)`)."""
-    __slots__ = ("fn", "reads", "alias", "realized", "stride")
+    `alias` is (base, view_fn) when it is a view of something that memory can hold."""
+    __slots__ = ("fn", "reads", "alias", "realized")
 
     def __init__(self, shape, dtype, fn, reads, alias=None):
         self.shape, self.dtype, self.fn, self.reads = tuple(shape), dtype, fn, reads
-        self.alias, self.realized, self.stride = alias, None, None
+        self.alias, self.realized = alias, None
 
     def load(self, k, idx):
         if self.realized is not None:
@@ -108,8 +106,7 @@ class Computed(IRNode):
     def __init__(self, name, node, device, order):
         self.name, self.node, self.shape, self.dtype = name, node, node.shape, node.dtype
         self.order = order  # position in program order: kernels launched before read it
-        stride = getattr(node, "stride", None) or contiguous_strides(node.shape)
-        self.buffer = Buffer(name, node.shape, stride, node.dtype, device)
+        self.buffer = Buffer(name, node.shape, contiguous_strides(node.shape), node.dtype, device)
 
     @property
     def is_reduction(self) -> bool:

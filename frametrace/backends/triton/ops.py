@@ -368,12 +368,7 @@ def _copy(L, node, x, dtype=None, **kwargs):
     shape, out_dtype = _val(node)
     if not isinstance(x, IRNode) or node.meta["val"].device != L.device:
         raise Unsupported("a copy to another device")
-    out = pointwise(shape, out_dtype, lambda k, idx: k.cast(x.load(k, idx), x.dtype, out_dtype), x)
-    stride = node.meta["val"].stride()
-    if kwargs.get("memory_format") in (torch.channels_last, torch.channels_last_3d) and all(
-            isinstance(s, int) for s in stride):
-        out.stride = tuple(stride)  # the layout asked for, as eager gives it
-    return out
+    return pointwise(shape, out_dtype, lambda k, idx: k.cast(x.load(k, idx), x.dtype, out_dtype), x)
 
 
 # -- constants and ranges -----------------------------------------------------------------

@@ -10,7 +10,9 @@ per-channel weight over NCHW activations) splits there, so that it is loaded, an
 computed from it only, once per row of the block.
 
 Which operand does what is found by generating the kernel flat once and evaluating each
-access's address one step along each output dim.  Symbolic sizes stay flat.
+access's address one step along each output dim.  Only accesses that disagree call for a
+tile: where all of them run along one order, a flat walk in that order is best.  Symbolic
+sizes stay flat.
 """
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ import hashlib
 import math
 import re
 
+import sympy
+
 from . import indexing
 from .autotune import next_pow2
 from .codegen import KernelCodegen, NotFusable
-from .indexing import XINDEX, YINDEX, pexpr
+from .indexing import XINDEX, YINDEX, flatten, pexpr, unflatten
+from .ir import contiguous_strides
 
 MAX_GRID_Y = 65535  # CUDA's limit on the second and third grid axes
 _NAMES = re.compile(r"\b(tmp\d+|xindex|yindex|xmask|ymask)\b")
@@ -99,7 +104,23 @@ def _fit(y, x, ynumel, xnumel) -> TileConfig:
 
 
 # -- choosing the split -----------------------------------------------------------------------
-class _Probe(KernelCodegen):
+class _RowMajorWalk(KernelCodegen):
+    """Members' elements visited in row-major order of their shape, whatever their stored
+    layout (each store then goes to its buffer's address of that element): the order in
+    which accesses are classified, and the one a tiled kernel splits."""
+
+    def own_index(self, c) -> list:
+        return unflatten(self.own_flat(c), c.shape)
+
+    def computed(self, c, idx) -> str:
+        if c.name in self.members and not c.is_reduction:
+            if sympy.expand(flatten(idx, c.shape) - self.own_flat(c)) != 0:
+                raise NotFusable(f"{c.name} is read at another position")
+            return self.value(c)
+        return super().computed(c, idx)
+
+
+class _Probe(_RowMajorWalk):
     """The flat kernel, recording the index of every load and store."""
 
     def __init__(self, group, stores):
@@ -125,10 +146,9 @@ def _address(index, flat):
 
 
 def _split_of(index, shape, steps) -> tuple | None:
-    """(kind, split, elements) for one access: ("transpose", k, n) when it is contiguous
-    along dim k-1 of `shape` but not along the last; ("broadcast", k, n) when it is constant
-    along dims k and after; None for an access contiguous along the last dim, or anything
-    else.  n: how many elements it reads."""
+    """(kind, split) for one access: ("row", None) when it is contiguous along the last
+    dim of `shape`; ("broadcast", k) when it is constant along dims k and after;
+    ("transpose", k) when it is contiguous along dim k-1; None for anything else."""
     base = _address(index, 0)
     if base is None:
         return None
@@ -138,33 +158,34 @@ def _split_of(index, shape, steps) -> tuple | None:
         if a is None:
             return None
         deltas.append(a - base)
-    last = max((i for i, n in enumerate(shape) if n > 1), default=None)
-    if last is None or deltas[last] == 1:
-        return None
-    elements = math.prod(n for n, d in zip(shape, deltas) if d != 0)
+    last = max(i for i, n in enumerate(shape) if n > 1)
+    if deltas[last] == 1:
+        return "row", None
     varying = [i for i, d in enumerate(deltas) if d != 0]
     if varying and deltas[last] == 0:
-        return "broadcast", varying[-1] + 1, elements
+        return "broadcast", varying[-1] + 1
     ones = [i for i, d in enumerate(deltas) if d == 1 and shape[i] > 1]
-    if ones:
-        return "transpose", ones[-1] + 1, elements
-    return None
+    return ("transpose", ones[-1] + 1) if ones else None
 
 
 def choose(stores, accesses) -> Tile | None:
-    """The split for this kernel: the transposed accesses' (by the elements they move), else
-    the broadcasts' (by count) when the inner extent is wide enough; None: stay flat."""
+    """The split for this kernel, where its accesses disagree: some contiguous along the
+    last dim and others along another one (the split of the most of those), or else
+    constant along the inner dims (the split of the most of those, when rows are wide
+    enough).  None: stay flat (a flat walk suits accesses that all agree)."""
     shape = max((c.shape for c in stores), key=len)
-    if len(shape) < 2 or not all(indexing.is_static(n) for n in shape):
+    if not all(indexing.is_static(n) for n in shape) or sum(int(n) > 1 for n in shape) < 2:
         return None
     shape = [int(n) for n in shape]
     steps = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    votes = {"transpose": {}, "broadcast": {}}
+    votes = {"row": {}, "transpose": {}, "broadcast": {}}
     for _, index in accesses:
         found = _split_of(index, shape, steps)
         if found is not None:
-            kind, k, elements = found
-            votes[kind][k] = votes[kind].get(k, 0) + (elements if kind == "transpose" else 1)
+            kind, k = found
+            votes[kind][k] = votes[kind].get(k, 0) + 1
+    if not votes["row"]:
+        return None
     for kind in ("transpose", "broadcast"):
         if not votes[kind]:
             continue
@@ -185,23 +206,29 @@ def generate(group, stores) -> tuple:
     if group.reduction or indexing.HINTS:
         cg = KernelCodegen(group, stores)
         return (cg, *cg.generate())
-    flat = _Probe(group, stores)
-    name, source = flat.generate()
-    tile = choose(stores, flat.accesses)
-    if tile is None:
-        return flat, name, source
-    tiled = TiledCodegen(group, stores, tile)
+    probe = _Probe(group, stores)
     try:
-        return (tiled, *tiled.generate())
-    except NotFusable:  # a member's own index that does not simplify under this split
-        return flat, name, source
+        name, source = probe.generate()
+    except NotFusable:  # members that share a kernel only in their layouts' own walk
+        cg = KernelCodegen(group, stores)
+        return (cg, *cg.generate())
+    tile = choose(stores, probe.accesses)
+    if tile is not None:
+        tiled = TiledCodegen(group, stores, tile)
+        try:
+            return (tiled, *tiled.generate())
+        except NotFusable:  # a member's own index that does not simplify under this split
+            pass
+    if all(c.buffer.stride == contiguous_strides(c.shape) for c in stores):
+        return probe, name, source
+    cg = KernelCodegen(group, stores)  # (a layout's own walk, where it has one)
+    return (cg, *cg.generate())
 
 
 # -- the tiled kernel ---------------------------------------------------------------------------
-class TiledCodegen(KernelCodegen):
+class TiledCodegen(_RowMajorWalk):
     """A pointwise kernel over [YBLOCK, XBLOCK] blocks.  A value's level is a bit set of the
     axes it varies along (1: x, 4: y), so that a load takes only the masks of its axes."""
-    LANES = ("(xindex + yindex) * 0", 5)
     BLOCK = "[YBLOCK, XBLOCK]"
 
     def __init__(self, group, stores, tile: Tile):
@@ -222,6 +249,18 @@ class TiledCodegen(KernelCodegen):
         parts = (["ymask"] if level & 4 and self.has_ymask else []) + \
                 (["xmask"] if level & 1 and self.has_xmask else []) + self.masks
         return ", " + " & ".join(parts) if parts else ""
+
+    def lanes(self, text):
+        """The address broadcast along the axes its mask has and it lacks (a row's operand
+        under a condition on the column, in a `cat`): Triton broadcasts a mask to the
+        pointer's shape, not the pointer to the mask's."""
+        level = self.level(text)
+        mask = self._mask(level)
+        missing = self.level(mask) & ~level
+        if not missing:
+            return text, mask
+        zero = " + ".join(v for bit, v in ((4, "yindex"), (1, "xindex")) if missing & bit)
+        return f"{text} + ({zero}) * 0", self._mask(level | missing)
 
     def own_flat(self, c):
         return YINDEX * self.xnumel + XINDEX
