@@ -169,14 +169,22 @@ def _split_of(index, shape, steps) -> tuple | None:
 
 
 def choose(stores, accesses) -> Tile | None:
-    """The split for this kernel, where its accesses disagree: some contiguous along the
-    last dim and others along another one (the split of the most of those), or else
-    constant along the inner dims (the split of the most of those, when rows are wide
-    enough).  None: stay flat (a flat walk suits accesses that all agree)."""
-    shape = max((c.shape for c in stores), key=len)
-    if not all(indexing.is_static(n) for n in shape) or sum(int(n) > 1 for n in shape) < 2:
-        return None
-    shape = [int(n) for n in shape]
+    """The split of one of the stored shapes (views of one flat space), the first that
+    has one."""
+    shapes = sorted(dict.fromkeys(tuple(c.shape) for c in stores), key=len, reverse=True)
+    for shape in shapes:
+        if all(indexing.is_static(n) for n in shape) and sum(int(n) > 1 for n in shape) >= 2:
+            tile = _choose([int(n) for n in shape], accesses)
+            if tile is not None:
+                return tile
+    return None
+
+
+def _choose(shape, accesses) -> Tile | None:
+    """The split of `shape` where the accesses disagree: some contiguous along the last
+    dim and others along another one (the split of the most of those), or else constant
+    along the inner dims (the split of the most of those, when rows are wide enough).
+    None: stay flat (a flat walk suits accesses that all agree)."""
     steps = [math.prod(shape[i + 1:]) for i in range(len(shape))]
     votes = {"row": {}, "transpose": {}, "broadcast": {}}
     for _, index in accesses:
