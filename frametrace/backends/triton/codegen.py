@@ -20,6 +20,7 @@ import torch
 
 from . import autotune, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
+from .ir import contiguous_strides
 from .ops import compute_dtype
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -166,6 +167,8 @@ def configs_for(group) -> list:
 
 
 class KernelCodegen:
+    BLOCK = "[XBLOCK]"  # a pointwise kernel's block shape
+
     def __init__(self, group: KernelGroup, stores):
         self.group, self.stores = group, stores
         self.members = {c.name: c for c in group.members}
@@ -260,6 +263,13 @@ class KernelCodegen:
                 (["rmask"] if level == 2 and self.has_rmask else []) + self.masks
         return ", " + " & ".join(parts) if parts else ""
 
+    def lanes(self, text):
+        """A load's address and mask, the address with the mask's shape."""
+        mask = self._mask(self.level(text))
+        if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
+            return f"{text} + xindex * 0", self._mask(1)
+        return text, mask
+
     def arg(self, name, prefix) -> str:
         arg = self.args.get(name)
         if arg is None:
@@ -277,10 +287,7 @@ class KernelCodegen:
         self.load_indices.append(index)
         self.reads.add(buf.name)  # (a view of a computed value is read as a Buffer)
         text = pexpr(index)
-        mask = self._mask(self.level(text))
-        if mask and self.level(text) == 0:  # one address for all lanes, masked per lane
-            text = f"{text} + xindex * 0"
-            mask = self._mask(1)
+        text, mask = self.lanes(text)
         other = ", other=0" if mask else ""
         v = self.op(f"tl.load({self.arg(buf.name, 'in_ptr')} + ({text}){mask}{other})")
         cd = compute_dtype(buf.dtype)
@@ -315,6 +322,10 @@ class KernelCodegen:
         if self.group.reduction or c.fill is None:
             return flatten(idx, c.shape)
         return flatten([idx[d] for d in c.fill], [c.shape[d] for d in c.fill])
+
+    def own_index(self, c) -> list:
+        """Member `c`'s index of the element this kernel computes."""
+        return unflatten(self.own_flat(c), c.shape)
 
     def computed(self, c, idx) -> str:
         if c.name in self.members:
@@ -504,15 +515,20 @@ class KernelCodegen:
         self.memo = {k: v for k, v in self.memo.items() if self.levels.get(v, 0) != 2}
 
     # -- stores and the whole kernel -----------------------------------------------------------
+    def store_index(self, c):
+        """Where member `c`'s element lies in its buffer (whose layout may not be row-major)."""
+        if c.buffer.stride == contiguous_strides(c.shape):
+            return self.own_flat(c)
+        return c.buffer.index(self.own_index(c))
+
     def store(self, c):
         v = self.value(c)
-        flat = self.own_flat(c)
-        text = pexpr(flat)
+        text = pexpr(self.store_index(c))
         level = self.level(text)
         if compute_dtype(c.dtype) != c.dtype:
             v = self.op(f"{v}.to({TL[c.dtype]})")
         if v not in self.levels:  # a constant
-            shape = "[XBLOCK, RBLOCK]" if self.group.reduction else "[XBLOCK]"
+            shape = "[XBLOCK, RBLOCK]" if self.group.reduction else self.BLOCK
             v = self.op(f"tl.full({shape}, {v}, {TL[c.dtype]})")
         line = f"tl.store({self.arg(c.name, 'out_ptr')} + ({text}), {v}{self._mask(level)})"
         (self.body if self.looped and level == 2 else self.outer).append(line)

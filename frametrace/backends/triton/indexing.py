@@ -29,16 +29,20 @@ class ModIdx(sympy.Function):
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+# the outer axis of a tiled pointwise kernel, whose elements are yindex * xnumel + xindex
+YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
 
 # Exclusive upper bounds of the iteration variables of the kernel being generated.
 # Index expressions are built lazily during code generation, one kernel at a time.
 _ranges: dict = {}
 
 
-def set_ranges(xnumel, rnumel) -> None:
+def set_ranges(xnumel, rnumel, ynumel=None) -> None:
     _ranges.clear()
     _ranges[XINDEX] = xnumel
     _ranges[RINDEX] = rnumel
+    if ynumel is not None:
+        _ranges[YINDEX] = ynumel
 
 
 # -- symbolic sizes ---------------------------------------------------------------------------
@@ -88,7 +92,7 @@ def symbols_of(*exprs) -> set:
         if isinstance(e, (list, tuple)):
             out |= symbols_of(*e)
         elif isinstance(e, sympy.Basic):
-            out |= {s for s in e.free_symbols if s not in (XINDEX, RINDEX)}
+            out |= {s for s in e.free_symbols if s not in (XINDEX, RINDEX, YINDEX)}
     return out
 
 
@@ -272,7 +276,8 @@ def mod(e, d):
 
 def _join(e):
     """k*m*((u // n) // m) + k*((u // n) % m) == k*(u // n): undoes a reshape's split of
-    one index into two when both halves are used with matching strides."""
+    one index into two when both halves are used with matching strides (and the same with
+    the outer half itself taken modulo b, leaving (u // n) % (m*b))."""
     changed = True
     while changed and e.is_Add:
         changed = False
@@ -290,11 +295,20 @@ def _join(e):
             want = FloorDiv(u, n * m)
             for j, t in enumerate(terms):
                 c, rest = _coef(t)
-                if j != i and rest == want and c == k * m:
-                    keep = [x for q, x in enumerate(terms) if q not in (i, j)]
-                    e = Add(*keep, k * (FloorDiv(u, n) if n > 1 else u))
-                    changed = True
-                    break
+                if j == i or c != k * m:
+                    continue
+                inner = FloorDiv(u, n) if n > 1 else u
+                if rest == want:
+                    joined = inner
+                elif isinstance(rest, ModIdx) and rest.args[0] == want and rest.args[1].is_Integer:
+                    # k*m*((u // n // m) % b) + k*((u // n) % m) == k*((u // n) % (m*b))
+                    joined = mod(inner, m * int(rest.args[1]))
+                else:
+                    continue
+                keep = [x for q, x in enumerate(terms) if q not in (i, j)]
+                e = Add(*keep, k * joined)
+                changed = True
+                break
             if changed:
                 break
     return e
@@ -375,6 +389,12 @@ def flatten(index, shape):
     return simplify(flat)
 
 
+def _operand(e) -> str:
+    """A divisor: a product of sizes (s0*s1, s0**2) parenthesized, as `//` and `%` bind
+    as tightly as `*`."""
+    return pexpr(e) if e.is_Integer or e.is_Symbol else f"({pexpr(e)})"
+
+
 def pexpr(e) -> str:
     """Print an index expression as Triton source (all operands are non-negative)."""
     if e.is_Integer:
@@ -389,7 +409,7 @@ def pexpr(e) -> str:
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
         return "*".join([pexpr(e.base)] * int(e.exp))
     if isinstance(e, FloorDiv):
-        return f"({pexpr(e.args[0])} // {pexpr(e.args[1])})"
+        return f"({pexpr(e.args[0])} // {_operand(e.args[1])})"
     if isinstance(e, ModIdx):
-        return f"({pexpr(e.args[0])} % {pexpr(e.args[1])})"
+        return f"({pexpr(e.args[0])} % {_operand(e.args[1])})"
     raise NotImplementedError(f"index expression {e!r}")

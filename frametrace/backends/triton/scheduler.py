@@ -7,6 +7,7 @@ current one's values (sibling split reductions, see `_join_back`).
 """
 from __future__ import annotations
 
+from . import tiling
 from .codegen import KernelCodegen, KernelGroup, NotFusable
 from .ir import Computed, Extern
 
@@ -96,11 +97,12 @@ def group(items) -> list:
 
 class Kernel:
     """One launch: the group, which members it stores, and its source."""
-    __slots__ = ("group", "stores", "name", "source", "args", "symbols")
+    __slots__ = ("group", "stores", "name", "source", "args", "symbols", "tile")
 
-    def __init__(self, group, stores, name, source, args, symbols=()):
+    def __init__(self, group, stores, name, source, args, symbols=(), tile=None):
         self.group, self.stores, self.name, self.source, self.args = group, stores, name, source, args
         self.symbols = list(symbols)  # shape symbols passed after the pointers
+        self.tile = tile  # a tiling.Tile: a 2-D grid of [YBLOCK, XBLOCK] blocks
 
     def __repr__(self):
         return f"Kernel({self.name}, stores={[c.name for c in self.stores]})"
@@ -125,7 +127,7 @@ def schedule(lowered) -> list:
             continue
         stores = [c for c in g.members if c.name in needed]
         if stores:
-            cg = KernelCodegen(g, stores)
-            name, source = cg.generate()
-            out.append(Kernel(g, stores, name, source, dict(cg.args), cg.symbols))
+            cg, name, source = tiling.generate(g, stores)
+            out.append(Kernel(g, stores, name, source, dict(cg.args), cg.symbols,
+                              getattr(cg, "tile", None)))
     return out

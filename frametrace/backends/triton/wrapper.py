@@ -75,6 +75,29 @@ class Launcher:
         return [self.kwargs["XBLOCK"]] + ([self.kwargs["RBLOCK"]] if self.reduction else [])
 
 
+class TiledLauncher(Launcher):
+    """Launches a tiled pointwise kernel over its 2-D grid (`kernel.tile`, static sizes)."""
+    __slots__ = ("tile",)
+
+    def __init__(self, kernel: Kernel, configs):
+        super().__init__(kernel, configs)
+        self.tile = kernel.tile
+
+    def _launch(self, config, args, xnumel=None):
+        self.fn[self.tile.grid(config)](*args, **config.kwargs())
+
+    def __call__(self, *args):
+        if self.kwargs is None:
+            t = self.tile
+            best = autotune.pick(self.name, t.xnumel, t.ynumel, self.configs,
+                                 lambda c: self._launch(c, args))
+            self.grid, self.kwargs = t.grid(best), best.kwargs()
+        self.compiled = self.fn[self.grid](*args, **self.kwargs)
+
+    def constexprs(self) -> list:
+        return [self.kwargs["YBLOCK"], self.kwargs["XBLOCK"]]
+
+
 def _reinterpret(t, size, stride, offset):
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
@@ -173,7 +196,9 @@ class WrapperCodegen:
                 externs.append(str(item.op))
             else:
                 kernels.append(item)
-                self.launchers.append(self.const(Launcher(item, self._configs(item)), "kernel"))
+                launcher = TiledLauncher(item, item.tile.configs) if item.tile else \
+                    Launcher(item, self._configs(item))
+                self.launchers.append(self.const(launcher, "kernel"))
         source = self._function("call", [], self._launch, _ALLOC)
         if indexing.HINTS:
             names = {s.name for s in indexing.HINTS}
@@ -246,7 +271,8 @@ class WrapperCodegen:
         def launch(name, item):
             launcher = ns[name]
             args = list(item.args) + [repr(v) for v in launcher.constexprs()]
-            return (f"run_{name}({launcher.grid[0]}, 1, 1, stream, fn_{name}, meta_{name}, "
+            grid = tuple(launcher.grid) + (1, 1)
+            return (f"run_{name}({grid[0]}, {grid[1]}, {grid[2]}, stream, fn_{name}, meta_{name}, "
                     f"None, None, None, {', '.join(args)})")
         return self._function("fast", checks, launch, _ALLOC)
 
