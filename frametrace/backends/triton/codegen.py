@@ -323,10 +323,6 @@ class KernelCodegen:
             return flatten(idx, c.shape)
         return flatten([idx[d] for d in c.fill], [c.shape[d] for d in c.fill])
 
-    def own_index(self, c) -> list:
-        """Member `c`'s index of the element this kernel computes."""
-        return unflatten(self.own_flat(c), c.shape)
-
     def computed(self, c, idx) -> str:
         if c.name in self.members:
             if self._pinned(sympy.expand(self._own_position(c, idx) - self.own_flat(c))) != 0:
