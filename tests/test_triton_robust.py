@@ -127,7 +127,7 @@ def test_a_value_the_graph_makes_on_another_device_is_made_there_by_aten(monkeyp
     from frametrace.backends.triton.decompositions import decompositions
 
     def f(x, s, i, v):
-        c = torch.tensor([1.0, 2.0, 3.0, 4.0]).to(x.device)
+        c = torch.tensor([1.0, 2.0, 3.0, 4.0]).to(x.device) + torch.arange(4.0).to(x.device)
         return torch.softmax(x * s, -1) + i + c, (v.to(x.device) * x).cos(), (s * 2).exp()
     with FakeTensorMode(allow_non_fake_inputs=True):
         x = torch.empty(3, 4, device="cuda")
@@ -139,8 +139,9 @@ def test_a_value_the_graph_makes_on_another_device_is_made_there_by_aten(monkeyp
     lowered = mod.wrapper.lowered
     pointers = {name for k in mod.kernels for name in k.args}
     assert not pointers & set(lowered.devices), "a kernel takes a pointer to CPU memory"
-    # s by value, i copied once per call, the constant moved at compile time, v's copy and
-    # (s * 2).exp() (a CPU value) aten calls; only the latter is a fallback
+    # s by value, i copied once per call, the constant moved at compile time, the arange made
+    # by the kernel that reads it, v's copy and (s * 2).exp() (a CPU value) aten calls; only
+    # the latter is a fallback
     assert sorted(extern_ops(mod)) == ["aten._local_scalar_dense.default", "aten._to_copy.default",
                                        "aten._to_copy.default", "aten.exp.default", "aten.mul.Tensor"]
     assert mod.namespace["const1_cuda"].device.type == "cuda"

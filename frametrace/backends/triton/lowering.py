@@ -145,7 +145,7 @@ class GraphLowering(Placement):
             # so that kernels on another device read the copy moved there once
             return args[0], None
         out = device_of(node.meta.get("val"))
-        foreign = out is not None and out != self.device
+        foreign = out is not None and out != self.device and not self._made_for_kernels(node, args, kwargs)
         if foreign and not is_view(node.target):
             return None, f"its result is on {out} (the kernels run on {self.device})"
         mark, moved = len(self.items), None

@@ -12,7 +12,7 @@ import operator
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .ir import Buffer, Extern, HostScalar
+from .ir import Buffer, Extern, HostScalar, IRNode
 
 aten = torch.ops.aten
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -58,6 +58,14 @@ class Placement:
         if device != self.device:
             self.devices[name] = device
         return device
+
+    def _made_for_kernels(self, node, args, kwargs) -> bool:
+        """Whether `node` makes a value from numbers alone (`torch.full((), v)` on the CPU)
+        that only ops on the kernels' device read: made there too, it is a literal in their
+        kernels (for them a scalar tensor on either device means the same)."""
+        if any(isinstance(a, IRNode) for a in _flat((args, kwargs))):
+            return False
+        return all(device_of(u.meta.get("val")) == self.device for u in node.users)
 
     def _on_device(self, args, kwargs):
         """The op's arguments as kernels on the graph's device can read them, and the host
@@ -147,3 +155,13 @@ def _names(outputs):
     elif isinstance(outputs, (list, tuple)):
         for o in outputs:
             yield from _names(o)
+
+
+def _flat(x):
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _flat(v)
+    elif isinstance(x, dict):
+        yield from _flat(list(x.values()))
+    else:
+        yield x
