@@ -224,6 +224,47 @@ def test_a_kernel_failing_its_first_launch_runs_its_nodes_as_aten_and_the_rest_a
                for fb in mod.fallbacks)
 
 
+def test_a_failing_kernel_in_a_graph_that_writes_its_input_writes_it_once(monkeypatch):
+    from frametrace.backends.triton import wrapper
+    monkeypatch.delenv("FRAMETRACE_TRITON_STRICT")
+    launch = wrapper.Launcher.__call__
+
+    def failing(self, *args):
+        source = next(src for src, fn in wrapper._JITTED.items() if fn is self.fn)
+        if "tl.sin(" in source:
+            raise RuntimeError("ptxas failed")
+        return launch(self, *args)
+    monkeypatch.setattr(wrapper.Launcher, "__call__", failing)
+
+    def f(x):
+        y = x.sin() * 2
+        x.mul_(3)
+        return y + x
+    x = torch.randn(9)
+    expected_x = x.clone()
+    expected = f(expected_x)
+    got = frametrace.optimize(backend="triton", fullgraph=True)(f)(x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x, expected_x)  # written once, not again by a second run
+    assert "aten.sin.default" in [fb.op for fb in last_compiled().fallbacks]
+
+
+def test_an_output_read_from_an_input_before_the_graph_writes_it_sees_the_old_value():
+    """The write of an in-place op on an input (AOTAutograd's `copy_` at the end) runs after
+    every kernel, including those of outputs realized only at the end."""
+    def f(x):
+        y = x.cos()
+        x.add_(1)
+        return y
+    x = torch.randn(8)
+    expected_x = x.clone()
+    expected = f(expected_x)
+    got = frametrace.optimize(backend="triton", fullgraph=True)(f)(x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x, expected_x)
+    assert len(last_compiled().kernels) == 1
+
+
 def test_only_what_nothing_else_helps_runs_the_whole_graph_eagerly_with_a_warning(monkeypatch, caplog):
     from frametrace.backends.triton import wrapper
     monkeypatch.delenv("FRAMETRACE_TRITON_STRICT")

@@ -170,6 +170,8 @@ def compile_forward(gm, example_inputs):
                 out = (mod.runner or mod.call)(args)
                 break
             except Exception as e:
+                if _mutated_before(mod, e):
+                    raise  # running the graph again would read the input it wrote
                 blamed = _blame_launch(mod, e, aten_nodes)
                 if blamed is None:
                     run.target = _give_up(gm, e)
@@ -249,8 +251,7 @@ def _blame_build(e, aten_nodes) -> dict | None:
 
 
 def _blame_launch(mod, e, aten_nodes) -> dict | None:
-    """{FX node: why} for the nodes a kernel that failed on its first launch fuses, when
-    running the graph again is safe (no input was mutated yet), or None."""
+    """{FX node: why} for the nodes a kernel that failed on its first launch fuses, or None."""
     if _strict():
         return None
     launcher = _frame_self(e, Launcher)
@@ -258,13 +259,26 @@ def _blame_launch(mod, e, aten_nodes) -> dict | None:
         return None
     why = f"kernel failed to compile or launch: {_reason(e)}"
     nodes = {}
-    for item in mod.wrapper.schedule:
-        if isinstance(item, Extern) and getattr(getattr(item.op, "_schema", None), "is_mutable", True):
-            return None  # ran before the kernel: a second run would see the new value
-        if not isinstance(item, Extern) and item.name == launcher.name:
+    for item in mod.kernels:
+        if item.name == launcher.name:  # (the same source: the same failure)
             nodes.update(dict.fromkeys(kernel_nodes(item.group, item.stores), why))
     nodes = {n: w for n, w in nodes.items() if n not in aten_nodes}
     return nodes or None
+
+
+def _mutated_before(mod, e) -> bool:
+    """Whether the wrapper that raised `e` had written an input (an input mutation's
+    `copy_`) before the line that raised."""
+    line, tb = None, e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<frametrace-triton wrapper>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
+              and getattr(getattr(i.op, "_schema", None), "is_mutable", True)]
+    if not writes or line is None:
+        return bool(writes)
+    return any(text.startswith(w) for text in mod.source.splitlines()[:line - 1] for w in writes)
 
 
 def _frame_self(e, cls):

@@ -49,18 +49,24 @@ class GraphLowering(Placement):
         return f"{prefix}{self._count}"
 
     def run(self):
-        env = {}
+        env, writes = {}, []
         placeholders = iter(self.example_inputs)
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = self.placeholder(node, next(placeholders))
             elif node.op == "get_attr":
                 env[node] = self.constant(getattr(self.gm, node.target))
+            elif node.op == "call_function" and not node.users and is_write(node.target):
+                writes.append(node)
             elif node.op == "call_function":
                 env[node] = self.call(node, env)
             elif node.op == "output":
                 outs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
                 self.outputs = [self.realize(v) if isinstance(v, IRNode) else v for v in outs]
+                # the graph's writes to its inputs (`copy_`) last: an output computed from an
+                # input's old value is computed before the write, however lazily
+                for w in writes:
+                    env[w] = self.call(w, env)
             else:
                 raise Unsupported(f"FX node {node.op}")
         return self
@@ -287,3 +293,8 @@ class GraphLowering(Placement):
             return node.target(*margs, **mkwargs)
         except Exception:
             return None
+
+
+def is_write(op) -> bool:
+    schema = getattr(op, "_schema", None)
+    return schema is not None and schema.is_mutable
