@@ -116,15 +116,17 @@ def test_a_constant_on_another_device_is_moved_once_at_compile_time(elsewhere):
     assert all(k in mod.kernels[0].args for k in moved)
 
 
-def test_a_value_the_graph_makes_on_another_device_is_made_there_by_aten(monkeypatch):
-    """A CUDA graph's CPU values (`torch.arange(n)` without a device) run as aten calls on
-    the CPU; kernels read them only as numbers or copies (built here, not run)."""
+def test_a_cuda_graph_with_cpu_tensors_compiles_to_kernels_that_take_no_cpu_pointer(monkeypatch):
+    """Built (not run) for FakeTensors on "cuda": a CPU float scalar input is read by value,
+    an int one copied once per call, a CPU constant moved at compile time, a CPU arange
+    read only by CUDA ops made in their kernel; the CPU values the graph returns are made on
+    the CPU by aten calls (fallbacks), and a CPU vector reaches CUDA by an aten copy."""
     import contextlib
     from torch._subclasses.fake_tensor import FakeTensorMode
-    # a constant's move to the GPU gives a FakeTensor here
-    monkeypatch.setattr(placement, "unset_fake_temporarily", contextlib.nullcontext)
     from torch.fx.experimental.proxy_tensor import make_fx
     from frametrace.backends.triton.decompositions import decompositions
+    # a constant's move to the GPU gives a FakeTensor here
+    monkeypatch.setattr(placement, "unset_fake_temporarily", contextlib.nullcontext)
 
     def f(x, s, i, v):
         c = torch.tensor([1.0, 2.0, 3.0, 4.0]).to(x.device) + torch.arange(4.0).to(x.device)
@@ -139,9 +141,6 @@ def test_a_value_the_graph_makes_on_another_device_is_made_there_by_aten(monkeyp
     lowered = mod.wrapper.lowered
     pointers = {name for k in mod.kernels for name in k.args}
     assert not pointers & set(lowered.devices), "a kernel takes a pointer to CPU memory"
-    # s by value, i copied once per call, the constant moved at compile time, the arange made
-    # by the kernel that reads it, v's copy and (s * 2).exp() (a CPU value) aten calls; only
-    # the latter is a fallback
     assert sorted(extern_ops(mod)) == ["aten._local_scalar_dense.default", "aten._to_copy.default",
                                        "aten._to_copy.default", "aten.exp.default", "aten.mul.Tensor"]
     assert mod.namespace["const1_cuda"].device.type == "cuda"
@@ -274,10 +273,11 @@ def test_only_what_nothing_else_helps_runs_the_whole_graph_eagerly_with_a_warnin
     monkeypatch.setattr(wrapper.WrapperCodegen, "generate", broken)
     f = frametrace.optimize(backend="triton")(lambda x: x.cos() * 2)
     x = torch.randn(6)
+    before = backend.STATS["eager_graphs"]
     with caplog.at_level(logging.WARNING, logger="frametrace"):
         torch.testing.assert_close(f(x), x.cos() * 2)
     assert "no wrapper today" in caplog.text and "this graph runs eagerly" in caplog.text
-    assert last_compiled() is None
+    assert last_compiled() is None and backend.STATS["eager_graphs"] == before + 1
 
 
 # -- saying why ----------------------------------------------------------------------------------
@@ -288,8 +288,10 @@ def test_perf_hints_name_each_fallback_once_and_not_ops_meant_to_be_aten(monkeyp
     def f(x, w):
         h = (x @ w).cos() + 1                         # mm: aten by design; cos: fails
         return torch.sort(h, -1).values * 2, h.exp()  # sort: no lowering
+    before = backend.STATS["fallback_nodes"]
     with caplog.at_level(logging.INFO, logger="frametrace.perf_hints"):
         mod = compiled_run(f, torch.randn(4, 8), torch.randn(8, 6))
+    assert backend.STATS["fallback_nodes"] == before + 2
     hints = [r.getMessage() for r in caplog.records if r.name == "frametrace.perf_hints"]
     assert len(hints) == len(mod.fallbacks) == 2, hints
     assert any("aten.cos.default" in h and "no code for cos" in h for h in hints)

@@ -27,6 +27,9 @@ output_code = logging.getLogger("frametrace.output_code")
 perf_hints = logging.getLogger("frametrace.perf_hints")
 log = logging.getLogger("frametrace")
 COMPILED: list = []   # CompiledModules, newest last (a few kept, for tests and debugging)
+# Over the process: graphs run eagerly or with aot_eager as a whole, and FX nodes run as
+# aten calls that kernels could have run (a benchmark asserts both are 0)
+STATS = {"eager_graphs": 0, "fallback_nodes": 0}
 # Builds of one graph after the first, each with more nodes as aten calls, before it runs
 # eagerly as a whole
 REBUILDS = 8
@@ -105,6 +108,7 @@ def _why_not(example_inputs, device) -> str | None:
 
 
 def _eager_whole(reason, how="aot_eager"):
+    STATS["eager_graphs"] += 1
     output_code.info("triton backend: %s; this graph runs with %s", reason, how)
     perf_hints.info("triton backend: %s; this graph runs with %s", reason, how)
     log.info("triton backend: %s; this graph runs with %s", reason, how)
@@ -220,6 +224,7 @@ def _build(gm, example_inputs, device, aten_nodes, hinted) -> CompiledModule:
     for f in mod.fallbacks:
         if f not in hinted:
             hinted.add(f)
+            STATS["fallback_nodes"] += 1
             perf_hints.info("triton backend: %s (%s) runs as an aten call: %s", f.node, f.op, f.reason)
     return mod
 
@@ -296,6 +301,7 @@ def _give_up(gm, error):
     """This graph runs eagerly, with a warning; FRAMETRACE_TRITON_STRICT=1 raises instead."""
     if _strict():
         raise error
+    STATS["eager_graphs"] += 1
     log.warning("triton backend: %s: %s; this graph runs eagerly", type(error).__name__, error)
     perf_hints.warning("triton backend: %s: %s; this graph runs eagerly", type(error).__name__, error)
     return make_boxed_func(gm.forward)
