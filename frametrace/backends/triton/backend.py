@@ -107,11 +107,14 @@ def _why_not(example_inputs, device) -> str | None:
     return None
 
 
-def _eager_whole(reason, how="aot_eager"):
+def _eager_whole(reason, device, how="aot_eager"):
+    """Log a graph that runs without kernels: a warning for a GPU graph (a CPU graph runs
+    without them unless Triton's interpreter is asked for)."""
     STATS["eager_graphs"] += 1
     output_code.info("triton backend: %s; this graph runs with %s", reason, how)
-    perf_hints.info("triton backend: %s; this graph runs with %s", reason, how)
-    log.info("triton backend: %s; this graph runs with %s", reason, how)
+    level = logging.WARNING if device.type == "cuda" else logging.INFO
+    perf_hints.log(level, "triton backend: %s; this graph runs with %s", reason, how)
+    log.log(level, "triton backend: %s; this graph runs with %s", reason, how)
 
 
 def compile_graph(gm, example_inputs):
@@ -119,9 +122,10 @@ def compile_graph(gm, example_inputs):
         import triton  # noqa: F401  (present, or a clear error now)
     except ImportError:
         raise RuntimeError("backend='triton' needs Triton: pip install triton") from None
-    reason = _why_not(example_inputs, _graph_device(gm, example_inputs))
+    device = _graph_device(gm, example_inputs)
+    reason = _why_not(example_inputs, device)
     if reason is not None:
-        _eager_whole(reason)
+        _eager_whole(reason, device)
         return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
                                      keep_inference_input_mutations=True)
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward,
@@ -148,7 +152,7 @@ def compile_forward(gm, example_inputs):
     device = _graph_device(gm, example_inputs)
     reason = _why_not(example_inputs, device) or (None if config.dynamic_shapes else _symbolic(gm))
     if reason is not None:
-        _eager_whole(reason, "eagerly")
+        _eager_whole(reason, device, "eagerly")
         return _eager(gm, example_inputs)
     aten_nodes: dict = {}   # FX node -> why it runs as aten, from failed builds and launches
     hinted: set = set()     # the fallbacks logged
@@ -158,7 +162,7 @@ def compile_forward(gm, example_inputs):
         if _symbolic(gm) is None:
             return _give_up(gm, e)
         # what the lowering cannot express with symbolic sizes runs as before
-        _eager_whole(f"symbolic shapes ({e})")
+        _eager_whole(f"symbolic shapes ({e})", device)
         return _eager(gm, example_inputs)
     except Exception as e:
         return _give_up(gm, e)
