@@ -185,6 +185,8 @@ def compile_forward(gm, example_inputs):
                     run.target = _give_up(gm, e)
                     return run.target(kept)
                 aten_nodes.update(blamed)
+                if mod in COMPILED:
+                    COMPILED.remove(mod)  # (one entry per graph)
                 try:
                     mod = _build(gm, example_inputs, device, aten_nodes, hinted)
                 except Exception as e2:
