@@ -65,8 +65,9 @@ def trace(value, node, new_items):
         if isinstance(v, Pointwise) and not isinstance(v.fn, Traced):
             v.fn = Traced(v.fn, node)
     for item in new_items:
-        if isinstance(item, Computed) and not isinstance(item.node.fn, Traced):
-            item.node.fn = Traced(item.node.fn, node)
+        fn = getattr(item.node, "fn", None) if isinstance(item, Computed) else None
+        if callable(fn) and not isinstance(fn, Traced):
+            item.node.fn = Traced(fn, node)
 
 
 def ir_values(value):
@@ -82,7 +83,7 @@ def kernel_nodes(group, stores) -> set:
     its generation inlines (recorded by generating it again)."""
     global RECORD
     from .codegen import KernelCodegen
-    nodes = {c.node.fn.node for c in group.members if isinstance(c.node.fn, Traced)}
+    nodes = {c.node.fn.node for c in group.members if isinstance(getattr(c.node, "fn", None), Traced)}
     RECORD = set()
     try:
         KernelCodegen(group, stores).generate()
