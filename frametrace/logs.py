@@ -6,6 +6,8 @@
     bytecode      original and transformed bytecode of each compiled frame
     recompiles    each recompile, with the guard that failed, its old and new value
     output_code   the code a backend produced (the FX code for eager backends)
+    perf_hints    what a backend could not compile as well as it meant to: each op the
+                  triton backend runs as an aten call that a kernel could have run, and why
 
     FRAMETRACE_LOGS=graph_breaks,recompiles python train.py
 
@@ -18,7 +20,7 @@ import logging
 import os
 import sys
 
-KINDS = ("graph", "graph_breaks", "guards", "bytecode", "recompiles", "output_code")
+KINDS = ("graph", "graph_breaks", "guards", "bytecode", "recompiles", "output_code", "perf_hints")
 
 
 def configure(spec: str | None = None) -> list[str]:

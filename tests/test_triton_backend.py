@@ -484,7 +484,7 @@ def test_symbolic_shapes_can_be_turned_off(monkeypatch, caplog):
     assert last_compiled() is None
 
 
-def test_a_failing_launch_runs_the_graph_eagerly(monkeypatch, caplog):
+def test_a_failing_launch_runs_the_kernels_nodes_as_aten_calls(monkeypatch, caplog):
     from frametrace.backends.triton import wrapper
 
     def broken(self, *args):
@@ -496,7 +496,11 @@ def test_a_failing_launch_runs_the_graph_eagerly(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="frametrace"):
         torch.testing.assert_close(f(x), x.cos() * 2)
         torch.testing.assert_close(f(x), x.cos() * 2)
-    assert "no such kernel" in caplog.text and "runs eagerly" in caplog.text
+    # the graph is built again with the failing kernel's nodes as aten calls, not run eagerly
+    assert "runs eagerly" not in caplog.text
+    mod = last_compiled()
+    assert not mod.kernels and sorted(f.op for f in mod.fallbacks) == ["aten.cos.default", "aten.mul.Tensor"]
+    assert all("no such kernel" in f.reason for f in mod.fallbacks)
 
 
 # -- half-precision erf, fast launches ---------------------------------------------------------

@@ -9,7 +9,9 @@ ops without a lowering stay aten calls in the same wrapper.
 
 On CPU tensors the kernels run in Triton's interpreter when TRITON_INTERPRET=1 (tests);
 otherwise CPU graphs run with aot_eager.  `FRAMETRACE_LOGS=output_code` logs the wrapper
-and the kernels.  Importing this module does not import Triton.
+and the kernels; `last_compiled().fallbacks` (and `FRAMETRACE_LOGS=perf_hints`) name the
+ops that ran as aten calls though a kernel could have run them, and why.  Importing this
+module does not import Triton.
 """
 from .. import register_backend
 

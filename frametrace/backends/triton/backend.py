@@ -1,5 +1,9 @@
 """The backend's driver: AOTAutograd with decompositions, then lowering, scheduling and
-code generation of the forward graph; the backward graph runs eagerly."""
+code generation of the forward graph; the backward graph runs eagerly.
+
+A kernel that cannot be generated, or fails on its first launch, costs only the FX nodes
+it fuses: they become aten calls in the same wrapper and the graph is built again.  The
+whole graph runs eagerly (with a warning) only when that does not help."""
 from __future__ import annotations
 
 import logging
@@ -10,26 +14,36 @@ from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from . import config
+from .codegen import KernelCodegen
 from .cudagraphs import CudaGraphRunner
 from .decompositions import decompositions
+from .fallback import kernel_nodes
 from .ir import Extern, Unsupported
 from .lowering import GraphLowering
 from .scheduler import schedule
-from .wrapper import WrapperCodegen
+from .wrapper import Launcher, WrapperCodegen
 
 output_code = logging.getLogger("frametrace.output_code")
+perf_hints = logging.getLogger("frametrace.perf_hints")
 log = logging.getLogger("frametrace")
 COMPILED: list = []   # CompiledModules, newest last (a few kept, for tests and debugging)
+# Over the process: graphs run eagerly or with aot_eager as a whole, and FX nodes run as
+# aten calls that kernels could have run (a benchmark asserts both are 0)
+STATS = {"eager_graphs": 0, "fallback_nodes": 0}
+# Builds of one graph after the first, each with more nodes as aten calls, before it runs
+# eagerly as a whole
+REBUILDS = 8
 
 
 class CompiledModule:
     """What the backend made of one forward graph.  `kernels`: one entry per launch
-    (`.name`, `.source`); `externs`: aten ops called as they are."""
+    (`.name`, `.source`); `externs`: aten ops called as they are; `fallbacks`: the FX
+    nodes among those that kernels could have run (`lowering.Fallback`s: node, op, why)."""
 
-    def __init__(self, wrapper, source, kernels, externs, fallback_ops, extern_ops=()):
+    def __init__(self, wrapper, source, kernels, externs, fallback_ops, extern_ops=(), fallbacks=()):
         self.wrapper, self.source, self.namespace = wrapper, source, wrapper.ns
         self.kernels, self.externs, self.fallback_ops = kernels, externs, fallback_ops
-        self.extern_ops = extern_ops
+        self.extern_ops, self.fallbacks = extern_ops, list(fallbacks)
         # symbolic sizes: the wrapper reads the shape symbols from its inputs
         self.symbolic = bool(wrapper.lowered.hints)
         self.call = self.namespace["call"]
@@ -40,6 +54,7 @@ class CompiledModule:
     def graphable(self) -> bool:
         """Worth replaying as a CUDA graph, and safe to: no op mutates its inputs."""
         return (config.cudagraphs and not self.symbolic and self.namespace["device"].type == "cuda"
+                and not self.wrapper.lowered.off_device  # host work a replay would skip
                 and len(self.kernels) + len(self.externs) >= config.cudagraph_min_launches
                 and not any(op._schema.is_mutable for op in self.extern_ops))
 
@@ -73,9 +88,9 @@ def _eager(gm, example_inputs):
     return make_boxed_func(gm.forward)
 
 
-def _why_not(example_inputs) -> str | None:
-    """Why these inputs cannot run as Triton kernels, or None."""
-    tensors = []
+def _why_not(example_inputs, device) -> str | None:
+    """Why these inputs cannot run as Triton kernels on `device`, or None.  Tensors on
+    other devices (a CPU scalar tensor beside CUDA ones) are the lowering's to handle."""
     for t in example_inputs:
         if isinstance(t, (int, torch.SymInt)) and not isinstance(t, bool):
             if isinstance(t, torch.SymInt) and not config.dynamic_shapes:
@@ -85,15 +100,21 @@ def _why_not(example_inputs) -> str | None:
             return f"a non-tensor input ({type(t).__name__}: dynamic shapes)"
         if not config.dynamic_shapes and any(not isinstance(s, int) for s in t.shape):
             return "symbolic shapes"
-        tensors.append(t)
-    devices = {t.device.type for t in tensors}
-    if len(devices) > 1:
-        return f"inputs on several devices ({', '.join(sorted(devices))})"
-    if devices == {"cpu"} and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return "CPU inputs (TRITON_INTERPRET=1 runs the kernels in Triton's interpreter)"
-    if devices - {"cpu", "cuda"}:
-        return f"{devices.pop()} inputs"
+    if device.type not in ("cpu", "cuda"):
+        return f"{device.type} inputs"
     return None
+
+
+def _eager_whole(reason, device, how="aot_eager"):
+    """Log a graph that runs without kernels: a warning for a GPU graph (a CPU graph runs
+    without them unless Triton's interpreter is asked for)."""
+    STATS["eager_graphs"] += 1
+    output_code.info("triton backend: %s; this graph runs with %s", reason, how)
+    level = logging.WARNING if device.type == "cuda" else logging.INFO
+    perf_hints.log(level, "triton backend: %s; this graph runs with %s", reason, how)
+    log.log(level, "triton backend: %s; this graph runs with %s", reason, how)
 
 
 def compile_graph(gm, example_inputs):
@@ -101,10 +122,10 @@ def compile_graph(gm, example_inputs):
         import triton  # noqa: F401  (present, or a clear error now)
     except ImportError:
         raise RuntimeError("backend='triton' needs Triton: pip install triton") from None
-    reason = _why_not(example_inputs)
+    device = _graph_device(gm, example_inputs)
+    reason = _why_not(example_inputs, device)
     if reason is not None:
-        output_code.info("triton backend: %s; this graph runs with aot_eager", reason)
-        log.info("triton backend: %s; this graph runs with aot_eager", reason)
+        _eager_whole(reason, device)
         return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
                                      keep_inference_input_mutations=True)
     from .attention import drop_trivial_masks
@@ -115,42 +136,68 @@ def compile_graph(gm, example_inputs):
                                  keep_inference_input_mutations=True)
 
 
-def _graph_device(example_inputs):
-    for t in example_inputs:
-        if isinstance(t, torch.Tensor):
-            return t.device
-    return torch.device("cpu")
+def _graph_device(gm, example_inputs):
+    """Where the kernels run: the first accelerator among the inputs, else among the
+    graph's values (a graph that makes its tensors), else the CPU."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        tensors += [v for v in (val if isinstance(val, (list, tuple)) else [val])
+                    if isinstance(v, torch.Tensor)]
+    return next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+
+
+def _strict() -> bool:
+    return os.environ.get("FRAMETRACE_TRITON_STRICT") == "1"
 
 
 def compile_forward(gm, example_inputs):
-    reason = _why_not(example_inputs) or (None if config.dynamic_shapes else _symbolic(gm))
+    device = _graph_device(gm, example_inputs)
+    reason = _why_not(example_inputs, device) or (None if config.dynamic_shapes else _symbolic(gm))
     if reason is not None:
-        output_code.info("triton backend: %s; this graph runs eagerly", reason)
+        _eager_whole(reason, device, "eagerly")
         return _eager(gm, example_inputs)
+    aten_nodes: dict = {}   # FX node -> why it runs as aten, from failed builds and launches
+    hinted: set = set()     # the fallbacks logged
     try:
-        mod = build(gm, example_inputs)
+        mod = _build(gm, example_inputs, device, aten_nodes, hinted)
     except Unsupported as e:
         if _symbolic(gm) is None:
             return _give_up(gm, e)
         # what the lowering cannot express with symbolic sizes runs as before
-        output_code.info("triton backend: symbolic shapes (%s); this graph runs with aot_eager", e)
-        log.info("triton backend: symbolic shapes (%s); this graph runs with aot_eager", e)
+        _eager_whole(f"symbolic shapes ({e})", device)
         return _eager(gm, example_inputs)
     except Exception as e:
         return _give_up(gm, e)
-    COMPILED.append(mod)
-    del COMPILED[:-8]
-    if mod.graphable:
-        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
 
     def first(args):
-        # Triton compiles the kernels on their first launch: a failure there, too, runs
-        # the graph eagerly rather than failing the user's call.
+        # Triton compiles the kernels on their first launch: a kernel that fails there
+        # runs its nodes as aten in a graph built again; the graph runs eagerly only when
+        # that does not help.
+        nonlocal mod
         kept = list(args)
-        try:
-            out = (mod.runner or mod.call)(args)
-        except Exception as e:
-            run.target = _give_up(gm, e)
+        for _ in range(REBUILDS + 1):
+            try:
+                out = (mod.runner or mod.call)(args)
+                break
+            except Exception as e:
+                if _mutated_before(mod, e):
+                    raise  # running the graph again would read the input it wrote
+                blamed = _blame_launch(mod, e, aten_nodes)
+                if blamed is None:
+                    run.target = _give_up(gm, e)
+                    return run.target(kept)
+                aten_nodes.update(blamed)
+                if mod in COMPILED:
+                    COMPILED.remove(mod)  # (one entry per graph)
+                try:
+                    mod = _build(gm, example_inputs, device, aten_nodes, hinted)
+                except Exception as e2:
+                    run.target = _give_up(gm, e2)
+                    return run.target(kept)
+                args = list(kept)
+        else:
+            run.target = _give_up(gm, RuntimeError("kernels kept failing on their first launch"))
             return run.target(kept)
         fast = mod.make_fast(kept)
         if mod.runner is not None:
@@ -167,11 +214,105 @@ def compile_forward(gm, example_inputs):
     return run
 
 
+def _build(gm, example_inputs, device, aten_nodes, hinted) -> CompiledModule:
+    """`build`, again with the FX nodes of a kernel that could not be generated as aten
+    calls, a few times at most; then the last error is raised."""
+    for attempt in range(REBUILDS + 1):
+        try:
+            mod = build(gm, example_inputs, device, aten_nodes)
+            break
+        except Exception as e:
+            blamed = _blame_build(e, aten_nodes)
+            if blamed is None or attempt == REBUILDS:
+                raise
+            aten_nodes.update(blamed)
+    COMPILED.append(mod)
+    del COMPILED[:-8]
+    if mod.graphable:
+        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
+    for f in mod.fallbacks:
+        if f not in hinted:
+            hinted.add(f)
+            STATS["fallback_nodes"] += 1
+            perf_hints.info("triton backend: %s (%s) runs as an aten call: %s", f.node, f.op, f.reason)
+    return mod
+
+
+def _reason(e) -> str:
+    """The error in a line: its first and last (Triton puts the source between)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    text = " ... ".join(dict.fromkeys(lines[:1] + lines[-1:]))
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+def _blame_build(e, aten_nodes) -> dict | None:
+    """{FX node: why} for the nodes whose kernel could not be generated (the node whose
+    code raised, else all those of the kernel being generated), or None."""
+    if _strict() and not isinstance(e, Unsupported):
+        return None  # an internal error: the tests want to see it
+    node = getattr(e, "frametrace_node", None)
+    if node is not None:
+        why = str(e) if isinstance(e, Unsupported) else f"kernel code generation failed: {_reason(e)}"
+        nodes = {node: why}
+    else:
+        cg = e.kernel if isinstance(e, ForeignPointer) else _frame_self(e, KernelCodegen)
+        if cg is None:
+            return None
+        why = f"kernel code generation failed: {_reason(e)}"
+        nodes = dict.fromkeys(kernel_nodes(cg.group, cg.stores), why)
+    nodes = {n: w for n, w in nodes.items() if n not in aten_nodes}
+    return nodes or None
+
+
+def _blame_launch(mod, e, aten_nodes) -> dict | None:
+    """{FX node: why} for the nodes a kernel that failed on its first launch fuses, or None."""
+    if _strict():
+        return None
+    launcher = _frame_self(e, Launcher)
+    if launcher is None:
+        return None
+    why = f"kernel failed to compile or launch: {_reason(e)}"
+    nodes = {}
+    for item in mod.kernels:
+        if item.name == launcher.name:  # (the same source: the same failure)
+            nodes.update(dict.fromkeys(kernel_nodes(item.group, item.stores), why))
+    nodes = {n: w for n, w in nodes.items() if n not in aten_nodes}
+    return nodes or None
+
+
+def _mutated_before(mod, e) -> bool:
+    """Whether the wrapper that raised `e` had written an input (an input mutation's
+    `copy_`) before the line that raised."""
+    line, tb = None, e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<frametrace-triton wrapper>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
+              and getattr(getattr(i.op, "_schema", None), "is_mutable", True)]
+    if not writes or line is None:
+        return bool(writes)
+    return any(text.startswith(w) for text in mod.source.splitlines()[:line - 1] for w in writes)
+
+
+def _frame_self(e, cls):
+    """The innermost `self` of class `cls` among the frames `e` went through."""
+    found, tb = None, e.__traceback__
+    while tb is not None:
+        obj = tb.tb_frame.f_locals.get("self")
+        if isinstance(obj, cls):
+            found = obj
+        tb = tb.tb_next
+    return found
+
+
 def _give_up(gm, error):
     """This graph runs eagerly, with a warning; FRAMETRACE_TRITON_STRICT=1 raises instead."""
-    if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1":
+    if _strict():
         raise error
+    STATS["eager_graphs"] += 1
     log.warning("triton backend: %s: %s; this graph runs eagerly", type(error).__name__, error)
+    perf_hints.warning("triton backend: %s: %s; this graph runs eagerly", type(error).__name__, error)
     return make_boxed_func(gm.forward)
 
 
@@ -186,16 +327,39 @@ def _symbolic(gm) -> str | None:
     return None
 
 
-def build(gm, example_inputs) -> CompiledModule:
-    lowered = GraphLowering(gm, example_inputs, _graph_device(example_inputs)).run()
+def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
+    """`aten_nodes`: {FX node: why} that run as aten calls whatever their lowering."""
+    device = _graph_device(gm, example_inputs) if device is None else device
+    lowered = GraphLowering(gm, example_inputs, device, aten_nodes).run()
     if any(0 in getattr(o, "shape", (1,)) for o in lowered.items):
         raise Unsupported("empty tensors")
     wrapper = WrapperCodegen(lowered, schedule(lowered))
     source, kernels, externs = wrapper.generate()
+    _check_devices(lowered, kernels)
     exec(compile(source, "<frametrace-triton wrapper>", "exec"), wrapper.ns)
     if output_code.isEnabledFor(logging.INFO):
         unique = {k.name: k.source for k in kernels}
-        output_code.info("triton backend, generated module:\n%s\n%s", source,
+        fell = "".join(f"# {f.node} ({f.op}) runs as an aten call: {f.reason}\n"
+                       for f in lowered.fallbacks)
+        output_code.info("triton backend, generated module:\n%s%s\n%s", fell, source,
                          "\n".join(unique.values()))
     return CompiledModule(wrapper, source, kernels, externs, lowered.fallback_ops,
-                          [i.op for i in lowered.items if isinstance(i, Extern)])
+                          [i.op for i in lowered.items if isinstance(i, Extern)], lowered.fallbacks)
+
+
+class ForeignPointer(Exception):
+    """A kernel would take a pointer to memory on another device than its own."""
+    def __init__(self, message, kernel):
+        super().__init__(message)
+        self.kernel = kernel
+
+
+def _check_devices(lowered, kernels):
+    """Before any launch: every tensor a kernel takes lives on the kernels' device (a
+    pointer to host memory faults the GPU and loses the process's CUDA context)."""
+    for k in kernels:
+        for name in k.args:
+            device = lowered.devices.get(name)
+            if device is not None and device != lowered.device:
+                raise ForeignPointer(f"kernel {k.name} would read {name} on {device} "
+                                     f"from {lowered.device}", k)

@@ -162,3 +162,16 @@ class Extern:
 
     def __init__(self, name, op, args, kwargs, outputs):
         self.name, self.op, self.args, self.kwargs, self.outputs = name, op, args, kwargs, outputs
+
+
+class HostScalar(IRNode):
+    """One float of host memory read by kernels on the GPU: the wrapper reads it once per
+    call into its variable `name` (a Python float, as eager reads a CPU scalar tensor that
+    meets a CUDA one), and kernels take it as an fp32 argument, not a pointer."""
+    __slots__ = ("name",)
+
+    def __init__(self, name, shape, dtype):
+        self.name, self.shape, self.dtype = name, tuple(shape), dtype
+
+    def load(self, k, idx):
+        return k.op(k.arg(self.name, "ks"), level=0)

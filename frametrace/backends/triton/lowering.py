@@ -8,8 +8,12 @@ import torch
 import torch.fx
 
 from . import indexing, layout
+from .fallback import Fallback, by_design, ir_values, trace
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
 from .ops import LOWERINGS
+from .placement import Placement, device_of, is_view, reaches_output
+
+aten = torch.ops.aten
 
 # A pointwise value used more than once is stored rather than recomputed by each user
 # once it inlines this many memory reads (a residual sum, say, read by a norm and by the
@@ -17,9 +21,15 @@ from .ops import LOWERINGS
 REALIZE_READS = 2
 
 
-class GraphLowering:
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs, device):
+class GraphLowering(Placement):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, device, aten_nodes=None):
         self.gm, self.example_inputs, self.device = gm, example_inputs, device
+        # FX node -> why it runs as aten: its kernel failed in an earlier build
+        self.aten_nodes = aten_nodes or {}
+        self.fallbacks: list[Fallback] = []
+        self.devices: dict = {}          # wrapper name -> device, of tensors not on `device`
+        self.off_device = False          # the wrapper runs ops or reads memory off `device`
+        self._host: dict = {}            # (name, offset) -> what kernels read for that element
         self.items: list = []            # Computed and Extern, in program order
         self.inputs: list[str] = []      # wrapper names of the graph inputs
         self.constants: dict = {}        # wrapper name -> tensor
@@ -39,13 +49,15 @@ class GraphLowering:
         return f"{prefix}{self._count}"
 
     def run(self):
-        env = {}
+        env, writes = {}, []
         placeholders = iter(self.example_inputs)
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = self.placeholder(node, next(placeholders))
             elif node.op == "get_attr":
                 env[node] = self.constant(getattr(self.gm, node.target))
+            elif node.op == "call_function" and not node.users and is_write(node.target):
+                writes.append(node)
             elif node.op == "call_function":
                 env[node] = self.call(node, env)
             elif node.op == "output":
@@ -53,6 +65,10 @@ class GraphLowering:
                 outs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
                 self.outputs = [self.output(v, val) if isinstance(v, IRNode) else v
                                 for v, val in zip(outs, vals)]
+                # the graph's writes to its inputs (`copy_`) last: an output computed from an
+                # input's old value is computed before the write, however lazily
+                for w in writes:
+                    env[w] = self.call(w, env)
             else:
                 raise Unsupported(f"FX node {node.op}")
         return self
@@ -95,12 +111,14 @@ class GraphLowering:
             self.bind(n, f"{node.name}.stride({i})")
         shape = tuple(self.size(n) for n in example.shape)
         stride = tuple(self.size(n) for n in example.stride())
-        return Buffer(node.name, shape, stride, example.dtype, example.device)
+        device = self._note_device(node.name, example)
+        return Buffer(node.name, shape, stride, example.dtype, device)
 
     def constant(self, tensor):
         name = self.name("const")
         self.constants[name] = tensor
-        return Buffer(name, tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+        device = self._note_device(name, tensor)
+        return Buffer(name, tensor.shape, tensor.stride(), tensor.dtype, device)
 
     def call(self, node, env):
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
@@ -112,20 +130,12 @@ class GraphLowering:
             if not isinstance(val, torch.SymInt):
                 raise Unsupported(f"a {type(val).__name__} value")
             return self.size(val)
-        lower = LOWERINGS.get(node.target)
+        reason = self.aten_nodes.get(node)
         value = None
-        if lower is not None:
-            try:
-                value = lower(self, node, *args, **kwargs)
-            except Unsupported:
-                value = None
-            except (TypeError, ValueError):
-                # a lowering that compares symbolic sizes: the op stays aten
-                if not self.hints:
-                    raise
-                value = None
+        if reason is None:
+            value, reason = self._lower(node, args, kwargs)
         if value is None:
-            return self.extern(node, args, kwargs)
+            return self.extern(node, args, kwargs, reason)
         if isinstance(value, Pointwise) and kwargs.get("memory_format") is not None:
             self._asked_layout(value, val)
         if isinstance(value, Pointwise) and len(node.users) > 1 and value.reads >= REALIZE_READS:
@@ -153,6 +163,48 @@ class GraphLowering:
         if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == value.shape \
                 and layout.dense(value.shape, val.stride()):
             value.stride = tuple(val.stride())
+
+    def _lower(self, node, args, kwargs):
+        """(IR value, None), or (None, why the node stays an aten call: None when it has no
+        lowering).  Kernels run on the graph's device: a value on another device is not
+        theirs to compute, and what they read from another device is moved or read once."""
+        lower = LOWERINGS.get(node.target)
+        if lower is None:
+            return None, None
+        if node.target is aten.lift_fresh_copy.default and isinstance(args[0], Buffer) and \
+                args[0].name in self.constants and not reaches_output(node):
+            # nothing writes it (the graph is functional) nor returns it: the constant itself,
+            # so that kernels on another device read the copy moved there once
+            return args[0], None
+        out = device_of(node.meta.get("val"))
+        foreign = out is not None and out != self.device and not self._made_for_kernels(node, args, kwargs)
+        if foreign and not is_view(node.target):
+            return None, f"its result is on {out} (the kernels run on {self.device})"
+        mark, moved = len(self.items), None
+        if not foreign:
+            args, kwargs, moved = self._on_device(args, kwargs)
+            if isinstance(moved, str):
+                return None, moved
+        try:
+            value = lower(self, node, *args, **kwargs)
+        except Unsupported as e:
+            value, reason = None, str(e)
+        except (TypeError, ValueError) as e:
+            # a lowering that compares symbolic sizes: the op stays aten
+            if not self.hints:
+                e.frametrace_node = node
+                raise
+            value, reason = None, f"symbolic sizes ({e})"
+        except Exception as e:
+            e.frametrace_node = node
+            raise
+        if foreign and not all(isinstance(v, Buffer) for v in ir_values(value)):
+            value, reason = None, f"its result is on {out} (the kernels run on {self.device})"
+        if value is None:
+            self._forget(moved)
+            return None, reason
+        trace(value, node, self.items[mark:])
+        return value, None
 
     def computed(self, node, stride=None) -> Computed:
         c = Computed(self.name(), node, self.device, len(self.items), stride)
@@ -200,9 +252,11 @@ class GraphLowering:
         return Buffer(base.name, out.shape, out.stride(), out.dtype, base.device,
                       offset=out.storage_offset(), is_view=True)
 
-    def extern(self, node, args, kwargs):
-        """Run `node` as an aten call in the wrapper; its tensor results become Buffers."""
+    def extern(self, node, args, kwargs, reason=None):
+        """Run `node` as an aten call in the wrapper; its tensor results become Buffers.
+        `reason`: why a kernel does not run it (None: it has no lowering)."""
         self.fallback_ops.append(str(node.target))
+        self._fallback(node, args, reason)
 
         def arg(a):
             if isinstance(a, IRNode):
@@ -222,7 +276,8 @@ class GraphLowering:
                     stride = layout.stride()
                 else:
                     stride = tuple(self.size(n) for n in v.stride())
-                return Buffer(name + path, shape, stride, v.dtype, self.device)
+                self._note_device(name + path, v.device)
+                return Buffer(name + path, shape, stride, v.dtype, v.device)
             if isinstance(v, (list, tuple)):
                 ls = layout if isinstance(layout, (list, tuple)) and len(layout) == len(v) else [None] * len(v)
                 return [out(x, lx, f"{path}_{i}") for i, (x, lx) in enumerate(zip(v, ls))]
@@ -234,6 +289,16 @@ class GraphLowering:
         outputs = out(val, layouts, "")
         self.items.append(Extern(name, node.target, args, kwargs, outputs))
         return outputs
+
+    def _fallback(self, node, args, reason):
+        """Record why `node` runs as aten, unless it is meant to (see `by_design`)."""
+        out = device_of(node.meta.get("val"))
+        if out is not None and out != self.device:
+            self.off_device = True
+        src = args[0].device if args and isinstance(args[0], Buffer) else self.device
+        if not by_design(node, reason, src, out):
+            self.fallbacks.append(Fallback(node.name, str(node.target),
+                                           reason or f"no lowering for {node.target}"))
 
     def _meta_outputs(self, node, args, kwargs):
         """The op's outputs' layouts for *our* inputs' layouts, which may differ from
@@ -274,3 +339,8 @@ class GraphLowering:
             return active or detect_fake_mode(self.example_inputs) or FakeTensorMode()
         except Exception:
             return None
+
+
+def is_write(op) -> bool:
+    schema = getattr(op, "_schema", None)
+    return schema is not None and schema.is_mutable

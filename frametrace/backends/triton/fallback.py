@@ -1,0 +1,95 @@
+"""What runs as an aten call though a kernel could have run it, and why: the ops meant to
+stay aten, the record of each fallback, and the tags that name the FX node behind each
+piece of kernel code, so that a kernel that cannot be generated or launched costs only
+the nodes it fuses (backend.py builds the graph again with those as aten calls)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .ir import Computed, IRNode, Pointwise
+
+aten = torch.ops.aten
+
+# Ops that stay aten calls by design (cuBLAS, cuDNN, attention kernels, the copy that
+# writes an input's mutation back): calling them is not a fallback.
+BY_DESIGN = frozenset(f"aten::{n}" for n in (
+    "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_int_mm", "_scaled_mm",
+    "convolution", "_convolution", "cudnn_convolution", "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_flash_attention_forward", "_efficient_attention_forward", "copy_"))
+
+# While set (a set), the FX nodes whose code a kernel's generation runs are added to it
+RECORD = None
+
+
+class Fallback(NamedTuple):
+    """An FX node that runs as an aten call though a kernel could have run it, and why."""
+    node: str
+    op: str
+    reason: str
+
+
+def by_design(node, reason, src_device, out_device) -> bool:
+    """Whether `node` is an aten call by design: an op meant to be one, which has no
+    lowering (`reason` None), or a copy between devices."""
+    if reason is None:
+        return getattr(getattr(node.target, "_schema", None), "name", None) in BY_DESIGN
+    return node.target in (aten._to_copy.default, aten.copy.default) and src_device != out_device
+
+
+class Traced:
+    """A lowered value's code generator, tagged with the FX node it came from."""
+    __slots__ = ("fn", "node")
+
+    def __init__(self, fn, node):
+        self.fn, self.node = fn, node
+
+    def __call__(self, k, *idx):
+        if RECORD is not None:
+            RECORD.add(self.node)
+        try:
+            return self.fn(k, *idx)
+        except Exception as e:
+            if getattr(e, "frametrace_node", None) is None:
+                e.frametrace_node = self.node  # the innermost node: its code raised
+            raise
+
+
+def trace(value, node, new_items):
+    """Tag the code generators of what `node` lowered to, and of the nodes its lowering
+    realized (`new_items`), with `node`."""
+    for v in ir_values(value):
+        if isinstance(v, Pointwise) and not isinstance(v.fn, Traced):
+            v.fn = Traced(v.fn, node)
+    for item in new_items:
+        fn = getattr(item.node, "fn", None) if isinstance(item, Computed) else None
+        if callable(fn) and not isinstance(fn, Traced):
+            item.node.fn = Traced(fn, node)
+
+
+def ir_values(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from ir_values(v)
+    elif isinstance(value, IRNode):
+        yield value
+
+
+def kernel_nodes(group, stores) -> set:
+    """The FX nodes a kernel computes: those of its realized members, and those whose code
+    its generation inlines (recorded by generating it again)."""
+    global RECORD
+    from .codegen import KernelCodegen
+    nodes = {c.node.fn.node for c in group.members if isinstance(getattr(c.node, "fn", None), Traced)}
+    RECORD = set()
+    try:
+        KernelCodegen(group, stores).generate()
+    except Exception:
+        pass  # what ran before the error is recorded
+    finally:
+        nodes |= RECORD
+        RECORD = None
+    return nodes
