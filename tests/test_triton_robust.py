@@ -326,4 +326,5 @@ def test_t5_encoder_decoder_runs_as_kernels_with_no_fallback():
     mod = last_compiled()
     # (every norm, softmax and residual as kernels: fusion decides how many exactly)
     assert len(mod.kernels) > 20 and not mod.fallbacks
-    assert set(extern_ops(mod)) <= {"aten.mm.default", "aten.bmm.default"}
+    assert set(extern_ops(mod)) <= {"aten.mm.default", "aten.bmm.default",
+                                    "aten._scaled_dot_product_flash_attention_for_cpu.default"}
