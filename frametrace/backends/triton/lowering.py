@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.fx
 
-from . import indexing
+from . import indexing, logsumexp
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
 from .ops import LOWERINGS
 
@@ -26,6 +26,7 @@ class GraphLowering:
         self.outputs: list = []          # Buffers, numbers, None
         self.wrapper_reads: set = set()  # Computed names that externs or outputs use
         self.computed_names: dict = {}
+        self.env: dict = {}              # FX node -> its value (for lowerings that look further up)
         self.fallback_ops: list[str] = []
         # symbolic sizes: (symbol, Python source of its value in the wrapper), the first
         # input that gives each; `hints`: the ShapeEnv's values of the symbols
@@ -39,7 +40,7 @@ class GraphLowering:
         return f"{prefix}{self._count}"
 
     def run(self):
-        env = {}
+        env = self.env
         placeholders = iter(self.example_inputs)
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -124,7 +125,8 @@ class GraphLowering:
                 value = None
         if value is None:
             return self.extern(node, args, kwargs)
-        if isinstance(value, Pointwise) and len(node.users) > 1 and value.reads >= REALIZE_READS:
+        if isinstance(value, Pointwise) and value.reads >= REALIZE_READS and \
+                sum(not logsumexp.absorbed(u) for u in node.users) > 1:
             self.realize(value, wrapper=False)
         return value
 
