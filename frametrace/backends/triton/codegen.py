@@ -253,7 +253,10 @@ class KernelCodegen:
 
     def computed(self, c, idx) -> str:
         if c.name in self.members:
-            if sympy.expand(flatten(idx, c.shape) - self.own_flat(c)) != 0:
+            moved = sympy.expand(flatten(idx, c.shape) - self.own_flat(c))
+            if self.xnumel == 1:  # one row (a full reduction): xindex is 0 where unmasked
+                moved = moved.subs(XINDEX, 0)
+            if moved != 0:
                 raise NotFusable(f"{c.name} is read at another position")
             return self.value(c)
         if c.order > self.first and not c.is_reduction:
