@@ -102,8 +102,16 @@ def test_cross_entropy_class_weights(rows):
     assert_rows_read_once(mod, rows)
 
 
+def online(mod, rows):
+    """Looped rows: the max and the sum of the logits' rows are one online pass."""
+    (k,) = loading(mod)
+    assert ("_expsum" in k.source) == (rows == "looped"), k.source
+
+
 def test_cross_entropy_label_smoothing_stays_correct(rows):
-    compiled_run(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), logits(), targets())
+    # (the smoothing term sums log_softmax over the row: a second pass, and kernel)
+    mod = compiled_run(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), logits(), targets())
+    assert any("_expsum" in k.source for k in mod.kernels) == (rows == "looped"), mod.source
 
 
 def test_cross_entropy_over_a_middle_dim():
@@ -123,7 +131,8 @@ def test_loss_picked_by_advanced_indexing(rows):
     # mean's kernel, which reads one logit a row)
     def f(x, t):
         return -F.log_softmax(x, -1)[torch.arange(x.shape[0]), t].mean()
-    compiled_run(f, logits(), torch.randint(0, 50, (8,)), kernels=2)
+    mod = compiled_run(f, logits(), torch.randint(0, 50, (8,)), kernels=2)
+    assert any("_expsum" in k.source for k in mod.kernels) == (rows == "looped"), mod.source
 
 
 def test_cross_entropy_symbolic_sizes():
@@ -132,7 +141,8 @@ def test_cross_entropy_symbolic_sizes():
         x, t = logits(n=n, v=v), targets(n=n, v=v)
         torch.testing.assert_close(f(x, t), F.cross_entropy(x, t))
     mod = last_compiled()
-    assert mod.symbolic and len(mod.kernels) == 2 and len(loading(mod)) == 1, mod.source
+    assert mod.symbolic and len(mod.kernels) == 2, mod.source
+    assert_rows_read_once(mod, "looped")   # (rows of a symbolic length are looped)
 
 
 def test_cross_entropy_gradients_match_eager(rows):
@@ -145,7 +155,8 @@ def test_cross_entropy_gradients_match_eager(rows):
     F.cross_entropy(xe, t).backward()
     torch.testing.assert_close(loss, F.cross_entropy(x, t))
     torch.testing.assert_close(xc.grad, xe.grad)
-    assert len(loading(last_compiled())) == 1, last_compiled().source
+    # the forward also stores log_softmax for the backward
+    online(last_compiled(), rows)
 
 
 # -- logsumexp, softmax, log_softmax ---------------------------------------------------------
@@ -175,13 +186,9 @@ LSE_FORMS = {
 
 @pytest.mark.parametrize("name", sorted(LSE_FORMS))
 def test_log_sum_exp_forms_read_rows_once(rows, name):
-    mod = compiled_run(LSE_FORMS[name], torch.randn(8, 50) * 4, kernels=1, atol=1e-5, rtol=1e-4)
+    x = torch.cat([torch.randn(5, 50) * 4, special_rows()])
+    mod = compiled_run(LSE_FORMS[name], x, kernels=1, atol=1e-5, rtol=1e-4)
     assert_rows_read_once(mod, rows, loops=2 if "softmax" in name else 1)
-
-
-@pytest.mark.parametrize("name", sorted(LSE_FORMS))
-def test_log_sum_exp_forms_with_infinities_and_nan(rows, name):
-    compiled_run(LSE_FORMS[name], special_rows(), kernels=1, atol=1e-5, rtol=1e-4)
 
 
 def test_logsumexp_bf16(rows):
@@ -212,9 +219,3 @@ def test_sum_exp_without_a_max_shift_is_a_plain_sum(rows):
     mod = compiled_run(lambda x: (x - x.mean(-1, keepdim=True)).exp().sum(-1), torch.randn(8, 50),
                        kernels=1)
     assert "_expsum" not in mod.kernels[0].source
-
-
-# -- a full reduction's scalar epilogue -----------------------------------------------------------
-def test_scalar_epilogue_joins_the_full_reduction():
-    mod = compiled_run(lambda x: x.sum() / (x > 0).sum(), torch.randn(64), kernels=1)
-    assert "tl.reduce(" in mod.kernels[0].source

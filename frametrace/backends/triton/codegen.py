@@ -245,6 +245,12 @@ class KernelCodegen:
         return v if cd == buf.dtype else self.op(f"{v}.to({TL[cd]})")
 
     # -- realized nodes ---------------------------------------------------------------------
+    def _pinned(self, e):
+        """`e` with an iteration variable of extent 1 replaced by 0 (a single row, as in
+        batch-1 decoding, is read at `rindex` and computed at `xindex * rnumel + rindex`)."""
+        pins = {v: 0 for v, n in ((XINDEX, self.xnumel), (RINDEX, self.rnumel)) if n == 1}
+        return sympy.expand(e.subs(pins)) if pins and e != 0 else e
+
     def own_flat(self, c):
         """The flat position of member `c`'s element that this kernel computes."""
         if not self.group.reduction or c.is_reduction or c.numel != self.xnumel * self.rnumel:
@@ -253,10 +259,7 @@ class KernelCodegen:
 
     def computed(self, c, idx) -> str:
         if c.name in self.members:
-            moved = sympy.expand(flatten(idx, c.shape) - self.own_flat(c))
-            if self.xnumel == 1:  # one row (a full reduction): xindex is 0 where unmasked
-                moved = moved.subs(XINDEX, 0)
-            if moved != 0:
+            if self._pinned(sympy.expand(flatten(idx, c.shape) - self.own_flat(c))) != 0:
                 raise NotFusable(f"{c.name} is read at another position")
             return self.value(c)
         if c.order > self.first and not c.is_reduction:
