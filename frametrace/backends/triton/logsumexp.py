@@ -3,7 +3,7 @@ is a per-row value computed from the row's max `amax(x)` (the decompositions of 
 log_softmax, logsumexp and so of cross_entropy and nll_loss, or a user's own stable
 softmax), lowers to an `ExpSum`: a row longer than a block is then read once, with an
 online max, instead of once for the max and again for the sum.  The exp it sums is read
-by nothing else, so the shifted row is not stored for it.
+by nothing else, so the shifted row is not stored for it (`reads_all`).
 
 A gather (or an index) from a value computed from reductions is realized beside those
 reductions: a loss's `log_softmax(x)[row, target]` is evaluated in the kernel that
@@ -12,6 +12,7 @@ a row.
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -109,10 +110,28 @@ def match(node):
     return None if m is None else (x, shift, m, dims)
 
 
-def absorbed(node) -> bool:
-    """An exp that only log-sum-exp reductions read: it reads nothing itself."""
-    return node.op == "call_function" and node.target is aten.exp.default and bool(node.users) \
-        and all(match(u) is not None for u in node.users)
+def _nodes(args) -> list:
+    found = []
+    torch.fx.node.map_arg(args, found.append)
+    return found
+
+
+_GATHERS = (aten.gather.default, aten.index.Tensor, aten.index_select.default)
+
+
+def reads_all(node, user) -> bool:
+    """Whether `user` reads every element of `node`'s value (so that, with another such
+    user, storing the value beats computing it twice).  Not so: an exp that only
+    log-sum-exp reductions read (it is never computed), a gather of at most half of it
+    (it computes the elements it picks)."""
+    if user.op != "call_function":
+        return True
+    if user.target is aten.exp.default:
+        return not user.users or any(match(u) is None for u in user.users)
+    if user.target in _GATHERS and user.args[0] is node and node not in _nodes(user.args[1:]):
+        src, out = _shape(node), _shape(user)
+        return src is None or out is None or not indexing.le(2 * math.prod(out), math.prod(src))
+    return True
 
 
 def lower_sum(L, node, keepdim):

@@ -126,7 +126,7 @@ class GraphLowering:
         if value is None:
             return self.extern(node, args, kwargs)
         if isinstance(value, Pointwise) and value.reads >= REALIZE_READS and \
-                sum(not logsumexp.absorbed(u) for u in node.users) > 1:
+                sum(logsumexp.reads_all(node, u) for u in node.users) > 1:
             self.realize(value, wrapper=False)
         return value
 
