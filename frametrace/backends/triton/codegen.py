@@ -21,6 +21,7 @@ import torch
 from . import autotune, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
+from .ir import ExpSum
 from .ops import compute_dtype
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -60,6 +61,13 @@ COMBINE = {
                   "    e = tl.exp(tl.where(hi == lo, 0.0, lo - hi))\n"
                   "    u = 1.0 + e\n"
                   "    return hi + tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))\n\n\n",
+    # (max, sum of exp(v - max)) pairs: the sum of the smaller max is scaled by
+    # exp(-|difference|); equal maxes (-inf ones too, whose sums are 0) add as they are
+    "_expsum": "@triton.jit\ndef _expsum(m1, s1, m2, s2):\n"
+               "    d = m2 - m1\n"
+               "    e = tl.where(m1 == m2, 1.0, tl.exp(-tl.abs(d)))\n"
+               "    return (tl.maximum(m1, m2, propagate_nan=tl.PropagateNan.ALL),\n"
+               "            tl.where(d > 0, s1 * e + s2, s1 + s2 * e))\n\n\n",
 }
 
 
@@ -195,6 +203,9 @@ class KernelCodegen:
         self.wide = self.symbolic or group.xnumel * group.rnumel >= 2 ** 31
         self.symbols: list[str] = []  # the shape symbols the kernel takes, after its pointers
         self.load_indices: list = []  # of memory loads, to tell outer reductions (contiguity.py)
+        # a row max that an ExpSum of this kernel computes with its sum, when looped
+        self.online = {c.node.max.name: c for c in group.members
+                       if isinstance(c.node, ExpSum) and c.node.max is not None}
         self._n = 0
 
     # -- values ----------------------------------------------------------------------------
@@ -358,6 +369,11 @@ class KernelCodegen:
         if key in self.memo:
             return self.memo[key]
         r = c.node
+        if self.looped and (isinstance(r, ExpSum) or c.name in self.online):
+            if self.body is not None:
+                raise NeedReduction(c)
+            self._online_expsum(self.online.get(c.name, c))
+            return self.memo[key]
         acc = _acc_dtype(r.rtype, r.src_dtype)
         ident = _identity(r.rtype, acc)
 
@@ -475,6 +491,43 @@ class KernelCodegen:
     def _unpack(self, expr, n) -> list:
         t = self.op(expr, level=2)
         return [t] if n == 1 else [self.op(f"{t}[{i}]", level=2) for i in range(n)]
+    def _online_expsum(self, c):
+        """ExpSum `c` over looped rows: one pass keeps each lane's running max `m` and
+        sum `s` of exp(v - m), rescaling s when m grows (by exp(-|v - m|), the only exp
+        an element costs); the lanes' pairs combine with `_expsum`.  Its max is memoized
+        too.  Then sum(exp(v - shift)) = exp(m - shift) * s, where an infinite max gives
+        what the two-pass form gives (each exp(v - shift) is then exp(m - shift) or 0)."""
+        r = c.node
+        acc = compute_dtype(r.src_dtype)
+        m, s = self.newvar("acc"), self.newvar("acc")
+        self.levels[m] = self.levels[s] = 2
+        inits = [f'{m} = tl.full([XBLOCK, RBLOCK], float("-inf"), {TL[acc]})',
+                 f"{s} = tl.full([XBLOCK, RBLOCK], 0, {TL[acc]})"]
+
+        def body():
+            v = self.cast(r.row(self, unflatten(XINDEX, r.shape), unflatten(RINDEX, r.rshape)),
+                          r.row_dtype, acc)
+            v = self._where_r(self._block(v, acc), 'float("-inf")')
+            d, e = self.newvar(), self.newvar()
+            # v == -inf adds nothing (and -inf - -inf is no difference)
+            self.body.extend([
+                f"{d} = {v} - {m}",
+                f'{e} = tl.where({v} == float("-inf"), 0.0, tl.exp(-tl.abs({d})))',
+                f"{s} = tl.where({d} > 0, {s} * {e} + 1.0, {s} + {e})",
+                f"{m} = tl.maximum({m}, {v}, propagate_nan=tl.PropagateNan.ALL)"])
+        self.loop(body, inits)
+        pair = self.op(f"tl.reduce(({m}, {s}), 1, {self.combine('expsum')})", level=1)
+        rmax = self.op(f"{pair}[0][:, None]", level=1)
+        if r.max is not None:
+            self.memo.setdefault(("red", r.max.name), self.cast(rmax, acc, r.max.dtype))
+        shift = self.cast(r.shift(self, unflatten(XINDEX, r.shape)), r.src_dtype, acc)
+        # exp(m - m) is NaN for an infinite max: so is the two-pass form's sum then
+        inf = f'tl.where(tl.abs({rmax}) == float("inf"), {{}}, {pair}[1][:, None])'
+        if shift == rmax:
+            total = self.op(inf.format('float("nan")'), level=1)
+        else:
+            total = self.op(f"tl.exp({rmax} - {shift}) * {self.op(inf.format('1.0'), level=1)}", level=1)
+        self.memo[("red", c.name)] = self.cast(total, acc, r.dtype)
 
     def combine(self, rtype) -> str:
         """The combine function of a reduction, emitted with the kernel: Triton's own

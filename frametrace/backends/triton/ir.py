@@ -100,6 +100,19 @@ class Reduction(IRNode):
         return math.prod(self.rshape)
 
 
+class ExpSum(Reduction):
+    """A "sum" of `fn` = exp(row - shift), where the per-row `shift(kernel, index)` is
+    computed from the row's max (`max`: that max's Computed, or None): softmax,
+    log_softmax, logsumexp.  `row(kernel, index, rindex)` is the row in `row_dtype`.
+    A looped row is read once (an online max whose running sum is rescaled) instead of
+    once for the max and once for the sum."""
+    __slots__ = ("row", "row_dtype", "shift", "max")
+
+    def __init__(self, shape, dtype, rshape, fn, src_dtype, row, row_dtype, shift, max):
+        super().__init__(shape, dtype, rshape, "sum", fn, src_dtype)
+        self.row, self.row_dtype, self.shift, self.max = row, row_dtype, shift, max
+
+
 class Scan(IRNode):
     """The inclusive scan of `fn(kernel, index)` along `dim` (the value at each index of
     the output, which has the input's shape), with `stype` in sum, prod, logaddexp, max,

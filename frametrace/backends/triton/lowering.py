@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.fx
 
-from . import indexing, layout
+from . import indexing, layout, logsumexp
 from .fallback import Fallback, by_design, ir_values, trace
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
 from .ops import LOWERINGS
@@ -36,6 +36,7 @@ class GraphLowering(Placement):
         self.outputs: list = []          # Buffers, numbers, None
         self.wrapper_reads: set = set()  # Computed names that externs or outputs use
         self.computed_names: dict = {}
+        self.env: dict = {}              # FX node -> its value (for lowerings that look further up)
         self.fallback_ops: list[str] = []
         # symbolic sizes: (symbol, Python source of its value in the wrapper), the first
         # input that gives each; `hints`: the ShapeEnv's values of the symbols
@@ -49,7 +50,7 @@ class GraphLowering(Placement):
         return f"{prefix}{self._count}"
 
     def run(self):
-        env, writes = {}, []
+        env, writes = self.env, []
         placeholders = iter(self.example_inputs)
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -138,7 +139,8 @@ class GraphLowering(Placement):
             return self.extern(node, args, kwargs, reason)
         if isinstance(value, Pointwise) and kwargs.get("memory_format") is not None:
             self._asked_layout(value, val)
-        if isinstance(value, Pointwise) and len(node.users) > 1 and value.reads >= REALIZE_READS:
+        if isinstance(value, Pointwise) and value.reads >= REALIZE_READS and \
+                sum(logsumexp.reads_all(node, u) for u in node.users) > 1:
             self.realize(value, wrapper=False)
         return value
 

@@ -12,7 +12,7 @@ import math
 import sympy
 import torch
 
-from . import autotune, config, indexing, layout
+from . import autotune, config, indexing, layout, logsumexp
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 
@@ -577,7 +577,7 @@ def _gather(L, node, x, dim, index, sparse_grad=False):
     def fn(k, idx):
         i = _wrap(k, index, idx, x.shape[dim])
         return x.load(k, idx[:dim] + [i] + idx[dim + 1:])
-    return pointwise(shape, dtype, fn, x, index)
+    return logsumexp.realize_gather(L, node, pointwise(shape, dtype, fn, x, index))
 
 
 @register(aten.index_select)
@@ -588,7 +588,7 @@ def _index_select(L, node, x, dim, index):
     def fn(k, idx):
         i = _wrap(k, index, [idx[dim]], x.shape[dim])
         return x.load(k, idx[:dim] + [i] + idx[dim + 1:])
-    return pointwise(shape, dtype, fn, x, index)
+    return logsumexp.realize_gather(L, node, pointwise(shape, dtype, fn, x, index))
 
 
 @register(aten.index.Tensor)
@@ -613,7 +613,7 @@ def _index(L, node, x, indices):
             else:
                 src.append(next(it))
         return x.load(k, src)
-    return pointwise(shape, dtype, fn, x, *[indices[d] for d in used])
+    return logsumexp.realize_gather(L, node, pointwise(shape, dtype, fn, x, *[indices[d] for d in used]))
 
 
 @register(aten.cat)
@@ -750,7 +750,7 @@ def reduction_node(x, dims, keepdim, rtype, dtype, src_dtype=None, value=None) -
 @register(aten.sum.dim_IntList, aten.sum.default, prims.sum)
 def _sum(L, node, x, dims=None, keepdim=False, dtype=None, **kwargs):
     _, out = _val(node)
-    return reduction(L, x, dims, keepdim, "sum", out)
+    return logsumexp.lower_sum(L, node, keepdim) or reduction(L, x, dims, keepdim, "sum", out)
 
 
 @register(aten.prod.dim_int, aten.prod.default)
