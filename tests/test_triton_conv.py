@@ -11,6 +11,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, last_compiled, wrapper  # noqa: E402
+from frametrace.backends.triton.ir import Extern  # noqa: E402
 
 CL = torch.channels_last
 FAILURES = []  # errors of compiled graphs that then ran eagerly (backend._give_up)
@@ -308,3 +309,21 @@ def test_contiguous_copy_is_stored_row_major():
     mod = compiled_run(lambda x, w: sum(f(x, w)), torch.randn(2, 3, 4, 5), torch.randn(3, 4),
                        kernels=3)  # y, w + 1, the sum
     assert "empty_strided((2, 4, 5, 3), (60, 15, 3, 1)" in mod.source, mod.source
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, CL], ids=["nchw", "channels_last"])
+def test_channels_last_convs_copy_the_input_once_and_stay_channels_last(monkeypatch, fmt):
+    # (on CUDA "auto" chooses it for nets like ResNet; here it is forced)
+    from frametrace.backends.triton import config as tconfig
+    monkeypatch.setattr(tconfig, "channels_last_convs", True)
+    torch.manual_seed(0)
+    m = nn.Sequential(_randomize_bn(ConvBNReLU(3, 8)), Bottleneck(8, 4)).eval()
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=fmt)
+    mod = compiled_run(m, x)
+    convs = [e for e in mod.wrapper.schedule if isinstance(e, Extern) and "convolution" in str(e.op)]
+    assert len(convs) == 5
+    for e in convs:   # every conv reads a channels-last activation
+        b = e.args[0]
+        assert b.stride == tuple(torch.empty(b.shape).contiguous(memory_format=CL).stride()), (b, mod.source)
+    copies = 0 if fmt is CL else 1    # the image, once; every epilogue stores channels-last
+    assert len(mod.kernels) == 4 + copies, mod.source

@@ -23,3 +23,9 @@ half_erf = True
 # Graphs with symbolic sizes (dynamic shapes) compile to kernels that take the sizes as
 # int arguments; False: such graphs run with aot_eager
 dynamic_shapes = True
+
+# Convolutions on channels-last activations (cuDNN's NHWC kernels, no transposes around
+# each conv; the epilogues then follow that layout): "auto" on CUDA when most of the
+# graph's conv FLOPs are in convs that run faster so (as Inductor's layout optimization
+# weighs them), True/False to force
+channels_last_convs = "auto"

@@ -137,3 +137,35 @@ def preferred(node) -> tuple | None:
         order = fill_order(shape, steps)
         return None if order is None else strides_in_order(shape, order)
     return None
+
+
+# relative time of a conv kind in channels-last (Inductor's measured multipliers):
+# grouped convs with several channels a group run slower, the others faster
+_CL_COST = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
+
+
+def convs_prefer_channels_last(gm, device) -> bool:
+    """Whether this graph's convolutions should take channels-last activations."""
+    import torch
+    from . import config
+    setting = config.channels_last_convs
+    if setting != "auto":
+        return bool(setting)
+    if device.type != "cuda":
+        return False
+    convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    total = weighted = 0.0
+    for n in convs:
+        x, w = n.args[0].meta.get("val"), n.args[1].meta.get("val")
+        out = n.meta.get("val")
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and _static(t.shape) for t in (x, w, out)):
+            return False
+        cout, cin_g, kh, kw = w.shape
+        flops = 2.0 * out.numel() * cin_g * kh * kw
+        groups = n.args[-1]
+        kind = ("grouped" if groups > 1 and cin_g > 1 else
+                "small" if cout <= 64 and cin_g <= 64 else
+                "in_out" if cout * 2 <= cin_g and kh > 1 else "default")
+        total += flops
+        weighted += flops * _CL_COST[kind]
+    return bool(convs) and weighted < total

@@ -24,6 +24,7 @@ REALIZE_READS = 2
 class GraphLowering(Placement):
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, device, aten_nodes=None):
         self.gm, self.example_inputs, self.device = gm, example_inputs, device
+        self.channels_last_convs = layout.convs_prefer_channels_last(gm, device)
         # FX node -> why it runs as aten: its kernel failed in an earlier build
         self.aten_nodes = aten_nodes or {}
         self.fallbacks: list[Fallback] = []
@@ -266,6 +267,8 @@ class GraphLowering(Placement):
             if isinstance(a, (list, tuple)):
                 return type(a)(arg(x) for x in a)
             return a
+        if node.target is aten.convolution.default and self.channels_last_convs:
+            args = (self._channels_last(args[0]),) + tuple(args[1:])
         args, kwargs = arg(args), {k: arg(v) for k, v in kwargs.items()}
         name = self.name()
         val = node.meta.get("val")
@@ -291,6 +294,19 @@ class GraphLowering(Placement):
         outputs = out(val, layouts, "")
         self.items.append(Extern(name, node.target, args, kwargs, outputs))
         return outputs
+
+    def _channels_last(self, a):
+        """A conv's activation stored channels-last: a value computed here is stored so,
+        anything else (a graph input, a value stored otherwise) copied once."""
+        if not isinstance(a, IRNode) or len(a.shape) != 4 or not layout._static(a.shape):
+            return a
+        cl = layout.strides_in_order(a.shape, (0, 2, 3, 1))
+        if isinstance(a, Pointwise) and a.realized is None and a.alias is None:
+            return self.realize(a, stride=cl)
+        b = self.realize(a)
+        if layout.same(b.shape, b.stride, cl):
+            return b
+        return self.realize(Pointwise(b.shape, b.dtype, lambda k, idx: b.load(k, idx), 1), stride=cl)
 
     def _fallback(self, node, args, reason):
         """Record why `node` runs as aten, unless it is meant to (see `by_design`)."""
