@@ -25,6 +25,29 @@ def _fresh_frametrace():
 
 
 @pytest.fixture
+def triton_interpreter(monkeypatch):
+    """The triton backend's kernels run in Triton's interpreter on CPU tensors, and an
+    internal error raises instead of quietly running the graph eagerly."""
+    from frametrace.backends.triton import backend
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
+    backend.COMPILED.clear()
+
+
+def triton_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
+    """fn compiled with the triton backend matches eager; returns the CompiledModule."""
+    from frametrace.backends.triton import last_compiled
+    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
+    expected = fn(*args)
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True)
+    mod = last_compiled()
+    assert mod is not None, "the graph did not go through the triton backend"
+    if kernels is not None:
+        assert len(mod.kernels) == kernels, mod.source
+    return mod
+
+
+@pytest.fixture
 def cnt():
     return frametrace.testing.CompileCounter()
 

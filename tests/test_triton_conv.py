@@ -18,11 +18,7 @@ FAILURES = []  # errors of compiled graphs that then ran eagerly (backend._give_
 
 
 @pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    # an internal error raises instead of quietly running the graph eagerly
-    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
-    backend.COMPILED.clear()
+def _interpret(triton_interpreter, monkeypatch):
     # a wrapper that fails on its first call runs the graph eagerly: record it
     FAILURES.clear()
     give_up = backend._give_up

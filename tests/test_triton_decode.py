@@ -11,11 +11,7 @@ pytest.importorskip("triton")
 from frametrace.backends.triton import backend, cudagraphs, last_compiled, wrapper  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
-    backend.COMPILED.clear()
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def run(fn, *inputs, calls=2):

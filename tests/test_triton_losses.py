@@ -16,11 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ign
 
 
 @pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    # an internal error raises instead of quietly running the graph eagerly
-    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
-    backend.COMPILED.clear()
+def _interpret(triton_interpreter, monkeypatch):
     frametrace.reset()   # block-size settings differ between tests: compile afresh
 
 

@@ -15,12 +15,7 @@ from frametrace.backends.triton import autotune, backend, last_compiled  # noqa:
 from frametrace.backends.triton.codegen import configs_for  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    # an internal error raises instead of quietly running the graph eagerly
-    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
-    backend.COMPILED.clear()
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 @pytest.fixture

@@ -24,24 +24,12 @@ aten = torch.ops.aten
 ELSEWHERE = torch.device("cpu", 1)  # "another device" for the tests below
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    # an internal error raises instead of quietly running the graph eagerly
-    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
-    backend.COMPILED.clear()
+from conftest import triton_run  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
-def compiled_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
-    """fn compiled with the triton backend matches eager; returns the CompiledModule."""
-    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
-    expected = fn(*args)
-    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True)
-    mod = last_compiled()
-    assert mod is not None, "the graph did not go through the triton backend"
-    if kernels is not None:
-        assert len(mod.kernels) == kernels, mod.source
-    return mod
+compiled_run = triton_run
 
 
 @pytest.fixture

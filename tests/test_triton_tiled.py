@@ -14,12 +14,7 @@ pytest.importorskip("triton")
 from frametrace.backends.triton import backend, last_compiled, tiling  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    # an internal error raises instead of quietly running the graph eagerly
-    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
-    backend.COMPILED.clear()
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def compiled_run(fn, *args, kernels=1, tol=1e-5):
