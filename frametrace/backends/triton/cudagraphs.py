@@ -7,8 +7,10 @@ directly.  Other inputs are copied into buffers the graph owns.  Outputs are cop
 of the graph's memory, which the next replay overwrites.
 
 Whether replaying pays is measured, not assumed from a launch count: the wrapper's
-direct call is timed (wall clock, synchronized) on the second call and once more before
-capture, then the captured graph's second replay with its copies in and out; the graph is kept
+direct call is timed (wall clock, synchronized, and its host part) on the second call; a
+call the GPU is the bottleneck of (host time under half its wall time) keeps launching.
+Otherwise the direct call is timed once more before capture, then the captured graph's
+second replay with its copies in and out; the graph is kept
 when it is faster (many small launches, as in batch-1 decoding, where the host is the
 bottleneck), else dropped and the wrapper launches directly from then on.
 """
@@ -23,6 +25,8 @@ log = logging.getLogger("frametrace")
 
 # a graph must beat launching by this factor to be kept (timings of one call are noisy)
 KEEP_BELOW = 0.9
+# a graph is tried only when the host's share of a direct call's time is at least this
+HOST_BOUND = 0.5
 
 
 class CudaGraphRunner:
@@ -99,6 +103,14 @@ class CudaGraphRunner:
             out, wall, host = self._timed(self.call, args)
             self._note(wall, host)
             return out
+        if self.host_us is not None and self.host_us < HOST_BOUND * self.gpu_us:
+            # the GPU is the bottleneck: a replay saves host time the call does not wait on,
+            # and its copies in and out cost GPU time
+            self.decision = (f"GPU-bound: direct {self.gpu_us:.0f} us, of which host "
+                             f"{self.host_us:.0f} us ({self.launches} launches)")
+            log.info("triton backend: CUDA graph not used: %s", self.decision)
+            self.calls = -10 ** 9
+            return self.call(args)
         stable = [p == q for p, q in zip(ptrs, self.last_ptrs)]
         static = [a if keep else a.clone() for a, keep in zip(args, stable)]
         graph = torch.cuda.CUDAGraph()
