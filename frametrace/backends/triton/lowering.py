@@ -157,8 +157,11 @@ class GraphLowering(Placement):
         if stride is None or b.name not in self.computed_names or layout.same(b.shape, b.stride, stride):
             return b
         # computed here in another layout (an extern read it first): a copy in eager's
-        copy = Pointwise(b.shape, b.dtype, lambda k, idx: b.load(k, idx), 1)
-        return self.realize(copy, stride=stride)
+        return self.copy_in(b, stride)
+
+    def copy_in(self, b: Buffer, stride) -> Buffer:
+        """A copy of `b` stored with `stride` (one kernel)."""
+        return self.realize(Pointwise(b.shape, b.dtype, lambda k, idx: b.load(k, idx), 1), stride=stride)
 
     def _asked_layout(self, value, val):
         """A copy to a memory format (`contiguous()`, `.to(memory_format=...)`) is stored
@@ -301,12 +304,8 @@ class GraphLowering(Placement):
         if not isinstance(a, IRNode) or len(a.shape) != 4 or not layout._static(a.shape):
             return a
         cl = layout.strides_in_order(a.shape, (0, 2, 3, 1))
-        if isinstance(a, Pointwise) and a.realized is None and a.alias is None:
-            return self.realize(a, stride=cl)
-        b = self.realize(a)
-        if layout.same(b.shape, b.stride, cl):
-            return b
-        return self.realize(Pointwise(b.shape, b.dtype, lambda k, idx: b.load(k, idx), 1), stride=cl)
+        b = self.realize(a, stride=cl)   # (a value realized before keeps its layout)
+        return b if layout.same(b.shape, b.stride, cl) else self.copy_in(b, cl)
 
     def _fallback(self, node, args, reason):
         """Record why `node` runs as aten, unless it is meant to (see `by_design`)."""
