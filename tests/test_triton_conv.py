@@ -2,6 +2,8 @@
 (bias, inference BatchNorm, activation, residual add) are one kernel; channels-last
 values keep their layout (kernels walk memory in its order, no layout copies, graph
 outputs with eager's strides); ResNet bottleneck and ConvNeXt blocks and stages."""
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -82,9 +84,11 @@ def test_conv_bias_batchnorm_relu_is_one_kernel(fmt):
     mod = compiled_run(m, x, kernels=1)
     assert mod.externs == ["aten.convolution.default"]
     src = mod.kernels[0].source
-    # the conv output is read once, in memory order; the channel parameters broadcast (over
-    # NCHW, a tiled kernel loads them once per row of H*W)
-    assert src.count("tl.load(") == 5, src
+    # the conv output is read once, in memory order; the conv's bias is added here, not by
+    # a pass of cuDNN's own; the channel parameters broadcast (over NCHW, a tiled kernel
+    # loads them once per row of H*W)
+    assert src.count("tl.load(") == 6, src
+    assert re.search(r"aten_\d+\(\w+, \w+, None,", mod.source), mod.source
     if fmt is CL:
         assert "tl.load(in_ptr0 + (xindex))" in src and "(xindex % 8)" in src, src
     else:
@@ -323,3 +327,19 @@ def test_channels_last_convs_copy_the_input_once_and_stay_channels_last(monkeypa
         assert b.stride == tuple(torch.empty(b.shape).contiguous(memory_format=CL).stride()), (b, mod.source)
     copies = 0 if fmt is CL else 1    # the image, once; every epilogue stores channels-last
     assert len(mod.kernels) == 4 + copies, mod.source
+
+
+@pytest.mark.parametrize("conv", ["conv1d", "conv_transpose2d", "grouped_conv3d"])
+def test_conv_bias_is_added_by_the_kernel_after_it(conv):
+    torch.manual_seed(0)
+    if conv == "conv1d":
+        x, w, b = torch.randn(2, 4, 16), torch.randn(6, 4, 3), torch.randn(6)
+        fn = lambda x: F.conv1d(x, w, b, padding=1)  # noqa: E731  (returned as it is)
+    elif conv == "conv_transpose2d":
+        x, w, b = torch.randn(2, 4, 5, 5), torch.randn(4, 3, 3, 3), torch.randn(3)
+        fn = lambda x: torch.sigmoid(F.conv_transpose2d(x, w, b, stride=2))  # noqa: E731
+    else:
+        x, w, b = torch.randn(1, 4, 3, 4, 5), torch.randn(6, 2, 1, 3, 3), torch.randn(6)
+        fn = lambda x: F.conv3d(x, w, b, padding=(0, 1, 1), groups=2).relu()  # noqa: E731
+    mod = compiled_run(fn, x, kernels=1)
+    assert re.search(r"aten_\d+\(\w+, \w+, None,", mod.source), mod.source

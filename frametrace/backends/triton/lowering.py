@@ -10,7 +10,7 @@ import torch.fx
 from . import indexing, layout, logsumexp
 from .fallback import Fallback, by_design, ir_values, trace
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
-from .ops import LOWERINGS
+from .ops import LOWERINGS, compute_dtype
 from .placement import Placement, device_of, is_view, reaches_output
 
 aten = torch.ops.aten
@@ -137,6 +137,8 @@ class GraphLowering(Placement):
         if reason is None:
             value, reason = self._lower(node, args, kwargs)
         if value is None:
+            if node.target is aten.convolution.default and self._bias_apart(args):
+                return self._conv_then_bias(node, args, kwargs, reason)
             return self.extern(node, args, kwargs, reason)
         if isinstance(value, Pointwise) and kwargs.get("memory_format") is not None:
             self._asked_layout(value, val)
@@ -297,6 +299,25 @@ class GraphLowering(Placement):
         outputs = out(val, layouts, "")
         self.items.append(Extern(name, node.target, args, kwargs, outputs))
         return outputs
+
+    def _bias_apart(self, args) -> bool:
+        """Whether a convolution's bias is better added by the kernel that reads its
+        output: cuDNN adds it in a pass of its own over the output (a slow broadcast over
+        a channels-last one), which the epilogue kernel does for free."""
+        x, w, bias = args[0], args[1], args[2]
+        return isinstance(bias, IRNode) and isinstance(x, IRNode) and isinstance(w, IRNode) \
+            and len(x.shape) == len(w.shape) >= 3 and len(bias.shape) == 1 \
+            and getattr(bias, "device", self.device) == self.device
+
+    def _conv_then_bias(self, node, args, kwargs, reason):
+        conv = self.extern(node, tuple(args[:2]) + (None,) + tuple(args[3:]), kwargs, reason)
+        bias, dtype = args[2], conv.dtype
+        cdt = compute_dtype(dtype)
+
+        def fn(k, idx):  # channels are dim 1, also of a transposed convolution's output
+            c = k.cast(conv.load(k, idx), dtype, cdt)
+            return k.op(f"{c} + {k.cast(bias.load(k, [idx[1]]), bias.dtype, cdt)}")
+        return Pointwise(conv.shape, dtype, fn, 2)
 
     def _channels_last(self, a):
         """A conv's activation stored channels-last: a value computed here is stored so,
