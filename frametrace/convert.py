@@ -548,9 +548,17 @@ def _guard_aliasing(output, guards, side_effects):
     if written:
         tensors = [(i, _storage_key(i.node)) for i in output.inputs
                    if isinstance(i.node.meta.get("example_value"), torch.Tensor)]
+        users = Counter(key for _, key in tensors)
+        alone = [a for a, key in tensors if key in written and users[key] == 1]
+        if alone:  # the common case, checked in one pass
+            ids = {id(a) for a in alone}
+            guards.unshared([a.source for a in alone],
+                            [b.source for b, _ in tensors if id(b) not in ids])
+        else:
+            ids = ()
         pairs = 0
         for a, key_a in tensors:
-            if key_a not in written:
+            if key_a not in written or id(a) in ids:
                 continue
             for b, key_b in tensors:
                 if b is not a and pairs < _MAX_ALIAS_GUARDS ** 2:

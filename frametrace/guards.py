@@ -39,8 +39,26 @@ from .variables.symbolic import is_symbolic
 
 # Names every check reads besides its constants (shape guards print torch.sym_float,
 # math.inf).
+def _unshared(written, others) -> bool:
+    """The `written` tensors are distinct objects with storages of their own: none shares
+    an object or (non-empty) memory with another of them or with one of `others`."""
+    ids, ptrs = {id(t) for t in written}, set()
+    if len(ids) != len(written):
+        return False
+    for t in written:
+        p = t.untyped_storage().data_ptr()
+        if p:
+            if p in ptrs:
+                return False
+            ptrs.add(p)
+    for t in others:
+        if id(t) in ids or t.untyped_storage().data_ptr() in ptrs:  # (0 is never in ptrs)
+            return False
+    return True
+
+
 _CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "___id": id, "math": math,
-                "torch": torch}
+                "torch": torch, "___unshared": _unshared}
 
 
 class Guard:
@@ -301,6 +319,16 @@ class GuardSet:
             self._add(None, f"NO_ALIAS {a.name()} {b.name()}",
                       f"{ea} is not {eb} and ({sa} != {sb} or {sa} == 0)",
                       f"{a.name()} and {b.name()} do not share memory")
+
+    def unshared(self, written: list, others: list):
+        """Written tensor inputs that shared memory with no other input when traced still
+        do not: one pass over the inputs, where a guard per pair costs n**2 (an optimizer
+        step writes every parameter and state tensor)."""
+        ew = ", ".join(s.guard_expr() for s in written)
+        eo = ", ".join(s.guard_expr() for s in others)
+        names = ", ".join(s.name() for s in written)
+        self._add(None, "NO_ALIAS", f"___unshared(({ew},), ({eo}{',' if others else ''}))",
+                  f"{names} share memory with no other tensor input")
 
     def distinct(self, sources):
         """The objects at `sources` (mutable inputs guarded by type, not identity) are
