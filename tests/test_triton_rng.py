@@ -185,6 +185,19 @@ def test_dropout_fuses_into_a_reduction():
     assert_in_kernels(last_compiled(), 1)
 
 
+def test_dropout_after_a_softmax_stays_in_its_kernel():
+    """The seed is drawn before the first kernel: drawn where the dropout was traced, it
+    would end the softmax's kernel before the dropout (attention probabilities' dropout)."""
+    f = compiled(lambda x: F.dropout(torch.softmax(x * 0.5, -1), 0.1))
+    x = torch.randn(64, 200)
+    torch.manual_seed(4)
+    got = f(x)
+    mask = torch.ops.frametrace.philox_rand(seed_after(4), 0, [64, 200], False, torch.float32) >= 0.1
+    torch.testing.assert_close(got, torch.softmax(x * 0.5, -1) * mask / 0.9)
+    assert_in_kernels(last_compiled(), 1)
+    assert last_compiled().source.index("aten_") < last_compiled().source.index("kernel")
+
+
 # -- training: the backward's mask is the forward's ---------------------------------------------------
 def test_dropout_backward_uses_the_forward_mask():
     p = 0.4

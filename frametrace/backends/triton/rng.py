@@ -299,6 +299,25 @@ def decompositions() -> dict:
     }
 
 
+def hoist_seeds(gm) -> None:
+    """The seed draws first in the graph (they read nothing): an aten call ends the kernel
+    before it, so a draw where the graph's first random op was traced would split the
+    kernel that fuses the nodes around it (a softmax and the dropout after it)."""
+    nodes = list(gm.graph.nodes)
+    seeds = [n for n in nodes if n.op == "call_function" and n.target is SEED]
+    heads = [n for n in nodes if n.op == "placeholder"]
+    start = nodes.index(heads[-1]) + 1 if heads else 0
+    if nodes[start:start + len(seeds)] == seeds:
+        return
+    for n in seeds:
+        if heads:
+            heads[-1].append(n)
+        elif n is not nodes[0]:
+            nodes[0].prepend(n)
+        heads.append(n)
+    gm.recompile()
+
+
 # -- lowerings -------------------------------------------------------------------------------
 @register(SEED)
 def _lower_seed(L, node, device):
