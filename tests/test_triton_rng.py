@@ -209,7 +209,7 @@ def test_dropout_backward_uses_the_forward_mask():
     mask = (y != 0).float()  # (x has no zeros)
     torch.testing.assert_close(x.grad, mask * (2 / (1 - p)) * g)
     assert abs(mask.mean() - (1 - p)) < 0.05
-    assert_in_kernels(last_compiled(), 1)
+    assert_in_kernels(backend_forward(), 1)
 
 
 def test_recomputed_mask_equals_the_forward_mask():
@@ -223,6 +223,53 @@ def test_recomputed_mask_equals_the_forward_mask():
     y = compiled(lambda x: F.dropout(x, 0.5))(x)
     recomputed = torch.ops.frametrace.philox_rand(seed_after(11), 0, [24, 50], False, torch.float32) >= 0.5
     assert torch.equal(y != 0, recomputed)
+
+
+@pytest.fixture
+def recomputing_partitioner(monkeypatch):
+    """AOTAutograd partitioned by functorch's min-cut with the ops of RECOMPUTABLE_OPS
+    recomputable, where the backend does not choose a partitioner itself (what the
+    recomputing partitioner does)."""
+    from torch._functorch import partitioners
+
+    from frametrace.backends.triton import backend
+    op_list = partitioners.get_default_op_list
+
+    def ops():
+        table = op_list()
+        for op in RECOMPUTABLE_OPS:
+            table.recomputable_ops.add(op.overloadpacket)
+            table.fusible_ops.add(op.overloadpacket)
+        return table
+    monkeypatch.setattr(partitioners, "get_default_op_list", ops)
+    aot = backend.aot_module_simplified
+
+    def partitioned(*args, **kwargs):
+        kwargs.setdefault("partition_fn", partitioners.min_cut_rematerialization_partition)
+        return aot(*args, **kwargs)
+    monkeypatch.setattr(backend, "aot_module_simplified", partitioned)
+
+
+def test_backward_recomputes_the_mask_from_the_saved_seed(recomputing_partitioner):
+    """The forward saves the seed, not the mask; the backward recomputes the mask (here
+    eagerly) and it is the one the forward kernel applied."""
+    p = 0.4
+    f = compiled(lambda x: F.dropout(x * 2, p))
+    x = torch.randn(32, 64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = f(x)
+    assert [(t.dtype, t.shape) for t in saved] == [(torch.int64, ())], saved
+    g = torch.randn(32, 64)
+    y.backward(g)
+    torch.testing.assert_close(x.grad, (y != 0) * (2 / (1 - p)) * g)
+    assert_in_kernels(backend_forward(), 1)
+
+
+def backend_forward():
+    """The CompiledModule of the latest forward graph (a compiled backward may follow it)."""
+    from frametrace.backends.triton import backend
+    return next(m for m in reversed(backend.COMPILED) if "tangents" not in m.source)
 
 
 def test_dynamic_shapes_draw_in_symbolic_kernels():
