@@ -163,6 +163,30 @@ def test_bernoulli_uniform_normal():
     assert [str(op) for op in mod.extern_ops] == ["frametrace.philox_seed.default"], mod.source
 
 
+def test_normal_with_a_mean_tensor_and_of_a_size():
+    def f(mean):
+        return torch.normal(mean, 0.5), torch.normal(3.0, 2.0, (128, 256)), torch.normal(1.0, 0.0, (4, 4))
+    mean = torch.full((128, 256), -4.0)
+    a, b, c = compiled(f)(mean)
+    assert abs(a.mean() + 4) < 0.01 and abs(a.std() - 0.5) < 0.01
+    assert abs(b.mean() - 3) < 0.03 and abs(b.std() - 2) < 0.03
+    assert torch.equal(c, torch.ones(4, 4))
+    assert [str(op) for op in last_compiled().extern_ops] == ["frametrace.philox_seed.default"]
+
+
+@pytest.mark.parametrize("name", ["bernoulli_p", "uniform_empty_range", "normal_negative_std", "dropout_p"])
+def test_what_eager_rejects_still_raises(name):
+    """Arguments aten rejects leave the op aten's, so that the compiled call raises too."""
+    fns = {"bernoulli_p": lambda x: torch.bernoulli(x, 1.5),
+           "uniform_empty_range": lambda x: torch.empty_like(x).uniform_(3, 2),
+           "normal_negative_std": lambda x: torch.empty_like(x).normal_(0, -1),
+           "dropout_p": lambda x: torch.ops.aten.native_dropout(x, 1.5, True)[0]}
+    with pytest.raises(RuntimeError):
+        fns[name](torch.ones(4))
+    with pytest.raises(RuntimeError):
+        compiled(fns[name])(torch.ones(4))
+
+
 # -- fusion -------------------------------------------------------------------------------------
 def test_dropout_fuses_into_its_neighbouring_pointwise_kernel():
     f = compiled(lambda x, y, z: F.dropout(torch.relu(x + y), 0.2) * z)

@@ -260,23 +260,40 @@ def _like(normal):
     return like
 
 
+# Where eager raises (a probability outside [0, 1], a negative std, an empty range) or
+# draws from a generator of the caller's, the op stays aten's.
 def _bernoulli(x, p=0.5, *, generator=None):
-    if generator is not None:
-        return NotImplemented  # a generator of the caller's: its numbers are aten's to draw
+    if generator is not None or not 0 <= p <= 1:
+        return NotImplemented
     return (_random(x.shape, False, torch.float32, None, x.device) < p).to(x.dtype)
 
 
 def _uniform(x, low=0.0, high=1.0, *, generator=None):
-    if generator is not None or not x.dtype.is_floating_point:
+    if generator is not None or not x.dtype.is_floating_point or not low <= high:
         return NotImplemented
     v = (_random(x.shape, False, torch.float32, None, x.device) * (high - low) + low).to(x.dtype)
     return torch.where(v == high, low, v)  # rounded up to the excluded bound: ATen's choice
 
 
 def _normal(x, mean=0.0, std=1.0, *, generator=None):
-    if generator is not None or not x.dtype.is_floating_point:
+    if generator is not None or not x.dtype.is_floating_point or not std >= 0:
         return NotImplemented
     return (_random(x.shape, True, torch.float32, None, x.device) * std + mean).to(x.dtype)
+
+
+def _normal_tensor_float(mean, std=1.0, *, generator=None):
+    if generator is not None or not mean.dtype.is_floating_point or not std >= 0:
+        return NotImplemented
+    return (_random(mean.shape, True, torch.float32, None, mean.device) * std + mean).to(mean.dtype)
+
+
+def _normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None, device=None,
+                        pin_memory=None):
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if generator is not None or not std >= 0 or not dtype.is_floating_point:
+        return NotImplemented
+    n = _random(size, True, torch.float32, layout, device)
+    return NotImplemented if n is NotImplemented else (n * std + mean).to(dtype)
 
 
 def _native_dropout(x, p, train):
@@ -284,7 +301,7 @@ def _native_dropout(x, p, train):
     None trains."""
     if train is not None and not train:
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
-    if not x.dtype.is_floating_point:
+    if not x.dtype.is_floating_point or not 0 <= p <= 1:
         return NotImplemented
     mask = _random(x.shape, False, torch.float32, None, x.device) >= p
     return x * mask * (0.0 if p == 1 else 1.0 / (1.0 - p)), mask
@@ -296,6 +313,7 @@ def decompositions() -> dict:
         aten.rand_like.default: _like(False), aten.randn_like.default: _like(True),
         aten.bernoulli.p: _bernoulli, aten.uniform.default: _uniform,
         aten.normal_functional.default: _normal, aten.native_dropout.default: _native_dropout,
+        aten.normal.Tensor_float: _normal_tensor_float, aten.normal.float_float: _normal_float_float,
     }
 
 
