@@ -35,6 +35,7 @@ def assert_in_kernels(mod, kernels, helper="_philox_uniform"):
     externs = [str(op) for op in mod.extern_ops]
     assert externs == ["frametrace.philox_seed.default"], externs
     assert not any(name in str(op) for op in externs for name in RANDOM_ATEN if "philox" not in str(op))
+    assert not mod.fallbacks, mod.fallbacks
 
 
 def seed_after(s):
@@ -206,6 +207,17 @@ def test_dropout_fuses_into_a_reduction():
     got = f(x)
     mask = torch.ops.frametrace.philox_rand(seed_after(3), 0, [8, 300], False, torch.float32) >= 0.5
     torch.testing.assert_close(got, (x * mask * 2).sum(-1))
+    assert_in_kernels(last_compiled(), 1)
+
+
+def test_channel_dropout_drops_whole_channels_in_one_kernel():
+    x = torch.rand(8, 16, 5, 5) + 1
+    y = compiled(lambda x: F.dropout2d(x * 1, 0.5))(x)
+    planes = (y == 0).flatten(2)
+    assert torch.equal(planes.all(-1), planes.any(-1))  # a channel is dropped whole or kept
+    kept = ~planes.any(-1)
+    assert 0.25 < kept.float().mean() < 0.75
+    torch.testing.assert_close(y[kept], x[kept] * 2)
     assert_in_kernels(last_compiled(), 1)
 
 
