@@ -11,12 +11,13 @@ calls differ, and eager code after the call does not replay the graph's numbers)
 random ops take consecutive ranges of counters from that seed.
 
 Deterministic given the seed, `philox_rand` is recomputable (partition.RECOMPUTABLE_OPS):
-the backward recomputes a dropout mask from the saved seed instead of the forward saving
-it.  Its eager implementation gives the kernels' numbers bit for bit, so that a kernel in
-the forward and an eager recomputation in the backward agree: on CUDA it runs the same
-Triton code; elsewhere Philox runs as int64 torch ops (exact: only integer arithmetic and
-one float32 multiply), and the normal transform as NumPy float32 functions, which are what
-Triton's interpreter evaluates tl.log/tl.cos/tl.sqrt with.
+a partitioner that recomputes has the backward recompute a dropout mask from the saved
+seed instead of the forward saving it.  Its eager implementation gives the kernels'
+numbers bit for bit, so that a kernel in the forward and an eager recomputation in the
+backward agree: on CUDA it runs the same Triton code; elsewhere Philox runs as int64
+torch ops (exact: only integer arithmetic and one float32 multiply), and the normal
+transform as NumPy float32 functions, which are what Triton's interpreter evaluates
+tl.log/tl.cos/tl.sqrt with.
 
 Only the triton backend uses these decompositions: eager and aot_eager keep torch's ops.
 Triton's own tl.rand is not called from generated kernels: its interpreter cannot call
@@ -31,8 +32,7 @@ from typing import Sequence
 
 import torch
 
-from . import codegen
-from . import indexing
+from . import codegen, indexing
 from .indexing import flatten, pexpr
 from .ir import Buffer, Extern, Unsupported
 from .ops import _val, compute_dtype, pointwise, register
