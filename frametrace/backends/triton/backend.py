@@ -20,6 +20,7 @@ from .decompositions import decompositions
 from .fallback import kernel_nodes
 from .ir import Extern, Unsupported
 from .lowering import GraphLowering
+from .rng import hoist_seeds
 from .scheduler import schedule
 from .wrapper import Launcher, WrapperCodegen
 
@@ -330,6 +331,7 @@ def _symbolic(gm) -> str | None:
 def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
     """`aten_nodes`: {FX node: why} that run as aten calls whatever their lowering."""
     device = _graph_device(gm, example_inputs) if device is None else device
+    hoist_seeds(gm)
     lowered = GraphLowering(gm, example_inputs, device, aten_nodes).run()
     if any(0 in getattr(o, "shape", (1,)) for o in lowered.items):
         raise Unsupported("empty tensors")

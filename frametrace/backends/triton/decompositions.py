@@ -62,4 +62,7 @@ def decompositions():
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.native_layer_norm.default] = _layer_norm
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_inference
+    # random ops: seeded Philox numbers that kernels generate (rng.py)
+    from . import rng
+    table.update(rng.decompositions())
     return table

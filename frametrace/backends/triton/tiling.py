@@ -24,7 +24,7 @@ import sympy
 
 from . import indexing
 from .autotune import next_pow2
-from .codegen import KernelCodegen, NotFusable
+from .codegen import COMBINE, KernelCodegen, NotFusable
 from .indexing import XINDEX, YINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
 
@@ -294,6 +294,7 @@ class TiledCodegen(_RowMajorWalk):
         if self.has_xmask:
             head.append("xmask = xindex < xnumel")
         body = "\n".join("    " + line for line in head + self.outer)
-        src = f"@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
+        helpers = "".join(COMBINE[h] for h in sorted(self.helpers))  # (random numbers' Philox)
+        src = f"{helpers}@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
         name = f"triton_tile_{hashlib.sha256(src.encode()).hexdigest()[:12]}"
         return name, src.replace("def KERNEL(", f"def {name}(", 1)
