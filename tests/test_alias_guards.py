@@ -2,6 +2,7 @@
 inputs (an optimizer's parameters and state) are checked in one pass, and every way of
 sharing memory at run time that the trace did not see is still noticed."""
 import gc
+import types
 
 import torch
 
@@ -20,7 +21,7 @@ def _lists(n, size=4):
 
 def _check_source():
     checks = [o for o in gc.get_objects()
-              if callable(o) and getattr(o, "__name__", "") == "___check" and hasattr(o, "source")]
+              if type(o) is types.FunctionType and o.__name__ == "___check" and hasattr(o, "source")]
     return "\n".join(c.source for c in checks if "add_" not in c.source)
 
 
