@@ -188,11 +188,11 @@ def test_linear_and_matmul_backward_keep_matmuls_in_aten(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_embedding_backward(dtype):
-    """The weight's gradient is a scatter-add (index_put with accumulate): an aten call."""
+    """The weight's gradient is a scatter-add (index_put with accumulate): an aten call by
+    design, not a fallback."""
     w, idx = torch.randn(10, 8).to(dtype), torch.tensor([[1, 3, 3], [0, 9, 3]])
     bw = backward_run(lambda w, idx: F.embedding(idx, w).tanh() * 2, w, idx,
-                      tol=F32 if dtype == torch.float32 else BF16,
-                      fallbacks=("aten.index_put.default",), max_aten=1)
+                      tol=F32 if dtype == torch.float32 else BF16, max_aten=1)
     assert {str(op) for op in bw.extern_ops} == {"aten.index_put.default"}
 
 
@@ -203,6 +203,21 @@ def test_cross_entropy_backward_is_kernels(dtype):
                  max_aten=0)
     backward_run(lambda x, y: F.cross_entropy(x, y, label_smoothing=0.1, reduction="sum"), x, y,
                  tol=F32 if dtype == torch.float32 else BF16, max_aten=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_index_backward_scatter_adds_in_aten(dtype):
+    """(its zero-filled base: a constant stored in bf16)"""
+    x, y = torch.randn(3, 4, 2).to(dtype), torch.randn(4, 2).to(dtype)
+    bw = backward_run(lambda x, y: x[:, torch.tensor([3, 0, 3])].sin() * y[0], x, y, max_aten=1,
+                      tol=F32 if dtype == torch.float32 else BF16)
+    assert [str(op) for op in bw.extern_ops] == ["aten.index_put.default"]
+
+
+def test_gather_backward_scatter_adds_in_aten():
+    x, idx = torch.randn(4, 6), torch.tensor([[0, 5], [1, 1], [2, 0], [5, 5]])
+    bw = backward_run(lambda x, i: torch.gather(x.sin(), 1, i) * 2, x, idx, max_aten=1)
+    assert [str(op) for op in bw.extern_ops] in ([], ["aten.scatter_add.default"]), bw.extern_ops
 
 
 def test_mse_and_nll_losses_backward():
@@ -383,8 +398,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """A pre-norm transformer block (RMS norm, causal attention, SwiGLU) with an
     embedding and a tied head."""
-    def __init__(self, vocab=24, d=16, heads=2):
+    def __init__(self, vocab=24, d=16, heads=2, sdpa=False):
         super().__init__()
+        self.sdpa = sdpa
         self.emb = nn.Embedding(vocab, d)
         self.n1, self.n2 = nn.Parameter(torch.ones(d)), nn.LayerNorm(d)
         self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
@@ -396,9 +412,13 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(rms_norm(x, self.n1)).split(d, -1)
         q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-        s = (q @ k.transpose(-1, -2)) / (d // self.heads) ** 0.5
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, t, d)
+        if self.sdpa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-1, -2)) / (d // self.heads) ** 0.5
+            s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+            a = torch.softmax(s, -1) @ v
+        a = a.transpose(1, 2).reshape(b, t, d)
         x = x + self.o(a)
         h = self.n2(x)
         x = x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -422,7 +442,8 @@ def train(model, batches, compiled):
 @pytest.mark.parametrize("make, data", [
     (MLP, lambda: (torch.randn(6, 16), torch.randint(0, 4, (6,)))),
     (Block, lambda: (torch.randint(0, 24, (2, 5)), torch.randint(0, 24, (2, 5)))),
-], ids=["mlp", "transformer_block"])
+    (lambda: Block(sdpa=True), lambda: (torch.randint(0, 24, (2, 5)), torch.randint(0, 24, (2, 5)))),
+], ids=["mlp", "transformer_block", "transformer_block_sdpa"])
 def test_three_training_steps_match_eager(make, data):
     torch.manual_seed(0)
     model = make()
@@ -437,5 +458,6 @@ def test_three_training_steps_match_eager(make, data):
     kinds = [m.kind for m in backend.COMPILED]
     assert kinds == ["forward", "backward"], kinds   # one graph, compiled once, for 3 steps
     bw = modules("backward")[0]
-    assert bw.kernels and not [f for f in bw.fallbacks if f.op != "aten.index_put.default"], bw.fallbacks
-    assert all(str(op).split(".")[1] in ("mm", "bmm", "index_put") for op in bw.extern_ops), bw.extern_ops
+    assert bw.kernels and not bw.fallbacks, bw.fallbacks
+    assert all(str(op).split(".")[1] in ("mm", "bmm", "index_put", "_scaled_dot_product_flash_attention_for_cpu_backward")
+               for op in bw.extern_ops), bw.extern_ops

@@ -160,10 +160,10 @@ def _stored_by_backward(node, fw_nodes) -> bool:
     while todo:
         cur = todo.pop()
         for u in cur.users:
-            if u in fw_nodes or u.op == "output":
-                continue
             if _in(u.target, VIEWS):
-                todo.append(u)
+                todo.append(u)  # (the forward's view of it, say, that a matmul reads)
+            elif u in fw_nodes or u.op == "output":
+                continue
             elif not _fuses(u):
                 return True
     return False
