@@ -461,3 +461,17 @@ def test_three_training_steps_match_eager(make, data):
     assert bw.kernels and not bw.fallbacks, bw.fallbacks
     assert all(str(op).split(".")[1] in ("mm", "bmm", "index_put", "_scaled_dot_product_flash_attention_for_cpu_backward")
                for op in bw.extern_ops), bw.extern_ops
+
+
+def test_backward_frees_saved_values_and_gradients_when_dead():
+    """The backward wrapper deletes each saved value and intermediate buffer after its last
+    use: the memory of activations goes back during the backward, as in eager."""
+    import re
+    train(Block(), [(torch.randint(0, 24, (2, 5)), torch.randint(0, 24, (2, 5)))], compiled=True)
+    bw = modules("backward")[0]
+    lines = bw.source.splitlines()
+    deleted = {n for line in lines if line.strip().startswith("del ") for n in re.findall(r"\w+", line)[1:]}
+    returned = set(re.findall(r"\w+", lines[-1]))
+    allocated = {m.group(1) for m in map(re.compile(r"    (buf\d+) = ").match, lines) if m}
+    inputs = set(bw.wrapper.lowered.inputs)
+    assert inputs - returned <= deleted and allocated - returned <= deleted, bw.source
