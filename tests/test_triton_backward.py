@@ -348,6 +348,26 @@ def test_partition_saves_matmul_operands_and_reductions():
     assert not bw_relu and torch.ops.aten.relu.default in fw_ops
 
 
+def test_partition_saves_matmul_results_not_activation_derivatives():
+    """Linear, gelu, linear: the backward gets the first matmul's result (stored anyway)
+    and recomputes gelu's derivative from it, rather than the forward storing that too."""
+    from torch._functorch.aot_autograd import aot_function
+    got = {}
+
+    def f(x, w1, w2):
+        return (F.gelu(x @ w1) @ w2).sum()
+
+    def fw(gm, ex):
+        got["fw"] = gm
+        return gm.forward
+    args = [torch.randn(8, 4), torch.randn(4, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True)]
+    aot_function(f, fw, lambda gm, ex: gm.forward, partition_fn=partition.partition,
+                 decompositions=decompositions())(*args).backward()
+    for n in saved(got["fw"]):
+        # each saved value is an input, or one the forward's result needs (so stored anyway)
+        assert n.op == "placeholder" or any(u.op != "output" for u in n.users), n
+
+
 def test_registered_ops_are_recomputed(monkeypatch):
     """An op another module adds to RECOMPUTABLE_OPS is recomputed in the backward: here
     the backward then needs only the input, not a value the forward never stores."""

@@ -73,8 +73,8 @@ def _fuses(node) -> bool:
     from .lowering import LOWERINGS
     if node.op != "call_function":
         return False
-    if node.target is operator.getitem:
-        return True
+    if node.target is operator.getitem:  # one result of a tuple: as the op is
+        return not isinstance(node.args[0], fx.Node) or _fuses(node.args[0])
     name = getattr(getattr(node.target, "_schema", None), "name", None)
     return node.target in LOWERINGS and name not in BY_DESIGN
 
@@ -146,8 +146,10 @@ def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int, static_inputs=()) 
             cost = 0
         else:
             cost = _nbytes(n)
-            # a value the forward does not store itself costs a write more
-            if not (n.op == "placeholder" or any(not _fuses(u) for u in n.users if u in fw_nodes)):
+            # a value the forward does not store itself costs a write more (a matmul's
+            # result, an input or a matmul's operand are stored anyway)
+            if not (n.op == "placeholder" or not _fuses(n) or
+                    any(not _fuses(u) for u in n.users if u in fw_nodes)):
                 cost *= 2
         g.add_edge(n.name + "_in", n.name + "_out", capacity=cost)
         for u in n.users:
