@@ -199,6 +199,7 @@ def _compile(gm, example_inputs, kind):
         if kind == "backward" and not mod.symbolic and _restrided(example_inputs, args):
             # the forward stored a saved value in other strides than AOTAutograd traced:
             # the kernels are built for the strides they will read
+            log.info("triton backend: a backward's inputs have other strides than traced; built again")
             examples = list(args)
             if mod in COMPILED:
                 COMPILED.remove(mod)
