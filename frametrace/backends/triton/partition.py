@@ -180,6 +180,7 @@ def _stored_by_backward(node, fw_nodes) -> bool:
 def partition(joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs, **kwargs):
     """AOTAutograd's `partition_fn`: (forward module, backward module)."""
     from torch._functorch import partitioners as p
+    from torch.fx.experimental.proxy_tensor import is_sym_node
     if getattr(p, "has_recomputable_ops", lambda j: False)(joint):
         # torch.utils.checkpoint's tags: AOTAutograd's min-cut honours them
         return p.min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
@@ -192,16 +193,17 @@ def partition(joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs, **kwargs)
         joint.graph.eliminate_dead_code()
         joint.recompile()
         saved = choose_saved(joint, num_fwd_outputs, kwargs.get("static_lifetime_input_indices"))
+        order = {n: i for i, n in enumerate(joint.graph.nodes)}
+        saved.sort(key=order.__getitem__)
+        syms = [n for n in saved if is_sym_node(n)]
+        tensors = [n for n in saved if n not in syms]
+        # (AOTAutograd's own split of a joint graph at given values; private, hence the
+        # fallback below should another torch name it otherwise)
+        return p._extract_fwd_bwd_modules(joint, tensors, saved_sym_nodes=syms,
+                                          num_fwd_outputs=num_fwd_outputs)
     except Exception as e:  # (an op in the joint graph this policy does not know)
         if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1":
             raise  # (the tests want to see it)
         log.info("triton backend: own partition failed (%s: %s); AOTAutograd's default",
                  type(e).__name__, e)
         return p.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-    order = {n: i for i, n in enumerate(joint.graph.nodes)}
-    saved.sort(key=order.__getitem__)
-    syms = [n for n in saved if p.is_sym_node(n)]
-    tensors = [n for n in saved if n not in syms]
-    fw, bw = p._extract_fwd_bwd_modules(joint, tensors, saved_sym_nodes=syms,
-                                        num_fwd_outputs=num_fwd_outputs)
-    return fw, bw
