@@ -10,7 +10,8 @@ ops without a lowering stay aten calls in the same wrapper.
 On CPU tensors the kernels run in Triton's interpreter when TRITON_INTERPRET=1 (tests);
 otherwise CPU graphs run with aot_eager.  `FRAMETRACE_LOGS=output_code` logs the wrapper
 and the kernels; `last_compiled().fallbacks` (and `FRAMETRACE_LOGS=perf_hints`) name the
-ops that ran as aten calls though a kernel could have run them, and why.  Importing this
+ops that ran as aten calls though a kernel could have run them, and why.  In training the
+backward graph is compiled too (partition.py splits the joint graph).  Importing this
 module does not import Triton.
 """
 from .. import register_backend
@@ -23,6 +24,7 @@ def triton_backend(gm, example_inputs):
 
 
 def last_compiled():
-    """The CompiledModule of the most recently compiled forward graph, or None."""
+    """The CompiledModule of the most recently compiled graph (`.kind`: "inference", or
+    a training graph's "forward" or "backward"), or None."""
     from .backend import COMPILED
     return COMPILED[-1] if COMPILED else None

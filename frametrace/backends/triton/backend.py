@@ -1,5 +1,6 @@
 """The backend's driver: AOTAutograd with decompositions, then lowering, scheduling and
-code generation of the forward graph; the backward graph runs eagerly.
+code generation of each graph it gives: an inference graph, or a training graph's forward
+and backward, split by partition.py (the backward recomputes cheap forward values).
 
 A kernel that cannot be generated, or fails on its first launch, costs only the FX nodes
 it fuses: they become aten calls in the same wrapper and the graph is built again.  The
@@ -37,7 +38,7 @@ REBUILDS = 8
 
 
 class CompiledModule:
-    """What the backend made of one forward graph.  `kernels`: one entry per launch
+    """What the backend made of one graph (`kind`: inference, forward or backward).  `kernels`: one entry per launch
     (`.name`, `.source`); `externs`: aten ops called as they are; `fallbacks`: the FX
     nodes among those that kernels could have run (`lowering.Fallback`s: node, op, why)."""
 
@@ -50,6 +51,7 @@ class CompiledModule:
         self.call = self.namespace["call"]
         self.fast = None    # `fast(args)`, once the first call has compiled every kernel
         self.runner = None  # a CudaGraphRunner, when launches are replayed as a CUDA graph
+        self.kind = "inference"
 
     @property
     def graphable(self) -> bool:
@@ -132,8 +134,10 @@ def compile_graph(gm, example_inputs):
     from .attention import drop_trivial_masks
     if drop_trivial_masks(gm):
         log.debug("triton backend: dropped attention masks that mask nothing")
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward,
-                                 bw_compiler=_eager, decompositions=decompositions(),
+    from .partition import partition
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_training_forward,
+                                 bw_compiler=compile_backward, inference_compiler=compile_forward,
+                                 partition_fn=partition, decompositions=decompositions(),
                                  keep_inference_input_mutations=True)
 
 
@@ -153,6 +157,21 @@ def _strict() -> bool:
 
 
 def compile_forward(gm, example_inputs):
+    """An inference graph (no autograd), or a whole graph handed over alone."""
+    return _compile(gm, example_inputs, "inference")
+
+
+def compile_training_forward(gm, example_inputs):
+    """The forward of a training graph: it also returns what the backward is saved."""
+    return _compile(gm, example_inputs, "forward")
+
+
+def compile_backward(gm, example_inputs):
+    """The backward of a training graph: saved values and tangents in, gradients out."""
+    return _compile(gm, example_inputs, "backward")
+
+
+def _compile(gm, example_inputs, kind):
     device = _graph_device(gm, example_inputs)
     reason = _why_not(example_inputs, device) or (None if config.dynamic_shapes else _symbolic(gm))
     if reason is not None:
@@ -161,7 +180,7 @@ def compile_forward(gm, example_inputs):
     aten_nodes: dict = {}   # FX node -> why it runs as aten, from failed builds and launches
     hinted: set = set()     # the fallbacks logged
     try:
-        mod = _build(gm, example_inputs, device, aten_nodes, hinted)
+        mod = _build(gm, example_inputs, device, aten_nodes, hinted, kind)
     except Unsupported as e:
         if _symbolic(gm) is None:
             return _give_up(gm, e)
@@ -177,6 +196,19 @@ def compile_forward(gm, example_inputs):
         # that does not help.
         nonlocal mod
         kept = list(args)
+        examples = example_inputs
+        if kind == "backward" and not mod.symbolic and _restrided(example_inputs, args):
+            # the forward stored a saved value in other strides than AOTAutograd traced:
+            # the kernels are built for the strides they will read
+            log.info("triton backend: a backward's inputs have other strides than traced; built again")
+            examples = list(args)
+            if mod in COMPILED:
+                COMPILED.remove(mod)
+            try:
+                mod = _build(gm, examples, device, aten_nodes, hinted, kind)
+            except Exception as e:
+                run.target = _give_up(gm, e)
+                return run.target(kept)
         for _ in range(REBUILDS + 1):
             try:
                 out = (mod.runner or mod.call)(args)
@@ -192,7 +224,7 @@ def compile_forward(gm, example_inputs):
                 if mod in COMPILED:
                     COMPILED.remove(mod)  # (one entry per graph)
                 try:
-                    mod = _build(gm, example_inputs, device, aten_nodes, hinted)
+                    mod = _build(gm, examples, device, aten_nodes, hinted, kind)
                 except Exception as e2:
                     run.target = _give_up(gm, e2)
                     return run.target(kept)
@@ -215,7 +247,20 @@ def compile_forward(gm, example_inputs):
     return run
 
 
-def _build(gm, example_inputs, device, aten_nodes, hinted) -> CompiledModule:
+def _restrided(example_inputs, args) -> bool:
+    """Whether a tensor argument's strides differ from its example's (where both are known
+    numbers; size-1 dimensions' strides do not matter)."""
+    for ex, a in zip(example_inputs, args):
+        if isinstance(ex, torch.Tensor) and isinstance(a, torch.Tensor):
+            try:
+                if any(n != 1 and s != t for n, s, t in zip(a.shape, ex.stride(), a.stride())):
+                    return True
+            except Exception:  # symbolic strides
+                return False
+    return False
+
+
+def _build(gm, example_inputs, device, aten_nodes, hinted, kind="inference") -> CompiledModule:
     """`build`, again with the FX nodes of a kernel that could not be generated as aten
     calls, a few times at most; then the last error is raised."""
     for attempt in range(REBUILDS + 1):
@@ -227,9 +272,13 @@ def _build(gm, example_inputs, device, aten_nodes, hinted) -> CompiledModule:
             if blamed is None or attempt == REBUILDS:
                 raise
             aten_nodes.update(blamed)
+    mod.kind = kind
     COMPILED.append(mod)
     del COMPILED[:-8]
-    if mod.graphable:
+    # a training graph's outputs are activations held until the backward, and its
+    # backward's inputs are those: a replay would copy each out (or in), and its static
+    # buffers would hold a second set of them for the life of the graph
+    if mod.graphable and kind == "inference":
         mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
     for f in mod.fallbacks:
         if f not in hinted:

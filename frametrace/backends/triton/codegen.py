@@ -574,11 +574,11 @@ class KernelCodegen:
         v = self.value(c)
         text = pexpr(self.store_index(c))
         level = self.level(text)
-        if compute_dtype(c.dtype) != c.dtype:
-            v = self.op(f"{v}.to({TL[c.dtype]})")
-        if v not in self.levels:  # a constant
+        if v not in self.levels:  # a constant (a zero gradient), made in the stored dtype
             shape = "[XBLOCK, RBLOCK]" if self.group.reduction else self.BLOCK
             v = self.op(f"tl.full({shape}, {v}, {TL[c.dtype]})")
+        elif compute_dtype(c.dtype) != c.dtype:
+            v = self.op(f"{v}.to({TL[c.dtype]})")
         line = f"tl.store({self.arg(c.name, 'out_ptr')} + ({text}), {v}{self._mask(level)})"
         (self.body if self.looped and level == 2 else self.outer).append(line)
 

@@ -19,7 +19,15 @@ BY_DESIGN = frozenset(f"aten::{n}" for n in (
     "convolution", "_convolution", "cudnn_convolution", "scaled_dot_product_attention",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_flash_attention_forward", "_efficient_attention_forward", "copy_"))
+    "_flash_attention_forward", "_efficient_attention_forward", "copy_",
+    # their gradients, in a backward graph
+    "convolution_backward", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward", "_flash_attention_backward",
+    "_efficient_attention_backward"))
+# Scatter-adds (an embedding's or a gather's gradient) when they accumulate: aten's kernels
+# add colliding rows with atomics
+SCATTER_ADDS = frozenset(f"aten::{n}" for n in ("index_put", "scatter_add", "index_add"))
 
 # While set (a set), the FX nodes whose code a kernel's generation runs are added to it
 RECORD = None
@@ -36,8 +44,15 @@ def by_design(node, reason, src_device, out_device) -> bool:
     """Whether `node` is an aten call by design: an op meant to be one, which has no
     lowering (`reason` None), or a copy between devices."""
     if reason is None:
-        return getattr(getattr(node.target, "_schema", None), "name", None) in BY_DESIGN
+        name = getattr(getattr(node.target, "_schema", None), "name", None)
+        return name in BY_DESIGN or name in SCATTER_ADDS and _accumulates(node)
     return node.target in (aten._to_copy.default, aten.copy.default) and src_device != out_device
+
+
+def _accumulates(node) -> bool:
+    if node.target is aten.index_put.default:
+        return bool(node.kwargs.get("accumulate", len(node.args) > 3 and node.args[3]))
+    return True
 
 
 class Traced:

@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.fx
 
-from . import indexing, layout, logsumexp
+from . import grad_ops, indexing, layout, logsumexp  # noqa: F401  (grad_ops registers lowerings)
 from .fallback import Fallback, by_design, ir_values, trace
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
 from .ops import LOWERINGS, compute_dtype

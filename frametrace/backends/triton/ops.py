@@ -231,9 +231,23 @@ _ew([aten.isinf], lambda k, d, x: k.op(f"tl.abs({x}) == float('inf')") if d.is_f
     else "False", _by_input)
 _ew([aten.logical_not], "{0} == 0", _by_input)
 _ew([aten.bitwise_not], lambda k, d, x: k.op(f"{x} == 0" if d == torch.bool else f"~{x}"))
+
+
+def _compare(sym):
+    """Half-precision operands rounded to their dtype first: eager compares the rounded
+    values, and a value computed in the kernel is float32 (a max's backward compares the
+    input, recomputed, with the stored max)."""
+    def tmpl(k, d, a, b):
+        if d in (torch.float16, torch.bfloat16):
+            a, b = (k.op(f"{v}.to({k.tl(d)}).to(tl.float32)") if v in getattr(k, "levels", ()) else v
+                    for v in (a, b))
+        return k.op(f"{a} {sym} {b}")
+    return tmpl
+
+
 for _op, _sym in ((aten.eq, "=="), (aten.ne, "!="), (aten.lt, "<"), (aten.le, "<="),
                   (aten.gt, ">"), (aten.ge, ">=")):
-    _ew([_op], "{0} %s {1}" % _sym, _by_input)
+    _ew([_op], _compare(_sym), _by_input)
 for _op, _sym in ((aten.logical_and, "&"), (aten.logical_or, "|"), (aten.logical_xor, "^")):
     _ew([_op], "({0} != 0) %s ({1} != 0)" % _sym, _by_input)
 for _op, _sym in ((aten.bitwise_and, "&"), (aten.bitwise_or, "|"), (aten.bitwise_xor, "^")):

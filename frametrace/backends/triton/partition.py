@@ -1,10 +1,209 @@
-"""What the forward saves for the backward and what the backward recomputes.
+"""Which forward values a training graph's backward gets saved, and which it recomputes.
 
-`RECOMPUTABLE_OPS`: OpOverloads whose results the partitioner may recompute in the
-backward from their inputs instead of saving them (cheap, and deterministic given their
-inputs).  Other modules add their ops to it (rng.py: the seeded random op, so that a
-dropout mask is recomputed from its seed rather than saved).
-"""
+AOTAutograd traces one joint graph (forward and backward); the partition decides where the
+forward values the backward reads come from.  Saving one costs its bytes: written by the
+forward (unless the forward writes it anyway), held until the backward, read back.
+Recomputing a pointwise one costs nothing extra when the backward's kernel that reads it
+fuses the recomputation, as our code generator does.  So, as AOTAutograd's
+min_cut_rematerialization_partition does, we cut the joint graph at the cheapest set of
+values from which everything the backward needs can be recomputed with cheap ops: a
+minimum s-t cut, each value's capacity its bytes.  The policy is ours: what may be
+recomputed (`RECOMPUTABLE_OPS` and pointwise ops), and what the backward must not
+recompute because it stores it anyway (a matmul's operand).
+
+Graphs we do not partition ourselves (activation checkpointing's tags, no networkx, an
+error) go to AOTAutograd's own partitioners."""
 from __future__ import annotations
 
-RECOMPUTABLE_OPS: set = set()
+import logging
+import math
+import operator
+import os
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+log = logging.getLogger("frametrace")
+
+# Ops (OpOverloads or OpOverloadPackets) that the backward may recompute from saved values
+# besides pointwise ones (`torch.Tag.pointwise`): views, conversions, constants.  Other
+# modules add theirs (a random op that recomputes its numbers from a seed and an offset).
+RECOMPUTABLE_OPS: set = {
+    aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.permute, aten.t,
+    aten.transpose, aten.unsqueeze, aten.squeeze, prims.squeeze, aten.alias, aten.detach,
+    aten.slice, aten.select, aten.split, aten.split_with_sizes, aten.unbind, aten.as_strided,
+    aten.clone, aten._to_copy, prims.convert_element_type, aten.lift_fresh_copy,
+    aten.full, aten.full_like, aten.zeros, aten.ones, aten.zeros_like, aten.ones_like,
+    aten.scalar_tensor, aten.arange, prims.iota, aten.where, aten.clamp, aten.clamp_min,
+    aten.clamp_max, aten.cat, aten.constant_pad_nd, aten.fill,
+}
+# ... whose results cost nothing to hold: the backward never saves them, it saves their base
+VIEWS = {aten.view, aten._unsafe_view, aten.expand, aten.permute, aten.t, aten.transpose,
+         aten.unsqueeze, aten.squeeze, prims.squeeze, aten.alias, aten.detach, aten.slice,
+         aten.select, aten.as_strided}
+
+
+def _packet(target):
+    return getattr(target, "overloadpacket", target)
+
+
+def _in(target, ops) -> bool:
+    return target in ops or _packet(target) in ops
+
+
+def recomputable(node) -> bool:
+    """Whether the backward may compute `node` again from its inputs: cheap, and the same
+    numbers each time (a random op is not, unless its module registered it)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return True
+    if _in(node.target, RECOMPUTABLE_OPS):
+        return True
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+
+
+def _fuses(node) -> bool:
+    """Whether our code generator computes `node` inside a kernel (so a value it reads
+    need not be stored): a lowered op that is not an aten call by design."""
+    from .fallback import BY_DESIGN
+    from .lowering import LOWERINGS
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:  # one result of a tuple: as the op is
+        return not isinstance(node.args[0], fx.Node) or _fuses(node.args[0])
+    name = getattr(getattr(node.target, "_schema", None), "name", None)
+    return node.target in LOWERINGS and name not in BY_DESIGN
+
+
+def _nbytes(node) -> float:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        n = val.numel()
+        try:
+            n = int(n)
+        except Exception:   # symbolic: its hint
+            n = int(getattr(getattr(n, "node", None), "hint", None) or 4096)
+        return n * val.dtype.itemsize
+    if isinstance(val, (torch.SymInt, int)):
+        return 1
+    return math.inf  # tuples of results, opaque objects: saved through their getitems
+
+
+def _is_tangent(node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+def _is_primal(node) -> bool:
+    return node.op == "placeholder" and "primals" in str(node.target)
+
+
+def _closure(starts, step) -> set:
+    seen, todo = set(), list(starts)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(step(n))
+    return seen
+
+
+def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int, static_inputs=()) -> list:
+    """The forward values the backward gets: a minimum cut of the joint graph.
+    `static_inputs`: the indices of the primal inputs that live on anyway (parameters)."""
+    import networkx as nx
+    nodes = list(joint.graph.nodes)
+    primals = [n for n in nodes if _is_primal(n)]
+    free = {primals[i] for i in static_inputs or () if i < len(primals)}
+    outputs = fx.node.map_arg(nodes[-1].args[0], lambda n: n)
+    fw_outs = [o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)]
+    bw_outs = [o for o in outputs[num_fwd_outputs:] if isinstance(o, fx.Node)]
+    inputs = lambda n: n.all_input_nodes  # noqa: E731
+    fw_nodes = _closure(fw_outs, inputs)
+    # what only the backward can compute: the tangents and all that reads them
+    bw_only = _closure([n for n in nodes if _is_tangent(n)], lambda n: n.users)
+    needed = _closure(bw_outs, inputs)
+    g = nx.DiGraph()
+    g.add_node("source"), g.add_node("sink")
+    for n in nodes:
+        if n.op == "output" or n not in needed and n not in fw_nodes:
+            continue
+        if n in bw_only:
+            g.add_edge(n.name + "_in", "sink", capacity=math.inf)
+            continue
+        if n.op == "placeholder" or (n in fw_nodes and not _in(n.target, VIEWS) and (
+                not recomputable(n) or _stored_by_backward(n, fw_nodes))):
+            # computed by the forward: an input, or what the backward must not recompute
+            g.add_edge("source", n.name + "_in", capacity=math.inf)
+        if n in bw_outs:  # a gradient that does not depend on the tangents (a zero)
+            g.add_edge(n.name + "_out", "sink", capacity=math.inf)
+        if _in(n.target, VIEWS):
+            cost = math.inf
+        elif n in free:
+            cost = 0
+        else:
+            cost = _nbytes(n)
+            # a value the forward does not store itself costs a write more (a matmul's
+            # result, an input or a matmul's operand are stored anyway)
+            if not (n.op == "placeholder" or not _fuses(n) or
+                    any(not _fuses(u) for u in n.users if u in fw_nodes)):
+                cost *= 2
+        g.add_edge(n.name + "_in", n.name + "_out", capacity=cost)
+        for u in n.users:
+            g.add_edge(n.name + "_out", u.name + "_in", capacity=math.inf)
+    _, (reach, _) = nx.minimum_cut(g, "source", "sink")
+    by_name = {n.name: n for n in nodes}
+    return [by_name[v[:-3]] for v in reach if v.endswith("_in") and v[:-3] + "_out" not in reach
+            and v[:-3] in by_name]
+
+
+def _stored_by_backward(node, fw_nodes) -> bool:
+    """Whether the backward would store `node` if it recomputed it: an op there that no
+    kernel runs (a matmul) reads it, directly or through views.  Recomputing is then a
+    kernel of its own rather than free: save it."""
+    todo = [node]
+    while todo:
+        cur = todo.pop()
+        for u in cur.users:
+            if _in(u.target, VIEWS):
+                todo.append(u)  # (the forward's view of it, say, that a matmul reads)
+            elif u in fw_nodes or u.op == "output":
+                continue
+            elif not _fuses(u):
+                return True
+    return False
+
+
+def partition(joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs, **kwargs):
+    """AOTAutograd's `partition_fn`: (forward module, backward module)."""
+    from torch._functorch import partitioners as p
+    from torch.fx.experimental.proxy_tensor import is_sym_node
+    if getattr(p, "has_recomputable_ops", lambda j: False)(joint):
+        # torch.utils.checkpoint's tags: AOTAutograd's min-cut honours them
+        return p.min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    try:
+        import networkx  # noqa: F401
+    except ImportError:
+        log.info("triton backend: no networkx; the backward gets what the forward computed")
+        return p.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    try:
+        joint.graph.eliminate_dead_code()
+        joint.recompile()
+        saved = choose_saved(joint, num_fwd_outputs, kwargs.get("static_lifetime_input_indices"))
+        order = {n: i for i, n in enumerate(joint.graph.nodes)}
+        saved.sort(key=order.__getitem__)
+        syms = [n for n in saved if is_sym_node(n)]
+        tensors = [n for n in saved if n not in syms]
+        # (AOTAutograd's own split of a joint graph at given values; private, hence the
+        # fallback below should another torch name it otherwise)
+        return p._extract_fwd_bwd_modules(joint, tensors, saved_sym_nodes=syms,
+                                          num_fwd_outputs=num_fwd_outputs)
+    except Exception as e:  # (an op in the joint graph this policy does not know)
+        if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1":
+            raise  # (the tests want to see it)
+        log.info("triton backend: own partition failed (%s: %s); AOTAutograd's default",
+                 type(e).__name__, e)
+        return p.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)

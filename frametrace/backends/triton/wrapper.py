@@ -150,6 +150,33 @@ def _align_attention(t):
 
 
 _ALLOC = "empty_strided({shape}, {stride}, dtype={dtype}, device=device)"
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+_ASSIGN = re.compile(r"    (\w+) = ")
+
+
+def _free_dead(lines, inputs) -> list[str]:
+    """`lines` with each input and buffer deleted after the line that last uses it (those
+    returned kept): a backward's saved activations and gradients go back to the allocator
+    as soon as they are dead, not when the wrapper returns, as in eager."""
+    start = lines.index("    args.clear()") + 1
+    body, ret = lines[start:-1], lines[-1]
+    tracked = set(inputs) | {m.group(1) for m in map(_ASSIGN.match, body) if m}
+    last = dict.fromkeys(inputs, -1)
+    for i, line in enumerate(body):
+        for name in _NAME.findall(line.split("  #")[0]):
+            if name in tracked:
+                last[name] = i
+    kept = set(_NAME.findall(ret))
+    dead: dict = {}
+    for name, i in last.items():
+        if name not in kept:
+            dead.setdefault(i, []).append(name)
+    out = lines[:start] + ([f"    del {', '.join(dead[-1])}"] if -1 in dead else [])
+    for i, line in enumerate(body):
+        out.append(line)
+        if i in dead:
+            out.append(f"    del {', '.join(dead[i])}")
+    return out + [ret]
 
 
 class WrapperCodegen:
@@ -226,7 +253,7 @@ class WrapperCodegen:
                     shape=pycode(c.shape), stride=pycode(c.buffer.stride), dtype=c.dtype))
             lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
         lines.append(f"    return [{', '.join(self.expr(o) for o in L.outputs)}]")
-        return "\n".join(lines) + "\n"
+        return "\n".join(_free_dead(lines, L.inputs)) + "\n"
 
     @staticmethod
     def _launch(launcher, item) -> str:
