@@ -188,12 +188,12 @@ def _accesses(lowered, items):
     return out
 
 
-def order(lowered) -> list[list] | None:
-    """Runs of items (each run grouped into kernels on its own, in this order), or None to
-    keep program order (no input writes).  A run is a cluster: the chain of nodes a
-    kernel can fuse (a node and what it reads in the same index space) with the input
-    writes of it.  Clusters go in an order that respects every read: of a value made
-    before, and of an input's old value before the write to that input."""
+def groups(lowered) -> list | None:
+    """KernelGroups and Externs in launch order, or None to keep program order (no input
+    writes).  Items are clustered into chains a kernel can fuse (a node and what it reads
+    in the same index space, with the writes of the inputs they read), each cluster
+    grouped on its own; clusters go in an order that respects every read: of a value
+    made before, and of an input's old value before the write to that input."""
     items = lowered.items
     if not any(isinstance(i, InputWrite) for i in items):
         return None
@@ -205,13 +205,14 @@ def order(lowered) -> list[list] | None:
     for i, (_, makes) in enumerate(acc):
         for n in makes - inputs:
             maker[n] = i
-    # reads through the values read (an inlined value reads what it reads)
+    # reads through the values read (a kernel may compute a value it reads, reading what
+    # that reads; an extern's result is memory)
     deep = []
     for i, (reads, _) in enumerate(acc):
         d = set(reads)
         for n in reads:
             j = maker.get(n)
-            if j is not None and j < i:
+            if j is not None and j < i and isinstance(items[j], Computed):
                 d |= deep[j]
         deep.append(d)
     edges = [set() for _ in items]   # i -> the items that must run after it
@@ -237,17 +238,20 @@ def order(lowered) -> list[list] | None:
     for i, (_, makes) in enumerate(acc):
         for n in makes & inputs:
             writers[n] = i
+    war = []   # (reader of an input's old value, the write to that input)
     for j in range(len(items)):
         for n in deep[j] & writers.keys():
             w = writers[n]
             if w != j:
-                edges[j].add(w)
+                war.append((j, w))
                 if fusible[j] and fusible[w] and items[j].numel == items[w].numel \
                         and not (items[j].is_reduction or items[j].is_scan):
                     union(j, w)
-    externs = [i for i, it in enumerate(items) if isinstance(it, Extern)]
-    for a, b in zip(externs, externs[1:]):
-        edges[a].add(b)   # (externs keep their order: random numbers, say)
+    # externs with effects beyond their data (random numbers, an op we cannot see into)
+    # keep their order
+    ordered = [i for i, it in enumerate(items) if isinstance(it, Extern) and _effects(it.op)]
+    for a, b in zip(ordered, ordered[1:]):
+        edges[a].add(b)
     # a reduction kernel's members stay together, as the scheduler grouped them
     from .scheduler import group
     position = {id(it): i for i, it in enumerate(items)}
@@ -256,24 +260,57 @@ def order(lowered) -> list[list] | None:
             first = position[id(g.members[0])]
             for m in g.members[1:]:
                 union(first, position[id(m)])
+    # Within a cluster a write may follow a reader of the old value in either order when
+    # both land in one kernel (each lane loads before it stores): checked once grouped.
+    # (Two writes that each read the other's old input, at their own elements: SGD's
+    # parameter and momentum buffer.)
+    inside = [(j, w) for j, w in war if find(j) == find(w)]
+    for j, w in war:
+        if find(j) != find(w):
+            edges[j].add(w)
     clusters = {}
     for i in range(len(items)):
         clusters.setdefault(find(i), []).append(i)
-    runs = _topological(list(clusters.values()), edges, len(items))
+    last = [isinstance(it, InputWrite) for it in items]
+    kinds = [isinstance(it, Extern) for it in items]
+    runs = _topological(list(clusters.values()), edges, last, kinds)
     if runs is None:
-        flat = _topological([[i] for i in range(len(items))], edges, len(items))
+        for j, w in inside:
+            edges[j].add(w)
+        inside = []
+        flat = _topological([[i] for i in range(len(items))], edges, last, kinds)
         if flat is None:
             _cycle(items, edges)
         runs = [[i for run in flat for i in run]]
     for pos, i in enumerate(i for run in runs for i in run):
         if isinstance(items[i], Computed):
             items[i].order = pos  # kernels launched before read it, later ones inline it
-    return [[items[i] for i in run] for run in runs]
+    groups = [g for run in runs for g in group([items[i] for i in run])]
+    kernel_of = {}
+    for k, g in enumerate(groups):
+        for m in ([g] if isinstance(g, Extern) else g.members):
+            kernel_of[id(m)] = k
+    for j, w in inside:
+        if kernel_of[id(items[j])] > kernel_of[id(items[w])]:
+            e = Unsupported("an input written before a kernel that reads its old value")
+            e.frametrace_node = getattr(items[w].node.fn, "node", None)
+            raise e
+    return groups
 
 
-def _topological(clusters, edges, n):
+def _effects(op) -> bool:
+    if not isinstance(op, torch._ops.OpOverload):
+        return True
+    return torch.Tag.nondeterministic_seeded in op.tags or (
+        op._schema.is_mutable and op is not aten.copy_.default)
+
+
+def _topological(clusters, edges, last, kinds):
     """The clusters in an order where every edge runs forward (each cluster's items
-    too), earliest program position first; None when there is a cycle."""
+    too), or None when there is a cycle.  Clusters go in waves, by their depth in the
+    graph of clusters: the independent ones of a wave follow one another, so that they
+    launch together (a wave's kernels before its externs, each by program position)."""
+    n = len(last)
     of = [0] * n
     for c, members in enumerate(clusters):
         for i in members:
@@ -285,38 +322,51 @@ def _topological(clusters, edges, n):
             if of[i] != of[j] and of[j] not in cedges[of[i]]:
                 cedges[of[i]].add(of[j])
                 indeg[of[j]] += 1
-    ready = [(min(m), c) for c, m in enumerate(clusters) if indeg[c] == 0]
+    depth = [0] * len(clusters)
+    todo, left = [c for c in range(len(clusters)) if indeg[c] == 0], list(indeg)
+    for c in todo:   # (grows while it is walked: Kahn's order)
+        for d in cedges[c]:
+            depth[d] = max(depth[d], depth[c] + 1)
+            left[d] -= 1
+            if left[d] == 0:
+                todo.append(d)
+    if len(todo) != len(clusters):
+        return None
+
+    def key(c):
+        return depth[c], kinds[clusters[c][0]], min(clusters[c]), c
+    ready = [key(c) for c in range(len(clusters)) if indeg[c] == 0]
     heapq.heapify(ready)
     runs = []
     while ready:
-        _, c = heapq.heappop(ready)
-        inner = _inner_order(clusters[c], edges)
+        c = heapq.heappop(ready)[-1]
+        inner = _inner_order(clusters[c], edges, last)
         if inner is None:
             return None
         runs.append(inner)
         for d in cedges[c]:
             indeg[d] -= 1
             if indeg[d] == 0:
-                heapq.heappush(ready, (min(clusters[d]), d))
-    return runs if len(runs) == len(clusters) else None
+                heapq.heappush(ready, key(d))
+    return runs
 
 
-def _inner_order(members, edges):
+def _inner_order(members, edges, last):
     mset = set(members)
     indeg = {i: 0 for i in members}
     for i in members:
         for j in edges[i] & mset:
             indeg[j] += 1
-    ready = [i for i in members if indeg[i] == 0]
+    ready = [(last[i], i) for i in members if indeg[i] == 0]
     heapq.heapify(ready)
     out = []
     while ready:
-        i = heapq.heappop(ready)
+        _, i = heapq.heappop(ready)
         out.append(i)
         for j in edges[i] & mset:
             indeg[j] -= 1
             if indeg[j] == 0:
-                heapq.heappush(ready, j)
+                heapq.heappush(ready, (last[j], j))
     return out if len(out) == len(members) else None
 
 

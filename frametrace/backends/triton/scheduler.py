@@ -113,8 +113,8 @@ def schedule(lowered) -> list:
     when another kernel, an extern or the graph's outputs read it.  A graph that writes its
     inputs (an optimizer step) is reordered into fusible chains and its independent
     kernels launch together (foreach.py)."""
-    runs = foreach.order(lowered)
-    groups = group(lowered.items) if runs is None else [g for run in runs for g in group(run)]
+    ordered = foreach.groups(lowered)
+    groups = group(lowered.items) if ordered is None else ordered
     needed = set(lowered.wrapper_reads)
     for g in groups:
         if not isinstance(g, Extern):
@@ -133,4 +133,4 @@ def schedule(lowered) -> list:
             cg, name, source = tiling.generate(g, stores)
             out.append(Kernel(g, stores, name, source, dict(cg.args), cg.symbols,
                               getattr(cg, "tile", None)))
-    return out if runs is None else foreach.combine(out)
+    return out if ordered is None else foreach.combine(out)
