@@ -214,3 +214,31 @@ def test_a_kernel_that_writes_inputs_is_not_retuned():
     mod = run_steps(sgd_momentum, sgd_inputs(SHAPES[:2]), steps=1)
     for name in mod.wrapper.launchers:
         assert len(mod.namespace[name].configs) == 1
+
+
+def test_a_cuda_step_with_cpu_step_counters_compiles_to_kernels_that_take_no_cpu_pointer():
+    """Built (not run) for FakeTensors on "cuda" with torch.optim's default CPU steps: the
+    counters are updated on the host and read by value; the parameters' update is still
+    one combo kernel, and no kernel takes a pointer to host memory."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from frametrace.backends.triton.decompositions import decompositions
+    n = 4
+
+    def f(*flat):
+        lists = [list(flat[i * n:(i + 1) * n]) for i in range(6)]
+        adam_amsgrad(*lists)
+        return ()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        flat = [torch.empty(SHAPES[i], device="cuda") for _ in range(5) for i in range(n)]
+        flat += [torch.tensor(float(i)) for i in range(n)]
+        gm = make_fx(torch.func.functionalize(f, remove="mutations_and_views"),
+                     decomposition_table=decompositions())(*flat)
+        mod = backend.build(gm, flat)
+    lowered = mod.wrapper.lowered
+    assert lowered.device.type == "cuda" and len(lowered.devices) >= n
+    pointers = {name for k in mod.kernels for name in k.args}
+    assert not pointers & set(lowered.devices), "a kernel takes a pointer to CPU memory"
+    assert [k.source.count("elif pid <") for k in mod.kernels] == [n - 1], mod.source
+    assert not [fb for fb in mod.fallbacks if "copy_" in fb.op]
+    assert not mod.graphable
