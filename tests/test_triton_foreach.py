@@ -218,8 +218,8 @@ def test_a_kernel_that_writes_inputs_is_not_retuned():
 
 def test_a_cuda_step_with_cpu_step_counters_compiles_to_kernels_that_take_no_cpu_pointer():
     """Built (not run) for FakeTensors on "cuda" with torch.optim's default CPU steps: the
-    counters are updated on the host and read by value; the parameters' update is still
-    one combo kernel, and no kernel takes a pointer to host memory."""
+    counters are updated on the host and read by value; the parameters' update, bias
+    corrections included, is one combo kernel, and no kernel takes a pointer to host memory."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from frametrace.backends.triton.decompositions import decompositions
@@ -241,4 +241,9 @@ def test_a_cuda_step_with_cpu_step_counters_compiles_to_kernels_that_take_no_cpu
     assert not pointers & set(lowered.devices), "a kernel takes a pointer to CPU memory"
     assert [k.source.count("elif pid <") for k in mod.kernels] == [n - 1], mod.source
     assert not [fb for fb in mod.fallbacks if "copy_" in fb.op]
+    # per counter, on the host: its increment, its write-back, one read of its value (the
+    # bias corrections are computed in the kernel from that number)
+    assert sorted({str(op) for op in mod.extern_ops}) == [
+        "aten._local_scalar_dense.default", "aten.add.Tensor", "aten.copy_.default"]
+    assert len(mod.extern_ops) == 3 * n
     assert not mod.graphable
