@@ -200,6 +200,15 @@ def test_an_input_read_at_another_position_is_read_before_it_is_overwritten():
     run_steps(f, [xs, ys])
 
 
+def test_an_input_overwritten_with_its_own_values_at_other_positions():
+    def f(xs):
+        for x in xs:
+            x.copy_(torch.cat([x[1:], x[:1]]) * 2)   # (a kernel's lane would read another's)
+    mod = run_steps(f, [[torch.randn(6), torch.randn(4, 3)]])
+    # the rotated values are computed into memory first, then copied in
+    assert [str(op) for op in mod.extern_ops] == ["aten.copy_.default"] * 2, mod.source
+
+
 def test_inputs_that_swap_values():
     def f(a, b):
         t = a[0] * 2

@@ -127,7 +127,18 @@ def _input_write(L, node, dst, src, non_blocking=False):
     return dst
 
 
+def _copy(L, node, dst, src, non_blocking=False):
+    """`aten.copy` (functional): `src` broadcast to `dst`'s shape in `dst`'s dtype."""
+    if not hasattr(src, "load") or len(src.shape) > len(dst.shape):
+        raise Unsupported("a copy from a value that does not broadcast")
+
+    def fn(k, idx):
+        return k.cast(src.load(k, bcast(idx, src.shape)), src.dtype, dst.dtype)
+    return Pointwise(dst.shape, dst.dtype, fn, reads_of(src))
+
+
 LOWERINGS[aten.copy_.default] = _input_write
+LOWERINGS[aten.copy.default] = _copy
 
 
 # -- order: each tensor's chain in one kernel, old values read before they are overwritten ------
@@ -163,7 +174,7 @@ def _fuse_spaces(a, b) -> bool:
 def _accesses(lowered, items):
     """Per item: (names it reads, names it makes), a kernel's reads as its own generation
     finds them (inlined values included), an extern's from its arguments."""
-    from .codegen import KernelCodegen, KernelGroup
+    from .codegen import KernelCodegen, KernelGroup, NotFusable
     inputs = set(lowered.inputs)
     out = []
     for item in items:
@@ -183,7 +194,14 @@ def _accesses(lowered, items):
             continue
         x, r, red = _space(item)
         cg = KernelCodegen(KernelGroup([item], x, r, red), [item])
-        cg.generate()
+        try:
+            cg.generate()
+        except NotFusable:
+            # a write whose value reads the input at other elements (`x.copy_(x.flip(0))`):
+            # it stays an aten copy of a value computed before
+            e = Unsupported("a write to an input that reads the input at other elements")
+            e.frametrace_node = getattr(item.node.fn, "node", None)
+            raise e from None
         out.append(((cg.reads | set(cg.args)) - ({item.name} - inputs), {item.name}))
     return out
 
