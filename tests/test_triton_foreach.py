@@ -256,3 +256,14 @@ def test_a_cuda_step_with_cpu_step_counters_compiles_to_kernels_that_take_no_cpu
         "aten._local_scalar_dense.default", "aten.add.Tensor", "aten.copy_.default"]
     assert len(mod.extern_ops) == 3 * n
     assert not mod.graphable
+
+
+def test_a_functional_foreach_op_is_one_combo_kernel():
+    def f(xs, ys):
+        return torch._foreach_addcmul(torch._foreach_mul(xs, 2), xs, ys, 0.5)
+    xs, ys = [torch.randn(s) for s in SHAPES], [torch.randn(s) for s in SHAPES]
+    got = frametrace.optimize(backend="triton", fullgraph=True)(f)(xs, ys)
+    torch.testing.assert_close(got, f(xs, ys))
+    mod = last_compiled()
+    assert len(mod.kernels) == 1 and mod.kernels[0].source.count("elif pid <") == len(SHAPES) - 1
+    assert mod.externs == []

@@ -208,12 +208,12 @@ def _accesses(lowered, items):
 
 def groups(lowered) -> list | None:
     """KernelGroups and Externs in launch order, or None to keep program order (no input
-    writes).  Items are clustered into chains a kernel can fuse (a node and what it reads
+    writes, no `_foreach_*` ops).  Items are clustered into chains a kernel can fuse (a node and what it reads
     in the same index space, with the writes of the inputs they read), each cluster
     grouped on its own; clusters go in an order that respects every read: of a value
     made before, and of an input's old value before the write to that input."""
     items = lowered.items
-    if not any(isinstance(i, InputWrite) for i in items):
+    if not any(isinstance(i, InputWrite) for i in items) and not _has_foreach(lowered.gm):
         return None
     acc = _accesses(lowered, items)
     if acc is None:
@@ -314,6 +314,12 @@ def groups(lowered) -> list | None:
             e.frametrace_node = getattr(items[w].node.fn, "node", None)
             raise e
     return groups
+
+
+def _has_foreach(gm) -> bool:
+    """Whether the graph had `_foreach_*` ops (decomposed: their nodes remember them)."""
+    return any(getattr(getattr(n.meta.get("original_aten"), "_schema", None), "name", "")
+               .startswith("aten::_foreach_") for n in gm.graph.nodes)
 
 
 def _effects(op) -> bool:
