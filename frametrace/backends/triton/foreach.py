@@ -9,7 +9,7 @@ counters).  Here:
 - a `copy_` into a whole graph input is a kernel store straight into the input's memory
   (an `InputWrite`), not a temporary and an aten copy (`_input_write`);
 - the realized nodes are reordered so that each tensor's chain is one kernel and every
-  read of an input's old value runs before the store that overwrites it (`order`);
+  read of an input's old value runs before the store that overwrites it (`groups`);
 - independent pointwise kernels that follow one another are launched as one combo
   kernel: the grid spans all of them, and each program finds its sub-kernel from its
   program id (`combine`), so that the update of hundreds of tensors is a few launches.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 import re
 
 import torch
@@ -94,7 +93,7 @@ def decompositions() -> dict:
 class InputWrite(Computed):
     """A `copy_` of a value into a graph input: a kernel stores it straight into the
     input's memory (its name is the input's).  Reads of the input anywhere in the graph
-    mean its old value, so they all run before this store (see `order`)."""
+    mean its old value, so they all run before this store (see `groups`)."""
     __slots__ = ()
     in_place = True
 
