@@ -267,3 +267,20 @@ def test_a_functional_foreach_op_is_one_combo_kernel():
     mod = last_compiled()
     assert len(mod.kernels) == 1 and mod.kernels[0].source.count("elif pid <") == len(SHAPES) - 1
     assert mod.externs == []
+
+
+def test_a_running_statistic_updated_in_place_beside_a_reduction():
+    """A BatchNorm-style running mean: its update is a store into the input, fused with
+    what else reads the reduction (no aten copy_, no temporary for it)."""
+    def f(x, running):
+        m = x.mean(0)
+        running.mul_(0.9).add_(m * 0.1)
+        return (x - m).relu(), (x - m).sigmoid()
+    x, running = torch.randn(64, 8), torch.randn(8)
+    expected_running = running.clone()
+    got = frametrace.optimize(backend="triton", fullgraph=True)(f)(x, running)
+    torch.testing.assert_close(got, f(x, expected_running))
+    torch.testing.assert_close(running, expected_running)
+    mod = last_compiled()
+    assert mod.externs == [] and len(mod.kernels) == 2, mod.source
+    assert mod.source.count("empty_strided") == 3   # the mean and the two outputs

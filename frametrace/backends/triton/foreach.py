@@ -269,14 +269,25 @@ def groups(lowered) -> list | None:
     ordered = [i for i, it in enumerate(items) if isinstance(it, Extern) and _effects(it.op)]
     for a, b in zip(ordered, ordered[1:]):
         edges[a].add(b)
-    # a reduction kernel's members stay together, as the scheduler grouped them
+    # what the scheduler fused in program order stays together: a reduction kernel's
+    # members, and pointwise ones that read a tensor in common (siblings that share its
+    # loads; not each tensor's chain of a foreach op, which share only scalars)
     from .scheduler import group
     position = {id(it): i for i, it in enumerate(items)}
+    sizes = _sizes(lowered)
     for g in group(items):
-        if not isinstance(g, Extern) and g.reduction:
-            first = position[id(g.members[0])]
-            for m in g.members[1:]:
-                union(first, position[id(m)])
+        if isinstance(g, Extern):
+            continue
+        members = [position[id(m)] for m in g.members]
+        if g.reduction:
+            for m in members[1:]:
+                union(members[0], m)
+            continue
+        seen = {}
+        for m in members:
+            for n in acc[m][0]:
+                if sizes.get(n, 1) > 1:
+                    union(seen.setdefault(n, m), m)
     # Within a cluster a write may follow a reader of the old value in either order when
     # both land in one kernel (each lane loads before it stores): checked once grouped.
     # (Two writes that each read the other's old input, at their own elements: SGD's
@@ -313,6 +324,27 @@ def groups(lowered) -> list | None:
             e.frametrace_node = getattr(items[w].node.fn, "node", None)
             raise e
     return groups
+
+
+def _sizes(lowered) -> dict:
+    """{wrapper name: element count} of the graph's inputs and values."""
+    sizes = {n: t.numel() for n, t in zip(lowered.inputs, lowered.example_inputs)
+             if isinstance(t, torch.Tensor)}
+    for item in lowered.items:
+        for b in ([item.buffer] if isinstance(item, Computed) else
+                  _buffers(item.outputs, []) if isinstance(item, Extern) else []):
+            if indexing.is_static(b.numel):
+                sizes[b.name] = int(b.numel)
+    return sizes
+
+
+def _buffers(x, out):
+    if isinstance(x, Buffer):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _buffers(v, out)
+    return out
 
 
 def _has_foreach(gm) -> bool:
