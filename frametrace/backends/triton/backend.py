@@ -19,6 +19,7 @@ from .codegen import KernelCodegen
 from .cudagraphs import CudaGraphRunner
 from .decompositions import decompositions
 from .fallback import kernel_nodes
+from .foreach import in_place
 from .ir import Extern, Unsupported
 from .lowering import GraphLowering
 from .rng import hoist_seeds
@@ -59,7 +60,8 @@ class CompiledModule:
         return (config.cudagraphs and not self.symbolic and self.namespace["device"].type == "cuda"
                 and not self.wrapper.lowered.off_device  # host work a replay would skip
                 and len(self.kernels) + len(self.externs) >= config.cudagraph_min_launches
-                and not any(op._schema.is_mutable for op in self.extern_ops))
+                and not any(op._schema.is_mutable for op in self.extern_ops)
+                and not any(in_place(k) for k in self.kernels))  # (inputs are copied in)
 
     @property
     def unique_kernels(self) -> list[str]:
@@ -340,6 +342,7 @@ def _mutated_before(mod, e) -> bool:
         tb = tb.tb_next
     writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
               and getattr(getattr(i.op, "_schema", None), "is_mutable", True)]
+    writes += [f"    {n}(" for n, k in zip(mod.wrapper.launchers, mod.kernels) if in_place(k)]
     if not writes or line is None:
         return bool(writes)
     return any(text.startswith(w) for text in mod.source.splitlines()[:line - 1] for w in writes)

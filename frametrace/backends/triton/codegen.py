@@ -288,7 +288,7 @@ class KernelCodegen:
         return arg
 
     def load(self, buf, index) -> str:
-        if buf.name in self.members:
+        if buf.name in self.members and not self._own_old_value(self.members[buf.name], index):
             raise NotFusable(f"{buf.name} is written by this kernel")
         if buf.symbolic:
             self.wide = True
@@ -303,6 +303,12 @@ class KernelCodegen:
         v = self.op(f"tl.load({self.arg(buf.name, 'in_ptr')} + ({text}){mask}{other})")
         cd = compute_dtype(buf.dtype)
         return v if cd == buf.dtype else self.op(f"{v}.to({TL[cd]})")
+
+    def _own_old_value(self, c, index) -> bool:
+        """An input's old value at the element this kernel's write to it (an InputWrite)
+        stores: the same lane loads it first."""
+        return getattr(c, "in_place", False) and \
+            self._pinned(sympy.expand(index - c.buffer.index(self.own_index(c)))) == 0
 
     # -- realized nodes ---------------------------------------------------------------------
     def _pinned(self, e):
@@ -571,6 +577,9 @@ class KernelCodegen:
         return c.buffer.index(self.own_index(c))
 
     def store(self, c):
+        if getattr(c, "in_place", False) and not self.looped:
+            for s in self.stores:  # every old value this kernel reads, before it is overwritten
+                self.value(s)
         v = self.value(c)
         text = pexpr(self.store_index(c))
         level = self.level(text)

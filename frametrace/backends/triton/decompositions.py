@@ -8,6 +8,8 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from . import foreach
+
 aten = torch.ops.aten
 
 
@@ -61,6 +63,7 @@ def decompositions():
     # the cuDNN/flash/efficient kernels have no decomposition
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.native_layer_norm.default] = _layer_norm
+    table.update(foreach.decompositions())  # per tensor: each tensor's chain fuses
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_inference
     # random ops: seeded Philox numbers that kernels generate (rng.py)
     from . import rng

@@ -43,7 +43,7 @@ class Fallback(NamedTuple):
 def by_design(node, reason, src_device, out_device) -> bool:
     """Whether `node` is an aten call by design: an op meant to be one, which has no
     lowering (`reason` None), or a copy between devices."""
-    if reason is None:
+    if reason is None or node.target is aten.copy_.default:  # (a write-back no kernel stores)
         name = getattr(getattr(node.target, "_schema", None), "name", None)
         return name in BY_DESIGN or name in SCATTER_ADDS and _accumulates(node)
     return node.target in (aten._to_copy.default, aten.copy.default) and src_device != out_device

@@ -60,12 +60,15 @@ class Placement:
         return device
 
     def _made_for_kernels(self, node, args, kwargs) -> bool:
-        """Whether `node` makes a value from numbers alone (`torch.full((), v)` on the CPU)
-        that only ops on the kernels' device read: made there too, it is a literal in their
-        kernels (for them a scalar tensor on either device means the same)."""
-        if any(isinstance(a, IRNode) for a in _flat((args, kwargs))):
+        """Whether `node` makes a value from numbers alone (`torch.full((), v)` on the CPU),
+        or a host scalar from host scalars (torch.optim's bias corrections from CPU step
+        counters), that only ops on the kernels' device read, directly or through more of
+        the same: made there too, it is computed in their kernels from numbers and host
+        scalars read by value (for them a scalar tensor on either device means the same),
+        not by one aten call on the host per op."""
+        if any(isinstance(a, IRNode) and not _one(a) for a in _flat((args, kwargs))):
             return False
-        return all(device_of(u.meta.get("val")) == self.device for u in node.users)
+        return _feeds_kernels(node, self.device)
 
     def _on_device(self, args, kwargs):
         """The op's arguments as kernels on the graph's device can read them, and the host
@@ -147,6 +150,25 @@ class Placement:
         for key in added or ():
             got = self._host.pop(key)
             self.items[:] = [i for i in self.items if not (isinstance(i, Extern) and i.name == got.name)]
+
+
+def _one(v) -> bool:
+    shape = getattr(v, "shape", None)
+    return shape is not None and all(n == 1 for n in shape)
+
+
+def _feeds_kernels(node, device, depth=0) -> bool:
+    """Whether every user of `node` is an op on `device`, or a functional op making one
+    element on another device whose users are (a few levels at most)."""
+    for u in node.users:
+        val = u.meta.get("val")
+        if device_of(val) == device:
+            continue
+        if depth >= 8 or not isinstance(val, torch.Tensor) or val.numel() != 1 or \
+                getattr(getattr(u.target, "_schema", None), "is_mutable", True) or \
+                not _feeds_kernels(u, device, depth + 1):
+            return False
+    return True
 
 
 def _names(outputs):

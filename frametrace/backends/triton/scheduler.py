@@ -7,7 +7,7 @@ current one's values (sibling split reductions, see `_join_back`).
 """
 from __future__ import annotations
 
-from . import tiling
+from . import foreach, tiling
 from .codegen import KernelCodegen, KernelGroup, NotFusable
 from .ir import Computed, Extern
 
@@ -110,8 +110,11 @@ class Kernel:
 
 def schedule(lowered) -> list:
     """Kernels and Externs in launch order.  A computed value is written to memory only
-    when another kernel, an extern or the graph's outputs read it."""
-    groups = group(lowered.items)
+    when another kernel, an extern or the graph's outputs read it.  A graph that writes its
+    inputs (an optimizer step) is reordered into fusible chains and its independent
+    kernels launch together (foreach.py)."""
+    ordered = foreach.groups(lowered)
+    groups = group(lowered.items) if ordered is None else ordered
     needed = set(lowered.wrapper_reads)
     for g in groups:
         if not isinstance(g, Extern):
@@ -130,4 +133,4 @@ def schedule(lowered) -> list:
             cg, name, source = tiling.generate(g, stores)
             out.append(Kernel(g, stores, name, source, dict(cg.args), cg.symbols,
                               getattr(cg, "tile", None)))
-    return out
+    return out if ordered is None else foreach.combine(out)

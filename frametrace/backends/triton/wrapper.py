@@ -10,7 +10,7 @@ import re
 import sympy
 import torch
 
-from . import autotune, indexing
+from . import autotune, foreach, indexing
 from .indexing import pycode
 from .ir import Buffer, Extern, Unsupported
 from .scheduler import Kernel
@@ -223,8 +223,10 @@ class WrapperCodegen:
                 externs.append(str(item.op))
             else:
                 kernels.append(item)
-                launcher = TiledLauncher(item, item.tile.configs) if item.tile else \
-                    Launcher(item, self._configs(item))
+                configs = item.tile.configs if item.tile else self._configs(item)
+                if foreach.in_place(item):
+                    configs = configs[:1]  # (timing candidates would apply the update again)
+                launcher = TiledLauncher(item, configs) if item.tile else Launcher(item, configs)
                 self.launchers.append(self.const(launcher, "kernel"))
         source = self._function("call", [], self._launch, _ALLOC)
         if indexing.HINTS:
@@ -249,6 +251,8 @@ class WrapperCodegen:
                 lines += self.extern(item)
                 continue
             for c in item.stores:
+                if c.name in self.lowered.inputs:
+                    continue  # a write into the input's own memory
                 lines.append(f"    {c.name} = " + alloc.format(
                     shape=pycode(c.shape), stride=pycode(c.buffer.stride), dtype=c.dtype))
             lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
@@ -306,7 +310,7 @@ class WrapperCodegen:
     @staticmethod
     def _configs(kernel):
         from .codegen import configs_for
-        return configs_for(kernel.group)
+        return getattr(kernel.group, "configs", None) or configs_for(kernel.group)
 
     def extern(self, e: Extern) -> list[str]:
         lines = self._externs.get(e.name)
