@@ -203,9 +203,6 @@ class NewObjectVar(InstanceAttrs, Var):
     def own_attr(self, tx, name):
         return self.attrs.get(name, MISSING)
 
-    def del_own_attr(self, tx, name):
-        del self.attrs[name]
-
     def set_own_attr(self, tx, name, value):
         self.attrs[name] = value
 
