@@ -261,34 +261,9 @@ def test_recomputed_mask_equals_the_forward_mask():
     assert torch.equal(y != 0, recomputed)
 
 
-@pytest.fixture
-def recomputing_partitioner(monkeypatch):
-    """AOTAutograd partitioned by functorch's min-cut with the ops of RECOMPUTABLE_OPS
-    recomputable, where the backend does not choose a partitioner itself (what the
-    recomputing partitioner does)."""
-    from torch._functorch import partitioners
-
-    from frametrace.backends.triton import backend
-    op_list = partitioners.get_default_op_list
-
-    def ops():
-        table = op_list()
-        for op in RECOMPUTABLE_OPS:
-            table.recomputable_ops.add(op.overloadpacket)
-            table.fusible_ops.add(op.overloadpacket)
-        return table
-    monkeypatch.setattr(partitioners, "get_default_op_list", ops)
-    aot = backend.aot_module_simplified
-
-    def partitioned(*args, **kwargs):
-        kwargs.setdefault("partition_fn", partitioners.min_cut_rematerialization_partition)
-        return aot(*args, **kwargs)
-    monkeypatch.setattr(backend, "aot_module_simplified", partitioned)
-
-
-def test_backward_recomputes_the_mask_from_the_saved_seed(recomputing_partitioner):
-    """The forward saves the seed, not the mask; the backward recomputes the mask (here
-    eagerly) and it is the one the forward kernel applied."""
+def test_backward_recomputes_the_mask_from_the_saved_seed():
+    """The backend's partitioner has the forward save the seed, not the mask; the
+    backward recomputes the mask (in its kernel) and it is the one the forward applied."""
     p = 0.4
     f = compiled(lambda x: F.dropout(x * 2, p))
     x = torch.randn(32, 64, requires_grad=True)
