@@ -497,6 +497,20 @@ def _immutable(value) -> bool:
     return is_constant_value(value)
 
 
+def _pinned_arg(tx, fn, arg):
+    """An object argument of a cached call (``logger.warning_once(msg)``'s logger): the
+    cache keys it by its hash, so the object itself is guarded by identity and the
+    guard's call names it as a constant.  Only objects the trace did not change."""
+    from ..source import ConstSource
+    from .tensor import TensorVar
+    obj = getattr(arg, "value", None)
+    if arg.source is None or obj is None or isinstance(arg, TensorVar) or \
+            type(obj).__hash__ is not object.__hash__ or tx.side_effects.has_attr_writes(obj):
+        unsupported(f"calling {fn.__qualname__} (lru_cache) on traced arguments")
+    tx.guards.identity(arg.source, obj)
+    return ConstSource(obj, arg.source.name())
+
+
 def cached_call(tx, fn_var, args, kwargs):
     """A call of a functools.lru_cache-wrapped function on constants (a version check):
     the real call, whose answer is the cached one from the second call on.  The guard
@@ -506,13 +520,13 @@ def cached_call(tx, fn_var, args, kwargs):
     from ..source import CallMethodSource, ConstSource
     from .builder import wrap
     fn = fn_var.value
-    if kwargs or not all(a.is_const() for a in args):
-        unsupported(f"calling {fn.__qualname__} (lru_cache) on traced arguments")
-    consts = [a.as_const() for a in args]
+    if kwargs:
+        unsupported(f"calling {fn.__qualname__} (lru_cache) with keyword arguments")
+    consts = [a.as_const() if a.is_const() else _pinned_arg(tx, fn, a) for a in args]
     if not CallMethodSource.supports(consts):
         unsupported(f"calling {fn.__qualname__} (lru_cache) on arguments a guard cannot name")
     try:
-        result = fn(*consts)
+        result = fn(*[c.obj if isinstance(c, ConstSource) else c for c in consts])
     except Exception as e:
         unsupported(f"{fn.__qualname__}() raised {type(e).__name__}")
     if not _immutable(result):
