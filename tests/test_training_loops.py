@@ -532,3 +532,84 @@ def test_hf_training_step_with_the_models_own_loss_is_one_graph(name):
               compiled=lambda counter: lambda m, d: hf_loop(
                   frametrace.optimize(backend=counter, fullgraph=True)(hf_loss), m, d), atol=1e-5, rtol=1e-4)
     assert (r.graphs, r.compiles, r.breaks) == (1, 1, 0)
+
+
+# -- activation checkpointing ---------------------------------------------------------------
+class Stop(Exception):
+    pass
+
+
+def test_saved_tensor_hook_raising_inside_a_compiled_graph(backend):
+    # A pack hook is user code that runs inside the graph: its exception goes on as
+    # raised, instead of the frame running again in CPython (which would run the hooks
+    # again); non-reentrant checkpointing stops its recomputation this way.
+    def layer(x, w):
+        return (x.sin() * w).cos().relu()
+
+    def run(fn, x, w):
+        packed = []
+
+        def pack(t):
+            packed.append(tuple(t.shape))
+            if len(packed) == 2:
+                raise Stop("enough")
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            try:
+                fn(x, w)
+            except Stop as e:
+                return str(e), len(packed)
+        return "ran", len(packed)
+
+    x, w = torch.randn(3, 4), torch.randn(4, requires_grad=True)
+    r = check(lambda x, w: run(layer, x, w), [(x, w)], backend=backend,
+              compiled=lambda counter: lambda x, w: run(frametrace.optimize(backend=counter)(layer), x, w))
+    assert r.graphs == 1
+
+
+def checkpointed_loop(step, model, data):
+    from torch.utils.checkpoint import checkpoint
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for s in range(STEPS):
+        loss = checkpoint(step, model, *data[s], use_reentrant=False)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.detach())
+    return out
+
+
+def test_compiled_function_checkpointed_in_cpython(backend):
+    r = train_check(checkpointed_loop, mse, Net(), backend)
+    assert (r.graphs, r.compiles) == (1, 1)
+
+
+def test_checkpointed_attention_without_dropout_is_in_the_graph():
+    # scaled_dot_product_attention is tagged as random whatever its dropout_p; with 0 it
+    # draws nothing, so the region is recomputable in the backward
+    from torch.utils.checkpoint import checkpoint
+
+    def f(q, p):
+        return checkpoint(lambda q: F.scaled_dot_product_attention(q, q, q, dropout_p=p).sin(), q,
+                          use_reentrant=False).sum()
+
+    q = torch.randn(2, 2, 4, 8, requires_grad=True)
+    r = check(f, [(q, 0.0)], backend="aot_eager", fullgraph=True)
+    assert (r.graphs, r.breaks) == (1, 0)
+    r = check(lambda q: f(q, 0.5) * 0, [q], backend="aot_eager", graphs=None)
+    assert r.breaks + r.fallbacks >= 1 and "random" in " ".join(r.reasons())
+
+
+def test_hf_llama_with_gradient_checkpointing_is_one_graph():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32, use_cache=False, vocab_size=128))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = [torch.randint(0, 128, (2, 8)) for _ in range(STEPS)]
+    r = check(lambda m, d: hf_loop(hf_loss, m, d), [(model, [(i, i) for i in ids])], backend="aot_eager",
+              compiled=lambda counter: lambda m, d: hf_loop(
+                  frametrace.optimize(backend=counter, fullgraph=True)(hf_loss), m, d), atol=1e-5, rtol=1e-4)
+    assert (r.graphs, r.compiles, r.breaks) == (1, 1, 0)
