@@ -396,8 +396,30 @@ class PartialVar(Var):
             return wrap(tx, getattr(self.real, name), AttrSource(self.source, name))
         unsupported(f"attribute {name!r} of functools.partial")
 
+    def reconstruct(self, cg):
+        # Made while tracing and leaving the frame (handed to CPython at a break): made
+        # again from its parts, as CPython made it.
+        if self.source is not None:
+            return super().reconstruct(cg)
+
+        def keywords(c):
+            for name, value in self.kwargs.items():
+                c.load_const(name)
+                value.reconstruct(c)
+            c.build(dict, len(self.kwargs))
+
+        def positional(c):
+            for a in self.args:
+                a.reconstruct(c)
+            c.build(tuple, len(self.args))
+        cg.call_const(_make_partial, [self.fn.reconstruct, positional, keywords])
+
     def __repr__(self):
         return f"PartialVar({self.fn!r})"
+
+
+def _make_partial(fn, args, kwargs):
+    return functools.partial(fn, *args, **kwargs)
 
 
 # torch's pure-Python helpers over containers, which make no graph ops: traced through.
