@@ -613,3 +613,31 @@ def test_hf_llama_with_gradient_checkpointing_is_one_graph():
               compiled=lambda counter: lambda m, d: hf_loop(
                   frametrace.optimize(backend=counter, fullgraph=True)(hf_loss), m, d), atol=1e-5, rtol=1e-4)
     assert (r.graphs, r.compiles, r.breaks) == (1, 1, 0)
+
+
+class DropoutBlock(nn.Module):
+    """A block whose checkpointed region draws random numbers (dropout), called as HF
+    layers call it: a functools.partial of checkpoint on a partial of forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.ckpt = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+
+    def body(self, x, scale=1.0):
+        return F.dropout(self.lin(x).relu(), 0.3) * scale
+
+    def forward(self, x):
+        return self.ckpt(functools.partial(self.body, scale=2.0), x)
+
+
+def test_checkpoint_over_random_ops_runs_wholly_in_cpython(backend):
+    # The region cannot be recomputed in the graph (its random numbers): checkpoint runs
+    # in CPython with no frame of it compiled, so that the forward and its
+    # recomputation in backward run the same code and save the same tensors
+    def step(model, x, y):
+        return F.mse_loss(model(x * 2).sum(-1, keepdim=True).expand(-1, 4), y)
+
+    model = nn.Sequential(DropoutBlock(), DropoutBlock())
+    r = train_check(sgd_loop, step, model, backend, data=[(torch.randn(6, 8), torch.randn(6, 4))] * 4)
+    assert r.breaks >= 1 and all("random" in why for why in r.reasons())
