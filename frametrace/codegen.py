@@ -196,14 +196,20 @@ class CodeGen:
 
     def _rerun_on_exception(self, grad: bool):
         """The handler: an Exception runs the original frame in CPython (outside the
-        handler, so the graph's exception is no __context__); anything else (a
-        KeyboardInterrupt) goes on unchanged."""
+        handler, so the graph's exception is no __context__), unless user code ran
+        inside the graph (`graph_errors_rerun`); anything else (a KeyboardInterrupt),
+        and those, go on unchanged, in the frame's entry grad mode."""
         code = self.code
-        rerun = Label()
+        rerun, reraise = Label(), Label()
         self.load_const(Exception)
         self.emit("CHECK_EXC_MATCH")
+        self.instrs.append(Instr("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE",
+                                 reraise, lineno=self.lineno))
+        self.call_const(graph_errors_rerun, [])
         self.instrs.append(Instr("POP_JUMP_IF_TRUE" if PY312 else "POP_JUMP_FORWARD_IF_TRUE",
                                  rerun, lineno=self.lineno))
+        self.instrs.append(reraise)
+        self.set_grad_mode(grad)
         self.emit("RERAISE", 0)
         self.instrs.append(rerun)
         self.emit("POP_TOP")
@@ -277,6 +283,15 @@ def rebuild_object(cls, attrs):
 
 
 _unhooked_copies = weakref.WeakKeyDictionary()
+
+
+def graph_errors_rerun() -> bool:
+    """Whether an exception out of a graph may be answered by running the frame again in
+    CPython: not while saved-tensor hooks are set.  Their pack hooks are user code that
+    ran inside the graph (activation checkpointing counts the tensors it saves, and its
+    recomputation stops by raising from one): a second run would repeat them."""
+    import torch
+    return torch._C._autograd._top_saved_tensors_default_hooks(True) is None
 
 
 def rerun_frame(code, f_globals, closure, args, grad: bool):

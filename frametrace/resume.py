@@ -531,13 +531,13 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
         handler = Label()
         try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
         cg.instrs.append(try_begin)
-    callee = (1 if plan.top[0] is NULL else 0) if inst.opname == "CALL" else None
+    callee = (1 if plan.top[0] is NULL else 0) if inst.opname in ("CALL", "CALL_FUNCTION_EX") else None
     for i, v in enumerate(plan.top):
         if v is NULL:
             cg.emit("PUSH_NULL")
         elif i == callee and _runs_unhooked(v):
-            # (the trace guarded the function's identity)
-            cg.load_const(_C.Unhooked(v.value))
+            # (what the frame calls now, as the trace guarded it: wrapped on each call)
+            cg.call_const(_C.Unhooked, [lambda c, i=i: c.emit("LOAD_FAST", plan.temps[("top", i)])])
         else:
             cg.emit("LOAD_FAST", plan.temps[("top", i)])
     if tracer.kw_names:
@@ -652,6 +652,11 @@ def _unhooked_functions():
 
 
 def _runs_unhooked(v) -> bool:
+    """Whether the call of `v` at a break runs with the hook off: one of those functions,
+    or a functools.partial of one (HF's `_gradient_checkpointing_func`)."""
+    from .variables.functions import PartialVar
+    while isinstance(v, PartialVar):
+        v = v.fn
     value = getattr(v, "value", None)
     return value is not None and any(value is f for f in _unhooked_functions())
 

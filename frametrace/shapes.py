@@ -108,7 +108,7 @@ class _FakeMode(FakeTensorMode):
                 return super().__torch_dispatch__(func, types, args, kwargs)
             rule = func.python_key_table.get(FakeTensorMode)
             return NotImplemented if rule is None else rule(self, *args, **kwargs)
-        if not self.used_rng and torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+        if not self.used_rng and _draws_random(func, args, kwargs):
             self.used_rng = True
         for i, name in _written_args(func):
             t = args[i] if i < len(args) else kwargs.get(name)
@@ -116,6 +116,21 @@ class _FakeMode(FakeTensorMode):
                 if isinstance(v, torch.Tensor):
                     self.written_storages.add(v.untyped_storage()._cdata)
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _draws_random(func, args, kwargs) -> bool:
+    """Whether this call draws from the random generator: an op tagged as seeded, except
+    attention with a dropout probability of 0 (the tag is on the op, whatever the
+    probability; the kernels draw no numbers and advance no offset then)."""
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        return False
+    schema = getattr(func, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    if "dropout_p" in names:
+        i = names.index("dropout_p")
+        p = args[i] if i < len(args) else kwargs.get("dropout_p", schema.arguments[i].default_value)
+        return not (type(p) in (int, float) and p == 0)
+    return True
 
 
 @functools.lru_cache(maxsize=None)

@@ -231,7 +231,8 @@ def const_sources(source):
         if through is not None:
             yield through
         if isinstance(source, CallMethodSource):
-            yield from (_class_arg(a) for a in source.args if _named_arg(a))
+            yield from (_class_arg(a) if _named_arg(a) else a for a in source.args
+                        if _named_arg(a) or isinstance(a, ConstSource))
         source = getattr(source, "base", None)
 
 
@@ -247,7 +248,8 @@ def _class_arg(cls):
 
 class CallMethodSource(Source):
     """``base.method(*args)`` for a read-only method of a real object and constant
-    arguments (``os.environ.get('X')``, ``s.__len__()``, ``'k' in d``): what the trace
+    arguments (``os.environ.get('X')``, ``s.__len__()``, ``'k' in d``; a ConstSource
+    argument names a fixed object, ``cached(logger, 'msg')``): what the trace
     read by calling it, re-read by the guard.  With `as_list`, ``[*base.method()]``
     (a view such as ``d.keys()``, read as a list)."""
     __slots__ = ("base", "method", "args", "as_list", "through")
@@ -265,10 +267,12 @@ class CallMethodSource(Source):
     def supports(args) -> bool:
         """Arguments written into the guard's text (their repr must read back), or
         classes and functions (named as constants of the guard: `cls in registry`)."""
-        return all(a is None or type(a) in (str, int, bool) or _named_arg(a) for a in args)
+        return all(a is None or type(a) in (str, int, bool) or _named_arg(a) or isinstance(a, ConstSource)
+                   for a in args)
 
     def _args_expr(self):
-        return [_class_arg(a).guard_expr() if _named_arg(a) else repr(a) for a in self.args]
+        return [a.guard_expr() if isinstance(a, ConstSource) else
+                _class_arg(a).guard_expr() if _named_arg(a) else repr(a) for a in self.args]
 
     def key(self):
         return (self.base, self.method, self.args, self.as_list, self.through)
@@ -282,7 +286,8 @@ class CallMethodSource(Source):
         return f"[*{call}]" if self.as_list else call
 
     def name(self):
-        call = f"{self.base.name()}.{self.method}({', '.join(map(repr, self.args))})"
+        args = ", ".join(a.name() if isinstance(a, ConstSource) else repr(a) for a in self.args)
+        call = f"{self.base.name()}.{self.method}({args})"
         return f"list({call})" if self.as_list else call
 
     def reconstruct(self, cg):
@@ -295,7 +300,7 @@ class CallMethodSource(Source):
                 self.base.reconstruct(cg)
                 cg.load_attr(self.method)
             for a in self.args:
-                cg.load_const(a)
+                cg.load_const(a.obj if isinstance(a, ConstSource) else a)
             cg.call(len(self.args) + (self.through is not None))
         if self.as_list:
             cg.call_const(list, [emit_call])

@@ -396,8 +396,30 @@ class PartialVar(Var):
             return wrap(tx, getattr(self.real, name), AttrSource(self.source, name))
         unsupported(f"attribute {name!r} of functools.partial")
 
+    def reconstruct(self, cg):
+        # Made while tracing and leaving the frame (handed to CPython at a break): made
+        # again from its parts, as CPython made it.
+        if self.source is not None:
+            return super().reconstruct(cg)
+
+        def keywords(c):
+            for name, value in self.kwargs.items():
+                c.load_const(name)
+                value.reconstruct(c)
+            c.build(dict, len(self.kwargs))
+
+        def positional(c):
+            for a in self.args:
+                a.reconstruct(c)
+            c.build(tuple, len(self.args))
+        cg.call_const(_make_partial, [self.fn.reconstruct, positional, keywords])
+
     def __repr__(self):
         return f"PartialVar({self.fn!r})"
+
+
+def _make_partial(fn, args, kwargs):
+    return functools.partial(fn, *args, **kwargs)
 
 
 # torch's pure-Python helpers over containers, which make no graph ops: traced through.
@@ -497,6 +519,20 @@ def _immutable(value) -> bool:
     return is_constant_value(value)
 
 
+def _pinned_arg(tx, fn, arg):
+    """An object argument of a cached call (``logger.warning_once(msg)``'s logger): the
+    cache keys it by its hash, so the object itself is guarded by identity and the
+    guard's call names it as a constant.  Only objects the trace did not change."""
+    from ..source import ConstSource
+    from .tensor import TensorVar
+    obj = getattr(arg, "value", None)
+    if arg.source is None or obj is None or isinstance(arg, TensorVar) or \
+            type(obj).__hash__ is not object.__hash__ or tx.side_effects.has_attr_writes(obj):
+        unsupported(f"calling {fn.__qualname__} (lru_cache) on traced arguments")
+    tx.guards.identity(arg.source, obj)
+    return ConstSource(obj, arg.source.name())
+
+
 def cached_call(tx, fn_var, args, kwargs):
     """A call of a functools.lru_cache-wrapped function on constants (a version check):
     the real call, whose answer is the cached one from the second call on.  The guard
@@ -506,13 +542,13 @@ def cached_call(tx, fn_var, args, kwargs):
     from ..source import CallMethodSource, ConstSource
     from .builder import wrap
     fn = fn_var.value
-    if kwargs or not all(a.is_const() for a in args):
-        unsupported(f"calling {fn.__qualname__} (lru_cache) on traced arguments")
-    consts = [a.as_const() for a in args]
+    if kwargs:
+        unsupported(f"calling {fn.__qualname__} (lru_cache) with keyword arguments")
+    consts = [a.as_const() if a.is_const() else _pinned_arg(tx, fn, a) for a in args]
     if not CallMethodSource.supports(consts):
         unsupported(f"calling {fn.__qualname__} (lru_cache) on arguments a guard cannot name")
     try:
-        result = fn(*consts)
+        result = fn(*[c.obj if isinstance(c, ConstSource) else c for c in consts])
     except Exception as e:
         unsupported(f"{fn.__qualname__}() raised {type(e).__name__}")
     if not _immutable(result):

@@ -402,19 +402,27 @@ class NewModuleVar(NNModuleVar):
     real blank instance on which nn.Module.__init__ ran (torch's own bookkeeping: empty
     tables, training=True), with the class's __init__ inlined; what that stores lives
     here as Vars.  It holds no parameters or buffers (they would be new random tensors
-    on each call), and it cannot leave the frame (no source to rebuild it from)."""
-    __slots__ = ("attrs", "initialized")
+    on each call), and it cannot leave the frame (no source to rebuild it from).
+    Buffers registered by its __init__ (``CrossEntropyLoss()``'s weight, None, or a
+    tensor computed in the frame) are attributes like the others: introspection that
+    would list them is refused."""
+    __slots__ = ("attrs", "initialized", "buffers")
 
     def __init__(self, module):
         super().__init__(module, None)
         self.attrs = {}
         self.initialized = True
+        self.buffers = set()
 
     def getattr(self, tx, name):
         if name in self.attrs:
             return self.attrs[name]
         if name in ("_parameters", "_buffers", "_modules", "__dict__"):
             unsupported(f"{name} of a module made in the frame")
+        if name == "register_buffer" and class_attr(tx, type(self.module), name) is \
+                torch.nn.Module.register_buffer:
+            from .objects import MethodVar
+            return MethodVar(self, name)   # (its body reads the tables this Var holds)
         return super().getattr(tx, name)
 
     def setattr(self, tx, name, value):
@@ -430,15 +438,59 @@ class NewModuleVar(NNModuleVar):
             unsupported(f"setting {name!r} through a descriptor of {cls.__name__}")
         if isinstance(value, TensorVar) and issubclass(value.python_type(), torch.nn.Parameter):
             unsupported(f"a parameter of a module made in the frame ({cls.__name__}.{name})")
+        if name in self.buffers and not (isinstance(value, TensorVar) or _is_none(value)):
+            unsupported(f"assigning a {value.python_type().__name__} to buffer {name!r} (TypeError)")
         self.attrs[name] = value
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "register_buffer" and name not in self.attrs and \
+                class_attr(tx, type(self.module), name) is torch.nn.Module.register_buffer:
+            return self._register_buffer(tx, *_bind_register_buffer(args, kwargs))
         if name in _INTROSPECTION or name.startswith("register_"):
             unsupported(f"{name}() of a module made in the frame")
         return super().call_method(tx, name, args, kwargs)
 
+    def _register_buffer(self, tx, name, tensor):
+        """nn.Module.register_buffer's checks, then the buffer is an attribute (whether
+        it is persistent only matters to state_dict(), which is refused here)."""
+        from .tensor import TensorVar
+        if not (isinstance(tensor, TensorVar) or _is_none(tensor)) or \
+                (isinstance(tensor, TensorVar) and issubclass(tensor.python_type(), torch.nn.Parameter)):
+            unsupported("register_buffer() of something other than a tensor or None")
+        if "." in name or not name or (name in self.attrs and name not in self.buffers) or \
+                class_attr(tx, type(self.module), name) is not None:
+            unsupported(f"register_buffer({name!r}) raises (a bad or taken name)")
+        if not _no_buffer_hooks():
+            unsupported("register_buffer() with global buffer registration hooks")
+        tx.guards.global_state("no global buffer registration hooks", _no_buffer_hooks, True)
+        self.buffers.add(name)
+        self.attrs[name] = tensor
+        return ConstVar(None)
+
+
+def _no_buffer_hooks() -> bool:
+    return not torch.nn.modules.module._global_buffer_registration_hooks
+
     def __repr__(self):
         return f"NewModuleVar({type(self.module).__name__})"
+
+
+def _bind_register_buffer(args, kwargs):
+    """(name, tensor) of ``register_buffer(name, tensor, persistent=True)``, the name a
+    constant string."""
+    names = ("name", "tensor", "persistent")
+    if len(args) > 3 or set(kwargs) - set(names[len(args):]):
+        unsupported("register_buffer() with unexpected arguments (TypeError)")
+    bound = dict(zip(names, args), **kwargs)
+    if "name" not in bound or "tensor" not in bound:
+        unsupported("register_buffer() missing arguments (TypeError)")
+    name = bound["name"]
+    if not (name.is_const() and type(name.as_const()) is str):
+        unsupported("register_buffer() with a name that is not a constant string")
+    persistent = bound.get("persistent")
+    if persistent is not None and not persistent.is_const():
+        unsupported("register_buffer() with a traced persistent flag")
+    return name.as_const(), bound["tensor"]
 
 
 def construct_module(tx, cls, args, kwargs):

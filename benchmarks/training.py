@@ -1,0 +1,422 @@
+"""Training step time and peak memory: eager, frametrace (`triton`) and torch.compile
+(Inductor), measured interleaved in one process per model, from identical initial weights.
+
+    python benchmarks/training.py [--models llama4,llama8,gpt2,bert] [--steps 20] [--batch 4]
+                                  [--timeout 540] [--precision autocast|bf16] [--md FILE]
+    python benchmarks/training.py --smoke      # tiny configs on the CPU: the script runs
+
+A step is the forward with the model's own loss (labels given), `loss.backward()`,
+`opt.step()` of AdamW (foreach) and `opt.zero_grad(set_to_none=True)`.  frametrace compiles the
+model with `frametrace.optimize(backend="triton")` and the optimizer step with
+`frametrace.optimize(backend="triton")(opt.step)`; torch.compile compiles the model and
+the optimizer step (a function calling `opt.step()`, as PyTorch's tutorial on compiling
+the optimizer does) with Inductor's default mode.  Precision: `autocast` (the default,
+what torch.compile's training recipes use: fp32 weights and optimizer state,
+`torch.autocast("cuda", torch.bfloat16)` around the forward and the loss) or `bf16`
+(weights, gradients and optimizer state in bf16).
+
+Models (HF configs, random weights, no download): llama4 / llama8 (LlamaForCausalLM, 4 or
+8 layers, hidden 2048, intermediate 5632, 16 heads, vocab 32000), gpt2 (GPT2LMHeadModel,
+GPT2Config()), bert (BertForMaskedLM, BertConfig(), 15% of positions labelled), batch
+`--batch` (4) x 512.  Dropout is off (so that the three runs can be compared number for
+number; `--dropout` keeps the configs' dropout, and the correctness columns then say
+"dropout" instead of comparing).
+
+Each variant first runs 3 steps on 3 fixed batches (compiling on the first): loss and a few
+parameters after them are compared with eager (max abs / max rel diff over the 3 losses and
+the parameters; relative to each tensor's largest magnitude).  Then `--warmup` untimed
+steps each, and `--steps` timed rounds, each round one step of every variant in turn, each
+step CUDA-synchronised: the median is the step time.  Peak memory of a step: what the variant holds between steps (its parameters,
+optimizer state and anything its compiled code keeps, measured as the allocator's growth
+while the variant was built, compiled and run) plus the allocator's peak above its level
+at the step's start (torch.cuda.max_memory_allocated), so the other two variants' weights
+do not count.  frametrace's counters: graphs compiled (forward and optimizer frames),
+graph breaks, frames run in CPython, whole graphs the triton backend ran eagerly or with
+aot_eager (`backends.triton.backend.STATS`), FX nodes run as aten calls that a kernel could
+have run, and kernels per phase (compiled during the first forward, backward and
+optimizer step).  Each model runs in its own process (a CUDA fault costs one row).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+# The checkout this script sits in, not another installed copy
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import frametrace  # noqa: E402
+
+MODELS = ("llama4", "llama8", "gpt2", "bert")
+VARIANTS = ("eager", "frametrace", "inductor")
+CHECK_STEPS = 3
+
+
+# -- models -----------------------------------------------------------------------------
+def make_model(name, smoke, dropout):
+    """(model, vocab size): a fresh model from `name`'s config, seeded."""
+    import transformers
+    torch.manual_seed(0)
+    if name.startswith("llama"):
+        layers = int(name[5:] or 4)
+        size = dict(num_hidden_layers=layers // 4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    num_key_value_heads=4, vocab_size=256, max_position_embeddings=64) if smoke else \
+            dict(num_hidden_layers=layers, hidden_size=2048, intermediate_size=5632,
+                 num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                 max_position_embeddings=1024)
+        cfg = transformers.LlamaConfig(**size, use_cache=False)
+        return transformers.LlamaForCausalLM(cfg), cfg.vocab_size
+    if name == "gpt2":
+        size = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64) if smoke else {}
+        if not dropout:
+            size.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg = transformers.GPT2Config(**size, use_cache=False)
+        return transformers.GPT2LMHeadModel(cfg), cfg.vocab_size
+    if name == "bert":
+        size = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    vocab_size=256, max_position_embeddings=64) if smoke else {}
+        if not dropout:
+            size.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        cfg = transformers.BertConfig(**size)
+        return transformers.BertForMaskedLM(cfg), cfg.vocab_size
+    raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+
+
+def make_batch(name, vocab, batch, seq, device, seed):
+    """Keyword arguments of one step's forward: token ids and labels (the model's loss)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    if name == "bert":
+        labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+        labels[:, 0] = ids[:, 0]   # at least one labelled position per row
+    else:
+        labels = ids.clone()
+    return {"input_ids": ids.to(device), "labels": labels.to(device)}
+
+
+# -- the three variants ------------------------------------------------------------------
+class Phases:
+    """Which part of the first step is running, so that each CompiledModule the triton
+    backend makes is counted as a forward, backward or optimizer graph (a graph whose
+    wrapper takes AOTAutograd's `tangents_` inputs is a backward graph, whenever it is
+    compiled)."""
+    current = "other"
+    kernels: dict = {}
+
+    @classmethod
+    def watch(cls):
+        try:
+            from frametrace.backends.triton import backend
+        except ImportError:
+            return
+
+        class Recording(list):
+            def append(self, mod):
+                phase = "backward" if "tangents_" in getattr(mod, "source", "") else cls.current
+                cls.kernels.setdefault(phase, []).append(len(mod.kernels))
+                super().append(mod)
+        backend.COMPILED = Recording(backend.COMPILED)
+
+
+class Variant:
+    """One of eager / frametrace / inductor: its model, optimizer and compiled callables."""
+
+    def __init__(self, kind, model, args):
+        self.kind, self.model, self.args = kind, model, args
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        self.forward, self.opt_step = model, self.opt.step
+        self.counter = None
+        if kind == "frametrace":
+            self.counter = frametrace.testing.CompileCounter(inner=args.ft_backend)
+            self.forward = frametrace.optimize(backend=self.counter)(model)
+            self.opt_step = frametrace.optimize(backend=self.counter)(self.opt.step)
+        elif kind == "inductor":
+            opt = self.opt
+
+            def opt_step():
+                opt.step()
+            tc = dict(backend=args.tc_backend)
+            self.forward = torch.compile(model, **tc)
+            self.opt_step = torch.compile(opt_step, **tc)
+        self.losses, self.times, self.peaks = [], [], []
+        self.resident = 0
+
+    def step(self, batch, phases=False):
+        """Forward, backward, optimizer step, and the gradients dropped (so that between
+        steps a variant holds its weights and optimizer state only)."""
+        mark(phases, "forward")
+        with autocast(self.args):
+            loss = self.forward(**batch).loss
+        mark(phases, "backward")
+        loss.backward()
+        mark(phases, "optimizer")
+        self.opt_step()
+        mark(phases, "other")
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def mark(on, phase):
+    if on:
+        Phases.current = phase
+
+
+def autocast(args):
+    import contextlib
+    if args.precision != "autocast":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=args.device.type, dtype=torch.bfloat16)
+
+
+# -- measuring ---------------------------------------------------------------------------
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def allocated(device):
+    return torch.cuda.memory_allocated() if device.type == "cuda" else 0
+
+
+def setup(kind, base, batches, args):
+    """A variant from a copy of `base` (the initial weights): built, compiled and run for
+    the CHECK_STEPS steps whose losses and parameters are compared with eager."""
+    before = allocated(args.device)
+    model = copy.deepcopy(base).to(args.device)
+    if args.precision == "bf16":
+        model = model.to(torch.bfloat16)
+    model.train()
+    v = Variant(kind, model, args)
+    t0 = time.perf_counter()
+    for i, batch in enumerate(batches):
+        v.losses.append(v.step(batch, phases=(i == 0 and kind == "frametrace")).float().item())
+        if i == 0:
+            sync(args.device)
+            v.first_step_s = time.perf_counter() - t0
+    sync(args.device)
+    v.resident = allocated(args.device) - before
+    return v
+
+
+def timed_step(v, batch, device):
+    """Seconds of one step and its peak bytes (what the variant keeps between steps plus
+    the allocator's peak above the level at the step's start)."""
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start_bytes = allocated(device)
+    t0 = time.perf_counter()
+    v.step(batch)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() - start_bytes + v.resident if device.type == "cuda" else None
+    return seconds, peak
+
+
+def compare(v, ref, names):
+    """Max abs difference of v's losses and parameters `names` from ref's, and the max
+    over those tensors of that difference relative to the tensor's largest magnitude
+    (elementwise ratios would blow up on weights near 0)."""
+    pairs = [(torch.tensor(v.losses), torch.tensor(ref.losses))]
+    got, want = dict(v.model.named_parameters()), dict(ref.model.named_parameters())
+    pairs += [(got[n].detach().float().cpu(), want[n].detach().float().cpu()) for n in names]
+    abs_diff = max((a - b).abs().max().item() for a, b in pairs)
+    rel_diff = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in pairs)
+    return abs_diff, rel_diff
+
+
+def checked_params(model):
+    """A few parameters spread over the model: first, middle, last (by name order)."""
+    names = [n for n, _ in model.named_parameters()]
+    return sorted({names[0], names[len(names) // 2], names[-1]})
+
+
+def frametrace_counters(v, records):
+    try:
+        from frametrace.backends.triton import backend
+        stats = backend.STATS
+    except ImportError:      # (no Triton: the smoke run's eager backend)
+        stats = {"eager_graphs": 0, "fallback_nodes": 0}
+    return {"graphs": v.counter.frame_count,
+            "breaks": sum(r.outcome == "break" for r in records),
+            "cpython_frames": sum(r.outcome == "fallback" for r in records),
+            "break_reasons": sorted({str(r.reason)[:120] for r in records if r.reason})[:5],
+            "eager_graphs": stats["eager_graphs"],
+            "aten_fallback_nodes": stats["fallback_nodes"],
+            "kernels": {k: sum(v) for k, v in Phases.kernels.items()}}
+
+
+def run_model(name, args):
+    base, vocab = make_model(name, args.smoke, args.dropout)
+    batches = [make_batch(name, vocab, args.batch, args.seq, args.device, seed) for seed in range(CHECK_STEPS)]
+    records = []
+    frametrace.convert.record_observers.append(records.append)
+    Phases.watch()
+    # torch.compile first: Dynamo patches nn.Module.__init__ when it first compiles, which
+    # frametrace's guards on a module made in a forward (BERT's CrossEntropyLoss) notice
+    kinds = [k for k in ("eager", "inductor", "frametrace") if not (k == "inductor" and args.tc_backend is None)]
+    made = {k: setup(k, base, batches, args) for k in kinds}
+    variants = {k: made[k] for k in VARIANTS if k in made}
+    frametrace.convert.record_observers.remove(records.append)
+    ref = variants["eager"]
+    names = checked_params(ref.model)
+    for v in variants.values():
+        for _ in range(args.warmup):
+            v.step(batches[0])
+    for _ in range(args.steps):   # round-robin: noise hits every variant alike
+        for v in variants.values():
+            seconds, peak = timed_step(v, batches[0], args.device)
+            v.times.append(seconds)
+            v.peaks.append(peak)
+    result = {"model": name, "device": str(args.device), "precision": args.precision, "batch": args.batch,
+              "seq": args.seq, "checked": names, "variants": {}}
+    for k, v in variants.items():
+        result["variants"][k] = {
+            "ms": statistics.median(v.times) * 1e3,
+            "peak_gib": None if v.peaks[0] is None else max(v.peaks) / 2 ** 30,
+            "first_step_s": v.first_step_s, "losses": v.losses,
+            "diff": None if k == "eager" or args.dropout else compare(v, ref, names)}
+    result["frametrace"] = frametrace_counters(variants["frametrace"], records)
+    return result
+
+
+# -- the table ---------------------------------------------------------------------------
+HEAD = ("| model | eager ms | frametrace ms | inductor ms | ft/eager | ft/inductor | eager GiB | "
+        "frametrace GiB | inductor GiB | ft GiB/inductor | ft loss+params max abs / rel diff | "
+        "inductor max abs / rel diff | ft graphs / breaks / eager graphs | ft kernels fwd / bwd / opt | "
+        "first step s (eager / ft / inductor) |")
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def row(r) -> str:
+    v = r["variants"]
+    e, f, i = (v.get(k, {}) for k in VARIANTS)
+    ms = [x.get("ms") for x in (e, f, i)]
+    gib = [x.get("peak_gib") for x in (e, f, i)]
+
+    def ratio(a, b):
+        return None if a is None or b is None else a / b
+
+    def diff(x):
+        d = x.get("diff")
+        return "dropout" if d is None and x else ("-" if d is None else f"{d[0]:.2e} / {d[1]:.2e}")
+    c = r["frametrace"]
+    k = c["kernels"]
+    first = " / ".join(fmt(x.get("first_step_s"), ".1f") for x in (e, f, i))
+    return (f"| {r['model']} | {' | '.join(fmt(x, '.2f') for x in ms)} | {fmt(ratio(ms[1], ms[0]), '.2f')} | "
+            f"{fmt(ratio(ms[1], ms[2]), '.2f')} | {' | '.join(fmt(x, '.2f') for x in gib)} | "
+            f"{fmt(ratio(gib[1], gib[2]), '.2f')} | {diff(f)} | {diff(i)} | "
+            f"{c['graphs']} / {c['breaks']} / {c['eager_graphs']} | "
+            f"{k.get('forward', 0)} / {k.get('backward', 0)} / {k.get('optimizer', 0)} | {first} |")
+
+
+def child(name, args) -> None:
+    """Runs one model in this process and prints its result as a JSON line."""
+    r = run_model(name, args)
+    print("ROW " + json.dumps(r), flush=True)
+
+
+def isolated(name, argv, timeout):
+    """One model in a child process: a CUDA fault or a hang costs that row only."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name] + argv
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"| {name} | timed out after {timeout} s |", None
+    for line in p.stdout.splitlines():
+        if line.startswith("ROW "):
+            return row(json.loads(line[4:])), json.loads(line[4:])
+        print(line, flush=True)
+    sys.stderr.write(p.stderr[-3000:])
+    tail = [x for x in p.stderr.strip().splitlines() if x.strip()][-1:] or ["no output"]
+    cuda = " (CUDA error)" if "CUDA" in p.stderr or "cuda" in tail[0] else ""
+    return f"| {name} | failed{cuda}: {tail[0][:200]} |", None
+
+
+def details(r) -> list[str]:
+    """The lines under the table: counters and reasons a row's numbers do not show."""
+    c = r["frametrace"]
+    out = [f"{r['model']}: frametrace compiled {c['graphs']} graphs, {c['breaks']} graph breaks, "
+           f"{c['cpython_frames']} frames in CPython, {c['eager_graphs']} graphs run eagerly by the triton "
+           f"backend, {c['aten_fallback_nodes']} nodes as aten calls a kernel could run; kernels {c['kernels']}"]
+    out += [f"{r['model']}: break/fallback reason: {why}" for why in c["break_reasons"]]
+    losses = {k: [round(x, 4) for x in v["losses"]] for k, v in r["variants"].items()}
+    out.append(f"{r['model']}: losses of the {CHECK_STEPS} checked steps {losses}; parameters compared: "
+               f"{', '.join(r['checked'])}")
+    return out
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--steps", type=int, default=20, help="timed rounds (one step of each variant per round)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant after the checked ones")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--precision", choices=("autocast", "bf16"), default="autocast")
+    p.add_argument("--dropout", action="store_true", help="keep the configs' dropout (no correctness check)")
+    p.add_argument("--timeout", type=int, default=540, help="seconds per model")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny configs, few steps; on the CPU when CUDA is absent (frametrace with the eager "
+                        "backend, torch.compile with backend='eager')")
+    p.add_argument("--no-inductor", action="store_true", help="leave out torch.compile's row")
+    p.add_argument("--ft-backend", help="frametrace's backend (default: triton, or eager without CUDA; "
+                                        "triton on the CPU needs TRITON_INTERPRET=1)")
+    p.add_argument("--md", help="also write the table as markdown to this file")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    args.device = torch.device("cuda" if cuda else "cpu")
+    args.ft_backend = args.ft_backend or ("triton" if cuda else "eager")
+    args.tc_backend = None if args.no_inductor else ("inductor" if cuda else "eager")
+    if args.smoke:
+        args.batch, args.seq = 2, 16
+        if args.steps == p.get_default("steps"):
+            args.steps = 2
+        if args.warmup == p.get_default("warmup"):
+            args.warmup = 1
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.child:
+        return child(args.child, args)
+    import transformers
+    gpu = torch.cuda.get_device_name() if args.device.type == "cuda" else "CPU"
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {gpu}; "
+          f"batch {args.batch} x {args.seq}, {args.precision}, AdamW foreach, "
+          f"{args.steps} timed rounds; frametrace backend {args.ft_backend!r}, "
+          f"torch.compile backend {args.tc_backend!r}", flush=True)
+    forwarded = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+                 "--seq", str(args.seq), "--precision", args.precision, "--ft-backend", args.ft_backend]
+    forwarded += [f for f, on in (("--smoke", args.smoke), ("--dropout", args.dropout),
+                                  ("--no-inductor", args.no_inductor)) if on]
+    rows, notes = [HEAD, "|" + "---|" * (HEAD.count("|") - 1)], []
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        line, result = isolated(name, forwarded, args.timeout)
+        print(f"{name}: {time.perf_counter() - t0:.0f} s in its process", flush=True)
+        rows.append(line)
+        print(line, flush=True)
+        if result is not None:
+            notes += details(result)
+            print("\n".join(details(result)), flush=True)
+    print("\n".join(rows + [""] + notes))
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write("\n".join(rows + [""] + notes) + "\n")
+    return 0 if all("failed" not in r and "timed out" not in r for r in rows[2:]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""benchmarks/training.py runs: its --smoke mode (tiny LLaMA on the CPU, frametrace with
+the eager backend there) prints a row whose frametrace run matches eager after the
+checked steps, in one graph without breaks."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_training_benchmark_smoke(tmp_path):
+    pytest.importorskip("transformers")
+    table = tmp_path / "table.md"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "training.py"), "--smoke",
+                        "--models", "llama4", "--no-inductor", "--steps", "1", "--warmup", "0",
+                        "--md", str(table)], capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| llama4 |")]
+    assert len(rows) == 1, table.read_text()
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    head = [c.strip() for c in table.read_text().splitlines()[0].strip("|").split("|")]
+    row = dict(zip(head, cells))
+    assert float(row["eager ms"]) > 0 and float(row["frametrace ms"]) > 0, row
+    assert row["inductor ms"] == "-", row
+    abs_diff, rel_diff = (float(x) for x in row["ft loss+params max abs / rel diff"].split(" / "))
+    assert abs_diff < 1e-4 and rel_diff < 1e-3, row
+    assert row["ft graphs / breaks / eager graphs"] == "1 / 0 / 0", row
