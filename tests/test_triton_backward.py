@@ -495,3 +495,29 @@ def test_backward_frees_saved_values_and_gradients_when_dead():
     allocated = {m.group(1) for m in map(re.compile(r"    (buf\d+) = ").match, lines) if m}
     inputs = set(bw.wrapper.lowered.inputs)
     assert inputs - returned <= deleted and allocated - returned <= deleted, bw.source
+
+
+def test_checkpointed_hf_llama_layers_compile_and_match_eager():
+    """HF's gradient checkpointing: AOTAutograd saves the RNG state around the recomputed
+    region (run_and_save_rng_state, a node without a value of its own); the graph still
+    compiles to kernels, and the loss and every gradient match eager's."""
+    import copy
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=100)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.gradient_checkpointing_enable()
+    model.train()
+    ref = copy.deepcopy(model)
+    ids = torch.randint(0, 100, (2, 8))
+    eager_graphs = backend.STATS["eager_graphs"]
+    got = frametrace.optimize(backend="triton", fullgraph=True)(model)(input_ids=ids, labels=ids).loss
+    got.backward()
+    want = ref(input_ids=ids, labels=ids).loss
+    want.backward()
+    torch.testing.assert_close(got, want, **F32)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **F32, msg=name)
+    assert backend.STATS["eager_graphs"] == eager_graphs, "a graph ran eagerly"
+    assert modules("forward") and modules("backward")

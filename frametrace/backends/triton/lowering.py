@@ -277,6 +277,8 @@ class GraphLowering(Placement):
         args, kwargs = arg(args), {k: arg(v) for k, v in kwargs.items()}
         name = self.name()
         val = node.meta.get("val")
+        if val is None:
+            val = _val_from_getitems(node)
         layouts = self._meta_outputs(node, args, kwargs)
 
         def out(v, layout, path):
@@ -382,3 +384,13 @@ class GraphLowering(Placement):
 def is_write(op) -> bool:
     schema = getattr(op, "_schema", None)
     return schema is not None and schema.is_mutable
+
+
+def _val_from_getitems(node):
+    """The results of an op whose node carries no value (AOTAutograd leaves higher-order
+    ops such as run_and_save_rng_state without one), from the getitems that read them."""
+    items = {u.args[1]: u.meta.get("val") for u in node.users
+             if u.target is operator.getitem and isinstance(u.args[1], int)}
+    if not items or len(items) != len(node.users):
+        return None
+    return tuple(items.get(i) for i in range(max(items) + 1))
