@@ -34,11 +34,29 @@ class GraphInput:
         self.value = value
 
 
+class LocatedGraph(fx.Graph):
+    """An FX graph whose nodes remember the user's lines they came from: while a frame
+    is traced, `tracer` is its innermost tracer, and each node gets that call stack as
+    its `stack_trace` (FX prints it as ``# File: path:line in fn, code: ...``, as in
+    torch.compile's graph logs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tracer = None
+
+    def create_node(self, *args, **kwargs):
+        node = super().create_node(*args, **kwargs)
+        tx = self.tracer
+        if tx is not None and node.op not in ("placeholder", "output"):
+            node.meta["stack_trace"] = tx.stack_text()
+        return node
+
+
 class OutputGraph:
     """Collects the graph while tracing; `compile` hands it to the backend."""
 
     def __init__(self, guards, policy: ShapePolicy | None = None):
-        self.graph = fx.Graph()
+        self.graph = LocatedGraph()
         self.guards = guards
         self.policy = policy or ShapePolicy(None, False)
         self.fake_mode = new_fake_mode()

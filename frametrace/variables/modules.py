@@ -214,6 +214,9 @@ class NNModuleVar(Var):
                 out = result
         return out
 
+    def noun(self):
+        return f"the {type(self.module).__qualname__} module"
+
     def __repr__(self):
         return f"NNModuleVar({type(self.module).__name__})"
 
@@ -436,6 +439,9 @@ class NewModuleVar(NNModuleVar):
         if name in _INTROSPECTION or name.startswith("register_"):
             unsupported(f"{name}() of a module made in the frame")
         return super().call_method(tx, name, args, kwargs)
+
+    def noun(self):
+        return f"a {type(self.module).__qualname__} module made in the frame"
 
     def __repr__(self):
         return f"NewModuleVar({type(self.module).__name__})"
