@@ -540,17 +540,21 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
             cg.load_const(_C.Unhooked(v.value))
         else:
             cg.emit("LOAD_FAST", plan.temps[("top", i)])
-    if tracer.kw_names:
-        cg.emit("KW_NAMES", tracer.kw_names)
     _, by_offset = abstract_instructions(code)
     original = by_offset[inst.offset]
+    # The instruction runs here as the user wrote it: at its own position, so that a
+    # traceback through it shows its line and columns.
+    cg.location = original.location
+    if tracer.kw_names:
+        cg.emit("KW_NAMES", tracer.kw_names)
     if inst.opname == "CALL" and not PY312:
         cg.emit("PRECALL", inst.arg)
     jump_label = Label() if inst.opname.startswith("POP_JUMP") else None
     if jump_label is not None:
         cg.jump_if(original.name, jump_label)
     else:
-        cg.instrs.append(Instr(original.name, original.arg, lineno=cg.lineno))
+        cg.emit(original.name, original.arg)
+    cg.location = None
     if protect:
         after = Label()
         cg.instrs.append(TryEnd(try_begin))
@@ -593,29 +597,31 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
             cg.emit("STORE_FAST", t)
         original, original_offset = original_position(code, offset)
         resume = resume_code(original, original_offset, layout, tuple(plan.bound), opaque)
-        cg.emit("PUSH_NULL")
-        _load_function(cg, resume, func, code)
-        lead, rest = split_locals(original, plan.bound)
-        for name in lead:
-            cg.emit("LOAD_FAST", name)
-        n = 0
-        for i, v in enumerate(lower):
-            if v is not NULL:
-                cg.emit("LOAD_FAST", plan.temps[("lower", i)])
+
+        def call_resume(cg):
+            cg.emit("PUSH_NULL")
+            _load_function(cg, resume, func, code)
+            lead, rest = split_locals(original, plan.bound)
+            for name in lead:
+                cg.emit("LOAD_FAST", name)
+            n = 0
+            for i, v in enumerate(lower):
+                if v is not NULL:
+                    cg.emit("LOAD_FAST", plan.temps[("lower", i)])
+                    n += 1
+            if lasti is not None:
+                # In code units of the resume code (RERAISE sets the frame's position,
+                # for the traceback, from it).
+                _, lasti_original = original_position(code, lasti)
+                here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
+                cg.load_const(here[0] // 2 if here else 0)
                 n += 1
-        if lasti is not None:
-            # In code units of the resume code (RERAISE sets the frame's position, for
-            # the traceback, from it).
-            _, lasti_original = original_position(code, lasti)
-            here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
-            cg.load_const(here[0] // 2 if here else 0)
-            n += 1
-        for t in results:
-            cg.emit("LOAD_FAST", t)
-        for name in rest:
-            cg.emit("LOAD_FAST", name)
-        cg.call(n + produced + len(plan.bound))
-        cg.emit("RETURN_VALUE")
+            for t in results:
+                cg.emit("LOAD_FAST", t)
+            for name in rest:
+                cg.emit("LOAD_FAST", name)
+            cg.call(n + produced + len(plan.bound))
+        cg.return_from(call_resume)
 
     if catch is not None:
         from .interpreter import _handler_for
