@@ -46,6 +46,7 @@ _opaque: dict[types.CodeType, frozenset] = {}
 # resume code -> its parameters that are lists made by the break for an "i" slot: only
 # the loop's iterator sees them.
 _private: dict[types.CodeType, frozenset] = {}
+_resume_counts: dict[types.CodeType, int] = {}         # original code -> resume codes made
 
 
 def opaque_locals(code) -> frozenset:
@@ -107,7 +108,10 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     new = Bytecode()
     new.name = code.co_name
     base = code.co_qualname.split(".<resume at line")[0]
-    new.qualname = f"{base}.<resume at line {_line_of(target, code)}>"
+    # Numbered per original code (two may resume at one line: after the instruction,
+    # and in its handler); the logs, explain() and the viewer all show this name.
+    number = _resume_counts[code] = _resume_counts.get(code, 0) + 1
+    new.qualname = f"{base}.<resume at line {_line_of(target, code)} #{number}>"
     new.filename = code.co_filename
     new.first_lineno = code.co_firstlineno
     lead, rest = split_locals(code, local_names)
@@ -304,6 +308,7 @@ def _line_of(instr, code):
 
 def clear():
     _cache.clear()
+    _resume_counts.clear()
     _origin.clear()
     _opaque.clear()
     _private.clear()
