@@ -43,12 +43,18 @@ class LocatedGraph(fx.Graph):
     def __init__(self):
         super().__init__()
         self.tracer = None
+        self._stacks: dict[tuple, str] = {}     # (code id, line) per frame -> the text
 
     def create_node(self, *args, **kwargs):
         node = super().create_node(*args, **kwargs)
         tx = self.tracer
         if tx is not None and node.op not in ("placeholder", "output"):
-            node.meta["stack_trace"] = tx.stack_text()
+            # (many nodes come from one line: its text is made once)
+            key = tx.stack_key()
+            text = self._stacks.get(key)
+            if text is None:
+                text = self._stacks[key] = tx.stack_text()
+            node.meta["stack_trace"] = text
         return node
 
 

@@ -174,6 +174,13 @@ class InstructionTranslator:
         finally:
             graph.tracer = outer
 
+    def stack_key(self) -> tuple:
+        key, tx = [], self
+        while tx is not None:
+            key.append((id(tx.code), tx.lineno))
+            tx = tx.parent
+        return tuple(key)
+
     def stack_text(self) -> str:
         """The user's call stack at the instruction being traced, as a traceback prints it."""
         frames, tx = [], self
