@@ -256,7 +256,7 @@ def _log_recompile(code, func, args):
         guard_set = getattr(entry.check, "guard_set", None)
         if guard_set is not None:
             failed = guard_set.first_failure(args, func)
-            recompile_log.info("recompiling %s (%s:%d): guard failed: %s", code.co_name,
+            recompile_log.info("recompiling %s (%s:%d): guard failed: %s", log_name(code),
                                code.co_filename, code.co_firstlineno, failed)
             return
 
@@ -382,7 +382,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         if new_code is None:
             retry_static(e.reason)
             record.outcome = "fallback"
-            log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
+            log.info("frametrace: running %s in CPython: %s%s", log_name(code), e.reason,
                      format_user_stack(e.user_stack))
             _log_break("running in CPython:", code, e.reason, e.hint, e.user_stack)
     except Exception as e:
@@ -420,17 +420,23 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     record.transformed_code = new_code
     record.check = check
     if guard_log.isEnabledFor(logging.INFO):
-        guard_log.info("guards of %s (%s:%d):\n  %s", code.co_name, code.co_filename,
+        guard_log.info("guards of %s (%s:%d):\n  %s", log_name(code), code.co_filename,
                        code.co_firstlineno, "\n  ".join(record.guards))
     if new_code is not None and bytecode_log.isEnabledFor(logging.INFO):
         from .viewer import plain_diff
-        bytecode_log.info("bytecode of %s:\n%s", code.co_name, plain_diff(code, new_code))
+        bytecode_log.info("bytecode of %s:\n%s", log_name(code), plain_diff(code, new_code))
     if generation != _generation:
         _uninstall(installed)
         return None                 # reset() ran meanwhile: this call runs in CPython
     for observer in record_observers:
         observer(record)
     return (check, new_code)
+
+
+def log_name(code) -> str:
+    """A frame's name in the logs: its function's, or a resume function's full name
+    (``f.<resume at line 12 #1>``, as the viewer shows it)."""
+    return code.co_qualname if "<resume at line" in code.co_qualname else code.co_name
 
 
 # (file, line, reason) of the breaks logged: a break is logged once, not at every
@@ -448,7 +454,7 @@ def _log_break(what, code, reason, hint, user_stack):
     if key in _logged_breaks:
         return
     _logged_breaks.add(key)
-    break_log.info("%s %s: %s%s%s", what, code.co_qualname, reason,
+    break_log.info("%s %s: %s%s%s", what, log_name(code), reason,
                    f"\n  Hint: {hint}" if hint else "", format_user_stack(user_stack))
 
 
@@ -458,7 +464,7 @@ def _log_internal_error(code, where, e):
     _log_break("running in CPython:", code, f"internal error in frametrace ({type(e).__name__}: {e})",
                "please report it; the frame runs correctly in CPython", where)
     log.warning("frametrace: internal error while tracing %s (%s: %s); running it in "
-                "CPython%s", code.co_name, type(e).__name__, e, format_user_stack(where),
+                "CPython%s", log_name(code), type(e).__name__, e, format_user_stack(where),
                 exc_info=log.isEnabledFor(logging.DEBUG))
 
 
@@ -528,7 +534,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         record.op_count = output.op_count()
         record.backend_seconds = seconds
         if graph_log.isEnabledFor(logging.INFO):
-            graph_log.info("graph %s of %s (%s:%d), %d ops:\n%s", name, code.co_qualname,
+            graph_log.info("graph %s of %s (%s:%d), %d ops:\n%s", name, log_name(code),
                            code.co_filename, code.co_firstlineno, record.op_count,
                            readable_graph(gm))
         if output_code_log.isEnabledFor(logging.INFO):

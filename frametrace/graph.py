@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import operator
+import threading
 import time
 
 import torch
@@ -32,6 +34,20 @@ class GraphInput:
         self.node = node
         # The real tensor (or, for a symbolic int, its SymInt), dropped after compiling.
         self.value = value
+
+
+class _QuietFailedOps(logging.Filter):
+    """An op that fails on FakeTensors while frametrace traces is a graph break: the op
+    runs in CPython, which raises the user's error at the user's line.  torch's ERROR
+    record of the failed meta kernel (a traceback into torch) is not for the user."""
+    active = threading.local()
+
+    def filter(self, record):
+        return not (getattr(self.active, "on", False) and
+                    str(record.msg).startswith("failed while attempting to run meta"))
+
+
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QuietFailedOps())
 
 
 class LocatedGraph(fx.Graph):
@@ -254,6 +270,8 @@ class OutputGraph:
         if kind == "call_function" and not fx_can_name(target):
             unsupported(f"{what} cannot be named in an FX graph")
         self._check_input_metadata_kept(kind, what, target, args, kwargs, fake_args, fake_kwargs)
+        quiet = _QuietFailedOps.active
+        was_quiet, quiet.on = getattr(quiet, "on", False), True
         try:
             with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
@@ -267,6 +285,8 @@ class OutputGraph:
         except Exception as e:
             self._drop_unbound_symbols()
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
+        finally:
+            quiet.on = was_quiet
         if not _contains(out, (torch.Tensor, *SYM_TYPES)):
             self._drop_unbound_symbols()        # nothing to bind them to
         if out is None and any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):
