@@ -6,6 +6,7 @@ bytecode keeps the original instructions' positions, resume functions too).
 Each test runs the function in CPython and compiled (the differential harness first,
 for values and exceptions) and compares the formatted tracebacks' entries for this
 file's frames."""
+import logging
 import sys
 import traceback
 
@@ -156,3 +157,16 @@ def test_reraise_from_a_handler():
 def test_breaking_callee_of_a_compiled_caller():
     compare(caller_of_breaking_callee, torch.ones(2))
 
+
+
+def mismatched_matmul(x, w):
+    y = x + 1
+    return y @ w
+
+
+def test_only_the_users_error_is_printed(caplog):
+    # The op fails on FakeTensors while tracing (a graph break; CPython raises the
+    # error): torch's own ERROR record of its meta kernel is not shown.
+    with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"):
+        compare(mismatched_matmul, torch.ones(2, 5), torch.ones(3, 4))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
