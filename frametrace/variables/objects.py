@@ -31,7 +31,7 @@ def callable_name(value) -> str:
             or module == "builtins":
         return qualname
     module = _MODULE_SPELLING.get(module, module)
-    if module.startswith("torch."):
+    if module.startswith("torch.") and getattr(torch, qualname, None) is value:
         module = "torch"            # torch.save, not torch.serialization.save
     elif module.startswith("_") and module[1:] in sys.modules:
         module = module[1:]         # the C half of a stdlib module (_warnings, _random)
