@@ -21,8 +21,9 @@ _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", 
                  "backward", "register_hook", "data_ptr", "untyped_storage", "storage",
                  "retain_grad", "__array__", "__repr__", "__str__", "__format__"}
 
-_ITEM_HINT = ("keep the value a tensor (x.sum() rather than x.sum().item()), or read it after "
-              "the compiled function returns")
+_ITEM_HINT = ("keep the value a tensor (x.sum() rather than x.sum().item()), read it after "
+              "the compiled function returns, or set frametrace.config.capture_scalar_outputs = "
+              "True to keep .item() in the graph")
 _DATA_HINTS = {
     "item": _ITEM_HINT, "tolist": _ITEM_HINT, "__float__": _ITEM_HINT, "__int__": _ITEM_HINT,
     "backward": "compile the forward and the loss, and call backward() and the optimizer "
