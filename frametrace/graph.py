@@ -281,7 +281,9 @@ class OutputGraph:
         except (DataDependentOutputException, DynamicOutputShapeException,
                 GuardOnDataDependentSymNode) as e:
             self._drop_unbound_symbols()
-            unsupported(f"{what}() has a data-dependent result ({type(e).__name__})")
+            hint = "set frametrace.config.capture_dynamic_output_shape_ops = True to keep it in " \
+                "the graph" if isinstance(e, DynamicOutputShapeException) else None
+            unsupported(f"{what}() has a data-dependent result ({type(e).__name__})", hint=hint)
         except Exception as e:
             self._drop_unbound_symbols()
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
