@@ -1,16 +1,24 @@
 """The `frametrace` command.
 
-    python -m frametrace diff SCRIPT.py [--fn NAME] [--no-color] [--width N] [script args...]
+    python -m frametrace diff SCRIPT.py [--fn NAME] [--no-color] [--no-pager] [--width N]
+                                        [script args...]
 
 runs SCRIPT.py (which uses frametrace.optimize) and shows, for each compiled frame,
 original and transformed bytecode side by side, every resume function, the guards and
-the FX graphs.
+the FX graphs, with each graph break and frame left to CPython.  A script that ends in
+``sys.exit(main())`` (or raises) is shown up to there.  On a terminal, output longer
+than the screen is paged through ``less -R``.
 """
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import runpy
+import shutil
+import subprocess
 import sys
+import traceback
 
 
 def main(argv=None) -> int:
@@ -20,6 +28,7 @@ def main(argv=None) -> int:
     diff.add_argument("script", help="a Python script that uses frametrace.optimize")
     diff.add_argument("--fn", default=None, help="only frames of the function with this name")
     diff.add_argument("--no-color", action="store_true", help="plain text")
+    diff.add_argument("--no-pager", action="store_true", help="never page the output")
     diff.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
     # Options may come before or after the script; anything else goes to the script.
     ns, script_args = parser.parse_known_args(argv)
@@ -29,14 +38,50 @@ def main(argv=None) -> int:
     convert.record_observers.append(records.append)
     saved_argv = sys.argv
     sys.argv = [ns.script] + [a for a in script_args if a != "--"]
+    status = 0
     try:
         runpy.run_path(ns.script, run_name="__main__")
+    except SystemExit as e:
+        # sys.exit(main()): what ran before the exit is what there is to show; the
+        # script's exit status is ours.
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except Exception:
+        traceback.print_exc()
+        status = 1
     finally:
         sys.argv = saved_argv
         convert.record_observers.remove(records.append)
-    viewer.show_records(records, fn_name=ns.fn, color=False if ns.no_color else None,
-                        width=ns.width)
-    return 0
+
+    out = sys.stdout
+    page = not ns.no_pager and out.isatty() and shutil.which("less") is not None
+    color = False if ns.no_color else out.isatty()
+    buffer = io.StringIO() if page else out
+    width = ns.width or (shutil.get_terminal_size().columns if out.isatty() else None)
+    shown = viewer.show_records(records, fn_name=ns.fn, color=color, file=buffer, width=width)
+    if not shown:
+        what = f"no compiled frame of a function named {ns.fn!r}" if ns.fn else "no compiled frames"
+        names = sorted({r.code.co_name for r in records if not viewer.is_resume(r.code)})
+        known = f" (compiled: {', '.join(names)})" if names else ""
+        print(f"frametrace diff: {what} in {ns.script}{known}", file=sys.stderr)
+        return status or 1
+    if page:
+        _page(buffer.getvalue(), out)
+    return status
+
+
+def _page(text: str, out) -> None:
+    """`text` through `less -R` when it is longer than the screen, else printed."""
+    if text.count("\n") < shutil.get_terminal_size().lines - 1:
+        out.write(text)
+        out.flush()
+        return
+    env = dict(os.environ, LESSCHARSET=os.environ.get("LESSCHARSET", "utf-8"))
+    try:
+        subprocess.run(["less", "-R"], input=text, text=True, env=env, check=False)
+    except (OSError, KeyboardInterrupt):
+        out.write(text)
 
 
 if __name__ == "__main__":

@@ -37,12 +37,18 @@ class CodeGen:
         self.freevars = set(code.co_freevars)
         self.tensor_locals: dict[object, str] = {}  # graph output node -> local name
         self.rebuilt: dict[int, str] = {}          # id(NewObjectVar) -> local name
+        # While set: the source position (an InstrLocation) of what is emitted, so that
+        # an original instruction run here keeps its columns (the ^^^ of a traceback).
+        self.location = None
+
+    def _where(self):
+        return {"lineno": self.lineno} if self.location is None else {"location": self.location}
 
     def emit(self, name, arg=_NO_ARG):
         if arg is _NO_ARG:
-            self.instrs.append(Instr(name, lineno=self.lineno))
+            self.instrs.append(Instr(name, **self._where()))
         else:
-            self.instrs.append(Instr(name, arg, lineno=self.lineno))
+            self.instrs.append(Instr(name, arg, **self._where()))
 
     # -- loads --
     def load_local(self, name):
@@ -88,7 +94,7 @@ class CodeGen:
         later: 3.11 spells the direction in the opcode, and ours points forward."""
         if not PY312:
             name = name.replace("_BACKWARD_", "_FORWARD_")
-        self.instrs.append(Instr(name, label, lineno=self.lineno))
+        self.instrs.append(Instr(name, label, **self._where()))
 
     def store_attr(self, name):
         self.emit("STORE_ATTR", name)
@@ -227,10 +233,30 @@ class CodeGen:
             for name in names:
                 cg.load_local(name)
             cg.build(tuple, len(names))
-        self.call_const(rerun_frame, [lambda cg: cg.load_const(code),
-                                      lambda cg: cg.call_const(builtins.globals, []),
-                                      closure, args, lambda cg: cg.load_const(grad)])
+        self.return_from(lambda cg: cg.call_const(
+            rerun_frame, [lambda cg: cg.load_const(code),
+                          lambda cg: cg.call_const(builtins.globals, []),
+                          closure, args, lambda cg: cg.load_const(grad)]))
+
+    def return_from(self, emit_call):
+        """Return what the call `emit_call` emits returns: a call that goes on with the
+        user's frame elsewhere (a resume function, the frame run again in CPython).
+        What it raises leaves without this frame's traceback entry (and frametrace's
+        helpers' in between): the user's frame shows once, at the line that raised,
+        as in CPython.  (Stack empty at the call; free when nothing raises.)"""
+        hide = Label()
+        begin = TryBegin(hide, push_lasti=False, stack_depth=0)
+        self.instrs.append(begin)
+        emit_call(self)
+        self.instrs.append(TryEnd(begin))
         self.emit("RETURN_VALUE")
+        self.instrs.append(hide)
+        self.emit("PUSH_NULL")
+        self.load_const(hide_own_entries)
+        self.emit("COPY", 3)
+        self.call(1)
+        self.emit("POP_TOP")
+        self.emit("RERAISE", 0)
 
     def assemble(self):
         """The transformed code object."""
@@ -317,3 +343,18 @@ def rerun_frame(code, f_globals, closure, args, grad: bool):
     if code.co_flags & CompilerFlags.VARKEYWORDS:
         kw.update(args[i])
     return fn(*pos, **kw)
+
+
+def hide_own_entries(exc):
+    """Drop the traceback entries that lead from a transformed frame to the code that
+    goes on with the user's frame (see CodeGen.return_from): the transformed frame's
+    own, and those of frametrace's helpers."""
+    frame = sys._getframe(1)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            (tb.tb_frame is frame or tb.tb_frame.f_code in _HELPER_CODES):
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+
+
+_HELPER_CODES = frozenset([rerun_frame.__code__])

@@ -20,7 +20,7 @@ from bytecode import CellVar
 
 from . import _C, config, resume
 from .codegen import CodeGen, GraphSlot, fill_graph_slot
-from .exc import Unsupported, format_user_stack
+from .exc import Unsupported, format_user_stack, frame_summary
 from .global_state import GlobalState
 from .graph import OutputGraph, written_arg
 from .guards import GuardSet
@@ -51,8 +51,8 @@ class CompileRecord:
     """What one compile of one frame produced (read by explain(), show() and tests).
     `outcome` is "compiled" (the frame runs transformed code to its end), "break"
     (compiled up to a graph break, then a resume function) or "fallback" (the frame
-    runs in CPython); `reason` and `user_stack` say why for the last two."""
-    __slots__ = ("code", "graph_module", "op_count", "guards", "reason", "user_stack",
+    runs in CPython); `reason`, `hint` and `user_stack` say why for the last two."""
+    __slots__ = ("code", "graph_module", "op_count", "guards", "reason", "hint", "user_stack",
                  "compile_seconds", "backend_seconds", "transformed_code", "outcome", "check")
 
     def __init__(self, code):
@@ -61,6 +61,7 @@ class CompileRecord:
         self.op_count = 0
         self.guards: list[str] = []
         self.reason = None
+        self.hint = None
         self.user_stack = []
         self.compile_seconds = 0.0
         self.backend_seconds = 0.0
@@ -255,7 +256,7 @@ def _log_recompile(code, func, args):
         guard_set = getattr(entry.check, "guard_set", None)
         if guard_set is not None:
             failed = guard_set.first_failure(args, func)
-            recompile_log.info("recompiling %s (%s:%d): guard failed: %s", code.co_name,
+            recompile_log.info("recompiling %s (%s:%d): guard failed: %s", log_name(code),
                                code.co_filename, code.co_firstlineno, failed)
             return
 
@@ -333,8 +334,9 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             e.user_stack = [tracer.user_location()]
         if fullgraph:
             retry_static(e.reason)
-            raise Unsupported(e.reason, e.user_stack) from None
+            raise Unsupported(e.reason, e.user_stack, e.hint) from None
         record.reason = e.reason
+        record.hint = e.hint
         record.user_stack = e.user_stack
         new_code = None
         candidates = [] if e.break_index is not None else ()
@@ -364,8 +366,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
                                    break_at=tracer.instructions[break_index],
                                    entry_grad=entry_grad)
                 record.outcome = "break"
-                break_log.info("graph break in %s: %s%s", code.co_name, e.reason,
-                               format_user_stack(e.user_stack))
+                _log_break("graph break in", code, e.reason, e.hint, e.user_stack)
                 break
             except Unsupported as e2:
                 log.info("frametrace: cannot break the graph there (%s)", e2.reason)
@@ -381,8 +382,9 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         if new_code is None:
             retry_static(e.reason)
             record.outcome = "fallback"
-            log.info("frametrace: running %s in CPython: %s%s", code.co_name, e.reason,
+            log.info("frametrace: running %s in CPython: %s%s", log_name(code), e.reason,
                      format_user_stack(e.user_stack))
+            _log_break("running in CPython:", code, e.reason, e.hint, e.user_stack)
     except Exception as e:
         where = [tracer.user_location()]
         retry_static(f"{type(e).__name__}: {e}")
@@ -391,7 +393,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}", where) from e
         _log_internal_error(code, where, e)
         _uninstall(installed)
-        record.reason = f"internal error: {type(e).__name__}: {e}"
+        record.reason = f"internal error in frametrace: {type(e).__name__}: {e}"
         record.user_stack = where
         record.outcome = "fallback"
         new_code = None
@@ -418,11 +420,11 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     record.transformed_code = new_code
     record.check = check
     if guard_log.isEnabledFor(logging.INFO):
-        guard_log.info("guards of %s (%s:%d):\n  %s", code.co_name, code.co_filename,
+        guard_log.info("guards of %s (%s:%d):\n  %s", log_name(code), code.co_filename,
                        code.co_firstlineno, "\n  ".join(record.guards))
     if new_code is not None and bytecode_log.isEnabledFor(logging.INFO):
         from .viewer import plain_diff
-        bytecode_log.info("bytecode of %s:\n%s", code.co_name, plain_diff(code, new_code))
+        bytecode_log.info("bytecode of %s:\n%s", log_name(code), plain_diff(code, new_code))
     if generation != _generation:
         _uninstall(installed)
         return None                 # reset() ran meanwhile: this call runs in CPython
@@ -431,10 +433,38 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     return (check, new_code)
 
 
+def log_name(code) -> str:
+    """A frame's name in the logs: its function's, or a resume function's full name
+    (``f.<resume at line 12 #1>``, as the viewer shows it)."""
+    return code.co_qualname if "<resume at line" in code.co_qualname else code.co_name
+
+
+# (file, line, reason) of the breaks logged: a break is logged once, not at every
+# recompile of its frame.
+_logged_breaks: set = set()
+
+
+def _log_break(what, code, reason, hint, user_stack):
+    """A graph break, or a frame left to CPython, on the graph_breaks log: once per
+    user location and reason."""
+    if not break_log.isEnabledFor(logging.INFO):
+        return
+    user_stack = user_stack or [frame_summary(code, code.co_firstlineno)]
+    key = (user_stack[-1].filename, user_stack[-1].lineno, reason)
+    if key in _logged_breaks:
+        return
+    _logged_breaks.add(key)
+    break_log.info("%s %s: %s%s%s", what, log_name(code), reason,
+                   f"\n  Hint: {hint}" if hint else "", format_user_stack(user_stack))
+
+
 def _log_internal_error(code, where, e):
-    """One line per internal error (the traceback at DEBUG level)."""
+    """One line per internal error (the traceback at DEBUG level); the graph_breaks
+    log lists the frame with the frames that fell back."""
+    _log_break("running in CPython:", code, f"internal error in frametrace ({type(e).__name__}: {e})",
+               "please report it; the frame runs correctly in CPython", where)
     log.warning("frametrace: internal error while tracing %s (%s: %s); running it in "
-                "CPython%s", code.co_name, type(e).__name__, e, format_user_stack(where),
+                "CPython%s", log_name(code), type(e).__name__, e, format_user_stack(where),
                 exc_info=log.isEnabledFor(logging.DEBUG))
 
 
@@ -504,12 +534,11 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         record.op_count = output.op_count()
         record.backend_seconds = seconds
         if graph_log.isEnabledFor(logging.INFO):
-            graph_log.info("graph %s of %s (%s:%d), %d ops:\n%s", name, code.co_name,
-                           code.co_filename, code.co_firstlineno, record.op_count, gm.code.strip())
+            graph_log.info("graph %s of %s (%s:%d), %d ops:\n%s", name, log_name(code),
+                           code.co_filename, code.co_firstlineno, record.op_count,
+                           readable_graph(gm))
         if output_code_log.isEnabledFor(logging.INFO):
-            source = getattr(compiled, "source_code", None) or getattr(
-                getattr(compiled, "__self__", None), "code", None) or gm.code
-            output_code_log.info("output code of %s:\n%s", name, str(source).strip())
+            _log_output_code(name, gm, compiled)
         graph_fn = _C.Unhooked(compiled)
         graph_fn.__name__ = name
         new_code = fill_graph_slot(new_code, slot, graph_fn)
@@ -519,6 +548,30 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         _installed_globals.append((func.__globals__, name))
         graph_modules[name] = gm
     return new_code
+
+
+def readable_graph(gm) -> str:
+    """A graph's code with each value's dtype and shape and, above each group of
+    nodes, the user's line it came from (as torch.compile's graph_code log)."""
+    try:
+        return gm.print_readable(print_output=False).strip()
+    except Exception:       # (an FX version without it, or a node it cannot print)
+        return gm.code.strip()
+
+
+def _log_output_code(name, gm, compiled):
+    """What the backend made of graph `name`: its own code (Triton kernels, a traced
+    AOT graph); a backend that runs the FX code as it is gets a line, not the graph log
+    again."""
+    source = getattr(compiled, "source_code", None)
+    owner = getattr(compiled, "__self__", None)
+    if source is None and owner is not gm:
+        source = getattr(owner, "code", None)
+    if source is None or str(source).strip() == gm.code.strip():
+        output_code_log.info("output code of %s: the backend runs the FX graph as it is "
+                             "(the graph log shows it)", name)
+    else:
+        output_code_log.info("output code of %s:\n%s", name, str(source).strip())
 
 
 def _can_run_again(output, backend) -> bool:
@@ -686,6 +739,7 @@ def reset():
             _C.clear_code(code)
     _seen_codes.clear()
     _warned_cache_limit.clear()
+    _logged_breaks.clear()
     while _installed_globals:
         g, name = _installed_globals.pop()
         g.pop(name, None)

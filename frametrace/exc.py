@@ -17,16 +17,19 @@ class Unsupported(RuntimeError):
     ...     print(x)          # raises frametrace.Unsupported naming this file and line
     """
 
-    def __init__(self, reason: str, user_stack: list[traceback.FrameSummary] | None = None):
+    def __init__(self, reason: str, user_stack: list[traceback.FrameSummary] | None = None,
+                 hint: str | None = None):
         self.reason = reason
         self.user_stack = list(user_stack or [])
+        self.hint = hint          # what the user can do about it, where there is something
         # Index of the root frame's instruction that could not be traced (where the
         # frame can break its graph), set by the interpreter.
         self.break_index: int | None = None
         super().__init__(reason)
 
     def __str__(self) -> str:
-        return self.reason + format_user_stack(self.user_stack)
+        hint = f"\n  Hint: {self.hint}" if self.hint else ""
+        return self.reason + hint + format_user_stack(self.user_stack)
 
 
 class InternalError(RuntimeError):

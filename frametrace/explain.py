@@ -12,6 +12,7 @@ other compiled entries are not touched.
 from __future__ import annotations
 
 import io
+import shutil
 
 from . import _C, convert, shapes
 from .eval_frame import optimize
@@ -19,11 +20,13 @@ from .eval_frame import optimize
 
 class BreakReason:
     """One graph break (or frame run in CPython): why, and where in the user's code
-    (`user_stack`: traceback.FrameSummary objects, innermost user frame last)."""
-    __slots__ = ("reason", "user_stack", "graph_break")
+    (`user_stack`: traceback.FrameSummary objects, innermost user frame last), and
+    `hint`: what the user can change, or None."""
+    __slots__ = ("reason", "user_stack", "graph_break", "hint")
 
-    def __init__(self, reason, user_stack, graph_break):
+    def __init__(self, reason, user_stack, graph_break, hint=None):
         self.reason = reason
+        self.hint = hint
         self.user_stack = list(user_stack)
         self.graph_break = graph_break   # False: the whole frame ran in CPython
 
@@ -42,7 +45,7 @@ class ExplainOutput:
         self.graphs = [r.graph_module for r in records if r.graph_module is not None]
         self.graph_count = len(self.graphs)
         self.ops_per_graph = [r.op_count for r in records if r.graph_module is not None]
-        self.break_reasons = [BreakReason(r.reason, r.user_stack, r.outcome == "break")
+        self.break_reasons = [BreakReason(r.reason, r.user_stack, r.outcome == "break", r.hint)
                               for r in records if r.outcome in ("break", "fallback")]
         self.graph_break_count = sum(1 for b in self.break_reasons if b.graph_break)
         self.guards = [g for r in records for g in r.guards]
@@ -66,10 +69,10 @@ class ExplainOutput:
         parts.append(Panel(summary, title="frametrace.explain", expand=False))
         for i, b in enumerate(self.break_reasons, 1):
             kind = "graph break" if b.graph_break else "frame run in CPython"
-            parts.append(break_text(f"{kind} {i}", b.reason, b.user_stack))
+            parts.append(break_text(f"{kind} {i}", b.reason, b.user_stack, b.hint))
         for r, i in zip([r for r in self.records if r.graph_module is not None], range(1, 10**6)):
             parts.append(Text(f"graph {i}: {r.code.co_qualname} ({r.op_count} ops)", style="bold"))
-            parts.append(Syntax(r.graph_module.code.strip(), "python", theme="ansi_dark",
+            parts.append(Syntax(convert.readable_graph(r.graph_module), "python", theme="ansi_dark",
                                 background_color="default"))
         if self.guards:
             guard_text = Text()
@@ -83,7 +86,10 @@ class ExplainOutput:
     def __str__(self):
         from rich.console import Console
         buffer = io.StringIO()
-        Console(file=buffer, width=100, color_system=None, force_terminal=False).print(self)
+        # As wide as the terminal the report is printed to (rich's own guess looks at
+        # the buffer, which is no terminal).
+        width = shutil.get_terminal_size().columns
+        Console(file=buffer, width=width, color_system=None, force_terminal=False).print(self)
         return buffer.getvalue()
 
     def __repr__(self):
@@ -91,13 +97,17 @@ class ExplainOutput:
                 f"graph_break_count={self.graph_break_count}, ops_per_graph={self.ops_per_graph})")
 
 
-def break_text(heading: str, reason: str, user_stack):
+def break_text(heading: str, reason: str, user_stack, hint=None):
     """A graph break (or a frame run in CPython) for people: the heading, the reason,
-    then each user frame's file, line and source line, innermost last."""
+    the hint if there is one, then each user frame's file, line and source line,
+    innermost last."""
     from rich.text import Text
     text = Text()
     text.append(heading, style="bold red")
     text.append(f": {reason}\n")
+    if hint:
+        text.append("  Hint: ", style="bold green")
+        text.append(f"{hint}\n")
     for fs in user_stack:
         text.append(f'  File "{fs.filename}", line {fs.lineno}, in {fs.name}\n', style="cyan")
         if fs.line:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import operator
+import threading
 import time
 
 import torch
@@ -34,11 +36,49 @@ class GraphInput:
         self.value = value
 
 
+class _QuietFailedOps(logging.Filter):
+    """An op that fails on FakeTensors while frametrace traces is a graph break: the op
+    runs in CPython, which raises the user's error at the user's line.  torch's ERROR
+    record of the failed meta kernel (a traceback into torch) is not for the user."""
+    active = threading.local()
+
+    def filter(self, record):
+        return not (getattr(self.active, "on", False) and
+                    str(record.msg).startswith("failed while attempting to run meta"))
+
+
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QuietFailedOps())
+
+
+class LocatedGraph(fx.Graph):
+    """An FX graph whose nodes remember the user's lines they came from: while a frame
+    is traced, `tracer` is its innermost tracer, and each node gets that call stack as
+    its `stack_trace` (FX prints it as ``# File: path:line in fn, code: ...``, as in
+    torch.compile's graph logs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tracer = None
+        self._stacks: dict[tuple, str] = {}     # (code id, line) per frame -> the text
+
+    def create_node(self, *args, **kwargs):
+        node = super().create_node(*args, **kwargs)
+        tx = self.tracer
+        if tx is not None and node.op not in ("placeholder", "output"):
+            # (many nodes come from one line: its text is made once)
+            key = tx.stack_key()
+            text = self._stacks.get(key)
+            if text is None:
+                text = self._stacks[key] = tx.stack_text()
+            node.meta["stack_trace"] = text
+        return node
+
+
 class OutputGraph:
     """Collects the graph while tracing; `compile` hands it to the backend."""
 
     def __init__(self, guards, policy: ShapePolicy | None = None):
-        self.graph = fx.Graph()
+        self.graph = LocatedGraph()
         self.guards = guards
         self.policy = policy or ShapePolicy(None, False)
         self.fake_mode = new_fake_mode()
@@ -230,6 +270,8 @@ class OutputGraph:
         if kind == "call_function" and not fx_can_name(target):
             unsupported(f"{what} cannot be named in an FX graph")
         self._check_input_metadata_kept(kind, what, target, args, kwargs, fake_args, fake_kwargs)
+        quiet = _QuietFailedOps.active
+        was_quiet, quiet.on = getattr(quiet, "on", False), True
         try:
             with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
@@ -239,10 +281,14 @@ class OutputGraph:
         except (DataDependentOutputException, DynamicOutputShapeException,
                 GuardOnDataDependentSymNode) as e:
             self._drop_unbound_symbols()
-            unsupported(f"{what}() has a data-dependent result ({type(e).__name__})")
+            hint = "set frametrace.config.capture_dynamic_output_shape_ops = True to keep it in " \
+                "the graph" if isinstance(e, DynamicOutputShapeException) else None
+            unsupported(f"{what}() has a data-dependent result ({type(e).__name__})", hint=hint)
         except Exception as e:
             self._drop_unbound_symbols()
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
+        finally:
+            quiet.on = was_quiet
         if not _contains(out, (torch.Tensor, *SYM_TYPES)):
             self._drop_unbound_symbols()        # nothing to bind them to
         if out is None and any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):

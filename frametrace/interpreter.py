@@ -13,6 +13,7 @@ import dis
 import math
 import operator
 import sys
+import traceback
 
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -24,6 +25,7 @@ from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSourc
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar, TensorVar,
                         TupleVar, Var, unsupported)
 from .variables.builder import wrap
+from .variables.base import a_type, nouns
 from .variables.builtins import LazyIteratorVar
 from .variables.constant import BINARY_FOLD
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
@@ -165,6 +167,29 @@ class InstructionTranslator:
     # ------------------------------------------------------------ running
     def run(self) -> Var | None:
         """Interpret to the return (its Var), or to `stop_at` (None)."""
+        graph = self.output.graph
+        outer, graph.tracer = getattr(graph, "tracer", None), self     # (see LocatedGraph)
+        try:
+            return self._run()
+        finally:
+            graph.tracer = outer
+
+    def stack_key(self) -> tuple:
+        key, tx = [], self
+        while tx is not None:
+            key.append((id(tx.code), tx.lineno))
+            tx = tx.parent
+        return tuple(key)
+
+    def stack_text(self) -> str:
+        """The user's call stack at the instruction being traced, as a traceback prints it."""
+        frames, tx = [], self
+        while tx is not None:
+            frames.append(frame_summary(tx.code, tx.lineno))
+            tx = tx.parent
+        return "".join(traceback.format_list(frames[::-1]))
+
+    def _run(self) -> Var | None:
         instructions = self.instructions
         steps = 0
         while self.return_value is None:
@@ -1248,6 +1273,16 @@ class OpaqueVar(Var):
         else:
             super().reconstruct(cg)
 
+    def noun(self):
+        root, attrs = self, []
+        while root.base is not None:
+            attrs.append(root.attr)
+            root = root.base
+        if not attrs:
+            return f"{a_type(root.kind)} computed outside the graph"
+        return f"{root.kind.__qualname__}.{'.'.join(reversed(attrs))} (of {a_type(root.kind)} " \
+            "computed outside the graph)"
+
     def __repr__(self):
         return f"OpaqueVar({self.kind.__name__})" if self.base is None else \
             f"OpaqueVar({self.base!r}.{self.attr})"
@@ -1546,7 +1581,7 @@ def _make_slice(parts, tx) -> Var:
     if any(isinstance(p, SymNodeVar) for p in parts):
         return SliceVar(parts)
     if not all(p.is_const() for p in parts):
-        unsupported(f"slice with non-constant bounds {parts}")
+        unsupported(f"slice with non-constant bounds {nouns(parts)}")
     return ConstVar(slice(*(p.as_const() for p in parts)))
 
 

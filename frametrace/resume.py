@@ -46,6 +46,7 @@ _opaque: dict[types.CodeType, frozenset] = {}
 # resume code -> its parameters that are lists made by the break for an "i" slot: only
 # the loop's iterator sees them.
 _private: dict[types.CodeType, frozenset] = {}
+_resume_counts: dict[types.CodeType, int] = {}         # original code -> resume codes made
 
 
 def opaque_locals(code) -> frozenset:
@@ -107,7 +108,10 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     new = Bytecode()
     new.name = code.co_name
     base = code.co_qualname.split(".<resume at line")[0]
-    new.qualname = f"{base}.<resume at line {_line_of(target, code)}>"
+    # Numbered per original code (two may resume at one line: after the instruction,
+    # and in its handler); the logs, explain() and the viewer all show this name.
+    number = _resume_counts[code] = _resume_counts.get(code, 0) + 1
+    new.qualname = f"{base}.<resume at line {_line_of(target, code)} #{number}>"
     new.filename = code.co_filename
     new.first_lineno = code.co_firstlineno
     lead, rest = split_locals(code, local_names)
@@ -304,6 +308,7 @@ def _line_of(instr, code):
 
 def clear():
     _cache.clear()
+    _resume_counts.clear()
     _origin.clear()
     _opaque.clear()
     _private.clear()
@@ -540,17 +545,21 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
             cg.call_const(_C.Unhooked, [lambda c, i=i: c.emit("LOAD_FAST", plan.temps[("top", i)])])
         else:
             cg.emit("LOAD_FAST", plan.temps[("top", i)])
-    if tracer.kw_names:
-        cg.emit("KW_NAMES", tracer.kw_names)
     _, by_offset = abstract_instructions(code)
     original = by_offset[inst.offset]
+    # The instruction runs here as the user wrote it: at its own position, so that a
+    # traceback through it shows its line and columns.
+    cg.location = original.location
+    if tracer.kw_names:
+        cg.emit("KW_NAMES", tracer.kw_names)
     if inst.opname == "CALL" and not PY312:
         cg.emit("PRECALL", inst.arg)
     jump_label = Label() if inst.opname.startswith("POP_JUMP") else None
     if jump_label is not None:
         cg.jump_if(original.name, jump_label)
     else:
-        cg.instrs.append(Instr(original.name, original.arg, lineno=cg.lineno))
+        cg.emit(original.name, original.arg)
+    cg.location = None
     if protect:
         after = Label()
         cg.instrs.append(TryEnd(try_begin))
@@ -593,29 +602,31 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
             cg.emit("STORE_FAST", t)
         original, original_offset = original_position(code, offset)
         resume = resume_code(original, original_offset, layout, tuple(plan.bound), opaque)
-        cg.emit("PUSH_NULL")
-        _load_function(cg, resume, func, code)
-        lead, rest = split_locals(original, plan.bound)
-        for name in lead:
-            cg.emit("LOAD_FAST", name)
-        n = 0
-        for i, v in enumerate(lower):
-            if v is not NULL:
-                cg.emit("LOAD_FAST", plan.temps[("lower", i)])
+
+        def call_resume(cg):
+            cg.emit("PUSH_NULL")
+            _load_function(cg, resume, func, code)
+            lead, rest = split_locals(original, plan.bound)
+            for name in lead:
+                cg.emit("LOAD_FAST", name)
+            n = 0
+            for i, v in enumerate(lower):
+                if v is not NULL:
+                    cg.emit("LOAD_FAST", plan.temps[("lower", i)])
+                    n += 1
+            if lasti is not None:
+                # In code units of the resume code (RERAISE sets the frame's position,
+                # for the traceback, from it).
+                _, lasti_original = original_position(code, lasti)
+                here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
+                cg.load_const(here[0] // 2 if here else 0)
                 n += 1
-        if lasti is not None:
-            # In code units of the resume code (RERAISE sets the frame's position, for
-            # the traceback, from it).
-            _, lasti_original = original_position(code, lasti)
-            here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
-            cg.load_const(here[0] // 2 if here else 0)
-            n += 1
-        for t in results:
-            cg.emit("LOAD_FAST", t)
-        for name in rest:
-            cg.emit("LOAD_FAST", name)
-        cg.call(n + produced + len(plan.bound))
-        cg.emit("RETURN_VALUE")
+            for t in results:
+                cg.emit("LOAD_FAST", t)
+            for name in rest:
+                cg.emit("LOAD_FAST", name)
+            cg.call(n + produced + len(plan.bound))
+        cg.return_from(call_resume)
 
     if catch is not None:
         from .interpreter import _handler_for

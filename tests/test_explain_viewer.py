@@ -127,8 +127,8 @@ def test_show_text_side_by_side():
     text = buffer.getvalue()
     assert "\x1b[" not in text                                # not a terminal: plain text
     assert "original: with_breaks" in text and "transformed: with_breaks" in text
-    assert "+ LOAD_CONST __compiled_fn_" in text              # inserted
-    assert re.search(r"- LOAD_(METHOD|ATTR) .*sin", text)    # removed (3.12 spells it differently)
+    assert re.search(r"\+\s+\d+ LOAD_CONST __compiled_fn_", text)       # inserted
+    assert re.search(r"-\s+\d+ LOAD_(METHOD|ATTR) .*sin", text)    # removed (3.12 spells it differently)
     assert "<resume at line" in text                          # resume functions shown
     assert "guards" in text and "FX graph" in text
     # Aligned by source line: the row of the print line holds both sides.

@@ -4,9 +4,11 @@ from __future__ import annotations
 from ..exc import Unsupported  # noqa: F401  (re-exported for variables)
 
 
-def unsupported(reason: str):
-    """Stop tracing: this frame (or, with fullgraph, the user) gets `reason`."""
-    raise Unsupported(reason)
+def unsupported(reason: str, hint: str | None = None):
+    """Stop tracing: this frame (or, with fullgraph, the user) gets `reason`, said in
+    the user's words (a Var in an f-string reads as its `noun()`), and `hint`: what the
+    user can change, where there is something."""
+    raise Unsupported(reason, hint=hint)
 
 
 def safe_repr(obj) -> str:
@@ -17,6 +19,24 @@ def safe_repr(obj) -> str:
     except Exception:
         return f"<{type(obj).__qualname__} object>"
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def a_type(cls) -> str:
+    """"a float", "an int", "a Logger object": a value of `cls`, for a message."""
+    name = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", "value")
+    if getattr(cls, "__module__", None) != "builtins":
+        name += " object"
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
+
+
+def nouns(values) -> str:
+    """Traced values listed for a message, each as its `noun()`."""
+    return ", ".join(map(str, values)) or "nothing"
+
+
+def short_repr(obj, limit: int = 60) -> str:
+    text = safe_repr(obj)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class _Null:
@@ -82,6 +102,21 @@ class Var:
             unsupported(f"returning {self} from a compiled frame")
         self.source.reconstruct(cg)
 
+    def noun(self) -> str:
+        """This value as the user would name it in a message ("the tensor x",
+        "a float computed outside the graph"), never as the tracer's class: reasons
+        put Vars in f-strings, which read this through __str__ (repr stays ours)."""
+        try:
+            return a_type(self.python_type())
+        except Exception:
+            return "a value"
+
+    def __str__(self):
+        try:
+            return self.noun()
+        except Exception:
+            return "a value"
+
     def __repr__(self):
         return f"{type(self).__name__}()"
 
@@ -97,6 +132,9 @@ class ValueVar(Var):
     def python_type(self):
         return type(self.value)
 
+    def noun(self):
+        return a_type(type(self.value))
+
 
 class CollectionVar(Var):
     """A Var holding traced items (tuple, list, dict)."""
@@ -110,6 +148,10 @@ class CollectionVar(Var):
 
     def length(self, tx):
         return len(self.items)
+
+    def noun(self):
+        n = len(self.items)
+        return f"{a_type(self.python_type())} of {n} item{'s' if n != 1 else ''}"
 
     def truth(self, tx):
         return bool(self.items)

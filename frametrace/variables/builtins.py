@@ -16,7 +16,7 @@ import types
 
 import torch
 
-from .base import Var, safe_repr, unsupported
+from .base import Var, nouns, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
@@ -47,7 +47,20 @@ class BuiltinVar(ObjectVar):
                 return result
         if fn in _FOLDABLE_BUILTINS and _all_const(args, kwargs):
             return fold_call(fn, args, kwargs, fn.__name__)
-        unsupported(f"builtin {fn.__name__}() on {args}")
+        on = f" of {', '.join(map(str, args))}" if args else ""
+        unsupported(f"{fn.__name__}(){on}", hint=_BUILTIN_HINTS.get(fn.__name__))
+
+
+_OUT_OF_GRAPH = "move it out of the compiled function (or into a function marked torch.compiler.disable)"
+# What the user can do about a builtin the graph cannot hold.
+_BUILTIN_HINTS = {
+    "print": "move the print() out of the compiled function, or print tensors after it "
+             "returns; here it runs in CPython at a graph break",
+    "id": "id() names the object, not its value: key on something the graph computes",
+    "hash": "hash() names the object, not its value: key on something the graph computes",
+    "open": _OUT_OF_GRAPH, "input": _OUT_OF_GRAPH, "exec": _OUT_OF_GRAPH, "eval": _OUT_OF_GRAPH,
+    "breakpoint": "debug the function uncompiled (frametrace.disable, or without optimize())",
+}
 
 
 # --------------------------------------------------------------------------- iterators
@@ -166,6 +179,9 @@ class LazyIteratorVar(IteratorVar):
         else:
             unsupported("returning an iterator from a compiled frame")
         cg.keep_rebuilt(self)
+
+    def noun(self):
+        return f"a {getattr(self.kind, '__name__', None) or 'iterator'} iterator"
 
     def __repr__(self):
         return f"LazyIteratorVar({getattr(self.kind, '__name__', '?')})"
@@ -514,7 +530,7 @@ class SetVar(DictVar):
             if other is None:
                 if name in ("__eq__", "__ne__") and len(args) == 1 and never_equal_to_set(args[0]):
                     return ConstVar(name == "__ne__")
-                unsupported(f"{self.kind.__name__}.{name} with {args} (NotImplemented)")
+                unsupported(f"{self.kind.__name__}.{name} with {nouns(args)} (NotImplemented)")
             args = [other]
             if name in self._INPLACE:
                 if self.kind is not set:
@@ -801,7 +817,7 @@ def _class_covers(t, classes, tx=None):
 def _range(tx, args, kwargs):
     if _all_const(args, kwargs):
         return fold_call(range, args, kwargs, "range")
-    unsupported(f"range() of values not known at trace time: {args}")
+    unsupported(f"range() of values not known at trace time: {nouns(args)}")
 
 
 def _tuple_list(kind):

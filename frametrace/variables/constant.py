@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from .base import ValueVar, unsupported
+from .base import ValueVar, nouns, short_repr, unsupported
 
 # Methods safe to evaluate at trace time on constants (no mutation, no I/O).  Every
 # public method of str and bytes qualifies: both are immutable.
@@ -70,7 +70,7 @@ class ConstVar(ValueVar):
             from .builtins import var_list
             parts = var_list(tx, args[0])
             if not all(p.is_const() for p in parts):
-                unsupported(f"{type(self.value).__name__}.join of {parts}")
+                unsupported(f"{type(self.value).__name__}.join of {nouns(parts)}")
             return self._call_pure_method(tx, name, [ConstVar([p.as_const() for p in parts])], {})
         return self._call_pure_method(tx, name, args, kwargs)
 
@@ -109,6 +109,9 @@ class ConstVar(ValueVar):
 
     def reconstruct(self, cg):
         cg.load_const(self.value)
+
+    def noun(self):
+        return short_repr(self.value)
 
     def __repr__(self):
         return f"ConstVar({self.value!r})"

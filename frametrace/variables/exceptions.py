@@ -25,6 +25,9 @@ class _Unknown:
     the trace does not know it, so nothing may depend on it."""
     __slots__ = ()
 
+    def noun(self):
+        return "the exception being handled by the caller"
+
     def __repr__(self):
         return "<the caller's exception>"
 
@@ -185,6 +188,9 @@ class ExceptionVar(NewObjectVar):
             lambda cg: cg.load_const(self.suppress)])
         cg.keep_rebuilt(self)
 
+    def noun(self):
+        return f"{self.cls.__qualname__}{self.describe()}"
+
     def __repr__(self):
         return f"ExceptionVar({self.cls.__name__}{self.describe()})"
 
@@ -343,6 +349,9 @@ class _WithTracebackVar(Var):
 class TracebackVar(Var):
     """The traceback WITH_EXCEPT_START passes to __exit__: not traced."""
     __slots__ = ()
+
+    def noun(self):
+        return "a traceback"
 
     def __repr__(self):
         return "TracebackVar()"

@@ -182,6 +182,9 @@ class UserFunctionVar(Var):
     def truth(self, tx):
         return True           # functions and methods have no __bool__ or __len__
 
+    def noun(self):
+        return f"function {self.fn.__qualname__}"
+
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
 
@@ -298,6 +301,9 @@ class NestedFunctionVar(Var):
             unsupported(f"setting {name!r} of a function to {value}")
         self.attrs[name] = value
 
+    def noun(self):
+        return f"function {self.qualname}"
+
     def __repr__(self):
         return f"NestedFunctionVar({self.qualname})"
 
@@ -361,6 +367,9 @@ class BoundMethodVar(Var):
     def truth(self, tx):
         return True           # functions and methods have no __bool__ or __len__
 
+    def noun(self):
+        return f"{self.fn} bound to {self.obj}"
+
     def __repr__(self):
         return f"BoundMethodVar({self.fn!r} of {self.obj!r})"
 
@@ -413,6 +422,9 @@ class PartialVar(Var):
                 a.reconstruct(c)
             c.build(tuple, len(self.args))
         cg.call_const(_make_partial, [self.fn.reconstruct, positional, keywords])
+
+    def noun(self):
+        return f"functools.partial of {self.fn}"
 
     def __repr__(self):
         return f"PartialVar({self.fn!r})"

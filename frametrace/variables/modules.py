@@ -214,6 +214,9 @@ class NNModuleVar(Var):
                 out = result
         return out
 
+    def noun(self):
+        return f"the {type(self.module).__qualname__} module"
+
     def __repr__(self):
         return f"NNModuleVar({type(self.module).__name__})"
 
@@ -468,11 +471,15 @@ class NewModuleVar(NNModuleVar):
         return ConstVar(None)
 
 
-def _no_buffer_hooks() -> bool:
-    return not torch.nn.modules.module._global_buffer_registration_hooks
+    def noun(self):
+        return f"a {type(self.module).__qualname__} module made in the frame"
 
     def __repr__(self):
         return f"NewModuleVar({type(self.module).__name__})"
+
+
+def _no_buffer_hooks() -> bool:
+    return not torch.nn.modules.module._global_buffer_registration_hooks
 
 
 def _bind_register_buffer(args, kwargs):

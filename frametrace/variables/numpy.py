@@ -371,6 +371,9 @@ class NdarrayVar(Var):
                       [lambda cg: cg.load_tensor(self.base)])
         cg.keep_rebuilt(self)
 
+    def noun(self):
+        return "a NumPy scalar" if self.scalar else "a NumPy array"
+
     def __repr__(self):
         kind = "scalar" if self.scalar else "ndarray"
         return f"NdarrayVar({kind} {self.base!r})"

@@ -13,12 +13,63 @@ import weakref
 import torch
 
 from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
-from .base import ValueVar, Var, safe_repr, unsupported
+from .base import ValueVar, Var, a_type, safe_repr, unsupported
 from .contexts import GradModeSetVar, context_class, context_function
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar
+
+
+def callable_name(value) -> str:
+    """`time.time`, `Adam.step`, `os.getpid`: a callable as its user would spell it."""
+    qualname = getattr(value, "__qualname__", None)
+    if not isinstance(qualname, str):
+        return a_type(type(value))
+    module = getattr(value, "__module__", None)
+    if isinstance(value, types.MethodType) or "." in qualname or not isinstance(module, str) \
+            or module == "builtins":
+        return qualname
+    module = _MODULE_SPELLING.get(module, module)
+    if module.startswith("torch.") and getattr(torch, qualname, None) is value:
+        module = "torch"            # torch.save, not torch.serialization.save
+    elif module.startswith("_") and module[1:] in sys.modules:
+        module = module[1:]         # the C half of a stdlib module (_warnings, _random)
+    return qualname if module.startswith("_") else f"{module}.{qualname}"
+
+
+_MODULE_SPELLING = {"posix": "os", "nt": "os", "_io": "io", "_thread": "threading"}
+
+
+def call_hint(value) -> str | None:
+    """What the user can do about a call the trace cannot follow."""
+    from .. import _C
+    if isinstance(value, _C.Unhooked):
+        return ("it is marked frametrace.disable (or torch.compiler.disable), so it runs in "
+                "CPython; the graph breaks around the call")
+    owner = getattr(value, "__self__", None)
+    module = getattr(value, "__module__", None)
+    if isinstance(owner, torch.optim.Optimizer) or \
+            isinstance(module, str) and module.startswith("torch.optim."):
+        return ("compile the model's forward and loss, and call the optimizer outside the "
+                "compiled function")
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType,
+                          types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return ("frametrace does not see inside functions written in C: move the call out of "
+                "the compiled function, or into a function marked torch.compiler.disable")
+    return None
+
+
+def object_noun(value) -> str:
+    """An object of the program named for a message: a module, a class, a function by
+    its name; anything else by its type."""
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, type):
+        return f"class {value.__qualname__}"
+    if callable(value) and isinstance(getattr(value, "__qualname__", None), str):
+        return callable_name(value)
+    return a_type(type(value))
 
 
 class ObjectVar(ValueVar):
@@ -215,8 +266,10 @@ class ObjectVar(ValueVar):
         made = context_function(tx, value, args, kwargs)
         if made is not None:
             return made
-        what = getattr(value, "__qualname__", None) or repr(value)
-        unsupported(f"calling {what}")
+        unsupported(f"calling {callable_name(value)}", hint=call_hint(value))
+
+    def noun(self):
+        return object_noun(self.value)
 
     def __repr__(self):
         return f"ObjectVar({safe_repr(self.value)})"
@@ -269,6 +322,9 @@ class GlobalsDictVar(Var):
                 return self.getitem(tx, args[0])
             return args[1] if len(args) == 2 else ConstVar(None)
         unsupported(f"globals().{name}()")
+
+    def noun(self):
+        return f"globals() of module {self.namespace.get('__name__', '?')}"
 
     def __repr__(self):
         return f"GlobalsDictVar({self.namespace.get('__name__', '?')})"
@@ -634,6 +690,9 @@ class MethodVar(Var):
     def reconstruct(self, cg):
         self.obj.reconstruct(cg)
         cg.load_attr(self.name)
+
+    def noun(self):
+        return f"method {self.name}() of {self.obj}"
 
     def __repr__(self):
         return f"MethodVar({self.obj!r}.{self.name})"

@@ -110,6 +110,10 @@ class SymNodeVar(Var):
         else:
             cg.load_tensor(self)    # a graph output (or the int input itself)
 
+    def noun(self):
+        kind = _PLAIN.get(type(self.example), type(self.example)).__name__
+        return f"{'an' if kind == 'int' else 'a'} {kind} computed in the graph (symbolic)"
+
     def __repr__(self):
         return f"SymNodeVar({self.node.name}: {self.example})"
 

@@ -21,6 +21,18 @@ _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", 
                  "backward", "register_hook", "data_ptr", "untyped_storage", "storage",
                  "retain_grad", "__array__", "__repr__", "__str__", "__format__"}
 
+_ITEM_HINT = ("keep the value a tensor (x.sum() rather than x.sum().item()), read it after "
+              "the compiled function returns, or set frametrace.config.capture_scalar_outputs = "
+              "True to keep .item() in the graph")
+_DATA_HINTS = {
+    "item": _ITEM_HINT, "tolist": _ITEM_HINT, "__float__": _ITEM_HINT, "__int__": _ITEM_HINT,
+    "backward": "compile the forward and the loss, and call backward() and the optimizer "
+                "outside the compiled function",
+    "__repr__": "print tensors outside the compiled function",
+    "__str__": "print tensors outside the compiled function",
+    "__format__": "print tensors outside the compiled function",
+}
+
 
 class TensorVar(Var):
     __slots__ = ("node", "example")
@@ -68,7 +80,7 @@ class TensorVar(Var):
             from .numpy import tensor_to_ndarray
             return tensor_to_ndarray(tx, self, args, kwargs)
         if name in _DATA_METHODS:
-            unsupported(f"Tensor.{name}() needs the tensor's data")
+            unsupported(f"Tensor.{name}() needs the tensor's data", hint=_DATA_HINTS.get(name))
         if name == "size" and len(args) <= 1 and not kwargs:
             # Sizes are read from the shape, not recorded as graph calls.
             shape = tx.output.size_of(self)
@@ -101,10 +113,19 @@ class TensorVar(Var):
         return tx.output.size_of(self).items[0].as_const()
 
     def truth(self, tx):
-        unsupported("branching on a tensor's value (data-dependent control flow)")
+        unsupported("branching on a tensor's value (data-dependent control flow)",
+                    hint="torch.where(cond, a, b) computes both sides in the graph; "
+                         "torch.cond(pred, true_fn, false_fn, operands) branches inside it")
 
     def reconstruct(self, cg):
         cg.load_tensor(self)
+
+    def noun(self):
+        from ..source import LocalSource
+        dtype = str(self.example.dtype).replace("torch.", "")
+        shape = ", ".join(map(str, self.example.shape))
+        what = f"the tensor {self.source.name()}" if isinstance(self.source, LocalSource) else "a tensor"
+        return f"{what} ({dtype}[{shape}])"
 
     def __repr__(self):
         return f"TensorVar({self.node.name}: {tuple(self.example.shape)} {self.example.dtype})"

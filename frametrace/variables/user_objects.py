@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 from ..source import AttrSource, CallMethodSource, ConstSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
-from .base import Var, unsupported
+from .base import Var, a_type, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
@@ -133,7 +133,8 @@ class UserObjectVar(InstanceAttrs, Var):
         call = class_attr(tx, self.cls, "__call__")
         if isinstance(call, types.FunctionType):
             return UserFunctionVar(call).call(tx, [self, *args], kwargs)
-        unsupported(f"calling {self.cls.__name__} object")
+        from .objects import call_hint, object_noun
+        unsupported(f"calling {object_noun(self.value)}", hint=call_hint(self.value))
 
     def _dunder(self, tx, name, args):
         """Call a special method: inlined when written in Python, evaluated on the real
@@ -178,6 +179,9 @@ class UserObjectVar(InstanceAttrs, Var):
         if isinstance(class_attr(tx, cls, "__bool__"), types.FunctionType):
             return checked_bool(tx, self._dunder(tx, "__bool__", []))
         return self.length(tx) > 0
+
+    def noun(self):
+        return a_type(self.cls)
 
     def __repr__(self):
         return f"UserObjectVar({self.cls.__name__})"
@@ -254,6 +258,9 @@ class NewObjectVar(InstanceAttrs, Var):
         from ..codegen import rebuild_object
         cg.call_const(rebuild_object, [lambda cg: cg.load_const(self.cls), attrs_dict(self.attrs)])
         cg.keep_rebuilt(self)
+
+    def noun(self):
+        return a_type(self.cls)
 
     def __repr__(self):
         return f"NewObjectVar({self.cls.__name__})"
@@ -492,6 +499,9 @@ class DataclassVar(Var):
                 cg.build(dict, len(extras))
             cg.call_const(_set_attrs, [construct, attrs])
         cg.keep_rebuilt(self)
+
+    def noun(self):
+        return a_type(self.cls)
 
     def __repr__(self):
         return f"DataclassVar({self.cls.__name__})"
