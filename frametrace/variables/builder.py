@@ -35,7 +35,8 @@ from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
 from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_numpy_value
-from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
+from ..interop import foreign_reason
+from .objects import ContextVarVar, ForeignCallableVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 
@@ -151,6 +152,11 @@ def _wrap_deque(tx, value, source, guards, guard):
 
 
 def _wrap_object(tx, value, source, guards):
+    foreign = foreign_reason(value)
+    if foreign is not None:
+        if guards is not None:
+            guards.identity(source, value)
+        return ForeignCallableVar(value, source, foreign)
     numpy_var = numpy_callable_var(value, source)
     if numpy_var is not None:
         if guards is not None:

@@ -222,6 +222,25 @@ class ObjectVar(ValueVar):
         return f"ObjectVar({safe_repr(self.value)})"
 
 
+
+class ForeignCallableVar(ObjectVar):
+    """A callable another compiler owns (torch.compile'd) or that torch's markers keep
+    out of compilers (torch.compiler.disable): never inlined; calling it is a graph
+    break, and CPython makes the call."""
+    __slots__ = ("reason",)
+
+    def __init__(self, value, source, reason: str):
+        super().__init__(value, source)
+        self.reason = reason
+
+    def call(self, tx, args, kwargs):
+        unsupported(self.reason)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("__call__", "forward"):
+            unsupported(self.reason)
+        return super().call_method(tx, name, args, kwargs)
+
 class GlobalsDictVar(Var):
     """A module's namespace dict (`globals()`, `vars(module)`, `module.__dict__`): its
     items are that module's globals, read and written through the same records as
