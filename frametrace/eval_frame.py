@@ -51,12 +51,13 @@ def optimize(model=None, *, fullgraph: bool = False, dynamic=None, backend="eage
     if disable:
         return model if model is not None else (lambda target: target)
     callback = convert.make_callback(_configured(backend, mode, options), fullgraph, dynamic)
+    settings = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
 
     def wrap(target):
         if isinstance(target, OptimizedModule):
             target = target._orig_mod
         if isinstance(target, torch.nn.Module):
-            return OptimizedModule(target, callback)
+            return OptimizedModule(target, callback, settings)
         if not callable(target):
             raise TypeError(f"frametrace.optimize expects a function or nn.Module, not {target!r}")
         hooked = _C.Hooked(target, callback)
@@ -165,10 +166,11 @@ class OptimizedModule(torch.nn.Module):
     """What `optimize(module)` returns: calls run the module under the frame hook;
     attributes, parameters and `state_dict` are the original module's (no prefix)."""
 
-    def __init__(self, mod: torch.nn.Module, callback):
+    def __init__(self, mod: torch.nn.Module, callback, settings=None):
         super().__init__()
         object.__setattr__(self, "_orig_mod", mod)
-        object.__setattr__(self, "_call", _C.Hooked(mod, callback))
+        object.__setattr__(self, "_call", interop.mark_ours(_C.Hooked(mod, callback)))
+        object.__setattr__(self, "_settings", dict(settings or {}))
         forward = getattr(type(mod).forward, "__code__", None)
         if forward is not None:
             convert.force_trace(forward)
@@ -216,6 +218,16 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
+
+    # copy.deepcopy (an EMA copy) and pickle (torch.save(model)) give an optimized
+    # module of the copied module, with the same settings, as torch.compile's does;
+    # compiled code is not copied: the copy compiles on its first call.
+    def __reduce__(self):
+        return (_reoptimize, (self._orig_mod, self._settings))
+
+
+def _reoptimize(mod, settings):
+    return optimize(mod, **settings)
 
 
 def _delegate(name):

@@ -128,3 +128,24 @@ def _name(value) -> str:
         inner = nxt
     name = getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None)
     return f"`{name}`" if isinstance(name, str) else f"a {type(value).__name__}"
+
+
+def allowed_in_graph(value) -> bool:
+    """Whether torch.compiler.allow_in_graph registered `value`: its calls are graph
+    nodes, run on FakeTensors while tracing (as torch.compile does), never inlined."""
+    rules = sys.modules.get("torch._dynamo.trace_rules")
+    ids = getattr(rules, "_allowed_callable_ids", None)
+    try:
+        return ids is not None and callable(value) and id(value) in ids
+    except Exception:
+        return False
+
+
+def assumed_constant(value) -> bool:
+    """Whether torch.compiler.assume_constant_result marked `value`: called once while
+    tracing, its result is a constant of the graph, guarded by nothing (as
+    torch.compile does: the user promised it does not change)."""
+    try:
+        return inspect.getattr_static(value, "_dynamo_marked_constant", False) is True
+    except Exception:
+        return False
