@@ -153,3 +153,16 @@ def test_is_compiling_is_true_in_the_trace_and_false_at_run_time():
     g_ = frametrace.optimize(f)
     assert g_(torch.zeros(1)).item() == 1
     assert torch.compiler.is_compiling() is False
+
+
+def test_the_interop_example_runs_clean():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, str(root / "examples" / "torch_compile_interop.py")],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert "all values equal under both compilers" in out.stdout
