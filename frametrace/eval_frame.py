@@ -86,7 +86,7 @@ def _configured(backend, mode, options):
     fn = lookup_backend(backend)
     if mode in (None, "default") and not options:
         return fn
-    key = (id(fn), mode, tuple(sorted((options or {}).items(), key=lambda kv: kv[0])))
+    key = (id(fn), mode, repr(sorted((options or {}).items(), key=lambda kv: kv[0])))
     known = _configured_backends.get(key)
     if known is not None:
         return known[1]
