@@ -44,6 +44,24 @@ def test_optimized_function_calling_a_torch_compiled_one():
     assert counter.frame_count == 1
 
 
+def test_a_user_backend_of_torch_compile_is_not_traced_by_us():
+    seen = []
+
+    def my_backend(gm, example_inputs):      # user code that torch.compile's compiler runs
+        seen.append(len(gm.graph.nodes))
+        return gm.forward
+
+    cg = torch.compile(g, backend=my_backend)
+
+    def f(x):
+        return cg(x + 1) * 2
+
+    r = check(f, [torch.randn(4), torch.randn(4)])
+    assert len(seen) == 1, seen
+    assert {rec.code.co_name for rec in r.records} <= {"f"} | {
+        rec.code.co_name for rec in r.records if rec.code.co_name.startswith("__resume")}, r.records
+
+
 def test_optimize_of_a_torch_compiled_function_leaves_it_to_torch_compile():
     counter = dynamo_counter()
 
@@ -103,6 +121,22 @@ def test_module_holding_a_torch_compiled_submodule():
               compiled=lambda c: frametrace.optimize(m, backend=c))
     assert r.breaks == 1 and r.graphs == 2, r
     assert any("compiled by torch.compile" in reason for reason in r.reasons()), r
+
+
+def test_we_still_compile_after_torch_compile_raised():
+    """torch.compile can leave its hook installed after an error (an eager torch.cond
+    whose branch has a side effect): ours is installed over it all the same."""
+    log = []
+
+    def branch(a):
+        log.append(1)
+        return a.sin()
+    with pytest.raises(Exception):
+        torch.cond(torch.tensor(True), branch, lambda a: a.cos(), (torch.ones(2),))
+
+    def f(x):
+        return x.sin() + 1
+    check(f, [torch.randn(3), torch.randn(3)], graphs=1, compiles=1)
 
 
 def test_fullgraph_names_the_torch_compiled_call():

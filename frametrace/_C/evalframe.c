@@ -119,13 +119,10 @@ static void
 update_install(void)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
-    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interp);
-    if (current != frametrace_eval && current != _PyEval_EvalFrameDefault) {
-        /* Another hook (torch.compile's) is installed over ours or over the default:
-         * it hands the frames it does not take to the function it replaced, and puts
-         * that back when it is done.  Replacing it would switch torch.compile off. */
-        return;
-    }
+    /* (This replaces another hook installed over ours, torch.compile's: an optimize()d
+     * call has switched torch.compile off for its thread first, and torch.compile
+     * installs its hook again when it is switched back on; a hook it left installed
+     * after an error must not shut ours out.) */
     _PyInterpreterState_SetEvalFrameFunc(
         interp, threads_with_callback > 0 && deep_regions == 0 ? frametrace_eval
                                                             : _PyEval_EvalFrameDefault);
