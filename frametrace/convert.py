@@ -179,7 +179,7 @@ def make_callback(backend, fullgraph: bool, dynamic=None):
 def _make_callback(backend, fullgraph: bool, dynamic):
 
     def callback(code, func, args, n_entries):
-        decided = interop.frame_decision(code, func)
+        decided = interop.frame_decision(code, func, is_skipped_file)
         if decided is not False:
             return decided
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \

@@ -14,7 +14,8 @@ markers are attributes and code objects, read only once the user has imported it
 - Met while tracing, a torch.compile'd callable is not inlined: the call is a graph
   break and runs in CPython, where torch.compile runs it.
 - `torch.compiler.disable`: a disabled function is a graph break, and it and all it
-  calls run unhooked; `recursive=False` leaves its callees to us.
+  calls run unhooked; `recursive=False` leaves its callees to us.  (torch's own uses
+  of the same wrapper around its code keep only torch's frames out, as before.)
 """
 from __future__ import annotations
 
@@ -74,16 +75,23 @@ def _disable_wrapper_codes():
     return _disable_codes
 
 
-def frame_decision(code, func):
-    """What the hook does with a frame before anything else: `_C.UNHOOKED_REGION` for
-    torch.compiler.disable's wrapper (it and all it calls run unhooked), `_C.SKIP` for a
-    function torch's markers keep out of compilers, None to run it in CPython this
-    time (a frame torch's compiler runs, a non-recursively disabled function), or
-    False: no opinion."""
+def frame_decision(code, func, is_skipped_file):
+    """What the hook does with a frame before anything else: `_C.RUN_UNHOOKED` for
+    torch.compiler.disable's wrapper of a user's function (this call and all it makes
+    run unhooked), `_C.SKIP` for a function torch's markers keep out of compilers, None
+    to run it in CPython this time (a frame torch's compiler runs, a non-recursively
+    disabled function, torch's own uses of the disable wrapper), or False: no opinion."""
     if _dynamo_module() is not None:
         recursive, nonrecursive = _disable_wrapper_codes()
         if code is recursive and code is not None:
-            return _C.UNHOOKED_REGION
+            # torch wraps its own code so too (the eager paths of wrap and checkpoint,
+            # around the user's function): there only torch's frames are kept out.
+            inner = _disabled_function(func, code)
+            inner_code = getattr(inner, "__code__", None) or \
+                getattr(getattr(inner, "__func__", None), "__code__", None)
+            if inner_code is not None and is_skipped_file(inner_code.co_filename):
+                return None
+            return _C.RUN_UNHOOKED
         # (The hook asks before the frame starts: our caller's caller is its caller.)
         if nonrecursive is not None and _caller_code() is nonrecursive:
             return None
@@ -93,6 +101,14 @@ def frame_decision(code, func):
             torch._guards.CompileContext.try_get() is not None:
         return None          # torch's compiler is running (ours runs with the hook off)
     return False
+
+
+def _disabled_function(func, code):
+    """The function a torch.compiler.disable wrapper calls (a cell of its closure)."""
+    try:
+        return func.__closure__[code.co_freevars.index("fn")].cell_contents
+    except (AttributeError, ValueError, IndexError, TypeError):
+        return None
 
 
 def _caller_code():

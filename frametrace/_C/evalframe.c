@@ -108,7 +108,7 @@ static Py_ssize_t threads_with_callback = 0;          /* under the GIL */
 static Py_ssize_t extra_index = -1;
 
 /* Values the Python callback may return besides a (guard, code) pair. */
-enum { DECIDE_SKIP = 0, DECIDE_RUN_DEFAULT_ON_MISS = 1, DECIDE_UNHOOKED_REGION = 2 };
+enum { DECIDE_SKIP = 0, DECIDE_RUN_DEFAULT_ON_MISS = 1, DECIDE_RUN_UNHOOKED = 2 };
 
 static PyObject *frametrace_eval(PyThreadState *, _PyInterpreterFrame *, int);
 
@@ -244,7 +244,6 @@ swap_callback(PyObject *cb)
 typedef struct {
     PyObject *entries;  /* list of CacheEntry, most recent first */
     int skip;           /* never trace or look up this code */
-    int unhooked;       /* its frames and all they call run unhooked (torch.compiler.disable) */
     int miss_default;   /* on a miss, run in CPython without asking */
 } CodeState;
 
@@ -408,6 +407,10 @@ new_entry(PyObject *check, PyObject *code, PyObject *callback)
  * through frames we skip must not need more than that). */
 static char run_default_marker;
 #define RUN_DEFAULT ((PyObject *)&run_default_marker)
+/* The callback's answer for one call (torch.compiler.disable's wrapper of a user
+ * function): this frame and all it calls run unhooked. */
+static char run_unhooked_marker;
+#define RUN_UNHOOKED ((PyObject *)&run_unhooked_marker)
 
 static PyObject *lookup_and_run(PyThreadState *, _PyInterpreterFrame *, PyObject *,
                                 PyCodeObject *, CodeState *) __attribute__((noinline));
@@ -448,9 +451,6 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         drop_unrun_frame(tstate, frame);
         return NULL;
     }
-    if (st != NULL && st->unhooked) {
-        return eval_suspended(tstate, frame);
-    }
     if (foreign_get != NULL && _PyInterpreterState_GetEvalFrameFunc(tstate->interp) != frametrace_eval) {
         int active = foreign_active();
         if (active < 0) {
@@ -463,12 +463,10 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
     }
     PyObject *fn = lookup_and_run(tstate, frame, cb, code, st);
     if (fn == RUN_DEFAULT) {
-        st = get_code_state((PyObject *)code, 0);
-        if (st != NULL && st->unhooked) {       /* the callback's decision just now */
-            return eval_suspended(tstate, frame);
-        }
-        PyErr_Clear();
         return _PyEval_EvalFrameDefault(tstate, frame, 0);
+    }
+    if (fn == RUN_UNHOOKED) {
+        return eval_suspended(tstate, frame);
     }
     if (fn == NULL) {
         return NULL;
@@ -515,7 +513,7 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
     tls_suspended++;
     CacheEntry *hit = NULL;
     PyObject *result = NULL;
-    int failed = 0;
+    int failed = 0, unhooked = 0;
     if (st != NULL) {
         /* Guards run Python: a garbage collection inside one can drop entries (weak
          * identity guards) or reset() can drop the whole state.  Hold the list and
@@ -587,8 +585,8 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
                 else if (d == DECIDE_RUN_DEFAULT_ON_MISS) {
                     st->miss_default = 1;
                 }
-                else if (d == DECIDE_UNHOOKED_REGION) {
-                    st->unhooked = 1;
+                else if (d == DECIDE_RUN_UNHOOKED) {
+                    unhooked = 1;
                 }
             }
             Py_XDECREF(decision);
@@ -598,6 +596,9 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
 
     if (failed) {
         drop_unrun_frame(tstate, frame);
+    }
+    else if (unhooked) {
+        result = RUN_UNHOOKED;
     }
     else if (hit == NULL || hit->code == Py_None) {
         result = RUN_DEFAULT;
@@ -648,7 +649,9 @@ Hooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject 
     /* Inside a torch.compile region, torch.compile is off for the call (as its own
      * torch.compiler.disable does): the frames it runs are ours. */
     PyObject *foreign_prev = NULL;
-    if (foreign_get != NULL) {
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get());
+    /* (torch.compile active on this thread means its hook is installed: only then ask) */
+    if (foreign_get != NULL && current != frametrace_eval && current != _PyEval_EvalFrameDefault) {
         foreign_prev = PyObject_CallNoArgs(foreign_get);
         if (foreign_prev == NULL) {
             return NULL;
@@ -977,7 +980,7 @@ PyInit__C(void)
         PyModule_AddObjectRef(m, "Hooked", (PyObject *)&HookedType) < 0 ||
         PyModule_AddIntConstant(m, "SKIP", DECIDE_SKIP) < 0 ||
         PyModule_AddIntConstant(m, "RUN_DEFAULT_ON_MISS", DECIDE_RUN_DEFAULT_ON_MISS) < 0 ||
-        PyModule_AddIntConstant(m, "UNHOOKED_REGION", DECIDE_UNHOOKED_REGION) < 0) {
+        PyModule_AddIntConstant(m, "RUN_UNHOOKED", DECIDE_RUN_UNHOOKED) < 0) {
         Py_DECREF(m);
         return NULL;
     }
