@@ -9,13 +9,16 @@
     f(torch.randn(8), torch.randn(8))   # traced, compiled, cached
     f(torch.randn(8), torch.randn(8))   # guards hold: runs the cached code
 """
-from . import config, logs, testing
+from . import config, interop, logs, testing
 from .backends import list_backends, register_backend
 from .eval_frame import OptimizedModule, disable, optimize, reset
-from .exc import Unsupported
+from .exc import BackendCompilerFailed, Unsupported
 from .explain import explain
 from .shapes import mark_dynamic, mark_static
 from .viewer import show
+
+__version__ = "0.1.0"
+interop.install()
 
 try:
     logs.configure()
@@ -24,4 +27,4 @@ except ValueError as _e:          # a typo in FRAMETRACE_LOGS must not break the
     _warnings.warn(str(_e), stacklevel=2)
 
 __all__ = ["explain", "show", "optimize", "mark_dynamic", "mark_static", "disable", "reset", "list_backends", "register_backend", "config",
-           "Unsupported", "OptimizedModule", "testing"]
+           "Unsupported", "BackendCompilerFailed", "OptimizedModule", "testing", "__version__"]

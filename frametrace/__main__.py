@@ -1,5 +1,6 @@
 """The `frametrace` command.
 
+    python -m frametrace --version
     python -m frametrace diff SCRIPT.py [--fn NAME] [--no-color] [--no-pager] [--width N]
                                         [script args...]
 
@@ -22,7 +23,9 @@ import traceback
 
 
 def main(argv=None) -> int:
+    from . import __version__
     parser = argparse.ArgumentParser(prog="frametrace", description="frametrace tools")
+    parser.add_argument("--version", action="version", version=f"frametrace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     diff = sub.add_parser("diff", help="run a script and show its compiled frames' bytecode")
     diff.add_argument("script", help="a Python script that uses frametrace.optimize")

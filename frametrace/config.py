@@ -24,3 +24,8 @@ capture_scalar_outputs = False
 # unbacked symbols; off, they are graph breaks.  As torch.compile's
 # `capture_dynamic_output_shape_ops`.
 capture_dynamic_output_shape_ops = False
+
+# A backend that raises while compiling a graph is the user's error: the call raises
+# frametrace.BackendCompilerFailed (the backend's exception as its cause), as with
+# torch.compile.  True: the frame runs in CPython instead, with one log line.
+suppress_errors = False

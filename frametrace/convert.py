@@ -18,9 +18,9 @@ from collections import Counter
 import torch
 from bytecode import CellVar
 
-from . import _C, config, resume
+from . import _C, config, interop, resume
 from .codegen import CodeGen, GraphSlot, fill_graph_slot
-from .exc import Unsupported, format_user_stack, frame_summary
+from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
 from .global_state import GlobalState
 from .graph import OutputGraph, written_arg
 from .guards import GuardSet
@@ -180,6 +180,9 @@ def make_callback(backend, fullgraph: bool, dynamic=None):
 def _make_callback(backend, fullgraph: bool, dynamic):
 
     def callback(code, func, args, n_entries):
+        decided = interop.frame_decision(code, func, is_skipped_file)
+        if decided is not False:
+            return decided
         if (is_skipped_file(code.co_filename) and id(code) not in _forced) or \
                 code.co_name in _COMPREHENSIONS or _generated_in_skipped_package(code, func):
             return _C.SKIP
@@ -202,7 +205,7 @@ def _make_callback(backend, fullgraph: bool, dynamic):
             if n_entries and recompile_log.isEnabledFor(logging.INFO):
                 _log_recompile(code, func, args)
             return compile_frame(code, func, args, backend, fullgraph, dynamic)
-        except Unsupported:
+        except (Unsupported, BackendCompilerFailed):
             raise
         except Exception as e:
             # A failure outside the tracer's own handlers: still ours, never the user's.
@@ -371,6 +374,10 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             except Unsupported as e2:
                 log.info("frametrace: cannot break the graph there (%s)", e2.reason)
                 new_code = None
+            except BackendCompilerFailed as e2:
+                _backend_failed(e2, code, record, [tracer.user_location()], retry_static, installed)
+                new_code = None
+                break
             except Exception as e2:
                 # Building the break (its code, a resume function) failed: our bug, and
                 # the frame still runs correctly in CPython.
@@ -385,6 +392,9 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             log.info("frametrace: running %s in CPython: %s%s", log_name(code), e.reason,
                      format_user_stack(e.user_stack))
             _log_break("running in CPython:", code, e.reason, e.hint, e.user_stack)
+    except BackendCompilerFailed as e:
+        _backend_failed(e, code, record, [tracer.user_location()], retry_static, installed)
+        new_code = None
     except Exception as e:
         where = [tracer.user_location()]
         retry_static(f"{type(e).__name__}: {e}")
@@ -456,6 +466,24 @@ def _log_break(what, code, reason, hint, user_stack):
     _logged_breaks.add(key)
     break_log.info("%s %s: %s%s%s", what, log_name(code), reason,
                    f"\n  Hint: {hint}" if hint else "", format_user_stack(user_stack))
+
+
+def _backend_failed(e, code, record, where, retry_static, installed):
+    """The user's backend raised: theirs to see (raised on), unless they asked for the
+    fall-back.  It may have failed on symbolic sizes: a static compile is tried first."""
+    retry_static(f"{type(e.error).__name__}: {e.error}")
+    _uninstall(installed)
+    e.frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+    if not config.suppress_errors:
+        raise e
+    counters["backend_error"] += 1
+    log.warning("frametrace: %s; running %s in CPython", str(e).split("\n")[0], code.co_name)
+    record.reason = f"backend {e.backend_name!r} failed: {type(e.error).__name__}: {e.error}"
+    record.user_stack = where
+    record.outcome = "fallback"
+    _log_break("running in CPython:", code, record.reason,
+               "frametrace.config.suppress_errors = False raises the backend's error",
+               where)
 
 
 def _log_internal_error(code, where, e):

@@ -7,45 +7,57 @@ import types
 
 import torch
 
-from . import _C, convert
+from . import _C, convert, interop
 from .backends import _BACKENDS, lookup_backend
 
 
-def optimize(backend="eager", *, fullgraph: bool = False, dynamic=None):
-    """Compile a function or nn.Module as it runs.
-
-    Use bare, with arguments, or called on a target::
+def optimize(model=None, *, fullgraph: bool = False, dynamic=None, backend="eager", mode=None,
+             options=None, disable: bool = False):
+    """Compile a function or nn.Module as it runs, with torch.compile's call shapes::
 
         @frametrace.optimize
         def f(x, y):
             return (x.sin() + y).relu() * 2
 
-        @frametrace.optimize("aot_eager", fullgraph=True)
-        def g(x): ...
+        model = frametrace.optimize(model, backend="aot_eager")   # returns a wrapper module
+        g = frametrace.optimize(g, backend="triton", mode="reduce-overhead")
 
-        model = frametrace.optimize(model)           # nn.Module: returns a wrapper module
-        h = frametrace.optimize(backend=my_backend)(h)
+        @frametrace.optimize("aot_eager", fullgraph=True)         # backend first, as before
+        def h(x): ...
 
     `backend` is a registered name (see `list_backends()`) or a torch.compile-style
-    callable ``backend(gm, example_inputs) -> callable``; pass callables by keyword, or
-    register them, so they are not taken for the function to compile.  With
-    ``fullgraph=True`` anything that cannot be traced raises `frametrace.Unsupported`
-    instead of running in CPython.  `dynamic`: None (default) compiles static
-    sizes first and makes the sizes that change symbolic on the next compile; True
-    makes every input size symbolic from the first compile; False keeps sizes static
-    (each new shape compiles a new entry).  See `mark_dynamic` and `mark_static`.
+    callable ``backend(gm, example_inputs) -> callable``; passed first instead of the
+    target, a name or a callable shaped so (``(gm, example_inputs)``, or registered) is
+    the backend.  With ``fullgraph=True`` anything that cannot be traced raises
+    `frametrace.Unsupported` instead of running in CPython.  `dynamic`: None (default)
+    compiles static sizes first and makes the sizes that change symbolic on the next
+    compile; True makes every input size symbolic from the first compile; False keeps
+    sizes static (each new shape compiles a new entry).  See `mark_dynamic`.
+
+    `mode` ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    and `options` (a dict of settings) tune the backend: for "triton" they are settings
+    of `frametrace.backends.triton.config` (`config.MODES` lists what each mode sets;
+    unknown options raise ValueError); "inductor" takes them as torch.compile gives them
+    to Inductor; any other backend gets them as ``mode=``/``options=`` keywords, as
+    torch.compile passes them, and one that takes no such keyword is refused here.
+    ``disable=True`` returns the target unchanged.
     """
-    if _is_target(backend):
-        return optimize()(backend)
+    if model is not None and not _is_target(model):
+        if backend != "eager":
+            raise TypeError(f"optimize() got two backends: {model!r} and backend={backend!r}")
+        model, backend = None, model
     if dynamic not in (None, False, True):
         raise ValueError("dynamic must be None, True or False")
-    callback = convert.make_callback(lookup_backend(backend), fullgraph, dynamic)
+    if disable:
+        return model if model is not None else (lambda target: target)
+    callback = convert.make_callback(_configured(backend, mode, options), fullgraph, dynamic)
+    settings = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
 
     def wrap(target):
         if isinstance(target, OptimizedModule):
             target = target._orig_mod
         if isinstance(target, torch.nn.Module):
-            return OptimizedModule(target, callback)
+            return OptimizedModule(target, callback, settings)
         if not callable(target):
             raise TypeError(f"frametrace.optimize expects a function or nn.Module, not {target!r}")
         hooked = _C.Hooked(target, callback)
@@ -53,9 +65,51 @@ def optimize(backend="eager", *, fullgraph: bool = False, dynamic=None):
             functools.update_wrapper(hooked, target)
         except (AttributeError, TypeError):
             pass
-        return hooked
+        return interop.mark_ours(hooked)
 
-    return wrap
+    return wrap(model) if model is not None else wrap
+
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_configured_backends: dict = {}
+
+
+def _configured(backend, mode, options):
+    """The backend to compile with, `mode` and `options` applied (the same object for
+    the same settings, so optimize() calls with equal settings share compiled code)."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if mode not in (None, "default") and options:
+        raise ValueError("give mode= or options=, not both (as torch.compile)")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict, not {type(options).__name__}")
+    fn = lookup_backend(backend)
+    if mode in (None, "default") and not options:
+        return fn
+    key = (id(fn), mode, repr(sorted((options or {}).items(), key=lambda kv: kv[0])))
+    known = _configured_backends.get(key)
+    if known is not None:
+        return known[1]
+    if fn is _BACKENDS.get("triton"):
+        from .backends.triton import config, configured
+        configured_fn = configured({**config.MODES.get(mode or "default", {}), **(options or {})})
+    else:
+        _check_takes(fn, backend, "mode" if mode not in (None, "default") else "options")
+        kwargs = {"mode": mode} if mode not in (None, "default") else {"options": dict(options)}
+        configured_fn = functools.partial(fn, **kwargs)
+    _configured_backends[key] = (fn, configured_fn)
+    return configured_fn
+
+
+def _check_takes(fn, backend, keyword):
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        name = backend if isinstance(backend, str) else getattr(fn, "__name__", repr(fn))
+        raise ValueError(f"backend {name!r} takes no {keyword}= (mode= and options= tune the "
+                         f"'triton' and 'inductor' backends, or a backend that accepts them)")
 
 
 def _is_target(obj) -> bool:
@@ -112,10 +166,11 @@ class OptimizedModule(torch.nn.Module):
     """What `optimize(module)` returns: calls run the module under the frame hook;
     attributes, parameters and `state_dict` are the original module's (no prefix)."""
 
-    def __init__(self, mod: torch.nn.Module, callback):
+    def __init__(self, mod: torch.nn.Module, callback, settings=None):
         super().__init__()
         object.__setattr__(self, "_orig_mod", mod)
-        object.__setattr__(self, "_call", _C.Hooked(mod, callback))
+        object.__setattr__(self, "_call", interop.mark_ours(_C.Hooked(mod, callback)))
+        object.__setattr__(self, "_settings", dict(settings or {}))
         forward = getattr(type(mod).forward, "__code__", None)
         if forward is not None:
             convert.force_trace(forward)
@@ -163,6 +218,16 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
+
+    # copy.deepcopy (an EMA copy) and pickle (torch.save(model)) give an optimized
+    # module of the copied module, with the same settings, as torch.compile's does;
+    # compiled code is not copied: the copy compiles on its first call.
+    def __reduce__(self):
+        return (_reoptimize, (self._orig_mod, self._settings))
+
+
+def _reoptimize(mod, settings):
+    return optimize(mod, **settings)
 
 
 def _delegate(name):

@@ -32,6 +32,27 @@ class Unsupported(RuntimeError):
         return self.reason + hint + format_user_stack(self.user_stack)
 
 
+class BackendCompilerFailed(RuntimeError):
+    """A backend raised while compiling a graph: the user's error, raised from the
+    call that compiled, as torch.compile's.  The backend's exception is `__cause__`;
+    `backend_name`, `graph_name` and `frame` say which.  With
+    ``frametrace.config.suppress_errors = True`` the frame runs in CPython instead,
+    with one log line."""
+
+    def __init__(self, backend_name: str, graph_name: str, error: BaseException):
+        self.backend_name = backend_name
+        self.graph_name = graph_name
+        self.error = error
+        self.frame = ""           # "fn (file:line)", set by the compile that failed
+        super().__init__(backend_name, graph_name, error)
+
+    def __str__(self) -> str:
+        where = f" of {self.frame}" if self.frame else ""
+        return (f"backend {self.backend_name!r} raised {type(self.error).__name__} compiling "
+                f"graph {self.graph_name}{where}: {self.error}\n(set "
+                f"frametrace.config.suppress_errors = True to run such frames in CPython instead)")
+
+
 class InternalError(RuntimeError):
     """A bug in frametrace itself, found while tracing."""
 

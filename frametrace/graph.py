@@ -17,6 +17,8 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException)
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, compute_unbacked_bindings
 
+from .backends import backend_name
+from .exc import BackendCompilerFailed
 from .shapes import ShapePolicy, new_fake_mode, symbolic_fake, symbolic_float, symbolic_int
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
@@ -457,7 +459,10 @@ class OutputGraph:
         # Backends that fakeify (AOTAutograd) find our FakeTensorMode here, so they
         # reuse its symbols instead of specializing on the example sizes.
         with tracing(TracingContext(self.fake_mode)):
-            compiled = backend(gm, example_inputs)
+            try:
+                compiled = backend(gm, example_inputs)
+            except Exception as e:
+                raise BackendCompilerFailed(backend_name(backend), name, e) from e
         seconds = time.perf_counter() - t0
         for i in self.inputs:
             i.value = None

@@ -38,6 +38,16 @@ def mark_dynamic(t: torch.Tensor, dim) -> None:
     _mark(t, dim, "_frametrace_dynamic_dims")
 
 
+def marks(t: torch.Tensor, *attrs) -> set:
+    """Dimensions marked on `t` by our mark_dynamic/mark_static or by torch's
+    (torch._dynamo.mark_dynamic, maybe_mark_dynamic, mark_static: attributes on the
+    tensor, read without importing torch._dynamo)."""
+    dims = set()
+    for attr in attrs:
+        dims.update(getattr(t, attr, ()) or ())
+    return dims
+
+
 def mark_static(t: torch.Tensor, dim) -> None:
     """Never make `t`'s dimension(s) `dim` symbolic, even when its size changes
     (each size then compiles its own entry).
@@ -203,8 +213,9 @@ class ShapePolicy:
     def _dynamic_dims(self, source, t: torch.Tensor) -> list[int]:
         if self.dynamic is False or t.dim() == 0 or _is_parameter(source, t):
             return []
-        static = getattr(t, "_frametrace_static_dims", ())
-        marked = getattr(t, "_frametrace_dynamic_dims", ())
+        static = marks(t, "_frametrace_static_dims", "_dynamo_static_indices")
+        marked = marks(t, "_frametrace_dynamic_dims", "_dynamo_dynamic_indices",
+                       "_dynamo_weak_dynamic_indices")
         shape = tuple(t.shape)
         key = source.name()
         before = self.seen.get(key)

@@ -125,17 +125,19 @@ def test_decorator_forms(cnt):
     assert len(frametrace._C.entries(b.__wrapped__.__code__)) == 1
 
 
-def test_backend_failure_is_reported():
+def test_backend_failure_is_reported(monkeypatch):
     def broken(gm, example_inputs):
         raise RuntimeError("backend exploded")
 
     g = frametrace.optimize(backend=broken)(f)
     x, w, b = torch.randn(4, 3), torch.randn(3, 5), torch.randn(5)
-    # Not fullgraph: the frame runs in CPython, right values.
+    # The user's backend failing is the user's error, as with torch.compile.
+    with pytest.raises(frametrace.BackendCompilerFailed, match="backend exploded") as info:
+        g(x, w, b)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    # With suppress_errors: the frame runs in CPython, right values.
+    monkeypatch.setattr(frametrace.config, "suppress_errors", True)
     torch.testing.assert_close(g(x, w, b), f(x, w, b))
-    h = frametrace.optimize(backend=broken, fullgraph=True)(lambda x: x * 2)
-    with pytest.raises(frametrace.Unsupported, match="backend exploded"):
-        h(x)
 
 
 def test_each_optimize_call_compiles_with_its_own_backend():

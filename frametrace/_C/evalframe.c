@@ -108,7 +108,7 @@ static Py_ssize_t threads_with_callback = 0;          /* under the GIL */
 static Py_ssize_t extra_index = -1;
 
 /* Values the Python callback may return besides a (guard, code) pair. */
-enum { DECIDE_SKIP = 0, DECIDE_RUN_DEFAULT_ON_MISS = 1 };
+enum { DECIDE_SKIP = 0, DECIDE_RUN_DEFAULT_ON_MISS = 1, DECIDE_RUN_UNHOOKED = 2 };
 
 static PyObject *frametrace_eval(PyThreadState *, _PyInterpreterFrame *, int);
 
@@ -119,6 +119,10 @@ static void
 update_install(void)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
+    /* (This replaces another hook installed over ours, torch.compile's: an optimize()d
+     * call has switched torch.compile off for its thread first, and torch.compile
+     * installs its hook again when it is switched back on; a hook it left installed
+     * after an error must not shut ours out.) */
     _PyInterpreterState_SetEvalFrameFunc(
         interp, threads_with_callback > 0 && deep_regions == 0 ? frametrace_eval
                                                             : _PyEval_EvalFrameDefault);
@@ -194,6 +198,28 @@ eval_unhooked(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
     deep_regions--;
     update_install();
     return r;
+}
+
+/* ---- another PEP 523 hook on top of ours: torch.compile's ----
+ * torch.compile installs its hook over whatever is installed and runs the frames it
+ * does not take (its own compiled code, frames it skips, its compiler's) through the
+ * function it replaced, ours when a frametrace region is running.  While torch.compile
+ * is active on this thread such frames are its business, never traced here.  frametrace
+ * registers torch's getter and setter of its per-thread callback (None: inactive). */
+static PyObject *foreign_get = NULL;
+static PyObject *foreign_set = NULL;
+
+/* 1 when the other hook is active on this thread, 0 when not, -1 on an error. */
+static int
+foreign_active(void)
+{
+    PyObject *cb = PyObject_CallNoArgs(foreign_get);
+    if (cb == NULL) {
+        return -1;
+    }
+    int active = cb != Py_None;
+    Py_DECREF(cb);
+    return active;
 }
 
 /* Swap this thread's callback; returns the previous one (new reference,
@@ -381,9 +407,22 @@ new_entry(PyObject *check, PyObject *code, PyObject *callback)
  * through frames we skip must not need more than that). */
 static char run_default_marker;
 #define RUN_DEFAULT ((PyObject *)&run_default_marker)
+/* The callback's answer for one call (torch.compiler.disable's wrapper of a user
+ * function): this frame and all it calls run unhooked. */
+static char run_unhooked_marker;
+#define RUN_UNHOOKED ((PyObject *)&run_unhooked_marker)
 
 static PyObject *lookup_and_run(PyThreadState *, _PyInterpreterFrame *, PyObject *,
                                 PyCodeObject *, CodeState *) __attribute__((noinline));
+
+static PyObject *
+eval_suspended(PyThreadState *tstate, _PyInterpreterFrame *frame)
+{
+    tls_suspended++;
+    PyObject *r = _PyEval_EvalFrameDefault(tstate, frame, 0);
+    tls_suspended--;
+    return r;
+}
 
 static PyObject *
 frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
@@ -392,6 +431,9 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         return eval_unhooked(tstate, frame, throwflag);
     }
     PyObject *cb = tls_callback;
+    if (cb == NULL && threads_with_callback == 0 && deep_regions == 0) {
+        update_install();   /* put back by another hook that had replaced ours */
+    }
     if (cb == NULL || tls_suspended || throwflag || frame->owner != FRAME_OWNED_BY_THREAD ||
         frame->frame_obj != NULL) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
@@ -409,9 +451,22 @@ frametrace_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag
         drop_unrun_frame(tstate, frame);
         return NULL;
     }
+    if (foreign_get != NULL && _PyInterpreterState_GetEvalFrameFunc(tstate->interp) != frametrace_eval) {
+        int active = foreign_active();
+        if (active < 0) {
+            drop_unrun_frame(tstate, frame);
+            return NULL;
+        }
+        if (active) {
+            return _PyEval_EvalFrameDefault(tstate, frame, 0);
+        }
+    }
     PyObject *fn = lookup_and_run(tstate, frame, cb, code, st);
     if (fn == RUN_DEFAULT) {
         return _PyEval_EvalFrameDefault(tstate, frame, 0);
+    }
+    if (fn == RUN_UNHOOKED) {
+        return eval_suspended(tstate, frame);
     }
     if (fn == NULL) {
         return NULL;
@@ -458,7 +513,7 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
     tls_suspended++;
     CacheEntry *hit = NULL;
     PyObject *result = NULL;
-    int failed = 0;
+    int failed = 0, unhooked = 0;
     if (st != NULL) {
         /* Guards run Python: a garbage collection inside one can drop entries (weak
          * identity guards) or reset() can drop the whole state.  Hold the list and
@@ -530,6 +585,9 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
                 else if (d == DECIDE_RUN_DEFAULT_ON_MISS) {
                     st->miss_default = 1;
                 }
+                else if (d == DECIDE_RUN_UNHOOKED) {
+                    unhooked = 1;
+                }
             }
             Py_XDECREF(decision);
         }
@@ -538,6 +596,9 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
 
     if (failed) {
         drop_unrun_frame(tstate, frame);
+    }
+    else if (unhooked) {
+        result = RUN_UNHOOKED;
     }
     else if (hit == NULL || hit->code == Py_None) {
         result = RUN_DEFAULT;
@@ -585,6 +646,28 @@ Hooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject 
 {
     /* An optimized call inside an unhooked region (a disable()d function, a backend
      * compiling) is hooked again for its own duration. */
+    /* Inside a torch.compile region, torch.compile is off for the call (as its own
+     * torch.compiler.disable does): the frames it runs are ours. */
+    PyObject *foreign_prev = NULL;
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get());
+    /* (torch.compile active on this thread means its hook is installed: only then ask) */
+    if (foreign_get != NULL && current != frametrace_eval && current != _PyEval_EvalFrameDefault) {
+        foreign_prev = PyObject_CallNoArgs(foreign_get);
+        if (foreign_prev == NULL) {
+            return NULL;
+        }
+        if (foreign_prev == Py_None) {
+            Py_CLEAR(foreign_prev);
+        }
+        else {
+            PyObject *was = PyObject_CallOneArg(foreign_set, Py_None);
+            if (was == NULL) {
+                Py_DECREF(foreign_prev);
+                return NULL;
+            }
+            Py_DECREF(was);
+        }
+    }
     int suspended = tls_suspended;
     tls_suspended = 0;
     PyObject *prev = swap_callback(self->callback);
@@ -593,6 +676,21 @@ Hooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject 
     tls_suspended = suspended;
     Py_DECREF(prev);
     Py_DECREF(mine);
+    if (foreign_prev != NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *was = PyObject_CallOneArg(foreign_set, foreign_prev);
+        Py_DECREF(foreign_prev);
+        if (was == NULL) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            Py_XDECREF(r);
+            return NULL;
+        }
+        Py_DECREF(was);
+        PyErr_Restore(type, value, tb);
+    }
     return r;
 }
 
@@ -820,7 +918,30 @@ py_hook_installed(PyObject *m, PyObject *noargs)
     return PyBool_FromLong(_PyInterpreterState_GetEvalFrameFunc(interp) == frametrace_eval);
 }
 
+static PyObject *
+py_set_foreign_hook(PyObject *m, PyObject *args)
+{
+    PyObject *get, *set;
+    if (!PyArg_ParseTuple(args, "OO:set_foreign_hook", &get, &set)) {
+        return NULL;
+    }
+    if (get == Py_None) {
+        Py_CLEAR(foreign_get);
+        Py_CLEAR(foreign_set);
+        Py_RETURN_NONE;
+    }
+    if (!PyCallable_Check(get) || !PyCallable_Check(set)) {
+        PyErr_SetString(PyExc_TypeError, "set_foreign_hook expects two callables, or None, None");
+        return NULL;
+    }
+    Py_XSETREF(foreign_get, Py_NewRef(get));
+    Py_XSETREF(foreign_set, Py_NewRef(set));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"set_foreign_hook", py_set_foreign_hook, METH_VARARGS,
+     "set_foreign_hook(get, set): another frame hook's per-thread callback getter and setter"},
     {"set_callback", py_set_callback, METH_O,
      "set_callback(cb) -> previous: set this thread's frame callback (None to clear)."},
     {"get_callback", py_get_callback, METH_NOARGS, "this thread's frame callback, or None"},
@@ -858,7 +979,8 @@ PyInit__C(void)
         PyModule_AddObjectRef(m, "Unhooked", (PyObject *)&UnhookedType) < 0 ||
         PyModule_AddObjectRef(m, "Hooked", (PyObject *)&HookedType) < 0 ||
         PyModule_AddIntConstant(m, "SKIP", DECIDE_SKIP) < 0 ||
-        PyModule_AddIntConstant(m, "RUN_DEFAULT_ON_MISS", DECIDE_RUN_DEFAULT_ON_MISS) < 0) {
+        PyModule_AddIntConstant(m, "RUN_DEFAULT_ON_MISS", DECIDE_RUN_DEFAULT_ON_MISS) < 0 ||
+        PyModule_AddIntConstant(m, "RUN_UNHOOKED", DECIDE_RUN_UNHOOKED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

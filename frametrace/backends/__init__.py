@@ -45,6 +45,15 @@ def lookup_backend(backend) -> Callable:
     return backend
 
 
+def backend_name(backend) -> str:
+    """The name a backend is registered under, else its function's name."""
+    for name, fn in _BACKENDS.items():
+        if fn is backend:
+            return name
+    inner = getattr(backend, "func", backend)           # a functools.partial
+    return getattr(inner, "__frametrace_name__", None) or getattr(inner, "__name__", None) or repr(backend)
+
+
 def list_backends() -> list[str]:
     """Names of the registered backends."""
     return sorted(_BACKENDS)

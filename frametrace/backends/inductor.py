@@ -1,8 +1,11 @@
-"""`inductor`: torch's own Inductor, as a pass-through for comparisons."""
+"""`inductor`: torch's own Inductor, as a pass-through for comparisons.  `mode=` and
+`options=` of `frametrace.optimize` reach it as they do with torch.compile."""
 from . import register_backend
 
 
 @register_backend("inductor")
-def inductor(gm, example_inputs):
+def inductor(gm, example_inputs, mode=None, options=None):
+    from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
-    return compile_fx(gm, example_inputs)
+    patches = {**(list_mode_options(mode) if mode not in (None, "default") else {}), **(options or {})}
+    return compile_fx(gm, example_inputs, config_patches=patches or None)

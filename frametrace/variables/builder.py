@@ -35,7 +35,8 @@ from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
 from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_numpy_value
-from .objects import ContextVarVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
+from ..interop import allowed_in_graph, assumed_constant, foreign_reason
+from .objects import ConstantResultVar, ContextVarVar, ForeignCallableVar, InGraphCallVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 
@@ -151,6 +152,15 @@ def _wrap_deque(tx, value, source, guards, guard):
 
 
 def _wrap_object(tx, value, source, guards):
+    foreign = foreign_reason(value)
+    if foreign is not None:
+        if guards is not None:
+            guards.identity(source, value)
+        return ForeignCallableVar(value, source, foreign)
+    if allowed_in_graph(value) or assumed_constant(value):
+        if guards is not None:
+            guards.identity(source, value)
+        return (InGraphCallVar if allowed_in_graph(value) else ConstantResultVar)(value, source)
     numpy_var = numpy_callable_var(value, source)
     if numpy_var is not None:
         if guards is not None:

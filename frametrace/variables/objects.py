@@ -275,6 +275,55 @@ class ObjectVar(ValueVar):
         return f"ObjectVar({safe_repr(self.value)})"
 
 
+
+class InGraphCallVar(ObjectVar):
+    """A function torch.compiler.allow_in_graph registered: each call is one graph node."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        return tx.output.call("call_function", self.value, tuple(args), kwargs)
+
+
+class ConstantResultVar(ObjectVar):
+    """A function marked by torch.compiler.assume_constant_result: called once while
+    tracing (on constant arguments), its result is a constant nothing guards."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        from .constant import ConstVar, is_constant_value
+        if not all(a.is_const() for a in (*args, *kwargs.values())):
+            unsupported(f"{getattr(self.value, '__name__', 'a function')} (assume_constant_result) "
+                        f"called on arguments that are not constants")
+        try:
+            result = self.value(*[a.as_const() for a in args],
+                                **{k: v.as_const() for k, v in kwargs.items()})
+        except Exception as e:
+            unsupported(f"{getattr(self.value, '__name__', 'a function')} (assume_constant_result) "
+                        f"raised {type(e).__name__}")
+        if not is_constant_value(result):
+            unsupported(f"{getattr(self.value, '__name__', 'a function')} (assume_constant_result) "
+                        f"returned a {type(result).__name__}, not a constant")
+        return ConstVar(result)
+
+
+class ForeignCallableVar(ObjectVar):
+    """A callable another compiler owns (torch.compile'd) or that torch's markers keep
+    out of compilers (torch.compiler.disable): never inlined; calling it is a graph
+    break, and CPython makes the call."""
+    __slots__ = ("reason",)
+
+    def __init__(self, value, source, reason: str):
+        super().__init__(value, source)
+        self.reason = reason
+
+    def call(self, tx, args, kwargs):
+        unsupported(self.reason)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("__call__", "forward"):
+            unsupported(self.reason)
+        return super().call_method(tx, name, args, kwargs)
+
 class GlobalsDictVar(Var):
     """A module's namespace dict (`globals()`, `vars(module)`, `module.__dict__`): its
     items are that module's globals, read and written through the same records as

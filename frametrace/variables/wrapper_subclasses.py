@@ -20,7 +20,9 @@ from ..source import AttrSource, CallMethodSource
 _ALLOWED = frozenset({"__new__", "__init__", "__repr__", "__torch_dispatch__", "__torch_function__",
                       "__tensor_flatten__", "__tensor_unflatten__", "__module__", "__doc__",
                       "__dict__", "__weakref__", "__qualname__", "__annotations__",
-                      "__slots__", "__firstlineno__", "__static_attributes__"})
+                      "__slots__", "__firstlineno__", "__static_attributes__",
+                      # copyreg's cache, set on both classes once pickle or deepcopy met them
+                      "__slotnames__"})
 
 
 def is_traceable(value) -> bool:

@@ -23,6 +23,36 @@ def triton_backend(gm, example_inputs):
     return compile_graph(gm, example_inputs)
 
 
+def configured(overrides: dict):
+    """The triton backend with `overrides` of `config` (from `optimize(mode=, options=)`)
+    for its compiles and for the modules they make, whatever `config` says later."""
+    from . import config
+    unknown = sorted(set(overrides) - set(config.settings()))
+    if unknown:
+        raise ValueError(f"unknown triton option(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(config.settings()))}")
+
+    def triton_with_settings(gm, example_inputs):
+        from .backend import COMPILED, compile_graph
+        saved = {k: getattr(config, k) for k in overrides}
+        before = {id(m) for m in COMPILED}
+        for k, v in overrides.items():
+            setattr(config, k, v)
+        try:
+            compiled = compile_graph(gm, example_inputs)
+            for module in COMPILED:
+                if id(module) not in before:
+                    module.settings = dict(overrides)
+            return compiled
+        finally:
+            for k, v in saved.items():
+                setattr(config, k, v)
+
+    triton_with_settings.__frametrace_backend__ = True
+    triton_with_settings.__frametrace_name__ = "triton"
+    return triton_with_settings
+
+
 def last_compiled():
     """The CompiledModule of the most recently compiled graph (`.kind`: "inference", or
     a training graph's "forward" or "backward"), or None."""

@@ -127,6 +127,10 @@ SPLIT_MIN_WORK = 1 << 18
 
 
 def _unique(configs):
+    if config.max_autotune:
+        # Wider search: each candidate also with half and twice the warps.
+        configs = list(configs) + [Config(c.xblock, c.rblock, w) for c in configs
+                                   for w in (max(1, c.num_warps // 2), min(32, c.num_warps * 2))]
     seen, out = set(), []
     for c in configs:
         key = (c.xblock, c.rblock, c.num_warps)

@@ -53,13 +53,16 @@ class CompiledModule:
         self.fast = None    # `fast(args)`, once the first call has compiled every kernel
         self.runner = None  # a CudaGraphRunner, when launches are replayed as a CUDA graph
         self.kind = "inference"
+        self.settings = {}  # config values this module keeps (optimize(mode=, options=))
 
     @property
     def graphable(self) -> bool:
         """Worth replaying as a CUDA graph, and safe to: no op mutates its inputs."""
-        return (config.cudagraphs and not self.symbolic and self.namespace["device"].type == "cuda"
+        settings = self.settings
+        return (settings.get("cudagraphs", config.cudagraphs) and not self.symbolic and self.namespace["device"].type == "cuda"
                 and not self.wrapper.lowered.off_device  # host work a replay would skip
-                and len(self.kernels) + len(self.externs) >= config.cudagraph_min_launches
+                and len(self.kernels) + len(self.externs) >=
+                settings.get("cudagraph_min_launches", config.cudagraph_min_launches)
                 and not any(op._schema.is_mutable for op in self.extern_ops)
                 and not any(in_place(k) for k in self.kernels))  # (inputs are copied in)
 
@@ -70,7 +73,7 @@ class CompiledModule:
     def make_fast(self, inputs):
         """After a first call with `inputs`: the wrapper that calls each compiled kernel's
         launcher directly (on the GPU), or None."""
-        if not config.fast_launch:
+        if not self.settings.get("fast_launch", config.fast_launch):
             return None
         try:
             source = self.wrapper.fast_source(inputs)

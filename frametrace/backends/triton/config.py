@@ -29,3 +29,22 @@ dynamic_shapes = True
 # graph's conv FLOPs are in convs that run faster so (as Inductor's layout optimization
 # weighs them), True/False to force
 channels_last_convs = "auto"
+
+# More block-size and warp candidates per kernel shape, each timed on first launch
+# (torch.compile's mode="max-autotune")
+max_autotune = False
+
+# torch.compile's `mode=` names, as settings of this backend:
+# `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
+MODES = {
+    "default": {},
+    "reduce-overhead": {"cudagraphs": True, "cudagraph_min_launches": 1},
+    "max-autotune": {"max_autotune": True, "cudagraphs": True, "cudagraph_min_launches": 1},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "cudagraphs": False},
+}
+
+
+def settings() -> dict:
+    """Every setting of this module and its current value."""
+    return {k: v for k, v in globals().items()
+            if not k.startswith("_") and k.islower() and isinstance(v, (bool, int, float, str))}
