@@ -396,7 +396,7 @@ class GuardSet:
         if found is None:
             if not hasattr(holder, name):
                 self._add(src, "ABSENT", f"not {self.const(hasattr)}({src.base.guard_expr()}, {name!r})",
-                          f"{src.name()} is not defined", spec=_one(src.base, "HASATTR", name, n=0))
+                          f"{src.name()} is not defined", spec=_one(src.base, "HASATTR", name, _MODULE_GETATTR, n=0))
             return
         try:
             now = getattr(holder, name)
@@ -447,7 +447,8 @@ class GuardSet:
         """``hasattr(source, name)`` is still `found`."""
         self._add(source, f"HASATTR {name}", f"{self.const(hasattr)}({source.guard_expr()}, {name!r}) is {found}",
                   f"hasattr({source.name()}, {name!r}) is {found}",
-                  spec=_one(source, "HASATTR", name, n=int(found)) if type(found) is bool else None)
+                  spec=_one(source, "HASATTR", name, _MODULE_GETATTR, n=int(found))
+                  if type(found) is bool else None)
 
     def abc_registry(self):
         """An answer of an ABC's isinstance/issubclass holds until some ABC's register()
@@ -601,6 +602,9 @@ class _Marker(Source):
 
 
 _FUNC, _GLOBALS = _Marker("___func"), _Marker("___G")
+# guards.c answers hasattr() of an object whose class has this __getattr__ without
+# calling it (it would format an AttributeError for each missing name).
+_MODULE_GETATTR = torch.nn.Module.__getattr__
 _OPS = _C.GUARD_OPS
 _KEY_TYPES = (str, int)     # item keys written as their repr in the Python check
 

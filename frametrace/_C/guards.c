@@ -50,7 +50,7 @@ enum {
     OP_CONTAINS,        /* a in v */
     OP_NOT_CONTAINS,    /* a not in v */
     OP_FALSY,           /* not v */
-    OP_HASATTR,         /* hasattr(v, a) is bool(n) */
+    OP_HASATTR,         /* hasattr(v, a) is bool(n); b: nn.Module.__getattr__ or None */
     OP_TENSOR,          /* the tensor guard: type, dtype, device, sizes, strides, bits */
     OP_IS_REG,          /* v is regs[src] */
     OP_IS_NOT_REG,      /* v is not regs[src] */
@@ -98,6 +98,8 @@ typedef struct {
 } GuardCheck;
 
 static PyObject *s_dtype, *s_device, *s_shape, *s_stride, *s_requires_grad, *s_is_conj, *s_is_neg;
+static PyObject *s_getattr, *s_getattribute, *s_dict, *s_stores[3];
+static PyObject *object_getattribute;   /* object.__getattribute__ */
 
 /* ---- running ---- */
 
@@ -244,6 +246,41 @@ dict_keys_equal(PyObject *v, PyObject *keys)
     return 1;
 }
 
+/* hasattr(v, name) for an object whose class runs `module_getattr` (nn.Module's
+ * __getattr__) after the generic lookup: what CPython does for such a class, with
+ * that __getattr__'s search of _parameters, _buffers and _modules done here, so a
+ * missing attribute costs no AttributeError (nn.Module formats one: microseconds).
+ * -2 when the class is not such a class. */
+static int
+module_hasattr(PyObject *v, PyObject *name, PyObject *module_getattr)
+{
+    PyTypeObject *tp = Py_TYPE(v);
+    if (module_getattr == Py_None || _PyType_Lookup(tp, s_getattr) != module_getattr ||
+        _PyType_Lookup(tp, s_getattribute) != object_getattribute) {
+        return -2;
+    }
+    PyObject *r = _PyObject_GenericGetAttrWithDict(v, name, NULL, 1);
+    if (r != NULL || PyErr_Occurred()) {
+        Py_XDECREF(r);
+        return r != NULL ? 1 : -1;
+    }
+    PyObject *d = PyObject_GetAttr(v, s_dict);
+    if (d == NULL) {
+        return -1;
+    }
+    int found = 0;
+    for (int i = 0; i < 3 && found == 0; i++) {
+        found = PySequence_Contains(d, s_stores[i]);
+        if (found == 1) {
+            PyObject *table = PyObject_GetItem(d, s_stores[i]);
+            found = table == NULL ? -1 : PySequence_Contains(table, name);
+            Py_XDECREF(table);
+        }
+    }
+    Py_DECREF(d);
+    return found;
+}
+
 /* One check of regs[in->reg]: 1 holds, 0 does not, -1 exception. */
 static int
 run_check(const Instr *in, PyObject **regs)
@@ -297,8 +334,11 @@ run_check(const Instr *in, PyObject **regs)
         ok = PyObject_IsTrue(v);
         return ok < 0 ? -1 : !ok;
     case OP_HASATTR:
-        ok = LOOKUP_ATTR(v, in->a, &r);
-        Py_XDECREF(r);
+        ok = module_hasattr(v, in->a, in->b);
+        if (ok == -2) {
+            ok = LOOKUP_ATTR(v, in->a, &r);
+            Py_XDECREF(r);
+        }
         return ok < 0 ? -1 : ok == (in->n != 0);
     case OP_TENSOR:
         return tensor_matches(v, in->t);
@@ -821,6 +861,17 @@ ft_guards_init(PyObject *m)
     INTERN(s_requires_grad, "requires_grad");
     INTERN(s_is_conj, "is_conj");
     INTERN(s_is_neg, "is_neg");
+    INTERN(s_getattr, "__getattr__");
+    INTERN(s_getattribute, "__getattribute__");
+    INTERN(s_dict, "__dict__");
+    INTERN(s_stores[0], "_parameters");
+    INTERN(s_stores[1], "_buffers");
+    INTERN(s_stores[2], "_modules");
+    object_getattribute = _PyType_Lookup(&PyBaseObject_Type, s_getattribute);
+    if (object_getattribute == NULL) {
+        return -1;
+    }
+    Py_INCREF(object_getattribute);
 #undef INTERN
     static const char *names[] = {
         "ARG", "CONST", "ATTR", "ITEM", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
