@@ -67,6 +67,15 @@ typedef struct {
     Py_ssize_t *dims;   /* sizes then strides, as C integers */
 } TensorSpec;
 
+/* What a load or check saw the last time it ran, while the dicts it read are
+ * unchanged (see `cached_attr`).  Borrowed pointers: valid only on a version match. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int type_version;
+    uint64_t dict_version;
+    PyObject *value;
+} Memo;
+
 typedef struct {
     int op;
     int reg;
@@ -75,6 +84,7 @@ typedef struct {
     PyObject *a;
     PyObject *b;
     TensorSpec *t;
+    Memo memo;
 } Instr;
 
 enum { DISC_NONE = 0, DISC_TENSOR = 1, DISC_VALUE = 2 };
@@ -281,9 +291,83 @@ module_hasattr(PyObject *v, PyObject *name, PyObject *module_getattr)
     return found;
 }
 
+/* ---- dict versions ----
+ * A dict's version tag changes on every mutation and is unique across all dicts
+ * (a new dict gets a fresh one), and a type's version tag changes whenever it or a
+ * base is modified: so an unchanged (type version, instance-dict version) pair
+ * means `obj.name` is still the value the instance dict held last time, and an
+ * unchanged dict version means `d[key]` and `key in d` answer as last time.  The
+ * field is deprecated in 3.12 (for dict watchers) but kept and maintained. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+static inline uint64_t
+dict_version(PyObject *d)
+{
+    return ((PyDictObject *)d)->ma_version_tag;
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+static inline unsigned int
+type_version(PyTypeObject *tp)
+{
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+}
+
+/* The instance dict of `obj` when its attributes are looked up generically (no
+ * __getattribute__ of its own; a __getattr__ runs only for missing names), else
+ * NULL.  (Materializes a managed dict: the same attributes, held in a dict.) */
+static PyObject *
+generic_instance_dict(PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp->tp_getattro != PyObject_GenericGetAttr &&
+        (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || _PyType_Lookup(tp, s_getattribute) != object_getattribute)) {
+        return NULL;
+    }
+    PyObject **dp = _PyObject_GetDictPtr(obj);
+    return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) ? *dp : NULL;
+}
+
+/* regs[src].name, answered from the memo while the type and the instance dict are
+ * unchanged; the memo is refilled when the value came from the instance dict. */
+static PyObject *
+cached_attr(Instr *in, PyObject *base)
+{
+    PyTypeObject *tp = Py_TYPE(base);
+    Memo *m = &in->memo;
+    if (m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
+        PyObject **dp = _PyObject_GetDictPtr(base);
+        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
+            return Py_NewRef(m->value);
+        }
+    }
+    PyObject *v = PyObject_GetAttr(base, in->a);
+    if (v == NULL) {
+        return NULL;
+    }
+    m->type = NULL;
+    PyObject *d = generic_instance_dict(base);
+    if (d != NULL) {
+        PyObject *descr = _PyType_Lookup(tp, in->a);   /* (assigns the type a version) */
+        if ((descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL) && type_version(tp) != 0 &&
+            PyDict_GetItemWithError(d, in->a) == v) {
+            m->type = tp;
+            m->type_version = type_version(tp);
+            m->dict_version = dict_version(d);
+            m->value = v;
+        }
+        PyErr_Clear();      /* (a lookup error only leaves the memo empty) */
+    }
+    return v;
+}
+
 /* One check of regs[in->reg]: 1 holds, 0 does not, -1 exception. */
 static int
-run_check(const Instr *in, PyObject **regs)
+run_check(Instr *in, PyObject **regs)
 {
     PyObject *v = in->reg >= 0 ? regs[in->reg] : NULL;
     PyObject *r;
@@ -326,10 +410,18 @@ run_check(const Instr *in, PyObject **regs)
         Py_DECREF(r);
         return ok;
     case OP_CONTAINS:
-        return PySequence_Contains(v, in->a);
     case OP_NOT_CONTAINS:
+        if (PyDict_CheckExact(v) && in->memo.dict_version == dict_version(v) && in->memo.dict_version != 0) {
+            return 1;       /* the dict is as when this check last held */
+        }
         ok = PySequence_Contains(v, in->a);
-        return ok < 0 ? -1 : !ok;
+        if (ok >= 0 && in->op == OP_NOT_CONTAINS) {
+            ok = !ok;
+        }
+        if (ok == 1 && PyDict_CheckExact(v)) {
+            in->memo.dict_version = dict_version(v);
+        }
+        return ok;
     case OP_FALSY:
         ok = PyObject_IsTrue(v);
         return ok < 0 ? -1 : !ok;
@@ -377,7 +469,7 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t filled = 0;
     int ok = 1;
     for (Py_ssize_t i = 0; i < g->ninstr && ok == 1; i++) {
-        const Instr *in = &g->code[i];
+        Instr *in = &g->code[i];
         if (in->op > OP_LAST_LOAD) {
             ok = run_check(in, regs);
             continue;
@@ -391,11 +483,20 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
             v = Py_NewRef(in->a);
             break;
         case OP_ATTR:
-            v = PyObject_GetAttr(base, in->a);
+            v = cached_attr(in, base);
             break;
         case OP_ITEM:
             if (PyDict_CheckExact(base)) {
+                uint64_t version = dict_version(base);
+                if (in->memo.dict_version == version && version != 0) {
+                    v = Py_NewRef(in->memo.value);
+                    break;
+                }
                 v = PyDict_GetItemWithError(base, in->a);
+                if (v != NULL) {
+                    in->memo.dict_version = version;
+                    in->memo.value = v;
+                }
                 if (v == NULL) {
                     ok = PyErr_Occurred() ? -1 : 0;     /* a KeyError: the guard fails */
                     continue;
