@@ -1,8 +1,14 @@
 """Guards: the facts about a call's inputs and globals that a compiled entry relies on,
-compiled into one Python function the C hook calls before reusing the entry.
+compiled into the check the C hook runs before reusing the entry.
 
 The check takes the frame's argument slots positionally (named as in the frame), then
 ``___func``, the running function; it returns exactly ``True`` when the entry applies.
+Each guard is a Python expression (`Guard.expr`: its meaning, and what logs and
+first_failure evaluate) and, for the kinds with one, a C form (`Guard.spec`):
+`compile` turns the C forms into a program for guards.c (every source loaded once,
+in the order the guards first read it), and the remaining guards into one Python
+function that runs after the program passes.  Both halves check exactly what the
+expressions say; an exception while checking means the guard does not hold.
 
 The soundness rule.  A compiled entry may rely only on facts that its check re-verifies
 on every call, or on values it treats as opaque data.  Everything the trace read from

@@ -352,7 +352,6 @@ def _param_changes():
         m.lin.bias = None
 
     def register_buffer(m):
-        m.lin.register_buffer("bias", torch.ones(4)) if False else None
         del m.lin.bias
         m.lin.register_buffer("bias", torch.full((4,), 3.0))
 
@@ -383,18 +382,74 @@ def test_each_kind_of_parameter_change_is_seen(change):
     action = _param_changes()[change]
 
     def inputs():
-        dtype = torch.float64 if change in ("new_parameter", "data_new_dtype") else torch.float32
         return torch.randn(2, 4)
 
     if change in ("new_parameter", "data_new_dtype"):
         calls = [inputs(), Then(lambda: action(m), torch.randn(2, 4, dtype=torch.float64))]
     else:
         calls = [inputs(), Then(lambda: action(m), inputs()), inputs()]
-    g = frametrace.optimize("eager")(m)
     r = check(m, calls, compiled=lambda c: frametrace.optimize(backend=c)(m))
     assert r.compiles == 2, r
     assert "TENSOR" in c_ops(m)
-    del g
+
+
+# -- loads answered from dict versions (guards.c's memo) --
+class Knob:
+    def __init__(self):
+        self.k = 2.0
+
+
+class OtherKnob:
+    def __init__(self):
+        self.k = 2.0
+
+
+def reads_k(v, o):
+    return v * o.k
+
+
+def test_property_added_to_the_class_over_an_instance_attribute_is_seen():
+    class Local:
+        def __init__(self):
+            self.k = 2.0
+    o = Local()
+    r = check(reads_k, [(x(), o), Then(lambda: setattr(Local, "k", property(lambda self: 10.0)), x(), o),
+                        (x(), o)])
+    assert r.compiles == 2 and "ATTR" in c_ops(reads_k)
+
+
+def test_class_and_dict_replaced_under_an_unchanged_attribute_are_seen():
+    o = Knob()
+
+    def swap_class():
+        o.__class__ = OtherKnob
+
+    def swap_dict():
+        o.__dict__ = {"k": 5.0}
+    r = check(reads_k, [(x(), o), (x(), o), Then(swap_dict, x(), o), (x(), o),
+                        Then(lambda: setattr(o, "k", 7.0), x(), o), Then(swap_class, x(), o)],
+              dynamic=False)
+    assert r.compiles == 4
+
+
+def reads_item(v, d):
+    return v * d["k"]
+
+
+def test_dict_item_changed_and_restored_is_seen():
+    d = {"k": 2.0, "j": 1}
+    r = check(reads_item, [(x(), d), Then(lambda: d.update(k=3.0), x(), d),
+                           Then(lambda: d.update(k=2.0), x(), d), Then(lambda: d.pop("j"), x(), d)],
+              dynamic=False)
+    # 3.0 recompiles, 2.0 is the first entry again, the dict's keys changing recompiles
+    assert r.compiles == 3 and "ITEM" in c_ops(reads_item)
+
+
+def test_method_shadowed_after_many_passing_calls_is_seen():
+    g = Greeter()
+    calls = [(x(), g)] * 5 + [Then(lambda: setattr(g, "scale", lambda: 7), x(), g), (x(), g)]
+    r = check(calls_method, calls)
+    assert r.compiles == 2
 
 
 # -- garbage collection during a check --

@@ -426,6 +426,13 @@ run_check(Instr *in, PyObject **regs)
         ok = PyObject_IsTrue(v);
         return ok < 0 ? -1 : !ok;
     case OP_HASATTR:
+        if (PyType_Check(v) && Py_TYPE(v)->tp_getattro == PyType_Type.tp_getattro &&
+            _PyType_Lookup(Py_TYPE(v), in->a) == NULL && _PyType_Lookup((PyTypeObject *)v, in->a) == NULL) {
+            /* A class without the name in its MRO or its metaclass's: type's own
+             * lookup finds nothing and runs no code (only the AttributeError it
+             * would format is saved). */
+            return in->n == 0;
+        }
         ok = module_hasattr(v, in->a, in->b);
         if (ok == -2) {
             ok = LOOKUP_ATTR(v, in->a, &r);
