@@ -353,11 +353,15 @@ cached_attr(Instr *in, PyObject *base)
     PyObject *d = generic_instance_dict(base);
     if (d != NULL) {
         PyObject *descr = _PyType_Lookup(tp, in->a);   /* (assigns the type a version) */
-        if ((descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL) && type_version(tp) != 0 &&
-            PyDict_GetItemWithError(d, in->a) == v) {
+        unsigned int tv = type_version(tp);
+        uint64_t dv = dict_version(d);
+        /* (the dict lookup can run a colliding key's __eq__: nothing may change
+         * meanwhile for the answer to be memoized) */
+        if ((descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL) && tv != 0 &&
+            PyDict_GetItemWithError(d, in->a) == v && type_version(tp) == tv && dict_version(d) == dv) {
             m->type = tp;
-            m->type_version = type_version(tp);
-            m->dict_version = dict_version(d);
+            m->type_version = tv;
+            m->dict_version = dv;
             m->value = v;
         }
         PyErr_Clear();      /* (a lookup error only leaves the memo empty) */
@@ -373,6 +377,7 @@ run_check(Instr *in, PyObject **regs)
     PyObject *r;
     int ok;
     Py_ssize_t n;
+    uint64_t version;
     switch (in->op) {
     case OP_TYPE:
         return (PyObject *)Py_TYPE(v) == in->a;
@@ -414,12 +419,13 @@ run_check(Instr *in, PyObject **regs)
         if (PyDict_CheckExact(v) && in->memo.dict_version == dict_version(v) && in->memo.dict_version != 0) {
             return 1;       /* the dict is as when this check last held */
         }
+        version = PyDict_CheckExact(v) ? dict_version(v) : 0;
         ok = PySequence_Contains(v, in->a);
         if (ok >= 0 && in->op == OP_NOT_CONTAINS) {
             ok = !ok;
         }
-        if (ok == 1 && PyDict_CheckExact(v)) {
-            in->memo.dict_version = dict_version(v);
+        if (ok == 1 && version != 0 && dict_version(v) == version) {
+            in->memo.dict_version = version;
         }
         return ok;
     case OP_FALSY:
@@ -500,7 +506,7 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
                     break;
                 }
                 v = PyDict_GetItemWithError(base, in->a);
-                if (v != NULL) {
+                if (v != NULL && dict_version(base) == version) {
                     in->memo.dict_version = version;
                     in->memo.value = v;
                 }
