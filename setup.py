@@ -6,7 +6,8 @@ setup(
     ext_modules=[
         Extension(
             "frametrace._C",
-            sources=["frametrace/_C/evalframe.c"],
+            sources=["frametrace/_C/evalframe.c", "frametrace/_C/guards.c"],
+            depends=["frametrace/_C/guards.h"],
             extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"],
         )
     ]

@@ -1,8 +1,14 @@
 """Guards: the facts about a call's inputs and globals that a compiled entry relies on,
-compiled into one Python function the C hook calls before reusing the entry.
+compiled into the check the C hook runs before reusing the entry.
 
 The check takes the frame's argument slots positionally (named as in the frame), then
 ``___func``, the running function; it returns exactly ``True`` when the entry applies.
+Each guard is a Python expression (`Guard.expr`: its meaning, and what logs and
+first_failure evaluate) and, for the kinds with one, a C form (`Guard.spec`):
+`compile` turns the C forms into a program for guards.c (every source loaded once,
+in the order the guards first read it), and the remaining guards into one Python
+function that runs after the program passes.  Both halves check exactly what the
+expressions say; an exception while checking means the guard does not hold.
 
 The soundness rule.  A compiled entry may rely only on facts that its check re-verifies
 on every call, or on values it treats as opaque data.  Everything the trace read from
@@ -33,7 +39,9 @@ from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from . import _C
-from .source import AttrSource, ConstSource, Source, const_sources, guard_local_name
+from .source import (AttrSource, BuiltinSource, ClosureCellSource, ClosureSource, ConstSource,
+                     ContainsSource, GetItemSource, GlobalSource, LocalSource, Source,
+                     const_sources, guard_local_name)
 from .variables.symbolic import is_symbolic
 
 
@@ -62,14 +70,18 @@ _CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "___id": id, 
 
 
 class Guard:
-    __slots__ = ("source", "kind", "expr", "text", "symbols")
+    __slots__ = ("source", "kind", "expr", "text", "symbols", "spec")
 
-    def __init__(self, source, kind, expr, text, symbols=()):
+    def __init__(self, source, kind, expr, text, symbols=(), spec=None):
         self.source = source
         self.kind = kind
         self.expr = expr    # Python expression, True when the guard holds
         self.text = text    # for people: explain(), logs
         self.symbols = symbols  # the _Symbols a shape guard reads, for its "now:" text
+        # The same facts for the C evaluator (guards.c): a tuple of checks, each
+        # (source, op, a, b, n, other) as `_Program.check` takes them; None: the
+        # guard runs as Python (`expr`), after the C checks.
+        self.spec = spec
 
     def __repr__(self):
         return f"Guard({self.text})"
@@ -102,14 +114,14 @@ class GuardSet:
             self._ids[id(obj)] = name
         return name
 
-    def _add(self, source: Source | None, kind: str, expr: str, text: str, symbols=()):
+    def _add(self, source: Source | None, kind: str, expr: str, text: str, symbols=(), spec=None):
         if FRESH in expr:
             # About an object the transformed code makes anew on every call, in the
             # same way from guarded inputs (an nn.Parameter of an input): always true.
             return
         key = (source, kind)
         if key not in self.guards:
-            self.guards[key] = Guard(source, kind, expr, text, symbols)
+            self.guards[key] = Guard(source, kind, expr, text, symbols, spec)
             for anchor in const_sources(source):
                 self.constants[anchor.guard_expr()] = anchor.obj
 
@@ -118,7 +130,7 @@ class GuardSet:
         e = source.guard_expr()
         kind = type(value) if kind is None else kind
         self._add(source, "TYPE", f"___type({e}) is {self.const(kind)}",
-                  f"type({source.name()}) is {kind.__qualname__}")
+                  f"type({source.name()}) is {kind.__qualname__}", spec=_one(source, "TYPE", kind))
 
     def identity(self, source, value):
         e = source.guard_expr()
@@ -126,7 +138,8 @@ class GuardSet:
                 not isinstance(getattr(value, "__self__", None), types.ModuleType):
             # `d.get`, `dict.fromkeys`: a new object on every read, equal (same function,
             # same __self__) to the one traced.
-            self._add(source, "ID", f"{e} == {self.const(value)}", f"{source.name()} is {_short(value)}")
+            self._add(source, "ID", f"{e} == {self.const(value)}", f"{source.name()} is {_short(value)}",
+                      spec=_one(source, "EQ_ANY", value))
             return
         try:
             if isinstance(value, types.CodeType):
@@ -134,20 +147,22 @@ class GuardSet:
             ref = weakref.ref(value, self._on_death)
         except TypeError:
             # Builtins and other long-lived objects without weak references.
-            expr = f"{e} is {self.const(value)}"
+            expr, spec = f"{e} is {self.const(value)}", _one(source, "IS", value)
         else:
             # A weak reference, so an entry does not keep the user's objects alive; the
             # entry is dropped when the object dies (`_on_death`).
-            expr = f"{self.const(ref)}() is {e} is not None"
-        self._add(source, "ID", expr, f"{source.name()} is {_short(value)}")
+            expr, spec = f"{self.const(ref)}() is {e} is not None", _one(source, "WEAK", ref)
+        self._add(source, "ID", expr, f"{source.name()} is {_short(value)}", spec=spec)
 
     def equals(self, source, value):
         e = source.guard_expr()
         if value is None or type(value) is bool or value is Ellipsis or \
                 isinstance(value, (torch.dtype, enum.Enum)):
-            self._add(source, "EQ", f"{e} is {self.const(value)}", f"{source.name()} is {value!r}")
+            self._add(source, "EQ", f"{e} is {self.const(value)}", f"{source.name()} is {value!r}",
+                      spec=_one(source, "IS", value))
             return
         t = self.const(type(value))
+        spec = None     # NaN and signed zeros: Python's own comparisons
         if isinstance(value, float) and value != value:
             expr = f"___type({e}) is {t} and {e} != {e}"
         elif isinstance(value, float) and value == 0.0:
@@ -156,23 +171,26 @@ class GuardSet:
                     f"{self.const(math.copysign)}(1.0, {e}) == {math.copysign(1.0, value)}")
         else:
             expr = f"___type({e}) is {t} and {e} == {self.const(value)}"
-        self._add(source, "EQ", expr, f"{source.name()} == {value!r}")
+            spec = _one(source, "EQ", value, type(value))
+        self._add(source, "EQ", expr, f"{source.name()} == {value!r}", spec=spec)
 
     def not_none(self, source):
-        self._add(source, "NOT_NONE", f"{source.guard_expr()} is not None", f"{source.name()} is not None")
+        self._add(source, "NOT_NONE", f"{source.guard_expr()} is not None", f"{source.name()} is not None",
+                  spec=_one(source, "NOT_NONE"))
 
     def length(self, source, value):
         e = source.guard_expr()
         self._add(source, "LEN",
                   f"___type({e}) is {self.const(type(value))} and ___len({e}) == {len(value)}",
-                  f"type({source.name()}) is {type(value).__name__} and len({source.name()}) == {len(value)}")
+                  f"type({source.name()}) is {type(value).__name__} and len({source.name()}) == {len(value)}",
+                  spec=_one(source, "LEN", type(value), n=len(value)))
 
     def dict_keys(self, source, value):
         e = source.guard_expr()
         keys = tuple(value)
         self._add(source, "KEYS",
                   f"___type({e}) is dict and ___tuple({e}) == {self.const(keys)}",
-                  f"{source.name()} is a dict with keys {list(keys)}")
+                  f"{source.name()} is a dict with keys {list(keys)}", spec=_one(source, "KEYS", keys))
 
     def tensor(self, source, t: torch.Tensor, fake=None):
         e = source.guard_expr()
@@ -186,9 +204,13 @@ class GuardSet:
                  f"{e}.dtype is {self.const(t.dtype)}",
                  f"{e}.device == {self.const(t.device)}"]
         dtype = str(t.dtype).replace("torch.", "")
+        spec = None     # symbolic sizes: read into names the (Python) shape guards use
         if fake is None or not any(map(is_symbolic, (*fake.shape, *fake.stride()))):
             parts += [f"{e}.shape == {self.const(shape)}", f"{e}.stride() == {self.const(stride)}"]
             sizes, strides = list(shape), list(stride)
+            spec = _one(source, "TENSOR", (type(t), t.dtype, t.device, shape, tuple(stride),
+                                           t.requires_grad, t.is_conj() if t.is_complex() else None,
+                                           t.is_neg()))
         else:
             # Static sizes and strides are compared here; symbolic ones are read into
             # names that the shape guards (made at the end of the trace) check.
@@ -218,7 +240,7 @@ class GuardSet:
         self._add(source, "TENSOR", " and ".join(parts),
                   f"{source.name()}: {type(t).__name__} {dtype}[{', '.join(map(str, sizes))}] "
                   f"stride=[{', '.join(map(str, strides))}] device={t.device} "
-                  f"requires_grad={t.requires_grad}{bits}")
+                  f"requires_grad={t.requires_grad}{bits}", spec=spec)
 
     def storage_offset(self, source, t: torch.Tensor):
         """The trace read the tensor's storage offset (most graphs never do, so the
@@ -231,7 +253,7 @@ class GuardSet:
         """An int or float that is a symbolic input of the graph."""
         e = source.guard_expr()
         self._add(source, "TYPE", f"___type({e}) is {kind.__name__}",
-                  f"type({source.name()}) is {kind.__name__}")
+                  f"type({source.name()}) is {kind.__name__}", spec=_one(source, "TYPE", kind))
         self.sym_reads.append((source.name(), e, sym.node.expr))
 
     def shape_guards(self, shape_env):
@@ -284,14 +306,18 @@ class GuardSet:
         expr = "___G" if globals_source is None else globals_source.guard_expr()
         label = "globals()" if globals_source is None else globals_source.name()
         self._add(globals_source, f"NOT_GLOBAL {name}", f"{name!r} not in {expr}",
-                  f"{name!r} is not a global of {label} (the builtin is used)")
+                  f"{name!r} is not a global of {label} (the builtin is used)",
+                  spec=_one(globals_source or _GLOBALS, "NOT_CONTAINS", name))
 
     def no_hooks(self, source, module):
         """The module still has no hooks of its own (they would change its call)."""
         e = source.guard_expr()
         self._add(source, "NO_HOOKS",
                   f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
-                  f"or {e}._backward_pre_hooks)", f"{source.name()} has no hooks")
+                  f"or {e}._backward_pre_hooks)", f"{source.name()} has no hooks",
+                  spec=tuple((AttrSource(source, h), "FALSY", None, None, 0, None) for h in
+                             ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                              "_backward_pre_hooks")))
 
     def hook_keys(self, source, module):
         e = source.guard_expr()
@@ -341,13 +367,15 @@ class GuardSet:
         """An instance attribute is present (whatever its value)."""
         e = source.guard_expr()
         self._add(source, f"IN_DICT {name}", f"{name!r} in {e}.__dict__",
-                  f"{source.name()} has instance attribute {name!r}")
+                  f"{source.name()} has instance attribute {name!r}",
+                  spec=_one(AttrSource(source, "__dict__"), "CONTAINS", name))
 
     def not_in_dict(self, source, name: str):
         """An instance attribute does not shadow what its class provides."""
         e = source.guard_expr()
         self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {e}.__dict__",
-                  f"{source.name()} has no instance attribute {name!r}")
+                  f"{source.name()} has no instance attribute {name!r}",
+                  spec=_one(AttrSource(source, "__dict__"), "NOT_CONTAINS", name))
 
     def function_state(self, source, fn, fixed: bool):
         """An inlined function's `__code__`, `__defaults__` and `__kwdefaults__` are
@@ -358,16 +386,21 @@ class GuardSet:
         e = source.guard_expr()
         d, kw = fn.__defaults__, fn.__kwdefaults__
         parts = [f"{e}.__code__ is {self.const(fn.__code__)}"]
+        spec = [(AttrSource(source, "__code__"), "IS", fn.__code__, None, 0, None)]
         if fixed or d is None:
             parts.append(f"{e}.__defaults__ is {self.const(d)}")
+            spec.append((AttrSource(source, "__defaults__"), "IS", d, None, 0, None))
         else:
             parts.append(f"___len({e}.__defaults__) == {len(d)}")
+            spec.append((AttrSource(source, "__defaults__"), "LEN_ANY", None, None, len(d), None))
         if fixed or kw is None:
             parts.append(f"{e}.__kwdefaults__ is {self.const(kw)}")
+            spec.append((AttrSource(source, "__kwdefaults__"), "IS", kw, None, 0, None))
         else:
             parts.append(f"___tuple({e}.__kwdefaults__) == {self.const(tuple(kw))}")
+            spec.append((AttrSource(source, "__kwdefaults__"), "TUPLE_EQ", tuple(kw), None, 0, None))
         self._add(source, "FUNCTION", " and ".join(parts),
-                  f"{source.name()} has the code and defaults traced")
+                  f"{source.name()} has the code and defaults traced", spec=tuple(spec))
 
     def value(self, source, value):
         """`source` still gives `value`: by value for constants, else by identity."""
@@ -397,7 +430,7 @@ class GuardSet:
         if found is None:
             if not hasattr(holder, name):
                 self._add(src, "ABSENT", f"not {self.const(hasattr)}({src.base.guard_expr()}, {name!r})",
-                          f"{src.name()} is not defined")
+                          f"{src.name()} is not defined", spec=_one(src.base, "HASATTR", name, _MODULE_GETATTR, n=0))
             return
         try:
             now = getattr(holder, name)
@@ -416,7 +449,7 @@ class GuardSet:
         else:
             state = _autocast_state()
             self._add(None, "AUTOCAST", f"{self.const(_autocast_state)}() == {self.const(state)}",
-                      f"autocast state is {state}")
+                      f"autocast state is {state}", spec=_one(None, "CALL_EQ", _autocast_state, state))
 
     def function_modes(self):
         """The torch function modes active outside the frame (a TorchFunctionMode;
@@ -433,15 +466,23 @@ class GuardSet:
 
     def distinct_objects(self, a: Source, b: Source):
         self._add(None, f"DISTINCT {a.name()} {b.name()}",
-                  f"{a.guard_expr()} is not {b.guard_expr()}", f"{a.name()} is not {b.name()}")
+                  f"{a.guard_expr()} is not {b.guard_expr()}", f"{a.name()} is not {b.name()}",
+                  spec=((a, "IS_NOT_REG", None, None, 0, b),))
 
     def same_object(self, source, other: Source):
         self._add(source, "ALIAS", f"{source.guard_expr()} is {other.guard_expr()}",
-                  f"{source.name()} is {other.name()}")
+                  f"{source.name()} is {other.name()}", spec=((source, "IS_REG", None, None, 0, other),))
 
     def global_state(self, name: str, reader, value):
         self._add(None, name, f"{self.const(reader)}() is {self.const(value)}",
-                  f"{name} is {value!r}")
+                  f"{name} is {value!r}", spec=_one(None, "CALL_IS", reader, value))
+
+    def has_attr(self, source, name: str, found: bool):
+        """``hasattr(source, name)`` is still `found`."""
+        self._add(source, f"HASATTR {name}", f"{self.const(hasattr)}({source.guard_expr()}, {name!r}) is {found}",
+                  f"hasattr({source.name()}, {name!r}) is {found}",
+                  spec=_one(source, "HASATTR", name, _MODULE_GETATTR, n=int(found))
+                  if type(found) is bool else None)
 
     def abc_registry(self):
         """An answer of an ABC's isinstance/issubclass holds until some ABC's register()
@@ -449,7 +490,7 @@ class GuardSet:
         import abc
         token = abc.get_cache_token()
         self._add(None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
-                  f"abc.get_cache_token() == {token!r}")
+                  f"abc.get_cache_token() == {token!r}", spec=_one(None, "CALL_EQ", abc.get_cache_token, token))
 
     def grad_mode(self, enabled: bool):
         self.global_state("grad_mode", torch.is_grad_enabled, enabled)
@@ -467,37 +508,37 @@ class GuardSet:
         return [g.text for g in self.guards.values()]
 
     def compile(self):
-        """The check function for the C hook."""
+        """The check for the C hook: the guards that have a C form (`Guard.spec`) as a
+        program for guards.c, the others as one Python function it calls after them."""
         code = self.code
         nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
             bool(code.co_flags & 0x08)
         params = [guard_local_name(n) for n in code.co_varnames[:nargs]] + ["___func"]
         guards = list(self.guards.values())
-        uses_globals = any("___G" in g.expr for g in guards)
-        uses_builtins = any("___B[" in g.expr for g in guards)
-        if uses_globals:
-            guards.insert(0, Guard(None, "GLOBALS", "___func.__globals__ is ___G", ""))
-        body = "".join(f"        {line}\n" for line in _check_lines(guards))
-        src = (f"def ___check({', '.join(params)}):\n"
-               f"    try:\n"
-               f"{body}"
-               f"        return True\n"
-               f"    except Exception:\n"
-               f"        return False\n")
-        namespace = dict(self.constants)
-        namespace.update(_CHECK_NAMES)
-        if uses_globals:
-            namespace["___G"] = self.func.__globals__
-        if uses_builtins:
-            namespace["___B"] = self.func.__builtins__
-        exec(compile(src, f"<frametrace guards for {code.co_name}>", "exec"), namespace)
-        check = namespace["___check"]
-        check.source = src
-        check.guards = list(self.guards.values())
+        program = _Program(params, self.func, any("___G" in g.expr for g in guards))
+        residual = [g for g in guards if g.spec is None or not program.add(g.spec)]
+        python = self._python_check(params, residual) if residual else None
+        check = GuardCheck(len(params), program.code, python, program.dispatch)
+        check.guards = guards
+        check.params = params
         self.check_ref = weakref.ref(check)
         # The entry lives in the code's extra, which the GC does not see: holding the
         # function here would keep it alive until reset().
         self.func = None
+        return check
+
+    def _python_check(self, params, guards):
+        """The guards in `guards` as one Python function of the argument slots."""
+        src = _python_source(params, guards)
+        namespace = dict(self.constants)
+        namespace.update(_CHECK_NAMES)
+        if "___G" in src:
+            namespace["___G"] = self.func.__globals__
+        if "___B[" in src:
+            namespace["___B"] = self.func.__builtins__
+        exec(compile(src, f"<frametrace guards for {self.code.co_name}>", "exec"), namespace)
+        check = namespace["___check"]
+        check.source = src
         return check
 
     def first_failure(self, args, func) -> str | None:
@@ -547,6 +588,144 @@ class GuardSet:
             except TypeError:
                 pass
         return f"{g.source.name()} is {_short(value)}"
+
+
+def _python_source(params, guards) -> str:
+    guards = list(guards)
+    if any("___G" in g.expr for g in guards):
+        guards.insert(0, Guard(None, "GLOBALS", "___func.__globals__ is ___G", ""))
+    body = "".join(f"        {line}\n" for line in _check_lines(guards))
+    return (f"def ___check({', '.join(params)}):\n"
+            f"    try:\n"
+            f"{body}"
+            f"        return True\n"
+            f"    except Exception:\n"
+            f"        return False\n")
+
+
+class GuardCheck(_C.GuardCheck):
+    """An entry's check (run by guards.c).  `guards` are all its guards; `source`, the
+    same check written as one Python function (for people and tests)."""
+
+    @property
+    def source(self):
+        src = self.__dict__.get("_source")
+        if src is None:
+            src = self.__dict__["_source"] = _python_source(self.params, self.guards)
+        return src
+
+
+def _one(source, op, a=None, b=None, n=0):
+    """A guard's spec made of one check."""
+    return ((source, op, a, b, n, None),)
+
+
+class _Marker(Source):
+    """The running function (the check's last argument) or the frame's globals (a
+    constant of the check), as sources the C program loads."""
+    __slots__ = ("what",)
+
+    def __init__(self, what):
+        self.what = what
+
+    def key(self):
+        return self.what
+
+    def guard_expr(self):
+        return self.what
+
+
+_FUNC, _GLOBALS = _Marker("___func"), _Marker("___G")
+# guards.c answers hasattr() of an object whose class has this __getattr__ without
+# calling it (it would format an AttributeError for each missing name).
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+_OPS = _C.GUARD_OPS
+_KEY_TYPES = (str, int)     # item keys written as their repr in the Python check
+
+
+class _Program:
+    """Builds the C program of a check: each source loaded once into a register, in
+    the order the guards first need it, then the guard's checks on those registers."""
+
+    def __init__(self, params, func, uses_globals):
+        self.code = []
+        self.regs: dict = {}     # source -> register (aliases share one)
+        self.nregs = 0
+        self.args = {p: i for i, p in enumerate(params)}
+        self.globals = func.__globals__
+        self.builtins = func.__builtins__
+        self.dispatch = None
+        if uses_globals:    # as the Python check: globals read through ___G are the function's
+            self._emit("IS", self.load(AttrSource(_FUNC, "__globals__")), a=self.globals)
+
+    def _emit(self, op, reg=-1, src=-1, n=0, a=None, b=None):
+        self.code.append((_OPS[op], reg, src, n, a, b))
+
+    def loadable(self, source) -> bool:
+        while True:
+            kind = type(source)
+            if kind in (AttrSource, ContainsSource):
+                source = source.base
+            elif kind is GetItemSource:
+                if type(source.index) not in _KEY_TYPES:
+                    return False
+                source = source.base
+            elif kind is LocalSource:
+                return source.guard_expr() in self.args
+            else:
+                return kind in (_Marker, ConstSource, GlobalSource, BuiltinSource, ClosureSource,
+                                ClosureCellSource)
+
+    def load(self, source) -> int:
+        reg = self.regs.get(source)
+        if reg is not None:
+            return reg
+        kind = type(source)
+        if kind is ClosureSource:
+            reg = self.load(AttrSource(GetItemSource(AttrSource(_FUNC, "__closure__"), source.index),
+                                       "cell_contents"))
+        elif kind is ClosureCellSource:
+            reg = self.load(GetItemSource(AttrSource(_FUNC, "__closure__"), source.index))
+        elif kind is GlobalSource:
+            reg = self.load(GetItemSource(_GLOBALS, source.global_name))
+        elif kind is BuiltinSource:
+            reg = self.load(GetItemSource(ConstSource(self.builtins, "builtins"), source.builtin))
+        else:
+            if kind is AttrSource:
+                op, base, a = "ATTR", self.load(source.base), source.attr
+            elif kind in (GetItemSource, ContainsSource):
+                op, base, a = "ITEM" if kind is GetItemSource else "IN", self.load(source.base), source.index
+            elif kind is ConstSource:
+                op, base, a = "CONST", -1, source.obj
+            elif source is _GLOBALS:
+                op, base, a = "CONST", -1, self.globals
+            else:       # an argument, or the function
+                op, base, a = "ARG", -1, None
+            reg, self.nregs = self.nregs, self.nregs + 1
+            n = self.args["___func" if source is _FUNC else source.guard_expr()] if op == "ARG" else 0
+            self._emit(op, reg, base, n, a)
+        self.regs[source] = reg
+        return reg
+
+    def add(self, spec) -> bool:
+        """Appends a guard's checks; False (nothing appended) when a source it reads
+        has no C form (the guard then runs in Python)."""
+        if not all(self.loadable(s) for c in spec for s in (c[0], c[5]) if s is not None):
+            return False
+        for source, op, a, b, n, other in spec:
+            reg = self.load(source) if source is not None else -1
+            self._emit(op, reg, self.load(other) if other is not None else -1, n, a, b)
+            if self.dispatch is None and type(source) is LocalSource:
+                self._dispatch_on(self.args[source.guard_expr()], op, a, b)
+        return True
+
+    def _dispatch_on(self, arg, op, a, b):
+        """The entry's key for guards.c's dispatch: an argument's dtype and sizes, or
+        its value (an int or str compared by ==)."""
+        if op == "TENSOR" and a[0] in (torch.Tensor, torch.nn.Parameter):
+            self.dispatch = (arg, "tensor", a[0], a[1], tuple(a[3]))
+        elif op == "EQ" and type(a) in _KEY_TYPES and b is type(a):
+            self.dispatch = (arg, "value", b, a)
 
 
 def _autocast_state():

@@ -8,7 +8,8 @@
  *      into, when a generator owns it, or when its code is marked to skip;
  *   2. otherwise walks the code object's cache entries, calling each entry's
  *      guard with the frame's argument slots (no allocation: the slots are
- *      passed straight from the frame as a vectorcall array);
+ *      passed straight from the frame as a vectorcall array; a GuardCheck runs
+ *      in C, see guards.c, after a cheap dispatch key rules most entries out);
  *   3. on a hit, calls a function built from the entry's transformed code
  *      with those same slots (transformed code takes every argument slot as
  *      a plain positional parameter), and drops the original frame unrun;
@@ -28,6 +29,8 @@
 #if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030D0000
 #error "frametrace's frame hook supports CPython 3.11 and 3.12"
 #endif
+
+#include "guards.h"
 
 #define Py_BUILD_CORE
 #include <internal/pycore_frame.h>
@@ -519,20 +522,33 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
          * identity guards) or reset() can drop the whole state.  Hold the list and
          * the entry being checked; re-read the size on every pass. */
         PyObject *entries = Py_NewRef(st->entries);
+        FTDispatch memo;
+        memo.used = 0;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
             CacheEntry *e = (CacheEntry *)PyList_GET_ITEM(entries, i);
             if (e->callback != cb) {
                 continue;   /* compiled for another optimize() (backend, fullgraph) */
             }
             Py_INCREF(e);
-            PyObject *ok = PyObject_Vectorcall(e->check, argv, nargs + 1, NULL);
-            if (ok == NULL) {
+            int ok;
+            if (PyObject_TypeCheck(e->check, &FTGuardCheckType)) {
+                /* A cheap key first: of many entries, most differ in it. */
+                ok = ft_guard_may_pass(e->check, argv, nargs + 1, &memo);
+                if (ok == 1) {
+                    ok = ft_guard_check(e->check, argv, nargs + 1);
+                }
+            }
+            else {
+                PyObject *r = PyObject_Vectorcall(e->check, argv, nargs + 1, NULL);
+                ok = r == NULL ? -1 : r == Py_True;
+                Py_XDECREF(r);
+            }
+            if (ok < 0) {
                 Py_DECREF(e);
                 failed = 1;
                 break;
             }
-            Py_DECREF(ok);
-            if (ok == Py_True) {
+            if (ok) {
                 hit = e;            /* keeps the reference taken above */
                 break;
             }
@@ -975,7 +991,8 @@ PyInit__C(void)
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(m, "CacheEntry", (PyObject *)&CacheEntryType) < 0 ||
+    if (ft_guards_init(m) < 0 ||
+        PyModule_AddObjectRef(m, "CacheEntry", (PyObject *)&CacheEntryType) < 0 ||
         PyModule_AddObjectRef(m, "Unhooked", (PyObject *)&UnhookedType) < 0 ||
         PyModule_AddObjectRef(m, "Hooked", (PyObject *)&HookedType) < 0 ||
         PyModule_AddIntConstant(m, "SKIP", DECIDE_SKIP) < 0 ||

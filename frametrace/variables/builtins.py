@@ -1350,11 +1350,9 @@ def _has_attr_of_new_class(tx, obj, d, cls, name):
 
 
 def _guard_hasattr(tx, source, name, found):
-    guards = tx.guards
-    expr = f"{guards.const(hasattr)}({source.guard_expr()}, {name!r}) is {found}"
-    add = getattr(guards, "_add", None)
-    if add is not None:
-        add(source, f"HASATTR {name}", expr, f"hasattr({source.name()}, {name!r}) is {found}")
+    has_attr = getattr(tx.guards, "has_attr", None)
+    if has_attr is not None:
+        has_attr(source, name, found)
 
 
 def _hasattr(tx, args, kwargs):

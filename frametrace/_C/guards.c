@@ -1,0 +1,1013 @@
+/* frametrace's guard evaluator: an entry's guards as a straight-line program over
+ * registers, built once by guards.py (GuardSet.compile) and run here on every call.
+ *
+ * A load puts a value in the next register: an argument slot, a constant, or an
+ * attribute, item or membership of an earlier register.  Every source is loaded
+ * once, so guards on `self._modules['h']._modules['0']` and everything below it
+ * share that prefix (the program is the guard tree, walked depth-first in the
+ * order the guards were made).  A check tests one register: a type or identity
+ * as a pointer compare, a value, a length, dict keys, a tensor's metadata.  The
+ * first failing check ends the run: the entry does not apply.  Guards without a
+ * form here run afterwards in `residual`, a Python function taking the same
+ * arguments (the whole check is exactly as before: every guard must hold, and an
+ * Exception raised while evaluating one means "does not hold").
+ *
+ * Registers own their values and the program owns its constants, so user code run
+ * by a check (an __eq__, a property, a __hash__ that collects garbage, a weakref
+ * callback dropping this very entry) cannot free what the run still reads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <string.h>
+#include "guards.h"
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define LOOKUP_ATTR PyObject_GetOptionalAttr
+#else
+#define LOOKUP_ATTR _PyObject_LookupAttr
+#endif
+
+enum {
+    /* loads: regs[reg] = ... */
+    OP_ARG,             /* args[n] */
+    OP_CONST,           /* a */
+    OP_ATTR,            /* regs[src].a */
+    OP_ITEM,            /* regs[src][a] */
+    OP_IN,              /* a in regs[src], as a bool */
+    OP_LAST_LOAD = OP_IN,
+    /* checks of regs[reg] */
+    OP_TYPE,            /* type(v) is a */
+    OP_IS,              /* v is a */
+    OP_WEAK,            /* a() is v is not None */
+    OP_EQ_ANY,          /* v == a */
+    OP_EQ,              /* type(v) is b and v == a */
+    OP_NOT_NONE,        /* v is not None */
+    OP_LEN,             /* type(v) is a and len(v) == n */
+    OP_LEN_ANY,         /* len(v) == n */
+    OP_KEYS,            /* type(v) is dict and tuple(v) == a */
+    OP_TUPLE_EQ,        /* tuple(v) == a */
+    OP_CONTAINS,        /* a in v */
+    OP_NOT_CONTAINS,    /* a not in v */
+    OP_FALSY,           /* not v */
+    OP_HASATTR,         /* hasattr(v, a) is bool(n); b: nn.Module.__getattr__ or None */
+    OP_TENSOR,          /* the tensor guard: type, dtype, device, sizes, strides, bits */
+    OP_IS_REG,          /* v is regs[src] */
+    OP_IS_NOT_REG,      /* v is not regs[src] */
+    OP_CALL_IS,         /* a() is b (reg unused) */
+    OP_CALL_EQ,         /* a() == b (reg unused) */
+    OP_COUNT
+};
+
+typedef struct {
+    PyObject *type, *dtype, *device, *sizes, *strides, *requires_grad;
+    int conj;           /* -1: not read (a real tensor), else the expected bit */
+    int neg;
+    Py_ssize_t ndim;
+    Py_ssize_t *dims;   /* sizes then strides, as C integers */
+} TensorSpec;
+
+/* What a load or check saw the last time it ran, while the dicts it read are
+ * unchanged (see `cached_attr`).  Borrowed pointers: valid only on a version match. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int type_version;
+    uint64_t dict_version;
+    PyObject *value;
+} Memo;
+
+typedef struct {
+    int op;
+    int reg;
+    int src;
+    Py_ssize_t n;
+    PyObject *a;
+    PyObject *b;
+    TensorSpec *t;
+    Memo memo;
+} Instr;
+
+enum { DISC_NONE = 0, DISC_TENSOR = 1, DISC_VALUE = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nargs;       /* argument slots + the function */
+    Py_ssize_t ninstr;
+    Py_ssize_t nregs;
+    Instr *code;
+    PyObject *residual;     /* Python check of the remaining guards, or None */
+    PyObject *program;      /* the tuples the program was built from (for people) */
+    /* The entry's dispatch key (ft_guard_may_pass). */
+    int disc_kind;
+    Py_ssize_t disc_arg;
+    PyObject *disc_type;
+    Py_hash_t disc_hash;
+    PyObject *dict;
+    PyObject *weakrefs;
+    vectorcallfunc vectorcall;
+} GuardCheck;
+
+static PyObject *s_dtype, *s_device, *s_shape, *s_stride, *s_requires_grad, *s_is_conj, *s_is_neg;
+static PyObject *s_getattr, *s_getattribute, *s_dict, *s_stores[3];
+static PyObject *object_getattribute;   /* object.__getattribute__ */
+
+/* ---- running ---- */
+
+/* An Exception raised by a guard means the guard does not hold; anything else
+ * (KeyboardInterrupt, SystemExit) goes to the caller, as from a Python check. */
+static int
+failed_with_error(void)
+{
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* `a == b` as Python's `if` reads it: 1, 0, or -1 with an exception set. */
+static int
+equals(PyObject *a, PyObject *b)
+{
+    PyObject *r = PyObject_RichCompare(a, b, Py_EQ);
+    if (r == NULL) {
+        return -1;
+    }
+    int ok = r == Py_True ? 1 : r == Py_False ? 0 : PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return ok;
+}
+
+/* `seq == expected` for a tuple of exact ints read from a tensor (a torch.Size, a
+ * stride() tuple) against the C integers traced; anything else is compared by ==. */
+static int
+ints_equal(PyObject *seq, PyObject *expected, const Py_ssize_t *dims, Py_ssize_t n)
+{
+    if (PyTuple_Check(seq)) {
+        if (PyTuple_GET_SIZE(seq) != n) {
+            return 0;
+        }
+        Py_ssize_t i;
+        for (i = 0; i < n; i++) {
+            PyObject *item = PyTuple_GET_ITEM(seq, i);
+            if (!PyLong_CheckExact(item)) {
+                break;
+            }
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (overflow || v != (long long)dims[i]) {
+                return overflow ? equals(seq, expected) : 0;
+            }
+        }
+        if (i == n) {
+            return 1;
+        }
+    }
+    return equals(seq, expected);
+}
+
+static int
+bool_method_is(PyObject *v, PyObject *name, int expected)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(v, name);
+    if (r == NULL) {
+        return -1;
+    }
+    int ok = r == (expected ? Py_True : Py_False);
+    Py_DECREF(r);
+    return ok;
+}
+
+/* The order and the comparisons of GuardSet.tensor's Python expression. */
+static int
+tensor_matches(PyObject *v, const TensorSpec *t)
+{
+    if ((PyObject *)Py_TYPE(v) != t->type) {
+        return 0;
+    }
+    PyObject *r = PyObject_GetAttr(v, s_dtype);
+    if (r == NULL) {
+        return -1;
+    }
+    int ok = r == t->dtype;
+    Py_DECREF(r);
+    if (ok != 1) {
+        return ok;
+    }
+    if ((r = PyObject_GetAttr(v, s_device)) == NULL) {
+        return -1;
+    }
+    ok = equals(r, t->device);
+    Py_DECREF(r);
+    if (ok != 1) {
+        return ok;
+    }
+    if ((r = PyObject_GetAttr(v, s_shape)) == NULL) {
+        return -1;
+    }
+    ok = ints_equal(r, t->sizes, t->dims, t->ndim);
+    Py_DECREF(r);
+    if (ok != 1) {
+        return ok;
+    }
+    if ((r = PyObject_CallMethodNoArgs(v, s_stride)) == NULL) {
+        return -1;
+    }
+    ok = ints_equal(r, t->strides, t->dims + t->ndim, t->ndim);
+    Py_DECREF(r);
+    if (ok != 1) {
+        return ok;
+    }
+    if ((r = PyObject_GetAttr(v, s_requires_grad)) == NULL) {
+        return -1;
+    }
+    ok = r == t->requires_grad;
+    Py_DECREF(r);
+    if (ok != 1) {
+        return ok;
+    }
+    if (t->conj >= 0 && (ok = bool_method_is(v, s_is_conj, t->conj)) != 1) {
+        return ok;
+    }
+    return bool_method_is(v, s_is_neg, t->neg);
+}
+
+/* tuple(v) == keys, without building the tuple while the dict's keys are the very
+ * objects traced (str keys: the usual case). */
+static int
+dict_keys_equal(PyObject *v, PyObject *keys)
+{
+    if (PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) {
+        return 0;
+    }
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(v, &pos, &key, &value)) {
+        if (key != PyTuple_GET_ITEM(keys, i++)) {
+            PyObject *t = PySequence_Tuple(v);
+            if (t == NULL) {
+                return -1;
+            }
+            int ok = equals(t, keys);
+            Py_DECREF(t);
+            return ok;
+        }
+    }
+    return 1;
+}
+
+/* hasattr(v, name) for an object whose class runs `module_getattr` (nn.Module's
+ * __getattr__) after the generic lookup: what CPython does for such a class, with
+ * that __getattr__'s search of _parameters, _buffers and _modules done here, so a
+ * missing attribute costs no AttributeError (nn.Module formats one: microseconds).
+ * -2 when the class is not such a class. */
+static int
+module_hasattr(PyObject *v, PyObject *name, PyObject *module_getattr)
+{
+    PyTypeObject *tp = Py_TYPE(v);
+    if (module_getattr == Py_None || _PyType_Lookup(tp, s_getattr) != module_getattr ||
+        _PyType_Lookup(tp, s_getattribute) != object_getattribute) {
+        return -2;
+    }
+    PyObject *r = _PyObject_GenericGetAttrWithDict(v, name, NULL, 1);
+    if (r != NULL || PyErr_Occurred()) {
+        Py_XDECREF(r);
+        return r != NULL ? 1 : -1;
+    }
+    PyObject *d = PyObject_GetAttr(v, s_dict);
+    if (d == NULL) {
+        return -1;
+    }
+    int found = 0;
+    for (int i = 0; i < 3 && found == 0; i++) {
+        found = PySequence_Contains(d, s_stores[i]);
+        if (found == 1) {
+            PyObject *table = PyObject_GetItem(d, s_stores[i]);
+            found = table == NULL ? -1 : PySequence_Contains(table, name);
+            Py_XDECREF(table);
+        }
+    }
+    Py_DECREF(d);
+    return found;
+}
+
+/* ---- dict versions ----
+ * A dict's version tag changes on every mutation and is unique across all dicts
+ * (a new dict gets a fresh one), and a type's version tag changes whenever it or a
+ * base is modified: so an unchanged (type version, instance-dict version) pair
+ * means `obj.name` is still the value the instance dict held last time, and an
+ * unchanged dict version means `d[key]` and `key in d` answer as last time.  The
+ * field is deprecated in 3.12 (for dict watchers) but kept and maintained. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+static inline uint64_t
+dict_version(PyObject *d)
+{
+    return ((PyDictObject *)d)->ma_version_tag;
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+static inline unsigned int
+type_version(PyTypeObject *tp)
+{
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+}
+
+/* The instance dict of `obj` when its attributes are looked up generically (no
+ * __getattribute__ of its own; a __getattr__ runs only for missing names), else
+ * NULL.  (Materializes a managed dict: the same attributes, held in a dict.) */
+static PyObject *
+generic_instance_dict(PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp->tp_getattro != PyObject_GenericGetAttr &&
+        (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || _PyType_Lookup(tp, s_getattribute) != object_getattribute)) {
+        return NULL;
+    }
+    PyObject **dp = _PyObject_GetDictPtr(obj);
+    return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) ? *dp : NULL;
+}
+
+/* regs[src].name, answered from the memo while the type and the instance dict are
+ * unchanged; the memo is refilled when the value came from the instance dict. */
+static PyObject *
+cached_attr(Instr *in, PyObject *base)
+{
+    PyTypeObject *tp = Py_TYPE(base);
+    Memo *m = &in->memo;
+    if (m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
+        PyObject **dp = _PyObject_GetDictPtr(base);
+        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
+            return Py_NewRef(m->value);
+        }
+    }
+    PyObject *v = PyObject_GetAttr(base, in->a);
+    if (v == NULL) {
+        return NULL;
+    }
+    m->type = NULL;
+    PyObject *d = generic_instance_dict(base);
+    if (d != NULL) {
+        PyObject *descr = _PyType_Lookup(tp, in->a);   /* (assigns the type a version) */
+        unsigned int tv = type_version(tp);
+        uint64_t dv = dict_version(d);
+        /* (the dict lookup can run a colliding key's __eq__: nothing may change
+         * meanwhile for the answer to be memoized) */
+        if ((descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL) && tv != 0 &&
+            PyDict_GetItemWithError(d, in->a) == v && type_version(tp) == tv && dict_version(d) == dv) {
+            m->type = tp;
+            m->type_version = tv;
+            m->dict_version = dv;
+            m->value = v;
+        }
+        PyErr_Clear();      /* (a lookup error only leaves the memo empty) */
+    }
+    return v;
+}
+
+/* One check of regs[in->reg]: 1 holds, 0 does not, -1 exception. */
+static int
+run_check(Instr *in, PyObject **regs)
+{
+    PyObject *v = in->reg >= 0 ? regs[in->reg] : NULL;
+    PyObject *r;
+    int ok;
+    Py_ssize_t n;
+    uint64_t version;
+    switch (in->op) {
+    case OP_TYPE:
+        return (PyObject *)Py_TYPE(v) == in->a;
+    case OP_IS:
+        return v == in->a;
+    case OP_WEAK:
+        return v != Py_None && PyWeakref_GET_OBJECT(in->a) == v;
+    case OP_EQ_ANY:
+        return equals(v, in->a);
+    case OP_EQ:
+        if ((PyObject *)Py_TYPE(v) != in->b) {
+            return 0;
+        }
+        if (v == in->a && (PyLong_CheckExact(v) || PyUnicode_CheckExact(v))) {
+            return 1;
+        }
+        return equals(v, in->a);
+    case OP_NOT_NONE:
+        return v != Py_None;
+    case OP_LEN:
+        if ((PyObject *)Py_TYPE(v) != in->a) {
+            return 0;
+        }
+        /* fall through */
+    case OP_LEN_ANY:
+        n = PyObject_Size(v);
+        return n < 0 ? -1 : n == in->n;
+    case OP_KEYS:
+        return PyDict_CheckExact(v) ? dict_keys_equal(v, in->a) : 0;
+    case OP_TUPLE_EQ:
+        if ((r = PySequence_Tuple(v)) == NULL) {
+            return -1;
+        }
+        ok = equals(r, in->a);
+        Py_DECREF(r);
+        return ok;
+    case OP_CONTAINS:
+    case OP_NOT_CONTAINS:
+        if (PyDict_CheckExact(v) && in->memo.dict_version == dict_version(v) && in->memo.dict_version != 0) {
+            return 1;       /* the dict is as when this check last held */
+        }
+        version = PyDict_CheckExact(v) ? dict_version(v) : 0;
+        ok = PySequence_Contains(v, in->a);
+        if (ok >= 0 && in->op == OP_NOT_CONTAINS) {
+            ok = !ok;
+        }
+        if (ok == 1 && version != 0 && dict_version(v) == version) {
+            in->memo.dict_version = version;
+        }
+        return ok;
+    case OP_FALSY:
+        ok = PyObject_IsTrue(v);
+        return ok < 0 ? -1 : !ok;
+    case OP_HASATTR:
+        if (PyType_Check(v) && Py_TYPE(v)->tp_getattro == PyType_Type.tp_getattro &&
+            _PyType_Lookup(Py_TYPE(v), in->a) == NULL && _PyType_Lookup((PyTypeObject *)v, in->a) == NULL) {
+            /* A class without the name in its MRO or its metaclass's: type's own
+             * lookup finds nothing and runs no code (only the AttributeError it
+             * would format is saved). */
+            return in->n == 0;
+        }
+        ok = module_hasattr(v, in->a, in->b);
+        if (ok == -2) {
+            ok = LOOKUP_ATTR(v, in->a, &r);
+            Py_XDECREF(r);
+        }
+        return ok < 0 ? -1 : ok == (in->n != 0);
+    case OP_TENSOR:
+        return tensor_matches(v, in->t);
+    case OP_IS_REG:
+        return v == regs[in->src];
+    case OP_IS_NOT_REG:
+        return v != regs[in->src];
+    case OP_CALL_IS:
+    case OP_CALL_EQ:
+        if ((r = PyObject_CallNoArgs(in->a)) == NULL) {
+            return -1;
+        }
+        ok = in->op == OP_CALL_IS ? r == in->b : equals(r, in->b);
+        Py_DECREF(r);
+        return ok;
+    }
+    PyErr_SetString(PyExc_SystemError, "frametrace: bad guard instruction");
+    return -1;
+}
+
+#define STACK_REGS 128
+
+static int
+run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != g->nargs) {
+        PyErr_Format(PyExc_TypeError, "guard check takes %zd arguments (%zd given)", g->nargs, nargs);
+        return -1;
+    }
+    PyObject *small[STACK_REGS];
+    PyObject **regs = small;
+    if (g->nregs > STACK_REGS && (regs = PyMem_Malloc(g->nregs * sizeof(PyObject *))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t filled = 0;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < g->ninstr && ok == 1; i++) {
+        Instr *in = &g->code[i];
+        if (in->op > OP_LAST_LOAD) {
+            ok = run_check(in, regs);
+            continue;
+        }
+        PyObject *base = in->op >= OP_ATTR ? regs[in->src] : NULL, *v;
+        switch (in->op) {
+        case OP_ARG:
+            v = Py_NewRef(args[in->n]);
+            break;
+        case OP_CONST:
+            v = Py_NewRef(in->a);
+            break;
+        case OP_ATTR:
+            v = cached_attr(in, base);
+            break;
+        case OP_ITEM:
+            if (PyDict_CheckExact(base)) {
+                uint64_t version = dict_version(base);
+                if (in->memo.dict_version == version && version != 0) {
+                    v = Py_NewRef(in->memo.value);
+                    break;
+                }
+                v = PyDict_GetItemWithError(base, in->a);
+                if (v != NULL && dict_version(base) == version) {
+                    in->memo.dict_version = version;
+                    in->memo.value = v;
+                }
+                if (v == NULL) {
+                    ok = PyErr_Occurred() ? -1 : 0;     /* a KeyError: the guard fails */
+                    continue;
+                }
+                Py_INCREF(v);
+            }
+            else {
+                v = PyObject_GetItem(base, in->a);
+            }
+            break;
+        default: {  /* OP_IN */
+            int found = PySequence_Contains(base, in->a);
+            v = found < 0 ? NULL : Py_NewRef(found ? Py_True : Py_False);
+        }
+        }
+        if (v == NULL) {
+            ok = -1;
+            continue;
+        }
+        regs[filled++] = v;
+    }
+    if (ok < 0) {
+        ok = failed_with_error();
+    }
+    for (Py_ssize_t i = 0; i < filled; i++) {
+        Py_DECREF(regs[i]);
+    }
+    if (regs != small) {
+        PyMem_Free(regs);
+    }
+    return ok;
+}
+
+int
+ft_guard_check(PyObject *check, PyObject *const *args, Py_ssize_t nargs)
+{
+    GuardCheck *g = (GuardCheck *)check;
+    Py_INCREF(g);       /* a collection inside a guard may drop the entry holding us */
+    int ok = run_program(g, args, nargs);
+    if (ok == 1 && g->residual != Py_None) {
+        PyObject *r = PyObject_Vectorcall(g->residual, args, nargs, NULL);
+        ok = r == NULL ? -1 : r == Py_True;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(g);
+    return ok;
+}
+
+static PyObject *
+GuardCheck_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        PyErr_SetString(PyExc_TypeError, "guard check takes positional arguments only");
+        return NULL;
+    }
+    int ok = ft_guard_check(self, args, PyVectorcall_NARGS(nargsf));
+    return ok < 0 ? NULL : PyBool_FromLong(ok);
+}
+
+/* ---- dispatch on a cheap key ---- */
+
+static Py_hash_t
+mix(Py_hash_t h, Py_ssize_t v)
+{
+    return (Py_hash_t)(((Py_uhash_t)h ^ (Py_uhash_t)v) * (Py_uhash_t)1000003);
+}
+
+/* The key of a tensor: its dtype object and sizes; 0 when it cannot be read as
+ * plain integers (the check decides). */
+static int
+tensor_key(PyObject *v, Py_hash_t *out)
+{
+    PyObject *dtype = PyObject_GetAttr(v, s_dtype);
+    if (dtype == NULL) {
+        return failed_with_error();
+    }
+    Py_hash_t h = mix(0x5bd1e995, (Py_ssize_t)dtype);
+    Py_DECREF(dtype);
+    PyObject *shape = PyObject_GetAttr(v, s_shape);
+    if (shape == NULL) {
+        return failed_with_error();
+    }
+    int ok = PyTuple_Check(shape);
+    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(shape); i++) {
+        PyObject *item = PyTuple_GET_ITEM(shape, i);
+        if (!PyLong_CheckExact(item)) {
+            ok = 0;
+            break;
+        }
+        Py_ssize_t d = PyLong_AsSsize_t(item);
+        if (d == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            ok = 0;
+            break;
+        }
+        h = mix(h, d);
+    }
+    if (ok) {
+        h = mix(h, PyTuple_GET_SIZE(shape));
+    }
+    Py_DECREF(shape);
+    *out = h;
+    return ok;
+}
+
+int
+ft_guard_may_pass(PyObject *check, PyObject *const *args, Py_ssize_t nargs, FTDispatch *memo)
+{
+    GuardCheck *g = (GuardCheck *)check;
+    if (g->disc_kind == DISC_NONE || g->disc_arg >= nargs) {
+        return 1;
+    }
+    PyObject *v = args[g->disc_arg];
+    if ((PyObject *)Py_TYPE(v) != g->disc_type) {
+        return 0;       /* the entry's type check of this argument fails */
+    }
+    int i;
+    for (i = 0; i < memo->used; i++) {
+        if (memo->slot[i].arg == g->disc_arg && memo->slot[i].kind == g->disc_kind &&
+            memo->slot[i].type == g->disc_type) {
+            break;
+        }
+    }
+    if (i == memo->used) {
+        Py_hash_t h = 0;
+        int known;
+        if (g->disc_kind == DISC_TENSOR) {
+            known = tensor_key(v, &h);
+        }
+        else {
+            h = PyObject_Hash(v);       /* an exact int or str: no user code */
+            known = h == -1 ? failed_with_error() : 1;
+        }
+        if (known < 0) {
+            return -1;
+        }
+        if (memo->used == FT_DISPATCH_SLOTS) {
+            return known ? h == g->disc_hash : 1;
+        }
+        memo->slot[i].arg = g->disc_arg;
+        memo->slot[i].kind = g->disc_kind;
+        memo->slot[i].type = g->disc_type;
+        memo->slot[i].hash = h;
+        memo->slot[i].known = known;
+        memo->used++;
+    }
+    return memo->slot[i].known ? memo->slot[i].hash == g->disc_hash : 1;
+}
+
+/* ---- building ---- */
+
+static void
+free_code(GuardCheck *g)
+{
+    Instr *code = g->code;
+    Py_ssize_t n = g->ninstr;
+    g->code = NULL;
+    g->ninstr = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_XDECREF(code[i].a);
+        Py_XDECREF(code[i].b);
+        TensorSpec *t = code[i].t;
+        if (t != NULL) {
+            code[i].t = NULL;
+            Py_XDECREF(t->type);
+            Py_XDECREF(t->dtype);
+            Py_XDECREF(t->device);
+            Py_XDECREF(t->sizes);
+            Py_XDECREF(t->strides);
+            Py_XDECREF(t->requires_grad);
+            PyMem_Free(t->dims);
+            PyMem_Free(t);
+        }
+    }
+    PyMem_Free(code);
+}
+
+static int
+int_tuple(PyObject *seq, Py_ssize_t n, Py_ssize_t *out)
+{
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != n) {
+        PyErr_SetString(PyExc_ValueError, "tensor guard: sizes and strides must be tuples of one length");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* (type, dtype, device, sizes, strides, requires_grad, conj or None, neg) */
+static TensorSpec *
+tensor_spec(PyObject *spec)
+{
+    PyObject *type, *dtype, *device, *sizes, *strides, *rg, *conj, *neg;
+    if (!PyArg_ParseTuple(spec, "O!OOO!O!O!OO!:tensor guard", &PyType_Type, &type, &dtype, &device,
+                          &PyTuple_Type, &sizes, &PyTuple_Type, &strides, &PyBool_Type, &rg,
+                          &conj, &PyBool_Type, &neg)) {
+        return NULL;
+    }
+    TensorSpec *t = PyMem_Calloc(1, sizeof(TensorSpec));
+    if (t == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    t->ndim = PyTuple_GET_SIZE(sizes);
+    t->dims = PyMem_Calloc(2 * t->ndim + 1, sizeof(Py_ssize_t));
+    t->type = Py_NewRef(type);
+    t->dtype = Py_NewRef(dtype);
+    t->device = Py_NewRef(device);
+    t->sizes = Py_NewRef(sizes);
+    t->strides = Py_NewRef(strides);
+    t->requires_grad = Py_NewRef(rg);
+    t->conj = conj == Py_None ? -1 : conj == Py_True;
+    t->neg = neg == Py_True;
+    if (t->dims == NULL || int_tuple(sizes, t->ndim, t->dims) < 0 ||
+        int_tuple(strides, t->ndim, t->dims + t->ndim) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
+        Py_DECREF(t->type);
+        Py_DECREF(t->dtype);
+        Py_DECREF(t->device);
+        Py_DECREF(t->sizes);
+        Py_DECREF(t->strides);
+        Py_DECREF(t->requires_grad);
+        PyMem_Free(t->dims);
+        PyMem_Free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* program: a sequence of (op, reg, src, n, a, b); loads must fill registers 0, 1, ...
+ * in order and every register read must be loaded before. */
+static int
+build(GuardCheck *g, PyObject *program)
+{
+    PyObject *seq = PySequence_Fast(program, "guard program must be a sequence");
+    if (seq == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    g->code = PyMem_Calloc(n > 0 ? n : 1, sizeof(Instr));
+    if (g->code == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t nregs = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Instr *in = &g->code[i];
+        PyObject *a, *b;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiinOO:guard instruction",
+                              &in->op, &in->reg, &in->src, &in->n, &a, &b)) {
+            goto error;
+        }
+        g->ninstr = i + 1;
+        if (in->op == OP_TENSOR) {
+            if ((in->t = tensor_spec(a)) == NULL) {
+                goto error;
+            }
+        }
+        else {
+            in->a = Py_NewRef(a);
+            in->b = Py_NewRef(b);
+        }
+        int bad = in->op < 0 || in->op >= OP_COUNT;
+        if (in->op <= OP_LAST_LOAD) {
+            bad |= in->reg != nregs++;
+            bad |= in->op == OP_ARG && (in->n < 0 || in->n >= g->nargs);
+            bad |= in->op >= OP_ATTR && (in->src < 0 || in->src >= in->reg);
+            bad |= in->op == OP_ATTR && !PyUnicode_Check(a);
+        }
+        else if (in->op != OP_CALL_IS && in->op != OP_CALL_EQ) {
+            bad |= in->reg < 0 || in->reg >= nregs;
+            bad |= (in->op == OP_IS_REG || in->op == OP_IS_NOT_REG) && (in->src < 0 || in->src >= nregs);
+            bad |= (in->op == OP_TYPE || in->op == OP_LEN) && !PyType_Check(a);
+            bad |= in->op == OP_EQ && !PyType_Check(b);
+            bad |= in->op == OP_WEAK && !PyWeakref_CheckRef(a);
+            bad |= in->op == OP_KEYS && !PyTuple_Check(a);
+            bad |= in->op == OP_HASATTR && !PyUnicode_Check(a);
+        }
+        if (bad) {
+            PyErr_Format(PyExc_ValueError, "bad guard instruction %zd", i);
+            goto error;
+        }
+    }
+    g->nregs = nregs;
+    Py_DECREF(seq);
+    return 0;
+error:
+    Py_DECREF(seq);
+    free_code(g);
+    return -1;
+}
+
+static PyObject *
+GuardCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"nargs", "program", "residual", "dispatch", NULL};
+    Py_ssize_t nargs;
+    PyObject *program, *residual = Py_None, *dispatch = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO|OO:GuardCheck", kwlist, &nargs, &program,
+                                     &residual, &dispatch)) {
+        return NULL;
+    }
+    if (residual != Py_None && !PyCallable_Check(residual)) {
+        PyErr_SetString(PyExc_TypeError, "residual must be callable or None");
+        return NULL;
+    }
+    GuardCheck *g = (GuardCheck *)type->tp_alloc(type, 0);
+    if (g == NULL) {
+        return NULL;
+    }
+    g->nargs = nargs;
+    g->residual = Py_NewRef(residual);
+    g->program = Py_NewRef(program);
+    g->vectorcall = GuardCheck_vectorcall;
+    g->disc_type = Py_NewRef(Py_None);
+    if (build(g, program) < 0) {
+        Py_DECREF(g);
+        return NULL;
+    }
+    /* dispatch: None, or (arg index, "tensor", type, dtype, sizes) or
+     * (arg index, "value", type, value): a guard of the program on that argument. */
+    if (dispatch != Py_None) {
+        Py_ssize_t arg;
+        const char *kind;
+        PyObject *t, *x, *sizes = NULL;
+        if (!PyArg_ParseTuple(dispatch, "nsO!O|O!:dispatch", &arg, &kind, &PyType_Type, &t, &x,
+                              &PyTuple_Type, &sizes)) {
+            Py_DECREF(g);
+            return NULL;
+        }
+        Py_hash_t h = 0;
+        if (strcmp(kind, "tensor") == 0 && sizes != NULL) {
+            h = mix(0x5bd1e995, (Py_ssize_t)x);
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sizes); i++) {
+                Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(sizes, i));
+                if (d == -1 && PyErr_Occurred()) {
+                    Py_DECREF(g);
+                    return NULL;
+                }
+                h = mix(h, d);
+            }
+            h = mix(h, PyTuple_GET_SIZE(sizes));
+            g->disc_kind = DISC_TENSOR;
+        }
+        else if (strcmp(kind, "value") == 0 && (PyLong_CheckExact(x) || PyUnicode_CheckExact(x))) {
+            h = PyObject_Hash(x);
+            g->disc_kind = DISC_VALUE;
+        }
+        else {
+            PyErr_SetString(PyExc_ValueError, "bad dispatch key");
+            Py_DECREF(g);
+            return NULL;
+        }
+        if (arg < 0 || arg >= nargs) {
+            PyErr_SetString(PyExc_ValueError, "dispatch argument out of range");
+            Py_DECREF(g);
+            return NULL;
+        }
+        g->disc_arg = arg;
+        Py_SETREF(g->disc_type, Py_NewRef(t));
+        g->disc_hash = h;
+    }
+    return (PyObject *)g;
+}
+
+static int
+GuardCheck_traverse(GuardCheck *g, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < g->ninstr; i++) {
+        Py_VISIT(g->code[i].a);
+        Py_VISIT(g->code[i].b);
+        if (g->code[i].t != NULL) {
+            Py_VISIT(g->code[i].t->type);
+            Py_VISIT(g->code[i].t->device);
+        }
+    }
+    Py_VISIT(g->residual);
+    Py_VISIT(g->program);
+    Py_VISIT(g->disc_type);
+    Py_VISIT(g->dict);
+    return 0;
+}
+
+static int
+GuardCheck_clear(GuardCheck *g)
+{
+    free_code(g);
+    Py_CLEAR(g->residual);
+    Py_CLEAR(g->program);
+    Py_CLEAR(g->disc_type);
+    Py_CLEAR(g->dict);
+    return 0;
+}
+
+static void
+GuardCheck_dealloc(GuardCheck *g)
+{
+    PyObject_GC_UnTrack(g);
+    if (g->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)g);
+    }
+    GuardCheck_clear(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static PyObject *
+GuardCheck_get_program(GuardCheck *g, void *c)
+{
+    return Py_NewRef(g->program != NULL ? g->program : Py_None);
+}
+
+static PyObject *
+GuardCheck_get_residual(GuardCheck *g, void *c)
+{
+    return Py_NewRef(g->residual != NULL ? g->residual : Py_None);
+}
+
+static PyGetSetDef GuardCheck_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
+    {"program", (getter)GuardCheck_get_program, NULL, "the instructions, as built", NULL},
+    {"residual", (getter)GuardCheck_get_residual, NULL, "Python check of the other guards", NULL},
+    {NULL},
+};
+
+PyTypeObject FTGuardCheckType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "frametrace._C.GuardCheck",
+    .tp_basicsize = sizeof(GuardCheck),
+    .tp_dealloc = (destructor)GuardCheck_dealloc,
+    .tp_vectorcall_offset = offsetof(GuardCheck, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_BASETYPE,
+    .tp_doc = "GuardCheck(nargs, program, residual=None, dispatch=None): an entry's guards, "
+              "run in C; called with the argument slots and the function, returns a bool.",
+    .tp_traverse = (traverseproc)GuardCheck_traverse,
+    .tp_clear = (inquiry)GuardCheck_clear,
+    .tp_getset = GuardCheck_getset,
+    .tp_dictoffset = offsetof(GuardCheck, dict),
+    .tp_weaklistoffset = offsetof(GuardCheck, weakrefs),
+    .tp_new = GuardCheck_new,
+};
+
+int
+ft_guards_init(PyObject *m)
+{
+    if (PyType_Ready(&FTGuardCheckType) < 0) {
+        return -1;
+    }
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
+    INTERN(s_dtype, "dtype");
+    INTERN(s_device, "device");
+    INTERN(s_shape, "shape");
+    INTERN(s_stride, "stride");
+    INTERN(s_requires_grad, "requires_grad");
+    INTERN(s_is_conj, "is_conj");
+    INTERN(s_is_neg, "is_neg");
+    INTERN(s_getattr, "__getattr__");
+    INTERN(s_getattribute, "__getattribute__");
+    INTERN(s_dict, "__dict__");
+    INTERN(s_stores[0], "_parameters");
+    INTERN(s_stores[1], "_buffers");
+    INTERN(s_stores[2], "_modules");
+    object_getattribute = _PyType_Lookup(&PyBaseObject_Type, s_getattribute);
+    if (object_getattribute == NULL) {
+        return -1;
+    }
+    Py_INCREF(object_getattribute);
+#undef INTERN
+    static const char *names[] = {
+        "ARG", "CONST", "ATTR", "ITEM", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
+        "LEN", "LEN_ANY", "KEYS", "TUPLE_EQ", "CONTAINS", "NOT_CONTAINS", "FALSY", "HASATTR",
+        "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ"};
+    _Static_assert(sizeof(names) / sizeof(names[0]) == OP_COUNT, "one name per op");
+    PyObject *ops = PyDict_New();
+    if (ops == NULL) {
+        return -1;
+    }
+    for (int i = 0; i < OP_COUNT; i++) {
+        PyObject *v = PyLong_FromLong(i);
+        if (v == NULL || PyDict_SetItemString(ops, names[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(ops);
+            return -1;
+        }
+        Py_DECREF(v);
+    }
+    if (PyModule_AddObject(m, "GUARD_OPS", ops) < 0) {
+        Py_DECREF(ops);
+        return -1;
+    }
+    return PyModule_AddObjectRef(m, "GuardCheck", (PyObject *)&FTGuardCheckType);
+}
