@@ -27,7 +27,7 @@ from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
-from .variables.functions import BoundMethodVar, Cell, NestedFunctionVar, PartialVar
+from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 
@@ -78,9 +78,9 @@ counters: Counter = Counter()
 
 
 # --------------------------------------------------------------------------- skipping
-def _package_dirs():
+def _package_dirs(names):
     dirs = []
-    for name in config.skip_packages:
+    for name in names:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
@@ -104,7 +104,8 @@ def _paths():
         stdlib = tuple({os.path.realpath(paths["stdlib"]), os.path.realpath(paths["platstdlib"])})
         sites = tuple({os.path.realpath(p) for p in
                        [paths["purelib"], paths["platlib"], *site.getsitepackages()]})
-        _layout = (stdlib, sites, _package_dirs())
+        _layout = (stdlib, sites, _package_dirs(config.skip_packages),
+                   _package_dirs(TRACED_TORCH_PACKAGES))
     return _layout
 
 
@@ -118,8 +119,10 @@ def is_skipped_file(filename: str) -> bool:
         hit = filename.startswith(("<frozen", "<eval_with_key", "<frametrace"))
     else:
         path = os.path.realpath(filename)
-        stdlib, sites, packages = _paths()
-        if any(path.startswith(p + os.sep) or path == p for p in packages):
+        stdlib, sites, packages, traced = _paths()
+        if any(path.startswith(p + os.sep) for p in traced):
+            hit = False
+        elif any(path.startswith(p + os.sep) or path == p for p in packages):
             hit = True
         elif any(path.startswith(p + os.sep) for p in stdlib):
             hit = not any(path.startswith(s + os.sep) for s in sites)

@@ -200,6 +200,10 @@ class ObjectVar(ValueVar):
             return cached_call(tx, self, args, kwargs)
         if value in _GLOBAL_STATE_READERS and not args and not kwargs:
             return _read_global_state(tx, value)
+        from .optimizers import trace_time_call
+        made = trace_time_call(tx, value, args, kwargs)
+        if made is not None:
+            return made
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if isinstance(value, types.MethodDescriptorType) and args and _all_const(args, kwargs) \

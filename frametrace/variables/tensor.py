@@ -8,6 +8,7 @@ import torch
 from . import tensor_attrs
 from .base import Var, unsupported
 from .constant import ConstVar
+from .optimizers import tensor_scalar_method
 from .scalars import SCALAR_METHODS, capturing, scalar_method
 
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
@@ -83,6 +84,9 @@ class TensorVar(Var):
                 unsupported("storage_offset() of a tensor computed in the graph")
             tx.guards.storage_offset(inp.source, inp.value)
             return ConstVar(inp.value.storage_offset())
+        made = tensor_scalar_method(tx, self, name, args, kwargs)
+        if made is not None:
+            return made
         return tx.output.call("call_method", name, (self, *args), kwargs)
 
     def getitem(self, tx, key):
