@@ -334,6 +334,10 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
         if _is_state_writer(fn):
             unsupported(f"torch.{fn.__name__} changes global state")
+        from .optimizers import foreach_tensor_scalars
+        made = foreach_tensor_scalars(tx, fn, args, kwargs)
+        if made is not None:
+            return made
         out = tx.output.call("call_function", fn, tuple(args), kwargs)
         if not args and not kwargs and isinstance(out, (ConstVar, ListVar)):
             # Computed from nothing but torch's global state, which nothing guards.

@@ -134,3 +134,35 @@ def tensor_scalar_method(tx, self, name, args, kwargs):
         term = call("call_function", torch.mul, (scalar, args[0]), {})
     method = "sub_" if name == "sub_" else "add_"
     return call("call_method", method, (self, term), {})
+
+
+def _foreach_ops():
+    f = {"_foreach_addcdiv_": ("_foreach_div_", True), "_foreach_addcdiv": ("_foreach_div_", False),
+         "_foreach_addcmul_": ("_foreach_mul_", True), "_foreach_addcmul": ("_foreach_mul_", False)}
+    return {getattr(torch, k): (getattr(torch, v[0]), v[1]) for k, v in f.items() if hasattr(torch, k)}
+
+
+_FOREACH_SCALARS = _foreach_ops()
+
+
+def foreach_tensor_scalars(tx, fn, args, kwargs):
+    """`torch._foreach_addcdiv_(xs, t1s, t2s, scalars)` (addcmul too) whose scalars are
+    one 1-d tensor (what the foreach Adam step passes when compiling): the op's
+    arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as foreach ops over the same lists,
+    in the op's order.  ATen's kernel reads that tensor on the host (and FakeTensors
+    cannot give it one).  Else None."""
+    from .containers import ListVar
+    from .tensor import TensorVar
+    spec = _FOREACH_SCALARS.get(fn)
+    if spec is None or kwargs or len(args) != 4 or not isinstance(args[3], TensorVar) or \
+            args[3].example.dim() != 1:
+        return None
+    combine_, inplace = spec
+    call = tx.output.call
+    scalars = ListVar(call("call_method", "unbind", (args[3],), {}).unpack(tx))
+    term = call("call_function", torch._foreach_mul, (scalars, args[1]), {})
+    call("call_function", combine_, (term, args[2]), {})
+    if inplace:
+        call("call_function", torch._foreach_add_, (args[0], term), {})
+        return ConstVar(None)
+    return call("call_function", torch._foreach_add, (args[0], term), {})
