@@ -172,6 +172,9 @@ class UserFunctionVar(Var):
 
     def getattr(self, tx, name):
         from .builder import wrap
+        if name == "__get__" and "__get__" not in getattr(self.fn, "__dict__", {}):
+            from .objects import MethodVar
+            return MethodVar(self, name)
         try:
             value = getattr(self.fn, name)
         except AttributeError:
@@ -179,6 +182,14 @@ class UserFunctionVar(Var):
         # The function is fixed by identity, its attributes are not (`f.k = 2`).
         base = self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
         return wrap(tx, value, AttrSource(base, name))
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__get__" and 1 <= len(args) <= 2 and not kwargs and \
+                not (args[0].is_const() and args[0].as_const() is None):
+            # `fn.__get__(obj, cls)`: the method bound to obj (a wrapper that rebinds
+            # the function it wraps, as the LR schedulers' patched `optimizer.step`).
+            return BoundMethodVar(self, args[0])
+        return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg):
         # Fixed by identity where the trace took it from (a class's dict, guarded there).

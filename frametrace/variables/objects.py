@@ -601,7 +601,9 @@ def _construct(tx, cls, args, kwargs):
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):
         return construct_container_subclass(tx, cls, args, kwargs)
-    if not module.startswith(("torch", "builtins")) and not issubclass(cls, torch.nn.Module) and \
+    from .functions import in_traced_torch_package
+    if (in_traced_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
+            not issubclass(cls, torch.nn.Module) and \
             (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
         from .user_objects import construct_user_object
         return construct_user_object(tx, cls, args, kwargs)
