@@ -218,6 +218,38 @@ def test_hand_written_step_skips_parameters_without_grad():
     assert r.breaks == 0 and r.per_step[3] == 0, (r, r.per_step)
 
 
+def functional_adamw(model, st, lr=0.01, b1=0.9, b2=0.999):
+    st["t"] += 1
+    t = st["t"]
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if p not in st["m"]:
+            st["m"][p] = torch.zeros_like(p)
+            st["v"][p] = torch.zeros_like(p)
+        m, v = st["m"][p], st["v"][p]
+        with torch.no_grad():
+            m.mul_(b1).add_(p.grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            p.sub_(lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + 1e-8))
+
+
+def test_adamw_over_model_parameters_with_state_keyed_by_parameter(monkeypatch):
+    # The state dict is made empty, filled in the first compiled call (keys: the
+    # parameters) and read back, keyed by tensors, in the next ones; the step count
+    # is a dict entry.
+    def make():
+        return mlp(), {"t": 0, "m": {}, "v": {}}
+
+    def snap(objs):
+        m, st = objs
+        return [{k: v.detach() for k, v in m.named_parameters()}, st["t"],
+                list(st["m"].values()), list(st["v"].values())]
+    monkeypatch.setattr(sys.modules[__name__], "_snap", snap)
+    r = run_steps(make, functional_adamw, steps=6, prep=lambda m, st, x: m(x).sum().backward())
+    assert r.breaks == 0 and r.per_step == [1, 1, 1, 0, 0, 0], (r, r.per_step)
+
+
 def _with_scheduler():
     m = mlp()
     opt = torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
