@@ -129,6 +129,16 @@ def test_optimizer_step_is_one_graph_without_recompiles(name, backend):
     assert r.per_step == [1, 1, 0, 0] and r.graphs == 2, (r, r.per_step)
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("name", ["Adamax", "NAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop"])
+def test_other_torch_optimizers_compile_without_breaks(name, foreach):
+    def make():
+        m = mlp()
+        return m, getattr(torch.optim, name)(m.parameters(), foreach=foreach)
+    r = run_steps(make, step, steps=4, prep=backward, backend="aot_eager", atol=1e-5)
+    assert r.breaks == 0 and r.fallbacks == 0 and sum(r.per_step[2:]) == 0, (r, r.per_step)
+
+
 @pytest.mark.parametrize("name", sorted(PLAIN))
 def test_stateless_sgd_step_compiles_once(name):
     r = run_steps(_make(PLAIN[name]), step, steps=4, prep=backward)

@@ -147,20 +147,26 @@ _FOREACH_SCALARS = _foreach_ops()
 
 def foreach_tensor_scalars(tx, fn, args, kwargs):
     """`torch._foreach_addcdiv_(xs, t1s, t2s, scalars)` (addcmul too) whose scalars are
-    one 1-d tensor (what the foreach Adam step passes when compiling): the op's
+    one 1-d tensor (what the foreach Adam step passes when compiling) or a list of 0-d
+    tensors (Adamax's): the op's
     arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as foreach ops over the same lists,
     in the op's order.  ATen's kernel reads that tensor on the host (and FakeTensors
     cannot give it one).  Else None."""
     from .containers import ListVar
     from .tensor import TensorVar
     spec = _FOREACH_SCALARS.get(fn)
-    if spec is None or kwargs or len(args) != 4 or not isinstance(args[3], TensorVar) or \
-            args[3].example.dim() != 1:
+    if spec is None or kwargs or len(args) != 4:
         return None
     combine_, inplace = spec
     call = tx.output.call
-    scalars = ListVar(call("call_method", "unbind", (args[3],), {}).unpack(tx))
-    term = call("call_function", torch._foreach_mul, (scalars, args[1]), {})
+    scalars = args[3]
+    if isinstance(scalars, TensorVar) and scalars.example.dim() == 1:
+        scalars = ListVar(call("call_method", "unbind", (scalars,), {}).unpack(tx))
+    elif not (isinstance(scalars, ListVar) and scalars.items and
+              all(isinstance(s, TensorVar) and s.example.dim() == 0 for s in scalars.items)):
+        return None         # (a list of 0-d tensors: Adamax's step sizes, compiled)
+    # (t1 first: its device, where the scalars may be CPU tensors; a * b == b * a)
+    term = call("call_function", torch._foreach_mul, (args[1], scalars), {})
     call("call_function", combine_, (term, args[2]), {})
     if inplace:
         call("call_function", torch._foreach_add_, (args[0], term), {})
