@@ -151,6 +151,19 @@ def test_step_and_zero_grad_in_one_graph(name):
     assert r.breaks == 0 and r.per_step == [1, 1, 0, 0] and r.graphs == 2, (r, r.per_step)
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+def test_zero_grad_keeping_grads_zeroes_them_in_the_graph(foreach):
+    def step_zero_keep(m, opt):
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    def make():
+        m = mlp()
+        return m, torch.optim.AdamW(m.parameters(), lr=0.01, foreach=foreach)
+    r = run_steps(make, step_zero_keep, steps=4, prep=backward, backend="aot_eager")
+    assert r.breaks == 0 and r.per_step == [1, 1, 0, 0], (r, r.per_step)
+
+
 def test_optimize_the_bound_step_itself():
     torch.manual_seed(0)
     m = mlp()

@@ -49,6 +49,9 @@ class TensorVar(Var):
             return tx.output.call("call_function", getattr, (self, ConstVar(name)), {})
         if name == "grad":
             return tensor_attrs.grad(tx, self)
+        if name == "grad_fn" and not self.example.requires_grad:
+            # (requires_grad is guarded: a tensor that needs no grad has no grad_fn)
+            return ConstVar(None)
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
             return tensor_attrs.python_attr(tx, self, name)
