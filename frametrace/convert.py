@@ -561,6 +561,12 @@ def _guard_aliasing(output, guards, side_effects):
                     guards.tensor_aliasing(first.source, second.source, key_a == key_b,
                                            first.value, second.value)
                     pairs += 1
+    if output.tensor_keyed_reads:
+        # A lookup in a dict keyed by tensors (an optimizer's state) found a key, or did
+        # not, by identity: the tensor inputs are as many distinct objects as traced.
+        sources = output.tensor_input_sources
+        if len(sources) > 1:
+            guards.distinct(sources)
     # Mutable objects guarded by type (lists, dicts, user objects): the trace took
     # two paths to different objects as different objects (a mutation through one
     # is not seen through the other; `a is b` folded to False).  Paths to the same

@@ -334,3 +334,15 @@ def test_new_param_group_and_new_parameter_recompile():
     # Steps 1, 2 (state), 3, 4 (the new group, its state), 5, 6 (the new parameter, its
     # state); never a stale graph (the values are compared after every step).
     assert r.breaks == 0 and r.per_step[-1] == 0 and r.graphs <= 6, (r, r.per_step)
+
+
+def test_lookup_in_dict_keyed_by_tensors_sees_a_key_become_the_tensor_looked_up():
+    from differential import check
+
+    def f(state, p, q):
+        if p in state:
+            return state[p] * 2
+        return q + 1
+    k, p, v, q = torch.randn(3), torch.randn(3), torch.randn(3), torch.randn(3)
+    # Call 1: p is another tensor than the key; call 2: the key is p itself.
+    check(f, [({k: v}, p, q), ({p: v}, p, q), ({k: v}, p, q)])

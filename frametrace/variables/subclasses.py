@@ -748,6 +748,7 @@ def wrap_tensor_keyed_dict(tx, value, source, guards):
             not all(type(k) in (str, int) or isinstance(k, torch.Tensor) for k in value):
         return None
     g = guards is not None
+    tx.output.tensor_keyed_reads = True
     if g:
         e = source.guard_expr()
         guards._add(source, "LEN", f"___type({e}) is {guards.const(cls)} and ___len({e}) == {len(value)}",
