@@ -375,7 +375,10 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
                 new_code = None
             except Exception as e2:
                 # Building the break (its code, a resume function) failed: our bug, and
-                # the frame still runs correctly in CPython.
+                # the frame still runs correctly in CPython.  (Unless it failed for a
+                # symbolic number, as AOTAutograd's restart for a float it cannot keep
+                # symbolic: then the static compile first.)
+                retry_static(f"{type(e2).__name__}: {e2}")
                 counters["internal_error"] += 1
                 _log_internal_error(code, [tracer.user_location()], e2)
                 _uninstall(installed)
