@@ -148,10 +148,9 @@ _FOREACH_SCALARS = _foreach_ops()
 def foreach_tensor_scalars(tx, fn, args, kwargs):
     """`torch._foreach_addcdiv_(xs, t1s, t2s, scalars)` (addcmul too) whose scalars are
     one 1-d tensor (what the foreach Adam step passes when compiling) or a list of 0-d
-    tensors (Adamax's): the op's
-    arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as foreach ops over the same lists,
-    in the op's order.  ATen's kernel reads that tensor on the host (and FakeTensors
-    cannot give it one).  Else None."""
+    tensors (Adamax's): the op's arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as
+    foreach ops over the same lists, in the op's order.  ATen's kernel reads those
+    scalars on the host (and FakeTensors cannot give them).  Else None."""
     from .containers import ListVar
     from .tensor import TensorVar
     spec = _FOREACH_SCALARS.get(fn)
@@ -164,7 +163,7 @@ def foreach_tensor_scalars(tx, fn, args, kwargs):
         scalars = ListVar(call("call_method", "unbind", (scalars,), {}).unpack(tx))
     elif not (isinstance(scalars, ListVar) and scalars.items and
               all(isinstance(s, TensorVar) and s.example.dim() == 0 for s in scalars.items)):
-        return None         # (a list of 0-d tensors: Adamax's step sizes, compiled)
+        return None
     # (t1 first: its device, where the scalars may be CPU tensors; a * b == b * a)
     term = call("call_function", torch._foreach_mul, (args[1], scalars), {})
     call("call_function", combine_, (term, args[2]), {})
