@@ -356,3 +356,16 @@ def test_lookup_in_dict_keyed_by_tensors_sees_a_key_become_the_tensor_looked_up(
     k, p, v, q = torch.randn(3), torch.randn(3), torch.randn(3), torch.randn(3)
     # Call 1: p is another tensor than the key; call 2: the key is p itself.
     check(f, [({k: v}, p, q), ({p: v}, p, q), ({k: v}, p, q)])
+
+
+def test_optimizer_made_and_stepped_in_the_compiled_function():
+    from differential import check
+
+    def make_and_step(m, x):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+        m(x).sum().backward()
+        opt.step()
+        return opt.state[m[0].weight]["exp_avg"]
+    torch.manual_seed(0)
+    r = check(make_and_step, [(mlp(), torch.randn(4, 4)), (mlp(), torch.randn(2, 4))])
+    assert r.breaks >= 1 and all("backward" in why for why in r.reasons()), r
