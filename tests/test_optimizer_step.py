@@ -371,3 +371,13 @@ def test_optimizer_made_and_stepped_in_the_compiled_function():
     torch.manual_seed(0)
     r = check(make_and_step, [(mlp(), torch.randn(4, 4)), (mlp(), torch.randn(2, 4))])
     assert r.breaks >= 1 and all("backward" in why for why in r.reasons()), r
+
+
+def test_step_traced_after_torch_dynamo_disabled_init_group():
+    # Once torch._dynamo is used in the process (torch.compile beside frametrace), it
+    # wraps every optimizer's _init_group in its own disable: still our plain Python.
+    import torch._dynamo.eval_frame
+    torch._dynamo.eval_frame.TorchPatcher.patch()
+    assert getattr(torch.optim.AdamW._init_group, "_torchdynamo_disable", False)
+    r = run_steps(_make(OPTIMIZERS["adamw_foreach"]), step_zero, steps=3, prep=backward)
+    assert r.breaks == 0 and r.per_step == [1, 1, 0], (r, r.per_step)

@@ -54,22 +54,31 @@ _DISABLE_DYNAMO_CODE = _disable_dynamo_code()
 
 
 def dynamo_disabled_traced(fn):
-    """The function inside torch's `_disable_dynamo` wrapper `fn` when it is one of
-    the traced torch packages' (`Optimizer.zero_grad`, `add_param_group`), else None.
+    """The function inside torch's `_disable_dynamo` (or torch._dynamo.disable) wrapper
+    `fn` when it is one of the traced torch packages' (`Optimizer.zero_grad`,
+    `add_param_group`, `_init_group`), else None.
     torch keeps Dynamo out of these; they are plain Python over parameters and their
     `.grad` (set to None, zeroed), which we trace like the step."""
     from .functions import in_traced_torch_package
-    if fn.__code__ is not _DISABLE_DYNAMO_CODE or not fn.__closure__:
-        return None
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
-    try:
-        inner = cells["fn"].cell_contents
-    except (KeyError, ValueError):
-        return None
+    inner = _dynamo_disabled_original(fn)
     if not isinstance(inner, types.FunctionType) or \
             not in_traced_torch_package(getattr(inner, "__module__", "") or ""):
         return None
     return inner
+
+
+def _dynamo_disabled_original(fn):
+    if fn.__code__ is _DISABLE_DYNAMO_CODE and fn.__closure__:
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+        try:
+            return cells["fn"].cell_contents
+        except (KeyError, ValueError):
+            return None
+    # torch._dynamo.disable(fn), which torch._dynamo puts on every optimizer's
+    # `_init_group` once it is used in the process (torch.compile beside us).
+    if getattr(fn, "_torchdynamo_disable", False) is True:
+        return getattr(fn, "_torchdynamo_orig_callable", None)
+    return None
 
 
 def call_use_grad(tx, inner, args, kwargs):
