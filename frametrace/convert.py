@@ -27,7 +27,7 @@ from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
-from .variables.functions import BoundMethodVar, Cell, NestedFunctionVar, PartialVar
+from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 
@@ -79,9 +79,9 @@ counters: Counter = Counter()
 
 
 # --------------------------------------------------------------------------- skipping
-def _package_dirs():
+def _package_dirs(names):
     dirs = []
-    for name in config.skip_packages:
+    for name in names:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
@@ -105,7 +105,8 @@ def _paths():
         stdlib = tuple({os.path.realpath(paths["stdlib"]), os.path.realpath(paths["platstdlib"])})
         sites = tuple({os.path.realpath(p) for p in
                        [paths["purelib"], paths["platlib"], *site.getsitepackages()]})
-        _layout = (stdlib, sites, _package_dirs())
+        _layout = (stdlib, sites, _package_dirs(config.skip_packages),
+                   _package_dirs(TRACED_TORCH_PACKAGES))
     return _layout
 
 
@@ -119,8 +120,10 @@ def is_skipped_file(filename: str) -> bool:
         hit = filename.startswith(("<frozen", "<eval_with_key", "<frametrace"))
     else:
         path = os.path.realpath(filename)
-        stdlib, sites, packages = _paths()
-        if any(path.startswith(p + os.sep) or path == p for p in packages):
+        stdlib, sites, packages, traced = _paths()
+        if any(path.startswith(p + os.sep) for p in traced):
+            hit = False
+        elif any(path.startswith(p + os.sep) or path == p for p in packages):
             hit = True
         elif any(path.startswith(p + os.sep) for p in stdlib):
             hit = not any(path.startswith(s + os.sep) for s in sites)
@@ -380,7 +383,10 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
                 break
             except Exception as e2:
                 # Building the break (its code, a resume function) failed: our bug, and
-                # the frame still runs correctly in CPython.
+                # the frame still runs correctly in CPython.  (Unless it failed for a
+                # symbolic number, as AOTAutograd's restart for a float it cannot keep
+                # symbolic: then the static compile first.)
+                retry_static(f"{type(e2).__name__}: {e2}")
                 counters["internal_error"] += 1
                 _log_internal_error(code, [tracer.user_location()], e2)
                 _uninstall(installed)
@@ -647,6 +653,12 @@ def _guard_aliasing(output, guards, side_effects):
                     guards.tensor_aliasing(first.source, second.source, key_a == key_b,
                                            first.value, second.value)
                     pairs += 1
+    if output.tensor_keyed_reads:
+        # A lookup in a dict keyed by tensors (an optimizer's state) found a key, or did
+        # not, by identity: the tensor inputs are as many distinct objects as traced.
+        sources = output.tensor_input_sources
+        if len(sources) > 1:
+            guards.distinct(sources)
     # Mutable objects guarded by type (lists, dicts, user objects): the trace took
     # two paths to different objects as different objects (a mutation through one
     # is not seen through the other; `a is b` folded to False).  Paths to the same

@@ -106,6 +106,10 @@ class OutputGraph:
         # function): an exception out of the graph leaves those in effect, as CPython does.
         self.unscoped_grad: set = set()
         self.outer_grad = None          # see variables/builder.py (GradModeRestore)
+        # A dict from outside keyed by tensors was read (variables/subclasses.py): its
+        # lookups compared tensor inputs by identity, so they must stay distinct.
+        self.tensor_keyed_reads = False
+        self.tensor_input_sources: list = []    # every tensor input's, pruned ones too
         # Array inputs with their sources, kept apart from every other input in memory
         # (variables/numpy.py); frame-wide, so a subgraph's reads share it.
         self.numpy_inputs: list = []
@@ -167,6 +171,7 @@ class OutputGraph:
                 keep_tensor_apart(self, value, source)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
+        self.tensor_input_sources.append(source)
         self._input_fakes[id(fake)] = fake
         self.inputs.append(inp)
         self._input_by_id[id(value)] = inp

@@ -1524,6 +1524,14 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):
             return False
+    if isinstance(a, (TupleVar, ListVar, DictVar)) or isinstance(b, (TupleVar, ListVar, DictVar)):
+        # Objects of two different types are two objects (a tuple default `is` a
+        # sentinel object: torch.optim's `required`).
+        try:
+            if a.python_type() is not b.python_type():
+                return False
+        except Exception:
+            pass
     unsupported(f"'is' between {a} and {b}")
 
 

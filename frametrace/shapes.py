@@ -234,7 +234,14 @@ class ShapePolicy:
         return self.dynamic is not False
 
     def dynamic_int(self, source, value: int) -> bool:
-        if type(value) is not int or value in (0, 1):
+        if type(value) is not int:
+            return False
+        if value in (0, 1):
+            # Specialized, as sizes 0 and 1 are; but seen, so that a counter starting
+            # at 0 (a step count) is symbolic from its third value, not its fourth.
+            if self.dynamic is not False and _is_argument(source):
+                key = ("int", source.name())
+                self.seen[key] = None if self.seen.get(key, value) != value else value
             return False
         return self._dynamic_number(source, value, "int")
 

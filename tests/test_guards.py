@@ -158,7 +158,8 @@ def test_cache_size_limit_falls_back_with_one_warning(cnt):
 
     def f(x, n):
         return x + n
-    g = compile_with(cnt, f)
+    # (static ints: with automatic dynamic, n = 2 would make n symbolic)
+    g = compile_with(cnt, f, dynamic=False)
     x = torch.randn(2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -30,7 +30,7 @@ from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
 from .higher_order import higher_order_var
 from .functorch import functorch_var
 from .autograd_function import autograd_function_apply_var
-from .functions import BoundMethodVar, PartialVar, UserFunctionVar, is_inlinable
+from .functions import BoundMethodVar, PartialVar, UserFunctionVar, in_traced_torch_package, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
@@ -93,7 +93,12 @@ def wrap(tx, value, source, guard: bool = True):
                                guard) for k, v in value.items()}, source)
         tx.output.object_vars[id(value)] = (value, var)
         return var
-    from .subclasses import wrap_container_subclass
+    from .subclasses import wrap_container_subclass, wrap_tensor_keyed_dict
+    if type(value) is dict:
+        var = wrap_tensor_keyed_dict(tx, value, source, guards)
+        if var is not None:
+            tx.output.object_vars[id(value)] = (value, var)
+            return var
     var = wrap_container_subclass(tx, value, source, guards) if type(value).__module__ != "builtins" \
         and isinstance(value, (dict, list, tuple)) else None
     if var is None:
@@ -268,6 +273,8 @@ def _is_user_instance(value) -> bool:
         return False
     cls = type(value)
     module = getattr(cls, "__module__", "") or ""
+    if in_traced_torch_package(module):
+        return True             # an optimizer, an LR scheduler: Python objects we trace
     if module == "builtins" or module.startswith(("torch", "typing", "enum")) or \
             (module.startswith("_") and module != "__main__") or \
             module.split(".")[0] in sys.stdlib_module_names:

@@ -144,6 +144,13 @@ class UserFunctionVar(Var):
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
             from .user_objects import deepcopy_var
             return deepcopy_var(tx, args[0], {})
+        from .optimizers import call_use_grad, dynamo_disabled_traced, use_grad_wrapped
+        step = use_grad_wrapped(fn)
+        if step is not None:
+            return call_use_grad(tx, step, args, kwargs)
+        traced = dynamo_disabled_traced(fn)
+        if traced is not None:
+            return UserFunctionVar(traced).call(tx, args, kwargs)
         grad_decorated = _grad_mode_decorator(fn)
         if grad_decorated is not None:
             mode, inner = grad_decorated
@@ -165,6 +172,9 @@ class UserFunctionVar(Var):
 
     def getattr(self, tx, name):
         from .builder import wrap
+        if name == "__get__" and "__get__" not in getattr(self.fn, "__dict__", {}):
+            from .objects import MethodVar
+            return MethodVar(self, name)
         try:
             value = getattr(self.fn, name)
         except AttributeError:
@@ -172,6 +182,14 @@ class UserFunctionVar(Var):
         # The function is fixed by identity, its attributes are not (`f.k = 2`).
         base = self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
         return wrap(tx, value, AttrSource(base, name))
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__get__" and 1 <= len(args) <= 2 and not kwargs and \
+                not (args[0].is_const() and args[0].as_const() is None):
+            # `fn.__get__(obj, cls)`: the method bound to obj (a wrapper that rebinds
+            # the function it wraps, as the LR schedulers' patched `optimizer.step`).
+            return BoundMethodVar(self, args[0])
+        return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg):
         # Fixed by identity where the trace took it from (a class's dict, guarded there).
@@ -437,6 +455,14 @@ def _make_partial(fn, args, kwargs):
 # torch's pure-Python helpers over containers, which make no graph ops: traced through.
 _INLINED_TORCH_MODULES = frozenset({"torch.utils._pytree"})
 
+# torch packages of plain Python over tensors that are programs to capture, as the
+# user's own code is (torch.compile inlines them too): the optimizers' steps.
+TRACED_TORCH_PACKAGES = ("torch.optim",)
+
+
+def in_traced_torch_package(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in TRACED_TORCH_PACKAGES)
+
 
 def is_inlinable(fn) -> bool:
     """Python functions whose bytecode the tracer runs: user code, and torch.nn module
@@ -446,7 +472,7 @@ def is_inlinable(fn) -> bool:
     module = getattr(fn, "__module__", None) or ""
     if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
         return True
-    if module in _INLINED_TORCH_MODULES:
+    if module in _INLINED_TORCH_MODULES or in_traced_torch_package(module):
         return True
     if module == "torch" or module.startswith("torch.") or module.startswith("frametrace"):
         return False

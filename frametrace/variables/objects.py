@@ -251,6 +251,10 @@ class ObjectVar(ValueVar):
             return cached_call(tx, self, args, kwargs)
         if value in _GLOBAL_STATE_READERS and not args and not kwargs:
             return _read_global_state(tx, value)
+        from .optimizers import trace_time_call
+        made = trace_time_call(tx, value, args, kwargs)
+        if made is not None:
+            return made
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if isinstance(value, types.MethodDescriptorType) and args and _all_const(args, kwargs) \
@@ -435,6 +439,10 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
         if _is_state_writer(fn):
             unsupported(f"torch.{fn.__name__} changes global state")
+        from .optimizers import foreach_tensor_scalars
+        made = foreach_tensor_scalars(tx, fn, args, kwargs)
+        if made is not None:
+            return made
         out = tx.output.call("call_function", fn, tuple(args), kwargs)
         if not args and not kwargs and isinstance(out, (ConstVar, ListVar)):
             # Computed from nothing but torch's global state, which nothing guards.
@@ -698,7 +706,9 @@ def _construct(tx, cls, args, kwargs):
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):
         return construct_container_subclass(tx, cls, args, kwargs)
-    if not module.startswith(("torch", "builtins")) and not issubclass(cls, torch.nn.Module) and \
+    from .functions import in_traced_torch_package
+    if (in_traced_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
+            not issubclass(cls, torch.nn.Module) and \
             (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
         from .user_objects import construct_user_object
         return construct_user_object(tx, cls, args, kwargs)

@@ -20,6 +20,8 @@ import collections
 import operator
 import types
 
+import torch
+
 from .attributes import MISSING, InstanceAttrs
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -711,8 +713,10 @@ def _wrap_stdlib_dict(tx, value, source, guards):
     from .builder import wrap
     from .stdlib import DefaultDictVar, OrderedDictVar
     cls = type(value)
-    if not all(type(k) in (str, int) for k in value) or getattr(value, "__dict__", None):
+    if getattr(value, "__dict__", None):
         return None             # (attributes, as a state_dict's _metadata: an object as before)
+    if not all(type(k) in (str, int) for k in value):
+        return wrap_tensor_keyed_dict(tx, value, source, guards)
     keys = tuple(cls.keys(value))
     if guards is not None:
         guards.type_match(source, value)
@@ -725,4 +729,41 @@ def _wrap_stdlib_dict(tx, value, source, guards):
         return OrderedDictVar(items, source)
     factory = wrap(tx, value.default_factory,
                    AttrSource(source, "default_factory") if source is not None else None, g)
+    return DefaultDictVar(factory, items, source)
+
+
+def wrap_tensor_keyed_dict(tx, value, source, guards):
+    """A dict, OrderedDict or defaultdict from outside keyed by tensors (and constants):
+    an optimizer's `state`, keyed by its parameters.  Guarded by type and length; each
+    key is read as the i-th of its keys (a tensor input, one Var per tensor, so a
+    lookup by a parameter read elsewhere finds it, guarded to be the same object) and
+    each value as the i-th of its values.  None for other keys, or without a source."""
+    from ..source import AttrSource, CallMethodSource, GetItemSource
+    from .builder import wrap
+    from .containers import _dict_key
+    from .stdlib import DefaultDictVar, OrderedDictVar
+    from .tensor import TensorVar
+    cls = type(value)
+    if source is None or cls not in (dict, collections.OrderedDict, collections.defaultdict) or \
+            not all(type(k) in (str, int) or isinstance(k, torch.Tensor) for k in value):
+        return None
+    g = guards is not None
+    tx.output.tensor_keyed_reads = True
+    if g:
+        e = source.guard_expr()
+        guards._add(source, "LEN", f"___type({e}) is {guards.const(cls)} and ___len({e}) == {len(value)}",
+                    f"type({source.name()}) is {cls.__name__} and len({source.name()}) == {len(value)}")
+    keys = CallMethodSource(source, "keys", as_list=True)
+    values = CallMethodSource(source, "values", as_list=True)
+    items = {}
+    for i, (k, v) in enumerate(dict.items(value)):
+        key = wrap(tx, k, GetItemSource(keys, i), g)
+        if not isinstance(key, TensorVar) and not key.is_const():
+            return None
+        items[_dict_key(key)] = wrap(tx, v, GetItemSource(values, i), g)
+    if cls is dict:
+        return DictVar(items, source)
+    if cls is collections.OrderedDict:
+        return OrderedDictVar(items, source)
+    factory = wrap(tx, value.default_factory, AttrSource(source, "default_factory"), g)
     return DefaultDictVar(factory, items, source)

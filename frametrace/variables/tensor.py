@@ -8,6 +8,7 @@ import torch
 from . import tensor_attrs
 from .base import Var, unsupported
 from .constant import ConstVar
+from .optimizers import tensor_scalar_method
 from .scalars import SCALAR_METHODS, capturing, scalar_method
 
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
@@ -60,6 +61,9 @@ class TensorVar(Var):
             return tx.output.call("call_function", getattr, (self, ConstVar(name)), {})
         if name == "grad":
             return tensor_attrs.grad(tx, self)
+        if name == "grad_fn" and not self.example.requires_grad:
+            # (requires_grad is guarded: a tensor that needs no grad has no grad_fn)
+            return ConstVar(None)
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
             return tensor_attrs.python_attr(tx, self, name)
@@ -95,6 +99,9 @@ class TensorVar(Var):
                 unsupported("storage_offset() of a tensor computed in the graph")
             tx.guards.storage_offset(inp.source, inp.value)
             return ConstVar(inp.value.storage_offset())
+        made = tensor_scalar_method(tx, self, name, args, kwargs)
+        if made is not None:
+            return made
         return tx.output.call("call_method", name, (self, *args), kwargs)
 
     def getitem(self, tx, key):

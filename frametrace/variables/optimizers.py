@@ -1,0 +1,182 @@
+"""torch.optim's step traced as the user's own code (as torch.compile inlines it).
+
+The optimizers are plain Python over parameters, gradients and state tensors; what this
+module adds is what their code asks of a compiler:
+
+- `Optimizer.step` is wrapped by `_use_grad_for_differentiable`, which sets grad mode
+  to the optimizer's `differentiable` flag and asks torch.compile for a graph break on
+  each side (so that AOTAutograd sees an inference graph).  The break is a hint about
+  Dynamo's graphs, not part of the program: we trace the step under that grad mode, in
+  the caller's graph.
+- The helpers that list the devices with foreach/fused kernels are fixed for the life
+  of the process: evaluated at trace time.
+- Compiled, `_get_value(step)` keeps the step counter a tensor (so that a new step is
+  not a new constant), and the updates then pass 0-d tensors where eager passes Python
+  numbers (`addcdiv_(..., value=-step_size)`).  ATen would read such a scalar with
+  `.item()`: we write the op out as the arithmetic it stands for, in the graph.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .base import unsupported
+from .constant import ConstVar
+
+
+def _use_grad_code():
+    from torch.optim.optimizer import _use_grad_for_differentiable
+    return _use_grad_for_differentiable(lambda self: None).__code__
+
+
+_USE_GRAD_CODE = _use_grad_code()
+
+
+def use_grad_wrapped(fn):
+    """The step function inside torch.optim's `_use_grad_for_differentiable` wrapper
+    `fn`, else None."""
+    if fn.__code__ is not _USE_GRAD_CODE or not fn.__closure__:
+        return None
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+    try:
+        return cells["func"].cell_contents
+    except (KeyError, ValueError):
+        return None
+
+
+def _disable_dynamo_code():
+    from torch._compile import _disable_dynamo
+    return _disable_dynamo(lambda: None).__code__
+
+
+_DISABLE_DYNAMO_CODE = _disable_dynamo_code()
+
+
+def dynamo_disabled_traced(fn):
+    """The function inside torch's `_disable_dynamo` (or torch._dynamo.disable) wrapper
+    `fn` when it is one of the traced torch packages' (`Optimizer.zero_grad`,
+    `add_param_group`, `_init_group`), else None.
+    torch keeps Dynamo out of these; they are plain Python over parameters and their
+    `.grad` (set to None, zeroed), which we trace like the step."""
+    from .functions import in_traced_torch_package
+    inner = _dynamo_disabled_original(fn)
+    if not isinstance(inner, types.FunctionType) or \
+            not in_traced_torch_package(getattr(inner, "__module__", "") or ""):
+        return None
+    return inner
+
+
+def _dynamo_disabled_original(fn):
+    if fn.__code__ is _DISABLE_DYNAMO_CODE and fn.__closure__:
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+        try:
+            return cells["fn"].cell_contents
+        except (KeyError, ValueError):
+            return None
+    # torch._dynamo.disable(fn), which torch._dynamo puts on every optimizer's
+    # `_init_group` once it is used in the process (torch.compile beside us).
+    if getattr(fn, "_torchdynamo_disable", False) is True:
+        return getattr(fn, "_torchdynamo_orig_callable", None)
+    return None
+
+
+def call_use_grad(tx, inner, args, kwargs):
+    """`_use_grad(self, ...)`: `inner` traced with grad mode set to
+    `self.defaults['differentiable']` (restored after, as its `finally` does)."""
+    from .contexts import GradModeDecoratedVar
+    from .functions import UserFunctionVar
+    if not args:
+        unsupported("an optimizer step called without its optimizer")
+    flag = args[0].getattr(tx, "defaults").getitem(tx, ConstVar("differentiable"))
+    if not flag.is_const():
+        unsupported("an optimizer whose `differentiable` flag is not a constant")
+    return GradModeDecoratedVar(bool(flag.as_const()), UserFunctionVar(inner)).call(tx, args, kwargs)
+
+
+def trace_time_functions():
+    """Functions of torch whose answers are fixed for the process (no arguments)."""
+    from torch.utils import _foreach_utils as fu
+    return {f for f in (getattr(fu, "_get_fused_kernels_supported_devices", None),
+                        getattr(fu, "_get_foreach_kernels_supported_devices", None))
+            if f is not None}
+
+
+_TRACE_TIME = None
+
+
+def trace_time_call(tx, fn, args, kwargs):
+    """The Var of `fn()` evaluated now, for the functions above; else None."""
+    global _TRACE_TIME
+    if _TRACE_TIME is None:
+        _TRACE_TIME = trace_time_functions()
+    if fn not in _TRACE_TIME or args or kwargs:
+        return None
+    from .builder import wrap
+    return wrap(tx, fn(), None, guard=False)
+
+
+# In-place ops whose scalar keyword ATen reads with .item() when given a tensor, and
+# the arithmetic they compute: self + scalar * combine(t1, t2).
+_SCALAR_KEYWORD = {"addcdiv_": ("value", torch.div), "addcmul_": ("value", torch.mul),
+                   "add_": ("alpha", None), "sub_": ("alpha", None)}
+
+
+def tensor_scalar_method(tx, self, name, args, kwargs):
+    """`t.addcdiv_(a, b, value=s)` (and addcmul_, add_/sub_ with alpha) with a 0-d
+    tensor `s`: the same update written as graph arithmetic; else None."""
+    from .tensor import TensorVar
+    spec = _SCALAR_KEYWORD.get(name)
+    if spec is None:
+        return None
+    key, combine = spec
+    scalar = kwargs.get(key)
+    if not isinstance(scalar, TensorVar) or scalar.example.dim() != 0 or \
+            set(kwargs) != {key} or len(args) != (2 if combine is not None else 1):
+        return None
+    call = tx.output.call
+    if combine is not None:
+        # ATen's order of operations: self + scalar * t1 / t2 (resp. * t2).
+        term = call("call_function", combine,
+                    (call("call_function", torch.mul, (scalar, args[0]), {}), args[1]), {})
+    else:
+        term = call("call_function", torch.mul, (scalar, args[0]), {})
+    method = "sub_" if name == "sub_" else "add_"
+    return call("call_method", method, (self, term), {})
+
+
+def _foreach_ops():
+    f = {"_foreach_addcdiv_": ("_foreach_div_", True), "_foreach_addcdiv": ("_foreach_div_", False),
+         "_foreach_addcmul_": ("_foreach_mul_", True), "_foreach_addcmul": ("_foreach_mul_", False)}
+    return {getattr(torch, k): (getattr(torch, v[0]), v[1]) for k, v in f.items() if hasattr(torch, k)}
+
+
+_FOREACH_SCALARS = _foreach_ops()
+
+
+def foreach_tensor_scalars(tx, fn, args, kwargs):
+    """`torch._foreach_addcdiv_(xs, t1s, t2s, scalars)` (addcmul too) whose scalars are
+    one 1-d tensor (what the foreach Adam step passes when compiling) or a list of 0-d
+    tensors (Adamax's): the op's arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as
+    foreach ops over the same lists, in the op's order.  ATen's kernel reads those
+    scalars on the host (and FakeTensors cannot give them).  Else None."""
+    from .containers import ListVar
+    from .tensor import TensorVar
+    spec = _FOREACH_SCALARS.get(fn)
+    if spec is None or kwargs or len(args) != 4:
+        return None
+    combine_, inplace = spec
+    call = tx.output.call
+    scalars = args[3]
+    if isinstance(scalars, TensorVar) and scalars.example.dim() == 1:
+        scalars = ListVar(call("call_method", "unbind", (scalars,), {}).unpack(tx))
+    elif not (isinstance(scalars, ListVar) and scalars.items and
+              all(isinstance(s, TensorVar) and s.example.dim() == 0 for s in scalars.items)):
+        return None
+    # (t1 first: its device, where the scalars may be CPU tensors; a * b == b * a)
+    term = call("call_function", torch._foreach_mul, (args[1], scalars), {})
+    call("call_function", combine_, (term, args[2]), {})
+    if inplace:
+        call("call_function", torch._foreach_add_, (args[0], term), {})
+        return ConstVar(None)
+    return call("call_function", torch._foreach_add, (args[0], term), {})
