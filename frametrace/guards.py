@@ -354,7 +354,7 @@ class GuardSet:
         eo = ", ".join(s.guard_expr() for s in others)
         names = ", ".join(s.name() for s in written)
         self._add(None, "NO_ALIAS", f"___unshared(({ew},), ({eo}{',' if others else ''}))",
-                  f"{names} share memory with no other tensor input")
+                  f"no other tensor input shares memory with {names}")
 
     def distinct(self, sources):
         """The objects at `sources` (mutable inputs guarded by type, not identity) are

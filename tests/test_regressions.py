@@ -292,8 +292,8 @@ def test_alias_guards_only_for_inputs_the_graph_writes():
     x, y, z = torch.ones(2), torch.ones(2), torch.ones(2)
     torch.testing.assert_close(g(x, y, z), torch.full((2,), 4.0))
     texts = [gd.text for e in compiled_entries(f) for gd in e.check.guards]
-    alias = sorted(t for t in texts if "share memory" in t)
-    assert alias == ["x and y do not share memory", "y and z do not share memory"]
+    alias = sorted(t for t in texts if "memory" in t)
+    assert alias == ["no other tensor input shares memory with y"]
     same, expected_same = torch.ones(2), torch.ones(2)
     expected = f(expected_same, expected_same, z)
     torch.testing.assert_close(g(same, same, z), expected)
@@ -336,4 +336,4 @@ def test_inputs_traced_aliased_do_not_recompile_on_every_call():
     torch.testing.assert_close(g(x, y), torch.zeros(5))
     assert cnt.frame_count == 2
     texts = {gd.text for e in compiled_entries(f) for gd in e.check.guards}
-    assert {"a and b share memory", "a and b do not share memory"} <= texts
+    assert {"a and b share memory", "no other tensor input shares memory with b"} <= texts

@@ -26,4 +26,5 @@ def test_training_benchmark_smoke(tmp_path):
     assert row["inductor ms"] == "-", row
     abs_diff, rel_diff = (float(x) for x in row["ft loss+params max abs / rel diff"].split(" / "))
     assert abs_diff < 1e-4 and rel_diff < 1e-3, row
-    assert row["ft graphs / breaks / eager graphs"] == "1 / 0 / 0", row
+    # the model's forward, and opt.step: its first step (which creates the state) and the rest
+    assert row["ft graphs / breaks / eager graphs"] == "3 / 0 / 0", row

@@ -47,12 +47,6 @@ def call_hint(value) -> str | None:
     if isinstance(value, _C.Unhooked):
         return ("it is marked frametrace.disable (or torch.compiler.disable), so it runs in "
                 "CPython; the graph breaks around the call")
-    owner = getattr(value, "__self__", None)
-    module = getattr(value, "__module__", None)
-    if isinstance(owner, torch.optim.Optimizer) or \
-            isinstance(module, str) and module.startswith("torch.optim."):
-        return ("compile the model's forward and loss, and call the optimizer outside the "
-                "compiled function")
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         return ("frametrace does not see inside functions written in C: move the call out of "
