@@ -195,7 +195,8 @@ def test_the_interop_example_runs_clean():
     import subprocess
     import sys
     root = pathlib.Path(__file__).parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    paths = [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     out = subprocess.run([sys.executable, str(root / "examples" / "torch_compile_interop.py")],
                          capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert out.returncode == 0 and out.stderr == "", out.stderr

@@ -107,7 +107,12 @@ class UserContainerMixin(InstanceAttrs):
         if name == "__class__" and not hooked:
             from .objects import ObjectVar
             return ObjectVar(self.cls)
-        return super().opaque_attr(tx, name, hooked)
+        if name == "__dict__" and self.source is None:
+            # made in the frame: its attribute table (a dataclass's __post_init__ reads
+            # `self.__dict__.get(field)`, as HF's ModelOutput does)
+            from .user_objects import _AttrsDictVar
+            return _AttrsDictVar(self)
+        return super().opaque_attr(tx, name)
 
     # -- the protocol, through the class --
     def call_method(self, tx, name, args, kwargs):
