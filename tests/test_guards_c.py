@@ -389,7 +389,9 @@ def test_each_kind_of_parameter_change_is_seen(change):
     else:
         calls = [inputs(), Then(lambda: action(m), inputs()), inputs()]
     r = check(m, calls, compiled=lambda c: frametrace.optimize(backend=c)(m))
-    assert r.compiles == 2, r
+    # (counted for Lin's forward only: after an earlier optimize(nn.Linear), Linear's own
+    # forward is traced wherever it runs hooked)
+    assert sum(rec.code is Lin.forward.__code__ for rec in r.records) == 2, r
     assert "TENSOR" in c_ops(m)
 
 
