@@ -47,6 +47,23 @@ class Call:
         self.kwargs = kwargs
 
 
+
+class Then(Call):
+    """A call made after `action()` changed some state outside the frame: the harness
+    copies each call first for CPython, then for the compiled run, and the action runs
+    once, before both."""
+
+    def __init__(self, action, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.__dict__["action"] = action
+
+    def __deepcopy__(self, memo):
+        action = self.__dict__.pop("action", None)
+        if action is not None:
+            action()
+        return Call(*copy.deepcopy(self.args, memo), **copy.deepcopy(self.kwargs, memo))
+
+
 class Report:
     """What a `check` saw: counts of graphs, breaks, fallbacks, compiles and internal
     errors, the compile records, and the CompileCounter backend's graphs."""

@@ -13,26 +13,10 @@ import pytest
 import torch
 
 import frametrace
-from differential import Call, check
+from differential import Call, Then, check
 from frametrace import _C, convert
 
 _OP_NAMES = {v: k for k, v in _C.GUARD_OPS.items()}
-
-
-class Then(Call):
-    """A call made after `action()` changed some state outside the frame (the
-    harness deep-copies each call twice: the action runs once, before both)."""
-
-    def __init__(self, action, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.__dict__["action"] = action
-
-    def __deepcopy__(self, memo):
-        import copy
-        action = self.__dict__.pop("action", None)
-        if action is not None:
-            action()
-        return Call(*copy.deepcopy(self.args, memo), **copy.deepcopy(self.kwargs, memo))
 
 
 def c_ops(fn) -> set:

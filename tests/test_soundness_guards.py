@@ -5,7 +5,6 @@ guarded, so that changing it between calls recompiles or still gives CPython's a
 
 Each test changes the outside state between calls with `Then`: a call that first runs
 an action (seen by both the CPython and the compiled run of that call)."""
-import copy
 import json
 import math
 import os
@@ -14,23 +13,7 @@ import pytest
 import torch
 
 import frametrace
-from differential import Call, check
-
-
-class Then(Call):
-    """A call made after `action()` changed some state outside the frame."""
-
-    def __init__(self, action, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.__dict__["action"] = action
-
-    def __deepcopy__(self, memo):
-        # The harness copies each call first for CPython, then for the compiled run:
-        # the action runs once, before both.
-        action = self.__dict__.pop("action", None)
-        if action is not None:
-            action()
-        return Call(*copy.deepcopy(self.args, memo), **copy.deepcopy(self.kwargs, memo))
+from differential import Then, check
 
 
 def x():
