@@ -102,6 +102,9 @@ def wrap(tx, value, source, guard: bool = True):
     var = wrap_container_subclass(tx, value, source, guards) if type(value).__module__ != "builtins" \
         and isinstance(value, (dict, list, tuple)) else None
     if var is None:
+        if isinstance(value, torch.optim.Optimizer):
+            from .optimizers import prefer_device_counters
+            prefer_device_counters(value)   # before anything of it is read
         var = _wrap_object(tx, value, source, guards)
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
         tx.output.object_vars[id(value)] = (value, var)

@@ -14,6 +14,11 @@ module adds is what their code asks of a compiler:
   not a new constant), and the updates then pass 0-d tensors where eager passes Python
   numbers (`addcdiv_(..., value=-step_size)`).  ATen would read such a scalar with
   `.item()`: we write the op out as the arithmetic it stands for, in the graph.
+- Eager keeps step counters on the CPU, which compiled would make host-side ops in
+  the middle of a device graph (hundreds per step: the bias corrections are computed
+  per parameter).  As torch.compile does, an optimizer whose parameters are all on an
+  accelerator gets its counters there, and its groups run the `capturable` code path
+  (the same arithmetic as foreach ops on device tensors) when its state is new.
 """
 from __future__ import annotations
 
@@ -92,6 +97,31 @@ def call_use_grad(tx, inner, args, kwargs):
     if not flag.is_const():
         unsupported("an optimizer whose `differentiable` flag is not a constant")
     return GradModeDecoratedVar(bool(flag.as_const()), UserFunctionVar(inner)).call(tx, args, kwargs)
+
+
+def prefer_device_counters(opt) -> None:
+    """Before tracing optimizer `opt`: on the real object, step counters on the CPU move
+    to their parameter's device, and the param groups whose parameters are all on an
+    accelerator and have no state yet are set `capturable` (their state is then made
+    on the device).  Both change where the arithmetic runs, not its result, and both
+    are what torch.compile does to the optimizers it traces; a group with state keeps
+    its flag, as state made by one code path need not suit the other."""
+    state = getattr(opt, "state", None)
+    groups = getattr(opt, "param_groups", None)
+    if not isinstance(state, dict) or not isinstance(groups, list):
+        return
+    for p, s in state.items():
+        step = s.get("step") if isinstance(s, dict) and isinstance(p, torch.Tensor) else None
+        if isinstance(step, torch.Tensor) and step.device.type == "cpu" and p.device.type != "cpu" \
+                and p.device.type != "meta":
+            s["step"] = step.to(p.device)
+    for group in groups:
+        if not isinstance(group, dict) or group.get("capturable") is not False:
+            continue
+        params = group.get("params") or ()
+        if params and all(isinstance(p, torch.Tensor) and p.device.type in ("cuda", "xpu") and
+                           p not in state for p in params):
+            group["capturable"] = True
 
 
 def trace_time_functions():
