@@ -194,6 +194,31 @@ def test_embedding_backward(dtype):
     bw = backward_run(lambda w, idx: F.embedding(idx, w).tanh() * 2, w, idx,
                       tol=F32 if dtype == torch.float32 else BF16, max_aten=1)
     assert {str(op) for op in bw.extern_ops} == {"aten.index_put.default"}
+    # (written into its zero-filled buffer: no copy of it)
+    assert [str(e.op) for e in bw.wrapper.schedule if hasattr(e, "graph_op")] == ["aten.index_put_.default"]
+
+
+@pytest.mark.parametrize("reread", [False, True])
+def test_scatter_into_a_buffer_of_the_graph_writes_it_in_place_unless_read_again(reread):
+    """A functional scatter whose first operand the graph computed runs in place when
+    nothing else reads that operand; read again, it is copied as the op says."""
+    def f(x, idx, v):
+        z = x * 2
+        out = torch.index_put(z, [idx], v, accumulate=True).sin()
+        return (out, z + 1) if reread else out
+    backend.COMPILED.clear()
+    compiled = frametrace.optimize(backend="triton", fullgraph=True)(f)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        x, v = torch.randn(6, 4, generator=g), torch.randn(5, 4, generator=g)
+        idx = torch.randint(0, 6, (5,), generator=g)
+        args = (x, idx, v)
+        want = f(*[a.clone() for a in args])
+        got = compiled(*[a.clone() for a in args])
+        torch.testing.assert_close(got, want)
+    (mod,) = backend.COMPILED
+    ops = [str(e.op) for e in mod.wrapper.schedule if hasattr(e, "graph_op")]
+    assert ops == ["aten.index_put.default" if reread else "aten.index_put_.default"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

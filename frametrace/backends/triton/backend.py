@@ -344,7 +344,7 @@ def _mutated_before(mod, e) -> bool:
             line = tb.tb_lineno
         tb = tb.tb_next
     writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
-              and getattr(getattr(i.op, "_schema", None), "is_mutable", True)]
+              and getattr(getattr(i.graph_op, "_schema", None), "is_mutable", True)]
     writes += [f"    {n}(" for n, k in zip(mod.wrapper.launchers, mod.kernels) if in_place(k)]
     if not writes or line is None:
         return bool(writes)
@@ -401,7 +401,7 @@ def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
         output_code.info("triton backend, generated module:\n%s%s\n%s", fell, source,
                          "\n".join(unique.values()))
     return CompiledModule(wrapper, source, kernels, externs, lowered.fallback_ops,
-                          [i.op for i in lowered.items if isinstance(i, Extern)], lowered.fallbacks)
+                          [i.graph_op for i in lowered.items if isinstance(i, Extern)], lowered.fallbacks)
 
 
 class ForeignPointer(Exception):

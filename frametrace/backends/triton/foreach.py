@@ -180,7 +180,8 @@ def _accesses(lowered, items):
         if isinstance(item, Extern):
             reads = _names((item.args, item.kwargs), set())
             makes = _names(item.outputs, {item.name})
-            schema = getattr(item.op, "_schema", None)
+            schema = getattr(item.graph_op, "_schema", None)   # (an in-place twin writes only
+            # a buffer of the graph that no other item reads: it reads it, as the op does)
             if schema is not None and schema.is_mutable:
                 mutated = set()
                 for a, arg in zip(schema.arguments, item.args):
@@ -266,7 +267,7 @@ def groups(lowered) -> list | None:
                     union(j, w)
     # externs with effects beyond their data (random numbers, an op we cannot see into)
     # keep their order
-    ordered = [i for i, it in enumerate(items) if isinstance(it, Extern) and _effects(it.op)]
+    ordered = [i for i, it in enumerate(items) if isinstance(it, Extern) and _effects(it.graph_op)]
     for a, b in zip(ordered, ordered[1:]):
         edges[a].add(b)
     # what the scheduler fused in program order stays together: a reduction kernel's

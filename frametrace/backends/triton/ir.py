@@ -170,11 +170,13 @@ class Computed(IRNode):
 
 class Extern:
     """An aten call in the wrapper: `op(*args, **kwargs)`, its tensors as Buffers;
-    `outputs` mirrors what it returns (Buffers where tensors are)."""
-    __slots__ = ("op", "args", "kwargs", "outputs", "name")
+    `outputs` mirrors what it returns (Buffers where tensors are).  `graph_op`: the
+    graph's op, where `op` is its in-place twin writing a buffer of this graph."""
+    __slots__ = ("op", "args", "kwargs", "outputs", "name", "graph_op")
 
-    def __init__(self, name, op, args, kwargs, outputs):
+    def __init__(self, name, op, args, kwargs, outputs, graph_op=None):
         self.name, self.op, self.args, self.kwargs, self.outputs = name, op, args, kwargs, outputs
+        self.graph_op = op if graph_op is None else graph_op
 
 
 class HostScalar(IRNode):

@@ -15,6 +15,19 @@ from .placement import Placement, device_of, is_view, reaches_output
 
 aten = torch.ops.aten
 
+# Functional ops the wrapper runs as aten calls, and the in-place op that writes the
+# same result into its first operand.
+_IN_PLACE_TWINS = {f: t for f, t in (
+    (getattr(aten.index_put, "default", None), getattr(aten.index_put_, "default", None)),
+    (getattr(aten.index_add, "default", None), getattr(aten.index_add_, "default", None)),
+    (getattr(aten.index_copy, "default", None), getattr(aten.index_copy_, "default", None)),
+    (getattr(aten.scatter_add, "default", None), getattr(aten.scatter_add_, "default", None)),
+    (getattr(aten.scatter, "src", None), getattr(aten.scatter_, "src", None)),
+    (getattr(aten.scatter, "value", None), getattr(aten.scatter_, "value", None)),
+    (getattr(aten.scatter_reduce, "two", None), getattr(aten.scatter_reduce_, "two", None)),
+    (getattr(aten.masked_scatter, "default", None), getattr(aten.masked_scatter_, "default", None)),
+) if f is not None and t is not None}
+
 # A pointwise value used more than once is stored rather than recomputed by each user
 # once it inlines this many memory reads (a residual sum, say, read by a norm and by the
 # next residual add).
@@ -275,6 +288,7 @@ class GraphLowering(Placement):
         if node.target is aten.convolution.default and self.channels_last_convs:
             args = (self._channels_last(args[0]),) + tuple(args[1:])
         args, kwargs = arg(args), {k: arg(v) for k, v in kwargs.items()}
+        op = self._in_place_twin(node, args)
         name = self.name()
         val = node.meta.get("val")
         if val is None:
@@ -299,8 +313,22 @@ class GraphLowering(Placement):
                 return v  # a number the op returns is this one (its value does not vary)
             raise Unsupported(f"{node.target} returns {type(v).__name__}")
         outputs = out(val, layouts, "")
-        self.items.append(Extern(name, node.target, args, kwargs, outputs))
+        self.items.append(Extern(name, op, args, kwargs, outputs, node.target))
         return outputs
+
+    def _in_place_twin(self, node, args):
+        """The op to call for `node`: its in-place twin when its first operand is a buffer
+        this graph computed, read by nothing else (the embedding gradient's
+        `index_put(zeros, ..., accumulate=True)`: without this, a copy of the zeros the
+        size of the embedding table, in time and in peak memory)."""
+        twin = _IN_PLACE_TWINS.get(node.target)
+        if twin is None or not args or not node.args:
+            return node.target
+        first, source = args[0], node.args[0]
+        if isinstance(first, Buffer) and not first.is_view and first.name in self.computed_names \
+                and isinstance(source, torch.fx.Node) and len(source.users) == 1:
+            return twin
+        return node.target
 
     def _bias_apart(self, args) -> bool:
         """Whether a convolution's bias is better added by the kernel that reads its
