@@ -160,6 +160,57 @@ def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int, static_inputs=()) 
             and v[:-3] in by_name]
 
 
+def merge_duplicates(graph: fx.Graph) -> int:
+    """Common subexpressions of the joint graph made one node; returns how many went.
+    Autocast casts a tensor once per op that reads it (q, k and v projections of one
+    normalized input: three `_to_copy`s), and each copy the backward needs would be
+    computed, saved and read back on its own.  Only deterministic functional aten ops
+    merge, within the stretch between two ops that mutate, and not a value an output
+    is (or views): two outputs computed alike are still two tensors."""
+    nodes = list(graph.nodes)
+    out = nodes[-1]
+    returned, todo = set(), list(out.all_input_nodes) if out.op == "output" else []
+    while todo:                      # outputs and the values they are views of
+        n = todo.pop()
+        if n not in returned:
+            returned.add(n)
+            if n.op == "call_function" and _in(n.target, VIEWS) and n.args and isinstance(n.args[0], fx.Node):
+                todo.append(n.args[0])
+    seen, merged = {}, 0
+    for n in nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        if not isinstance(n.target, torch._ops.OpOverload) or n.target._schema.is_mutable or \
+                torch.Tag.nondeterministic_seeded in n.target.tags:   # (or a higher-order op)
+            seen.clear()              # (reads after a write are not the reads before it)
+            continue
+        if n in returned:
+            continue
+        try:
+            key = (n.target, _hashable(n.args), _hashable(n.kwargs))
+            hash(key)
+        except TypeError:
+            continue
+        first = seen.setdefault(key, n)
+        if first is not n:
+            n.replace_all_uses_with(first)
+            graph.erase_node(n)
+            merged += 1
+    return merged
+
+
+def _hashable(a):
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__,) + tuple(_hashable(x) for x in a)
+    if isinstance(a, dict):
+        return ("dict",) + tuple(sorted((k, _hashable(v)) for k, v in a.items()))
+    if isinstance(a, float) and a != a:
+        raise TypeError("nan")       # (nan != nan: never the same key)
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TypeError("symbolic")
+    return (type(a).__name__, a)
+
+
 def _stored_by_backward(node, fw_nodes) -> bool:
     """Whether the backward would store `node` if it recomputed it: an op there that no
     kernel runs (a matmul) reads it, directly or through views.  Recomputing is then a
@@ -190,6 +241,7 @@ def partition(joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs, **kwargs)
         log.info("triton backend: no networkx; the backward gets what the forward computed")
         return p.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
     try:
+        merge_duplicates(joint.graph)
         joint.graph.eliminate_dead_code()
         joint.recompile()
         saved = choose_saved(joint, num_fwd_outputs, kwargs.get("static_lifetime_input_indices"))

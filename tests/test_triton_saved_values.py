@@ -1,0 +1,109 @@
+"""Values a training graph's forward computes once: what the backward gets saved is the
+buffer the forward computed anyway (not a second copy in another layout), and the same
+value written several times in the joint graph (autocast casts an input once per op that
+reads it) is computed and saved once.  Gradients are compared with eager's."""
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+import frametrace
+
+pytest.importorskip("triton")
+from frametrace.backends.triton import backend, partition  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+aten = torch.ops.aten
+BF16 = dict(atol=3e-2, rtol=3e-2)
+
+
+def run(fn, *shapes, tol=BF16):
+    """fn compiled (triton), forward and backward, against eager on 3 input draws;
+    returns the forward and backward CompiledModules."""
+    backend.COMPILED.clear()
+    compiled = frametrace.optimize(backend="triton", fullgraph=True)(fn)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        base = [torch.randn(*s, generator=g) * 0.3 for s in shapes]   # (small: bf16 rounding)
+        sides = []
+        for f in (fn, compiled):
+            leaves = [b.clone().requires_grad_() for b in base]
+            out = f(*leaves)
+            out.backward(torch.ones_like(out))
+            sides.append([out] + [a.grad for a in leaves])
+        for got, want in zip(sides[1], sides[0]):
+            torch.testing.assert_close(got, want, **tol)
+    kinds = {m.kind: m for m in backend.COMPILED}
+    assert len(backend.COMPILED) == 2 and set(kinds) == {"forward", "backward"}
+    return kinds["forward"], kinds["backward"]
+
+
+def test_weight_cast_read_transposed_and_saved_is_stored_once():
+    # the matmul reads cast(w).t(); the backward's input gradient reads cast(w) saved
+    fw, _ = run(lambda x, w: F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)).float().sin(),
+                (8, 16), (32, 16))
+    assert len(fw.kernels) == 3, fw.source   # cast x, cast w, sin
+
+
+def test_casts_of_one_input_for_several_matmuls_are_one_value():
+    def f(h, wq, wk, wv):
+        x = h * 2           # (a pointwise value: its bf16 copy is what the matmuls read)
+        q = x.to(torch.bfloat16) @ wq.to(torch.bfloat16).t()
+        k = x.to(torch.bfloat16) @ wk.to(torch.bfloat16).t()
+        v = x.to(torch.bfloat16) @ wv.to(torch.bfloat16).t()
+        return (q * k + v).float()
+    # (bf16 products: eager rounds q * k before adding v, a kernel once at the end)
+    fw, _ = run(f, (8, 16), (16, 16), (16, 16), (16, 16), tol=dict(atol=8e-2, rtol=5e-2))
+    stores = fw.source.count("dtype=torch.bfloat16")
+    # x's bf16 copy and three weight copies, each stored once
+    assert stores == 4, fw.source
+
+
+def graph_of(build):
+    g = fx.Graph()
+    x = g.placeholder("primals_1")
+    out = build(g, x)
+    g.output(out)
+    for n in g.nodes:      # (the output check reads values' storages)
+        if n.op != "output":
+            n.meta["val"] = torch.empty(2)
+    return g
+
+
+def targets(g):
+    return [n.target for n in g.nodes if n.op == "call_function"]
+
+
+def test_merge_duplicates_keeps_random_ops_mutations_and_outputs_apart():
+    def build(g, x):
+        a = g.call_function(aten.sin.default, (x,))
+        b = g.call_function(aten.sin.default, (x,))            # merges into a
+        r1 = g.call_function(aten.rand_like.default, (x,))
+        r2 = g.call_function(aten.rand_like.default, (x,))     # random: stays
+        c = g.call_function(aten.add.Tensor, (a, b))
+        g.call_function(aten.copy_.default, (x, c))            # a write: later reads differ
+        d = g.call_function(aten.sin.default, (x,))            # after the write: stays
+        e = g.call_function(aten.cos.default, (x,))
+        f = g.call_function(aten.cos.default, (x,))            # an output: stays apart
+        return (c, r1, r2, d, e, f)
+    g = graph_of(build)
+    assert partition.merge_duplicates(g) == 1
+    assert targets(g).count(aten.sin.default) == 2
+    assert targets(g).count(aten.rand_like.default) == 2
+    assert targets(g).count(aten.cos.default) == 2
+    add = next(n for n in g.nodes if n.target is aten.add.Tensor)
+    assert add.args[0] is add.args[1]
+
+
+def test_merge_duplicates_leaves_higher_order_ops_and_getitems_alone():
+    def build(g, x):
+        a = g.call_function(aten.var_mean.correction, (x,), {"correction": 0})
+        b = g.call_function(aten.var_mean.correction, (x,), {"correction": 0})
+        a0 = g.call_function(operator.getitem, (a, 0))
+        b0 = g.call_function(operator.getitem, (b, 0))
+        return (g.call_function(aten.add.Tensor, (a0, b0)),)
+    g = graph_of(build)
+    assert partition.merge_duplicates(g) == 1
+    assert targets(g).count(aten.var_mean.correction) == 1
