@@ -28,6 +28,7 @@ from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
+from .variables.subclasses import is_user_container
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 
@@ -726,6 +727,9 @@ def _collect_outputs(v, out, seen=None):
     if id(v) in seen:         # containers can hold themselves (d = locals(); d['d'] = d)
         return
     seen.add(id(v))
+    if is_user_container(v):          # its attributes are rebuilt with it
+        for item in v.attrs.values():
+            _collect_outputs(item, out, seen)
     if isinstance(v, (TupleVar, ListVar)):
         for item in v.items:
             _collect_outputs(item, out, seen)
