@@ -158,6 +158,7 @@ _forced: dict[int, object] = {}
 
 
 def force_trace(code):
+    """Trace `code` even in a skipped file, until reset()."""
     _forced[id(code)] = code
     if _C.code_flags(code)[0]:
         _C.clear_code(code)       # forget an earlier "skip" decision
@@ -310,6 +311,11 @@ class _RetryStatic(Exception):
 # Bumped by reset(): a compile that started before a reset (in another thread) hands
 # back nothing, so no entry outlives the reset that should have dropped it.
 _generation = 0
+
+
+def generation() -> int:
+    """How many times reset() ran."""
+    return _generation
 
 
 def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
@@ -790,5 +796,6 @@ def reset():
     graph_modules.clear()
     resume.clear()
     forget_sizes()
+    _forced.clear()           # (an optimized module forces its forward again when called)
 
 
