@@ -28,6 +28,7 @@ from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
+from .variables.subclasses import is_user_container
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 
@@ -157,6 +158,7 @@ _forced: dict[int, object] = {}
 
 
 def force_trace(code):
+    """Trace `code` even in a skipped file, until reset()."""
     _forced[id(code)] = code
     if _C.code_flags(code)[0]:
         _C.clear_code(code)       # forget an earlier "skip" decision
@@ -309,6 +311,11 @@ class _RetryStatic(Exception):
 # Bumped by reset(): a compile that started before a reset (in another thread) hands
 # back nothing, so no entry outlives the reset that should have dropped it.
 _generation = 0
+
+
+def generation() -> int:
+    """How many times reset() ran."""
+    return _generation
 
 
 def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
@@ -726,6 +733,9 @@ def _collect_outputs(v, out, seen=None):
     if id(v) in seen:         # containers can hold themselves (d = locals(); d['d'] = d)
         return
     seen.add(id(v))
+    if is_user_container(v):          # its attributes are rebuilt with it
+        for item in v.attrs.values():
+            _collect_outputs(item, out, seen)
     if isinstance(v, (TupleVar, ListVar)):
         for item in v.items:
             _collect_outputs(item, out, seen)
@@ -786,5 +796,6 @@ def reset():
     graph_modules.clear()
     resume.clear()
     forget_sizes()
+    _forced.clear()           # (an optimized module forces its forward again when called)
 
 

@@ -171,15 +171,25 @@ class OptimizedModule(torch.nn.Module):
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_call", interop.mark_ours(_C.Hooked(mod, callback)))
         object.__setattr__(self, "_settings", dict(settings or {}))
-        forward = getattr(type(mod).forward, "__code__", None)
-        if forward is not None:
-            convert.force_trace(forward)
+        object.__setattr__(self, "_forward_code", getattr(type(mod).forward, "__code__", None))
+        object.__setattr__(self, "_forced_for", None)
         object.__setattr__(self, "_callback", callback)
+        self._force_forward()
+
+    def _force_forward(self):
+        """The module's forward is traced even from a skipped file (torch.nn's own
+        modules); reset() forgets that, and the next call says it again."""
+        code = self.__dict__["_forward_code"]
+        if code is not None and self.__dict__["_forced_for"] != convert.generation():
+            convert.force_trace(code)
+            object.__setattr__(self, "_forced_for", convert.generation())
 
     def __call__(self, *args, **kwargs):
+        self._force_forward()
         return self._call(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        self._force_forward()
         return _C.Hooked(self._orig_mod.forward, self._callback)(*args, **kwargs)
 
     def __getattr__(self, name):

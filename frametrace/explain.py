@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import io
 import shutil
+import types
 
 from . import _C, convert, shapes
-from .eval_frame import optimize
+from .eval_frame import OptimizedModule, optimize
 
 
 class BreakReason:
@@ -115,11 +116,27 @@ def break_text(heading: str, reason: str, user_stack, hint=None):
     return text
 
 
+def _underlying(fn):
+    """What an optimize()d function or module (or a method bound from one) runs: the
+    explaining compile traces that, under its own recording backend."""
+    while True:
+        if isinstance(fn, _C.Hooked):
+            fn = fn.fn
+        elif isinstance(fn, OptimizedModule):
+            fn = fn._orig_mod
+        elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, _C.Hooked):
+            fn = types.MethodType(fn.__func__.fn, fn.__self__)
+        else:
+            return fn
+
+
 def explain(fn):
     """``explain(fn)(*args, **kwargs)`` runs the call under frametrace and returns an
     `ExplainOutput`: graphs, graph_count, graph_break_count, break_reasons (reason and
     user_stack), ops_per_graph, guards and compile_times.  ``print()`` it for a report.
     """
+    fn = _underlying(fn)
+
     def run(*args, **kwargs):
         records = []
 

@@ -1524,6 +1524,13 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):
             return False
+        try:
+            # a constant is not an object of another type (`cache is None` for a cache
+            # object made in the frame)
+            if not isinstance(other, ConstVar) and type(const.value) is not other.python_type():
+                return False
+        except Exception:
+            pass
     if isinstance(a, (TupleVar, ListVar, DictVar)) or isinstance(b, (TupleVar, ListVar, DictVar)):
         # Objects of two different types are two objects (a tuple default `is` a
         # sentinel object: torch.optim's `required`).

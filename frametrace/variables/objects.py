@@ -681,6 +681,11 @@ def _construct(tx, cls, args, kwargs):
         from .functions import PartialVar
         return PartialVar(args[0], args[1:], kwargs)
     if dataclasses.is_dataclass(cls):
+        from .subclasses import construct_container_subclass, container_base
+        if container_base(cls) is not None:
+            # a dict (list ...) that is a dataclass: its __init__, generated or not, and
+            # the __post_init__ that calls run on the container
+            return construct_container_subclass(tx, cls, args, kwargs)
         from .user_objects import make_dataclass_instance
         return make_dataclass_instance(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):

@@ -237,7 +237,8 @@ class UserContainerMixin(InstanceAttrs):
         """OrderedDict's methods (update, setdefault, pop, __init__ ...) go through the
         item methods of a subclass, which the builtin Var's code does not call."""
         if self.base_class() is collections.OrderedDict and name not in _ITEM_HOOKS and \
-                any(self._user_method(tx, n) is not None for n in _ITEM_HOOKS):
+                name not in _ODICT_DIRECT and \
+                any(self._user_method(tx, n) is not None for n in _ODICT_CALLS.get(name, _ITEM_HOOKS)):
             unsupported(f"OrderedDict.{name} on a subclass with its own item methods")
 
     def _base_init(self, tx, args, kwargs):
@@ -298,6 +299,13 @@ class UserContainerMixin(InstanceAttrs):
 
 
 _ITEM_HOOKS = ("__setitem__", "__getitem__", "__delitem__", "__contains__", "__iter__", "keys")
+# OrderedDict's methods that read its table and linked list directly, whatever the
+# subclass overrides (its views' iterators too): the others call the subclass's items.
+_ODICT_DIRECT = ("keys", "values", "items", "get", "__len__", "__contains__", "__iter__",
+                 "__reversed__", "move_to_end", "clear")
+# ... and of the others, those that call only the subclass's __setitem__ (through
+# MutableMapping.update's PyObject_SetItem; the argument's own methods are its own)
+_ODICT_CALLS = {"__init__": ("__setitem__",), "update": ("__setitem__",)}
 
 
 class BaseMethodVar(MethodVar):
@@ -357,8 +365,9 @@ def construct_container_subclass(tx, cls, args, kwargs):
     new = _class_lookup(cls, "__new__")
     if isinstance(new, staticmethod) or isinstance(new, types.FunctionType):
         unsupported(f"{cls.__name__} defines __new__")
-    if type(cls) is not type and type(cls).__module__ != "abc":
-        unsupported(f"class {cls.__name__} has metaclass {type(cls).__name__}")
+    if type(cls) is not type and type(cls).__module__ != "abc" and \
+            class_attr(tx, type(cls), "__call__") is not type.__call__:
+        unsupported(f"class {cls.__name__} has metaclass {type(cls).__name__} with its own __call__")
     if not cls.__dictoffset__:
         unsupported(f"{cls.__name__} has __slots__")
     class_attr(tx, cls, "__new__")

@@ -356,15 +356,10 @@ def construct_user_object(tx, cls, args, kwargs):
     return obj
 
 
-def is_model_output(cls) -> bool:
-    """Dataclasses that are also dicts, like Hugging Face ModelOutput."""
-    return dataclasses.is_dataclass(cls) and issubclass(cls, (dict, OrderedDict))
-
-
 class DataclassVar(Var):
-    """A dataclass instance made while tracing: its fields are Vars.  For dict-like
-    dataclasses (ModelOutput) indexing follows ModelOutput: by key, or by position over
-    the fields that are not None."""
+    """A dataclass instance made while tracing: its fields are Vars.  (A dataclass
+    that is also a dict, as Hugging Face's ModelOutput, is a container subclass object:
+    see subclasses.py.)"""
     __slots__ = ("cls", "fields")
 
     def __init__(self, cls, fields: dict):
@@ -374,9 +369,6 @@ class DataclassVar(Var):
 
     def python_type(self):
         return self.cls
-
-    def _present(self):
-        return [(k, v) for k, v in self.fields.items() if not _is_none(v)]
 
     def getattr(self, tx, name):
         if name in self.fields:
@@ -392,13 +384,12 @@ class DataclassVar(Var):
         unsupported(f"{self.cls.__name__} has no attribute {name!r}")
 
     def setattr(self, tx, name, value):
-        if not is_model_output(self.cls):
-            # A frozen dataclass's __setattr__ raises; a property or slot runs its code.
-            hook = class_attr(tx, self.cls, "__setattr__")
-            attr = class_attr(tx, self.cls, name)
-            if hook is not object.__setattr__ or attr is not None and is_data_descriptor(attr):
-                unsupported(f"setting {name!r} on {self.cls.__name__} runs "
-                            f"{'its __setattr__' if hook is not object.__setattr__ else 'a descriptor'}")
+        # A frozen dataclass's __setattr__ raises; a property or slot runs its code.
+        hook = class_attr(tx, self.cls, "__setattr__")
+        attr = class_attr(tx, self.cls, name)
+        if hook is not object.__setattr__ or attr is not None and is_data_descriptor(attr):
+            unsupported(f"setting {name!r} on {self.cls.__name__} runs "
+                        f"{'its __setattr__' if hook is not object.__setattr__ else 'a descriptor'}")
         self.fields[name] = value
 
     def plain_setattr(self, tx, name, value):
@@ -416,47 +407,21 @@ class DataclassVar(Var):
         self.fields[name] = value
 
     def call_method(self, tx, name, args, kwargs):
-        if is_model_output(self.cls):
-            present = self._present()
-            if name == "to_tuple" and not args:
-                return TupleVar([v for _, v in present])
-            if name == "keys":
-                return ListVar([ConstVar(k) for k, _ in present])
-            if name == "values":
-                return ListVar([v for _, v in present])
-            if name == "items":
-                return ListVar([TupleVar([ConstVar(k), v]) for k, v in present])
-            if name == "get" and args and args[0].is_const():
-                default = args[1] if len(args) > 1 else ConstVar(None)
-                return dict(present).get(args[0].as_const(), default)
-            if name == "__getitem__":
-                return self.getitem(tx, args[0])
-            if name == "__contains__":
-                return ConstVar(args[0].as_const() in dict(present))
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def getitem(self, tx, key):
-        if not is_model_output(self.cls) or not key.is_const():
-            unsupported(f"indexing {self.cls.__name__}")
-        k = key.as_const()
-        present = self._present()
-        if isinstance(k, str):
-            return dict(present)[k]
-        if isinstance(k, slice):
-            return TupleVar([v for _, v in present][k])
-        return present[k][1]
+        unsupported(f"indexing {self.cls.__name__}")
 
     def unpack(self, tx):
-        if is_model_output(self.cls):
-            return [ConstVar(k) for k, _ in self._present()]
         unsupported(f"iterating over {self.cls.__name__}")
 
     def length(self, tx):
-        return len(self._present())
+        method = class_attr(tx, self.cls, "__len__")
+        if not isinstance(method, types.FunctionType):
+            unsupported(f"len() of a {self.cls.__name__}")
+        return checked_len(UserFunctionVar(method).call(tx, [self], {}))
 
     def truth(self, tx):
-        if is_model_output(self.cls):
-            return True
         for name in ("__bool__", "__len__"):
             method = class_attr(tx, self.cls, name)
             if isinstance(method, types.FunctionType):
@@ -469,7 +434,7 @@ class DataclassVar(Var):
     def reconstruct(self, cg):
         if cg.load_rebuilt(self):
             return
-        if not _generated_init(self.cls) and not is_model_output(self.cls):
+        if not _generated_init(self.cls):
             # Its own __init__ took other arguments: the state it left, set directly.
             def attrs(cg):
                 for n, v in self.fields.items():
@@ -488,7 +453,7 @@ class DataclassVar(Var):
             for n in names:
                 self.fields[n].reconstruct(cg)
             cg.call_kw(len(names), tuple(names))
-        if not extras or is_model_output(self.cls):
+        if not extras:
             construct(cg)
         else:
             # Fields outside __init__ and attributes set later, set as __post_init__ did.
@@ -540,7 +505,7 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
             unsupported(f"{cls.__name__}() missing argument {f.name!r}")
     obj = DataclassVar(cls, values)
     post_init = class_attr(tx, cls, "__post_init__")
-    if post_init is not None and not is_model_output(cls):
+    if post_init is not None:
         UserFunctionVar(post_init).call(tx, [obj], {})
     return obj
 
@@ -559,10 +524,6 @@ def _set_attrs(obj, attrs):
     for name, value in attrs.items():
         object.__setattr__(obj, name, value)
     return obj
-
-
-def _is_none(v):
-    return isinstance(v, ConstVar) and v.value is None
 
 
 class _AttrsDictVar(DictVar):
@@ -707,5 +668,5 @@ def _scratch_hasattr(cls, state, name):
     return hasattr(obj, name)
 
 
-__all__ = ["UserObjectVar", "DataclassVar", "make_dataclass_instance", "is_model_output",
+__all__ = ["UserObjectVar", "DataclassVar", "make_dataclass_instance",
            "DictVar"]
