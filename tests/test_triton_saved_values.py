@@ -97,7 +97,19 @@ def test_merge_duplicates_keeps_random_ops_mutations_and_outputs_apart():
     assert add.args[0] is add.args[1]
 
 
-def test_merge_duplicates_leaves_higher_order_ops_and_getitems_alone():
+def test_merge_duplicates_keeps_written_values_and_empty_tensors_apart():
+    def build(g, x):
+        a = g.call_function(aten.mul.Tensor, (x, 2))
+        b = g.call_function(aten.mul.Tensor, (x, 2))       # written below: stays
+        g.call_function(aten.add_.Tensor, (b, 1))
+        e1 = g.call_function(aten.empty.memory_format, ([2],))
+        e2 = g.call_function(aten.empty.memory_format, ([2],))
+        return (g.call_function(aten.sub.Tensor, (a, b)), e1, e2)
+    g = graph_of(build)
+    assert partition.merge_duplicates(g) == 0
+
+
+def test_merge_duplicates_merges_multi_output_ops_read_through_getitems():
     def build(g, x):
         a = g.call_function(aten.var_mean.correction, (x,), {"correction": 0})
         b = g.call_function(aten.var_mean.correction, (x,), {"correction": 0})

@@ -166,14 +166,22 @@ def merge_duplicates(graph: fx.Graph) -> int:
     normalized input: three `_to_copy`s), and each copy the backward needs would be
     computed, saved and read back on its own.  Only deterministic functional aten ops
     merge, within the stretch between two ops that mutate, and not a value an output
-    is (or views): two outputs computed alike are still two tensors."""
+    is or an op writes (or views): two outputs computed alike are still two tensors.
+    Higher-order ops count as writing what they read."""
     nodes = list(graph.nodes)
     out = nodes[-1]
-    returned, todo = set(), list(out.all_input_nodes) if out.op == "output" else []
-    while todo:                      # outputs and the values they are views of
+    # kept apart: outputs, what an op writes (two equal values written are two tensors),
+    # and the values those are views of
+    todo = list(out.all_input_nodes) if out.op == "output" else []
+    for n in nodes:
+        if n.op == "call_function" and n.target is not operator.getitem and (
+                not isinstance(n.target, torch._ops.OpOverload) or n.target._schema.is_mutable):
+            todo.extend(n.all_input_nodes)
+    apart = set()
+    while todo:
         n = todo.pop()
-        if n not in returned:
-            returned.add(n)
+        if n not in apart:
+            apart.add(n)
             if n.op == "call_function" and _in(n.target, VIEWS) and n.args and isinstance(n.args[0], fx.Node):
                 todo.append(n.args[0])
     seen, merged = {}, 0
@@ -184,7 +192,7 @@ def merge_duplicates(graph: fx.Graph) -> int:
                 torch.Tag.nondeterministic_seeded in n.target.tags:   # (or a higher-order op)
             seen.clear()              # (reads after a write are not the reads before it)
             continue
-        if n in returned:
+        if n in apart or _in(n.target, _UNINITIALIZED):
             continue
         try:
             key = (n.target, _hashable(n.args), _hashable(n.kwargs))
@@ -197,6 +205,10 @@ def merge_duplicates(graph: fx.Graph) -> int:
             graph.erase_node(n)
             merged += 1
     return merged
+
+
+_UNINITIALIZED = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
+                  aten.new_empty_strided}
 
 
 def _hashable(a):
