@@ -387,3 +387,30 @@ def test_accumulated_limit_caps_entries_over_instances(monkeypatch):
                 torch.testing.assert_close(g(m, x), f(m, x))
     n, seen = compiles_of(f, calls)
     assert n == 10 and any("accumulated_cache_size_limit" in w for w in seen), (n, seen)
+
+
+# -- max-pool backward in the triton backend -------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2),
+                                dict(kernel_size=(2, 3), stride=(1, 2), ceil_mode=True),
+                                dict(kernel_size=3, stride=1, padding=1)])
+def test_max_pool2d_backward_is_a_kernel(triton_interpreter, kw):
+    # Exactly eager's gradients (windows overlap where stride < kernel; ties are
+    # resolved by the saved indices) from a kernel, not an aten call.
+    pytest.importorskip("triton")
+    from frametrace.backends.triton import last_compiled
+    x = torch.randn(2, 3, 7, 9)
+    x[0, 0, 2:5, 2:5] = 1.0
+    out, idx = F.max_pool2d(x, return_indices=True, **kw)
+    g = torch.randn_like(out)
+    k = kw["kernel_size"]
+    k = [k, k] if isinstance(k, int) else list(k)
+    s = kw.get("stride", k)
+    s = [s, s] if isinstance(s, int) else list(s)
+    p = [kw.get("padding", 0)] * 2
+
+    def backward_of_pool(g, x, idx):
+        return torch.ops.aten.max_pool2d_with_indices_backward(g * 2, x, k, s, p, [1, 1],
+                                                               kw.get("ceil_mode", False), idx)
+    got = frametrace.optimize(backend="triton", fullgraph=True)(backward_of_pool)(g, x, idx)
+    assert torch.equal(got, backward_of_pool(g, x, idx))
+    assert last_compiled().externs == [], last_compiled().source
