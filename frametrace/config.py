@@ -5,7 +5,11 @@
 """
 
 # Compiled entries kept per code object; past it the frame runs in CPython on a miss.
+# Entries for other instances of an nn.Module or optimizer that the frame's guards name
+# by identity (one forward's code, many modules) count apart, up to
+# accumulated_cache_size_limit entries in all (torch.compile's two recompile limits).
 cache_size_limit = 8
+accumulated_cache_size_limit = 256
 
 # Packages whose frames are never traced (unless reached by inlining): torch itself,
 # frametrace, and libraries with no torch program to capture.  The standard library

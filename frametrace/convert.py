@@ -18,7 +18,7 @@ from collections import Counter
 import torch
 from bytecode import CellVar
 
-from . import _C, config, interop, resume
+from . import _C, cache_limit, config, interop, resume
 from .codegen import CodeGen, GraphSlot, fill_graph_slot
 from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
 from .global_state import GlobalState
@@ -198,18 +198,22 @@ def _make_callback(backend, fullgraph: bool, dynamic):
             return None           # this call runs in CPython; nothing is cached
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))
-        if n_entries >= config.cache_size_limit:
+        if cache_limit.exceeded(code, args, n_entries):
             if id(code) not in _warned_cache_limit:
                 _warned_cache_limit.add(id(code))
                 warnings.warn(
                     f"frametrace: {code.co_name} ({code.co_filename}:{code.co_firstlineno}) was "
-                    f"recompiled {n_entries} times (config.cache_size_limit); calls that match "
+                    f"recompiled {n_entries} times (config.cache_size_limit, "
+                    f"config.accumulated_cache_size_limit); calls that match "
                     f"none of its compiled entries now run in CPython", stacklevel=2)
             return _C.RUN_DEFAULT_ON_MISS
         try:
             if n_entries and recompile_log.isEnabledFor(logging.INFO):
                 _log_recompile(code, func, args)
-            return compile_frame(code, func, args, backend, fullgraph, dynamic)
+            decision = compile_frame(code, func, args, backend, fullgraph, dynamic)
+            if type(decision) is tuple:
+                decision[0].instances = cache_limit.instances_of(code, args)
+            return decision
         except (Unsupported, BackendCompilerFailed):
             raise
         except Exception as e:

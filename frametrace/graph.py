@@ -28,6 +28,13 @@ from .variables import wrapper_subclasses
 from .variables.tensor import TensorVar
 
 
+# Sparse tensors have no storage and no FakeTensor rules for most ops: a graph break
+# (torch.compile does not trace them either); the code runs in CPython around it.
+SPARSE_LAYOUTS = frozenset({torch.sparse_coo, torch.sparse_csr, torch.sparse_csc,
+                            torch.sparse_bsr, torch.sparse_bsc})
+SPARSE_REASON = "a sparse tensor (sparse layouts are not traced)"
+
+
 class GraphInput:
     __slots__ = ("source", "node", "value")
 
@@ -149,6 +156,9 @@ class OutputGraph:
     def add_input(self, value: torch.Tensor, source, guarded: bool = True) -> TensorVar:
         """`guarded=False`: an input the transformed code makes itself (its facts follow
         from guarded ones)."""
+        if value.layout in SPARSE_LAYOUTS or \
+                (value.is_leaf and value._grad is not None and value._grad.layout in SPARSE_LAYOUTS):
+            unsupported(SPARSE_REASON)      # (a FakeTensor carries its .grad along)
         subclass = type(value) not in (torch.Tensor, torch.nn.Parameter)
         if subclass and not wrapper_subclasses.is_traceable(value):
             unsupported(f"tensor subclass {type(value).__name__}")
@@ -389,6 +399,8 @@ class OutputGraph:
 
     def _wrap_result(self, node, out):
         if isinstance(out, torch.Tensor):
+            if out.layout in SPARSE_LAYOUTS:
+                unsupported(SPARSE_REASON)
             node.meta["example_value"] = node.meta["val"] = out
             return TensorVar(node, out)
         if isinstance(out, SYM_TYPES):
@@ -398,6 +410,8 @@ class OutputGraph:
             items = []
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
+                    if o.layout in SPARSE_LAYOUTS:
+                        unsupported(SPARSE_REASON)
                     item = self.graph.create_node("call_function", operator.getitem, (node, i))
                     item.meta["example_value"] = item.meta["val"] = o
                     items.append(TensorVar(item, o))

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                    StatelessSymbolicContext)
 
-from .source import AttrSource, GetItemSource, LocalSource
+from .source import AttrSource, CallMethodSource, GetItemSource, LocalSource
 
 
 def mark_dynamic(t: torch.Tensor, dim) -> None:
@@ -282,11 +282,18 @@ def _is_argument(source) -> bool:
     `self.config.scale`), as torch.compile's automatic dynamic has them.  Globals and
     dunder attributes (a function's __defaults__, a class's __dict__) stay constants;
     ints of nn.Modules are the caller's concern (builder.wrap)."""
-    while isinstance(source, (GetItemSource, AttrSource)):
+    while isinstance(source, (GetItemSource, AttrSource, CallMethodSource)):
         if isinstance(source, AttrSource) and source.attr.startswith("__"):
+            return False
+        if isinstance(source, CallMethodSource) and source.method not in _CONTAINER_VIEWS:
             return False
         source = source.base
     return isinstance(source, LocalSource)
+
+
+# Views of a container that hold its numbers (an optimizer's per-parameter state, keyed
+# by tensors, is read through `state.values()`): still the argument's numbers.
+_CONTAINER_VIEWS = frozenset({"values", "items", "keys"})
 
 
 def symbolic_fake(fake_mode, t: torch.Tensor, source, dims: list[int]):

@@ -86,7 +86,7 @@ def wrap(tx, value, source, guard: bool = True):
         if guards is not None:
             guards.identity(source, value)      # the trace reads this module's globals
         return namespace_var(tx, value)
-    if type(value) is dict and all(type(k) in (str, int) for k in value):
+    if type(value) is dict and all(map(_constant_key, value)):
         if guards is not None:
             guards.dict_keys(source, value)
         var = DictVar({k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
@@ -109,6 +109,15 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
         tx.output.object_vars[id(value)] = (value, var)
     return var
+
+
+# Dict keys that the keys guard compares by value: names, numbers, and the (device,
+# dtype) tuples that torch's foreach helpers key their groups by.
+_KEY_TYPES = (str, int, type(None), torch.dtype, torch.device)
+
+
+def _constant_key(k) -> bool:
+    return type(k) in _KEY_TYPES or (type(k) is tuple and all(type(i) in _KEY_TYPES for i in k))
 
 
 def _may_be_symbolic(tx, source, value) -> bool:

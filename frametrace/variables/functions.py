@@ -144,7 +144,10 @@ class UserFunctionVar(Var):
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
             from .user_objects import deepcopy_var
             return deepcopy_var(tx, args[0], {})
-        from .optimizers import call_use_grad, dynamo_disabled_traced, use_grad_wrapped
+        from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
+        made = trace_time_call(tx, fn, args, kwargs)
+        if made is not None:
+            return made         # (in a traced package, but its answer is the process's)
         step = use_grad_wrapped(fn)
         if step is not None:
             return call_use_grad(tx, step, args, kwargs)
@@ -457,7 +460,7 @@ _INLINED_TORCH_MODULES = frozenset({"torch.utils._pytree"})
 
 # torch packages of plain Python over tensors that are programs to capture, as the
 # user's own code is (torch.compile inlines them too): the optimizers' steps.
-TRACED_TORCH_PACKAGES = ("torch.optim",)
+TRACED_TORCH_PACKAGES = ("torch.optim", "torch.nn.utils.clip_grad", "torch.utils._foreach_utils")
 
 
 def in_traced_torch_package(module: str) -> bool:

@@ -437,6 +437,10 @@ class TorchFnVar(ObjectVar):
         made = foreach_tensor_scalars(tx, fn, args, kwargs)
         if made is not None:
             return made
+        from .grad_utils import group_by_device_and_dtype
+        made = group_by_device_and_dtype(tx, fn, args, kwargs)
+        if made is not None:
+            return made
         out = tx.output.call("call_function", fn, tuple(args), kwargs)
         if not args and not kwargs and isinstance(out, (ConstVar, ListVar)):
             # Computed from nothing but torch's global state, which nothing guards.

@@ -751,9 +751,27 @@ def _clear_frames(tx, args, kwargs):
 
 LIBRARY_HANDLERS[traceback.clear_frames] = _clear_frames
 
+
+def _math_pow(tx, args, kwargs):
+    """math.pow on a symbolic number (a step counter): libm's pow on the two floats,
+    as `float ** float` is wherever the base is positive (elsewhere the two differ:
+    math.pow raises where ** gives a complex number or raises another error), so with
+    the base guarded positive it is `float(x) ** float(y)`, kept symbolic."""
+    from ..interpreter import binary_op
+    if kwargs or len(args) != 2 or not any(isinstance(a, SymNodeVar) for a in args) or \
+            not all(isinstance(a, SymNodeVar) or (a.is_const() and type(a.as_const()) in (int, float))
+                    for a in args) or \
+            not binary_op(tx, operator.gt, args[0], ConstVar(0)).truth(tx):
+        return _fold_pow(tx, args, kwargs)
+    floats = [tx.output.call("call_function", torch.sym_float, (a,), {}) if isinstance(a, SymNodeVar)
+              else ConstVar(float(a.as_const())) for a in args]
+    return binary_op(tx, operator.pow, *floats)
+
 for _name, _fn in vars(math).items():
     if not _name.startswith("_") and isinstance(_fn, types.BuiltinFunctionType):
         LIBRARY_HANDLERS[_fn] = _math(_fn)
+_fold_pow = LIBRARY_HANDLERS[math.pow]
+LIBRARY_HANDLERS[math.pow] = _math_pow
 
 # operator: the interpreter's semantics for each.
 _BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift",

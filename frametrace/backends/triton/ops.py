@@ -739,6 +739,42 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
     return [out, ind]
 
 
+@register(aten.max_pool2d_with_indices_backward)
+def _max_pool2d_backward(L, node, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each input element's gradient: the sum of the output gradients of the windows
+    whose max it was (their saved flat index names it), over the few windows that can
+    cover it, added in eager's order (output rows, then columns, ascending: eager adds
+    each output's gradient into its max's slot in that order)."""
+    (kh, kw), (dh, dw) = _pair(kernel_size, None), _pair(dilation, 1)
+    (sh, sw), (ph, pw) = _pair(stride, [kh, kw]), _pair(padding, 0)
+    shape, dtype = _val(node)
+    if (dh, dw) != (1, 1) or not isinstance(grad, IRNode) or not isinstance(indices, IRNode) or \
+            any(_symbolic(n) for n in (*shape, *grad.shape)) or len(shape) not in (3, 4):
+        raise Unsupported("max_pool2d backward")
+    H, W = shape[-2:]
+    OH, OW = grad.shape[-2:]
+    cdt = compute_dtype(dtype)
+    grad, indices = (L.realize(t, wrapper=False) if isinstance(t, Pointwise) else t for t in (grad, indices))
+
+    def fn(k, idx):
+        h, w = k.index(idx[-2]), k.index(idx[-1])
+        acc = k.literal(0, cdt)
+        for i in reversed(range(-(-kh // sh))):
+            oh = k.op(f"({h} + {ph}) // {sh} - {i}")
+            for j in reversed(range(-(-kw // sw))):
+                ow = k.op(f"({w} + {pw}) // {sw} - {j}")
+                cond = k.op(f"({oh} >= 0) & ({oh} < {OH}) & ({ow} >= 0) & ({ow} < {OW}) & "
+                            f"({h} + {ph} - {oh} * {sh} < {kh}) & ({w} + {pw} - {ow} * {sw} < {kw})")
+                at = list(idx[:-2]) + [k.indirect(oh), k.indirect(ow)]
+                with k.masked(cond):
+                    g = k.cast(grad.load(k, at), grad.dtype, cdt)
+                    arg = indices.load(k, at)
+                hit = k.op(f"{cond} & ({arg} == {h} * {W} + {w})")
+                acc = k.op(f"tl.where({hit}, {acc} + {g}, {acc})")
+        return k.cast(acc, cdt, dtype)
+    return pointwise(shape, dtype, fn, grad, indices)
+
+
 # -- reductions -------------------------------------------------------------------------------
 def _dims(x, dims):
     n = len(x.shape)
