@@ -1,0 +1,61 @@
+"""Facts about a tensor that its tensor guard leaves out.
+
+The tensor guard (guards.py) covers type, dtype, device, sizes, strides, requires_grad
+and the conjugate and negative bits: what nearly every trace reads.  Tensors that pass
+it can still differ in whether they are leaves of autograd (a requires_grad tensor may
+have a grad_fn), views (a _base), inference tensors, or in shared or pinned memory.
+A FakeTensor made from an input mirrors some of these and not others, so its answer is
+never taken as it stands.  Of an input, each fact is guarded where the trace reads it
+(only the frames that read one pay for it).  Of a tensor the graph computes, leafness
+and view-ness follow from the op and the guarded facts of its inputs, so the fake's
+answer holds; the others are shared with an input it views (a view of an inference or
+shared tensor is one too), which the fake does not track: a graph break."""
+from __future__ import annotations
+
+from ..source import AttrSource
+from .base import unsupported
+from .constant import ConstVar
+from .tensor_attrs import input_for
+
+# Methods answering a fact of this kind.  `graph.OutputGraph.call` refuses to fold
+# them (their function forms too: torch.is_inference(x)), whatever the caller.
+STORAGE_FACTS = frozenset({"is_inference", "is_shared", "is_pinned"})
+UNGUARDED = STORAGE_FACTS | {"_is_view", "is_set_to", "_is_alias_of", "_overlaps", "_storage_id",
+                             "const_data_ptr", "mutable_data_ptr", "_use_count"}
+
+
+def is_leaf(tx, var):
+    """``t.is_leaf``: a tensor that needs no grad is a leaf; an input that needs one is
+    a leaf while it has no grad_fn (guarded); the fake follows the ops of the frame."""
+    _guard_input(tx, var, "is_leaf")
+    return ConstVar(var.example.is_leaf)
+
+
+def is_view(tx, var):
+    """``t._is_view()``: of an input, guarded by whether it has a _base."""
+    _guard_input(tx, var, "_base")
+    return ConstVar(var.example._is_view())
+
+
+def storage_fact(tx, var, name):
+    """``t.is_inference()``, ``t.is_shared()``, ``t.is_pinned()`` of an input, guarded."""
+    inp = input_for(tx, var)
+    if inp is None:
+        unsupported(f"Tensor.{name}() of a tensor computed in the frame (it may view an input)")
+    value = getattr(inp.value, name)()
+    tx.guards.method_is(inp.source, name, value)
+    return ConstVar(value)
+
+
+def _guard_input(tx, var, attr):
+    inp = input_for(tx, var)
+    if inp is None:
+        return
+    value = inp.value
+    if attr == "is_leaf":
+        if value.requires_grad:     # (else a leaf: requires_grad is guarded)
+            tx.guards.equals(AttrSource(inp.source, "is_leaf"), value.is_leaf)
+    elif value._base is None:
+        tx.guards.equals(AttrSource(inp.source, "_base"), None)
+    else:
+        tx.guards.not_none(AttrSource(inp.source, "_base"))
