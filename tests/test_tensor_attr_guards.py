@@ -188,6 +188,32 @@ def test_is_set_to_between_inputs_is_not_folded():
     assert r.breaks >= 1, r
 
 
+# -- which inputs are one object --
+def test_set_membership_of_tensor_inputs_sees_them_become_one_object():
+    def f(x, y):
+        return x + 1 if x in {y} else x - 1
+    t = torch.randn(3)
+    r = check(f, [(torch.randn(3), torch.randn(3)), (t, t), (torch.randn(3), torch.randn(3))])
+    assert r.compiles == 2, r
+
+
+def test_dict_keyed_by_tensor_inputs_sees_them_become_one_object():
+    def f(x, y):
+        d = {x: 1, y: 2}
+        return x * len(d) + d[x]
+    t = torch.randn(3)
+    r = check(f, [(torch.randn(3), torch.randn(3)), (t, t), (t, torch.randn(3))])
+    assert r.compiles == 2, r
+
+
+def test_identity_between_inputs():
+    def f(x, y):
+        return x + 1 if x is y else x - 1
+    t = torch.randn(3)
+    r = check(f, [(torch.randn(3), torch.randn(3)), (t, t), (torch.randn(3), torch.randn(3))])
+    assert r.compiles == 2, r
+
+
 # -- already covered by the tensor guard (regression tests) --
 def _branch(read):
     def f(x):

@@ -12,6 +12,8 @@ answer holds; the others are shared with an input it views (a view of an inferen
 shared tensor is one too), which the fake does not track: a graph break."""
 from __future__ import annotations
 
+import weakref
+
 from ..source import AttrSource
 from .base import unsupported
 from .constant import ConstVar
@@ -22,6 +24,23 @@ from .tensor_attrs import input_for
 STORAGE_FACTS = frozenset({"is_inference", "is_shared", "is_pinned"})
 UNGUARDED = STORAGE_FACTS | {"_is_view", "is_set_to", "_is_alias_of", "_overlaps", "_storage_id",
                              "const_data_ptr", "mutable_data_ptr", "_use_count"}
+
+
+# The FakeTensors the trace hashed (set members, dict keys: equal when the same
+# tensor).  Which inputs are one object is a fact too: where one was hashed, the
+# frame's tensor inputs stay as many distinct objects as traced (convert.py guards
+# it).  Fakes are made per frame, so one of another frame never matches.
+# (by id: weak references to tensors compare by the tensors' ==)
+_HASHED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def hashed(fake):
+    _HASHED[id(fake)] = fake
+    return fake
+
+
+def any_hashed(fakes) -> bool:
+    return bool(_HASHED) and any(_HASHED.get(id(f)) is f for f in fakes)
 
 
 def is_leaf(tx, var):
