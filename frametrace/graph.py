@@ -152,6 +152,7 @@ class OutputGraph:
         subclass = type(value) not in (torch.Tensor, torch.nn.Parameter)
         if subclass and not wrapper_subclasses.is_traceable(value):
             unsupported(f"tensor subclass {type(value).__name__}")
+        tensor_facts.check_input_layout(value)
         known = self._input_by_id.get(id(value))
         if known is not None:
             if known.source != source:

@@ -32,6 +32,10 @@ def _make(kind, x):
             return x.clone()
     if kind == "shared":
         return x.share_memory_()
+    if kind == "mkldnn":
+        return x.to_mkldnn()
+    if kind == "sparse":
+        return x.to_sparse()
     raise ValueError(kind)
 
 
@@ -170,6 +174,22 @@ def test_guard_of_a_method_fact_runs_in_python():
     frametrace.optimize(f)(torch.randn(3))
     src = [e.check.residual.source for e in _C.entries(f.__code__)]
     assert any(".is_shared() is False" in s for s in src), src
+
+
+# -- layouts --
+def test_layout_of_an_input_is_guarded_where_read():
+    # An mkldnn tensor has the sizes, strides, dtype and device of a dense one.
+    def f(x):
+        return (x.layout, x.is_mkldnn, x.is_sparse, torch.ones(2))
+    r = through(f, calls("plain", "mkldnn", "plain"), graphs=1)
+    assert r.compiles == 2 and r.fallbacks == 1, r     # (an mkldnn input is not traced)
+
+
+def test_a_sparse_input_is_a_clean_fallback():
+    def f(x):
+        return x.is_sparse, torch.ones(2)
+    r = through(f, calls("plain", "sparse", "plain"), graphs=1)
+    assert r.fallbacks == 1, r
 
 
 # -- aliasing read through storage --

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import weakref
 
+import torch
+
 from ..source import AttrSource
 from .base import unsupported
 from .constant import ConstVar
@@ -41,6 +43,26 @@ def hashed(fake):
 
 def any_hashed(fakes) -> bool:
     return bool(_HASHED) and any(_HASHED.get(id(f)) is f for f in fakes)
+
+
+LAYOUT_ATTRS = frozenset({"layout", "is_sparse", "is_sparse_csr", "is_mkldnn"})
+
+
+def check_input_layout(value):
+    """Inputs are dense strided tensors (a sparse, mkldnn, nested or quantized one has
+    no fake, or no strides, to trace with)."""
+    if value.layout is not torch.strided or value.is_nested or value.is_quantized:
+        unsupported(f"a tensor input of layout {value.layout}"
+                    f"{' (nested)' if value.is_nested else ' (quantized)' if value.is_quantized else ''}")
+
+
+def layout_attr(tx, var, name):
+    """``t.layout``, ``t.is_sparse`` ...: an input's layout is guarded where read (an
+    mkldnn tensor passes the tensor guard)."""
+    inp = input_for(tx, var)
+    if inp is not None:
+        tx.guards.equals(AttrSource(inp.source, "layout"), inp.value.layout)
+    return ConstVar(getattr(var.example, name))
 
 
 def is_leaf(tx, var):
