@@ -151,12 +151,21 @@ def test_is_inference_read_inside_inference_mode():
     through(f, calls("plain", "inference"))
 
 
-def test_is_inference_of_a_view_of_an_input_is_a_break():
+def test_is_inference_of_a_view_of_an_input_is_guarded_on_the_input():
     def f(x):
         y = x * 2
         return y + 1 if x.view(-1).is_inference() else y - 1
-    r = through(f, calls("plain", "inference"))
-    assert r.breaks >= 1, r
+    r = through(f, calls("plain", "inference", "plain"), breaks=0)
+    assert r.compiles == 2, r
+
+
+def test_is_inference_of_new_tensors_follows_the_mode_they_were_made_in():
+    def f(x):
+        with torch.inference_mode():
+            y = x * 2
+        z = x * 3
+        return y, y.is_inference(), z, z.is_inference()
+    through(f, calls("plain", "inference", "plain"), breaks=0)
 
 
 def test_is_shared_of_an_input_and_of_its_view():
@@ -164,7 +173,16 @@ def test_is_shared_of_an_input_and_of_its_view():
         a = 1 if x.is_shared() else 2
         b = 1 if x[1:].is_shared() else 2
         return x * a + b
-    through(f, calls("plain", "shared", "plain"))
+    r = through(f, calls("plain", "shared", "plain"), breaks=0)
+    assert r.compiles == 2, r
+
+
+def test_is_shared_of_a_new_tensor_is_a_break():
+    def f(x):
+        y = x * 2
+        return y + 1 if y.is_shared() else y - 1
+    r = through(f, calls("plain", "shared"))
+    assert r.breaks >= 1, r
 
 
 def test_guard_of_a_method_fact_runs_in_python():
@@ -183,6 +201,28 @@ def test_layout_of_an_input_is_guarded_where_read():
         return (x.layout, x.is_mkldnn, x.is_sparse, torch.ones(2))
     r = through(f, calls("plain", "mkldnn", "plain"), graphs=1)
     assert r.compiles == 2 and r.fallbacks == 1, r     # (an mkldnn input is not traced)
+
+
+def test_layout_of_a_tensor_computed_from_an_input_is_guarded():
+    def f(x):
+        y = x + 1
+        return y, y.layout == torch.strided
+    r = through(f, calls("plain", "mkldnn", "plain"), graphs=1)
+    assert r.compiles == 2 and r.fallbacks == 1, r
+
+
+def test_is_sparse_of_a_grad_adds_no_guard():
+    # Sparse tensors fail the tensor guard (no strides): is_sparse is covered by it.
+    def f(p):
+        return p * 2 if p.grad.is_sparse else p * 3
+    frametrace.reset()
+    t = torch.randn(3, requires_grad=True)
+    t.grad = torch.randn(3)
+    frametrace.optimize(f)(t)
+    texts = [g.text for e in _C.entries(f.__code__) for g in e.check.guards]
+    assert not any("layout" in s for s in texts), texts
+    check(f, [_with_grad(torch.randn(3, requires_grad=True)),
+              _with_grad(torch.randn(3, requires_grad=True), sparse=True)])
 
 
 def test_a_sparse_input_is_a_clean_fallback():
@@ -261,6 +301,6 @@ def test_facts_the_tensor_guard_covers(read, a, b):
     assert r.compiles == 2, r
 
 
-def _with_grad(t):
-    t.grad = torch.ones_like(t)
+def _with_grad(t, sparse=False):
+    t.grad = torch.ones_like(t).to_sparse() if sparse else torch.ones_like(t)
     return t

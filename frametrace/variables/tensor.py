@@ -12,8 +12,8 @@ from .optimizers import tensor_scalar_method
 from .scalars import SCALAR_METHODS, capturing, scalar_method
 
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
-_META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_quantized", "is_meta", "is_complex_", "itemsize",
-               "nbytes", "is_nested", "is_cpu", "is_mps", "is_xpu"}
+_META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_quantized", "is_sparse", "is_meta", "is_complex_", "itemsize",
+               "nbytes", "is_nested", "is_cpu", "is_sparse_csr", "is_mps", "is_xpu"}
 # Attributes that are new tensors: graph nodes.
 _TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
 # Methods that need real data, or act outside the graph.

@@ -8,8 +8,9 @@ A FakeTensor made from an input mirrors some of these and not others, so its ans
 never taken as it stands.  Of an input, each fact is guarded where the trace reads it
 (only the frames that read one pay for it).  Of a tensor the graph computes, leafness
 and view-ness follow from the op and the guarded facts of its inputs, so the fake's
-answer holds; the others are shared with an input it views (a view of an inference or
-shared tensor is one too), which the fake does not track: a graph break."""
+answer holds; the storage's facts (inference, shared, pinned) it shares with an input
+whose memory it views, so they are guarded on that input.  Which inputs are one object,
+and layouts, are facts too (below)."""
 from __future__ import annotations
 
 import weakref
@@ -45,23 +46,29 @@ def any_hashed(fakes) -> bool:
     return bool(_HASHED) and any(_HASHED.get(id(f)) is f for f in fakes)
 
 
-LAYOUT_ATTRS = frozenset({"layout", "is_sparse", "is_sparse_csr", "is_mkldnn"})
+# Of the layouts, only mkldnn passes the tensor guard (sparse ones have no strides,
+# a nested one no sizes): `is_sparse` needs no guard of its own (an optimizer reads
+# it of every grad), these do.
+LAYOUT_ATTRS = frozenset({"layout", "is_mkldnn"})
 
 
 def check_input_layout(value):
     """Inputs are dense strided tensors (a sparse, mkldnn, nested or quantized one has
     no fake, or no strides, to trace with)."""
-    if value.layout is not torch.strided or value.is_nested or value.is_quantized:
-        unsupported(f"a tensor input of layout {value.layout}"
-                    f"{' (nested)' if value.is_nested else ' (quantized)' if value.is_quantized else ''}")
+    for t, what in ((value, "a tensor input"), (value._grad, "the grad of a tensor input")):
+        # (the fake of a tensor carries a fake of its grad)
+        if t is not None and (t.layout is not torch.strided or t.is_nested or t.is_quantized):
+            unsupported(f"{what} of layout {t.layout}"
+                        f"{' (nested)' if t.is_nested else ' (quantized)' if t.is_quantized else ''}")
 
 
 def layout_attr(tx, var, name):
-    """``t.layout``, ``t.is_sparse`` ...: an input's layout is guarded where read (an
-    mkldnn tensor passes the tensor guard)."""
+    """``t.layout``, ``t.is_mkldnn``: guarded on the input read, or, for a tensor the
+    graph computes (whose layout follows its inputs'), on every tensor input so far."""
     inp = input_for(tx, var)
-    if inp is not None:
-        tx.guards.equals(AttrSource(inp.source, "layout"), inp.value.layout)
+    for i in [inp] if inp is not None else tx.output.frame.inputs:
+        if i.source is not None and isinstance(i.value, torch.Tensor):
+            tx.guards.equals(AttrSource(i.source, "layout"), i.value.layout)
     return ConstVar(getattr(var.example, name))
 
 
@@ -79,13 +86,34 @@ def is_view(tx, var):
 
 
 def storage_fact(tx, var, name):
-    """``t.is_inference()``, ``t.is_shared()``, ``t.is_pinned()`` of an input, guarded."""
-    inp = input_for(tx, var)
-    if inp is None:
-        unsupported(f"Tensor.{name}() of a tensor computed in the frame (it may view an input)")
-    value = getattr(inp.value, name)()
-    tx.guards.method_is(inp.source, name, value)
-    return ConstVar(value)
+    """``t.is_inference()``, ``t.is_shared()``, ``t.is_pinned()``: of an input, or of a
+    tensor sharing an input's memory (a view: these facts are its storage's), guarded
+    on that input.  A new tensor's inference-ness follows the inference mode it was
+    made in (the fake's answer); whether one is shared or pinned is not known."""
+    inputs = [input_for(tx, var)]
+    if inputs[0] is None:
+        inputs = _sharing_memory(tx, var)
+    for inp in inputs:
+        tx.guards.method_is(inp.source, name, getattr(inp.value, name)())
+    if name == "is_inference":
+        return ConstVar(var.example.is_inference())
+    if not inputs:
+        unsupported(f"Tensor.{name}() of a tensor computed in the frame")
+    return ConstVar(getattr(inputs[0].value, name)())
+
+
+def _sharing_memory(tx, var):
+    """The tensor inputs whose (fake) storage `var` shares."""
+    key = _storage(var.example)
+    return [i for i in tx.output.inputs if key is not None and i.source is not None and
+            isinstance(i.value, torch.Tensor) and _storage(i.node.meta.get("example_value")) == key]
+
+
+def _storage(fake):
+    try:
+        return fake.untyped_storage()._cdata
+    except Exception:
+        return None
 
 
 def _guard_input(tx, var, attr):
