@@ -55,8 +55,9 @@ LAYOUT_ATTRS = frozenset({"layout", "is_mkldnn"})
 def check_input_layout(value):
     """Inputs are dense strided tensors (a sparse, mkldnn, nested or quantized one has
     no fake, or no strides, to trace with)."""
-    for t, what in ((value, "a tensor input"), (value._grad, "the grad of a tensor input")):
-        # (the fake of a tensor carries a fake of its grad)
+    # (the fake of a tensor carries a fake of its grad; a non-leaf's warns when read)
+    grad = value._grad if value.is_leaf or value.retains_grad else None
+    for t, what in ((value, "a tensor input"), (grad, "the grad of a tensor input")):
         if t is not None and (t.layout is not torch.strided or t.is_nested or t.is_quantized):
             unsupported(f"{what} of layout {t.layout}"
                         f"{' (nested)' if t.is_nested else ' (quantized)' if t.is_quantized else ''}")
