@@ -26,7 +26,7 @@ from .graph import OutputGraph, written_arg
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
-from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var
+from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var, tensor_facts
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.subclasses import is_user_container
 from .variables.symbolic import SymNodeVar
@@ -664,9 +664,10 @@ def _guard_aliasing(output, guards, side_effects):
                     guards.tensor_aliasing(first.source, second.source, key_a == key_b,
                                            first.value, second.value)
                     pairs += 1
-    if output.tensor_keyed_reads:
-        # A lookup in a dict keyed by tensors (an optimizer's state) found a key, or did
-        # not, by identity: the tensor inputs are as many distinct objects as traced.
+    if output.tensor_keyed_reads or tensor_facts.any_hashed(output._input_fakes.values()):
+        # A lookup in a dict keyed by tensors (an optimizer's state, a set made in the
+        # frame) found a key, or did not, by identity: the tensor inputs are as many
+        # distinct objects as traced.
         sources = output.tensor_input_sources
         if len(sources) > 1:
             guards.distinct(sources)

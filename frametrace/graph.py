@@ -24,7 +24,7 @@ from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
 from .variables.symbolic import SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data, wrap_sym
-from .variables import wrapper_subclasses
+from .variables import tensor_facts, wrapper_subclasses
 from .variables.tensor import TensorVar
 
 
@@ -162,6 +162,7 @@ class OutputGraph:
         subclass = type(value) not in (torch.Tensor, torch.nn.Parameter)
         if subclass and not wrapper_subclasses.is_traceable(value):
             unsupported(f"tensor subclass {type(value).__name__}")
+        tensor_facts.check_input_layout(value)
         known = self._input_by_id.get(id(value))
         if known is not None:
             if known.source != source:
@@ -282,6 +283,8 @@ class OutputGraph:
         fake_args = tuple(to_fake(a) for a in args)
         fake_kwargs = {k: to_fake(v) for k, v in kwargs.items()}
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+        if what in tensor_facts.UNGUARDED:
+            unsupported(f"{what}() reads a fact of a tensor that no guard covers")
         if what in _LAYOUT_READS and self.layout_hidden():
             unsupported(f"Tensor.{what}() in a vmapped function (vmap hides the batch's layout)")
         if kind == "call_function" and not fx_can_name(target):

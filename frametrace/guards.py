@@ -249,6 +249,12 @@ class GuardSet:
         self._add(source, "OFFSET", f"{e}.storage_offset() == {t.storage_offset()}",
                   f"{source.name()}.storage_offset() == {t.storage_offset()}")
 
+    def method_is(self, source, name: str, value: bool):
+        """A tensor fact answered by a method (``is_inference()``), read by few traces:
+        a Python check, so the C program keeps no op for it."""
+        self._add(source, f"CALL {name}", f"{source.guard_expr()}.{name}() is {value}",
+                  f"{source.name()}.{name}() is {value}")
+
     def symbolic_number(self, source, sym, kind):
         """An int or float that is a symbolic input of the graph."""
         e = source.guard_expr()

@@ -667,7 +667,8 @@ def set_key(v: Var):
     from .modules import NNModuleVar
     from .user_objects import NewObjectVar, UserObjectVar
     if isinstance(v, TensorVar):
-        return v.example        # one FakeTensor per tensor; a tensor hashes by identity
+        from .tensor_facts import hashed
+        return hashed(v.example)    # one FakeTensor per tensor; a tensor hashes by identity
     if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
         return v                # one Var per object made in the frame
     real = None

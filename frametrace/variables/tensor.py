@@ -5,16 +5,15 @@ import operator
 
 import torch
 
-from . import tensor_attrs
+from . import tensor_attrs, tensor_facts
 from .base import Var, unsupported
 from .constant import ConstVar
 from .optimizers import tensor_scalar_method
 from .scalars import SCALAR_METHODS, capturing, scalar_method
 
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
-_META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf",
-               "layout", "is_sparse", "is_quantized", "is_meta", "is_complex_", "itemsize",
-               "nbytes", "is_nested", "is_cpu", "is_mkldnn", "is_sparse_csr", "is_mps", "is_xpu"}
+_META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_quantized", "is_sparse", "is_meta", "is_complex_", "itemsize",
+               "nbytes", "is_nested", "is_cpu", "is_sparse_csr", "is_mps", "is_xpu"}
 # Attributes that are new tensors: graph nodes.
 _TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
 # Methods that need real data, or act outside the graph.
@@ -57,12 +56,16 @@ class TensorVar(Var):
                                   (numel, ConstVar(self.example.element_size())), {})
         if name in _META_ATTRS:
             return ConstVar(getattr(self.example, name))
+        if name == "is_leaf":
+            return tensor_facts.is_leaf(tx, self)
+        if name in tensor_facts.LAYOUT_ATTRS:
+            return tensor_facts.layout_attr(tx, self, name)
         if name in _TENSOR_ATTRS:
             return tx.output.call("call_function", getattr, (self, ConstVar(name)), {})
         if name == "grad":
             return tensor_attrs.grad(tx, self)
-        if name == "grad_fn" and not self.example.requires_grad:
-            # (requires_grad is guarded: a tensor that needs no grad has no grad_fn)
+        if name == "grad_fn" and tensor_facts.is_leaf(tx, self).as_const():
+            # (a leaf has no grad_fn; requires_grad, and an input's leafness, are guarded)
             return ConstVar(None)
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
@@ -99,6 +102,10 @@ class TensorVar(Var):
                 unsupported("storage_offset() of a tensor computed in the graph")
             tx.guards.storage_offset(inp.source, inp.value)
             return ConstVar(inp.value.storage_offset())
+        if name in tensor_facts.STORAGE_FACTS and not args and not kwargs:
+            return tensor_facts.storage_fact(tx, self, name)
+        if name == "_is_view" and not args and not kwargs:
+            return tensor_facts.is_view(tx, self)
         made = tensor_scalar_method(tx, self, name, args, kwargs)
         if made is not None:
             return made

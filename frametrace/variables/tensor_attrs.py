@@ -152,7 +152,8 @@ def grad(tx, var):
     got, deleted = _written(tx, var, _GRAD)
     if got is not None:
         return ConstVar(None) if deleted else got
-    if var.example.requires_grad and not var.example.is_leaf:
+    from .tensor_facts import is_leaf
+    if var.example.requires_grad and not is_leaf(tx, var).as_const():
         # CPython warns that a non-leaf's .grad is not populated.
         unsupported("reading .grad of a non-leaf tensor (a warning)")
     inp = input_for(tx, var)
