@@ -4,6 +4,7 @@ of changing a tensor in place without a new object (``.data =``, ``resize_``,
 in-place view ops, ``requires_grad_``) is still seen after many passing calls, since
 nothing about a tensor is skipped.  (``torch.utils.swap_tensors`` refuses a tensor
 that a compiled entry has seen: the trace's weak references to it.)"""
+import dis
 import gc
 
 import pytest
@@ -121,3 +122,34 @@ def test_many_tensors_checked_under_collections_are_safe():
     m[3].weight.data = torch.randn(4, 4).t().contiguous().t()
     torch.testing.assert_close(g(x), m(x))
     assert len(_C.entries(type(m).forward.__code__)) == 2
+
+
+# -- the loads of a graph's inputs --
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, v):
+        return self.head(torch.relu(self.inner(v)))
+
+
+def test_parameters_under_one_module_are_loaded_through_one_read_of_it():
+    m = Stack()
+
+    def replace_layer():
+        m.inner[1] = torch.nn.Linear(4, 4)
+
+    def set_bias():
+        with torch.no_grad():
+            m.inner[2].bias.fill_(3.0)
+
+    calls = [torch.randn(2, 4), torch.randn(2, 4), Then(replace_layer, torch.randn(2, 4)),
+             Then(set_bias, torch.randn(2, 4))]
+    r = check(m, calls, compiled=lambda c: frametrace.optimize(backend=c)(m))
+    assert sum(rec.code is Stack.forward.__code__ for rec in r.records) == 2, r
+    (code, *_) = [e.code for e in _C.entries(Stack.forward.__code__) if e.code is not None]
+    # self._modules['inner'] is read once for its 6 parameters, not once per parameter
+    reads = [i for i in dis.get_instructions(code) if i.opname == "LOAD_ATTR" and i.argval == "_modules"]
+    assert len(reads) == 2      # self._modules, self._modules['inner']._modules (14 before)
