@@ -18,6 +18,13 @@ PY312 = sys.version_info >= (3, 12)
 _NO_ARG = object()
 
 
+def _chain_length(source) -> int:
+    n = 0
+    while hasattr(source, "base"):
+        source, n = source.base, n + 1
+    return n
+
+
 def frame_arg_count(code) -> int:
     """Argument slots at the start of a frame's locals: positional, keyword-only,
     then *args and **kwargs."""
@@ -37,6 +44,8 @@ class CodeGen:
         self.freevars = set(code.co_freevars)
         self.tensor_locals: dict[object, str] = {}  # graph output node -> local name
         self.rebuilt: dict[int, str] = {}          # id(NewObjectVar) -> local name
+        self.source_locals: dict = {}              # Source -> local holding its value
+        self.prefix_count = 0
         # While set: the source position (an InstrLocation) of what is emitted, so that
         # an original instruction run here keeps its columns (the ^^^ of a traceback).
         self.location = None
@@ -56,6 +65,37 @@ class CodeGen:
             self.emit("LOAD_DEREF", CellVar(name))
         else:
             self.emit("LOAD_FAST", name)
+
+    def load_source(self, source):
+        """The value of `source`: a local that already holds it, else its expression."""
+        name = self.source_locals.get(source)
+        if name is not None:
+            self.emit("LOAD_FAST", name)
+        else:
+            source.reconstruct(self)
+
+    def hold_shared_prefixes(self, sources):
+        """Evaluates once, into locals, each attribute or item prefix that several of
+        `sources` read through (a model's parameters all sit under
+        ``self._modules['h']._modules['0']...``): the loads before a graph call cost
+        one attribute or item read per source, not one per link of its chain.  Only
+        reads the guards check anyway, so reading them once gives the same values."""
+        from .source import AttrSource, GetItemSource
+        uses: dict = {}
+        for source in sources:
+            base = source.base if type(source) in (AttrSource, GetItemSource) else None
+            while type(base) in (AttrSource, GetItemSource):
+                uses[base] = uses.get(base, 0) + 1
+                if uses[base] > 1:
+                    break           # its own prefixes were counted with it
+                base = base.base
+        for prefix in sorted((p for p, n in uses.items() if n > 1), key=_chain_length):
+            if prefix not in self.source_locals:
+                self.load_source(prefix)
+                name = f"___prefix_{self.prefix_count}"
+                self.prefix_count += 1
+                self.emit("STORE_FAST", name)
+                self.source_locals[prefix] = name
 
     def load_deref(self, name):
         self.emit("LOAD_DEREF", FreeVar(name) if name in self.freevars else CellVar(name))
@@ -175,10 +215,13 @@ class CodeGen:
             handler = Label()
             try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
             self.instrs.append(try_begin)
+        self.hold_shared_prefixes(input_sources)
         self.emit("PUSH_NULL")
         self.load_const(slot)
         for source in input_sources:
-            source.reconstruct(self)
+            self.load_source(source)
+        # (only for these loads: code after the graph call may see stores it replays)
+        self.source_locals.clear()
         self.call(len(input_sources))
         if guarded:
             after = Label()

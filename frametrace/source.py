@@ -159,7 +159,7 @@ class AttrSource(Source):
         return f"{self.base.name()}.{self.attr}"
 
     def reconstruct(self, cg):
-        self.base.reconstruct(cg)
+        cg.load_source(self.base)
         cg.load_attr(self.attr)
 
 
@@ -181,7 +181,7 @@ class GetItemSource(Source):
         return f"{self.base.name()}[{self.index!r}]"
 
     def reconstruct(self, cg):
-        self.base.reconstruct(cg)
+        cg.load_source(self.base)
         cg.load_const(self.index)
         cg.subscr()
 

@@ -59,12 +59,26 @@ enum {
     OP_COUNT
 };
 
+/* How a tensor class answers the guard's reads, resolved once from its MRO: the
+ * getters of `dtype`, `device`, `shape`, `requires_grad` and the method descriptors
+ * of `stride`, `is_neg`, `is_conj`, all of torch's C base class.  Borrowed: valid
+ * while the class's version tag is `version` (a class or base changed by assignment
+ * gets a new tag, and tags are never reused). */
+enum { RD_DTYPE, RD_DEVICE, RD_SHAPE, RD_REQUIRES_GRAD, RD_STRIDE, RD_IS_NEG, RD_IS_CONJ, RD_COUNT };
+
+typedef struct {
+    unsigned int version;   /* 0: not resolved (the generic lookups run) */
+    PyGetSetDef *get[RD_STRIDE];
+    PyObject *method[RD_COUNT - RD_STRIDE];
+} TensorReads;
+
 typedef struct {
     PyObject *type, *dtype, *device, *sizes, *strides, *requires_grad;
     int conj;           /* -1: not read (a real tensor), else the expected bit */
     int neg;
     Py_ssize_t ndim;
     Py_ssize_t *dims;   /* sizes then strides, as C integers */
+    TensorReads reads;
 } TensorSpec;
 
 /* What a load or check saw the last time it ran, while the dicts it read are
@@ -166,10 +180,81 @@ ints_equal(PyObject *seq, PyObject *expected, const Py_ssize_t *dims, Py_ssize_t
     return equals(seq, expected);
 }
 
-static int
-bool_method_is(PyObject *v, PyObject *name, int expected)
+static inline unsigned int type_version(PyTypeObject *tp);
+
+/* Fills `r` for `tp` when each name resolves, through a type whose attribute
+ * lookup is the generic one, to a getter or a method of one static C class (torch's
+ * TensorBase, whose dict cannot change: the descriptors live as long as the
+ * process).  Then what `v.name` runs is known without the lookup, and a getter (a
+ * data descriptor) is not shadowed by the instance dict.  A method can be: called
+ * here it reads the tensor's own strides and bits, which is what the guard is about
+ * (an instance attribute named `stride` changes neither). */
+static void
+resolve_tensor_reads(PyTypeObject *tp, TensorReads *r)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(v, name);
+    static PyObject **names[RD_COUNT] = {&s_dtype, &s_device, &s_shape, &s_requires_grad,
+                                         &s_stride, &s_is_neg, &s_is_conj};
+    r->version = 0;
+    if (tp->tp_getattro != PyObject_GenericGetAttr &&
+        (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || _PyType_Lookup(tp, s_getattribute) != object_getattribute ||
+         _PyType_Lookup(tp, s_getattr) != NULL)) {
+        return;
+    }
+    PyTypeObject *owner = NULL;
+    for (int i = 0; i < RD_COUNT; i++) {
+        PyObject *d = _PyType_Lookup(tp, *names[i]);
+        if (d == NULL) {
+            return;
+        }
+        if (i < RD_STRIDE) {
+            if (!Py_IS_TYPE(d, &PyGetSetDescr_Type)) {
+                return;
+            }
+            r->get[i] = ((PyGetSetDescrObject *)d)->d_getset;
+            if (r->get[i]->get == NULL) {
+                return;
+            }
+        }
+        else {
+            if (!Py_IS_TYPE(d, &PyMethodDescr_Type)) {
+                return;
+            }
+            r->method[i - RD_STRIDE] = d;
+        }
+        if (owner != NULL && PyDescr_TYPE(d) != owner) {
+            return;
+        }
+        owner = PyDescr_TYPE(d);
+    }
+    if (!(owner->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        r->version = type_version(tp);
+    }
+}
+
+/* v.<name> for one of the reads: the resolved getter, else the generic lookup. */
+static inline PyObject *
+tensor_get(PyObject *v, const TensorReads *r, int which, PyObject *name)
+{
+    if (r->version != 0) {
+        return r->get[which]->get(v, r->get[which]->closure);
+    }
+    return PyObject_GetAttr(v, name);
+}
+
+/* v.<name>(): the resolved method, else the generic method call. */
+static inline PyObject *
+tensor_call(PyObject *v, const TensorReads *r, int which, PyObject *name)
+{
+    if (r->version != 0) {
+        return PyObject_Vectorcall(r->method[which - RD_STRIDE], &v, 1, NULL);
+    }
+    return PyObject_CallMethodNoArgs(v, name);
+}
+
+static int
+bool_call_is(PyObject *v, const TensorReads *rd, int which, PyObject *name, int expected)
+{
+    PyObject *r = tensor_call(v, rd, which, name);
     if (r == NULL) {
         return -1;
     }
@@ -180,12 +265,17 @@ bool_method_is(PyObject *v, PyObject *name, int expected)
 
 /* The order and the comparisons of GuardSet.tensor's Python expression. */
 static int
-tensor_matches(PyObject *v, const TensorSpec *t)
+tensor_matches(PyObject *v, TensorSpec *t)
 {
     if ((PyObject *)Py_TYPE(v) != t->type) {
         return 0;
     }
-    PyObject *r = PyObject_GetAttr(v, s_dtype);
+    TensorReads *rd = &t->reads;
+    unsigned int version = type_version(Py_TYPE(v));
+    if (rd->version != version || version == 0) {
+        resolve_tensor_reads(Py_TYPE(v), rd);
+    }
+    PyObject *r = tensor_get(v, rd, RD_DTYPE, s_dtype);
     if (r == NULL) {
         return -1;
     }
@@ -194,7 +284,7 @@ tensor_matches(PyObject *v, const TensorSpec *t)
     if (ok != 1) {
         return ok;
     }
-    if ((r = PyObject_GetAttr(v, s_device)) == NULL) {
+    if ((r = tensor_get(v, rd, RD_DEVICE, s_device)) == NULL) {
         return -1;
     }
     ok = equals(r, t->device);
@@ -202,7 +292,7 @@ tensor_matches(PyObject *v, const TensorSpec *t)
     if (ok != 1) {
         return ok;
     }
-    if ((r = PyObject_GetAttr(v, s_shape)) == NULL) {
+    if ((r = tensor_get(v, rd, RD_SHAPE, s_shape)) == NULL) {
         return -1;
     }
     ok = ints_equal(r, t->sizes, t->dims, t->ndim);
@@ -210,7 +300,7 @@ tensor_matches(PyObject *v, const TensorSpec *t)
     if (ok != 1) {
         return ok;
     }
-    if ((r = PyObject_CallMethodNoArgs(v, s_stride)) == NULL) {
+    if ((r = tensor_call(v, rd, RD_STRIDE, s_stride)) == NULL) {
         return -1;
     }
     ok = ints_equal(r, t->strides, t->dims + t->ndim, t->ndim);
@@ -218,7 +308,7 @@ tensor_matches(PyObject *v, const TensorSpec *t)
     if (ok != 1) {
         return ok;
     }
-    if ((r = PyObject_GetAttr(v, s_requires_grad)) == NULL) {
+    if ((r = tensor_get(v, rd, RD_REQUIRES_GRAD, s_requires_grad)) == NULL) {
         return -1;
     }
     ok = r == t->requires_grad;
@@ -226,10 +316,10 @@ tensor_matches(PyObject *v, const TensorSpec *t)
     if (ok != 1) {
         return ok;
     }
-    if (t->conj >= 0 && (ok = bool_method_is(v, s_is_conj, t->conj)) != 1) {
+    if (t->conj >= 0 && (ok = bool_call_is(v, rd, RD_IS_CONJ, s_is_conj, t->conj)) != 1) {
         return ok;
     }
-    return bool_method_is(v, s_is_neg, t->neg);
+    return bool_call_is(v, rd, RD_IS_NEG, s_is_neg, t->neg);
 }
 
 /* tuple(v) == keys, without building the tuple while the dict's keys are the very
