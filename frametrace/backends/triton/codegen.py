@@ -108,12 +108,14 @@ class NeedReduction(Exception):
 class KernelGroup:
     """Realized nodes one kernel evaluates, in program order.  `outer`: whether a
     reduction's memory accesses are contiguous along x (see contiguity.py), found when
-    the kernel is first generated (None before)."""
-    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer")
+    the kernel is first generated (None before).  `columns`: a reduction kernel's
+    full-size members sit at `rindex * xnumel + xindex` (where a sum over the leading
+    dimension, a bias gradient, reads them), not row-major."""
+    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns")
 
-    def __init__(self, members, xnumel, rnumel, reduction):
+    def __init__(self, members, xnumel, rnumel, reduction, columns=False):
         self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
-        self.outer = None
+        self.outer, self.columns = None, columns
 
 
 def _identity(rtype, dtype):
@@ -448,10 +450,13 @@ class KernelCodegen:
 
     def row_flat(self):
         """Where full-size pointwise members sit: along the first scan's rows when the
-        kernel has a scan (an epilogue then reads it in place), else row-major."""
+        kernel has a scan (an epilogue then reads it in place), else row-major (or
+        column-major: `KernelGroup.columns`)."""
         for c in self.group.members:
             if c.is_scan:
                 return self.scan_flat(c)
+        if getattr(self.group, "columns", False):
+            return RINDEX * self.xnumel + XINDEX
         return XINDEX * self.rnumel + RINDEX
 
     def scan(self, c) -> str:
