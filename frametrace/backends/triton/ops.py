@@ -433,7 +433,12 @@ def view(L, node, x, index_map, view_fn):
         b = L.view_buffer(x, view_fn)
         if b is not None:
             return b
-    aliasable = isinstance(x, Computed) or (isinstance(x, Pointwise) and x.alias is not None)
+    # a view of a lazy value that holds no more elements than the view (a transpose, a
+    # reshape, an expand): stored, it is a view of that value stored, so that a value
+    # realized both as it is and viewed (a cast weight: saved, and transposed for a
+    # matmul) is one buffer and one kernel
+    aliasable = isinstance(x, Computed) or (isinstance(x, Pointwise) and (
+        x.alias is not None or layout._static(x.shape) and layout._static(shape) and x.numel <= math.prod(shape)))
     return pointwise(shape, dtype, lambda k, idx: x.load(k, index_map(idx)), x,
                      alias=(x, view_fn) if aliasable else None)
 
