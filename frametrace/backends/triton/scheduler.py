@@ -115,6 +115,8 @@ def _join_earlier(out, made, current, c) -> bool:
     for i in spots:
         if i < ready:
             break
+        if out[i].reduction and not c.is_reduction and not reads & {m.name for m in out[i].members}:
+            continue  # (a stranger's elements in a reduction's walk: its loads may not coalesce)
         joined = _join(out[i], c)
         if joined is not None:
             out[i] = joined
