@@ -84,3 +84,15 @@ def test_parameter_casts_share_kernels():
     # the casts (one combo launch), the two tanh, the output's cast
     assert len(fw.kernels) == 4, fw.source   # (11 before)
     assert len(bw.kernels) == 4, bw.source   # (10 before)
+
+
+def test_zero_fill_beside_a_column_sum_of_its_row_count():
+    """A position embedding's gradient: the zeros its scatter-add starts from have as many
+    elements as the sum over the batch has outputs, so they share its kernel, stored as a
+    block of one value per row (a full block of the row's length did not compile, and the
+    kernel's ops ran as aten calls)."""
+    x, w, ids = torch.randn(4, 16, 32), torch.randn(16, 32), torch.arange(16).unsqueeze(0)
+    fw, bw = train_step(lambda x, w: (x + F.embedding(ids, w)).sin(), x, w, tol=dict(atol=1e-4, rtol=1e-4))
+    assert not bw.fallbacks, bw.fallbacks
+    assert len(bw.kernels) == 2, bw.source
+    assert {str(op) for op in bw.extern_ops} == {"aten.index_put.default"}

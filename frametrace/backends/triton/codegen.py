@@ -589,7 +589,8 @@ class KernelCodegen:
         text = pexpr(self.store_index(c))
         level = self.level(text)
         if v not in self.levels:  # a constant (a zero gradient), made in the stored dtype
-            shape = "[XBLOCK, RBLOCK]" if self.group.reduction else self.BLOCK
+            # (in a reduction kernel, a block of the store's shape: one per row, or full)
+            shape = ("[XBLOCK, RBLOCK]" if level == 2 else "[XBLOCK, 1]") if self.group.reduction else self.BLOCK
             v = self.op(f"tl.full({shape}, {v}, {TL[c.dtype]})")
         elif compute_dtype(c.dtype) != c.dtype:
             v = self.op(f"{v}.to({TL[c.dtype]})")
