@@ -5,7 +5,8 @@ launch and each allocation, so these counts are what to drive down.
     TRITON_INTERPRET=1 python benchmarks/kernel_counts.py [--models bert,gpt2,llama]
         [--layers 2] [--precision autocast|bf16|fp32] [--list] [--inductor] [--json FILE]
 
-Each model is a tiny HF config (hidden 64, 4 heads, `--layers` layers, vocab 256) in the
+Each model is a tiny HF config (hidden 64, 4 heads, `--layers` layers, vocab 256, batch 2
+x 16 tokens; `--batch`, `--seq`, `--hidden` change those) in the
 training benchmark's precision (`autocast`, the default: fp32 weights, bf16 autocast
 around the forward and the loss; `bf16` weights; or `fp32`), run as one step: the forward with the model's loss (labels given), then `loss.backward()`,
 compiled with `frametrace.optimize(backend="triton")`.  Per graph (forward, backward, and
@@ -16,6 +17,8 @@ inference graphs if any) it prints:
   allocs    buffers the wrapper allocates for kernels' stores (`empty_strided`), plus the
             results of externs (each allocates its output)
   layouts   `ensure_layout` calls (copies when an extern's output is not laid out as planned)
+
+(externs include fallbacks: ops a kernel could have run, listed with why under `--list`)
 
 and, with `--list`, every kernel as the FX ops it computes (its stored values' ops first,
 `+` the ops fused into it), and a histogram of those signatures: a kernel that is one
@@ -41,24 +44,25 @@ import torch  # noqa: E402
 import frametrace  # noqa: E402
 
 MODELS = ("bert", "gpt2", "llama")
-BATCH, SEQ, VOCAB = 2, 16, 256
+BATCH, SEQ, VOCAB, HIDDEN = 2, 16, 256, 64
 
 
 def make_model(name, layers):
     import transformers
     torch.manual_seed(0)
+    h, positions = HIDDEN, max(64, SEQ)
     if name == "llama":
-        cfg = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=64, intermediate_size=128,
+        cfg = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=h, intermediate_size=2 * h,
                                        num_attention_heads=4, num_key_value_heads=4, vocab_size=VOCAB,
-                                       max_position_embeddings=64, use_cache=False)
+                                       max_position_embeddings=positions, use_cache=False)
         return transformers.LlamaForCausalLM(cfg)
     if name == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=layers, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
+        cfg = transformers.GPT2Config(n_layer=layers, n_embd=h, n_head=4, vocab_size=VOCAB, n_positions=positions,
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
         return transformers.GPT2LMHeadModel(cfg)
     if name == "bert":
-        cfg = transformers.BertConfig(num_hidden_layers=layers, hidden_size=64, intermediate_size=128,
-                                      num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=64,
+        cfg = transformers.BertConfig(num_hidden_layers=layers, hidden_size=h, intermediate_size=2 * h,
+                                      num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=positions,
                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         return transformers.BertForMaskedLM(cfg)
     raise ValueError(name)
@@ -90,6 +94,7 @@ def counts(mod) -> dict:
     return {"kernels": len(mod.kernels), "externs": len(mod.externs),
             "allocs": src.count("empty_strided(") + len(mod.externs),
             "layouts": src.count("ensure_layout("),
+            "fallbacks": [f"{f.node} ({f.op}): {f.reason}" for f in mod.fallbacks],
             "extern_ops": dict(collections.Counter(str(o).replace("aten.", "").replace(".default", "")
                                                    for o in mod.extern_ops))}
 
@@ -137,14 +142,20 @@ def inductor_kernels(name, layers, precision) -> int:
 
 
 def main(argv=None):
+    global BATCH, SEQ, HIDDEN
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--seq", type=int, default=SEQ)
+    p.add_argument("--hidden", type=int, default=HIDDEN,
+                   help="(split reductions, persistent or looped rows depend on the sizes)")
     p.add_argument("--precision", default="autocast", choices=("autocast", "bf16", "fp32"))
     p.add_argument("--list", action="store_true", help="every kernel's ops, and a histogram of them")
     p.add_argument("--inductor", action="store_true", help="Inductor's kernel count too (CPU)")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args(argv)
+    BATCH, SEQ, HIDDEN = args.batch, args.seq, args.hidden
     all_rows = []
     print(f"{'model':8} {'graph':10} {'kernels':>8} {'externs':>8} {'allocs':>7} {'layouts':>8}")
     for name in args.models.split(","):
@@ -158,6 +169,8 @@ def main(argv=None):
         if args.list:
             for r in rows:
                 print(f"\n-- {name} {r['graph']}: {r['kernels']} kernels")
+                for f in r["fallbacks"]:
+                    print(f"  fallback: {f}")
                 for sig, n in collections.Counter(r["kernel_list"]).most_common():
                     print(f"  {n:4}  {sig}")
     if args.json:
