@@ -108,12 +108,14 @@ class NeedReduction(Exception):
 class KernelGroup:
     """Realized nodes one kernel evaluates, in program order.  `outer`: whether a
     reduction's memory accesses are contiguous along x (see contiguity.py), found when
-    the kernel is first generated (None before)."""
-    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer")
+    the kernel is first generated (None before).  `columns`: a reduction kernel's
+    full-size members sit at `rindex * xnumel + xindex` (where a sum over the leading
+    dimension, a bias gradient, reads them), not row-major."""
+    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns")
 
-    def __init__(self, members, xnumel, rnumel, reduction):
+    def __init__(self, members, xnumel, rnumel, reduction, columns=False):
         self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
-        self.outer = None
+        self.outer, self.columns = None, columns
 
 
 def _identity(rtype, dtype):
@@ -448,10 +450,13 @@ class KernelCodegen:
 
     def row_flat(self):
         """Where full-size pointwise members sit: along the first scan's rows when the
-        kernel has a scan (an epilogue then reads it in place), else row-major."""
+        kernel has a scan (an epilogue then reads it in place), else row-major (or
+        column-major: `KernelGroup.columns`)."""
         for c in self.group.members:
             if c.is_scan:
                 return self.scan_flat(c)
+        if getattr(self.group, "columns", False):
+            return RINDEX * self.xnumel + XINDEX
         return XINDEX * self.rnumel + RINDEX
 
     def scan(self, c) -> str:
@@ -584,7 +589,8 @@ class KernelCodegen:
         text = pexpr(self.store_index(c))
         level = self.level(text)
         if v not in self.levels:  # a constant (a zero gradient), made in the stored dtype
-            shape = "[XBLOCK, RBLOCK]" if self.group.reduction else self.BLOCK
+            # (in a reduction kernel, a block of the store's shape: one per row, or full)
+            shape = ("[XBLOCK, RBLOCK]" if level == 2 else "[XBLOCK, 1]") if self.group.reduction else self.BLOCK
             v = self.op(f"tl.full({shape}, {v}, {TL[c.dtype]})")
         elif compute_dtype(c.dtype) != c.dtype:
             v = self.op(f"{v}.to({TL[c.dtype]})")

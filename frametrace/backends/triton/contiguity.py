@@ -52,6 +52,7 @@ def is_outer(cg) -> bool:
     votes = {"x": 0, "r": 0, None: 0}
     for index in cg.load_indices:
         votes[axis(index, cg.xnumel, cg.rnumel)] += 1
-    # full-size stores (a softmax's output) walk rows: inner
-    votes["r"] += sum(cg.own_flat(c) is not XINDEX for c in cg.stores)
+    # full-size stores walk rows (a softmax's output: inner), or columns (a gradient
+    # stored by its bias gradient's kernel: outer)
+    votes["x" if getattr(cg.group, "columns", False) else "r"] += sum(cg.own_flat(c) is not XINDEX for c in cg.stores)
     return votes["x"] > votes["r"]

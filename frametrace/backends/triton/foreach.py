@@ -467,7 +467,7 @@ class ComboGroup:
 def _combinable(k) -> bool:
     g = k.group
     return not isinstance(g, ComboGroup) and not g.reduction and k.tile is None and not k.symbols \
-        and indexing.is_static(g.xnumel)
+        and indexing.is_static(g.xnumel) and k.source.count("@triton.jit") == 1  # (no helpers: Philox)
 
 
 def _touches(k):

@@ -9,7 +9,7 @@ import torch.fx
 
 from . import grad_ops, indexing, layout, logsumexp  # noqa: F401  (grad_ops registers lowerings)
 from .fallback import Fallback, by_design, ir_values, trace
-from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported
+from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported, contiguous_strides
 from .ops import LOWERINGS, compute_dtype
 from .placement import Placement, device_of, is_view, reaches_output
 
@@ -242,7 +242,8 @@ class GraphLowering(Placement):
             if wrapper and value.name in self.computed_names:
                 self.wrapper_reads.add(value.name)
             return value
-        if isinstance(value, Pointwise) and value.realized is None and value.alias is not None:
+        if isinstance(value, Pointwise) and value.realized is None and value.alias is not None \
+                and self._views_stored(*value.alias):
             base, view_fn = value.alias
             b = self.view_buffer(self.realize(base, wrapper), view_fn)
             if b is not None:
@@ -258,6 +259,19 @@ class GraphLowering(Placement):
                 self.wrapper_reads.add(value.name)
             return value.buffer
         raise Unsupported(f"cannot realize {value!r}")
+
+    def _views_stored(self, base, view_fn) -> bool:
+        """Whether `view_fn` of `base` stored is a view (not a copy), for a lazy `base`
+        in the layout it would be stored in: else storing it costs a kernel for nothing."""
+        while isinstance(base, Pointwise) and base.realized is None and base.alias is not None:
+            base, inner = base.alias
+            view_fn = (lambda f, g: lambda t: f(g(t)))(view_fn, inner)
+        if not isinstance(base, Pointwise) or base.realized is not None:
+            return True
+        stride = base.stride or layout.preferred(base) or contiguous_strides(base.shape)
+        meta = Buffer("", base.shape, stride, base.dtype, self.device).meta()
+        return meta is not None and self.view_buffer(Buffer("", base.shape, stride, base.dtype, self.device),
+                                                     view_fn) is not None
 
     def view_buffer(self, base: Buffer, view_fn):
         """The Buffer a view op gives on `base`'s memory, or None if it would copy."""

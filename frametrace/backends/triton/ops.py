@@ -433,24 +433,14 @@ def view(L, node, x, index_map, view_fn):
         b = L.view_buffer(x, view_fn)
         if b is not None:
             return b
+    # a view of a lazy value that holds no more elements than the view (a transpose, a
+    # reshape, an expand): stored, it is a view of that value stored, so that a value
+    # realized both as it is and viewed (a cast weight: saved, and transposed for a
+    # matmul) is one buffer and one kernel
     aliasable = isinstance(x, Computed) or (isinstance(x, Pointwise) and (
-        x.alias is not None or _base_used_otherwise(node, shape, x.shape)))
+        x.alias is not None or layout._static(x.shape) and layout._static(shape) and x.numel <= math.prod(shape)))
     return pointwise(shape, dtype, lambda k, idx: x.load(k, index_map(idx)), x,
                      alias=(x, view_fn) if aliasable else None)
-
-
-def _base_used_otherwise(node, shape, base_shape) -> bool:
-    """Whether a view (every element, in another shape or order) of a value the graph
-    also reads otherwise is better stored as a view of that value's buffer: a weight's
-    bf16 copy that a matmul reads transposed and the backward gets saved would be
-    stored twice, once in each layout."""
-    src = node.args[0] if node.args else None
-    if not isinstance(src, torch.fx.Node) or len(src.users) < 2:
-        return False
-    try:
-        return sympy.simplify(sympy.Mul(*shape) - sympy.Mul(*base_shape)) == 0
-    except TypeError:
-        return False
 
 
 @register(aten.view.default, aten._unsafe_view, aten.reshape)

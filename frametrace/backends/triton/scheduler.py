@@ -3,7 +3,10 @@
 others only at its own position.  Whether it does is found by generating the kernel:
 `NotFusable` ends the group.  Extern calls end groups too: they run between kernels.
 A reduction may also join the kernel before the current one, when it does not read the
-current one's values (sibling split reductions, see `_join_back`).
+current one's values (sibling split reductions, see `_join_back`).  And a node that no
+extern or kernel since an earlier kernel feeds joins that kernel (`_join_earlier`): a bias
+gradient's column sum joins the kernel that stores the gradient, past the matmuls that
+read it, and the sum's cast to the parameter's dtype joins the sum.
 """
 from __future__ import annotations
 
@@ -30,7 +33,9 @@ def _same_walk(members, c: Computed, reduction: bool) -> bool:
     return len(walks) <= 1
 
 
-def _join(group: KernelGroup, c: Computed, avoid=frozenset()):
+def _fits(group: KernelGroup, c: Computed):
+    """The joined kernel's (xnumel, rnumel, reduction) when `c`'s iteration space fits
+    `group`'s, else None."""
     x, r, red = group.xnumel, group.rnumel, group.reduction
     cx, cr, cred = _space(c)
     if red and cred:
@@ -42,17 +47,29 @@ def _join(group: KernelGroup, c: Computed, avoid=frozenset()):
         x, r, red = cx, cr, True
     else:
         ok = c.numel == x
-    if not ok or not _same_walk(group.members, c, red):
+    return (x, r, red) if ok else None
+
+
+def _join(group: KernelGroup, c: Computed, avoid=frozenset()):
+    space = _fits(group, c)
+    if space is None:
         return None
-    joined = KernelGroup(group.members + [c], x, r, red)
-    cg = KernelCodegen(joined, joined.members)
-    try:
-        cg.generate()
-    except NotFusable:
+    x, r, red = space
+    if not _same_walk(group.members, c, red):
         return None
-    if avoid and cg.reads & avoid:
-        return None
-    return joined
+    columns = getattr(group, "columns", False)
+    # a reduction's full-size members row-major, else column-major (a column sum's input)
+    for layout in ((columns, not columns) if red else (False,)):
+        joined = KernelGroup(group.members + [c], x, r, red, layout)
+        cg = KernelCodegen(joined, joined.members)
+        try:
+            cg.generate()
+        except NotFusable:
+            continue
+        if avoid and cg.reads & avoid:
+            return None
+        return joined
+    return None
 
 
 def _join_back(out, current, c):
@@ -67,31 +84,101 @@ def _join_back(out, current, c):
     return _join(prev, c, avoid={m.name for m in current.members})
 
 
+# How many kernels back `_join_earlier` looks (each candidate costs a code generation)
+EARLIER = 8
+
+
+def _reads(c: Computed) -> set | None:
+    """The names `c`'s code loads (computed values, inputs, extern outputs), or None."""
+    x, r, red = _space(c)
+    cg = KernelCodegen(KernelGroup([c], x, r, red), [c])
+    try:
+        cg.generate()
+    except Exception:
+        return None
+    return (cg.reads | set(cg.args)) - {c.name}
+
+
+def _join_earlier(out, made, current, c) -> bool:
+    """Put `c` into a kernel of `out` (at most EARLIER back) that runs after everything
+    `c` reads is computed: the externs since then do not read `c` (they come before it in
+    program order), so it may run before them.  Whether it joined."""
+    first = max(0, len(out) - EARLIER)
+    spots = [i for i in range(len(out) - 1, first - 1, -1)
+             if isinstance(out[i], KernelGroup) and _fits(out[i], c) is not None]
+    if not spots:
+        return False
+    reads = _reads(c)
+    if reads is None or (current is not None and reads & {m.name for m in current.members}):
+        return False
+    ready = max([made[n] for n in reads if n in made] + [made.get(_WRITE, -1)])
+    for i in spots:
+        if i < ready:
+            break
+        if out[i].reduction and not c.is_reduction and not reads & {m.name for m in out[i].members}:
+            continue  # (a stranger's elements in a reduction's walk: its loads may not coalesce)
+        joined = _join(out[i], c)
+        if joined is not None:
+            out[i] = joined
+            made[c.name] = i
+            return True
+    return False
+
+
+# `made`'s key of the last item that writes memory in place (nothing moves before it)
+_WRITE = object()
+
+
+def _made(made, item, i):
+    """Note the names `item` (at `out[i]`) computes, and whether it writes in place."""
+    if isinstance(item, Extern) and getattr(getattr(item.op, "_schema", None), "is_mutable", True) \
+            or not isinstance(item, Extern) and any(getattr(m, "in_place", False) for m in item.members):
+        made[_WRITE] = i
+    if isinstance(item, Extern):
+        made[item.name] = i
+        stack = [item.outputs]
+        while stack:
+            o = stack.pop()
+            if isinstance(o, (list, tuple)):
+                stack += list(o)
+            elif hasattr(o, "name"):
+                made[o.name] = i
+    else:
+        made.update((m.name, i) for m in item.members)
+
+
 def group(items) -> list:
     """KernelGroups and Externs, in program order."""
-    out, current = [], None
+    out, current, made = [], None, {}
+
+    def close(g):
+        _made(made, g, len(out))
+        out.append(g)
     for item in items:
         if isinstance(item, Extern):
             if current is not None:
-                out.append(current)
+                close(current)
                 current = None
-            out.append(item)
+            close(item)
             continue
         joined = _join(current, item) if current is not None else None
         if joined is None and current is not None:
             back = _join_back(out, current, item)
             if back is not None:
                 out[-1] = back
+                made[item.name] = len(out) - 1
                 continue
+        if joined is None and _join_earlier(out, made, current, item):
+            continue
         if joined is None:
             if current is not None:
-                out.append(current)
+                close(current)
             x, r, red = _space(item)
             current = KernelGroup([item], x, r, red)
         else:
             current = joined
     if current is not None:
-        out.append(current)
+        close(current)
     return out
 
 
@@ -111,8 +198,9 @@ class Kernel:
 def schedule(lowered) -> list:
     """Kernels and Externs in launch order.  A computed value is written to memory only
     when another kernel, an extern or the graph's outputs read it.  A graph that writes its
-    inputs (an optimizer step) is reordered into fusible chains and its independent
-    kernels launch together (foreach.py)."""
+    inputs (an optimizer step) is reordered into fusible chains (foreach.py).  Independent
+    pointwise kernels that follow one another launch together as a combo kernel (the
+    casts of parameters, of a backward's gradients): a launch costs host time."""
     ordered = foreach.groups(lowered)
     groups = group(lowered.items) if ordered is None else ordered
     needed = set(lowered.wrapper_reads)
@@ -133,4 +221,4 @@ def schedule(lowered) -> list:
             cg, name, source = tiling.generate(g, stores)
             out.append(Kernel(g, stores, name, source, dict(cg.args), cg.symbols,
                               getattr(cg, "tile", None)))
-    return out if ordered is None else foreach.combine(out)
+    return foreach.combine(out)
