@@ -44,7 +44,7 @@ def test_weight_cast_read_transposed_and_saved_is_stored_once():
     # the matmul reads cast(w).t(); the backward's input gradient reads cast(w) saved
     fw, _ = run(lambda x, w: F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)).float().sin(),
                 (8, 16), (32, 16))
-    assert len(fw.kernels) == 3, fw.source   # cast x, cast w, sin
+    assert fw.source.count("dtype=torch.bfloat16") == 2, fw.source   # x and w cast, once each
 
 
 def test_casts_of_one_input_for_several_matmuls_are_one_value():
