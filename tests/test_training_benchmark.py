@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,6 +26,9 @@ def test_training_benchmark_smoke(tmp_path):
     assert float(row["eager ms"]) > 0 and float(row["frametrace ms"]) > 0, row
     assert row["inductor ms"] == "-", row
     abs_diff, rel_diff = (float(x) for x in row["ft loss+params max abs / rel diff"].split(" / "))
-    assert abs_diff < 1e-4 and rel_diff < 1e-3, row
+    # (exact on the CPU's eager backend; on a GPU the triton backend's fused kernels keep
+    # autocast's bf16 intermediates unrounded, as Inductor's do)
+    tol = (5e-3, 5e-2) if torch.cuda.is_available() else (1e-4, 1e-3)
+    assert abs_diff < tol[0] and rel_diff < tol[1], row
     # the model's forward, and opt.step: its first step (which creates the state) and the rest
     assert row["ft graphs / breaks / eager graphs"] == "3 / 0 / 0", row
