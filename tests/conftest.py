@@ -34,6 +34,22 @@ def triton_interpreter(monkeypatch):
     backend.COMPILED.clear()
 
 
+@pytest.fixture(params=["aot_eager", "triton"])
+def training_backend(request):
+    """A training test's backend name; for triton, kernels run in Triton's interpreter and
+    a graph that runs eagerly as a whole (not through kernels) fails the test."""
+    if request.param == "triton":
+        pytest.importorskip("triton")
+        request.getfixturevalue("triton_interpreter")
+        from frametrace.backends.triton import backend as tb
+        before = tb.STATS["eager_graphs"]
+        yield "triton"
+        assert tb.STATS["eager_graphs"] == before, "a graph ran eagerly instead of as kernels"
+        assert tb.COMPILED, "no graph went through the triton backend"
+    else:
+        yield request.param
+
+
 def triton_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
     """fn compiled with the triton backend matches eager; returns the CompiledModule."""
     from frametrace.backends.triton import last_compiled

@@ -25,20 +25,9 @@ from test_optimizer_step import backward, mlp, run_steps, step
 STEPS = 3
 
 
-@pytest.fixture(params=["aot_eager", "triton"])
-def backend(request):
-    """The backend name; for triton, kernels run in Triton's interpreter and a graph that
-    runs eagerly as a whole fails the test."""
-    if request.param == "triton":
-        pytest.importorskip("triton")
-        request.getfixturevalue("triton_interpreter")
-        from frametrace.backends.triton import backend as tb
-        before = tb.STATS["eager_graphs"]
-        yield "triton"
-        assert tb.STATS["eager_graphs"] == before, "a graph ran eagerly instead of as kernels"
-        assert tb.COMPILED, "no graph went through the triton backend"
-    else:
-        yield request.param
+@pytest.fixture
+def backend(training_backend):
+    return training_backend
 
 
 class Net(nn.Module):
