@@ -8,6 +8,7 @@ return value.  Differences between 3.11 and 3.12 are in `CodeGen`'s emitters onl
 from __future__ import annotations
 
 import builtins
+import logging
 import sys
 import types
 import weakref
@@ -254,7 +255,9 @@ class CodeGen:
         self.emit("CHECK_EXC_MATCH")
         self.instrs.append(Instr("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE",
                                  reraise, lineno=self.lineno))
-        self.call_const(graph_errors_rerun, [])
+        # (the stack holds the exception under the callable and its NULL)
+        self.call_const(graph_errors_rerun, [lambda cg: cg.emit("COPY", 3),
+                                             lambda cg: cg.load_const(code)])
         self.instrs.append(Instr("POP_JUMP_IF_TRUE" if PY312 else "POP_JUMP_FORWARD_IF_TRUE",
                                  rerun, lineno=self.lineno))
         self.instrs.append(reraise)
@@ -352,15 +355,25 @@ def rebuild_object(cls, attrs):
 
 
 _unhooked_copies = weakref.WeakKeyDictionary()
+_reran = weakref.WeakSet()   # codes whose graph raised (see graph_errors_rerun)
 
 
-def graph_errors_rerun() -> bool:
-    """Whether an exception out of a graph may be answered by running the frame again in
-    CPython: not while saved-tensor hooks are set.  Their pack hooks are user code that
-    ran inside the graph (activation checkpointing counts the tensors it saves, and its
-    recomputation stops by raising from one): a second run would repeat them."""
+def graph_errors_rerun(exc, code) -> bool:
+    """Whether `exc`, raised out of a graph of `code`, may be answered by running the
+    frame again in CPython: not while saved-tensor hooks are set.  Their pack hooks are
+    user code that ran inside the graph (activation checkpointing counts the tensors it saves, and its
+    recomputation stops by raising from one): a second run would repeat them.  A rerun
+    is logged: a graph that raised and ran in CPython must not pass for a compiled one."""
     import torch
-    return torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        return False
+    level = logging.INFO if code in _reran else logging.WARNING
+    _reran.add(code)
+    logging.getLogger("frametrace").log(
+        level, "the compiled graph of %s (%s:%d) raised %s: %s; the frame runs in CPython",
+        code.co_name, code.co_filename, code.co_firstlineno, type(exc).__name__,
+        str(exc).split("\n")[0][:200])
+    return True
 
 
 def rerun_frame(code, f_globals, closure, args, grad: bool):

@@ -159,3 +159,19 @@ def test_random_numbers_before_a_failing_op():
         log.append(1)
         return (x + torch.rand(3))[idx]
     check(f, [(torch.zeros(3), torch.tensor([1]), []), (torch.zeros(3), torch.tensor([4]), [])])
+
+
+def test_a_rerun_in_cpython_is_logged_once_as_a_warning(caplog):
+    # a graph that raises runs the frame in CPython: said once per frame as a warning
+    # (later ones at INFO), naming the frame and the error
+    def f(x, idx):
+        return x[idx] * 2
+    compiled = frametrace.optimize(f)
+    compiled(torch.randn(4), torch.tensor([1]))
+    with caplog.at_level("INFO", logger="frametrace"):
+        for _ in range(2):
+            with pytest.raises(IndexError):
+                compiled(torch.randn(4), torch.tensor([9]))
+    reruns = [r for r in caplog.records if "the frame runs in CPython" in r.getMessage()]
+    assert [r.levelname for r in reruns] == ["WARNING", "INFO"]
+    assert "f (" in reruns[0].getMessage() and "IndexError" in reruns[0].getMessage()

@@ -116,6 +116,45 @@ def test_gpu_bound_graph_keeps_launching(monkeypatch):
     torch.testing.assert_close(compiled(x, y), big(x, y), atol=1e-3, rtol=1e-3)
 
 
+@cuda
+@pytest.mark.parametrize("warm_calls", [1, 6])
+def test_gpu_call_inside_the_callers_cuda_graph_capture_launches_into_it(monkeypatch, warm_calls):
+    # a serving loop captures a compiled step in its own CUDA graph: the call launches
+    # our kernels into that capture (neither replaying our graph inside it, which CUDA
+    # refuses, nor timing with a synchronize), whether or not our replay was set up yet
+    monkeypatch.delenv("TRITON_INTERPRET")
+    w = torch.randn(64, 64, device="cuda")
+
+    def decode(x):
+        for _ in range(6):
+            x = F.layer_norm(torch.tanh(x @ w), (64,))
+        return x.sum(0)
+    compiled = frametrace.optimize(backend="triton")(decode)
+    x = torch.randn(8, 64, device="cuda")
+    for _ in range(warm_calls):
+        compiled(x)
+    mod = last_compiled()
+    runner = mod.runner
+    assert runner is not None
+    assert (runner.graph is not None) == (warm_calls > 4), runner.decision
+    direct = []
+    inner_call = runner.call
+    monkeypatch.setattr(runner, "call", lambda args: (direct.append(1), inner_call(args))[1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        compiled(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(x)
+    assert len(direct) == 2   # (the rerun of the frame in CPython would not call it)
+    for i in range(3):
+        x.copy_(torch.randn(8, 64, device="cuda"))
+        graph.replay()
+        torch.testing.assert_close(out, decode(x), atol=1e-4, rtol=1e-4)
+
+
 def test_value_read_through_a_view_by_a_later_kernel_is_stored():
     # ConvNeXt's head at batch 1 (timm, bf16): residual, global average pool, LayerNorm over
     # channels through a permute; the pooled value reaches the norm's kernel as a view of

@@ -13,6 +13,10 @@ Otherwise the direct call is timed once more before capture, then the captured g
 second replay with its copies in and out; the graph is kept
 when it is faster (many small launches, as in batch-1 decoding, where the host is the
 bottleneck), else dropped and the wrapper launches directly from then on.
+
+A call made while the caller captures its own CUDA graph (a serving loop capturing a
+decode step) launches directly, so that the kernels land in the caller's graph: replaying
+ours inside a capture is not allowed, and timing would synchronize the capturing stream.
 """
 from __future__ import annotations
 
@@ -48,6 +52,8 @@ class CudaGraphRunner:
         return None if self.host_us is None else self.host_us / max(self.launches, 1)
 
     def __call__(self, args):
+        if _capturing():
+            return self.call(args)
         if self.graph is None:
             return self._warm(args)
         static, stable = self.static, self.stable
@@ -91,15 +97,16 @@ class CudaGraphRunner:
         self.host_us = host if self.host_us is None else min(self.host_us, host)
 
     def _warm(self, args):
-        """The first call runs directly (it tunes and compiles), the second is timed, the
-        third captures, times a replay against the direct call and keeps the faster."""
+        """The first call runs directly (it tunes and compiles), the second and third are
+        timed (the best of two: the second still pays for building the fast launcher),
+        the fourth captures, times a replay against the direct call and keeps the faster."""
         if self.calls < 0:  # replaying was given up
             return self.call(args)
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         self.calls += 1
-        if self.calls < 3 or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        if self.calls < 4 or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             self.last_ptrs = ptrs
-            if self.calls != 2:
+            if self.calls == 1 or self.calls >= 4:
                 return self.call(args)
             out, wall, host = self._timed(self.call, args)
             self._note(wall, host)
@@ -140,3 +147,6 @@ class CudaGraphRunner:
             self.graph = self.static = self.outputs = None
             self.calls = -10 ** 9
         return out
+
+
+_capturing = torch.cuda.is_current_stream_capturing
