@@ -150,7 +150,9 @@ def test_gpu_call_inside_the_callers_cuda_graph_capture_launches_into_it(monkeyp
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = compiled(x)
-    assert len(direct) == 2   # (the rerun of the frame in CPython would not call it)
+    # the warm-up call on the side stream launched directly too unless our graph replays;
+    # a rerun of the frame in CPython would call neither
+    assert len(direct) == (1 if warm_calls > 4 else 2)
     for i in range(3):
         x.copy_(torch.randn(8, 64, device="cuda"))
         graph.replay()
