@@ -125,6 +125,7 @@ def test_gpu_call_inside_the_callers_cuda_graph_capture_launches_into_it(monkeyp
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(cudagraphs, "HOST_BOUND", 0.0)   # replaying is kept, whatever it saves
     monkeypatch.setattr(cudagraphs, "KEEP_BELOW", 1e9)
+    monkeypatch.setattr(cudagraphs, "HOST_SATURATED", 1e9)
     w = torch.randn(64, 64, device="cuda")
 
     def decode(x):
