@@ -83,7 +83,44 @@ def test_parameter_casts_share_kernels():
     assert len(weights) == 3, fw.source
     # the casts (one combo launch), the two tanh, the output's cast
     assert len(fw.kernels) == 4, fw.source   # (11 before)
-    assert len(bw.kernels) == 4, bw.source   # (10 before)
+    # (10 before; 4 when the weight gradients' casts waited for the end: see below)
+    assert len(bw.kernels) == 6, bw.source
+
+
+def test_gradient_casts_run_where_their_matmul_ends():
+    """A weight gradient's cast to its parameter's fp32 (a graph output) runs close after
+    the matmul that computes it in bf16, which then dies there; stored at the graph's end
+    instead, every bf16 gradient was alive beside every fp32 one (LLaMA-4 with autocast:
+    0.4 GiB above Inductor's peak)."""
+    from frametrace.backends.triton import foreach
+    from frametrace.backends.triton.ir import Extern
+    x = torch.randn(8, 16)
+    ws = [torch.randn(16, 16) * 0.3 for _ in range(3)]
+
+    def mlp(x, *ws):
+        h = x
+        for w in ws:
+            h = torch.tanh(F.linear(h.to(torch.bfloat16), w.to(torch.bfloat16)))
+        return h.float()
+    _, bw = train_step(mlp, x, *ws)
+    order = bw.wrapper.schedule
+    made = {}
+    for i, item in enumerate(order):
+        if isinstance(item, Extern):
+            for o in item.outputs if isinstance(item.outputs, (list, tuple)) else [item.outputs]:
+                if hasattr(o, "name"):
+                    made[o.name] = i
+    casts = 0
+    for i, item in enumerate(order):
+        if isinstance(item, Extern):
+            continue
+        for c in item.stores:
+            if c.dtype == torch.float32 and tuple(c.shape) == (16, 16):
+                casts += 1
+                since = max(made[n] for n in item.args if n in made)
+                waited = sum(isinstance(e, Extern) for e in order[since + 1:i])
+                assert waited <= foreach.PASS_EXTERNS, bw.source
+    assert casts == len(ws), bw.source
 
 
 def test_zero_fill_beside_a_column_sum_of_its_row_count():
