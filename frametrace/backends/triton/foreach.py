@@ -523,25 +523,12 @@ def combine(kernels) -> list:
 PASS_EXTERNS = 2
 
 
-def _extern_reads(e) -> set:
-    names, stack = set(), [e.args, e.kwargs]
-    while stack:
-        a = stack.pop()
-        if isinstance(a, (list, tuple)):
-            stack += list(a)
-        elif isinstance(a, dict):
-            stack += list(a.values())
-        elif hasattr(a, "name") and hasattr(a, "shape"):
-            names.add(a.name)
-    return names
-
-
 def _may_pass(e, run) -> bool:
     """Whether the extern `e` may run before the kernels of `run`: it writes nothing (an
     aten op known not to mutate) and reads nothing they store."""
     if getattr(getattr(e.op, "_schema", None), "is_mutable", True):
         return False
-    reads = _extern_reads(e)
+    reads = e.reads()
     return not any(reads & _touches(k)[1] for k in run)
 
 
