@@ -491,11 +491,15 @@ class OutputGraph:
         t0 = time.perf_counter()
         # Backends that fakeify (AOTAutograd) find our FakeTensorMode here, so they
         # reuse its symbols instead of specializing on the example sizes.
-        with tracing(TracingContext(self.fake_mode)):
+        context = TracingContext(self.fake_mode)
+        with tracing(context):
             try:
                 compiled = backend(gm, example_inputs)
             except Exception as e:
                 raise BackendCompilerFailed(backend_name(backend), name, e) from e
+            finally:
+                # (weak references on the real inputs: swap_tensors refuses those)
+                context.tensor_to_context.clear()
         seconds = time.perf_counter() - t0
         for i in self.inputs:
             i.value = None
