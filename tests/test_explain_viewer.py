@@ -51,7 +51,10 @@ def test_explain_fields(capsys):
     torch.testing.assert_close(report.result, with_breaks(x))
 
 
-def test_explain_report_text():
+def test_explain_report_text(monkeypatch):
+    # (str() wraps at the terminal's width: wide enough for this file's path wherever the
+    # checkout lies)
+    monkeypatch.setenv("COLUMNS", "400")
     text = str(frametrace.explain(with_breaks)(torch.randn(4).abs()))
     assert "graphs" in text and "graph breaks" in text
     assert f'File "{THIS_FILE}", line {_line("BREAK_PRINT")}, in with_breaks' in text
