@@ -1,4 +1,5 @@
 import contextlib
+import gc
 import io
 import re
 
@@ -22,6 +23,19 @@ def _fresh_frametrace():
     leaked = torch.is_grad_enabled() != grad
     torch.set_grad_enabled(grad)
     assert not leaked, "grad mode changed by the test"
+
+
+@pytest.fixture
+def young_heap():
+    """gc.collect() in the test walks only what the test made: everything alive before
+    it is frozen (gc.freeze) until it ends.  By late in the suite the heap holds over a
+    million objects and a full collection takes seconds; the cycles a test makes and
+    the weakref callbacks they run are collected as before."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @pytest.fixture
