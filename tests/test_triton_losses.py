@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import frametrace
 
 pytest.importorskip("triton")
-from frametrace.backends.triton import backend, config, last_compiled  # noqa: E402
+from frametrace.backends.triton import autotune, backend, config, last_compiled  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero")
 
@@ -24,8 +24,19 @@ def _interpret(triton_interpreter, monkeypatch):
 def rows(request, monkeypatch):
     """Rows of 50 in one block, or looped over blocks of 16 (the online form)."""
     if request.param == "looped":
-        monkeypatch.setattr(config, "persistent_rblock_max", 16)
+        short_loops(monkeypatch)
     return request.param
+
+
+def short_loops(monkeypatch):
+    """Rows longer than 16 loop, over blocks of 16.  The looped default RBLOCK (2048)
+    would take a row of 50 in one masked step: the online combine would never meet a
+    second block, and the interpreter would run the final combine over 2048 lanes
+    (seconds a kernel)."""
+    monkeypatch.setattr(config, "persistent_rblock_max", 16)
+    heuristic = autotune.candidates
+    monkeypatch.setattr(autotune, "candidates", lambda *a, **kw: [
+        autotune.Config(c.xblock, min(c.rblock, 16), c.num_warps) for c in heuristic(*a, **kw)])
 
 
 def compiled_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
@@ -197,7 +208,7 @@ def test_logsumexp_bf16(rows):
 
 
 def test_looped_log_softmax_reads_rows_twice_not_three_times(monkeypatch):
-    monkeypatch.setattr(config, "persistent_rblock_max", 16)
+    short_loops(monkeypatch)
     mod = compiled_run(lambda x: F.log_softmax(x, -1), torch.randn(4, 50), kernels=1)
     # the online max-and-sum, then the output
     assert mod.kernels[0].source.count("for roffset") == 2, mod.kernels[0].source
