@@ -48,6 +48,18 @@ def triton_interpreter(monkeypatch):
     backend.COMPILED.clear()
 
 
+def short_loops(monkeypatch, rblock=16):
+    """The triton backend loops over rows longer than `rblock`, in blocks of `rblock`, so
+    that short rows in a test take the looped path through several blocks.  (The looped
+    default RBLOCK, 2048, would take a test's row in one masked step, and Triton's
+    interpreter would combine 2048 lanes one Python call each: seconds a kernel.)"""
+    from frametrace.backends.triton import autotune, config
+    monkeypatch.setattr(config, "persistent_rblock_max", rblock)
+    heuristic = autotune.candidates
+    monkeypatch.setattr(autotune, "candidates", lambda *a, **kw: [
+        autotune.Config(c.xblock, min(c.rblock, rblock), c.num_warps) for c in heuristic(*a, **kw)])
+
+
 @pytest.fixture(params=["aot_eager", "triton"])
 def training_backend(request):
     """A training test's backend name; for triton, kernels run in Triton's interpreter and

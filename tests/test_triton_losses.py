@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import frametrace
 
 pytest.importorskip("triton")
-from frametrace.backends.triton import autotune, backend, config, last_compiled  # noqa: E402
+from frametrace.backends.triton import backend, config, last_compiled  # noqa: E402
+from conftest import short_loops  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero")
 
@@ -26,17 +27,6 @@ def rows(request, monkeypatch):
     if request.param == "looped":
         short_loops(monkeypatch)
     return request.param
-
-
-def short_loops(monkeypatch):
-    """Rows longer than 16 loop, over blocks of 16.  The looped default RBLOCK (2048)
-    would take a row of 50 in one masked step: the online combine would never meet a
-    second block, and the interpreter would run the final combine over 2048 lanes
-    (seconds a kernel)."""
-    monkeypatch.setattr(config, "persistent_rblock_max", 16)
-    heuristic = autotune.candidates
-    monkeypatch.setattr(autotune, "candidates", lambda *a, **kw: [
-        autotune.Config(c.xblock, min(c.rblock, 16), c.num_warps) for c in heuristic(*a, **kw)])
 
 
 def compiled_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
