@@ -234,6 +234,8 @@ class WrapperCodegen:
         if isinstance(a, Buffer):
             if not a.is_view:
                 return a.name
+            if a.offset == 0:   # (as_strided keeps the base's own storage offset)
+                return f"{a.name}.as_strided({pycode(a.shape)}, {pycode(a.stride)})"
             return f"reinterpret({a.name}, {pycode(a.shape)}, {pycode(a.stride)}, {pycode(a.offset)})"
         if isinstance(a, sympy.Basic) and a.is_Integer:
             return repr(int(a))
