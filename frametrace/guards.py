@@ -40,8 +40,8 @@ from torch.utils._sympy.value_ranges import bound_sympy
 
 from . import _C
 from .source import (AttrSource, BuiltinSource, ClosureCellSource, ClosureSource, ConstSource,
-                     ContainsSource, GetItemSource, GlobalSource, LocalSource, Source,
-                     const_sources, guard_local_name)
+                     ContainsSource, GetItemSource, GlobalSource, InstanceDictSource, LocalSource,
+                     Source, const_sources, guard_local_name)
 from .variables.symbolic import is_symbolic
 
 
@@ -65,8 +65,12 @@ def _unshared(written, others) -> bool:
     return True
 
 
+def _instance_dict(obj):
+    return object.__getattribute__(obj, "__dict__")
+
+
 _CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "___id": id, "math": math,
-                "torch": torch, "___unshared": _unshared}
+                "torch": torch, "___unshared": _unshared, "___odict": _instance_dict}
 
 
 class Guard:
@@ -366,8 +370,12 @@ class GuardSet:
         """The objects at `sources` (mutable inputs guarded by type, not identity) are
         as many distinct objects as when traced: one set of ids instead of n**2 checks."""
         exprs = ", ".join(s.guard_expr() for s in sources)
+        # In C, a pointer compare per pair while the pairs are few (a model's handful
+        # of configs and registries); a set of ids in Python beyond.
+        spec = tuple((a, "IS_NOT_REG", None, None, 0, b) for i, a in enumerate(sources)
+                     for b in sources[i + 1:]) if len(sources) <= _C_DISTINCT else None
         self._add(None, "DISTINCT", f"___len({{*map(___id, ({exprs},))}}) == {len(sources)}",
-                  f"{', '.join(s.name() for s in sources)} are distinct objects")
+                  f"{', '.join(s.name() for s in sources)} are distinct objects", spec=spec)
 
     def in_dict(self, source, name: str):
         """An instance attribute is present (whatever its value)."""
@@ -376,12 +384,14 @@ class GuardSet:
                   f"{source.name()} has instance attribute {name!r}",
                   spec=_one(AttrSource(source, "__dict__"), "CONTAINS", name))
 
-    def not_in_dict(self, source, name: str):
-        """An instance attribute does not shadow what its class provides."""
-        e = source.guard_expr()
-        self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {e}.__dict__",
+    def not_in_dict(self, source, name: str, past_hook: bool = False):
+        """An instance attribute does not shadow what its class provides.  `past_hook`:
+        the class has a __getattribute__ of its own, and the trace read the instance
+        dict past it (object.__getattribute__'s dict), as the guard does."""
+        d = InstanceDictSource(source) if past_hook else AttrSource(source, "__dict__")
+        self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {d.guard_expr()}",
                   f"{source.name()} has no instance attribute {name!r}",
-                  spec=_one(AttrSource(source, "__dict__"), "NOT_CONTAINS", name))
+                  spec=_one(d, "NOT_CONTAINS", name))
 
     def function_state(self, source, fn, fixed: bool):
         """An inlined function's `__code__`, `__defaults__` and `__kwdefaults__` are
@@ -646,6 +656,7 @@ _FUNC, _GLOBALS = _Marker("___func"), _Marker("___G")
 # calling it (it would format an AttributeError for each missing name).
 _MODULE_GETATTR = torch.nn.Module.__getattr__
 _OPS = _C.GUARD_OPS
+_C_DISTINCT = 32    # distinct(): at most this many sources checked pairwise in C
 _KEY_TYPES = (str, int)     # item keys written as their repr in the Python check
 
 
@@ -670,7 +681,7 @@ class _Program:
     def loadable(self, source) -> bool:
         while True:
             kind = type(source)
-            if kind in (AttrSource, ContainsSource):
+            if kind in (AttrSource, ContainsSource, InstanceDictSource):
                 source = source.base
             elif kind is GetItemSource:
                 if type(source.index) not in _KEY_TYPES:
@@ -699,6 +710,8 @@ class _Program:
         else:
             if kind is AttrSource:
                 op, base, a = "ATTR", self.load(source.base), source.attr
+            elif kind is InstanceDictSource:
+                op, base, a = "ODICT", self.load(source.base), None
             elif kind in (GetItemSource, ContainsSource):
                 op, base, a = "ITEM" if kind is GetItemSource else "IN", self.load(source.base), source.index
             elif kind is ConstSource:

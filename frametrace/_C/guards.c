@@ -34,6 +34,8 @@ enum {
     OP_CONST,           /* a */
     OP_ATTR,            /* regs[src].a */
     OP_ITEM,            /* regs[src][a] */
+    OP_ODICT,           /* object.__getattribute__(regs[src], '__dict__'): the instance dict,
+                         * past a __getattribute__ of the class's own */
     OP_IN,              /* a in regs[src], as a bool */
     OP_LAST_LOAD = OP_IN,
     /* checks of regs[reg] */
@@ -610,6 +612,9 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
                 v = PyObject_GetItem(base, in->a);
             }
             break;
+        case OP_ODICT:
+            v = PyObject_GenericGetAttr(base, s_dict);
+            break;
         default: {  /* OP_IN */
             int found = PySequence_Contains(base, in->a);
             v = found < 0 ? NULL : Py_NewRef(found ? Py_True : Py_False);
@@ -1078,7 +1083,7 @@ ft_guards_init(PyObject *m)
     Py_INCREF(object_getattribute);
 #undef INTERN
     static const char *names[] = {
-        "ARG", "CONST", "ATTR", "ITEM", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
+        "ARG", "CONST", "ATTR", "ITEM", "ODICT", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
         "LEN", "LEN_ANY", "KEYS", "TUPLE_EQ", "CONTAINS", "NOT_CONTAINS", "FALSY", "HASATTR",
         "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == OP_COUNT, "one name per op");

@@ -1,0 +1,196 @@
+"""Guards on attributes read through a class's own __getattribute__ (a config with an
+attribute_map): the hook is followed while tracing, and the guards check what it read
+(the instance dict past the hook, the class's map), so a check never runs the hook
+and still notices every change the hook would see."""
+import pytest
+import torch
+
+from differential import Then, check
+
+CALLS = []      # what the hooks below saw, in order (compared after each call)
+
+
+class Mapped:
+    """Config-like: some names read through a class-level map of aliases."""
+    attribute_map = {"hidden": "d_model"}
+
+    def __init__(self, d_model, scale):
+        self.d_model = d_model
+        self.scale = scale
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+class Noisy(Mapped):
+    """A hook with an effect: a check that ran it would add to CALLS."""
+
+    def __getattribute__(self, key):
+        if not key.startswith("__"):    # (the tracer itself asks for __class__, __dict__)
+            CALLS.append(key)
+        return super().__getattribute__(key)
+
+
+class Spec(Mapped):
+    """A hook that looks up one optional key of the instance dict (dict.get)."""
+
+    def __getattribute__(self, key):
+        spec = object.__getattribute__(self, "__dict__").get("_spec")
+        if spec is not None and key in spec:
+            return spec[key]
+        return super().__getattribute__(key)
+
+
+class Fallback(Mapped):
+    """A hook that raises AttributeError for some names: __getattr__ answers them."""
+
+    def __getattribute__(self, key):
+        if key.startswith("opt_"):
+            raise AttributeError(key)
+        return super().__getattribute__(key)
+
+    def __getattr__(self, key):
+        return 0.5
+
+
+def _uses(cfg):
+    def f(x):
+        y = x * cfg.hidden + cfg.scale
+        if hasattr(cfg, "extra"):
+            y = y + cfg.extra
+        return y
+    return f
+
+
+def test_check_does_not_run_the_hook():
+    # CPython runs the hook once per read; a compiled call runs it as often (the
+    # replayed CALLS.append), not once per guarded name in its check.
+    import frametrace
+    cfg = Noisy(2, 1.0)
+
+    def f(x):
+        return x * cfg.hidden + cfg.scale * cfg.hidden, hasattr(cfg, "extra")
+
+    r = check(f, [Then(CALLS.clear, torch.randn(3)) for _ in range(3)])
+    assert r.graphs == 1 and r.breaks == 0 and r.compiles == 1
+    compiled = frametrace.optimize("eager")(f)
+    for _ in range(3):
+        CALLS.clear()
+        compiled(torch.randn(3))
+        assert CALLS == ["hidden", "scale", "hidden", "extra"]
+
+
+def _changes():
+    def set_attr(c):
+        c.d_model = 5
+
+    def set_other(c):
+        c.scale = 3.0
+
+    def remap(c):
+        type(c).attribute_map["hidden"] = "scale"
+
+    def replace_map(c):
+        type(c).attribute_map = {"hidden": "scale"}
+
+    def add_extra(c):
+        c.extra = 7.0
+
+    def class_extra(c):
+        type(c).extra = 2.0
+
+    def shadow_with_property(c):
+        type(c).d_model = property(lambda self: 11)
+
+    def new_hook(c):
+        type(c).__getattribute__ = lambda self, key: object.__getattribute__(self, key) \
+            if key != "hidden" else 13
+
+    def add_getattr(c):
+        type(c).__getattr__ = lambda self, key: 4.0
+
+    return [set_attr, set_other, remap, replace_map, add_extra, class_extra,
+            shadow_with_property, new_hook, add_getattr]
+
+
+@pytest.mark.parametrize("change", _changes(), ids=lambda c: c.__name__)
+def test_change_after_compiling_is_noticed(change):
+    # A fresh class per test: the changes patch it.
+    cls = type("Cfg", (Mapped,), {"attribute_map": {"hidden": "d_model"}})
+    cfg = cls(2, 1.0)
+    f = _uses(cfg)
+    r = check(f, [torch.randn(3), torch.randn(3), Then(lambda: change(cfg), torch.randn(3)),
+                  torch.randn(3)])
+    assert r.breaks == 0 and r.compiles == 2
+
+
+def test_optional_key_of_the_instance_dict_is_guarded():
+    cfg = Spec(2, 1.0)
+
+    def f(x):
+        return x * cfg.hidden + cfg.scale
+
+    def set_spec():
+        cfg._spec = {"scale": 10.0}
+
+    def change_spec():
+        cfg._spec["scale"] = 20.0
+
+    r = check(f, [torch.randn(3), torch.randn(3), Then(set_spec, torch.randn(3)),
+                  Then(change_spec, torch.randn(3))])
+    assert r.breaks == 0 and r.compiles == 3
+
+
+def test_attribute_error_of_the_hook_goes_to_getattr():
+    cfg = Fallback(2, 1.0)
+
+    def f(x):
+        return x * cfg.hidden + cfg.opt_gain, hasattr(cfg, "opt_other")
+
+    def change():
+        type(cfg).__getattr__ = lambda self, key: 1.5
+
+    r = check(f, [torch.randn(3), torch.randn(3), Then(change, torch.randn(3))], fullgraph=True)
+    assert r.breaks == 0 and r.compiles == 2
+
+
+class Opaque(Mapped):
+    """A hook the tracer cannot follow (a builtin it does not model)."""
+
+    def __getattribute__(self, key):
+        if key == "hidden":
+            return len(memoryview(b"abcd")) // 2 * object.__getattribute__(self, "d_model")
+        return super().__getattribute__(key)
+
+
+def test_hook_the_trace_cannot_follow_is_run_and_rechecked():
+    cfg = Opaque(2, 1.0)
+    f = _uses(cfg)
+
+    def change():
+        cfg.d_model = 3
+
+    r = check(f, [torch.randn(3), torch.randn(3), Then(change, torch.randn(3))])
+    assert r.breaks == 0 and r.compiles == 2
+
+
+SCALES = [1.0, 2.0]
+
+
+def test_hooked_config_entry_checks_in_c():
+    # Nothing of the config's reads (nor that it is another object than the list
+    # read beside it) is left to the Python part of the check.
+    import frametrace
+    from frametrace import _C
+    cfg = Spec(2, 1.0)
+
+    def g(x):
+        return x * cfg.hidden + cfg.scale * SCALES[1]
+
+    check(g, [torch.randn(3), torch.randn(3)], fullgraph=True)
+    frametrace.reset()
+    frametrace.optimize("eager")(g)(torch.randn(3))
+    (entry,) = [e for e in _C.entries(g.__code__) if e.code is not None]
+    assert [gd.text for gd in entry.check.guards if gd.spec is None] == []
