@@ -39,9 +39,9 @@ from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from . import _C
-from .source import (AttrSource, BuiltinSource, ClosureCellSource, ClosureSource, ConstSource,
-                     ContainsSource, GetItemSource, GlobalSource, InstanceDictSource, LocalSource,
-                     Source, const_sources, guard_local_name)
+from .source import (AttrSource, BuiltinSource, CallMethodSource, ClosureCellSource, ClosureSource,
+                     ConstSource, ContainsSource, GetItemSource, GlobalSource, InstanceDictSource,
+                     LocalSource, Source, const_sources, guard_local_name)
 from .variables.symbolic import is_symbolic
 
 
@@ -195,6 +195,12 @@ class GuardSet:
         self._add(source, "KEYS",
                   f"___type({e}) is dict and ___tuple({e}) == {self.const(keys)}",
                   f"{source.name()} is a dict with keys {list(keys)}", spec=_one(source, "KEYS", keys))
+
+    def dict_lacks(self, source, key):
+        """Key `key` is not in the dict at `source` (its type is guarded)."""
+        e = source.guard_expr()
+        self._add(source, f"LACKS {key!r}", f"{self.const(key)} not in {e}",
+                  f"{key!r} not in {source.name()}", spec=_one(source, "NOT_CONTAINS", key))
 
     def tensor(self, source, t: torch.Tensor, fake=None):
         e = source.guard_expr()
@@ -687,6 +693,10 @@ class _Program:
                 if type(source.index) not in _KEY_TYPES:
                     return False
                 source = source.base
+            elif kind is CallMethodSource:
+                if not _dict_get(source):
+                    return False
+                source = source.base
             elif kind is LocalSource:
                 return source.guard_expr() in self.args
             else:
@@ -712,6 +722,8 @@ class _Program:
                 op, base, a = "ATTR", self.load(source.base), source.attr
             elif kind is InstanceDictSource:
                 op, base, a = "ODICT", self.load(source.base), None
+            elif kind is CallMethodSource:      # dict.get(base, key), as _dict_get says
+                op, base, a = "DGET", self.load(source.base), source.args[0]
             elif kind in (GetItemSource, ContainsSource):
                 op, base, a = "ITEM" if kind is GetItemSource else "IN", self.load(source.base), source.index
             elif kind is ConstSource:
@@ -745,6 +757,13 @@ class _Program:
             self.dispatch = (arg, "tensor", a[0], a[1], tuple(a[3]))
         elif op == "EQ" and type(a) in _KEY_TYPES and b is type(a):
             self.dispatch = (arg, "value", b, a)
+
+
+def _dict_get(source) -> bool:
+    """`source` is ``dict.get(base, key)`` (a dict subclass's get, or super().get) with
+    one key the C program can hold."""
+    return source.through is not None and source.through.obj is dict.get and \
+        len(source.args) == 1 and type(source.args[0]) in _KEY_TYPES and not source.as_list
 
 
 def _autocast_state():

@@ -193,4 +193,95 @@ def test_hooked_config_entry_checks_in_c():
     frametrace.reset()
     frametrace.optimize("eager")(g)(torch.randn(3))
     (entry,) = [e for e in _C.entries(g.__code__) if e.code is not None]
-    assert [gd.text for gd in entry.check.guards if gd.spec is None] == []
+    assert entry.check.residual is None, entry.check.residual.source
+
+
+# -- a dict from outside, looked up by key: that key is guarded, not the whole dict --
+
+REGISTRY = {"a": 1.0, "b": 2.0}
+
+
+def _lookups(x):
+    return x * REGISTRY.get("a", 0.0) + ("c" in REGISTRY) + REGISTRY.get("z", 5.0)
+
+
+def test_other_keys_of_a_dict_looked_up_by_key_do_not_recompile():
+    def add_other():
+        REGISTRY["other"] = 9.0
+
+    def change_other():
+        REGISTRY["b"] = 7.0
+
+    REGISTRY.clear()
+    REGISTRY.update(a=1.0, b=2.0)
+    r = check(_lookups, [torch.randn(3), Then(add_other, torch.randn(3)),
+                         Then(change_other, torch.randn(3))])
+    assert r.graphs == 1 and r.compiles == 1
+
+
+def _registry_changes():
+    def change_value():
+        REGISTRY["a"] = 3.0
+
+    def add_absent():
+        REGISTRY["c"] = 0.0
+
+    def add_defaulted():
+        REGISTRY["z"] = -1.0
+
+    def remove_present():
+        del REGISTRY["a"]
+
+    def replace():
+        globals()["REGISTRY"] = {"a": 4.0}
+
+    return [change_value, add_absent, add_defaulted, remove_present, replace]
+
+
+@pytest.mark.parametrize("change", _registry_changes(), ids=lambda c: c.__name__)
+def test_change_of_a_key_looked_up_is_noticed(change):
+    globals()["REGISTRY"] = {"a": 1.0, "b": 2.0}
+    r = check(_lookups, [torch.randn(3), torch.randn(3), Then(change, torch.randn(3)),
+                         torch.randn(3)])
+    assert r.breaks == 0 and r.compiles == 2
+
+
+def test_dict_used_whole_after_a_lookup_guards_its_keys():
+    def f(x):
+        return x * REGISTRY.get("a", 0.0) + len(REGISTRY)
+
+    def add_other():
+        REGISTRY["other"] = 9.0
+
+    globals()["REGISTRY"] = {"a": 1.0, "b": 2.0}
+    r = check(f, [torch.randn(3), Then(add_other, torch.randn(3)), torch.randn(3)])
+    assert r.compiles == 2
+
+
+class Registry(dict):
+    """A registry keyed by name whose get() goes through dict.get (super().get)."""
+
+    def get(self, key):
+        return super().get(key) or {}
+
+
+TABLE = Registry(m={"scale": 2.0})
+
+
+def test_dict_subclass_get_through_dict_get_is_guarded_in_c():
+    from frametrace import _C
+
+    def f(x):
+        return x * TABLE.get("m").get("scale", 1.0)
+
+    def change():
+        TABLE["m"] = {"scale": 3.0}
+
+    def remove():
+        del TABLE["m"]
+
+    r = check(f, [torch.randn(3), torch.randn(3), Then(change, torch.randn(3)),
+                  Then(remove, torch.randn(3))])
+    assert r.breaks == 0 and r.compiles == 3
+    for entry in [e for e in _C.entries(f.__code__) if e.code is not None]:
+        assert entry.check.residual is None, entry.check.residual.source

@@ -36,6 +36,7 @@ enum {
     OP_ITEM,            /* regs[src][a] */
     OP_ODICT,           /* object.__getattribute__(regs[src], '__dict__'): the instance dict,
                          * past a __getattribute__ of the class's own */
+    OP_DGET,            /* dict.get(regs[src], a): None when absent (fails if not a dict) */
     OP_IN,              /* a in regs[src], as a bool */
     OP_LAST_LOAD = OP_IN,
     /* checks of regs[reg] */
@@ -615,6 +616,17 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
         case OP_ODICT:
             v = PyObject_GenericGetAttr(base, s_dict);
             break;
+        case OP_DGET:
+            if (!PyDict_Check(base)) {
+                ok = 0;         /* dict.get would raise TypeError: the guard fails */
+                continue;
+            }
+            v = PyDict_GetItemWithError(base, in->a);
+            if (v == NULL && PyErr_Occurred()) {
+                break;
+            }
+            v = Py_NewRef(v != NULL ? v : Py_None);
+            break;
         default: {  /* OP_IN */
             int found = PySequence_Contains(base, in->a);
             v = found < 0 ? NULL : Py_NewRef(found ? Py_True : Py_False);
@@ -1083,7 +1095,7 @@ ft_guards_init(PyObject *m)
     Py_INCREF(object_getattribute);
 #undef INTERN
     static const char *names[] = {
-        "ARG", "CONST", "ATTR", "ITEM", "ODICT", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
+        "ARG", "CONST", "ATTR", "ITEM", "ODICT", "DGET", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
         "LEN", "LEN_ANY", "KEYS", "TUPLE_EQ", "CONTAINS", "NOT_CONTAINS", "FALSY", "HASATTR",
         "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == OP_COUNT, "one name per op");

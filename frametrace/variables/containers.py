@@ -279,13 +279,69 @@ class ListVar(_SequenceVar):
             self.items[k] = value
 
 
+_ITEMS = CollectionVar.items     # the slot under DictVar.items
+
+
 class DictVar(CollectionVar):
-    """A dict with constant keys."""
-    __slots__ = ()
+    """A dict with constant keys.  A dict from outside starts `lazy`: a key looked up
+    (d[k], d.get(k), k in d) is wrapped and guarded alone (present with its value, or
+    absent); the first use of the whole dict (`items`: len, iteration, a write, ...)
+    wraps the rest and guards its keys."""
+    __slots__ = ("_lazy",)
 
     def __init__(self, items: dict, source=None):
         super().__init__(source)
+        self._lazy = None
         self.items = dict(items)
+
+    @classmethod
+    def lazy(cls, value: dict, source, wrap_item, guard_whole, guard_absent):
+        """The dict `value` read from `source`: `wrap_item(k, v)` makes an item's Var,
+        `guard_whole(d)` guards the keys (of `d`, the
+        dict as it was when read), `guard_absent(k)` that key `k` is not there."""
+        var = cls.__new__(cls)
+        CollectionVar.__init__(var, source)
+        _ITEMS.__set__(var, {})     # the items wrapped so far
+        var._lazy = (dict(value), wrap_item, guard_whole, guard_absent)
+        return var
+
+    @property
+    def items(self):
+        lazy = self._lazy
+        if lazy is not None:
+            self._lazy = None
+            value, wrap_item, guard_whole, _ = lazy
+            got = _ITEMS.__get__(self)
+            guard_whole(value)
+            _ITEMS.__set__(self, {k: got[k] if k in got else wrap_item(k, v) for k, v in value.items()})
+        return _ITEMS.__get__(self)
+
+    @items.setter
+    def items(self, items):
+        self._lazy = None
+        _ITEMS.__set__(self, items)
+
+    def lookup(self, k, default=None):
+        """The Var of key `k` (a key as `_dict_key` gives it), or `default`."""
+        lazy = self._lazy
+        if lazy is None or isinstance(k, VarKey):
+            return self.items.get(k, default)
+        got = _ITEMS.__get__(self)
+        if k in got:
+            return got[k]
+        value, wrap_item, _, guard_absent = lazy
+        try:
+            present = k in value
+        except TypeError:
+            return self.items.get(k, default)
+        if not present:
+            guard_absent(k)
+            return default
+        var = got[k] = wrap_item(k, value[k])
+        return var
+
+    def has_key(self, k) -> bool:
+        return self.lookup(k, _ABSENT) is not _ABSENT
 
     def python_type(self):
         return dict
@@ -302,11 +358,9 @@ class DictVar(CollectionVar):
         return [key_var(k) for k in self.items]
 
     def getitem(self, tx, key):
-        k = _dict_key(key)
-        try:
-            return self.items[k]
-        except KeyError:
-            pass
+        got = self.lookup(_dict_key(key), _ABSENT)
+        if got is not _ABSENT:
+            return got
         from .exceptions import raise_builtin
         raise_builtin(KeyError, key.as_const())
 
@@ -377,11 +431,11 @@ class DictVar(CollectionVar):
             return DictViewVar(self, name)
         if name == "get" and 1 <= len(args) <= 2:
             default = args[1] if len(args) == 2 else ConstVar(None)
-            return self.items.get(_dict_key(args[0]), default)
+            return self.lookup(_dict_key(args[0]), default)
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__contains__" and len(args) == 1:
-            return ConstVar(_dict_key(args[0]) in self.items)
+            return ConstVar(self.has_key(_dict_key(args[0])))
         unsupported(f"dict.{name}")
 
     def reconstruct(self, cg):
@@ -400,7 +454,8 @@ class DictVar(CollectionVar):
         cg.build(dict, len(self.items))
 
     def __repr__(self):
-        return f"DictVar({self.items!r})"
+        # (never the lazy items: a repr must not guard)
+        return f"DictVar({_ITEMS.__get__(self)!r}{', lazy' if self._lazy is not None else ''})"
 
 
 class DictViewVar(Var):
@@ -497,6 +552,9 @@ class VarKey:
 
     def __repr__(self):
         return f"<key {self.var!r}>"
+
+
+_ABSENT = object()
 
 
 def key_var(k):

@@ -60,7 +60,7 @@ class UserObjectVar(InstanceAttrs, Var):
         as_dict = self._dict_var(tx)
         if as_dict is not None:
             # The trace holds obj.__dict__ (and may have changed it): it is the truth.
-            return as_dict.items.get(name, MISSING)
+            return as_dict.lookup(name, MISSING)
         hooked = has_own_getattribute(type(obj))
         d = _instance_dict(obj)
         if name not in (d or ()) and \
@@ -656,8 +656,9 @@ def _plain_object_state(tx, var) -> dict:
                                 f"may give {name}")
         return dict(var.attrs)
     value = var.value
+    as_dict = var._dict_var(tx)
     if var.source is None or cls is not type(value) or tx.side_effects.has_attr_writes(value) \
-            or var._dict_var(tx) is not None:
+            or as_dict is not None and tx.side_effects.container_mutated(as_dict):
         unsupported(f"copy.deepcopy of a {cls.__name__} the trace changed")
     if hook is not object.__getattribute__:
         # deepcopy asks the object itself for __deepcopy__ / __setstate__.
