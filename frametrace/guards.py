@@ -390,10 +390,14 @@ class GuardSet:
                   f"{source.name()} has instance attribute {name!r}",
                   spec=_one(AttrSource(source, "__dict__"), "CONTAINS", name))
 
-    def not_in_dict(self, source, name: str, past_hook: bool = False):
+    def not_in_dict(self, source, name: str, past_hook: bool = False, obj=None):
         """An instance attribute does not shadow what its class provides.  `past_hook`:
         the class has a __getattribute__ of its own, and the trace read the instance
-        dict past it (object.__getattribute__'s dict), as the guard does."""
+        dict past it (object.__getattribute__'s dict), as the guard does.  Without
+        such a hook (`obj`'s class) both reads are one: the guard takes the direct one
+        (an nn.Module's __getattr__ is not on its path)."""
+        if obj is not None and type(obj).__getattribute__ is object.__getattribute__:
+            past_hook = True
         d = InstanceDictSource(source) if past_hook else AttrSource(source, "__dict__")
         self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {d.guard_expr()}",
                   f"{source.name()} has no instance attribute {name!r}",

@@ -285,3 +285,53 @@ def test_dict_subclass_get_through_dict_get_is_guarded_in_c():
     assert r.breaks == 0 and r.compiles == 3
     for entry in [e for e in _C.entries(f.__code__) if e.code is not None]:
         assert entry.check.residual is None, entry.check.residual.source
+
+
+# -- class attributes and function state, read by the check without a lookup --
+
+def _scaled_class():
+    meta = type("Meta", (type,), {})
+
+    class Scaled:
+        factor = 2.0
+
+        def apply(self, x, k=1.0):
+            return x * self.factor * k
+
+    return Scaled, meta("Tagged", (), {"factor": 1.5})
+
+
+def _class_changes():
+    def set_factor(cls, tagged):
+        cls.factor = 3.0
+
+    def replace_method(cls, tagged):
+        cls.apply = lambda self, x, k=1.0: x - self.factor
+
+    def method_defaults(cls, tagged):
+        cls.apply.__defaults__ = (2.0,)
+
+    def method_code(cls, tagged):
+        cls.apply.__code__ = (lambda self, x, k=1.0: x + self.factor).__code__
+
+    def metaclass_property(cls, tagged):
+        type(tagged).factor = property(lambda c: 5.0)
+
+    def metaclass_value_under_class_value(cls, tagged):
+        type(tagged).factor = 9.0      # the class's own value still wins
+
+    return [set_factor, replace_method, method_defaults, method_code, metaclass_property,
+            metaclass_value_under_class_value]
+
+
+@pytest.mark.parametrize("change", _class_changes(), ids=lambda c: c.__name__)
+def test_class_attribute_change_is_noticed(change):
+    cls, tagged = _scaled_class()
+
+    def f(x):
+        return cls.factor * x, cls().apply(x), tagged.factor * x
+
+    quiet = change.__name__ == "metaclass_value_under_class_value"
+    r = check(f, [torch.randn(3), torch.randn(3), Then(lambda: change(cls, tagged), torch.randn(3)),
+                  torch.randn(3)])
+    assert r.breaks == 0 and r.compiles == (1 if quiet else 2)

@@ -68,7 +68,7 @@ class UserObjectVar(InstanceAttrs, Var):
             if self.source is not None and d is not None:
                 # What the class gives (a method) holds while the instance does not
                 # shadow it.
-                tx.guards.not_in_dict(self.source, name, past_hook=hooked)
+                tx.guards.not_in_dict(self.source, name, past_hook=hooked, obj=obj)
             return MISSING
         try:
             value = object.__getattribute__(obj, name)
