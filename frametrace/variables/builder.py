@@ -91,9 +91,7 @@ def wrap(tx, value, source, guard: bool = True):
             # Keys looked up one at a time are guarded one at a time (a registry's
             # get(name), a config's __dict__.get(key)); the whole dict when used whole.
             guards.type_match(source, value)
-            var = DictVar.lazy(value, source, lambda k, v: wrap(tx, v, GetItemSource(source, k), guard),
-                               lambda d: guards.dict_keys(source, d),
-                               lambda k: guards.dict_lacks(source, k))
+            var = DictVar.lazy(tx, value, source)
         else:
             var = DictVar({k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
                                    guard) for k, v in value.items()}, source)

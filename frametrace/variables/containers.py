@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import operator
+import weakref
 
 import torch
 
+from ..source import GetItemSource
 from .base import CollectionVar, Var, unsupported
 from .constant import ConstVar
 
@@ -295,25 +297,36 @@ class DictVar(CollectionVar):
         self.items = dict(items)
 
     @classmethod
-    def lazy(cls, value: dict, source, wrap_item, guard_whole, guard_absent):
-        """The dict `value` read from `source`: `wrap_item(k, v)` makes an item's Var,
-        `guard_whole(d)` guards the keys (of `d`, the
-        dict as it was when read), `guard_absent(k)` that key `k` is not there."""
+    def lazy(cls, tx, value: dict, source):
+        """The dict `value` from outside, read from `source` (guarded by type), as it
+        is now.  (It holds the root tracer weakly: a Var must not keep the trace alive.)"""
         var = cls.__new__(cls)
         CollectionVar.__init__(var, source)
         _ITEMS.__set__(var, {})     # the items wrapped so far
-        var._lazy = (dict(value), wrap_item, guard_whole, guard_absent)
+        var._lazy = (dict(value), weakref.ref(tx.root))
         return var
+
+    def _tracer(self):
+        tx = self._lazy[1]()
+        if tx is None:
+            raise AssertionError("a lazy dict read after its trace ended")
+        return tx
+
+    def _wrap_item(self, tx, k, v):
+        from .builder import wrap
+        return wrap(tx, v, GetItemSource(self.source, k))
 
     @property
     def items(self):
         lazy = self._lazy
         if lazy is not None:
+            tx = self._tracer()
             self._lazy = None
-            value, wrap_item, guard_whole, _ = lazy
+            value = lazy[0]
             got = _ITEMS.__get__(self)
-            guard_whole(value)
-            _ITEMS.__set__(self, {k: got[k] if k in got else wrap_item(k, v) for k, v in value.items()})
+            tx.guards.dict_keys(self.source, value)
+            _ITEMS.__set__(self, {k: got[k] if k in got else self._wrap_item(tx, k, v)
+                                  for k, v in value.items()})
         return _ITEMS.__get__(self)
 
     @items.setter
@@ -329,15 +342,15 @@ class DictVar(CollectionVar):
         got = _ITEMS.__get__(self)
         if k in got:
             return got[k]
-        value, wrap_item, _, guard_absent = lazy
+        value = lazy[0]
         try:
             present = k in value
         except TypeError:
             return self.items.get(k, default)
         if not present:
-            guard_absent(k)
+            self._tracer().guards.dict_lacks(self.source, k)
             return default
-        var = got[k] = wrap_item(k, value[k])
+        var = got[k] = self._wrap_item(self._tracer(), k, value[k])
         return var
 
     def has_key(self, k) -> bool:
