@@ -25,7 +25,8 @@ from .global_state import GlobalState
 from .graph import OutputGraph, written_arg
 from .guards import GuardSet
 from .interpreter import InstructionTranslator
-from .shapes import ShapePolicy, forget_sizes, release_shape_env_caches
+from .shapes import (ShapePolicy, compile_started, forget_real_tensors, forget_sizes,
+                     release_shape_env_caches)
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var, tensor_facts
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.subclasses import is_user_container
@@ -282,6 +283,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
     # The user's saved-tensor hooks (pack/unpack) are for the program's tensors, not for
     # FakeTensors of the trace: they run when the compiled code runs.
     hooks_were_tracing = _set_saved_tensors_hooks_tracing(True)
+    modes_start = compile_started()
     try:
         try:
             return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
@@ -299,6 +301,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
         state.restore()
         _set_saved_tensors_hooks_tracing(hooks_were_tracing)
         release_shape_env_caches()
+        forget_real_tensors(modes_start)
 
 
 def _set_saved_tensors_hooks_tracing(on: bool) -> bool:

@@ -139,6 +139,9 @@ def disable(fn=None):
     """
     if fn is None:
         return disable
+    if isinstance(fn, OptimizedModule):
+        disable(fn._orig_mod)   # (its own forward calls the original's: that one is disabled)
+        return fn
     if isinstance(fn, torch.nn.Module):
         fn.forward = disable(fn.forward)
         return fn

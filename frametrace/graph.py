@@ -153,9 +153,8 @@ class OutputGraph:
             self.open_contexts.pop().__exit__(None, None, None)
 
     # -- inputs --
-    def add_input(self, value: torch.Tensor, source, guarded: bool = True) -> TensorVar:
-        """`guarded=False`: an input the transformed code makes itself (its facts follow
-        from guarded ones)."""
+    @staticmethod
+    def _check_traceable(value):
         if value.layout in SPARSE_LAYOUTS or \
                 (value.is_leaf and value._grad is not None and value._grad.layout in SPARSE_LAYOUTS):
             unsupported(SPARSE_REASON)      # (a FakeTensor carries its .grad along)
@@ -163,6 +162,18 @@ class OutputGraph:
         if subclass and not wrapper_subclasses.is_traceable(value):
             unsupported(f"tensor subclass {type(value).__name__}")
         tensor_facts.check_input_layout(value)
+
+    def add_input(self, value: torch.Tensor, source, guarded: bool = True) -> TensorVar:
+        """`guarded=False`: an input the transformed code makes itself (its facts follow
+        from guarded ones)."""
+        if guarded and source is not None:
+            # The entry left to CPython for an input the trace cannot take is for
+            # inputs of its kind only: a dense one after a sparse one still compiles.
+            with tensor_facts.guarding_input_kind(self.guards, source, value):
+                self._check_traceable(value)
+        else:
+            self._check_traceable(value)
+        subclass = type(value) not in (torch.Tensor, torch.nn.Parameter)
         known = self._input_by_id.get(id(value))
         if known is not None:
             if known.source != source:
@@ -480,11 +491,15 @@ class OutputGraph:
         t0 = time.perf_counter()
         # Backends that fakeify (AOTAutograd) find our FakeTensorMode here, so they
         # reuse its symbols instead of specializing on the example sizes.
-        with tracing(TracingContext(self.fake_mode)):
+        context = TracingContext(self.fake_mode)
+        with tracing(context):
             try:
                 compiled = backend(gm, example_inputs)
             except Exception as e:
                 raise BackendCompilerFailed(backend_name(backend), name, e) from e
+            finally:
+                # (weak references on the real inputs: swap_tensors refuses those)
+                context.tensor_to_context.clear()
         seconds = time.perf_counter() - t0
         for i in self.inputs:
             i.value = None

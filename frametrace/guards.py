@@ -212,6 +212,8 @@ class GuardSet:
             e = f"___t{len(self.guards)}"
         parts = [f"___type({first}) is {self.const(type(t))}",
                  f"{e}.dtype is {self.const(t.dtype)}",
+                 # (sparse COO and mkldnn tensors answer stride() too)
+                 f"{e}.layout is {self.const(t.layout)}",
                  f"{e}.device == {self.const(t.device)}"]
         dtype = str(t.dtype).replace("torch.", "")
         spec = None     # symbolic sizes: read into names the (Python) shape guards use
@@ -220,7 +222,7 @@ class GuardSet:
             sizes, strides = list(shape), list(stride)
             spec = _one(source, "TENSOR", (type(t), t.dtype, t.device, shape, tuple(stride),
                                            t.requires_grad, t.is_conj() if t.is_complex() else None,
-                                           t.is_neg()))
+                                           t.is_neg(), t.layout))
         else:
             # Static sizes and strides are compared here; symbolic ones are read into
             # names that the shape guards (made at the end of the trace) check.

@@ -91,7 +91,33 @@ def new_fake_mode() -> FakeTensorMode:
     env = ShapeEnv(specialize_zero_one=True, duck_shape=True,
                    allow_dynamic_output_shape_ops=config.capture_dynamic_output_shape_ops,
                    allow_scalar_outputs=config.capture_scalar_outputs)
-    return _FakeMode(shape_env=env)
+    mode = _FakeMode(shape_env=env)
+    _modes_made.append(weakref.ref(mode))
+    return mode
+
+
+# The fake modes of the compiles under way.  A mode maps each real tensor it faked to
+# an id through weak references, and the entry (its graph's fakes) keeps the mode
+# alive: a weak reference on a tensor makes torch.utils.swap_tensors refuse it (a
+# module's `.to()` with swap_module_params_on_conversion).  The map only keeps one
+# tensor's fakes consistent within a compile, so each compile clears its own at the end.
+_modes_made: list = []
+
+
+def compile_started() -> int:
+    return len(_modes_made)
+
+
+def forget_real_tensors(start: int) -> None:
+    """The end of the compile that began at `start`: its fake modes let go of the real
+    tensors they faked (a nested compile's modes are its own)."""
+    for ref in _modes_made[start:]:
+        mode = ref()
+        if mode is not None:
+            describer = mode.fake_tensor_converter.meta_converter.describer
+            describer.lookup_tensor.clear()
+            describer.lookup_storage.clear()
+    del _modes_made[start:]
 
 
 class _FakeMode(FakeTensorMode):

@@ -1,4 +1,5 @@
 import contextlib
+import gc
 import io
 import re
 
@@ -25,6 +26,19 @@ def _fresh_frametrace():
 
 
 @pytest.fixture
+def young_heap():
+    """gc.collect() in the test walks only what the test made: everything alive before
+    it is frozen (gc.freeze) until it ends.  By late in the suite the heap holds over a
+    million objects and a full collection takes seconds; the cycles a test makes and
+    the weakref callbacks they run are collected as before."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@pytest.fixture
 def triton_interpreter(monkeypatch):
     """The triton backend's kernels run in Triton's interpreter on CPU tensors, and an
     internal error raises instead of quietly running the graph eagerly."""
@@ -32,6 +46,18 @@ def triton_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
     backend.COMPILED.clear()
+
+
+def short_loops(monkeypatch, rblock=16):
+    """The triton backend loops over rows longer than `rblock`, in blocks of `rblock`, so
+    that short rows in a test take the looped path through several blocks.  (The looped
+    default RBLOCK, 2048, would take a test's row in one masked step, and Triton's
+    interpreter would combine 2048 lanes one Python call each: seconds a kernel.)"""
+    from frametrace.backends.triton import autotune, config
+    monkeypatch.setattr(config, "persistent_rblock_max", rblock)
+    heuristic = autotune.candidates
+    monkeypatch.setattr(autotune, "candidates", lambda *a, **kw: [
+        autotune.Config(c.xblock, min(c.rblock, rblock), c.num_warps) for c in heuristic(*a, **kw)])
 
 
 @pytest.fixture(params=["aot_eager", "triton"])

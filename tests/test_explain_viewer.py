@@ -51,7 +51,10 @@ def test_explain_fields(capsys):
     torch.testing.assert_close(report.result, with_breaks(x))
 
 
-def test_explain_report_text():
+def test_explain_report_text(monkeypatch):
+    # (str() wraps at the terminal's width: wide enough for this file's path wherever the
+    # checkout lies)
+    monkeypatch.setenv("COLUMNS", "400")
     text = str(frametrace.explain(with_breaks)(torch.randn(4).abs()))
     assert "graphs" in text and "graph breaks" in text
     assert f'File "{THIS_FILE}", line {_line("BREAK_PRINT")}, in with_breaks' in text
@@ -203,12 +206,15 @@ def test_viewer_in_a_real_terminal(tmp_path):
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "120", cmd],
                    check=True)
     try:
-        screen = ""
+        # The diff is paged: its first screen shows the columns' titles, not the break
+        # further down, so wait for the titles and for the screen to stop changing.
+        screen = previous = ""
         for _ in range(120):
             time.sleep(0.5)
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-e", "-t", session],
-                                    capture_output=True, text=True).stdout
-            if "transformed: step" in screen and "graph break" in screen:
+            previous, screen = screen, subprocess.run(
+                ["tmux", "capture-pane", "-p", "-e", "-t", session],
+                capture_output=True, text=True).stdout
+            if "transformed: step" in screen and screen == previous:
                 break
         assert "transformed: step" in screen
         assert "\x1b[" in screen                                # colored in a terminal

@@ -466,7 +466,7 @@ def walks_keys(v, d):
     return out
 
 
-def test_gc_inside_a_key_comparison_is_safe():
+def test_gc_inside_a_key_comparison_is_safe(young_heap):
     g = frametrace.optimize("eager")(walks_keys)
     keys = [CollectingKey("a"), CollectingKey("bb")]
     d = dict.fromkeys(keys)
@@ -484,7 +484,7 @@ class Holder:
         self.k = k
 
 
-def test_entry_dropped_by_a_collection_during_its_own_check_is_safe():
+def test_entry_dropped_by_a_collection_during_its_own_check_is_safe(young_heap):
     """A weakly guarded object dies in a cycle that a collection inside the check
     frees: the entry is removed while it is being checked."""
     def f(v, h, d):

@@ -110,7 +110,7 @@ def test_tensor_check_reads_the_tensor_not_an_instance_attribute():
     assert len(_C.entries(scaled.__code__)) == 2
 
 
-def test_many_tensors_checked_under_collections_are_safe():
+def test_many_tensors_checked_under_collections_are_safe(young_heap):
     # Collections forced between calls, with the class's reads resolved: the reads
     # borrow nothing a collection can free.
     m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])

@@ -61,10 +61,15 @@ class Growth:
 def measure(run, n, warmup, refs=dict):
     """Run `run(warmup)`, then `run(n)`; returns the traced-memory and gc-object
     growth over the second phase (snapshots taken after the warm-up and at the end),
-    and `refs()` (reference counts) at the same two points, after gc.collect()."""
+    and `refs()` (reference counts) at the same two points, after gc.collect().
+
+    What was alive before is frozen (gc.freeze) meanwhile: the collections and object
+    counts then walk only what the runs made, not the whole suite's heap (seconds each
+    late in a full run); growth is counted on those objects alike."""
     started = not tracemalloc.is_tracing()
     if started:
         tracemalloc.start()
+    gc.freeze()
     try:
         run(warmup)
         drop_fx_source_cache()
@@ -81,6 +86,7 @@ def measure(run, n, warmup, refs=dict):
         after = tracemalloc.take_snapshot()
         refs_after = refs()
     finally:
+        gc.unfreeze()
         if started:
             tracemalloc.stop()
     top = "\n".join(str(s) for s in after.compare_to(before, "lineno")[:8])

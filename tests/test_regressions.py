@@ -232,7 +232,7 @@ def test_a_global_shadowing_a_builtin_is_seen():
     assert cnt.frame_count == 2          # the shadowing global failed a guard
 
 
-def test_gc_inside_guards_does_not_crash():
+def test_gc_inside_guards_does_not_crash(young_heap):
     class Helper:
         def __init__(self):
             self.me = self          # only the cycle collector frees it

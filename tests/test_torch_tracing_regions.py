@@ -76,7 +76,7 @@ def test_frames_under_an_eager_functorch_transform_run_like_cpython():
     assert torch.allclose(g(x), inner(x)) and cc.frame_count == 1
 
 
-def test_gc_callbacks_are_not_compiled():
+def test_gc_callbacks_are_not_compiled(young_heap):
     import gc
     seen = []
 

@@ -83,7 +83,38 @@ def test_parameter_casts_share_kernels():
     assert len(weights) == 3, fw.source
     # the casts (one combo launch), the two tanh, the output's cast
     assert len(fw.kernels) == 4, fw.source   # (11 before)
-    assert len(bw.kernels) == 4, bw.source   # (10 before)
+    # (10 before; 4 when the weight gradients' casts waited for the end: see below)
+    assert len(bw.kernels) == 6, bw.source
+
+
+def test_gradient_casts_run_where_their_matmul_ends():
+    """A weight gradient's cast to its parameter's fp32 (a graph output) runs close after
+    the matmul that computes it in bf16, which then dies there; stored at the graph's end
+    instead, every bf16 gradient was alive beside every fp32 one (LLaMA-4 with autocast:
+    0.4 GiB above Inductor's peak)."""
+    from frametrace.backends.triton.ir import Extern
+    x = torch.randn(8, 16)
+    ws = [torch.randn(16, 16) * 0.3 for _ in range(3)]
+
+    def mlp(x, *ws):
+        h = x
+        for w in ws:
+            h = torch.tanh(F.linear(h.to(torch.bfloat16), w.to(torch.bfloat16)))
+        return h.float()
+    _, bw = train_step(mlp, x, *ws)
+    # the wrapper's bf16 weight gradients (matmul outputs) alive at once, line by line
+    grads = {o.name for e in bw.wrapper.schedule if isinstance(e, Extern)
+             for o in (e.outputs if isinstance(e.outputs, (list, tuple)) else [e.outputs])
+             if getattr(o, "dtype", None) == torch.bfloat16 and tuple(o.shape) == (16, 16)}
+    live, most = set(), 0
+    for line in bw.source.splitlines():
+        name = line.split(" = ")[0].strip()
+        if name in grads and " = aten_" in line:
+            live.add(name)
+        elif line.strip().startswith("del "):
+            live -= {n.strip() for n in line.strip()[4:].split(",")}
+        most = max(most, len(live))
+    assert len(grads) == len(ws) and most <= 1, (most, bw.source)
 
 
 def test_zero_fill_beside_a_column_sum_of_its_row_count():

@@ -11,6 +11,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, config, last_compiled  # noqa: E402
+from conftest import short_loops  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero")
 
@@ -24,7 +25,7 @@ def _interpret(triton_interpreter, monkeypatch):
 def rows(request, monkeypatch):
     """Rows of 50 in one block, or looped over blocks of 16 (the online form)."""
     if request.param == "looped":
-        monkeypatch.setattr(config, "persistent_rblock_max", 16)
+        short_loops(monkeypatch)
     return request.param
 
 
@@ -197,7 +198,7 @@ def test_logsumexp_bf16(rows):
 
 
 def test_looped_log_softmax_reads_rows_twice_not_three_times(monkeypatch):
-    monkeypatch.setattr(config, "persistent_rblock_max", 16)
+    short_loops(monkeypatch)
     mod = compiled_run(lambda x: F.log_softmax(x, -1), torch.randn(4, 50), kernels=1)
     # the online max-and-sum, then the output
     assert mod.kernels[0].source.count("for roffset") == 2, mod.kernels[0].source

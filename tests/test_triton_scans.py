@@ -8,7 +8,8 @@ import torch
 import frametrace
 
 pytest.importorskip("triton")
-from frametrace.backends.triton import backend, config, last_compiled  # noqa: E402
+from frametrace.backends.triton import backend, last_compiled  # noqa: E402
+from conftest import short_loops  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 @pytest.fixture
 def looped(monkeypatch):
-    """Rows longer than 16 loop over chunks (the interpreter is slow on real lengths)."""
-    monkeypatch.setattr(config, "persistent_rblock_max", 16)
+    """Rows longer than 16 loop over chunks of 16 (the interpreter is slow on real lengths)."""
+    short_loops(monkeypatch)
 
 
 def compiled_run(fn, *args, kernels=None, expected=None, atol=1e-5, rtol=1e-5):
@@ -114,7 +115,7 @@ def test_prologue_scan_epilogue_one_kernel(dim):
 @pytest.mark.parametrize("persistent", [True, False])
 def test_scan_after_a_row_reduction_one_kernel(persistent, monkeypatch):
     if not persistent:
-        monkeypatch.setattr(config, "persistent_rblock_max", 16)
+        short_loops(monkeypatch)
     x = torch.randn(6, 41)
     compiled_run(lambda x: torch.logcumsumexp(x - x.amax(-1, keepdim=True), -1), x, kernels=1)
     compiled_run(lambda x: torch.cumsum(x, 1).sum(1), x, kernels=1, atol=1e-4)
@@ -175,7 +176,7 @@ def _ties_and_nans(*shape):
 @pytest.mark.parametrize("persistent", [True, False])
 def test_cummax_cummin_values_and_indices(op, persistent, monkeypatch):
     if not persistent:
-        monkeypatch.setattr(config, "persistent_rblock_max", 16)
+        short_loops(monkeypatch)
     x = _ties_and_nans(4, 23)
     mod = compiled_run(lambda x: op(x, 1), x, kernels=1)
     # values and indices come from one (value, index) scan

@@ -63,11 +63,11 @@ enum {
 };
 
 /* How a tensor class answers the guard's reads, resolved once from its MRO: the
- * getters of `dtype`, `device`, `shape`, `requires_grad` and the method descriptors
+ * getters of `dtype`, `layout`, `device`, `shape`, `requires_grad` and the method descriptors
  * of `stride`, `is_neg`, `is_conj`, all of torch's C base class.  Borrowed: valid
  * while the class's version tag is `version` (a class or base changed by assignment
  * gets a new tag, and tags are never reused). */
-enum { RD_DTYPE, RD_DEVICE, RD_SHAPE, RD_REQUIRES_GRAD, RD_STRIDE, RD_IS_NEG, RD_IS_CONJ, RD_COUNT };
+enum { RD_DTYPE, RD_LAYOUT, RD_DEVICE, RD_SHAPE, RD_REQUIRES_GRAD, RD_STRIDE, RD_IS_NEG, RD_IS_CONJ, RD_COUNT };
 
 typedef struct {
     unsigned int version;   /* 0: not resolved (the generic lookups run) */
@@ -76,7 +76,7 @@ typedef struct {
 } TensorReads;
 
 typedef struct {
-    PyObject *type, *dtype, *device, *sizes, *strides, *requires_grad;
+    PyObject *type, *dtype, *layout, *device, *sizes, *strides, *requires_grad;
     int conj;           /* -1: not read (a real tensor), else the expected bit */
     int neg;
     Py_ssize_t ndim;
@@ -125,7 +125,7 @@ typedef struct {
     vectorcallfunc vectorcall;
 } GuardCheck;
 
-static PyObject *s_dtype, *s_device, *s_shape, *s_stride, *s_requires_grad, *s_is_conj, *s_is_neg;
+static PyObject *s_dtype, *s_layout, *s_device, *s_shape, *s_stride, *s_requires_grad, *s_is_conj, *s_is_neg;
 static PyObject *s_getattr, *s_getattribute, *s_dict, *s_stores[3];
 static PyObject *object_getattribute;   /* object.__getattribute__ */
 
@@ -196,7 +196,7 @@ static inline unsigned int type_version(PyTypeObject *tp);
 static void
 resolve_tensor_reads(PyTypeObject *tp, TensorReads *r)
 {
-    static PyObject **names[RD_COUNT] = {&s_dtype, &s_device, &s_shape, &s_requires_grad,
+    static PyObject **names[RD_COUNT] = {&s_dtype, &s_layout, &s_device, &s_shape, &s_requires_grad,
                                          &s_stride, &s_is_neg, &s_is_conj};
     r->version = 0;
     if (tp->tp_getattro != PyObject_GenericGetAttr &&
@@ -284,6 +284,16 @@ tensor_matches(PyObject *v, TensorSpec *t)
         return -1;
     }
     int ok = r == t->dtype;
+    Py_DECREF(r);
+    if (ok != 1) {
+        return ok;
+    }
+    /* Layouts are singletons.  Sparse COO and mkldnn tensors answer stride() (with
+     * zeros), so without this one a strided graph would run on them. */
+    if ((r = tensor_get(v, rd, RD_LAYOUT, s_layout)) == NULL) {
+        return -1;
+    }
+    ok = r == t->layout;
     Py_DECREF(r);
     if (ok != 1) {
         return ok;
@@ -837,6 +847,7 @@ free_code(GuardCheck *g)
             code[i].t = NULL;
             Py_XDECREF(t->type);
             Py_XDECREF(t->dtype);
+            Py_XDECREF(t->layout);
             Py_XDECREF(t->device);
             Py_XDECREF(t->sizes);
             Py_XDECREF(t->strides);
@@ -864,14 +875,14 @@ int_tuple(PyObject *seq, Py_ssize_t n, Py_ssize_t *out)
     return 0;
 }
 
-/* (type, dtype, device, sizes, strides, requires_grad, conj or None, neg) */
+/* (type, dtype, device, sizes, strides, requires_grad, conj or None, neg, layout) */
 static TensorSpec *
 tensor_spec(PyObject *spec)
 {
-    PyObject *type, *dtype, *device, *sizes, *strides, *rg, *conj, *neg;
-    if (!PyArg_ParseTuple(spec, "O!OOO!O!O!OO!:tensor guard", &PyType_Type, &type, &dtype, &device,
+    PyObject *type, *dtype, *device, *sizes, *strides, *rg, *conj, *neg, *layout;
+    if (!PyArg_ParseTuple(spec, "O!OOO!O!O!OO!O:tensor guard", &PyType_Type, &type, &dtype, &device,
                           &PyTuple_Type, &sizes, &PyTuple_Type, &strides, &PyBool_Type, &rg,
-                          &conj, &PyBool_Type, &neg)) {
+                          &conj, &PyBool_Type, &neg, &layout)) {
         return NULL;
     }
     TensorSpec *t = PyMem_Calloc(1, sizeof(TensorSpec));
@@ -883,6 +894,7 @@ tensor_spec(PyObject *spec)
     t->dims = PyMem_Calloc(2 * t->ndim + 1, sizeof(Py_ssize_t));
     t->type = Py_NewRef(type);
     t->dtype = Py_NewRef(dtype);
+    t->layout = Py_NewRef(layout);
     t->device = Py_NewRef(device);
     t->sizes = Py_NewRef(sizes);
     t->strides = Py_NewRef(strides);
@@ -896,6 +908,7 @@ tensor_spec(PyObject *spec)
         }
         Py_DECREF(t->type);
         Py_DECREF(t->dtype);
+        Py_DECREF(t->layout);
         Py_DECREF(t->device);
         Py_DECREF(t->sizes);
         Py_DECREF(t->strides);
@@ -1132,6 +1145,7 @@ ft_guards_init(PyObject *m)
         return -1;
     }
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
+    INTERN(s_layout, "layout");
     INTERN(s_dtype, "dtype");
     INTERN(s_device, "device");
     INTERN(s_shape, "shape");

@@ -36,7 +36,8 @@ from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
 from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_numpy_value
 from ..interop import allowed_in_graph, assumed_constant, foreign_reason
-from .objects import ConstantResultVar, ContextVarVar, ForeignCallableVar, InGraphCallVar, ObjectVar, TorchFnVar, module_namespace, namespace_var
+from .objects import (ConstantResultVar, ContextVarVar, ForeignCallableVar, InGraphCallVar, ObjectVar,
+                      OptimizedWrapperVar, TorchFnVar, module_namespace, namespace_var)
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 
@@ -105,6 +106,11 @@ def wrap(tx, value, source, guard: bool = True):
             return var
     var = wrap_container_subclass(tx, value, source, guards) if type(value).__module__ != "builtins" \
         and isinstance(value, (dict, list, tuple)) else None
+    if var is None and (inner := _optimized_inner(value)) is not None:
+        if guards is not None:
+            guards.identity(source, value)
+        return OptimizedWrapperVar(value, source, wrap(
+            tx, inner[1], AttrSource(source, inner[0]) if source is not None else None, guard))
     if var is None:
         if isinstance(value, torch.optim.Optimizer):
             from .optimizers import prefer_device_counters
@@ -277,6 +283,17 @@ def _wrap_object(tx, value, source, guards):
 
 
 _CONTAINER_TYPES = (list, dict, set, frozenset, tuple, str, bytes)
+
+
+def _optimized_inner(value):
+    """(attribute, callable) that an optimize() wrapper runs under the hook, or None."""
+    from .. import _C
+    if type(value) is _C.Hooked:
+        return "fn", value.fn
+    from ..eval_frame import OptimizedModule
+    if type(value) is OptimizedModule:
+        return "_orig_mod", value.__dict__["_orig_mod"]
+    return None
 
 
 def _is_user_instance(value) -> bool:

@@ -322,6 +322,43 @@ class ForeignCallableVar(ObjectVar):
             unsupported(self.reason)
         return super().call_method(tx, name, args, kwargs)
 
+class OptimizedWrapperVar(ObjectVar):
+    """What optimize() returns (a hooked function, an OptimizedModule), met while
+    tracing: calls trace the wrapped function or module into this graph, as
+    torch.compile inlines a nested compiled region (a disable() inside still breaks
+    the graph there).  As a value it stays the wrapper: identity, type, and what a
+    graph break hands to CPython.  `inner` is the wrapped object's Var."""
+    __slots__ = ("inner",)
+
+    def __init__(self, value, source, inner: Var):
+        super().__init__(value, source)
+        self.inner = inner
+
+    def call(self, tx, args, kwargs):
+        return self.inner.call(tx, args, kwargs)
+
+    def _own(self, name) -> bool:
+        # An OptimizedModule answers the rest from its module (its __getattr__, and its
+        # methods delegate); a hooked function is itself.
+        return not isinstance(self.value, torch.nn.Module) or name in vars(self.value) or \
+            name.startswith("__") and name not in ("__call__", "__dict__")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__call__":
+            return self.inner.call(tx, args, kwargs)
+        if self._own(name):
+            return super().call_method(tx, name, args, kwargs)
+        return self.inner.call_method(tx, name, args, kwargs)
+
+    def getattr(self, tx, name):
+        return super().getattr(tx, name) if self._own(name) else self.inner.getattr(tx, name)
+
+    def setattr(self, tx, name, value):
+        if self._own(name):
+            return super().setattr(tx, name, value)
+        return self.inner.setattr(tx, name, value)
+
+
 class GlobalsDictVar(Var):
     """A module's namespace dict (`globals()`, `vars(module)`, `module.__dict__`): its
     items are that module's globals, read and written through the same records as

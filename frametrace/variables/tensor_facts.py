@@ -13,12 +13,13 @@ whose memory it views, so they are guarded on that input.  Which inputs are one 
 and layouts, are facts too (below)."""
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
 
 from ..source import AttrSource
-from .base import unsupported
+from .base import Unsupported, unsupported
 from .constant import ConstVar
 from .tensor_attrs import input_for
 
@@ -46,10 +47,30 @@ def any_hashed(fakes) -> bool:
     return bool(_HASHED) and any(_HASHED.get(id(f)) is f for f in fakes)
 
 
-# Of the layouts, only mkldnn passes the tensor guard (sparse ones have no strides,
-# a nested one no sizes): `is_sparse` needs no guard of its own (an optimizer reads
-# it of every grad), these do.
+# The tensor guard compares the layout (a sparse COO or mkldnn tensor answers
+# stride() too): `is_sparse` of an input needs no guard of its own (an optimizer reads
+# it of every grad); these are guarded where the tensor is one the graph computes.
 LAYOUT_ATTRS = frozenset({"layout", "is_mkldnn"})
+
+
+@contextlib.contextmanager
+def guarding_input_kind(guards, source, value):
+    """Around the checks that refuse an input: when one refuses, the frame's entry
+    (run in CPython) is guarded on the facts that made it refuse, the input's type and
+    layouts, and not on everything that reaches the frame."""
+    try:
+        yield
+    except Unsupported:
+        guards.type_match(source, value)
+        guards.equals(AttrSource(source, "layout"), value.layout)
+        guards.equals(AttrSource(source, "is_nested"), value.is_nested)
+        if value.is_leaf:
+            grad = AttrSource(source, "_grad")
+            if value._grad is None:
+                guards.equals(grad, None)
+            else:
+                guards.equals(AttrSource(grad, "layout"), value._grad.layout)
+        raise
 
 
 def check_input_layout(value):

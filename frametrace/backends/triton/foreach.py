@@ -499,14 +499,37 @@ def combine(kernels) -> list:
                 part, nargs = [k], len(k.args)
                 used, wrote = _touches(k)
         run.clear()
+    passed = 0   # aten calls the pending run has let go first
     for k in kernels:
         if not isinstance(k, Extern) and _combinable(k):
             run.append(k)
             continue
+        if isinstance(k, Extern) and run and passed < PASS_EXTERNS and _may_pass(k, run):
+            # the run waits for a later kernel to launch with: a gradient's cast after its
+            # matmul goes with the next layer's pointwise kernel, not alone (nor, as when
+            # graph outputs were stored at the end, with every other cast)
+            out.append(k)
+            passed += 1
+            continue
         flush()
+        passed = 0
         out.append(k)
     flush()
     return out
+
+
+# aten calls a run of pointwise kernels may wait past for a partner: each one it waits
+# past keeps its inputs alive a little longer
+PASS_EXTERNS = 2
+
+
+def _may_pass(e, run) -> bool:
+    """Whether the extern `e` may run before the kernels of `run`: it writes nothing (an
+    aten op known not to mutate) and reads nothing they store."""
+    if getattr(getattr(e.op, "_schema", None), "is_mutable", True):
+        return False
+    reads = e.reads()
+    return not any(reads & _touches(k)[1] for k in run)
 
 
 _LOCAL = re.compile(r"\b(tmp\d+|acc\d+|xindex|xoffset|xmask)\b")

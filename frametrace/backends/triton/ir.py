@@ -178,6 +178,26 @@ class Extern:
         self.name, self.op, self.args, self.kwargs, self.outputs = name, op, args, kwargs, outputs
         self.graph_op = op if graph_op is None else graph_op
 
+    def reads(self) -> set:
+        """The names of the buffers (or of the bases of views) it is called on."""
+        names, stack = set(), [self.args, self.kwargs]
+        while stack:
+            a = stack.pop()
+            if isinstance(a, (list, tuple)):
+                stack += list(a)
+            elif isinstance(a, dict):
+                stack += list(a.values())
+            elif isinstance(a, Buffer):
+                names.add(a.name)
+        return names
+
+    @property
+    def may_alias(self) -> bool:
+        """Whether what it returns may share an argument's memory (a view, `self`): not
+        known of a callable that is not an aten op."""
+        schema = getattr(self.op, "_schema", None)
+        return schema is None or any(r.alias_info is not None for r in schema.returns)
+
 
 class HostScalar(IRNode):
     """One float of host memory read by kernels on the GPU: the wrapper reads it once per

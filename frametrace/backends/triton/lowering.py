@@ -48,6 +48,7 @@ class GraphLowering(Placement):
         self.inputs: list[str] = []      # wrapper names of the graph inputs
         self.constants: dict = {}        # wrapper name -> tensor
         self.outputs: list = []          # Buffers, numbers, None
+        self.early_outputs: dict = {}    # FX node -> its output Buffer, stored where computed
         self.wrapper_reads: set = set()  # Computed names that externs or outputs use
         self.computed_names: dict = {}
         self.env: dict = {}              # FX node -> its value (for lowerings that look further up)
@@ -77,7 +78,7 @@ class GraphLowering(Placement):
                 env[node] = self.call(node, env)
             elif node.op == "output":
                 vals = torch.fx.node.map_arg(node.args[0], lambda n: n.meta.get("val"))
-                outs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+                outs = torch.fx.node.map_arg(node.args[0], lambda n: self.early_outputs.get(n, env[n]))
                 self.outputs = [self.output(v, val) if isinstance(v, IRNode) else v
                                 for v, val in zip(outs, vals)]
                 # the graph's writes to its inputs (`copy_`) last: an output computed from an
@@ -158,6 +159,12 @@ class GraphLowering(Placement):
         if isinstance(value, Pointwise) and value.reads >= REALIZE_READS and \
                 sum(logsumexp.reads_all(node, u) for u in node.users) > 1:
             self.realize(value, wrapper=False)
+        if isinstance(value, Pointwise) and value.realized is None and \
+                any(u.op == "output" for u in node.users):
+            # a graph output is stored anyway: stored here, where its inputs may die, not
+            # at the output node (a backward's gradients cast to their parameters' dtype
+            # all at its end held every gradient in both dtypes at once)
+            self.early_outputs[node] = self.output(value, val)
         return value
 
     def output(self, value, val) -> Buffer:

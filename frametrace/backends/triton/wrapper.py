@@ -179,6 +179,38 @@ def _free_dead(lines, inputs) -> list[str]:
     return out + [ret]
 
 
+_ALLOC_LINE = re.compile(r"    (\w+) = (empty_strided\(.*\))$")
+
+
+def _reuse_dead(lines, unsafe) -> list[str]:
+    """`lines` (after `_free_dead`) with each allocation that a dead buffer of the same
+    shape, strides and dtype can serve given that buffer (`new = dead`) instead: an
+    allocation costs the host microseconds on every call, and the caching allocator would
+    hand the same block back anyway.  Buffers in `unsafe` (read by an aten call that may
+    return a view of them) are never given again: their memory may outlive their name."""
+    out, free, alloc_of = [], {}, {}
+    for line in lines:
+        m = _ALLOC_LINE.match(line)
+        if m:
+            name, alloc = m.groups()
+            pool = free.get(alloc)
+            if pool:
+                donor, at = pool.pop()
+                left = [n for n in out[at][8:].split(", ") if n != donor]
+                out[at] = f"    del {', '.join(left)}" if left else None
+                out += [f"    {name} = {donor}", f"    del {donor}"]
+            else:
+                out.append(line)
+            alloc_of[name] = alloc
+            continue
+        out.append(line)
+        if line.startswith("    del "):
+            for n in line[8:].split(", "):
+                if n in alloc_of and n not in unsafe:
+                    free.setdefault(alloc_of[n], []).append((n, len(out) - 1))
+    return [line for line in out if line is not None]
+
+
 class WrapperCodegen:
     """`call(args)`: the wrapper every first call runs (it tunes and compiles kernels);
     `fast_source(...)`: once every kernel is compiled, the same steps with each kernel's
@@ -257,7 +289,8 @@ class WrapperCodegen:
                     shape=pycode(c.shape), stride=pycode(c.buffer.stride), dtype=c.dtype))
             lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
         lines.append(f"    return [{', '.join(self.expr(o) for o in L.outputs)}]")
-        return "\n".join(_free_dead(lines, L.inputs)) + "\n"
+        unsafe = {n for e in self.schedule if isinstance(e, Extern) and e.may_alias for n in e.reads()}
+        return "\n".join(_reuse_dead(_free_dead(lines, L.inputs), unsafe)) + "\n"
 
     @staticmethod
     def _launch(launcher, item) -> str:
