@@ -5,7 +5,7 @@ and still notices every change the hook would see."""
 import pytest
 import torch
 
-from differential import Then, check
+from differential import Call, Then, check
 
 CALLS = []      # what the hooks below saw, in order (compared after each call)
 
@@ -256,6 +256,18 @@ def test_dict_used_whole_after_a_lookup_guards_its_keys():
     globals()["REGISTRY"] = {"a": 1.0, "b": 2.0}
     r = check(f, [torch.randn(3), Then(add_other, torch.randn(3)), torch.randn(3)])
     assert r.compiles == 2
+
+
+def test_kwargs_dict_written_after_a_lookup_keeps_its_key_guards():
+    # The frame's own **kw dict becomes the trace's container when written; the keys
+    # the call passed are still guarded (a call with other keywords recompiles).
+    def f(x, **kw):
+        scale = kw.get("a", 1.0)
+        kw["seen"] = True
+        return x * scale + len(kw)
+
+    r = check(f, [Call(torch.randn(3), a=2.0), Call(torch.randn(3), a=3.0, b=1), Call(torch.randn(3))])
+    assert r.compiles == 3
 
 
 class Registry(dict):

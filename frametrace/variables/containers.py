@@ -282,6 +282,7 @@ class ListVar(_SequenceVar):
 
 
 _ITEMS = CollectionVar.items     # the slot under DictVar.items
+_SOURCE = Var.source             # the slot under DictVar.source
 
 
 class DictVar(CollectionVar):
@@ -292,8 +293,8 @@ class DictVar(CollectionVar):
     __slots__ = ("_lazy",)
 
     def __init__(self, items: dict, source=None):
-        super().__init__(source)
         self._lazy = None
+        super().__init__(source)
         self.items = dict(items)
 
     @classmethod
@@ -301,6 +302,7 @@ class DictVar(CollectionVar):
         """The dict `value` from outside, read from `source` (guarded by type), as it
         is now.  (It holds the root tracer weakly: a Var must not keep the trace alive.)"""
         var = cls.__new__(cls)
+        var._lazy = None
         CollectionVar.__init__(var, source)
         _ITEMS.__set__(var, {})     # the items wrapped so far
         var._lazy = (dict(value), weakref.ref(tx.root))
@@ -333,6 +335,19 @@ class DictVar(CollectionVar):
     def items(self, items):
         self._lazy = None
         _ITEMS.__set__(self, items)
+
+    @property
+    def source(self):
+        return _SOURCE.__get__(self)
+
+    @source.setter
+    def source(self, source):
+        # The keys are guarded through the source the dict came from: a lazy dict
+        # whose source changes (a **kwargs dict becoming the trace's own) is wrapped
+        # whole first.
+        if getattr(self, "_lazy", None) is not None and source is not _SOURCE.__get__(self):
+            self.items
+        _SOURCE.__set__(self, source)
 
     def lookup(self, k, default=None):
         """The Var of key `k` (a key as `_dict_key` gives it), or `default`."""
