@@ -270,6 +270,24 @@ def test_kwargs_dict_written_after_a_lookup_keeps_its_key_guards():
     assert r.compiles == 3
 
 
+def test_dict_looked_up_before_and_inside_a_checkpointed_body():
+    # A dict wrapped key by key outside a subgraph body, and read by another key inside
+    # it: reading a key is not a side effect of the body (one graph, no break).
+    def body(x):
+        return x * OPTIONS["a"]
+
+    def f(x):
+        x = x + OPTIONS.get("b", 0.0)
+        return torch.utils.checkpoint.checkpoint(body, x, use_reentrant=False)
+
+    def change():
+        OPTIONS["a"] = 5.0
+
+    globals()["OPTIONS"] = {"a": 2.0, "b": 3.0}
+    r = check(f, [torch.randn(3), Then(change, torch.randn(3)), torch.randn(3)], breaks=0)
+    assert r.compiles == 2
+
+
 class Registry(dict):
     """A registry keyed by name whose get() goes through dict.get (super().get)."""
 
