@@ -39,9 +39,9 @@ from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from . import _C
-from .source import (AttrSource, BuiltinSource, ClosureCellSource, ClosureSource, ConstSource,
-                     ContainsSource, GetItemSource, GlobalSource, LocalSource, Source,
-                     const_sources, guard_local_name)
+from .source import (AttrSource, BuiltinSource, CallMethodSource, ClosureCellSource, ClosureSource,
+                     ConstSource, ContainsSource, GetItemSource, GlobalSource, InstanceDictSource,
+                     LocalSource, Source, const_sources, guard_local_name)
 from .variables.symbolic import is_symbolic
 
 
@@ -65,8 +65,12 @@ def _unshared(written, others) -> bool:
     return True
 
 
+def _instance_dict(obj):
+    return object.__getattribute__(obj, "__dict__")
+
+
 _CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "___id": id, "math": math,
-                "torch": torch, "___unshared": _unshared}
+                "torch": torch, "___unshared": _unshared, "___odict": _instance_dict}
 
 
 class Guard:
@@ -191,6 +195,12 @@ class GuardSet:
         self._add(source, "KEYS",
                   f"___type({e}) is dict and ___tuple({e}) == {self.const(keys)}",
                   f"{source.name()} is a dict with keys {list(keys)}", spec=_one(source, "KEYS", keys))
+
+    def dict_lacks(self, source, key):
+        """Key `key` is not in the dict at `source` (its type is guarded)."""
+        e = source.guard_expr()
+        self._add(source, f"LACKS {key!r}", f"{self.const(key)} not in {e}",
+                  f"{key!r} not in {source.name()}", spec=_one(source, "NOT_CONTAINS", key))
 
     def tensor(self, source, t: torch.Tensor, fake=None):
         e = source.guard_expr()
@@ -368,8 +378,12 @@ class GuardSet:
         """The objects at `sources` (mutable inputs guarded by type, not identity) are
         as many distinct objects as when traced: one set of ids instead of n**2 checks."""
         exprs = ", ".join(s.guard_expr() for s in sources)
+        # In C, a pointer compare per pair while the pairs are few (a model's handful
+        # of configs and registries); a set of ids in Python beyond.
+        spec = tuple((a, "IS_NOT_REG", None, None, 0, b) for i, a in enumerate(sources)
+                     for b in sources[i + 1:]) if len(sources) <= _C_DISTINCT else None
         self._add(None, "DISTINCT", f"___len({{*map(___id, ({exprs},))}}) == {len(sources)}",
-                  f"{', '.join(s.name() for s in sources)} are distinct objects")
+                  f"{', '.join(s.name() for s in sources)} are distinct objects", spec=spec)
 
     def in_dict(self, source, name: str):
         """An instance attribute is present (whatever its value)."""
@@ -378,12 +392,18 @@ class GuardSet:
                   f"{source.name()} has instance attribute {name!r}",
                   spec=_one(AttrSource(source, "__dict__"), "CONTAINS", name))
 
-    def not_in_dict(self, source, name: str):
-        """An instance attribute does not shadow what its class provides."""
-        e = source.guard_expr()
-        self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {e}.__dict__",
+    def not_in_dict(self, source, name: str, past_hook: bool = False, obj=None):
+        """An instance attribute does not shadow what its class provides.  `past_hook`:
+        the class has a __getattribute__ of its own, and the trace read the instance
+        dict past it (object.__getattribute__'s dict), as the guard does.  Without
+        such a hook (`obj`'s class) both reads are one: the guard takes the direct one
+        (an nn.Module's __getattr__ is not on its path)."""
+        if obj is not None and type(obj).__getattribute__ is object.__getattribute__:
+            past_hook = True
+        d = InstanceDictSource(source) if past_hook else AttrSource(source, "__dict__")
+        self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {d.guard_expr()}",
                   f"{source.name()} has no instance attribute {name!r}",
-                  spec=_one(AttrSource(source, "__dict__"), "NOT_CONTAINS", name))
+                  spec=_one(d, "NOT_CONTAINS", name))
 
     def function_state(self, source, fn, fixed: bool):
         """An inlined function's `__code__`, `__defaults__` and `__kwdefaults__` are
@@ -648,6 +668,7 @@ _FUNC, _GLOBALS = _Marker("___func"), _Marker("___G")
 # calling it (it would format an AttributeError for each missing name).
 _MODULE_GETATTR = torch.nn.Module.__getattr__
 _OPS = _C.GUARD_OPS
+_C_DISTINCT = 32    # distinct(): at most this many sources checked pairwise in C
 _KEY_TYPES = (str, int)     # item keys written as their repr in the Python check
 
 
@@ -672,10 +693,14 @@ class _Program:
     def loadable(self, source) -> bool:
         while True:
             kind = type(source)
-            if kind in (AttrSource, ContainsSource):
+            if kind in (AttrSource, ContainsSource, InstanceDictSource):
                 source = source.base
             elif kind is GetItemSource:
                 if type(source.index) not in _KEY_TYPES:
+                    return False
+                source = source.base
+            elif kind is CallMethodSource:
+                if not _dict_get(source):
                     return False
                 source = source.base
             elif kind is LocalSource:
@@ -701,6 +726,10 @@ class _Program:
         else:
             if kind is AttrSource:
                 op, base, a = "ATTR", self.load(source.base), source.attr
+            elif kind is InstanceDictSource:
+                op, base, a = "ODICT", self.load(source.base), None
+            elif kind is CallMethodSource:      # dict.get(base, key), as _dict_get says
+                op, base, a = "DGET", self.load(source.base), source.args[0]
             elif kind in (GetItemSource, ContainsSource):
                 op, base, a = "ITEM" if kind is GetItemSource else "IN", self.load(source.base), source.index
             elif kind is ConstSource:
@@ -734,6 +763,13 @@ class _Program:
             self.dispatch = (arg, "tensor", a[0], a[1], tuple(a[3]))
         elif op == "EQ" and type(a) in _KEY_TYPES and b is type(a):
             self.dispatch = (arg, "value", b, a)
+
+
+def _dict_get(source) -> bool:
+    """`source` is ``dict.get(base, key)`` (a dict subclass's get, or super().get) with
+    one key the C program can hold."""
+    return source.through is not None and source.through.obj is dict.get and \
+        len(source.args) == 1 and type(source.args[0]) in _KEY_TYPES and not source.as_list
 
 
 def _autocast_state():

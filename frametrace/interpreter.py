@@ -1557,7 +1557,7 @@ def contains(tx, container: Var, item: Var) -> bool:
     if dunder is not None:
         return dunder(tx, "__contains__", [item]).truth(tx)
     if isinstance(container, DictVar):
-        return _dict_key(item) in container.items
+        return container.has_key(_dict_key(item))
     if isinstance(container, ConstVar) and item.is_const():
         # The container's own __contains__: substrings of str and bytes, ranges ...
         try:

@@ -81,6 +81,10 @@ class SideEffects:
             self._containers[key] = var
             self._note(key)
 
+    def container_mutated(self, var) -> bool:
+        """The trace changed this list or dict from outside (its Var)."""
+        return ("container", id(var)) in self._containers
+
     # -- replay --
     def values(self):
         """Every Var the replay will load (graph outputs must include their tensors)."""

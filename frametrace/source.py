@@ -197,6 +197,32 @@ class ContainsSource(GetItemSource):
         return f"{self.index!r} in {self.base.name()}"
 
 
+class InstanceDictSource(Source):
+    """The instance dict of `base` as ``object.__getattribute__(base, '__dict__')`` reads
+    it: past a __getattribute__ of the class's own (a guard on an attribute the hook
+    would find there reads the dict, not the hook)."""
+    __slots__ = ("base",)
+
+    def __init__(self, base: Source):
+        self.base = base
+
+    def key(self):
+        return self.base
+
+    def guard_expr(self):
+        return f"___odict({self.base.guard_expr()})"
+
+    def name(self):
+        return f"{self.base.name()}.__dict__"
+
+    def reconstruct(self, cg):
+        cg.emit("PUSH_NULL")
+        cg.load_const(object.__getattribute__)
+        self.base.reconstruct(cg)
+        cg.load_const("__dict__")
+        cg.call(2)
+
+
 class ConstSource(Source):
     """An object held by the compiled entry itself (a module's globals dict, a closure
     cell, a function): guards name it as a constant and the transformed code loads it

@@ -374,9 +374,11 @@ class StateSnapshot:
             out = []
             for cls in type(obj).__mro__:
                 for slot in cls.__dict__.get("__slots__", ()):
-                    if slot in ("source", "node", "example") or \
+                    if slot in ("source", "node", "example", "_lazy") or \
                             (slot == "value" and isinstance(obj, ValueVar)):
-                        continue            # immutable facts, or a real object
+                        # immutable facts, or a real object; a lazy dict's pending
+                        # items (its `items`, read here, wraps them all)
+                        continue
                     out.append(getattr(obj, slot, _MISSING))
             out.extend(getattr(obj, "__dict__", {}).values())
             return tuple(out)

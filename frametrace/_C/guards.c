@@ -34,6 +34,9 @@ enum {
     OP_CONST,           /* a */
     OP_ATTR,            /* regs[src].a */
     OP_ITEM,            /* regs[src][a] */
+    OP_ODICT,           /* object.__getattribute__(regs[src], '__dict__'): the instance dict,
+                         * past a __getattribute__ of the class's own */
+    OP_DGET,            /* dict.get(regs[src], a): None when absent (fails if not a dict) */
     OP_IN,              /* a in regs[src], as a bool */
     OP_LAST_LOAD = OP_IN,
     /* checks of regs[reg] */
@@ -88,6 +91,7 @@ typedef struct {
     unsigned int type_version;
     uint64_t dict_version;
     PyObject *value;
+    int of_class;       /* an attribute of the class `type` itself; dict_version: its metatype's version */
 } Memo;
 
 typedef struct {
@@ -432,6 +436,49 @@ generic_instance_dict(PyObject *obj)
     return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) ? *dp : NULL;
 }
 
+/* What an ATTR load of a function's state reads directly (in->n, set when built). */
+enum { FN_NONE, FN_CODE, FN_DEFAULTS, FN_KWDEFAULTS };
+
+static Py_ssize_t
+function_field(PyObject *name)
+{
+    return PyUnicode_CompareWithASCIIString(name, "__code__") == 0 ? FN_CODE :
+           PyUnicode_CompareWithASCIIString(name, "__defaults__") == 0 ? FN_DEFAULTS :
+           PyUnicode_CompareWithASCIIString(name, "__kwdefaults__") == 0 ? FN_KWDEFAULTS : FN_NONE;
+}
+
+/* cls.name for a class whose metatype looks attributes up as `type` does, memoized
+ * while the class and its metatype keep their version tags, when the answer is what
+ * the class's MRO holds, unchanged by a descriptor (a plain value, or a function,
+ * which a class gives as itself) and not overridden by a data descriptor of the
+ * metatype: then it depends on nothing else. */
+static PyObject *
+class_attr_memo(Instr *in, PyObject *base)
+{
+    Memo *m = &in->memo;
+    PyTypeObject *cls = (PyTypeObject *)base, *meta = Py_TYPE(base);
+    if (m->of_class && m->type == cls && m->type_version != 0 && type_version(cls) == m->type_version &&
+        m->dict_version != 0 && type_version(meta) == m->dict_version) {
+        return Py_NewRef(m->value);
+    }
+    PyObject *v = PyObject_GetAttr(base, in->a);
+    if (v == NULL || meta->tp_getattro != PyType_Type.tp_getattro) {
+        return v;
+    }
+    m->of_class = 0;
+    PyObject *raw = _PyType_Lookup(cls, in->a), *on_meta = _PyType_Lookup(meta, in->a);
+    if (raw == v && (Py_TYPE(raw)->tp_descr_get == NULL || PyFunction_Check(raw)) &&
+        (on_meta == NULL || Py_TYPE(on_meta)->tp_descr_set == NULL) &&
+        type_version(cls) != 0 && type_version(meta) != 0) {
+        m->of_class = 1;
+        m->type = cls;
+        m->type_version = type_version(cls);
+        m->dict_version = type_version(meta);
+        m->value = v;
+    }
+    return v;
+}
+
 /* regs[src].name, answered from the memo while the type and the instance dict are
  * unchanged; the memo is refilled when the value came from the instance dict. */
 static PyObject *
@@ -439,7 +486,16 @@ cached_attr(Instr *in, PyObject *base)
 {
     PyTypeObject *tp = Py_TYPE(base);
     Memo *m = &in->memo;
-    if (m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
+    if (in->n != FN_NONE && PyFunction_Check(base)) {
+        /* (a function's own fields: the type cannot be subclassed or patched) */
+        PyObject *r = in->n == FN_CODE ? PyFunction_GET_CODE(base) :
+                      in->n == FN_DEFAULTS ? PyFunction_GET_DEFAULTS(base) : PyFunction_GET_KW_DEFAULTS(base);
+        return Py_NewRef(r != NULL ? r : Py_None);
+    }
+    if (PyType_Check(base)) {
+        return class_attr_memo(in, base);
+    }
+    if (!m->of_class && m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
         PyObject **dp = _PyObject_GetDictPtr(base);
         if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
             return Py_NewRef(m->value);
@@ -450,6 +506,7 @@ cached_attr(Instr *in, PyObject *base)
         return NULL;
     }
     m->type = NULL;
+    m->of_class = 0;
     PyObject *d = generic_instance_dict(base);
     if (d != NULL) {
         PyObject *descr = _PyType_Lookup(tp, in->a);   /* (assigns the type a version) */
@@ -619,6 +676,20 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
             else {
                 v = PyObject_GetItem(base, in->a);
             }
+            break;
+        case OP_ODICT:
+            v = PyObject_GenericGetAttr(base, s_dict);
+            break;
+        case OP_DGET:
+            if (!PyDict_Check(base)) {
+                ok = 0;         /* dict.get would raise TypeError: the guard fails */
+                continue;
+            }
+            v = PyDict_GetItemWithError(base, in->a);
+            if (v == NULL && PyErr_Occurred()) {
+                break;
+            }
+            v = Py_NewRef(v != NULL ? v : Py_None);
             break;
         default: {  /* OP_IN */
             int found = PySequence_Contains(base, in->a);
@@ -889,6 +960,9 @@ build(GuardCheck *g, PyObject *program)
             bad |= in->op == OP_ARG && (in->n < 0 || in->n >= g->nargs);
             bad |= in->op >= OP_ATTR && (in->src < 0 || in->src >= in->reg);
             bad |= in->op == OP_ATTR && !PyUnicode_Check(a);
+            if (!bad && in->op == OP_ATTR) {
+                in->n = function_field(a);
+            }
         }
         else if (in->op != OP_CALL_IS && in->op != OP_CALL_EQ) {
             bad |= in->reg < 0 || in->reg >= nregs;
@@ -1092,7 +1166,7 @@ ft_guards_init(PyObject *m)
     Py_INCREF(object_getattribute);
 #undef INTERN
     static const char *names[] = {
-        "ARG", "CONST", "ATTR", "ITEM", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
+        "ARG", "CONST", "ATTR", "ITEM", "ODICT", "DGET", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
         "LEN", "LEN_ANY", "KEYS", "TUPLE_EQ", "CONTAINS", "NOT_CONTAINS", "FALSY", "HASATTR",
         "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == OP_COUNT, "one name per op");

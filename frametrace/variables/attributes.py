@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import types
 
+from ..exc import Unsupported
 from ..source import AttrSource, ConstSource
 from .base import unsupported
 from .constant import ConstVar
@@ -94,8 +95,16 @@ class InstanceAttrs(AttrDeleting):
     def hooked_attr(self, tx, name, getattribute):
         """``obj.name`` for a class with its own __getattribute__ (written in Python):
         the hook inlined; its super().__getattribute__ is `generic_getattr`."""
+        from .exceptions import caught
         from .functions import UserFunctionVar
-        return UserFunctionVar(getattribute).call(tx, [self, ConstVar(name)], {})
+        try:
+            return UserFunctionVar(getattribute).call(tx, [self, ConstVar(name)], {})
+        except Unsupported as e:
+            # CPython asks __getattr__ when the hook raised AttributeError.
+            hook = class_attr(tx, self.instance_class(), "__getattr__") if caught(e, AttributeError) else None
+            if not isinstance(hook, types.FunctionType):
+                raise
+        return UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
 
     def generic_getattr(self, tx, name):
         """object.__getattribute__(self, name): the protocol without the class's hook,

@@ -89,9 +89,13 @@ def wrap(tx, value, source, guard: bool = True):
         return namespace_var(tx, value)
     if type(value) is dict and all(map(_constant_key, value)):
         if guards is not None:
-            guards.dict_keys(source, value)
-        var = DictVar({k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
-                               guard) for k, v in value.items()}, source)
+            # Keys looked up one at a time are guarded one at a time (a registry's
+            # get(name), a config's __dict__.get(key)); the whole dict when used whole.
+            guards.type_match(source, value)
+            var = DictVar.lazy(tx, value, source)
+        else:
+            var = DictVar({k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
+                                   guard) for k, v in value.items()}, source)
         tx.output.object_vars[id(value)] = (value, var)
         return var
     from .subclasses import wrap_container_subclass, wrap_tensor_keyed_dict

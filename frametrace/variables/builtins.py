@@ -1254,9 +1254,11 @@ def _has_attr(tx, obj, name):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
         if isinstance(_class_lookup(type(value), "__getattribute__"), types.FunctionType):
             # The class's own hook answers (a config's attribute_map aliases), not
-            # its __dict__: asked of the real object while the trace left it alone.
+            # its __dict__: a user object's hook is inlined (getattr, as CPython's
+            # hasattr does); a module's is asked of the real object while the trace
+            # left it alone.
             if obj.source is None or tx.side_effects.has_attr_writes(value) or \
-                    type(value) is not obj.python_type():
+                    type(value) is not obj.python_type() or isinstance(obj, UserObjectVar):
                 return None
             found = hasattr(value, name)
             _guard_hasattr(tx, obj.source, name, found)

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import operator
+import weakref
 
 import torch
 
+from ..source import GetItemSource
 from .base import CollectionVar, Var, unsupported
 from .constant import ConstVar
 
@@ -279,13 +281,95 @@ class ListVar(_SequenceVar):
             self.items[k] = value
 
 
+_ITEMS = CollectionVar.items     # the slot under DictVar.items
+_SOURCE = Var.source             # the slot under DictVar.source
+
+
 class DictVar(CollectionVar):
-    """A dict with constant keys."""
-    __slots__ = ()
+    """A dict with constant keys.  A dict from outside starts `lazy`: a key looked up
+    (d[k], d.get(k), k in d) is wrapped and guarded alone (present with its value, or
+    absent); the first use of the whole dict (`items`: len, iteration, a write, ...)
+    wraps the rest and guards its keys."""
+    __slots__ = ("_lazy",)
 
     def __init__(self, items: dict, source=None):
+        self._lazy = None
         super().__init__(source)
         self.items = dict(items)
+
+    @classmethod
+    def lazy(cls, tx, value: dict, source):
+        """The dict `value` from outside, read from `source` (guarded by type), as it
+        is now.  (It holds the root tracer weakly: a Var must not keep the trace alive.)"""
+        var = cls.__new__(cls)
+        var._lazy = None
+        CollectionVar.__init__(var, source)
+        _ITEMS.__set__(var, {})     # the items wrapped so far
+        var._lazy = (dict(value), weakref.ref(tx.root))
+        return var
+
+    def _tracer(self):
+        tx = self._lazy[1]()
+        if tx is None:
+            raise AssertionError("a lazy dict read after its trace ended")
+        return tx
+
+    def _wrap_item(self, tx, k, v):
+        from .builder import wrap
+        return wrap(tx, v, GetItemSource(self.source, k))
+
+    @property
+    def items(self):
+        lazy = self._lazy
+        if lazy is not None:
+            tx = self._tracer()
+            self._lazy = None
+            value = lazy[0]
+            got = _ITEMS.__get__(self)
+            tx.guards.dict_keys(self.source, value)
+            _ITEMS.__set__(self, {k: got[k] if k in got else self._wrap_item(tx, k, v)
+                                  for k, v in value.items()})
+        return _ITEMS.__get__(self)
+
+    @items.setter
+    def items(self, items):
+        self._lazy = None
+        _ITEMS.__set__(self, items)
+
+    @property
+    def source(self):
+        return _SOURCE.__get__(self)
+
+    @source.setter
+    def source(self, source):
+        # The keys are guarded through the source the dict came from: a lazy dict
+        # whose source changes (a **kwargs dict becoming the trace's own) is wrapped
+        # whole first.
+        if getattr(self, "_lazy", None) is not None and source is not _SOURCE.__get__(self):
+            self.items
+        _SOURCE.__set__(self, source)
+
+    def lookup(self, k, default=None):
+        """The Var of key `k` (a key as `_dict_key` gives it), or `default`."""
+        lazy = self._lazy
+        if lazy is None or isinstance(k, VarKey):
+            return self.items.get(k, default)
+        got = _ITEMS.__get__(self)
+        if k in got:
+            return got[k]
+        value = lazy[0]
+        try:
+            present = k in value
+        except TypeError:
+            return self.items.get(k, default)
+        if not present:
+            self._tracer().guards.dict_lacks(self.source, k)
+            return default
+        var = got[k] = self._wrap_item(self._tracer(), k, value[k])
+        return var
+
+    def has_key(self, k) -> bool:
+        return self.lookup(k, _ABSENT) is not _ABSENT
 
     def python_type(self):
         return dict
@@ -302,11 +386,9 @@ class DictVar(CollectionVar):
         return [key_var(k) for k in self.items]
 
     def getitem(self, tx, key):
-        k = _dict_key(key)
-        try:
-            return self.items[k]
-        except KeyError:
-            pass
+        got = self.lookup(_dict_key(key), _ABSENT)
+        if got is not _ABSENT:
+            return got
         from .exceptions import raise_builtin
         raise_builtin(KeyError, key.as_const())
 
@@ -377,11 +459,11 @@ class DictVar(CollectionVar):
             return DictViewVar(self, name)
         if name == "get" and 1 <= len(args) <= 2:
             default = args[1] if len(args) == 2 else ConstVar(None)
-            return self.items.get(_dict_key(args[0]), default)
+            return self.lookup(_dict_key(args[0]), default)
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__contains__" and len(args) == 1:
-            return ConstVar(_dict_key(args[0]) in self.items)
+            return ConstVar(self.has_key(_dict_key(args[0])))
         unsupported(f"dict.{name}")
 
     def reconstruct(self, cg):
@@ -400,7 +482,8 @@ class DictVar(CollectionVar):
         cg.build(dict, len(self.items))
 
     def __repr__(self):
-        return f"DictVar({self.items!r})"
+        # (never the lazy items: a repr must not guard)
+        return f"DictVar({_ITEMS.__get__(self)!r}{', lazy' if self._lazy is not None else ''})"
 
 
 class DictViewVar(Var):
@@ -497,6 +580,9 @@ class VarKey:
 
     def __repr__(self):
         return f"<key {self.var!r}>"
+
+
+_ABSENT = object()
 
 
 def key_var(k):

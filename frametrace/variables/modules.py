@@ -298,7 +298,7 @@ def _shadowing_guard(tx, source, obj, name, attr):
     """A method or other non-data descriptor from the class is what ``obj.name`` gives
     only while the instance's own dict does not shadow it."""
     if source is not None and hasattr(obj, "__dict__") and not hasattr(type(attr), "__set__"):
-        tx.guards.not_in_dict(source, name)
+        tx.guards.not_in_dict(source, name, obj=obj)
 
 
 def _call_property(tx, prop, obj_var):

@@ -10,13 +10,29 @@ import operator
 import types
 from collections import OrderedDict
 
-from ..source import AttrSource, CallMethodSource, ConstSource
+from ..exc import Unsupported
+from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, a_type, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr, class_defines
+
+
+def has_own_getattribute(cls) -> bool:
+    """The class (or a base) defines __getattribute__ in Python."""
+    return isinstance(_class_lookup(cls, "__getattribute__"), types.FunctionType)
+
+
+def _instance_dict(obj):
+    """The instance dict as object.__getattribute__ finds it (past a class's own
+    __getattribute__ and __getattr__), or None."""
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return None
+    return d if isinstance(d, dict) else None
 
 
 class UserObjectVar(InstanceAttrs, Var):
@@ -44,18 +60,25 @@ class UserObjectVar(InstanceAttrs, Var):
         as_dict = self._dict_var(tx)
         if as_dict is not None:
             # The trace holds obj.__dict__ (and may have changed it): it is the truth.
-            return as_dict.items.get(name, MISSING)
-        if name not in getattr(obj, "__dict__", {}) and \
+            return as_dict.lookup(name, MISSING)
+        hooked = has_own_getattribute(type(obj))
+        d = _instance_dict(obj)
+        if name not in (d or ()) and \
                 not isinstance(_class_lookup(self.cls, name), types.MemberDescriptorType):
-            if self.source is not None and hasattr(obj, "__dict__"):
+            if self.source is not None and d is not None:
                 # What the class gives (a method) holds while the instance does not
                 # shadow it.
-                tx.guards.not_in_dict(self.source, name)
+                tx.guards.not_in_dict(self.source, name, past_hook=hooked, obj=obj)
             return MISSING
         try:
             value = object.__getattribute__(obj, name)
         except AttributeError:
             return MISSING
+        if hooked and self.source is not None and d is not None and name in d:
+            # Read from the instance dict past the class's own __getattribute__: the
+            # guard reads the dict item (a C lookup), not the hook.  What the class
+            # holds for `name` is guarded by the caller (generic lookup).
+            return wrap(tx, value, GetItemSource(InstanceDictSource(self.source), name))
         return wrap(tx, value, self.attr_source(name))
 
     def attr_source(self, name):
@@ -63,7 +86,9 @@ class UserObjectVar(InstanceAttrs, Var):
         # lookup the trace did: the guard repeats the plain one.
         if self.source is None:
             return None
-        if isinstance(_class_lookup(type(self.value), "__getattribute__"), types.FunctionType):
+        if has_own_getattribute(type(self.value)):
+            if name == "__dict__":
+                return InstanceDictSource(self.source)     # (the same read, loaded in C)
             return CallMethodSource(self.source, "__getattribute__", (name,),
                                     through=object.__getattribute__)
         return AttrSource(self.source, name)
@@ -78,22 +103,41 @@ class UserObjectVar(InstanceAttrs, Var):
             # A builtin base's reader (a ModelOutput's keys(), an OrderedDict subclass's
             # get): the object's contents, read now and guarded by reading them again.
             return _RealMethodVar(attr, self.value, self.source)
+        if has_own_getattribute(self.cls) and attr is not None and \
+                getattr(type(attr), "__get__", None) is None and getattr(self.cls, name, None) is attr:
+            # Past the class's own __getattribute__: the class's value, guarded through
+            # the class (the instance's dict was found not to shadow it).
+            return wrap(tx, attr, AttrSource(ConstSource(self.cls, self.cls.__qualname__), name))
         # Read through the object, as before any write: guarded by value there.
         return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
 
     def hooked_attr(self, tx, name, getattribute):
         from .builder import wrap
-        if self.cls is type(self.value) and self.source is not None and \
-                not tx.side_effects.has_attr_writes(self.value):
-            # The hook run on the real object (cheaper than inlining it), guarded by
-            # reading `obj.name` again, the hook included.
-            try:
-                value = getattr(self.value, name)
-            except Exception:
-                value = MISSING
-            if value is not MISSING:
-                return wrap(tx, value, AttrSource(self.source, name))
-        return super().hooked_attr(tx, name, getattribute)
+        from .exceptions import TracedRaise, raise_builtin
+        if self.cls is not type(self.value) or self.source is None or \
+                tx.side_effects.has_attr_writes(self.value):
+            return super().hooked_attr(tx, name, getattribute)
+        # The hook inlined: its guards are on what it read (the instance dict past the
+        # hook, a map on the class), lookups the C check makes without running the
+        # hook on every call.
+        before = (len(tx.side_effects), len(tx.output.graph.nodes))
+        try:
+            return super().hooked_attr(tx, name, getattribute)
+        except Unsupported as e:
+            if isinstance(e, TracedRaise) or before[0] or \
+                    (len(tx.side_effects), len(tx.output.graph.nodes)) != before:
+                raise
+        # A hook the trace cannot follow, which changed nothing before failing (its
+        # guards only add checks): run on the real object, guarded by reading
+        # `obj.name` again, the hook included.
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as e:
+            tx.guards.has_attr(self.source, name, False)
+            raise_builtin(AttributeError, str(e))
+        except Exception as e:
+            unsupported(f"{self.cls.__name__}.__getattribute__({name!r}) raised {type(e).__name__}")
+        return wrap(tx, value, AttrSource(self.source, name))
 
     def _dict_var(self, tx):
         d = getattr(self.value, "__dict__", None)
@@ -612,8 +656,9 @@ def _plain_object_state(tx, var) -> dict:
                                 f"may give {name}")
         return dict(var.attrs)
     value = var.value
+    as_dict = var._dict_var(tx)
     if var.source is None or cls is not type(value) or tx.side_effects.has_attr_writes(value) \
-            or var._dict_var(tx) is not None:
+            or as_dict is not None and tx.side_effects.container_mutated(as_dict):
         unsupported(f"copy.deepcopy of a {cls.__name__} the trace changed")
     if hook is not object.__getattribute__:
         # deepcopy asks the object itself for __deepcopy__ / __setstate__.
