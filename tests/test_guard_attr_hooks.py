@@ -6,22 +6,10 @@ import pytest
 import torch
 
 from differential import Call, Then, check
+# Config-like: some names read through a class-level map of aliases (attribute_map).
+from test_soundness_hf import Aliased as Mapped  # noqa: E402
 
 CALLS = []      # what the hooks below saw, in order (compared after each call)
-
-
-class Mapped:
-    """Config-like: some names read through a class-level map of aliases."""
-    attribute_map = {"hidden": "d_model"}
-
-    def __init__(self, d_model, scale):
-        self.d_model = d_model
-        self.scale = scale
-
-    def __getattribute__(self, key):
-        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
-            key = super().__getattribute__("attribute_map")[key]
-        return super().__getattribute__(key)
 
 
 class Noisy(Mapped):
