@@ -240,6 +240,17 @@ def _stored_by_backward(node, fw_nodes) -> bool:
     return False
 
 
+def _keeps_order(node) -> bool:
+    """A node whose place among the others matters: an effect, a write, a random op (the
+    order of draws), or a higher-order op this module does not look into."""
+    if node.is_impure():
+        return True
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    return not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable or \
+        torch.Tag.nondeterministic_seeded in node.target.tags
+
+
 def sink_recomputation(graph: fx.Graph) -> int:
     """Moves each node of a backward graph that reads no tangent (a forward value
     recomputed from saved ones) to just before its first user; returns how many nodes
@@ -249,7 +260,7 @@ def sink_recomputation(graph: fx.Graph) -> int:
     backward: each layer's recomputed values would be computed at the backward's start
     and held until the backward reaches that layer (GPT-2: twelve layers' MLP
     activations, 288 MiB, alive at the peak).  Nodes that read a tangent, the output,
-    nodes with effects and unused ones keep their order."""
+    unused nodes and those whose order matters (`_keeps_order`) keep their order."""
     nodes = list(graph.nodes)
     from_tangents = set()
     for n in nodes:
@@ -272,7 +283,7 @@ def sink_recomputation(graph: fx.Graph) -> int:
             todo.extend((a, False) for a in reversed(n.all_input_nodes) if a not in placed)
 
     for n in nodes:
-        if n.op != "placeholder" and (n in from_tangents or n.op == "output" or not n.users or n.is_impure()):
+        if n.op != "placeholder" and (n in from_tangents or n.op == "output" or not n.users or _keeps_order(n)):
             place(n)
     for n in nodes:         # (whatever only an unplaced node reads: nothing, in a valid graph)
         place(n)
