@@ -136,18 +136,31 @@ def test_sink_recomputation_moves_forward_values_to_their_first_use():
     assert partition.sink_recomputation(g) == 0          # (already in place)
 
 
-def test_sink_recomputation_keeps_random_ops_and_writes_in_order():
+def test_sink_recomputation_keeps_random_ops_in_order():
     g = fx.Graph()
     a, t = g.placeholder("addmm_1"), g.placeholder("tangents_1")
     r1 = g.call_function(aten.rand_like.default, (a,))
     r2 = g.call_function(aten.rand_like.default, (a,))
-    w = g.call_function(aten.relu_.default, (a,))
+    e = g.call_function(aten.exp.default, (a,))
     u2 = g.call_function(aten.mul.Tensor, (t, r2))
     u1 = g.call_function(aten.mul.Tensor, (u2, r1))
-    g.output((u1, w))
+    g.output((u1, e))
     partition.sink_recomputation(g)
     order = [n for n in g.nodes if n.op == "call_function"]
-    assert order.index(r1) < order.index(r2) < order.index(w)
+    assert order.index(r1) < order.index(r2)
+
+
+def test_sink_recomputation_leaves_a_graph_with_a_write_alone():
+    # relu(a) read before a's in-place write must not move past it
+    g = fx.Graph()
+    a, t = g.placeholder("addmm_1"), g.placeholder("tangents_1")
+    r = g.call_function(aten.relu.default, (a,))
+    w = g.call_function(aten.mul_.Tensor, (a, t))
+    u = g.call_function(aten.mul.Tensor, (t, r))
+    g.output((u, w))
+    before = list(g.nodes)
+    assert partition.sink_recomputation(g) == 0
+    assert list(g.nodes) == before
 
 
 def test_mlp_layers_recompute_their_activations_in_their_own_backward_kernels():

@@ -251,6 +251,17 @@ def _keeps_order(node) -> bool:
         torch.Tag.nondeterministic_seeded in node.target.tags
 
 
+def _may_write(node) -> bool:
+    """A node that may change a tensor in place (or do what a reordering must not pass):
+    a mutable op, an effect, a higher-order op or Python function this module does not
+    look into.  (A random op only draws numbers.)"""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
+        return True
+    return node.is_impure() and torch.Tag.nondeterministic_seeded not in node.target.tags
+
+
 def sink_recomputation(graph: fx.Graph) -> int:
     """Moves each node of a backward graph that reads no tangent (a forward value
     recomputed from saved ones) to just before its first user; returns how many nodes
@@ -260,8 +271,12 @@ def sink_recomputation(graph: fx.Graph) -> int:
     backward: each layer's recomputed values would be computed at the backward's start
     and held until the backward reaches that layer (GPT-2: twelve layers' MLP
     activations, 288 MiB, alive at the peak).  Nodes that read a tangent, the output,
-    unused nodes and those whose order matters (`_keeps_order`) keep their order."""
+    unused nodes and those whose order matters (`_keeps_order`) keep their order.  A
+    graph with a write in it is left as it is: a value moved past the write would read
+    what the write changed."""
     nodes = list(graph.nodes)
+    if any(map(_may_write, nodes)):
+        return 0
     from_tangents = set()
     for n in nodes:
         if _is_tangent(n) or (n.op != "placeholder" and any(a in from_tangents for a in n.all_input_nodes)):
