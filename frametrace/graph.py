@@ -301,6 +301,7 @@ class OutputGraph:
         if kind == "call_function" and not fx_can_name(target):
             unsupported(f"{what} cannot be named in an FX graph")
         self._check_input_metadata_kept(kind, what, target, args, kwargs, fake_args, fake_kwargs)
+        before = _tensor_states(args, kwargs)
         quiet = _QuietFailedOps.active
         was_quiet, quiet.on = getattr(quiet, "on", False), True
         try:
@@ -330,9 +331,14 @@ class OutputGraph:
             if is_constant_value(out) or (isinstance(out, (tuple, list)) and all(map(is_constant_value, out))):
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
+        same = self._same_tensor_arg(out, args, kwargs)
+        if same is not None and _changed_nothing(what, kwargs, before):
+            # The op gave its argument back and wrote nothing (contiguous() of a
+            # contiguous tensor, to() its own dtype, dropout in eval): no node, which
+            # every call of the graph would run for nothing.
+            return same
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         self._bind_unbacked(node, out)
-        same = self._same_tensor_arg(out, args, kwargs)
         if same is not None:
             # The op returned its argument itself (add_, float() of a float tensor,
             # contiguous() of a contiguous one ...): the same tensor, so the same Var.
@@ -639,6 +645,27 @@ def _contains(out, types) -> bool:
     if isinstance(out, dict):
         return any(_contains(o, types) for o in out.values())
     return False
+
+
+def _tensor_states(args, kwargs) -> list | None:
+    """(fake tensor, version, requires_grad) of the tensor arguments of an op; None
+    where a version cannot be read (an inference tensor has none)."""
+    try:
+        return [(a.example, a.example._version, a.example.requires_grad)
+                for a in (*args, *kwargs.values()) if isinstance(a, TensorVar)]
+    except RuntimeError:
+        return None
+
+
+def _changed_nothing(what: str, kwargs: dict, before: list | None) -> bool:
+    """An op left its tensor arguments as they were: not an in-place or `out=` form by
+    name, and no version counter or requires_grad flag moved while it ran on the fakes
+    (every in-place op, resize_/set_/t_ included, bumps the version)."""
+    inplace = kwargs.get("inplace")
+    if before is None or what.endswith("_") or "out" in kwargs or \
+            (inplace is not None and not (inplace.is_const() and inplace.as_const() is False)):
+        return False
+    return all(t._version == v and t.requires_grad == rg for t, v, rg in before)
 
 
 def _to_node_arg(v):

@@ -1,0 +1,66 @@
+"""Ops that give their argument back and change nothing (contiguous() of a contiguous
+tensor, to() its own dtype, dropout in eval) record no graph node: the traced value is
+the argument itself, and a node every call would run for nothing is left out.  Ops that
+give their argument back after writing it (in place, out=, requires_grad_) keep theirs."""
+import torch
+import torch.nn.functional as F
+
+import frametrace
+from differential import Call, check
+
+
+def targets(report):
+    """The ops of the graphs compiled (each call's inputs may compile one)."""
+    return sorted({str(n.target) for gm in report.counter.graphs for n in gm.graph.nodes
+                   if n.op in ("call_function", "call_method")})
+
+
+def test_no_op_calls_leave_no_nodes():
+    def f(x, w):
+        y = x.contiguous().to(torch.float32).float()
+        y = F.dropout(y, 0.5, training=False)
+        y = torch.nn.functional.dropout(y, p=0.5, training=False, inplace=False)
+        return (y @ w).type_as(y)
+
+    r = check(f, [(torch.randn(4, 3), torch.randn(3, 2)), (torch.randn(4, 3), torch.randn(3, 2))])
+    assert targets(r) == ["<built-in function matmul>"], targets(r)
+
+
+def test_writes_that_return_their_argument_stay_in_the_graph():
+    def f(x, y):
+        a = x.add_(1)                       # an input written in place
+        b = torch.relu_(y.clone())
+        c = F.relu(b, inplace=True)
+        torch.mul(a, 2, out=y)              # an input written through out=
+        d = x.clone()
+        d.t_()                              # metadata changed in place
+        e = F.dropout(d, 0.5, training=False, inplace=True)
+        return a, c, d, e
+
+    r = check(f, [(torch.randn(3, 3), torch.randn(3, 3)), (torch.randn(3, 3), torch.randn(3, 3))])
+    ops = targets(r)
+    assert "add_" in ops and any("relu" in t for t in ops) and "t_" in ops, ops
+
+
+def test_requires_grad_of_a_graph_tensor_is_kept():
+    def f(x):
+        w = x.detach().clone()
+        w.requires_grad_()
+        return (w * 2).sum(), w.requires_grad
+
+    check(f, [torch.randn(3), torch.randn(4)], max_graphs=4, graphs=None)
+
+
+def test_inference_tensors_trace():
+    # (an inference tensor has no version counter to compare)
+    f = frametrace.optimize("eager")(lambda x: x.contiguous().float() + 1)
+    with torch.inference_mode():
+        x = torch.randn(3)
+        assert torch.equal(f(x), x + 1)
+    assert frametrace.convert.counters["internal_error"] == 0
+
+
+def test_eval_dropout_module_in_a_model():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.3), torch.nn.ReLU()).eval()
+    r = check(lambda m, x: m(x), [Call(model, torch.randn(2, 4)), Call(model, torch.randn(2, 4))])
+    assert not any("dropout" in t for t in targets(r)), targets(r)
