@@ -31,7 +31,8 @@ def test_module_compiles_to_one_graph(cnt):
     assert isinstance(om, frametrace.OptimizedModule) and isinstance(om, torch.nn.Module)
     torch.testing.assert_close(om(x), m(x))
     torch.testing.assert_close(om(x), m(x))
-    assert cnt.frame_count == 1 and cnt.op_count == 5
+    # linear, mul, relu, mul (dropout with p = 0 gives its input back: no node)
+    assert cnt.frame_count == 1 and cnt.op_count == 4
     placeholders = [n.target for n in cnt.graphs[0].graph.nodes if n.op == "placeholder"]
     assert len(placeholders) == 4   # x, weight, bias, running
 
