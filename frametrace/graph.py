@@ -332,7 +332,7 @@ class OutputGraph:
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
         same = self._same_tensor_arg(out, args, kwargs)
-        if same is not None and _changed_nothing(what, kwargs, before):
+        if same is not None and _changed_nothing(kind, target, what, kwargs, before):
             # The op gave its argument back and wrote nothing (contiguous() of a
             # contiguous tensor, to() its own dtype, dropout in eval): no node, which
             # every call of the graph would run for nothing.
@@ -657,10 +657,19 @@ def _tensor_states(args, kwargs) -> list | None:
         return None
 
 
-def _changed_nothing(what: str, kwargs: dict, before: list | None) -> bool:
-    """An op left its tensor arguments as they were: not an in-place or `out=` form by
-    name, and no version counter or requires_grad flag moved while it ran on the fakes
-    (every in-place op, resize_/set_/t_ included, bumps the version)."""
+def _changed_nothing(kind: str, target, what: str, kwargs: dict, before: list | None) -> bool:
+    """A torch op left its tensor arguments as they were: not an in-place or `out=` form
+    by name or schema, and no version counter or requires_grad flag moved while it ran
+    on the fakes (every in-place op, resize_/set_/t_ included, bumps the version).  A
+    function of the user's let into the graph, or an op whose schema writes, is never
+    taken for a no-op (a custom op's fake may not bump versions)."""
+    if kind == "call_function":
+        if isinstance(target, torch._ops.OpOverload):
+            if target._schema.is_mutable:
+                return False
+        elif isinstance(target, torch._ops.OpOverloadPacket) or \
+                not (getattr(target, "__module__", None) or "").startswith("torch"):
+            return False
     inplace = kwargs.get("inplace")
     if before is None or what.endswith("_") or "out" in kwargs or \
             (inplace is not None and not (inplace.is_const() and inplace.as_const() is False)):

@@ -66,3 +66,37 @@ def test_eval_dropout_module_in_a_model():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.3), torch.nn.ReLU()).eval()
     r = check(lambda m, x: m(x), [Call(model, torch.randn(2, 4)), Call(model, torch.randn(2, 4))])
     assert not any("dropout" in t for t in targets(r)), targets(r)
+
+
+_LIB = torch.library.Library("ft_noop_test", "DEF")
+_LIB.define("bump(Tensor(a!) x) -> Tensor(a!)")
+
+
+def _bump(x):
+    with torch.no_grad():
+        x.add_(1)
+    return x
+
+
+_LIB.impl("bump", _bump, "CompositeExplicitAutograd")
+torch.library.register_fake("ft_noop_test::bump", lambda x: x, lib=_LIB)   # (writes nothing on fakes)
+
+
+def test_ops_whose_schema_writes_stay_in_the_graph():
+    def f(x):
+        y = x.clone()
+        torch.ops.ft_noop_test.bump.default(y)
+        torch.ops.ft_noop_test.bump(y)
+        return y
+
+    check(f, [torch.randn(3), torch.randn(3)])
+
+
+@torch.compiler.allow_in_graph
+def _scale_in_place(x):
+    x.mul_(2)
+    return x
+
+
+def test_a_users_function_in_the_graph_stays():
+    check(lambda x: _scale_in_place(x.clone()) + 1, [torch.randn(3), torch.randn(3)])
