@@ -649,11 +649,12 @@ def _contains(out, types) -> bool:
 
 def _tensor_states(args, kwargs) -> list | None:
     """(fake tensor, version, requires_grad) of the tensor arguments of an op; None
-    where a version cannot be read (an inference tensor has none)."""
+    where a version cannot be read (an inference tensor has none; then the op is never
+    taken for a no-op)."""
     try:
         return [(a.example, a.example._version, a.example.requires_grad)
                 for a in (*args, *kwargs.values()) if isinstance(a, TensorVar)]
-    except RuntimeError:
+    except Exception:
         return None
 
 
