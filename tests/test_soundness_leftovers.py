@@ -8,6 +8,7 @@ import torch
 import frametrace
 
 from differential import Call, check
+from test_leaks import Scale  # (a module multiplying by one parameter)
 from test_soundness_guards import Then
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
@@ -117,15 +118,6 @@ def test_params_swapped_with_same_shaped_tensors_give_the_new_values():
 
 
 # -- an optimize() wrapper called from a compiled function --
-
-class Scale(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(4))
-
-    def forward(self, x):
-        return x * self.w
-
 
 torch.manual_seed(0)
 opt_linear = frametrace.optimize(torch.nn.Linear(4, 4))

@@ -255,6 +255,19 @@ tensor_call(PyObject *v, const TensorReads *r, int which, PyObject *name)
     return PyObject_CallMethodNoArgs(v, name);
 }
 
+/* v.<name> is `expected` (a singleton: a dtype, a layout, True/False): 1, 0, or -1. */
+static int
+get_is(PyObject *v, const TensorReads *rd, int which, PyObject *name, PyObject *expected)
+{
+    PyObject *r = tensor_get(v, rd, which, name);
+    if (r == NULL) {
+        return -1;
+    }
+    int ok = r == expected;
+    Py_DECREF(r);
+    return ok;
+}
+
 static int
 bool_call_is(PyObject *v, const TensorReads *rd, int which, PyObject *name, int expected)
 {
@@ -279,26 +292,17 @@ tensor_matches(PyObject *v, TensorSpec *t)
     if (rd->version != version || version == 0) {
         resolve_tensor_reads(Py_TYPE(v), rd);
     }
-    PyObject *r = tensor_get(v, rd, RD_DTYPE, s_dtype);
-    if (r == NULL) {
-        return -1;
-    }
-    int ok = r == t->dtype;
-    Py_DECREF(r);
+    int ok = get_is(v, rd, RD_DTYPE, s_dtype, t->dtype);
     if (ok != 1) {
         return ok;
     }
     /* Layouts are singletons.  Sparse COO and mkldnn tensors answer stride() (with
      * zeros), so without this one a strided graph would run on them. */
-    if ((r = tensor_get(v, rd, RD_LAYOUT, s_layout)) == NULL) {
-        return -1;
-    }
-    ok = r == t->layout;
-    Py_DECREF(r);
-    if (ok != 1) {
+    if ((ok = get_is(v, rd, RD_LAYOUT, s_layout, t->layout)) != 1) {
         return ok;
     }
-    if ((r = tensor_get(v, rd, RD_DEVICE, s_device)) == NULL) {
+    PyObject *r = tensor_get(v, rd, RD_DEVICE, s_device);
+    if (r == NULL) {
         return -1;
     }
     ok = equals(r, t->device);
@@ -322,12 +326,7 @@ tensor_matches(PyObject *v, TensorSpec *t)
     if (ok != 1) {
         return ok;
     }
-    if ((r = tensor_get(v, rd, RD_REQUIRES_GRAD, s_requires_grad)) == NULL) {
-        return -1;
-    }
-    ok = r == t->requires_grad;
-    Py_DECREF(r);
-    if (ok != 1) {
+    if ((ok = get_is(v, rd, RD_REQUIRES_GRAD, s_requires_grad, t->requires_grad)) != 1) {
         return ok;
     }
     if (t->conj >= 0 && (ok = bool_call_is(v, rd, RD_IS_CONJ, s_is_conj, t->conj)) != 1) {
