@@ -154,7 +154,9 @@ class OutputGraph:
 
     # -- inputs --
     @staticmethod
-    def _check_traceable(value):
+    def _check_traceable(value) -> bool:
+        """Refuses an input the trace cannot take; returns whether it is a (traceable)
+        tensor subclass."""
         if value.layout in SPARSE_LAYOUTS or \
                 (value.is_leaf and value._grad is not None and value._grad.layout in SPARSE_LAYOUTS):
             unsupported(SPARSE_REASON)      # (a FakeTensor carries its .grad along)
@@ -162,18 +164,17 @@ class OutputGraph:
         if subclass and not wrapper_subclasses.is_traceable(value):
             unsupported(f"tensor subclass {type(value).__name__}")
         tensor_facts.check_input_layout(value)
+        return subclass
 
     def add_input(self, value: torch.Tensor, source, guarded: bool = True) -> TensorVar:
         """`guarded=False`: an input the transformed code makes itself (its facts follow
         from guarded ones)."""
-        if guarded and source is not None:
-            # The entry left to CPython for an input the trace cannot take is for
-            # inputs of its kind only: a dense one after a sparse one still compiles.
-            with tensor_facts.guarding_input_kind(self.guards, source, value):
-                self._check_traceable(value)
-        else:
-            self._check_traceable(value)
-        subclass = type(value) not in (torch.Tensor, torch.nn.Parameter)
+        # The entry left to CPython for an input the trace cannot take is for inputs of
+        # its kind only: a dense one after a sparse one still compiles.
+        refusals = tensor_facts.guarding_input_kind(self.guards, source, value) \
+            if guarded and source is not None else contextlib.nullcontext()
+        with refusals:
+            subclass = self._check_traceable(value)
         known = self._input_by_id.get(id(value))
         if known is not None:
             if known.source != source:

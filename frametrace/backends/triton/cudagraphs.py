@@ -7,12 +7,13 @@ directly.  Other inputs are copied into buffers the graph owns.  Outputs are cop
 of the graph's memory, which the next replay overwrites.
 
 Whether replaying pays is measured, not assumed from a launch count: the wrapper's
-direct call is timed (wall clock, synchronized, and its host part) on the second call; a
-call the GPU is the bottleneck of (host time under half its wall time) keeps launching.
-Otherwise the direct call is timed once more before capture, then the captured graph's
-second replay with its copies in and out; the graph is kept
-when it is faster by a margin (many small launches, as in batch-1 decoding, where the host
-is the bottleneck), or at all when the host is most of the direct call's time, else dropped and the wrapper launches directly from then on.
+direct call is timed (wall clock, synchronized, and its host part) on the second and
+third calls, the best of two; a call the GPU is the bottleneck of (host time under half
+its wall time) keeps launching.  Otherwise the direct call is timed once more before
+capture, then the captured graph's second replay with its copies in and out; the graph
+is kept when it is faster by a margin (many small launches, as in batch-1 decoding,
+where the host is the bottleneck), or faster at all when the host is most of the direct
+call's time; else it is dropped and the wrapper launches directly from then on.
 
 A call made while the caller captures its own CUDA graph (a serving loop capturing a
 decode step) launches directly, so that the kernels land in the caller's graph: replaying
