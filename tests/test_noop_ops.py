@@ -89,7 +89,21 @@ def test_ops_whose_schema_writes_stay_in_the_graph():
         torch.ops.ft_noop_test.bump(y)
         return y
 
-    check(f, [torch.randn(3), torch.randn(3)])
+    r = check(f, [torch.randn(3), torch.randn(3)], graphs=1)
+    (gm,) = r.counter.graphs
+    assert sum("bump" in str(n.target) for n in gm.graph.nodes) == 2, gm.code
+
+
+def test_a_write_through_a_no_op_result_writes_the_argument():
+    # to()/cpu()/type() of what the tensor already is give the tensor itself: writing the
+    # result writes the caller's tensor, and the graph records the write
+    def f(x):
+        y = x.to(torch.float32).cpu().type(torch.float32)
+        y.add_(1)
+        return y is x, x * 2
+
+    r = check(f, [torch.randn(3), torch.randn(3)], graphs=1)
+    assert "add_" in targets(r) and "to" not in targets(r), targets(r)
 
 
 @torch.compiler.allow_in_graph
@@ -99,4 +113,5 @@ def _scale_in_place(x):
 
 
 def test_a_users_function_in_the_graph_stays():
-    check(lambda x: _scale_in_place(x.clone()) + 1, [torch.randn(3), torch.randn(3)])
+    r = check(lambda x: _scale_in_place(x.clone()) + 1, [torch.randn(3), torch.randn(3)], graphs=1)
+    assert any("_scale_in_place" in t for t in targets(r)), targets(r)
