@@ -1,14 +1,63 @@
-# The C frame hook needs CPython's internal headers (Py_BUILD_CORE); nothing
-# else about the build is special.
+# The C frame hook needs CPython's internal headers (Py_BUILD_CORE).  The tensor
+# guard's C++ reads (frametrace._tensor_reads) are built against the installed
+# torch's headers when they and a C++ compiler are found, and skipped otherwise:
+# guards then read tensors through Python's getters, slower but the same answers.
+import os
+import re
+import site
+import sys
+import sysconfig
+
 from setuptools import Extension, setup
+
+
+def torch_dir():
+    """The installed torch package's directory, found without importing torch (pip's
+    isolated build environment hides the environment's packages from sys.path, not
+    from its install paths)."""
+    paths = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
+    paths += [*site.getsitepackages(), *sys.path]
+    for p in paths:
+        d = os.path.join(p, "torch")
+        if os.path.exists(os.path.join(d, "include", "torch", "csrc", "autograd", "python_variable.h")):
+            return d
+    return None
+
+
+def tensor_reads():
+    d = torch_dir()
+    if d is None or os.environ.get("FRAMETRACE_NO_CXX"):
+        return []
+    with open(os.path.join(d, "version.py")) as f:
+        version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.M)
+    if version is None:
+        return []
+    inc = os.path.join(d, "include")
+    lib = os.path.join(d, "lib")
+    return [Extension(
+        "frametrace._tensor_reads",
+        sources=["frametrace/_C/tensor_reads.cpp"],
+        depends=["frametrace/_C/tensor_reads.h"],
+        language="c++",
+        define_macros=[("FT_TORCH_VERSION", '"%s"' % version.group(1))],
+        # -isystem: torch's headers warn under -Wall; ours should not.
+        extra_compile_args=["-O2", "-std=c++17", "-Wall", "-isystem", inc,
+                            "-isystem", os.path.join(inc, "torch", "csrc", "api", "include")],
+        library_dirs=[lib],
+        libraries=["torch_python", "torch_cpu", "c10"],
+        runtime_library_dirs=[lib],
+        optional=True,
+    )]
+
 
 setup(
     ext_modules=[
         Extension(
             "frametrace._C",
             sources=["frametrace/_C/evalframe.c", "frametrace/_C/guards.c"],
-            depends=["frametrace/_C/guards.h"],
+            depends=["frametrace/_C/guards.h", "frametrace/_C/tensor_reads.h"],
             extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"],
-        )
+        ),
+        *tensor_reads(),
     ]
 )

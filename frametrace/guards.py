@@ -27,6 +27,7 @@ through the type's cache, a dict lookup) over scanning containers.
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import re
 import types
@@ -43,6 +44,28 @@ from .source import (AttrSource, BuiltinSource, CallMethodSource, ClosureCellSou
                      ConstSource, ContainsSource, GetItemSource, GlobalSource, InstanceDictSource,
                      LocalSource, Source, const_sources, guard_local_name)
 from .variables.symbolic import is_symbolic
+
+
+def _use_tensor_reads() -> bool:
+    """Hand the C guard evaluator the C++ tensor reads (frametrace._tensor_reads), when
+    they were built, against this very torch: the module reads torch's C++ structs, so
+    headers of another version could misread them.  Without it tensors are read through
+    their Python getters (same answers, about 10x slower)."""
+    try:
+        from . import _tensor_reads
+    except ImportError as e:
+        logging.getLogger("frametrace.guards").debug("tensor guards read in Python: %s", e)
+        return False
+    if _tensor_reads.TORCH_VERSION != torch.__version__:
+        logging.getLogger("frametrace.guards").debug(
+            "tensor guards read in Python: frametrace._tensor_reads was built for torch %s, "
+            "this is %s (reinstall frametrace)", _tensor_reads.TORCH_VERSION, torch.__version__)
+        return False
+    _C.set_tensor_reads(_tensor_reads.api)
+    return True
+
+
+TENSOR_READS_IN_CXX = _use_tensor_reads()
 
 
 # Names every check reads besides its constants (shape guards print torch.sym_float,

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <string.h>
 #include "guards.h"
+#include "tensor_reads.h"
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define LOOKUP_ATTR PyObject_GetOptionalAttr
@@ -82,7 +83,14 @@ typedef struct {
     Py_ssize_t ndim;
     Py_ssize_t *dims;   /* sizes then strides, as C integers */
     TensorReads reads;
+    int cxx;            /* the C++ reads: 0 not tried yet, 1 encoded in `codes`, -1 never */
+    FtTensorCodes codes;
 } TensorSpec;
+
+/* The C++ reads (frametrace._tensor_reads), when guards.py found them built for this
+ * torch; NULL: every tensor is read through its Python getters. */
+static const FtTensorReads *cxx_reads = NULL;
+static unsigned long long cxx_answers;     /* checks they answered (for tests) */
 
 /* What a load or check saw the last time it ran, while the dicts it read are
  * unchanged (see `cached_attr`).  Borrowed pointers: valid only on a version match. */
@@ -291,6 +299,21 @@ tensor_matches(PyObject *v, TensorSpec *t)
     unsigned int version = type_version(Py_TYPE(v));
     if (rd->version != version || version == 0) {
         resolve_tensor_reads(Py_TYPE(v), rd);
+    }
+    /* The getters being torch's own (rd->version), the C++ accessors they call give
+     * the same answers. */
+    if (rd->version != 0 && cxx_reads != NULL && t->cxx >= 0) {
+        if (t->cxx == 0) {
+            t->cxx = cxx_reads->encode(t->dtype, t->layout, t->device, &t->codes) ? 1 : -1;
+        }
+        if (t->cxx == 1) {
+            int r = cxx_reads->check(v, &t->codes, t->dims, t->ndim, t->requires_grad == Py_True,
+                                     t->conj, t->neg);
+            if (r != -2) {
+                cxx_answers++;
+                return r;
+            }
+        }
     }
     int ok = get_is(v, rd, RD_DTYPE, s_dtype, t->dtype);
     if (ok != 1) {
@@ -1137,9 +1160,50 @@ PyTypeObject FTGuardCheckType = {
     .tp_new = GuardCheck_new,
 };
 
+/* set_tensor_reads(capsule or None) -> bool: whether C++ reads were on before. */
+static PyObject *
+py_set_tensor_reads(PyObject *self, PyObject *arg)
+{
+    int was = cxx_reads != NULL;
+    if (arg == Py_None) {
+        cxx_reads = NULL;
+    }
+    else {
+        const FtTensorReads *api = PyCapsule_GetPointer(arg, FT_TENSOR_READS_CAPSULE);
+        if (api == NULL) {
+            return NULL;
+        }
+        if (api->abi != FT_TENSOR_READS_ABI) {
+            PyErr_Format(PyExc_ImportError, "tensor reads: ABI %d, expected %d", api->abi,
+                         FT_TENSOR_READS_ABI);
+            return NULL;
+        }
+        cxx_reads = api;
+    }
+    return PyBool_FromLong(was);
+}
+
+static PyObject *
+py_tensor_reads_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(cxx_answers);
+}
+
+static PyMethodDef guard_functions[] = {
+    {"tensor_reads_count", py_tensor_reads_count, METH_NOARGS,
+     "how many tensor checks the C++ reads have answered"},
+    {"set_tensor_reads", py_set_tensor_reads, METH_O,
+     "set_tensor_reads(capsule or None) -> bool: read tensor guards through frametrace._tensor_reads "
+     "(None: through Python's getters); whether they were on"},
+    {NULL, NULL, 0, NULL},
+};
+
 int
 ft_guards_init(PyObject *m)
 {
+    if (PyModule_AddFunctions(m, guard_functions) < 0) {
+        return -1;
+    }
     if (PyType_Ready(&FTGuardCheckType) < 0) {
         return -1;
     }
