@@ -356,9 +356,21 @@ class GuardSet:
         self._add(source, "NO_HOOKS",
                   f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
                   f"or {e}._backward_pre_hooks)", f"{source.name()} has no hooks",
-                  spec=tuple((AttrSource(source, h), "FALSY", None, None, 0, None) for h in
-                             ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                              "_backward_pre_hooks")))
+                  spec=_one(source, "NO_HOOKS", ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                 "_backward_pre_hooks")))
+
+    def no_global_hooks(self):
+        """No global nn.Module hook is registered (one would change every module's call).
+        Read as four dict items of torch's module namespace, each falsy: the C program
+        answers them from dict versions."""
+        from torch.nn.modules import module as module_mod
+        src = ConstSource(module_mod.__dict__, "torch.nn.modules.module.__dict__")
+        names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+        e = src.guard_expr()
+        self._add(src, "NO_GLOBAL_HOOKS", "not (" + " or ".join(f"{e}[{n!r}]" for n in names) + ")",
+                  "no global nn.Module hooks are registered",
+                  spec=tuple((GetItemSource(src, n), "FALSY", None, None, 0, None) for n in names))
 
     def hook_keys(self, source, module):
         e = source.guard_expr()
@@ -436,6 +448,13 @@ class GuardSet:
         through its own source.  One guard: it runs per inlined function per call."""
         e = source.guard_expr()
         d, kw = fn.__defaults__, fn.__kwdefaults__
+        if fixed or (d is None and kw is None):
+            self._add(source, "FUNCTION",
+                      f"{e}.__code__ is {self.const(fn.__code__)} and {e}.__defaults__ is {self.const(d)} "
+                      f"and {e}.__kwdefaults__ is {self.const(kw)}",
+                      f"{source.name()} has the code and defaults traced",
+                      spec=_one(source, "FUNC", (fn.__code__, d, kw)))
+            return
         parts = [f"{e}.__code__ is {self.const(fn.__code__)}"]
         spec = [(AttrSource(source, "__code__"), "IS", fn.__code__, None, 0, None)]
         if fixed or d is None:

@@ -60,6 +60,8 @@ enum {
     OP_IS_NOT_REG,      /* v is not regs[src] */
     OP_CALL_IS,         /* a() is b (reg unused) */
     OP_CALL_EQ,         /* a() == b (reg unused) */
+    OP_FUNC,            /* a == (code, defaults, kwdefaults): v.__code__ is code, ... each by identity */
+    OP_NO_HOOKS,        /* a: a tuple of attribute names; not (v.<a[0]> or v.<a[1]> or ...) */
     OP_COUNT
 };
 
@@ -111,6 +113,7 @@ typedef struct {
     PyObject *b;
     TensorSpec *t;
     Memo memo;
+    PyObject **vals;    /* NO_HOOKS: the attributes' values as last read (borrowed, see memo) */
 } Instr;
 
 enum { DISC_NONE = 0, DISC_TENSOR = 1, DISC_VALUE = 2 };
@@ -135,6 +138,7 @@ typedef struct {
 
 static PyObject *s_dtype, *s_layout, *s_device, *s_shape, *s_stride, *s_requires_grad, *s_is_conj, *s_is_neg;
 static PyObject *s_getattr, *s_getattribute, *s_dict, *s_stores[3];
+static PyObject *s_code, *s_defaults, *s_kwdefaults;
 static PyObject *object_getattribute;   /* object.__getattribute__ */
 
 /* ---- running ---- */
@@ -548,6 +552,96 @@ cached_attr(Instr *in, PyObject *base)
     return v;
 }
 
+/* v.__code__, v.__defaults__ and v.__kwdefaults__ are the objects in `expected` (a
+ * function's fields read directly; anything else through getattr). */
+static int
+function_is(PyObject *v, PyObject *expected)
+{
+    if (PyFunction_Check(v)) {
+        PyObject *d = PyFunction_GET_DEFAULTS(v), *kw = PyFunction_GET_KW_DEFAULTS(v);
+        return PyFunction_GET_CODE(v) == PyTuple_GET_ITEM(expected, 0) &&
+               (d != NULL ? d : Py_None) == PyTuple_GET_ITEM(expected, 1) &&
+               (kw != NULL ? kw : Py_None) == PyTuple_GET_ITEM(expected, 2);
+    }
+    PyObject *names[3] = {s_code, s_defaults, s_kwdefaults};
+    for (int i = 0; i < 3; i++) {
+        PyObject *r = PyObject_GetAttr(v, names[i]);
+        if (r == NULL) {
+            return -1;
+        }
+        int ok = r == PyTuple_GET_ITEM(expected, i);
+        Py_DECREF(r);
+        if (!ok) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* A hook table whose truth is its size: a dict or an OrderedDict, not a subclass. */
+static inline int
+plain_table(PyObject *v)
+{
+    return Py_IS_TYPE(v, &PyDict_Type) || Py_IS_TYPE(v, &PyODict_Type);
+}
+
+/* not (v.<name> or ...) for the names in in->a (a module's hook tables).  While v's
+ * type and instance dict keep their versions, and the type holds none of the names,
+ * each v.<name> is the instance dict's value read last time (in->vals), and when that
+ * is a plain table its truth is its size: no lookup at all. */
+static int
+no_hooks(Instr *in, PyObject *v)
+{
+    PyTypeObject *tp = Py_TYPE(v);
+    Memo *m = &in->memo;
+    Py_ssize_t n = PyTuple_GET_SIZE(in->a);
+    if (m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
+        PyObject **dp = _PyObject_GetDictPtr(v);
+        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (PyDict_GET_SIZE(in->vals[i]) != 0) {
+                    return 0;
+                }
+            }
+            return 1;
+        }
+    }
+    m->type = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyObject_GetAttr(v, PyTuple_GET_ITEM(in->a, i));
+        if (r == NULL) {
+            return -1;
+        }
+        int truth = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (truth != 0) {
+            return truth < 0 ? -1 : 0;
+        }
+    }
+    /* Memoize when every name is a plain table of the instance dict, unshadowed. */
+    PyObject *d = generic_instance_dict(v);
+    unsigned int tv = type_version(tp);
+    if (d == NULL || tv == 0) {
+        return 1;
+    }
+    uint64_t dv = dict_version(d);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(in->a, i);
+        PyObject *val = _PyType_Lookup(tp, name) == NULL ? PyDict_GetItemWithError(d, name) : NULL;
+        if (val == NULL || !plain_table(val)) {
+            PyErr_Clear();
+            return 1;
+        }
+        in->vals[i] = val;
+    }
+    if (type_version(tp) == tv && dict_version(d) == dv) {
+        m->type = tp;
+        m->type_version = tv;
+        m->dict_version = dv;
+    }
+    return 1;
+}
+
 /* One check of regs[in->reg]: 1 holds, 0 does not, -1 exception. */
 static int
 run_check(Instr *in, PyObject **regs)
@@ -630,6 +724,10 @@ run_check(Instr *in, PyObject **regs)
         return v == regs[in->src];
     case OP_IS_NOT_REG:
         return v != regs[in->src];
+    case OP_FUNC:
+        return function_is(v, in->a);
+    case OP_NO_HOOKS:
+        return no_hooks(in, v);
     case OP_CALL_IS:
     case OP_CALL_EQ:
         if ((r = PyObject_CallNoArgs(in->a)) == NULL) {
@@ -864,6 +962,7 @@ free_code(GuardCheck *g)
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_XDECREF(code[i].a);
         Py_XDECREF(code[i].b);
+        PyMem_Free(code[i].vals);
         TensorSpec *t = code[i].t;
         if (t != NULL) {
             code[i].t = NULL;
@@ -994,6 +1093,17 @@ build(GuardCheck *g, PyObject *program)
             bad |= in->op == OP_WEAK && !PyWeakref_CheckRef(a);
             bad |= in->op == OP_KEYS && !PyTuple_Check(a);
             bad |= in->op == OP_HASATTR && !PyUnicode_Check(a);
+            bad |= in->op == OP_FUNC && !(PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 3);
+            if (!bad && in->op == OP_NO_HOOKS) {
+                bad |= !PyTuple_Check(a) || PyTuple_GET_SIZE(a) == 0;
+                for (Py_ssize_t k = 0; !bad && k < PyTuple_GET_SIZE(a); k++) {
+                    bad |= !PyUnicode_Check(PyTuple_GET_ITEM(a, k));
+                }
+                if (!bad && (in->vals = PyMem_Calloc(PyTuple_GET_SIZE(a), sizeof(PyObject *))) == NULL) {
+                    PyErr_NoMemory();
+                    goto error;
+                }
+            }
         }
         if (bad) {
             PyErr_Format(PyExc_ValueError, "bad guard instruction %zd", i);
@@ -1219,6 +1329,9 @@ ft_guards_init(PyObject *m)
     INTERN(s_getattr, "__getattr__");
     INTERN(s_getattribute, "__getattribute__");
     INTERN(s_dict, "__dict__");
+    INTERN(s_code, "__code__");
+    INTERN(s_defaults, "__defaults__");
+    INTERN(s_kwdefaults, "__kwdefaults__");
     INTERN(s_stores[0], "_parameters");
     INTERN(s_stores[1], "_buffers");
     INTERN(s_stores[2], "_modules");
@@ -1231,7 +1344,7 @@ ft_guards_init(PyObject *m)
     static const char *names[] = {
         "ARG", "CONST", "ATTR", "ITEM", "ODICT", "DGET", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
         "LEN", "LEN_ANY", "KEYS", "TUPLE_EQ", "CONTAINS", "NOT_CONTAINS", "FALSY", "HASATTR",
-        "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ"};
+        "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ", "FUNC", "NO_HOOKS"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == OP_COUNT, "one name per op");
     PyObject *ops = PyDict_New();
     if (ops == NULL) {

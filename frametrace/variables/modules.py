@@ -243,13 +243,7 @@ def _guard_global_hooks(tx):
         if hasattr(module_mod, n)]
     if any(tables):
         unsupported("global nn.Module hooks are registered")
-    tx.guards.global_state("no global module hooks", _no_global_hooks, True)
-
-
-def _no_global_hooks():
-    from torch.nn.modules import module as module_mod
-    return not (module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks
-                or module_mod._global_backward_hooks or module_mod._global_backward_pre_hooks)
+    tx.guards.no_global_hooks()
 
 
 def _class_lookup(cls, name):
