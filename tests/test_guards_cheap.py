@@ -183,3 +183,115 @@ def test_a_fixed_functions_state_changed_after_many_calls_is_seen(change):
     ops = {_OP_NAMES[i[0]] for e in _C.entries(calls_scale.__code__) if e.code is not None
            for i in e.check.program}
     assert "FUNC" in ops
+
+
+# -- hasattr() of a module: memoized on its dict and its three tables' versions --
+class Optional(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if hasattr(self, "extra"):
+            y = y + 1
+        if hasattr(self.lin, "scale"):
+            y = y * 3
+        return y
+
+
+def _hasattr_changes():
+    def attribute(m):
+        m.extra = 1.0
+
+    def buffer(m):
+        m.register_buffer("extra", torch.zeros(()))
+
+    def parameter(m):
+        m.extra = torch.nn.Parameter(torch.zeros(()))
+
+    def submodule(m):
+        m.extra = torch.nn.Identity()
+
+    def child_attribute(m):
+        m.lin.scale = 2
+
+    def class_attribute(m):
+        # on the module's class: the type's version changes
+        type(m).extra = 5
+
+    return {f.__name__: f for f in (attribute, buffer, parameter, submodule, child_attribute,
+                                     class_attribute)}
+
+
+@pytest.mark.parametrize("change", list(_hasattr_changes()))
+def test_hasattr_of_a_module_after_many_calls_sees_each_kind_of_member(change):
+    class Local(Optional):      # (a class of its own: class_attribute patches it)
+        pass
+    m = Local()
+    calls = [torch.randn(2, 4) for _ in range(10)]
+    calls += [Then(lambda: _hasattr_changes()[change](m), torch.randn(2, 4)), torch.randn(2, 4)]
+    with torch.no_grad():
+        r = check(m, calls, compiled=lambda c: frametrace.optimize(backend=c)(m))
+    assert r.compiles == 2, r
+
+
+def test_a_member_removed_again_passes_the_first_entry():
+    m = Optional()
+    fm = frametrace.optimize("eager")(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(5):
+            fm(x)
+        m.register_buffer("extra", torch.zeros(()))
+        torch.testing.assert_close(fm(x), m(x))
+        del m.extra
+        torch.testing.assert_close(fm(x), m(x))
+    entries = [e for e in _C.entries(Optional.forward.__code__) if e.code is not None]
+    assert len(entries) == 2
+    with torch.no_grad():
+        assert entries[-1].check(m, x, Optional.forward)
+
+
+# -- an instance's __dict__ (ODICT): memoized on its type's version --
+def test_an_instance_attribute_shadowing_forward_after_many_calls_is_seen():
+    m = Net()
+    calls = [torch.randn(2, 4) for _ in range(10)]
+    calls += [Then(lambda: setattr(m.lin, "forward", lambda x: x * 0), torch.randn(2, 4)),
+              torch.randn(2, 4)]
+    with torch.no_grad():
+        r = check(m, calls, compiled=lambda c: frametrace.optimize(backend=c)(m))
+    assert r.compiles >= 2 or r.breaks or r.fallbacks, r
+
+
+def test_a_replaced_instance_dict_after_many_calls_is_seen():
+    m = Net()
+
+    def replace():
+        d = dict(m.lin.__dict__)
+        d["forward"] = lambda x: x + 100
+        m.lin.__dict__ = d
+    calls = [torch.randn(2, 4) for _ in range(10)] + [Then(replace, torch.randn(2, 4)), torch.randn(2, 4)]
+    with torch.no_grad():
+        r = check(m, calls, compiled=lambda c: frametrace.optimize(backend=c)(m))
+    assert r.compiles >= 2 or r.breaks or r.fallbacks, r
+
+
+def test_a_class_whose_dict_is_a_property_is_read_every_call():
+    class Box:
+        def __init__(self):
+            self.k = 2.0
+
+    class Odd(Box):
+        @property
+        def __dict__(self):         # not the plain getter: never memoized
+            return {"k": 100.0}
+
+    box = Box()
+
+    def f(x, o):
+        return x * o.k
+
+    boxes = [box] * 5 + [Odd()] * 2 + [box]
+    r = check(f, [(torch.randn(3), b) for b in boxes])
+    assert r.compiles >= 1

@@ -114,7 +114,15 @@ typedef struct {
     TensorSpec *t;
     Memo memo;
     PyObject **vals;    /* NO_HOOKS: the attributes' values as last read (borrowed, see memo) */
+    struct StoreMemo *stores;   /* HASATTR of a module: its three tables as last read */
 } Instr;
+
+/* The _parameters, _buffers and _modules dicts of a module's instance dict (borrowed:
+ * valid while that dict's version is the memo's; NULL where absent) and their versions. */
+typedef struct StoreMemo {
+    PyObject *table[3];
+    uint64_t version[3];
+} StoreMemo;
 
 enum { DISC_NONE = 0, DISC_TENSOR = 1, DISC_VALUE = 2 };
 
@@ -552,6 +560,98 @@ cached_attr(Instr *in, PyObject *base)
     return v;
 }
 
+/* The getter of a plain class's `__dict__` (CPython's subtype_dict), read once from a
+ * class made for the purpose: a class whose MRO gives `__dict__` through it answers
+ * `object.__getattribute__(v, '__dict__')` with the instance's own dict. */
+static getter plain_dict_getter;
+
+/* object.__getattribute__(v, '__dict__'): while v's type keeps the version it had when
+ * its `__dict__` was found to be the plain getter's, the dict at the instance's dict
+ * pointer, with no attribute lookup. */
+static PyObject *
+instance_dict_load(Instr *in, PyObject *v)
+{
+    PyTypeObject *tp = Py_TYPE(v);
+    Memo *m = &in->memo;
+    if (m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
+        PyObject **dp = _PyObject_GetDictPtr(v);
+        if (dp != NULL && *dp != NULL) {
+            return Py_NewRef(*dp);
+        }
+    }
+    m->type = NULL;
+    PyObject *r = PyObject_GenericGetAttr(v, s_dict);
+    if (r == NULL || plain_dict_getter == NULL) {
+        return r;
+    }
+    PyObject *descr = _PyType_Lookup(tp, s_dict);
+    unsigned int tv = type_version(tp);
+    PyObject **dp = _PyObject_GetDictPtr(v);
+    if (tv != 0 && descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
+        ((PyGetSetDescrObject *)descr)->d_getset->get == plain_dict_getter && dp != NULL && *dp == r) {
+        m->type = tp;
+        m->type_version = tv;
+    }
+    return r;
+}
+
+/* module_hasattr(v, in->a, in->b), answered from the memo while v's type and instance
+ * dict keep their versions and, when the name is not in that dict, the module's
+ * three tables keep theirs.  Memoized only for a name the type's MRO does not hold
+ * (a descriptor could answer differently each time) and tables that are plain
+ * dicts.  memo.value: Py_True or Py_False, the answer. */
+static int
+module_hasattr_memo(Instr *in, PyObject *v)
+{
+    PyTypeObject *tp = Py_TYPE(v);
+    Memo *m = &in->memo;
+    StoreMemo *st = in->stores;
+    if (st != NULL && m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
+        PyObject **dp = _PyObject_GetDictPtr(v);
+        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
+            int same = 1;
+            for (int i = 0; i < 3 && m->of_class == 0; i++) {   /* of_class: found in the instance dict */
+                same &= st->table[i] == NULL || dict_version(st->table[i]) == st->version[i];
+            }
+            if (same) {
+                return m->value == Py_True;
+            }
+        }
+    }
+    m->type = NULL;
+    int ok = module_hasattr(v, in->a, in->b);
+    PyObject *d;
+    unsigned int tv = type_version(tp);
+    if (ok < 0 || tv == 0 || _PyType_Lookup(tp, in->a) != NULL || (d = generic_instance_dict(v)) == NULL) {
+        return ok;
+    }
+    if (st == NULL && (st = in->stores = PyMem_Calloc(1, sizeof(StoreMemo))) == NULL) {
+        return ok;      /* (no memo; the answer stands) */
+    }
+    uint64_t dv = dict_version(d);
+    PyObject *own = PyDict_GetItemWithError(d, in->a);
+    for (int i = 0; i < 3 && own == NULL && !PyErr_Occurred(); i++) {
+        PyObject *t = PyDict_GetItemWithError(d, s_stores[i]);
+        if (t != NULL && !PyDict_CheckExact(t)) {
+            return ok;
+        }
+        st->table[i] = t;
+        st->version[i] = t != NULL ? dict_version(t) : 0;
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return ok;
+    }
+    if (type_version(tp) == tv && dict_version(d) == dv) {
+        m->type = tp;
+        m->type_version = tv;
+        m->dict_version = dv;
+        m->of_class = own != NULL;
+        m->value = ok ? Py_True : Py_False;
+    }
+    return ok;
+}
+
 /* v.__code__, v.__defaults__ and v.__kwdefaults__ are the objects in `expected` (a
  * function's fields read directly; anything else through getattr). */
 static int
@@ -712,7 +812,7 @@ run_check(Instr *in, PyObject **regs)
              * would format is saved). */
             return in->n == 0;
         }
-        ok = module_hasattr(v, in->a, in->b);
+        ok = module_hasattr_memo(in, v);
         if (ok == -2) {
             ok = LOOKUP_ATTR(v, in->a, &r);
             Py_XDECREF(r);
@@ -798,7 +898,7 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
             }
             break;
         case OP_ODICT:
-            v = PyObject_GenericGetAttr(base, s_dict);
+            v = instance_dict_load(in, base);
             break;
         case OP_DGET:
             if (!PyDict_Check(base)) {
@@ -963,6 +1063,7 @@ free_code(GuardCheck *g)
         Py_XDECREF(code[i].a);
         Py_XDECREF(code[i].b);
         PyMem_Free(code[i].vals);
+        PyMem_Free(code[i].stores);
         TensorSpec *t = code[i].t;
         if (t != NULL) {
             code[i].t = NULL;
@@ -1335,6 +1436,15 @@ ft_guards_init(PyObject *m)
     INTERN(s_stores[0], "_parameters");
     INTERN(s_stores[1], "_buffers");
     INTERN(s_stores[2], "_modules");
+    PyObject *probe = PyObject_CallFunction((PyObject *)&PyType_Type, "s()N", "_frametrace_probe", PyDict_New());
+    if (probe == NULL) {
+        return -1;
+    }
+    PyObject *descr = _PyType_Lookup((PyTypeObject *)probe, s_dict);
+    if (descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        plain_dict_getter = ((PyGetSetDescrObject *)descr)->d_getset->get;
+    }
+    Py_DECREF(probe);
     object_getattribute = _PyType_Lookup(&PyBaseObject_Type, s_getattribute);
     if (object_getattribute == NULL) {
         return -1;
