@@ -50,14 +50,15 @@ def _use_tensor_reads() -> bool:
     """Hand the C guard evaluator the C++ tensor reads (frametrace._tensor_reads), when
     they were built, against this very torch: the module reads torch's C++ structs, so
     headers of another version could misread them.  Without it tensors are read through
-    their Python getters (same answers, about 10x slower)."""
+    their Python getters (same answers; a tensor check about 10x slower)."""
+    log = logging.getLogger("frametrace.guards")
     try:
         from . import _tensor_reads
     except ImportError as e:
-        logging.getLogger("frametrace.guards").debug("tensor guards read in Python: %s", e)
+        log.debug("tensor guards read in Python: %s", e)
         return False
     if _tensor_reads.TORCH_VERSION != torch.__version__:
-        logging.getLogger("frametrace.guards").debug(
+        log.debug(
             "tensor guards read in Python: frametrace._tensor_reads was built for torch %s, "
             "this is %s (reinstall frametrace)", _tensor_reads.TORCH_VERSION, torch.__version__)
         return False
@@ -353,20 +354,17 @@ class GuardSet:
     def no_hooks(self, source, module):
         """The module still has no hooks of its own (they would change its call)."""
         e = source.guard_expr()
-        self._add(source, "NO_HOOKS",
-                  f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
-                  f"or {e}._backward_pre_hooks)", f"{source.name()} has no hooks",
-                  spec=_one(source, "NO_HOOKS", ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                 "_backward_pre_hooks")))
+        names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+        self._add(source, "NO_HOOKS", "not (" + " or ".join(f"{e}.{n}" for n in names) + ")",
+                  f"{source.name()} has no hooks", spec=_one(source, "NO_HOOKS", names))
 
-    def no_global_hooks(self):
-        """No global nn.Module hook is registered (one would change every module's call).
-        Read as four dict items of torch's module namespace, each falsy: the C program
-        answers them from dict versions."""
+    def no_global_hooks(self, names):
+        """No global nn.Module hook is registered (one would change every module's call):
+        each of torch's global hook tables `names` is empty.  Read as dict items of
+        torch's module namespace, each falsy: the C program answers them from dict
+        versions."""
         from torch.nn.modules import module as module_mod
         src = ConstSource(module_mod.__dict__, "torch.nn.modules.module.__dict__")
-        names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks")
         e = src.guard_expr()
         self._add(src, "NO_GLOBAL_HOOKS", "not (" + " or ".join(f"{e}[{n!r}]" for n in names) + ")",
                   "no global nn.Module hooks are registered",
@@ -455,15 +453,16 @@ class GuardSet:
                       f"{source.name()} has the code and defaults traced",
                       spec=_one(source, "FUNC", (fn.__code__, d, kw)))
             return
+        # (a closure with a default: each one not None is checked by shape)
         parts = [f"{e}.__code__ is {self.const(fn.__code__)}"]
         spec = [(AttrSource(source, "__code__"), "IS", fn.__code__, None, 0, None)]
-        if fixed or d is None:
+        if d is None:
             parts.append(f"{e}.__defaults__ is {self.const(d)}")
             spec.append((AttrSource(source, "__defaults__"), "IS", d, None, 0, None))
         else:
             parts.append(f"___len({e}.__defaults__) == {len(d)}")
             spec.append((AttrSource(source, "__defaults__"), "LEN_ANY", None, None, len(d), None))
-        if fixed or kw is None:
+        if kw is None:
             parts.append(f"{e}.__kwdefaults__ is {self.const(kw)}")
             spec.append((AttrSource(source, "__kwdefaults__"), "IS", kw, None, 0, None))
         else:

@@ -481,6 +481,19 @@ function_field(PyObject *name)
            PyUnicode_CompareWithASCIIString(name, "__kwdefaults__") == 0 ? FN_KWDEFAULTS : FN_NONE;
 }
 
+/* v's type and instance dict are the versions `m` recorded: what was read from that
+ * dict (or decided by that type's MRO) then is what a read would give now. */
+static inline int
+memo_holds(const Memo *m, PyObject *v)
+{
+    PyTypeObject *tp = Py_TYPE(v);
+    if (m->type != tp || m->type_version == 0 || type_version(tp) != m->type_version) {
+        return 0;
+    }
+    PyObject **dp = _PyObject_GetDictPtr(v);
+    return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version;
+}
+
 /* cls.name for a class whose metatype looks attributes up as `type` does, memoized
  * while the class and its metatype keep their version tags, when the answer is what
  * the class's MRO holds, unchanged by a descriptor (a plain value, or a function,
@@ -529,11 +542,8 @@ cached_attr(Instr *in, PyObject *base)
     if (PyType_Check(base)) {
         return class_attr_memo(in, base);
     }
-    if (!m->of_class && m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
-        PyObject **dp = _PyObject_GetDictPtr(base);
-        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
-            return Py_NewRef(m->value);
-        }
+    if (!m->of_class && memo_holds(m, base)) {
+        return Py_NewRef(m->value);
     }
     PyObject *v = PyObject_GetAttr(base, in->a);
     if (v == NULL) {
@@ -599,23 +609,21 @@ instance_dict_load(Instr *in, PyObject *v)
  * dict keep their versions and, when the name is not in that dict, the module's
  * three tables keep theirs.  Memoized only for a name the type's MRO does not hold
  * (a descriptor could answer differently each time) and tables that are plain
- * dicts.  memo.value: Py_True or Py_False, the answer. */
+ * dicts.  memo.value: Py_True or Py_False, the answer.  (A name found in the instance
+ * dict records no tables: they do not change the answer.) */
 static int
 module_hasattr_memo(Instr *in, PyObject *v)
 {
     PyTypeObject *tp = Py_TYPE(v);
     Memo *m = &in->memo;
     StoreMemo *st = in->stores;
-    if (st != NULL && m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
-        PyObject **dp = _PyObject_GetDictPtr(v);
-        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
-            int same = 1;
-            for (int i = 0; i < 3 && m->of_class == 0; i++) {   /* of_class: found in the instance dict */
-                same &= st->table[i] == NULL || dict_version(st->table[i]) == st->version[i];
-            }
-            if (same) {
-                return m->value == Py_True;
-            }
+    if (st != NULL && memo_holds(m, v)) {
+        int same = 1;
+        for (int i = 0; i < 3; i++) {
+            same &= st->table[i] == NULL || dict_version(st->table[i]) == st->version[i];
+        }
+        if (same) {
+            return m->value == Py_True;
         }
     }
     m->type = NULL;
@@ -630,6 +638,7 @@ module_hasattr_memo(Instr *in, PyObject *v)
     }
     uint64_t dv = dict_version(d);
     PyObject *own = PyDict_GetItemWithError(d, in->a);
+    memset(st, 0, sizeof(StoreMemo));
     for (int i = 0; i < 3 && own == NULL && !PyErr_Occurred(); i++) {
         PyObject *t = PyDict_GetItemWithError(d, s_stores[i]);
         if (t != NULL && !PyDict_CheckExact(t)) {
@@ -646,7 +655,6 @@ module_hasattr_memo(Instr *in, PyObject *v)
         m->type = tp;
         m->type_version = tv;
         m->dict_version = dv;
-        m->of_class = own != NULL;
         m->value = ok ? Py_True : Py_False;
     }
     return ok;
@@ -695,16 +703,13 @@ no_hooks(Instr *in, PyObject *v)
     PyTypeObject *tp = Py_TYPE(v);
     Memo *m = &in->memo;
     Py_ssize_t n = PyTuple_GET_SIZE(in->a);
-    if (m->type == tp && m->type_version != 0 && type_version(tp) == m->type_version) {
-        PyObject **dp = _PyObject_GetDictPtr(v);
-        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                if (PyDict_GET_SIZE(in->vals[i]) != 0) {
-                    return 0;
-                }
+    if (memo_holds(m, v)) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (PyDict_GET_SIZE(in->vals[i]) != 0) {
+                return 0;
             }
-            return 1;
         }
+        return 1;
     }
     m->type = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {

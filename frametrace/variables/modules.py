@@ -237,13 +237,12 @@ def _hook_var(tx, hook):
 
 def _guard_global_hooks(tx):
     from torch.nn.modules import module as module_mod
-    tables = [getattr(module_mod, n) for n in (
-        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-        "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
-        if hasattr(module_mod, n)]
-    if any(tables):
+    names = [n for n in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                         "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
+             if hasattr(module_mod, n)]
+    if any(getattr(module_mod, n) for n in names):
         unsupported("global nn.Module hooks are registered")
-    tx.guards.no_global_hooks()
+    tx.guards.no_global_hooks(names)
 
 
 def _class_lookup(cls, name):
