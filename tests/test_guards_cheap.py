@@ -66,9 +66,11 @@ def test_a_global_hook_registered_after_compiling_runs(kind):
         calls = [torch.randn(2, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True),
                  Then(lambda: handles.append(regs[kind]()), torch.randn(2, 4, requires_grad=True)),
                  torch.randn(2, 4, requires_grad=True)]
-        check(_step(m, seen), calls,
-              compiled=lambda c: _step(frametrace.optimize(backend=c)(m), seen))
+        r = check(_step(m, seen), calls,
+                  compiled=lambda c: _step(frametrace.optimize(backend=c)(m), seen))
         assert len(seen) >= 4     # two hooked calls on each side, one hook call at least each
+        # the failed guard made the module's frame retrace, which declined the hooked call
+        assert "global nn.Module hooks are registered" in r.reasons(), r
     finally:
         for h in handles:
             h.remove()
