@@ -158,7 +158,7 @@ class GuardSet:
         e = source.guard_expr()
         kind = type(value) if kind is None else kind
         self._add(source, "TYPE", f"___type({e}) is {self.const(kind)}",
-                  f"type({source.name()}) is {kind.__qualname__}", spec=_one(source, "TYPE", kind))
+                  f"type({source.name()}) is {kind.__qualname__}", spec=one_check(source, "TYPE", kind))
 
     def identity(self, source, value):
         e = source.guard_expr()
@@ -167,7 +167,7 @@ class GuardSet:
             # `d.get`, `dict.fromkeys`: a new object on every read, equal (same function,
             # same __self__) to the one traced.
             self._add(source, "ID", f"{e} == {self.const(value)}", f"{source.name()} is {_short(value)}",
-                      spec=_one(source, "EQ_ANY", value))
+                      spec=one_check(source, "EQ_ANY", value))
             return
         try:
             if isinstance(value, types.CodeType):
@@ -175,11 +175,11 @@ class GuardSet:
             ref = weakref.ref(value, self._on_death)
         except TypeError:
             # Builtins and other long-lived objects without weak references.
-            expr, spec = f"{e} is {self.const(value)}", _one(source, "IS", value)
+            expr, spec = f"{e} is {self.const(value)}", one_check(source, "IS", value)
         else:
             # A weak reference, so an entry does not keep the user's objects alive; the
             # entry is dropped when the object dies (`_on_death`).
-            expr, spec = f"{self.const(ref)}() is {e} is not None", _one(source, "WEAK", ref)
+            expr, spec = f"{self.const(ref)}() is {e} is not None", one_check(source, "WEAK", ref)
         self._add(source, "ID", expr, f"{source.name()} is {_short(value)}", spec=spec)
 
     def equals(self, source, value):
@@ -187,7 +187,7 @@ class GuardSet:
         if value is None or type(value) is bool or value is Ellipsis or \
                 isinstance(value, (torch.dtype, enum.Enum)):
             self._add(source, "EQ", f"{e} is {self.const(value)}", f"{source.name()} is {value!r}",
-                      spec=_one(source, "IS", value))
+                      spec=one_check(source, "IS", value))
             return
         t = self.const(type(value))
         spec = None     # NaN and signed zeros: Python's own comparisons
@@ -199,32 +199,32 @@ class GuardSet:
                     f"{self.const(math.copysign)}(1.0, {e}) == {math.copysign(1.0, value)}")
         else:
             expr = f"___type({e}) is {t} and {e} == {self.const(value)}"
-            spec = _one(source, "EQ", value, type(value))
+            spec = one_check(source, "EQ", value, type(value))
         self._add(source, "EQ", expr, f"{source.name()} == {value!r}", spec=spec)
 
     def not_none(self, source):
         self._add(source, "NOT_NONE", f"{source.guard_expr()} is not None", f"{source.name()} is not None",
-                  spec=_one(source, "NOT_NONE"))
+                  spec=one_check(source, "NOT_NONE"))
 
     def length(self, source, value):
         e = source.guard_expr()
         self._add(source, "LEN",
                   f"___type({e}) is {self.const(type(value))} and ___len({e}) == {len(value)}",
                   f"type({source.name()}) is {type(value).__name__} and len({source.name()}) == {len(value)}",
-                  spec=_one(source, "LEN", type(value), n=len(value)))
+                  spec=one_check(source, "LEN", type(value), n=len(value)))
 
     def dict_keys(self, source, value):
         e = source.guard_expr()
         keys = tuple(value)
         self._add(source, "KEYS",
                   f"___type({e}) is dict and ___tuple({e}) == {self.const(keys)}",
-                  f"{source.name()} is a dict with keys {list(keys)}", spec=_one(source, "KEYS", keys))
+                  f"{source.name()} is a dict with keys {list(keys)}", spec=one_check(source, "KEYS", keys))
 
     def dict_lacks(self, source, key):
         """Key `key` is not in the dict at `source` (its type is guarded)."""
         e = source.guard_expr()
         self._add(source, f"LACKS {key!r}", f"{self.const(key)} not in {e}",
-                  f"{key!r} not in {source.name()}", spec=_one(source, "NOT_CONTAINS", key))
+                  f"{key!r} not in {source.name()}", spec=one_check(source, "NOT_CONTAINS", key))
 
     def tensor(self, source, t: torch.Tensor, fake=None):
         e = source.guard_expr()
@@ -244,7 +244,7 @@ class GuardSet:
         if fake is None or not any(map(is_symbolic, (*fake.shape, *fake.stride()))):
             parts += [f"{e}.shape == {self.const(shape)}", f"{e}.stride() == {self.const(stride)}"]
             sizes, strides = list(shape), list(stride)
-            spec = _one(source, "TENSOR", (type(t), t.dtype, t.device, shape, tuple(stride),
+            spec = one_check(source, "TENSOR", (type(t), t.dtype, t.device, shape, tuple(stride),
                                            t.requires_grad, t.is_conj() if t.is_complex() else None,
                                            t.is_neg(), t.layout))
         else:
@@ -295,7 +295,7 @@ class GuardSet:
         """An int or float that is a symbolic input of the graph."""
         e = source.guard_expr()
         self._add(source, "TYPE", f"___type({e}) is {kind.__name__}",
-                  f"type({source.name()}) is {kind.__name__}", spec=_one(source, "TYPE", kind))
+                  f"type({source.name()}) is {kind.__name__}", spec=one_check(source, "TYPE", kind))
         self.sym_reads.append((source.name(), e, sym.node.expr))
 
     def shape_guards(self, shape_env):
@@ -349,14 +349,14 @@ class GuardSet:
         label = "globals()" if globals_source is None else globals_source.name()
         self._add(globals_source, f"NOT_GLOBAL {name}", f"{name!r} not in {expr}",
                   f"{name!r} is not a global of {label} (the builtin is used)",
-                  spec=_one(globals_source or _GLOBALS, "NOT_CONTAINS", name))
+                  spec=one_check(globals_source or _GLOBALS, "NOT_CONTAINS", name))
 
     def no_hooks(self, source, module):
         """The module still has no hooks of its own (they would change its call)."""
         e = source.guard_expr()
         names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
         self._add(source, "NO_HOOKS", "not (" + " or ".join(f"{e}.{n}" for n in names) + ")",
-                  f"{source.name()} has no hooks", spec=_one(source, "NO_HOOKS", names))
+                  f"{source.name()} has no hooks", spec=one_check(source, "NO_HOOKS", names))
 
     def no_global_hooks(self, names):
         """No global nn.Module hook is registered (one would change every module's call):
@@ -405,7 +405,8 @@ class GuardSet:
         eo = ", ".join(s.guard_expr() for s in others)
         names = ", ".join(s.name() for s in written)
         self._add(None, "NO_ALIAS", f"___unshared(({ew},), ({eo}{',' if others else ''}))",
-                  f"no other tensor input shares memory with {names}")
+                  f"no other tensor input shares memory with {names}",
+                  spec=((None, "UNSHARED", tuple(written), tuple(others), 0, None),))
 
     def distinct(self, sources):
         """The objects at `sources` (mutable inputs guarded by type, not identity) are
@@ -414,7 +415,8 @@ class GuardSet:
         # In C, a pointer compare per pair while the pairs are few (a model's handful
         # of configs and registries); a set of ids in Python beyond.
         spec = tuple((a, "IS_NOT_REG", None, None, 0, b) for i, a in enumerate(sources)
-                     for b in sources[i + 1:]) if len(sources) <= _C_DISTINCT else None
+                     for b in sources[i + 1:]) if len(sources) <= _C_DISTINCT else \
+            ((None, "DISTINCT", tuple(sources), None, 0, None),)
         self._add(None, "DISTINCT", f"___len({{*map(___id, ({exprs},))}}) == {len(sources)}",
                   f"{', '.join(s.name() for s in sources)} are distinct objects", spec=spec)
 
@@ -423,7 +425,7 @@ class GuardSet:
         e = source.guard_expr()
         self._add(source, f"IN_DICT {name}", f"{name!r} in {e}.__dict__",
                   f"{source.name()} has instance attribute {name!r}",
-                  spec=_one(AttrSource(source, "__dict__"), "CONTAINS", name))
+                  spec=one_check(AttrSource(source, "__dict__"), "CONTAINS", name))
 
     def not_in_dict(self, source, name: str, past_hook: bool = False, obj=None):
         """An instance attribute does not shadow what its class provides.  `past_hook`:
@@ -436,7 +438,7 @@ class GuardSet:
         d = InstanceDictSource(source) if past_hook else AttrSource(source, "__dict__")
         self._add(source, f"NOT_IN_DICT {name}", f"{name!r} not in {d.guard_expr()}",
                   f"{source.name()} has no instance attribute {name!r}",
-                  spec=_one(d, "NOT_CONTAINS", name))
+                  spec=one_check(d, "NOT_CONTAINS", name))
 
     def function_state(self, source, fn, fixed: bool):
         """An inlined function's `__code__`, `__defaults__` and `__kwdefaults__` are
@@ -451,7 +453,7 @@ class GuardSet:
                       f"{e}.__code__ is {self.const(fn.__code__)} and {e}.__defaults__ is {self.const(d)} "
                       f"and {e}.__kwdefaults__ is {self.const(kw)}",
                       f"{source.name()} has the code and defaults traced",
-                      spec=_one(source, "FUNC", (fn.__code__, d, kw)))
+                      spec=one_check(source, "FUNC", (fn.__code__, d, kw)))
             return
         # (a closure with a default: each one not None is checked by shape)
         parts = [f"{e}.__code__ is {self.const(fn.__code__)}"]
@@ -499,7 +501,7 @@ class GuardSet:
         if found is None:
             if not hasattr(holder, name):
                 self._add(src, "ABSENT", f"not {self.const(hasattr)}({src.base.guard_expr()}, {name!r})",
-                          f"{src.name()} is not defined", spec=_one(src.base, "HASATTR", name, _MODULE_GETATTR, n=0))
+                          f"{src.name()} is not defined", spec=one_check(src.base, "HASATTR", name, _MODULE_GETATTR, n=0))
             return
         try:
             now = getattr(holder, name)
@@ -518,7 +520,7 @@ class GuardSet:
         else:
             state = _autocast_state()
             self._add(None, "AUTOCAST", f"{self.const(_autocast_state)}() == {self.const(state)}",
-                      f"autocast state is {state}", spec=_one(None, "CALL_EQ", _autocast_state, state))
+                      f"autocast state is {state}", spec=one_check(None, "CALL_EQ", _autocast_state, state))
 
     def function_modes(self):
         """The torch function modes active outside the frame (a TorchFunctionMode;
@@ -544,13 +546,13 @@ class GuardSet:
 
     def global_state(self, name: str, reader, value):
         self._add(None, name, f"{self.const(reader)}() is {self.const(value)}",
-                  f"{name} is {value!r}", spec=_one(None, "CALL_IS", reader, value))
+                  f"{name} is {value!r}", spec=one_check(None, "CALL_IS", reader, value))
 
     def has_attr(self, source, name: str, found: bool):
         """``hasattr(source, name)`` is still `found`."""
         self._add(source, f"HASATTR {name}", f"{self.const(hasattr)}({source.guard_expr()}, {name!r}) is {found}",
                   f"hasattr({source.name()}, {name!r}) is {found}",
-                  spec=_one(source, "HASATTR", name, _MODULE_GETATTR, n=int(found))
+                  spec=one_check(source, "HASATTR", name, _MODULE_GETATTR, n=int(found))
                   if type(found) is bool else None)
 
     def abc_registry(self):
@@ -559,7 +561,7 @@ class GuardSet:
         import abc
         token = abc.get_cache_token()
         self._add(None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
-                  f"abc.get_cache_token() == {token!r}", spec=_one(None, "CALL_EQ", abc.get_cache_token, token))
+                  f"abc.get_cache_token() == {token!r}", spec=one_check(None, "CALL_EQ", abc.get_cache_token, token))
 
     def grad_mode(self, enabled: bool):
         self.global_state("grad_mode", torch.is_grad_enabled, enabled)
@@ -684,7 +686,7 @@ class GuardCheck(_C.GuardCheck):
         return src
 
 
-def _one(source, op, a=None, b=None, n=0):
+def one_check(source, op, a=None, b=None, n=0):
     """A guard's spec made of one check."""
     return ((source, op, a, b, n, None),)
 
@@ -741,7 +743,7 @@ class _Program:
                     return False
                 source = source.base
             elif kind is CallMethodSource:
-                if not _dict_get(source):
+                if not (_dict_get(source) or _dict_view(source)):
                     return False
                 source = source.base
             elif kind is LocalSource:
@@ -769,8 +771,9 @@ class _Program:
                 op, base, a = "ATTR", self.load(source.base), source.attr
             elif kind is InstanceDictSource:
                 op, base, a = "ODICT", self.load(source.base), None
-            elif kind is CallMethodSource:      # dict.get(base, key), as _dict_get says
-                op, base, a = "DGET", self.load(source.base), source.args[0]
+            elif kind is CallMethodSource:      # dict.get(base, key), or a keys/values list
+                op, base, a = ("DGET", self.load(source.base), source.args[0]) if source.args else \
+                    ("DVIEW", self.load(source.base), source.method)
             elif kind in (GetItemSource, ContainsSource):
                 op, base, a = "ITEM" if kind is GetItemSource else "IN", self.load(source.base), source.index
             elif kind is ConstSource:
@@ -790,7 +793,12 @@ class _Program:
         has no C form (the guard then runs in Python)."""
         if not all(self.loadable(s) for c in spec for s in (c[0], c[5]) if s is not None):
             return False
+        many = [(*c[2], *(c[3] or ())) for c in spec if c[1] in _MANY_SOURCES]
+        if not all(self.loadable(s) for sources in many for s in sources):
+            return False
         for source, op, a, b, n, other in spec:
+            if op in _MANY_SOURCES:     # (a, b: sources, as registers)
+                a, b = tuple(map(self.load, a)), b and tuple(map(self.load, b))
             reg = self.load(source) if source is not None else -1
             self._emit(op, reg, self.load(other) if other is not None else -1, n, a, b)
             if self.dispatch is None and type(source) is LocalSource:
@@ -811,6 +819,16 @@ def _dict_get(source) -> bool:
     one key the C program can hold."""
     return source.through is not None and source.through.obj is dict.get and \
         len(source.args) == 1 and type(source.args[0]) in _KEY_TYPES and not source.as_list
+
+
+# Checks over many sources (spec's a and b: tuples of them)
+_MANY_SOURCES = ("UNSHARED", "DISTINCT")
+
+
+def _dict_view(source) -> bool:
+    """`source` is ``[*base.keys()]`` or ``[*base.values()]``."""
+    return source.as_list and source.through is None and not source.args and \
+        source.method in ("keys", "values")
 
 
 def _autocast_state():

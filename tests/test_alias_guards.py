@@ -7,6 +7,7 @@ import types
 import torch
 
 from differential import check
+from frametrace import _C, guards
 
 
 def sgd_update(ps, gs):
@@ -19,10 +20,12 @@ def _lists(n, size=4):
     return [torch.randn(size) for _ in range(n)], [torch.randn(size) for _ in range(n)]
 
 
-def _check_source(fn):
-    checks = [o for o in gc.get_objects()
-              if type(o) is types.FunctionType and o.__name__ == "___check" and hasattr(o, "source")]
-    return "\n".join(c.source for c in checks if c.__code__.co_filename.endswith(f" {fn.__name__}>"))
+def c_ops(fn) -> list:
+    """The C checks of `fn`'s compiled entries (op names), and whether any entry
+    still has guards that run as Python."""
+    names = {i: n for n, i in _C.GUARD_OPS.items()}
+    entries = [e for e in _C.entries(fn.__code__) if isinstance(e.check, _C.GuardCheck)]
+    return [[names[i[0]] for i in e.check.program] for e in entries], [e.check.residual is not None for e in entries]
 
 
 def many_updates(ps, gs):
@@ -32,8 +35,9 @@ def many_updates(ps, gs):
 def test_many_written_inputs_are_guarded_in_one_pass_not_per_pair():
     ps, gs = _lists(40)
     r = check(many_updates, [(ps, gs), _lists(40)], graphs=1, breaks=0)
-    src = _check_source(many_updates)
-    assert "___unshared" in src and src.count("untyped_storage") == 0
+    [ops], [residual] = c_ops(many_updates)
+    # one C check over all 80 tensors (not 3160 pair checks), nothing left to Python
+    assert ops.count("UNSHARED") == 1 and ops.count("IS_NOT_REG") <= 1 and not residual
     assert r.graphs == 1
 
 
@@ -71,6 +75,72 @@ def test_sharing_memory_at_run_time_is_noticed():
     assert r.graphs >= 3   # the shared cases compile programs of their own
 
 
+def _far_apart_twice():
+    ps, gs = _lists(40)
+    ps[39] = ps[0]         # (the C check sorts: a pair far apart in the list)
+    return ps, gs
+
+
+def _grad_views_a_written_state():
+    ps, gs = _lists(40, size=8)
+    base = torch.randn(8)
+    ps[17], gs[30] = base, base[2:].view(6).new_zeros(0).set_(base.untyped_storage(), 0, (8,), (1,))
+    return ps, gs
+
+
+def _sharing_cases():
+    return [_lists(40), _lists(40), _far_apart_twice(), _grad_views_a_written_state(), _lists(40)]
+
+
+def test_sharing_memory_among_many_inputs_is_noticed_by_the_c_check():
+    r = check(many_updates, _sharing_cases(), breaks=0)
+    assert r.graphs >= 3
+    # the entry for unshared inputs checks them in C alone
+    assert any(ops.count("UNSHARED") == 1 and not residual for ops, residual in zip(*c_ops(many_updates)))
+
+
+def test_sharing_is_noticed_when_storages_are_read_through_python():
+    # without the C++ reads (another torch, no compiler) the C check calls
+    # t.untyped_storage().data_ptr() as the Python guard did
+    was = _C.set_tensor_reads(None)
+    try:
+        r = check(many_updates, _sharing_cases(), breaks=0)
+    finally:
+        if was:
+            guards._use_tensor_reads()
+    assert r.graphs >= 3
+
+
+def test_a_non_tensor_where_a_tensor_was_fails_the_check_instead_of_raising():
+    def run(ps, gs):
+        return many_updates(ps, gs)
+    ps, gs = _lists(40)
+    bad_ps, bad_gs = _lists(40)
+    bad_gs[7] = 3.0        # what the traced code would read as a tensor
+    check(run, [(ps, gs), (bad_ps, bad_gs), _lists(40)], breaks=0)
+
+
 def test_empty_tensors_may_share_the_null_pointer():
     r = check(sgd_update, [_empty_tensors(), _empty_tensors(), _empty_tensors()], breaks=0)
     assert r.graphs == 1
+
+
+def append_to_each(lists, x):
+    for i, l in enumerate(lists):
+        l.append(i)
+    return x + len(lists[0])
+
+
+def _lists_of_lists(n=40, same=None):
+    ls = [[] for _ in range(n)]
+    if same is not None:
+        ls[same[1]] = ls[same[0]]   # one list twice: it gets both appends
+    return ls, torch.randn(3)
+
+
+def test_many_mutable_inputs_are_distinct_objects_checked_in_c():
+    r = check(append_to_each, [_lists_of_lists(), _lists_of_lists(), _lists_of_lists(same=(0, 39)),
+                               _lists_of_lists(same=(5, 6)), _lists_of_lists()], breaks=0)
+    assert r.graphs >= 2
+    ops, residual = c_ops(append_to_each)
+    assert any(o.count("DISTINCT") == 1 and not res for o, res in zip(ops, residual)), ops

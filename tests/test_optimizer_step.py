@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import frametrace
-from frametrace import convert
+from frametrace import _C, convert
 
 from differential import Report, same
 
@@ -381,3 +381,41 @@ def test_step_traced_after_torch_dynamo_disabled_init_group():
     assert getattr(torch.optim.AdamW._init_group, "_torchdynamo_disable", False)
     r = run_steps(_make(OPTIMIZERS["adamw_foreach"]), step_zero, steps=3, prep=backward)
     assert r.breaks == 0 and r.per_step == [1, 1, 0], (r, r.per_step)
+
+
+def test_optimizer_state_changed_between_steps_is_seen_by_the_c_check():
+    # The step's guards read the state as [*opt.state.keys()][i] and
+    # [*opt.state.values()][i] in C (one list of each per check), and its hook tables
+    # as their keys: each change below, made between compiled steps the same way on
+    # both sides, must be seen (the values are compared after every step).
+    def prep(m, opt, x):
+        m(x).sum().backward()
+        n = getattr(opt, "n", 0) + 1
+        opt.n = n
+        params = list(m.parameters())
+        if n == 3:      # a state entry's tensors replaced by others
+            st = opt.state[params[0]]
+            opt.state[params[0]] = {k: v * 2 if k != "step" else v.clone() for k, v in st.items()}
+        if n == 4:      # the state's order changed: key i is another parameter (of the same shape)
+            for p in params[:2]:
+                opt.state[p] = opt.state.pop(p)
+        if n == 5:      # a step pre-hook registered after compiling runs
+            def halve_grads(o, args, kwargs):
+                for p in params:
+                    p.grad.mul_(0.5)
+            opt.register_step_pre_hook(halve_grads)
+        if n == 7:      # a parameter's state dropped: the step makes it again
+            del opt.state[params[2]]
+
+    def opt_step(m, opt):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    def make():
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+        return m, torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
+    r = run_steps(make, opt_step, steps=9, prep=prep, atol=1e-5)
+    assert r.breaks == 0 and r.per_step[1] == 1 and r.per_step[3] == 1, r.per_step
+    # the steady entry's guards all run in C
+    names = {i: n for n, i in _C.GUARD_OPS.items()}
+    entries = [e.check for e in _C.entries(opt_step.__code__)]
+    assert any("DVIEW" in {names[i[0]] for i in c.program} and c.residual is None for c in entries)

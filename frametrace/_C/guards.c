@@ -39,7 +39,8 @@ enum {
                          * past a __getattribute__ of the class's own */
     OP_DGET,            /* dict.get(regs[src], a): None when absent (fails if not a dict) */
     OP_IN,              /* a in regs[src], as a bool */
-    OP_LAST_LOAD = OP_IN,
+    OP_DVIEW,           /* [*regs[src].keys()] (n 0) or [*regs[src].values()] (n 1); a: the name */
+    OP_LAST_LOAD = OP_DVIEW,
     /* checks of regs[reg] */
     OP_TYPE,            /* type(v) is a */
     OP_IS,              /* v is a */
@@ -62,6 +63,9 @@ enum {
     OP_CALL_EQ,         /* a() == b (reg unused) */
     OP_FUNC,            /* a == (code, defaults, kwdefaults): v.__code__ is code, ... each by identity */
     OP_NO_HOOKS,        /* a: a tuple of attribute names; not (v.<a[0]> or v.<a[1]> or ...) */
+    OP_UNSHARED,        /* a, b: tuples of registers; the tensors in a are distinct objects with
+                           storages of their own, shared with no tensor in b (reg unused) */
+    OP_DISTINCT,        /* a: a tuple of registers, holding distinct objects (reg unused) */
     OP_COUNT
 };
 
@@ -147,6 +151,7 @@ typedef struct {
 static PyObject *s_dtype, *s_layout, *s_device, *s_shape, *s_stride, *s_requires_grad, *s_is_conj, *s_is_neg;
 static PyObject *s_getattr, *s_getattribute, *s_dict, *s_stores[3];
 static PyObject *s_code, *s_defaults, *s_kwdefaults;
+static PyObject *s_untyped_storage, *s_data_ptr;
 static PyObject *object_getattribute;   /* object.__getattribute__ */
 
 /* ---- running ---- */
@@ -747,6 +752,154 @@ no_hooks(Instr *in, PyObject *v)
     return 1;
 }
 
+/* [*d.keys()] or [*d.values()] (`values` 0 or 1; `name` the method's name).  A dict
+ * whose class takes the method from dict and has no instance dict to shadow it is
+ * read with PyDict_Keys/Values (what the method's view iterates); anything else calls
+ * the method, as Python would. */
+static PyObject *
+dict_view_list(PyObject *d, PyObject *name, int values)
+{
+    PyTypeObject *tp = Py_TYPE(d);
+    if (PyDict_CheckExact(d) ||
+        (PyDict_Check(d) && tp->tp_dictoffset == 0 &&
+         _PyType_Lookup(tp, name) == _PyType_Lookup(&PyDict_Type, name))) {
+        return values ? PyDict_Values(d) : PyDict_Keys(d);
+    }
+    PyObject *view = PyObject_CallMethodNoArgs(d, name);
+    if (view == NULL) {
+        return NULL;
+    }
+    PyObject *list = PySequence_List(view);
+    Py_DECREF(view);
+    return list;
+}
+
+/* t.untyped_storage().data_ptr() into *out: 1, or -1 with an exception (what Python
+ * raises for a tensor without storage, or an object that is no tensor). */
+static int
+storage_ptr(PyObject *t, uintptr_t *out)
+{
+    if (cxx_reads != NULL) {
+        int r = cxx_reads->storage_ptr(t, out);
+        if (r != -2) {
+            cxx_answers++;
+            return r;
+        }
+    }
+    PyObject *s = PyObject_CallMethodNoArgs(t, s_untyped_storage);
+    if (s == NULL) {
+        return -1;
+    }
+    PyObject *p = PyObject_CallMethodNoArgs(s, s_data_ptr);
+    Py_DECREF(s);
+    if (p == NULL) {
+        return -1;
+    }
+    *out = (uintptr_t)PyLong_AsUnsignedLongLongMask(p);
+    Py_DECREF(p);
+    return PyErr_Occurred() ? -1 : 1;
+}
+
+static int
+compare_uintptr(const void *x, const void *y)
+{
+    uintptr_t a = *(const uintptr_t *)x, b = *(const uintptr_t *)y;
+    return (a > b) - (a < b);
+}
+
+static int
+sorted_has(const uintptr_t *v, Py_ssize_t n, uintptr_t key)
+{
+    return bsearch(&key, v, (size_t)n, sizeof(uintptr_t), compare_uintptr) != NULL;
+}
+
+static int
+sorted_unique(const uintptr_t *v, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (v[i] == v[i - 1]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The objects in registers `a` are distinct (sorted: a step's hundreds of parameters). */
+static int
+distinct(Instr *in, PyObject **regs)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(in->a);
+    uintptr_t *ids = PyMem_Malloc((size_t)(n + 1) * sizeof(uintptr_t));
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ids[i] = (uintptr_t)regs[PyLong_AsSsize_t(PyTuple_GET_ITEM(in->a, i))];
+    }
+    qsort(ids, (size_t)n, sizeof(uintptr_t), compare_uintptr);
+    int ok = sorted_unique(ids, n);
+    PyMem_Free(ids);
+    return ok;
+}
+
+/* The optimizer's no-alias guard (guards._unshared, in the same order of reads): the
+ * written tensors are distinct objects, their non-empty storages are distinct, and no
+ * other input is one of them or shares one of those storages.  Sorting makes it
+ * n log n: an optimizer step writes hundreds of tensors. */
+static int
+unshared(Instr *in, PyObject **regs)
+{
+    Py_ssize_t nw = PyTuple_GET_SIZE(in->a), no = PyTuple_GET_SIZE(in->b), np = 0;
+    uintptr_t *ids = PyMem_Malloc((size_t)(2 * nw + 1) * sizeof(uintptr_t));
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uintptr_t *ptrs = ids + nw, p;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        ids[i] = (uintptr_t)regs[PyLong_AsSsize_t(PyTuple_GET_ITEM(in->a, i))];
+    }
+    qsort(ids, (size_t)nw, sizeof(uintptr_t), compare_uintptr);
+    if (!sorted_unique(ids, nw)) {
+        ok = 0;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        if (storage_ptr(regs[PyLong_AsSsize_t(PyTuple_GET_ITEM(in->a, i))], &p) < 0) {
+            ok = -1;
+            goto done;
+        }
+        if (p != 0) {
+            ptrs[np++] = p;
+        }
+    }
+    qsort(ptrs, (size_t)np, sizeof(uintptr_t), compare_uintptr);
+    if (!sorted_unique(ptrs, np)) {
+        ok = 0;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < no; i++) {
+        PyObject *t = regs[PyLong_AsSsize_t(PyTuple_GET_ITEM(in->b, i))];
+        if (sorted_has(ids, nw, (uintptr_t)t)) {
+            ok = 0;
+            goto done;
+        }
+        if (storage_ptr(t, &p) < 0) {
+            ok = -1;
+            goto done;
+        }
+        if (p != 0 && sorted_has(ptrs, np, p)) {
+            ok = 0;
+            goto done;
+        }
+    }
+done:
+    PyMem_Free(ids);
+    return ok;
+}
+
 /* One check of regs[in->reg]: 1 holds, 0 does not, -1 exception. */
 static int
 run_check(Instr *in, PyObject **regs)
@@ -833,6 +986,10 @@ run_check(Instr *in, PyObject **regs)
         return function_is(v, in->a);
     case OP_NO_HOOKS:
         return no_hooks(in, v);
+    case OP_UNSHARED:
+        return unshared(in, regs);
+    case OP_DISTINCT:
+        return distinct(in, regs);
     case OP_CALL_IS:
     case OP_CALL_EQ:
         if ((r = PyObject_CallNoArgs(in->a)) == NULL) {
@@ -904,6 +1061,9 @@ run_program(GuardCheck *g, PyObject *const *args, Py_ssize_t nargs)
             break;
         case OP_ODICT:
             v = instance_dict_load(in, base);
+            break;
+        case OP_DVIEW:
+            v = dict_view_list(base, in->a, (int)in->n);
             break;
         case OP_DGET:
             if (!PyDict_Check(base)) {
@@ -1190,6 +1350,27 @@ build(GuardCheck *g, PyObject *program)
             if (!bad && in->op == OP_ATTR) {
                 in->n = function_field(a);
             }
+            if (!bad && in->op == OP_DVIEW) {
+                int keys = PyUnicode_Check(a) && PyUnicode_CompareWithASCIIString(a, "keys") == 0;
+                int values = PyUnicode_Check(a) && PyUnicode_CompareWithASCIIString(a, "values") == 0;
+                bad |= !(keys || values);
+                in->n = values;
+            }
+        }
+        else if (in->op == OP_UNSHARED || in->op == OP_DISTINCT) {
+            int sides = in->op == OP_UNSHARED ? 2 : 1;     /* (DISTINCT: b unused) */
+            bad |= !PyTuple_Check(a) || (sides == 2 && !PyTuple_Check(b));
+            for (int side = 0; !bad && side < sides; side++) {
+                PyObject *t = side ? b : a;
+                for (Py_ssize_t k = 0; !bad && k < PyTuple_GET_SIZE(t); k++) {
+                    PyObject *r = PyTuple_GET_ITEM(t, k);
+                    Py_ssize_t index = PyLong_Check(r) ? PyLong_AsSsize_t(r) : -1;
+                    if (index == -1 && PyErr_Occurred()) {
+                        PyErr_Clear();
+                    }
+                    bad |= index < 0 || index >= nregs;
+                }
+            }
         }
         else if (in->op != OP_CALL_IS && in->op != OP_CALL_EQ) {
             bad |= in->reg < 0 || in->reg >= nregs;
@@ -1438,6 +1619,8 @@ ft_guards_init(PyObject *m)
     INTERN(s_code, "__code__");
     INTERN(s_defaults, "__defaults__");
     INTERN(s_kwdefaults, "__kwdefaults__");
+    INTERN(s_untyped_storage, "untyped_storage");
+    INTERN(s_data_ptr, "data_ptr");
     INTERN(s_stores[0], "_parameters");
     INTERN(s_stores[1], "_buffers");
     INTERN(s_stores[2], "_modules");
@@ -1457,9 +1640,9 @@ ft_guards_init(PyObject *m)
     Py_INCREF(object_getattribute);
 #undef INTERN
     static const char *names[] = {
-        "ARG", "CONST", "ATTR", "ITEM", "ODICT", "DGET", "IN", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
+        "ARG", "CONST", "ATTR", "ITEM", "ODICT", "DGET", "IN", "DVIEW", "TYPE", "IS", "WEAK", "EQ_ANY", "EQ", "NOT_NONE",
         "LEN", "LEN_ANY", "KEYS", "TUPLE_EQ", "CONTAINS", "NOT_CONTAINS", "FALSY", "HASATTR",
-        "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ", "FUNC", "NO_HOOKS"};
+        "TENSOR", "IS_REG", "IS_NOT_REG", "CALL_IS", "CALL_EQ", "FUNC", "NO_HOOKS", "UNSHARED", "DISTINCT"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == OP_COUNT, "one name per op");
     PyObject *ops = PyDict_New();
     if (ops == NULL) {

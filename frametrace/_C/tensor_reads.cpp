@@ -16,6 +16,7 @@
 #include <Python.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/impl/COW.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Layout.h>
@@ -57,18 +58,25 @@ int same_ints(c10::SymIntArrayRef ints, const Py_ssize_t* dims) {
   return 1;
 }
 
+// v's TensorImpl, when v's Python reads run no Python code (an exact torch.Tensor or
+// Parameter, no torch function mode, no Python dispatch key), else nullptr.
+c10::TensorImpl* plain_impl(PyObject* v) {
+  if (!THPVariable_CheckTypeExact(Py_TYPE(v)) || at::impl::torch_function_mode_enabled()) {
+    return nullptr;
+  }
+  const at::Tensor& t = THPVariable_Unpack(v);
+  if (!t.defined()) {
+    return nullptr;
+  }
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return impl->key_set().has(c10::DispatchKey::Python) ? nullptr : impl;
+}
+
 int check(PyObject* v, const FtTensorCodes* codes, const Py_ssize_t* dims, Py_ssize_t ndim,
           int requires_grad, int conj, int neg) {
-  if (!THPVariable_CheckTypeExact(Py_TYPE(v)) || at::impl::torch_function_mode_enabled()) {
-    return -2;
-  }
   try {
-    const at::Tensor& t = THPVariable_Unpack(v);
-    if (!t.defined()) {
-      return -2;
-    }
-    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    if (impl->key_set().has(c10::DispatchKey::Python)) {
+    c10::TensorImpl* impl = plain_impl(v);
+    if (impl == nullptr) {
       return -2;
     }
     // The order of the Python check: dtype, layout, device, sizes, strides,
@@ -103,7 +111,24 @@ int check(PyObject* v, const FtTensorCodes* codes, const Py_ssize_t* dims, Py_ss
   }
 }
 
-const FtTensorReads api = {FT_TENSOR_READS_ABI, encode, check};
+int storage_ptr(PyObject* v, uintptr_t* out) {
+  try {
+    c10::TensorImpl* impl = plain_impl(v);
+    if (impl == nullptr || !impl->has_storage()) {
+      return -2;
+    }
+    const c10::Storage& storage = impl->unsafe_storage();
+    if (c10::impl::cow::is_cow_data_ptr(storage.data_ptr())) {
+      return -2;
+    }
+    *out = reinterpret_cast<uintptr_t>(storage.data());
+    return 1;
+  } catch (...) {
+    return -2;
+  }
+}
+
+const FtTensorReads api = {FT_TENSOR_READS_ABI, encode, check, storage_ptr};
 
 PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "frametrace._tensor_reads",

@@ -7,7 +7,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define FT_TENSOR_READS_ABI 1
+#define FT_TENSOR_READS_ABI 2
 #define FT_TENSOR_READS_CAPSULE "frametrace._tensor_reads.api"
 
 /* A traced tensor's dtype, layout and device as torch's C++ enums. */
@@ -29,6 +29,10 @@ typedef struct {
      * conj: -1 to skip that bit. */
     int (*check)(PyObject *v, const FtTensorCodes *codes, const Py_ssize_t *dims, Py_ssize_t ndim,
                  int requires_grad, int conj, int neg);
+    /* `v.untyped_storage().data_ptr()` into *out: 1, or -2 when it cannot be told here
+     * (the same cases as `check`, a tensor without storage, a copy-on-write storage,
+     * whose Python read would materialize it): Python reads it.  Never sets an exception. */
+    int (*storage_ptr)(PyObject *v, uintptr_t *out);
 } FtTensorReads;
 
 #endif

@@ -22,6 +22,7 @@ import types
 
 import torch
 
+from ..guards import one_check
 from .attributes import MISSING, InstanceAttrs
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -734,8 +735,10 @@ def _wrap_stdlib_dict(tx, value, source, guards):
     keys = tuple(cls.keys(value))
     if guards is not None:
         guards.type_match(source, value)
+        # (the type is exactly cls, which iterates its keys in keys()' order)
         guards._add(source, "KEYS", f"___tuple({guards.const(cls.keys)}({source.guard_expr()})) == "
-                    f"{guards.const(keys)}", f"{source.name()} has keys {list(keys)}")
+                    f"{guards.const(keys)}", f"{source.name()} has keys {list(keys)}",
+                    spec=one_check(source, "TUPLE_EQ", keys))
     g = guards is not None
     items = {k: wrap(tx, dict.__getitem__(value, k), GetItemSource(source, k) if source is not None
                      else None, g) for k in keys}
@@ -766,7 +769,8 @@ def wrap_tensor_keyed_dict(tx, value, source, guards):
     if g:
         e = source.guard_expr()
         guards._add(source, "LEN", f"___type({e}) is {guards.const(cls)} and ___len({e}) == {len(value)}",
-                    f"type({source.name()}) is {cls.__name__} and len({source.name()}) == {len(value)}")
+                    f"type({source.name()}) is {cls.__name__} and len({source.name()}) == {len(value)}",
+                    spec=one_check(source, "LEN", cls, n=len(value)))
     keys = CallMethodSource(source, "keys", as_list=True)
     values = CallMethodSource(source, "values", as_list=True)
     items = {}
