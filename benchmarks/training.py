@@ -118,9 +118,15 @@ class Phases:
 
         class Recording(list):
             def append(self, mod):
-                phase = "backward" if "tangents_" in getattr(mod, "source", "") else cls.current
-                cls.kernels.setdefault(phase, []).append(len(mod.kernels))
+                mod.phase = "backward" if "tangents_" in getattr(mod, "source", "") else cls.current
+                cls.kernels.setdefault(mod.phase, []).append(len(mod.kernels))
                 super().append(mod)
+
+            def remove(self, mod):
+                # a graph built again (more nodes as aten, other strides): its kernels
+                # are counted once, from the build that runs
+                cls.kernels[mod.phase].remove(len(mod.kernels))
+                super().remove(mod)
         backend.COMPILED = Recording(backend.COMPILED)
 
 
