@@ -3,7 +3,10 @@ whole update chain is one sub-kernel of a combo kernel (one launch for the group
 per tensor), parameters and state are stored straight into the inputs' memory (no copy_,
 no temporaries), and the number of launches does not grow with the number of tensors.
 Kernels run in Triton's interpreter; values are compared with eager after a few steps."""
+
+import ast
 import copy
+import re
 
 import pytest
 import torch
@@ -120,7 +123,7 @@ def test_adamw_step_is_two_combo_kernels_storing_into_params_and_state():
     # new values are read by the first kernel before the second one stores them
     assert len(mod.kernels) == 2, mod.source
     first = mod.kernels[0].source
-    assert "triton_combo" in first and first.count("elif pid <") == len(SHAPES) - 1
+    assert "triton_combo" in first and _sub_kernels(first) == len(SHAPES)
     # each sub-kernel stores its parameter, exp_avg and exp_avg_sq (and a 1-element
     # parameter's kernel its step too: the same lane reads the old step)
     assert first.count("tl.store(") >= 3 * len(SHAPES)
@@ -148,6 +151,18 @@ def test_launches_do_not_grow_with_the_number_of_tensors(n):
     assert len(mod.kernels) == 1, mod.source
 
 
+def _sub_kernels(src) -> int:
+    return len(re.findall(r"^    if .*pid < \d+\):?$|^    if pid < \d+:$", src, re.M))
+
+
+def _if_depth(src) -> int:
+    """The deepest nesting of `if` statements in a kernel's source."""
+    def depth(node):
+        inner = max((depth(c) for c in ast.iter_child_nodes(node)), default=0)
+        return inner + isinstance(node, ast.If)
+    return depth(ast.parse(src))
+
+
 def test_hundreds_of_tensors_split_into_a_few_combos_within_the_argument_limit():
     n = 120   # 5 tensors each: more arguments than one launch takes
     shapes = [SHAPES[i % len(SHAPES)] for i in range(n)]
@@ -155,6 +170,12 @@ def test_hundreds_of_tensors_split_into_a_few_combos_within_the_argument_limit()
     assert_no_copies(mod)
     assert all(len(k.args) <= foreach.MAX_ARGS for k in mod.kernels)
     assert len(mod.kernels) <= -(-5 * n // foreach.MAX_ARGS) + 1, [len(k.args) for k in mod.kernels]
+    # Triton's code generator recurses per nested `if` (an elif is one): a combo of
+    # dozens of sub-kernels must not nest deeper as it grows (BERT's AdamW step, 200
+    # parameters, hit Python's recursion limit compiling an elif chain)
+    combos = [k.source for k in mod.kernels if "triton_combo" in k.name]
+    assert combos and max(map(_sub_kernels, combos)) >= 40
+    assert all(_if_depth(src) <= 2 for src in combos), max(map(_if_depth, combos))
 
 
 def test_bfloat16_parameters_and_state():
@@ -186,7 +207,7 @@ def test_step_tensors_on_the_host_are_never_a_kernel_pointer(host_steps):
     steps = set(mod.wrapper.lowered.devices)
     assert steps and all(not (set(k.args) & steps) for k in mod.kernels), mod.source
     # the parameters' update is still one combo kernel
-    assert any("triton_combo" in k.name and k.source.count("elif pid <") == len(SHAPES) - 1
+    assert any("triton_combo" in k.name and _sub_kernels(k.source) == len(SHAPES)
                for k in mod.kernels), mod.source
 
 
@@ -248,7 +269,7 @@ def test_a_cuda_step_with_cpu_step_counters_compiles_to_kernels_that_take_no_cpu
     assert lowered.device.type == "cuda" and len(lowered.devices) >= n
     pointers = {name for k in mod.kernels for name in k.args}
     assert not pointers & set(lowered.devices), "a kernel takes a pointer to CPU memory"
-    assert [k.source.count("elif pid <") for k in mod.kernels] == [n - 1], mod.source
+    assert [_sub_kernels(k.source) for k in mod.kernels] == [n], mod.source
     assert not [fb for fb in mod.fallbacks if "copy_" in fb.op]
     # per counter, on the host: its increment, its write-back, one read of its value (the
     # bias corrections are computed in the kernel from that number)
@@ -265,7 +286,7 @@ def test_a_functional_foreach_op_is_one_combo_kernel():
     got = frametrace.optimize(backend="triton", fullgraph=True)(f)(xs, ys)
     torch.testing.assert_close(got, f(xs, ys))
     mod = last_compiled()
-    assert len(mod.kernels) == 1 and mod.kernels[0].source.count("elif pid <") == len(SHAPES) - 1
+    assert len(mod.kernels) == 1 and _sub_kernels(mod.kernels[0].source) == len(SHAPES)
     assert mod.externs == []
 
 
@@ -286,3 +307,14 @@ def test_a_running_statistic_updated_in_place_beside_a_reduction():
     # mean reads them); the mean is not stored
     assert mod.externs == [] and len(mod.kernels) == 1, mod.source
     assert mod.source.count("empty_strided") == 2   # the two outputs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_adamw_step_over_hundreds_of_parameters_compiles(monkeypatch):
+    """Compiled by Triton for the GPU (the interpreter runs the Python function and
+    never meets the code generator's recursion): BERT-base's 200 parameters."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    shapes = [SHAPES[i % len(SHAPES)] for i in range(200)]
+    inputs = [[t.cuda() for t in ts] for ts in adamw_inputs(shapes)]
+    mod = run_steps(adamw_capturable, inputs, steps=2)
+    assert mod.namespace["device"].type == "cuda" and max(_sub_kernels(k.source) for k in mod.kernels) >= 40

@@ -562,7 +562,11 @@ def combo_kernel(kernels):
             line = _LOCAL.sub(lambda m: f"{m.group(1)}_{j}", line)
             return re.sub(r"\bxnumel\b", str(int(g.xnumel)), line)
         pid = "pid" if start == 0 else f"(pid - {start})"
-        body += [f"    {'if' if j == 0 else 'elif'} pid < {start + blocks}:",
+        # One flat `if` per sub-kernel, not an elif chain: Triton's code generator
+        # recurses once per `elif` (a nested If), and a combo of a hundred sub-kernels
+        # (an optimizer's tensors) exceeded Python's recursion limit compiling it.
+        test = f"pid < {start + blocks}" if start == 0 else f"(pid >= {start}) & (pid < {start + blocks})"
+        body += [f"    if {test}:",
                  f"        xoffset_{j} = {pid} * XBLOCK",
                  f"        xindex_{j} = xoffset_{j} + tl.arange(0, XBLOCK)",
                  f"        xmask_{j} = xindex_{j} < {int(g.xnumel)}"]
