@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import frametrace
 
 pytest.importorskip("triton")
-from frametrace.backends.triton import backend, last_compiled, lowering, ops, placement  # noqa: E402
+from frametrace.backends.triton import backend, foreach, last_compiled, lowering, ops, placement  # noqa: E402
 
 aten = torch.ops.aten
 ELSEWHERE = torch.device("cpu", 1)  # "another device" for the tests below
@@ -313,3 +313,27 @@ def test_t5_encoder_decoder_runs_as_kernels_with_no_fallback():
     assert len(mod.kernels) > 20 and not mod.fallbacks
     assert set(extern_ops(mod)) <= {"aten.mm.default", "aten.bmm.default",
                                     "aten._scaled_dot_product_flash_attention_for_cpu.default"}
+
+
+@pytest.mark.usefixtures("sin_kernels_fail")
+def test_a_failing_kernel_after_a_kernel_that_wrote_an_input_is_replaced_before_any_write():
+    # The first kernel writes ps[0] and reduces it; the second (failing: a sine) writes
+    # ps[1] from that sum.  The first call rehearses on copies of the inputs, so that
+    # every kernel compiles (or is replaced by aten calls) before one writes the
+    # caller's memory: an optimizer step's later kernel failing no longer reaches the
+    # user, and nothing is written twice.
+    def f(ps, gs):
+        ps[0].add_(gs[0])
+        t = (ps[0] * 3).sum()
+        ps[1].add_(t.sin() * gs[1])
+        return t
+    ps, gs = [torch.randn(7, 5), torch.randn(11)], [torch.randn(7, 5), torch.randn(11)]
+    want = [p.clone() for p in ps]
+    g = frametrace.optimize(backend="triton", fullgraph=True)(f)
+    for step in range(3):
+        torch.testing.assert_close(g(ps, gs), f(want, gs))
+        for a, b in zip(ps, want):
+            torch.testing.assert_close(a, b)
+    mod = last_compiled()
+    assert len(backend.COMPILED) == 1 and "aten.sin.default" in [fb.op for fb in mod.fallbacks]
+    assert any(foreach.in_place(k) for k in mod.kernels), mod.source   # the first kernel stayed

@@ -215,12 +215,17 @@ def _compile(gm, example_inputs, kind):
                 run.target = _give_up(gm, e)
                 return run.target(kept)
         for _ in range(REBUILDS + 1):
+            trial = _rehearsal(mod, kept)
             try:
+                if trial is not None:
+                    mod.call(trial)     # (compiles every kernel; writes only the copies)
+                    trial = None
                 out = (mod.runner or mod.call)(args)
                 break
             except Exception as e:
-                if _mutated_before(mod, e):
+                if trial is None and _mutated_before(mod, e):
                     raise  # running the graph again would read the input it wrote
+                trial = None
                 blamed = _blame_launch(mod, e, aten_nodes)
                 if blamed is None:
                     run.target = _give_up(gm, e)
@@ -250,6 +255,31 @@ def _compile(gm, example_inputs, kind):
     run.target = first
     run._boxed_call = True
     return run
+
+
+def _rehearsal(mod, args) -> list | None:
+    """For the first call of a graph that writes its inputs (an optimizer step): the
+    arguments with each tensor copied (same sizes, strides and values), for a run that
+    compiles every kernel before any writes the caller's memory, so that a kernel
+    failing to compile is replaced by aten calls instead of reaching the user half
+    way through the writes.  None where not needed or not safe: no input written, a
+    random draw (a second run would advance the generator), an op outside aten, or
+    copies that would take more than half the GPU's free memory."""
+    ops = mod.extern_ops
+    writes = any(in_place(k) for k in mod.kernels) or \
+        any(getattr(getattr(op, "_schema", None), "is_mutable", True) for op in ops)
+    if not writes or any(torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()) or
+                         getattr(op, "namespace", None) != "aten" for op in ops):
+        return None     # (other namespaces: a collective run twice on one rank would hang)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    need = sum(t.untyped_storage().nbytes() for t in tensors if t.is_cuda)
+    try:
+        if need and (torch.cuda.is_current_stream_capturing() or need > torch.cuda.mem_get_info()[0] // 2):
+            return None     # (a caller's capture records what we allocate)
+        return [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+                if isinstance(a, torch.Tensor) else a for a in args]
+    except Exception:   # (an overlapping layout copy_ refuses, say): run as before
+        return None
 
 
 def _restrided(example_inputs, args) -> bool:
