@@ -245,8 +245,8 @@ class GuardSet:
             parts += [f"{e}.shape == {self.const(shape)}", f"{e}.stride() == {self.const(stride)}"]
             sizes, strides = list(shape), list(stride)
             spec = one_check(source, "TENSOR", (type(t), t.dtype, t.device, shape, tuple(stride),
-                                           t.requires_grad, t.is_conj() if t.is_complex() else None,
-                                           t.is_neg(), t.layout))
+                                                t.requires_grad, t.is_conj() if t.is_complex() else None,
+                                                t.is_neg(), t.layout))
         else:
             # Static sizes and strides are compared here; symbolic ones are read into
             # names that the shape guards (made at the end of the trace) check.
@@ -412,8 +412,8 @@ class GuardSet:
         """The objects at `sources` (mutable inputs guarded by type, not identity) are
         as many distinct objects as when traced: one set of ids instead of n**2 checks."""
         exprs = ", ".join(s.guard_expr() for s in sources)
-        # In C, a pointer compare per pair while the pairs are few (a model's handful
-        # of configs and registries); a set of ids in Python beyond.
+        # In C: a pointer compare per pair while the pairs are few (a model's handful
+        # of configs and registries), sorted ids beyond (an optimizer's parameters).
         spec = tuple((a, "IS_NOT_REG", None, None, 0, b) for i, a in enumerate(sources)
                      for b in sources[i + 1:]) if len(sources) <= _C_DISTINCT else \
             ((None, "DISTINCT", tuple(sources), None, 0, None),)

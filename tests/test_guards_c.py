@@ -6,6 +6,7 @@ right one is chosen.
 
 Each test also asserts that the check it exercises runs in C (`c_ops`), so that a
 guard falling back to Python cannot pass for the C path."""
+import collections
 import gc
 import warnings
 
@@ -543,3 +544,34 @@ def test_dispatch_key_never_hides_the_matching_entry():
         torch.testing.assert_close(g(x(), n), x() * n)
     torch.testing.assert_close(g(torch.arange(3.0), 3), torch.arange(3.0) * 3)
     assert len(_C.entries(scaled.__code__)) == 4
+
+
+def weighted(state, key, x):
+    for k, v in state.items():
+        x = x + k * v
+    return x * state[key]   # (a lookup by a tensor: which value is the key's matters)
+
+
+@pytest.mark.parametrize("kind", [dict, collections.OrderedDict, collections.defaultdict])
+def test_a_dict_keyed_by_tensors_is_read_in_c_and_its_changes_are_seen(kind):
+    # [*state.keys()][i] and [*state.values()][i] are C loads (DVIEW; an OrderedDict's
+    # own keys() and values() are called, as Python would): the order of the entries
+    # (move_to_end included), a value or a key replaced, each changes what the graph reads
+    ks = [torch.randn(3) for _ in range(3)]
+
+    def make(order=(0, 1, 2), scale=1.0, swap_key=False):
+        d = kind(list) if kind is collections.defaultdict else kind()
+        for i in order:
+            d[ks[i] if not (swap_key and i == 1) else torch.randn(3)] = \
+                torch.full((3,), float(i + 1) * scale, dtype=torch.float64)
+        return d, ks[0], torch.randn(3)
+    inputs = [make(), make(), make(scale=2.0), make(order=(2, 0, 1)), make(swap_key=True), make()]
+    if kind is collections.OrderedDict:
+        moved = make()
+        moved[0].move_to_end(ks[0])
+        inputs.insert(3, moved)
+    r = check(weighted, inputs, breaks=0)
+    # the first call and the reordered entries compile (and the OrderedDict moved to
+    # its end); the other calls (new values, a key the lookup does not use) reuse them
+    assert r.graphs == (3 if kind is collections.OrderedDict else 2), r
+    assert "DVIEW" in c_ops(weighted)
