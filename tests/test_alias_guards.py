@@ -1,9 +1,6 @@
 """Guards on memory shared between tensor inputs that a graph writes: many written
 inputs (an optimizer's parameters and state) are checked in one pass, and every way of
 sharing memory at run time that the trace did not see is still noticed."""
-import gc
-import types
-
 import torch
 
 from differential import check
@@ -21,8 +18,8 @@ def _lists(n, size=4):
 
 
 def c_ops(fn) -> list:
-    """The C checks of `fn`'s compiled entries (op names), and whether any entry
-    still has guards that run as Python."""
+    """Per compiled entry of `fn`: its C checks (op names), and whether it still has
+    guards that run as Python."""
     names = {i: n for n, i in _C.GUARD_OPS.items()}
     entries = [e for e in _C.entries(fn.__code__) if isinstance(e.check, _C.GuardCheck)]
     return [[names[i[0]] for i in e.check.program] for e in entries], [e.check.residual is not None for e in entries]
@@ -83,8 +80,8 @@ def _far_apart_twice():
 
 def _grad_views_a_written_state():
     ps, gs = _lists(40, size=8)
-    base = torch.randn(8)
-    ps[17], gs[30] = base, base[2:].view(6).new_zeros(0).set_(base.untyped_storage(), 0, (8,), (1,))
+    base = torch.randn(16)
+    ps[17], gs[30] = base[:8], base[8:]    # disjoint views of one storage
     return ps, gs
 
 
@@ -112,7 +109,7 @@ def test_sharing_is_noticed_when_storages_are_read_through_python():
 
 
 def test_a_non_tensor_where_a_tensor_was_fails_the_check_instead_of_raising():
-    def run(ps, gs):
+    def run(ps, gs):    # (entries of its own)
         return many_updates(ps, gs)
     ps, gs = _lists(40)
     bad_ps, bad_gs = _lists(40)
