@@ -7,7 +7,9 @@ are loaded and computed as float32 and rounded once, when stored.
 """
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 
 import sympy
 import torch
@@ -645,7 +647,17 @@ def _cat(L, node, tensors, dim=0):
             parts.append((t, start, start + t.shape[dim]))
             start += t.shape[dim]
 
+    starts = _int_starts(parts)
+
     def fn(k, idx):
+        part = _static_part(parts, starts, idx[dim])
+        if part is not None:
+            # a constant position (torch.optim's stacked bias corrections, read one per
+            # parameter): only its part is read, not a where over every part (a stack of
+            # 148 scalars read 148 times made a GPT-2 step's compile quadratic)
+            t, lo, _ = part
+            sub = idx[:dim] + [idx[dim] - lo] + idx[dim + 1:]
+            return k.cast(t.load(k, bcast(sub, t.shape)), t.dtype, dtype)
         i = k.index(idx[dim])
         out = None
         for n, (t, lo, hi) in enumerate(reversed(parts)):
@@ -658,6 +670,23 @@ def _cat(L, node, tensors, dim=0):
             out = v if out is None else k.op(f"tl.where({cond}, {v}, {out})")
         return out
     return pointwise(shape, dtype, fn, *[t for t, _, _ in parts])
+
+
+def _int_starts(parts) -> list | None:
+    """The parts' start positions as ints, or None when one is symbolic."""
+    try:
+        return [operator.index(sympy.Integer(lo)) for _, lo, _ in parts]
+    except (TypeError, ValueError):
+        return None
+
+
+def _static_part(parts, starts, at):
+    """The (tensor, lo, hi) of `parts` that holds position `at` when it is an integer
+    (and the parts' `starts` are known), else None."""
+    if starts is None or not (isinstance(at, int) or getattr(at, "is_Integer", False)):
+        return None
+    i = bisect.bisect_right(starts, int(at)) - 1
+    return parts[i] if 0 <= i and int(at) < operator.index(sympy.Integer(parts[i][2])) else None
 
 
 @register(aten.constant_pad_nd)
