@@ -114,7 +114,8 @@ def test_a_non_tensor_where_a_tensor_was_fails_the_check_instead_of_raising():
     ps, gs = _lists(40)
     bad_ps, bad_gs = _lists(40)
     bad_gs[7] = 3.0        # what the traced code would read as a tensor
-    check(run, [(ps, gs), (bad_ps, bad_gs), _lists(40)], breaks=0)
+    r = check(run, [(ps, gs), (bad_ps, bad_gs), _lists(40)], breaks=0)
+    assert r.graphs == 2, r    # the odd input compiles its own; the third reuses the first
 
 
 def test_empty_tensors_may_share_the_null_pointer():

@@ -824,21 +824,29 @@ sorted_unique(const uintptr_t *v, Py_ssize_t n)
     return 1;
 }
 
+/* The addresses of the objects in `registers` (a tuple of register numbers) into
+ * `ids`, sorted: whether they are distinct. */
+static int
+sorted_ids(PyObject *registers, PyObject **regs, uintptr_t *ids)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(registers);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ids[i] = (uintptr_t)regs[PyLong_AsSsize_t(PyTuple_GET_ITEM(registers, i))];
+    }
+    qsort(ids, (size_t)n, sizeof(uintptr_t), compare_uintptr);
+    return sorted_unique(ids, n);
+}
+
 /* The objects in registers `a` are distinct (sorted: a step's hundreds of parameters). */
 static int
 distinct(Instr *in, PyObject **regs)
 {
-    Py_ssize_t n = PyTuple_GET_SIZE(in->a);
-    uintptr_t *ids = PyMem_Malloc((size_t)(n + 1) * sizeof(uintptr_t));
+    uintptr_t *ids = PyMem_Malloc((size_t)(PyTuple_GET_SIZE(in->a) + 1) * sizeof(uintptr_t));
     if (ids == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ids[i] = (uintptr_t)regs[PyLong_AsSsize_t(PyTuple_GET_ITEM(in->a, i))];
-    }
-    qsort(ids, (size_t)n, sizeof(uintptr_t), compare_uintptr);
-    int ok = sorted_unique(ids, n);
+    int ok = sorted_ids(in->a, regs, ids);
     PyMem_Free(ids);
     return ok;
 }
@@ -858,11 +866,7 @@ unshared(Instr *in, PyObject **regs)
     }
     uintptr_t *ptrs = ids + nw, p;
     int ok = 1;
-    for (Py_ssize_t i = 0; i < nw; i++) {
-        ids[i] = (uintptr_t)regs[PyLong_AsSsize_t(PyTuple_GET_ITEM(in->a, i))];
-    }
-    qsort(ids, (size_t)nw, sizeof(uintptr_t), compare_uintptr);
-    if (!sorted_unique(ids, nw)) {
+    if (!sorted_ids(in->a, regs, ids)) {
         ok = 0;
         goto done;
     }
