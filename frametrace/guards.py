@@ -39,7 +39,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
-from . import _C
+from . import _C, cxx_modules
 from .source import (AttrSource, BuiltinSource, CallMethodSource, ClosureCellSource, ClosureSource,
                      ConstSource, ContainsSource, GetItemSource, GlobalSource, InstanceDictSource,
                      LocalSource, Source, const_sources, guard_local_name)
@@ -51,18 +51,11 @@ def _use_tensor_reads() -> bool:
     they were built, against this very torch: the module reads torch's C++ structs, so
     headers of another version could misread them.  Without it tensors are read through
     their Python getters (same answers; a tensor check about 10x slower)."""
-    log = logging.getLogger("frametrace.guards")
-    try:
-        from . import _tensor_reads
-    except ImportError as e:
-        log.debug("tensor guards read in Python: %s", e)
+    reads = cxx_modules.load("_tensor_reads", logging.getLogger("frametrace.guards"),
+                             "tensor guards read in Python")
+    if reads is None:
         return False
-    if _tensor_reads.TORCH_VERSION != torch.__version__:
-        log.debug(
-            "tensor guards read in Python: frametrace._tensor_reads was built for torch %s, "
-            "this is %s (reinstall frametrace)", _tensor_reads.TORCH_VERSION, torch.__version__)
-        return False
-    _C.set_tensor_reads(_tensor_reads.api)
+    _C.set_tensor_reads(reads.api)
     return True
 
 
