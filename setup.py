@@ -1,7 +1,9 @@
-# The C frame hook needs CPython's internal headers (Py_BUILD_CORE).  The tensor
-# guard's C++ reads (frametrace._tensor_reads) are built against the installed
-# torch's headers when they and a C++ compiler are found, and skipped otherwise:
-# guards then read tensors through Python's getters, slower but the same answers.
+# The C frame hook needs CPython's internal headers (Py_BUILD_CORE).  Two optional C++
+# modules are built against the installed torch's headers when they and a C++
+# compiler are found, and skipped otherwise: the tensor guard's reads
+# (frametrace._tensor_reads; without it guards read tensors through Python's getters)
+# and the eager backend's view chains (frametrace._views; without it each view op
+# runs).  Slower without them, never different.
 import os
 import re
 import site
@@ -24,7 +26,7 @@ def torch_dir():
     return None
 
 
-def tensor_reads():
+def torch_extensions():
     d = torch_dir()
     if d is None or os.environ.get("FRAMETRACE_NO_CXX"):
         return []
@@ -35,9 +37,9 @@ def tensor_reads():
     inc = os.path.join(d, "include")
     lib = os.path.join(d, "lib")
     return [Extension(
-        "frametrace._tensor_reads",
-        sources=["frametrace/_C/tensor_reads.cpp"],
-        depends=["frametrace/_C/tensor_reads.h"],
+        f"frametrace.{name}",
+        sources=[f"frametrace/_C/{source}"],
+        depends=depends,
         language="c++",
         define_macros=[("FT_TORCH_VERSION", '"%s"' % version.group(1))],
         # -isystem: torch's headers warn under -Wall; ours should not.
@@ -47,6 +49,9 @@ def tensor_reads():
         libraries=["torch_python", "torch_cpu", "c10"],
         runtime_library_dirs=[lib],
         optional=True,
+    ) for name, source, depends in (
+        ("_tensor_reads", "tensor_reads.cpp", ["frametrace/_C/tensor_reads.h"]),
+        ("_views", "views.cpp", []),
     )]
 
 
@@ -58,6 +63,6 @@ setup(
             depends=["frametrace/_C/guards.h", "frametrace/_C/tensor_reads.h"],
             extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"],
         ),
-        *tensor_reads(),
+        *torch_extensions(),
     ]
 )

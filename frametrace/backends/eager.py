@@ -1,8 +1,10 @@
-"""`eager`: run the FX graph as Python, op by op."""
-from . import register_backend
+"""`eager`: run the FX graph as Python, op by op (chains of view ops as one
+`as_strided` each, see view_chains.py)."""
+from . import register_backend, view_chains
 
 
 @register_backend("eager")
 def eager(gm, example_inputs):
+    gm = view_chains.collapse(gm) or gm
     # gm.forward, not gm: skipping nn.Module.__call__ saves a microsecond a call.
     return gm.forward

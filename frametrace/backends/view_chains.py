@@ -1,0 +1,249 @@
+"""Chains of view ops run as one `as_strided` (the eager backend's graph runner).
+
+At batch 1 a model's graph is about a third view ops, and each costs a whole
+dispatch: GPT-2's attention does ``addmm(...).view(1, 1, 192).split(64, 2)[1]
+.view(1, 1, -1, 16).transpose(1, 2)`` for each of q, k and v.  What a chain of views
+gives depends on its root's geometry alone (sizes, strides, storage offset), so for
+a root of the geometry one run of the chain saw, the chain's end is one ``as_strided``
+of the root.
+
+The graph calls ``frametrace._views.reinterpret(root, plan)`` at the chain's end
+(views.cpp).  It runs the chain the first time and remembers where it landed; later,
+for a root of that same geometry, and when nothing could tell the shortcut from the
+chain (autograd recording, a tangent, a torch function or dispatch mode, a tensor
+subclass or wrapper), it is one ``as_strided``; otherwise the chain runs again.  The
+answer is the chain's whatever the root turns out to be.  Here chains are found, and
+replayed on a meta tensor of the root's traced geometry so that a step that copies
+(``reshape`` of a transposed tensor) ends the chain before it.  Only
+graphs where no op could change a tensor's geometry in place (``transpose_``,
+``resize_``, ``set_``, ``out=``, a user's function let into the graph) are
+rewritten: there the chain's steps see the geometry their inputs had when made.
+
+>>> gm2 = collapse(gm)        # None: nothing to collapse, or the C++ module is missing
+"""
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch
+import torch.fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .. import cxx_modules
+
+log = logging.getLogger("frametrace.backends")
+
+# Ops that return one view of their first argument, placed by that argument's
+# geometry and constant arguments alone.  (reshape may copy: the replay tells.)
+_VIEWS = frozenset({
+    "view", "reshape", "transpose", "swapaxes", "swapdims", "permute", "unsqueeze",
+    "squeeze", "expand", "t", "narrow", "select", "flatten", "unflatten", "movedim",
+    "moveaxis", "diagonal", "unfold",
+})
+# Ops that return a tuple of views; ``[k]`` of one is a step.
+_MULTI_VIEWS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes",
+                          "hsplit", "vsplit", "dsplit"})
+# In-place ops that move a tensor's geometry rather than its values.
+_GEOMETRY_WRITERS = frozenset({
+    "resize_", "resize_as_", "set_", "as_strided_", "transpose_", "t_", "squeeze_",
+    "unsqueeze_", "swapdims_", "swapaxes_", "_set_data", "sparse_resize_",
+    "sparse_resize_and_clear_", "rename_", "_coalesced_",
+})
+_PLAIN_MODULES = ("_operator", "operator", "builtins", "math")
+
+_views = None
+_loaded = False
+
+
+def _module():
+    global _views, _loaded
+    if not _loaded:
+        _views = cxx_modules.load("_views", log, "each view op runs")
+        _loaded = True
+    return _views
+
+
+def collapse(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+    """A copy of `gm` whose view chains of two or more steps are one
+    `reinterpret` each, or None where there is nothing to collapse (or the C++
+    module was not built).  `gm` itself is left as it is."""
+    views = _module()
+    if views is None or not all(_keeps_geometry(n) for n in gm.graph.nodes):
+        return None
+    steps: dict = {}       # node -> (source node, [one-argument callables])
+    chains: dict = {}      # step node -> (root node, the steps from the root)
+    multi = set()
+    for n in gm.graph.nodes:
+        step = _step(n)
+        if step is None:
+            if _name(n) in _MULTI_VIEWS:
+                multi.add(n)
+            continue
+        source, fns = step
+        steps[n] = step
+        root, before = chains.get(source, (source, []))
+        chains[n] = (root, before + fns)
+    plans = {}
+    for n, (root, fns) in chains.items():
+        if steps[n][0] in steps:              # two steps or more from the root
+            plan = _plan(views, root, fns)
+            if plan is not None:
+                plans[n] = (root, plan)
+    if not plans:
+        return None
+
+    graph = torch.fx.Graph()
+    env: dict = {}
+    out = graph.graph_copy(gm.graph, env)
+    graph.output(out)
+    attrs = {n.target: _attr(gm, n.target) for n in gm.graph.nodes
+             if n.op in ("get_attr", "call_module")}
+    # Every step of two or more gets its shortcut; those whose only users were
+    # later steps are then dead, as are the views that fed them.
+    removable = {env[n] for n in (*steps, *multi)}
+    for i, (n, (root, plan)) in enumerate(plans.items()):
+        name = f"_view_plan_{i}"
+        attrs[name] = plan
+        new = env[n]
+        with graph.inserting_before(new):
+            plan_node = graph.get_attr(name)
+            short = graph.call_function(views.reinterpret, (env[root], plan_node))
+        short.meta = dict(new.meta)
+        new.replace_all_uses_with(short)
+        removable |= {plan_node, short}
+    for node in reversed(list(graph.nodes)):
+        if node in removable and not node.users:
+            graph.erase_node(node)
+            attrs.pop(node.target, None) if node.op == "get_attr" else None
+    return torch.fx.GraphModule(attrs, graph, gm.__class__.__name__)
+
+
+def _attr(gm, qualname):
+    obj = gm
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _name(n) -> str:
+    if n.op == "call_method":
+        return n.target
+    if n.op == "call_function":
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload):
+            return t._schema.name.split("::")[-1]
+        return getattr(t, "__name__", "") if _from_torch(t) else ""
+    return ""
+
+
+def _from_torch(fn) -> bool:
+    module = getattr(fn, "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.")
+
+
+def _keeps_geometry(n) -> bool:
+    """`n` cannot change a tensor's geometry in place."""
+    if n.op in ("placeholder", "output", "get_attr"):
+        return True
+    if n.op != "call_method" and n.op != "call_function" or "out" in n.kwargs:
+        return False
+    t = n.target
+    if n.op == "call_function":
+        if isinstance(t, torch._ops.HigherOrderOperator):
+            return False
+        if not _from_torch(t) and (getattr(t, "__module__", None) or "") not in _PLAIN_MODULES:
+            return False                  # a user's function let into the graph
+    return _name(n) not in _GEOMETRY_WRITERS
+
+
+def _constant(value) -> bool:
+    """No graph value inside `value` (an op's other arguments)."""
+    if isinstance(value, torch.fx.Node):
+        return False
+    if isinstance(value, (tuple, list)):
+        return all(_constant(v) for v in value)
+    if isinstance(value, dict):
+        return all(_constant(v) for v in value.values())
+    if isinstance(value, slice):
+        return _constant((value.start, value.stop, value.step))
+    return not isinstance(value, torch.Tensor)
+
+
+def _tensor_node(v) -> bool:
+    return isinstance(v, torch.fx.Node) and isinstance(v.meta.get("example_value"), torch.Tensor)
+
+
+def _call(n, tensor_first_args, kwargs):
+    """`n`'s op as a callable of its tensor argument."""
+    if n.op == "call_method":
+        return operator.methodcaller(n.target, *tensor_first_args, **kwargs)
+    fn = n.target
+    return lambda x: fn(x, *tensor_first_args, **kwargs)
+
+
+def _step(n):
+    """(source node, steps) when `n` is one view of `source`, else None."""
+    if n.op not in ("call_method", "call_function") or not n.args or not _tensor_node(n.args[0]):
+        if n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2:
+            return _multi_item(n)
+        return None
+    if not _constant(n.args[1:]) or not _constant(n.kwargs):
+        return None
+    if n.op == "call_function" and n.target is operator.getitem:
+        key = n.args[1]
+        return n.args[0], [lambda x: x[key]]
+    if _name(n) in _VIEWS and (n.op == "call_method" or _from_torch(n.target)):
+        return n.args[0], [_call(n, n.args[1:], n.kwargs)]
+    return None
+
+
+def _multi_item(n):
+    """``split(x, ...)[k]`` and the like: one view of x."""
+    tup, k = n.args
+    if not isinstance(tup, torch.fx.Node) or type(k) is not int or _name(tup) not in _MULTI_VIEWS \
+            or not tup.args or not _tensor_node(tup.args[0]) or not _constant(tup.args[1:]) \
+            or not _constant(tup.kwargs):
+        return None
+    if tup.op == "call_function" and not _from_torch(tup.target):
+        return None
+    views = _call(tup, tup.args[1:], tup.kwargs)
+    return tup.args[0], [lambda x: views(x)[k]]
+
+
+def _ints(xs) -> bool:
+    return all(type(x) is int for x in xs)
+
+
+def _plan(views, root, fns):
+    """The reinterpret plan of the chain `fns` from `root`, or None when, replayed on a
+    meta tensor of the root's traced geometry, some step is not a view of the root
+    (``reshape`` that copies, ``view(dtype)``)."""
+    value = root.meta.get("example_value")
+    if not isinstance(value, torch.Tensor) or value.layout is not torch.strided or \
+            value.is_nested or value.is_quantized:
+        return None
+    size, stride, offset = tuple(value.shape), value.stride(), value.storage_offset()
+    if not (_ints(size) and _ints(stride) and type(offset) is int):
+        return None
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            extent = offset + (1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0)
+            base = torch.empty(extent, dtype=value.dtype, device="meta").as_strided(size, stride, offset)
+            x = base
+            for fn in fns:
+                x = fn(x)
+                if not isinstance(x, torch.Tensor) or x.dtype != base.dtype or \
+                        not torch._C._is_alias_of(x, base):
+                    return None
+    except Exception:                # the replay is a check, not the user's program
+        return None
+    return views.plan(_chain(fns))
+
+
+def _chain(fns):
+    def chain(x):
+        for fn in fns:
+            x = fn(x)
+        return x
+    return chain
