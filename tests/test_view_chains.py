@@ -311,3 +311,27 @@ def test_ci_builds_the_views_module():
     if os.environ.get("FRAMETRACE_NO_CXX"):
         pytest.skip("built without C++ on purpose")
     assert views is not None
+
+
+@needs_cxx
+@pytest.mark.parametrize("grad", [False, True], ids=["shortcut", "chain"])
+def test_many_calls_keep_memory_and_refcounts_flat(grad):
+    from test_leaks import HIT_BYTES, assert_flat, measure, refcounts
+
+    def f(x):
+        return torch.cos(x).view(2, 6).t().unsqueeze(0)
+
+    made = Made()
+    compiled = frametrace.optimize(made)(f)
+    x = torch.randn(12, requires_grad=grad)
+    compiled(x)
+    (plan,) = made.plans()
+    assert views.known(plan) is not grad
+
+    def run(n):
+        for _ in range(n):
+            compiled(x)
+
+    growth = measure(run, 20_000, warmup=500, refs=lambda: refcounts(x=x, plan=plan))
+    assert_flat(growth, HIT_BYTES)
+    assert len(made.modules) == 1
