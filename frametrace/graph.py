@@ -8,13 +8,14 @@ import logging
 import operator
 import threading
 import time
+import warnings
 
 import torch
 import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                           DynamicOutputShapeException)
+                                           DynamicOutputShapeException, FakeTensor)
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, compute_unbacked_bindings
 
 from .backends import backend_name
@@ -333,6 +334,8 @@ class OutputGraph:
                 return ConstVar(out) if not isinstance(out, list) else ListVar([ConstVar(o) for o in out])
             unsupported(f"{what}() returned {type(out).__name__}, which is not a tensor")
         same = self._same_tensor_arg(out, args, kwargs)
+        if same is None and isinstance(out, FakeTensor) and not self.layout_hidden():
+            out = self._kernel_view_geometry(kind, target, out, fake_args, fake_kwargs)
         if same is not None and _changed_nothing(kind, target, what, kwargs, before):
             # The op gave its argument back and wrote nothing (contiguous() of a
             # contiguous tensor, to() its own dtype, dropout in eval): no node, which
@@ -347,6 +350,48 @@ class OutputGraph:
             self._last_inplace[id(out)] = (out, node)
             return same
         return self._wrap_result(node, out)
+
+    def _kernel_view_geometry(self, kind, target, out, fake_args, fake_kwargs):
+        """`out`, a view of a tensor argument, with the strides and storage offset the
+        real kernels give it.  FakeTensorMode computes aten.view (so reshape, flatten,
+        unflatten, view_as) with torch._refs._reshape_view_helper, which keeps or
+        derives the strides of size-1 dimensions (and of empty tensors) differently
+        from the C++ kernels' computeStride; `.stride()` and everything computed from
+        it would then differ from CPython.  Only those dimensions can differ, so with
+        static sizes and a size <= 1 the op runs again on meta tensors of the same
+        geometry outside the fake mode (the C++ meta kernels stride as CPU and CUDA
+        do), and a different answer replaces `out` by an as_strided view of it."""
+        shape = out.shape
+        if out.layout is not torch.strided or not any(type(n) is int and n <= 1 for n in shape) \
+                or not _torch_op(kind, target):
+            return out
+        try:
+            if not any(isinstance(a, torch.Tensor) and torch._C._is_alias_of(out, a)
+                       for a in _flat_args(fake_args, fake_kwargs)):
+                return out
+            geometry = _static_geometry(out)
+            if geometry is None:
+                return out
+            memo: dict = {}
+            # (no mode of the user's sees the replay, and its warnings were given once)
+            with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch(), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                meta_args = _meta_twin(fake_args, memo)
+                meta_kwargs = _meta_twin(fake_kwargs, memo)
+                got = getattr(meta_args[0], target)(*meta_args[1:], **meta_kwargs) \
+                    if kind == "call_method" else target(*meta_args, **meta_kwargs)
+            if not isinstance(got, torch.Tensor) or got.device.type != "meta" or \
+                    got.shape != shape or not any(torch._C._is_alias_of(got, m) for m in memo.values()):
+                return out
+            real = (tuple(got.stride()), got.storage_offset())
+            if real == geometry[1:]:
+                return out
+            with self.fake_mode, self._dispatcher():
+                fixed = out.as_strided(shape, real[0], real[1])
+        except Exception:       # _NoTwin, or the replay failed: the fake's answer stands
+            return out
+        return fixed
 
     def _bind_unbacked(self, node, out):
         """Note on `node` which new unbacked symbols (``item()``, ``nonzero()``'s size)
@@ -635,6 +680,63 @@ def _structseq_fields(out):
             if o is v:
                 by_index[i] = d
     return tuple(by_index.get(i, f"_{i}") for i in range(len(out)))
+
+
+class _NoTwin(Exception):
+    """An argument with no static meta twin (a symbolic size, a tensor subclass)."""
+
+
+def _torch_op(kind, target) -> bool:
+    """A Tensor method or a torch function (not a user's function let into the graph,
+    which must not run twice)."""
+    if kind == "call_method":
+        return isinstance(target, str)
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    module = getattr(target, "__module__", None) or ""
+    return module.startswith("torch") or target is operator.getitem or target is getattr
+
+
+def _flat_args(args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (tuple, list)):
+            yield from a
+        else:
+            yield a
+
+
+def _static_geometry(t):
+    """(sizes, strides, storage offset) of `t` when all are plain ints, else None."""
+    sizes, strides, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if type(offset) is int and all(type(v) is int for v in (*sizes, *strides)):
+        return sizes, strides, offset
+    return None
+
+
+def _meta_twin(v, memo):
+    """`v` with each FakeTensor replaced by a meta tensor of its dtype and geometry."""
+    if isinstance(v, torch.Tensor):
+        twin = memo.get(id(v))
+        if twin is None:
+            geometry = _static_geometry(v) if type(v) is FakeTensor and \
+                v.layout is torch.strided else None
+            if geometry is None:
+                raise _NoTwin
+            sizes, strides, offset = geometry
+            extent = offset + (1 + sum((n - 1) * st for n, st in zip(sizes, strides))
+                               if all(sizes) else 0)
+            twin = memo[id(v)] = torch.empty(extent, dtype=v.dtype, device="meta") \
+                .as_strided(sizes, strides, offset)
+        return twin
+    if isinstance(v, SYM_TYPES):
+        raise _NoTwin
+    if type(v) in (tuple, list):
+        return type(v)(_meta_twin(x, memo) for x in v)
+    if isinstance(v, slice):
+        return slice(_meta_twin(v.start, memo), _meta_twin(v.stop, memo), _meta_twin(v.step, memo))
+    if isinstance(v, dict):
+        return {k: _meta_twin(x, memo) for k, x in v.items()}
+    return v
 
 
 def _contains(out, types) -> bool:
