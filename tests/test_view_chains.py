@@ -335,3 +335,26 @@ def test_many_calls_keep_memory_and_refcounts_flat(grad):
     growth = measure(run, 20_000, warmup=500, refs=lambda: refcounts(x=x, plan=plan))
     assert_flat(growth, HIT_BYTES)
     assert len(made.modules) == 1
+
+
+@needs_cxx
+def test_a_graph_with_a_pytree_signature_keeps_it():
+    # The eager backend may be handed any FX graph, say one traced with concrete_args.
+    def f(d):
+        return d["x"].view(2, 6).t().unsqueeze(0), d["y"] + 1
+
+    from torch.fx._symbolic_trace import PH
+    gm = torch.fx.symbolic_trace(f, concrete_args={"d": {"x": PH, "y": PH}})
+    x, y = torch.randn(12), torch.randn(3)
+
+    class Record(torch.fx.Interpreter):   # the example values the backend reads
+        def run_node(self, n):
+            n.meta["example_value"] = out = super().run_node(n)
+            return out
+
+    Record(gm).run(x, y)
+    new = view_chains.collapse(gm)
+    assert new is not None and len(new.graph.find_nodes(op="get_attr")) == 1
+    got, want = new.forward({"x": x, "y": y}), f({"x": x, "y": y})
+    assert torch.equal(got[0], want[0]) and geometry(got[0]) == geometry(want[0])
+    assert torch.equal(got[1], want[1])

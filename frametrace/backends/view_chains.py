@@ -94,6 +94,7 @@ def collapse(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
         return None
 
     graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen      # a pytree signature (concrete_args) stays
     env: dict = {}
     out = graph.graph_copy(gm.graph, env)
     graph.output(out)
