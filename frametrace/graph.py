@@ -20,7 +20,8 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, c
 
 from .backends import backend_name
 from .exc import BackendCompilerFailed
-from .shapes import ShapePolicy, new_fake_mode, symbolic_fake, symbolic_float, symbolic_int
+from .shapes import (ShapePolicy, meta_like, new_fake_mode, static_geometry, symbolic_fake,
+                     symbolic_float, symbolic_int)
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
@@ -362,14 +363,13 @@ class OutputGraph:
         geometry outside the fake mode (the C++ meta kernels stride as CPU and CUDA
         do), and a different answer replaces `out` by an as_strided view of it."""
         shape = out.shape
-        if out.layout is not torch.strided or not any(type(n) is int and n <= 1 for n in shape) \
-                or not _torch_op(kind, target):
+        if not any(type(n) is int and n <= 1 for n in shape) or not _torch_op(kind, target):
             return out
         try:
             if not any(isinstance(a, torch.Tensor) and torch._C._is_alias_of(out, a)
                        for a in _flat_args(fake_args, fake_kwargs)):
                 return out
-            geometry = _static_geometry(out)
+            geometry = static_geometry(out)
             if geometry is None:
                 return out
             memo: dict = {}
@@ -705,28 +705,15 @@ def _flat_args(args, kwargs):
             yield a
 
 
-def _static_geometry(t):
-    """(sizes, strides, storage offset) of `t` when all are plain ints, else None."""
-    sizes, strides, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
-    if type(offset) is int and all(type(v) is int for v in (*sizes, *strides)):
-        return sizes, strides, offset
-    return None
-
-
 def _meta_twin(v, memo):
     """`v` with each FakeTensor replaced by a meta tensor of its dtype and geometry."""
     if isinstance(v, torch.Tensor):
         twin = memo.get(id(v))
         if twin is None:
-            geometry = _static_geometry(v) if type(v) is FakeTensor and \
-                v.layout is torch.strided else None
-            if geometry is None:
+            twin = meta_like(v) if type(v) is FakeTensor else None
+            if twin is None:
                 raise _NoTwin
-            sizes, strides, offset = geometry
-            extent = offset + (1 + sum((n - 1) * st for n, st in zip(sizes, strides))
-                               if all(sizes) else 0)
-            twin = memo[id(v)] = torch.empty(extent, dtype=v.dtype, device="meta") \
-                .as_strided(sizes, strides, offset)
+            memo[id(v)] = twin
         return twin
     if isinstance(v, SYM_TYPES):
         raise _NoTwin

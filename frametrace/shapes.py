@@ -343,3 +343,26 @@ def symbolic_int(fake_mode, value: int, source, any_value: bool = False):
         env.create_symbol(value, ShapeSource(source.name()), DimDynamic.DYNAMIC, positive=None,
                           do_not_specialize_zero_one=any_value),
         hint=value, source=ShapeSource(source.name()))
+
+
+def static_geometry(t):
+    """(sizes, strides, storage offset) of strided tensor `t` when all are plain ints
+    (no symbol), else None."""
+    if t.layout is not torch.strided:
+        return None
+    sizes, strides, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if type(offset) is int and all(type(v) is int for v in (*sizes, *strides)):
+        return sizes, strides, offset
+    return None
+
+
+def meta_like(t):
+    """A meta tensor of `t`'s dtype and static geometry (a view into a storage just
+    large enough), on which the C++ kernels run as they would on `t`'s device; None
+    where the geometry is symbolic or the layout not strided."""
+    geometry = static_geometry(t)
+    if geometry is None:
+        return None
+    sizes, strides, offset = geometry
+    extent = offset + (1 + sum((n - 1) * st for n, st in zip(sizes, strides)) if all(sizes) else 0)
+    return torch.empty(extent, dtype=t.dtype, device="meta").as_strided(sizes, strides, offset)
