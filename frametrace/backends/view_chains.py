@@ -23,6 +23,7 @@ rewritten: there the chain's steps see the geometry their inputs had when made.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 
@@ -31,6 +32,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import cxx_modules
+from ..shapes import meta_like
 
 log = logging.getLogger("frametrace.backends")
 
@@ -52,16 +54,9 @@ _GEOMETRY_WRITERS = frozenset({
 })
 _PLAIN_MODULES = ("_operator", "operator", "builtins", "math")
 
-_views = None
-_loaded = False
-
-
+@functools.cache
 def _module():
-    global _views, _loaded
-    if not _loaded:
-        _views = cxx_modules.load("_views", log, "each view op runs")
-        _loaded = True
-    return _views
+    return cxx_modules.load("_views", log, "each view op runs")
 
 
 def collapse(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
@@ -183,18 +178,25 @@ def _call(n, tensor_first_args, kwargs):
     return lambda x: fn(x, *tensor_first_args, **kwargs)
 
 
+def _on_a_tensor(n) -> bool:
+    """`n` calls a torch op (or Tensor method) on a tensor, its other arguments
+    constants."""
+    return n.op in ("call_method", "call_function") and bool(n.args) and \
+        _tensor_node(n.args[0]) and _constant(n.args[1:]) and _constant(n.kwargs) and \
+        (n.op == "call_method" or n.target is operator.getitem or _from_torch(n.target))
+
+
 def _step(n):
     """(source node, steps) when `n` is one view of `source`, else None."""
-    if n.op not in ("call_method", "call_function") or not n.args or not _tensor_node(n.args[0]):
-        if n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2:
-            return _multi_item(n)
+    if n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2 and \
+            isinstance(n.args[0], torch.fx.Node) and not _tensor_node(n.args[0]):
+        return _multi_item(n)
+    if not _on_a_tensor(n):
         return None
-    if not _constant(n.args[1:]) or not _constant(n.kwargs):
-        return None
-    if n.op == "call_function" and n.target is operator.getitem:
+    if n.target is operator.getitem:
         key = n.args[1]
         return n.args[0], [lambda x: x[key]]
-    if _name(n) in _VIEWS and (n.op == "call_method" or _from_torch(n.target)):
+    if _name(n) in _VIEWS:
         return n.args[0], [_call(n, n.args[1:], n.kwargs)]
     return None
 
@@ -202,18 +204,10 @@ def _step(n):
 def _multi_item(n):
     """``split(x, ...)[k]`` and the like: one view of x."""
     tup, k = n.args
-    if not isinstance(tup, torch.fx.Node) or type(k) is not int or _name(tup) not in _MULTI_VIEWS \
-            or not tup.args or not _tensor_node(tup.args[0]) or not _constant(tup.args[1:]) \
-            or not _constant(tup.kwargs):
-        return None
-    if tup.op == "call_function" and not _from_torch(tup.target):
+    if type(k) is not int or _name(tup) not in _MULTI_VIEWS or not _on_a_tensor(tup):
         return None
     views = _call(tup, tup.args[1:], tup.kwargs)
     return tup.args[0], [lambda x: views(x)[k]]
-
-
-def _ints(xs) -> bool:
-    return all(type(x) is int for x in xs)
 
 
 def _plan(views, root, fns):
@@ -221,16 +215,13 @@ def _plan(views, root, fns):
     meta tensor of the root's traced geometry, some step is not a view of the root
     (``reshape`` that copies, ``view(dtype)``)."""
     value = root.meta.get("example_value")
-    if not isinstance(value, torch.Tensor) or value.layout is not torch.strided or \
-            value.is_nested or value.is_quantized:
-        return None
-    size, stride, offset = tuple(value.shape), value.stride(), value.storage_offset()
-    if not (_ints(size) and _ints(stride) and type(offset) is int):
+    if not isinstance(value, torch.Tensor) or value.is_nested or value.is_quantized:
         return None
     try:
         with _disable_current_modes(), torch.no_grad():
-            extent = offset + (1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0)
-            base = torch.empty(extent, dtype=value.dtype, device="meta").as_strided(size, stride, offset)
+            base = meta_like(value)
+            if base is None:
+                return None
             x = base
             for fn in fns:
                 x = fn(x)
