@@ -50,8 +50,9 @@ def torch_extensions():
         runtime_library_dirs=[lib],
         optional=True,
     ) for name, source, depends in (
-        ("_tensor_reads", "tensor_reads.cpp", ["frametrace/_C/tensor_reads.h"]),
-        ("_views", "views.cpp", []),
+        ("_tensor_reads", "tensor_reads.cpp",
+         ["frametrace/_C/tensor_reads.h", "frametrace/_C/plain_tensor.h"]),
+        ("_views", "views.cpp", ["frametrace/_C/plain_tensor.h"]),
     )]
 
 

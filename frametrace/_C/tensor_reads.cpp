@@ -15,12 +15,13 @@
 // guards.py uses it only under that same torch.
 #include <Python.h>
 
-#include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/impl/COW.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include "plain_tensor.h"
 
 extern "C" {
 #include "tensor_reads.h"
@@ -58,19 +59,7 @@ int same_ints(c10::SymIntArrayRef ints, const Py_ssize_t* dims) {
   return 1;
 }
 
-// v's TensorImpl, when v's Python reads run no Python code (an exact torch.Tensor or
-// Parameter, no torch function mode, no Python dispatch key), else nullptr.
-c10::TensorImpl* plain_impl(PyObject* v) {
-  if (!THPVariable_CheckTypeExact(Py_TYPE(v)) || at::impl::torch_function_mode_enabled()) {
-    return nullptr;
-  }
-  const at::Tensor& t = THPVariable_Unpack(v);
-  if (!t.defined()) {
-    return nullptr;
-  }
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  return impl->key_set().has(c10::DispatchKey::Python) ? nullptr : impl;
-}
+using frametrace::plain_impl;
 
 int check(PyObject* v, const FtTensorCodes* codes, const Py_ssize_t* dims, Py_ssize_t ndim,
           int requires_grad, int conj, int neg) {

@@ -20,12 +20,13 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
-#include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
+
+#include "plain_tensor.h"
 
 #include <typeinfo>
 #include <vector>
@@ -84,18 +85,12 @@ bool same(c10::SymIntArrayRef ints, const std::vector<int64_t>& want) {
 // v's TensorImpl when nothing could tell as_strided from a chain of views on it, else
 // nullptr.
 c10::TensorImpl* plain(PyObject* v) {
-  if (!THPVariable_CheckTypeExact(Py_TYPE(v)) || at::impl::torch_function_mode_enabled() ||
-      c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+  c10::TensorImpl* impl = frametrace::plain_impl(v);
+  if (impl == nullptr || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
     return nullptr;
   }
-  const at::Tensor& t = THPVariable_Unpack(v);
-  if (!t.defined()) {
-    return nullptr;
-  }
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (typeid(*impl) != typeid(c10::TensorImpl) || impl->layout() != at::kStrided ||
-      !impl->has_storage() || impl->key_set().has(c10::DispatchKey::Python) ||
-      impl->is_conj() || impl->is_neg()) {
+      !impl->has_storage() || impl->is_conj() || impl->is_neg()) {
     return nullptr;
   }
   if (impl->requires_grad() && c10::GradMode::is_enabled()) {
@@ -103,7 +98,7 @@ c10::TensorImpl* plain(PyObject* v) {
   }
   // A forward-mode tangent follows as_strided with the primal's strides, which need
   // not be the tangent's own: the chain's tangent could differ.
-  auto* meta = torch::autograd::impl::get_autograd_meta(t);
+  auto* meta = torch::autograd::impl::get_autograd_meta(THPVariable_Unpack(v));
   if (meta != nullptr && meta->fw_grad_ && !meta->fw_grad_->empty()) {
     return nullptr;
   }
