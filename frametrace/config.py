@@ -33,3 +33,9 @@ capture_dynamic_output_shape_ops = False
 # frametrace.BackendCompilerFailed (the backend's exception as its cause), as with
 # torch.compile.  True: the frame runs in CPython instead, with one log line.
 suppress_errors = False
+
+# Compiles are serialised by one process-wide lock (convert._compile_lock): tracing and
+# AOTAutograd keep global state that two concurrent compiles corrupt.  A thread that
+# waits longer than this many seconds for another thread's compile runs that call in
+# CPython instead (no deadlock, whatever the other compile waits on).
+compile_lock_timeout = 300.0

@@ -10,6 +10,7 @@ import os
 import site
 import sys
 import sysconfig
+import threading
 import time
 import warnings
 import weakref
@@ -208,7 +209,13 @@ def _make_callback(backend, fullgraph: bool, dynamic):
                     f"config.accumulated_cache_size_limit); calls that match "
                     f"none of its compiled entries now run in CPython", stacklevel=2)
             return _C.RUN_DEFAULT_ON_MISS
+        if not _compile_lock.acquire(timeout=config.compile_lock_timeout):
+            log.warning("frametrace: %s waited %ss for another thread's compile; this call "
+                        "runs in CPython", log_name(code), config.compile_lock_timeout)
+            return None           # this call runs in CPython; the next one tries again
         try:
+            if _compiled_meanwhile(code, func, args, n_entries):
+                return None       # another thread's entry fits: the next call runs it
             if n_entries and recompile_log.isEnabledFor(logging.INFO):
                 _log_recompile(code, func, args)
             decision = compile_frame(code, func, args, backend, fullgraph, dynamic)
@@ -225,11 +232,41 @@ def _make_callback(backend, fullgraph: bool, dynamic):
                                   []) from e
             _log_internal_error(code, [], e)
             return None         # this call runs in CPython; the next one tries again
+        finally:
+            _compile_lock.release()
 
     callback.backend = backend
     callback.fullgraph = fullgraph
     callback.dynamic = dynamic
     return callback
+
+
+# One compile at a time in the process.  Tracing and AOTAutograd keep state in module
+# globals (torch.fx's CURRENT_PATCHER, the fake mode's caches, our generation and
+# graph counters): two threads compiling at once broke each other's compiles, and the
+# failure reached the user as BackendCompilerFailed.  Re-entrant, because a compile
+# may run code that compiles another frame (a backend calling compiled code).  The
+# wait releases the GIL; it is bounded (config.compile_lock_timeout), so a compile
+# that waits on a thread that waits on this lock ends with that call run in CPython,
+# not a hang.
+_compile_lock = threading.RLock()
+
+
+def _compiled_meanwhile(code, func, args, n_entries) -> bool:
+    """Whether an entry added while this thread waited for the compile lock (another
+    thread compiled the same frame) passes its guards for this call: compiling again
+    would add a duplicate entry, counted against the cache limit."""
+    try:
+        entries = _C.entries(code)
+    except Exception:
+        return False
+    for entry in entries[:max(0, len(entries) - n_entries)]:
+        try:
+            if entry.check(*args, func) is True:
+                return True
+        except Exception:
+            continue
+    return False
 
 
 def _called_by_import_system() -> bool:
