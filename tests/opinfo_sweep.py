@@ -76,6 +76,7 @@ class Case:
     dtype: torch.dtype
     variant: str            # "out-of-place" or "inplace"
     grad: bool
+    post: str = "none"      # what the program does with the op's outputs (make_fn)
 
     @property
     def name(self):
@@ -143,9 +144,20 @@ def fresh(case):
     return pytree.tree_map(one, (s.input, s.args, dict(s.kwargs)))
 
 
-def make_fn(fn_op):
-    def program(inp, args, kwargs):
-        return fn_op(inp, *args, **kwargs)
+def _contiguous(x):
+    return x.contiguous() if isinstance(x, torch.Tensor) and x.layout == torch.strided else x
+
+
+def make_fn(fn_op, post="none"):
+    """The compiled program: the op alone, or followed by `.contiguous()` of its outputs
+    (where a pass that drops a contiguous() trusting a layout fact shows: the result must
+    be contiguous and must not share memory with an input it does not in eager)."""
+    if post == "contiguous":
+        def program(inp, args, kwargs):
+            return pytree.tree_map(_contiguous, fn_op(inp, *args, **kwargs))
+    else:
+        def program(inp, args, kwargs):
+            return fn_op(inp, *args, **kwargs)
     return program
 
 
@@ -297,7 +309,7 @@ def compare(want, got):
 
 def run_case(case, backend, calls=3):
     fn_op = case.op.get_inplace() if case.variant == "inplace" else case.op.op
-    program = make_fn(fn_op)
+    program = make_fn(fn_op, case.post)
     torch.manual_seed(0)
     first = run_once(program, case)
     again = run_once(program, case)
@@ -343,7 +355,7 @@ def pick_dtype(op, wanted):
     return None
 
 
-def cases_for(op, layouts, samples, dtype, grad, rng):
+def cases_for(op, layouts, samples, dtype, grad, rng, posts=("none",)):
     dt = pick_dtype(op, dtype)
     if dt is None:
         return
@@ -363,13 +375,14 @@ def cases_for(op, layouts, samples, dtype, grad, rng):
             if not applies(sample, layout):
                 continue
             for variant in variants:
-                yield Case(op, sample, layout, dt, variant, False)
+                for post in posts:
+                    yield Case(op, sample, layout, dt, variant, False, post)
                 if grad_ok and variant == "out-of-place":
                     yield Case(op, sample, layout, dt, variant, True)
 
 
 def sweep(ops, backends, layouts, samples=None, dtype=torch.float32, grad=False, seed=0,
-          verbose=False, out=sys.stdout):
+          verbose=False, out=sys.stdout, posts=("none",)):
     """Run every case; returns {(op name, backend): {result: count}} and the failures."""
     import random
     rng = random.Random(seed)
@@ -378,7 +391,7 @@ def sweep(ops, backends, layouts, samples=None, dtype=torch.float32, grad=False,
     for op in ops:
         if op.name in _NONDETERMINISTIC:
             continue
-        op_cases = list(cases_for(op, layouts, samples, dtype, grad, rng))
+        op_cases = list(cases_for(op, layouts, samples, dtype, grad, rng, posts))
         for backend in backends:
             row = table.setdefault((op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""),
                                     backend), dict.fromkeys(RESULTS, 0))
@@ -394,7 +407,8 @@ def sweep(ops, backends, layouts, samples=None, dtype=torch.float32, grad=False,
                 if outcome.result in ("wrong", "error") and verbose or \
                         outcome.result == "uncompiled" and verbose == "all":
                         print(f"{outcome.result.upper():6} {backend:9} {case.name} [{case.layout}"
-                              f"{', grad' if case.grad else ''}] {outcome.detail}", file=out, flush=True)
+                              f"{', grad' if case.grad else ''}{', then ' + case.post if case.post != 'none' else ''}]"
+                          f" {outcome.detail}", file=out, flush=True)
     frametrace.reset()
     frametrace.config.cache_size_limit = limit
     return table, failures
@@ -431,6 +445,8 @@ def main(argv=None):
     p.add_argument("--layouts", default=",".join(LAYOUTS))
     p.add_argument("--samples", type=int, default=None, help="samples per op (default: all, up to 64)")
     p.add_argument("--grad", action="store_true", help="also compare gradients")
+    p.add_argument("--posts", default="none,contiguous",
+                   help="what the program does after the op: none, contiguous (of every output)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start", type=int, default=0, help="skip the first N ops of op_db")
     p.add_argument("--count", type=int, default=None, help="run N ops")
@@ -442,7 +458,7 @@ def main(argv=None):
     backends = [b for b in a.backends.split(",") if b]
     t0 = time.time()
     table, failures = sweep(ops, backends, [l for l in a.layouts.split(",") if l], a.samples,
-                            grad=a.grad, seed=a.seed, verbose="all" if a.show_uncompiled else not a.quiet)
+                            grad=a.grad, seed=a.seed, posts=tuple(a.posts.split(",")), verbose="all" if a.show_uncompiled else not a.quiet)
     print(f"\n{len(ops)} ops, {time.time() - t0:.0f} s")
     summary(table, backends)
     return 1 if failures else 0
