@@ -66,9 +66,35 @@ def object_noun(value) -> str:
     return a_type(type(value))
 
 
+_TYPE_DICT = type.__dict__["__dict__"]
+
+
+def _class_lookup(cls, name):
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def class_source(cls) -> ConstSource:
+    """The source of a class the entry holds itself (one per class: guards on it share
+    their loads)."""
+    return ConstSource(cls, getattr(cls, "__qualname__", None) or repr(cls))
+
+
 class ObjectVar(ValueVar):
-    """An object used as-is while tracing (guarded by identity when it has a source)."""
+    """An object used as-is while tracing (guarded by identity when it has a source).
+
+    A class reached with no path of its own (``type(o)``, ``o.__class__``, a
+    classmethod's ``cls``) is a fixed object, held by the entry: it gets a ConstSource,
+    so that what the trace reads from it (``type(o).__mro__[1].k``) is guarded like
+    any other attribute.  Without one, every read below it would go unguarded."""
     __slots__ = ()
+
+    def __init__(self, value, source=None):
+        if source is None and isinstance(value, type):
+            source = class_source(value)
+        super().__init__(value, source)
 
     # Read-only methods of plain objects (mapping proxies, os.environ, OrderedDicts from
     # outside), answered on the real object.  What they answer is state of a mutable
@@ -204,6 +230,11 @@ class ObjectVar(ValueVar):
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
                 callable(getattr(self.value, name, None)):
             return MethodVar(self, name)
+        if name == "__dict__" and isinstance(self.value, type) and self.source is not None and \
+                _class_lookup(type(self.value), "__dict__") is _TYPE_DICT:
+            # A new mapping proxy on every read, of the class's own dict: what the
+            # trace reads from it is guarded through this source, not its identity.
+            return ObjectVar(vars(self.value), AttrSource(self.source, "__dict__"))
         if name == "fromkeys" and isinstance(self.value, type):
             from .subclasses import fromkeys_var
             made = fromkeys_var(tx, self.value)
