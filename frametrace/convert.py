@@ -218,7 +218,8 @@ def _make_callback(backend, fullgraph: bool, dynamic):
                 return None       # another thread's entry fits: the next call runs it
             if n_entries and recompile_log.isEnabledFor(logging.INFO):
                 _log_recompile(code, func, args)
-            decision = compile_frame(code, func, args, backend, fullgraph, dynamic)
+            with _warning_filters_kept():
+                decision = compile_frame(code, func, args, backend, fullgraph, dynamic)
             if type(decision) is tuple:
                 decision[0].instances = cache_limit.instances_of(code, args)
             return decision
@@ -250,6 +251,42 @@ def _make_callback(backend, fullgraph: bool, dynamic):
 # that waits on a thread that waits on this lock ends with that call run in CPython,
 # not a hang.
 _compile_lock = threading.RLock()
+
+
+class _warning_filters_kept:
+    """While this thread compiles, changes to the warning filters that it undoes
+    (catch_warnings in AOTAutograd, in torch's lazily imported modules) do not count
+    as changes.  Each one bumped the filters' version, which empties every module's
+    __warningregistry__: a `warnings.warn` the program had already made, under the
+    once-per-location rule, fired a second time after the first compile.  A net change
+    (an imported module's filterwarnings) still counts, once, at the end."""
+    _depth = 0
+
+    def __enter__(self):
+        cls = type(self)
+        cls._depth += 1
+        if cls._depth > 1 or not hasattr(warnings, "_filters_mutated"):
+            return self
+        cls._filters = list(warnings.filters)
+        cls._real = real = warnings._filters_mutated
+        me = threading.get_ident()
+
+        def filters_mutated():
+            if threading.get_ident() != me:
+                real()          # another thread's change counts as usual
+        warnings._filters_mutated = filters_mutated
+        return self
+
+    def __exit__(self, *exc):
+        cls = type(self)
+        cls._depth -= 1
+        if cls._depth or not hasattr(cls, "_real"):
+            return False
+        warnings._filters_mutated = cls._real
+        del cls._real
+        if list(warnings.filters) != cls._filters:
+            warnings._filters_mutated()
+        return False
 
 
 def _compiled_meanwhile(code, func, args, n_entries) -> bool:
