@@ -38,12 +38,17 @@ def _combine(name, body):
 
 COMBINE = {
     "_sum": _combine("_sum", "    return a + b"),
-    "_max": _combine("_max", "    return tl.maximum(a, b)"),
-    "_min": _combine("_min", "    return tl.minimum(a, b)"),
-    # ties go to the lower index, as in torch
-    "_argmax": _combine("_argmax", "    take = (a > b) | ((a == b) & (ai < bi))\n"
+    # NaN wins, as in torch's max/min/amax/amin (tl.maximum would drop it; `a != a` is
+    # False for integers, so one body serves every dtype)
+    "_max": _combine("_max", "    return tl.where((a > b) | (a != a), a, b)"),
+    "_min": _combine("_min", "    return tl.where((a < b) | (a != a), a, b)"),
+    # NaN is the extreme of argmax and argmin alike, two NaNs tie; ties go to the lower
+    # index, as in torch
+    "_argmax": _combine("_argmax", "    an = a != a\n    bn = b != b\n"
+                        "    take = (a > b) | (an & ~bn) | (((a == b) | (an & bn)) & (ai < bi))\n"
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
-    "_argmin": _combine("_argmin", "    take = (a < b) | ((a == b) & (ai < bi))\n"
+    "_argmin": _combine("_argmin", "    an = a != a\n    bn = b != b\n"
+                        "    take = (a < b) | (an & ~bn) | (((a == b) | (an & bn)) & (ai < bi))\n"
                         "    return tl.where(take, a, b), tl.where(take, ai, bi)"),
     "_prod": _combine("_prod", "    return a * b"),
     # torch's cummax/cummin: a later value that ties the running one, or is NaN, takes over
@@ -261,6 +266,23 @@ class KernelCodegen:
     def indirect(self, var: str):
         return sympy.Symbol(var, integer=True)
 
+    def check(self, cond: str, msg: str):
+        """A run-time check of each lane's `cond`, which eager makes too (an index in
+        range, an integer divisor not zero): `tl.device_assert`, as Inductor's.  Lanes the
+        kernel does not compute (masked off: their loads gave 0) are not checked.  The
+        wrapper compiles a kernel with checks in debug mode (Triton drops them otherwise)."""
+        if cond in ("True", "1"):
+            return
+        level = self.level(" ".join([cond] + self.masks))
+        mask = self._mask(level)[2:]
+        full = f"({cond}) | ~({mask})" if mask else cond
+        line = f"tl.device_assert({full}, {msg!r})"
+        in_body = self.looped and self.level(full) == 2
+        cache, lines = (self.body_cache, self.body) if in_body else (self.cache, self.outer)
+        if line not in cache:
+            lines.append(line)
+            cache[line] = line
+
     @contextlib.contextmanager
     def masked(self, cond):
         if cond is not None:
@@ -423,11 +445,16 @@ class KernelCodegen:
             if r.rtype == "sum":
                 self.body.append(f"{a} = {a} + {self._where_r(v, '0')}")
             elif r.rtype in ("max", "any", "min"):
-                fn = "minimum" if r.rtype == "min" else "maximum"
-                self.body.append(f"{a} = tl.{fn}({a}, {self._where_r(v, ident)})")
+                # NaN wins (the combine function's rule, per lane)
+                cmp = "<" if r.rtype == "min" else ">"
+                v = self._where_r(v, ident)
+                nan = f" | ({v} != {v})" if acc.is_floating_point else ""
+                self.body.append(f"{a} = tl.where(({v} {cmp} {a}){nan}, {v}, {a})")
             else:
+                # a lane keeps its first NaN; rows run in ascending rindex along a lane
                 cmp = ">" if r.rtype == "argmax" else "<"
-                take = self.op(f"({v} {cmp} {a})" + (" & rmask" if self.has_rmask else ""), level=2)
+                nan = f" | (({v} != {v}) & ({a} == {a}))" if acc.is_floating_point else ""
+                take = self.op(f"(({v} {cmp} {a}){nan})" + (" & rmask" if self.has_rmask else ""), level=2)
                 self.body.append(f"{ai} = tl.where({take}, rindex, {ai})")
                 self.body.append(f"{a} = tl.where({take}, {v}, {a})")
         self.loop(body, inits)

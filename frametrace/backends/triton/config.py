@@ -34,6 +34,12 @@ channels_last_convs = "auto"
 # (torch.compile's mode="max-autotune")
 max_autotune = False
 
+# Kernels check each index they load (gather, index_select, embedding, x[idx], scatter)
+# against the size it indexes, as eager does: a failed check is a device-side assert on
+# CUDA (as Inductor's) and eager's exception under Triton's interpreter.  False: an index
+# out of range reads or writes whatever memory it names.
+check_indices = True
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {

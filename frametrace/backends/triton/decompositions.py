@@ -27,6 +27,18 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     return out.to(x.dtype), mean, rstd
 
 
+def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """torch's decomposition, except that a negative id stays out of range: torch's gives
+    indices of 2 or more dims to `weight[indices]`, which wraps -1 to the last row where
+    embedding raises.  A negative id becomes the table's length, which x[idx] rejects as
+    embedding does (its gradient stays the index_put that `weight[indices]` gets)."""
+    if indices.ndim <= 1:
+        return _TORCH_EMBEDDING(weight, indices, padding_idx, scale_grad_by_freq, sparse)
+    if weight.dim() != 2:
+        raise AssertionError(f"'weight' must be 2-D, got {weight.dim()}-D")
+    return weight[torch.where(indices < 0, weight.shape[0], indices)]
+
+
 def _batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, eps):
     """Inference BatchNorm as per-channel pointwise ops: it fuses into the kernel that reads
     the convolution's output (aten's runs as its own pass over memory)."""
@@ -63,6 +75,9 @@ def decompositions():
     # the cuDNN/flash/efficient kernels have no decomposition
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.native_layer_norm.default] = _layer_norm
+    global _TORCH_EMBEDDING
+    _TORCH_EMBEDDING = table[aten.embedding.default]
+    table[aten.embedding.default] = _embedding
     table.update(foreach.decompositions())  # per tensor: each tensor's chain fuses
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_inference
     # random ops: seeded Philox numbers that kernels generate (rng.py)

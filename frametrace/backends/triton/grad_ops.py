@@ -10,7 +10,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from . import indexing
+from . import config, indexing
 from .ir import IRNode, Unsupported
 from .ops import _slice_bounds, _val, bcast, operand, pointwise, register
 
@@ -41,6 +41,9 @@ def _scatter(L, node, x, dim, index, src):
     def fn(k, idx):
         sub = idx[:dim] + [indexing.Integer(0)] + idx[dim + 1:]
         target = k.cast(index.load(k, sub), index.dtype, torch.int64)
+        if config.check_indices:  # (eager's scatter takes no negative index)
+            k.check(f"({target} >= 0) & ({target} < {indexing.pexpr(sympy.sympify(shape[dim]))})",
+                    f"RuntimeError: index out of bounds for dimension {dim} with size {shape[dim]}")
         hit = k.op(f"({k.index(idx[dim])} == {target})")
         return k.op(f"tl.where({hit}, {value(k, sub)}, {operand(k, x, idx, dtype)})")
     return pointwise(shape, dtype, fn, x, index, src)

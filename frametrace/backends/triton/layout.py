@@ -43,6 +43,9 @@ class _Reads:
     def indirect(self, var):
         return sympy.Symbol(var, integer=True)
 
+    def check(self, cond, msg):
+        pass
+
     @staticmethod
     def tl(dtype):
         return "tl.float32"

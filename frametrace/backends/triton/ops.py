@@ -267,8 +267,14 @@ _ew([aten.maximum], _minmax("maximum"))
 _ew([aten.minimum], _minmax("minimum"))
 
 
-def _int_divs(k, a, b):
-    """(trunc, floor) quotients of integers, the same under C's and Python's rules."""
+def _int_divs(k, a, b, check=False):
+    """(trunc, floor) quotients of integers, the same under C's and Python's rules.
+    `check`: a zero divisor raises, as eager's integer division does on the CPU (on CUDA
+    eager returns a number, and so does the kernel)."""
+    if check and b in k.levels:
+        k.check(f"{b} != 0", "RuntimeError: ZeroDivisionError")
+    elif check and int(b) == 0:  # a literal divisor
+        k.check("xindex * 0 != 0", "RuntimeError: ZeroDivisionError")
     neg = k.op(f"({a} < 0) != ({b} < 0)")
     q = k.op(f"tl.abs({a}) // tl.abs({b})")
     trunc = k.op(f"tl.where({neg}, -{q}, {q})")
@@ -276,41 +282,50 @@ def _int_divs(k, a, b):
     return trunc, floor
 
 
-def _div_mode(kwargs):
-    mode = kwargs.get("rounding_mode")
-
-    def tmpl(k, d, a, b):
-        if mode is None:
-            return k.op(f"{a} / {b}")
-        if d.is_floating_point:
-            q = k.op(f"{a} / {b}")
-            return k.op(f"tl.floor({q})" if mode == "floor" else
-                        f"tl.where({q} < 0, tl.ceil({q}), tl.floor({q}))")
-        return _int_divs(k, a, b)[mode == "floor"]
-    return tmpl
+def _dividing(template):
+    """Lower an op that divides with `template(k, d, a, b, check, **kwargs)`: `check` says
+    whether an integer divisor of zero must raise (on the CPU, as eager's)."""
+    def lower(L, node, *args, **kwargs):
+        check = getattr(L.device, "type", None) == "cpu"
+        return elementwise(lambda k, d, a, b: template(k, d, a, b, check, **kwargs))(L, node, *args)
+    return lower
 
 
-_div_mode.takes_kwargs = True
-_ew([aten.div], _div_mode, lambda node, d: d)
+@register(aten.div)
+@_dividing
+def _div(k, d, a, b, check, rounding_mode=None):
+    if rounding_mode is None:
+        return k.op(f"{a} / {b}")
+    if d.is_floating_point:
+        q = k.op(f"{a} / {b}")
+        return k.op(f"tl.floor({q})" if rounding_mode == "floor" else
+                    f"tl.where({q} < 0, tl.ceil({q}), tl.floor({q}))")
+    return _int_divs(k, a, b, check)[rounding_mode == "floor"]
 
 
-def _remainder(k, d, a, b):
+@register(aten.remainder)
+@_dividing
+def _remainder(k, d, a, b, check):
     if d.is_floating_point:
         return k.op(f"{a} - tl.floor({a} / {b}) * {b}")
-    return k.op(f"{a} - {_int_divs(k, a, b)[1]} * {b}")
+    return k.op(f"{a} - {_int_divs(k, a, b, check)[1]} * {b}")
 
 
-def _fmod(k, d, a, b):
+@register(aten.fmod)
+@_dividing
+def _fmod(k, d, a, b, check):
     if d.is_floating_point:
         q = k.op(f"{a} / {b}")
         return k.op(f"{a} - tl.where({q} < 0, tl.ceil({q}), tl.floor({q})) * {b}")
-    return k.op(f"{a} - {_int_divs(k, a, b)[0]} * {b}")
+    return k.op(f"{a} - {_int_divs(k, a, b, check)[0]} * {b}")
 
 
-_ew([aten.remainder], _remainder)
-_ew([aten.fmod], _fmod)
-_ew([aten.floor_divide], lambda k, d, a, b: k.op(f"tl.floor({a} / {b})") if d.is_floating_point
-    else _int_divs(k, a, b)[1])
+@register(aten.floor_divide)
+@_dividing
+def _floor_divide(k, d, a, b, check):
+    if d.is_floating_point:
+        return k.op(f"tl.floor({a} / {b})")
+    return _int_divs(k, a, b, check)[1]
 
 
 @register(aten.pow)
@@ -584,19 +599,31 @@ def _as_strided(L, node, x, size, stride, storage_offset=None):
 
 
 # -- indexing with tensors ------------------------------------------------------------------
-def _wrap(k, x, idx, size):
-    """A symbol for the run-time index loaded from `x`, negatives wrapped."""
+def _wrap(k, x, idx, size, error, negative=False):
+    """A symbol for the run-time index loaded from `x`, checked to lie in [0, size) as
+    eager checks it (`error`: eager's exception, and a message), after wrapping negative
+    ones where eager accepts them (`negative`: x[idx])."""
     v = k.cast(x.load(k, bcast(idx, x.shape)), x.dtype, torch.int64)
-    return k.indirect(k.op(f"tl.where({v} < 0, {v} + {size}, {v})"))
+    n = indexing.pexpr(sympy.sympify(size))
+    if negative:
+        v = k.op(f"tl.where({v} < 0, {v} + {n}, {v})")
+    if config.check_indices:
+        k.check(f"({v} >= 0) & ({v} < {n})", error)
+    return k.indirect(v)
+
+
+def _out_of_bounds(exc, dim, size):
+    return f"{exc}: index out of bounds for dimension {dim} with size {size}"
 
 
 @register(aten.gather)
 def _gather(L, node, x, dim, index, sparse_grad=False):
     shape, dtype = _val(node)
     dim %= max(len(x.shape), 1)
+    error = _out_of_bounds("RuntimeError", dim, x.shape[dim] if x.shape else 1)
 
     def fn(k, idx):
-        i = _wrap(k, index, idx, x.shape[dim])
+        i = _wrap(k, index, idx, x.shape[dim] if x.shape else 1, error)
         return x.load(k, idx[:dim] + [i] + idx[dim + 1:])
     return logsumexp.realize_gather(L, node, pointwise(shape, dtype, fn, x, index))
 
@@ -607,7 +634,7 @@ def _index_select(L, node, x, dim, index):
     dim %= len(x.shape)
 
     def fn(k, idx):
-        i = _wrap(k, index, [idx[dim]], x.shape[dim])
+        i = _wrap(k, index, [idx[dim]], x.shape[dim], "IndexError: index out of range in self")
         return x.load(k, idx[:dim] + [i] + idx[dim + 1:])
     return logsumexp.realize_gather(L, node, pointwise(shape, dtype, fn, x, index))
 
@@ -630,7 +657,8 @@ def _index(L, node, x, indices):
         src = []
         for d in range(len(x.shape)):
             if d in used:
-                src.append(_wrap(k, indices[d], bidx, x.shape[d]))
+                src.append(_wrap(k, indices[d], bidx, x.shape[d],
+                                 _out_of_bounds("IndexError", d, x.shape[d]), negative=True))
             else:
                 src.append(next(it))
         return x.load(k, src)

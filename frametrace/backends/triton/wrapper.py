@@ -28,8 +28,62 @@ def load_kernel(name: str, source: str):
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         ns = {"triton": triton, "tl": tl, "__name__": "frametrace_triton_kernels"}
         exec(compile(source, filename, "exec"), ns)
-        fn = _JITTED[source] = ns[name]
+        fn = ns[name]
+        if "tl.device_assert(" in source:
+            fn = Checked(fn)
+        _JITTED[source] = fn
     return fn
+
+
+# The exception eager raises for each check a kernel makes (codegen.check's messages
+# start with its name): a failed check raises it from the launch.
+_CHECK_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
+
+
+class Checked:
+    """A kernel with run-time checks (`tl.device_assert`).  Triton compiles them only in
+    debug mode, so it launches in debug mode (without Triton's own integer-overflow checks,
+    as Inductor's: Philox and wrapped index arithmetic overflow on purpose).  On CUDA a
+    failed check is a device-side assert, as in eager and Inductor; in Triton's
+    interpreter it raises eager's exception from the launch."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        from triton.runtime import interpreter
+        launch = self.fn[grid]
+        if not isinstance(self.fn, interpreter.InterpretedFunction):
+            return lambda *args, **kwargs: launch(*args, debug=True, sanitize_overflow=False, **kwargs)
+
+        def run(*args, **kwargs):
+            import dataclasses
+            builder = interpreter.interpreter_builder
+            saved = builder.options
+            builder.options = dataclasses.replace(saved, debug=True, sanitize_overflow=False)
+            try:
+                return launch(*args, **kwargs)
+            except Exception as e:
+                error = _check_error(e)
+                if error is None:
+                    raise
+                error.frametrace_check = True  # (not a kernel that failed to launch)
+                raise error from e
+            finally:
+                builder.options = saved
+        return run
+
+
+def _check_error(e: Exception):
+    """Eager's exception for a failed check in Triton's interpreter (which raises an
+    AssertionError with the check's message, wrapped in its own errors), or None."""
+    text = str(e)
+    for name, cls in _CHECK_ERRORS.items():
+        at = text.find(name + ": ")
+        if at >= 0:
+            return cls(text[at + len(name) + 2:].split("\n")[0].split("'")[0].split('"')[0])
+    return None
 
 
 class Launcher:
