@@ -35,7 +35,7 @@ def instances_of(code, args) -> tuple:
             value, index = value[0], 0
         else:
             index = None
-        if isinstance(value, INSTANCE_TYPES):
+        if issubclass(type(value), INSTANCE_TYPES):   # (isinstance would ask the object)
             try:
                 found.append((slot, index, weakref.ref(value)))
             except TypeError:

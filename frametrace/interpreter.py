@@ -478,7 +478,10 @@ class InstructionTranslator:
     # ------------------------------------------------------------ attributes
     def _getattr(self, obj, name):
         if name == "__class__":
-            return wrap(self, obj.python_type(), None, guard=False)
+            from .variables.attributes import plain_class_of
+            cls = plain_class_of(self, obj)
+            if cls is not None:
+                return cls
         return obj.getattr(self, name)
 
     def LOAD_ATTR(self, inst):

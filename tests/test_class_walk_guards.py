@@ -199,3 +199,127 @@ def test_init_subclass_registry():
     x = torch.ones(2)
     check(f, [(x, "S1"), (x, "S1"), Then(replace, x, "S1"), Then(change, x, "S1"), (x, "S1")],
           graphs=3, breaks=0)
+
+
+# -- a class's own __getattribute__ with a side effect runs as often as in CPython --
+
+def _counting_class():
+    class Counted:
+        k = 1
+
+        def __init__(self):
+            self.a = 2
+            self.log = []
+
+        def __getattribute__(self, name):
+            # what an HF-style hook that counts or logs its reads does (the harness's
+            # own dunder reads, deepcopy's, are left out)
+            if name != "log" and not name.startswith("__"):
+                object.__getattribute__(self, "log").append(name)
+            return super().__getattribute__(name)
+    return Counted
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("attrs", lambda x, h: x + h.a + h.k + h.a),
+    ("missing_default", lambda x, h: x + getattr(h, "missing", 3)),
+    ("hasattr", lambda x, h: x + hasattr(h, "a") + hasattr(h, "zz")),
+    ("walk_beside", lambda x, h: x + h.k + type(h).__mro__[0].k),
+])
+def test_counting_getattribute_runs_once_per_read(name, fn):
+    Counted = _counting_class()
+    x = torch.ones(2)
+    check(fn, [(x, Counted()), (x, Counted()), (x, Counted())], graphs=1, breaks=0, compiles=1)
+
+
+def _runs(fn, make, calls=3):
+    """CPython and compiled on fresh objects from `make`, call by call: results and
+    the objects' logs (every name the hook saw, dunders included) must match."""
+    from frametrace.testing import CompileCounter
+    import frametrace
+    counter = CompileCounter()
+    compiled = frametrace.optimize(backend=counter)(fn)
+    x = torch.ones(2)
+    for i in range(calls):
+        a, b = make(), make()
+        want, got = fn(x, a), compiled(x, b)
+        assert torch.equal(want, got), (i, want, got)
+        assert object.__getattribute__(a, "log") == object.__getattribute__(b, "log"), \
+            (i, object.__getattribute__(a, "log"), object.__getattribute__(b, "log"))
+    return counter
+
+
+def _logging_class():
+    class Logged:
+        k = 1
+
+        def __init__(self):
+            self.a = 2
+            self.log = []
+
+        def __getattribute__(self, name):
+            if name != "log":
+                object.__getattribute__(self, "log").append(name)
+            return super().__getattribute__(name)
+    return Logged
+
+
+@pytest.mark.parametrize("name,fn", [
+    # none of the tracer's own reads of the object (isinstance, hasattr(obj,
+    # "__dict__"), getattr(obj, "__dict__")) may reach the hook, nor a guard's
+    ("attrs", lambda x, h: x + h.a + h.k),
+    ("class", lambda x, h: x + h.__class__.k),
+    ("dict", lambda x, h: x + len(h.__dict__)),
+    ("isinstance_false", lambda x, h: x + isinstance(h, torch.nn.Module)),
+    ("isinstance_true", lambda x, h: x + isinstance(h, object)),
+])
+def test_logging_getattribute_sees_the_reads_cpython_makes(name, fn):
+    counter = _runs(fn, _logging_class())
+    assert counter.frame_count == 1
+
+
+def test_class_property_is_read_through_the_protocol():
+    class Liar:
+        @property
+        def __class__(self):
+            return dict
+
+    def f(x, o):
+        return x + (o.__class__ is dict) + isinstance(o, dict) * 2
+    from frametrace.testing import CompileCounter
+    import frametrace
+    counter = CompileCounter()
+    compiled = frametrace.optimize(backend=counter)(f)
+    for _ in range(2):
+        assert torch.equal(compiled(torch.ones(2), Liar()), torch.full((2,), 4.0))
+    assert counter.frame_count == 1
+
+
+def test_hook_the_trace_cannot_follow_is_not_run_by_a_guard():
+    import itertools
+    counts = itertools.count()
+
+    class Opaque:
+        def __init__(self):
+            self.a = 2
+
+        def __getattribute__(self, name):
+            next(counts)            # (not traced)
+            return super().__getattribute__(name)
+
+    from frametrace.testing import CompileCounter
+    import frametrace
+
+    def f(x, h):
+        return x + h.a + h.a
+    compiled = frametrace.optimize(backend=CompileCounter())(f)
+    h = Opaque()
+    x = torch.ones(2)
+    for _ in range(3):
+        start = next(counts)
+        want = f(x, h)
+        middle = next(counts)
+        got = compiled(x, h)
+        end = next(counts)
+        assert torch.equal(want, got)
+        assert end - middle == middle - start == 3      # two reads (and the count's own)

@@ -193,6 +193,31 @@ class InstanceAttrs(AttrDeleting):
         self.set_own_attr(tx, name, value)
 
 
+def class_read_runs_code(var) -> bool:
+    """Reading ``var.__class__`` runs Python code of its class (a __getattribute__ of
+    its own, or a `__class__` property)."""
+    if not isinstance(var, InstanceAttrs):
+        return False
+    cls = var.instance_class()
+    return isinstance(_class_lookup(cls, "__getattribute__"), types.FunctionType) or \
+        _class_lookup(cls, "__class__") is not _CLASS_SLOT
+
+
+def plain_class_of(tx, var):
+    """``var.__class__`` when no Python code of the object's class runs for it (no
+    __getattribute__ of its own, no `__class__` property): its type, as the trace has
+    it.  None: the read goes through the attribute protocol (the hook runs, as in
+    CPython, once per read)."""
+    from .builder import wrap
+    if isinstance(var, InstanceAttrs):
+        cls = var.instance_class()
+        if class_read_runs_code(var):
+            return None
+        tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
+        return wrap(tx, cls, None, guard=False)
+    return wrap(tx, var.python_type(), None, guard=False)
+
+
 def _guard_class_attr(tx, cls, name, attr):
     """Guard what `cls` holds for `name` (`attr`), and, for an object of a user class
     (a descriptor), what its class holds for the descriptor protocol."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextvars
+import enum
 import functools
 import sys
 import types
@@ -55,6 +56,11 @@ def wrap(tx, value, source, guard: bool = True):
         if guards is not None and known[1].source is not None and known[1].source != source:
             guards.same_object(source, known[1].source)
         return known[1]
+    if _reads_through_python(type(value)) and _is_user_instance(value):
+        # isinstance() on this object would run its class's own __getattribute__ (or
+        # __class__ property) now, while tracing: a hook that counts or logs would see
+        # the compile.  Its Var is chosen by its type alone.
+        return _wrap_user_instance(tx, value, source, guards)
     if isinstance(value, torch.Tensor):
         if source is None:
             unsupported("a tensor reached without a source (a constant tensor held by an object)")
@@ -231,12 +237,7 @@ def _wrap_object(tx, value, source, guards):
                           wrap(tx, value.args, sub("args"), g).items,
                           wrap(tx, value.keywords, sub("keywords"), g).items, source, value)
     if _is_user_instance(value):
-        if guards is not None:
-            guards.type_match(source, value)
-        if isinstance(value, torch.nn.Module):
-            guards.identity(source, value) if guards is not None else None
-            return NNModuleVar(value, source)
-        return UserObjectVar(value, source)
+        return _wrap_user_instance(tx, value, source, guards)
     inline = getattr(value, "_torchdynamo_inline", None) \
         if isinstance(value, torch.jit.ScriptFunction) else None
     if isinstance(inline, types.FunctionType) and is_inlinable(inline):
@@ -296,15 +297,64 @@ def _optimized_inner(value):
     return None
 
 
+def _wrap_user_instance(tx, value, source, guards):
+    if guards is not None:
+        guards.type_match(source, value)
+    if issubclass(type(value), torch.nn.Module):
+        guards.identity(source, value) if guards is not None else None
+        var = NNModuleVar(value, source)
+    else:
+        var = UserObjectVar(value, source)
+    tx.output.object_vars[id(value)] = (value, var)
+    return var
+
+
+_CLASS_SLOT = object.__dict__["__class__"]
+# Classes whose instances wrap() hands to other Vars even when their class has hooks
+# (constants, containers, tensors).
+_NOT_PLAIN = (enum.Enum, dict, list, tuple, set, frozenset, torch.Tensor, BaseException)
+
+
+def _reads_through_python(cls) -> bool:
+    """Instances of a user's class whose attribute reads, `__class__` included, run
+    Python code of the class (a __getattribute__ of its own, or a `__class__`
+    property, which isinstance() reads)."""
+    from .user_objects import has_own_getattribute
+    try:
+        hooked = has_own_getattribute(cls) or _class_slot(cls) is not _CLASS_SLOT
+    except Exception:
+        return False
+    return hooked and not issubclass(cls, _NOT_PLAIN) and _is_user_class(cls)
+
+
+def _class_slot(cls):
+    for klass in cls.__mro__:
+        if "__class__" in klass.__dict__:
+            return klass.__dict__["__class__"]
+    return None
+
+
 def _is_user_instance(value) -> bool:
     """Instances of classes defined in Python by users (or libraries such as
     transformers), as opposed to functions, classes, modules and builtin types."""
-    if isinstance(value, torch.nn.Module):
-        return True
-    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                          types.MethodType, types.CodeType, torch.Tensor)):
-        return False
     cls = type(value)
+    if not _is_user_class(cls):
+        return False
+    if issubclass(cls, torch.nn.Module) or in_traced_torch_package(getattr(cls, "__module__", "") or ""):
+        return True
+    if _reads_through_python(cls):      # (hasattr would run the class's hook)
+        return cls.__dictoffset__ != 0 or hasattr(cls, "__slots__")
+    return hasattr(value, "__dict__") or hasattr(cls, "__slots__")
+
+
+def _is_user_class(cls) -> bool:
+    """The class test of `_is_user_instance` (by the object's real type: isinstance
+    would ask the object for its `__class__`)."""
+    if issubclass(cls, torch.nn.Module):
+        return True
+    if issubclass(cls, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                        types.MethodType, types.CodeType, torch.Tensor)):
+        return False
     module = getattr(cls, "__module__", "") or ""
     if in_traced_torch_package(module):
         return True             # an optimizer, an LR scheduler: Python objects we trace
@@ -312,7 +362,7 @@ def _is_user_instance(value) -> bool:
             (module.startswith("_") and module != "__main__") or \
             module.split(".")[0] in sys.stdlib_module_names:
         return False
-    return hasattr(value, "__dict__") or hasattr(cls, "__slots__")
+    return True
 
 
 def is_torch_callable(value) -> bool:

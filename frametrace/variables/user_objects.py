@@ -10,7 +10,6 @@ import operator
 import types
 from collections import OrderedDict
 
-from ..exc import Unsupported
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
 from .attributes import MISSING, InstanceAttrs, is_data_descriptor
 from .base import Var, a_type, unsupported
@@ -112,40 +111,23 @@ class UserObjectVar(InstanceAttrs, Var):
         return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
 
     def hooked_attr(self, tx, name, getattribute):
-        from .builder import wrap
-        from .exceptions import TracedRaise, raise_builtin
-        if self.cls is not type(self.value) or self.source is None or \
-                tx.side_effects.has_attr_writes(self.value):
-            return super().hooked_attr(tx, name, getattribute)
         # The hook inlined: its guards are on what it read (the instance dict past the
         # hook, a map on the class), lookups the C check makes without running the
-        # hook on every call.
-        before = (len(tx.side_effects), len(tx.output.graph.nodes))
-        try:
-            return super().hooked_attr(tx, name, getattribute)
-        except Unsupported as e:
-            if isinstance(e, TracedRaise) or before[0] or \
-                    (len(tx.side_effects), len(tx.output.graph.nodes)) != before:
-                raise
-        # A hook the trace cannot follow, which changed nothing before failing (its
-        # guards only add checks): run on the real object, guarded by reading
-        # `obj.name` again, the hook included.
-        try:
-            value = getattr(self.value, name)
-        except AttributeError as e:
-            tx.guards.has_attr(self.source, name, False)
-            raise_builtin(AttributeError, str(e))
-        except Exception as e:
-            unsupported(f"{self.cls.__name__}.__getattribute__({name!r}) raised {type(e).__name__}")
-        return wrap(tx, value, AttrSource(self.source, name))
+        # hook on every call.  A hook the trace cannot follow is not run by the trace
+        # or by a guard (it may count, log or cache: CPython runs it once per read):
+        # the graph breaks and CPython makes the read.
+        return super().hooked_attr(tx, name, getattribute)
 
     def _dict_var(self, tx):
-        d = getattr(self.value, "__dict__", None)
+        d = _instance_dict(self.value)      # (getattr would run a hook of the class's)
         known = tx.output.object_vars.get(id(d)) if d is not None else None
         return known[1] if known is not None and known[0] is d else None
 
     def opaque_attr(self, tx, name):
         from .builder import wrap
+        if name == "__class__":
+            from .objects import ObjectVar
+            return ObjectVar(self.cls)      # (object's slot: the type, as the trace has it)
         if name == "__dict__" and tx.side_effects.has_attr_writes(self.value):
             # Attribute writes and writes through __dict__ would be two records of one
             # state: the trace keeps one.
@@ -292,6 +274,9 @@ class NewObjectVar(InstanceAttrs, Var):
         return self.length(tx) > 0
 
     def opaque_attr(self, tx, name):
+        if name == "__class__":
+            from .objects import ObjectVar
+            return ObjectVar(self.cls)
         if name == "__dict__":
             return _AttrsDictVar(self)
         return super().opaque_attr(tx, name)
