@@ -39,7 +39,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
 
-from . import _C, cxx_modules
+from . import _C, config, cxx_modules
 from .source import (AttrSource, BuiltinSource, CallMethodSource, ClosureCellSource, ClosureSource,
                      ConstSource, ContainsSource, GetItemSource, GlobalSource, InstanceDictSource,
                      LocalSource, Source, const_sources, guard_local_name)
@@ -87,7 +87,10 @@ def _instance_dict(obj):
 
 
 _CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "___id": id, "math": math,
-                "torch": torch, "___unshared": _unshared, "___odict": _instance_dict}
+                "torch": torch, "___unshared": _unshared, "___odict": _instance_dict,
+                # (keys and values by type and value, as guards.c compares them: 1, True
+                # and 1.0 are different keys to a program that reads the key back)
+                "___same_key": _C.same_key, "___same_keys": _C.same_keys}
 
 
 class Guard:
@@ -190,8 +193,13 @@ class GuardSet:
             # 0.0 == -0.0, but 1 / x tells them apart.
             expr = (f"___type({e}) is {t} and {e} == 0.0 and "
                     f"{self.const(math.copysign)}(1.0, {e}) == {math.copysign(1.0, value)}")
-        else:
+        elif type(value) in (int, str, bytes, float):
             expr = f"___type({e}) is {t} and {e} == {self.const(value)}"
+            spec = one_check(source, "EQ", value, type(value))
+        else:
+            # A slice's bounds and a complex's signed zeros: compared as a program
+            # reads them (slice(True) == slice(1), complex(0, -0.0) == 0j).
+            expr = f"___same_key({e}, {self.const(value)})"
             spec = one_check(source, "EQ", value, type(value))
         self._add(source, "EQ", expr, f"{source.name()} == {value!r}", spec=spec)
 
@@ -209,8 +217,10 @@ class GuardSet:
     def dict_keys(self, source, value):
         e = source.guard_expr()
         keys = tuple(value)
+        # By type and value, key by key (guards.c's same_key): a key the trace reads
+        # back (iteration, keys(), popitem) answers type(k), `k is True`, str(k).
         self._add(source, "KEYS",
-                  f"___type({e}) is dict and ___tuple({e}) == {self.const(keys)}",
+                  f"___type({e}) is dict and ___same_keys({e}, {self.const(keys)})",
                   f"{source.name()} is a dict with keys {list(keys)}", spec=one_check(source, "KEYS", keys))
 
     def dict_lacks(self, source, key):
@@ -579,6 +589,7 @@ class GuardSet:
             bool(code.co_flags & 0x08)
         params = [guard_local_name(n) for n in code.co_varnames[:nargs]] + ["___func"]
         guards = list(self.guards.values())
+        _C.set_attr_memos(config.memoize_attr_guards)
         program = _Program(params, self.func, any("___G" in g.expr for g in guards))
         residual = [g for g in guards if g.spec is None or not program.add(g.spec)]
         python = self._python_check(params, residual) if residual else None

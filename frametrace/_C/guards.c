@@ -46,12 +46,12 @@ enum {
     OP_IS,              /* v is a */
     OP_WEAK,            /* a() is v is not None */
     OP_EQ_ANY,          /* v == a */
-    OP_EQ,              /* type(v) is b and v == a */
+    OP_EQ,              /* type(v) is b and same_key(v, a) */
     OP_NOT_NONE,        /* v is not None */
     OP_LEN,             /* type(v) is a and len(v) == n */
     OP_LEN_ANY,         /* len(v) == n */
-    OP_KEYS,            /* type(v) is dict and tuple(v) == a */
-    OP_TUPLE_EQ,        /* tuple(v) == a */
+    OP_KEYS,            /* type(v) is dict and tuple(v) matches a, key by key by same_key */
+    OP_TUPLE_EQ,        /* tuple(v) matches a, item by item by same_key */
     OP_CONTAINS,        /* a in v */
     OP_NOT_CONTAINS,    /* a not in v */
     OP_FALSY,           /* not v */
@@ -179,6 +179,99 @@ equals(PyObject *a, PyObject *b)
     int ok = r == Py_True ? 1 : r == Py_False ? 0 : PyObject_IsTrue(r);
     Py_DECREF(r);
     return ok;
+}
+
+/* `v` stands for the traced constant `a` wherever a program can look: same type, and
+ * equal as the program would see it (dict keys, a value guard).  `==` alone is not
+ * that: 1 == True == 1.0, a str subclass or an IntEnum equals its plain value, and
+ * 0.0 == -0.0; a key read out of a dict (`next(iter(d))`, `list(d)`) answers
+ * `type(k)`, `k is True` and `str(k)` from the traced object.  Tuples and slices
+ * compare item by item; floats (and complex parts) also by the sign of a zero; a
+ * NaN matches only itself (it is found in a dict only by identity).  1, 0, or -1
+ * with an exception set. */
+static int same_key(PyObject *v, PyObject *a);
+
+static int
+same_float(double x, double y)
+{
+    return x == y && copysign(1.0, x) == copysign(1.0, y);
+}
+
+static int
+same_key(PyObject *v, PyObject *a)
+{
+    if (v == a) {
+        return 1;
+    }
+    PyTypeObject *tp = Py_TYPE(a);
+    if (Py_TYPE(v) != tp) {
+        return 0;
+    }
+    if (tp == &PyLong_Type || tp == &PyUnicode_Type) {
+        return PyObject_RichCompareBool(v, a, Py_EQ);     /* (no subclass: no user __eq__) */
+    }
+    if (tp == &PyFloat_Type) {
+        return same_float(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(a));
+    }
+    if (tp == &PyComplex_Type) {
+        Py_complex x = PyComplex_AsCComplex(v), y = PyComplex_AsCComplex(a);
+        return same_float(x.real, y.real) && same_float(x.imag, y.imag);
+    }
+    if (tp == &PyTuple_Type) {
+        Py_ssize_t n = PyTuple_GET_SIZE(a);
+        if (PyTuple_GET_SIZE(v) != n) {
+            return 0;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int ok = same_key(PyTuple_GET_ITEM(v, i), PyTuple_GET_ITEM(a, i));
+            if (ok != 1) {
+                return ok;
+            }
+        }
+        return 1;
+    }
+    if (tp == &PySlice_Type) {
+        PySliceObject *x = (PySliceObject *)v, *y = (PySliceObject *)a;
+        int ok = same_key(x->start, y->start);
+        if (ok == 1) {
+            ok = same_key(x->stop, y->stop);
+        }
+        return ok == 1 ? same_key(x->step, y->step) : ok;
+    }
+    if (tp == &PyFrozenSet_Type || tp == &PySet_Type) {
+        /* Equal sets, then each member of `a` matched to the member of `v` that
+         * equals it (a set holds no two equal members) and compared strictly:
+         * frozenset({1}) == frozenset({True}). */
+        int ok = equals(v, a);
+        PyObject *ia = ok == 1 ? PyObject_GetIter(a) : NULL, *x;
+        if (ia == NULL) {
+            return ok == 1 ? -1 : ok;
+        }
+        while (ok == 1 && (x = PyIter_Next(ia)) != NULL) {
+            PyObject *iv = PyObject_GetIter(v), *y;
+            ok = iv == NULL ? -1 : 0;
+            while (iv != NULL && ok == 0 && (y = PyIter_Next(iv)) != NULL) {
+                int eq = PyObject_RichCompareBool(y, x, Py_EQ);
+                if (eq == 1) {
+                    eq = same_key(y, x);
+                    ok = eq == 1 ? 1 : eq == 0 ? -2 : -1;     /* -2: found, not the same */
+                }
+                else {
+                    ok = eq;
+                }
+                Py_DECREF(y);
+            }
+            if (ok == 0 && PyErr_Occurred()) {
+                ok = -1;
+            }
+            ok = ok == -2 ? 0 : ok;
+            Py_XDECREF(iv);
+            Py_DECREF(x);
+        }
+        Py_DECREF(ia);
+        return ok == 1 && PyErr_Occurred() ? -1 : ok;
+    }
+    return equals(v, a);
 }
 
 /* `seq == expected` for a tuple of exact ints read from a tensor (a torch.Size, a
@@ -386,17 +479,37 @@ dict_keys_equal(PyObject *v, PyObject *keys)
     Py_ssize_t pos = 0, i = 0;
     PyObject *key, *value;
     while (PyDict_Next(v, &pos, &key, &value)) {
-        if (key != PyTuple_GET_ITEM(keys, i++)) {
-            PyObject *t = PySequence_Tuple(v);
-            if (t == NULL) {
-                return -1;
+        PyObject *want = PyTuple_GET_ITEM(keys, i++);
+        if (key != want) {
+            /* (the dict may change under a key's __eq__: the size is checked again) */
+            Py_INCREF(key);
+            int ok = same_key(key, want);
+            Py_DECREF(key);
+            if (ok != 1) {
+                return ok;
             }
-            int ok = equals(t, keys);
-            Py_DECREF(t);
-            return ok;
+            if (PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) {
+                return 0;
+            }
         }
     }
     return 1;
+}
+
+/* tuple(v) matches the tuple `keys` key by key, each by same_key. */
+static int
+tuple_same_keys(PyObject *v, PyObject *keys)
+{
+    PyObject *t = PySequence_Tuple(v);
+    if (t == NULL) {
+        return -1;
+    }
+    int ok = PyTuple_GET_SIZE(t) == PyTuple_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(t); i++) {
+        ok = same_key(PyTuple_GET_ITEM(t, i), PyTuple_GET_ITEM(keys, i));
+    }
+    Py_DECREF(t);
+    return ok;
 }
 
 /* hasattr(v, name) for an object whose class runs `module_getattr` (nn.Module's
@@ -926,10 +1039,7 @@ run_check(Instr *in, PyObject **regs)
         if ((PyObject *)Py_TYPE(v) != in->b) {
             return 0;
         }
-        if (v == in->a && (PyLong_CheckExact(v) || PyUnicode_CheckExact(v))) {
-            return 1;
-        }
-        return equals(v, in->a);
+        return same_key(v, in->a);
     case OP_NOT_NONE:
         return v != Py_None;
     case OP_LEN:
@@ -943,12 +1053,7 @@ run_check(Instr *in, PyObject **regs)
     case OP_KEYS:
         return PyDict_CheckExact(v) ? dict_keys_equal(v, in->a) : 0;
     case OP_TUPLE_EQ:
-        if ((r = PySequence_Tuple(v)) == NULL) {
-            return -1;
-        }
-        ok = equals(r, in->a);
-        Py_DECREF(r);
-        return ok;
+        return tuple_same_keys(v, in->a);
     case OP_CONTAINS:
     case OP_NOT_CONTAINS:
         if (PyDict_CheckExact(v) && in->memo.dict_version == dict_version(v) && in->memo.dict_version != 0) {
@@ -1382,7 +1487,7 @@ build(GuardCheck *g, PyObject *program)
             bad |= (in->op == OP_TYPE || in->op == OP_LEN) && !PyType_Check(a);
             bad |= in->op == OP_EQ && !PyType_Check(b);
             bad |= in->op == OP_WEAK && !PyWeakref_CheckRef(a);
-            bad |= in->op == OP_KEYS && !PyTuple_Check(a);
+            bad |= (in->op == OP_KEYS || in->op == OP_TUPLE_EQ) && !PyTuple_CheckExact(a);
             bad |= in->op == OP_HASATTR && !PyUnicode_Check(a);
             bad |= in->op == OP_FUNC && !(PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 3);
             if (!bad && in->op == OP_NO_HOOKS) {
@@ -1590,7 +1695,35 @@ py_tensor_reads_count(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(cxx_answers);
 }
 
+/* The Python checks (and first_failure) compare keys and values as the C program does. */
+static PyObject *
+py_same_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "same_key(value, traced) takes 2 arguments");
+        return NULL;
+    }
+    int ok = same_key(args[0], args[1]);
+    return ok < 0 ? NULL : PyBool_FromLong(ok);
+}
+
+static PyObject *
+py_same_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "same_keys(iterable, traced tuple) takes 2 arguments");
+        return NULL;
+    }
+    int ok = tuple_same_keys(args[0], args[1]);
+    return ok < 0 ? NULL : PyBool_FromLong(ok);
+}
+
 static PyMethodDef guard_functions[] = {
+    {"same_key", (PyCFunction)(void (*)(void))py_same_key, METH_FASTCALL,
+     "same_key(value, traced) -> bool: the same type and, as a program sees it, the same value "
+     "(1, True and 1.0 differ; so do 0.0 and -0.0; tuples item by item)"},
+    {"same_keys", (PyCFunction)(void (*)(void))py_same_keys, METH_FASTCALL,
+     "same_keys(iterable, traced) -> bool: tuple(iterable) matches the tuple traced, item by item by same_key"},
     {"tensor_reads_count", py_tensor_reads_count, METH_NOARGS,
      "how many tensor checks the C++ reads have answered"},
     {"set_tensor_reads", py_set_tensor_reads, METH_O,

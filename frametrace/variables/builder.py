@@ -27,7 +27,7 @@ from ..source import AttrSource, GetItemSource
 from .base import unsupported
 from ..graph import fx_can_name
 from .constant import ConstVar, is_constant_value
-from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
+from .containers import DictVar, ListVar, NamedTupleVar, TupleVar, constant_key
 from .higher_order import higher_order_var
 from .functorch import functorch_var
 from .autograd_function import autograd_function_apply_var
@@ -127,13 +127,7 @@ def wrap(tx, value, source, guard: bool = True):
     return var
 
 
-# Dict keys that the keys guard compares by value: names, numbers, and the (device,
-# dtype) tuples that torch's foreach helpers key their groups by.
-_KEY_TYPES = (str, int, type(None), torch.dtype, torch.device)
-
-
-def _constant_key(k) -> bool:
-    return type(k) in _KEY_TYPES or (type(k) is tuple and all(type(i) in _KEY_TYPES for i in k))
+_constant_key = constant_key      # (dict keys the keys guard compares by type and value)
 
 
 def _may_be_symbolic(tx, source, value) -> bool:

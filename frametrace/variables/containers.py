@@ -584,6 +584,35 @@ class VarKey:
 
 _ABSENT = object()
 
+# Dict keys a dict from outside may have to be read lazily and guarded by its keys
+# (guards.c's same_key: by exact type and value, so True is not the key 1 nor 1.0):
+# names, numbers, and the (device, dtype) tuples that torch's foreach helpers key
+# their groups by.  Not str or int subclasses (an IntEnum, a str subclass), whose
+# __eq__ and __hash__ are the class's, nor NaN or infinite floats (a NaN key is found
+# only by identity; neither has a repr a Python guard can read back).
+_KEY_TYPES = (str, int, bool, type(None), torch.dtype, torch.device)
+
+
+def constant_key(k) -> bool:
+    t = type(k)
+    if t in _KEY_TYPES:
+        return True
+    if t is float:
+        return k - k == 0.0        # (finite)
+    return t is tuple and all(map(constant_key, k))
+
+
+def has_nan(k) -> bool:
+    """A NaN anywhere in the key `k` (in a tuple, a frozenset): a dict finds it only
+    by identity, which the trace's own lookup, made with the traced object, does not
+    say of the program's."""
+    t = type(k)
+    if t is float or t is complex:
+        return k != k
+    if t is tuple or t is frozenset:
+        return any(map(has_nan, k))
+    return False
+
 
 def key_var(k):
     """The Var of a dict key."""
@@ -606,6 +635,10 @@ def _dict_key(v):
     hashed by identity."""
     from .builtins import set_key
     k = set_key(v)
+    if has_nan(k):
+        # (which NaN object the program holds is not guarded: the trace's answer,
+        # found or not, would be the traced objects')
+        unsupported("a dict key holding a NaN (a dict finds it only by identity)")
     return k if v.is_const() else VarKey(k, v)
 
 

@@ -26,7 +26,7 @@ from ..guards import one_check
 from .attributes import MISSING, InstanceAttrs
 from .base import Var, unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar, attrs_dict, emit_key
+from .containers import DictVar, ListVar, TupleVar, attrs_dict, constant_key, emit_key
 from .modules import _class_lookup, class_attr
 from .objects import MethodVar
 
@@ -689,7 +689,7 @@ def wrap_container_subclass(tx, value, source, guards):
                                            for n in (*_READERS[base], "__getattribute__", "__getattr__")):
         return None
     is_map = base in (dict, collections.OrderedDict)
-    if is_map and not all(type(k) in (str, int) for k in value):
+    if is_map and not all(map(constant_key, value)):
         return None
     own = vars(value)
     if any(is_data_descriptor(_class_lookup(cls, n)) for n in own):
@@ -699,7 +699,7 @@ def wrap_container_subclass(tx, value, source, guards):
         guards.type_match(source, value)
         shape = tuple(base.keys(value)) if is_map else base.__len__(value)
         reader = guards.const(base.keys if is_map else base.__len__)
-        expr = f"___tuple({reader}({e})) == {guards.const(shape)}" if is_map else \
+        expr = f"___same_keys({reader}({e}), {guards.const(shape)})" if is_map else \
             f"{reader}({e}) == {shape}"
         guards._add(source, "KEYS" if is_map else "LEN", expr,
                     f"{source.name()} has {'keys ' + repr(list(shape)) if is_map else f'length {shape}'}")
@@ -722,7 +722,7 @@ def wrap_container_subclass(tx, value, source, guards):
 
 
 def _wrap_stdlib_dict(tx, value, source, guards):
-    """An OrderedDict or defaultdict from outside (string and int keys): guarded by
+    """An OrderedDict or defaultdict from outside (constant keys): guarded by
     type and keys in order, items through their own sources; changes are written back."""
     from ..source import AttrSource, GetItemSource
     from .builder import wrap
@@ -730,14 +730,15 @@ def _wrap_stdlib_dict(tx, value, source, guards):
     cls = type(value)
     if getattr(value, "__dict__", None):
         return None             # (attributes, as a state_dict's _metadata: an object as before)
-    if not all(type(k) in (str, int) for k in value):
+    if not all(map(constant_key, value)):
         return wrap_tensor_keyed_dict(tx, value, source, guards)
     keys = tuple(cls.keys(value))
     if guards is not None:
         guards.type_match(source, value)
         # (the type is exactly cls, which iterates its keys in keys()' order)
-        guards._add(source, "KEYS", f"___tuple({guards.const(cls.keys)}({source.guard_expr()})) == "
-                    f"{guards.const(keys)}", f"{source.name()} has keys {list(keys)}",
+        # (keys by type and value, as guards.c's same_key: True is not the key 1)
+        guards._add(source, "KEYS", f"___same_keys({guards.const(cls.keys)}({source.guard_expr()}), "
+                    f"{guards.const(keys)})", f"{source.name()} has keys {list(keys)}",
                     spec=one_check(source, "TUPLE_EQ", keys))
     g = guards is not None
     items = {k: wrap(tx, dict.__getitem__(value, k), GetItemSource(source, k) if source is not None
