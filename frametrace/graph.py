@@ -326,8 +326,9 @@ class OutputGraph:
             quiet.on = was_quiet
         if not _contains(out, (torch.Tensor, *SYM_TYPES)):
             self._drop_unbound_symbols()        # nothing to bind them to
-        if out is None and any(isinstance(a, TensorVar) for a in (*args, *kwargs.values())):
-            # setitem, _foreach_*_ ...: a mutation whose result is None stays in the graph.
+        if out is None and _keeps_none_result(kind, target, args, kwargs):
+            # setitem, _foreach_*_, _fused_adamw_ ...: a mutation whose result is None
+            # stays in the graph (the fused optimizers write only through tensor lists).
             self.graph.create_node(kind, target, node_args, node_kwargs)
             return ConstVar(None)
         if not _contains(out, (torch.Tensor, *SYM_TYPES)):
@@ -435,6 +436,12 @@ class OutputGraph:
             unsupported(f"{what}(requires_grad=True) makes a leaf tensor in the graph")
         if "out" in kwargs and self._out_resizes_input(target, kwargs["out"], fake_args, fake_kwargs):
             unsupported(f"{what}(out=...) may resize an input tensor")
+        why = _list_write_not_functionalizable(kind, target, args, kwargs)
+        if why:
+            # A fused optimizer kernel: AOTAutograd (aot_eager, triton) would fail to
+            # compile the graph (torch.compile does not trace these on CPU either);
+            # CPython runs it at a break, on every backend.
+            unsupported(f"{what}() {why}")
         written = written_arg(kind, target, args, kwargs)
         for t in written.items if isinstance(written, (TupleVar, ListVar)) else [written]:
             if isinstance(t, TensorVar) and _has_internal_overlap(t.example):
@@ -748,19 +755,107 @@ def _tensor_states(args, kwargs) -> list | None:
         return None
 
 
+def _schema_writes(kind: str, target) -> bool | None:
+    """Whether the aten schema of `target` (an OpOverload or packet, a Tensor method's
+    name, a builtin torch function) writes an argument, a tensor of a list argument
+    (``Tensor(a!)[]``) included; None where no schema can be read for it."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        packet = target
+    else:
+        if kind == "call_method":
+            name = target if isinstance(target, str) else None
+        elif type(target).__name__ == "builtin_function_or_method" and \
+                (getattr(target, "__module__", None) or "").startswith("torch"):
+            name = getattr(target, "__name__", None)
+        else:
+            name = None     # a Python function: its name need not be the aten op's
+        packet = _aten_packet(name) if name else None
+        if packet is None:
+            return None
+    return _packet_writes(packet)
+
+
+@functools.lru_cache(maxsize=None)
+def _aten_packet(name: str):
+    try:
+        return getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _packet_writes(packet) -> bool | None:
+    try:
+        return any(getattr(packet, o)._schema.is_mutable for o in packet.overloads())
+    except Exception:
+        return None
+
+
+def _list_write_not_functionalizable(kind: str, target, args, kwargs) -> str | None:
+    """Why AOTAutograd cannot be trusted to functionalize this op, which writes a list
+    of tensors (``Tensor(a!)[]``), or None.  On torch 2.13 the fused optimizer kernels
+    (``_fused_adamw_``, ``_fused_sgd_`` ...) fail there or compute wrong values: their
+    functional forms mostly have no meta kernel, ``_fused_adam`` writes a sliced
+    parameter wrongly, and an empty list given for a written one (AdamW without
+    amsgrad passes ``max_exp_avg_sqs=[]``) asserts.  The foreach ops are
+    functionalized soundly, a custom op by auto_functionalize."""
+    if not _schema_writes(kind, target):
+        return None
+    if isinstance(target, torch._ops.OpOverload):
+        packet, overloads = target.overloadpacket, [target]
+    else:
+        packet = target if isinstance(target, torch._ops.OpOverloadPacket) else \
+            _aten_packet(target if isinstance(target, str) else target.__name__)
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+    given = args[1:] if kind == "call_method" else args
+    writes_list = False
+    for op in overloads:
+        params = op._schema.arguments[1:] if kind == "call_method" else op._schema.arguments
+        for i, a in enumerate(params):
+            if a.alias_info is None or not a.alias_info.is_write or \
+                    not isinstance(a.type, torch.ListType):
+                continue
+            writes_list = True
+            v = given[i] if i < len(given) and not a.kwarg_only else kwargs.get(a.name)
+            if isinstance(v, (TupleVar, ListVar)) and not v.items:
+                return "is given an empty list for a list it writes"
+    name = packet._qualified_op_name
+    if writes_list and name.startswith("aten::") and not name.startswith("aten::_foreach_"):
+        return "writes a list of tensors (a fused kernel AOTAutograd does not functionalize soundly)"
+    return None
+
+
+def _keeps_none_result(kind: str, target, args, kwargs) -> bool:
+    """An op that returned None is there for an effect: it stays in the graph when it
+    takes a tensor (directly or in a list, tuple or dict: the foreach and fused
+    optimizer kernels take lists) or its schema writes or cannot be read."""
+    return any(isinstance(a, TensorVar) for a in _var_items((*args, *kwargs.values()))) or \
+        _schema_writes(kind, target) is not False
+
+
+def _var_items(vs):
+    for v in vs:
+        if isinstance(v, (TupleVar, ListVar)):
+            yield from _var_items(v.items)
+        elif isinstance(v, DictVar):
+            yield from _var_items(v.items.values())
+        else:
+            yield v
+
+
 def _changed_nothing(kind: str, target, what: str, kwargs: dict, before: list | None) -> bool:
     """A torch op left its tensor arguments as they were: not an in-place or `out=` form
     by name or schema, and no version counter or requires_grad flag moved while it ran
     on the fakes (every in-place op, resize_/set_/t_ included, bumps the version).  A
     function of the user's let into the graph, or an op whose schema writes, is never
     taken for a no-op (a custom op's fake may not bump versions)."""
-    if kind == "call_function":
-        if isinstance(target, torch._ops.OpOverload):
-            if target._schema.is_mutable:
-                return False
-        elif isinstance(target, torch._ops.OpOverloadPacket) or \
-                not (getattr(target, "__module__", None) or "").startswith("torch"):
-            return False
+    if kind == "call_function" and not isinstance(target, torch._ops.OpOverload) and \
+            (isinstance(target, torch._ops.OpOverloadPacket) or
+             not (getattr(target, "__module__", None) or "").startswith("torch")):
+        return False
+    if _schema_writes(kind, target):
+        return False
     inplace = kwargs.get("inplace")
     if before is None or what.endswith("_") or "out" in kwargs or \
             (inplace is not None and not (inplace.is_const() and inplace.as_const() is False)):

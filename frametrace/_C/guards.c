@@ -612,6 +612,13 @@ memo_holds(const Memo *m, PyObject *v)
     return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version;
 }
 
+/* The memos of ATTR loads (class attributes on the class's and metatype's version
+ * tags, instance attributes on the type's and instance dict's): on unless
+ * frametrace.config.memoize_attr_guards is False (set_attr_memos), when every load
+ * is a plain getattr.  attr_memo_hits: loads a memo answered (for tests). */
+static int attr_memos = 1;
+static unsigned long long attr_memo_hits;
+
 /* cls.name for a class whose metatype looks attributes up as `type` does, memoized
  * while the class and its metatype keep their version tags, when the answer is what
  * the class's MRO holds, unchanged by a descriptor (a plain value, or a function,
@@ -622,11 +629,16 @@ class_attr_memo(Instr *in, PyObject *base)
 {
     Memo *m = &in->memo;
     PyTypeObject *cls = (PyTypeObject *)base, *meta = Py_TYPE(base);
-    if (m->of_class && m->type == cls && m->type_version != 0 && type_version(cls) == m->type_version &&
+    if (attr_memos && m->of_class && m->type == cls && m->type_version != 0 && type_version(cls) == m->type_version &&
         m->dict_version != 0 && type_version(meta) == m->dict_version) {
+        attr_memo_hits++;
         return Py_NewRef(m->value);
     }
     PyObject *v = PyObject_GetAttr(base, in->a);
+    if (!attr_memos) {
+        m->of_class = 0;
+        return v;
+    }
     if (v == NULL || meta->tp_getattro != PyType_Type.tp_getattro) {
         return v;
     }
@@ -660,7 +672,8 @@ cached_attr(Instr *in, PyObject *base)
     if (PyType_Check(base)) {
         return class_attr_memo(in, base);
     }
-    if (!m->of_class && memo_holds(m, base)) {
+    if (attr_memos && !m->of_class && memo_holds(m, base)) {
+        attr_memo_hits++;
         return Py_NewRef(m->value);
     }
     PyObject *v = PyObject_GetAttr(base, in->a);
@@ -669,6 +682,9 @@ cached_attr(Instr *in, PyObject *base)
     }
     m->type = NULL;
     m->of_class = 0;
+    if (!attr_memos) {
+        return v;
+    }
     PyObject *d = generic_instance_dict(base);
     if (d != NULL) {
         PyObject *descr = _PyType_Lookup(tp, in->a);   /* (assigns the type a version) */
@@ -1689,6 +1705,26 @@ py_set_tensor_reads(PyObject *self, PyObject *arg)
     return PyBool_FromLong(was);
 }
 
+/* set_attr_memos(bool) -> bool: ATTR loads memoized on version tags from now on (False:
+ * each one a getattr, and the memos made before are dropped); whether they were. */
+static PyObject *
+py_set_attr_memos(PyObject *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) {
+        return NULL;
+    }
+    int was = attr_memos;
+    attr_memos = on;
+    return PyBool_FromLong(was);
+}
+
+static PyObject *
+py_attr_memo_hits(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(attr_memo_hits);
+}
+
 static PyObject *
 py_tensor_reads_count(PyObject *self, PyObject *unused)
 {
@@ -1724,6 +1760,11 @@ static PyMethodDef guard_functions[] = {
      "(1, True and 1.0 differ; so do 0.0 and -0.0; tuples item by item)"},
     {"same_keys", (PyCFunction)(void (*)(void))py_same_keys, METH_FASTCALL,
      "same_keys(iterable, traced) -> bool: tuple(iterable) matches the tuple traced, item by item by same_key"},
+    {"set_attr_memos", py_set_attr_memos, METH_O,
+     "set_attr_memos(bool) -> bool: memoize attribute loads on version tags (False: each one a "
+     "getattr); whether they were memoized"},
+    {"attr_memo_hits", py_attr_memo_hits, METH_NOARGS,
+     "how many attribute loads a version-tag memo has answered"},
     {"tensor_reads_count", py_tensor_reads_count, METH_NOARGS,
      "how many tensor checks the C++ reads have answered"},
     {"set_tensor_reads", py_set_tensor_reads, METH_O,
