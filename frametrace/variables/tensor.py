@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import types
 
 import torch
 
@@ -71,6 +72,7 @@ class TensorVar(Var):
         if attr is None:
             return tensor_attrs.python_attr(tx, self, name)
         if callable(attr):
+            guard_method(tx, self, name)
             return MethodVar(self, name)
         unsupported(f"Tensor attribute {name!r}")
 
@@ -81,6 +83,7 @@ class TensorVar(Var):
         tensor_attrs.del_python_attr(tx, self, name)
 
     def call_method(self, tx, name, args, kwargs):
+        guard_method(tx, self, name)
         if name in SCALAR_METHODS and capturing():
             return scalar_method(tx, self, name, args, kwargs)
         if name == "numpy":
@@ -143,6 +146,52 @@ class TensorVar(Var):
 
     def __repr__(self):
         return f"TensorVar({self.node.name}: {tuple(self.example.shape)} {self.example.dtype})"
+
+
+def guard_method(tx, var, name):
+    """The trace gives `name` torch's meaning for tensors (a graph call, or a rule of
+    its own): the tensor's class must still give torch's method.  A method replaced
+    (``torch.Tensor.sigmoid = lambda self: ...``) is the user's code: a break, where
+    CPython runs it; replaced after the trace, the guard fails and the frame is traced
+    again (a backend that traces the method, as AOTAutograd, would keep the old one)."""
+    cls = var.python_type()
+    attr = getattr(cls, name, None)
+    if attr is None:
+        return
+    # (guarded either way: the frame left to CPython for a replacement is compiled
+    # again once torch's method is back)
+    tx.guards.class_attr(cls, name, attr)
+    if not _torchs_own(cls, attr):
+        unsupported(f"Tensor.{name} is not torch's method (it was replaced by {attr!r})")
+
+
+_SWAPPED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def guard_operator(tx, var, fn, reflected: bool):
+    """`guard_method` for the dunder an operator (`operator.add`, `operator.iadd` ...)
+    calls on the tensor `var`: ``a + b`` runs ``type(a).__add__``, or, for the
+    tensor on the right, ``type(b).__radd__`` (``__gt__`` for ``<``)."""
+    name = getattr(fn, "__name__", "").rstrip("_")
+    if not name:
+        return
+    if reflected:
+        name = _SWAPPED.get(name) or "r" + name.removeprefix("i")
+    guard_method(tx, var, f"__{name}__")
+
+
+def _torchs_own(cls, attr) -> bool:
+    """Whether `attr`, what `cls` gives for a name, is torch's: a Python function of
+    torch's modules, or a C method of one of the class's own bases (TensorBase's,
+    object's), not something assigned to it."""
+    fn = getattr(attr, "__func__", attr)
+    module = getattr(fn, "__module__", None)
+    if isinstance(module, str) and (module == "torch" or module.startswith("torch.")):
+        return True
+    if isinstance(fn, types.FunctionType):
+        return False
+    owner = getattr(attr, "__objclass__", None) or getattr(attr, "__self__", None)
+    return isinstance(owner, type) and owner in cls.__mro__
 
 
 def _is_fake(t) -> bool:
