@@ -22,6 +22,7 @@ from .exc import Unsupported, frame_summary
 from .side_effects import SideEffects
 from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
                      LocalSource)
+from .variables.tensor import guard_operator
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar, TensorVar,
                         TupleVar, Var, unsupported)
 from .variables.builder import wrap
@@ -1371,10 +1372,12 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
     if is_numpy_var(a) or is_numpy_var(b):
         return numpy_binary_op(tx, fn, a, b)
     if isinstance(a, TensorVar):
+        guard_operator(tx, a, fn, reflected=False)
         return tx.output.call("call_function", fn, (a, b), {})
     if isinstance(b, TensorVar) and not (isinstance(a, ListVar) and fn is operator.iadd):
         # Only a tensor has in-place operators here: `x += t` on a number rebinds x to
         # `x + t` (int has no __iadd__), and the graph must record it that way.
+        guard_operator(tx, b, plain, reflected=True)
         return tx.output.call("call_function", plain, (a, b), {})
     if isinstance(a, ListVar) and fn in (operator.iadd, operator.imul):
         a._check_mutable(tx)
