@@ -39,3 +39,9 @@ suppress_errors = False
 # waits longer than this many seconds for another thread's compile runs that call in
 # CPython instead (no deadlock, whatever the other compile waits on).
 compile_lock_timeout = 300.0
+
+# Guards load attributes (a class's, an instance's) from a memo while the version tags
+# of the class, its metatype and the instance dict are unchanged (_C/guards.c,
+# cached_attr).  False: every load is a getattr, to tell a wrong answer of the memo's
+# from another.  Read when an entry is compiled (it applies to every check from then on).
+memoize_attr_guards = True

@@ -323,3 +323,77 @@ def test_hook_the_trace_cannot_follow_is_not_run_by_a_guard():
         end = next(counts)
         assert torch.equal(want, got)
         assert end - middle == middle - start == 3      # two reads (and the count's own)
+
+
+# -- the memoized class-attribute loads (guards.c), on and off --
+
+def _set(name, value):
+    def change(A, B, C, M):
+        setattr(A, name, value)
+    change.__name__ = f"set_{name}_{value!r}"
+    return change
+
+
+def _bases(A, B, C, M):
+    B.__bases__ = (C,)
+
+
+def _meta_property(A, B, C, M):
+    M.k = property(lambda cls: 99)       # a data descriptor of the metatype wins on B.k
+
+
+def _del_k(A, B, C, M):
+    del A.k
+
+
+def _grow_list(A, B, C, M):
+    A.items.append(3)
+
+
+# change -> whether the entry must be compiled again
+MEMO_ATTACKS = [(_set("k", 5), True), (_set("k", 1), False), (_set("k", True), True),
+                (_set("k", 1.0), True), (_set("k", -0.0), True), (_set("k", float("nan")), True),
+                (_bases, True), (_meta_property, True), (_del_k, True), (_grow_list, True),
+                (_set("other", 4), False)]
+
+
+def _memo_classes():
+    class M(type):
+        pass
+
+    class A(metaclass=M):
+        k = 1
+        items = [1]
+
+    class B(A):
+        pass
+
+    class C(metaclass=M):
+        k = 2
+        items = [1, 2]
+    return A, B, C, M
+
+
+def _memo_reads(x, o):
+    k = getattr(type(o), "k", 10)
+    return x + o.k * 0 + k + type(o).__mro__[1].__dict__.get("k", 20) + len(type(o).items) \
+        if hasattr(o, "k") else x + k + len(type(o).items)
+
+
+@pytest.mark.parametrize("memo", [True, False], ids=["memo", "no_memo"])
+@pytest.mark.parametrize("change,recompiles", MEMO_ATTACKS, ids=lambda c: getattr(c, "__name__", str(c)))
+def test_class_attribute_memo_attacks(memo, change, recompiles):
+    from frametrace import _C, config
+    A, B, C, M = _memo_classes()
+    o = B()
+    x = torch.ones(2)
+    was = config.memoize_attr_guards
+    config.memoize_attr_guards = memo
+    try:
+        hits = _C.attr_memo_hits()
+        check(_memo_reads, [(x, o), (x, o), Then(lambda: change(A, B, C, M), x, o), (x, o), (x, o)],
+              compiles=2 if recompiles else 1, breaks=0)
+        assert (_C.attr_memo_hits() > hits) == memo
+    finally:
+        config.memoize_attr_guards = was
+        _C.set_attr_memos(was)
