@@ -45,3 +45,10 @@ compile_lock_timeout = 300.0
 # cached_attr).  False: every load is a getattr, to tell a wrong answer of the memo's
 # from another.  Read when an entry is compiled (it applies to every check from then on).
 memoize_attr_guards = True
+
+# A dict from outside read only by key (`d[k]`, `d.get(k)`, `k in d`) is guarded on
+# those keys alone (present with their values, or absent) until the trace uses it
+# whole, when all its keys are guarded by type and value (variables/containers.py,
+# DictVar.lazy).  False: every such dict is guarded whole (its keys, in order) as soon
+# as it is read, to tell a wrong answer of the lazy guards from another.
+lazy_dict_guards = True

@@ -97,3 +97,167 @@ def _flat(k):
 @pytest.mark.parametrize("kind", MAKERS)
 def test_key_arithmetic(kind):
     check(first_plus_half, _calls([1, True, 1.0, 1, IE.A], MAKERS[kind]), graphs=4, breaks=0)
+
+
+@pytest.mark.parametrize("keys", ["int", "tuple", "zero"])
+@pytest.mark.parametrize("program", [first_is_true, first_type, keys_types], ids=lambda f: f.__name__)
+def test_key_type_recompiles_dynamic(program, keys):
+    # (dynamic=True: a number read from the frame may become a symbolic input; a key
+    # of the dict never does)
+    ks, graphs = KEYS[keys]
+    check(program, _calls(ks, dict), graphs=graphs, breaks=0, dynamic=True)
+
+
+# -- the lazy guards: a dict read by key is guarded on that key alone --
+
+def read_by_key(d, x):
+    return x + d[1] + d.get(2.0, 5) + (1 in d) + (True in d)
+
+
+def test_lookups_by_the_program_s_key_need_no_recompile():
+    # The lookup key is the program's: {True: 3}[1] is 3 in CPython too.  The key
+    # objects the dict holds are not read, so their types do not matter.
+    calls = [({1: 3, 2: 4}, torch.ones(2)), ({True: 3, 2: 4}, torch.ones(2)),
+             ({1.0: 3, 2.0: 4}, torch.ones(2)), ({1: 3}, torch.ones(2)), ({IE.A: 3}, torch.ones(2))]
+    check(read_by_key, calls, graphs=2, breaks=0)
+
+
+def read_then_iterate(d, x):
+    y = x + d[1]
+    for k in d:
+        y = y + (10 if k is True else 1) + (100 if type(k) is float else 0)
+    return y
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_read_by_key_then_whole(lazy, monkeypatch):
+    import frametrace
+    monkeypatch.setattr(frametrace.config, "lazy_dict_guards", lazy)
+    calls = [({1: 3, 2: 4}, torch.ones(2)), ({True: 3, 2: 4}, torch.ones(2)),
+             ({1.0: 3, 2: 4}, torch.ones(2)), ({1: 3, 2: 4}, torch.ones(2)),
+             ({1: 3, 2.0: 4}, torch.ones(2)), ({True: 3, 2: 4}, torch.ones(2))]
+    check(read_then_iterate, calls, graphs=4, breaks=0)
+
+
+def lookup_only(d, x):
+    return x + d.get("a", 0) + ("b" in d)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_lazy_switch(lazy, monkeypatch):
+    import frametrace
+    monkeypatch.setattr(frametrace.config, "lazy_dict_guards", lazy)
+    calls = [({"a": 1}, torch.ones(1)), ({"a": 1, "c": 2}, torch.ones(1)), ({"a": 1, "b": 2}, torch.ones(1)),
+             ({"a": 1, "c": 3}, torch.ones(1))]
+    # lazy: the key "c" is not read; whole: every key and value is guarded
+    check(lookup_only, calls, graphs=2 if lazy else 4, breaks=0)
+
+
+# -- OrderedDict views, popitem, set(d) --
+
+def views(d, x):
+    return x + 1, repr(d.keys()), repr(d.items()), [type(v).__name__ for v in d.values()]
+
+
+def pop_last(d, x):
+    k, v = d.popitem()
+    return x + v, repr(k), type(k).__name__, d
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_views_and_popitem(kind):
+    make = MAKERS[kind]
+    calls = [(make({1: 0, (1, 2): 1}), torch.ones(1)), (make({True: 0, (1, 2): 1}), torch.ones(1)),
+             (make({1: 0, (True, 2): 1}), torch.ones(1)), (make({1: 0, (1, 2): 1}), torch.ones(1))]
+    # (repr() of a dict_items and popitem() are graph breaks: the graph before them is
+    # what is guarded, the key read back runs in CPython)
+    check(views, calls, graphs=3)
+    check(pop_last, calls, graphs=3)
+
+
+# -- NaN keys: a dict finds a NaN only by identity --
+
+NAN_A, NAN_B = float("nan"), float("nan")
+
+
+def key_in(d, x, k):
+    return x + 1, k in d, d.get(k, "absent")
+
+
+def test_nan_lookup_is_not_answered_from_the_trace():
+    # The trace's lookup would be made with the traced NaN object; which NaN object
+    # the program holds at run time is not guarded: the lookup runs in CPython.
+    calls = [({1: 1}, torch.ones(1), NAN_A), ({NAN_A: 1}, torch.ones(1), NAN_B),
+             ({NAN_B: 1}, torch.ones(1), NAN_B), ({NAN_A: 1}, torch.ones(1), NAN_A),
+             ({1: 1}, torch.ones(1), NAN_B)]
+    r = check(key_in, calls)
+    assert r.breaks >= 1 and any("NaN" in reason for reason in r.reasons())
+
+
+def nan_first(d, x):
+    k = next(iter(d))
+    return x + 1, k != k, k in [NAN_A], repr(k)
+
+
+def test_nan_key_read_back():
+    calls = [({NAN_A: 1}, torch.ones(1)), ({NAN_B: 1}, torch.ones(1)), ({NAN_A: 1}, torch.ones(1)),
+             ({1.0: 1}, torch.ones(1))]
+    check(nan_first, calls)
+
+
+# -- frozenset keys, and constant values other than dict keys --
+
+def frozen_first(d, x):
+    k = next(iter(d))
+    return x + 1, repr(sorted(k, key=repr)), [type(m).__name__ for m in k]
+
+
+def test_frozenset_keys():
+    calls = [({frozenset({1, 2}): 0}, torch.ones(1)), ({frozenset({True, 2}): 0}, torch.ones(1)),
+             ({frozenset({1.0, 2}): 0}, torch.ones(1)), ({frozenset({1, 2}): 0}, torch.ones(1))]
+    check(frozen_first, calls)
+
+
+def slice_parts(s, x):
+    return x[s], s.start is True, type(s.stop).__name__, repr(s)
+
+
+def test_slice_values_by_type():
+    calls = [(slice(1, 3), torch.arange(4.0)), (slice(True, 3), torch.arange(4.0)),
+             (slice(1, 3), torch.arange(4.0)), (slice(1, True), torch.arange(4.0)),
+             (slice(True, 3), torch.arange(4.0))]
+    check(slice_parts, calls, graphs=3, breaks=0)
+
+
+def complex_text(c, x):
+    return x + 1, repr(c), str(c.imag)
+
+
+def test_complex_signed_zeros():
+    calls = [(complex(1, 0.0), torch.ones(1)), (complex(1, -0.0), torch.ones(1)),
+             (complex(-0.0, 1), torch.ones(1)), (complex(1, 0.0), torch.ones(1)),
+             (complex(1, -0.0), torch.ones(1))]
+    check(complex_text, calls, graphs=3, breaks=0)
+
+
+def element_types(seq, x):
+    return x + 1, [type(v).__name__ for v in seq], seq[0] is True
+
+
+@pytest.mark.parametrize("make", [list, tuple], ids=["list", "tuple"])
+def test_sequence_elements_by_type(make):
+    calls = [(make([1, (2,)]), torch.ones(1)), (make([True, (2,)]), torch.ones(1)),
+             (make([1.0, (2,)]), torch.ones(1)), (make([1, (True,)]), torch.ones(1)),
+             (make([IE.A, (2,)]), torch.ones(1)), (make([1, (2,)]), torch.ones(1))]
+    check(element_types, calls, graphs=5, breaks=0)
+
+
+def set_members(s, x):
+    return x + 1, sorted(type(v).__name__ for v in s)
+
+
+@pytest.mark.parametrize("make", [set, frozenset])
+def test_set_members_by_type(make):
+    calls = [(make({1, 2}), torch.ones(1)), (make({True, 2}), torch.ones(1)),
+             (make({1.0, 2}), torch.ones(1)), (make({1, 2}), torch.ones(1))]
+    check(set_members, calls)

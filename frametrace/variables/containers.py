@@ -306,6 +306,9 @@ class DictVar(CollectionVar):
         CollectionVar.__init__(var, source)
         _ITEMS.__set__(var, {})     # the items wrapped so far
         var._lazy = (dict(value), weakref.ref(tx.root))
+        from .. import config
+        if not config.lazy_dict_guards:
+            var.items       # wrapped whole now: every key guarded by the keys guard
         return var
 
     def _tracer(self):

@@ -416,6 +416,10 @@ def rebuild_container(cls, value, attrs):
 def base_repr(var) -> str:
     """repr() as the builtin base writes it, for a container of constants."""
     if not is_user_container(var):
+        from .stdlib import DefaultDictVar
+        if isinstance(var, DefaultDictVar):
+            # (its text names the factory, which is a Var: its as_const() is a plain dict)
+            unsupported("repr() of a defaultdict")
         return repr(_const_of(var))
     base = var.base_class()
     if base in (set, frozenset):
