@@ -484,6 +484,18 @@ class GuardSet:
         else:
             self.identity(source, value)
 
+    def class_mro(self, cls):
+        """What `cls` is a subclass of (isinstance, issubclass answered while tracing)
+        holds: its MRO is the tuple traced (assigning ``__bases__``, of the class or a
+        base, gives it a new one).  Builtin classes cannot be changed so, and torch's
+        are not."""
+        if not isinstance(cls, type) or cls.__flags__ & _IMMUTABLE_TYPE or \
+                (getattr(cls, "__module__", None) or "").split(".")[0] == "torch":
+            return
+        src = AttrSource(ConstSource(cls, cls.__qualname__), "__mro__")
+        self._add(src, "MRO", f"{src.guard_expr()} is {self.const(cls.__mro__)}",
+                  f"{src.name()} is the MRO traced", spec=one_check(src, "IS", cls.__mro__))
+
     def class_attr(self, cls, name: str, found, after=None):
         """The trace took what `cls` (an object's type, fixed by a type or identity
         guard) defines for `name`: `found` from its MRO's dicts, or None.  Guards what
@@ -716,6 +728,7 @@ _FUNC, _GLOBALS = _Marker("___func"), _Marker("___G")
 _MODULE_GETATTR = torch.nn.Module.__getattr__
 _OPS = _C.GUARD_OPS
 _C_DISTINCT = 32    # distinct(): at most this many sources checked pairwise in C
+_IMMUTABLE_TYPE = 1 << 8    # Py_TPFLAGS_IMMUTABLETYPE: a builtin class, whose bases are fixed
 _KEY_TYPES = (str, int)     # item keys written as their repr in the Python check
 
 

@@ -397,3 +397,49 @@ def test_class_attribute_memo_attacks(memo, change, recompiles):
     finally:
         config.memoize_attr_guards = was
         _C.set_attr_memos(was)
+
+
+# -- what a class is a subclass of: its MRO, which `__bases__` assignment replaces --
+
+class GA:
+    k = 1
+
+
+class GC:
+    k = 100
+
+
+class GB(GA):
+    pass
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("isinstance", lambda x, o: x + isinstance(o, GA)),
+    ("issubclass", lambda x, o: x + issubclass(type(o), GA) + issubclass(GB, GC)),
+    ("isinstance_walked", lambda x, o: x + isinstance(o, o.__class__.__base__)),
+])
+def test_subclass_answers_follow_bases_assignment(name, fn):
+    class Base(GA):
+        pass
+    o = Base()
+    x = torch.ones(2)
+
+    def rebase():
+        Base.__bases__ = (GC,)
+    check(fn, [(x, o), (x, o), Then(rebase, x, o), (x, o)], compiles=2, breaks=0)
+
+
+def test_vars_of_a_walked_class():
+    A, B = classes()
+
+    def f(x, o):
+        return x + sum(v for k, v in vars(type(o).__mro__[1]).items() if k == "k") + len(vars(type(o)))
+
+    def change():
+        A.k = 6
+
+    def add():
+        B.extra = 1
+    o = B()
+    x = torch.ones(2)
+    check(f, [(x, o), (x, o), Then(change, x, o), Then(add, x, o), (x, o)], compiles=3, breaks=0)

@@ -814,6 +814,8 @@ def _class_covers(t, classes, tx=None):
         answer = issubclass(t, classes)
     except TypeError:
         unsupported(f"isinstance with {classes!r}")
+    if tx is not None:
+        tx.guards.class_mro(t)      # (`__bases__` can be assigned)
     # A register() can turn an ABC's False into True; a True stays (registries and the
     # ABCs' positive caches only grow).
     if tx is not None and not answer and any(
@@ -1396,8 +1398,9 @@ def _vars(tx, args, kwargs):
     if not args and not kwargs:
         return tx.frame_locals()              # vars() is locals()
     if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
-            args[0], ObjectVar) and type(args[0].value) is types.ModuleType):
-        return args[0].getattr(tx, "__dict__")
+            args[0], ObjectVar) and (type(args[0].value) is types.ModuleType or
+                                     isinstance(args[0].value, type) and args[0].source is not None)):
+        return args[0].getattr(tx, "__dict__")      # (a class's: read through its source)
 
 
 def _setattr(tx, args, kwargs):
