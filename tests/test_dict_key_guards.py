@@ -261,3 +261,25 @@ def test_set_members_by_type(make):
     calls = [(make({1, 2}), torch.ones(1)), (make({True, 2}), torch.ones(1)),
              (make({1.0, 2}), torch.ones(1)), (make({1, 2}), torch.ones(1))]
     check(set_members, calls)
+
+
+# -- lookup keys the program holds that are not plain constants --
+
+def get_and_in(d, k, x):
+    return x + d.get(k, 0), k in d
+
+
+def test_intenum_and_tuple_lookup_keys():
+    # An IntEnum member finds the int key it equals; the dict is then guarded whole
+    # (a guard on `d[IE.A]` alone cannot be written).  Was an internal error.
+    calls = [({1: 1}, IE.A, torch.ones(1)), ({1: 2}, IE.A, torch.ones(1)), ({True: 3}, IE.A, torch.ones(1)),
+             ({2: 3}, IE.A, torch.ones(1)), ({(1, 2): 1}, (True, 2), torch.ones(1)),
+             ({(1, 2): 1}, (1.0, 2), torch.ones(1))]
+    r = check(get_and_in, calls)
+    assert r.fallbacks == 0 and r.breaks == 0
+
+
+def test_str_subclass_lookup_key():
+    calls = [({"a": 1}, S("a"), torch.ones(1)), ({"a": 1}, "a", torch.ones(1)),
+             ({S("a"): 1}, "a", torch.ones(1)), ({"b": 1}, S("a"), torch.ones(1))]
+    check(get_and_in, calls)

@@ -355,7 +355,9 @@ class DictVar(CollectionVar):
     def lookup(self, k, default=None):
         """The Var of key `k` (a key as `_dict_key` gives it), or `default`."""
         lazy = self._lazy
-        if lazy is None or isinstance(k, VarKey):
+        if lazy is None or isinstance(k, VarKey) or not constant_key(k):
+            # (a key of another kind, an IntEnum member say, is looked up in the dict
+            # wrapped whole: a guard on `d[k]` alone would need k written in the check)
             return self.items.get(k, default)
         got = _ITEMS.__get__(self)
         if k in got:

@@ -707,7 +707,7 @@ def wrap_container_subclass(tx, value, source, guards):
             f"{reader}({e}) == {shape}"
         guards._add(source, "KEYS" if is_map else "LEN", expr,
                     f"{source.name()} has {'keys ' + repr(list(shape)) if is_map else f'length {shape}'}")
-        guards._add(source, "DICT", f"___tuple({e}.__dict__) == {guards.const(tuple(own))}",
+        guards._add(source, "DICT", f"___same_keys({e}.__dict__, {guards.const(tuple(own))})",
                     f"{source.name()}.__dict__ has names {list(own)}")
 
     def sub(key):
