@@ -403,6 +403,9 @@ class OutputGraph:
             if bindings:
                 node.meta["unbacked_bindings"] = bindings
                 self.has_unbacked = True
+                # (the frame's graph too: its compile runs the assert pass over the
+                # bodies of cond, map ... where such a symbol is bound)
+                self.frame.has_unbacked = True
 
     def _drop_unbound_symbols(self):
         # An op that failed may have made unbacked symbols no node will bind.
@@ -544,6 +547,11 @@ class OutputGraph:
             root.add_module(sub_name, sub)
         gm = fx.GraphModule(root, self.graph, class_name=name)
         if self.has_unbacked:
+            # Bodies first, as torch.compile does: their torch._check calls become
+            # aten._assert_scalar nodes, which AOTAutograd keeps (it would trace a
+            # torch._check into its own ShapeEnv and check it nowhere).
+            for sub in [m for m in gm.modules() if m is not gm and isinstance(m, fx.GraphModule)][::-1]:
+                insert_runtime_asserts(sub, self.shape_env, name)
             insert_runtime_asserts(gm, self.shape_env, name)
         gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]
         example_inputs = [i.value for i in self.inputs]
@@ -572,9 +580,48 @@ def insert_runtime_asserts(gm, shape_env, name):
     size being >= 0, a view's divisibility) is checked when the graph runs: no guard
     can check it before.  (A fact about input sizes alone is a guard instead.)"""
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
-    with enable_python_dispatcher():
+    for node in gm.graph.nodes:
+        if node.target is torch._check and len(node.args) == 1 and "message" not in node.kwargs:
+            # The pass turns it into an aten._assert_scalar of a message of its own: the
+            # one torch._check raises keeps a failing graph's error CPython's.
+            node.args = (node.args[0], _CHECK_MESSAGE)
+    with enable_python_dispatcher(), _unbacked_unreplaced(shape_env):
         insert_deferred_runtime_asserts(gm, shape_env, name)
     gm.recompile()
+
+
+_CHECK_MESSAGE = ("Expected cond to be True, but got False. (Could this error message be "
+                  "improved? If so, please report an enhancement request to PyTorch.)")
+
+
+@contextlib.contextmanager
+def _unbacked_unreplaced(shape_env):
+    """The ShapeEnv without its replacements of data-read symbols, while the assert
+    pass runs.  `torch._check(u0 == a + b)` makes u0 stand for `a + b`; the pass then
+    hash-conses the `.item()` node that defines u0 with the graph's own `a + b` node
+    (both "are" a + b), and the assert becomes `item == item`: checked by nothing.
+    Without the replacement each node keeps its own symbol and the check compares
+    the value read with the sizes."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    saved = {s: r for s, r in shape_env.replacements.items()
+             if free_unbacked_symbols(s) or free_unbacked_symbols(r)}
+
+    def changed():
+        # SymNode.expr and ShapeEnv.replace cache on these counters
+        shape_env._replacements_version_counter += 1
+        shape_env._version_counter += 1
+        shape_env._update_version_counter()
+
+    for s in saved:
+        del shape_env.replacements[s]
+    if saved:
+        changed()
+    try:
+        yield
+    finally:
+        if saved:
+            shape_env.replacements.update(saved)
+            changed()
 
 
 # Tensor methods whose answer depends on memory layout.
