@@ -244,6 +244,18 @@ class ObjectVar(ValueVar):
             attr = getattr(self.value, name)
         except AttributeError:
             unsupported(f"{self.value!r} has no attribute {name!r}")
+        if type(attr) is types.BuiltinMethodType and attr.__self__ is self.value and \
+                type(self.value) in (set, frozenset, list, dict, tuple, str, bytes):
+            # A method of a builtin container this Var holds opaquely (a set from outside,
+            # a dict with keys no guard compares): wrap() hands such a method back to its
+            # owner's Var, which is this one (`m = s.add` recursed until the C stack
+            # ran out).  Its calls would change or read state no guard covers: a call
+            # is a graph break, and CPython makes it on the method read again.
+            reason = f"{type(self.value).__name__}.{name} of a {type(self.value).__name__} " \
+                "the trace holds as an opaque object"
+            if self.source is None:
+                unsupported(reason)
+            return ForeignCallableVar(attr, AttrSource(self.source, name), reason)
         source = AttrSource(self.source, name) if self.source is not None else None
         # Guarded even on torch and the standard library: `math.sqrt = ...` is legal.
         return wrap(tx, attr, source)
