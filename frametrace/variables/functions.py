@@ -596,3 +596,38 @@ def cached_call(tx, fn_var, args, kwargs):
         unsupported(f"{fn.__qualname__} (lru_cache) returned a {type(result).__name__}")
     base = fn_var.source if fn_var.source is not None else ConstSource(fn, fn.__qualname__)
     return wrap(tx, result, CallMethodSource(base, "__call__", consts))
+
+
+# Opcodes by which a function's own code changes state outside its frame.
+_OUTSIDE_STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR"})
+_CELL_STORES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
+
+
+def visible_outside_writes(fn) -> str | None:
+    """What the code of `fn` (and of functions defined in it) writes outside its own
+    frame, by its own instructions: a global, a `nonlocal` of an enclosing function, an
+    attribute of anything (an object's, a module's; a tensor's cannot be told apart).
+    None when there is none, or when `fn` is not a Python function.  Writes made by
+    the functions it calls are not seen."""
+    import dis
+    code = getattr(fn, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
+        return None
+    outer_free = set(code.co_freevars)
+
+    def scan(c, top):
+        for inst in dis.get_instructions(c):
+            if inst.opname in _OUTSIDE_STORES:
+                what = "global" if "GLOBAL" in inst.opname else "attribute"
+                return f"writes the {what} {inst.argval!r}"
+            if inst.opname in _CELL_STORES and inst.argval in (c.co_freevars if top else
+                                                                set(c.co_freevars) & outer_free):
+                return f"writes the nonlocal {inst.argval!r}"
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                found = scan(const, False)
+                if found:
+                    return found
+        return None
+
+    return scan(code, True)

@@ -318,11 +318,40 @@ class ObjectVar(ValueVar):
 
 
 class InGraphCallVar(ObjectVar):
-    """A function torch.compiler.allow_in_graph registered: each call is one graph node."""
+    """A function torch.compiler.allow_in_graph registered: each call is one graph node,
+    run on FakeTensors while tracing (as torch.compile does).  Two kinds of call are
+    left to CPython (a graph break) before that run: one that passes the graph no
+    tensor (nothing ties it to the graph, which dropped it, so a function kept for its
+    effects ran once, at trace time), and one of a function whose own code writes a
+    global, a nonlocal or an attribute (the trace-time run would make that write once
+    more than CPython).  Effects through the functions it calls are not seen."""
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        return tx.output.call("call_function", self.value, tuple(args), kwargs)
+        from .functions import visible_outside_writes
+        name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
+        if not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
+            unsupported(f"{name} called with no tensor: the graph would not keep the call; "
+                        "CPython makes it")
+        writes = visible_outside_writes(self.value)
+        if writes is not None:
+            unsupported(f"{name} {writes}: its run while tracing would repeat the write; "
+                        "CPython makes the call")
+        out = tx.output.call("call_function", self.value, tuple(args), kwargs)
+        if not (isinstance(out, ConstVar) and out.value is None) and not _holds_graph_value(out):
+            unsupported(f"{name} returned no tensor: the graph would not keep the call")
+        return out
+
+
+def _holds_graph_value(v) -> bool:
+    from .symbolic import SymNodeVar
+    from .tensor import TensorVar
+    if isinstance(v, (TensorVar, SymNodeVar)):
+        return True
+    items = getattr(v, "items", None)
+    if isinstance(items, dict):
+        items = items.values()
+    return isinstance(items, (list, tuple, type({}.values()))) and any(map(_holds_graph_value, items))
 
 
 class ConstantResultVar(ObjectVar):

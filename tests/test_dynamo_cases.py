@@ -1,0 +1,340 @@
+"""Cases from PyTorch's own Dynamo tests that frametrace got wrong (issue 29, class 10):
+an allow_in_graph function kept for its Python effects, torch._check facts that no
+runtime assert checked, a method read from a set held opaquely, and an object made in
+the frame that fills a read-only property through its __dict__."""
+import pytest
+import torch
+from torch._higher_order_ops.wrap import wrap
+
+import frametrace
+import frametrace.testing
+from frametrace import convert
+from differential import check
+
+
+# ---------------------------------------------------------------- allow_in_graph
+def _counting_closure():
+    count = 0
+
+    @torch.compiler.allow_in_graph
+    def bump():
+        nonlocal count
+        count += 1
+
+    def f(x):
+        before = count
+        y = x * 2
+        bump()
+        return y + (count - before), count - before
+
+    return f
+
+
+LOG = []
+
+
+@torch.compiler.allow_in_graph
+def _note():
+    LOG.append(len(LOG))
+
+
+def test_allow_in_graph_without_tensors_runs_on_every_call():
+    # (torch.compile's test: the call took no tensor, the graph dropped it, and its
+    # effect happened once, while tracing)
+    def f(x):
+        y = x * 2
+        _note()
+        return y + 1
+
+    r = check(f, [torch.ones(2), torch.ones(2), torch.ones(2)], globals=("LOG",), breaks=1)
+    assert r.graphs >= 1
+
+
+def test_allow_in_graph_without_tensors_counts_exactly():
+    f, g = _counting_closure(), _counting_closure()
+    c = frametrace.optimize("eager")(g)
+    for _ in range(4):
+        assert f(torch.ones(2))[1] == c(torch.ones(2))[1] == 1
+    assert f.__closure__[0].cell_contents.__closure__[0].cell_contents == 4
+    assert g.__closure__[0].cell_contents.__closure__[0].cell_contents == 4
+
+
+CALLS = 0
+
+
+@torch.compiler.allow_in_graph
+def _double_counting_global(x):
+    global CALLS
+    CALLS += 1
+    return x * 2
+
+
+class _State:
+    def __init__(self):
+        self.n = 0
+
+
+STATE = _State()
+
+
+@torch.compiler.allow_in_graph
+def _double_counting_attribute(x):
+    STATE.n += 1
+    return x * 2
+
+
+@pytest.mark.parametrize("fn", [_double_counting_global, _double_counting_attribute])
+def test_allow_in_graph_writing_outside_state_runs_once_per_call(fn):
+    def f(x):
+        return fn(x.sin()) + 1
+
+    r = check(f, [torch.randn(3), torch.randn(3), torch.randn(3)], globals=("CALLS", "STATE"),
+              breaks=1)
+    assert r.graphs >= 1
+
+
+def test_allow_in_graph_writing_a_nonlocal_with_a_tensor():
+    seen = []
+
+    def make():
+        n = 0
+
+        @torch.compiler.allow_in_graph
+        def g(x):
+            nonlocal n
+            n += 1
+            seen.append(n)
+            return x + 1
+
+        def f(x):
+            return g(x * 2)
+        return f
+
+    f, h = make(), make()
+    c = frametrace.optimize("eager")(h)
+    for _ in range(3):
+        torch.testing.assert_close(f(torch.ones(2)), c(torch.ones(2)))
+    assert seen == [1, 1, 2, 2, 3, 3]
+
+
+@torch.compiler.allow_in_graph
+def _pure(x, k):
+    return x * k + 1
+
+
+def test_allow_in_graph_pure_function_stays_one_node():
+    def f(x):
+        return _pure(x.cos(), 3) - 1
+
+    r = check(f, [torch.randn(3), torch.randn(3)], graphs=1, breaks=0)
+    assert _pure in [n.target for n in r.records[0].graph_module.graph.nodes]
+
+
+# ---------------------------------------------------------------- torch._check
+@pytest.fixture
+def capture_scalars(monkeypatch):
+    monkeypatch.setattr(frametrace.config, "capture_scalar_outputs", True)
+    monkeypatch.setattr(frametrace.config, "capture_dynamic_output_shape_ops", True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_check_of_unbacked_against_sum_of_sizes(capture_scalars, backend):
+    # torch._check(u0 == a + b) made u0 stand for a + b, and the assert pass merged the
+    # item() node with the graph's a + b: `item == item`, checked by nothing.
+    def f(x, y, n):
+        u0 = n.item()
+        torch._check(u0 == x.size(0) + y.size(0))
+        return x.sum() + y.sum() + u0
+
+    r = check(f, [(torch.ones(2), torch.ones(3), torch.tensor(5)),
+                  (torch.ones(2), torch.ones(3), torch.tensor(6)),
+                  (torch.ones(4), torch.ones(3), torch.tensor(7)),
+                  (torch.ones(4), torch.ones(5), torch.tensor(8))],
+              backend=backend, dynamic=True, graphs=1, breaks=0)
+    assert r.compiles == 1
+
+
+def _nonzero_multiple_of_4(x):
+    y = x.nonzero()
+    torch._check(y.shape[0] % 4 == 0)
+    return torch.zeros(y.shape[0]) + x.sum()
+
+
+def _in_cond(x):
+    return torch.cond(x.shape[0] % 4 == 0, lambda: _nonzero_multiple_of_4(x),
+                      lambda: _nonzero_multiple_of_4(x))
+
+
+def _in_checkpoint(x):
+    return torch.utils.checkpoint.checkpoint(_nonzero_multiple_of_4, x, use_reentrant=False)
+
+
+def _in_wrap(x):
+    return wrap(_nonzero_multiple_of_4, x)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", [_in_cond, _in_checkpoint, _in_wrap])
+def test_check_inside_a_higher_order_op_is_enforced(capture_scalars, backend, fn):
+    # (torch.compile's test_cond_runtime_assert_generation: the body's torch._check
+    # stayed a Python call, which AOTAutograd traced into its own ShapeEnv and checked
+    # nowhere)
+    r = check(fn, [torch.ones(4, 4), torch.ones(5, 5), torch.zeros(3, 3), torch.ones(2, 2),
+                   torch.ones(3, 3)],
+              backend=backend, dynamic=True, breaks=0, fallbacks=0)
+    assert r.graphs >= 1
+
+
+# ---------------------------------------------------------------- methods of opaque sets
+S = {1, 2}
+D = {1.5: 2}
+
+
+class _Holder:
+    def __init__(self):
+        self.s = {10}
+
+
+H = _Holder()
+
+
+def _read_add(x):
+    y = x * 2
+    m = S.add
+    m(3)
+    return y + len(S)
+
+
+def _call_add(x):
+    y = x * 2
+    S.add(4)
+    return y + len(S)
+
+
+def _read_discard(x):
+    y = x * 2
+    m = S.discard
+    m(1)
+    return y + len(S)
+
+
+def _read_copy(x):
+    y = x * 2
+    m = S.copy
+    return y + len(m())
+
+
+def _attribute_set(x):
+    y = x * 2
+    m = H.s.add
+    m(11)
+    return y + len(H.s)
+
+
+def _float_keyed_dict(x):
+    y = x * 2
+    m = D.setdefault
+    m(2.5, 3)
+    return y + len(D)
+
+
+@pytest.mark.parametrize("fn", [_read_add, _call_add, _read_discard, _read_copy, _attribute_set,
+                                _float_keyed_dict])
+def test_method_of_a_set_held_opaquely(fn):
+    # `m = s.add` of a set from outside: wrap() handed the method to its owner's Var,
+    # which wrapped it again (RecursionError, the frame ran in CPython)
+    # (each call starts from fresh copies of the globals: a new set, so a new compile)
+    r = check(fn, [torch.ones(2), torch.ones(2), torch.ones(2)], globals=("S", "D", "H"))
+    assert r.graphs >= 2 and r.fallbacks == 0
+    if fn is not _float_keyed_dict:
+        assert r.breaks >= 3 and "opaque object" in r.reasons()[0], r
+
+
+def test_method_of_a_closure_set():
+    def make():
+        cs = {5}
+
+        def f(x):
+            y = x + 1
+            m = cs.add
+            m(len(cs) + 5)
+            return y * len(cs), sorted(cs)
+        return f
+
+    f, g = make(), make()
+    counter = frametrace.testing.CompileCounter()
+    c = frametrace.optimize(counter)(g)
+    errors = convert.counters["internal_error"]
+    for _ in range(3):
+        a, b = f(torch.ones(2)), c(torch.ones(2))
+        torch.testing.assert_close(a[0], b[0])
+        assert a[1] == b[1]
+    assert convert.counters["internal_error"] == errors and counter.frame_count >= 2
+
+
+def test_method_of_a_set_made_in_the_frame():
+    def f(x):
+        s = {1}
+        m = s.add
+        m(2)
+        return x + len(s), s
+
+    check(f, [torch.ones(2), torch.ones(2)], graphs=1, breaks=0)
+
+
+# ---------------------------------------------------------------- objects rebuilt
+class _ReadOnly:
+    def __init__(self, v):
+        self.__dict__["x"] = v
+
+    @property
+    def x(self):
+        return self.__dict__["x"] * 10
+
+
+class _SetterRaises:
+    def __init__(self, v):
+        self.__dict__["x"] = v
+        self.y = v + 1
+
+    @property
+    def x(self):
+        return -1
+
+    @x.setter
+    def x(self, v):
+        raise RuntimeError("setter ran")
+
+
+class _SlotsAndDict:
+    __slots__ = ("a", "__dict__")
+
+    def __init__(self, v):
+        self.a = v
+        self.b = v
+
+
+class _OwnSetattr:
+    def __setattr__(self, k, v):
+        raise RuntimeError("no")
+
+    def __init__(self, v):
+        object.__setattr__(self, "z", v)
+
+
+@pytest.mark.parametrize("cls", [_ReadOnly, _SetterRaises, _SlotsAndDict, _OwnSetattr])
+def test_object_made_in_the_frame_is_rebuilt_where_it_held_its_values(cls):
+    # A read-only property filled through self.__dict__: the rebuild set it with
+    # object.__setattr__, which raised (or ran the property's setter).
+    def f(t):
+        o = cls(3)
+        return t + 1, o
+
+    r = check(f, [torch.ones(2), torch.ones(2)], graphs=1, breaks=0)
+    assert r.fallbacks == 0
+    out = frametrace.optimize("eager")(f)(torch.ones(2))[1]
+    assert type(out) is cls
+    if cls is _ReadOnly:
+        assert out.x == 30 and vars(out) == {"x": 3}
+    if cls is _SlotsAndDict:
+        assert out.a == 3 and vars(out) == {"b": 3}
