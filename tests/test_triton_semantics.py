@@ -18,6 +18,16 @@ from frametrace.backends.triton import autotune, backend, config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
+
+@pytest.fixture
+def reruns(caplog):
+    """How many times a compiled graph raised and its frame ran in CPython: only the
+    calls where eager raises may (a check that fired on valid data would pass for right,
+    its frame rerun in CPython)."""
+    import logging
+    caplog.set_level(logging.INFO, logger="frametrace")
+    return lambda: sum("the frame runs in CPython" in r.getMessage() for r in caplog.records)
+
 NAN, INF = float("nan"), float("inf")
 
 
@@ -70,7 +80,7 @@ REDUCTIONS = {
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
 @pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
-def test_max_min_and_their_indices_propagate_nan(name, looped, monkeypatch):
+def test_max_min_and_their_indices_propagate_nan(name, looped, monkeypatch, reruns):
     if looped:
         short_loops(monkeypatch, rblock=8)
     n = 20 if looped else 6
@@ -80,16 +90,18 @@ def test_max_min_and_their_indices_propagate_nan(name, looped, monkeypatch):
     check(fn, [no_nan, x, x.flip(1), x[[3, 0, 6, 1]], torch.randn(8, n)], backend="triton",
           graphs=None, max_graphs=3)
     assert_kernels("tl.reduce(")
+    assert reruns() == 0
 
 
-def test_max_of_a_transposed_input_propagates_nan():
+def test_max_of_a_transposed_input_propagates_nan(reruns):
     """An outer reduction (loads contiguous along the kept axis)."""
     x = rows(6).t().contiguous().t()
     check(lambda x: (x.amax(1), x.argmin(1)), [x, x * 2], backend="triton")
     assert_kernels("tl.reduce(")
+    assert reruns() == 0
 
 
-def test_split_max_propagates_nan(monkeypatch):
+def test_split_max_propagates_nan(monkeypatch, reruns):
     """A long row of few outputs is reduced in two kernels (chunks, then partials): NaN in
     one chunk reaches the result."""
     monkeypatch.setattr(autotune, "SPLIT_MIN_CHUNK", {False: 64, True: 16})
@@ -100,17 +112,19 @@ def test_split_max_propagates_nan(monkeypatch):
     check(lambda x: (x.max(), x.amin()), [x, y], backend="triton")
     assert len([k for m in backend.COMPILED for k in m.kernels if k.group.reduction]) >= 2, \
         "the reduction was not split"
+    assert reruns() == 0
 
 
-def test_integer_max_and_argmax():
+def test_integer_max_and_argmax(reruns):
     """The NaN rule (`a != a`) is False for integers: ties and extremes as torch."""
     x = torch.tensor([[3, 7, 7, -2], [-9, -9, 0, 0], [2**62, -(2**62), 5, 2**62]])
     check(lambda x: (x.amax(1), x.argmax(1), x.argmin(1), x.min()), [x, x.flip(1)],
           backend="triton")
     assert_kernels("tl.reduce(")
+    assert reruns() == 0
 
 
-def test_elementwise_maximum_minimum_clamp_propagate_nan():
+def test_elementwise_maximum_minimum_clamp_propagate_nan(reruns):
     a = torch.tensor([NAN, 1.0, NAN, -INF, -0.0, 0.0, 2.0, INF])
     b = torch.tensor([1.0, NAN, NAN, INF, 0.0, -0.0, -3.0, NAN])
     lo = torch.tensor([0.0, 0.0, NAN, 1.0, 0.0, 0.0, NAN, 0.0])
@@ -120,6 +134,7 @@ def test_elementwise_maximum_minimum_clamp_propagate_nan():
                 a.clamp(max=lo), b.clamp(lo, lo + 1), a.clamp(NAN, 1.0))
     check(f, [(a, b, lo), (b, a, lo.flip(0))], backend="triton")
     assert_kernels("propagate_nan")
+    assert reruns() == 0
 
 
 # -- indices ----------------------------------------------------------------------------
@@ -153,7 +168,7 @@ def _index_cases():
 
 
 @pytest.mark.parametrize("case", _index_cases(), ids=lambda c: c[0])
-def test_an_index_out_of_range_raises_as_in_eager(case, monkeypatch):
+def test_an_index_out_of_range_raises_as_in_eager(case, monkeypatch, reruns):
     """Valid calls, then out-of-range ones (past the end, below -size or, where eager takes
     no negative index, -1), then a valid one: each as CPython.  A failed check is the
     program's error, not a kernel failing its first launch: the graph keeps its kernels
@@ -166,17 +181,19 @@ def test_an_index_out_of_range_raises_as_in_eager(case, monkeypatch):
     assert_kernels("tl.device_assert(")
     assert backend.STATS["eager_graphs"] == eager_before
     assert backend.STATS["fallback_nodes"] == nodes_before
+    assert reruns() == len(bad)
 
 
-def test_an_index_out_of_range_raises_at_the_first_call():
+def test_an_index_out_of_range_raises_at_the_first_call(reruns):
     """The first call (which compiles and launches the kernels first) raises eager's error,
     and the compiled graph stays kernels for the next call."""
     fn = lambda w, i: w.index_select(0, i).sin()  # noqa: E731
     check(fn, [(W, torch.tensor([7])), (W, torch.tensor([1]))], backend="triton")
     assert_kernels("tl.device_assert(")
+    assert reruns() == 1
 
 
-def test_indices_checked_against_a_symbolic_size():
+def test_indices_checked_against_a_symbolic_size(reruns):
     """With dynamic sizes the bound is the kernel's size argument, not the traced size."""
     def f(w, i):
         return w[i] + 1, w.gather(0, i[:, None].expand(-1, w.shape[1]).clamp(min=0))
@@ -187,6 +204,7 @@ def test_indices_checked_against_a_symbolic_size():
     src = sources()
     assert "tl.device_assert(" in src
     assert any(m.symbolic for m in backend.COMPILED), "the sizes did not become symbolic"
+    assert reruns() == 3
 
 
 def test_an_error_raised_where_the_frame_cannot_run_again_has_eagers_type():
@@ -208,12 +226,13 @@ def test_an_error_raised_where_the_frame_cannot_run_again_has_eagers_type():
     assert_kernels("tl.device_assert(")
 
 
-def test_check_indices_switch(monkeypatch):
+def test_check_indices_switch(monkeypatch, reruns):
     """`config.check_indices = False`: no checks in the kernels (an index out of range
     then reads whatever memory it names)."""
     monkeypatch.setattr(config, "check_indices", False)
     check(lambda w, i: w[i] * 2, [(W, torch.tensor([0, -1]))], backend="triton")
     assert_kernels("tl.load(", absent=("tl.device_assert(",))
+    assert reruns() == 0
 
 
 # -- integer division by zero ---------------------------------------------------------------
@@ -230,7 +249,7 @@ DIVISIONS = {
 
 @pytest.mark.parametrize("name", sorted(DIVISIONS))
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_an_integer_division_by_zero_raises_on_the_cpu(name, dtype):
+def test_an_integer_division_by_zero_raises_on_the_cpu(name, dtype, reruns):
     """37 elements: lanes past the end of the last block (whose loads give 0) are not
     checked; a zero divisor first, last or alone raises."""
     a = torch.arange(-18, 19, dtype=dtype)
@@ -243,16 +262,38 @@ def test_an_integer_division_by_zero_raises_on_the_cpu(name, dtype):
     calls.append((a, b.flip(0)))
     check(DIVISIONS[name], calls, backend="triton", graphs=None, max_graphs=2)
     assert_kernels("ZeroDivisionError")
+    assert reruns() == (len(calls) if name == "floordiv_scalar" else 3)
 
 
-def test_float_division_by_zero_does_not_raise():
+def test_float_division_by_zero_does_not_raise(reruns):
     a = torch.tensor([1.0, -1.0, 0.0, NAN, 3.0])
     b = torch.tensor([0.0, 0.0, 0.0, 0.0, -0.0])
     check(lambda a, b: (a / b, a // b, a % b, torch.fmod(a, b)), [(a, b)], backend="triton")
     assert_kernels("tl.store(", absent=("tl.device_assert(",))
+    assert reruns() == 0
 
 
-def test_a_nonzero_literal_divisor_is_not_checked():
+def test_a_nonzero_literal_divisor_is_not_checked(reruns):
     a = torch.arange(-18, 19)
     check(lambda a: (a // 3, a % -2, torch.fmod(a, 5)), [a, a.flip(0)], backend="triton")
     assert_kernels("tl.store(", absent=("tl.device_assert(",))
+    assert reruns() == 0
+
+
+def test_boolean_constants_make_no_non_boolean_where(reruns):
+    """A constant mask (`torch.ones(..., dtype=bool)`) is a Python bool in the kernel:
+    Triton's `tl.where` on an int (`1 & mask`) warns that it is deprecated."""
+    import warnings
+    x = torch.randn(5, 5)
+
+    def f(x):
+        ones, zeros = torch.ones(5, 5, dtype=torch.bool), torch.zeros(5, 5, dtype=torch.bool)
+        return (torch.where(ones, x, 0.0), x.masked_fill(zeros, 1.0),
+                torch.where(ones & (x > 0), x, -x), ones.sum(1), ones.float() * 2, ~zeros,
+                (x > 0) | zeros, torch.full((5,), True) ^ (x[0] > 0), ones)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        check(f, [x, -x], backend="triton")
+    assert not [w for w in seen if "non-boolean" in str(w.message)]
+    assert_kernels("tl.where(")
+    assert reruns() == 0

@@ -243,7 +243,9 @@ class KernelCodegen:
     def literal(self, value, dtype) -> str:
         cd = compute_dtype(dtype)
         if cd == torch.bool:
-            return "1" if value else "0"
+            # (a Python bool: Triton's int 1 would make `1 & mask` an int32 and a
+            # `tl.where` on it "a non-boolean condition")
+            return "True" if value else "False"
         if cd.is_floating_point:
             v = float(value)
             return repr(v) if math.isfinite(v) else f'float("{v}")'
