@@ -40,6 +40,11 @@ suppress_errors = False
 # CPython instead (no deadlock, whatever the other compile waits on).
 compile_lock_timeout = 300.0
 
+# The eager backend runs a chain of view ops as one `as_strided` where that is provably
+# the same view (backends/view_chains.py).  False: every view op of the graph runs, to
+# tell a wrong answer of the shortcut's from another.
+view_chain_shortcut = True
+
 # Guards load attributes (a class's, an instance's) from a memo while the version tags
 # of the class, its metatype and the instance dict are unchanged (_C/guards.c,
 # cached_attr).  False: every load is a getattr, to tell a wrong answer of the memo's

@@ -19,6 +19,18 @@ graphs where no op could change a tensor's geometry in place (``transpose_``,
 ``resize_``, ``set_``, ``out=``, a user's function let into the graph) are
 rewritten: there the chain's steps see the geometry their inputs had when made.
 
+A view is more than its geometry: autograd keeps its base and how it was made
+(CreationMeta: in grad mode, in no_grad, in inference mode, one of several outputs of
+split/unbind/chunk), and refuses an in-place op with grad on for all but the first.
+The chain's end is made where its last step was, so its steps must all run where
+nothing between them could tell: a chain never spans a node that may switch autograd's
+mode (``torch.no_grad()``'s ``_set_grad_enabled``) or write a tensor (its values,
+version or ``requires_grad``); such a node starts a new chain from the step before
+it.  Only views, reads and pure ``operator`` calls may lie between a chain's steps.
+A chain with a multi-output step is marked, and runs as its chain whenever grad is on
+(views.cpp).  ``frametrace.config.view_chain_shortcut = False`` leaves every graph as
+it is, to tell a wrong answer of the shortcut's from another.
+
 >>> gm2 = collapse(gm)        # None: nothing to collapse, or the C++ module is missing
 """
 from __future__ import annotations
@@ -31,7 +43,7 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import cxx_modules
+from .. import config, cxx_modules
 from ..shapes import meta_like
 
 log = logging.getLogger("frametrace.backends")
@@ -53,6 +65,17 @@ _GEOMETRY_WRITERS = frozenset({
     "sparse_resize_and_clear_", "rename_", "_coalesced_",
 })
 _PLAIN_MODULES = ("_operator", "operator", "builtins", "math")
+# What may lie between two steps of a chain besides views: calls that write nothing
+# and switch no mode.
+_WRITING_OPERATORS = frozenset({
+    operator.setitem, operator.delitem, operator.iadd, operator.iand, operator.iconcat,
+    operator.ifloordiv, operator.ilshift, operator.imatmul, operator.imod, operator.imul,
+    operator.ior, operator.ipow, operator.irshift, operator.isub, operator.itruediv,
+    operator.ixor,
+})
+_PURE_BUILTINS = frozenset({getattr, len, isinstance, int, float, bool, min, max, abs})
+_READS = frozenset({"size", "stride", "dim", "ndimension", "numel", "nelement",
+                    "storage_offset", "is_contiguous", "element_size", "__getitem__"})
 
 @functools.cache
 def _module():
@@ -63,26 +86,40 @@ def collapse(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
     """A copy of `gm` whose view chains of two or more steps are one
     `reinterpret` each, or None where there is nothing to collapse (or the C++
     module was not built).  `gm` itself is left as it is."""
+    if not config.view_chain_shortcut:
+        return None
     views = _module()
     if views is None or not all(_keeps_geometry(n) for n in gm.graph.nodes):
         return None
-    steps: dict = {}       # node -> (source node, [one-argument callables])
-    chains: dict = {}      # step node -> (root node, the steps from the root)
+    # A node's epoch: how many nodes before it may have switched a mode or written a
+    # tensor.  Every step of a chain, from where its first op ran to its end, is in one.
+    epoch: dict = {}
+    count = 0
+    for n in gm.graph.nodes:
+        epoch[n] = count
+        count += not _inert(n)
+    steps: dict = {}       # node -> _step(node)
+    chains: dict = {}      # step node -> (root, the steps from the root, their epoch, multi)
     multi = set()
     for n in gm.graph.nodes:
         step = _step(n)
+        if step is not None:
+            source, fns, first, is_multi = step
+            if epoch[first] != epoch[n]:      # split, a write, then [k]: not one step
+                step = None
         if step is None:
             if _name(n) in _MULTI_VIEWS:
                 multi.add(n)
             continue
-        source, fns = step
         steps[n] = step
-        root, before = chains.get(source, (source, []))
-        chains[n] = (root, before + fns)
+        root, before, at, was_multi = chains.get(source, (source, [], epoch[n], False))
+        if at != epoch[n]:                    # a switch or a write since: start anew
+            root, before, was_multi = source, [], False
+        chains[n] = (root, before + fns, epoch[n], was_multi or is_multi)
     plans = {}
-    for n, (root, fns) in chains.items():
-        if steps[n][0] in steps:              # two steps or more from the root
-            plan = _plan(views, root, fns)
+    for n, (root, fns, _, is_multi) in chains.items():
+        if len(fns) >= 2:                     # two steps or more from the root
+            plan = _plan(views, root, fns, is_multi)
             if plan is not None:
                 plans[n] = (root, plan)
     if not plans:
@@ -153,6 +190,28 @@ def _keeps_geometry(n) -> bool:
     return _name(n) not in _GEOMETRY_WRITERS
 
 
+def _inert(n) -> bool:
+    """`n` writes no tensor and switches no mode: a view made before it and one made
+    after it are alike.  Anything not known to be so is not (an in-place op, grad
+    mode's switch, a torch function that may write its arguments, like batch_norm's
+    running statistics)."""
+    if n.op in ("placeholder", "output", "get_attr"):
+        return True
+    if n.op not in ("call_method", "call_function") or "out" in n.kwargs:
+        return False
+    if n.target is operator.getitem or _name(n) in _VIEWS or _name(n) in _MULTI_VIEWS:
+        return True                   # a view (or an item of a tuple), whatever its arguments
+    if n.op == "call_method":
+        return n.target in _READS
+    t = n.target
+    module = getattr(t, "__module__", None) or ""
+    if module in ("_operator", "operator"):
+        return t not in _WRITING_OPERATORS
+    if module == "math":
+        return True
+    return module == "builtins" and t in _PURE_BUILTINS
+
+
 def _constant(value) -> bool:
     """No graph value inside `value` (an op's other arguments)."""
     if isinstance(value, torch.fx.Node):
@@ -187,7 +246,8 @@ def _on_a_tensor(n) -> bool:
 
 
 def _step(n):
-    """(source node, steps) when `n` is one view of `source`, else None."""
+    """(source node, steps, the node where the step's first op runs, whether it is one
+    of several outputs) when `n` is one view of `source`, else None."""
     if n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2 and \
             isinstance(n.args[0], torch.fx.Node) and not _tensor_node(n.args[0]):
         return _multi_item(n)
@@ -195,22 +255,22 @@ def _step(n):
         return None
     if n.target is operator.getitem:
         key = n.args[1]
-        return n.args[0], [lambda x: x[key]]
+        return n.args[0], [lambda x: x[key]], n, False
     if _name(n) in _VIEWS:
-        return n.args[0], [_call(n, n.args[1:], n.kwargs)]
+        return n.args[0], [_call(n, n.args[1:], n.kwargs)], n, False
     return None
 
 
 def _multi_item(n):
-    """``split(x, ...)[k]`` and the like: one view of x."""
+    """``split(x, ...)[k]`` and the like: one view of x (made where the split ran)."""
     tup, k = n.args
     if type(k) is not int or _name(tup) not in _MULTI_VIEWS or not _on_a_tensor(tup):
         return None
     views = _call(tup, tup.args[1:], tup.kwargs)
-    return tup.args[0], [lambda x: views(x)[k]]
+    return tup.args[0], [lambda x: views(x)[k]], tup, True
 
 
-def _plan(views, root, fns):
+def _plan(views, root, fns, multi_output=False):
     """The reinterpret plan of the chain `fns` from `root`, or None when, replayed on a
     meta tensor of the root's traced geometry, some step is not a view of the root
     (``reshape`` that copies, ``view(dtype)``)."""
@@ -228,9 +288,11 @@ def _plan(views, root, fns):
                 if not isinstance(x, torch.Tensor) or x.dtype != base.dtype or \
                         not torch._C._is_alias_of(x, base):
                     return None
+            if x is base:            # the chain gives its root (flatten of 1-d): no view
+                return None
     except Exception:                # the replay is a check, not the user's program
         return None
-    return views.plan(_chain(fns))
+    return views.plan(_chain(fns), multi_output)
 
 
 def _chain(fns):
