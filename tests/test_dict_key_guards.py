@@ -283,3 +283,14 @@ def test_str_subclass_lookup_key():
     calls = [({"a": 1}, S("a"), torch.ones(1)), ({"a": 1}, "a", torch.ones(1)),
              ({S("a"): 1}, "a", torch.ones(1)), ({"b": 1}, S("a"), torch.ones(1))]
     check(get_and_in, calls)
+
+
+def dd_text(d, x):
+    return x + 1, repr(d), str(d.copy())
+
+
+def test_defaultdict_text_names_its_factory():
+    # (was the plain dict's text: as_const() of a defaultdict is a dict)
+    calls = [(collections.defaultdict(int, {1: 0}), torch.ones(1)),
+             (collections.defaultdict(list, {True: 0}), torch.ones(1))]
+    check(dd_text, calls)

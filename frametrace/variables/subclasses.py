@@ -416,10 +416,6 @@ def rebuild_container(cls, value, attrs):
 def base_repr(var) -> str:
     """repr() as the builtin base writes it, for a container of constants."""
     if not is_user_container(var):
-        from .stdlib import DefaultDictVar
-        if isinstance(var, DefaultDictVar):
-            # (its text names the factory, which is a Var: its as_const() is a plain dict)
-            unsupported("repr() of a defaultdict")
         return repr(_const_of(var))
     base = var.base_class()
     if base in (set, frozenset):
@@ -472,6 +468,10 @@ def container_format(tx, var, conv: str):
                     continue
                 unsupported(f"{var.cls.__name__}.{name} is not a Python function")
         return base_repr(var)
+    from .stdlib import DefaultDictVar
+    if isinstance(var, DefaultDictVar):
+        # (its text names the factory, a Var; its as_const() is a plain dict)
+        unsupported(f"{conv}() of a defaultdict")
     return repr(_const_of(var))
 
 
