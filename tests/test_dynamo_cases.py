@@ -117,6 +117,30 @@ def test_allow_in_graph_writing_a_nonlocal_with_a_tensor():
     assert seen == [1, 1, 2, 2, 3, 3]
 
 
+HELPED = 0
+
+
+def _helper_bumps_a_global():
+    global HELPED
+    HELPED += 1
+
+
+@torch.compiler.allow_in_graph
+def _double_with_helper(x):
+    _helper_bumps_a_global()
+    return x * 2
+
+
+def test_allow_in_graph_whose_helper_writes_a_global():
+    # The function's own code writes nothing: its run while tracing changed a global
+    # anyway, which is undone, and CPython makes the call.
+    def f(x):
+        return _double_with_helper(x.sin()) + 1
+
+    r = check(f, [torch.randn(3), torch.randn(3), torch.randn(3)], globals=("HELPED",), breaks=1)
+    assert r.graphs >= 1 and "undone" in r.reasons()[0]
+
+
 @torch.compiler.allow_in_graph
 def _pure(x, k):
     return x * k + 1

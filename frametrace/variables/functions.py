@@ -631,3 +631,47 @@ def visible_outside_writes(fn) -> str | None:
         return None
 
     return scan(code, True)
+
+
+_EMPTY = object()
+
+
+class OutsideState:
+    """The globals of a function and the contents of its closure cells, as they were:
+    `undo()` puts back what a call changed and says whether it changed anything.  For
+    a run the trace makes of user code that CPython will make again (allow_in_graph's
+    run on FakeTensors): a write it made through a helper, or to a name the function
+    writes under another spelling, must not happen twice."""
+    __slots__ = ("globals", "before", "cells")
+
+    def __init__(self, fn):
+        self.globals = getattr(fn, "__globals__", None)
+        self.before = dict(self.globals) if isinstance(self.globals, dict) else None
+        self.cells = [(c, _cell_value(c)) for c in (getattr(fn, "__closure__", None) or ())]
+
+    def undo(self) -> bool:
+        changed = False
+        g, before = self.globals, self.before
+        if before is not None:
+            for name in [n for n in g if n not in before]:
+                del g[name]
+                changed = True
+            for name, value in before.items():
+                if g.get(name, _EMPTY) is not value:
+                    g[name] = value
+                    changed = True
+        for cell, value in self.cells:
+            if _cell_value(cell) is not value:
+                if value is _EMPTY:
+                    del cell.cell_contents
+                else:
+                    cell.cell_contents = value
+                changed = True
+        return changed
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY

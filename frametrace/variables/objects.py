@@ -324,11 +324,13 @@ class InGraphCallVar(ObjectVar):
     tensor (nothing ties it to the graph, which dropped it, so a function kept for its
     effects ran once, at trace time), and one of a function whose own code writes a
     global, a nonlocal or an attribute (the trace-time run would make that write once
-    more than CPython).  Effects through the functions it calls are not seen."""
+    more than CPython).  A change the run made to the function's globals or closure
+    cells anyway (through a helper) is undone, and the call left to CPython too.
+    Other effects of the functions it calls (a list appended to) are not seen."""
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        from .functions import visible_outside_writes
+        from .functions import OutsideState, visible_outside_writes
         name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
         if not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
             unsupported(f"{name} called with no tensor: the graph would not keep the call; "
@@ -337,7 +339,14 @@ class InGraphCallVar(ObjectVar):
         if writes is not None:
             unsupported(f"{name} {writes}: its run while tracing would repeat the write; "
                         "CPython makes the call")
-        out = tx.output.call("call_function", self.value, tuple(args), kwargs)
+        state = OutsideState(self.value)
+        try:
+            out = tx.output.call("call_function", self.value, tuple(args), kwargs)
+        finally:
+            changed = state.undo()
+        if changed:
+            unsupported(f"{name} changed a global or a closure cell while tracing (undone): "
+                        "CPython makes the call")
         if not (isinstance(out, ConstVar) and out.value is None) and not _holds_graph_value(out):
             unsupported(f"{name} returned no tensor: the graph would not keep the call")
         return out
