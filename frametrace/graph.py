@@ -324,6 +324,7 @@ class OutputGraph:
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
         finally:
             quiet.on = was_quiet
+        out = _dropout_gives_input(target, fake_args, fake_kwargs, out)
         if not _contains(out, (torch.Tensor, *SYM_TYPES)):
             self._drop_unbound_symbols()        # nothing to bind them to
         if out is None and _keeps_none_result(kind, target, args, kwargs):
@@ -889,6 +890,30 @@ def _var_items(vs):
             yield from _var_items(v.items.values())
         else:
             yield v
+
+
+def _dropout_gives_input(target, fake_args, fake_kwargs, out):
+    """aten.dropout's kernel gives back its input itself, the same tensor, when p is 0
+    or not training; its Python decomposition, which the fake mode runs once sizes are
+    symbolic (dynamic=True turns on the Python dispatcher), returns a clone.  The trace
+    then took `dropout(x, 0.0)` for a new tensor (`y is x` False, an in-place op on y
+    not seen in x) and AOTAutograd compiled the clone: the kernel's answer is taken."""
+    names = next((n for fn, n in _DROPOUTS if fn is target), None)
+    if names is not None:
+        bound = dict(zip(names, fake_args))
+        bound.update((k, v) for k, v in fake_kwargs.items() if k in names)
+        x, p, train = bound.get(names[0]), bound.get(names[1], 0.5), bound.get(names[2], True)
+        if isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor) and out is not x and \
+                (type(p) in (int, float) or isinstance(p, torch.SymFloat)) and \
+                type(train) is bool and (not train or bool(p == 0)) and \
+                not bound.get("inplace", False):
+            return x
+    return out
+
+
+_DROPOUTS = ((torch.nn.functional.dropout, ("input", "p", "training", "inplace")),
+             (torch.dropout, ("input", "p", "train")),
+             (torch.ops.aten.dropout.default, ("input", "p", "train")))
 
 
 def _changed_nothing(kind: str, target, what: str, kwargs: dict, before: list | None) -> bool:

@@ -213,3 +213,36 @@ def test_a_tensor_method_swapped_for_another_of_torchs(backend, patches):
     r = check(method_call, [torch.randn(3), Then(patch.on, torch.randn(3)), torch.randn(3),
                             Then(patch.off, torch.randn(3)), torch.randn(3)], backend=backend)
     assert r.compiles == 2 and r.graphs == 2 and r.breaks == 0, r
+
+
+# -- dropout that gives its input back, with symbolic sizes --
+def dropout_identity(x):
+    y = torch.nn.functional.dropout(x, p=0.0, training=True)
+    return y, y is x, y + 1
+
+
+def dropout_then_write(x, p, training):
+    y = torch.nn.functional.dropout(x, p=p, training=training)
+    y.add_(1)                 # the same tensor as x where the kernel gave x back
+    return y * 2
+
+
+def dropout_module_eval(m, x):
+    y = m(x)
+    return y is x, torch.dropout(x, 0.0, True) is x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_dropout_gives_its_input_back(backend, dynamic):
+    sizes = (4, 5, 7)
+    r = check(dropout_identity, [torch.randn(n) for n in sizes], backend=backend, dynamic=dynamic)
+    assert r.graphs >= 1 and r.breaks == 0, r
+    # (both answers known while tracing: the frame computes nothing)
+    r = check(dropout_module_eval, [(torch.nn.Dropout(0.5).eval(), torch.randn(n)) for n in sizes],
+              backend=backend,
+              dynamic=dynamic, graphs=0)
+    assert r.breaks == 0 and r.fallbacks == 0, r
+    r = check(dropout_then_write, [(torch.randn(n), 0.0, True) for n in sizes] +
+              [(torch.randn(n), 0.5, False) for n in sizes], backend=backend, dynamic=dynamic)
+    assert 1 <= r.graphs <= 6 and r.breaks == 0, r
