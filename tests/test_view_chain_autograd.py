@@ -428,3 +428,16 @@ def test_view_replay_keeps_each_views_function():
     made = Made()
     check_observed(f, inputs, made, after=write_bases, graphs=1)
     assert_hits(made, taken=2)
+
+
+def test_a_chain_that_ends_on_one_of_its_own_steps():
+    # flatten of a 1-d tensor is that tensor: here `b` is `a` itself, in CPython.
+    def f(x):
+        a = torch.cos(x).view(12)
+        b = a.flatten().flatten()
+        c = x.view(3, 4).t().flatten(0, 0)     # the flatten gives t()'s view itself
+        return a, b, b is a, c, x.view(3, 4).t()[1:]
+
+    made = Made()
+    check_observed(f, [(torch.randn(12),) for _ in range(3)], made, after=writes(needs_grad))
+    assert_hits(made, taken=2)

@@ -283,12 +283,16 @@ def _plan(views, root, fns, multi_output=False):
             if base is None:
                 return None
             x = base
+            made = [base]
             for fn in fns:
                 x = fn(x)
                 if not isinstance(x, torch.Tensor) or x.dtype != base.dtype or \
                         not torch._C._is_alias_of(x, base):
                     return None
-            if x is base:            # the chain gives its root (flatten of 1-d): no view
+                made.append(x)
+            # flatten of a 1-d tensor gives the tensor itself: a chain ending so gives its
+            # root, or one of its steps, not the new view as_strided would make.
+            if any(x is y for y in made[:-1]):
                 return None
     except Exception:                # the replay is a check, not the user's program
         return None
