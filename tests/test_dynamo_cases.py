@@ -178,6 +178,40 @@ def test_check_of_unbacked_against_sum_of_sizes(capture_scalars, backend):
     assert r.compiles == 1
 
 
+def _is_size_and_twice(x, n):
+    u0 = n.item()
+    torch._check_is_size(u0)
+    torch._check(u0 == x.size(0) * 2)
+    return torch.ones(u0).sum() + x.sum()
+
+
+def _two_reads(x, n):
+    u0, u1 = n.tolist()
+    torch._check(u0 == u1 + x.size(0))
+    return x.sum() + u0 - u1
+
+
+def _bounds(x, n):
+    u0 = n.item()
+    torch._check(u0 >= 2)
+    torch._check(u0 <= 5)
+    return x * u0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn,inputs", [
+    (_is_size_and_twice, [(torch.ones(4), torch.tensor(8)), (torch.ones(4), torch.tensor(7)),
+                          (torch.ones(5), torch.tensor(10)), (torch.ones(5), torch.tensor(-1))]),
+    (_two_reads, [(torch.ones(4), torch.tensor([6, 2])), (torch.ones(4), torch.tensor([6, 3])),
+                  (torch.ones(5), torch.tensor([7, 2])), (torch.ones(5), torch.tensor([7, 3]))]),
+    (_bounds, [(torch.ones(3), torch.tensor(3)), (torch.ones(3), torch.tensor(1)),
+               (torch.ones(3), torch.tensor(6)), (torch.ones(3), torch.tensor(5))]),
+])
+def test_checks_relating_reads_and_sizes(capture_scalars, backend, fn, inputs):
+    r = check(fn, inputs, backend=backend, dynamic=True, breaks=0, fallbacks=0)
+    assert r.graphs == 1, r
+
+
 def _nonzero_multiple_of_4(x):
     y = x.nonzero()
     torch._check(y.shape[0] % 4 == 0)
