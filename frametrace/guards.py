@@ -496,6 +496,20 @@ class GuardSet:
         self._add(src, "MRO", f"{src.guard_expr()} is {self.const(cls.__mro__)}",
                   f"{src.name()} is the MRO traced", spec=one_check(src, "IS", cls.__mro__))
 
+    def mro_entry(self, cls, name: str, found, after=None):
+        """What the MRO of `cls` (past `after`) holds for `name` is `found` (None: no
+        class of it holds the name), read in the classes' dicts, as the instance
+        attribute protocol reads it: no descriptor runs, and a metatype's attribute of
+        the same name (``__class__``, ``__doc__``, a metaclass's own) does not answer."""
+        mro = cls.__mro__
+        self.class_mro(cls)
+        for k in mro[mro.index(after) + 1 if after is not None else 0:]:
+            d = AttrSource(ConstSource(k, getattr(k, "__qualname__", repr(k))), "__dict__")
+            if name in k.__dict__:
+                self.value(GetItemSource(d, name), found)
+                return
+            self.dict_lacks(d, name)
+
     def class_attr(self, cls, name: str, found, after=None):
         """The trace took what `cls` (an object's type, fixed by a type or identity
         guard) defines for `name`: `found` from its MRO's dicts, or None.  Guards what
@@ -517,10 +531,18 @@ class GuardSet:
             if not hasattr(holder, name):
                 self._add(src, "ABSENT", f"not {self.const(hasattr)}({src.base.guard_expr()}, {name!r})",
                           f"{src.name()} is not defined", spec=one_check(src.base, "HASATTR", name, _MODULE_GETATTR, n=0))
+            else:
+                # ``cls.name`` answers from the metatype (`mro`, a metaclass's own
+                # attribute), which an instance does not see: the MRO's lack of it.
+                self.mro_entry(cls, name, None, after)
+            return
+        if _answered_by_code(cls, name, found):
+            self.mro_entry(cls, name, found, after)
             return
         try:
             now = getattr(holder, name)
         except Exception:
+            self.mro_entry(cls, name, found, after)
             return
         if isinstance(now, types.MethodType):      # a classmethod, bound anew on each read
             self.identity(AttrSource(src, "__func__"), now.__func__)
@@ -729,6 +751,19 @@ _MODULE_GETATTR = torch.nn.Module.__getattr__
 _OPS = _C.GUARD_OPS
 _C_DISTINCT = 32    # distinct(): at most this many sources checked pairwise in C
 _IMMUTABLE_TYPE = 1 << 8    # Py_TPFLAGS_IMMUTABLETYPE: a builtin class, whose bases are fixed
+
+
+def _answered_by_code(cls, name, found) -> bool:
+    """``cls.name`` is not what the MRO holds: a descriptor's Python __get__ (which a
+    guard must not run: it may count or log), or a data descriptor of the metatype
+    (``__class__``, ``__doc__``, a metaclass property) that wins over the class's own."""
+    if isinstance(getattr(type(found), "__get__", None), types.FunctionType):
+        return True
+    for k in type(cls).__mro__:
+        if name in k.__dict__:
+            t = type(k.__dict__[name])
+            return hasattr(t, "__set__") or hasattr(t, "__delete__")
+    return False
 _KEY_TYPES = (str, int)     # item keys written as their repr in the Python check
 
 

@@ -443,3 +443,89 @@ def test_vars_of_a_walked_class():
     o = B()
     x = torch.ones(2)
     check(f, [(x, o), (x, o), Then(change, x, o), Then(add, x, o), (x, o)], compiles=3, breaks=0)
+
+
+# -- what a class holds, checked in its MRO's dicts where `cls.name` would run code or
+#    answer from the metatype --
+
+CLASS_GETS = []
+
+
+def test_descriptor_get_runs_as_often_as_in_cpython():
+    class D:
+        def __get__(self, obj, cls):
+            if obj is None:             # (read on the class: the program never does)
+                CLASS_GETS.append(1)
+                return self
+            return 3
+
+    class A:
+        d = D()
+
+    def f(x, a):
+        return x + a.d
+
+    a = A()
+    x = torch.ones(2)
+
+    def replace():
+        A.d = 7
+    CLASS_GETS.clear()
+    # The harness compares CLASS_GETS after each call: neither a guard nor the trace
+    # may run D.__get__(None, A).
+    check(f, [(x, a), (x, a), Then(replace, x, a), (x, a)], compiles=2, breaks=0,
+          globals=("CLASS_GETS",))
+    assert CLASS_GETS == []
+
+
+def test_metaclass_attribute_is_not_an_instance_attribute():
+    class M(type):
+        x = 1
+        y = 2
+
+    class A(metaclass=M):
+        pass
+
+    class B(A):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return 20
+
+    def f(x, o):
+        return x + getattr(o, "x", 10) + type(o).x + o.y
+
+    def add_y():
+        A.y = 6                 # (only what o.y reads changes: B.y stays M.y's)
+
+    def add_x():
+        A.x = 5
+
+    def remove():
+        del A.x, A.y
+    o = B()
+    x = torch.ones(2)
+    check(f, [(x, o), (x, o), Then(add_y, x, o), Then(add_x, x, o), Then(remove, x, o), (x, o)],
+          compiles=3, breaks=0)
+
+
+def test_class_property_added_between_calls():
+    class A:
+        pass
+
+    class B(A):
+        pass
+
+    def f(x, o):
+        return x + (o.__class__ is B)
+
+    class Liar:
+        @property
+        def __class__(self):
+            return int
+
+    def shadow():
+        B.__bases__ = (Liar,)     # (a class's dict cannot take a __class__ once made)
+    o = B()
+    x = torch.ones(2)
+    check(f, [(x, o), (x, o), Then(shadow, x, o), (x, o)], compiles=2, breaks=0)

@@ -214,6 +214,8 @@ def plain_class_of(tx, var):
         if class_read_runs_code(var):
             return None
         tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
+        # (no class's dict takes a `__class__` once made: a new base is the one way in)
+        tx.guards.class_mro(cls)
         return wrap(tx, cls, None, guard=False)
     return wrap(tx, var.python_type(), None, guard=False)
 
