@@ -25,7 +25,8 @@ from .shapes import (ShapePolicy, meta_like, new_fake_mode, static_geometry, sym
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
-from .variables.symbolic import SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data, wrap_sym
+from .variables.symbolic import (SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data,
+                                 float_number_op, wrap_sym)
 from .variables import tensor_facts, wrapper_subclasses
 from .variables.tensor import TensorVar
 
@@ -292,6 +293,9 @@ class OutputGraph:
     def call(self, kind: str, target, args: tuple, kwargs: dict):
         """Record `target(*args, **kwargs)` (kind 'call_function' or 'call_method'),
         computing its result on FakeTensors.  Results without tensors are constants."""
+        done = float_number_op(self, kind, target, args, kwargs)
+        if done is not None:
+            return done
         node_args = tuple(_to_node_arg(a) for a in args)
         node_kwargs = {k: _to_node_arg(v) for k, v in kwargs.items()}
         fake_args = tuple(to_fake(a) for a in args)

@@ -274,8 +274,10 @@ class ShapePolicy:
     def dynamic_float(self, source, value: float) -> bool:
         """A float argument is symbolic once it has changed (torch.compile's automatic
         dynamic floats), so a learning rate or a scale does not compile per value.
-        NaN and infinities stay constants: a symbol needs a finite hint."""
-        if type(value) is not float or not math.isfinite(value):
+        NaN and infinities stay constants: a symbol needs a finite hint.  So do 0.0 and
+        -0.0: a symbol pinned to 0.0 (``m == 0.0``) would pass -0.0, which `1 / m`,
+        `math.copysign` and `str` tell apart; their constant guards check the sign."""
+        if type(value) is not float or not math.isfinite(value) or value == 0.0:
             return False
         return self._dynamic_number(source, value, "float")
 

@@ -5,12 +5,30 @@ Arithmetic and comparisons on them stay symbolic (graph nodes; a comparison used
 Python bool adds a guard on the relation, e.g. ``s0 > 16``).  Anything else that needs
 the plain number asks `as_const()`, which specializes the symbol: a guard pins it to the
 value seen, so the answer is right, at the price of a recompile for another value.
+
+Floats are the exception to "arithmetic stays symbolic": sympy computes with real
+numbers (``m * 0`` is 0, ``m - m`` is 0, ``(m + 1.0) - m`` is 1.0, ``m == m`` is True;
+its float symbols are even assumed finite), which IEEE 754 does not (NaN, infinities,
+-0.0, rounding).  So no Python operation on a float symbol is left to sympy
+(`float_number_op`): +, -, *, abs, division by a constant and comparisons are float64
+tensor ops in the graph, which compute as CPython's floats do; a comparison of the
+symbol itself with a finite constant stays a relation (a guard, evaluated by Python on
+the real number); anything else pins the value with a guard, or breaks the graph for a
+float read from data.  In tensor ops (``x * lr``, ``p.add_(g, alpha=-lr)``) a symbolic
+float is a scalar argument, which the kernel uses at run time.
 """
 from __future__ import annotations
+
+import builtins
+import dataclasses
+import math
+import operator
 
 import torch
 from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, free_unbacked_symbols,
                                                    guard_bool, guard_float, guard_int)
+
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -65,6 +83,137 @@ def plain(value):
     if isinstance(value, torch.SymInt):
         return guard_int(value)
     return value
+
+
+def _symbolic_float(v) -> bool:
+    """A SymNodeVar whose float is computed from a float symbol (a float input or a
+    float read from data).  Floats computed from int symbols alone (``s * 0.5``,
+    ``math.sqrt(d)`` of sizes) are not: no NaN, infinity or -0.0 comes from a size."""
+    return isinstance(v, SymNodeVar) and isinstance(v.example, torch.SymFloat) and \
+        is_symbolic(v.example) and \
+        any(symbol_is_type(s, (SymT.FLOAT, SymT.UNBACKED_FLOAT)) for s in v.example.node.expr.free_symbols)
+
+
+# The functions of Python numbers (as opposed to tensor ops, which take a symbolic float
+# as a scalar argument and use its value at run time).
+_NUMBER_MODULES = frozenset({"_operator", "operator", "math", "builtins", "cmath"})
+
+
+def _number_function(kind, target, args) -> bool:
+    if kind == "call_method":
+        return bool(args) and isinstance(args[0], SymNodeVar)
+    if getattr(target, "__module__", None) in _NUMBER_MODULES or \
+            any(target is f for f in vars(operator).values()) or \
+            any(target is f for f in (builtins.abs, builtins.round, builtins.pow, builtins.divmod,
+                                      builtins.min, builtins.max, math.floor, math.ceil, math.trunc)):
+        return True
+    name = getattr(target, "__name__", "")
+    return getattr(target, "__module__", "").startswith("torch") and \
+        (name.startswith("sym_") or name.startswith("_sym_"))
+
+
+def float_number_op(graph, kind, target, args, kwargs):
+    """A Python number operation (operator.*, math.*, torch.sym_*) on a symbolic float,
+    done so that no sympy arithmetic decides its result (see the module's docstring);
+    None for any other op, which the graph records as usual.
+
+    +, -, *, abs, division by a constant and comparisons become float64 tensor ops with
+    the result read back (``item()``, a number the trace does not know), which compute
+    as CPython's floats do, IEEE 754 both.  Any other operation pins a float with a
+    guardable value (an argument that became dynamic): it runs on the value, with a
+    guard; on a float read from data (``t.item()``, a number from a graph break), which
+    no guard can pin, it is a graph break."""
+    values = (*args, *kwargs.values())
+    if not any(map(_symbolic_float, values)) or not _number_function(kind, target, args):
+        return None
+    from .tensor import TensorVar
+    if any(isinstance(v, TensorVar) for v in values):
+        return None     # a tensor op: the float is its scalar argument, used at run time
+    if _plain_relation(kind, target, args, kwargs) or _plain_conversion(kind, target, args, kwargs):
+        return None
+    fn = _TENSOR_FLOAT_OPS.get(target) if kind == "call_function" else None
+    if kind == "call_function" and target in (operator.truediv, operator.itruediv) and \
+            len(args) == 2 and isinstance(args[1], ConstVar) and args[1].value:
+        fn = torch.div      # by a nonzero constant: CPython cannot raise ZeroDivisionError
+    if fn is None or kwargs or not all(map(_exact_as_double, args)):
+        if any(_from_data(v.example) or is_unbacked(v.example) for v in values if _symbolic_float(v)):
+            unsupported(f"{getattr(target, '__name__', target)} on a float computed from data "
+                        "(sympy's arithmetic is not IEEE 754's)")
+
+        def pin(v):
+            return ConstVar(plain(v.example)) if _symbolic_float(v) else v
+        return graph.call(kind, target, tuple(map(pin, args)), {k: pin(v) for k, v in kwargs.items()})
+    if fn is operator.pos or fn is torch.sym_float:
+        return args[0]
+    from .objects import ObjectVar
+    operands = [graph.call("call_function", torch.scalar_tensor, (a,), {"dtype": ObjectVar(torch.float64)})
+                for a in args]
+    result = graph.call("call_function", fn, tuple(operands), {})
+    # The ShapeEnv refuses item() without capture_scalar_outputs; here it reads a
+    # number the graph computed itself.  It stays allowed for this compile: AOTAutograd
+    # traces the graph again in this ShapeEnv.  (frametrace's own item() and friends
+    # check the config, not the ShapeEnv.)
+    env = graph.shape_env
+    if not env.allow_scalar_outputs:
+        env.settings = dataclasses.replace(env.settings, allow_scalar_outputs=True)
+    return graph.call("call_method", "item", (result,), {})
+
+
+# Operations whose float64 tensor op gives what CPython's float operation gives, for
+# every pair of doubles (division only by a nonzero constant: CPython raises on a zero
+# divisor, the tensor op does not).
+_TENSOR_FLOAT_OPS = {
+    operator.add: torch.add, operator.iadd: torch.add, operator.sub: torch.sub,
+    operator.isub: torch.sub, operator.mul: torch.mul, operator.imul: torch.mul,
+    operator.neg: torch.neg, operator.abs: torch.abs, builtins.abs: torch.abs,
+    operator.pos: operator.pos, torch.sym_float: torch.sym_float,
+    operator.eq: torch.eq, operator.ne: torch.ne, operator.lt: torch.lt, operator.le: torch.le,
+    operator.gt: torch.gt, operator.ge: torch.ge,
+}
+
+
+_RELATIONS = frozenset({operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge})
+
+
+def _plain_relation(kind, target, args, kwargs) -> bool:
+    """A comparison of an input's float symbol with a finite constant or another such
+    symbol: the relation stays symbolic, a guard when branched on, which Python evaluates
+    on the real numbers (``L['m'] > 0`` is False for NaN, as in the program).  Nothing
+    to simplify there, unlike ``m == m`` (True to sympy) or ``m < inf`` (its symbols
+    are finite)."""
+    if kind != "call_function" or target not in _RELATIONS or kwargs or len(args) != 2:
+        return False
+    symbols = set()
+    for v in args:
+        if isinstance(v, SymNodeVar):
+            expr = v.example.node.expr
+            if not isinstance(v.example, torch.SymFloat) or not expr.is_Symbol or is_unbacked(v.example):
+                return False
+            symbols.add(expr)
+        elif not (isinstance(v, ConstVar) and type(v.value) in (int, float) and math.isfinite(v.value)):
+            return False
+    return len(symbols) == sum(isinstance(v, SymNodeVar) for v in args)
+
+
+def _plain_conversion(kind, target, args, kwargs) -> bool:
+    """``int(m)``, ``math.floor(m)`` ... of a float symbol itself: nothing to simplify, and
+    at run time the graph (or a guard on the int) computes it from the real number,
+    raising as CPython does on NaN and infinities (a guard that raises does not hold)."""
+    return kind == "call_function" and target in _CONVERSIONS and len(args) == 1 and \
+        not kwargs and _symbolic_float(args[0]) and args[0].example.node.expr.is_Symbol
+
+
+_CONVERSIONS = frozenset({torch.sym_int, math.floor, math.ceil, math.trunc})
+
+
+def _exact_as_double(v) -> bool:
+    """A float, or a bool or int a double holds exactly (CPython compares a float with
+    an int exactly, and converts it exactly within 2**53)."""
+    if _symbolic_float(v):
+        return True
+    if isinstance(v, ConstVar):
+        return type(v.value) is float or type(v.value) in (bool, int) and abs(v.value) <= 2 ** 53
+    return False
 
 
 class SymNodeVar(Var):

@@ -1,0 +1,221 @@
+"""Python floats that become symbolic (an argument that changed between calls,
+`dynamic=True`, a number from `x.item()` in the graph or at a graph break) compute as
+CPython's floats do, IEEE 754: NaN, infinities, -0.0, rounding, denormals.  sympy's
+real-number algebra (`m * 0 == 0`, `m - m == 0`, `(m + 1.0) - m == 1.0`, `m == m`,
+finite symbols) must never decide a result, and a cache entry must not serve a float
+it was not traced for (NaN != NaN, 0.0 == -0.0, 1 == 1.0).
+
+Results are compared exactly: each float by its repr (the sign of zero, NaN, every
+bit of the value), together with its type."""
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+import frametrace
+from differential import Call, check
+
+NAN, INF = math.nan, math.inf
+VALUES = [1.0, 2.5, NAN, INF, -INF, -0.0, 0.0, 1e20, 1e-320, 3.75]
+BACKENDS = ["eager", "aot_eager"]
+
+
+def _exact(v):
+    """`v` with every float replaced by (type, repr): compared bit for bit."""
+    if isinstance(v, float):
+        return ("float", repr(v))
+    if isinstance(v, (tuple, list)):
+        return type(v)(_exact(i) for i in v)
+    return v
+
+
+def strict(f):
+    @functools.wraps(f)
+    def run(*args, **kwargs):
+        return _exact(f(*args, **kwargs))
+    return run
+
+
+def check_exact(f, inputs, backend="eager", dynamic=None, **kw):
+    return check(strict(f), inputs, backend=backend,
+                 compiled=lambda counter: strict(frametrace.optimize(backend=counter, dynamic=dynamic)(f)),
+                 **kw)
+
+
+def calls(values=VALUES):
+    return [(torch.ones(2), v) for v in values]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    frametrace.reset()
+    yield
+    frametrace.reset()
+
+
+# -- arithmetic on a float argument that became symbolic --
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_arithmetic_is_ieee(backend, dynamic):
+    def f(x, m):
+        return x * m, m * 0, (m + 1.0) - m, m - m, -m, m / 2, 0.0 * m + m, m * 1e300, m * -1.0
+
+    r = check_exact(f, calls(), backend, dynamic)
+    # one graph for every value (None: the first value is a constant, then symbolic);
+    # nothing is pinned to a value, nothing breaks
+    assert (r.graphs, r.breaks) == ((2, 0) if dynamic is None else (1, 0)), r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_comparisons_are_ieee(backend, dynamic):
+    def f(x, m):
+        return x + 1, m == m, m != m, m < INF, m > -INF, m <= m, m == 0.0, m > 0
+
+    r = check_exact(f, calls(), backend, dynamic)
+    assert r.breaks == 0, r
+    if backend == "eager":
+        # (AOTAutograd's scalar pass restarts the compile with m static: one per value)
+        assert r.graphs <= 2, r
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_branches_on_a_float(dynamic):
+    def f(x, m):
+        if m > 1.0:
+            x = x + m
+        if m != m:
+            return x * 2
+        if m < INF:
+            return x - 1
+        return x
+
+    r = check_exact(f, calls(), dynamic=dynamic)
+    # `m > 1.0` is a guard on the relation; `m != m` (NaN) cannot be one: it is computed
+    # in the graph, and branching on it is a break (in each compile's resumed frame)
+    assert 1 <= r.breaks <= 3 and r.graphs <= 10, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_conversions_raise_as_cpython(backend, dynamic):
+    # int() / round() / floor() of NaN and inf: ValueError / OverflowError, as CPython
+    def f(x, m):
+        return x + 1, int(m), math.floor(m), math.ceil(m), round(m), math.trunc(m)
+
+    r = check_exact(f, calls(), backend, dynamic)
+    # NaN and the infinities: the graph raises, the frame runs again in CPython
+    assert r.reasons().count("ValueError raised: ('cannot convert float NaN to integer',)") <= 1, r
+    assert r.graphs >= 1 and r.breaks <= 3, r
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_sign_of_zero_and_nan_tell_entries_apart(dynamic):
+    def f(x, m):
+        return x + 1, math.copysign(1.0, m), str(m), repr(m), math.atan2(m, -1.0), \
+            m.hex(), m.is_integer()
+
+    values = [0.0, -0.0, 0.0, NAN, NAN, 2.5, -0.0, NAN, 2.5, INF, -INF, 1e-320]
+    r = check_exact(f, calls(values), dynamic=dynamic)
+    assert r.breaks == 0, r
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+def test_division_by_a_signed_zero(dynamic):
+    def f(x, m):
+        return x + 1, 1 / m, 5.0 // m if m else None
+
+    check_exact(f, calls([2.0, 0.0, -0.0, 4.0, NAN, -0.0]), dynamic=dynamic)
+
+
+def test_nan_entry_reused_for_nan_only():
+    def f(x, m):
+        return x * 2, math.isnan(m), m * 0
+
+    # a constant NaN: one entry for every NaN
+    r = check_exact(f, calls([NAN, NAN, NAN]), dynamic=False)
+    assert r.compiles == 1, r
+    # an entry traced for a number does not serve NaN, nor -0.0 one for 0.0
+    r = check_exact(f, calls([2.5, NAN, 2.5, NAN, 0.0, -0.0, 0.0, -0.0]), dynamic=False)
+    assert r.compiles == 4, r
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_int_and_float_of_equal_value_stay_apart(dynamic):
+    def f(x, k):
+        return x + 1, type(k).__name__, str(k), k / 2, 7 // k, k * 3, k - k
+
+    inputs = calls([1.0, 1, 2, 2.0, 3.0, 3, True, 5.5, 5])
+    r = check_exact(f, inputs, dynamic=dynamic)
+    assert r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_from_item_in_the_graph(backend, monkeypatch):
+    monkeypatch.setattr(frametrace.config, "capture_scalar_outputs", True)
+
+    def f(x):
+        m = x.sum().item()
+        return x * m, m * 0, (m + 1.0) - m, m - m, m == m, m < INF, -m, m / 4
+
+    inputs = [torch.tensor([v], dtype=torch.float64) for v in VALUES]
+    r = check_exact(f, inputs, backend)
+    assert (r.graphs, r.breaks) == (1, 0), r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_from_a_graph_break(backend):
+    def f(x):
+        m = x.sum().item()          # capture_scalar_outputs off: a break
+        return x * m, m * 0, (m + 1.0) - m, m - m, m == m, m < INF, m * 3 / 2
+
+    inputs = [torch.tensor([v], dtype=torch.float64) for v in VALUES]
+    r = check_exact(f, inputs, backend)
+    assert r.breaks == 1 and r.graphs == 2, r
+
+
+def test_float_from_data_that_needs_cpython():
+    # `m // 3` and `m ** 2` of a number from data: no tensor op computes them as CPython
+    # does, and no guard can pin the number: a graph break, CPython computes them
+    def f(x):
+        m = x.sum().item()
+        return x + 1, m // 3, m % 2, m ** 2
+
+    inputs = [torch.tensor([v], dtype=torch.float64) for v in VALUES]
+    check_exact(f, inputs)
+
+
+def test_float_held_in_an_argument_object():
+    class Cfg:
+        def __init__(self, scale):
+            self.scale = scale
+
+    def f(x, cfg):
+        s = cfg.scale
+        return x * s, s * 0, (s + 1.0) - s, s - s
+
+    check_exact(f, [(torch.ones(2), Cfg(v)) for v in VALUES])
+
+
+def test_rounding_of_a_symbolic_float():
+    # (m + big) - big is not m; the sum of tenths is not the product
+    def f(x, m):
+        return x + m, (m + 1e16) - 1e16, m + m + m == 3 * m, (m * 0.1) * 10
+
+    check_exact(f, calls([0.1, 0.3, 1.0, 2.5, 0.7, 1e-320, 5e-324]))
+
+
+def test_lr_in_python_arithmetic_compiles_once_per_branch():
+    # the float stays symbolic through Python arithmetic: no entry per value
+    def f(x, lr):
+        step = lr * 0.5
+        if lr > 1.0:
+            return x - step
+        return x + step
+
+    r = check_exact(f, [(torch.ones(3), s) for s in (0.1, 0.2, 0.3, 2.0, 3.0, 0.4, NAN, INF)])
+    assert r.compiles <= 5, r
