@@ -8,15 +8,18 @@ runs several calls, and counts the graphs: one per key type, none for a fresh di
 with keys of the types already seen."""
 import collections
 import enum
+import math
 
 import pytest
 import torch
 
+import frametrace
 from differential import check
 
 
 class IE(enum.IntEnum):
     A = 1
+    B = 2
 
 
 class S(str):
@@ -294,3 +297,116 @@ def test_defaultdict_text_names_its_factory():
     calls = [(collections.defaultdict(int, {1: 0}), torch.ones(1)),
              (collections.defaultdict(list, {True: 0}), torch.ones(1))]
     check(dd_text, calls)
+
+
+# -- a seeded sweep: programs reading keys back, dicts of mixed key types, in random
+# orders, plain and dynamic=True --
+
+NAN = float("nan")
+SWEEP_KEYS = [1, True, 1.0, IE.A, 0, False, 0.0, -0.0, "a", S("a"), (1, 2), (True, 2), (1, (2,)),
+              (1.0, (2,)), None, 2, 2.0, IE.B, frozenset({1}), frozenset({True}), NAN, float("inf"),
+              10**20, float(10**20)]
+
+
+def sweep_p1(d, x):
+    return x + 1, [(type(k).__name__, repr(k)) for k in d]
+
+
+def sweep_p2(d, x):
+    return x + len(d), sorted(map(repr, d.keys()))
+
+
+def sweep_p3(d, x):
+    y = x
+    for k, v in d.items():
+        y = y + v
+        if k is True:
+            y = y * 2
+        if k == 1:
+            y = y + 1
+    return y
+
+
+def sweep_p4(d, x):
+    return x + 1, repr(list(d.items())), 1 in d, True in d, 1.0 in d, "a" in d
+
+
+def sweep_p5(d, x):
+    d2 = dict(d)
+    d2[1] = 7
+    return x + 1, repr(list(d2.items())), d2.get(True), d
+
+
+def sweep_p6(d, x):
+    ks = list(d)
+    return x + 1, [k is True for k in ks], [k is None for k in ks], [isinstance(k, int) for k in ks]
+
+
+def sweep_p7(d, x):
+    s = set(d)
+    return x + 1, sorted(repr(type(k)) for k in s), len(s)
+
+
+def sweep_p8(d, x):
+    out = x
+    for k in d:
+        if isinstance(k, float):
+            out = out + (math.copysign(1.0, k) if k == k else 5.0)
+    return out
+
+
+def sweep_p9(d, x):
+    return x + 1, repr(dict.fromkeys(d, 0)), repr(d.copy())
+
+
+def sweep_p10(d, x):
+    return x + 1, str(next(iter(d.values()), None)), repr(next(reversed(d), None))
+
+
+def sweep_p11(d, x):
+    return x + 1, d.get(1, "no"), d.get(True, "no"), d.get("a", "no"), d.get((1, 2), "no"), d.get(0.0, "no")
+
+
+def sweep_p12(d, x):
+    y = x + d.get(2, 0)
+    return y, [type(k).__name__ for k in d][:1]
+
+
+def sweep_p13(d, x):
+    k = next(iter(d))
+    return x + 1, k if not isinstance(k, frozenset) else sorted(k, key=repr), [k] == [1], (k,) == (True,)
+
+
+def sweep_p14(d, x):
+    ks = tuple(d)
+    return x + 1, ks.count(1), ks.index(ks[-1]), {ks[0]: 1}
+
+
+def sweep_p15(d, x):
+    for k in d:
+        if k in (1, 2):
+            x = x + 1
+        if k is IE.A or k is IE.B:
+            x = x * 3
+    return x
+
+
+SWEEP_PROGRAMS = [sweep_p1, sweep_p2, sweep_p3, sweep_p4, sweep_p5, sweep_p6, sweep_p7, sweep_p8,
+                  sweep_p9, sweep_p10, sweep_p11, sweep_p12, sweep_p13, sweep_p14, sweep_p15]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mixed_key_sweep(seed):
+    import random
+    rng = random.Random(seed)
+    graphs = 0
+    for _ in range(8):
+        program, make = rng.choice(SWEEP_PROGRAMS), rng.choice(list(MAKERS.values()))
+        calls = []
+        for _ in range(4):
+            d = {k: rng.randint(0, 3) for k in rng.sample(SWEEP_KEYS, rng.randint(1, 3))}
+            calls.append((make(d), torch.ones(2)))
+        # (a program may return its input unchanged for some keys: no graph)
+        graphs += check(program, calls, graphs=None, dynamic=rng.random() < 0.3).graphs
+        frametrace.reset()
+    assert graphs >= 8
