@@ -197,7 +197,8 @@ class CodeGen:
             unsupported(f"returning {var}, which is neither a graph output nor an input")
 
     # -- whole programs --
-    def call_graph(self, slot, input_sources, n_outputs: int, rerun_grad=None, restore_grad=None):
+    def call_graph(self, slot, input_sources, n_outputs: int, rerun_grad=None, restore_grad=None,
+                   rerun_state=None):
         """Call the compiled graph on its inputs and keep the outputs in locals.  The
         graph is a constant of the code (`slot`, replaced by `fill_graph_slot` once the
         backend compiled it), not a global: reset() in another thread, or anything
@@ -209,9 +210,17 @@ class CodeGen:
         happened yet, so the frame runs again in CPython from its start, and does in
         order what comes before the failing op.  Free when nothing raises.
 
+        `rerun_state` (a RerunState), with `rerun_grad`: the graph changes what the
+        state saves (random generators, autocast, inputs it writes); saved before each
+        call, it is put back before the frame runs again.
+
         `restore_grad`, when given instead, is the grad mode an exception out of the
         graph leaves: the graph's `with` blocks are left, as in CPython."""
         guarded = rerun_grad is not None or restore_grad is not None
+        if rerun_state is not None:
+            self.call_const(rerun_state.save, [lambda cg, s=src: cg.load_source(s)
+                                               for src in rerun_state.sources])
+            self.emit("STORE_FAST", "___rerun_state")
         if guarded:
             handler = Label()
             try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
@@ -230,7 +239,7 @@ class CodeGen:
             self.emit("JUMP_FORWARD", after)
             self.instrs.append(handler)
             if rerun_grad is not None:
-                self._rerun_on_exception(rerun_grad)
+                self._rerun_on_exception(rerun_grad, rerun_state is not None)
             else:
                 self.set_grad_mode(restore_grad)
                 self.emit("RERAISE", 0)
@@ -244,11 +253,12 @@ class CodeGen:
             self.emit("STORE_FAST", name)
         return names
 
-    def _rerun_on_exception(self, grad: bool):
+    def _rerun_on_exception(self, grad: bool, saved: bool = False):
         """The handler: an Exception runs the original frame in CPython (outside the
         handler, so the graph's exception is no __context__), unless user code ran
         inside the graph (`graph_errors_rerun`); anything else (a KeyboardInterrupt),
-        and those, go on unchanged, in the frame's entry grad mode."""
+        and those, go on unchanged, in the frame's entry grad mode.  `saved`: the
+        local ___rerun_state holds what to put back first."""
         code = self.code
         rerun, reraise = Label(), Label()
         self.load_const(Exception)
@@ -256,8 +266,9 @@ class CodeGen:
         self.instrs.append(Instr("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE",
                                  reraise, lineno=self.lineno))
         # (the stack holds the exception under the callable and its NULL)
-        self.call_const(graph_errors_rerun, [lambda cg: cg.emit("COPY", 3),
-                                             lambda cg: cg.load_const(code)])
+        self.call_const(graph_errors_rerun, [
+            lambda cg: cg.emit("COPY", 3), lambda cg: cg.load_const(code),
+            lambda cg: cg.emit("LOAD_FAST", "___rerun_state") if saved else cg.load_const(None)])
         self.instrs.append(Instr("POP_JUMP_IF_TRUE" if PY312 else "POP_JUMP_FORWARD_IF_TRUE",
                                  rerun, lineno=self.lineno))
         self.instrs.append(reraise)
@@ -382,15 +393,21 @@ _unhooked_copies = weakref.WeakKeyDictionary()
 _reran = weakref.WeakSet()   # codes whose graph raised (see graph_errors_rerun)
 
 
-def graph_errors_rerun(exc, code) -> bool:
+def graph_errors_rerun(exc, code, saved=None) -> bool:
     """Whether `exc`, raised out of a graph of `code`, may be answered by running the
     frame again in CPython: not while saved-tensor hooks are set.  Their pack hooks are
     user code that ran inside the graph (activation checkpointing counts the tensors it saves, and its
     recomputation stops by raising from one): a second run would repeat them.  A rerun
-    is logged: a graph that raised and ran in CPython must not pass for a compiled one."""
+    is logged: a graph that raised and ran in CPython must not pass for a compiled one.
+    `saved` (a RerunState's save()): put back before the rerun; without a rerun, only
+    autocast (the `with` blocks the graph entered are left, as in CPython)."""
     import torch
     if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        if saved is not None:
+            RerunState.restore(saved, autocast_only=True)
         return False
+    if saved is not None:
+        RerunState.restore(saved)
     level = logging.INFO if code in _reran else logging.WARNING
     _reran.add(code)
     logging.getLogger("frametrace").log(
@@ -398,6 +415,73 @@ def graph_errors_rerun(exc, code) -> bool:
         code.co_name, code.co_filename, code.co_firstlineno, type(exc).__name__,
         str(exc).split("\n")[0][:200])
     return True
+
+
+class RerunState:
+    """What a graph changes outside itself before it could raise, saved before each
+    call so that a failure can put it back and run the frame again in CPython, which
+    then does, in order, exactly what comes before the failing op (the Python effects
+    a trace replays after its graph included, and nothing after it): the random
+    generators it draws from (the CPU one, the CUDA devices in `cuda`), autocast (the
+    graph enters it), and the inputs it writes in place (`sources`, copied: a backend
+    that writes as it goes).  Used only where a failure would otherwise lose effects
+    (convert._rerun_state says when)."""
+    __slots__ = ("rng", "cuda", "autocast", "sources")
+
+    def __init__(self, rng: bool, cuda: tuple, autocast: bool, sources: list):
+        self.rng, self.cuda, self.autocast, self.sources = rng, cuda, autocast, sources
+
+    def save(self, *written):
+        import torch
+        cpu = torch.default_generator.get_state() if self.rng else None
+        cuda = [(i, torch.cuda.get_rng_state(i)) for i in self.cuda] if self.rng else ()
+        modes = _autocast_state() if self.autocast else None
+        copies = [(t, t.clone()) for t in written]
+        return cpu, cuda, modes, copies
+
+    @staticmethod
+    def restore(saved, autocast_only=False):
+        import torch
+        cpu, cuda, modes, copies = saved
+        if modes is not None:
+            _set_autocast_state(modes)
+        if autocast_only:
+            return
+        if cpu is not None:
+            torch.default_generator.set_state(cpu)
+        for i, state in cuda:
+            torch.cuda.set_rng_state(state, i)
+        with torch.no_grad():
+            for t, copy in copies:
+                t.copy_(copy)
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_state():
+    import torch
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return ([(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES],
+            torch.is_autocast_cache_enabled(), nesting)
+
+
+def _set_autocast_state(state):
+    import torch
+    devices, cache, nesting = state
+    for device, enabled, dtype in devices:
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(cache)
+    level = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    while level > nesting:
+        level = torch.autocast_decrement_nesting()
+        if level == 0:
+            torch.clear_autocast_cache()      # as the outermost autocast's exit does
+    while level < nesting:
+        level = torch.autocast_increment_nesting()
 
 
 def rerun_frame(code, f_globals, closure, args, grad: bool):

@@ -57,3 +57,12 @@ memoize_attr_guards = True
 # DictVar.lazy).  False: every such dict is guarded whole (its keys, in order) as soon
 # as it is read, to tell a wrong answer of the lazy guards from another.
 lazy_dict_guards = True
+
+# A graph that raises at run time and cannot simply run again from its start (it drew
+# random numbers, entered autocast, or wrote an input) saves, before each call, what
+# it changes (the generators' states, autocast, copies of the inputs it writes), where
+# raising as it is would lose the program's effects before the failing op (Python
+# effects replayed after the graph, input writes AOTAutograd defers): a failure puts
+# it back and runs the frame again in CPython.  Off: such a failure raises at once,
+# without those effects (no copies and no generator reads per call).
+rerun_failed_graphs_from_saved_state = True

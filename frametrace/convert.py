@@ -611,14 +611,19 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     if output.computes():
         name = f"__compiled_fn_{next(_fn_ids)}"
         slot = GraphSlot(name)
-        rerun = entry_grad if _can_run_again(output, backend) else None
+        rerun_state = None
+        if _can_run_again(output, backend):
+            rerun = entry_grad
+        else:
+            rerun_state = _rerun_state(output, backend, side_effects)
+            rerun = entry_grad if rerun_state is not None else None
         # A graph that switches grad mode inside `with` blocks and raises midway leaves
         # the mode switched; CPython's blocks put it back as the exception leaves them.
         outside = entry_grad if output.outer_grad is None else output.outer_grad
         restore = outside if rerun is None and not output.unscoped_grad and any(
             n.target is torch._C._set_grad_enabled for n in output.graph.nodes) else None
         names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes), rerun,
-                              restore)
+                              restore, rerun_state)
         cg.tensor_locals = dict(zip(out_nodes, names))
     # What the frame returns, or hands over at a break, is computed before the side
     # effects are replayed: CPython computed it before them too.
@@ -710,6 +715,52 @@ def _can_run_again(output, backend) -> bool:
     if getattr(backend, "__frametrace_defers_input_mutations__", False):
         return True
     return not any(_storage_key(i.node) in mode.written_storages for i in output.inputs)
+
+
+def _enters_autocast(output) -> bool:
+    return any(n.op == "call_function" and getattr(n.target, "__name__", "") == "_enter_autocast"
+               for n in output.graph.nodes)
+
+
+def _rerun_state(output, backend, side_effects):
+    """For a graph that cannot simply run again (see _can_run_again): what to save
+    before each call so that a failure can put it back and the frame run again in
+    CPython (a codegen.RerunState), or None where raising as it is is already right
+    or nothing can be saved.
+
+    Raising as it is leaves what the graph did before the failing op, which is what
+    CPython did when the backend runs the ops in order; the Python effects the trace
+    replays after the graph are lost, though, and so are input writes a backend
+    defers to the end of its graph (AOTAutograd's).  Those cases save and rerun: the
+    random generators, autocast, and the inputs the graph writes (copies, so only
+    where effects would be lost; an input that needs grad keeps the autograd history
+    the failed graph gave it, so it is not put back)."""
+    if not config.rerun_failed_graphs_from_saved_state:
+        return None
+    mode = output.fake_mode
+    defers = getattr(backend, "__frametrace_defers_input_mutations__", False)
+    written = [i for i in output.inputs if _storage_key(i.node) in mode.written_storages]
+    autocast = _enters_autocast(output)
+    if not side_effects and not autocast and not (defers and written):
+        return None
+    cuda = set()
+    for node in output.graph.nodes:
+        if any(isinstance(a, torch.Generator) for a in (*node.args, *node.kwargs.values())):
+            return None             # the program's own generator: not ours to save
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "cuda":
+                cuda.add(value.device.index or 0)
+            elif value.device.type not in ("cpu", "meta") and mode.used_rng:
+                return None         # (a generator we do not know how to save)
+    copies = []
+    if written and not defers:
+        for i in written:
+            if not isinstance(i.value, torch.Tensor) or i.value.requires_grad:
+                return None
+            copies.append(i.source)
+    from .codegen import RerunState
+    return RerunState(bool(mode.used_rng), tuple(sorted(cuda)), autocast, copies)
 
 
 _MAX_ALIAS_GUARDS = 32

@@ -142,9 +142,8 @@ def test_keyboard_interrupt_from_a_graph_is_not_rerun():
     assert calls == [1]
 
 
-# Known gaps: the graph cannot run again from its start, so the effects before the
-# failing op are still lost (the exception itself is right).
-@pytest.mark.xfail(strict=True, reason="an eager-order backend has already written the input")
+# The graph cannot simply run again from its start: what it changes is saved before
+# each call and put back before the frame runs again in CPython (codegen.RerunState).
 def test_in_place_input_write_before_a_failing_op_with_the_eager_backend():
     def f(x, idx, log):
         log.append(len(log))
@@ -153,7 +152,6 @@ def test_in_place_input_write_before_a_failing_op_with_the_eager_backend():
     check(f, [(torch.zeros(3), torch.tensor([1]), []), (torch.zeros(3), torch.tensor([4]), [])])
 
 
-@pytest.mark.xfail(strict=True, reason="the graph drew random numbers (no state saved per call)")
 def test_random_numbers_before_a_failing_op():
     def f(x, idx, log):
         log.append(1)

@@ -1,0 +1,206 @@
+"""A compiled graph that raises at run time and cannot simply run again from its start
+(it drew random numbers, entered autocast, wrote an input): what it changes is saved
+before the call and put back, and the frame runs again in CPython, so the program's
+effects before the failing op happen, once, in order, and none after it.  Compiled vs
+CPython on both backends; each program also reads the random generator and autocast
+after the call, so that a state left behind shows."""
+import functools
+
+import pytest
+import torch
+
+import frametrace
+from differential import check
+
+BACKENDS = ["eager", "aot_eager"]
+
+
+def observed(f):
+    """f's result or exception, with what the program sees afterwards: the next
+    random numbers and whether autocast is on."""
+    @functools.wraps(f)
+    def run(*args):
+        try:
+            out, exc = f(*args), None
+        except (IndexError, RuntimeError) as e:
+            out, exc = None, f"{type(e).__name__}: {e}"
+        return out, exc, torch.rand(2), torch.is_autocast_enabled("cpu")
+    return run
+
+
+def check_observed(f, inputs, backend, **kw):
+    return check(observed(f), inputs, backend=backend,
+                 compiled=lambda counter: observed(frametrace.optimize(backend=counter)(f)), **kw)
+
+
+def _calls(make):
+    # a call that succeeds, one that fails, one that succeeds
+    return [make(1), make(7), make(2)]
+
+
+def random_then_fail(x, idx, log):
+    noise = torch.rand(3)
+    log.append(1)
+    y = (x + noise)[idx]
+    log.append(2)
+    return y
+
+
+def write_then_fail(x, idx, log):
+    log.append(len(log))
+    x.mul_(2)
+    log.append("written")
+    y = x[idx]
+    log.append("after")
+    return y
+
+
+def random_write_then_fail(x, idx, log):
+    x.add_(torch.rand(3))
+    log.append(1)
+    return x[idx] + 1
+
+
+def autocast_then_fail(x, idx, log):
+    with torch.autocast("cpu"):
+        log.append(torch.is_autocast_enabled("cpu"))
+        y = (x @ x.t())[idx]
+    log.append("left")
+    return y
+
+
+class Box:
+    pass
+
+
+def attribute_and_random(x, idx, box):
+    box.seen = box.seen + 1
+    box.noise = torch.randn(2)
+    return torch.gather(x, 0, idx) * box.noise.sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_numbers_then_a_python_effect_then_a_failure(backend):
+    r = check_observed(random_then_fail, _calls(lambda i: (torch.zeros(3), torch.tensor([i]), [])),
+                       backend)
+    assert r.graphs == 1 and r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_written_then_a_failure(backend):
+    r = check_observed(write_then_fail, _calls(lambda i: (torch.ones(3), torch.tensor([i]), ["x"])),
+                       backend)
+    assert r.graphs == 1 and r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_numbers_written_into_an_input_then_a_failure(backend):
+    # (aot_eager: the write is deferred to the end of the graph, which never came)
+    r = check_observed(random_write_then_fail,
+                       _calls(lambda i: (torch.zeros(3), torch.tensor([i]), [])), backend)
+    assert r.graphs == 1 and r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autocast_entered_then_a_failure(backend):
+    r = check_observed(autocast_then_fail, _calls(lambda i: (torch.randn(3, 3), torch.tensor([i]), [])),
+                       backend)
+    assert r.graphs == 1 and r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attribute_written_and_random_numbers_before_a_failing_gather(backend):
+    def box():
+        b = Box()
+        b.seen = 0
+        return b
+    r = check_observed(attribute_and_random,
+                       [(torch.randn(4), torch.tensor([0, 1]), box()),
+                        (torch.randn(4), torch.tensor([0, 9]), box()),
+                        (torch.randn(4), torch.tensor([3, 2]), box())], backend)
+    assert r.graphs == 1 and r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_of_an_input_written_then_a_failure(backend):
+    def f(x, idx, log):
+        x[1:].add_(1)
+        log.append(x.shape[0])
+        return x[idx]
+    base = torch.zeros(6)
+    r = check_observed(f, _calls(lambda i: (base[2:], torch.tensor([i]), [])), backend)
+    assert r.graphs == 1 and r.breaks == 0, r
+
+
+def test_the_switch_turns_the_saving_off(monkeypatch):
+    # Off: the failure raises at once; the Python effect before it is lost (the
+    # documented cost of turning it off), the input written before it is written.
+    monkeypatch.setattr(frametrace.config, "rerun_failed_graphs_from_saved_state", False)
+    c = frametrace.optimize(write_then_fail)
+    x, log = torch.ones(3), []
+    c(x, torch.tensor([0]), log)
+    x, log = torch.ones(3), []
+    with pytest.raises(IndexError):
+        c(x, torch.tensor([5]), log)
+    assert log == [] and x.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_graph_that_cannot_lose_anything_saves_nothing():
+    # Random numbers, no Python effect, an eager-order backend: raising as it is is
+    # already right, and no state is read per call.
+    from frametrace.convert import graph_modules
+    def f(x, idx):
+        return (x + torch.rand(3))[idx]
+    c = frametrace.optimize(f)
+    c(torch.zeros(3), torch.tensor([1]))
+    code = frametrace._C.entries(f.__code__)[0].code
+    assert "___rerun_state" not in code.co_varnames
+    assert graph_modules
+
+
+@frametrace.disable
+def _opaque(t):
+    return t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_failures_before_a_break_and_in_the_resume_function(backend):
+    def f(x, idx, j, log):
+        log.append("a")
+        x.add_(torch.rand(3))
+        y = _opaque(x[idx]) + 1              # fails before the break, or not
+        log.append("b")
+        z = (y + torch.rand(1))[j]           # fails in the resume function, or not
+        log.append("c")
+        return z
+    r = check_observed(f, [(torch.zeros(3), torch.tensor([1]), torch.tensor([0]), []),
+                           (torch.zeros(3), torch.tensor([5]), torch.tensor([0]), []),
+                           (torch.zeros(3), torch.tensor([1]), torch.tensor([4]), []),
+                           (torch.zeros(3), torch.tensor([2]), torch.tensor([0]), [])], backend)
+    assert r.breaks == 1 and r.graphs == 2, r
+
+
+def cuda_random_then_fail(a, log):
+    noise = torch.rand(2, 2, device=a.device) * 0
+    log.append(1)
+    y = torch.linalg.inv(a + noise)         # singular: raises (after a sync)
+    log.append(2)
+    return y, torch.rand(1, device=a.device)
+
+
+def test_cuda_generators_are_saved_too():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+    def after_too(f):
+        @functools.wraps(f)
+        def run(*args):
+            out = f(*args)
+            return out, torch.rand(2, device="cuda")
+        return run
+    inputs = [(torch.eye(2, device="cuda") * 2, []), (torch.zeros(2, 2, device="cuda"), []),
+              (torch.eye(2, device="cuda"), [])]
+    r = check(after_too(observed(cuda_random_then_fail)), inputs,
+              compiled=lambda counter: after_too(observed(frametrace.optimize(backend=counter)(
+                  cuda_random_then_fail))))
+    assert r.graphs == 1, r
