@@ -529,3 +529,65 @@ def test_class_property_added_between_calls():
     o = B()
     x = torch.ones(2)
     check(f, [(x, o), (x, o), Then(shadow, x, o), (x, o)], compiles=2, breaks=0)
+
+
+# -- a class attribute read through an object made in the frame (or a dataclass made
+#    there): its contents are guarded, and writes into it reach the class --
+
+class Holder:
+    items = [1]
+
+    def __init__(self):
+        self.v = 1
+
+
+def test_class_list_read_through_a_new_object():
+    def f(x):
+        h = Holder()
+        return x + len(h.items) + h.items[0]
+
+    def grow():
+        Holder.items.append(5)
+
+    def replace_item():
+        Holder.items[0] = 9
+    x = torch.ones(2)
+    Holder.items = [1]
+    check(f, [x, x, Then(grow, x), Then(replace_item, x), x], compiles=3, breaks=0)
+
+
+class Registering:
+    registry = []
+
+    def __init__(self, tag):
+        self.registry.append(tag)
+
+
+def test_class_registry_written_through_a_new_object():
+    def f(x):
+        Registering("a")
+        return x + 1
+
+    Registering.registry = []
+    frametrace_f = __import__("frametrace").optimize("eager")(f)
+    x = torch.ones(2)
+    for n in range(1, 4):
+        frametrace_f(x)
+        assert Registering.registry == ["a"] * n
+
+
+def test_dataclass_class_table():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class DC:
+        a: int
+        table = {"k": 1}
+
+    def f(x):
+        return x + DC(1).table["k"]
+
+    def change():
+        DC.table["k"] = 7
+    x = torch.ones(2)
+    check(f, [x, x, Then(change, x), x], compiles=2, breaks=0)

@@ -72,8 +72,7 @@ class InstanceAttrs(AttrDeleting):
 
     def class_value_attr(self, tx, name, attr):
         """A class attribute that is no descriptor (an int, a tensor, a nested class)."""
-        from .builder import wrap
-        return wrap(tx, attr, None, guard=False)
+        return class_value_var(tx, self.instance_class(), name, attr)
 
     def set_class(self, tx, cls):
         raise NotImplementedError
@@ -191,6 +190,22 @@ class InstanceAttrs(AttrDeleting):
             unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r} "
                         "(no __dict__)")
         self.set_own_attr(tx, name, value)
+
+
+def class_value_var(tx, cls, name, attr):
+    """The Var of `attr`, what `cls` holds for `name` (no descriptor: ``cls.name`` gives
+    it as is), read through ``cls.name``: what the trace reads inside it (a list's
+    items, a dict's keys) is guarded there, and what it writes into it is written
+    back there.  (Without a source, a class-level registry's contents went unguarded
+    and its appends were lost.)"""
+    from .builder import wrap
+    from .objects import class_source
+    try:
+        plain = getattr(type(attr), "__get__", None) is None and \
+            type.__getattribute__(cls, name) is attr if isinstance(cls, type) else False
+    except Exception:
+        plain = False
+    return wrap(tx, attr, AttrSource(class_source(cls), name) if plain else None, guard=plain)
 
 
 def class_read_runs_code(var) -> bool:

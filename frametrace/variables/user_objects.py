@@ -11,7 +11,7 @@ import types
 from collections import OrderedDict
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
-from .attributes import MISSING, InstanceAttrs, is_data_descriptor
+from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
 from .base import Var, a_type, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, attrs_dict
@@ -96,7 +96,7 @@ class UserObjectVar(InstanceAttrs, Var):
         from .builder import wrap
         from .objects import _PURE_READERS, _RealMethodVar
         if self.cls is not type(self.value):
-            return wrap(tx, attr, None, guard=False)
+            return class_value_var(tx, self.cls, name, attr)
         if name in _PURE_READERS and isinstance(attr, types.MethodDescriptorType) and \
                 attr.__objclass__ in _BUILTIN_BASES and isinstance(self.value, attr.__objclass__):
             # A builtin base's reader (a ModelOutput's keys(), an OrderedDict subclass's
@@ -408,8 +408,7 @@ class DataclassVar(Var):
         if isinstance(cls_attr, types.FunctionType):
             return BoundMethodVar(UserFunctionVar(cls_attr), self)
         if cls_attr is not None:
-            from .builder import wrap
-            return wrap(tx, cls_attr, None, guard=False)
+            return class_value_var(tx, self.cls, name, cls_attr)
         unsupported(f"{self.cls.__name__} has no attribute {name!r}")
 
     def setattr(self, tx, name, value):
