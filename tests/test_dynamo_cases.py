@@ -141,6 +141,61 @@ def test_allow_in_graph_whose_helper_writes_a_global():
     assert r.graphs >= 1 and "undone" in r.reasons()[0]
 
 
+SHAPES = []
+SCALES = [2.0, 3.0]
+
+
+@torch.compiler.allow_in_graph
+def _records_shape(x):
+    SHAPES.append(tuple(x.shape))
+    return x * SCALES[0]
+
+
+@torch.compiler.allow_in_graph
+def _reads_a_global_list(x):
+    return x * SCALES[1]
+
+
+def test_allow_in_graph_appending_to_a_global_list():
+    # The trace-time run appended once more than CPython; it is undone, and the
+    # call left to CPython.
+    def f(x):
+        return _records_shape(x.sin()) + 1
+
+    r = check(f, [torch.randn(3), torch.randn(3), torch.randn(2, 2)], globals=("SHAPES",))
+    assert r.breaks >= 1 and "undone" in r.reasons()[0]
+
+
+def test_allow_in_graph_writing_a_closure_dict_through_a_method():
+    seen = []
+
+    def make():
+        counts = {}
+
+        @torch.compiler.allow_in_graph
+        def g(x):
+            counts.setdefault("n", 0)
+            counts["n"] += 1
+            seen.append(counts["n"])
+            return x + 1
+
+        return lambda x: g(x * 2)
+
+    f, h = make(), make()
+    c = frametrace.optimize("eager")(h)
+    for _ in range(3):
+        torch.testing.assert_close(f(torch.ones(2)), c(torch.ones(2)))
+    assert seen == [1, 1, 2, 2, 3, 3]
+
+
+def test_allow_in_graph_reading_a_global_list_stays_in_the_graph():
+    def f(x):
+        return _reads_a_global_list(x.cos()) - 1
+
+    r = check(f, [torch.randn(3), torch.randn(3)], graphs=1, breaks=0)
+    assert _reads_a_global_list in [n.target for n in r.records[0].graph_module.graph.nodes]
+
+
 @torch.compiler.allow_in_graph
 def _pure(x, k):
     return x * k + 1

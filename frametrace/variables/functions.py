@@ -2,6 +2,7 @@
 records into the same graph, so calls of user code cost nothing at run time."""
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import inspect
@@ -637,17 +638,22 @@ _EMPTY = object()
 
 
 class OutsideState:
-    """The globals of a function and the contents of its closure cells, as they were:
-    `undo()` puts back what a call changed and says whether it changed anything.  For
-    a run the trace makes of user code that CPython will make again (allow_in_graph's
-    run on FakeTensors): a write it made through a helper, or to a name the function
-    writes under another spelling, must not happen twice."""
-    __slots__ = ("globals", "before", "cells")
+    """The globals of a function, the contents of its closure cells, and the contents
+    of the lists, dicts, sets and deques these name directly, as they were: `undo()`
+    puts back what a call changed and says whether it changed anything.  For a run the
+    trace makes of user code that CPython will make again (allow_in_graph's run on
+    FakeTensors): a write it made through a helper, or `LOG.append(...)`, must not
+    happen twice.  Deeper state (an object's attributes) is not compared."""
+    __slots__ = ("globals", "before", "cells", "containers")
 
     def __init__(self, fn):
         self.globals = getattr(fn, "__globals__", None)
         self.before = dict(self.globals) if isinstance(self.globals, dict) else None
         self.cells = [(c, _cell_value(c)) for c in (getattr(fn, "__closure__", None) or ())]
+        code = getattr(fn, "__code__", None)
+        named = [self.before[n] for n in getattr(code, "co_names", ()) if n in (self.before or {})]
+        self.containers = {id(v): (v, _contents(v)) for v in (*named, *(v for _, v in self.cells))
+                           if type(v) in _CONTAINERS}
 
     def undo(self) -> bool:
         changed = False
@@ -667,7 +673,32 @@ class OutsideState:
                 else:
                     cell.cell_contents = value
                 changed = True
+        for obj, (raw, key) in self.containers.values():
+            if _contents(obj)[1] != key:
+                obj.clear()
+                if isinstance(obj, dict):
+                    obj.update(raw)
+                elif isinstance(obj, set):
+                    obj.update(raw)
+                else:
+                    obj.extend(raw)
+                changed = True
         return changed
+
+
+_CONTAINERS = (list, dict, set, collections.deque)
+
+
+def _contents(obj):
+    """(a copy of `obj`'s contents, what identifies them): items compared by identity,
+    never by their own == (a tensor's is elementwise)."""
+    if isinstance(obj, dict):
+        items = list(obj.items())
+        return dict(items), tuple((id(k), id(v)) for k, v in items)
+    if isinstance(obj, set):
+        return set(obj), frozenset(map(id, obj))
+    items = list(obj)
+    return items, tuple(map(id, items))
 
 
 def _cell_value(cell):
