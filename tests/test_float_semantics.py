@@ -219,3 +219,19 @@ def test_lr_in_python_arithmetic_compiles_once_per_branch():
 
     r = check_exact(f, [(torch.ones(3), s) for s in (0.1, 0.2, 0.3, 2.0, 3.0, 0.4, NAN, INF)])
     assert r.compiles <= 5, r
+
+
+MIN_MAX = {
+    "max_inf": lambda x, m: (x + 1, max(m, INF)),
+    "min_minus_inf": lambda x, m: (x + 1, min(m, -INF)),
+    "max_three": lambda x, m: (x + 1, max(m, 2.0, -1.0)),
+    "min_int": lambda x, m: (x + 1, min(m, 1)),
+    "max_size": lambda x, m: (x + 1, max(x.shape[0], m)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIN_MAX))
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_min_max_with_floats(dynamic, name):
+    # max() picks by `>` as CPython does: max(nan, inf) is nan (inf > nan is False)
+    check_exact(MIN_MAX[name], calls([1.0, 2.5, NAN, INF, -INF, NAN, -0.0, 0.0]), dynamic=dynamic)

@@ -1128,11 +1128,11 @@ def _min_max(pick):
                     best = tx.output.call("call_function", sym_pick, (best, item), {})
                 return best
             # Mixed with floats: CPython returns one of the items, so pick it by
-            # comparisons (each a guard on the relation, not on the value).
-            from ..graph import to_fake
+            # comparisons (each a guard on the relation, not on the value), made as
+            # the `>` operator is (sympy would answer `m > inf` for a float m).
+            from ..interpreter import binary_op
             for item in items[1:]:
-                a, b = to_fake(item), to_fake(best)
-                if bool(a > b if pick is max else a < b):
+                if binary_op(tx, operator.gt if pick is max else operator.lt, item, best).truth(tx):
                     best = item
             return best
         keys = _keys_of(tx, items, kwargs.get("key"))
