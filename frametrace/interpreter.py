@@ -1507,11 +1507,37 @@ def _real_identity(v: Var):
 _MISSING = object()
 
 
+# Constants whose identity follows from their type and value (guarded by both).
+_ONE_OBJECT_PER_VALUE = (type(None), bool, type(Ellipsis), type(NotImplemented), torch.dtype)
+
+
+def _constant_identity(tx, a, b, same: bool):
+    """`a is b` of two constants was answered from the objects traced.  Where their
+    guarded types and values do not decide it (two NaNs, two equal large ints or
+    strings, equal tuples), that they are, or are not, one object is a fact: guarded
+    between their sources, or (a constant made in the frame, or read back from a
+    container) the comparison is left to CPython."""
+    import enum
+    va, vb = a.value, b.value
+    if type(va) is not type(vb) or isinstance(va, _ONE_OBJECT_PER_VALUE) or isinstance(va, enum.Enum):
+        return
+    try:
+        if va == va and vb == vb and va != vb:
+            return          # two values: never one object
+    except Exception:
+        pass
+    if tx is None or a.source is None or b.source is None:
+        unsupported(f"'is' between equal constants {a} and {b} (which objects they are is not guarded)")
+    (tx.guards.same_object if same else tx.guards.distinct_objects)(a.source, b.source)
+
+
 def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
     if isinstance(a, ConstVar) and isinstance(b, ConstVar):
-        return a.value is b.value
+        same = a.value is b.value
+        _constant_identity(tx, a, b, same)
+        return same
     ra, rb = _real_identity(a), _real_identity(b)
     if ra is not _MISSING and rb is not _MISSING and not isinstance(a, TensorVar):
         return ra is rb
@@ -1573,7 +1599,9 @@ def contains(tx, container: Var, item: Var) -> bool:
     if isinstance(container, (TupleVar, ListVar)) and item.is_const():
         members = container.unpack(tx)
         if all(m.is_const() for m in members):
-            return item.as_const() in [m.as_const() for m in members]
+            # (`is`, then `==`: which NaN objects they are is not guarded, see _matches)
+            from .variables.containers import _matches
+            return any(_matches(tx, m, item) for m in members)
     if isinstance(item, ObjectVar) and isinstance(container, (TupleVar, ListVar)):
         return any(isinstance(m, ObjectVar) and m.value is item.value for m in container.items)
     unsupported(f"'in' with {item} and {container}")

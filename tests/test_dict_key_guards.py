@@ -299,6 +299,42 @@ def test_defaultdict_text_names_its_factory():
     check(dd_text, calls)
 
 
+# -- identity of equal constants: `is`, and `in` (which tries `is` first) --
+
+BIG_A, BIG_B = 10**20, int(str(10**20))     # equal, two objects
+
+
+def is_and_in(a, b, x):
+    return x + 1, a is b, a in [b], [a, b].count(b)
+
+
+def test_identity_of_equal_constants_is_guarded():
+    # `a is b` of two equal ints (not a small int's one object) was answered from the
+    # traced objects, unguarded
+    calls = [(BIG_A, BIG_A, torch.ones(1)), (BIG_A, BIG_B, torch.ones(1)), (BIG_B, BIG_B, torch.ones(1)),
+             (BIG_A, 5, torch.ones(1)), (1, True, torch.ones(1)), (None, None, torch.ones(1))]
+    check(is_and_in, calls, graphs=5)
+
+
+def test_nan_identity_in_lists_and_tuples():
+    # NaN equals only itself: `x in [y]` of two NaNs is whether they are one object
+    calls = [(NAN_A, NAN_A, torch.ones(1)), (NAN_A, NAN_B, torch.ones(1)), (NAN_B, NAN_B, torch.ones(1)),
+             ((1, NAN_A), (1, NAN_A), torch.ones(1)), ((1, NAN_A), (1, NAN_B), torch.ones(1))]
+    r = check(is_and_in, calls)
+    assert r.breaks >= 1
+
+
+def nan_in_list(seq, k, x):
+    return x + 1, k in seq, seq.count(k)
+
+
+def test_nan_member_read_back_after_a_break():
+    # (the NaN argument is loaded from the frame after a break, not as the traced object)
+    calls = [([NAN_A], NAN_A, torch.ones(1)), ([NAN_A], NAN_B, torch.ones(1)), ([1, 2], 2, torch.ones(1)),
+             ([1, 2], True, torch.ones(1)), ([NAN_B, 1], NAN_B, torch.ones(1))]
+    check(nan_in_list, calls)
+
+
 # -- a seeded sweep: programs reading keys back, dicts of mixed key types, in random
 # orders, plain and dynamic=True --
 

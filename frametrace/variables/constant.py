@@ -108,7 +108,12 @@ class ConstVar(ValueVar):
         return len(self.value)
 
     def reconstruct(self, cg):
-        cg.load_const(self.value)
+        v = self.value
+        if self.source is not None and (type(v) is float or type(v) is complex) and v != v:
+            # A NaN from outside is loaded from where it came: which NaN object it is
+            # (`x in [x]`, a dict key) is not what its guard ("a NaN") states.
+            return self.source.reconstruct(cg)
+        cg.load_const(v)
 
     def noun(self):
         return short_repr(self.value)

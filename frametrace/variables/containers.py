@@ -45,7 +45,8 @@ class _SequenceVar(CollectionVar):
                          f"indexing a {self.kind.__name__}")
 
     def call_method(self, tx, name, args, kwargs):
-        if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const():
+        if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const() and \
+                not any(has_nan(a.as_const()) for a in (*args, *self.items)):
             from .objects import fold_call
             return fold_call(getattr(self.as_const(), name), args, kwargs, f"{self.kind.__name__}.{name}")
         if name == "index" and 1 <= len(args) <= 3 and not kwargs:
@@ -86,6 +87,13 @@ def _matches(tx, v, item) -> bool:
     """``v is item or v == item`` (a list's comparison), when the trace can tell."""
     from ..interpreter import is_same
     from .base import Unsupported
+    if v is not item and v.is_const() and item.is_const():
+        a, b = v.as_const(), item.as_const()
+        if has_nan(a) or has_nan(b):
+            # A NaN equals only itself, so the answer is which objects they are (also
+            # inside tuples), which the guards of NaN values do not say.
+            unsupported(f"comparing {item} with item {v} (a NaN: equal only to itself)")
+        return a == b       # (without a NaN, `a is b` implies `a == b`)
     try:
         if is_same(v, item, tx):
             return True
