@@ -591,3 +591,36 @@ def test_dataclass_class_table():
         DC.table["k"] = 7
     x = torch.ones(2)
     check(f, [x, x, Then(change, x), x], compiles=2, breaks=0)
+
+
+def test_metaclass_getattr_hook_runs_as_in_cpython():
+    import itertools
+    import frametrace
+    reads = itertools.count()
+
+    class M(type):
+        def __getattr__(cls, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            next(reads)
+            return 4
+
+    class A(metaclass=M):
+        k = 1
+
+    def f(x, o):
+        y = x * 2 + type(o).k
+        return y + type(o).missing * type(o).missing
+
+    o = A()
+    x = torch.ones(2)
+    compiled = frametrace.optimize("eager")(f)
+    for _ in range(3):
+        start = next(reads)
+        want = f(x, o)
+        middle = next(reads)
+        got = compiled(x, o)
+        end = next(reads)
+        assert torch.equal(want, got)
+        # two reads of `missing` per call (and the count's own): none by the trace or a guard
+        assert end - middle == middle - start == 3

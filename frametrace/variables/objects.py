@@ -76,6 +76,26 @@ def _class_lookup(cls, name):
     return None
 
 
+def _refuse_metaclass_hook(cls, name):
+    """``cls.name`` would run a user metaclass's own __getattribute__ (always) or
+    __getattr__ (for a name the lookup misses): Python code that may count or log,
+    which neither the trace nor a guard may run in CPython's place.  The read is a
+    graph break, made by CPython."""
+    meta = type(cls)
+    for hook in ("__getattribute__", "__getattr__"):
+        fn = _class_lookup(meta, hook)
+        if not isinstance(fn, types.FunctionType) or \
+                (getattr(fn, "__module__", None) or "").split(".")[0] in sys.stdlib_module_names:
+            continue
+        if hook == "__getattr__":
+            try:
+                type.__getattribute__(cls, name)
+                continue
+            except AttributeError:
+                pass
+        unsupported(f"{cls.__qualname__}.{name} runs {meta.__qualname__}.{hook}")
+
+
 def class_source(cls) -> ConstSource:
     """The source of a class the entry holds itself (one per class: guards on it share
     their loads)."""
@@ -240,6 +260,8 @@ class ObjectVar(ValueVar):
             made = fromkeys_var(tx, self.value)
             if made is not None:
                 return made
+        if isinstance(self.value, type):
+            _refuse_metaclass_hook(self.value, name)
         try:
             attr = getattr(self.value, name)
         except AttributeError:
