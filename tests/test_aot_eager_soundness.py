@@ -246,3 +246,63 @@ def test_dropout_gives_its_input_back(backend, dynamic):
     r = check(dropout_then_write, [(torch.randn(n), 0.0, True) for n in sizes] +
               [(torch.randn(n), 0.5, False) for n in sizes], backend=backend, dynamic=dynamic)
     assert 1 <= r.graphs <= 6 and r.breaks == 0, r
+
+
+def _run_bounded(target, seconds):
+    errors = []
+
+    def run():
+        try:
+            target()
+        except BaseException as e:          # noqa: BLE001 (reported below)
+            errors.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "deadlocked"
+    assert not errors, errors[0]
+
+
+def test_a_backend_that_calls_compiled_code_in_its_thread(monkeypatch):
+    # No deadlock on the lock this thread holds (it is re-entrant, and the hook runs
+    # the callback's own calls unhooked).
+    def helper(x):
+        return x * 3
+    inner = frametrace.optimize(helper)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(inner(torch.ones(2)).tolist())
+        return gm.forward
+
+    def f(x):
+        return x + 1
+    compiled = frametrace.optimize(f, backend=backend)
+    _run_bounded(lambda: seen.append(compiled(torch.zeros(2)).tolist()), 120)
+    assert seen == [[3.0, 3.0], [1.0, 1.0]]
+
+
+def test_a_compile_that_waits_on_a_thread_that_compiles(monkeypatch):
+    # The other thread cannot take the lock while this compile holds it: after
+    # config.compile_lock_timeout its call runs in CPython, and both finish.
+    monkeypatch.setattr(frametrace.config, "compile_lock_timeout", 1.0)
+
+    def helper(x):
+        return x * 3
+    inner = frametrace.optimize(helper)
+    seen = []
+
+    def backend(gm, example_inputs):
+        t = threading.Thread(target=lambda: seen.append(inner(torch.ones(2)).tolist()))
+        t.start()
+        t.join(60)
+        return gm.forward
+
+    def f(x):
+        return x + 1
+    compiled = frametrace.optimize(f, backend=backend)
+    _run_bounded(lambda: seen.append(compiled(torch.zeros(2)).tolist()), 120)
+    assert seen == [[3.0, 3.0], [1.0, 1.0]]
+    assert not frametrace._C.entries(helper.__code__)      # that call ran in CPython
+    assert inner(torch.ones(2)).tolist() == [3.0, 3.0]
+    assert frametrace._C.entries(helper.__code__)          # the next one compiled
