@@ -37,7 +37,7 @@ suppress_errors = False
 # Compiles are serialised by one process-wide lock (convert._compile_lock): tracing and
 # AOTAutograd keep global state that two concurrent compiles corrupt.  A thread that
 # waits longer than this many seconds for another thread's compile runs that call in
-# CPython instead (no deadlock, whatever the other compile waits on).
+# CPython instead (no deadlock, whatever the other compile waits on).  None: no bound.
 compile_lock_timeout = 300.0
 
 # The eager backend runs a chain of view ops as one `as_strided` where that is provably

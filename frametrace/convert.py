@@ -209,7 +209,8 @@ def _make_callback(backend, fullgraph: bool, dynamic):
                     f"config.accumulated_cache_size_limit); calls that match "
                     f"none of its compiled entries now run in CPython", stacklevel=2)
             return _C.RUN_DEFAULT_ON_MISS
-        if not _compile_lock.acquire(timeout=config.compile_lock_timeout):
+        wait = config.compile_lock_timeout
+        if not _compile_lock.acquire(timeout=-1 if wait is None else wait):
             log.warning("frametrace: %s waited %ss for another thread's compile; this call "
                         "runs in CPython", log_name(code), config.compile_lock_timeout)
             return None           # this call runs in CPython; the next one tries again
