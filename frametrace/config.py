@@ -58,6 +58,13 @@ memoize_attr_guards = True
 # as it is read, to tell a wrong answer of the lazy guards from another.
 lazy_dict_guards = True
 
+# An op that gives its argument back and writes nothing (contiguous() of a contiguous
+# tensor, to() its own dtype, dropout in eval) records no graph node (graph.py); where
+# that rests on the tensor's layout, only a layout known for sure counts
+# (variables/tensor_layout.py).  False: every such op stays in the graph, to tell a
+# wrong answer of the elision's from another.
+eliminate_noop_ops = True
+
 # A graph that raises at run time and cannot simply run again from its start (it drew
 # random numbers, entered autocast, or wrote an input) saves, before each call, what
 # it changes (the generators' states, autocast, copies of the inputs it writes), where

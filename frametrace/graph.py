@@ -27,7 +27,8 @@ from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
 from .variables.symbolic import (SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data,
                                  float_number_op, wrap_sym)
-from .variables import tensor_facts, wrapper_subclasses
+from . import config
+from .variables import tensor_facts, tensor_layout, wrapper_subclasses
 from .variables.tensor import TensorVar
 
 
@@ -305,6 +306,17 @@ class OutputGraph:
             unsupported(f"{what}() reads a fact of a tensor that no guard covers")
         if what in _LAYOUT_READS and self.layout_hidden():
             unsupported(f"Tensor.{what}() in a vmapped function (vmap hides the batch's layout)")
+        if self._maybe_returns_arg(what, args, fake_args, fake_kwargs):
+            # contiguous() gives its argument itself where the kernel's layout is the one
+            # asked for, else a copy: which, the trace cannot tell, and writes through
+            # the result reach the argument or not (AOTAutograd would decide it from
+            # the fake).  CPython runs it, on the real tensor.
+            unsupported(f"Tensor.{what}() of a tensor whose layout the trace cannot know "
+                        "(whether it copies depends on the kernel's strides)")
+        if what in _LAYOUT_READS and args and isinstance(args[0], TensorVar):
+            why = tensor_layout.read_unsure(what, args[0].example, id(args[0].example) in self._input_fakes)
+            if why:
+                unsupported(f"Tensor.{what}() of a tensor whose layout the trace cannot know: {why}")
         if kind == "call_function" and not fx_can_name(target):
             unsupported(f"{what} cannot be named in an FX graph")
         self._check_input_metadata_kept(kind, what, target, args, kwargs, fake_args, fake_kwargs)
@@ -344,10 +356,19 @@ class OutputGraph:
         if same is None and isinstance(out, FakeTensor) and not self.layout_hidden():
             out = self._kernel_view_geometry(kind, target, out, fake_args, fake_kwargs)
         if same is not None and _changed_nothing(kind, target, what, kwargs, before):
+            if not config.eliminate_noop_ops:
+                node = self.graph.create_node(kind, target, node_args, node_kwargs)
+                node.meta["example_value"] = node.meta["val"] = out
+                return TensorVar(node, out)     # (the same tensor: the same fake)
             # The op gave its argument back and wrote nothing (contiguous() of a
             # contiguous tensor, to() its own dtype, dropout in eval): no node, which
             # every call of the graph would run for nothing.
             return same
+        if same is None:
+            if tensor_layout.result_unsure(what, fake_args, fake_kwargs):
+                tensor_layout.mark_unsure(out)
+            else:
+                tensor_layout.mark_new_empty(out, fake_args, fake_kwargs)
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         self._bind_unbacked(node, out)
         if same is not None:
@@ -357,6 +378,14 @@ class OutputGraph:
             self._last_inplace[id(out)] = (out, node)
             return same
         return self._wrap_result(node, out)
+
+    @staticmethod
+    def _maybe_returns_arg(what, args, fake_args, fake_kwargs) -> bool:
+        """Whether the op gives its argument back where it has the layout asked for
+        (contiguous(), to(memory_format=)), and the argument's layout is not sure."""
+        return what in tensor_layout.MAY_RETURN_ARG and bool(args) and \
+            isinstance(args[0], TensorVar) and tensor_layout.is_unsure(args[0].example) and \
+            tensor_layout.fixed_format(what, fake_args, fake_kwargs) is not None
 
     def _kernel_view_geometry(self, kind, target, out, fake_args, fake_kwargs):
         """`out`, a view of a tensor argument, with the strides and storage offset the

@@ -2,6 +2,7 @@
 tensor, to() its own dtype, dropout in eval) record no graph node: the traced value is
 the argument itself, and a node every call would run for nothing is left out.  Ops that
 give their argument back after writing it (in place, out=, requires_grad_) keep theirs."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -115,3 +116,95 @@ def _scale_in_place(x):
 def test_a_users_function_in_the_graph_stays():
     r = check(lambda x: _scale_in_place(x.clone()) + 1, [torch.randn(3), torch.randn(3)], graphs=1)
     assert any("_scale_in_place" in t for t in targets(r)), targets(r)
+
+
+# -- layouts the fake does not know ------------------------------------------------
+# Ops whose FakeTensor strides are not the kernel's (variables/tensor_layout.py): the
+# fake of roll() of a channels-last tensor says contiguous, the kernel's result is
+# channels-last.  contiguous() of such a result must run: dropped, the caller would
+# get the op's result itself (writes leak into it) and a non-contiguous tensor.
+def _cl(*shape):
+    return torch.randn(*shape).contiguous(memory_format=torch.channels_last)
+
+
+def _unpool(x):
+    return F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2)
+
+
+UNSURE_PRODUCERS = {
+    "roll_channels_last": (lambda x: torch.roll(x, 1, 1), lambda: _cl(2, 4, 3, 3)),
+    "channel_shuffle": (lambda x: F.channel_shuffle(x, 2), lambda: _cl(2, 4, 3, 3)),
+    "floor_divide_t": (lambda x: torch.floor_divide(x, torch.tensor(0.3)), lambda: torch.randn(5, 4).t()),
+    "floordiv_op_t": (lambda x: x // torch.full((5,), 0.3), lambda: torch.randn(5, 4).t()),
+    "div_floor_t": (lambda x: torch.div(x, torch.tensor(0.3), rounding_mode="floor"),
+                    lambda: torch.randn(5, 4).t()),
+    "copysign_t": (lambda x: torch.copysign(x, -torch.ones(5)), lambda: torch.randn(5, 4).t()),
+    "xlogy_t": (lambda x: torch.xlogy(x, torch.full((4, 5), 2.0)), lambda: torch.randn(5, 4).t()),
+    "xlogy_cl1d": (lambda x: torch.xlogy(x, torch.full((3, 4, 5), 2.0)),
+                   lambda: torch.randn(3, 5, 4).transpose(1, 2)),
+    "max_unpool2d": (_unpool, lambda: _cl(2, 4, 4, 4)),
+    "batch_norm_t": (lambda x: F.batch_norm(x, torch.zeros(4), torch.ones(4)),
+                     lambda: torch.randn(4, 5, 3).transpose(0, 1)),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("name", list(UNSURE_PRODUCERS))
+def test_contiguous_of_an_unsure_layout_runs(name, backend):
+    # Whether contiguous() copies (and so whether writes through its result reach r) is
+    # the kernel's layout's to decide: CPython runs it, at a break.
+    op, make = UNSURE_PRODUCERS[name]
+
+    def f(x):
+        noise = torch.rand(())          # (a graph that drew numbers cannot run again)
+        r = op(x)
+        y = r.contiguous()
+        y.mul_(2)                       # a copy's write must not reach r; r's must
+        return r, y.view(-1), y.is_contiguous(), y.stride(), y is r, noise
+
+    r = check(f, [make(), make(), make()], backend=backend, graphs=2, breaks=1)
+    assert any("contiguous" in why for why in r.reasons()), r
+
+
+def test_to_memory_format_of_an_unsure_layout():
+    def f(x):
+        r = torch.roll(x, 1, 1)
+        y = r.to(memory_format=torch.channels_last)      # the kernel's r already is
+        y.add_(1)
+        z = torch.roll(x, 2, 1).contiguous(memory_format=torch.channels_last)
+        z.sub_(1)
+        return r, y, z, y.stride(), z.stride()
+
+    r = check(f, [_cl(2, 4, 3, 3), _cl(2, 4, 3, 3)], breaks=2)
+    assert sum("cannot know" in why for why in r.reasons()) == 2, r
+
+
+def test_sure_layouts_still_elide():
+    # Inputs (strides guarded) and what trusted ops make of them: contiguous() of a
+    # contiguous one is no node; of a transposed, channels-last or expanded one it runs.
+    def f(x, y, e):
+        a = x.contiguous()
+        b = (x + 1).contiguous()
+        c = y.contiguous()
+        d = e.contiguous()
+        return a is x, b.sum(), c.view(-1), d.stride(), torch.relu(y).contiguous().view(-1)
+
+    make = lambda: (torch.randn(3, 4), torch.randn(4, 3).t(), torch.randn(1, 4).expand(3, 4))
+    r = check(f, [make(), make()], graphs=1, breaks=0)
+    (gm,) = r.counter.graphs
+    assert sum(n.target == "contiguous" for n in gm.graph.nodes) == 3, gm.code
+
+
+def test_the_elimination_can_be_turned_off():
+    def f(x):
+        y = x.contiguous().to(torch.float32)
+        y.add_(1)                       # the same tensor: writes x
+        return y is x, F.dropout(x, 0.5, training=False) is x
+
+    old = frametrace.config.eliminate_noop_ops
+    frametrace.config.eliminate_noop_ops = False
+    try:
+        r = check(f, [torch.randn(3), torch.randn(3)], graphs=1, breaks=0)
+    finally:
+        frametrace.config.eliminate_noop_ops = old
+    assert {"contiguous", "to"} <= set(targets(r)), targets(r)

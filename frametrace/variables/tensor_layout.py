@@ -1,0 +1,156 @@
+"""Which FakeTensors' strides are the real kernel's.
+
+A FakeTensor's strides come from Python meta functions and decompositions, not from
+the kernels that run: for most ops they agree, for some they do not.  Found by
+comparing fake and real CPU strides over torch's OpInfo samples with transposed,
+sliced, expanded and channels-last inputs (`tests/layout_sweep.py`): the ops in
+`UNTRUSTED` give, for some layouts, strides the real kernel does not (batch_norm of a
+transposed input: the kernel's result is contiguous, the fake keeps the input's
+order; roll and channel_shuffle of a channels-last one: the other way round).
+
+The layout of a tensor is *sure* when it is provable: a graph input (its strides are
+guarded), or the result of an op that is not in `UNTRUSTED` on tensors whose layouts
+are sure, or of an op whose result's layout is fixed whatever its input
+(``contiguous()``, ``clone(memory_format=torch.channels_last)``).  What the trace
+answers from a layout -- ``stride()``, ``is_contiguous()``, and whether
+``contiguous()`` gives its argument back (graph.py's no-op elision) -- it answers only
+for sure layouts; otherwise it is a graph break and CPython reads the real tensor.
+(``contiguous()`` of an unsure layout cannot stay in the graph either: whether its
+result is its argument, which writes through it reach, AOTAutograd would decide from
+the fake.)"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+# Ops whose fake strides differ from the real kernel's for some input layouts (names
+# as traced: a Tensor method's, a torch function's __name__, an operator's).
+UNTRUSTED = frozenset({
+    "copysign", "copysign_", "floor_divide", "floor_divide_", "floordiv", "ifloordiv",
+    "__floordiv__", "__rfloordiv__", "__ifloordiv__",
+    "flip", "fliplr", "flipud", "frexp", "roll",
+    "batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update",
+    "_batch_norm_impl_index", "instance_norm", "rms_norm", "_fused_rms_norm",
+    "max_pool1d", "max_pool1d_with_indices", "max_unpool1d", "max_unpool2d", "max_unpool3d",
+    "prelu", "_prelu_kernel", "hardtanh", "relu6", "nan_to_num", "isreal",
+    "xlogy", "xlogy_", "special_xlogy", "xlog1py", "special_xlog1py",
+    "native_dropout_backward", "pixel_shuffle", "pixel_unshuffle",
+    "channel_shuffle", "native_channel_shuffle", "one_hot", "binary_cross_entropy",
+    "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
+    "replication_pad1d", "replication_pad2d", "replication_pad3d",
+})
+# Ops untrusted only with an argument (keyword, or positional at that index) that
+# changes their kernel: (name, index, the values that keep it trusted).
+_UNTRUSTED_WITH = {"div": ("rounding_mode", 2, (None,)), "div_": ("rounding_mode", 2, (None,)),
+                   "divide": ("rounding_mode", 2, (None,)),
+                   "pad": ("mode", 2, ("constant",))}
+
+# Ops whose result has a layout fixed by their arguments alone, whatever their input's:
+# with a `memory_format` other than preserve_format.
+_FORMATTING = frozenset({"contiguous", "clone", "to", "type", "empty_like", "zeros_like",
+                         "ones_like", "full_like", "rand_like", "randn_like", "randint_like"})
+
+# The fakes whose layout is not sure (by id: == of tensors is elementwise).
+_UNSURE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def is_unsure(fake) -> bool:
+    return bool(_UNSURE) and _UNSURE.get(id(fake)) is fake
+
+
+def mark_unsure(fake):
+    if isinstance(fake, torch.Tensor):
+        _UNSURE[id(fake)] = fake
+    elif isinstance(fake, (tuple, list)):
+        for f in fake:
+            mark_unsure(f)
+
+
+# Ops that give their argument itself back where it has the layout asked for.
+MAY_RETURN_ARG = frozenset({"contiguous", "to"})
+
+
+def fixed_format(what: str, fake_args, fake_kwargs):
+    """The memory format `what` gives its result whatever its input's layout, or None."""
+    if what not in _FORMATTING:
+        return None
+    fmt = fake_kwargs.get("memory_format")
+    if fmt is None and what == "contiguous":
+        fmt = fake_args[1] if len(fake_args) > 1 else torch.contiguous_format
+    if isinstance(fmt, torch.memory_format) and fmt is not torch.preserve_format:
+        return fmt
+    return None
+
+
+def result_unsure(what: str, fake_args, fake_kwargs) -> bool:
+    """Whether the layout of what `what` returns is not sure: an op on a tensor whose
+    layout is not sure (its result's strides follow the input's) unless the op fixes
+    its result's layout, or an untrusted op on a tensor that is not contiguous.  (On
+    contiguous, non-empty tensors the sweep found every op's fake strides right.)"""
+    if _UNSURE and fixed_format(what, fake_args, fake_kwargs) is None and \
+            any(_any_unsure(a) for a in (*fake_args, *fake_kwargs.values())):
+        return True
+    if what in _UNTRUSTED_WITH:
+        key, index, fine = _UNTRUSTED_WITH[what]
+        value = fake_kwargs[key] if key in fake_kwargs else \
+            fake_args[index] if len(fake_args) > index else fine[0]
+        if any(value is f or value == f for f in fine):
+            return False
+    elif what not in UNTRUSTED:
+        return False
+    return not all(_plainly_laid_out(a) for a in (*fake_args, *fake_kwargs.values()))
+
+
+def _plainly_laid_out(v) -> bool:
+    """No tensor in `v` but contiguous, non-empty ones of static sizes."""
+    if isinstance(v, torch.Tensor):
+        n = _static_numel(v)
+        return bool(n) and v.is_contiguous()
+    if isinstance(v, (tuple, list)):
+        return all(_plainly_laid_out(x) for x in v)
+    if isinstance(v, dict):
+        return all(_plainly_laid_out(x) for x in v.values())
+    return True
+
+
+def _any_unsure(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return is_unsure(v)
+    if isinstance(v, (tuple, list)):
+        return any(_any_unsure(x) for x in v)
+    if isinstance(v, dict):
+        return any(_any_unsure(x) for x in v.values())
+    return False
+
+
+def mark_new_empty(out, fake_args, fake_kwargs):
+    """Kernels stride the empty tensors they make as they like (zeros_like, flip,
+    nan_to_num of a sliced empty one), unlike their fakes: such a result's layout is
+    not sure.  (An empty view's strides are the view kernel's: graph.py replays it.)"""
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            mark_new_empty(o, fake_args, fake_kwargs)
+        return
+    if not isinstance(out, torch.Tensor) or _static_numel(out) != 0:
+        return
+    args = [a for a in (*fake_args, *fake_kwargs.values()) if isinstance(a, torch.Tensor)]
+    if not any(torch._C._is_alias_of(out, a) for a in args):
+        mark_unsure(out)
+
+
+def read_unsure(what: str, fake, is_input: bool) -> str | None:
+    """Why a layout read `what` (stride, is_contiguous ...) of `fake` cannot be answered
+    from the fake, or None."""
+    if is_unsure(fake) and not is_input:
+        return "its strides come from an op whose fake strides may not be the kernel's"
+    return None
+
+
+def _static_numel(fake):
+    n = 1
+    for s in fake.shape:
+        if type(s) is not int:
+            return None
+        n *= s
+    return n
