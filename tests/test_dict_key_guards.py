@@ -335,6 +335,16 @@ def test_nan_member_read_back_after_a_break():
     check(nan_in_list, calls)
 
 
+def nan_in_set(k, x):
+    return x + 1, k in {NAN_A}, len({k, NAN_A}), k in {1: 2}
+
+
+def test_nan_set_member():
+    calls = [(NAN_A, torch.ones(1)), (NAN_B, torch.ones(1)), (1, torch.ones(1)), (NAN_A, torch.ones(1))]
+    r = check(nan_in_set, calls, graphs=None)
+    assert r.compiles >= 2 and any("NaN" in reason for reason in r.reasons())
+
+
 # -- a seeded sweep: programs reading keys back, dicts of mixed key types, in random
 # orders, plain and dynamic=True --
 

@@ -662,6 +662,11 @@ def set_key(v: Var):
         except TypeError as e:
             from .exceptions import raise_folded
             raise_folded(e, f"unhashable set member {k!r}")
+        from .containers import has_nan
+        if has_nan(k):
+            # A set or dict finds a NaN only by identity: the trace's answer would be
+            # the traced objects', and which NaN object the program holds is not guarded.
+            unsupported("a set member or dict key holding a NaN (found only by identity)")
         return k
     from .functions import UserFunctionVar
     from .modules import NNModuleVar
@@ -1311,6 +1316,9 @@ def _has_attr(tx, obj, name):
         from .modules import class_attr
         return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
+        if isinstance(obj.value, type):
+            from .objects import _refuse_metaclass_hook
+            _refuse_metaclass_hook(obj.value, name)     # (hasattr would run it, here and in the guard)
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
             _guard_hasattr(tx, obj.source, name, found)

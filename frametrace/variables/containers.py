@@ -647,11 +647,7 @@ def _dict_key(v):
     """What stands for `v` among a dict's keys: the constant, or a VarKey for a value
     hashed by identity."""
     from .builtins import set_key
-    k = set_key(v)
-    if has_nan(k):
-        # (which NaN object the program holds is not guarded: the trace's answer,
-        # found or not, would be the traced objects')
-        unsupported("a dict key holding a NaN (a dict finds it only by identity)")
+    k = set_key(v)      # (a NaN is a break there)
     return k if v.is_const() else VarKey(k, v)
 
 
