@@ -151,6 +151,27 @@ def _records_shape(x):
     return x * SCALES[0]
 
 
+EVENTS = []
+
+
+def _log_event(x):
+    EVENTS.append(x.dim())
+
+
+@torch.compiler.allow_in_graph
+def _logs_through_a_helper(x):
+    _log_event(x)
+    return x - 1
+
+
+def test_allow_in_graph_whose_helper_appends_to_a_global_list():
+    def f(x):
+        return _logs_through_a_helper(x.exp()) * 2
+
+    r = check(f, [torch.randn(3), torch.randn(2, 2), torch.randn(3)], globals=("EVENTS",))
+    assert r.breaks >= 1 and "undone" in r.reasons()[0]
+
+
 @torch.compiler.allow_in_graph
 def _reads_a_global_list(x):
     return x * SCALES[1]

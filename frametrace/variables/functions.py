@@ -638,34 +638,37 @@ _EMPTY = object()
 
 
 class OutsideState:
-    """The globals of a function, the contents of its closure cells, and the contents
-    of the lists, dicts, sets and deques these name directly, as they were: `undo()`
-    puts back what a call changed and says whether it changed anything.  For a run the
-    trace makes of user code that CPython will make again (allow_in_graph's run on
-    FakeTensors): a write it made through a helper, or `LOG.append(...)`, must not
-    happen twice.  Deeper state (an object's attributes) is not compared."""
+    """The globals a function's code can reach by name (its own, and those of the
+    functions of its module it names, transitively), the contents of its closure
+    cells, and the contents of the lists, dicts, sets and deques these hold, as they
+    were: `undo()` puts back what a call changed and says whether it changed anything.
+    For a run the trace makes of user code that CPython will make again
+    (allow_in_graph's run on FakeTensors): a write it made through a helper, or
+    `LOG.append(...)`, must not happen twice.  Only names the code can reach are
+    compared (another thread's writes to the rest of the module are not undone);
+    deeper state (an object's attributes) is not compared."""
     __slots__ = ("globals", "before", "cells", "containers")
 
     def __init__(self, fn):
-        self.globals = getattr(fn, "__globals__", None)
-        self.before = dict(self.globals) if isinstance(self.globals, dict) else None
+        g = getattr(fn, "__globals__", None)
+        self.globals = g if isinstance(g, dict) else None
+        names = _reachable_names(fn, self.globals) if self.globals is not None else ()
+        self.before = {n: self.globals.get(n, _EMPTY) for n in names}
         self.cells = [(c, _cell_value(c)) for c in (getattr(fn, "__closure__", None) or ())]
-        code = getattr(fn, "__code__", None)
-        named = [self.before[n] for n in getattr(code, "co_names", ()) if n in (self.before or {})]
-        self.containers = {id(v): (v, _contents(v)) for v in (*named, *(v for _, v in self.cells))
+        self.containers = {id(v): (v, _contents(v))
+                           for v in (*self.before.values(), *(v for _, v in self.cells))
                            if type(v) in _CONTAINERS}
 
     def undo(self) -> bool:
         changed = False
-        g, before = self.globals, self.before
-        if before is not None:
-            for name in [n for n in g if n not in before]:
-                del g[name]
-                changed = True
-            for name, value in before.items():
-                if g.get(name, _EMPTY) is not value:
+        g = self.globals
+        for name, value in self.before.items():
+            if g.get(name, _EMPTY) is not value:
+                if value is _EMPTY:
+                    del g[name]
+                else:
                     g[name] = value
-                    changed = True
+                changed = True
         for cell, value in self.cells:
             if _cell_value(cell) is not value:
                 if value is _EMPTY:
@@ -687,6 +690,24 @@ class OutsideState:
 
 
 _CONTAINERS = (list, dict, set, collections.deque)
+
+
+def _reachable_names(fn, g, limit=64) -> set:
+    """The global names the code of `fn` uses, with those of the functions of the same
+    module it names (and of the code objects nested in any of them)."""
+    names, seen, todo = set(), set(), [fn.__code__] if isinstance(fn, types.FunctionType) else []
+    while todo and len(seen) < limit:
+        code = todo.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        for name in code.co_names:
+            names.add(name)
+            v = g.get(name)
+            if isinstance(v, types.FunctionType) and v.__globals__ is g:
+                todo.append(v.__code__)
+        todo.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
 
 
 def _contents(obj):
