@@ -624,3 +624,36 @@ def test_metaclass_getattr_hook_runs_as_in_cpython():
         assert torch.equal(want, got)
         # two reads of `missing` per call (and the count's own): none by the trace or a guard
         assert end - middle == middle - start == 3
+
+
+def test_metaclass_getattr_hook_in_hasattr():
+    import itertools
+    import frametrace
+    reads = itertools.count()
+
+    class M(type):
+        def __getattr__(cls, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            next(reads)
+            if name == "absent":
+                raise AttributeError(name)
+            return 4
+
+    class A(metaclass=M):
+        pass
+
+    def f(x, c):
+        y = x * 2
+        return y + hasattr(c, "absent") + getattr(c, "absent", 3)
+
+    x = torch.ones(2)
+    compiled = frametrace.optimize("eager")(f)
+    for _ in range(3):
+        start = next(reads)
+        want = f(x, A)
+        middle = next(reads)
+        got = compiled(x, A)
+        end = next(reads)
+        assert torch.equal(want, got)
+        assert end - middle == middle - start == 3
