@@ -38,10 +38,11 @@ def _combine(name, body):
 
 COMBINE = {
     "_sum": _combine("_sum", "    return a + b"),
-    # NaN wins, as in torch's max/min/amax/amin (tl.maximum would drop it; `a != a` is
-    # False for integers, so one body serves every dtype)
-    "_max": _combine("_max", "    return tl.where((a > b) | (a != a), a, b)"),
-    "_min": _combine("_min", "    return tl.where((a < b) | (a != a), a, b)"),
+    # NaN wins, as in torch's max/min/amax/amin (tl.maximum would drop it; `b != b` is
+    # False for integers, so one body serves every dtype); a tie keeps the earlier `a`
+    # (-0.0 then 0.0 gives -0.0, as eager's)
+    "_max": _combine("_max", "    return tl.where((b > a) | ((b != b) & (a == a)), b, a)"),
+    "_min": _combine("_min", "    return tl.where((b < a) | ((b != b) & (a == a)), b, a)"),
     # NaN is the extreme of argmax and argmin alike, two NaNs tie; ties go to the lower
     # index, as in torch
     "_argmax": _combine("_argmax", "    an = a != a\n    bn = b != b\n"

@@ -256,10 +256,18 @@ for _op, _sym in ((aten.bitwise_and, "&"), (aten.bitwise_or, "|"), (aten.bitwise
     _ew([_op], "{0} %s {1}" % _sym)
 
 
+def _extreme(k, d, fn, a, b):
+    """max/min of a and b as eager's: NaN wins, and a tie gives `a` (eager's maximum(-0.0,
+    0.0) is -0.0, clamp(-0.0, min=0.0) too; tl.maximum gives the other zero)."""
+    if not d.is_floating_point:
+        return k.op(f"tl.{fn}({a}, {b})")
+    cmp = ">" if fn == "maximum" else "<"
+    return k.op(f"tl.where(({b} {cmp} {a}) | (({b} != {b}) & ({a} == {a})), {b}, {a})")
+
+
 def _minmax(fn):
     def tmpl(k, d, a, b):
-        nan = ", propagate_nan=tl.PropagateNan.ALL" if d.is_floating_point else ""
-        return k.op(f"tl.{fn}({a}, {b}{nan})")
+        return _extreme(k, d, fn, a, b)
     return tmpl
 
 
@@ -382,14 +390,14 @@ def _clamp(L, node, x, lo=None, hi=None):
     shape, dtype = _val(node)
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, lo
-    nan = ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_floating_point else ""
+    cdt = compute_dtype(dtype)
 
     def fn(k, idx):
         v = operand(k, x, idx, dtype)
         if lo is not None:
-            v = k.op(f"tl.maximum({v}, {operand(k, lo, idx, dtype)}{nan})")
+            v = _extreme(k, cdt, "maximum", v, operand(k, lo, idx, dtype))
         if hi is not None:
-            v = k.op(f"tl.minimum({v}, {operand(k, hi, idx, dtype)}{nan})")
+            v = _extreme(k, cdt, "minimum", v, operand(k, hi, idx, dtype))
         return v
     return pointwise(shape, dtype, fn, x, lo, hi)
 
