@@ -188,7 +188,10 @@ class GuardSet:
         t = self.const(type(value))
         spec = None     # NaN and signed zeros: Python's own comparisons
         if isinstance(value, float) and value != value:
-            expr = f"___type({e}) is {t} and {e} != {e}"
+            # Any NaN, of the sign traced (math.copysign tells -nan apart; `inf - inf`
+            # makes one on x86).
+            expr = (f"___type({e}) is {t} and {e} != {e} and "
+                    f"{self.const(math.copysign)}(1.0, {e}) == {math.copysign(1.0, value)}")
         elif isinstance(value, float) and value == 0.0:
             # 0.0 == -0.0, but 1 / x tells them apart.
             expr = (f"___type({e}) is {t} and {e} == 0.0 and "

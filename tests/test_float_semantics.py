@@ -235,3 +235,13 @@ MIN_MAX = {
 def test_min_max_with_floats(dynamic, name):
     # max() picks by `>` as CPython does: max(nan, inf) is nan (inf > nan is False)
     check_exact(MIN_MAX[name], calls([1.0, 2.5, NAN, INF, -INF, NAN, -0.0, 0.0]), dynamic=dynamic)
+
+
+def test_sign_of_nan_tells_entries_apart():
+    # -nan is a NaN with its sign bit set (`-nan`, and `inf - inf` on x86): copysign and
+    # struct.pack read it, so an entry traced for nan does not serve -nan
+    def f(x, m):
+        return x + 1, math.copysign(1.0, m), math.copysign(3.0, m * 2.0)
+
+    r = check_exact(f, calls([NAN, -NAN, NAN, -NAN]), dynamic=False)
+    assert r.compiles == 2, r
