@@ -615,17 +615,14 @@ def insert_runtime_asserts(gm, shape_env, name):
     can check it before.  (A fact about input sizes alone is a guard instead.)"""
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
     for node in gm.graph.nodes:
-        if node.target is torch._check and len(node.args) == 1 and "message" not in node.kwargs:
+        message = node.meta.get("check_message")
+        if node.target is torch._check and len(node.args) == 1 and message is not None:
             # The pass turns it into an aten._assert_scalar of a message of its own: the
             # one torch._check raises keeps a failing graph's error CPython's.
-            node.args = (node.args[0], _CHECK_MESSAGE)
+            node.args = (node.args[0], message)
     with enable_python_dispatcher(), _unbacked_unreplaced(shape_env):
         insert_deferred_runtime_asserts(gm, shape_env, name)
     gm.recompile()
-
-
-_CHECK_MESSAGE = ("Expected cond to be True, but got False. (Could this error message be "
-                  "improved? If so, please report an enhancement request to PyTorch.)")
 
 
 @contextlib.contextmanager

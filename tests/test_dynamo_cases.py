@@ -288,6 +288,28 @@ def test_checks_relating_reads_and_sizes(capture_scalars, backend, fn, inputs):
     assert r.graphs == 1, r
 
 
+def _even_then_random(x, n):
+    u0 = n.item()
+    torch._check(u0 % 2 == 0, lambda: "n must be even")
+    return torch.randn(2) + x.sum() + u0
+
+
+def _even_default_message(x, n):
+    u0 = n.item()
+    torch._check(u0 % 2 == 0)
+    return torch.randn(2) + x.sum() + u0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", [_even_then_random, _even_default_message])
+def test_failing_check_in_a_graph_that_cannot_rerun_raises_torchs_message(capture_scalars, backend, fn):
+    # (the graph drew random numbers: its error is the program's, so it must be the
+    # error torch._check raises, message included)
+    r = check(fn, [(torch.ones(2), torch.tensor(4)), (torch.ones(3), torch.tensor(5)),
+                   (torch.ones(3), torch.tensor(6))], backend=backend, dynamic=True, breaks=0)
+    assert r.graphs == 1, r
+
+
 def _nonzero_multiple_of_4(x):
     y = x.nonzero()
     torch._check(y.shape[0] % 4 == 0)

@@ -123,7 +123,37 @@ def call_check(tx, fn, args, kwargs):
             return ConstVar(None)
         unsupported(f"torch.{fn.__name__}() of {cond} fails (or is not a bool)")
     # The trace records the fact; the graph's runtime asserts check it.
-    return tx.output.call("call_function", fn, (cond,), {})
+    out = tx.output.call("call_function", fn, (cond,), {})
+    if fn is torch._check:
+        node = next(reversed(tx.output.graph.nodes), None)
+        if node is not None and node.target is torch._check:
+            # What the graph's assert says when it fails (graph.insert_runtime_asserts):
+            # torch's own message, the user's when it is a constant, else the pass's.
+            node.meta["check_message"] = _static_message(bound["message"]) \
+                if "message" in bound else CHECK_MESSAGE
+    return out
+
+
+CHECK_MESSAGE = ("Expected cond to be True, but got False. (Could this error message be "
+                 "improved? If so, please report an enhancement request to PyTorch.)")
+
+
+def _static_message(var):
+    """The string a message function always returns (``lambda: "n must be even"``),
+    read from its code without running it; None for any other message."""
+    import dis
+    fn = getattr(var, "value", None)
+    code = getattr(var, "code", None) or getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    ops = [i for i in dis.get_instructions(code)
+           if i.opname not in ("RESUME", "NOP", "CACHE", "COPY_FREE_VARS", "EXTENDED_ARG")]
+    if len(ops) == 1 and ops[0].opname == "RETURN_CONST" and isinstance(ops[0].argval, str):
+        return ops[0].argval
+    if len(ops) == 2 and ops[0].opname == "LOAD_CONST" and isinstance(ops[0].argval, str) and \
+            ops[1].opname == "RETURN_VALUE":
+        return ops[0].argval
+    return None
 
 
 # -- torch.tensor([n, ...]) of symbolic numbers --
