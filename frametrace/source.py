@@ -175,7 +175,7 @@ class GetItemSource(Source):
         return (self.base, self.index)
 
     def guard_expr(self):
-        return f"{self.base.guard_expr()}[{self.index!r}]"
+        return f"{self.base.guard_expr()}[{_index_expr(self.index)}]"
 
     def name(self):
         return f"{self.base.name()}[{self.index!r}]"
@@ -191,7 +191,7 @@ class ContainsSource(GetItemSource):
     __slots__ = ()
 
     def guard_expr(self):
-        return f"({self.index!r} in {self.base.guard_expr()})"
+        return f"({_index_expr(self.index)} in {self.base.guard_expr()})"
 
     def name(self):
         return f"{self.index!r} in {self.base.name()}"
@@ -247,12 +247,34 @@ class ConstSource(Source):
         cg.load_const(self.obj)
 
 
+def _literal(index) -> bool:
+    """`repr(index)` reads back, in a check, as an object of the same type and value."""
+    t = type(index)
+    if t in (str, int, bool, type(None)):
+        return True
+    if t is float:
+        return index - index == 0.0        # (finite: nan and inf are names)
+    if t is tuple:
+        return all(map(_literal, index))
+    import torch
+    return t is torch.dtype                 # (the check has `torch`)
+
+
+def _index_expr(index) -> str:
+    """An item's key as a check writes it: its repr, or, where that would not read back
+    (a torch.device's repr calls `device`, an enum member's is no expression), the
+    name of the constant (see const_sources)."""
+    return repr(index) if _literal(index) else ConstSource(index, "key").guard_expr()
+
+
 def const_sources(source):
     """The ConstSources a source expression is rooted at (for the guard namespace)."""
     while source is not None:
         if isinstance(source, ConstSource):
             yield source
             return
+        if isinstance(source, GetItemSource) and not _literal(source.index):
+            yield ConstSource(source.index, "key")
         through = getattr(source, "through", None)
         if through is not None:
             yield through

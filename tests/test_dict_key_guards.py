@@ -345,6 +345,23 @@ def test_nan_set_member():
     assert r.compiles >= 2 and any("NaN" in reason for reason in r.reasons())
 
 
+# -- keys whose repr is no expression: the check names them as constants --
+
+CPU = torch.device("cpu")
+
+
+def by_device(d, x):
+    return x + d[CPU], x * d.get(torch.float32, 0), (CPU, torch.float32) in d
+
+
+def test_device_keys_do_not_recompile_every_call():
+    # `d[device(type='cpu')]` in the Python check raised NameError: every call recompiled
+    calls = [({CPU: 1, torch.float32: 2}, torch.ones(1)), ({CPU: 1, torch.float32: 2}, torch.ones(1)),
+             ({torch.device("cpu"): 1, torch.float32: 2}, torch.ones(1)),
+             ({CPU: 3, torch.float32: 2}, torch.ones(1)), ({(CPU, torch.float32): 1, CPU: 3}, torch.ones(1))]
+    check(by_device, calls, graphs=3, breaks=0)
+
+
 # -- a seeded sweep: programs reading keys back, dicts of mixed key types, in random
 # orders, plain and dynamic=True --
 
