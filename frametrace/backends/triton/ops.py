@@ -256,23 +256,27 @@ for _op, _sym in ((aten.bitwise_and, "&"), (aten.bitwise_or, "|"), (aten.bitwise
     _ew([_op], "{0} %s {1}" % _sym)
 
 
-def _extreme(k, d, fn, a, b):
-    """max/min of a and b as eager's: NaN wins, and a tie gives `a` (eager's maximum(-0.0,
-    0.0) is -0.0, clamp(-0.0, min=0.0) too; tl.maximum gives the other zero)."""
+def _extreme(k, d, fn, a, b, cuda):
+    """max/min of a and b as eager's on the device: NaN wins; zeros of both signs are a
+    tie that gives `a` on the CPU (maximum(-0.0, 0.0) and clamp(-0.0, min=0.0) are -0.0
+    there), while CUDA's eager orders -0.0 below 0.0, as the hardware's max/min do."""
     if not d.is_floating_point:
         return k.op(f"tl.{fn}({a}, {b})")
+    if cuda:
+        return k.op(f"tl.{fn}({a}, {b}, propagate_nan=tl.PropagateNan.ALL)")
     cmp = ">" if fn == "maximum" else "<"
     return k.op(f"tl.where(({b} {cmp} {a}) | (({b} != {b}) & ({a} == {a})), {b}, {a})")
 
 
-def _minmax(fn):
-    def tmpl(k, d, a, b):
-        return _extreme(k, d, fn, a, b)
-    return tmpl
+def _on_cuda(L) -> bool:
+    return getattr(L.device, "type", None) == "cuda"
 
 
-_ew([aten.maximum], _minmax("maximum"))
-_ew([aten.minimum], _minmax("minimum"))
+@register(aten.maximum, aten.minimum)
+def _maximum(L, node, a, b):
+    fn = "maximum" if node.target.overloadpacket is aten.maximum else "minimum"
+    cuda = _on_cuda(L)
+    return elementwise(lambda k, d, x, y: _extreme(k, d, fn, x, y, cuda))(L, node, a, b)
 
 
 def _int_divs(k, a, b, check=False):
@@ -390,14 +394,14 @@ def _clamp(L, node, x, lo=None, hi=None):
     shape, dtype = _val(node)
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, lo
-    cdt = compute_dtype(dtype)
+    cdt, cuda = compute_dtype(dtype), _on_cuda(L)
 
     def fn(k, idx):
         v = operand(k, x, idx, dtype)
         if lo is not None:
-            v = _extreme(k, cdt, "maximum", v, operand(k, lo, idx, dtype))
+            v = _extreme(k, cdt, "maximum", v, operand(k, lo, idx, dtype), cuda)
         if hi is not None:
-            v = _extreme(k, cdt, "minimum", v, operand(k, hi, idx, dtype))
+            v = _extreme(k, cdt, "minimum", v, operand(k, hi, idx, dtype), cuda)
         return v
     return pointwise(shape, dtype, fn, x, lo, hi)
 
