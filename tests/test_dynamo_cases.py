@@ -83,7 +83,18 @@ def _double_counting_attribute(x):
     return x * 2
 
 
-@pytest.mark.parametrize("fn", [_double_counting_global, _double_counting_attribute])
+def _bump_state():
+    STATE.n += 1
+
+
+@torch.compiler.allow_in_graph
+def _double_counting_attribute_in_a_helper(x):
+    _bump_state()
+    return x * 2
+
+
+@pytest.mark.parametrize("fn", [_double_counting_global, _double_counting_attribute,
+                                _double_counting_attribute_in_a_helper])
 def test_allow_in_graph_writing_outside_state_runs_once_per_call(fn):
     def f(x):
         return fn(x.sin()) + 1
@@ -125,17 +136,36 @@ def _helper_bumps_a_global():
     HELPED += 1
 
 
+def _helper_bumps_a_global_by_subscript():
+    globals()["HELPED"] = HELPED + 1
+
+
 @torch.compiler.allow_in_graph
 def _double_with_helper(x):
     _helper_bumps_a_global()
     return x * 2
 
 
+@torch.compiler.allow_in_graph
+def _double_with_subscript_helper(x):
+    _helper_bumps_a_global_by_subscript()
+    return x * 2
+
+
 def test_allow_in_graph_whose_helper_writes_a_global():
-    # The function's own code writes nothing: its run while tracing changed a global
-    # anyway, which is undone, and CPython makes the call.
+    # Seen in the helper's code: CPython makes the call, which is never run while tracing.
     def f(x):
         return _double_with_helper(x.sin()) + 1
+
+    r = check(f, [torch.randn(3), torch.randn(3), torch.randn(3)], globals=("HELPED",), breaks=1)
+    assert r.graphs >= 1 and "calls _helper_bumps_a_global()" in r.reasons()[0]
+
+
+def test_allow_in_graph_whose_helper_writes_a_global_by_subscript():
+    # No instruction shows the write: the run while tracing changed a global, which is
+    # undone, and CPython makes the call.
+    def f(x):
+        return _double_with_subscript_helper(x.sin()) + 1
 
     r = check(f, [torch.randn(3), torch.randn(3), torch.randn(3)], globals=("HELPED",), breaks=1)
     assert r.graphs >= 1 and "undone" in r.reasons()[0]

@@ -605,33 +605,48 @@ _CELL_STORES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
 
 
 def visible_outside_writes(fn) -> str | None:
-    """What the code of `fn` (and of functions defined in it) writes outside its own
-    frame, by its own instructions: a global, a `nonlocal` of an enclosing function, an
-    attribute of anything (an object's, a module's; a tensor's cannot be told apart).
-    None when there is none, or when `fn` is not a Python function.  Writes made by
-    the functions it calls are not seen."""
+    """What the code of `fn` (of functions defined in it, and of the functions of its
+    module it names, transitively) writes outside its own frame, by its own
+    instructions: a global, a `nonlocal` of an enclosing function, an attribute of
+    anything (an object's, a module's; a tensor's cannot be told apart).  None when
+    there is none, or when `fn` is not a Python function.  Writes made by functions of
+    other modules, and by methods, are not seen."""
     import dis
     code = getattr(fn, "__code__", None)
     if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
         return None
-    outer_free = set(code.co_freevars)
+    g = fn.__globals__
 
-    def scan(c, top):
+    def scan(c, free):
+        # `free`: the names of c's cells that are cells of its caller's (a nonlocal)
         for inst in dis.get_instructions(c):
             if inst.opname in _OUTSIDE_STORES:
                 what = "global" if "GLOBAL" in inst.opname else "attribute"
                 return f"writes the {what} {inst.argval!r}"
-            if inst.opname in _CELL_STORES and inst.argval in (c.co_freevars if top else
-                                                                set(c.co_freevars) & outer_free):
+            if inst.opname in _CELL_STORES and inst.argval in free:
                 return f"writes the nonlocal {inst.argval!r}"
         for const in c.co_consts:
             if isinstance(const, types.CodeType):
-                found = scan(const, False)
+                found = scan(const, set(const.co_freevars) & free)
                 if found:
                     return found
         return None
 
-    return scan(code, True)
+    seen = set()
+    todo = [(code, set(code.co_freevars))]
+    while todo and len(seen) < 64:
+        c, free = todo.pop()
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        found = scan(c, free)
+        if found:
+            return found if c is code else f"calls {c.co_name}(), which {found}"
+        for name in c.co_names:
+            v = g.get(name)
+            if isinstance(v, types.FunctionType) and v.__globals__ is g:
+                todo.append((v.__code__, set(v.__code__.co_freevars)))
+    return None
 
 
 _EMPTY = object()
