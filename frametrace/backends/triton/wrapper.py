@@ -78,12 +78,11 @@ class Checked:
 def _check_error(e: Exception):
     """Eager's exception for a failed check in Triton's interpreter (which raises an
     AssertionError with the check's message, wrapped in its own errors), or None."""
-    text = str(e)
-    for name, cls in _CHECK_ERRORS.items():
-        at = text.find(name + ": ")
-        if at >= 0:
-            return cls(text[at + len(name) + 2:].split("\n")[0].split("'")[0].split('"')[0])
-    return None
+    m = _FAILED_CHECK.search(str(e))
+    return _CHECK_ERRORS[m.group(1)](m.group(2)) if m else None
+
+
+_FAILED_CHECK = re.compile(r"""AssertionError\(['"](%s): ([^'"\n]*)""" % "|".join(_CHECK_ERRORS))
 
 
 class Launcher:
