@@ -73,3 +73,9 @@ eliminate_noop_ops = True
 # it back and runs the frame again in CPython.  Off: such a failure raises at once,
 # without those effects (no copies and no generator reads per call).
 rerun_failed_graphs_from_saved_state = True
+
+# A graph that raises saves nothing per call (rerun_failed_graphs_from_saved_state) when
+# the program's Python effects all came after every op of the graph: a failure comes
+# before them in CPython too.  False: such graphs save too, to tell a wrong answer of
+# this shortcut from another.
+rerun_skips_effects_after_every_op = True

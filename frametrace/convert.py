@@ -408,6 +408,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     policy = ShapePolicy(code, dynamic)
     output = OutputGraph(guards, policy)
     tracer = InstructionTranslator(code, func, args, output, guards)
+    _count_ops(output, tracer)
 
     installed = len(_installed_globals)
 
@@ -452,6 +453,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             guards = GuardSet(code, func)
             output = OutputGraph(guards, policy)
             tracer = InstructionTranslator(code, func, args, output, guards)
+            _count_ops(output, tracer)
             tracer.stop_at = break_index
             try:
                 if tracer.run() is not None or tracer.ip != break_index:
@@ -596,6 +598,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     """Compile the graph and build the transformed code: it returns `result`, or at a
     graph break runs `break_at` in CPython and continues in a resume function."""
     out_nodes = []
+    ops_traced = tracer.side_effects.clock() if tracer.side_effects.clock else None
     # At a return, the frame's cells are stored too: a returned closure reads them.
     cells = resume.cells_to_store(tracer) if break_at is None else []
     live = [result, *(tracer.cells[n].value for n in cells)] if break_at is None \
@@ -616,7 +619,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         if _can_run_again(output, backend):
             rerun = entry_grad
         else:
-            rerun_state = _rerun_state(output, backend, side_effects)
+            rerun_state = _rerun_state(output, backend, side_effects, ops_traced)
             rerun = entry_grad if rerun_state is not None else None
         # A graph that switches grad mode inside `with` blocks and raises midway leaves
         # the mode switched; CPython's blocks put it back as the exception leaves them.
@@ -723,7 +726,23 @@ def _enters_autocast(output) -> bool:
                for n in output.graph.nodes)
 
 
-def _rerun_state(output, backend, side_effects):
+def _count_ops(output, tracer):
+    """Gives the tracer's side effects a clock: the graph ops created so far (created,
+    not present: an op removed later still counted when it was made)."""
+    graph = output.graph
+    created = [0]
+    make = graph.create_node
+
+    def create_node(*args, **kwargs):
+        node = make(*args, **kwargs)
+        if node.op not in ("placeholder", "output"):
+            created[0] += 1
+        return node
+    graph.create_node = create_node
+    tracer.side_effects.clock = lambda: created[0]
+
+
+def _rerun_state(output, backend, side_effects, ops_traced=None):
     """For a graph that cannot simply run again (see _can_run_again): what to save
     before each call so that a failure can put it back and the frame run again in
     CPython (a codegen.RerunState), or None where raising as it is is already right
@@ -742,7 +761,12 @@ def _rerun_state(output, backend, side_effects):
     defers = getattr(backend, "__frametrace_defers_input_mutations__", False)
     written = [i for i in output.inputs if _storage_key(i.node) in mode.written_storages]
     autocast = _enters_autocast(output)
-    if not side_effects and not autocast and not (defers and written):
+    # (Python effects made after every op of the graph, in program order, are not
+    # lost: a failure comes before them in CPython too.)
+    effects_lost = bool(side_effects) and not (
+        ops_traced is not None and config.rerun_skips_effects_after_every_op and
+        side_effects.all_after(ops_traced))
+    if not effects_lost and not autocast and not (defers and written):
         return None
     cuda = set()
     for node in output.graph.nodes:

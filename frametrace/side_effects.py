@@ -27,10 +27,21 @@ class SideEffects:
         self._cells: dict[int, tuple] = {}         # id(cell) -> (cell, value)
         self._containers: dict[int, object] = {}   # id(real list/dict) -> its ListVar/DictVar
         self._order: list[tuple] = []
+        # Where each effect first happened among the graph's ops: `clock()` counts the
+        # ops created so far (set by convert; None: unknown).  A graph that raises
+        # loses no effect of the program if every effect came after every op.
+        self.clock = None
+        self._first_at: dict[tuple, int | None] = {}
 
     def _note(self, key):
         if key not in self._order:
             self._order.append(key)
+            self._first_at[key] = self.clock() if self.clock is not None else None
+
+    def all_after(self, ops: int) -> bool:
+        """Whether every effect was first made once `ops` graph ops had been created
+        (no op of the graph comes after any effect in program order)."""
+        return all(self._first_at.get(key) == ops for key in self._order)
 
     # -- recording --
     def store_attr(self, owner, real_obj, name: str, value, plain: bool = False):

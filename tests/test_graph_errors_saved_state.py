@@ -204,3 +204,39 @@ def test_cuda_generators_are_saved_too():
               compiled=lambda counter: after_too(observed(frametrace.optimize(backend=counter)(
                   cuda_random_then_fail))))
     assert r.graphs == 1, r
+
+
+def _saves(fn, *args):
+    frametrace.reset()
+    c = frametrace.optimize(fn)
+    c(*args)
+    (entry,) = frametrace._C.entries(fn.__code__)
+    return "___rerun_state" in entry.code.co_varnames
+
+
+def count_after_every_op(x, idx, box):
+    x.add_(torch.rand(3))
+    y = x[idx] * 2
+    box.calls = box.calls + 1          # after the graph's last op, in program order
+    return y
+
+
+def count_before_an_op(x, idx, box):
+    x.add_(torch.rand(3))
+    box.calls = box.calls + 1
+    return x[idx] * 2
+
+
+@pytest.mark.parametrize("fn", [count_after_every_op, count_before_an_op])
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_effects_after_every_op_need_no_saving(fn, shortcut, monkeypatch):
+    monkeypatch.setattr(frametrace.config, "rerun_skips_effects_after_every_op", shortcut)
+
+    def box():
+        b = Box()
+        b.calls = 0
+        return b
+    r = check_observed(fn, _calls(lambda i: (torch.zeros(3), torch.tensor([i]), box())), "eager")
+    assert r.graphs == 1 and r.breaks == 0, r
+    saves = _saves(fn, torch.zeros(3), torch.tensor([1]), box())
+    assert saves == (fn is count_before_an_op or not shortcut)
