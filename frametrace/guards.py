@@ -531,7 +531,11 @@ class GuardSet:
             return
         src = AttrSource(ConstSource(holder, label), name)
         if found is None:
-            if not hasattr(holder, name):
+            if _meta_runs_code(cls):
+                # (hasattr of the class would run its metaclass's hook, here and in
+                # every check)
+                self.mro_entry(cls, name, None, after)
+            elif not hasattr(holder, name):
                 self._add(src, "ABSENT", f"not {self.const(hasattr)}({src.base.guard_expr()}, {name!r})",
                           f"{src.name()} is not defined", spec=one_check(src.base, "HASATTR", name, _MODULE_GETATTR, n=0))
             else:
@@ -754,6 +758,13 @@ _MODULE_GETATTR = torch.nn.Module.__getattr__
 _OPS = _C.GUARD_OPS
 _C_DISTINCT = 32    # distinct(): at most this many sources checked pairwise in C
 _IMMUTABLE_TYPE = 1 << 8    # Py_TPFLAGS_IMMUTABLETYPE: a builtin class, whose bases are fixed
+
+
+def _meta_runs_code(cls) -> bool:
+    """Reading an attribute of `cls` runs Python code of its metaclass (its own
+    __getattribute__ or __getattr__)."""
+    return any(isinstance(k.__dict__.get(h), types.FunctionType) for k in type(cls).__mro__
+               for h in ("__getattribute__", "__getattr__"))
 
 
 def _answered_by_code(cls, name, found) -> bool:

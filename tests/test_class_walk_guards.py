@@ -657,3 +657,42 @@ def test_metaclass_getattr_hook_in_hasattr():
         end = next(reads)
         assert torch.equal(want, got)
         assert end - middle == middle - start == 3
+
+
+def test_missing_instance_attribute_of_a_class_with_a_metaclass_hook():
+    import itertools
+    import frametrace
+    reads = itertools.count()
+
+    class M(type):
+        def __getattr__(cls, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            next(reads)
+            raise AttributeError(name)
+
+    class A(metaclass=M):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return 5
+
+    def f(x, o):
+        return x + o.missing             # (the instance's __getattr__: M's never runs)
+
+    x = torch.ones(2)
+    compiled = frametrace.optimize("eager")(f)
+    o = A()
+    for _ in range(3):
+        start = next(reads)
+        want = f(x, o)
+        middle = next(reads)
+        got = compiled(x, o)
+        end = next(reads)
+        assert torch.equal(want, got)
+        assert end - middle == middle - start == 1
+
+    def add():
+        A.missing = 7
+    from differential import check as check_
+    check_(f, [(x, o), Then(add, x, o), (x, o)], compiles=2, breaks=0)
