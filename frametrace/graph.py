@@ -306,11 +306,11 @@ class OutputGraph:
             unsupported(f"{what}() reads a fact of a tensor that no guard covers")
         if what in _LAYOUT_READS and self.layout_hidden():
             unsupported(f"Tensor.{what}() in a vmapped function (vmap hides the batch's layout)")
-        if self._maybe_returns_arg(what, args, fake_args, fake_kwargs):
+        if tensor_layout.copies_by_layout(what, fake_args, fake_kwargs):
             # contiguous() gives its argument itself where the kernel's layout is the one
-            # asked for, else a copy: which, the trace cannot tell, and writes through
-            # the result reach the argument or not (AOTAutograd would decide it from
-            # the fake).  CPython runs it, on the real tensor.
+            # asked for, else a copy (reshape() a view, else a copy): which, the trace
+            # cannot tell, and writes through the result reach the argument or not.
+            # CPython runs it, on the real tensor.
             unsupported(f"Tensor.{what}() of a tensor whose layout the trace cannot know "
                         "(whether it copies depends on the kernel's strides)")
         if what in _LAYOUT_READS and args and isinstance(args[0], TensorVar):
@@ -378,14 +378,6 @@ class OutputGraph:
             self._last_inplace[id(out)] = (out, node)
             return same
         return self._wrap_result(node, out)
-
-    @staticmethod
-    def _maybe_returns_arg(what, args, fake_args, fake_kwargs) -> bool:
-        """Whether the op gives its argument back where it has the layout asked for
-        (contiguous(), to(memory_format=)), and the argument's layout is not sure."""
-        return what in tensor_layout.MAY_RETURN_ARG and bool(args) and \
-            isinstance(args[0], TensorVar) and tensor_layout.is_unsure(args[0].example) and \
-            tensor_layout.fixed_format(what, fake_args, fake_kwargs) is not None
 
     def _kernel_view_geometry(self, kind, target, out, fake_args, fake_kwargs):
         """`out`, a view of a tensor argument, with the strides and storage offset the

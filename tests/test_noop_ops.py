@@ -208,3 +208,26 @@ def test_the_elimination_can_be_turned_off():
     finally:
         frametrace.config.eliminate_noop_ops = old
     assert {"contiguous", "to"} <= set(targets(r)), targets(r)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("how", ["reshape", "flatten", "reshape_as", "ravel"])
+@pytest.mark.parametrize("name", ["roll_channels_last", "batch_norm_t", "copysign_t"])
+def test_reshape_of_an_unsure_layout(name, how, backend):
+    # reshape() views where the kernel's layout allows it, else copies: a write through
+    # its result reaches r or not by the real strides, not the fake's.
+    op, make = UNSURE_PRODUCERS[name]
+    reshape = {"reshape": lambda t: t.reshape(-1), "flatten": lambda t: t.flatten(),
+               "reshape_as": lambda t: t.reshape_as(torch.empty(t.numel())),
+               "ravel": lambda t: t.ravel()}[how]
+
+    def f(x):
+        noise = torch.rand(())
+        r = op(x)
+        y = reshape(r)
+        y.add_(1)
+        return r, y, noise
+
+    # (the break is in the lambda: its frame compiles a graph of its own)
+    r = check(f, [make(), make()], backend=backend, max_graphs=3, breaks=1)
+    assert any(how in why for why in r.reasons()), r

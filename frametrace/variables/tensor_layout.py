@@ -8,16 +8,18 @@ sliced, expanded and channels-last inputs (`tests/layout_sweep.py`): the ops in
 transposed input: the kernel's result is contiguous, the fake keeps the input's
 order; roll and channel_shuffle of a channels-last one: the other way round).
 
-The layout of a tensor is *sure* when it is provable: a graph input (its strides are
-guarded), or the result of an op that is not in `UNTRUSTED` on tensors whose layouts
-are sure, or of an op whose result's layout is fixed whatever its input
-(``contiguous()``, ``clone(memory_format=torch.channels_last)``).  What the trace
+The layout of a tensor is *sure* when it is a graph input (its strides are guarded),
+or the result of an op whose result's layout is fixed whatever its input's
+(``clone(memory_format=torch.channels_last)``), or of an op on tensors whose layouts
+are sure, unless the op is in `UNTRUSTED` and one of them is not contiguous (on
+contiguous, non-empty inputs the sweep finds every fake right).  An op of no OpInfo
+is not swept: it is trusted as the ops like it are.  What the trace
 answers from a layout -- ``stride()``, ``is_contiguous()``, and whether
 ``contiguous()`` gives its argument back (graph.py's no-op elision) -- it answers only
 for sure layouts; otherwise it is a graph break and CPython reads the real tensor.
 (``contiguous()`` of an unsure layout cannot stay in the graph either: whether its
 result is its argument, which writes through it reach, AOTAutograd would decide from
-the fake.)"""
+the fake; reshape() and flatten() likewise, which view or copy by the layout.)"""
 from __future__ import annotations
 
 import weakref
@@ -67,8 +69,22 @@ def mark_unsure(fake):
             mark_unsure(f)
 
 
-# Ops that give their argument itself back where it has the layout asked for.
-MAY_RETURN_ARG = frozenset({"contiguous", "to"})
+# Ops that give their argument itself back where it has the layout asked for, and a
+# copy where not; and ops that give a view where the layout allows one, and a copy
+# where not.
+_RETURN_ARG_BY_LAYOUT = frozenset({"contiguous", "to"})
+_VIEW_BY_LAYOUT = frozenset({"reshape", "reshape_as", "flatten", "ravel"})
+
+
+def copies_by_layout(what: str, fake_args, fake_kwargs) -> bool:
+    """Whether `what` copies or not by the layout of its argument, whose layout is not
+    sure: which it does decides where writes through its result go, and the trace
+    cannot tell (the eager backend runs the kernel, which knows; AOTAutograd would
+    decide it from the fake, and write the argument or not as the kernel does not)."""
+    if not fake_args or not isinstance(fake_args[0], torch.Tensor) or not is_unsure(fake_args[0]):
+        return False
+    return what in _VIEW_BY_LAYOUT or \
+        (what in _RETURN_ARG_BY_LAYOUT and fixed_format(what, fake_args, fake_kwargs) is not None)
 
 
 def fixed_format(what: str, fake_args, fake_kwargs):
