@@ -245,3 +245,39 @@ def test_sign_of_nan_tells_entries_apart():
 
     r = check_exact(f, calls([NAN, -NAN, NAN, -NAN]), dynamic=False)
     assert r.compiles == 2, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_division_floor_division_and_modulo(backend, dynamic):
+    # CPython's own // and % (signs) and ZeroDivisionError, at run time in the graph:
+    # one graph for every value, no entry pinned to a value
+    def f(x, m):
+        return x + 1, 1.0 / m, m // 3.0, -7.0 % m, m % -3, 5 // m, (m / 3.0) * 3.0
+
+    values = [2.5, 3.75, -7.5, NAN, INF, -INF, 1e20, 1e-320, 0.0, -0.0, 4.0]
+    r = check_exact(f, calls(values), backend, dynamic)
+    assert r.graphs <= 3, r
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_truth_of_a_float(dynamic):
+    # bool(nan) is True, bool(-0.0) False: `if m` is the guard `m != 0`, not a pin
+    def f(x, m):
+        return x * (1.0 / m) if m else x - 1
+
+    values = [2.5, 3.75, NAN, -0.0, 0.0, INF, 1e-320, 5.5]
+    r = check_exact(f, calls(values), dynamic=dynamic)
+    assert r.graphs <= 4, r
+
+
+def test_floats_from_data_divide_in_the_graph(monkeypatch):
+    monkeypatch.setattr(frametrace.config, "capture_scalar_outputs", True)
+
+    def f(x):
+        m = x.sum().item()
+        return x * m, 1.0 / m, m // 2.0, m % 3.0
+
+    inputs = [torch.tensor([v], dtype=torch.float64) for v in VALUES]
+    r = check_exact(f, inputs)
+    assert r.graphs == 1, r

@@ -119,7 +119,8 @@ def float_number_op(graph, kind, target, args, kwargs):
 
     +, -, *, abs, division by a constant and comparisons become float64 tensor ops with
     the result read back (``item()``, a number the trace does not know), which compute
-    as CPython's floats do, IEEE 754 both.  Any other operation pins a float with a
+    as CPython's floats do, IEEE 754 both; /, // and % run CPython's own operator at run
+    time (`python_float_op`, raising its ZeroDivisionError).  Any other operation pins a float with a
     guardable value (an argument that became dynamic): it runs on the value, with a
     guard; on a float read from data (``t.item()``, a number from a graph break), which
     no guard can pin, it is a graph break."""
@@ -135,6 +136,8 @@ def float_number_op(graph, kind, target, args, kwargs):
     if kind == "call_function" and target in (operator.truediv, operator.itruediv) and \
             len(args) == 2 and isinstance(args[1], ConstVar) and args[1].value:
         fn = torch.div      # by a nonzero constant: CPython cannot raise ZeroDivisionError
+    elif fn is None and kind == "call_function" and len(args) == 2:
+        fn = _PYTHON_FLOAT_OPS.get(target)
     if fn is None or kwargs or not all(map(_exact_as_double, args)):
         if any(_from_data(v.example) or is_unbacked(v.example) for v in values if _symbolic_float(v)):
             unsupported(f"{getattr(target, '__name__', target)} on a float computed from data "
@@ -148,7 +151,11 @@ def float_number_op(graph, kind, target, args, kwargs):
     from .objects import ObjectVar
     operands = [graph.call("call_function", torch.scalar_tensor, (a,), {"dtype": ObjectVar(torch.float64)})
                 for a in args]
-    result = graph.call("call_function", fn, tuple(operands), {})
+    if isinstance(fn, str):
+        result = graph.call("call_function", torch.ops.frametrace.python_float_op.default,
+                            (ConstVar(fn), *operands), {})
+    else:
+        result = graph.call("call_function", fn, tuple(operands), {})
     # The ShapeEnv refuses item() without capture_scalar_outputs; here it reads a
     # number the graph computed itself.  It stays allowed for this compile: AOTAutograd
     # traces the graph again in this ShapeEnv.  (frametrace's own item() and friends
@@ -170,6 +177,25 @@ _TENSOR_FLOAT_OPS = {
     operator.eq: torch.eq, operator.ne: torch.ne, operator.lt: torch.lt, operator.le: torch.le,
     operator.gt: torch.gt, operator.ge: torch.ge,
 }
+
+
+# Operations no tensor op computes as CPython does (its ZeroDivisionError, the sign
+# rules of // and %): CPython's own, at run time, in an op the backends keep opaque.
+_PYTHON_FLOAT_OPS = {operator.truediv: "truediv", operator.itruediv: "truediv",
+                     operator.floordiv: "floordiv", operator.ifloordiv: "floordiv",
+                     operator.mod: "mod", operator.imod: "mod"}
+
+
+@torch.library.custom_op("frametrace::python_float_op", mutates_args=())
+def python_float_op(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a op b`` on the two floats, as CPython computes it (raising what it raises), as a
+    0-d float64 tensor (which holds any Python float exactly)."""
+    return torch.tensor(getattr(operator, op)(a.item(), b.item()), dtype=torch.float64)
+
+
+@python_float_op.register_fake
+def _(op, a, b):
+    return torch.empty((), dtype=torch.float64)
 
 
 _RELATIONS = frozenset({operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge})
@@ -239,6 +265,10 @@ class SymNodeVar(Var):
         # bool(SymBool) guards on the relation; bool(SymInt) on "!= 0".  About a
         # number read from data, only what the ShapeEnv can prove is answered (a guard
         # cannot read it): anything else is a graph break.
+        if _symbolic_float(self):
+            # bool(m) is m != 0 for every float (NaN true, -0.0 false); torch's bool
+            # of a float symbol would pin its value.
+            return tx.output.call("call_function", operator.ne, (self, ConstVar(0.0)), {}).truth(tx)
         try:
             return bool(self.example)
         except GuardOnDataDependentSymNode:
