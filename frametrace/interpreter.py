@@ -1488,6 +1488,8 @@ def unary_op(tx, fn, v: Var) -> Var:
     if is_numpy_var(v):
         return numpy_unary_op(tx, fn, v)
     if isinstance(v, (TensorVar, SymNodeVar)):
+        if isinstance(v, TensorVar):
+            guard_operator(tx, v, fn, reflected=False)
         return tx.output.call("call_function", fn, (v,), {})
     if isinstance(v, ConstVar):
         return ConstVar(fn(v.value))

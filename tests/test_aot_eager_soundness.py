@@ -183,11 +183,19 @@ def parameter_method(p):
     return p.sigmoid() - 1
 
 
+def unary_operator(x):
+    return -x * 2
+
+
+def indexing(x):
+    return x[1:] * 2
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fn,name,arity", [
     (method_call, "sigmoid", 1), (bound_method_read, "sigmoid", 1),
     (binary_operator, "__add__", 2), (reflected_operator, "__rsub__", 1),
-    (parameter_method, "sigmoid", 1)])
+    (parameter_method, "sigmoid", 1), (unary_operator, "__neg__", 1), (indexing, "__getitem__", 1)])
 def test_a_tensor_method_replaced_between_calls(backend, fn, name, arity, patches):
     patch = patches(torch.Tensor, name, _five_like)
 

@@ -115,9 +115,11 @@ class TensorVar(Var):
         return tx.output.call("call_method", name, (self, *args), kwargs)
 
     def getitem(self, tx, key):
+        guard_method(tx, self, "__getitem__")
         return tx.output.call("call_function", operator.getitem, (self, key), {})
 
     def setitem(self, tx, key, value):
+        guard_method(tx, self, "__setitem__")
         tx.output.call("call_function", operator.setitem, (self, key, value), {})
 
     def unpack(self, tx):
