@@ -696,3 +696,36 @@ def test_missing_instance_attribute_of_a_class_with_a_metaclass_hook():
         A.missing = 7
     from differential import check as check_
     check_(f, [(x, o), Then(add, x, o), (x, o)], compiles=2, breaks=0)
+
+
+def test_hook_added_to_the_class_does_not_run_in_a_guard():
+    import itertools
+    import frametrace
+    reads = itertools.count()
+
+    class A:
+        def __init__(self):
+            self.a = 1
+
+    def hook(self, name):
+        next(reads)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return 1
+
+    def f(x, o):
+        return x + hasattr(o, "zz") + hasattr(o, "a")
+
+    x = torch.ones(2)
+    compiled = frametrace.optimize("eager")(f)
+    o = A()
+    for i in range(4):
+        if i == 2:
+            A.__getattr__ = hook
+        start = next(reads)
+        want = f(x, o)
+        middle = next(reads)
+        got = compiled(x, o)
+        end = next(reads)
+        assert torch.equal(want, got)
+        assert end - middle == middle - start, (i, end - middle, middle - start)

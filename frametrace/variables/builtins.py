@@ -1293,6 +1293,10 @@ def _has_attr(tx, obj, name):
             if custom is not None and custom is not torch.nn.Module.__getattr__:
                 return None
         if obj.source is not None:
+            # (first: a hook added to the class later fails these, not the hasattr
+            # check, which would run it)
+            for hook in ("__getattribute__", "__getattr__"):
+                tx.guards.class_attr(cls, hook, _class_lookup(cls, hook))
             _guard_hasattr(tx, obj.source, name, found)
         return found
     from .subclasses import is_user_container
