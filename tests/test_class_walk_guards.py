@@ -729,3 +729,28 @@ def test_hook_added_to_the_class_does_not_run_in_a_guard():
         end = next(reads)
         assert torch.equal(want, got)
         assert end - middle == middle - start, (i, end - middle, middle - start)
+
+
+def test_getattribute_added_to_the_class_runs_in_isinstance():
+    import frametrace
+
+    class A:
+        def __init__(self):
+            self.log = []
+
+    def hook(self, name):
+        if name != "log":
+            object.__getattribute__(self, "log").append(name)
+        return object.__getattribute__(self, name)
+
+    def f(x, o):
+        return x + isinstance(o, torch.nn.Module)    # (false: CPython asks o.__class__)
+
+    x = torch.ones(2)
+    compiled = frametrace.optimize("eager")(f)
+    for i in range(4):
+        if i == 2:
+            A.__getattribute__ = hook
+        a, b = A(), A()
+        assert torch.equal(f(x, a), compiled(x, b))
+        assert object.__getattribute__(a, "log") == object.__getattribute__(b, "log"), i

@@ -746,13 +746,19 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     if not isinstance(obj, TensorVar) and _instance_dependent(cls):
         unsupported(f"isinstance with {getattr(cls, '__qualname__', cls)!r}, whose metaclass "
                     "looks at the instance")
-    from .attributes import class_read_runs_code
-    if class_read_runs_code(obj) and (isinstance(cls, abc.ABCMeta) or not _class_covers(t, cls)):
+    from .attributes import InstanceAttrs, class_read_runs_code
+    asks_class = isinstance(obj, InstanceAttrs) and (isinstance(cls, abc.ABCMeta) or not _class_covers(t, cls))
+    if asks_class and class_read_runs_code(obj):
         # CPython asks the object for its __class__ here (ABCMeta always), through the
         # class's own __getattribute__ or __class__ property: traced, it runs as often.
         claimed = _class_value(obj.getattr(tx, "__class__"))
         if claimed is not t and isinstance(claimed, type) and _class_covers(claimed, cls, tx):
             return True
+    elif asks_class:
+        # (a __getattribute__ given to the class later would run here: it fails this)
+        from .modules import _class_lookup
+        k = obj.instance_class()
+        tx.guards.class_attr(k, "__getattribute__", _class_lookup(k, "__getattribute__"))
     return _class_covers(t, cls, tx)
 
 
