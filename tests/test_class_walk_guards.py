@@ -754,3 +754,22 @@ def test_getattribute_added_to_the_class_runs_in_isinstance():
         a, b = A(), A()
         assert torch.equal(f(x, a), compiled(x, b))
         assert object.__getattribute__(a, "log") == object.__getattribute__(b, "log"), i
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("class_bases", lambda x, o: x + o.__class__.__bases__[0].k),
+    ("mro_and_instance", lambda x, o: x + type(o).__mro__[1].k + o.k),
+])
+def test_walk_from_an_object_whose_class_has_a_getattribute(name, fn):
+    class A:
+        k = 1
+
+    class B(A):
+        def __getattribute__(self, n):
+            return super().__getattribute__(n)
+
+    def change():
+        A.k = 4
+    o = B()
+    x = torch.ones(2)
+    check(fn, [(x, o), (x, o), Then(change, x, o), (x, o)], compiles=2, breaks=0)
