@@ -41,6 +41,7 @@ PRODUCERS = {
                         lambda: _cl(2, 4, 4, 4)),
     "pad_reflect_cl": (lambda x: F.pad(x, (1, 1, 1, 1), mode="reflect"), lambda: _cl(2, 4, 3, 3)),
     "copysign_t": (lambda x: torch.copysign(x, torch.ones(4, 5)), lambda: torch.randn(5, 4).t()),
+    "glu_t": (lambda x: F.glu(x, 1), lambda: torch.randn(1, 2, 8, 6).transpose(-1, -2)),
     "bce_t": (lambda x: F.binary_cross_entropy(x.sigmoid(), torch.full((4, 5), 0.5), reduction="none"),
               lambda: torch.randn(5, 4).t()),
 }

@@ -38,7 +38,7 @@ UNTRUSTED = frozenset({
     "prelu", "_prelu_kernel", "hardtanh", "relu6", "nan_to_num", "isreal",
     "xlogy", "xlogy_", "special_xlogy", "xlog1py", "special_xlog1py",
     "native_dropout_backward", "pixel_shuffle", "pixel_unshuffle",
-    "channel_shuffle", "native_channel_shuffle", "one_hot", "binary_cross_entropy",
+    "channel_shuffle", "native_channel_shuffle", "one_hot", "binary_cross_entropy", "glu",
     "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
     "replication_pad1d", "replication_pad2d", "replication_pad3d",
 })
