@@ -1556,6 +1556,11 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
         return False        # an object of a user class made in the frame: a new one
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
+        if type(other) is TupleVar and type(const.value) is tuple and other.is_const() and \
+                other.as_const() == const.value:     # (unequal: two objects)
+            # An equal tuple may be that very object (a dict's key read back, the code's
+            # constant): which it is, is not guarded
+            unsupported(f"'is' between equal tuples {a} and {b} (which objects they are is not guarded)")
         if isinstance(other, (TensorVar, TupleVar, ListVar, DictVar, SymNodeVar)):
             return False
         try:

@@ -362,6 +362,33 @@ def test_device_keys_do_not_recompile_every_call():
     check(by_device, calls, graphs=3, breaks=0)
 
 
+def key_is_arg(d, k, t):
+    return t * len(d), [q is k for q in d]
+
+
+def test_tuple_key_identity_with_an_argument():
+    # (fuzzer, seed 5) `q is k` of a tuple key read back and an equal tuple argument:
+    # one object when both are the code's constant, answered False from the trace
+    k1, k2 = (1.0, "a"), (1, "a")
+    calls = [(collections.OrderedDict([(2.0, 1), (k1, 2)]), k1, torch.ones(2)),
+             (collections.OrderedDict([(k2, 2)]), (1, "a"[:]), torch.ones(2)),
+             (collections.OrderedDict([(k2, 2)]), (1, "".join("a")), torch.ones(2)),
+             ({k2: 2}, k2, torch.ones(2)), ({(1, "a"): 2}, (1, "b"), torch.ones(2))]
+    check(key_is_arg, calls)
+
+
+def get_with_tensor_default(d, t):
+    return d.get(-0.0, t).sum(), d.get(IE.A, t)
+
+
+def test_get_of_a_dict_held_as_an_object():
+    # (fuzzer, seed 5) a dict keyed by a str subclass is an object: get() with a tensor
+    # default recursed until RecursionError (an internal error)
+    calls = [({S("a"): torch.ones(1), IE.A: torch.ones(1)}, torch.ones(2)),
+             ({S("a"): torch.ones(1), 0: torch.ones(1)}, torch.ones(2))]
+    check(get_with_tensor_default, calls)
+
+
 # -- a seeded sweep: programs reading keys back, dicts of mixed key types, in random
 # orders, plain and dynamic=True --
 

@@ -132,6 +132,11 @@ class ObjectVar(ValueVar):
                     unsupported(f"{type(self.value).__name__}.{name}() raised {type(e).__name__}")
                 listed = isinstance(result, (type({}.keys()), type({}.values()), type({}.items())))
                 return self._read(tx, list(result) if listed else result, name, consts, listed)
+        if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
+                callable(getattr(self.value, name, None)):
+            # (getattr gives a MethodVar calling this method again: `d.get(k, tensor)` of
+            # a dict held as an object recursed until RecursionError)
+            unsupported(f"{type(self.value).__name__}.{name}() with arguments that are not constants")
         return super().call_method(tx, name, args, kwargs)
 
     def _read(self, tx, result, name, args, listed=False):
