@@ -129,6 +129,9 @@ class _FakeMode(FakeTensorMode):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.written_storages = set()
+        # The last aten op that wrote a tensor whose elements share memory (an expanded
+        # running mean): eager may accept it, functionalization cannot copy it back.
+        self.overlapping_write = None
 
     # Higher-order ops (cond, while_loop ...) dispatch on the mode's exact type: ours
     # takes FakeTensorMode's rule for each.
@@ -146,12 +149,24 @@ class _FakeMode(FakeTensorMode):
             return NotImplemented if rule is None else rule(self, *args, **kwargs)
         if not self.used_rng and _draws_random(func, args, kwargs):
             self.used_rng = True
-        for i, name in _written_args(func):
+        for i, name in _written_args(func) or _undeclared_writes(func, args, kwargs):
             t = args[i] if i < len(args) else kwargs.get(name)
             for v in (t if isinstance(t, (list, tuple)) else (t,)):
                 if isinstance(v, torch.Tensor):
                     self.written_storages.add(v.untyped_storage()._cdata)
+                    if overlaps_itself(v):
+                        self.overlapping_write = func
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def overlaps_itself(t) -> bool:
+    """Whether some elements of `t` share memory (an expanded view).  Symbolic strides:
+    only a literal 0 stride counts (symbolic sizes are at least 2)."""
+    sizes, strides = t.shape, t.stride()
+    if all(type(v) is int for v in (*sizes, *strides)):
+        return torch._debug_has_internal_overlap(t) == 1
+    return any(type(st) is int and st == 0 and not (type(sz) is int and sz <= 1)
+               for sz, st in zip(sizes, strides))
 
 
 def _draws_random(func, args, kwargs) -> bool:
@@ -177,6 +192,22 @@ def _written_args(func) -> tuple:
         return ()
     return tuple((i, a.name) for i, a in enumerate(schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write)
+
+
+# Ops that write arguments their schemas do not mark written: the batch norms that take
+# running stats, which they update when training (argument 5).  The fake mode's cache
+# can answer them without running the copy_ their meta functions make.
+_BATCH_NORM_STATS = ((3, "running_mean"), (4, "running_var"))
+_UNDECLARED = frozenset({"native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm",
+                         "_batch_norm_impl_index"})
+
+
+def _undeclared_writes(func, args, kwargs) -> tuple:
+    packet = getattr(func, "_overloadpacket", None)
+    if getattr(packet, "__name__", None) not in _UNDECLARED:
+        return ()
+    training = args[5] if len(args) > 5 else kwargs.get("training", False)
+    return _BATCH_NORM_STATS if training is not False else ()
 
 
 _ENV_CACHES = [v for k, v in vars(ShapeEnv).items() if hasattr(v, "cache_clear")]
