@@ -20,7 +20,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, c
 
 from .backends import backend_name
 from .exc import BackendCompilerFailed
-from .shapes import (ShapePolicy, meta_like, new_fake_mode, static_geometry, symbolic_fake,
+from .shapes import (ShapePolicy, overlaps_itself, meta_like, new_fake_mode, static_geometry, symbolic_fake,
                      symbolic_float, symbolic_int)
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
@@ -323,6 +323,7 @@ class OutputGraph:
         before = _tensor_states(args, kwargs)
         quiet = _QuietFailedOps.active
         was_quiet, quiet.on = getattr(quiet, "on", False), True
+        self.fake_mode.overlapping_write = None
         try:
             with self.fake_mode, self._dispatcher():
                 if kind == "call_method":
@@ -340,6 +341,13 @@ class OutputGraph:
             unsupported(f"{what}() failed while tracing: {type(e).__name__}: {e}")
         finally:
             quiet.on = was_quiet
+        if self.fake_mode.overlapping_write is not None:
+            # A write, through any argument an aten op's schema marks written (batch
+            # norm's running stats), into a tensor whose elements share memory: eager
+            # may accept it where functionalization's copy back raises (AOTAutograd),
+            # so CPython runs the op, on the caller's tensors, at a break.
+            self.fake_mode.overlapping_write = None
+            unsupported(f"{what}() writes in place to a tensor whose elements share memory")
         out = _dropout_gives_input(target, fake_args, fake_kwargs, out)
         if not _contains(out, (torch.Tensor, *SYM_TYPES)):
             self._drop_unbound_symbols()        # nothing to bind them to
@@ -471,6 +479,11 @@ class OutputGraph:
             # compile the graph (torch.compile does not trace these on CPU either);
             # CPython runs it at a break, on every backend.
             unsupported(f"{what}() {why}")
+        if isinstance(first, TensorVar) and what.endswith("_") and not what.endswith("__") and \
+                "out" not in kwargs and what not in _RESIZING and not _is_inplace_view(target) and \
+                self._inplace_changes_shape(what, target, fake_args, fake_kwargs):
+            unsupported(f"{what}() would change the shape of the tensor it writes in place: "
+                        "eager raises")
         written = written_arg(kind, target, args, kwargs)
         for t in written.items if isinstance(written, (TupleVar, ListVar)) else [written]:
             if isinstance(t, TensorVar) and _has_internal_overlap(t.example):
@@ -478,6 +491,35 @@ class OutputGraph:
                 # would write without raising): CPython runs the op, after the side
                 # effects before it were replayed.
                 unsupported(f"{what}() writes in place to a tensor whose elements share memory")
+
+    def _inplace_changes_shape(self, what, target, fake_args, fake_kwargs) -> bool:
+        """Whether in-place op `what` would give its first argument another shape,
+        which eager refuses ("output with shape [10, 1, 5] doesn't match the broadcast
+        shape [10, 10, 5]") where the meta kernels of ``ne_``, ``clamp_max_``, ``gcd_``
+        ... resize the fake as an ``out=`` (and the fake mode's cache of that op then
+        answers without resizing).  The other tensor arguments broadcasting into it
+        settles it for the common case; otherwise the out-of-place twin's result shape
+        does."""
+        self_fake = fake_args[0]
+        others = [t for t in _flat_args(fake_args[1:], fake_kwargs) if isinstance(t, torch.Tensor)]
+        try:
+            if all(tuple(torch.broadcast_shapes(self_fake.shape, t.shape)) == tuple(self_fake.shape)
+                   for t in others):
+                return False
+        except Exception:
+            pass
+        twin = getattr(torch.Tensor, what[:-1], None)
+        if twin is None or not callable(twin):
+            return False
+        try:
+            with self.fake_mode, self._dispatcher(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = twin(*fake_args, **fake_kwargs)
+        except Exception:
+            return False
+        finally:
+            self._drop_unbound_symbols()        # a dry run: its result binds nothing
+        return isinstance(got, torch.Tensor) and tuple(got.shape) != tuple(self_fake.shape)
 
     def _out_resizes_input(self, target, out, fake_args, fake_kwargs) -> bool:
         """Whether ``out=`` names an input whose shape differs from the result's (the op
@@ -673,13 +715,8 @@ def written_arg(kind: str, target, args, kwargs):
 
 def _has_internal_overlap(t) -> bool:
     """Whether some elements of `t` share memory (an expanded view): eager refuses to
-    write such a tensor in place.  Symbolic strides: only a literal 0 stride counts
-    (symbolic sizes are at least 2)."""
-    sizes, strides = t.shape, t.stride()
-    if all(type(v) is int for v in (*sizes, *strides)):
-        return torch._debug_has_internal_overlap(t) == 1
-    return any(type(st) is int and st == 0 and not (type(sz) is int and sz <= 1)
-               for sz, st in zip(sizes, strides))
+    write such a tensor in place."""
+    return overlaps_itself(t)
 
 
 def _is_inplace_view(target) -> bool:
@@ -812,6 +849,11 @@ def _contains(out, types) -> bool:
     if isinstance(out, dict):
         return any(_contains(o, types) for o in out.values())
     return False
+
+
+# In-place ops whose point is a new shape for their argument (aten tags none of them
+# inplace_view): the rest keep it, or raise in eager.
+_RESIZING = frozenset({"resize_", "resize_as_", "set_", "_resize_output_", "resize_as_sparse_"})
 
 
 def _tensor_states(args, kwargs) -> list | None:
