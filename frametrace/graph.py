@@ -897,11 +897,20 @@ def _aten_packet(name: str):
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def _packet_writes(packet) -> bool | None:
+    """Whether some overload writes an argument other than a keyword-only one (an
+    ``out=`` overload writes only those, and an ``out=`` call is told apart by its
+    keyword)."""
     try:
-        return any(getattr(packet, o)._schema.is_mutable for o in packet.overloads())
+        return any(_writes_positional(getattr(packet, o)) for o in packet.overloads())
     except Exception:
         return None
+
+
+def _writes_positional(op) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
+               for a in op._schema.arguments)
 
 
 def _list_write_not_functionalizable(kind: str, target, args, kwargs) -> str | None:
@@ -912,30 +921,46 @@ def _list_write_not_functionalizable(kind: str, target, args, kwargs) -> str | N
     parameter wrongly, and an empty list given for a written one (AdamW without
     amsgrad passes ``max_exp_avg_sqs=[]``) asserts.  The foreach ops are
     functionalized soundly, a custom op by auto_functionalize."""
-    if not _schema_writes(kind, target):
+    try:
+        name, params = _written_lists(kind, target)
+    except TypeError:           # (unhashable)
         return None
+    if not params:
+        return None
+    given = args[1:] if kind == "call_method" else args
+    written = False
+    for i, arg_name, kwarg_only in params:
+        v = given[i] if i < len(given) and not kwarg_only else kwargs.get(arg_name)
+        if v is None:
+            continue
+        written = True
+        if isinstance(v, (TupleVar, ListVar)) and not v.items:
+            return "is given an empty list for a list it writes"
+    if written and name.startswith("aten::") and not name.startswith("aten::_foreach_"):
+        return "writes a list of tensors (a fused kernel AOTAutograd does not functionalize soundly)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _written_lists(kind: str, target) -> tuple:
+    """(the op's qualified name, (position, name, keyword-only) of each list of tensors
+    some overload of it writes); ("", ()) where it writes none or has no schema."""
+    if not _schema_writes(kind, target) and not (
+            isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable):
+        return "", ()
     if isinstance(target, torch._ops.OpOverload):
         packet, overloads = target.overloadpacket, [target]
     else:
         packet = target if isinstance(target, torch._ops.OpOverloadPacket) else \
             _aten_packet(target if isinstance(target, str) else target.__name__)
         overloads = [getattr(packet, o) for o in packet.overloads()]
-    given = args[1:] if kind == "call_method" else args
-    writes_list = False
+    found = {}
     for op in overloads:
         params = op._schema.arguments[1:] if kind == "call_method" else op._schema.arguments
         for i, a in enumerate(params):
-            if a.alias_info is None or not a.alias_info.is_write or \
-                    not isinstance(a.type, torch.ListType):
-                continue
-            writes_list = True
-            v = given[i] if i < len(given) and not a.kwarg_only else kwargs.get(a.name)
-            if isinstance(v, (TupleVar, ListVar)) and not v.items:
-                return "is given an empty list for a list it writes"
-    name = packet._qualified_op_name
-    if writes_list and name.startswith("aten::") and not name.startswith("aten::_foreach_"):
-        return "writes a list of tensors (a fused kernel AOTAutograd does not functionalize soundly)"
-    return None
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(a.type, torch.ListType):
+                found[(i, a.name, a.kwarg_only)] = None
+    return packet._qualified_op_name, tuple(found)
 
 
 def _keeps_none_result(kind: str, target, args, kwargs) -> bool:
