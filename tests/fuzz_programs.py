@@ -9,8 +9,18 @@ hits both happen) and ``GLOBALS`` (the globals ``f`` may change).  It is run by
 exec-ing the text into a fresh module, so a failure prints as a readable program, and
 a saved failure runs on its own: ``python failing_program.py``.
 
+Besides the general grammar, focused families (`Focus`, `FAMILIES`) draw programs at one
+mechanism each, from what found wrong answers before (issue 29): views written in place
+with operands that require grad and under no_grad, the view returned and written by a
+caller (`CALLER`); transposed, channels-last, expanded and sliced inputs read back through
+`.contiguous()`, `.view(-1)`, `.is_contiguous()`, `.stride()`; dict keys of mixed types that
+compare equal (1, True, 1.0, an IntEnum, a str subclass, tuples of them) read back;
+class attributes of a base changed between calls (`Then`) and read by walking the class;
+floats that become nan, inf, -0.0, 1e20 or an int on later calls, also with
+``dynamic=True`` (`OPTIONS`); optimizers with fused/foreach flags stepped in f.
+
 Used by ``tests/test_fuzz.py`` (a fixed-seed CI budget) and from the command line for
-long runs::
+long runs (``--family`` draws from one family only)::
 
     nice python tests/fuzz_programs.py --examples 5000 --seed 1 --out /tmp/fuzz
     nice python tests/fuzz_programs.py --reduce /tmp/fuzz/some_kind/0001.py
@@ -25,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import json
 import linecache
 import os
@@ -229,17 +240,18 @@ class Out:
 MAIN = '''
 if __name__ == "__main__":
     sys.path.insert(0, {tests!r})
-    from differential import check
-    print(check(f, make_inputs(), globals=GLOBALS, graphs=None))
+    from fuzz_programs import check_module
+    print(check_module(sys.modules[__name__]))
 '''
 
 
 class Program:
     """A generated program: the source of a module defining f, make_inputs and GLOBALS."""
-    __slots__ = ("source",)
+    __slots__ = ("source", "family")
 
-    def __init__(self, source):
+    def __init__(self, source, family="general"):
         self.source = source
+        self.family = family
 
     def __repr__(self):     # hypothesis prints the falsifying example with repr()
         return "Program(<<<\n" + self.source + ">>>)"
@@ -980,10 +992,308 @@ def indent(lines, by="    "):
     return [by + line for line in lines]
 
 
+# --------------------------------------------------------------------------- focused families
+# Whole programs aimed at one mechanism each: the classes of wrong answers that issue 29
+# found and the grammar above never drew (its tensors are all contiguous and of shape
+# (L,), its dict keys strings, its classes fixed, its floats ordinary numbers).  A module
+# may define CALLER (`def caller(fn, *args)`: f called and its results used, as a
+# caller would, outside the compiled frame) and OPTIONS (keywords of frametrace.optimize).
+
+class Focus(Gen):
+    """Draws one focused program (see FAMILIES)."""
+
+    def module(self, preamble, params, body, calls, options=None, caller=None, imports=()):
+        parts = ["import collections", "import enum", "import io", "import math", "import sys", "",
+                 "import torch", "import torch.nn.functional as F", *imports, "", "GLOBALS = ()"]
+        if options:
+            parts.append(f"OPTIONS = {options!r}")
+        if preamble:
+            parts += ["", ""] + preamble
+        parts += ["", "", f"def f({', '.join(params)}):"] + indent(body)
+        if caller:
+            parts += ["", "", "def caller(fn, *args):"] + indent(caller) + ["", "", "CALLER = caller"]
+        parts += ["", "", "def make_inputs():", "    calls = []"] + indent(calls) + ["    return calls"]
+        return Program("\n".join(parts) + "\n")
+
+    def floats_lit(self, n, lo=-3, hi=3):
+        return "[" + ", ".join(f"{self.num(lo, hi)}.0" for _ in range(n)) + "]"
+
+    # -- views written in place
+    VIEW_STEPS = {      # name: (rank it needs, source template, rank after)
+        "split": (1, "{v}.split(2)[{i}]", None), "unbind": (1, "{v}.unbind(0)[{i}]", -1),
+        "chunk": (1, "{v}.chunk(2)[{i}]", None), "split_last": (1, "{v}.split(2, -1)[{i}]", None),
+        "unbind_last": (2, "{v}.unbind(-1)[{i}]", -1), "chunk_last": (1, "{v}.chunk(3, -1)[{i}]", None), "view": (1, "{v}.view(-1)", "flat"),
+        "t": (2, "{v}.t()", None), "transpose": (2, "{v}.transpose(0, 1)", None),
+        "narrow": (1, "{v}.narrow(0, {i}, 1)", None), "select": (2, "{v}.select(1, {i})", -1),
+        "slice": (1, "{v}[{i}:]", None), "expand": (1, "{v}[:1].expand(3, *{v}.shape[1:])", "expand"),
+        "diagonal": (2, "{v}.diagonal()", -1), "unsqueeze": (1, "{v}.unsqueeze(0)", 1),
+    }
+
+    def fam_views(self):
+        rank = 2
+        steps, v = [], "b"
+        for _ in range(self.num(1, 3)):
+            if rank < 1:
+                break
+            names = [n for n, (need, _, _) in self.VIEW_STEPS.items() if rank >= need and rank <= 3]
+            name = self.pick(names)
+            need, tmpl, after = self.VIEW_STEPS[name]
+            v = tmpl.format(v=v, i=self.num(0, 1))
+            if after == -1:
+                rank -= 1
+            elif after == 1:
+                rank += 1
+            elif after == "flat":
+                rank = 1
+            steps.append(name)
+        base = self.pick(["x * 1", "x.clone()", "x", "x.detach()", "x.view(3, 4).t().reshape(4, 3)"])
+        operand = self.pick(["w.sum()", "2.0", "w.mean().expand_as(u)", "u * 2", "torch.ones_like(u) * w.mean()",
+                             "w.detach().sum()"])
+        write = self.pick(["u.add_({o})", "u.mul_({o})", "u.copy_({o})", "u[...] = {o}", "u += {o}",
+                           "u.zero_()", "u.clamp_(min=0)"]).format(o=operand)
+        ng_view, ng_write = self.flag() and self.flag(), self.flag() and self.flag()
+        body = [f"b = {base}"]
+        body += (["with torch.no_grad():", f"    v = {v}"] if ng_view else [f"v = {v}"])
+        if self.flag():
+            body += [f"u = v.{self.pick(['view(-1)', 't()' if rank == 2 else 'flatten()', 'unsqueeze(0)', 'clone()'])}"]
+        else:
+            body += ["u = v"]
+        body += (["with torch.no_grad():", f"    {write}"] if ng_write else [write])
+        body += [self.pick(["r = b.sum() * w.sum()", "r = (v * w.sum()).sum()", "r = b.detach().sum()"]),
+                 f"return {self.pick(['v, b', 'u, r', 'v, r, b.requires_grad, v.requires_grad', 'v'])}"]
+        caller = ["res = fn(*args)", "v = res[0] if isinstance(res, tuple) else res"]
+        caller += [self.pick(["v.add_(1)", "v.mul_(args[1].sum())", "v[...] = 0", "pass"])
+                   if self.flag() else "pass"]
+        if self.flag():
+            caller += ["v.sum().backward() if v.requires_grad else None"]
+        caller += ["return snapshot(res), [a.grad for a in args]"]
+        calls = []
+        for _ in range(self.num(2, 4)):
+            xg, wg = self.pick(["True", "False"]), self.pick(["True", "False", "True"])
+            rows = ", ".join(self.floats_lit(3) for _ in range(4))
+            calls.append(f"calls.append((torch.tensor([{rows}], "
+                         f"requires_grad={xg}), torch.tensor({self.floats_lit(2)}, requires_grad={wg})))")
+        return self.module(self.SNAPSHOT, ["x", "w"], body, calls, caller=caller)
+
+    # What the caller compares of a result: reading a view that a write made invalid
+    # (a multi-output view's base written in place) raises, on both sides alike.
+    SNAPSHOT = ["def snapshot(r):", "    if isinstance(r, tuple):", "        return tuple(snapshot(u) for u in r)",
+                "    if not isinstance(r, torch.Tensor):", "        return r", "    try:",
+                "        return r.detach().clone(), r.requires_grad, r.is_leaf, r._is_view()",
+                "    except RuntimeError as e:", "        return str(e)"]
+
+    # -- layouts of inputs
+    LAYOUT_OPS = [
+        "{x} + 1", "{x} * y", "{x}.relu()", "{x}.abs()", "torch.roll({x}, 1, 0)", "torch.roll({x}, 1, -1)", "{x}.flip(0)",
+        "torch.floor_divide({x}, 2)", "torch.copysign({x}, y)", "torch.xlogy({x}, y)", "{x}.clone()",
+        "torch.where({x} > 0, {x}, y)", "{x}.transpose(0, 1)", "{x}.contiguous()", "{x}.sum(0)", "{x}.exp()",
+        "torch.maximum({x}, y)", "{x}.clamp(-1, 1)", "{x}[1:]", "{x}.narrow(-1, 1, 2)",
+    ]
+    LAYOUT_OPS4 = ["F.channel_shuffle({x}, 2)", "F.batch_norm({x}, None, None, training=True)",
+                   "{x}.to(memory_format=torch.channels_last)", "F.max_unpool2d(*F.max_pool2d({x}, 2, return_indices=True), 2)",
+                   "torch.roll({x}, 1, 1)", "{x}.permute(0, 2, 3, 1)", "F.relu({x})"]
+    LAYOUT_OPS2 = ["F.one_hot(({x}.abs() % 4).long(), 4)", "F.batch_norm({x}, None, None, training=True)",
+                   "{x}.t()", "{x} @ y.t()"]
+
+    def layout_input(self, rank, which):
+        if rank == 2:
+            return {"contiguous": "torch.arange(-5.0, 7.0).view(3, 4)",
+                    "transposed": "torch.arange(-5.0, 7.0).view(4, 3).t()",
+                    "expanded": "torch.arange(-1.0, 3.0).view(1, 4).expand(3, 4)",
+                    "sliced": "torch.arange(-9.0, 15.0).view(3, 8)[:, ::2]",
+                    "channels_last": "torch.arange(-17.0, 7.0).view(2, 3, 4)[1]"}[which]
+        b = "torch.arange(-20.0, 28.0).view(2, 4, 2, 3)"
+        return {"contiguous": b, "transposed": "torch.arange(-20.0, 28.0).view(2, 4, 3, 2).transpose(2, 3)",
+                "expanded": "torch.arange(-3.0, 5.0).view(1, 4, 2, 1).expand(2, 4, 2, 3)",
+                "sliced": "torch.arange(-40.0, 56.0).view(2, 4, 2, 6)[..., ::2]",
+                "channels_last": f"{b}.contiguous(memory_format=torch.channels_last)"}[which]
+
+    def fam_layouts(self):
+        rank = self.pick([2, 4])
+        ops = self.LAYOUT_OPS + (self.LAYOUT_OPS4 if rank == 4 else self.LAYOUT_OPS2)
+        body = []
+        cur = "x"
+        for i in range(self.num(1, 3)):
+            op = self.pick(ops).format(x=cur)
+            body.append(f"y{i} = {op}")
+            cur = f"y{i}"
+        tails = [f"z = {cur}.contiguous()", f"z = {cur}.contiguous().view(-1)", f"z = {cur}.view(-1)",
+                 f"z = {cur}.reshape(-1)", f"z = {cur}.contiguous(memory_format=torch.channels_last)" if rank == 4
+                 else f"z = {cur}.t().contiguous()", f"z = {cur}.clone(memory_format=torch.preserve_format)"]
+        body.append(self.pick(tails))
+        reads = [f"{cur}.is_contiguous()", f"{cur}.stride()", "z.is_contiguous()", "z.stride()",
+                 f"z is {cur}", "z.data_ptr() == x.data_ptr()", f"{cur}.is_contiguous(memory_format=torch.channels_last)"
+                 if rank == 4 else f"{cur}.shape"]
+        body.append(f"facts = ({', '.join(self.pick(reads) for _ in range(self.num(1, 3)))},)")
+        if self.flag():
+            body.append(self.pick(["z.add_(1)", "z.mul_(-1)", "z[0] = 7.0" if rank == 2 else "z.zero_()",
+                                   f"{cur}.add_(1) if not {cur}.requires_grad else None"]))
+        if self.flag():
+            body.append(f"if {cur}.is_contiguous():\n        z = z * 2")
+        body.append(f"return {self.pick(['z, facts', f'z, {cur}, facts', 'facts, x'])}")
+        calls = []
+        kinds = ["contiguous", "transposed", "expanded", "sliced", "channels_last"]
+        for _ in range(self.num(2, 4)):
+            xl, yl = self.pick(kinds), self.pick(kinds)
+            calls.append(f"calls.append(({self.layout_input(rank, xl)}, {self.layout_input(rank, yl)}.abs() + 0.5))")
+        return self.module([], ["x", "y"], body, calls)
+
+    # -- dict keys of mixed types that compare equal
+    KEYS = ["1", "True", "1.0", "E.A", "'a'", "S('a')", "(1, 'a')", "(True, S('a'))", "(1.0, 'a')",
+            "2", "E.B", "2.0", "0", "False", "-0.0", "'b'", "S('b')"]
+    DICT_PRE = ["class E(enum.IntEnum):", "    A = 1", "    B = 2", "", "",
+                "class S(str):", "    pass"]
+
+    def fam_dict_keys(self):
+        key = lambda: self.pick(self.KEYS)
+        reads = [
+            "k0 = next(iter(d))", "out.append((type(k0).__name__, k0 is True, str(k0), repr(k0)))",
+            f"out.append(d.get({key()}, t).sum())", "out.append(k in d)",
+            "out.append(d[k] * 2 if k in d else None)", "out.append([type(q).__name__ for q in d])",
+            "out.append(sorted(map(str, d)))", "out.append(list(d))",
+            "out.append(sum(v.sum() * (2 if q is True else 1) for q, v in d.items()))",
+            "out.append(isinstance(next(iter(d)), bool))", "out.append(type(k) is int)",
+            f"d[{key()}] = t * 2", "d[k] = t + 1", f"out.append(d.pop({key()}, None))",
+            "out.append({**d})", "out.append(list(dict.fromkeys(d)))", "out.append(k is True)",
+            "out.append(str(k))", "out.append([q is k for q in d])", f"out.append({key()} in d)",
+            "out.append(list(reversed(d)))",
+        ]
+        body = ["out = []", "k0 = None", "if d:", "    k0 = next(iter(d))"]
+        for _ in range(self.num(2, 6)):
+            r = self.pick(reads)
+            body.append(f"if d:\n        {r}" if "k0" in r or "next(iter" in r else r)
+        body.append("return t * len(d), out")
+        calls = []
+        ordered = self.flag()
+        for _ in range(self.num(2, 5)):
+            keys = [key() for _ in range(self.num(0, 3))]
+            items = ", ".join(f"({k}, torch.tensor({self.floats_lit(2)}))" for k in keys)
+            d = f"collections.OrderedDict([{items}])" if ordered else f"dict([{items}])"
+            calls.append(f"calls.append(({d}, {key()}, torch.tensor({self.floats_lit(2)})))")
+        return self.module(self.DICT_PRE, ["d", "k", "t"], body, calls)
+
+    # -- class hierarchies changed between calls
+    CLASS_READS = [
+        "type(o).__mro__[1].k", "o.__class__.__bases__[0].k", "type(o).__base__.k", "type(o).k", "o.k",
+        "type(o).__dict__.get('z', -1)", "type(o).__mro__[1].__dict__.get('k', 0)",
+        "getattr(type(o).__mro__[1], NAME, 0)", "getattr(type(o), 'w', 0)", "int(hasattr(type(o), 'w'))",
+        "next((c.__dict__['k'] for c in type(o).__mro__ if 'k' in c.__dict__), 0)",
+        "type(o).__mro__[-2].k", "vars(Base).get('k', 0)", "getattr(o, 'z', 0)",
+    ]
+    CLASS_ACTIONS = [
+        "Base.k = 5", "Base.k = 1.5", "Base.k = True", "Mid.k = 3", "Base.w = 7", "B.z = -1.0",
+        "Base.z = 4.0",
+        "if 'k' in vars(Mid):\n    del Mid.k", "if 'w' in vars(Base):\n    del Base.w",
+        "if 'z' in vars(B):\n    del B.z", "Mid.z = 2", "Base.k = Base.k + 1",
+    ]
+
+    def fam_classes(self):
+        pre = ["NAME = 'k'", "", "",
+               "class Base:", "    k = 1", "", "    def __init__(self, v):", "        self.v = v", "", "",
+               "class Mid(Base):", "    pass" if self.flag() else "    k = 2", "", "",
+               "class B(Mid):", "    pass", "", "",
+               "class C(Base):", "    z = 9"]
+        acts = []
+        for j in range(self.num(1, 3)):
+            acts += ["", "", f"def change{j}():"] + indent(self.pick(self.CLASS_ACTIONS).split("\n"))
+        pre += acts
+        body = ["acc = o.v * 0"]
+        for _ in range(self.num(1, 4)):
+            r = self.pick(self.CLASS_READS)
+            body.append(self.pick([f"acc = acc + t * ({r})", f"if ({r}) > 1:\n        acc = acc + 1",
+                                   f"out.append({r})"]))
+        body.append("return acc, out")
+        n_acts = sum(1 for a in acts if a.startswith("def change"))
+        calls = []
+        for c in range(self.num(3, 5)):
+            cls = self.pick(["B", "B", "C", "Mid"]) if c else "B"
+            args = f"{cls}(torch.tensor({self.floats_lit(2)})), torch.tensor({self.floats_lit(2)}), []"
+            if c and self.flag():
+                calls.append(f"calls.append(Then(change{self.index(n_acts)}, {args}))")
+            else:
+                calls.append(f"calls.append(Call({args}))")
+        return self.module(pre, ["o", "t", "out"], body, calls, imports=["", "from differential import Call, Then"])
+
+    # -- floats that become nan, inf, -0.0, 1e20
+    FLOAT_EXPRS = ["m * 0", "(m + 1.0) - m", "m - m", "(1 / m if m != 0 else 0.0)", "math.copysign(1, m)",
+                   "str(m)", "m == m", "math.isnan(m)", "m > 0", "-m", "abs(m)", "m * 2 / 2", "max(m, 0.0)",
+                   "type(m).__name__", "repr(m)", "m + 0.0", "(m * 0 == 0)", "math.isinf(m)", "m ** 2",
+                   "(1.0 / m if m else -1.0)", "(m if m == m else 'nan')", "m + n", "n * m - m * n"]
+    FLOAT_VALUES = ["1.0", "2.0", "0.5", "3.0", "1", "2", "0", "0.0", "-0.0", "float('nan')", "float('inf')",
+                    "float('-inf')", "1e20", "-1e20", "1e308"]
+
+    def fam_floats(self):
+        body = ["out = []"]
+        for _ in range(self.num(2, 5)):
+            e = self.pick(self.FLOAT_EXPRS)
+            body.append(self.pick([f"out.append({e})", f"out.append({e})",
+                                   f"t = t + ({e})" if "str" not in e and "repr" not in e and "__name__" not in e
+                                   else f"out.append({e})",
+                                   f"out.append(sign(t * 0 + ({e})))" if not any(
+                                       s in e for s in ("str", "repr", "__name__", "==", ">", "isnan", "isinf", "'nan'"))
+                                   else f"out.append({e})"]))
+        body.append(self.pick(["return t * m, out", "return t, out", "return out"]))
+        calls = []
+        first = self.pick(["1.0", "2.0", "0.5"])
+        for c in range(self.num(3, 6)):
+            m = first if c == 0 else self.pick(self.FLOAT_VALUES)
+            calls.append(f"calls.append((torch.tensor({self.floats_lit(2)}), {m}, {self.pick(['1', '2', '1.0', '0'])}))")
+        options = self.pick([None, {"dynamic": True}])
+        # A NaN's sign bit is not specified by IEEE 754 (x86 makes inf * 0 a negative NaN).
+        pre = ["def sign(z):", "    return torch.where(z.isnan(), 0.5, z.signbit().double())"]
+        return self.module(pre, ["t", "m", "n"], body, calls, options=options)
+
+    # -- optimizers stepped in the compiled function
+    OPTIMIZERS = ["torch.optim.SGD(ps, lr=0.1, momentum=0.9{f})", "torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True{f})",
+                  "torch.optim.Adam(ps, lr=0.05{f})", "torch.optim.Adam(ps, lr=0.05, amsgrad=True{f})",
+                  "torch.optim.AdamW(ps, lr=0.05, weight_decay=0.1{f})", "torch.optim.Adagrad(ps, lr=0.1{f})",
+                  "torch.optim.SGD(ps, lr=0.1{f})"]
+
+    def fam_optimizers(self):
+        opt = self.pick(self.OPTIMIZERS).format(f=self.pick([", fused=True", ", foreach=True", ", foreach=False", ""]))
+        grad = self.pick(["p.grad = p.detach() * 0.5 + t.sum() + i",
+                          "p.grad = torch.ones_like(p) * (i + 1)",
+                          "p.grad = (p * t.mean()).detach()"])
+        body = [f"for i in range({self.num(1, 3)}):"]
+        if self.flag():
+            body += ["    loss = sum((p * t.mean()).sum() for p in ps)", "    opt.zero_grad()", "    loss.backward()"]
+        else:
+            body += ["    for p in ps:", f"        {grad}"]
+        body += ["    opt.step()"]
+        if self.flag():
+            body += [f"    opt.zero_grad(set_to_none={self.pick(['True', 'False'])})"]
+        body.append(self.pick(["return [p.detach().clone() for p in ps]", "return len(opt.state)",
+                               "return ps[0].sum().item()"]))
+        calls = []
+        for _ in range(self.num(2, 3)):
+            n = self.num(1, 2)
+            ps = ", ".join(f"torch.tensor({self.floats_lit(self.num(2, 4))}, requires_grad=True)" for _ in range(n))
+            warm = self.flag()
+            calls.append(f"ps = [{ps}]")
+            calls.append(f"opt = {opt}")
+            if warm:        # state made by an eager step first
+                calls.append("for p in ps:\n        p.grad = torch.ones_like(p)\n    opt.step()")
+            calls.append(f"calls.append((ps, opt, torch.tensor({self.floats_lit(2)})))")
+        return self.module([], ["ps", "opt", "t"], body, calls)
+
+
+FAMILIES = ["views", "layouts", "dict_keys", "classes", "floats", "optimizers"]
+
+
+# What a program is drawn from: the general grammar, or a focused family (Focus.fam_*).
+# Sixteen entries, so that the draw is uniform bits; the general grammar keeps the
+# largest share, each family enough that a CI run draws each about a hundred times.
+DRAWN = ["general"] * 5 + ["floats", "views", "layouts", "dict_keys", "classes"] * 2 + ["optimizers"]
+
+
 @st.composite
-def programs(draw):
-    """A hypothesis strategy of generated Programs."""
-    return Gen(draw).program()
+def programs(draw, family=None):
+    """A hypothesis strategy of generated Programs; `family` draws from one only."""
+    g = Focus(draw)
+    family = family or g.pick(DRAWN)
+    program = g.program() if family == "general" else getattr(g, "fam_" + family)()
+    program.family = family
+    return program
 
 
 # --------------------------------------------------------------------------- running
@@ -1008,11 +1318,24 @@ def load(source):
     return mod
 
 
+def check_module(mod, backend="eager"):
+    """`differential.check` of a program's module: its f over make_inputs(), compiled
+    with its OPTIONS, called through its CALLER where it has one."""
+    import frametrace
+    from differential import check
+    options = getattr(mod, "OPTIONS", {})
+    caller = getattr(mod, "CALLER", None)
+    if caller is None:
+        return check(mod.f, mod.make_inputs(), backend=backend, globals=mod.GLOBALS, graphs=None, **options)
+    fn = functools.wraps(mod.f)(lambda *args: caller(mod.f, *args))
+    compiled = lambda counter: lambda *args: caller(frametrace.optimize(backend=counter, **options)(mod.f), *args)
+    return check(fn, mod.make_inputs(), backend=backend, globals=mod.GLOBALS, graphs=None, compiled=compiled)
+
+
 def run_program(program, backend="eager", timeout=TIMEOUT_S):
     """Compile and compare the program's f over its inputs; raises AssertionError (with
     the program's text) on a difference, an internal tracer error or a timeout."""
     import frametrace
-    from differential import check
     source = program.source if isinstance(program, Program) else program
     frametrace.reset()
     old = signal.signal(signal.SIGALRM, _alarm) if timeout else None
@@ -1021,7 +1344,7 @@ def run_program(program, backend="eager", timeout=TIMEOUT_S):
     try:
         mod = load(source)
         sys.modules["fuzz_program"] = mod
-        return check(mod.f, mod.make_inputs(), backend=backend, globals=mod.GLOBALS, graphs=None)
+        return check_module(mod, backend)
     except (AssertionError, Timeout) as e:
         raise AssertionError(f"{type(e).__name__}: {e}\n--- the program ---\n{source}") from e
     finally:
@@ -1208,6 +1531,7 @@ def main(argv=None):
     ap.add_argument("--reduce-all", action="store_true", help="after the run, shrink one program per kind")
     ap.add_argument("--no-fork", action="store_true")
     ap.add_argument("--checkout", help="the checkout whose frametrace to test (default: this one)")
+    ap.add_argument("--family", choices=["general"] + FAMILIES, help="draw programs of one family only")
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)
     sys.path.insert(0, args.checkout or os.path.dirname(HERE))
@@ -1233,7 +1557,7 @@ def main(argv=None):
     @seed(args.seed)
     @settings(max_examples=args.examples, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(programs())
+    @given(programs(args.family))
     def fuzz(program):
         count[0] += 1
         n = count[0]
