@@ -79,3 +79,10 @@ rerun_failed_graphs_from_saved_state = True
 # before them in CPython too.  False: such graphs save too, to tell a wrong answer of
 # this shortcut from another.
 rerun_skips_effects_after_every_op = True
+
+# A graph AOTAutograd cannot compile although eager runs it (an in-place op it cannot
+# functionalize, a backward it traces with data-dependent sizes where eager's autograd
+# needs none) runs on aot_eager as eager ops under torch.func.functionalize, which
+# applies input writes at the end as AOTAutograd's graphs do, with one warning.  False:
+# aot_eager raises BackendCompilerFailed for it, as torch.compile's does.
+aot_eager_functionalized_fallback = True

@@ -1,5 +1,8 @@
 """`aot_eager`: AOTAutograd traces the joint forward/backward graph and splits it; both
 halves run eagerly.  Gradients through the compiled function match eager's."""
+import warnings
+
+from .. import config
 from . import register_backend
 
 
@@ -13,9 +16,41 @@ def aot_eager(gm, example_inputs):
     # Imported on first use: AOTAutograd pulls in torch._dynamo and triton, seconds
     # that `import frametrace` should not pay.
     from torch._functorch.aot_autograd import aot_module_simplified
-    return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
-                                 bw_compiler=_boxed_forward,
-                                 keep_inference_input_mutations=True)
+    try:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
+                                     bw_compiler=_boxed_forward,
+                                     keep_inference_input_mutations=True)
+    except Exception as e:
+        fallback = _functionalized(gm, example_inputs) if config.aot_eager_functionalized_fallback else None
+        if fallback is None:
+            raise
+        warnings.warn(f"frametrace: aot_eager: AOTAutograd could not compile a graph "
+                      f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it runs as eager "
+                      "ops, functionalized (frametrace.config.aot_eager_functionalized_fallback)",
+                      stacklevel=2)
+        return fallback
+
+
+def _functionalized(gm, example_inputs):
+    """`gm` run eagerly under torch.func.functionalize (input writes applied after the
+    rest, as AOTAutograd's graphs apply them: the backend's promise below holds), or
+    None where that fails too on the example inputs (tried on their FakeTensors)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.func import functionalize
+    run = functionalize(gm.forward, remove="mutations")
+    try:
+        fakes = [x for x in example_inputs if isinstance(x, FakeTensor)]
+        # (never the real inputs: the dry run would write them)
+        mode = fakes[0].fake_mode if fakes else FakeTensorMode()
+        args = [x if isinstance(x, FakeTensor) or not isinstance(x, torch.Tensor)
+                else mode.from_tensor(x) for x in example_inputs]
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run(*args)
+    except Exception:
+        return None
+    return run
 
 
 # Input mutations of a functionalized graph are applied after all of its compute: a
