@@ -407,6 +407,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     guards = GuardSet(code, func)
     policy = ShapePolicy(code, dynamic)
     output = OutputGraph(guards, policy)
+    output.functionalizes = _functionalizes(backend)
     tracer = InstructionTranslator(code, func, args, output, guards)
     _count_ops(output, tracer)
 
@@ -452,6 +453,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             torch._C._set_grad_enabled(entry_grad)
             guards = GuardSet(code, func)
             output = OutputGraph(guards, policy)
+            output.functionalizes = _functionalizes(backend)
             tracer = InstructionTranslator(code, func, args, output, guards)
             _count_ops(output, tracer)
             tracer.stop_at = break_index
@@ -703,6 +705,13 @@ def _log_output_code(name, gm, compiled):
                              "(the graph log shows it)", name)
     else:
         output_code_log.info("output code of %s:\n%s", name, str(source).strip())
+
+
+def _functionalizes(backend) -> bool:
+    # Any backend but those that run the graph's ops as traced (the eager backend) may
+    # re-trace it over FakeTensors (AOTAutograd: aot_eager, triton, inductor, most
+    # users' backends).
+    return not getattr(backend, "__frametrace_runs_ops_as_traced__", False)
 
 
 def _can_run_again(output, backend) -> bool:

@@ -90,6 +90,12 @@ class LocatedGraph(fx.Graph):
 class OutputGraph:
     """Collects the graph while tracing; `compile` hands it to the backend."""
 
+    # Whether the backend may re-trace the graph through functionalization (AOTAutograd:
+    # aot_eager, triton), which turns a reshape into a view or a copy by the fake's
+    # strides, where the eager backend runs the kernel, which decides by the real ones.
+    # convert.py sets it from the backend.
+    functionalizes = True
+
     def __init__(self, guards, policy: ShapePolicy | None = None):
         self.graph = LocatedGraph()
         self.guards = guards
@@ -306,11 +312,11 @@ class OutputGraph:
             unsupported(f"{what}() reads a fact of a tensor that no guard covers")
         if what in _LAYOUT_READS and self.layout_hidden():
             unsupported(f"Tensor.{what}() in a vmapped function (vmap hides the batch's layout)")
-        if tensor_layout.copies_by_layout(what, fake_args, fake_kwargs):
+        copies = tensor_layout.copies_by_layout(what, fake_args, fake_kwargs)
+        if copies == "identity":
             # contiguous() gives its argument itself where the kernel's layout is the one
-            # asked for, else a copy (reshape() a view, else a copy): which, the trace
-            # cannot tell, and writes through the result reach the argument or not.
-            # CPython runs it, on the real tensor.
+            # asked for, else a copy: which object the program holds, the trace cannot
+            # tell.  CPython runs it, on the real tensor.
             unsupported(f"Tensor.{what}() of a tensor whose layout the trace cannot know "
                         "(whether it copies depends on the kernel's strides)")
         if what in _LAYOUT_READS and args and isinstance(args[0], TensorVar):
@@ -348,6 +354,20 @@ class OutputGraph:
             # so CPython runs the op, on the caller's tensors, at a break.
             self.fake_mode.overlapping_write = None
             unsupported(f"{what}() writes in place to a tensor whose elements share memory")
+        if before and any(fake._version != version and tensor_layout.memory_unsure(fake)
+                          for fake, version, _ in before):
+            unsupported(f"{what}() writes in place to a tensor that may or may not share "
+                        "memory with another (a reshape of a layout the trace cannot know)")
+        if copies == "memory":
+            # reshape() views where the kernel's layout allows it, else copies: where
+            # writes through either tensor go, the trace cannot tell.  Run by the eager
+            # backend the kernel decides, and until one of them is written it does not
+            # matter; AOTAutograd would decide it from the fake (a view the real strides
+            # refuse), so there CPython runs it.
+            if self.functionalizes:
+                unsupported(f"Tensor.{what}() of a tensor whose layout the trace cannot know "
+                            "(whether it copies depends on the kernel's strides)")
+            tensor_layout.mark_memory_unsure(fake_args[0], out)
         out = _dropout_gives_input(target, fake_args, fake_kwargs, out)
         if not _contains(out, (torch.Tensor, *SYM_TYPES)):
             self._drop_unbound_symbols()        # nothing to bind them to
@@ -373,7 +393,7 @@ class OutputGraph:
             # every call of the graph would run for nothing.
             return same
         if same is None:
-            if tensor_layout.result_unsure(what, fake_args, fake_kwargs):
+            if tensor_layout.result_unsure(what, fake_args, fake_kwargs, out):
                 tensor_layout.mark_unsure(out)
             else:
                 tensor_layout.mark_new_empty(out, fake_args, fake_kwargs)

@@ -8,3 +8,8 @@ def eager(gm, example_inputs):
     gm = view_chains.collapse(gm) or gm
     # gm.forward, not gm: skipping nn.Module.__call__ saves a microsecond a call.
     return gm.forward
+
+
+# The graph's ops run as traced, by the kernels: what a tensor's layout decides (whether
+# reshape views or copies) the kernels decide, not a re-trace over FakeTensors.
+eager.__frametrace_runs_ops_as_traced__ = True

@@ -76,15 +76,42 @@ _RETURN_ARG_BY_LAYOUT = frozenset({"contiguous", "to"})
 _VIEW_BY_LAYOUT = frozenset({"reshape", "reshape_as", "flatten", "ravel"})
 
 
-def copies_by_layout(what: str, fake_args, fake_kwargs) -> bool:
+def copies_by_layout(what: str, fake_args, fake_kwargs) -> str | None:
     """Whether `what` copies or not by the layout of its argument, whose layout is not
     sure: which it does decides where writes through its result go, and the trace
     cannot tell (the eager backend runs the kernel, which knows; AOTAutograd would
-    decide it from the fake, and write the argument or not as the kernel does not)."""
+    decide it from the fake, and write the argument or not as the kernel does not).
+    "identity": it gives its argument itself, or a copy; "memory": a view of it, or a
+    copy (a new tensor either way); None: neither, or a sure layout."""
     if not fake_args or not isinstance(fake_args[0], torch.Tensor) or not is_unsure(fake_args[0]):
+        return None
+    if what in _VIEW_BY_LAYOUT:
+        return "memory"
+    if what in _RETURN_ARG_BY_LAYOUT and fixed_format(what, fake_args, fake_kwargs) is not None:
+        return "identity"
+    return None
+
+
+# The fakes of a reshape of an unsure layout and of its argument, which the real tensors
+# may or may not share memory as these do: a write to one of them (or a view of one,
+# found by storage) is a graph break (graph.py).  By id: == of tensors is elementwise.
+_MEMORY_UNSURE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def mark_memory_unsure(*fakes):
+    for f in fakes:
+        if isinstance(f, torch.Tensor):
+            _MEMORY_UNSURE[id(f)] = f
+
+
+def memory_unsure(fake) -> bool:
+    if not _MEMORY_UNSURE:
         return False
-    return what in _VIEW_BY_LAYOUT or \
-        (what in _RETURN_ARG_BY_LAYOUT and fixed_format(what, fake_args, fake_kwargs) is not None)
+    try:
+        key = fake.untyped_storage()._cdata
+        return any(f.untyped_storage()._cdata == key for f in list(_MEMORY_UNSURE.values()))
+    except Exception:
+        return True
 
 
 def fixed_format(what: str, fake_args, fake_kwargs):
@@ -99,14 +126,18 @@ def fixed_format(what: str, fake_args, fake_kwargs):
     return None
 
 
-def result_unsure(what: str, fake_args, fake_kwargs) -> bool:
+def result_unsure(what: str, fake_args, fake_kwargs, out=None) -> bool:
     """Whether the layout of what `what` returns is not sure: an op on a tensor whose
     layout is not sure (its result's strides follow the input's) unless the op fixes
     its result's layout, or an untrusted op on a tensor that is not contiguous.  (On
-    contiguous, non-empty tensors the sweep found every op's fake strides right.)"""
-    if _UNSURE and fixed_format(what, fake_args, fake_kwargs) is None and \
-            any(_any_unsure(a) for a in (*fake_args, *fake_kwargs.values())):
-        return True
+    contiguous, non-empty tensors the sweep found every op's fake strides right.)
+    An empty tensor's layout reaches no result that is not empty, but through cat
+    (which skips only the legacy 1-d ones: a DynamicCache's first keys)."""
+    if _UNSURE and fixed_format(what, fake_args, fake_kwargs) is None:
+        nonempty = isinstance(out, torch.Tensor) and _static_numel(out) != 0
+        glued = what in _CONCATENATING
+        if any(_any_unsure(a, nonempty, glued) for a in (*fake_args, *fake_kwargs.values())):
+            return True
     if what in _UNTRUSTED_WITH:
         key, index, fine = _UNTRUSTED_WITH[what]
         value = fake_kwargs[key] if key in fake_kwargs else \
@@ -130,13 +161,19 @@ def _plainly_laid_out(v) -> bool:
     return True
 
 
-def _any_unsure(v) -> bool:
+_CONCATENATING = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack",
+                            "column_stack", "row_stack"})
+
+
+def _any_unsure(v, nonempty_result=False, glued=False) -> bool:
     if isinstance(v, torch.Tensor):
+        if nonempty_result and _static_numel(v) == 0 and (not glued or v.dim() == 1):
+            return False
         return is_unsure(v)
     if isinstance(v, (tuple, list)):
-        return any(_any_unsure(x) for x in v)
+        return any(_any_unsure(x, nonempty_result, glued) for x in v)
     if isinstance(v, dict):
-        return any(_any_unsure(x) for x in v.values())
+        return any(_any_unsure(x, nonempty_result, glued) for x in v.values())
     return False
 
 
