@@ -1,5 +1,8 @@
 """Failure kinds the program fuzzer found (tests/fuzz_programs.py), each as a small
 differential test of its own."""
+import collections
+import enum
+
 import pytest
 import torch
 
@@ -38,3 +41,34 @@ def test_inplace_write_through_an_expanded_view_made_in_the_frame():
 
     r = check(f, [(torch.ones(3), []), (torch.zeros(3), [1])])
     assert r.breaks == r.compiles >= 1       # the write runs (and raises) in CPython
+
+
+# -- found by the focused families of tests/fuzz_programs.py (issue 29) --
+
+class IE(enum.IntEnum):
+    A = 1
+    B = 2
+
+
+class S(str):
+    pass
+
+
+def get_with_a_tensor_default(d, t):
+    out = [d.get(0, t).sum(), d.get((1, "a"), t).sum()]
+    d[2] = t * 2
+    out.append(d.pop("b", None))
+    return t * len(d), out
+
+
+@pytest.mark.parametrize("kind", [collections.OrderedDict, dict])
+def test_get_with_a_tensor_default_of_a_dict_with_mixed_keys(kind):
+    # (dict_keys family, seed 291: 12 programs) a dict keyed by a str subclass or an
+    # IntEnum is held as an object: its get() with a tensor default called get() again
+    # until RecursionError, an internal error, on every call
+    calls = [(kind([(S("b"), torch.ones(2))]), torch.ones(2)),
+             (kind([(IE.A, torch.zeros(2)), (1, torch.ones(2)), ("b", torch.ones(2))]), torch.ones(2)),
+             (kind([((1.0, "a"), torch.ones(2)), (S("a"), torch.ones(2))]), torch.zeros(2)),
+             (kind([(0, torch.ones(2))]), torch.ones(2))]
+    r = check(get_with_a_tensor_default, calls)
+    assert r.internal_errors == 0 and r.graphs >= 1
