@@ -947,11 +947,13 @@ def _list_write_not_functionalizable(kind: str, target, args, kwargs) -> str | N
         return None
     if not params:
         return None
-    given = args[1:] if kind == "call_method" else args
+    # (a method's self is args[0], as the schema's first argument; the overload that
+    # writes a list applies only where a list is given there: aten::sort.Tensor sorts a
+    # TorchScript list, torch.sort(x) a tensor)
     written = False
     for i, arg_name, kwarg_only in params:
-        v = given[i] if i < len(given) and not kwarg_only else kwargs.get(arg_name)
-        if v is None:
+        v = args[i] if i < len(args) and not kwarg_only else kwargs.get(arg_name)
+        if not isinstance(v, (TupleVar, ListVar)):
             continue
         written = True
         if isinstance(v, (TupleVar, ListVar)) and not v.items:

@@ -125,7 +125,7 @@ def call_check(tx, fn, args, kwargs):
     # The trace records the fact; the graph's runtime asserts check it.
     out = tx.output.call("call_function", fn, (cond,), {})
     if fn is torch._check:
-        node = next(reversed(tx.output.graph.nodes), None)
+        node = next(iter(reversed(tx.output.graph.nodes)), None)    # (torch 2.11: no iterator)
         if node is not None and node.target is torch._check:
             # What the graph's assert says when it fails (graph.insert_runtime_asserts):
             # torch's own message, the user's when it is a constant, else the pass's.
