@@ -117,3 +117,19 @@ def test_empty_tensors_made_in_the_graph():
 
     x = torch.randn(0, 5, 4)[:, :, ::2]
     check(f, [x, x.clone()], breaks=1, max_graphs=2)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_batch_norm_of_channels_last_keeps_a_sure_layout(backend):
+    # A CNN's batch norms run on channels-last activations, where the fakes' strides are
+    # the kernels' (swept): the flatten of the head, stride reads and contiguous() stay
+    # in the graph.
+    def f(x, w, b):
+        y = torch.nn.functional.batch_norm(x, None, None, w, b, training=True).relu()
+        pooled = torch.nn.functional.adaptive_avg_pool2d(y, 1)
+        return torch.flatten(pooled, 1), y.stride(), y.is_contiguous(), y.contiguous().sum()
+
+    def make():
+        return (torch.randn(2, 4, 5, 5).contiguous(memory_format=torch.channels_last),
+                torch.randn(4), torch.randn(4))
+    check(f, [make(), make(), make()], backend=backend, graphs=1, breaks=0)

@@ -146,18 +146,28 @@ def result_unsure(what: str, fake_args, fake_kwargs, out=None) -> bool:
             return False
     elif what not in UNTRUSTED:
         return False
-    return not all(_plainly_laid_out(a) for a in (*fake_args, *fake_kwargs.values()))
+    also = _SWEPT_RIGHT.get(what)
+    return not all(_plainly_laid_out(a, also) for a in (*fake_args, *fake_kwargs.values()))
 
 
-def _plainly_laid_out(v) -> bool:
-    """No tensor in `v` but contiguous, non-empty ones of static sizes."""
+# Untrusted ops whose fakes the sweep found right on inputs dense in this memory format
+# too (a CNN's batch norms run on channels-last activations).
+_SWEPT_RIGHT = dict.fromkeys(("batch_norm", "native_batch_norm", "_native_batch_norm_legit",
+                              "_batch_norm_with_update", "_batch_norm_impl_index"),
+                             torch.channels_last)
+
+
+def _plainly_laid_out(v, also=None) -> bool:
+    """No tensor in `v` but non-empty ones of static sizes, contiguous (or dense in the
+    memory format `also`, for a 4-d one)."""
     if isinstance(v, torch.Tensor):
         n = _static_numel(v)
-        return bool(n) and v.is_contiguous()
+        return bool(n) and (v.is_contiguous() or
+                            also is not None and v.dim() == 4 and v.is_contiguous(memory_format=also))
     if isinstance(v, (tuple, list)):
-        return all(_plainly_laid_out(x) for x in v)
+        return all(_plainly_laid_out(x, also) for x in v)
     if isinstance(v, dict):
-        return all(_plainly_laid_out(x) for x in v.values())
+        return all(_plainly_laid_out(x, also) for x in v.values())
     return True
 
 
