@@ -524,3 +524,33 @@ def test_object_made_in_the_frame_is_rebuilt_where_it_held_its_values(cls):
         assert out.x == 30 and vars(out) == {"x": 3}
     if cls is _SlotsAndDict:
         assert out.a == 3 and vars(out) == {"b": 3}
+
+
+CHECKS = []
+
+
+@torch.compiler.allow_in_graph
+def _check_grad_mode_is_off():
+    # A check kept for its assert: no tensor, no effect but raising.
+    assert not torch.is_grad_enabled(), "grad mode is on"
+
+
+def test_allow_in_graph_check_without_tensors_stays_in_an_eager_graph():
+    # (PyTorch's sdpa_kernel test: a tensor-less allow_in_graph check under
+    # fullgraph=True) The eager backend runs the node on every call, so it raises
+    # when the state it checks changes; a re-tracing backend would drop it: a break.
+    def f(x):
+        y = x * 2
+        _check_grad_mode_is_off()
+        return y + 1
+
+    with torch.no_grad():
+        check(f, [torch.ones(2), torch.ones(2)], graphs=1, breaks=0, fullgraph=True)
+    c = frametrace.optimize(f)
+    with torch.no_grad():
+        c(torch.ones(2))
+    with pytest.raises(AssertionError, match="grad mode is on"):
+        c(torch.ones(2))        # grad on: a recompile, whose trace-time run fails: CPython raises
+    with torch.no_grad():
+        r = check(f, [torch.ones(2), torch.ones(2)], backend="aot_eager", breaks=1, graphs=None)
+    assert any("no tensor" in why for why in r.reasons()), r

@@ -349,7 +349,8 @@ class InGraphCallVar(ObjectVar):
     run on FakeTensors while tracing (as torch.compile does).  Two kinds of call are
     left to CPython (a graph break) before that run: one that passes the graph no
     tensor (nothing ties it to the graph, which dropped it, so a function kept for its
-    effects ran once, at trace time), and one of a function whose own code writes a
+    effects ran once, at trace time; the eager backend keeps it, as a node it runs every
+    call), and one of a function whose own code writes a
     global, a nonlocal or an attribute (the trace-time run would make that write once
     more than CPython).  A change the run made to the function's globals or closure
     cells anyway (through a helper) is undone, and the call left to CPython too.
@@ -359,7 +360,9 @@ class InGraphCallVar(ObjectVar):
     def call(self, tx, args, kwargs):
         from .functions import OutsideState, visible_outside_writes
         name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
-        if not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
+        if tx.output.functionalizes and not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
+            # (the eager backend runs the node every call; AOTAutograd's re-trace would
+            # run it once, at compile time, and drop it)
             unsupported(f"{name} called with no tensor: the graph would not keep the call; "
                         "CPython makes it")
         writes = visible_outside_writes(self.value)
