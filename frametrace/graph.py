@@ -499,6 +499,12 @@ class OutputGraph:
             # compile the graph (torch.compile does not trace these on CPU either);
             # CPython runs it at a break, on every backend.
             unsupported(f"{what}() {why}")
+        if self.functionalizes and isinstance(first, TensorVar) and _inplace_has_no_functional_twin(what):
+            # AOTAutograd finds an in-place op's functional form by its schema; where the
+            # arguments differ (aten::polygamma_(self, n), aten::polygamma(n, self)) it
+            # refuses the graph.  CPython runs the op at a break.
+            unsupported(f"{what}() has no functional form with its arguments (AOTAutograd "
+                        "cannot functionalize it)")
         if isinstance(first, TensorVar) and what.endswith("_") and not what.endswith("__") and \
                 "out" not in kwargs and what not in _RESIZING and not _is_inplace_view(target) and \
                 self._inplace_changes_shape(what, target, fake_args, fake_kwargs):
@@ -693,9 +699,11 @@ def _unbacked_unreplaced(shape_env):
 
     def changed():
         # SymNode.expr and ShapeEnv.replace cache on these counters
-        shape_env._replacements_version_counter += 1
-        shape_env._version_counter += 1
-        shape_env._update_version_counter()
+        if hasattr(shape_env, "_replacements_version_counter"):    # (torch >= 2.12)
+            shape_env._replacements_version_counter += 1
+        if hasattr(shape_env, "_update_version_counter"):
+            shape_env._version_counter += 1
+            shape_env._update_version_counter()
 
     for s in saved:
         del shape_env.replacements[s]
@@ -869,6 +877,26 @@ def _contains(out, types) -> bool:
     if isinstance(out, dict):
         return any(_contains(o, types) for o in out.values())
     return False
+
+
+@functools.lru_cache(maxsize=None)
+def _inplace_has_no_functional_twin(what: str) -> bool:
+    """Whether aten's in-place op `what` (``polygamma_``) has a functional op of the
+    same name, none of whose overloads takes the arguments of any of its own in the
+    same order."""
+    if not what.endswith("_") or what.endswith("__"):
+        return False
+    inplace = getattr(torch.ops.aten, what, None)
+    functional = getattr(torch.ops.aten, what[:-1], None)
+    if inplace is None or functional is None:
+        return False
+    try:
+        names = {tuple(a.name for a in getattr(functional, o)._schema.arguments if not a.kwarg_only)
+                 for o in functional.overloads()}
+        return all(tuple(a.name for a in getattr(inplace, o)._schema.arguments if not a.kwarg_only)
+                   not in names for o in inplace.overloads())
+    except Exception:
+        return False
 
 
 # In-place ops whose point is a new shape for their argument (aten tags none of them

@@ -42,7 +42,10 @@ def _fused_kernel_ran(report, name):
     these soundly on torch 2.13: no meta kernels, an empty max_exp_avg_sqs, wrong
     values for a sliced parameter), around graphs for the rest of the step."""
     fused = f"_fused_{name.lower()}_"
-    assert any(fused in r for r in report.reasons()), report
+    # The break is at the aten kernel, or at torch.optim's `_fused_adam` ... around it
+    # once an earlier torch.compile in the process has applied torch's own
+    # torch.compiler.disable to it (the full suite's order).
+    assert any(fused.rstrip("_") in r for r in report.reasons()), report
     assert fused not in graph_targets(report), graph_targets(report)
 
 
