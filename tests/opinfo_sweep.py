@@ -54,11 +54,13 @@ LAYOUTS = ("plain", "transposed", "sliced", "expanded", "channels_last")
 RESULTS = ("right", "wrong", "error", "uncompiled", "skipped")
 
 # Ops whose eager results cannot be compared call for call: they draw random numbers from
-# generators the compiled graph may consume differently, or return uninitialized memory.
+# generators the compiled graph may consume differently, or return uninitialized memory
+# (resize_ of an expanded tensor grows its storage with it).
 _NONDETERMINISTIC = {
     "bernoulli", "normal", "uniform", "rand_like", "randn_like", "randint_like",
     "randint", "randn", "rand", "multinomial", "empty", "empty_like", "empty_strided",
-    "new_empty", "new_empty_strided", "empty_permuted", "nn.functional.dropout",
+    "new_empty", "new_empty_strided", "empty_permuted", "resize_", "resize_as_",
+    "nn.functional.dropout",
     "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
     "nn.functional.feature_alpha_dropout", "nn.functional.rrelu", "cauchy", "exponential",
     "geometric", "log_normal", "nn.functional.fractional_max_pool2d",

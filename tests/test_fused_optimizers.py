@@ -29,8 +29,15 @@ def graph_targets(report):
             for n in gm.graph.nodes if n.op in ("call_function", "call_method")}
 
 
+def _least_graphs(mode):
+    # torch.optim's fused step functions (_fused_sgd ...) are torch.compiler.disable'd by
+    # torch itself, lazily: once one ran in the process (the full suite's order), a step
+    # that is only the fused call has no graph left around its break.
+    return 0 if mode == "fused" else 1
+
+
 def _check_compiled(report, name, mode, before, after):
-    assert report.graphs >= 1, report
+    assert report.graphs >= _least_graphs(mode), report
     moved = [not torch.equal(a, b) for a, b in zip(before, after)]
     assert all(moved), "the parameters did not change"
     if mode == "fused":
@@ -45,7 +52,10 @@ def _fused_kernel_ran(report, name):
     # The break is at the aten kernel, or at torch.optim's `_fused_adam` ... around it
     # once an earlier torch.compile in the process has applied torch's own
     # torch.compiler.disable to it (the full suite's order).
-    assert any(fused.rstrip("_") in r for r in report.reasons()), report
+    # (AdamW's kernel is _fused_adamw_, its Python function torch.optim's _fused_adam on
+    # torch 2.11)
+    stem = fused.rstrip("_").replace("adamw", "adam")
+    assert any(stem in r for r in report.reasons()), report
     assert fused not in graph_targets(report), graph_targets(report)
 
 
@@ -115,7 +125,7 @@ def test_step_on_odd_layouts(name, mode, backend):
                 p.grad = p.grad.to(memory_format=torch.channels_last)
 
     r = run_steps(make, lambda ps, opt: opt.step(), steps=3, prep=prep, backend=backend, atol=1e-5)
-    assert r.graphs >= 1, r
+    assert r.graphs >= _least_graphs(mode), r
     if mode == "fused":
         _fused_kernel_ran(r, name)
 

@@ -17,30 +17,16 @@ import pytest
 import torch
 
 import frametrace
+import test_view_chains
 from differential import Then, check
 from frametrace.backends import view_chains
-from frametrace.backends.eager import eager as eager_backend
 
 views = view_chains._module()
 pytestmark = pytest.mark.skipif(views is None, reason="frametrace._views not built")
 
 
-class Made:
+class Made(test_view_chains.Made):
     """The eager backend, keeping the graph modules it made (and so their plans)."""
-
-    __frametrace_backend__ = True
-
-    def __init__(self):
-        self.modules = []
-
-    def __call__(self, gm, example_inputs):
-        fn = eager_backend(gm, example_inputs)
-        self.modules.append(fn.__self__)
-        return fn
-
-    def plans(self):
-        return [getattr(m, n.target) for m in self.modules for n in m.graph.nodes
-                if n.op == "get_attr" and n.target.startswith("_view_plan_")]
 
     def hits(self):
         return [views.hits(p) for p in self.plans()]

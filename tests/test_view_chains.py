@@ -24,6 +24,7 @@ class Made:
     """A backend that is the eager backend, keeping the graph modules it made."""
 
     __frametrace_backend__ = True
+    __frametrace_runs_ops_as_traced__ = True
 
     def __init__(self):
         self.modules = []
