@@ -160,13 +160,44 @@ class _FakeMode(FakeTensorMode):
 
 
 def overlaps_itself(t) -> bool:
-    """Whether some elements of `t` share memory (an expanded view).  Symbolic strides:
-    only a literal 0 stride counts (symbolic sizes are at least 2)."""
+    """Whether some elements of `t` may share memory (an expanded view, an as_strided
+    whose rows overlap).  Symbolic strides: only a literal 0 stride counts (symbolic
+    sizes are at least 2)."""
     sizes, strides = t.shape, t.stride()
     if all(type(v) is int for v in (*sizes, *strides)):
-        return torch._debug_has_internal_overlap(t) == 1
+        # torch answers "too hard" for overlaps without a zero stride (as_strided
+        # (2, 3), (2, 1)): that is not "no".
+        found = torch._debug_has_internal_overlap(t)
+        return found == 1 or (found == 2 and _offsets_repeat(sizes, strides))
     return any(type(st) is int and st == 0 and not (type(sz) is int and sz <= 1)
                for sz, st in zip(sizes, strides))
+
+
+# Past this many elements an undecided layout counts as overlapping, unlisted.
+_OVERLAP_ENUMERATION_LIMIT = 1 << 20
+
+
+def _offsets_repeat(sizes, strides) -> bool:
+    """Whether two indices of this geometry reach one storage offset: False where the
+    strides, sorted, each step past everything the smaller ones reach; else decided by
+    listing the offsets (small tensors), else True."""
+    if 0 in sizes:
+        return False
+    dims = sorted((abs(st), sz) for sz, st in zip(sizes, strides) if sz != 1)
+    reach = 0
+    for st, sz in dims:
+        if st <= reach:
+            break
+        reach += st * (sz - 1)
+    else:
+        return False
+    if math.prod(sizes) > _OVERLAP_ENUMERATION_LIMIT:
+        return True
+    import numpy as np      # (not torch: this runs inside a fake mode's dispatch)
+    offsets = np.zeros(1, dtype=np.int64)
+    for st, sz in dims:
+        offsets = (offsets[:, None] + np.arange(sz, dtype=np.int64) * st).ravel()
+    return len(np.unique(offsets)) < len(offsets)
 
 
 def _draws_random(func, args, kwargs) -> bool:

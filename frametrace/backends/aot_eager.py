@@ -3,6 +3,7 @@ halves run eagerly.  Gradients through the compiled function match eager's."""
 import warnings
 
 from .. import config
+from ..shapes import overlaps_itself
 from . import register_backend
 
 
@@ -21,11 +22,13 @@ def aot_eager(gm, example_inputs):
                                      bw_compiler=_boxed_forward,
                                      keep_inference_input_mutations=True)
     except Exception as e:
+        if type(e).__name__ == "TensorifyScalarRestartAnalysis":
+            raise       # a float to specialise: frametrace compiles again (convert.py)
         fallback = _functionalized(gm, example_inputs) if config.aot_eager_functionalized_fallback else None
         if fallback is None:
             raise
         warnings.warn(f"frametrace: aot_eager: AOTAutograd could not compile a graph "
-                      f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it runs as eager "
+                      f"({type(e).__name__}: {str(e).partition(chr(10))[0][:200]}); it runs as eager "
                       "ops, functionalized (frametrace.config.aot_eager_functionalized_fallback)",
                       stacklevel=2)
         return fallback
@@ -41,8 +44,9 @@ def _functionalized(gm, example_inputs):
     run = functionalize(gm.forward, remove="mutations")
     # A write into an input whose elements share memory copies back differently from
     # eager's in-place kernel: no fallback (BackendCompilerFailed, never a wrong value).
-    if any(isinstance(x, torch.Tensor) and x.layout == torch.strided and
-           0 in x.stride() and x.numel() > 1 for x in example_inputs):
+    # Any overlap, not only a zero stride (an as_strided whose rows overlap).
+    if any(isinstance(x, torch.Tensor) and x.layout == torch.strided and overlaps_itself(x)
+           for x in example_inputs):
         return None
     try:
         fakes = [x for x in example_inputs if isinstance(x, FakeTensor)]
