@@ -29,6 +29,13 @@ or in code, as ``torch._logging.set_logs``::
 
 They are ordinary `logging` loggers named ``frametrace.<kind>``, at INFO with a handler
 on stderr while switched on.
+
+Switched off, they are silent even where the program configures logging for itself
+(``logging.basicConfig(level=logging.INFO)`` would otherwise print every graph and guard
+frametrace makes into the program's log): the ``frametrace`` logger is at WARNING unless
+the program set its level first, so only warnings reach the program's handlers.  The
+program's own configuration of it (``logging.getLogger("frametrace").setLevel(INFO)``, or
+of one kind's logger) is honoured as for any library's logger.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ import logging
 import os
 import sys
 
+ROOT = "frametrace"
 KINDS = ("graph", "graph_breaks", "guards", "bytecode", "recompiles", "output_code", "perf_hints")
 
 
@@ -107,3 +115,16 @@ def _switch(kind: str, on: bool) -> None:
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
 
+
+
+def _quiet_by_default() -> None:
+    # The level of our root logger, not a NullHandler or propagate=False: records below
+    # WARNING are then not even made (the callers test isEnabledFor before formatting a
+    # graph), and a program that asks for more by setting a level gets it through its
+    # own handlers.  A level the program set before importing frametrace is kept.
+    root = logging.getLogger(ROOT)
+    if root.level == logging.NOTSET:
+        root.setLevel(logging.WARNING)
+
+
+_quiet_by_default()
