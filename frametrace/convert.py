@@ -363,12 +363,22 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
         try:
             return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
         except _RetryStatic as retry:
-            # AOTAutograd asks for a restart when it cannot keep a float symbolic: expected.
+            torch._C._set_grad_enabled(entry_grad)
+            if retry.floats_only:
+                # AOTAutograd asks for a restart when it cannot keep a float symbolic:
+                # expected; the floats are constants from now on, the sizes as asked.
+                log.info("frametrace: %s (%s:%d): a float could not stay symbolic; floats "
+                         "are constants there from now on", code.co_name, code.co_filename,
+                         code.co_firstlineno)
+                try:
+                    return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
+                except _RetryStatic as again:
+                    retry = again
+                    torch._C._set_grad_enabled(entry_grad)
             quiet = retry.reason.startswith("TensorifyScalarRestartAnalysis")
             (log.info if quiet else log.warning)("frametrace: %s (%s:%d) failed with symbolic sizes (%s); it is "
                         "compiled with static sizes from now on", code.co_name,
                         code.co_filename, code.co_firstlineno, retry.reason)
-            torch._C._set_grad_enabled(entry_grad)
             return _compile_frame(code, func, args, backend, fullgraph, False, entry_grad)
     finally:
         # Also after an interrupt (KeyboardInterrupt mid-trace, in a backend...): modes,
@@ -385,9 +395,10 @@ def _set_saved_tensors_hooks_tracing(on: bool) -> bool:
 
 
 class _RetryStatic(Exception):
-    def __init__(self, reason):
+    def __init__(self, reason, floats_only=False):
         super().__init__(reason)
         self.reason = reason
+        self.floats_only = floats_only
 
 
 # Bumped by reset(): a compile that started before a reset (in another thread) hands
@@ -415,12 +426,15 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
 
     def retry_static(reason):
         # Whatever failed may have failed because a size was symbolic: a static
-        # compile first, before giving up on the frame.
+        # compile first, before giving up on the frame.  AOTAutograd's restart for a
+        # float it cannot keep symbolic costs only the floats (the sizes stay symbolic).
         if policy.used:
             output.close_contexts()
-            policy.stay_static()
+            floats_only = reason.startswith("TensorifyScalarRestartAnalysis") and policy.floats_static()
+            if not floats_only:
+                policy.stay_static()
             _uninstall(installed)         # graphs this attempt already handed out
-            raise _RetryStatic(reason)
+            raise _RetryStatic(reason, floats_only)
 
     try:
         result = tracer.run()

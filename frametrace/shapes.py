@@ -256,6 +256,7 @@ def release_shape_env_caches() -> None:
 # and ("int", source name) -> the int argument seen (None once it has changed).
 _frame_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _STATIC = "<static>"     # a key of _frame_sizes[code]: symbolic sizes failed there
+_STATIC_FLOATS = "<static floats>"  # a key too: AOTAutograd could not keep a float symbolic
 
 
 def forget_sizes() -> None:
@@ -278,7 +279,7 @@ class ShapePolicy:
     """Decides, for one compile of `code`, which input dimensions and ints are
     symbolic; records what it saw for the next compile of the same code.  `used` says
     whether it made anything symbolic."""
-    __slots__ = ("dynamic", "seen", "used")
+    __slots__ = ("dynamic", "seen", "used", "used_float")
 
     def __init__(self, code, dynamic):
         try:
@@ -287,6 +288,7 @@ class ShapePolicy:
             self.seen = {}
         self.dynamic = False if self.seen.get(_STATIC) else dynamic
         self.used = False
+        self.used_float = False
 
     def stay_static(self):
         """Tracing this code with symbolic sizes failed: from now on it is compiled
@@ -333,24 +335,42 @@ class ShapePolicy:
             return False
         return self._dynamic_number(source, value, "int")
 
-    def dynamic_float(self, source, value: float) -> bool:
+    def dynamic_float(self, source, value: float, held_by_module: bool = False) -> bool:
         """A float argument is symbolic once it has changed (torch.compile's automatic
         dynamic floats), so a learning rate or a scale does not compile per value.
         NaN and infinities stay constants: a symbol needs a finite hint.  So do 0.0 and
         -0.0: a symbol pinned to 0.0 (``m == 0.0``) would pass -0.0, which `1 / m`,
-        `math.copysign` and `str` tell apart; their constant guards check the sign."""
+        `math.copysign` and `str` tell apart; their constant guards check the sign.
+        A float an nn.Module holds (an Embedding's norm_type, a dropout's p) is a
+        constant of the model until it changes, `dynamic=True` or not: that asks for
+        dynamic sizes, and a symbol for a setting the graph may never use is one that
+        AOTAutograd cannot keep (its restart would cost the dynamic sizes).  After a
+        restart for a float AOTAutograd could not keep, every float stays constant."""
         if type(value) is not float or not math.isfinite(value) or value == 0.0:
             return False
-        return self._dynamic_number(source, value, "float")
+        if self.seen.get(_STATIC_FLOATS):
+            return False
+        return self._dynamic_number(source, value, "float", automatic_only=held_by_module)
 
-    def _dynamic_number(self, source, value, kind) -> bool:
+    def floats_static(self) -> bool:
+        """Whether this policy made a float symbolic, and from now on makes none
+        (AOTAutograd asked for a restart with that float specialised): the compile is
+        retried with the sizes still symbolic."""
+        if not self.used_float or self.seen.get(_STATIC_FLOATS):
+            return False
+        self.seen[_STATIC_FLOATS] = True
+        return True
+
+    def _dynamic_number(self, source, value, kind, automatic_only=False) -> bool:
         if self.dynamic is False or not _is_argument(source):
             return False
         key = (kind, source.name())
         before = self.seen.get(key, value)
         changed = before is None or before != value
         self.seen[key] = None if changed else value
-        symbolic = self.dynamic is True or changed
+        symbolic = (self.dynamic is True and not automatic_only) or changed
+        if kind == "float":
+            self.used_float |= symbolic
         self.used |= symbolic
         return symbolic
 
