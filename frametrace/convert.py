@@ -538,6 +538,15 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         _log_internal_error(code, [], e)
         return None
     check.guard_set = guards
+    if guards.stale:
+        # A fact of the trace changed while it compiled (an ABC registration made by a
+        # module the backend imported): its code is wrong for this very call.
+        log.info("frametrace: %s changed while compiling; this call runs in CPython",
+                 log_name(code))
+        _uninstall(installed)
+        return None
+    if new_code is not None:
+        _check_own_guards(code, func, args, check, guards)
     record.guards = guards.texts()
     record.compile_seconds = time.perf_counter() - t0
     record.transformed_code = new_code
@@ -554,6 +563,24 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     for observer in record_observers:
         observer(record)
     return (check, new_code)
+
+
+def _check_own_guards(code, func, args, check, guards):
+    """The entry's check must pass for the call it was compiled for: where it fails,
+    something the compile itself changed (global state, a registry) invalidated it, and
+    the same call would compile again.  Counted ("failed_own_guard": tests require
+    none) and logged with the guard."""
+    try:
+        ok = check(*args, func) is True
+    except Exception:
+        ok = False
+    if not ok:
+        counters["failed_own_guard"] += 1
+        if recompile_log.isEnabledFor(logging.INFO):
+            recompile_log.info("%s (%s:%d) fails its own guard just after compiling (the "
+                               "next identical call will recompile): %s", log_name(code),
+                               code.co_filename, code.co_firstlineno,
+                               guards.first_failure(args, func))
 
 
 def log_name(code) -> str:
