@@ -418,7 +418,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     guards = GuardSet(code, func)
     policy = ShapePolicy(code, dynamic)
     output = OutputGraph(guards, policy)
-    output.functionalizes = _functionalizes(backend)
+    output.functionalizes = _functionalizes(backend, args)
     tracer = InstructionTranslator(code, func, args, output, guards)
     _count_ops(output, tracer)
 
@@ -467,7 +467,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             torch._C._set_grad_enabled(entry_grad)
             guards = GuardSet(code, func)
             output = OutputGraph(guards, policy)
-            output.functionalizes = _functionalizes(backend)
+            output.functionalizes = _functionalizes(backend, args)
             tracer = InstructionTranslator(code, func, args, output, guards)
             _count_ops(output, tracer)
             tracer.stop_at = break_index
@@ -538,15 +538,6 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         _log_internal_error(code, [], e)
         return None
     check.guard_set = guards
-    if guards.stale:
-        # A fact of the trace changed while it compiled (an ABC registration made by a
-        # module the backend imported): its code is wrong for this very call.
-        log.info("frametrace: %s changed while compiling; this call runs in CPython",
-                 log_name(code))
-        _uninstall(installed)
-        return None
-    if new_code is not None:
-        _check_own_guards(code, func, args, check, guards)
     record.guards = guards.texts()
     record.compile_seconds = time.perf_counter() - t0
     record.transformed_code = new_code
@@ -563,24 +554,6 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     for observer in record_observers:
         observer(record)
     return (check, new_code)
-
-
-def _check_own_guards(code, func, args, check, guards):
-    """The entry's check must pass for the call it was compiled for: where it fails,
-    something the compile itself changed (global state, a registry) invalidated it, and
-    the same call would compile again.  Counted ("failed_own_guard": tests require
-    none) and logged with the guard."""
-    try:
-        ok = check(*args, func) is True
-    except Exception:
-        ok = False
-    if not ok:
-        counters["failed_own_guard"] += 1
-        if recompile_log.isEnabledFor(logging.INFO):
-            recompile_log.info("%s (%s:%d) fails its own guard just after compiling (the "
-                               "next identical call will recompile): %s", log_name(code),
-                               code.co_filename, code.co_firstlineno,
-                               guards.first_failure(args, func))
 
 
 def log_name(code) -> str:
@@ -748,11 +721,15 @@ def _log_output_code(name, gm, compiled):
         output_code_log.info("output code of %s:\n%s", name, str(source).strip())
 
 
-def _functionalizes(backend) -> bool:
+def _functionalizes(backend, args=()) -> bool:
     # Any backend but those that run the graph's ops as traced (the eager backend) may
     # re-trace it over FakeTensors (AOTAutograd: aot_eager, triton, inductor, most
-    # users' backends).
-    return not getattr(backend, "__frametrace_runs_ops_as_traced__", False)
+    # users' backends).  A backend that chooses per graph (the default) answers from
+    # the frame's arguments, and keeps to that answer when it compiles the graph.
+    runs_as_traced = getattr(backend, "__frametrace_runs_ops_as_traced__", False)
+    if callable(runs_as_traced):
+        runs_as_traced = runs_as_traced(args)
+    return not runs_as_traced
 
 
 def _can_run_again(output, backend) -> bool:

@@ -11,7 +11,7 @@ from . import _C, convert, interop
 from .backends import _BACKENDS, lookup_backend
 
 
-def optimize(model=None, *, fullgraph: bool = False, dynamic=None, backend="eager", mode=None,
+def optimize(model=None, *, fullgraph: bool = False, dynamic=None, backend="default", mode=None,
              options=None, disable: bool = False):
     """Compile a function or nn.Module as it runs, with torch.compile's call shapes::
 
@@ -34,8 +34,12 @@ def optimize(model=None, *, fullgraph: bool = False, dynamic=None, backend="eage
     compile; True makes every input size symbolic from the first compile; False keeps
     sizes static (each new shape compiles a new entry).  See `mark_dynamic`.
 
+    The "default" backend chooses per graph: the "triton" backend's kernels for graphs
+    on CUDA tensors, the "eager" backend for the others (frametrace/backends/default.py).
+
     `mode` ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-    and `options` (a dict of settings) tune the backend: for "triton" they are settings
+    and `options` (a dict of settings) tune the backend: for "triton", and the default's
+    CUDA graphs (a log line for its other graphs), they are settings
     of `frametrace.backends.triton.config` (`config.MODES` lists what each mode sets;
     unknown options raise ValueError); "inductor" takes them as torch.compile gives them
     to Inductor; any other backend gets them as ``mode=``/``options=`` keywords, as
@@ -43,7 +47,7 @@ def optimize(model=None, *, fullgraph: bool = False, dynamic=None, backend="eage
     ``disable=True`` returns the target unchanged.
     """
     if model is not None and not _is_target(model):
-        if backend != "eager":
+        if backend != "default":
             raise TypeError(f"optimize() got two backends: {model!r} and backend={backend!r}")
         model, backend = None, model
     if dynamic not in (None, False, True):
@@ -93,6 +97,8 @@ def _configured(backend, mode, options):
     if fn is _BACKENDS.get("triton"):
         from .backends.triton import config, configured
         configured_fn = configured({**config.MODES.get(mode or "default", {}), **(options or {})})
+    elif fn is _BACKENDS.get("default"):
+        configured_fn = type(fn)(mode, options)
     else:
         _check_takes(fn, backend, "mode" if mode not in (None, "default") else "options")
         kwargs = {"mode": mode} if mode not in (None, "default") else {"options": dict(options)}

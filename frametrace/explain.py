@@ -16,6 +16,7 @@ import shutil
 import types
 
 from . import _C, convert, shapes
+from .backends import describe, lookup_backend
 from .eval_frame import OptimizedModule, optimize
 
 
@@ -46,6 +47,9 @@ class ExplainOutput:
         self.graphs = [r.graph_module for r in records if r.graph_module is not None]
         self.graph_count = len(self.graphs)
         self.ops_per_graph = [r.op_count for r in records if r.graph_module is not None]
+        # which backend the explained function's own settings compile each graph with
+        self.backends = [r.graph_module.meta.get("frametrace_backend") for r in records
+                         if r.graph_module is not None]
         self.break_reasons = [BreakReason(r.reason, r.user_stack, r.outcome == "break", r.hint)
                               for r in records if r.outcome in ("break", "fallback")]
         self.graph_break_count = sum(1 for b in self.break_reasons if b.graph_break)
@@ -72,7 +76,9 @@ class ExplainOutput:
             kind = "graph break" if b.graph_break else "frame run in CPython"
             parts.append(break_text(f"{kind} {i}", b.reason, b.user_stack, b.hint))
         for r, i in zip([r for r in self.records if r.graph_module is not None], range(1, 10**6)):
-            parts.append(Text(f"graph {i}: {r.code.co_qualname} ({r.op_count} ops)", style="bold"))
+            backend = r.graph_module.meta.get("frametrace_backend")
+            parts.append(Text(f"graph {i}: {r.code.co_qualname} ({r.op_count} ops"
+                              f"{f'; backend: {backend}' if backend else ''})", style="bold"))
             parts.append(Syntax(convert.readable_graph(r.graph_module), "python", theme="ansi_dark",
                                 background_color="default"))
         if self.guards:
@@ -130,17 +136,29 @@ def _underlying(fn):
             return fn
 
 
+def _backend_of(fn):
+    """The backend `fn` compiles with: its optimize()'s, else optimize()'s default."""
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, _C.Hooked):
+        fn = fn.__func__
+    callback = fn.callback if isinstance(fn, _C.Hooked) else \
+        fn.__dict__["_callback"] if isinstance(fn, OptimizedModule) else None
+    backend = getattr(callback, "backend", None)
+    return backend if backend is not None else lookup_backend("default")
+
+
 def explain(fn):
     """``explain(fn)(*args, **kwargs)`` runs the call under frametrace and returns an
     `ExplainOutput`: graphs, graph_count, graph_break_count, break_reasons (reason and
     user_stack), ops_per_graph, guards and compile_times.  ``print()`` it for a report.
     """
+    backend = _backend_of(fn)
     fn = _underlying(fn)
 
     def run(*args, **kwargs):
         records = []
 
         def recording_backend(gm, example_inputs):
+            gm.meta["frametrace_backend"] = describe(backend, gm, example_inputs)
             return gm.forward
 
         convert.record_observers.append(records.append)

@@ -128,11 +128,6 @@ class GuardSet:
         self.check_ref = None   # weak reference to the compiled check, once built
         # Where each symbolic size is read: (label, expression, sympy expr at trace time).
         self.sym_reads: list[tuple[str, str, object]] = []
-        # (cls, classes) of each issubclass answer (False) that rests on the ABC token.
-        self._abc_answers: list = []
-        # True when a fact of the trace no longer held once the check was built (state
-        # changed while compiling): the entry would be wrong for this very call.
-        self.stale = False
 
     # -- naming objects the check compares against --
     def const(self, obj) -> str:
@@ -604,49 +599,13 @@ class GuardSet:
                   spec=one_check(source, "HASATTR", name, _MODULE_GETATTR, n=int(found))
                   if type(found) is bool else None)
 
-    def abc_registry(self, cls, classes):
-        """A False answer of ``issubclass(cls, classes)`` (some of them ABCs) holds until
-        some ABC's register() (which CPython's ABC caches notice by this token).
-
-        The token is any registration's, anywhere: compiling the frame itself bumps it
-        (torch's lazily imported modules register their classes with ABCs while the
-        backend compiles), which would fail the guard on the very next call.  So the
-        answers are kept, and `_refresh_abc_token` asks them again when the check is
-        built: where they still hold, the token guarded is the one at that moment."""
+    def abc_registry(self):
+        """An answer of an ABC's isinstance/issubclass holds until some ABC's register()
+        (which CPython's ABC caches notice by this token)."""
         import abc
-        self._abc_answers.append((cls, classes))
-        if (None, "ABC registry") not in self.guards:
-            self._abc_token_guard(abc.get_cache_token())
-
-    def _abc_token_guard(self, token):
-        import abc
-        # (Assigned in place: a refreshed guard keeps its position among the others.)
-        self.guards[(None, "ABC registry")] = Guard(
-            None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
-            f"abc.get_cache_token() == {token!r}",
-            spec=one_check(None, "CALL_EQ", abc.get_cache_token, token))
-
-    def _refresh_abc_token(self):
-        """After the trace (and the backend compile) changed the ABC token: the token
-        guarded becomes today's if every ABC answer the trace relied on is still what it
-        was (so the guard means "no registration since these answers were true", as
-        before); where one changed, the trace is wrong for the program as it is now:
-        `stale` says so, and the caller installs nothing."""
-        import abc
-        guard = self.guards.get((None, "ABC registry"))
-        if guard is None:
-            return
         token = abc.get_cache_token()
-        if guard.spec[0][3] == token:
-            return
-        try:
-            still = all(not issubclass(cls, classes) for cls, classes in self._abc_answers)
-        except Exception:
-            still = False
-        if not still:
-            self.stale = True
-        elif config.refresh_abc_token:
-            self._abc_token_guard(token)
+        self._add(None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
+                  f"abc.get_cache_token() == {token!r}", spec=one_check(None, "CALL_EQ", abc.get_cache_token, token))
 
     def grad_mode(self, enabled: bool):
         self.global_state("grad_mode", torch.is_grad_enabled, enabled)
@@ -666,8 +625,6 @@ class GuardSet:
     def compile(self):
         """The check for the C hook: the guards that have a C form (`Guard.spec`) as a
         program for guards.c, the others as one Python function it calls after them."""
-        self._refresh_abc_token()
-        self._abc_answers = []      # (the classes are needed no longer)
         code = self.code
         nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
             bool(code.co_flags & 0x08)

@@ -54,9 +54,19 @@ def backend_name(backend) -> str:
     return getattr(inner, "__frametrace_name__", None) or getattr(inner, "__name__", None) or repr(backend)
 
 
+def describe(backend, gm, example_inputs) -> str:
+    """Which backend compiles graph `gm` under `backend`, for people: its name, and for one
+    that chooses per graph (the default) the one it chooses, and why."""
+    choice = getattr(backend, "choice", None)
+    if getattr(backend, "__frametrace_backend__", False) and callable(choice):
+        name, why = choice(gm, example_inputs)
+        return f"{name} (the {backend_name(backend)} backend's choice: {why})"
+    return backend_name(backend)
+
+
 def list_backends() -> list[str]:
     """Names of the registered backends."""
     return sorted(_BACKENDS)
 
 
-from . import aot_eager, eager, inductor, triton  # noqa: E402,F401  (they register themselves)
+from . import aot_eager, default, eager, inductor, triton  # noqa: E402,F401  (they register themselves)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import torch
 from functorch.compile import make_boxed_func
@@ -125,6 +126,24 @@ def _eager_whole(reason, device, how="aot_eager"):
     log.log(level, "triton backend: %s; this graph runs with %s", reason, how)
 
 
+_warned_cpu = False
+
+
+def _cpu_graph():
+    """backend="triton" named for a graph of CPU tensors: it runs with aot_eager, which
+    the user is told once (the default backend sends such graphs to eager instead);
+    FRAMETRACE_TRITON_STRICT=1 refuses it."""
+    global _warned_cpu
+    message = ("frametrace: backend='triton' got a graph of CPU tensors: it runs with aot_eager, "
+               "not as Triton kernels (TRITON_INTERPRET=1 runs them in Triton's interpreter; "
+               "the default backend runs CPU graphs with eager)")
+    if _strict():
+        raise RuntimeError(f"{message}; FRAMETRACE_TRITON_STRICT=1 refuses that fallback")
+    if not _warned_cpu:
+        _warned_cpu = True
+        warnings.warn(message, stacklevel=2)
+
+
 def compile_graph(gm, example_inputs):
     try:
         import triton  # noqa: F401  (present, or a clear error now)
@@ -132,6 +151,8 @@ def compile_graph(gm, example_inputs):
         raise RuntimeError("backend='triton' needs Triton: pip install triton") from None
     device = _graph_device(gm, example_inputs)
     reason = _why_not(example_inputs, device)
+    if reason is not None and device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        _cpu_graph()
     if reason is not None:
         _eager_whole(reason, device)
         return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
