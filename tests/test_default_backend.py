@@ -6,6 +6,7 @@ with aot_eager, and FRAMETRACE_TRITON_STRICT=1 refuses that.
 There is no GPU in CI: the CUDA path is taken here by counting the CPU as a kernel
 device (`default.KERNEL_DEVICES`), with a recording stand-in for the triton backend, or
 with the real one in Triton's interpreter where Triton is installed."""
+import copy
 import logging
 import warnings
 
@@ -288,3 +289,93 @@ def test_explain_and_the_graph_log_name_the_backend_of_each_graph(caplog):
         frametrace.optimize(lambda x: x.exp() + 1)(x)
     assert any("compiled by eager (the default backend's choice: cpu tensors)" in rec.getMessage()
                for rec in caplog.records), caplog.records
+
+
+# ------------------------------------------------------------------ on a GPU (skipped in CI)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture
+def strict_triton(monkeypatch):
+    """A CUDA graph must become kernels: a quiet eager fallback fails the test."""
+    pytest.importorskip("triton")
+    from frametrace.backends.triton import backend as tb
+    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    tb.COMPILED.clear()
+    before = tb.STATS["eager_graphs"]
+    yield tb
+    assert tb.STATS["eager_graphs"] == before, "a CUDA graph ran eagerly"
+
+
+@cuda
+def test_gpu_default_compiles_cuda_graphs_to_triton_kernels(strict_triton):
+    def f(x, w):
+        return torch.nn.functional.gelu(x * w).softmax(-1)
+    inputs = [(torch.randn(64, 1024, device="cuda"), torch.randn(1024, device="cuda")) for _ in range(3)]
+    r = check(f, inputs, backend="default", graphs=1, compiles=1, rtol=1e-4, atol=1e-5)
+    assert backends_of(r) == ["triton"]
+    assert strict_triton.COMPILED and strict_triton.COMPILED[-1].kernels
+
+
+@cuda
+def test_gpu_default_training_loop_compiles_forward_and_backward_once(strict_triton):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
+                                torch.nn.Linear(128, 8)).cuda()
+    ref = copy.deepcopy(model)
+    compiled = frametrace.optimize(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model)]
+    records = []
+    frametrace.convert.record_observers.append(records.append)
+    try:
+        for _ in range(5):
+            x = torch.randn(32, 64, device="cuda")
+            for m, opt in zip((ref, compiled), opts):
+                opt.zero_grad()
+                m(x).square().mean().backward()
+                opt.step()
+            for a, b in zip(ref.parameters(), model.parameters()):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    finally:
+        frametrace.convert.record_observers.remove(records.append)
+    assert backends_of(records) == ["triton"] and len(records) == 1, records
+    assert {"forward", "backward"} <= {m.kind for m in strict_triton.COMPILED}
+
+
+@cuda
+def test_gpu_default_takes_mode(strict_triton):
+    from frametrace.backends.triton import config
+
+    def f(x):
+        return (x.sin() + 1).relu() * 2
+    r = check(f, [torch.randn(8, 256, device="cuda") for _ in range(4)], graphs=None, compiles=1,
+              compiled=lambda counter: frametrace.optimize(f, mode="reduce-overhead"))
+    assert backends_of(r) == ["triton"]
+    assert strict_triton.COMPILED[-1].settings == config.MODES["reduce-overhead"]
+
+
+@cuda
+def test_gpu_default_is_faster_than_the_eager_backend(strict_triton):
+    # The point of the default: a swap from torch.compile speeds a pointwise chain up.
+    def f(x):
+        for _ in range(8):
+            x = torch.nn.functional.gelu(x) * 1.01 + 0.1
+        return x
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def timed(g):
+        for _ in range(3):
+            g(x)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            g(x)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 20
+    eager_ms = timed(frametrace.optimize(f, backend="eager"))
+    default_ms = timed(frametrace.optimize(f))
+    print(f"eager backend {eager_ms:.3f} ms, default {default_ms:.3f} ms")
+    assert default_ms < eager_ms * 0.7, (eager_ms, default_ms)
