@@ -160,6 +160,10 @@ def explain(fn):
         def recording_backend(gm, example_inputs):
             gm.meta["frametrace_backend"] = describe(backend, gm, example_inputs)
             return gm.forward
+        # traced as for the explained function's backend (what a graph may keep differs:
+        # the default backend's CPU graphs keep what only the eager backend runs right)
+        recording_backend.__frametrace_runs_ops_as_traced__ = \
+            getattr(backend, "__frametrace_runs_ops_as_traced__", False)
 
         convert.record_observers.append(records.append)
         sizes = shapes.saved_sizes()

@@ -379,3 +379,13 @@ def test_gpu_default_is_faster_than_the_eager_backend(strict_triton):
     default_ms = timed(frametrace.optimize(f))
     print(f"eager backend {eager_ms:.3f} ms, default {default_ms:.3f} ms")
     assert default_ms < eager_ms * 0.7, (eager_ms, default_ms)
+
+
+def test_explain_traces_as_the_default_backend_would():
+    # explain() of the default on CPU tensors reports the graph optimize() makes: the
+    # tensor-less allow_in_graph check stays in it (a re-tracing backend's trace breaks).
+    with torch.no_grad():
+        report = frametrace.explain(_checks_grad_mode)(torch.ones(2))
+        assert (report.graph_count, report.graph_break_count) == (1, 0), report
+        report = frametrace.explain(frametrace.optimize(_checks_grad_mode, backend="aot_eager"))(torch.ones(2))
+        assert report.graph_break_count == 1, report
