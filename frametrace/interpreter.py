@@ -26,6 +26,7 @@ from .variables.tensor import guard_operator
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, ObjectVar, TensorVar,
                         TupleVar, Var, unsupported)
 from .variables.builder import wrap
+from .variables.asserts import assert_in_graph
 from .variables.base import a_type, nouns
 from .variables.builtins import LazyIteratorVar
 from .variables.constant import BINARY_FOLD
@@ -759,11 +760,14 @@ class InstructionTranslator:
     JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP = JUMP_FORWARD
 
     def POP_JUMP_IF_FALSE(self, inst):
-        if not self.pop().truth(self):
+        cond = self.pop()
+        if assert_in_graph(self, cond, negate=True) or not cond.truth(self):
             self.jump(inst)
 
     def POP_JUMP_IF_TRUE(self, inst):
-        if self.pop().truth(self):
+        cond = self.pop()
+        # (`assert t, "msg"` on a tensor: a check in the graph, variables/asserts.py)
+        if assert_in_graph(self, cond, negate=False) or cond.truth(self):
             self.jump(inst)
 
     def POP_JUMP_IF_NONE(self, inst):

@@ -26,6 +26,7 @@ class SideEffects:
         self._globals: dict[tuple, tuple] = {}     # (id(globals), name) -> (globals, name, value, is_root)
         self._cells: dict[int, tuple] = {}         # id(cell) -> (cell, value)
         self._containers: dict[int, object] = {}   # id(real list/dict) -> its ListVar/DictVar
+        self._calls: dict[tuple, tuple] = {}       # ("call", n) -> (replay, TupleVar of its arguments)
         self._order: list[tuple] = []
         # Where each effect first happened among the graph's ops: `clock()` counts the
         # ops created so far (set by convert; None: unknown).  A graph that raises
@@ -44,11 +45,28 @@ class SideEffects:
         return all(self._first_at.get(key) == ops for key in self._order)
 
     # -- recording --
+    def record_call(self, replay, args):
+        """A call made for what code outside the program does with it (a log record, a
+        warning: log_calls.py): `replay(args)` runs after the graph, at its place among
+        the other effects, so the handlers see the state CPython showed them."""
+        key = ("call", len(self._calls))
+        self._calls[key] = (replay, args)
+        self._note(key)
+
+    def fence(self, what: str):
+        """A write to state outside the frame after such a call: the handlers, which run
+        after the graph, would see it (and a list they append to would be overwritten
+        by its traced contents).  CPython makes it, at a break."""
+        if self._calls:
+            unsupported(f"{what} after a logging call or warning in the same graph "
+                        "(its handlers run after the graph)")
+
     def store_attr(self, owner, real_obj, name: str, value, plain: bool = False):
         """`plain`: the store is object.__setattr__'s, replayed as such (the class's own
         __setattr__ already ran while tracing and must not run again)."""
         if owner.source is None and not _rebuilt_by_graph(owner):
             unsupported(f"setting attribute {name!r} on an object made while tracing")
+        self.fence(f"setting attribute {name!r}")
         key = ("attr", id(real_obj), name)
         self._attrs[key] = (owner, name, value, plain)
         self._note(key)
@@ -61,6 +79,7 @@ class SideEffects:
         return any(key[1] == id(real_obj) for key in self._attrs)
 
     def store_global(self, f_globals: dict, name: str, value, is_root: bool):
+        self.fence(f"setting global {name!r}")
         key = ("global", id(f_globals), name)
         self._globals[key] = (f_globals, name, value, is_root)
         self._note(key)
@@ -71,6 +90,7 @@ class SideEffects:
 
     def store_cell(self, cell, value):
         if cell.source is not None:
+            self.fence("setting a closure variable")
             key = ("cell", id(cell))
             self._cells[key] = (cell, value)
             self._note(key)
@@ -87,6 +107,7 @@ class SideEffects:
             # write back; from now on it is a container of the trace, rebuilt if needed.
             var.source = None
             return
+        self.fence(f"changing {var}")
         key = ("container", id(real_obj))
         if key not in self._containers:
             self._containers[key] = var
@@ -110,6 +131,8 @@ class SideEffects:
                 yield self._globals[key][2]
             elif kind == "cell":
                 yield self._cells[key][1]
+            elif kind == "call":
+                yield self._calls[key][1]
             else:
                 yield self._containers[key]
 
@@ -142,6 +165,8 @@ class SideEffects:
                 temps.append(keep(lambda: self._globals[key][2].reconstruct(cg)))
             elif kind == "cell":
                 temps.append(keep(lambda: self._cells[key][1].reconstruct(cg)))
+            elif kind == "call":
+                temps.append(keep(lambda: self._calls[key][1].reconstruct(cg)))
             else:
                 temps.append(keep(lambda: _new_contents(cg, self._containers[key])))
                 owners[key] = keep(lambda: self._containers[key].source.reconstruct(cg))
@@ -172,6 +197,11 @@ class SideEffects:
                     cg.load_const(f_globals)
                     cg.load_const(name)
                     cg.emit("STORE_SUBSCR")
+            elif kind == "call":
+                from . import _C
+                # (unhooked: the handlers are CPython's to run, not frames to compile)
+                cg.call_const(_C.Unhooked(self._calls[key][0]), [lambda cg: cg.emit("LOAD_FAST", temp)])
+                cg.emit("POP_TOP")
             elif kind == "cell":
                 cell, _ = self._cells[key]
                 cg.emit("LOAD_FAST", temp)

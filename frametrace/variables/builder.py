@@ -39,6 +39,7 @@ from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_nu
 from ..interop import allowed_in_graph, assumed_constant, foreign_reason
 from .objects import (ConstantResultVar, ContextVarVar, ForeignCallableVar, InGraphCallVar, ObjectVar,
                       OptimizedWrapperVar, TorchFnVar, module_namespace, namespace_var)
+from .log_calls import logger_var
 from .stdlib import library_var
 from .user_objects import UserObjectVar
 
@@ -259,6 +260,9 @@ def _wrap_object(tx, value, source, guards):
         return UserFunctionVar(value, source)
     if guards is not None:
         guards.identity(source, value)
+    logger = logger_var(ObjectVar(value, source), value)
+    if logger is not None:
+        return logger
     if isinstance(value, torch.nn.Module):
         return NNModuleVar(value, source)
     if isinstance(value, contextvars.ContextVar):

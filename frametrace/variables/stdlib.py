@@ -19,6 +19,7 @@ import types
 
 import torch
 
+from . import log_calls as _log_calls
 from .base import Var, unsupported
 from .builtins import LazyIteratorVar, _is_none_var, call_item_fn, const_key, var_iter, var_list
 from .constant import ConstVar
@@ -750,6 +751,8 @@ def _clear_frames(tx, args, kwargs):
 
 
 LIBRARY_HANDLERS[traceback.clear_frames] = _clear_frames
+# warnings.warn and logging.info ...: replayed after the graph (log_calls.py)
+LIBRARY_HANDLERS.update(_log_calls.HANDLERS)
 
 
 def _math_pow(tx, args, kwargs):
