@@ -86,3 +86,9 @@ rerun_skips_effects_after_every_op = True
 # applies input writes at the end as AOTAutograd's graphs do, with one warning.  False:
 # aot_eager raises BackendCompilerFailed for it, as torch.compile's does.
 aot_eager_functionalized_fallback = True
+
+# The default backend (optimize() without backend=) compiles graphs on CUDA tensors with
+# the triton backend's kernels, and graphs it could not compile there with eager
+# (backends/default.py).  False: it runs every graph with the eager backend, as before
+# issue 30, to tell a wrong answer of the kernels from another.
+default_backend_kernels = True

@@ -389,3 +389,29 @@ def test_explain_traces_as_the_default_backend_would():
         assert (report.graph_count, report.graph_break_count) == (1, 0), report
         report = frametrace.explain(frametrace.optimize(_checks_grad_mode, backend="aot_eager"))(torch.ones(2))
         assert report.graph_break_count == 1, report
+
+
+def test_a_graph_the_kernel_backend_cannot_compile_runs_eager_with_a_warning(kernel_cpu, monkeypatch, caplog):
+    def refuses(gm, example_inputs):
+        kernel_cpu.append(gm)
+        raise NotImplementedError("no lowering for this")
+    monkeypatch.setitem(_BACKENDS, "triton", refuses)
+    monkeypatch.delenv("FRAMETRACE_TRITON_STRICT", raising=False)
+    with caplog.at_level(logging.WARNING, logger="frametrace"):
+        r = check(with_break, INPUTS, backend="default", graphs=2, breaks=1, compiles=2)
+    assert backends_of(r) == ["eager", "eager"] and len(kernel_cpu) == 2
+    assert "the triton backend failed (NotImplementedError: no lowering for this)" in \
+        r.records[0].graph_module.meta["frametrace_backend_reason"]
+    assert sum("runs with the eager backend" in rec.getMessage() for rec in caplog.records) == 2
+    monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")
+    frametrace.reset()
+    with pytest.raises(frametrace.BackendCompilerFailed, match="no lowering for this"):
+        frametrace.optimize(with_break)(*INPUTS[0])
+
+
+def test_the_kernels_switch_runs_every_default_graph_eager(kernel_cpu, monkeypatch):
+    monkeypatch.setattr(frametrace.config, "default_backend_kernels", False)
+    with torch.no_grad():   # (traced for eager too: the check stays in the graph)
+        r = check(_checks_grad_mode, [torch.ones(2), torch.ones(2)], backend="default",
+                  graphs=1, breaks=0)
+    assert backends_of(r) == ["eager"] and not kernel_cpu

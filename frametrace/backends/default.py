@@ -21,11 +21,13 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import logging
+import os
 import types
 import warnings
 
 import torch
 
+from .. import config
 from . import _BACKENDS, register_backend
 
 graph_log = logging.getLogger("frametrace.graph")
@@ -85,12 +87,22 @@ class DefaultBackend:
             settings = f"mode={self.mode!r}" if self.mode is not None else f"options={self.options!r}"
             log.info("frametrace: %s tunes the default backend's Triton kernels (CUDA graphs); "
                      "%s runs with the eager backend (%s)", settings, type(gm).__name__, why)
-        gm.meta["frametrace_backend"] = name
-        gm.meta["frametrace_backend_reason"] = why
-        graph_log.info("graph %s: compiled by %s (the default backend's choice: %s)",
-                       type(gm).__name__, name, why)
         if name == "triton":
-            return self.kernel_backend()(gm, example_inputs)
+            try:
+                compiled = self.kernel_backend()(gm, example_inputs)
+            except Exception as e:
+                # (a graph traced for the kernels runs right with eager too; nothing ran yet)
+                if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1" or \
+                        any(c.__name__.endswith("RestartAnalysis") for c in type(e).__mro__):
+                    raise   # (the tests want it; AOTAutograd's restart is the tracer's to make)
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                name, why = "eager", f"{why}, but the triton backend failed ({type(e).__name__}: {first})"
+                log.warning("frametrace: graph %s runs with the eager backend: %s",
+                            type(gm).__name__, why)
+            else:
+                _record(gm, name, why)
+                return compiled
+        _record(gm, name, why)
         return _BACKENDS["eager"](gm, example_inputs)
 
     def __repr__(self):
@@ -98,8 +110,17 @@ class DefaultBackend:
         return f"DefaultBackend({settings.lstrip(', ')})"
 
 
+def _record(gm, name, why):
+    gm.meta["frametrace_backend"] = name
+    gm.meta["frametrace_backend_reason"] = why
+    graph_log.info("graph %s: compiled by %s (the default backend's choice: %s)",
+                   type(gm).__name__, name, why)
+
+
 def choose(gm, example_inputs) -> tuple[str, str]:
     """(backend name, why) for a graph, from its tensors' device alone."""
+    if not config.default_backend_kernels:
+        return "eager", "frametrace.config.default_backend_kernels is off"
     device = graph_device(gm, example_inputs)
     if device.type in KERNEL_DEVICES:
         return "triton", f"{device.type} tensors"
@@ -118,6 +139,8 @@ def graph_device(gm, example_inputs) -> torch.device:
 
 
 def _on_kernel_device(args) -> bool:
+    if not config.default_backend_kernels:
+        return False
     seen = set()
     return any(t.device.type in KERNEL_DEVICES for t in _tensors(args, _SEARCH_DEPTH, seen))
 
