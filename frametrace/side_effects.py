@@ -33,6 +33,10 @@ class SideEffects:
         # loses no effect of the program if every effect came after every op.
         self.clock = None
         self._first_at: dict[tuple, int | None] = {}
+        # Writes recorded so far (a `with lock:` block asks whether it made any), and
+        # the locks (their Vars) whose blocks did: the replay holds them.
+        self.writes = 0
+        self.locks: list = []
 
     def _note(self, key):
         if key not in self._order:
@@ -70,6 +74,7 @@ class SideEffects:
         key = ("attr", id(real_obj), name)
         self._attrs[key] = (owner, name, value, plain)
         self._note(key)
+        self.writes += 1
 
     def load_attr(self, real_obj, name: str):
         hit = self._attrs.get(("attr", id(real_obj), name))
@@ -78,11 +83,18 @@ class SideEffects:
     def has_attr_writes(self, real_obj) -> bool:
         return any(key[1] == id(real_obj) for key in self._attrs)
 
+    def attr_writes(self, real_obj) -> list:
+        """(name, latest value) of each attribute of `real_obj` the trace wrote, in
+        the order first written."""
+        return [(self._attrs[key][1], self._attrs[key][2]) for key in self._order
+                if key[0] == "attr" and key[1] == id(real_obj)]
+
     def store_global(self, f_globals: dict, name: str, value, is_root: bool):
         self.fence(f"setting global {name!r}")
         key = ("global", id(f_globals), name)
         self._globals[key] = (f_globals, name, value, is_root)
         self._note(key)
+        self.writes += 1
 
     def load_global(self, f_globals: dict, name: str):
         hit = self._globals.get(("global", id(f_globals), name))
@@ -94,6 +106,7 @@ class SideEffects:
             key = ("cell", id(cell))
             self._cells[key] = (cell, value)
             self._note(key)
+            self.writes += 1
 
     def written_cells(self) -> list:
         """The cells from outside the trace wrote (their Cells)."""
@@ -109,9 +122,18 @@ class SideEffects:
             return
         self.fence(f"changing {var}")
         key = ("container", id(real_obj))
+        self.writes += 1
         if key not in self._containers:
             self._containers[key] = var
             self._note(key)
+
+    def hold_lock(self, lock_var):
+        """A `with lock:` block of the trace wrote outside state: CPython made those
+        writes holding the lock, and other threads may rely on that at run time (the
+        trace ran alone, the compiled code does not), so the replay of the writes
+        acquires it first and releases it after."""
+        if all(v.value is not lock_var.value for v in self.locks):
+            self.locks.append(lock_var)
 
     def container_mutated(self, var) -> bool:
         """The trace changed this list or dict from outside (its Var)."""
@@ -170,6 +192,9 @@ class SideEffects:
             else:
                 temps.append(keep(lambda: _new_contents(cg, self._containers[key])))
                 owners[key] = keep(lambda: self._containers[key].source.reconstruct(cg))
+        if self.locks:
+            cg.call_const(_acquire_all, [lock.reconstruct for lock in self.locks])
+            cg.emit("POP_TOP")
         for key, temp in zip(self._order, temps):
             kind = key[0]
             if kind == "attr":
@@ -212,6 +237,19 @@ class SideEffects:
                     cg.store_attr("cell_contents")
             else:
                 _store_contents(cg, owners[key], temp)
+        if self.locks:
+            cg.call_const(_release_all, [lock.reconstruct for lock in reversed(self.locks)])
+            cg.emit("POP_TOP")
+
+
+def _acquire_all(*locks):
+    for lock in locks:
+        lock.acquire()
+
+
+def _release_all(*locks):
+    for lock in locks:
+        lock.release()
 
 
 def _rebuilt_by_graph(owner) -> bool:

@@ -69,3 +69,189 @@ def test_unused_float_argument_restart_keeps_sizes_dynamic():
     r = check(f, [(torch.randint(0, 50, (2, n)), 2.0) for n in (3, 5, 7, 9)],
               backend="aot_eager", dynamic=True)
     assert r.compiles == 1 and r.breaks == 0, r
+
+
+# --------------------------------------------------------------------------- item 9c
+class Recorded:
+    """The compiles of a block: records (outcome, reason) and the graphs a counter saw."""
+
+    def __init__(self, inner="eager"):
+        from frametrace import convert
+        self.convert = convert
+        self.records = []
+        self.counter = frametrace.testing.CompileCounter(inner=inner)
+
+    def __enter__(self):
+        self.errors = self.convert.counters["internal_error"]
+        self.convert.record_observers.append(self.records.append)
+        return self
+
+    def __exit__(self, *exc):
+        self.convert.record_observers.remove(self.records.append)
+        assert self.convert.counters["internal_error"] == self.errors, "internal tracer errors"
+
+    @property
+    def breaks(self):
+        return sum(r.outcome == "break" for r in self.records)
+
+    @property
+    def fallbacks(self):
+        return sum(r.outcome == "fallback" for r in self.records)
+
+    def __repr__(self):
+        return f"graphs={self.counter.frame_count} " + repr([(r.outcome, r.reason) for r in self.records])
+
+
+def _tiny_bert(**kw):
+    import transformers
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=64, num_labels=3, **kw)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def _close(a, b):
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_bert_classification_head_writes_config_without_a_break(backend):
+    # forward sets self.config.problem_type (PretrainedConfig's own __setattr__ and
+    # __getattribute__, huggingface_hub's strict-dataclass __setattr__ around it) the
+    # first time: a write replayed after the graph, the attribute set as in CPython.
+    import copy
+    eager = _tiny_bert().eval()
+    model = copy.deepcopy(eager)
+    with Recorded(backend) as rec:
+        compiled = frametrace.optimize(model, backend=rec.counter)
+        for i in range(5):
+            if i == 3:
+                eager.config.problem_type = model.config.problem_type = None
+            ids = torch.randint(0, 100, (2, 8))
+            labels = torch.randint(0, 3, (2,))
+            want = eager(input_ids=ids, labels=labels)
+            got = compiled(input_ids=ids, labels=labels)
+            assert _close(want.loss, got.loss) and _close(want.logits, got.logits)
+            assert model.config.problem_type == eager.config.problem_type == "single_label_classification"
+    # one entry before the write, one after (the config's problem_type is guarded)
+    assert rec.breaks == 0 and rec.fallbacks == 0 and rec.counter.frame_count == 2, rec
+
+
+class Settings:
+    """A config with its own __setattr__ (it validates) and __getattribute__ (aliases),
+    as Hugging Face's PretrainedConfig has."""
+    attribute_map = {"mode": "problem_type"}
+
+    def __init__(self):
+        self.problem_type = None
+        self.scale = 2.0
+
+    def __setattr__(self, key, value):
+        if key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        if key == "scale" and value <= 0:
+            raise ValueError("scale must be positive")
+        super().__setattr__(key, value)
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+def test_config_attribute_stores_are_replayed():
+    def f(x, cfg):
+        if cfg.mode is None:
+            cfg.mode = "regression" if x.shape[-1] == 1 else "classification"
+        d = vars(cfg)               # the trace holds the instance dict, then writes again
+        cfg.scale = cfg.scale + 1.0
+        cfg.extra = d["scale"] * 2
+        return x * cfg.scale + len(d)
+
+    fresh = Settings()
+    used = Settings()
+    used.problem_type = "classification"
+    r = check(f, [(torch.randn(3), fresh), (torch.randn(2), Settings()), (torch.randn(3, 1), Settings()),
+                  (torch.randn(3), used)])
+    assert r.breaks == 0 and r.fallbacks == 0, r
+
+
+def test_config_attribute_store_that_raises():
+    def f(x, cfg, s):
+        cfg.scale = s
+        return x * cfg.scale
+
+    r = check(f, [(torch.randn(3), Settings(), 3.0), (torch.randn(3), Settings(), -1.0)])
+    assert r.fallbacks == 0, r
+
+
+_lock = __import__("threading").Lock()
+_rlock = __import__("threading").RLock()
+_state = {"n": 0}
+
+
+def test_with_lock_keeps_writes_without_a_break():
+    def f(x):
+        with _lock:
+            _state["last"] = "f"
+            y = x + 1
+        with _rlock:
+            with _rlock:
+                y = y * 2
+        return y
+
+    r = check(f, [torch.randn(3), torch.randn(3), torch.randn(3), torch.randn(3)], globals=("_state",))
+    # (the first call adds the key "last": its keys differ from the second call on)
+    assert r.graphs == 2 and r.breaks == 0 and r.fallbacks == 0, r
+    assert not _lock.locked()
+
+
+def test_with_lock_write_replay_holds_the_lock():
+    # The block's writes are replayed holding the lock: while another thread holds it,
+    # a compiled call waits before writing, as CPython's waits at the `with`.
+    import threading
+    import time
+    lock = threading.Lock()
+    state = {"who": None}
+
+    def f(x, who):
+        y = x * 2
+        with lock:
+            state["who"] = who      # (a tensor: any value runs the same entry)
+        return y
+
+    with Recorded() as rec:
+        g = frametrace.optimize(f, backend=rec.counter)
+        a, b, c = torch.zeros(1), torch.zeros(1), torch.zeros(1)
+        g(torch.ones(2), a)
+        g(torch.ones(2), b)
+        assert state["who"] is b and rec.breaks == 0 and rec.fallbacks == 0, rec
+        compiled = rec.counter.frame_count
+        lock.acquire()
+        worker = threading.Thread(target=g, args=(torch.ones(2), c))
+        worker.start()
+        time.sleep(0.3)
+        assert worker.is_alive() and state["who"] is b
+        lock.release()
+        worker.join(10)
+        assert state["who"] is c and not lock.locked()
+        # (the worker's call ran the compiled entry: nothing compiled for it)
+        assert rec.counter.frame_count == compiled, rec
+
+
+def test_with_lock_held_while_tracing_is_not_traced_through():
+    # This thread already holds an RLock: CPython re-enters it; the trace may not
+    # block on a lock, and a Lock held here would deadlock CPython too (never traced).
+    import threading
+    rlock = threading.RLock()
+    out = []
+
+    def f(x):
+        with rlock:
+            out.append(1)
+            return x + 1
+
+    with rlock:
+        r = check(f, [torch.randn(2), torch.randn(2)], graphs=None)
+    assert not rlock._is_owned()

@@ -4,6 +4,8 @@ graph nodes and also take effect while tracing, so FakeTensors come out right; t
 stand-ins for their __exit__ carry them across graph breaks."""
 from __future__ import annotations
 
+import _thread
+
 import torch
 
 from .base import Var, unsupported
@@ -455,6 +457,8 @@ def user_context(tx, obj):
 
     from .attributes import InstanceAttrs
     from .modules import class_attr
+    if type(getattr(obj, "value", None)) in _LOCK_TYPES and obj.source is not None:
+        return LockContextVar(obj)
     if not isinstance(obj, InstanceAttrs):
         return None
     cls = obj.instance_class()
@@ -464,6 +468,56 @@ def user_context(tx, obj):
     if not isinstance(enter, types.FunctionType) or not isinstance(exit_, types.FunctionType):
         unsupported(f"'with' over {cls.__name__}, whose __enter__/__exit__ is not a Python function")
     return UserContextVar(obj, enter, exit_)
+
+
+_LOCK_TYPES = (_thread.LockType, _thread.RLock)
+
+
+class LockContextVar(Var):
+    """`with lock:` over a threading.Lock or RLock from outside the frame.  The trace
+    runs alone (under the compile lock), but the compiled code runs in any thread: the
+    block's writes to outside state, replayed after the graph, are replayed holding
+    the lock (side_effects.hold_lock); a block that wrote nothing leaves the lock
+    untouched (what it read is guarded at the frame's entry, before any lock).  The
+    trace never blocks on the lock: one that is held now (by another thread, or by
+    this one: a Lock would deadlock) is not traced through.  A graph break inside the
+    block goes to its `with` (CPython runs the whole block)."""
+    __slots__ = ("lock", "writes_before", "written_before")
+
+    def __init__(self, lock):
+        super().__init__(None)
+        self.lock = lock
+
+    def enter(self, tx):
+        real = self.lock.value
+        if type(real) is _thread.LockType:
+            free = not real.locked()
+        else:
+            free = real.acquire(blocking=False)
+            if free:
+                real.release()
+        if not free:
+            unsupported("'with' over a lock that is held while tracing")
+        self.writes_before = tx.side_effects.writes
+        self.written_before = len(tx.output.fake_mode.written_storages)
+        return ConstVar(True)
+
+    def exit(self, tx):
+        if len(tx.output.fake_mode.written_storages) != self.written_before:
+            # (in-place writes of the graph happen before the replay, outside the lock)
+            unsupported("an in-place tensor write inside 'with' over a lock")
+        if tx.side_effects.writes != self.writes_before:
+            tx.side_effects.hold_lock(self.lock)
+
+    def exit_with(self, tx, args):
+        self.exit(tx)
+        return ConstVar(False)      # (a lock's __exit__ never swallows an exception)
+
+    def reconstruct_exit(self, cg):
+        unsupported("a graph break inside 'with' over a lock")
+
+    def __repr__(self):
+        return f"LockContextVar({type(self.lock.value).__name__})"
 
 
 def never_suppresses(fn) -> bool:

@@ -129,25 +129,48 @@ class UserObjectVar(InstanceAttrs, Var):
             from .objects import ObjectVar
             return ObjectVar(self.cls)      # (object's slot: the type, as the trace has it)
         if name == "__dict__" and tx.side_effects.has_attr_writes(self.value):
-            # Attribute writes and writes through __dict__ would be two records of one
-            # state: the trace keeps one.
-            unsupported(f"__dict__ of a {self.cls.__name__} object whose attributes the trace changed")
+            if self.cls is not type(self.value) or _instance_dict(self.value) is None:
+                unsupported(f"__dict__ of a {self.cls.__name__} object whose attributes the trace changed")
+            # The dict as the trace's writes left it: they are applied to its Var (and
+            # replayed once, as attribute stores).
+            as_dict = wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
+            if as_dict is not self._dict_var(tx):
+                unsupported(f"__dict__ of a {self.cls.__name__} object whose attributes the trace changed")
+            for written, value in tx.side_effects.attr_writes(self.value):
+                self._write_through_dict(tx, written, value)
+            return as_dict
         if self.cls is not type(self.value):
             # Answered by the real object only while the trace has not changed it.
             return super().opaque_attr(tx, name)
         return wrap(tx, object.__getattribute__(self.value, name), self.attr_source(name))
 
     def set_own_attr(self, tx, name, value):
-        if self._dict_var(tx) is not None:
-            unsupported(f"setting attribute {name!r} of a {self.cls.__name__} object whose "
-                        "__dict__ the trace holds")
+        self._write_through_dict(tx, name, value)
         tx.side_effects.store_attr(self, self.value, name, value, plain=True)
 
     def del_own_attr(self, tx, name):
-        if self._dict_var(tx) is not None:
-            unsupported(f"del of attribute {name!r} of a {self.cls.__name__} object whose "
-                        "__dict__ the trace holds")
+        self._write_through_dict(tx, name, DELETED)
         tx.side_effects.store_attr(self, self.value, name, DELETED, plain=True)
+
+    def _write_through_dict(self, tx, name, value):
+        """The trace holds this object's __dict__ (a class's own __getattribute__ read
+        it, `vars(obj)`): a plain store is a write of that dict's item, so the dict
+        the trace holds sees it too.  The store is replayed as object.__setattr__ (one
+        record: the dict's own write-back, if the trace writes it directly as well,
+        comes later and holds the same final items)."""
+        as_dict = self._dict_var(tx)
+        if as_dict is None:
+            return
+        from .containers import _ITEMS
+        if as_dict._lazy is not None and (value is DELETED or name not in as_dict._lazy[0]):
+            # (a key it does not have, or one to remove: the dict is wrapped whole
+            # first, its items then the truth)
+            as_dict.items
+        items = _ITEMS.__get__(as_dict)
+        if value is DELETED:
+            items.pop(name, None)
+        else:
+            items[name] = value
 
     def set_class(self, tx, cls):
         from .objects import ObjectVar
