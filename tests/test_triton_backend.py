@@ -313,7 +313,10 @@ def test_output_code_log(caplog):
 
 def test_cpu_without_interpreter_uses_aot_eager(monkeypatch, caplog):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with caplog.at_level(logging.INFO, logger="frametrace.output_code"):
+    monkeypatch.delenv("FRAMETRACE_TRITON_STRICT")   # (which refuses it: test_default_backend.py)
+    monkeypatch.setattr(backend, "_warned_cpu", False)
+    with caplog.at_level(logging.INFO, logger="frametrace.output_code"), \
+            pytest.warns(UserWarning, match="CPU tensors: it runs with aot_eager"):
         f = frametrace.optimize(backend="triton")(lambda x: x.sin() + 1)
         x = torch.randn(4)
         torch.testing.assert_close(f(x), x.sin() + 1)
