@@ -309,6 +309,41 @@ def compare(want, got):
 
 # ----------------------------------------------------------------------------- running
 
+# Kernels whose result on a layout is garbage that can repeat, so comparing two eager runs
+# or eager with a contiguous copy does not always catch them (torch 2.11-2.13: the sort
+# behind median/nanmedian along a stride-0 dimension reads uninitialized memory).
+_LAYOUT_BROKEN_IN_EAGER = {"median": ("expanded",), "nanmedian": ("expanded",),
+                           "masked.median": ("expanded",)}
+
+
+def _layout_changes_eager_values(program, case, first):
+    """Whether eager gives other values for the same values in plain contiguous tensors.
+
+    Some eager kernels read memory they do not own on an odd layout (median and nanmedian
+    along a dimension of stride 0 read past an expanded tensor's storage), so two eager runs
+    can agree by chance and a compiled run that differs is not wrong.
+    """
+    if case.layout == "plain" or case.variant != "out-of-place" or first.exc is not None:
+        return False
+    if case.layout in _LAYOUT_BROKEN_IN_EAGER.get(case.op.name, ()):
+        return True
+
+    def plain(x):
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+            return x
+        t = x.detach().clone(memory_format=torch.contiguous_format)
+        return t.requires_grad_(x.requires_grad) if x.requires_grad else t
+    inp, args, kwargs = pytree.tree_map(plain, fresh(case))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = program(inp, args, kwargs)
+    except Exception:
+        return False
+    d = diff_values(first.out, out)
+    return d is not None and "values differ" in d
+
+
 def run_case(case, backend, calls=3):
     fn_op = case.op.get_inplace() if case.variant == "inplace" else case.op.op
     program = make_fn(fn_op, case.post)
@@ -317,6 +352,8 @@ def run_case(case, backend, calls=3):
     again = run_once(program, case)
     if compare(first, again) is not None:
         return Outcome("skipped", "eager is not deterministic")
+    if _layout_changes_eager_values(program, case, first):
+        return Outcome("skipped", "eager's values depend on the input layout")
     frametrace.reset()
     counter = frametrace.testing.CompileCounter(inner=backend)
     compiled = frametrace.optimize(backend=counter)(program)
@@ -365,6 +402,7 @@ def cases_for(op, layouts, samples, dtype, grad, rng, posts=("none",)):
     if op.get_inplace() is not None:
         variants.append("inplace")
     grad_ok = grad and op.supports_autograd and dt.is_floating_point
+    torch.manual_seed(rng.randrange(2 ** 31))     # the same values whatever ran before
     try:
         all_samples = list(itertools.islice(op.sample_inputs("cpu", dt, requires_grad=False), 64))
     except Exception:
