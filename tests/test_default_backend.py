@@ -336,7 +336,7 @@ def test_gpu_default_training_loop_compiles_forward_and_backward_once(strict_tri
                 m(x).square().mean().backward()
                 opt.step()
             for a, b in zip(ref.parameters(), model.parameters()):
-                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
     finally:
         frametrace.convert.record_observers.remove(records.append)
     assert backends_of(records) == ["triton"] and len(records) == 1, records
