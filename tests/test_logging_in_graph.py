@@ -328,3 +328,27 @@ def asserts_computed_message(x):
 def test_a_computed_message_still_breaks():
     r = check(asserts_computed_message, [torch.rand(2) + 1, torch.rand(2) + 1], graphs=None)
     assert r.breaks + r.fallbacks >= 1
+
+
+def test_a_warning_from_a_module_without_source():
+    # `python - < script.py`: __main__'s loader cannot give its source.  warnings.warn
+    # (in C) does not ask it; neither does the replay.
+    import importlib.machinery
+    namespace = {"__name__": "__main__", "__loader__": importlib.machinery.BuiltinImporter,
+                 "warnings": warnings}
+    exec(compile("def f(x):\n    warnings.warn('no source')\n    return x + 1\n", "<stdin>", "exec"),
+         namespace)
+    check(namespace["f"], [torch.randn(2)] * 2, graphs=1, breaks=0)
+    assert [e[1] for e in EVENTS] == ["no source"] * 4           # 2 calls, both sides
+
+
+def warns_in_resumed_catch_warnings(x):
+    with warnings.catch_warnings():
+        print("a break inside the block")
+        warnings.warn("inside, resumed")
+    return x + 1
+
+
+def test_a_warning_inside_a_resumed_catch_warnings_is_left_to_cpython():
+    with contextlib.redirect_stdout(Stdout()):
+        check(warns_in_resumed_catch_warnings, [torch.randn(2)] * 2, globals=("EVENTS",), graphs=None)

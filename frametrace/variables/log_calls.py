@@ -84,8 +84,10 @@ class WarnReplay:
         g = self.f_globals
         module = g["__name__"] if "__name__" in g else "<string>"
         registry = g.setdefault("__warningregistry__", {})
+        # (no module_globals: warnings.warn, in C, gives none either; a loader's source
+        # lookup would differ, and fails for a __main__ read from stdin)
         warnings.warn_explicit(message, self.category, self.filename, self.lineno, module,
-                               registry, g)
+                               registry)
 
     def __repr__(self):
         return f"<warning replay {self.category.__name__} at {self.filename}:{self.lineno}>"
@@ -264,11 +266,16 @@ def _inside_catch_warnings(tx) -> bool:
     __exit__ waits on some traced frame's stack."""
     from ..interpreter import _ExitVar
     from .contexts import NullContextVar
+    from .functions import BoundMethodVar
     frame = tx
     while frame is not None:
         for v in frame.stack:
             ctx = getattr(v, "ctx", None) if isinstance(v, _ExitVar) else None
             if isinstance(ctx, NullContextVar) and ctx.factory is warnings.catch_warnings:
+                return True
+            # (a resumed frame: the block was entered by CPython, its __exit__ handed over)
+            if isinstance(v, BoundMethodVar) and isinstance(getattr(v.obj, "value", None),
+                                                            warnings.catch_warnings):
                 return True
         frame = frame.parent
     return False
