@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import runpy
 import shutil
 import subprocess
 import sys
 import traceback
+import types
 
 
 def main(argv=None) -> int:
@@ -36,14 +36,29 @@ def main(argv=None) -> int:
     # Options may come before or after the script; anything else goes to the script.
     ns, script_args = parser.parse_known_args(argv)
 
+    if not os.path.isfile(ns.script):
+        # (a mistyped name is the user's, not frametrace's: one line, argparse's status)
+        what = "is a directory" if os.path.isdir(ns.script) else "no such file"
+        print(f"frametrace diff: {ns.script}: {what}", file=sys.stderr)
+        return 2
+
     from . import convert, viewer
     records = []
     convert.record_observers.append(records.append)
     saved_argv = sys.argv
     sys.argv = [ns.script] + [a for a in script_args if a != "--"]
     status = 0
+    # The script runs in a module this function holds until the frames are shown: an
+    # entry whose guards name the script's objects (a module's `self`) is dropped when
+    # they die, as they would once runpy let go of the script's globals.
+    script = types.ModuleType("__main__")
+    script.__file__ = os.path.abspath(ns.script)
+    saved_main = sys.modules.get("__main__")
     try:
-        runpy.run_path(ns.script, run_name="__main__")
+        with open(ns.script, "rb") as fh:
+            code = compile(fh.read(), ns.script, "exec")
+        sys.modules["__main__"] = script
+        exec(code, script.__dict__)
     except SystemExit as e:
         # sys.exit(main()): what ran before the exit is what there is to show; the
         # script's exit status is ours.
@@ -55,6 +70,8 @@ def main(argv=None) -> int:
         status = 1
     finally:
         sys.argv = saved_argv
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
         convert.record_observers.remove(records.append)
 
     out = sys.stdout

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import sys
 import types
 
 from . import _C, convert, shapes
@@ -79,8 +80,9 @@ class ExplainOutput:
             backend = r.graph_module.meta.get("frametrace_backend")
             parts.append(Text(f"graph {i}: {r.code.co_qualname} ({r.op_count} ops"
                               f"{f'; backend: {backend}' if backend else ''})", style="bold"))
+            # (wrapped, not cut, where the terminal is narrower than a line)
             parts.append(Syntax(convert.readable_graph(r.graph_module), "python", theme="ansi_dark",
-                                background_color="default"))
+                                background_color="default", word_wrap=True))
         if self.guards:
             guard_text = Text()
             for r in self.records:
@@ -93,15 +95,32 @@ class ExplainOutput:
     def __str__(self):
         from rich.console import Console
         buffer = io.StringIO()
-        # As wide as the terminal the report is printed to (rich's own guess looks at
-        # the buffer, which is no terminal).
-        width = shutil.get_terminal_size().columns
-        Console(file=buffer, width=width, color_system=None, force_terminal=False).print(self)
+        # (rich's own guess of the width looks at the buffer, which is no terminal)
+        Console(file=buffer, width=output_width(sys.stdout), color_system=None,
+                force_terminal=False).print(self)
         return buffer.getvalue()
 
     def __repr__(self):
         return (f"ExplainOutput(graph_count={self.graph_count}, "
                 f"graph_break_count={self.graph_break_count}, ops_per_graph={self.ops_per_graph})")
+
+
+# The width of output that goes to no terminal (a pipe, a file, a log): wide enough that
+# rich neither wraps nor cuts a line; what reads it (less, an editor, grep) decides.
+UNBOUNDED_WIDTH = 1 << 16
+
+
+def is_terminal(file) -> bool:
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError):     # no isatty, or a closed file
+        return False
+
+
+def output_width(file) -> int:
+    """The columns to lay text out in for `file`: the terminal's on a terminal, where a
+    long line wraps; else `UNBOUNDED_WIDTH`, where none is cut."""
+    return shutil.get_terminal_size().columns if is_terminal(file) else UNBOUNDED_WIDTH
 
 
 def break_text(heading: str, reason: str, user_stack, hint=None):

@@ -134,10 +134,12 @@ def test_show_text_side_by_side():
     assert re.search(r"-\s+\d+ LOAD_(METHOD|ATTR) .*sin", text)    # removed (3.12 spells it differently)
     assert "<resume at line" in text                          # resume functions shown
     assert "guards" in text and "FX graph" in text
-    # Aligned by source line: the row of the print line holds both sides.
-    row = next(l for l in text.splitlines() if f"│ {_line('BREAK_PRINT'):>4} │" in l
-               or f"{_line('BREAK_PRINT')} │" in l)
-    assert "LOAD_GLOBAL" in row
+    # Aligned by source line: the print line's source is a row of its own (with its graph
+    # break beside it), and the row under it holds both sides.
+    lines = text.splitlines()
+    at = next(i for i, l in enumerate(lines) if f"{_line('BREAK_PRINT')} │" in l)
+    assert 'print("y", y.shape)' in lines[at]
+    assert "LOAD_GLOBAL" in lines[at + 1]
 
 
 def test_show_width_is_respected():

@@ -58,11 +58,16 @@ def test_unchanged_instructions_share_a_row():
     calls = [(left[0], right[0]) for _, left, right in rows
              if left and right and "CALL 2" in left[0]]
     assert calls and all("CALL 2" in r for _, r in calls)
-    # and each side lists its own instructions, in order, once
+    # and each side lists its own instructions, in order, once; a folded row (error
+    # handling frametrace inserted) stands for the number of instructions it says
     for side, code in ((1, two_breaks.__code__), (2, transformed)):
         listed = [row[side][0] for row in rows if row[side] and row[side][1] != "folded"]
         offsets = [int(re.match(r"(?:>>)?\s*(\d+)", t).group(1)) for t in listed]
-        assert offsets == [i.offset for i in dis.get_instructions(code) if i.opname != "CACHE"]
+        every = [i.offset for i in dis.get_instructions(code) if i.opname != "CACHE"]
+        folded = sum(int(re.search(r"\((\d+) instructions\)", row[side][0]).group(1))
+                     for row in rows if row[side] and row[side][1] == "folded")
+        assert offsets == [o for o in every if o in set(offsets)]
+        assert len(offsets) + folded == len(every)
 
 
 def test_source_text_offsets_and_jump_targets():
@@ -154,7 +159,15 @@ def test_diff_through_a_pipe_is_not_paged(tmp_path):
     assert "FX graph" in out.stdout                           # all of it, unpaged
 
 
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
 def test_explain_text_follows_the_terminal_width(monkeypatch):
+    # (str() lays the report out for where print() sends it: a terminal's width there;
+    # through a pipe no line is cut, tests/test_output_format.py)
+    monkeypatch.setattr(sys, "stdout", _Terminal())
     monkeypatch.setenv("COLUMNS", "150")
     text = str(frametrace.explain(two_breaks)(torch.ones(3)))
     widths = [len(l) for l in text.splitlines()]

@@ -458,7 +458,8 @@ class NewModuleVar(NNModuleVar):
             unsupported(f"register_buffer({name!r}) raises (a bad or taken name)")
         if not _no_buffer_hooks():
             unsupported("register_buffer() with global buffer registration hooks")
-        tx.guards.global_state("no global buffer registration hooks", _no_buffer_hooks, True)
+        tx.guards.global_state("no global buffer registration hooks", _no_buffer_hooks, True,
+                               text="no global buffer registration hooks")
         self.buffers.add(name)
         self.attrs[name] = tensor
         return ConstVar(None)

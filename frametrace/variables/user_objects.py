@@ -652,7 +652,8 @@ def _plain_object_state(tx, var) -> dict:
     if cls in copyreg.dispatch_table:
         unsupported(f"copy.deepcopy of a {cls.__name__} (a copyreg reducer)")
     tx.guards.global_state(f"{cls.__qualname__} has no copyreg reducer",
-                           functools.partial(operator.contains, copyreg.dispatch_table, cls), False)
+                           functools.partial(operator.contains, copyreg.dispatch_table, cls), False,
+                           text=f"{cls.__qualname__} has no copyreg reducer")
     hook = _class_lookup(cls, "__getattribute__")
     if isinstance(var, NewObjectVar):
         if hook is not object.__getattribute__:

@@ -1,0 +1,157 @@
+"""Output people read (issue 30, item 7): explain() through a pipe keeps whole lines
+(on a terminal they wrap), guard texts read as facts ("autocast: off", not "autocast is
+off is False"), and `print(round(t.mean().item(), 3))` is one graph break with one
+reason, over a loop of calls."""
+import copy
+import io
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import frametrace
+from frametrace import convert
+
+from differential import check
+
+THIS_FILE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(THIS_FILE))
+
+
+class LongNames(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj_with_a_rather_long_name = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj_with_a_rather_long_name(x).relu() * 2
+
+
+WHOLE = "l_self__modules__proj_with_a_rather_long_name____parameters__bias"
+
+
+def _signature(text):
+    return next(l for l in text.splitlines() if "def forward(self, l_x" in l)
+
+
+def test_explain_through_a_pipe_has_whole_lines():
+    script = textwrap.dedent(f"""
+        import sys, torch, frametrace
+        sys.path.insert(0, {os.path.dirname(THIS_FILE)!r})
+        from test_output_format import LongNames
+        print(frametrace.explain(LongNames())(torch.randn(4, 8)))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=180, cwd=ROOT, env=dict(os.environ, COLUMNS="80"))
+    assert out.returncode == 0, out.stderr
+    sig = _signature(out.stdout)
+    assert WHOLE in sig and sig.rstrip().endswith('"f32[8]"):'), sig
+    assert max(len(l) for l in out.stdout.splitlines()) > 80      # nothing cut at 80
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_explain_str_cuts_nothing(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    report = frametrace.explain(LongNames())(torch.randn(4, 8))
+    # not a terminal (pytest's capture): whole lines
+    assert WHOLE in _signature(str(report))
+    # a terminal of 60 columns: lines wrap there, and nothing is lost
+    monkeypatch.setattr(sys, "stdout", _Terminal())
+    text = str(report)
+    assert max(len(l) for l in text.splitlines()) <= 60
+    assert WHOLE in "".join(l.strip() for l in text.splitlines()) and "…" not in text
+
+
+# Guard texts that say a statement "is False" (or 0) read as its opposite.
+_CONTRADICTION = re.compile(r"(\bno\b|\bnot\b|\bis off\b|\bhas no\b|\bis on\b).* is (False|True|0|1)$")
+
+
+def _texts(fn, *args, backend="eager"):
+    frametrace.reset()
+    g = frametrace.optimize(backend=backend)(fn)
+    g(*args)
+    texts = []
+    for code in {fn.__code__} | {c for c in _resume_codes(fn.__code__)}:
+        for entry in frametrace._C.entries(code):
+            guard_set = getattr(entry.check, "guard_set", None)
+            if guard_set is not None:
+                texts += guard_set.texts()
+    return texts
+
+
+def _resume_codes(code):
+    from frametrace.resume import resume_codes_in
+    for entry in frametrace._C.entries(code):
+        if entry.code is not None:
+            for r in resume_codes_in(entry.code):
+                yield r
+                yield from _resume_codes(r)
+
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+
+class WithBuffer(torch.nn.Module):
+    def forward(self, x):
+        self.register_buffer("scratch", x * 2)
+        return self.scratch + 1
+
+
+def test_guard_texts_read_as_facts():
+    def plain(x):
+        return x.sin() + 1
+
+    def copies(x):
+        p = Point(x)
+        q = copy.deepcopy(p)
+        return q.x * 2
+
+    texts = _texts(plain, torch.randn(3))
+    for fact in ("grad mode: on", "autocast: off", "torch function modes: none",
+                 "default dtype: torch.float32"):
+        assert fact in texts, texts
+    with torch.no_grad():
+        assert "grad mode: off" in _texts(plain, torch.randn(3))
+    texts += _texts(copies, torch.randn(3))
+    module = WithBuffer()
+    frametrace.reset()
+    frametrace.optimize(module)(torch.randn(3))
+    for entry in frametrace._C.entries(WithBuffer.forward.__code__):
+        texts += entry.check.guard_set.texts()
+    bad = [t for t in texts if _CONTRADICTION.search(t)]
+    assert not bad, bad
+    assert not any(t.endswith((" is off is False", " mode is 0")) for t in texts)
+
+
+def test_guard_failure_names_the_fact():
+    # a recompile's reason quotes the guard text: it must read as the fact that changed
+    import logging
+    from frametrace import logs
+    stream = io.StringIO()
+
+    def f(x):
+        return x * 2
+    logs.set(recompiles=True)
+    try:
+        for h in logging.getLogger("frametrace.recompiles").handlers:
+            if getattr(h, "_frametrace", False):
+                h.setStream(stream)
+        frametrace.reset()
+        g = frametrace.optimize(f)
+        g(torch.randn(2))
+        with torch.no_grad():
+            g(torch.randn(2))
+    finally:
+        logs.clear()
+    logged = stream.getvalue()
+    assert "grad mode: on" in logged and "is True" not in logged, logged
