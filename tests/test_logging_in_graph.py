@@ -352,3 +352,18 @@ def warns_in_resumed_catch_warnings(x):
 def test_a_warning_inside_a_resumed_catch_warnings_is_left_to_cpython():
     with contextlib.redirect_stdout(Stdout()):
         check(warns_in_resumed_catch_warnings, [torch.randn(2)] * 2, globals=("EVENTS",), graphs=None)
+
+
+def logs_tensor_facts(x, n):
+    log.info("shape %s size0 %d n %s dtype %s device %s", x.shape, x.size(0), n, x.dtype, x.device)
+    return x + n
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sizes_dtypes_devices_and_symbolic_sizes_as_arguments(backend):
+    r = check(logs_tensor_facts, [(torch.randn(k, 3), k) for k in (2, 3, 4, 5)], backend=backend,
+              globals=("EVENTS",), graphs=None, breaks=0, fallbacks=0)
+    assert r.graphs <= 2, r                 # static, then symbolic sizes
+    EVENTS.clear()
+    logs_tensor_facts(torch.randn(6, 3), 6)
+    assert EVENTS[0][8] == "shape torch.Size([6, 3]) size0 6 n 6 dtype torch.float32 device cpu"

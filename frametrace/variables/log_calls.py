@@ -30,8 +30,11 @@ root logger when it has no handler, enabled or not.)
 """
 from __future__ import annotations
 
+import enum
 import logging
 import warnings
+
+import torch
 
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -133,11 +136,23 @@ def _replayable(tx, v: Var, what: str):
         return
     if type(v) is SymNodeVar:
         return
-    if v.is_const() and isinstance(v.as_const(), (str, int, float, bool, type(None), bytes)):
+    if v.is_const() and _immutable(v.as_const()):
         return
-    if v.source is not None and v.python_type() in (str, int, float, bool, type(None), bytes):
+    if v.source is not None and v.python_type() in _IMMUTABLE:
         return
     unsupported(f"{what} with an argument the trace cannot pass on ({v})")
+
+
+_IMMUTABLE = (str, int, float, complex, bool, type(None), bytes, torch.dtype, torch.device,
+              torch.layout, torch.memory_format)
+
+
+def _immutable(value) -> bool:
+    """A value the replay may hand to the handlers as the trace saw it (no later change
+    of it can be missed)."""
+    if isinstance(value, tuple):
+        return all(map(_immutable, value))
+    return isinstance(value, _IMMUTABLE) or isinstance(value, enum.Enum)
 
 
 def _const(v, what, name):
