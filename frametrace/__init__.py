@@ -15,6 +15,7 @@ from .eval_frame import OptimizedModule, disable, optimize, reset
 from .exc import BackendCompilerFailed, Unsupported
 from .explain import explain
 from .shapes import mark_dynamic, mark_static
+from .stance import RecompileError, set_stance
 from .viewer import show
 
 __version__ = "0.1.0"
@@ -27,4 +28,5 @@ except ValueError as _e:          # a typo in FRAMETRACE_LOGS must not break the
     _warnings.warn(str(_e), stacklevel=2)
 
 __all__ = ["explain", "show", "optimize", "mark_dynamic", "mark_static", "disable", "reset", "list_backends", "register_backend", "config",
-           "Unsupported", "BackendCompilerFailed", "OptimizedModule", "testing", "__version__"]
+           "Unsupported", "BackendCompilerFailed", "OptimizedModule", "testing", "__version__",
+           "set_stance", "RecompileError"]

@@ -14,6 +14,8 @@ whole set of guards: the count decides only when to stop compiling.
 """
 from __future__ import annotations
 
+import sys
+import warnings
 import weakref
 
 import torch
@@ -51,6 +53,32 @@ def exceeded(code, args, n_entries: int) -> bool:
     if n_entries >= config.accumulated_cache_size_limit:
         return True
     return _count_same(code, args) >= config.cache_size_limit
+
+
+def warn(code, n_entries: int, reasons):
+    """Once per code: it reached the limit.  Names the function (where its `def` is),
+    why it compiled the last time (`reasons`: each entry's failed guard, most recent
+    first), and how to see every recompile; reported at the user's line that made the
+    call (the first frame outside frametrace, torch and the standard library), not
+    at whatever torch or frametrace frame happened to call it."""
+    last = f" The last miss: {reasons[0]}." if reasons else ""
+    warnings.warn(
+        f"frametrace: {code.co_qualname} ({code.co_filename}:{code.co_firstlineno}) reached "
+        f"the cache limit with {n_entries} compiled entries (config.cache_size_limit = "
+        f"{config.cache_size_limit}, config.accumulated_cache_size_limit = "
+        f"{config.accumulated_cache_size_limit}); calls that match none of them now run "
+        f"in CPython.{last} FRAMETRACE_LOGS=recompiles logs the reason of every recompile.",
+        stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel, from its caller, of the first frame in user code."""
+    from .convert import is_skipped_file
+    level, frame = 1, sys._getframe(1)      # (level 1: our caller, which calls warn)
+    while frame is not None and is_skipped_file(frame.f_code.co_filename):
+        frame = frame.f_back
+        level += 1
+    return level if frame is not None else 1
 
 
 def _count_same(code, args) -> int:

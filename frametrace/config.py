@@ -87,6 +87,15 @@ rerun_skips_effects_after_every_op = True
 # aot_eager raises BackendCompilerFailed for it, as torch.compile's does.
 aot_eager_functionalized_fallback = True
 
+# An entry that relies on an ABC's isinstance/issubclass answer guards CPython's ABC
+# token, which any register() bumps, and the compile itself bumps it (torch's modules
+# imported lazily while the backend compiles register classes with ABCs): the guard
+# failed on the very next, identical call.  When the check is built the answers are
+# asked again and, where they still hold, today's token is guarded (guards.py,
+# GuardSet._refresh_abc_token).  False: the token read while tracing is guarded, to
+# tell a wrong answer of the refresh from another.
+refresh_abc_token = True
+
 # The default backend (optimize() without backend=) compiles graphs on CUDA tensors with
 # the triton backend's kernels, and graphs it could not compile there with eager
 # (backends/default.py).  False: it runs every graph with the eager backend, as before

@@ -19,7 +19,7 @@ from collections import Counter
 import torch
 from bytecode import CellVar
 
-from . import _C, cache_limit, config, interop, resume
+from . import _C, cache_limit, config, interop, recompiles, resume, stance
 from .codegen import CodeGen, GraphSlot, fill_graph_slot
 from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
 from .global_state import GlobalState
@@ -200,14 +200,14 @@ def _make_callback(backend, fullgraph: bool, dynamic):
             return None           # this call runs in CPython; nothing is cached
         if id(code) not in _seen_codes:
             _seen_codes[id(code)] = weakref.ref(code, lambda _, k=id(code): _seen_codes.pop(k, None))
+        in_stance = stance.current()
+        if in_stance != "default":
+            _stance_miss(in_stance, code, func, args, callback)
+            return None           # this call runs in CPython; nothing is cached
         if cache_limit.exceeded(code, args, n_entries):
             if id(code) not in _warned_cache_limit:
                 _warned_cache_limit.add(id(code))
-                warnings.warn(
-                    f"frametrace: {code.co_name} ({code.co_filename}:{code.co_firstlineno}) was "
-                    f"recompiled {n_entries} times (config.cache_size_limit, "
-                    f"config.accumulated_cache_size_limit); calls that match "
-                    f"none of its compiled entries now run in CPython", stacklevel=2)
+                cache_limit.warn(code, n_entries, recompiles.entry_reasons(code, func, args, callback))
             return _C.RUN_DEFAULT_ON_MISS
         wait = config.compile_lock_timeout
         if not _compile_lock.acquire(timeout=-1 if wait is None else wait):
@@ -218,11 +218,12 @@ def _make_callback(backend, fullgraph: bool, dynamic):
             if _compiled_meanwhile(code, func, args, n_entries):
                 return None       # another thread's entry fits: the next call runs it
             if n_entries and recompile_log.isEnabledFor(logging.INFO):
-                _log_recompile(code, func, args)
+                _log_recompile(code, func, args, callback)
             with _warning_filters_kept():
                 decision = compile_frame(code, func, args, backend, fullgraph, dynamic)
             if type(decision) is tuple:
                 decision[0].instances = cache_limit.instances_of(code, args)
+                decision[0].callback = callback     # (whose entry: recompile reasons)
             return decision
         except (Unsupported, BackendCompilerFailed):
             raise
@@ -339,14 +340,26 @@ def _in_functorch_transform() -> bool:
     return torch._C._functorch.peek_interpreter_stack() is not None
 
 
-def _log_recompile(code, func, args):
-    for entry in _C.entries(code):
-        guard_set = getattr(entry.check, "guard_set", None)
-        if guard_set is not None:
-            failed = guard_set.first_failure(args, func)
-            recompile_log.info("recompiling %s (%s:%d): guard failed: %s", log_name(code),
-                               code.co_filename, code.co_firstlineno, failed)
-            return
+def _log_recompile(code, func, args, callback):
+    """Every entry's failed guard, most recent first.  Entries of other optimize()
+    settings (explain()'s own compile of an optimized function) do not make this a
+    recompile."""
+    reasons = recompiles.entry_reasons(code, func, args, callback)
+    if reasons:
+        recompile_log.info("recompiling %s", recompiles.describe(log_name(code), code, reasons))
+
+
+def _stance_miss(in_stance, code, func, args, callback):
+    """A miss under a stance other than "default": "fail_on_recompile" raises, naming
+    every entry's failed guard; the others run the call in CPython."""
+    if in_stance != "fail_on_recompile":
+        return
+    reasons = recompiles.entry_reasons(code, func, args, callback)
+    what = recompiles.describe(log_name(code), code, reasons) if reasons else \
+        f"{log_name(code)} ({code.co_filename}:{code.co_firstlineno}): not compiled yet"
+    raise stance.RecompileError(
+        f"frametrace: a call would compile under the stance 'fail_on_recompile': {what}",
+        reasons)
 
 
 def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
@@ -528,8 +541,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     guards.autocast_state()
     guards.function_modes()
     if new_code is not None and record.graph_module is not None:
-        guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype(),
-                            text=f"default dtype: {torch.get_default_dtype()}")
+        guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype())
     try:
         guards.shape_guards(output.shape_env)
         check = guards.compile()
@@ -539,6 +551,15 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         _log_internal_error(code, [], e)
         return None
     check.guard_set = guards
+    if guards.stale:
+        # A fact of the trace changed while it compiled (an ABC registration made by a
+        # module the backend imported): its code is wrong for this very call.
+        log.info("frametrace: %s changed while compiling; this call runs in CPython",
+                 log_name(code))
+        _uninstall(installed)
+        return None
+    if new_code is not None:
+        _check_own_guards(code, func, args, check, guards)
     record.guards = guards.texts()
     record.compile_seconds = time.perf_counter() - t0
     record.transformed_code = new_code
@@ -555,6 +576,24 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     for observer in record_observers:
         observer(record)
     return (check, new_code)
+
+
+def _check_own_guards(code, func, args, check, guards):
+    """The entry's check must pass for the call it was compiled for: where it fails,
+    something the compile itself changed (global state, a registry) invalidated it, and
+    the same call would compile again.  Counted ("failed_own_guard": tests require
+    none) and logged with the guard."""
+    try:
+        ok = check(*args, func) is True
+    except Exception:
+        ok = False
+    if not ok:
+        counters["failed_own_guard"] += 1
+        if recompile_log.isEnabledFor(logging.INFO):
+            recompile_log.info("%s (%s:%d) fails its own guard just after compiling (the "
+                               "next identical call will recompile): %s", log_name(code),
+                               code.co_filename, code.co_firstlineno,
+                               guards.first_failure(args, func))
 
 
 def log_name(code) -> str:

@@ -94,7 +94,7 @@ _CHECK_NAMES = {"___type": type, "___len": len, "___tuple": tuple, "___id": id, 
 
 
 class Guard:
-    __slots__ = ("source", "kind", "expr", "text", "symbols", "spec")
+    __slots__ = ("source", "kind", "expr", "text", "symbols", "spec", "was")
 
     def __init__(self, source, kind, expr, text, symbols=(), spec=None):
         self.source = source
@@ -106,6 +106,7 @@ class Guard:
         # (source, op, a, b, n, other) as `_Program.check` takes them; None: the
         # guard runs as Python (`expr`), after the C checks.
         self.spec = spec
+        self.was = None     # what the trace saw, where `spec` does not say (reasons)
 
     def __repr__(self):
         return f"Guard({self.text})"
@@ -128,6 +129,11 @@ class GuardSet:
         self.check_ref = None   # weak reference to the compiled check, once built
         # Where each symbolic size is read: (label, expression, sympy expr at trace time).
         self.sym_reads: list[tuple[str, str, object]] = []
+        # (cls, classes) of each issubclass answer (False) that rests on the ABC token.
+        self._abc_answers: list = []
+        # True when a fact of the trace no longer held once the check was built (state
+        # changed while compiling): the entry would be wrong for this very call.
+        self.stale = False
 
     # -- naming objects the check compares against --
     def const(self, obj) -> str:
@@ -283,6 +289,10 @@ class GuardSet:
                   f"{source.name()}: {type(t).__name__} {dtype}[{', '.join(map(str, sizes))}] "
                   f"stride=[{', '.join(map(str, strides))}] device={t.device} "
                   f"requires_grad={t.requires_grad}{bits}", spec=spec)
+        guard = self.guards.get((source, "TENSOR"))
+        if guard is not None and guard.was is None:
+            guard.was = (type(t), t.dtype, t.device, t.layout, tuple(sizes), tuple(strides),
+                         t.requires_grad)
 
     def storage_offset(self, source, t: torch.Tensor):
         """The trace read the tensor's storage offset (most graphs never do, so the
@@ -560,8 +570,7 @@ class GuardSet:
         """Autocast entered outside the frame changes what ops compute (their dtypes,
         which the trace reads): the common case, autocast off, is one C call."""
         if not torch._C._is_any_autocast_enabled():
-            self.global_state("autocast is off", torch._C._is_any_autocast_enabled, False,
-                              text="autocast: off")
+            self.global_state("autocast is off", torch._C._is_any_autocast_enabled, False)
         else:
             state = _autocast_state()
             self._add(None, "AUTOCAST", f"{self.const(_autocast_state)}() == {self.const(state)}",
@@ -572,8 +581,7 @@ class GuardSet:
         torch.set_default_device and `with torch.device(...)` push one too) decide what
         each op does, and which device factories use: the stack is what it was."""
         if torch._C._len_torch_function_stack() == 0:
-            self.global_state("no torch function mode", torch._C._len_torch_function_stack, 0,
-                              text="torch function modes: none")
+            self.global_state("no torch function mode", torch._C._len_torch_function_stack, 0)
         else:
             from torch.overrides import _get_current_function_mode_stack
             stack = tuple(_get_current_function_mode_stack())
@@ -590,11 +598,9 @@ class GuardSet:
         self._add(source, "ALIAS", f"{source.guard_expr()} is {other.guard_expr()}",
                   f"{source.name()} is {other.name()}", spec=((source, "IS_REG", None, None, 0, other),))
 
-    def global_state(self, name: str, reader, value, text=None):
-        """``reader()`` is still `value`; `text` says so for people where "name is value"
-        would not read as a fact (a name that is itself a statement: "autocast is off")."""
+    def global_state(self, name: str, reader, value):
         self._add(None, name, f"{self.const(reader)}() is {self.const(value)}",
-                  text or f"{name} is {value!r}", spec=one_check(None, "CALL_IS", reader, value))
+                  f"{name} is {value!r}", spec=one_check(None, "CALL_IS", reader, value))
 
     def has_attr(self, source, name: str, found: bool):
         """``hasattr(source, name)`` is still `found`."""
@@ -603,17 +609,52 @@ class GuardSet:
                   spec=one_check(source, "HASATTR", name, _MODULE_GETATTR, n=int(found))
                   if type(found) is bool else None)
 
-    def abc_registry(self):
-        """An answer of an ABC's isinstance/issubclass holds until some ABC's register()
-        (which CPython's ABC caches notice by this token)."""
+    def abc_registry(self, cls, classes):
+        """A False answer of ``issubclass(cls, classes)`` (some of them ABCs) holds until
+        some ABC's register() (which CPython's ABC caches notice by this token).
+
+        The token is any registration's, anywhere: compiling the frame itself bumps it
+        (torch's lazily imported modules register their classes with ABCs while the
+        backend compiles), which would fail the guard on the very next call.  So the
+        answers are kept, and `_refresh_abc_token` asks them again when the check is
+        built: where they still hold, the token guarded is the one at that moment."""
         import abc
+        self._abc_answers.append((cls, classes))
+        if (None, "ABC registry") not in self.guards:
+            self._abc_token_guard(abc.get_cache_token())
+
+    def _abc_token_guard(self, token):
+        import abc
+        # (Assigned in place: a refreshed guard keeps its position among the others.)
+        self.guards[(None, "ABC registry")] = Guard(
+            None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
+            f"abc.get_cache_token() == {token!r}",
+            spec=one_check(None, "CALL_EQ", abc.get_cache_token, token))
+
+    def _refresh_abc_token(self):
+        """After the trace (and the backend compile) changed the ABC token: the token
+        guarded becomes today's if every ABC answer the trace relied on is still what it
+        was (so the guard means "no registration since these answers were true", as
+        before); where one changed, the trace is wrong for the program as it is now:
+        `stale` says so, and the caller installs nothing."""
+        import abc
+        guard = self.guards.get((None, "ABC registry"))
+        if guard is None:
+            return
         token = abc.get_cache_token()
-        self._add(None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
-                  f"abc.get_cache_token() == {token!r}", spec=one_check(None, "CALL_EQ", abc.get_cache_token, token))
+        if guard.spec[0][3] == token:
+            return
+        try:
+            still = all(not issubclass(cls, classes) for cls, classes in self._abc_answers)
+        except Exception:
+            still = False
+        if not still:
+            self.stale = True
+        elif config.refresh_abc_token:
+            self._abc_token_guard(token)
 
     def grad_mode(self, enabled: bool):
-        self.global_state("grad_mode", torch.is_grad_enabled, enabled,
-                          text=f"grad mode: {'on' if enabled else 'off'}")
+        self.global_state("grad_mode", torch.is_grad_enabled, enabled)
 
     def _on_death(self, _ref):
         try:
@@ -630,6 +671,8 @@ class GuardSet:
     def compile(self):
         """The check for the C hook: the guards that have a C form (`Guard.spec`) as a
         program for guards.c, the others as one Python function it calls after them."""
+        self._refresh_abc_token()
+        self._abc_answers = []      # (the classes are needed no longer)
         code = self.code
         nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
             bool(code.co_flags & 0x08)
@@ -664,6 +707,28 @@ class GuardSet:
 
     def first_failure(self, args, func) -> str | None:
         """Text of the first guard that fails for these argument slots (recompile logs)."""
+        found = self._first_failing(args, func)
+        if found is None:
+            return None
+        g, env = found
+        return f"{g.text} (now: {self._describe_now(g, env)})"
+
+    def failure_in_words(self, args, func) -> str | None:
+        """The first guard that fails for these argument slots, in plain words (what the
+        trace saw, an arrow, what there is now: ``x.size(0): 8 → 16``), then the guard
+        itself and the value it reads now; None when every guard holds."""
+        found = self._first_failing(args, func)
+        if found is None:
+            return None
+        g, env = found
+        detail = f"{g.text} (now: {self._describe_now(g, env)})"
+        try:
+            words = _in_words(g, env)
+        except Exception:
+            words = None
+        return f"{words} (guard failed: {detail})" if words else f"guard failed: {detail}"
+
+    def _first_failing(self, args, func):
         code = self.code
         params = [guard_local_name(n) for n in code.co_varnames[:len(args)]]
         env = dict(self.constants)
@@ -676,7 +741,7 @@ class GuardSet:
             except Exception:
                 ok = False
             if not ok:
-                return f"{g.text} (now: {self._describe_now(g, env)})"
+                return g, env
         return None
 
     @staticmethod
@@ -1001,3 +1066,102 @@ def _short(value) -> str:
     return f"<{name} object at {id(value):#x}>"
 
 
+
+
+# ---------------------------------------------------------------- reasons in words
+# The global state guards, named for people: reader -> what it reads.
+_STATE_NAMES = {torch.is_grad_enabled: "grad mode enabled",
+                torch._C._is_any_autocast_enabled: "autocast enabled",
+                torch._C._len_torch_function_stack: "torch function modes",
+                torch.get_default_dtype: "default dtype"}
+
+
+def _plain(value) -> str:
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value).replace("torch.", "")
+    if isinstance(value, type):
+        return value.__qualname__
+    if value is None or type(value) in (bool, int, float, str, complex) or \
+            isinstance(value, enum.Enum) or (type(value) in (tuple, list) and len(repr(value)) < 80):
+        return repr(value)
+    return _short(value)
+
+
+def _in_words(g, env) -> str | None:
+    """What changed for a failing guard `g`, as ``what: traced → now``; None where
+    the guard's kind has no such reading (its text and value now say it then)."""
+    spec = g.spec[0] if g.spec is not None and len(g.spec) == 1 else None
+    op = spec[1] if spec is not None else None
+
+    def now():
+        return eval(g.source.guard_expr(), env)
+
+    if g.kind == "TENSOR" and g.was is not None:
+        return _tensor_change(g.source.name(), g.was, now())
+    if g.symbols:
+        values = ", ".join(f"{sym.label} = {_read(sym, env)} (traced with {sym.hint})"
+                           for sym in g.symbols)
+        return f"{values}: outside what the entry was traced for, {g.text}"
+    if g.source is None and spec is not None and op in ("CALL_IS", "CALL_EQ"):
+        reader, was = spec[2], spec[3]
+        name = getattr(reader, "__qualname__", "")
+        if name == "get_cache_token":
+            return (f"abc.get_cache_token(): {was} → {reader()} (an ABC's register() ran "
+                    f"since the trace: isinstance answers may differ)")
+        return f"{_STATE_NAMES.get(reader, g.kind)}: {_plain(was)} → {_plain(reader())}"
+    if g.source is None:
+        return None
+    name = g.source.name()
+    if g.kind == "EQ" and op in ("EQ", "IS"):
+        value = now()
+        if op == "EQ" and type(value) is not spec[3]:
+            return f"{name}: {_plain(spec[2])} → {_plain(value)} (a {type(value).__name__})"
+        return f"{name}: {_plain(spec[2])} → {_plain(value)}"
+    if g.kind == "TYPE" and op == "TYPE":
+        return f"type({name}): {_plain(spec[2])} → {_plain(type(now()))}"
+    if g.kind == "LEN" and op == "LEN":
+        value = now()
+        if type(value) is not spec[2]:
+            return f"type({name}): {_plain(spec[2])} → {_plain(type(value))}"
+        return f"len({name}): {spec[4]} → {len(value)}"
+    if g.kind == "KEYS" and op == "KEYS":
+        value = now()
+        if type(value) is not dict:
+            return f"type({name}): dict → {_plain(type(value))}"
+        return f"keys of {name}: {list(spec[2])} → {list(value)}"
+    if g.kind == "ID":
+        return f"{name}: another object than the one traced (now {_short(now())})"
+    return None
+
+
+def _read(sym, env):
+    try:
+        return eval(sym.read, env)
+    except Exception as e:
+        return f"unreadable ({type(e).__name__})"
+
+
+def _tensor_change(name, was, t) -> str:
+    """The first fact of a tensor guard that differs now: ``x.size(0): 8 → 16``."""
+    kind, dtype, device, layout, sizes, strides, requires_grad = was
+    if not isinstance(t, torch.Tensor):
+        return f"{name}: a Tensor → {_plain(type(t))}"
+    if type(t) is not kind:
+        return f"type({name}): {kind.__qualname__} → {type(t).__qualname__}"
+    if t.dtype != dtype:
+        return f"{name}.dtype: {_plain(dtype)} → {_plain(t.dtype)}"
+    if t.device != device:
+        return f"{name}.device: {device} → {t.device}"
+    if t.layout != layout:
+        return f"{name}.layout: {_plain(layout)} → {_plain(t.layout)}"
+    if t.dim() != len(sizes):
+        return f"{name}.dim(): {len(sizes)} → {t.dim()} (size {list(sizes)} → {list(t.shape)})"
+    changed = [f"{name}.size({i}): {a} → {b}" for i, (a, b) in enumerate(zip(sizes, t.shape))
+               if a != "*" and a != b]
+    if changed:
+        return ", ".join(changed)
+    if any(a != "*" and a != b for a, b in zip(strides, t.stride())):
+        return f"{name}.stride(): {tuple(strides)} → {tuple(t.stride())}"
+    if t.requires_grad != requires_grad:
+        return f"{name}.requires_grad: {requires_grad} → {t.requires_grad}"
+    return None

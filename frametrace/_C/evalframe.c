@@ -655,11 +655,86 @@ Unhooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObjec
     return r;
 }
 
+/* ---- stances ----
+ * Under frametrace.set_stance("force_eager"), or torch.compiler.set_stance("force_eager")
+ * while frametrace's own stance is "default", an optimized call runs as plain CPython:
+ * nothing compiled, no entry used (the other stances are the Python callback's, on a
+ * miss).  torch keeps its stance in the module global `_stance` of
+ * torch._dynamo.eval_frame, a DynamoStance that each set_stance replaces (never changes
+ * in place): read only once the program has imported that module (never imported
+ * here), and its `stance` read again only when the object is another. */
+static int own_stance = 0;      /* 0: default (torch's counts), 1: force_eager, 2: another */
+static PyObject *torch_stance_module = NULL;   /* interned names */
+static PyObject *torch_stance_name = NULL;
+static PyObject *torch_stance_globals = NULL;  /* that module's dict, once imported */
+static PyObject *torch_stance_seen = NULL;     /* the DynamoStance last read */
+static int torch_stance_eager = 0;
+
+/* 1: run this optimized call as plain CPython; 0: hooked; -1: an error. */
+static int
+stance_force_eager(void)
+{
+    if (own_stance) {
+        return own_stance == 1;
+    }
+    if (torch_stance_globals == NULL) {
+        PyObject *m = PyDict_GetItemWithError(PyImport_GetModuleDict(), torch_stance_module);
+        if (m == NULL || !PyModule_Check(m)) {
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        torch_stance_globals = Py_NewRef(PyModule_GetDict(m));
+    }
+    PyObject *stance = PyDict_GetItemWithError(torch_stance_globals, torch_stance_name);
+    if (stance == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (stance != torch_stance_seen) {
+        PyObject *name = PyObject_GetAttrString(stance, "stance");
+        if (name == NULL) {
+            return -1;
+        }
+        torch_stance_eager = PyUnicode_Check(name) &&
+                             PyUnicode_CompareWithASCIIString(name, "force_eager") == 0;
+        Py_DECREF(name);
+        Py_XSETREF(torch_stance_seen, Py_NewRef(stance));
+    }
+    return torch_stance_eager;
+}
+
+static PyObject *
+py_set_own_stance(PyObject *m, PyObject *arg)
+{
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (v < 0 || v > 2) {
+        PyErr_SetString(PyExc_ValueError, "stance code must be 0, 1 or 2");
+        return NULL;
+    }
+    own_stance = (int)v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_force_eager(PyObject *m, PyObject *noargs)
+{
+    int eager = stance_force_eager();
+    if (eager < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(eager);
+}
+
 /* Calls its function with this thread's callback set, so the frames it runs
  * are caught by the hook: what frametrace.optimize returns. */
 static PyObject *
 Hooked_vectorcall(Wrapper *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    int eager = stance_force_eager();
+    if (eager) {
+        return eager < 0 ? NULL : Unhooked_vectorcall(self, args, nargsf, kwnames);
+    }
     /* An optimized call inside an unhooked region (a disable()d function, a backend
      * compiling) is hooked again for its own duration. */
     /* Inside a torch.compile region, torch.compile is off for the call (as its own
@@ -968,6 +1043,11 @@ static PyMethodDef module_methods[] = {
     {"remove_entry", py_remove_entry, METH_VARARGS,
      "remove_entry(code, check) -> bool: drop the entry whose guard is `check`"},
     {"hook_installed", py_hook_installed, METH_NOARGS, "whether the frame hook is installed"},
+    {"set_own_stance", py_set_own_stance, METH_O,
+     "set_own_stance(n): frametrace's stance for the hook: 0 default (torch's counts), "
+     "1 force_eager, 2 another"},
+    {"force_eager", py_force_eager, METH_NOARGS,
+     "whether optimized calls run as plain CPython now (frametrace's or torch's stance)"},
     {NULL},
 };
 
@@ -985,6 +1065,11 @@ PyInit__C(void)
     }
     if (PyType_Ready(&CacheEntryType) < 0 || PyType_Ready(&UnhookedType) < 0 ||
         PyType_Ready(&HookedType) < 0) {
+        return NULL;
+    }
+    torch_stance_module = PyUnicode_InternFromString("torch._dynamo.eval_frame");
+    torch_stance_name = PyUnicode_InternFromString("_stance");
+    if (torch_stance_module == NULL || torch_stance_name == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module_def);

@@ -831,7 +831,7 @@ def _class_covers(t, classes, tx=None):
     # ABCs' positive caches only grow).
     if tx is not None and not answer and any(
             isinstance(c, abc.ABCMeta) for c in (classes if isinstance(classes, tuple) else (classes,))):
-        tx.guards.abc_registry()
+        tx.guards.abc_registry(t, classes)
     return answer
 
 
