@@ -18,6 +18,8 @@ SCRIPT = textwrap.dedent("""
     formatted = []
     real_diff = frametrace.viewer.plain_diff
     frametrace.viewer.plain_diff = lambda *a: formatted.append(1) or real_diff(*a)
+    real_graph = frametrace.convert.readable_graph
+    frametrace.convert.readable_graph = lambda *a: formatted.append(1) or real_graph(*a)
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -54,7 +56,7 @@ def test_basic_config_info_gets_no_frametrace_lines():
     assert "INFO:user:user line" in lines                 # the program's log works
     ours = [line for line in lines if "frametrace" in line]
     assert ours == [], ours[:20]
-    assert "formatted 0" in lines                          # no bytecode diff was made
+    assert "formatted 0" in lines                  # no bytecode diff or graph text was made
 
 
 def test_basic_config_debug_gets_no_frametrace_lines():
