@@ -211,11 +211,12 @@ def test_checkpoint_region_is_recomputed_in_the_aot_eager_backward():
     assert with_ckpt == 4 and without > with_ckpt
 
 
-def test_checkpoint_over_random_ops_breaks_the_graph():
+def test_checkpoint_over_random_ops_compiles():
+    # (its recompute draws the forward's numbers again: tests/test_model_loops.py)
     from torch.utils.checkpoint import checkpoint
 
     def f(x):
         return checkpoint(lambda a: torch.nn.functional.dropout(a, 0.5).sin(), x,
                           use_reentrant=False) + 1
-    r = check(f, [(torch.randn(8),)])
-    assert any("random" in s for s in r.reasons())
+    r = check(f, [(torch.randn(8),), (torch.randn(8),)])
+    assert r.breaks == 0 and r.graphs == 1, r

@@ -255,3 +255,78 @@ def test_with_lock_held_while_tracing_is_not_traced_through():
     with rlock:
         r = check(f, [torch.randn(2), torch.randn(2)], graphs=None)
     assert not rlock._is_owned()
+
+
+# --------------------------------------------------------------------------- item 9d
+def _grads_equal(a, b):
+    return all((x.grad is None and y.grad is None) or torch.equal(x.grad, y.grad)
+               for x, y in zip(a.parameters(), b.parameters()))
+
+
+class DropoutBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 2)
+
+    def block(self, x):
+        return F.dropout(self.lin(x).relu(), 0.5, training=True) * 3
+
+    def forward(self, x, preserve=True):
+        h = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False,
+                                              preserve_rng_state=preserve)
+        return self.out(h + F.dropout(x, 0.25, training=True))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_checkpoint_over_dropout_recomputes_the_same_mask(backend):
+    # The recompute in the backward must draw the forward's dropout mask again (the
+    # random state preserved), and leave the generator where CPython leaves it.
+    import copy
+    torch.manual_seed(0)
+    eager = DropoutBlock()
+    model = copy.deepcopy(eager)
+    with Recorded(backend) as rec:
+        compiled = frametrace.optimize(model, backend=rec.counter)
+        for i in range(4):
+            x = torch.randn(5, 8, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_(True)
+            torch.manual_seed(i)
+            want = eager(x)
+            want.sum().backward()
+            after = torch.rand(3)
+            torch.manual_seed(i)
+            got = compiled(x2)
+            got.sum().backward()
+            assert torch.equal(want, got) and torch.equal(x.grad, x2.grad)
+            assert _grads_equal(eager, model)
+            assert torch.equal(after, torch.rand(3))
+            eager.zero_grad()
+            model.zero_grad()
+    assert rec.counter.frame_count == 1 and rec.breaks == 0 and rec.fallbacks == 0, rec
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_bert_with_gradient_checkpointing_trains_like_eager(backend):
+    import copy
+    eager = _tiny_bert(hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.2)
+    eager.gradient_checkpointing_enable()
+    eager.train()
+    model = copy.deepcopy(eager)
+    with Recorded(backend) as rec:
+        compiled = frametrace.optimize(model, backend=rec.counter)
+        for i in range(3):
+            ids = torch.randint(0, 100, (2, 8))
+            labels = torch.randint(0, 3, (2,))
+            torch.manual_seed(i)
+            want = eager(input_ids=ids, labels=labels)
+            want.loss.backward()
+            torch.manual_seed(i)
+            got = compiled(input_ids=ids, labels=labels)
+            got.loss.backward()
+            assert torch.equal(want.loss, got.loss) and torch.equal(want.logits, got.logits)
+            assert _grads_equal(eager, model)
+            eager.zero_grad()
+            model.zero_grad()
+    # (the second compile: config.problem_type, set by the first call)
+    assert rec.breaks == 0 and rec.fallbacks == 0 and rec.counter.frame_count == 2, rec

@@ -212,22 +212,36 @@ def _checkpoint(tx, args, kwargs):
         random = mode.used_rng
     finally:
         mode.used_rng = drew or mode.used_rng
-    if random and consts.get("preserve_rng_state", True):
-        # The region is recomputed without restoring the RNG state (backends other
-        # than Inductor do not functionalize it): the backward would see other numbers.
-        unsupported("torch.utils.checkpoint.checkpoint over random ops")
     if not body.leaves:
         # Nothing to recompute; the region's ops are the frame's, inline.
         return fn.call(tx, fn_args, fn_kwargs)
     gm = body.module()
+    examples = _fresh_like(tx, body.output_examples(),
+                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    if random and consts.get("preserve_rng_state", True) and not tx.output.functionalizes:
+        # The higher-order op's eager implementation recomputes without restoring the
+        # random state (torch leaves that to Inductor's RNG functionalization): the
+        # backward would see another dropout mask.  A backend that runs the graph's
+        # ops as traced calls checkpoint itself, as CPython does (the state stashed
+        # before the region, restored for the recompute).  AOTAutograd's partitioners
+        # functionalize the region's random ops (the recompute replays the saved
+        # state): the op itself there.
+        node = tx.output.install_subgraph("checkpoint_body", gm)
+        kwargs = dict(consts, context_fn=context) if context is not None else consts
+        outs = call_hop(tx, checkpoint_keeping_rng, (node, *body.inputs()), examples, kwargs)
+        return body.rebuild(outs)
     if context is not None:
         gm.meta["_checkpoint_context_fn"] = context
     node = tx.output.install_subgraph("checkpoint_body", gm)
-    examples = _fresh_like(tx, body.output_examples(),
-                           [getattr(e, "requires_grad", False) for e in body.output_examples()])
     outs = call_hop(tx, torch.ops.higher_order.tag_activation_checkpoint,
                     (node, *body.inputs()), examples, consts)
     return body.rebuild(outs)
+
+
+def checkpoint_keeping_rng(body, *args, **kwargs):
+    """torch.utils.checkpoint.checkpoint(body, *args) as CPython ran it (non-reentrant,
+    the random state preserved for the recompute): a graph node's target."""
+    return torch.utils.checkpoint.checkpoint(body, *args, use_reentrant=False, **kwargs)
 
 
 # ---------------------------------------------------------------- wrap
