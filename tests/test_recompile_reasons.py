@@ -166,6 +166,11 @@ def test_hf_model_second_identical_call_compiles_nothing(backend, make):
         [(r.code.co_name, r.outcome) for r in own.records]
 
 
+def test_inductor_hf_model_second_identical_call_compiles_nothing():
+    pytest.importorskip("torch._inductor")
+    test_hf_model_second_identical_call_compiles_nothing("inductor", _tiny_gpt2)
+
+
 def test_inductor_function_twice_compiles_once():
     pytest.importorskip("torch._inductor")
 
