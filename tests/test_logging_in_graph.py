@@ -367,3 +367,14 @@ def test_sizes_dtypes_devices_and_symbolic_sizes_as_arguments(backend):
     EVENTS.clear()
     logs_tensor_facts(torch.randn(6, 3), 6)
     assert EVENTS[0][8] == "shape torch.Size([6, 3]) size0 6 n 6 dtype torch.float32 device cpu"
+
+
+def logs_bad_extra(x):
+    y = x + 1
+    log.info("x", extra={"lineno": 3})          # KeyError in makeRecord, at the call
+    return y
+
+
+def test_an_extra_key_that_overwrites_the_record_raises_at_the_call():
+    r = check(logs_bad_extra, [torch.randn(2)] * 2, globals=("EVENTS",), graphs=None)
+    assert r.breaks >= 1 and "extra key" in r.reasons()[0]

@@ -155,6 +155,9 @@ def _immutable(value) -> bool:
     return isinstance(value, _IMMUTABLE) or isinstance(value, enum.Enum)
 
 
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
+
+
 def _const(v, what, name):
     if v is None:
         return None
@@ -215,6 +218,8 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
         from .containers import DictVar
         if not isinstance(extra, DictVar):
             unsupported(f"{what} with extra={extra}")
+        if any(k in ("message", "asctime") or k in _RECORD_ATTRS for k in extra.items):
+            unsupported(f"{what} with an extra key that overwrites a record attribute (KeyError)")
         for v in extra.items.values():
             _replayable(tx, v, what)
     else:
