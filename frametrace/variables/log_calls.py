@@ -215,10 +215,13 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
     for v in (msg, *fargs):
         _replayable(tx, v, what)
     if extra is not None and not (extra.is_const() and extra.as_const() is None):
-        from .containers import DictVar
+        from .containers import DictVar, key_var
         if not isinstance(extra, DictVar):
             unsupported(f"{what} with extra={extra}")
-        if any(k in ("message", "asctime") or k in _RECORD_ATTRS for k in extra.items):
+        keys = [key_var(k) for k in extra.items]
+        if any(not k.is_const() or not isinstance(k.as_const(), str) for k in keys):
+            unsupported(f"{what} with an extra key that is not a string")
+        if any(k.as_const() in ("message", "asctime") or k.as_const() in _RECORD_ATTRS for k in keys):
             unsupported(f"{what} with an extra key that overwrites a record attribute (KeyError)")
         for v in extra.items.values():
             _replayable(tx, v, what)
