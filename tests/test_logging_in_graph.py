@@ -193,7 +193,7 @@ def tensor_argument(x):
 def test_a_tensor_argument_is_left_to_cpython():
     r = check(tensor_argument, [torch.randn(2)], globals=("EVENTS",), graphs=None)
     # (the handler then runs in CPython, and its frame is compiled on its own)
-    assert r.breaks == 1 and "tensor argument" in r.reasons()[0]
+    assert r.breaks >= 1 and "tensor argument" in r.reasons()[0]
 
 
 # ----------------------------------------------------------------------- warnings
@@ -377,4 +377,4 @@ def logs_bad_extra(x):
 
 def test_an_extra_key_that_overwrites_the_record_raises_at_the_call():
     r = check(logs_bad_extra, [torch.randn(2)] * 2, globals=("EVENTS",), graphs=None)
-    assert r.breaks + r.fallbacks >= 1 and "extra key" in r.reasons()[0]
+    assert r.breaks == 1 and r.graphs == 1 and "extra key" in r.reasons()[0]

@@ -356,7 +356,9 @@ class LoggerMethodVar(Var):
         return log_call(tx, self.logger, self.name, args, kwargs)
 
     def reconstruct(self, cg):
-        unsupported(f"the bound method {self} outlives the trace")
+        # (at a break on the call itself: CPython makes it, through the logger)
+        self.logger.reconstruct(cg)
+        cg.load_attr(self.name)
 
     def __repr__(self):
         return f"{self.logger!r}.{self.name}"
