@@ -14,6 +14,8 @@ it is a different program), as in torch.compile.
 from __future__ import annotations
 
 import math
+import sys
+import types
 
 import dataclasses
 import functools
@@ -25,7 +27,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                    StatelessSymbolicContext)
 
-from .source import AttrSource, CallMethodSource, GetItemSource, LocalSource
+from .source import (AttrSource, CallMethodSource, ClosureSource, ConstSource, GetItemSource,
+                     GlobalSource, LocalSource)
 
 
 def mark_dynamic(t: torch.Tensor, dim) -> None:
@@ -329,7 +332,7 @@ class ShapePolicy:
         if value in (0, 1):
             # Specialized, as sizes 0 and 1 are; but seen, so that a counter starting
             # at 0 (a step count) is symbolic from its third value, not its fourth.
-            if self.dynamic is not False and _is_argument(source):
+            if self.dynamic is not False and (_is_argument(source) or _is_outside_state(source)):
                 key = ("int", source.name())
                 self.seen[key] = None if self.seen.get(key, value) != value else value
             return False
@@ -362,8 +365,13 @@ class ShapePolicy:
         return True
 
     def _dynamic_number(self, source, value, kind, automatic_only=False) -> bool:
-        if self.dynamic is False or not _is_argument(source):
+        if self.dynamic is False:
             return False
+        if not _is_argument(source):
+            if not _is_outside_state(source):
+                return False
+            # Not the caller's: symbolic only once it has changed, dynamic=True or not.
+            automatic_only = True
         key = (kind, source.name())
         before = self.seen.get(key, value)
         changed = before is None or before != value
@@ -399,6 +407,40 @@ def _is_argument(source) -> bool:
             return False
         source = source.base
     return isinstance(source, LocalSource)
+
+
+def _is_outside_state(source) -> bool:
+    """Numbers the frame reads from state that outlives the call: globals (of its own
+    module or of a function inlined from another), closure cells, and what is reached
+    from them by attributes, items and container views, and through a weak reference
+    (an LR scheduler holds its optimizer so).  Such a number that changes between calls
+    is state the program updates (a learning rate a scheduler sets, a step counter):
+    automatic dynamic covers it as it does arguments, once it has changed."""
+    while isinstance(source, (GetItemSource, AttrSource, CallMethodSource)):
+        if isinstance(source, AttrSource) and source.attr.startswith("__") and \
+                source.attr not in _CELL_ATTRS:
+            return False
+        if isinstance(source, CallMethodSource) and source.method not in _CONTAINER_VIEWS and \
+                not (source.method == "__call__" and not source.args and source.through is None):
+            return False
+        source = source.base
+    if isinstance(source, (GlobalSource, ClosureSource)):
+        return True
+    return isinstance(source, ConstSource) and (
+        type(source.obj) is types.CellType or
+        (type(source.obj) is dict and _is_module_globals(source.obj)))
+
+
+# A function's closure cells and their contents (`f.__closure__[0].cell_contents`).
+_CELL_ATTRS = frozenset({"__closure__"})
+
+
+def _is_module_globals(d) -> bool:
+    # (a module's dict, or the globals a script or exec() ran in)
+    if "__builtins__" in d and isinstance(d.get("__name__"), str):
+        return True
+    module = sys.modules.get(d.get("__name__")) if isinstance(d.get("__name__"), str) else None
+    return module is not None and getattr(module, "__dict__", None) is d
 
 
 # Views of a container that hold its numbers (an optimizer's per-parameter state, keyed
