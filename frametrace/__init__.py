@@ -17,6 +17,7 @@ from .explain import explain
 from .shapes import mark_dynamic, mark_static
 from .stance import RecompileError, set_stance
 from .viewer import show
+from . import compile_status as _compile_status  # noqa: F401  (the status line's listener)
 
 __version__ = "0.1.0"
 interop.install()

@@ -101,3 +101,10 @@ refresh_abc_token = True
 # (backends/default.py).  False: it runs every graph with the eager backend, as before
 # issue 30, to tell a wrong answer of the kernels from another.
 default_backend_kernels = True
+
+# On a terminal (stderr a tty), a compile that runs longer than `compile_status_after`
+# seconds shows a transient status line: the frame, the phase (tracing, backend compile,
+# autotuning kernel N), the time so far; erased when it ends, never in a pipe or a log
+# (compile_status.py).  A long first call was silent.  False: never shown.
+compile_status = True
+compile_status_after = 2.0

@@ -20,8 +20,10 @@ import torch
 from bytecode import CellVar
 
 from . import _C, cache_limit, config, interop, recompiles, resume, stance
+from . import progress
 from .codegen import CodeGen, GraphSlot, fill_graph_slot
 from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
+from .backends import backend_name
 from .global_state import GlobalState
 from .graph import OutputGraph, written_arg
 from .guards import GuardSet
@@ -372,6 +374,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
     # FakeTensors of the trace: they run when the compiled code runs.
     hooks_were_tracing = _set_saved_tensors_hooks_tracing(True)
     modes_start = compile_started()
+    span = progress.begin("frame", code)
     try:
         try:
             return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
@@ -392,6 +395,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
             (log.info if quiet else log.warning)("frametrace: %s (%s:%d) failed with symbolic sizes (%s); it is "
                         "compiled with static sizes from now on", code.co_name,
                         code.co_filename, code.co_firstlineno, retry.reason)
+            progress.phase("tracing again, with static sizes")
             return _compile_frame(code, func, args, backend, fullgraph, False, entry_grad)
     finally:
         # Also after an interrupt (KeyboardInterrupt mid-trace, in a backend...): modes,
@@ -400,6 +404,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
         _set_saved_tensors_hooks_tracing(hooks_were_tracing)
         release_shape_env_caches()
         forget_real_tensors(modes_start)
+        progress.end(span)
 
 
 def _set_saved_tensors_hooks_tracing(on: bool) -> bool:
@@ -715,6 +720,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     if name is not None:
         # The backend sees the grad mode the graph starts in at run time (AOTAutograd
         # decides between training and inference graphs by it).
+        progress.phase(f"backend compile ({backend_name(backend)})")
         with torch.set_grad_enabled(entry_grad):
             gm, compiled, seconds = output.compile(backend, out_nodes, name)
         record.graph_module = gm

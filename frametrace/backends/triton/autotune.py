@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from ... import progress
 from . import config
 
 # (kernel name, xnumel, rnumel) -> Config
@@ -154,7 +155,11 @@ def pick(name: str, xnumel: int, rnumel: int, configs, run) -> Config:
         if len(configs) == 1 or interpreted() or not torch.cuda.is_available():
             best = configs[0]
         else:
-            best = min(configs, key=lambda c: _time(lambda: run(c)))
+            span = progress.begin("autotune", name)
+            try:
+                best = min(configs, key=lambda c: _time(lambda: run(c)))
+            finally:
+                progress.end(span)
         TUNED[key] = best
     return best
 
