@@ -177,10 +177,14 @@ def appends_around_log(x, out):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_order_with_prints_and_list_appends(backend):
     with contextlib.redirect_stdout(Stdout()):
-        check(appends_around_log, [(torch.randn(2), []), (torch.randn(2), [0])], backend=backend,
-              globals=("EVENTS",), graphs=None)
+        r = check(appends_around_log, [(torch.randn(2), []), (torch.randn(2), [])], backend=backend,
+                  globals=("EVENTS",), graphs=None, fallbacks=0)
         EVENTS.clear()
         appends_around_log(torch.randn(2), [])
+    # at the print, and at the append after a logging call (side_effects.fence), on each
+    # compile (EVENTS grows: its length is guarded)
+    assert r.breaks >= 2 and all(why.startswith("print()") or "after a logging call" in why
+                                 for why in r.reasons()), r
     kinds = [e if isinstance(e, str) else e[0] if e[0] != "log" else e[3] for e in EVENTS]
     assert kinds == ["before", "between", "print", "after print", "after"]
 
