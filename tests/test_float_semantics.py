@@ -281,3 +281,64 @@ def test_floats_from_data_divide_in_the_graph(monkeypatch):
     inputs = [torch.tensor([v], dtype=torch.float64) for v in VALUES]
     r = check_exact(f, inputs)
     assert r.graphs == 1, r
+
+
+# -- a symbol pinned by a guard, and sympy's folds of symbolic floats --
+
+def _pinned_then_zeroed(t, m):
+    s = str(m)              # pins m: its symbol becomes the number seen, guarded
+    z = m * 0
+    signs = (t + z).signbit() if z == z else t + z
+    return signs, s, z, 0 * m, m * False, True * m, m - m, m * 0.0 - m * 0, (m + 1.0) - m, \
+        -(m * 0), m * -0.0, 0.0 / m if m else None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_pinned_float_times_zero_keeps_its_sign(backend, dynamic):
+    # -1.5 * 0 is -0.0: sympy's 0 for the pinned symbol gave 0.0 (and t + 0.0 a
+    # positive zero where CPython's t + -0.0 keeps -0.0)
+    t = torch.tensor([-0.0, 0.0, 1.0])
+    r = check_exact(_pinned_then_zeroed, [Call(t, v) for v in [-1.5, 2.5, -3.0, -1.5, 2.5, -3.0]],
+                    backend, dynamic)
+    # one entry per value, each served again
+    assert r.compiles == 3 and r.breaks == 0 and r.graphs >= 3, r
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_pinned_float_with_nan_inf_and_signed_zeros(dynamic):
+    t = torch.tensor([-0.0, 0.0, 1.0])
+    r = check_exact(_pinned_then_zeroed, [Call(t, v) for v in
+                                          [-2.5, NAN, INF, -INF, -0.0, 0.0, NAN, -0.0, -2.5, INF]],
+                    dynamic=dynamic)
+    assert r.compiles == 6 and r.breaks == 0, r
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_pinned_number_of_mixed_types(dynamic):
+    # 1, True and 1.0 are three entries; -2 * 0 is 0, -2.0 * 0 is -0.0
+    t = torch.tensor([-0.0, 0.0, 1.0])
+    r = check_exact(_pinned_then_zeroed, [Call(t, v) for v in
+                                          [1, True, 1.0, -2, -2.0, False, -2.0, 1, True, 1.0]],
+                    dynamic=dynamic)
+    assert r.compiles == 6 and r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sympy_folds_of_floats_from_sizes(backend):
+    # Floats computed from a symbolic size: -n * 0.0 is -0.0 (sympy: 0), n * 0.0 - n * 0.0
+    # is 0.0; n / n (ints) is exactly 1.0 and stays symbolic.
+    def f(x):
+        n = x.shape[0]
+        return x * 2, -n * 0.0, 0.0 * -n, (-n * 0.0) * 5.0, n / n, n * 0.5
+
+    r = check_exact(f, [(torch.ones(k),) for k in (2, 3, 4, 3, 2)], backend, dynamic=True)
+    # the folds pin the size: one entry per size, each served again
+    assert r.compiles == 3 and r.breaks == 0, r
+
+    def g(x):
+        n = x.shape[0]
+        return x * 2, n / n, n * 0.5, (n * 0.5) == (n * 0.5)
+
+    r = check_exact(g, [(torch.ones(k),) for k in (2, 3, 4, 3, 2)], backend, dynamic=True)
+    assert r.compiles == 1 and r.breaks == 0, r

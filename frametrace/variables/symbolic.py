@@ -14,7 +14,10 @@ its float symbols are even assumed finite), which IEEE 754 does not (NaN, infini
 tensor ops in the graph, which compute as CPython's floats do; a comparison of the
 symbol itself with a finite constant stays a relation (a guard, evaluated by Python on
 the real number); anything else pins the value with a guard, or breaks the graph for a
-float read from data.  In tensor ops (``x * lr``, ``p.add_(g, alpha=-lr)``) a symbolic
+float read from data.  A symbol pinned since (``str(m)`` guards its value) is that plain
+number to every later operation, never sympy's number (``-1.5 * 0`` is 0 to sympy); and
+where sympy folds an operation on floats computed from sizes to a constant (``-n * 0.0``,
+``f - f``), the sizes are pinned and CPython's operator computes it.  In tensor ops (``x * lr``, ``p.add_(g, alpha=-lr)``) a symbolic
 float is a scalar argument, which the kernel uses at run time.
 """
 from __future__ import annotations
@@ -125,7 +128,25 @@ def float_number_op(graph, kind, target, args, kwargs):
     guard; on a float read from data (``t.item()``, a number from a graph break), which
     no guard can pin, it is a graph break."""
     values = (*args, *kwargs.values())
-    if not any(map(_symbolic_float, values)) or not _number_function(kind, target, args):
+    if not any(isinstance(v, SymNodeVar) for v in values) or not _number_function(kind, target, args):
+        return None
+    if any(map(_settled, values)):
+        # A symbol pinned since (``str(m)`` guarded its value): the operation runs on the
+        # plain number, as CPython's (sympy's -1.5 * 0 is 0, CPython's -0.0).
+        args = tuple(map(_unsettle, args))
+        kwargs = {k: _unsettle(v) for k, v in kwargs.items()}
+        values = (*args, *kwargs.values())
+        if not any(isinstance(v, SymNodeVar) for v in values):
+            return graph.call(kind, target, args, kwargs)
+    if not any(map(_symbolic_float, values)):
+        if _sympy_folds_a_float(kind, target, args, kwargs):
+            # sympy decided a float result from symbols (``-s0 * 0.0`` is 0 to it, -0.0 to
+            # CPython; ``f - f`` is 0, nan for an infinite f): no fold is trusted, the
+            # symbols are pinned (a guard each) and CPython's operator runs on the values.
+            def pin_any(v):
+                return ConstVar(plain(v.example)) if isinstance(v, SymNodeVar) else v
+            return graph.call(kind, target, tuple(map(pin_any, args)),
+                              {k: pin_any(v) for k, v in kwargs.items()})
         return None
     from .tensor import TensorVar
     if any(isinstance(v, TensorVar) for v in values):
@@ -164,6 +185,40 @@ def float_number_op(graph, kind, target, args, kwargs):
     if not env.allow_scalar_outputs:
         env.settings = dataclasses.replace(env.settings, allow_scalar_outputs=True)
     return graph.call("call_method", "item", (result,), {})
+
+
+def _settled(v) -> bool:
+    """A SymNodeVar whose symbols have all been pinned by guards: its expression is a
+    number now."""
+    return isinstance(v, SymNodeVar) and isinstance(v.example, SYM_TYPES) and v.example.node.expr.is_number
+
+
+def _unsettle(v):
+    return ConstVar(plain(v.example)) if _settled(v) else v
+
+
+def _sympy_folds_a_float(kind, target, args, kwargs) -> bool:
+    """Whether sympy answers this number operation with a constant although an operand
+    is symbolic, where the result is a float or compares one: sympy's algebra (x * 0 is
+    0, x - x is 0, x == x is True) holds for real numbers, not for IEEE 754's -0.0,
+    infinities and NaN.  Tried on the operands' symbolic values, as the graph would."""
+    values = (*args, *kwargs.values())
+    if not all(isinstance(v, (SymNodeVar, ConstVar)) for v in values):
+        return False
+    examples = [v.example if isinstance(v, SymNodeVar) else v.value for v in args]
+    kw = {k: v.example if isinstance(v, SymNodeVar) else v.value for k, v in kwargs.items()}
+    if not any(isinstance(e, torch.SymFloat) or type(e) is float for e in (*examples, *kw.values())):
+        return False        # ints: exact to sympy too (s0 / s0 is 1.0 for a size)
+    try:
+        out = getattr(examples[0], target)(*examples[1:], **kw) if kind == "call_method" \
+            else target(*examples, **kw)
+    except Exception:
+        return False        # the graph's own call says what happens
+    if isinstance(out, torch.SymFloat):
+        return out.node.expr.is_number
+    if isinstance(out, torch.SymBool):
+        return out.node.expr.is_number
+    return type(out) in (float, bool)
 
 
 # Operations whose float64 tensor op gives what CPython's float operation gives, for
