@@ -108,3 +108,14 @@ default_backend_kernels = True
 # (compile_status.py).  A long first call was silent.  False: never shown.
 compile_status = True
 compile_status_after = 2.0
+
+# Logging calls (`log.info(...)`, `logging.warning(...)`) and `warnings.warn` in traced
+# code are made after the graph, in order with the other replayed effects, instead of
+# breaking it; a call on a logger disabled at trace time is dropped, guarded on
+# isEnabledFor (variables/log_calls.py).  They broke every graph in model code that
+# logs.  False: each such call is a graph break, CPython makes it.
+trace_logging_calls = True
+
+# `assert t, "msg"` on a tensor is a check op in the graph (frametrace::assert_true,
+# variables/asserts.py) instead of a data-dependent break.  False: the break.
+asserts_in_graph = True

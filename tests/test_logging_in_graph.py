@@ -382,3 +382,13 @@ def logs_bad_extra(x):
 def test_an_extra_key_that_overwrites_the_record_raises_at_the_call():
     r = check(logs_bad_extra, [torch.randn(2)] * 2, globals=("EVENTS",), graphs=None)
     assert r.breaks == 1 and r.graphs == 1 and "extra key" in r.reasons()[0]
+
+
+@pytest.mark.parametrize("switch", ["trace_logging_calls", "asserts_in_graph"])
+def test_switches_turn_it_off(monkeypatch, switch):
+    from frametrace import config
+    monkeypatch.setattr(config, switch, False)
+    fn = logs_shape if switch == "trace_logging_calls" else asserts
+    r = check(fn, [torch.randn(4), bad()] if fn is asserts else [torch.randn(4)] * 2,
+              globals=("EVENTS",), graphs=None)
+    assert r.breaks >= 1, r

@@ -36,6 +36,7 @@ import warnings
 
 import torch
 
+from .. import config
 from .base import Var, unsupported
 from .constant import ConstVar
 
@@ -176,6 +177,8 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
     """``logger.<method>(...)`` (or ``logging.<method>(...)`` with `module_fn`)."""
     logger = logging.root if module_fn else logger_var.value
     what = f"logging.{method}()" if module_fn else f"{type(logger).__name__}.{method}()"
+    if not config.trace_logging_calls:
+        unsupported(f"calling {what} (config.trace_logging_calls is off)")
     args = list(args)
     if method == "log":
         if not args:
@@ -234,6 +237,8 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
 
 def warn_call(tx, args, kwargs):
     """``warnings.warn(message, category=None, stacklevel=1, source=None)``."""
+    if not config.trace_logging_calls:
+        unsupported("calling warnings.warn (config.trace_logging_calls is off)")
     params = ("message", "category", "stacklevel", "source")
     if len(args) > len(params):
         return None
