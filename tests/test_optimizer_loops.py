@@ -329,6 +329,21 @@ def test_optimizer_wherever_it_lives(where, backend):
     assert counter.frame_count <= 6, (counter.frame_count, per_step)
 
 
+# The scheduler stepped inside the compiled function: its own counters (last_epoch,
+# _step_count) are ints that change every step, its cosine a float computed from them,
+# and the new lr a float64 computation on the old one (exact as CPython's).  (Its
+# restart branch, at last_epoch == T_max + 1, would be one more entry: past the loop.)
+INSIDE = COSINE.replace("T_max=7", "T_max=40").replace("    sched.step()\n    return loss\n", "    return loss\n").replace(
+    "    opt.step()\n    return loss.detach()", "    opt.step()\n    sched.step()\n    return loss.detach()")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scheduler_stepped_inside_the_compiled_function(backend):
+    assert "sched.step()\n    return loss.detach()" in INSIDE
+    per_step, counter, _ = run_loop(INSIDE, steps=40, backend=backend)
+    assert counter.frame_count <= 6, (counter.frame_count, per_step)
+
+
 # The mechanism is not the optimizer's: any float (or int) read from a global, a
 # closure cell or what they hold is a constant until it changes, then a graph input.
 SCALE = 0.5

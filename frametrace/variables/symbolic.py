@@ -289,8 +289,10 @@ _CONVERSIONS = frozenset({torch.sym_int, math.floor, math.ceil, math.trunc})
 
 def _exact_as_double(v) -> bool:
     """A float, or a bool or int a double holds exactly (CPython compares a float with
-    an int exactly, and converts it exactly within 2**53)."""
-    if _symbolic_float(v):
+    an int exactly, and converts it exactly within 2**53).  A float the graph computes
+    from sizes (``math.cos(math.pi * epoch / T)`` in an LR scheduler, an int that became
+    symbolic) is a double at run time too, computed by CPython's own operations."""
+    if _symbolic_float(v) or isinstance(v, SymNodeVar) and isinstance(v.example, torch.SymFloat):
         return True
     if isinstance(v, ConstVar):
         return type(v.value) is float or type(v.value) in (bool, int) and abs(v.value) <= 2 ** 53
