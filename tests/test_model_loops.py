@@ -330,3 +330,50 @@ def test_bert_with_gradient_checkpointing_trains_like_eager(backend):
             model.zero_grad()
     # (the second compile: config.problem_type, set by the first call)
     assert rec.breaks == 0 and rec.fallbacks == 0 and rec.counter.frame_count == 2, rec
+
+
+# --------------------------------------------------------------------------- item 9b
+class Tagger(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        out, (h, c) = self.lstm(x)
+        return self.head(out[:, -1]) + h[-1].sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_lstm_over_six_batch_sizes_compiles_at_most_twice(backend, caplog):
+    # Dynamic after the second batch size; on a backend that re-traces the graph the
+    # fused LSTM op is left to CPython (AOTAutograd's fake kernel for it does not
+    # match the real one: every call's graph raised and the frame ran again in
+    # CPython), the rest compiled.
+    import copy
+    import logging
+    import time
+    frametrace.optimize(lambda x: x + 1, backend=backend)(torch.randn(3))   # (imports)
+    torch.manual_seed(0)
+    eager = Tagger()
+    model = copy.deepcopy(eager)
+    caplog.set_level(logging.INFO, logger="frametrace")
+    start = time.perf_counter()
+    with Recorded(backend) as rec:
+        compiled = frametrace.optimize(model, backend=rec.counter)
+        for b in (4, 8, 12, 16, 20, 24):
+            x = torch.randn(b, 5, 8)
+            want = eager(x)
+            got = compiled(x)
+            assert _close(want, got)
+            want.square().sum().backward()
+            got.square().sum().backward()
+            assert all(torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+                       for p, q in zip(eager.parameters(), model.parameters()))
+    elapsed = time.perf_counter() - start
+    per_code = {}
+    for r in rec.records:
+        per_code[r.code] = per_code.get(r.code, 0) + 1
+    assert per_code and max(per_code.values()) <= 2 and rec.fallbacks == 0, rec
+    assert not [m for m in caplog.messages if "the compiled graph of" in m], caplog.messages
+    assert elapsed < 30, elapsed        # (about 1 s on an idle machine)

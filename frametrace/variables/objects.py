@@ -575,6 +575,14 @@ class TorchFnVar(ObjectVar):
                 return made
         if fn in _GLOBAL_STATE_READERS:
             return _read_global_state(tx, fn)
+        if tx.output.functionalizes and any(fn is op for op in _RNN_OPS):
+            # AOTAutograd's fake kernels for the fused RNN ops do not match the real
+            # ones (mkldnn_rnn_layer gives a tensor where the kernel gives none: its
+            # saved-tensor check fails on every call, after the compile).  Left to
+            # CPython, as torch.compile leaves RNN modules (allow_rnn=False); the
+            # eager backend runs them as traced.
+            unsupported(f"torch.{fn.__name__} (a fused RNN op) on a backend that re-traces the graph",
+                        hint="the eager backend compiles it")
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
         if not args and not kwargs and _is_state_reader(fn) and _is_flag(fn()):
@@ -594,6 +602,10 @@ class TorchFnVar(ObjectVar):
             # Computed from nothing but torch's global state, which nothing guards.
             unsupported(f"torch.{getattr(fn, '__name__', fn)}() returned a constant")
         return out
+
+
+_RNN_OPS = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu,
+            torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu)
 
 
 def _read_global_state(tx, fn):
