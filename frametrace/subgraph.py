@@ -374,10 +374,12 @@ class StateSnapshot:
             out = []
             for cls in type(obj).__mro__:
                 for slot in cls.__dict__.get("__slots__", ()):
-                    if slot in ("source", "node", "example", "_lazy") or \
+                    if slot in ("source", "node", "example", "_lazy", "_key_vars") or \
                             (slot == "value" and isinstance(obj, ValueVar)):
                         # immutable facts, or a real object; a lazy dict's pending
-                        # items (its `items`, read here, wraps them all)
+                        # items (its `items`, read here, wraps them all); which object
+                        # each of a dict's keys is (filled in as its items are read:
+                        # a key the body adds changes `items` too)
                         continue
                     out.append(getattr(obj, slot, _MISSING))
             out.extend(getattr(obj, "__dict__", {}).values())
