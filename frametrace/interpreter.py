@@ -646,8 +646,10 @@ class InstructionTranslator:
 
     def BUILD_MAP(self, inst):
         flat = self.popn(2 * inst.arg)
-        keys, values = flat[0::2], flat[1::2]
-        self.push(DictVar({_dict_key(k): v for k, v in zip(keys, values)}))
+        d = DictVar({})
+        for k, v in zip(flat[0::2], flat[1::2]):
+            d.store_key(k, v)
+        self.push(d)
 
     def BUILD_CONST_KEY_MAP(self, inst):
         keys = self.pop().as_const()
@@ -703,7 +705,7 @@ class InstructionTranslator:
         key = self.pop()
         target = self.stack[-inst.arg]
         target._mutating(self)
-        target.items[_dict_key(key)] = value
+        target.store_key(key, value)
 
     def CALL_INTRINSIC_1(self, inst):  # 3.12
         name = inst.argrepr

@@ -282,7 +282,7 @@ def _new_contents(cg, var):
         cg.build(list, len(var.items))
     elif isinstance(var, DictVar):
         for k, v in var.items.items():
-            emit_key(cg, k)
+            emit_key(cg, k, var)      # (the very key objects: see _replace_contents)
             v.reconstruct(cg)
         cg.build(dict, len(var.items))
     else:
@@ -302,13 +302,31 @@ def _replace_contents(container, new):
     # __setitem__ ran while tracing and must not run again.
     if isinstance(container, list):
         list.__setitem__(container, slice(None), new)
-    elif isinstance(container, OrderedDict):
-        OrderedDict.clear(container)
-        for k, v in new.items():
-            OrderedDict.__setitem__(container, k, v)
+    elif isinstance(container, dict):
+        _replace_items(container, new, OrderedDict if isinstance(container, OrderedDict) else dict)
     elif isinstance(container, collections.deque):
         container.clear()
         container.extend(new)
     else:
         dict.clear(container)
         dict.update(container, new)
+
+
+def _replace_items(container, new, cls):
+    """The dict `container` made to hold `new`'s items, whose keys are the very objects
+    CPython's dict would hold.  In place where the keys it keeps are those objects, in
+    its order, and the new ones come after them: the key objects stay, and an iterator
+    over the dict (a loop the frame broke out of at a graph break) still runs, as it
+    would after CPython's writes; else cleared and filled."""
+    old = list(cls.__iter__(container))
+    kept = [k for k in old if k in new]
+    order = list(new)
+    if all(a is b for a, b in zip(kept, order)) and \
+            not any(k in container for k in order[len(kept):]):
+        for k in old:
+            if k not in new:
+                cls.__delitem__(container, k)
+    else:
+        cls.clear(container)
+    for k, v in new.items():
+        cls.__setitem__(container, k, v)

@@ -281,10 +281,12 @@ class DictIteratorVar(LazyIteratorVar):
     """iter(a dict) or iter(d.keys() / .values() / .items()): live, as CPython's.  A
     graph break hands over the dict and the number of items taken; the resume function
     makes the iterator anew and advances it."""
-    __slots__ = ("dict", "view", "pos", "size")
+    __slots__ = ("dict", "view", "pos", "size", "after_writes")
 
     def __init__(self, d: DictVar, view: str, tx):
         self.dict, self.view, self.pos, self.size = d, view, 0, len(d.items)
+        # Made after the trace changed the dict: at run time, after its writes too.
+        self.after_writes = d.source is not None and tx.side_effects.container_mutated(d)
         item = DictViewVar(d, view).item
         super().__init__(self._pull(live_keys(d, tx, item)), _DICT_ITER_TYPES[view])
 
@@ -300,6 +302,31 @@ class DictIteratorVar(LazyIteratorVar):
 
     def handover(self):
         return f"d:{self.view}", TupleVar([self.dict, ConstVar(self.pos)])
+
+    def reconstruct(self, cg):
+        if not self.after_writes:
+            return super().reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
+        # (a local or the value returned, made before the dict's writes are replayed;
+        # a stack value is made by the resume function, after them)
+        cg.call_const(_dict_iterator_after_writes, [
+            lambda cg: cg.load_const(self.view), self.dict.reconstruct,
+            lambda cg: cg.load_const(self.pos), lambda cg: cg.load_const(self.size)])
+        cg.keep_rebuilt(self)
+
+
+def _dict_iterator_after_writes(view, d, pos, size):
+    """A dict's iterator that the frame holds at a break or returns, made by its first
+    next(): the writes the trace made to the dict before iter() are replayed after the
+    values handed over are made (an iterator made then would see the dict change size).
+    As CPython's, it raises if the dict's size is not what it was at iter()."""
+    if len(d) != size:
+        raise RuntimeError("dictionary changed size during iteration")
+    it = iter(d if view == "keys" else getattr(d, view)())
+    for _ in range(pos):
+        next(it)
+    yield from it
 
 
 _DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),

@@ -1,12 +1,13 @@
 """Tuples, lists, dicts and iterators of traced values."""
 from __future__ import annotations
 
+import collections
 import operator
 import weakref
 
 import torch
 
-from ..source import GetItemSource
+from ..source import CallMethodSource, GetItemSource
 from .base import CollectionVar, Var, unsupported
 from .constant import ConstVar
 
@@ -66,11 +67,13 @@ class _SequenceVar(CollectionVar):
         unsupported(f"{self.kind.__name__}.{name}")
 
     def reconstruct(self, cg):
+        # A list or tuple from outside is the same object (a list's contents are written
+        # back; `q is k` of a tuple argument and a key read back is CPython's answer
+        # only on the very objects).
+        if self.source is not None:
+            return self.source.reconstruct(cg)
         if self.kind is list:
-            # A list from outside is the same object (its contents are written back);
-            # a new one is built once, however many places refer to it.
-            if self.source is not None:
-                return self.source.reconstruct(cg)
+            # A new list is built once, however many places refer to it.
             if cg.load_rebuilt(self):
                 return
         for v in self.items:
@@ -298,12 +301,68 @@ class DictVar(CollectionVar):
     (d[k], d.get(k), k in d) is wrapped and guarded alone (present with its value, or
     absent); the first use of the whole dict (`items`: len, iteration, a write, ...)
     wraps the rest and guards its keys."""
-    __slots__ = ("_lazy",)
+    __slots__ = ("_lazy", "_key_vars")
 
     def __init__(self, items: dict, source=None):
         self._lazy = None
         super().__init__(source)
         self.items = dict(items)
+        if source is not None:
+            self._identities()["entry"] = list(self.items)  # (the outside dict's, in order)
+
+    # Which object each key is.  The items are keyed by plain values, so a key read back
+    # (iteration, keys(), popitem) would be a constant, rebuilt as the traced object
+    # (LOAD_CONST): `k is q` at a break, or a key handed back, would be another object
+    # than CPython's.  A key the dict had when read from outside is reloaded from it
+    # (its position: the guards keep the keys and their order); a key the trace put in
+    # is the Var it came from.  {id(key object): (key object, Var)}, and "entry": the
+    # keys of the dict from outside, in its order.
+    def _identities(self) -> dict:
+        try:
+            return self._key_vars
+        except AttributeError:
+            self._key_vars = {}
+            return self._key_vars
+
+    def key_var(self, k):
+        """The Var of key `k`, an object among `self.items`' keys."""
+        known = self._identities()
+        got = known.get(id(k))
+        if got is not None and got[0] is k:
+            return got[1]
+        entry = known.get("entry")
+        if entry is not None and self.source is not None and not _one_object_per_value(k):
+            if "index" not in known:
+                known["index"] = {id(e): (i, e) for i, e in enumerate(entry)}
+                known["keys"] = CallMethodSource(self.source, "keys", as_list=True, through=_dict_keys)
+            at = known["index"].get(id(k))
+            if at is not None and at[1] is k:
+                var = KeyConstVar(k, GetItemSource(known["keys"], at[0]))
+                known[id(k)] = (k, var)
+                return var
+        return key_var(k)
+
+    def store_key(self, key: Var, value: Var):
+        """``d[key] = value``: a new key is the object `key` stands for (an existing
+        one keeps its object, as CPython's dicts do)."""
+        k = _dict_key(key)
+        if k not in self.items:
+            self._note_key(k, key)
+        self.items[k] = value
+
+    def _note_key(self, k, var):
+        if not isinstance(k, VarKey) and not _one_object_per_value(k):
+            self._identities()[id(k)] = (k, var)
+
+    def _copy_identities(self, other):
+        """Keys that `other` (a DictVar) shares with this dict are its objects."""
+        mine = self._identities()
+        own = {id(k): k for k in self.items}
+        for k in other.items:
+            if own.get(id(k)) is k and id(k) not in mine:
+                var = other.key_var(k)
+                if not (type(var) is ConstVar and var.source is None):
+                    mine[id(k)] = (k, var)
 
     @classmethod
     def lazy(cls, tx, value: dict, source):
@@ -340,6 +399,7 @@ class DictVar(CollectionVar):
             tx.guards.dict_keys(self.source, value)
             _ITEMS.__set__(self, {k: got[k] if k in got else self._wrap_item(tx, k, v)
                                   for k, v in value.items()})
+            self._identities()["entry"] = list(value)
         return _ITEMS.__get__(self)
 
     @items.setter
@@ -396,7 +456,7 @@ class DictVar(CollectionVar):
         return {k: v.as_const() for k, v in self.items.items()}
 
     def unpack(self, tx):
-        return [key_var(k) for k in self.items]
+        return [self.key_var(k) for k in self.items]
 
     def getitem(self, tx, key):
         got = self.lookup(_dict_key(key), _ABSENT)
@@ -406,10 +466,9 @@ class DictVar(CollectionVar):
         raise_builtin(KeyError, key.as_const())
 
     def setitem(self, tx, key, value):
-        k = _dict_key(key)
         if self.source is not None:
             tx.side_effects.mutate_container(self, self)
-        self.items[k] = value
+        self.store_key(key, value)
 
     def _mutating(self, tx):
         if self.source is not None:
@@ -436,7 +495,7 @@ class DictVar(CollectionVar):
             key = _dict_key(args[0])
             if key not in self.items:
                 self._mutating(tx)
-                self.items[key] = args[1] if len(args) == 2 else ConstVar(None)
+                self.store_key(args[0], args[1] if len(args) == 2 else ConstVar(None))
             return self.items[key]
         if name == "update" and len(args) <= 1:
             self._mutating(tx)
@@ -444,20 +503,26 @@ class DictVar(CollectionVar):
                 other = args[0]
                 if isinstance(other, DictVar):
                     self.items.update(other.items)
+                    self._copy_identities(other)
                 else:
                     for pair in other.unpack(tx):
                         k, v = pair.unpack(tx)
-                        self.items[_dict_key(k)] = v
+                        self.store_key(k, v)
             self.items.update(kwargs)
             return ConstVar(None)
         if name == "copy" and not args:
-            return DictVar(self.items)
+            new = DictVar(self.items)
+            new._copy_identities(self)
+            return new
         if name in ("__or__", "__ror__") and len(args) == 1:
             other = args[0]
             if not isinstance(other, DictVar) or _is_set(other):
                 unsupported(f"dict | {other} (NotImplemented)")
             first, second = (self, other) if name == "__or__" else (other, self)
-            return self.copy_with({**first.items, **second.items})
+            new = self.copy_with({**first.items, **second.items})
+            new._copy_identities(first)
+            new._copy_identities(second)
+            return new
         if name == "__ior__" and len(args) == 1:
             type(self).call_method(self, tx, "update", args, {})
             return self
@@ -490,7 +555,7 @@ class DictVar(CollectionVar):
     def emit_items(self, cg):
         """Push a new plain dict of the items."""
         for k, v in self.items.items():
-            emit_key(cg, k)
+            emit_key(cg, k, self)
             v.reconstruct(cg)
         cg.build(dict, len(self.items))
 
@@ -515,10 +580,10 @@ class DictViewVar(Var):
 
     def item(self, d, k):
         if self.kind == "keys":
-            return key_var(k)
+            return d.key_var(k)
         if self.kind == "values":
             return d.items[k]
-        return TupleVar([key_var(k), d.items[k]])
+        return TupleVar([d.key_var(k), d.items[k]])
 
     def iter_items(self, tx):
         return live_keys(self.dict, tx, self.item)
@@ -632,11 +697,42 @@ def key_var(k):
     return k.var if isinstance(k, VarKey) else ConstVar(k)
 
 
-def emit_key(cg, k):
+def emit_key(cg, k, d=None):
+    """Push key `k` of DictVar `d`: the object it is (see DictVar.key_var)."""
     if isinstance(k, VarKey):
         k.var.reconstruct(cg)
+    elif d is not None:
+        d.key_var(k).reconstruct(cg)
     else:
         cg.load_const(k)
+
+
+class KeyConstVar(ConstVar):
+    """A key of a dict from outside, read back: reloaded from the dict (its source),
+    so that it is the object the dict holds, not the one traced."""
+    __slots__ = ()
+
+    def reconstruct(self, cg):
+        # The dict's keys listed once for all the keys this code reloads (a dict
+        # written back reloads every key).
+        keys = self.source.base
+        if not cg.load_rebuilt(keys):
+            keys.reconstruct(cg)
+            cg.keep_rebuilt(keys)
+        cg.load_const(self.source.index)
+        cg.subscr()
+
+
+def _dict_keys(d):
+    # (the builtin's keys, in the order the guards checked: no keys() of a subclass runs)
+    return collections.OrderedDict.keys(d) if isinstance(d, collections.OrderedDict) else dict.keys(d)
+
+
+def _one_object_per_value(k) -> bool:
+    """Keys whose identity follows from their type and value (guarded by both)."""
+    import enum
+    return k is None or type(k) in (bool, type(Ellipsis), type(NotImplemented), torch.dtype) or \
+        isinstance(k, enum.Enum)
 
 
 def has_var_keys(items: dict) -> bool:
@@ -707,7 +803,7 @@ def live_items(seq: _SequenceVar, tx):
         i += 1
 
 
-def live_keys(d: DictVar, tx, view=lambda d, k: key_var(k)):
+def live_keys(d: DictVar, tx, view=lambda d, k: d.key_var(k)):
     """The keys (or `view` of each key) of a dict as its iterator sees them: a change of
     its size while the loop runs is CPython's RuntimeError, which the trace cannot give
     (the frame runs in CPython, which raises it).  The size is taken now, as iter()

@@ -471,7 +471,7 @@ class OrderedDictVar(DictVar):
             _mutating(self, tx)
             last = const_key(args[0] if args else kwargs.get("last", ConstVar(True)))
             key = list(self.items)[-1 if last else 0]
-            return TupleVar([key_var(key), self.items.pop(key)])
+            return TupleVar([self.key_var(key), self.items.pop(key)])
         if name == "copy" and not args:
             return OrderedDictVar(self.items)
         return super().call_method(tx, name, args, kwargs)
@@ -511,7 +511,7 @@ class DefaultDictVar(DictVar):
             if _is_none_var(self.factory):
                 unsupported(f"missing key {k!r} (KeyError)")
             _mutating(self, tx)
-            self.items[k] = self.factory.call(tx, [], {})
+            self.store_key(key, self.factory.call(tx, [], {}))
         return self.items[k]
 
     def getattr(self, tx, name):
