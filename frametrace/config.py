@@ -119,3 +119,10 @@ trace_logging_calls = True
 # `assert t, "msg"` on a tensor is a check op in the graph (frametrace::assert_true,
 # variables/asserts.py) instead of a data-dependent break.  False: the break.
 asserts_in_graph = True
+
+# At a graph break on a call (``t.item()``), the rest of the statement that only formats
+# and calls print/round/str/format/... on what it returned runs in CPython with it
+# (resume.statement_rest): `print(round(t.mean().item(), 3))` was three breaks (item,
+# round, print), each resume function breaking again at once on data.  False: the break
+# runs its call only and the resume function starts right after it.
+break_runs_statement_rest = True

@@ -494,6 +494,95 @@ def cells_to_store(tracer) -> list[str]:
             if c.value is not None and type(c.value) is not _Lazy and n in tracer.code.co_cellvars]
 
 
+# What the rest of a statement may do in CPython right after its break (see
+# `statement_rest`): load constants and locals, format, and call these builtins.
+_REST_CALLEES = (print, round, str, repr, format, float, int, abs, bool)
+_REST_OPS = frozenset({"LOAD_CONST", "LOAD_FAST", "PUSH_NULL", "PRECALL", "CALL", "KW_NAMES",
+                       "FORMAT_VALUE", "BUILD_STRING", "BUILD_TUPLE", "POP_TOP"})
+
+
+class _Rest:
+    """The instructions after a break that run in CPython with it (`offsets`), the lower
+    stack slots they leave untouched (`depth`), the values they leave above those
+    (`produced`) and where the resume function starts (`next_offset`)."""
+    __slots__ = ("offsets", "depth", "produced", "next_offset")
+
+
+def statement_rest(tracer, inst, plan: _BreakPlan):
+    """The rest of the breaking statement that runs in CPython after the breaking call,
+    or None.  A value the break computed in CPython (``t.item()``) is data to the trace:
+    where the statement goes on to call print(), round(), str(), format() ... on it, the
+    resume function would break again at once, one break per call, with an empty graph
+    in between (``print(round(t.mean().item(), 3))`` was three breaks).  Those calls run
+    here instead, with the break's own call: as far as they only load constants and
+    locals, format, and call those builtins (found on the stack at the break, as the
+    trace guarded them: no other code runs), on the break's line, outside any try or
+    with block; the resume function starts after the last such call (or at the next
+    statement).  config.break_runs_statement_rest = False: the break runs its call only."""
+    from . import config
+    from .variables.base import NULL
+    from .variables.builtins import BuiltinVar
+    if PY312 or inst.opname != "CALL" or not config.break_runs_statement_rest or \
+            inst.positions is None or inst.positions.lineno is None:
+        return None
+    new, new_null = object(), object()
+    stack = list(plan.lower) + [new]
+    low = len(plan.lower)
+    best, offsets = None, []
+
+    def pop(n):
+        nonlocal low
+        del stack[len(stack) - n:]
+        low = min(low, len(stack))
+
+    for i in tracer.instructions[tracer.index_of[inst.offset] + 1:]:
+        name = i.opname
+        if name not in _REST_OPS or i.positions is None or \
+                i.positions.lineno != inst.positions.lineno or \
+                exception_cover(tracer.code, i.offset)[0] is not None:
+            break
+        if name in ("LOAD_CONST", "LOAD_FAST"):
+            stack.append(new)
+        elif name == "PUSH_NULL":
+            stack.append(new_null)
+        elif name == "CALL":
+            if len(stack) < i.arg + 2:
+                break
+            head, fn = stack[-i.arg - 2], stack[-i.arg - 1]
+            if not (head is NULL or head is new_null) or not isinstance(fn, BuiltinVar) or \
+                    not any(fn.value is f for f in _REST_CALLEES):
+                break
+            pop(i.arg + 2)
+            stack.append(new)
+        elif name == "FORMAT_VALUE":
+            k = 2 if i.arg & 0x04 else 1
+            if len(stack) < k:
+                break
+            pop(k)
+            stack.append(new)
+        elif name in ("BUILD_STRING", "BUILD_TUPLE"):
+            if len(stack) < i.arg:
+                break
+            pop(i.arg)
+            stack.append(new)
+        elif name == "POP_TOP":
+            pop(1)
+        offsets.append(i.offset)
+        if name in ("CALL", "POP_TOP"):
+            best = (list(offsets), low, len(stack) - low, i.offset)
+        if name == "POP_TOP":
+            break                          # (the statement's end)
+    if best is None or not any(tracer.instructions[tracer.index_of[o]].opname == "CALL"
+                               for o in best[0]):
+        return None
+    rest = _Rest()
+    rest.offsets, rest.depth, rest.produced, last = best
+    if any(plan.layout[k] not in ("v", "n") for k in range(rest.depth, len(plan.lower))):
+        return None
+    rest.next_offset = tracer.instructions[tracer.index_of[last] + 1].offset
+    return rest
+
+
 def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
     """After the graph call and side effects: set grad mode as the trace had it, store
     the changed locals, push the stack as the original frame has it before `inst`, run
@@ -536,6 +625,14 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
         handler = Label()
         try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
         cg.instrs.append(try_begin)
+    rest = statement_rest(tracer, inst, plan) if cover is None else None
+    if rest is not None:
+        # (below the call's operands: what the rest of the statement calls, with)
+        for i in range(rest.depth, len(plan.lower)):
+            if plan.lower[i] is NULL:
+                cg.emit("PUSH_NULL")
+            else:
+                cg.emit("LOAD_FAST", plan.temps[("lower", i)])
     callee = (1 if plan.top[0] is NULL else 0) if inst.opname in ("CALL", "CALL_FUNCTION_EX") else None
     for i, v in enumerate(plan.top):
         if v is NULL:
@@ -559,6 +656,10 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
         cg.jump_if(original.name, jump_label)
     else:
         cg.emit(original.name, original.arg)
+    for offset in rest.offsets if rest is not None else ():
+        done = by_offset[offset]
+        cg.location = done.location
+        cg.emit(done.name) if done.name == "POP_TOP" else cg.emit(done.name, done.arg)
     cg.location = None
     if protect:
         after = Label()
@@ -640,6 +741,9 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
             return
         cg.instrs.append(after_catch)
     elif inst.opname == "RAISE_VARARGS":
+        return
+    if rest is not None:
+        continue_at(rest.next_offset, rest.produced, depth=rest.depth)
         return
     index = tracer.index_of[inst.offset]
     next_offset = tracer.instructions[index + 1].offset

@@ -155,3 +155,110 @@ def test_guard_failure_names_the_fact():
         logs.clear()
     logged = stream.getvalue()
     assert "grad mode: on" in logged and "is True" not in logged, logged
+
+
+# --------------------------------------------------------------------------- one break
+def mean_printed(x):
+    h = x.relu() + 0.25
+    print(round(h.mean().item(), 3))
+    return h * 2
+
+
+def loss_logged(x, step):
+    loss = (x * x).sum()
+    print(f"step {step} loss {loss.item():.4f}", flush=True)
+    return loss + 1
+
+
+def rounded_scale(x):
+    s = round(x.sum().item(), 2) * x        # the rest stops at the product: traced again
+    return s + 1
+
+
+def rounded_badly(x):
+    print(round(x.sum().item(), "2"))       # TypeError from round(), at this line
+    return x
+
+
+def two_values(x):
+    print(x.sum().item(), x.mean().item())
+    return x - 1
+
+
+def _pairs(capsys):
+    lines = capsys.readouterr().out.splitlines()
+    # each call prints in CPython, then compiled: the same lines
+    assert lines and len(lines) % 2 == 0 and lines[0::2] == lines[1::2], lines
+    return lines[0::2]
+
+
+def _inputs(n=5):
+    return [torch.randn(6) * (i + 1) for i in range(n)]
+
+
+def test_round_of_item_printed_is_one_break(capsys):
+    frametrace.reset()
+    r = check(mean_printed, _inputs(), graphs=2, breaks=1, compiles=2)   # no recompile in 5
+    assert "Tensor.item() needs the tensor's data" in r.reasons()[0]
+    printed = _pairs(capsys)
+    assert len(printed) == 5 and len(set(printed)) == 5       # every call's own value
+
+
+def test_formatted_log_line_is_one_break(capsys):
+    frametrace.reset()
+    # (one step number: an int formatted in the trace is guarded by value)
+    check(loss_logged, [(x, 7) for x in _inputs()], breaks=1, compiles=2)
+    printed = _pairs(capsys)
+    assert len(printed) == 5 and all(l.startswith("step 7 loss ") for l in printed)
+
+
+def test_rest_stops_where_the_trace_can_go_on():
+    frametrace.reset()
+    r = check(rounded_scale, _inputs(), graphs=2, breaks=1, compiles=2)
+    assert r.graphs == 2                                  # the product is traced after it
+
+
+def test_rest_raises_as_cpython_does(capsys):
+    frametrace.reset()
+    check(rounded_badly, _inputs(2), breaks=1)               # TypeError both sides
+    assert capsys.readouterr().out == ""
+
+
+def test_two_items_in_a_statement_are_two_breaks(capsys):
+    frametrace.reset()
+    check(two_values, _inputs(3), breaks=2)               # was three: print broke again
+    assert len(_pairs(capsys)) == 3
+
+
+def test_shadowed_builtin_is_not_run_as_the_rest(capsys):
+    calls = []
+
+    def round(value, digits):                             # noqa: A001 (the user's round)
+        calls.append(value)
+        return -1.0
+
+    def f(x):
+        print(round(x.sum().item(), 3))
+        return x + 1
+    frametrace.reset()
+    check(f, _inputs(3))
+    assert _pairs(capsys) == ["-1.0"] * 3 and len(calls) == 6
+
+
+def test_inside_try_the_break_runs_its_call_only(capsys):
+    def f(x):
+        try:
+            print(round(x.sum().item(), 3))
+        except TypeError:
+            return x
+        return x + 1
+    frametrace.reset()
+    check(f, _inputs(3))
+    assert len(_pairs(capsys)) == 3
+
+
+def test_switch_off_gives_the_breaks_back(monkeypatch, capsys):
+    monkeypatch.setattr(frametrace.config, "break_runs_statement_rest", False)
+    frametrace.reset()
+    check(mean_printed, _inputs(3), graphs=2, breaks=3)
+    assert len(_pairs(capsys)) == 3
