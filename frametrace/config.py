@@ -109,6 +109,14 @@ default_backend_kernels = True
 compile_status = True
 compile_status_after = 2.0
 
+# aot_eager hands AOTAutograd a graph with symbolic float inputs (an lr or a beta that
+# changed between calls) with AOTAutograd's float-to-tensor rewrite off, so that the
+# floats reach the ops as Python floats, as in eager: where that rewrite cannot handle
+# an op (SGD's `add_(g, alpha=-lr)`, Adam's `lerp_` with `1 - beta1`) it would ask for
+# the float as a constant, a recompile at every new value (backends/aot_eager.py).
+# False: the rewrite runs, as under torch.compile.
+aot_eager_keeps_python_floats = True
+
 # Logging calls (`log.info(...)`, `logging.warning(...)`) and `warnings.warn` in traced
 # code are made after the graph, in order with the other replayed effects, instead of
 # breaking it; a call on a logger disabled at trace time is dropped, guarded on

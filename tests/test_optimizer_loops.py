@@ -94,13 +94,10 @@ def run_loop(src, steps=40, backend="eager", compiled=("train_step",), warmup=2,
 
 BACKENDS = ["eager", "aot_eager"]
 
-# On aot_eager, a float that reaches an op AOTAutograd's float pass cannot rewrite as
-# tensor arithmetic (SGD's `add_(grad, alpha=-lr)`, Adam's `lerp_(grad, 1 - beta1)` and
-# `beta1 ** step`) makes AOTAutograd ask for it as a constant: it recompiles per value,
-# as under torch.compile.  Values stay right (past the cache limit the step runs in
-# CPython); the counts do not hold yet.
-_AOT_CONSTANT_FLOAT = pytest.mark.xfail(strict=True, reason="aot_eager specialises a float its "
-                                        "float pass cannot rewrite (recompiles per value)")
+# On aot_eager, floats that reach ops AOTAutograd's float-to-tensor rewrite cannot
+# handle (SGD's `add_(grad, alpha=-lr)`, Adam's `lerp_(grad, 1 - beta1)` and `beta1 **
+# step`) stay Python floats (config.aot_eager_keeps_python_floats); with the rewrite
+# AOTAutograd asks for them as constants and every value recompiles.
 
 # A global optimizer and scheduler; the whole step (forward, backward, step) compiled,
 # the scheduler stepped after it, outside (issue 30's report).
@@ -185,7 +182,7 @@ def loop(i):
 '''
 
 
-@pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=_AOT_CONSTANT_FLOAT)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_one_cycle_on_adam_cycles_lr_and_betas(backend):
     per_step, counter, _ = run_loop(ONECYCLE, steps=40, backend=backend)
     assert counter.frame_count <= 3, (counter.frame_count, per_step)
@@ -210,7 +207,7 @@ def loop(i):
 '''
 
 
-@pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=_AOT_CONSTANT_FLOAT)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_lr_set_by_hand_on_a_global_sgd(backend):
     run_loop(BY_HAND, steps=30, backend=backend, exact=True)
 
@@ -446,3 +443,41 @@ def test_global_int_counter_written_in_the_frame_becomes_symbolic():
     r = check(_count_and_scale, [Call(x)] * 12, globals=("COUNTER",), rtol=0, atol=0)
     # 0 and 1 are specialised, as sizes are; symbolic from the third value.
     assert r.graphs <= 3 and r.fallbacks == 0, r
+
+
+def _scaled_sin(x, w):
+    return (x * w * SCALE).sin() + SCALE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_symbolic_float_in_forward_and_backward(backend):
+    from differential import Then, check_grads
+    x, w = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    calls = [Then(_set(SCALE=0.5 + i / 9), x, w) for i in range(8)]
+    r = check_grads(_scaled_sin, calls, backend=backend, rtol=0, atol=0)
+    assert r.graphs == 2 and r.fallbacks == 0, r
+
+
+def test_aot_eager_with_the_float_rewrite_still_gives_eager_values(monkeypatch):
+    # The switch off: AOTAutograd's rewrite asks for the lr as a constant, which
+    # recompiles per value (and past the cache limit runs in CPython); never a wrong value.
+    monkeypatch.setattr(frametrace.config, "aot_eager_keeps_python_floats", False)
+    with pytest.raises(AssertionError, match="cache limit|recompiled"):
+        run_loop(BY_HAND, steps=14, backend="aot_eager", exact=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cosine_schedule_with_a_tensor_lr(backend):
+    # A tensor lr is a graph input from the first step; the scheduler fills it in place.
+    src = COSINE.replace("torch.optim.AdamW(model.parameters(), lr=0.05)",
+                         "torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.05), foreach=False)")
+    per_step, counter, _ = run_loop(src, steps=30, backend=backend)
+    assert counter.frame_count <= 4 and sum(per_step[2:]) == 0, (counter.frame_count, per_step)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_cycle_on_sgd_cycles_lr_and_momentum(backend):
+    src = ONECYCLE.replace("torch.optim.Adam(model.parameters(), lr=0.01)",
+                           "torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-3)")
+    per_step, counter, _ = run_loop(src, steps=40, backend=backend, exact=True)
+    assert counter.frame_count <= 3, (counter.frame_count, per_step)

@@ -1,5 +1,6 @@
 """`aot_eager`: AOTAutograd traces the joint forward/backward graph and splits it; both
 halves run eagerly.  Gradients through the compiled function match eager's."""
+import threading
 import warnings
 
 from .. import config
@@ -18,9 +19,10 @@ def aot_eager(gm, example_inputs):
     # that `import frametrace` should not pay.
     from torch._functorch.aot_autograd import aot_module_simplified
     try:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
-                                     bw_compiler=_boxed_forward,
-                                     keep_inference_input_mutations=True)
+        with _python_floats_kept(example_inputs):
+            return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
+                                         bw_compiler=_boxed_forward,
+                                         keep_inference_input_mutations=True)
     except Exception as e:
         if type(e).__name__ == "TensorifyScalarRestartAnalysis":
             raise       # a float to specialise: frametrace compiles again (convert.py)
@@ -32,6 +34,47 @@ def aot_eager(gm, example_inputs):
                       "ops, functionalized (frametrace.config.aot_eager_functionalized_fallback)",
                       stacklevel=2)
         return fallback
+
+
+class _python_floats_kept:
+    """While AOTAutograd compiles, for aot_eager, a graph with a symbolic float input (a
+    learning rate or a beta that changed between calls): its pass that rewrites
+    Python-float arithmetic as float64 tensor ops is off, in this thread.  The pass is
+    for code generators that cannot take a float argument; where it cannot rewrite an
+    op (`add_(g, alpha=-lr)`, `lerp_(g, 1 - beta1)`, `beta1 ** step`) it asks for the
+    float as a constant, and every new value recompiles (SGD under any schedule, Adam
+    under OneCycleLR).  aot_eager's graphs run their ATen ops as they are: the float
+    reaches each op as the Python float eager passes.  torch offers no switch but its
+    pass module's own predicate (cached for the process, read from the environment),
+    which is replaced for the call (`config.aot_eager_keeps_python_floats`)."""
+
+    def __init__(self, example_inputs):
+        import torch
+        self.active = config.aot_eager_keeps_python_floats and \
+            any(isinstance(x, torch.SymFloat) for x in example_inputs)
+        self.installed = None
+
+    def __enter__(self):
+        if not self.active:
+            return
+        try:
+            from torch.fx.passes import _tensorify_python_scalars as pass_module
+            original = pass_module._is_tensorify_enabled
+        except (ImportError, AttributeError):
+            return          # (another torch: its own behaviour, a restart per value at worst)
+        thread = threading.get_ident()
+
+        def enabled():
+            return False if threading.get_ident() == thread else original()
+        pass_module._is_tensorify_enabled = enabled
+        self.installed = (pass_module, original, enabled)
+
+    def __exit__(self, *exc):
+        if self.installed is not None:
+            pass_module, original, enabled = self.installed
+            if pass_module._is_tensorify_enabled is enabled:
+                pass_module._is_tensorify_enabled = original
+        return False
 
 
 def _functionalized(gm, example_inputs):
