@@ -58,6 +58,10 @@ class SubgraphOutput(OutputGraph):
         self.lifted: list[Var] = []             # parent-level Vars of lifted placeholders
         self._lifted_by_node = {}               # parent node -> Var in this graph
         self._outer_of = {}                     # placeholder -> parent-level Var
+        # torch.func.functional_call's tensors, while its module's call is speculated:
+        # {(id(module), name): (module, Var)} read instead of the module's own, and the
+        # ids of the parameters and buffers they replace (read any other way: refused).
+        self.reparametrized = getattr(parent, "reparametrized", None)
 
     def __getattr__(self, name):
         # Only reached for attributes not set above: the frame-wide state.
@@ -95,6 +99,9 @@ class SubgraphOutput(OutputGraph):
     def add_input(self, value, source):
         # A frame input first read in the body: an input of the frame's graph (lifted
         # where used), so that Vars cached for outside objects stay outer Vars.
+        if self.reparametrized is not None and id(value) in self.reparametrized[1]:
+            unsupported("torch.func.functional_call's module reads a tensor it replaces "
+                        "other than as its module's attribute")
         return self.parent.add_input(value, source)
 
     def add_number_input(self, value, source, data=False):
@@ -201,7 +208,8 @@ class Subgraph:
 
 def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
               allow_input_mutation: bool = False, allow_aliasing: bool = False,
-              finish: bool = True, single_output: bool = False) -> Subgraph:
+              finish: bool = True, single_output: bool = False,
+              reparametrized=None) -> Subgraph:
     """Trace `fn(*args, **kwargs)` into a new graph (see the module docstring).  `what`
     names the body in refusals ("torch.cond true_fn").  With ``finish=False`` the
     graph gets no output node yet (the caller adds outputs of its own first; then
@@ -212,6 +220,8 @@ def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
     from .variables.exceptions import TracedRaise
     outer = tx.output
     sub = SubgraphOutput(outer)
+    if reparametrized is not None:
+        sub.reparametrized = reparametrized
     inner_args = [sub.add_arg(a) for a in args]
     inner_kwargs = {k: sub.add_arg(v) for k, v in (kwargs or {}).items()}
     before = StateSnapshot(tx, [fn, *args, *(kwargs or {}).values()])

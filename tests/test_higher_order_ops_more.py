@@ -237,19 +237,20 @@ def test_functional_call_uses_the_given_parameters_and_the_module_s_for_the_rest
 
 
 def test_functional_call_with_mismatched_shapes_breaks_the_graph():
+    # Traced with the given tensors: the shape error is CPython's, raised there.
     def f(params, x):
         return torch.func.functional_call(_SEQ, params, x * 1)
     bad = {"0.weight": torch.nn.Parameter(torch.randn(3, 3)), "0.bias": torch.nn.Parameter(torch.randn(5))}
     r = check(f, [(bad, torch.randn(4, 3))])
-    assert r.breaks >= 1 and any("differs from the module's" in s for s in r.reasons())
+    assert r.breaks >= 1
 
 
-def test_functional_call_with_plain_tensors_for_parameters_breaks_the_graph():
-    # The module's code would see a Tensor where the trace saw its Parameter.
+def test_functional_call_with_plain_tensors_for_parameters_compiles():
+    # The module's code sees the given Tensors, as CPython's call swaps them in.
     def f(params, x):
         return torch.func.functional_call(_SEQ, params, x * 1)
-    r = check(f, [(_params(cls=lambda t: t.requires_grad_()), torch.randn(4, 3))])
-    assert r.breaks >= 1 and any("Parameter" in s for s in r.reasons())
+    r = check(f, [(_params(cls=lambda t: t.requires_grad_()), torch.randn(4, 3)) for _ in range(2)])
+    assert r.breaks == 0 and r.graphs == 1, r
 
 
 def test_wrap_passes_only_the_inputs_its_body_reads():

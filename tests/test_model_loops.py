@@ -377,3 +377,63 @@ def test_lstm_over_six_batch_sizes_compiles_at_most_twice(backend, caplog):
     assert per_code and max(per_code.values()) <= 2 and rec.fallbacks == 0, rec
     assert not [m for m in caplog.messages if "the compiled graph of" in m], caplog.messages
     assert elapsed < 30, elapsed        # (about 1 s on an idle machine)
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Linear(6, 6)
+        self.dec = torch.nn.Linear(6, 6)
+        self.dec.weight = self.enc.weight
+        self.norm = torch.nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        return self.dec(self.norm(self.enc(x)).relu())
+
+
+class ReadsParameters(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * sum(p.sum() for p in self.parameters())
+
+
+def test_functional_call_with_other_tensors_compiles_without_a_break():
+    # CPython swaps the given tensors into the module for the call: detached ones,
+    # computed ones (requires_grad through another graph), other shapes, a tied weight
+    # given once, a buffer: the module's code sees them, the graph computes with them.
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    tied = Tied().eval()
+
+    def detached(x):
+        params = {k: v.detach() * 2 for k, v in lin.named_parameters()}
+        return torch.func.functional_call(lin, params, (x,))
+
+    def computed(x, w, b):
+        return torch.func.functional_call(lin, {"weight": w * 0.5, "bias": b}, (x,))
+
+    def tied_and_buffer(x, w, mean):
+        return torch.func.functional_call(tied, {"enc.weight": w, "norm.running_mean": mean}, x)
+
+    r = check(detached, [torch.randn(3, 8), torch.randn(3, 8), torch.randn(3, 8)])
+    assert r.breaks == 0 and r.graphs == 1, r
+    from differential import check_grads
+    r = check_grads(computed, [(torch.randn(3, 8), torch.randn(4, 8, requires_grad=True),
+                                torch.randn(4, requires_grad=True)) for _ in range(3)])
+    assert r.breaks == 0 and r.graphs == 1, r
+    r = check(tied_and_buffer, [(torch.randn(5, 6), torch.randn(6, 6), torch.randn(6)) for _ in range(3)])
+    assert r.breaks == 0 and r.graphs == 1, r
+
+
+def test_functional_call_module_reading_its_parameters_otherwise_breaks():
+    # Read through self.parameters(), the replaced tensors would be the module's own
+    # in the trace: refused (CPython runs the call), the values right.
+    m = ReadsParameters()
+
+    def f(x):
+        return torch.func.functional_call(m, {k: v + 1 for k, v in m.named_parameters()}, (x,))
+
+    check(f, [torch.randn(2, 4), torch.randn(2, 4)], graphs=None)

@@ -346,31 +346,33 @@ def _functional_call(tx, args, kwargs):
     m = module.module
     named = dict(m.named_parameters(remove_duplicate=False))
     named.update(m.named_buffers(remove_duplicate=False))
-    by_id = {}
+    given = {}                  # id(replaced tensor) -> the Var given for it
     for name, v in tensors.items.items():
         real = named.get(name)
         if real is None or not isinstance(v, TensorVar):
             unsupported(f"torch.func.functional_call: {name!r} is not a tensor for a "
                         f"parameter or buffer of the module")
-        ex = v.example
-        if (ex.shape, ex.dtype, ex.device, ex.stride(), ex.requires_grad) != \
-                (real.shape, real.dtype, real.device, real.stride(), real.requires_grad):
-            unsupported(f"torch.func.functional_call: {name!r} differs from the module's in "
-                        f"shape, dtype, device, strides or requires_grad")
-        if v.python_type() is not type(real):
-            # The module's code saw its own Parameter (isinstance checks included).
-            unsupported(f"torch.func.functional_call: {name!r} is a {v.python_type().__name__} "
-                        f"for a {type(real).__name__}")
-        if by_id.setdefault(id(real), v) is not v:
+        if given.setdefault(id(real), v) is not v:
             unsupported("torch.func.functional_call given two tensors for one tied parameter")
-    body = speculate(tx, module, fn_args, "the module given to torch.func.functional_call",
-                     fn_kwargs, allow_aliasing=True)
+    # The module reads the given tensors where it reads its own, as CPython's call
+    # does (each swapped into its module's _parameters/_buffers for the call; a tied
+    # one under every name): traced with their own metadata, types and values.
     instead = {}
+    for name, real in named.items():
+        if id(real) in given:
+            owner_path, _, leaf = name.rpartition(".")
+            owner = m.get_submodule(owner_path) if owner_path else m
+            instead[(id(owner), leaf)] = (owner, given[id(real)])
+    replaced = {id(real): real for real in named.values() if id(real) in given}
+    body = speculate(tx, module, fn_args, "the module given to torch.func.functional_call",
+                     fn_kwargs, allow_aliasing=True, reparametrized=(instead, replaced))
     for v in body.output.lifted:
         graph_input = tx.output.input_of(v)
-        if graph_input is not None and id(graph_input.value) in by_id:
-            instead[id(v)] = by_id[id(graph_input.value)]
-    return _emit_wrap(tx, body, [instead.get(id(v), v) for v in body.inputs()], instead)
+        if graph_input is not None and id(graph_input.value) in replaced and \
+                graph_input.value is replaced[id(graph_input.value)]:
+            unsupported("torch.func.functional_call's module reads a tensor it replaces "
+                        "other than as its module's attribute")
+    return _emit_wrap(tx, body, body.inputs())
 
 
 

@@ -55,6 +55,11 @@ class NNModuleVar(Var):
         for store in ("_parameters", "_buffers", "_modules"):
             table = d.get(store)
             if table is not None and name in table:
+                instead = getattr(tx.output, "reparametrized", None)
+                if instead is not None and store != "_modules":
+                    got = instead[0].get((id(m), name))
+                    if got is not None and got[0] is m:
+                        return got[1]       # (torch.func.functional_call's tensor)
                 return wrap(tx, table[name], self._child_source(store, name))
         source = AttrSource(self.source, name) if self.source is not None else None
         if name in d:
