@@ -639,8 +639,8 @@ class GuardSet:
         `stale` says so, and the caller installs nothing."""
         import abc
         guard = self.guards.get((None, "ABC registry"))
-        if guard is None:
-            return
+        if guard is None or self._abc_answers is None:
+            return              # (answers given up by an earlier compile(): keep the token)
         token = abc.get_cache_token()
         if guard.spec[0][3] == token:
             return
@@ -672,7 +672,7 @@ class GuardSet:
         """The check for the C hook: the guards that have a C form (`Guard.spec`) as a
         program for guards.c, the others as one Python function it calls after them."""
         self._refresh_abc_token()
-        self._abc_answers = []      # (the classes are needed no longer)
+        self._abc_answers = None    # (the classes are needed no longer)
         code = self.code
         nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
             bool(code.co_flags & 0x08)
