@@ -437,3 +437,24 @@ def test_functional_call_module_reading_its_parameters_otherwise_breaks():
         return torch.func.functional_call(m, {k: v + 1 for k, v in m.named_parameters()}, (x,))
 
     check(f, [torch.randn(2, 4), torch.randn(2, 4)], graphs=None)
+
+
+class GivesWeightBack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, x):
+        return x @ self.weight.t(), self.weight, self.weight.t()
+
+
+def test_functional_call_returning_the_given_tensor_and_a_view_of_it():
+    m = GivesWeightBack()
+
+    def f(x, w):
+        y, same, view = torch.func.functional_call(m, {"weight": w}, (x,))
+        view.mul_(2)                    # writes w, as in CPython
+        return y, same is w, same, view
+
+    r = check(f, [(torch.randn(2, 4), torch.randn(3, 4)) for _ in range(3)])
+    assert r.breaks == 0, r

@@ -255,10 +255,8 @@ def _wrap(tx, args, kwargs):
     return _emit_wrap(tx, body, body.inputs())
 
 
-def _emit_wrap(tx, body, inputs, instead=None):
-    """The `wrap` node calling `body` on `inputs` (outer Vars, one per placeholder);
-    `instead` maps a placeholder's outer Var to the one passed in its place."""
-    instead = instead or {}
+def _emit_wrap(tx, body, inputs):
+    """The `wrap` node calling `body` on `inputs` (outer Vars, one per placeholder)."""
     # wrap calls fn as is: a tensor fn returns unchanged is the very object passed in
     # (the outer Var), and a view of one is a view of it: its example is the body's own
     # FakeTensor, which shares the outer tensor's storage (so the frame's trace sees
@@ -267,8 +265,6 @@ def _emit_wrap(tx, body, inputs, instead=None):
     same = [outer_of.get(leaf.node) if leaf.node.op == "placeholder" else None
             for leaf in body.leaves]
     views = {id(v) for v in body.output.aliased_outputs(body.leaves)}
-    if instead and views - {id(leaf) for leaf, s in zip(body.leaves, same) if s is not None}:
-        unsupported("torch.func.functional_call's module returns a view of an input tensor")
     # Inputs the body never reads are not passed (torch.compile passes none).
     placeholders = [p for p in body.graph.nodes if p.op == "placeholder"]
     inputs = [v for p, v in zip(placeholders, inputs) if p.users]
@@ -280,7 +276,6 @@ def _emit_wrap(tx, body, inputs, instead=None):
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
     examples = [leaf.example if id(leaf) in views else ex for leaf, ex in zip(body.leaves, examples)]
     outs = call_hop(tx, wrap_op, (node, *inputs), examples)
-    same = [instead.get(id(s), s) if s is not None else None for s in same]
     return body.rebuild([s if s is not None else o for s, o in zip(same, outs)])
 
 
