@@ -65,8 +65,11 @@ def main(argv=None) -> int:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
-    except Exception:
-        traceback.print_exc()
+    except Exception as e:
+        # The script's own error, as Python would print it: from its frames on (this
+        # function's frame, which ran it, is none of the user's business).
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        traceback.print_exception(type(e), e, tb)
         status = 1
     finally:
         sys.argv = saved_argv

@@ -468,9 +468,15 @@ def show_records(records, *, fn_name=None, color=None, file=None, width=None) ->
         for part in frame_renderables(code, seen, notes, **_layout(console)):
             console.print(part)
         shown += 1
+        listed = set()
         for r in (r for c, rs in by_code.values() if c is code or _resumes(c, code) for r in rs):
             if r.outcome == "compiled" or not r.reason:
                 continue
+            where = r.user_stack[-1] if r.user_stack else None
+            key = (r.code.co_qualname, r.reason, where and (where.filename, where.lineno))
+            if key in listed:
+                continue                 # (the same break compiled again: explain(), a recompile)
+            listed.add(key)
             heading = "graph break" if r.outcome == "break" else "runs in CPython"
             console.print(break_text(f"{heading} in {r.code.co_qualname}", r.reason, r.user_stack,
                                      r.hint))

@@ -207,3 +207,19 @@ def test_first_screen_in_a_real_terminal(tmp_path, columns):
         assert any("rerun guard" in l for l in lines)
     finally:
         _tmux("kill-session", "-t", session)
+
+
+def test_script_error_shows_the_users_frames_only(tmp_path):
+    source = SCRIPT + "raise RuntimeError('late')\n"
+    out = _diff(tmp_path, "--no-color", source=source)
+    assert out.returncode == 1 and "RuntimeError: late" in out.stderr
+    assert "__main__.py" not in out.stderr and "script.py" in out.stderr
+    assert "transformed: step" in out.stdout
+
+
+def test_each_break_listed_once(tmp_path):
+    # explain() in the script compiles the frame again: the same break, listed once
+    source = SCRIPT + "frametrace.explain(step)(torch.ones(2))\n"
+    out = _diff(tmp_path, "--fn", "step", "--no-color", source=source)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("graph break in step:") == 1
