@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import operator
 import threading
 import time
@@ -1081,6 +1082,10 @@ def _to_node_arg(v):
     if isinstance(v, SliceVar):
         return slice(*(_to_node_arg(p) for p in v.parts))
     if isinstance(v, ConstVar):
+        if type(v.value) is float and v.value != v.value and math.copysign(1.0, v.value) < 0:
+            # (inf * 0 is such a NaN in CPython): the graph's code writes every NaN as
+            # `nan`, which has no sign, and signbit()/copysign() read it
+            unsupported("a NaN with its sign bit set as a constant of a torch operation")
         return v.value
     if isinstance(v, (TupleVar, ListVar)):
         items = [_to_node_arg(x) for x in v.items]
