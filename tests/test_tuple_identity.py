@@ -172,3 +172,25 @@ def test_ordered_dict_keys():
              Call(collections.OrderedDict([(c, 1), (a, 2)]), b, _t()),
              Call(collections.OrderedDict([(b, 1), (c, 2)]), b, _t())]
     check(f, calls, graphs=None)
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def hands_back(nt, q, t):
+    return t + 1, nt, q, (nt, q)
+
+
+def _identities(f):
+    def run(nt, q, t):
+        out = f(nt, q, t)
+        return out[0], out[1] is nt, out[2] is q, out[3][0] is nt, out[3][1] is q
+    return run
+
+
+def test_tuples_from_outside_are_handed_back_as_themselves():
+    # A tuple or namedtuple argument returned was rebuilt: equal, another object
+    calls = [Call(Pair(1, "".join("x")), (1, "".join("y")), _t()) for _ in range(3)]
+    r = check(_identities(hands_back), calls,
+              compiled=lambda counter: _identities(frametrace.optimize(backend=counter)(hands_back)))
+    assert r.graphs == 1 and r.breaks == 0 and r.compiles == 1, r

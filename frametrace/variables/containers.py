@@ -195,9 +195,9 @@ class NamedTupleVar(TupleVar):
         return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg):
-        if self.cls is None:
-            return super().reconstruct(cg)
-        if not self.cls.__dictoffset__ or self.source is not None:
+        if self.cls is None or self.source is not None:
+            return super().reconstruct(cg)     # (one from outside: that very object)
+        if not self.cls.__dictoffset__:
             return self._construct(cg)
         if cg.load_rebuilt(self):
             return
