@@ -87,13 +87,13 @@ rerun_skips_effects_after_every_op = True
 # aot_eager raises BackendCompilerFailed for it, as torch.compile's does.
 aot_eager_functionalized_fallback = True
 
-# An entry that relies on an ABC's isinstance/issubclass answer guards CPython's ABC
-# token, which any register() bumps, and the compile itself bumps it (torch's modules
-# imported lazily while the backend compiles register classes with ABCs): the guard
-# failed on the very next, identical call.  When the check is built the answers are
-# asked again and, where they still hold, today's token is guarded (guards.py,
-# GuardSet._refresh_abc_token).  False: the token read while tracing is guarded, to
-# tell a wrong answer of the refresh from another.
+# An entry that relies on an ABC's isinstance/issubclass answer used to guard CPython's
+# ABC token, which any register() bumps: a backend compile (torch's lazily imported
+# modules register classes with ABCs), another frame's compile or a library's first use
+# failed the guard of every entry so made.  The guard keeps the answers instead and asks
+# them again when the token moved (guards.py, _AbcAnswers); where they still hold it
+# holds.  False: the token read while tracing is guarded, to tell a wrong answer of the
+# revalidation from another.
 refresh_abc_token = True
 
 # The default backend (optimize() without backend=) compiles graphs on CUDA tensors with

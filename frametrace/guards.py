@@ -26,6 +26,7 @@ through the type's cache, a dict lookup) over scanning containers.
 """
 from __future__ import annotations
 
+import abc
 import enum
 import logging
 import math
@@ -613,48 +614,53 @@ class GuardSet:
         """A False answer of ``issubclass(cls, classes)`` (some of them ABCs) holds until
         some ABC's register() (which CPython's ABC caches notice by this token).
 
-        The token is any registration's, anywhere: compiling the frame itself bumps it
-        (torch's lazily imported modules register their classes with ABCs while the
-        backend compiles), which would fail the guard on the very next call.  So the
-        answers are kept, and `_refresh_abc_token` asks them again when the check is
-        built: where they still hold, the token guarded is the one at that moment."""
-        import abc
-        self._abc_answers.append((cls, classes))
-        if (None, "ABC registry") not in self.guards:
-            self._abc_token_guard(abc.get_cache_token())
+        The token is any registration's, anywhere: compiling this frame or another one
+        bumps it (torch's lazily imported modules register their classes with ABCs while a
+        backend compiles), and so does a library registering its own classes on first use.
+        Guarding the token alone recompiled every entry after any of those.  So the guard
+        keeps the answers (`_AbcAnswers`): while the token is the one it saw, it holds at
+        the cost of one call; when the token moved, it asks the answers again and, where
+        they are all still False, holds and remembers the new token."""
+        answers = self.guards.get((None, "ABC registry"))
+        if answers is None or not config.refresh_abc_token:
+            self._abc_answers.append((cls, classes))
+            if answers is None:
+                self._abc_token_guard()
+            return
+        answers.spec[0][2].add(cls, classes)
 
-    def _abc_token_guard(self, token):
+    def _abc_token_guard(self):
         import abc
-        # (Assigned in place: a refreshed guard keeps its position among the others.)
+        token = abc.get_cache_token()
+        if not config.refresh_abc_token:
+            self.guards[(None, "ABC registry")] = Guard(
+                None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
+                f"abc.get_cache_token() == {token!r}",
+                spec=one_check(None, "CALL_EQ", abc.get_cache_token, token))
+            return
+        answers = _AbcAnswers(token)
+        for cls, classes in self._abc_answers:
+            answers.add(cls, classes)
+        self._abc_answers = []
         self.guards[(None, "ABC registry")] = Guard(
-            None, "ABC registry", f"{self.const(abc.get_cache_token)}() == {token!r}",
-            f"abc.get_cache_token() == {token!r}",
-            spec=one_check(None, "CALL_EQ", abc.get_cache_token, token))
+            None, "ABC registry", f"{self.const(answers)}() is True",
+            "ABC answers: no register() made a class the trace saw a subclass of an ABC",
+            spec=one_check(None, "CALL_IS", answers, True))
 
     def _refresh_abc_token(self):
-        """After the trace (and the backend compile) changed the ABC token: the token
-        guarded becomes today's if every ABC answer the trace relied on is still what it
-        was (so the guard means "no registration since these answers were true", as
-        before); where one changed, the trace is wrong for the program as it is now:
-        `stale` says so, and the caller installs nothing."""
-        import abc
+        """Once the check is built, after the trace and the backend compile: an ABC
+        answer the trace relied on that changed meanwhile (a module imported while
+        compiling registered a class) makes the trace wrong for the program as it is
+        now: `stale` says so, and the caller installs nothing."""
         guard = self.guards.get((None, "ABC registry"))
-        if guard is None or self._abc_answers is None:
-            return              # (answers given up by an earlier compile(): keep the token)
-        token = abc.get_cache_token()
-        if guard.spec[0][3] == token:
+        if guard is None or guard.spec[0][1] != "CALL_IS":
             return
-        try:
-            still = all(not issubclass(cls, classes) for cls, classes in self._abc_answers)
-        except Exception:
-            still = False
-        if not still:
+        if guard.spec[0][2]() is not True:
             self.stale = True
-        elif config.refresh_abc_token:
-            self._abc_token_guard(token)
 
     def grad_mode(self, enabled: bool):
-        self.global_state("grad_mode", torch.is_grad_enabled, enabled)
+        self.global_state("grad_mode", torch.is_grad_enabled, enabled,
+                          text=f"grad mode: {'on' if enabled else 'off'}")
 
     def _on_death(self, _ref):
         try:
@@ -672,7 +678,6 @@ class GuardSet:
         """The check for the C hook: the guards that have a C form (`Guard.spec`) as a
         program for guards.c, the others as one Python function it calls after them."""
         self._refresh_abc_token()
-        self._abc_answers = None    # (the classes are needed no longer)
         code = self.code
         nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
             bool(code.co_flags & 0x08)
@@ -799,6 +804,51 @@ class GuardCheck(_C.GuardCheck):
         if src is None:
             src = self.__dict__["_source"] = _python_source(self.params, self.guards)
         return src
+
+
+class _AbcAnswers:
+    """The negative issubclass answers an entry rests on, asked again only when CPython's
+    ABC token has moved since they were last true (registrations only add subclasses, so
+    these answers are all the trace can lose).  A class that died fails the guard."""
+    __slots__ = ("token", "answers", "__weakref__")
+
+    def __init__(self, token):
+        self.token = token
+        self.answers: list = []
+
+    def add(self, cls, classes):
+        self.answers.append((weakref.ref(cls), classes))
+
+    def changed(self):
+        """The first answer that no longer holds, as text, or None."""
+        for ref, classes in self.answers:
+            cls = ref()
+            if cls is None:
+                return "a class the trace saw died"
+            try:
+                if issubclass(cls, classes):
+                    return f"issubclass({cls.__qualname__}, {_class_names(classes)}) is now True"
+            except Exception as e:
+                return f"issubclass({cls.__qualname__}, {_class_names(classes)}) raised {type(e).__name__}"
+        return None
+
+    def __call__(self):
+        token = _abc_token()
+        if token == self.token:
+            return True
+        if self.changed() is not None:
+            return False
+        self.token = token
+        return True
+
+
+_abc_token = abc.get_cache_token
+
+
+def _class_names(classes):
+    if isinstance(classes, tuple):
+        return "(" + ", ".join(getattr(c, "__qualname__", repr(c)) for c in classes) + ")"
+    return getattr(classes, "__qualname__", repr(classes))
 
 
 def one_check(source, op, a=None, b=None, n=0):
@@ -1105,6 +1155,8 @@ def _in_words(g, env) -> str | None:
     if g.source is None and spec is not None and op in ("CALL_IS", "CALL_EQ"):
         reader, was = spec[2], spec[3]
         name = getattr(reader, "__qualname__", "")
+        if isinstance(reader, _AbcAnswers):
+            return f"an ABC's register() changed an answer the trace relied on: {reader.changed()}"
         if name == "get_cache_token":
             return (f"abc.get_cache_token(): {was} → {reader()} (an ABC's register() ran "
                     f"since the trace: isinstance answers may differ)")

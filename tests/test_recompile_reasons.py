@@ -87,6 +87,39 @@ def test_without_the_refresh_the_token_guard_fails_on_the_next_call(monkeypatch)
     assert r.compiles == 3 and own.failed_own == 3, r     # every call compiles again
 
 
+def test_a_registration_after_the_compile_that_changes_no_answer_does_not_recompile():
+    # Another frame's compile, or a library's first use, registers classes the entry
+    # never asked about: the entry's answers still hold, so it still holds.
+    def f(x, d):
+        if isinstance(d, collections.abc.Mapping):
+            return x + 1
+        return (x * d[0]).sin()
+
+    def other(x):
+        return x.cos()
+
+    x = torch.randn(4)
+    r = check(f, [(x, [2.0]),
+                  Then(lambda: _Reason.register(type("Fresh", (), {})), x, [2.0]),
+                  Then(lambda: frametrace.optimize(backend=registering("eager"))(other)(x), x, [2.0]),
+                  (x, [2.0])])
+    # (compiles counts `other`'s too; graphs only f's)
+    assert r.compiles == 2 and r.graphs == 1, r
+
+
+def test_without_revalidation_a_registration_after_the_compile_recompiles(monkeypatch):
+    monkeypatch.setattr(frametrace.config, "refresh_abc_token", False)
+
+    def f(x, d):
+        if isinstance(d, collections.abc.Mapping):
+            return x + 1
+        return (x * d[0]).sin()
+
+    x = torch.randn(4)
+    r = check(f, [(x, [2.0]), Then(lambda: _Reason.register(type("Fresh", (), {})), x, [2.0])])
+    assert r.compiles == 2, r
+
+
 class Point:
     def __init__(self, v):
         self.v = v
