@@ -104,6 +104,17 @@ def _frametrace_helper(inst) -> str | None:
     return getattr(value, "__name__", None) if module.startswith("frametrace") else None
 
 
+def _users_code(inst) -> bool:
+    """Whether an instruction loads something of the user's (a global, a function that
+    is not frametrace's: a resume function where the user's handler goes on): a handler
+    that does is shown, not folded."""
+    if inst.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"):
+        return True
+    value = inst.argval if inst.opname == "LOAD_CONST" else None
+    return isinstance(value, types.FunctionType) and \
+        not (getattr(value, "__module__", None) or "").startswith("frametrace")
+
+
 def _fold_text(run) -> str:
     helpers = {_frametrace_helper(i) for i in run}
     if "graph_errors_rerun" in helpers:
@@ -161,7 +172,8 @@ def _inserted_handler(instrs, reached, normal, i) -> int:
     j = i
     while j < len(instrs) and reached[j] and not normal[j]:
         j += 1
-    if j == i or not any(_frametrace_helper(inst) for inst in instrs[i:j]):
+    if j == i or not any(_frametrace_helper(inst) for inst in instrs[i:j]) or \
+            any(_users_code(inst) for inst in instrs[i:j]):
         return 0
     if start < i and (j >= len(instrs) or instrs[start].argval != instrs[j].offset):
         start = i            # (a jump elsewhere stays a row of its own)

@@ -223,3 +223,24 @@ def test_each_break_listed_once(tmp_path):
     out = _diff(tmp_path, "--fn", "step", "--no-color", source=source)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("graph break in step:") == 1
+
+
+def breaks_in_try(x):
+    y = x * 2
+    try:
+        print("inside")                 # TRY_BREAK
+    except ValueError:
+        return y - 1
+    return y + 1
+
+
+def test_the_users_handler_path_is_not_folded():
+    # the transformed code sends what the print raises to a resume function at the
+    # user's except: that call is the user's, shown; only frametrace's cleanup is folded
+    frametrace.reset()
+    check(breaks_in_try, [torch.ones(3)], breaks=1)
+    transformed = frametrace._C.entries(breaks_in_try.__code__)[0].code
+    right = [r[2][0] for r in viewer._rows(breaks_in_try.__code__, transformed) if r[2]]
+    resumes = [t for t in right if "<resume at line" in t]
+    assert len(resumes) == 2, right                  # after the print, and at the except
+    assert any("rerun guard" in t for t in right)
