@@ -262,3 +262,18 @@ def test_switch_off_gives_the_breaks_back(monkeypatch, capsys):
     frametrace.reset()
     check(mean_printed, _inputs(3), graphs=2, breaks=3)
     assert len(_pairs(capsys)) == 3
+
+
+def rounded_on_the_next_line(x):
+    v = x.sum().item()
+    print(round(v, 3))
+    return x + 1
+
+
+def test_reason_names_the_value_not_the_arguments(capsys):
+    frametrace.reset()
+    r = check(rounded_on_the_next_line, _inputs(3), breaks=2)     # item; round (print with it)
+    item, rounding = r.reasons()
+    assert rounding.startswith("round() needs the value of a float"), rounding
+    assert ", 3" not in rounding
+    assert len(_pairs(capsys)) == 3

@@ -47,6 +47,11 @@ class BuiltinVar(ObjectVar):
                 return result
         if fn in _FOLDABLE_BUILTINS and _all_const(args, kwargs):
             return fold_call(fn, args, kwargs, fn.__name__)
+        data = [a for a in args if isinstance(a, SymNodeVar) and not a.is_const()]
+        if data:
+            # (what stops the trace is that one value, not the call's other arguments)
+            unsupported(f"{fn.__name__}() needs the value of {data[0]}",
+                        hint=_BUILTIN_HINTS.get(fn.__name__))
         on = f" of {', '.join(map(str, args))}" if args else ""
         unsupported(f"{fn.__name__}(){on}", hint=_BUILTIN_HINTS.get(fn.__name__))
 
