@@ -481,3 +481,38 @@ def test_one_cycle_on_sgd_cycles_lr_and_momentum(backend):
                            "torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-3)")
     per_step, counter, _ = run_loop(src, steps=40, backend=backend, exact=True)
     assert counter.frame_count <= 3, (counter.frame_count, per_step)
+
+
+# A trainer that is itself an nn.Module, holding its optimizer and scheduler: ints of a
+# module are constants (its sizes), not those of the optimizer and scheduler it holds.
+MODULE_TRAINER = '''
+import torch
+
+class Trainer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Linear(4, 3)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.sched = torch.optim.lr_scheduler.CosineAnnealingLR(self.opt, T_max=40)
+
+    def train_step(self, x):
+        loss = self.model(x).pow(2).mean()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.sched.step()
+        return loss.detach()
+
+trainer = Trainer()
+model, opt = trainer.model, trainer.opt
+
+def loop(i):
+    return trainer.train_step(torch.randn(5, 4, generator=torch.Generator().manual_seed(i)))
+'''
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scheduler_held_by_a_trainer_module(backend):
+    per_step, counter, _ = run_loop(MODULE_TRAINER, steps=36, backend=backend,
+                                    compiled=("trainer.train_step",), exact=True)
+    assert counter.frame_count <= 6, (counter.frame_count, per_step)

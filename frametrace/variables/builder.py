@@ -151,7 +151,19 @@ def _under_module(tx, source) -> bool:
         return False
     modules = {var.source for _, var in tx.output.object_vars.values()
                if isinstance(var, NNModuleVar) and var.source is not None}
-    return any(o in modules for o in owners)
+    # An optimizer's or LR scheduler's numbers are training state wherever it is held
+    # (`self.sched.last_epoch` of a trainer module): counters that change every step.
+    training = {var.source for value, var in tx.output.object_vars.values()
+                if var.source is not None and isinstance(value, _TRAINING_STATE)}
+    for owner in owners:            # (nearest first)
+        if owner in training:
+            return False
+        if owner in modules:
+            return True
+    return False
+
+
+_TRAINING_STATE = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
 
 
 # (copyreg caches __slotnames__ on the class when an instance is copied or pickled.)
