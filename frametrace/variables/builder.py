@@ -153,8 +153,9 @@ def _under_module(tx, source) -> bool:
                if isinstance(var, NNModuleVar) and var.source is not None}
     # An optimizer's or LR scheduler's numbers are training state wherever it is held
     # (`self.sched.last_epoch` of a trainer module): counters that change every step.
+    # (By type: isinstance would ask an object its own `__class__`.)
     training = {var.source for value, var in tx.output.object_vars.values()
-                if var.source is not None and isinstance(value, _TRAINING_STATE)}
+                if var.source is not None and issubclass(type(value), _TRAINING_STATE)}
     for owner in owners:            # (nearest first)
         if owner in training:
             return False
