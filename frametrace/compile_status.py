@@ -19,7 +19,7 @@ from . import config, progress
 
 
 class _Session:
-    __slots__ = ("kind", "what", "phase", "t0", "kernels")
+    __slots__ = ("kind", "what", "phase", "t0", "kernels", "thread")
 
     def __init__(self, kind, what):
         self.kind = kind
@@ -27,6 +27,7 @@ class _Session:
         self.phase = "tracing" if kind == "frame" else "autotuning"
         self.t0 = time.perf_counter()
         self.kernels = 0
+        self.thread = threading.get_ident()
 
 
 def _describe(kind, what) -> str:
@@ -71,19 +72,22 @@ class TerminalStatus:
     def __init__(self):
         self.lock = threading.Condition()
         self.session = None        # the outermost span being compiled, or None
-        self.depth = 0
+        self.depth = {}            # thread -> spans open in it (a compile in another
+                                   # thread neither shows nor changes the line)
         self.live = None           # rich's Live while the line is shown
         self.worker = None
         self.stream = None         # where the line is drawn (stderr at the span's start)
 
     # -- progress's listener interface --
     def begin(self, kind, what):
+        thread = threading.get_ident()
         with self.lock:
-            self.depth += 1
-            if self.depth > 1:
-                if self.session is not None and kind == "autotune":
-                    self.session.kernels += 1
-                    self.session.phase = f"autotuning kernel {self.session.kernels} ({what})"
+            depth = self.depth[thread] = self.depth.get(thread, 0) + 1
+            session = self.session
+            if depth > 1 or session is not None:
+                if session is not None and session.thread == thread and kind == "autotune":
+                    session.kernels += 1
+                    session.phase = f"autotuning kernel {session.kernels} ({what})"
                 return None
             if not config.compile_status or not _is_terminal(sys.stderr):
                 return None
@@ -98,12 +102,17 @@ class TerminalStatus:
 
     def phase(self, text):
         session = self.session
-        if session is not None:
+        if session is not None and session.thread == threading.get_ident():
             session.phase = text           # (read at the next refresh)
 
     def end(self, token):
+        thread = threading.get_ident()
         with self.lock:
-            self.depth = max(0, self.depth - 1)
+            depth = self.depth.get(thread, 1) - 1
+            if depth > 0:
+                self.depth[thread] = depth
+            else:
+                self.depth.pop(thread, None)
             if token is None or token is not self.session:
                 return
             self.session = None

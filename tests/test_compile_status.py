@@ -200,3 +200,30 @@ def test_one_line_on_a_narrow_terminal(monkeypatch, starts):
              if l.strip()]
     assert drawn and all(len(l) <= 40 for l in drawn)
     assert all(l.lstrip("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏ ").startswith("frametrace: compiling") for l in drawn)
+
+
+def test_a_compile_in_another_thread_leaves_the_line_alone(monkeypatch, starts):
+    import threading
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(config, "compile_status_after", 0.05)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    status = compile_status.status
+
+    def other():
+        span = progress.begin("frame", other.__code__)
+        progress.phase("backend compile (somebody else's)")
+        progress.end(span)
+
+    def backend(gm, example_inputs):
+        time.sleep(0.3)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        time.sleep(0.3)
+        return gm.forward
+    frametrace.reset()
+    check(slow_to_compile, [torch.randn(3)], backend=backend, graphs=1)
+    out = terminal.getvalue()
+    assert "compiling slow_to_compile" in out and "somebody else's" not in out
+    assert status.session is None and status.live is None and not status.depth
