@@ -546,7 +546,8 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     guards.autocast_state()
     guards.function_modes()
     if new_code is not None and record.graph_module is not None:
-        guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype())
+        guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype(),
+                            text=f"default dtype: {torch.get_default_dtype()}")
     try:
         guards.shape_guards(output.shape_env)
         check = guards.compile()

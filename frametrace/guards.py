@@ -571,7 +571,8 @@ class GuardSet:
         """Autocast entered outside the frame changes what ops compute (their dtypes,
         which the trace reads): the common case, autocast off, is one C call."""
         if not torch._C._is_any_autocast_enabled():
-            self.global_state("autocast is off", torch._C._is_any_autocast_enabled, False)
+            self.global_state("autocast is off", torch._C._is_any_autocast_enabled, False,
+                              text="autocast: off")
         else:
             state = _autocast_state()
             self._add(None, "AUTOCAST", f"{self.const(_autocast_state)}() == {self.const(state)}",
@@ -582,7 +583,8 @@ class GuardSet:
         torch.set_default_device and `with torch.device(...)` push one too) decide what
         each op does, and which device factories use: the stack is what it was."""
         if torch._C._len_torch_function_stack() == 0:
-            self.global_state("no torch function mode", torch._C._len_torch_function_stack, 0)
+            self.global_state("no torch function mode", torch._C._len_torch_function_stack, 0,
+                              text="torch function modes: none")
         else:
             from torch.overrides import _get_current_function_mode_stack
             stack = tuple(_get_current_function_mode_stack())
@@ -599,9 +601,11 @@ class GuardSet:
         self._add(source, "ALIAS", f"{source.guard_expr()} is {other.guard_expr()}",
                   f"{source.name()} is {other.name()}", spec=((source, "IS_REG", None, None, 0, other),))
 
-    def global_state(self, name: str, reader, value):
+    def global_state(self, name: str, reader, value, text=None):
+        """``reader()`` is still `value`; `text` says so for people where "name is value"
+        would not read as a fact (a name that is itself a statement: "autocast is off")."""
         self._add(None, name, f"{self.const(reader)}() is {self.const(value)}",
-                  f"{name} is {value!r}", spec=one_check(None, "CALL_IS", reader, value))
+                  text or f"{name} is {value!r}", spec=one_check(None, "CALL_IS", reader, value))
 
     def has_attr(self, source, name: str, found: bool):
         """``hasattr(source, name)`` is still `found`."""
