@@ -197,8 +197,10 @@ def test_init_subclass_registry():
     def change():
         registry_["S1"].v = 8
     x = torch.ones(2)
+    # The replaced class fails its identity guard; its `v` (read through a closure cell,
+    # changed from 1 to 7) is symbolic from then on, so the changed value fits that entry.
     check(f, [(x, "S1"), (x, "S1"), Then(replace, x, "S1"), Then(change, x, "S1"), (x, "S1")],
-          graphs=3, breaks=0)
+          graphs=2, breaks=0)
 
 
 # -- a class's own __getattribute__ with a side effect runs as often as in CPython --
