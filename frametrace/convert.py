@@ -437,6 +437,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     policy = ShapePolicy(code, dynamic)
     output = OutputGraph(guards, policy)
     output.functionalizes = _functionalizes(backend, args)
+    output.recomputes_random = getattr(backend, "__frametrace_recomputes_random_ops__", False)
     tracer = InstructionTranslator(code, func, args, output, guards)
     _count_ops(output, tracer)
 
@@ -486,6 +487,7 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
             guards = GuardSet(code, func)
             output = OutputGraph(guards, policy)
             output.functionalizes = _functionalizes(backend, args)
+            output.recomputes_random = getattr(backend, "__frametrace_recomputes_random_ops__", False)
             tracer = InstructionTranslator(code, func, args, output, guards)
             _count_ops(output, tracer)
             tracer.stop_at = break_index

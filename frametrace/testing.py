@@ -34,6 +34,12 @@ class CompileCounter:
         return self.inner is None or \
             getattr(lookup_backend(self.inner), "__frametrace_runs_ops_as_traced__", False)
 
+    @property
+    def __frametrace_recomputes_random_ops__(self):
+        from .backends import lookup_backend
+        return self.inner is not None and \
+            getattr(lookup_backend(self.inner), "__frametrace_recomputes_random_ops__", False)
+
     def __call__(self, gm, example_inputs):
         self.frame_count += 1
         self.op_count += sum(1 for n in gm.graph.nodes

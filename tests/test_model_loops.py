@@ -458,3 +458,52 @@ def test_functional_call_returning_the_given_tensor_and_a_view_of_it():
 
     r = check(f, [(torch.randn(2, 4), torch.randn(3, 4)) for _ in range(3)])
     assert r.breaks == 0, r
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_checkpointed_attention_with_dropout_has_eagers_gradients(backend):
+    from torch.utils.checkpoint import checkpoint
+
+    def f(q, k):
+        return (checkpoint(lambda q: F.scaled_dot_product_attention(q, k, q, dropout_p=0.5).sin(),
+                           q, use_reentrant=False) * k).sum()
+
+    with Recorded(backend) as rec:
+        g = frametrace.optimize(f, backend=rec.counter)
+        for i in range(3):
+            q = torch.randn(2, 2, 4, 8, requires_grad=True)
+            k = torch.randn(2, 2, 4, 8, requires_grad=True)
+            q2, k2 = (t.detach().clone().requires_grad_() for t in (q, k))
+            torch.manual_seed(i)
+            want = f(q, k)
+            want.backward()
+            after = torch.rand(2)
+            torch.manual_seed(i)
+            got = g(q2, k2)
+            got.backward()
+            assert torch.equal(want, got) and torch.equal(q.grad, q2.grad) and torch.equal(k.grad, k2.grad)
+            assert torch.equal(after, torch.rand(2))
+    assert rec.counter.frame_count == 1 and rec.breaks == 0 and rec.fallbacks == 0, rec
+
+
+def test_checkpoint_over_dropout_on_a_backend_that_does_not_say_it_recomputes_breaks():
+    # A backend that may re-trace the graph and has not said that it recomputes random
+    # ops with the forward's state: the region runs in CPython (gradients still eager's).
+    import copy
+
+    def backend(gm, example_inputs):
+        return gm.forward
+
+    torch.manual_seed(0)
+    eager = DropoutBlock()
+    model = copy.deepcopy(eager)
+    with Recorded(backend) as rec:
+        compiled = frametrace.optimize(model, backend=rec.counter)
+        for i in range(2):
+            x = torch.randn(5, 8)
+            torch.manual_seed(i)
+            eager(x).sum().backward()
+            torch.manual_seed(i)
+            compiled(x).sum().backward()
+            assert _grads_equal(eager, model)
+    assert rec.breaks >= 1 and all("random" in r.reason for r in rec.records if r.reason), rec

@@ -586,8 +586,10 @@ def test_checkpointed_attention_without_dropout_is_in_the_graph():
     q = torch.randn(2, 2, 4, 8, requires_grad=True)
     r = check(f, [(q, 0.0)], backend="aot_eager", fullgraph=True)
     assert (r.graphs, r.breaks) == (1, 0)
+    # with dropout too, since its recompute draws the same numbers again (gradients
+    # compared exactly: tests/test_model_loops.py)
     r = check(lambda q: f(q, 0.5) * 0, [q], backend="aot_eager", graphs=None)
-    assert r.breaks + r.fallbacks >= 1 and "random" in " ".join(r.reasons())
+    assert r.breaks + r.fallbacks == 0, r
 
 
 def test_hf_llama_with_gradient_checkpointing_is_one_graph():
@@ -621,12 +623,17 @@ class DropoutBlock(nn.Module):
 
 
 def test_checkpoint_over_random_ops_runs_wholly_in_cpython(backend):
-    # The region cannot be recomputed in the graph (its random numbers): checkpoint runs
-    # in CPython with no frame of it compiled, so that the forward and its
-    # recomputation in backward run the same code and save the same tensors
+    # Where the backend does not say it recomputes random ops with the forward's state
+    # (triton), the region cannot be recomputed in the graph: checkpoint runs in
+    # CPython with no frame of it compiled, so that the forward and its recomputation
+    # in backward run the same code and save the same tensors.  AOTAutograd's
+    # partitioners do (aot_eager): one graph.
     def step(model, x, y):
         return F.mse_loss(model(x * 2).sum(-1, keepdim=True).expand(-1, 4), y)
 
     model = nn.Sequential(DropoutBlock(), DropoutBlock())
     r = train_check(sgd_loop, step, model, backend, data=[(torch.randn(6, 8), torch.randn(6, 4))] * 4)
-    assert r.breaks >= 1 and all("random" in why for why in r.reasons())
+    if backend == "aot_eager":
+        assert r.breaks == 0 and r.graphs == 1, r
+    else:
+        assert r.breaks >= 1 and all("random" in why for why in r.reasons())

@@ -85,6 +85,11 @@ def _functionalized(gm, example_inputs):
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.func import functionalize
     run = functionalize(gm.forward, remove="mutations")
+    # A checkpointed region run as eager ops recomputes without the forward's random
+    # state (the higher-order op's eager implementation): no fallback.
+    if any(n.target is torch.ops.higher_order.tag_activation_checkpoint
+           for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes):
+        return None
     # A write into an input whose elements share memory copies back differently from
     # eager's in-place kernel: no fallback (BackendCompilerFailed, never a wrong value).
     # Any overlap, not only a zero stride (an as_strided whose rows overlap).
@@ -108,6 +113,9 @@ def _functionalized(gm, example_inputs):
 # Input mutations of a functionalized graph are applied after all of its compute: a
 # graph that raises has written no input (codegen's failure path relies on it).
 aot_eager.__frametrace_defers_input_mutations__ = True
+# Its partitioners recompute a checkpointed region's random ops with the random state
+# the forward saved (functionalize_rng_ops): the backward sees the forward's numbers.
+aot_eager.__frametrace_recomputes_random_ops__ = True
 
 
 @register_backend("aot_eager_decomp_partition")
@@ -126,3 +134,4 @@ def aot_eager_decomp_partition(gm, example_inputs):
 
 
 aot_eager_decomp_partition.__frametrace_defers_input_mutations__ = True
+aot_eager_decomp_partition.__frametrace_recomputes_random_ops__ = True

@@ -218,14 +218,19 @@ def _checkpoint(tx, args, kwargs):
     gm = body.module()
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
+    if random and consts.get("preserve_rng_state", True) and tx.output.functionalizes and \
+            not getattr(tx.output, "recomputes_random", False):
+        unsupported("torch.utils.checkpoint.checkpoint over random ops, on a backend that "
+                    "may recompute them with other numbers")
     if random and consts.get("preserve_rng_state", True) and not tx.output.functionalizes:
         # The higher-order op's eager implementation recomputes without restoring the
         # random state (torch leaves that to Inductor's RNG functionalization): the
         # backward would see another dropout mask.  A backend that runs the graph's
         # ops as traced calls checkpoint itself, as CPython does (the state stashed
-        # before the region, restored for the recompute).  AOTAutograd's partitioners
-        # functionalize the region's random ops (the recompute replays the saved
-        # state): the op itself there.
+        # before the region, restored for the recompute).  A backend that re-traces
+        # the graph gets the op where it says it recomputes random ops with the
+        # forward's state (__frametrace_recomputes_random_ops__: AOTAutograd's
+        # partitioners, functionalize_rng_ops), else the region runs in CPython.
         node = tx.output.install_subgraph("checkpoint_body", gm)
         kwargs = dict(consts, context_fn=context) if context is not None else consts
         outs = call_hop(tx, checkpoint_keeping_rng, (node, *body.inputs()), examples, kwargs)
