@@ -12,6 +12,7 @@ closure holding a weak reference to its optimizer, which a deep copy would share
 After every step the parameters and optimizer state of both sides must agree; over
 the loop we count the compiles made after warm-up, the graphs, the frames left to
 CPython and the cache-limit warnings."""
+import enum
 import types
 import warnings
 
@@ -392,8 +393,15 @@ def test_global_float_used_for_control_flow_guards_the_branch():
 def test_global_float_through_special_values_and_other_types():
     from differential import Then, check
     x = torch.randn(4)
-    values = [0.5, 0.25, -0.0, 0.0, float("nan"), float("inf"), 2.0, 1, True, 3.0, -1.5]
+    class Half(float):
+        pass
+
+    class Level(enum.IntEnum):
+        LOW = 2
+    values = [0.5, 0.25, -0.0, 0.0, float("nan"), float("inf"), 2.0, 1, True, 3.0, -1.5,
+              Half(0.5), Level.LOW, 2, 4.0]
     r = check(_scaled, [Then(_set(SCALE=v), x) for v in values], rtol=0, atol=0)
+    # (a float subclass passed to a torch op is a break: CPython runs that call)
     assert r.fallbacks == 0 and r.graphs <= 8, r
 
 
