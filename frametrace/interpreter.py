@@ -1539,6 +1539,24 @@ def _constant_identity(tx, a, b, same: bool):
     (tx.guards.same_object if same else tx.guards.distinct_objects)(a.source, b.source)
 
 
+def _frame_tuples_identity(tx, a, b):
+    """`a is b` of two tuples read from the frame (an argument, a dict's key read back),
+    each with its source: the objects traced answer, guarded between the sources (the
+    same object, or two).  None where that is not known."""
+    def real(v):
+        if type(v) is TupleVar and v.source is not None:
+            return getattr(v, "real", None)
+        if isinstance(v, ConstVar) and type(v.value) is tuple and v.source is not None:
+            return v.value
+        return None
+    ra, rb = real(a), real(b)
+    if tx is None or ra is None or rb is None:
+        return None
+    same = ra is rb
+    (tx.guards.same_object if same else tx.guards.distinct_objects)(a.source, b.source)
+    return same
+
+
 def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
@@ -1560,6 +1578,9 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
     from .variables.subclasses import is_user_container
     if any(is_user_container(v) and v.source is None for v in (a, b)):
         return False        # an object of a user class made in the frame: a new one
+    same = _frame_tuples_identity(tx, a, b)
+    if same is not None:
+        return same
     if isinstance(a, ConstVar) or isinstance(b, ConstVar):
         const, other = (a, b) if isinstance(a, ConstVar) else (b, a)
         if type(other) is TupleVar and type(const.value) is tuple and other.is_const() and \

@@ -82,6 +82,8 @@ def wrap(tx, value, source, guard: bool = True):
         var = (TupleVar if type(value) is tuple else ListVar)(items, source)
         if type(value) is list:
             tx.output.object_vars[id(value)] = (value, var)
+        elif source is not None:
+            var.real = value
         return var
     if _is_plain_namedtuple(type(value)):
         if guards is not None:

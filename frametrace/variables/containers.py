@@ -116,7 +116,9 @@ def _find(tx, items, item, error):
 
 
 class TupleVar(_SequenceVar):
-    __slots__ = ()
+    # `real`: the tuple itself, for one read from the frame (builder.wrap): which object
+    # it is, for `is` with another object of the frame's (guarded between their sources).
+    __slots__ = ("real",)
     kind = tuple
 
 
