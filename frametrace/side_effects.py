@@ -37,6 +37,7 @@ class SideEffects:
         # the locks (their Vars) whose blocks did: the replay holds them.
         self.writes = 0
         self.locks: list = []
+        self.locks_entered: list = []     # the real locks of the `with` blocks open now
 
     def _note(self, key):
         if key not in self._order:

@@ -507,3 +507,33 @@ def test_checkpoint_over_dropout_on_a_backend_that_does_not_say_it_recomputes_br
             compiled(x).sum().backward()
             assert _grads_equal(eager, model)
     assert rec.breaks >= 1 and all("random" in r.reason for r in rec.records if r.reason), rec
+
+
+def test_lock_entered_again_inside_its_block_is_not_traced_through():
+    # CPython deadlocks there (a Lock is not re-entrant): never compiled to run on.
+    import threading
+    lock = threading.Lock()
+
+    def f(x, again):
+        with lock:
+            y = x + 1
+            if again:
+                if not lock.acquire(timeout=0.05):    # what CPython would block on
+                    return y, "would deadlock"
+                lock.release()
+            return y, "ok"
+
+    def g(x):
+        with lock:
+            with lock:
+                return x + 1
+
+    r = check(f, [(torch.randn(2), False), (torch.randn(2), True)], graphs=None)
+    assert not lock.locked()
+    with Recorded() as rec:
+        compiled = frametrace.optimize(g, backend=rec.counter)
+        worker = __import__("threading").Thread(target=compiled, args=(torch.randn(2),), daemon=True)
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive()          # blocked, as CPython's call is
+        assert all(r.outcome != "compiled" for r in rec.records), rec

@@ -480,8 +480,9 @@ class LockContextVar(Var):
     the lock (side_effects.hold_lock); a block that wrote nothing leaves the lock
     untouched (what it read is guarded at the frame's entry, before any lock).  The
     trace never blocks on the lock: one that is held now (by another thread, or by
-    this one: a Lock would deadlock) is not traced through.  A graph break inside the
-    block goes to its `with` (CPython runs the whole block)."""
+    this one: a Lock would deadlock) is not traced through, nor a Lock entered again
+    inside its own block.  A graph break inside the block goes to its `with` (CPython
+    runs the whole block)."""
     __slots__ = ("lock", "writes_before", "written_before")
 
     def __init__(self, lock):
@@ -496,13 +497,18 @@ class LockContextVar(Var):
             free = real.acquire(blocking=False)
             if free:
                 real.release()
-        if not free:
+        entered = tx.side_effects.locks_entered
+        if not free or (type(real) is _thread.LockType and any(real is e for e in entered)):
             unsupported("'with' over a lock that is held while tracing")
+        entered.append(real)
         self.writes_before = tx.side_effects.writes
         self.written_before = len(tx.output.fake_mode.written_storages)
         return ConstVar(True)
 
     def exit(self, tx):
+        entered = tx.side_effects.locks_entered
+        if entered and entered[-1] is self.lock.value:
+            entered.pop()
         if len(tx.output.fake_mode.written_storages) != self.written_before:
             # (in-place writes of the graph happen before the replay, outside the lock)
             unsupported("an in-place tensor write inside 'with' over a lock")
