@@ -354,4 +354,8 @@ def test_class_attribute_change_is_noticed(change):
     quiet = change.__name__ == "metaclass_value_under_class_value"
     r = check(f, [torch.randn(3), torch.randn(3), Then(lambda: change(cls, tagged), torch.randn(3)),
                   torch.randn(3)])
-    assert r.breaks == 0 and r.compiles == (1 if quiet else 2)
+    # (A changed float read from outside state is a graph input after the change: where a
+    # metaclass property gives it, the getter runs when the compiled code reads it, and
+    # the getter's own frame compiles once, with no graph.)
+    assert r.breaks == 0 and r.graphs == (1 if quiet else 2)
+    assert r.compiles == (1 if quiet else 3 if change.__name__ == "metaclass_property" else 2)
