@@ -333,7 +333,9 @@ class DictVar(CollectionVar):
         if got is not None and got[0] is k:
             return got[1]
         entry = known.get("entry")
-        if entry is not None and self.source is not None and not _one_object_per_value(k):
+        # (A VarKey, a tensor or an object hashed by identity, is its own Var already.)
+        if entry is not None and self.source is not None and not isinstance(k, VarKey) \
+                and not _one_object_per_value(k):
             if "index" not in known:
                 known["index"] = {id(e): (i, e) for i, e in enumerate(entry)}
                 known["keys"] = CallMethodSource(self.source, "keys", as_list=True, through=_dict_keys)
