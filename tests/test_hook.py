@@ -6,6 +6,7 @@ pass.  Each test calls frametrace.reset() first and does not rely on conftest.py
 """
 import asyncio
 import copy
+import decimal
 import functools
 import json
 import os
@@ -29,10 +30,11 @@ def compiled_names(globals_dict):
     return sorted(k for k in globals_dict if k.startswith("__compiled_fn_"))
 
 
-# 'with' over a lock cannot be traced, and a frame cannot break its graph at the 'with'
+# 'with' over a C context manager frametrace does not know (decimal's) cannot be
+# traced, and a frame cannot break its graph at the 'with'
 # (BEFORE_WITH): a frame that does it runs entirely in CPython, from a fallback entry.
 # (print() and other untraceable calls only break the graph now.)
-CPYTHON_ONLY = threading.RLock()
+CPYTHON_ONLY = decimal.localcontext()
 
 
 # --------------------------------------------------------------------------- caching

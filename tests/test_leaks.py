@@ -7,11 +7,11 @@ A per-call leak of a single object fails these checks: 10,000 calls leak at leas
 frametrace.reset() first and does not rely on conftest.py.
 """
 import contextlib
+import decimal
 import gc
 import io
 import linecache
 import sys
-import threading
 import tracemalloc
 import warnings
 import weakref
@@ -187,10 +187,11 @@ def test_closure_calls_keep_refcounts():
 
 
 # --------------------------------------------------------------------------- fall-backs
-# 'with' over a lock cannot be traced, and a frame cannot break its graph there: the
+# 'with' over a C context manager frametrace does not know (decimal's) cannot be
+# traced, and a frame cannot break its graph there: the
 # frame runs entirely in CPython, from a fallback entry.  (print() and .item() only break
 # the graph now: the frame gets a compiled entry that continues in resume functions.)
-CPYTHON_ONLY = threading.RLock()
+CPYTHON_ONLY = decimal.localcontext()
 
 
 def prints_shape(x):

@@ -1,9 +1,9 @@
 """What cannot be traced yet: right results in CPython with a logged reason, and with
 fullgraph=True a frametrace.Unsupported naming the operation, the file and the line."""
+import decimal
 import io
 import logging
 import os
-import threading
 from contextlib import redirect_stdout
 
 import pytest
@@ -40,9 +40,10 @@ def _line(marker):
     raise AssertionError(marker)
 
 
-# 'with' over a lock cannot be traced, and a frame cannot break its graph at a 'with':
+# 'with' over a C context manager frametrace does not know (decimal's) cannot be
+# traced, and a frame cannot break its graph at a 'with':
 # the whole frame runs in CPython.  The others break the graph there and go on.
-LOCK = threading.RLock()
+LOCK = decimal.localcontext()
 
 
 def locked(x):
