@@ -165,6 +165,22 @@ class SideEffects:
     def __len__(self):
         return len(self._order)
 
+    def _raising_store(self):
+        """The first replayed store that can run code which raises, as text, or None."""
+        for key in self._order:
+            kind = key[0]
+            if kind == "call":
+                return "a replayed call"
+            if kind == "attr":
+                owner, name, value, plain = self._attrs[key]
+                if value is _deleted() or not plain and _store_runs_code(owner, name):
+                    return f"the store of .{name}"
+            if kind == "container":
+                from .variables.containers import DictVar, ListVar
+                if type(self._containers[key]) not in (ListVar, DictVar):
+                    return f"a write into {self._containers[key]}"
+        return None
+
     def reconstruct(self, cg, root_cells: set[str]):
         """Replay in two phases: every new value first (they may be read from what the
         stores change, as in `a, b = b, a`), then every store, in program order."""
@@ -194,6 +210,14 @@ class SideEffects:
                 temps.append(keep(lambda: _new_contents(cg, self._containers[key])))
                 owners[key] = keep(lambda: self._containers[key].source.reconstruct(cg))
         if self.locks:
+            # The stores below run holding the locks, with no handler around them: a
+            # store that can raise (a __setattr__ or property of the class, a replayed
+            # log call's handler, a list subclass's method) would leave a lock held.
+            risky = self._raising_store()
+            if risky is not None:
+                from .exc import Unsupported
+                raise Unsupported(f"a write after 'with lock:' that can raise ({risky}) would be "
+                                  f"replayed holding the lock")
             cg.call_const(_acquire_all, [lock.reconstruct for lock in self.locks])
             cg.emit("POP_TOP")
         for key, temp in zip(self._order, temps):
@@ -241,6 +265,23 @@ class SideEffects:
         if self.locks:
             cg.call_const(_release_all, [lock.reconstruct for lock in reversed(self.locks)])
             cg.emit("POP_TOP")
+
+
+def _store_runs_code(owner, name) -> bool:
+    """Whether STORE_ATTR of `name` on `owner`'s object may run Python code (which may
+    raise): its class's own __setattr__, or a data descriptor of the class."""
+    try:
+        cls = owner.python_type()
+    except Exception:
+        return True
+    if cls.__setattr__ is not object.__setattr__:
+        return True
+    import inspect
+    try:
+        attr = inspect.getattr_static(cls, name)
+    except AttributeError:
+        return False
+    return hasattr(type(attr), "__set__")
 
 
 def _acquire_all(*locks):

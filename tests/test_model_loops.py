@@ -257,6 +257,27 @@ def test_with_lock_held_while_tracing_is_not_traced_through():
     assert not rlock._is_owned()
 
 
+def test_a_plain_store_under_a_lock_is_compiled():
+    # The replay's stores run holding the lock with no handler around them, so a store
+    # that could run code and raise there (a class's __setattr__ or data descriptor the
+    # trace did not go through) is refused (side_effects._raising_store); a plain
+    # attribute store cannot raise and is compiled.
+    import threading
+    lock = threading.Lock()
+
+    class Plain:
+        pass
+    obj = Plain()
+
+    def stores(x):
+        with lock:
+            obj.v = 2
+        return x + 1
+
+    r = check(stores, [torch.randn(3), torch.randn(3)])
+    assert not lock.locked() and r.graphs == 1 and r.fallbacks == 0, r
+
+
 # --------------------------------------------------------------------------- item 9d
 def _grads_equal(a, b):
     return all((x.grad is None and y.grad is None) or torch.equal(x.grad, y.grad)
