@@ -18,6 +18,7 @@ import traceback
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from .bytecode_analysis import handler_for, has_cleanup, instructions, pure_generator
 from .exc import Unsupported, frame_summary
 from .side_effects import SideEffects
 from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
@@ -113,7 +114,7 @@ class InstructionTranslator:
         self.guards = guards
         self.side_effects = SideEffects(_fresh_arg_sources(code)) if parent is None \
             else parent.side_effects
-        self.instructions = _instructions(code)
+        self.instructions = instructions(code)
         self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
         self.stack: list[Var] = []
         self.locals: dict[str, object] = {}
@@ -246,7 +247,7 @@ class InstructionTranslator:
         if self.parent is None and inst.opname != "RERAISE" and isinstance(r.exc, ExceptionVar):
             # Where the exception entered this frame (RERAISE passes on one that did).
             r.exc.root_origin = self.ip - 1
-        entry = _handler_for(self.code, inst.offset)
+        entry = handler_for(self.code, inst.offset)
         if entry is None:
             return False
         del self.stack[entry.depth:]
@@ -468,12 +469,12 @@ class InstructionTranslator:
         if code.co_flags & 0x20:
             # A generator's body runs lazily, as CPython's: up to the next yield on each
             # next(), so no item is computed that the caller does not consume.
-            if _has_cleanup(code):
+            if has_cleanup(code):
                 # CPython runs its finally/with exits when the generator is closed or
                 # collected, which a trace cannot place.
                 unsupported(f"generator {qualname} with try/finally or with")
             child.generator = True
-            return InlinedGeneratorVar(child, _pure_generator(code))
+            return InlinedGeneratorVar(child, pure_generator(code))
         self.root.code_runs += 1
         return child.run()
 
@@ -1032,23 +1033,6 @@ class _CallerException(Var):
     __slots__ = ()
 
 
-_EXCEPTION_TABLES: dict = {}
-
-
-def _handler_for(code, offset):
-    """The exception-table entry that covers `offset` (the innermost: entries do not
-    overlap), or None."""
-    hit = _EXCEPTION_TABLES.get(code)
-    if hit is None or hit[0] is not code:
-        hit = (code, dis._parse_exception_table(code))
-        if len(_EXCEPTION_TABLES) > 4096:
-            _EXCEPTION_TABLES.clear()
-        _EXCEPTION_TABLES[code] = hit
-    for entry in hit[1]:
-        if entry.start <= offset < entry.end:
-            return entry
-    return None
-
 _TPFLAGS_SEQUENCE, _TPFLAGS_MAPPING = 1 << 5, 1 << 6
 # Mappings whose get() is dict's own (MATCH_KEYS calls the subject's get()).
 _PLAIN_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
@@ -1191,54 +1175,6 @@ def stop_iteration_error(tx, exc):
     raise TracedRaise(error, fresh=False)
 
 
-# Opcodes whose effects stay inside a generator's frame (or are graph ops without side
-# effects): a generator made of only these can be pulled ahead of time at a graph break.
-# Calls, stores to anything but locals, and in-place operators are not among them;
-# user dunders reached through them are inlined calls, counted on their own.
-_PURE_OPS = frozenset("""RETURN_GENERATOR POP_TOP RESUME NOP CACHE EXTENDED_ARG COPY_FREE_VARS
-    MAKE_CELL PUSH_NULL COPY SWAP LOAD_FAST LOAD_FAST_CHECK LOAD_FAST_AND_CLEAR STORE_FAST
-    LOAD_CONST LOAD_DEREF LOAD_GLOBAL LOAD_ATTR FOR_ITER GET_ITER END_FOR JUMP_FORWARD
-    JUMP_BACKWARD JUMP_BACKWARD_NO_INTERRUPT POP_JUMP_IF_FALSE POP_JUMP_IF_TRUE
-    POP_JUMP_IF_NONE POP_JUMP_IF_NOT_NONE POP_JUMP_FORWARD_IF_FALSE POP_JUMP_FORWARD_IF_TRUE
-    POP_JUMP_FORWARD_IF_NONE POP_JUMP_FORWARD_IF_NOT_NONE POP_JUMP_BACKWARD_IF_FALSE
-    POP_JUMP_BACKWARD_IF_TRUE POP_JUMP_BACKWARD_IF_NONE POP_JUMP_BACKWARD_IF_NOT_NONE
-    YIELD_VALUE RETURN_VALUE RETURN_CONST COMPARE_OP IS_OP CONTAINS_OP UNARY_NEGATIVE
-    UNARY_NOT UNARY_INVERT BUILD_TUPLE BUILD_LIST BUILD_MAP BUILD_CONST_KEY_MAP BINARY_SUBSCR
-    BUILD_SLICE BINARY_SLICE UNPACK_SEQUENCE UNPACK_EX LIST_APPEND LIST_EXTEND LIST_TO_TUPLE
-    FORMAT_VALUE BUILD_STRING CALL_INTRINSIC_1 RERAISE""".split())
-
-
-def _has_cleanup(code) -> bool:
-    """Whether closing a generator suspended at one of its yields may run its code: a
-    yield inside a try, with or except block (3.12 wraps every generator in a handler
-    that turns StopIteration into RuntimeError: not a cleanup).  Handlers around code
-    without yields run, as any, while the generator runs."""
-    instructions = {i.offset: i for i in _instructions(code)}
-    for inst in instructions.values():
-        if inst.opname != "YIELD_VALUE":
-            continue
-        entry = _handler_for(code, inst.offset)
-        if entry is None:
-            continue
-        handler = instructions.get(entry.target)
-        if handler is not None and handler.opname == "CLEANUP_THROW":
-            continue        # 3.12: a throw() into a `yield from` (no code of the user's)
-        if handler is None or handler.opname != "CALL_INTRINSIC_1" or \
-                "STOPITERATION" not in handler.argrepr:
-            return True
-    return False
-
-
-def _pure_generator(code) -> bool:
-    for inst in _instructions(code):
-        if inst.opname == "BINARY_OP":
-            if dis._nb_ops[inst.arg][1].endswith("="):
-                return False
-        elif inst.opname not in _PURE_OPS:
-            return False
-    return True
-
-
 def _is_data(value) -> bool:
     """Values computed in CPython that a resume frame passes on without guarding:
     everything but tensors, containers (whose items are guarded one by one) and None."""
@@ -1355,20 +1291,6 @@ def _cell_full(cell) -> bool:
     except ValueError:
         return False
     return True
-
-
-_INSTRUCTION_CACHE: dict = {}
-
-
-def _instructions(code):
-    """dis's instructions of a code object, cached: inlined functions run many times."""
-    hit = _INSTRUCTION_CACHE.get(code)
-    if hit is None or hit[0] is not code:
-        hit = (code, list(dis.get_instructions(code)))
-        if len(_INSTRUCTION_CACHE) > 4096:
-            _INSTRUCTION_CACHE.clear()
-        _INSTRUCTION_CACHE[code] = hit
-    return hit[1]
 
 
 # --------------------------------------------------------------------------- semantics

@@ -16,6 +16,7 @@ from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVa
                       Label, TryBegin, TryEnd)
 
 from . import _C
+from .bytecode_analysis import handler_for
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -369,7 +370,6 @@ def exception_cover(code, offset) -> tuple[str | None, list[int]]:
     cleanups of `with` blocks) or "try" (a try statement of the user's); and the stack
     slots of the __exit__s of the `with` blocks it leaves first, innermost first."""
     import dis
-    from .interpreter import _handler_for
     instructions = {i.offset: i for i in dis.get_instructions(code)}
     names = lambda at, n: [getattr(instructions.get(at + 2 * k), "opname", None)  # noqa: E731
                            for k in range(n)]
@@ -377,7 +377,7 @@ def exception_cover(code, offset) -> tuple[str | None, list[int]]:
     # A `with` cleanup re-raises (unless __exit__ swallows the exception), through the
     # cleanup that restores the exception state: whatever covers that catches it next.
     for _ in range(len(instructions)):
-        entry = _handler_for(code, offset)
+        entry = handler_for(code, offset)
         if entry is None:
             return ("with" if exits else None), exits
         if names(entry.target, 2) == ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
@@ -730,8 +730,7 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
         cg.return_from(call_resume)
 
     if catch is not None:
-        from .interpreter import _handler_for
-        entry = _handler_for(code, inst.offset)
+        entry = handler_for(code, inst.offset)
         if entry.depth > len(plan.lower):
             unsupported_break("a handler deeper than the stack at the break")
         cg.instrs.append(catch)

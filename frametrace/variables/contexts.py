@@ -8,6 +8,7 @@ import _thread
 
 import torch
 
+from ..bytecode_analysis import instructions
 from .base import Var, unsupported
 from .constant import ConstVar
 
@@ -706,8 +707,7 @@ def _with_spans(code) -> list:
     one depth: the stack up to and including its __exit__.  The body starts right
     after its BEFORE_WITH."""
     import dis
-    from ..interpreter import _instructions
-    at = {i.offset: i for i in _instructions(code)}
+    at = {i.offset: i for i in instructions(code)}
     spans = {}
     for entry in dis._parse_exception_table(code):
         first, after = at.get(entry.target), at.get(entry.target + 2)
@@ -723,8 +723,7 @@ def enclosing_with_starts(code, offset) -> list:
     """The offsets of the BEFORE_WITHs of the `with` blocks around `offset`, innermost
     first: where a graph break can go instead of inside a block whose context cannot
     be handed over, so that CPython runs the whole block (entering it once)."""
-    from ..interpreter import _instructions
-    at = {i.offset: i for i in _instructions(code)}
+    at = {i.offset: i for i in instructions(code)}
     starts = [start - 2 for start, end, depth in _with_spans(code)
               if start <= offset < end and getattr(at.get(start - 2), "opname", None) == "BEFORE_WITH"]
     return sorted(starts, reverse=True)
