@@ -7,7 +7,7 @@ import torch
 
 from differential import Call, Then, check
 # Config-like: some names read through a class-level map of aliases (attribute_map).
-from test_soundness_hf import Aliased as Mapped  # noqa: E402
+from test_hf_idioms import Aliased as Mapped  # noqa: E402
 
 CALLS = []      # what the hooks below saw, in order (compared after each call)
 

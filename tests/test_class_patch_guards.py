@@ -1,11 +1,11 @@
 """Class lookups made by the attribute protocol (frametrace/variables/attributes.py) and
 by nn.Module stores are guarded: patching a class between calls (a method, a property,
 __getattr__, __setattr__, a metaclass's __instancecheck__) recompiles or still gives
-CPython's answer.  Each test changes the class with `Then` (test_soundness_guards.py)."""
+CPython's answer.  Each test changes the class with `Then` (test_outside_state_guards.py)."""
 import torch
 
 from differential import check
-from test_soundness_guards import Then
+from test_outside_state_guards import Then
 
 
 def x():

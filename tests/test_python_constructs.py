@@ -13,7 +13,7 @@ import torch
 import frametrace
 from frametrace.testing import CompileCounter
 
-from test_coverage_builtins import check, same
+from test_builtins import check, same
 
 X = torch.randn(3)
 
