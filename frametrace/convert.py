@@ -31,6 +31,7 @@ from .interpreter import InstructionTranslator
 from .shapes import (ShapePolicy, compile_started, forget_real_tensors, forget_sizes,
                      release_shape_env_caches)
 from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var, tensor_facts
+from .variables.lazy import Lazy
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.subclasses import is_user_container
 from .variables.symbolic import SymNodeVar
@@ -945,7 +946,6 @@ def _written_storages(graph) -> set:
 
 def _live_at_break(tracer):
     """The Vars a graph break hands to CPython: the stack, locals and cells."""
-    from .interpreter import _Lazy
     from .variables import NULL
     # The loops the break is inside go on in the resume function, over what their
     # iterators have left (pulled now, so its tensors are graph outputs).
@@ -953,8 +953,8 @@ def _live_at_break(tracer):
         if isinstance(v, IteratorVar):
             v.remaining(tracer)
     live = [v for v in tracer.stack if v is not NULL]
-    live += [v for v in tracer.locals.values() if type(v) is not _Lazy and v is not NULL]
-    live += [c.value for c in tracer.cells.values() if c.value is not None and type(c.value) is not _Lazy]
+    live += [v for v in tracer.locals.values() if type(v) is not Lazy and v is not NULL]
+    live += [c.value for c in tracer.cells.values() if c.value is not None and type(c.value) is not Lazy]
     return live
 
 

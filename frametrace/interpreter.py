@@ -36,6 +36,7 @@ from .variables.containers import SizeVar
 from .variables.symbolic import SliceVar, SymNodeVar
 from .variables.numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .variables.scalars import capturing
+from .variables.lazy import Lazy
 from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, exception_type, matches,
                                    raise_folded, throw)
@@ -76,23 +77,6 @@ _COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": op
 MAX_INSTRUCTIONS = 200_000
 # Inlining depth (bounded recursion of user functions).
 MAX_INLINE_DEPTH = 48
-
-
-class _Lazy:
-    """A frame value not yet looked at: wrapped (and guarded) on first use, so unused
-    arguments add no guards."""
-    __slots__ = ("value", "source", "data")
-
-    def __init__(self, value, source, data=False):
-        self.value = value
-        self.source = source
-        self.data = data
-
-    def wrap(self, tx):
-        if self.data:
-            # A number computed at a graph break: a graph input, not a constant.
-            return tx.output.add_number_input(self.value, self.source, data=True)
-        return wrap(tx, self.value, self.source)
 
 
 class InstructionTranslator:
@@ -137,16 +121,16 @@ class InstructionTranslator:
             opaque = opaque_locals(code)
             for name, value in zip(code.co_varnames, args):
                 if not (name.startswith("___result") or name in opaque) or not _is_data(value):
-                    self.locals[name] = _Lazy(value, LocalSource(name))
+                    self.locals[name] = Lazy(value, LocalSource(name))
                 elif type(value) in (int, float) and (type(value) is int or math.isfinite(value)) \
                         and output.policy.data_numbers():
                     # A number computed in CPython at a graph break (x.item()): an input
                     # of the graph that is never pinned to its value.
-                    self.locals[name] = _Lazy(value, LocalSource(name), data=True)
+                    self.locals[name] = Lazy(value, LocalSource(name), data=True)
                 elif type(value) is bool:
                     # bool(t) at a break: two values at most, so a constant (guarded)
                     # costs at most one more compile, where opaque data would break again.
-                    self.locals[name] = _Lazy(value, LocalSource(name))
+                    self.locals[name] = Lazy(value, LocalSource(name))
                 else:
                     # Other data (open(...), a string): passed along, not specialized on.
                     self.locals[name] = OpaqueVar(value, LocalSource(name), guards=guards)
@@ -162,7 +146,7 @@ class InstructionTranslator:
         """A free variable's cell of the traced frame: the one Cell of the trace for
         that cell object (inlined closures over it share it)."""
         source = ClosureSource(name, index)
-        traced = Cell(_Lazy(cell.cell_contents, source) if _cell_full(cell) else None, source)
+        traced = Cell(Lazy(cell.cell_contents, source) if _cell_full(cell) else None, source)
         traced.cell_source = ClosureCellSource(name, index)
         self.output.object_vars[id(cell)] = (cell, traced)
         return traced
@@ -284,7 +268,7 @@ class InstructionTranslator:
         self.ip = self.index_of[inst.argval]
 
     def realize(self, v):
-        if type(v) is _Lazy:
+        if type(v) is Lazy:
             return v.wrap(self)
         return v
 
@@ -293,7 +277,7 @@ class InstructionTranslator:
             v = self.locals[name]
         except KeyError:
             unsupported(f"local variable {name!r} referenced before assignment")
-        if type(v) is _Lazy:
+        if type(v) is Lazy:
             v = self.locals[name] = v.wrap(self)
         return v
 
@@ -310,7 +294,7 @@ class InstructionTranslator:
         for name in names:
             if name in self.cells:
                 v = self.cells[name].value
-                if type(v) is _Lazy:
+                if type(v) is Lazy:
                     v = self.cells[name].value = v.wrap(self)
             else:
                 v = self._local(name) if name in self.locals else None
@@ -387,7 +371,7 @@ class InstructionTranslator:
         v = cell.value
         if v is None:
             unsupported(f"free variable {inst.argval!r} referenced before assignment")
-        if type(v) is _Lazy:
+        if type(v) is Lazy:
             v = cell.value = v.wrap(self)
         self.push(v)
 
@@ -520,7 +504,7 @@ class InstructionTranslator:
         first = original.co_varnames[0]
         obj = self.cells[first].value if first in self.cells else self._local(first)
         cls = cell.value
-        if type(cls) is _Lazy:
+        if type(cls) is Lazy:
             cls = cell.value = wrap(self, cls.value, cls.source)
         return SuperVar(cls, self.realize(obj))
 

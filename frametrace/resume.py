@@ -17,6 +17,7 @@ from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVa
 
 from . import _C
 from .bytecode_analysis import handler_for
+from .variables.lazy import Lazy
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -407,7 +408,6 @@ class _BreakPlan:
 def prepare_break(cg, tracer, inst) -> _BreakPlan:
     """Right after the graph call: every value the break hands to CPython goes into a
     temporary (stack values, changed locals and cells)."""
-    from .interpreter import _Lazy
     from .variables.base import NULL
     from .variables.containers import IteratorVar
     from .variables.exceptions import UNKNOWN
@@ -434,7 +434,7 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
     # Locals changed by the trace are stored back; untouched arguments are still there.
     plan.locals_to_store = [
         n for n in plan.bound
-        if type(tracer.locals[n]) is not _Lazy and not (
+        if type(tracer.locals[n]) is not Lazy and not (
             tracer.locals[n].source is not None and getattr(tracer.locals[n].source, "local", None) == n)]
     plan.cells_to_store = cells_to_store(tracer)
     plan.temps = {}
@@ -469,10 +469,10 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
 
 def _is_opaque(v) -> bool:
     """A value computed in CPython at an earlier break (see OpaqueVar, mark_data)."""
-    from .interpreter import OpaqueVar, _Lazy
+    from .interpreter import OpaqueVar
     from .variables.symbolic import SymNodeVar
     return isinstance(v, OpaqueVar) or isinstance(v, SymNodeVar) and not v.is_const() or \
-        type(v) is _Lazy and v.data
+        type(v) is Lazy and v.data
 
 
 def _layout_kind(v) -> str:
@@ -489,9 +489,8 @@ def _layout_kind(v) -> str:
 def cells_to_store(tracer) -> list[str]:
     """The frame's own cells the trace filled: the transformed code stores them, since
     closures over them may outlive the trace (at a break, or returned)."""
-    from .interpreter import _Lazy
     return [n for n, c in tracer.cells.items()
-            if c.value is not None and type(c.value) is not _Lazy and n in tracer.code.co_cellvars]
+            if c.value is not None and type(c.value) is not Lazy and n in tracer.code.co_cellvars]
 
 
 # What the rest of a statement may do in CPython right after its break (see

@@ -36,6 +36,7 @@ from .graph import OutputGraph, written_arg
 from .variables.base import Var, ValueVar, unsupported
 from .variables.constant import ConstVar
 from .variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar, has_var_keys
+from .variables.lazy import Lazy
 from .variables.symbolic import SliceVar, SymNodeVar, wrap_sym
 from .variables.tensor import TensorVar
 
@@ -345,8 +346,7 @@ class StateSnapshot:
     are not in it, so the body may change those freely)."""
 
     def __init__(self, tx, extra: list):
-        from .interpreter import _Lazy
-        self._lazy = _Lazy
+        self._lazy = Lazy
         roots = [*extra, tx.side_effects]
         t = tx
         while t is not None:

@@ -37,7 +37,7 @@ def _var_class_names():
             if sub not in found:
                 found.add(sub)
                 todo.append(sub)
-    names = {c.__name__ for c in found} | {"Var", "Unhooked", "Hooked", "_Lazy", "NULL"}
+    names = {c.__name__ for c in found} | {"Var", "Unhooked", "Hooked", "Lazy", "NULL"}
     return sorted(n for n in names if len(n) > 3)
 
 

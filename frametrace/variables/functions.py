@@ -12,6 +12,7 @@ from ..source import AttrSource, ConstSource, GetItemSource
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, TupleVar
+from .lazy import Lazy
 
 _VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 
@@ -111,8 +112,7 @@ def traced_cell(tx, cell, cell_source):
     except ValueError:
         traced = Cell(None, source)
     else:
-        from ..interpreter import _Lazy
-        traced = Cell(_Lazy(contents, source), source)
+        traced = Cell(Lazy(contents, source), source)
     traced.cell_source = cell_source
     tx.output.object_vars[id(cell)] = (cell, traced)
     return traced
@@ -346,11 +346,10 @@ def _load_cell(cg, cell, root_name):
         return
     if cg.load_rebuilt(cell):
         return
-    from ..interpreter import _Lazy
     value = cell.value
     if value is None:
         cg.call_const(types.CellType, [])
-    elif type(value) is _Lazy:
+    elif type(value) is Lazy:
         cg.call_const(types.CellType, [lambda cg: value.source.reconstruct(cg)])
     else:
         cg.call_const(types.CellType, [value.reconstruct])
