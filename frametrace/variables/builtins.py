@@ -1072,7 +1072,7 @@ _CALLABLE_ITERATOR = type(iter(int, 0))
 def _call_until(tx, fn, sentinel):
     """iter(fn, sentinel): calls fn lazily, one call per item, until it returns
     something equal to the sentinel (CPython compares with ==, sentinel on the left)."""
-    from ..interpreter import binary_op
+    from .operators import binary_op
 
     def gen():
         while True:
@@ -1173,7 +1173,7 @@ def _min_max(pick):
             # Mixed with floats: CPython returns one of the items, so pick it by
             # comparisons (each a guard on the relation, not on the value), made as
             # the `>` operator is (sympy would answer `m > inf` for a float m).
-            from ..interpreter import binary_op
+            from .operators import binary_op
             for item in items[1:]:
                 if binary_op(tx, operator.gt if pick is max else operator.lt, item, best).truth(tx):
                     best = item
@@ -1188,7 +1188,7 @@ def _min_max(pick):
 
 
 def _sum(tx, args, kwargs):
-    from ..interpreter import binary_op
+    from .operators import binary_op
     if len(args) not in (1, 2) or set(kwargs) - {"start"}:
         return None
     acc = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))

@@ -88,7 +88,7 @@ class _SequenceVar(CollectionVar):
 
 def _matches(tx, v, item) -> bool:
     """``v is item or v == item`` (a list's comparison), when the trace can tell."""
-    from ..interpreter import is_same
+    from .operators import is_same
     from .base import Unsupported
     if v is not item and v.is_const() and item.is_const():
         a, b = v.as_const(), item.as_const()

@@ -295,7 +295,7 @@ class NdarrayVar(Var):
         if name in ("size", "nbytes"):
             n = tx.output.size_of(t).call_method(tx, "numel", [], {})
             if name == "nbytes":
-                from ..interpreter import binary_op
+                from .operators import binary_op
                 n = binary_op(tx, operator.mul, n, ConstVar(self.dtype.itemsize))
             return n
         if name == "imag" and not t.example.is_complex():
@@ -1036,7 +1036,7 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
         if isinstance(other, NumpyScalarVar) and isinstance(other.value, (np.integer, np.floating)):
             # torch takes a NumPy number as the Python number it equals (a weak scalar)
             value = ConstVar(int(other.value) if isinstance(other.value, np.integer) else float(other.value))
-            from ..interpreter import binary_op
+            from .operators import binary_op
             return binary_op(tx, fn, *((a, value) if other is b else (value, b)))
         unsupported(f"{fn.__name__} between a tensor and an ndarray")
     if not isinstance(a, NdarrayVar) and not isinstance(b, NdarrayVar):
@@ -1050,8 +1050,8 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
     inplace = fn.__name__.startswith("i") and fn.__name__ not in ("is_", "is_not") and \
         isinstance(a, NdarrayVar)
     if inplace and a.scalar:
-        from ..interpreter import _INPLACE_TO_PLAIN
-        fn, inplace = _INPLACE_TO_PLAIN.get(fn, fn), False   # NumPy scalars are immutable
+        from .operators import INPLACE_TO_PLAIN
+        fn, inplace = INPLACE_TO_PLAIN.get(fn, fn), False   # NumPy scalars are immutable
     if fn in (operator.is_, operator.is_not, operator.contains):
         unsupported(f"{fn.__name__} on arrays")
     out = call_numpy(tx, f"__{fn.__name__.strip('_')}__", fn, [a, b], {}, inplace=inplace, np_fn=fn)
