@@ -16,6 +16,7 @@ import threading
 import time
 
 from . import config, progress
+from .bytecode_diff import _def_line    # (the def's line, not a decorator's)
 
 
 class _Session:
@@ -32,7 +33,6 @@ class _Session:
 
 def _describe(kind, what) -> str:
     if kind == "frame":
-        from .viewer import _def_line       # (the def's line, not a decorator's)
         code = what
         return (f"{getattr(code, 'co_qualname', code.co_name)} "
                 f"({os.path.basename(code.co_filename)}:{_def_line(code)})")
