@@ -57,6 +57,14 @@ class InternalError(RuntimeError):
     """A bug in frametrace itself, found while tracing."""
 
 
+class Yield(Exception):
+    """An inlined generator's frame suspends at a yield: run() unwinds with the value,
+    and the next pull calls run() again, at the instruction after the yield."""
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+
 def frame_summary(code, lineno: int | None) -> traceback.FrameSummary:
     lineno = lineno or code.co_firstlineno
     line = linecache.getline(code.co_filename, lineno).strip()

@@ -18,7 +18,7 @@ import traceback
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .bytecode_analysis import handler_for, has_cleanup, instructions, pure_generator
-from .exc import Unsupported, frame_summary
+from .exc import Unsupported, Yield, frame_summary
 from .side_effects import SideEffects
 from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
                      LocalSource)
@@ -28,6 +28,7 @@ from .variables.builder import wrap
 from .variables.asserts import assert_in_graph
 from .variables.base import a_type, nouns
 from .variables.builtins import LazyIteratorVar
+from .variables.contexts import ExitVar
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.symbolic import SliceVar, SymNodeVar
 from .variables.scalars import capturing
@@ -815,7 +816,7 @@ class InstructionTranslator:
             if user is None:
                 unsupported(f"'with' over {ctx}")
             ctx, enter = user, user.enter
-        self.push(_ExitVar(ctx))
+        self.push(ExitVar(ctx))
         self.push(enter(self))
 
     def RETURN_GENERATOR(self, inst):
@@ -826,7 +827,7 @@ class InstructionTranslator:
             unsupported("yield outside an inlined generator")
         value = self.pop()
         self.push(ConstVar(None))     # the value sent back: next() sends None
-        raise _Yield(value)
+        raise Yield(value)
 
     def RETURN_VALUE(self, inst):
         value = self.pop()
@@ -1079,7 +1080,7 @@ class InlinedGeneratorVar(LazyIteratorVar):
             self.child.root.code_runs += 1
         try:
             returned = self.child.run()
-        except _Yield as y:
+        except Yield as y:
             return y.value
         except TracedRaise as r:
             self.finished = True
@@ -1121,14 +1122,6 @@ def _freeze_returned_iterators(tx, v, depth=0):
     elif depth < 8 and type(v) is DictVar:
         for item in v.items.values():
             _freeze_returned_iterators(tx, item, depth + 1)
-
-
-class _Yield(Exception):
-    """An inlined generator's frame suspends at a yield: run() unwinds with the value,
-    and the next pull calls run() again, at the instruction after the yield."""
-    def __init__(self, value):
-        super().__init__()
-        self.value = value
 
 
 _GENERATOR = type((lambda: (yield))())
@@ -1199,35 +1192,6 @@ class OpaqueVar(Var):
     def __repr__(self):
         return f"OpaqueVar({self.kind.__name__})" if self.base is None else \
             f"OpaqueVar({self.base!r}.{self.attr})"
-
-
-class _ExitVar(Var):
-    """The __exit__ that BEFORE_WITH leaves on the stack: called with three Nones at
-    the block's end (or with an exception, for a context that takes one)."""
-    __slots__ = ("ctx",)
-
-    def __init__(self, ctx):
-        super().__init__(None)
-        self.ctx = ctx
-
-    def call(self, tx, args, kwargs):
-        with_exception = getattr(self.ctx, "exit_with", None)
-        if with_exception is not None:
-            return with_exception(tx, args)
-        self.ctx.exit(tx)         # (the others restore state, and never swallow one)
-        return ConstVar(None)
-
-    def reconstruct(self, cg):
-        from .variables.contexts import GradModeRestore, GradModeVar, NullContextVar, no_op_exit
-        handover = getattr(self.ctx, "reconstruct_exit", None)
-        if handover is not None:
-            handover(cg)
-        elif isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
-            cg.load_const(GradModeRestore(self.ctx.prev))
-        elif isinstance(self.ctx, NullContextVar):
-            cg.load_const(no_op_exit)
-        else:
-            unsupported(f"a graph break inside 'with {self.ctx}'")
 
 
 class _FunctionShim:

@@ -9,6 +9,7 @@ import _thread
 import torch
 
 from ..bytecode_analysis import instructions
+from ..exc import Yield
 from .base import Var, unsupported
 from .constant import ConstVar
 
@@ -622,11 +623,10 @@ class GeneratorFrameVar(Var):
 
     def resume(self):
         """Run to the next yield (its value) or to the end (None)."""
-        from ..interpreter import _Yield
         self.child.root.code_runs += 1
         try:
             self.child.run()
-        except _Yield as y:
+        except Yield as y:
             return y.value
         return None
 
@@ -741,14 +741,41 @@ def check_break_at_with(ctx):
         unsupported(f"a graph break at 'with' over {ctx}")
 
 
+class ExitVar(Var):
+    """The __exit__ that BEFORE_WITH leaves on the stack: called with three Nones at
+    the block's end (or with an exception, for a context that takes one)."""
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx):
+        super().__init__(None)
+        self.ctx = ctx
+
+    def call(self, tx, args, kwargs):
+        with_exception = getattr(self.ctx, "exit_with", None)
+        if with_exception is not None:
+            return with_exception(tx, args)
+        self.ctx.exit(tx)         # (the others restore state, and never swallow one)
+        return ConstVar(None)
+
+    def reconstruct(self, cg):
+        handover = getattr(self.ctx, "reconstruct_exit", None)
+        if handover is not None:
+            handover(cg)
+        elif isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:
+            cg.load_const(GradModeRestore(self.ctx.prev))
+        elif isinstance(self.ctx, NullContextVar):
+            cg.load_const(no_op_exit)
+        else:
+            unsupported(f"a graph break inside 'with {self.ctx}'")
+
+
 def check_exit_handover(var):
     """A graph break inside a `with` hands its __exit__ to CPython, which must then
     behave as the original frame: an __exit__ that may swallow the exception raised at
     the break would need the code after the block, so such breaks are refused."""
-    from ..interpreter import _ExitVar
     from .functions import BoundMethodVar, UserFunctionVar
-    if isinstance(var, (_ExitVar, GradModeSetVar, NoOpExitVar)):
-        return                      # _ExitVar.reconstruct checks its context
+    if isinstance(var, (ExitVar, GradModeSetVar, NoOpExitVar)):
+        return                      # ExitVar.reconstruct checks its context
     if isinstance(var, BoundMethodVar) and isinstance(var.fn, UserFunctionVar) and \
             never_suppresses(var.fn.fn):
         return

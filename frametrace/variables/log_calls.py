@@ -292,13 +292,12 @@ def warn_call(tx, args, kwargs):
 def _inside_catch_warnings(tx) -> bool:
     """Whether a `with warnings.catch_warnings()` traced in this graph is open: its
     __exit__ waits on some traced frame's stack."""
-    from ..interpreter import _ExitVar
-    from .contexts import NullContextVar
+    from .contexts import ExitVar, NullContextVar
     from .functions import BoundMethodVar
     frame = tx
     while frame is not None:
         for v in frame.stack:
-            ctx = getattr(v, "ctx", None) if isinstance(v, _ExitVar) else None
+            ctx = getattr(v, "ctx", None) if isinstance(v, ExitVar) else None
             if isinstance(ctx, NullContextVar) and ctx.factory is warnings.catch_warnings:
                 return True
             # (a resumed frame: the block was entered by CPython, its __exit__ handed over)
