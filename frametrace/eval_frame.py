@@ -94,11 +94,9 @@ def _configured(backend, mode, options):
     known = _configured_backends.get(key)
     if known is not None:
         return known[1]
-    if fn is _BACKENDS.get("triton"):
-        from .backends.triton import config, configured
-        configured_fn = configured({**config.MODES.get(mode or "default", {}), **(options or {})})
-    elif fn is _BACKENDS.get("default"):
-        configured_fn = type(fn)(mode, options)
+    configure = getattr(fn, "__frametrace_configure__", None)
+    if configure is not None:
+        configured_fn = configure(mode, options)
     else:
         _check_takes(fn, backend, "mode" if mode not in (None, "default") else "options")
         kwargs = {"mode": mode} if mode not in (None, "default") else {"options": dict(options)}

@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, compute_unbacked_bindings
 
-from .backends import backend_name
+from .backend_registry import backend_name
 from .exc import BackendCompilerFailed
 from .shapes import (ShapePolicy, overlaps_itself, meta_like, new_fake_mode, static_geometry, symbolic_fake,
                      symbolic_float, symbolic_int)

@@ -59,6 +59,11 @@ class DefaultBackend:
             self._kernels = configured({**config.MODES.get(self.mode or "default", {}), **self.options})
         self._noted_settings = False
 
+    def __frametrace_configure__(self, mode, options):
+        """optimize(mode=, options=): a default backend choosing the triton backend's
+        kernels with those settings."""
+        return type(self)(mode, options)
+
     def __frametrace_runs_ops_as_traced__(self, args) -> bool:
         """For convert._functionalizes, at the start of a trace: a frame whose arguments
         hold no tensor on a kernel device is traced for the eager backend."""

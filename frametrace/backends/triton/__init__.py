@@ -23,6 +23,15 @@ def triton_backend(gm, example_inputs):
     return compile_graph(gm, example_inputs)
 
 
+def _configure(mode, options):
+    """optimize(backend="triton", mode=, options=): a mode's settings, then `options`."""
+    from . import config
+    return configured({**config.MODES.get(mode or "default", {}), **(options or {})})
+
+
+triton_backend.__frametrace_configure__ = _configure
+
+
 def configured(overrides: dict):
     """The triton backend with `overrides` of `config` (from `optimize(mode=, options=)`)
     for its compiles and for the modules they make, whatever `config` says later."""
