@@ -22,7 +22,7 @@ from . import autotune, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
 from .ir import ExpSum
-from .ops import compute_dtype
+from .lowering_base import compute_dtype
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
       torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",

@@ -24,7 +24,7 @@ import torch
 
 from . import indexing, layout
 from .ir import Buffer, Computed, Extern, Pointwise, Unsupported
-from .ops import LOWERINGS, bcast, reads_of
+from .lowering_base import LOWERINGS, bcast, reads_of
 
 aten = torch.ops.aten
 

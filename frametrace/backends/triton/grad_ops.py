@@ -12,7 +12,7 @@ import torch
 
 from . import config, indexing
 from .ir import IRNode, Unsupported
-from .ops import _slice_bounds, _val, bcast, operand, pointwise, register
+from .lowering_base import bcast, operand, pointwise, register, slice_bounds, val_of
 
 aten = torch.ops.aten
 
@@ -29,7 +29,7 @@ def _scatter_value(src, dtype):
 @register(aten.scatter.value, aten.scatter.src)
 def _scatter(L, node, x, dim, index, src):
     """out = x, then out[..., index[..., 0, ...], ...] = src[..., 0, ...] (one per row)."""
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     dim %= max(len(shape), 1)
     if not isinstance(index, IRNode) or len(index.shape) != len(shape) or index.shape[dim] != 1 \
             or any(a != b for d, (a, b) in enumerate(zip(index.shape, shape)) if d != dim):
@@ -51,9 +51,9 @@ def _scatter(L, node, x, dim, index, src):
 
 @register(aten.slice_scatter)
 def _slice_scatter(L, node, x, src, dim=0, start=None, end=None, step=1):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     dim %= len(shape)
-    lo, hi = _slice_bounds(shape[dim], start, end, step)
+    lo, hi = slice_bounds(shape[dim], start, end, step)
     if any(isinstance(v, sympy.Basic) and not v.is_number for v in (lo, hi)):
         raise Unsupported("a slice_scatter at symbolic positions")
 
@@ -70,7 +70,7 @@ def _slice_scatter(L, node, x, src, dim=0, start=None, end=None, step=1):
 
 @register(aten.select_scatter)
 def _select_scatter(L, node, x, src, dim, index):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     dim %= len(shape)
     if any(isinstance(v, sympy.Basic) and not v.is_number for v in (index, shape[dim])):
         raise Unsupported("a select_scatter at a symbolic position")

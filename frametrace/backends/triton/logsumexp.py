@@ -19,6 +19,7 @@ import torch
 
 from . import indexing
 from .ir import Buffer, Computed, ExpSum, Pointwise
+from .lowering_base import bcast, val_of
 
 aten = torch.ops.aten
 _SHIFT_DEPTH = 3   # how many ops may lie between the max and the shift
@@ -134,9 +135,9 @@ def reads_all(node, user) -> bool:
     return True
 
 
-def lower_sum(L, node, keepdim):
-    """The ExpSum for a sum `node` that `match`es, or None."""
-    from .ops import _squeezed, _val, bcast
+def lower_sum(L, node):
+    """The ExpSum for a sum `node` that `match`es, with the dims summed kept (size 1),
+    and those dims; or None."""
     found = match(node)
     if found is None:
         return None
@@ -144,7 +145,7 @@ def lower_sum(L, node, keepdim):
     xv, cv, mv, summand = (L.env.get(n) for n in (x, shift, m, node.args[0]))
     if not all(isinstance(v, (Buffer, Computed, Pointwise)) for v in (xv, cv, summand)):
         return None
-    _, out = _val(node)
+    _, out = val_of(node)
     if 0 in xv.shape:
         return None
     shape = [1 if d in dims else n for d, n in enumerate(xv.shape)]
@@ -154,10 +155,7 @@ def lower_sum(L, node, keepdim):
         return k.cast(cv.load(k, bcast(idx, cv.shape)), cv.dtype, summand.dtype)
     r = ExpSum(shape, out, rshape, _row_fn(summand, dims), summand.dtype, _row_fn(xv, dims),
                xv.dtype, shift_fn, mv if isinstance(mv, Computed) and mv.is_reduction else None)
-    s = L.computed(r)
-    if keepdim:
-        return s
-    return _squeezed(L, s, node.meta["val"], dims)
+    return L.computed(r), dims
 
 
 def _row_fn(x, dims):

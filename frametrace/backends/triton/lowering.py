@@ -7,10 +7,10 @@ import operator
 import torch
 import torch.fx
 
-from . import grad_ops, indexing, layout, logsumexp  # noqa: F401  (grad_ops registers lowerings)
+from . import grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .fallback import Fallback, by_design, ir_values, trace
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported, contiguous_strides
-from .ops import LOWERINGS, compute_dtype
+from .lowering_base import LOWERINGS, compute_dtype
 from .placement import Placement, device_of, is_view, reaches_output
 
 aten = torch.ops.aten

@@ -17,69 +17,10 @@ import torch
 from . import autotune, config, indexing, layout, logsumexp
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
+from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, pointwise,  # noqa: F401
+                            reads_of, register, shape_of, slice_bounds, val_of)
 
 aten, prims = torch.ops.aten, torch.ops.prims
-LOWERINGS: dict = {}
-
-
-def register(*ops):
-    def deco(fn):
-        for op in ops:
-            if isinstance(op, torch._ops.OpOverloadPacket):
-                for name in op.overloads():
-                    LOWERINGS.setdefault(getattr(op, name), fn)
-            else:
-                LOWERINGS[op] = fn
-        return fn
-    return deco
-
-
-def compute_dtype(dtype):
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _val(node):
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        raise Unsupported(f"{node.target} returns {type(val).__name__}")
-    if val.is_complex():
-        raise Unsupported("complex")
-    return _shape(val.shape), val.dtype
-
-
-def _shape(sizes) -> tuple:
-    try:
-        return tuple(indexing.sym(n) for n in sizes)
-    except ValueError as e:
-        raise Unsupported(str(e)) from None
-
-
-def _symbolic(v) -> bool:
-    return isinstance(v, sympy.Basic) and not v.is_number
-
-
-def reads_of(x) -> int:
-    if isinstance(x, Pointwise):
-        return 1 if x.realized is not None else x.reads
-    return 1 if isinstance(x, IRNode) else 0
-
-
-def bcast(idx, shape):
-    """The index into a tensor of `shape` broadcast to the output index `idx`."""
-    idx = idx[len(idx) - len(shape):]
-    return [indexing.Integer(0) if n == 1 else i for i, n in zip(idx, shape)]
-
-
-def operand(k, x, idx, dtype):
-    if isinstance(x, IRNode):
-        return k.cast(x.load(k, bcast(idx, x.shape)), x.dtype, dtype)
-    if _symbolic(x):  # a size: the kernel's int arguments
-        return k.cast(k.op(indexing.pexpr(x), level=0), torch.int64, dtype)
-    return k.literal(x, dtype)
-
-
-def pointwise(shape, dtype, fn, *inputs, alias=None):
-    return Pointwise(shape, dtype, fn, sum(reads_of(x) for x in inputs), alias)
 
 
 def _meta_arg(a):
@@ -103,7 +44,7 @@ def elementwise(template, compute=None):
     """Lower with `template(k, *values)` or `template.format(*values)`; inputs are cast to
     `compute(node, out_dtype)` (default: the output dtype)."""
     def lower(L, node, *args, **kwargs):
-        shape, dtype = _val(node)
+        shape, dtype = val_of(node)
         cdt = compute(node, dtype) if compute else dtype
         if cdt.is_complex:
             raise Unsupported("complex")
@@ -342,7 +283,7 @@ def _floor_divide(k, d, a, b, check):
 
 @register(aten.pow)
 def _pow(L, node, base, exp):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     if isinstance(exp, (int, float)) and isinstance(base, IRNode):
         e = float(exp)
 
@@ -381,7 +322,7 @@ def _general_pow(k, x, e, odd):
 
 @register(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
 def _where(L, node, cond, a, b):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
 
     def fn(k, idx):
         c = operand(k, cond, idx, torch.bool)
@@ -391,7 +332,7 @@ def _where(L, node, cond, a, b):
 
 @register(aten.clamp, aten.clamp_min, aten.clamp_max)
 def _clamp(L, node, x, lo=None, hi=None):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, lo
     cdt, cuda = compute_dtype(dtype), _on_cuda(L)
@@ -408,7 +349,7 @@ def _clamp(L, node, x, lo=None, hi=None):
 
 @register(prims.convert_element_type, aten._to_copy, aten.clone, aten.lift_fresh_copy)
 def _copy(L, node, x, dtype=None, **kwargs):
-    shape, out_dtype = _val(node)
+    shape, out_dtype = val_of(node)
     if not isinstance(x, IRNode) or node.meta["val"].device != L.device:
         raise Unsupported("a copy to another device")
     return pointwise(shape, out_dtype, lambda k, idx: k.cast(x.load(k, idx), x.dtype, out_dtype), x)
@@ -418,7 +359,7 @@ def _copy(L, node, x, dtype=None, **kwargs):
 @register(aten.full, aten.scalar_tensor, aten.zeros, aten.ones, aten.full_like,
           aten.zeros_like, aten.ones_like)
 def _full(L, node, *args, **kwargs):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     name = node.target.overloadpacket.__name__
     value = {"zeros": 0, "ones": 1, "zeros_like": 0, "ones_like": 1}.get(
         name, args[0] if name == "scalar_tensor" else args[-1])
@@ -429,19 +370,19 @@ def _full(L, node, *args, **kwargs):
 
 @register(aten.fill.Scalar)
 def _fill(L, node, x, value):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     return pointwise(shape, dtype, lambda k, idx: k.literal(value, dtype))
 
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota)
 def _arange(L, node, *args, **kwargs):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     if node.target is prims.iota.default:
         start, step = kwargs.get("start", args[1] if len(args) > 1 else 0), kwargs.get("step", 1)
     else:
         start = args[0] if len(args) > 1 else 0
         step = args[2] if len(args) > 2 else kwargs.get("step", 1)
-    if _symbolic(start) or _symbolic(step):
+    if is_symbolic(start) or is_symbolic(step):
         raise Unsupported("arange with a symbolic start or step")
 
     def fn(k, idx):
@@ -453,7 +394,7 @@ def _arange(L, node, *args, **kwargs):
 # -- views ----------------------------------------------------------------------------------
 def view(L, node, x, index_map, view_fn):
     """A view of `x`: strides on the same memory when x is a buffer, else an index map."""
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     if not isinstance(x, IRNode):
         raise Unsupported("a view of a non-tensor")
     if isinstance(x, Pointwise) and x.realized is not None:
@@ -474,7 +415,7 @@ def view(L, node, x, index_map, view_fn):
 
 @register(aten.view.default, aten._unsafe_view, aten.reshape)
 def _reshape(L, node, x, size):
-    shape, _ = _val(node)
+    shape, _ = val_of(node)
     old = x.shape
     return view(L, node, x, lambda idx: unflatten(flatten(idx, shape), old),
                 lambda t: t.view(shape))
@@ -482,7 +423,7 @@ def _reshape(L, node, x, size):
 
 @register(aten.expand)
 def _expand(L, node, x, size, implicit=False):
-    shape, _ = _val(node)
+    shape, _ = val_of(node)
     return view(L, node, x, lambda idx: bcast(idx, x.shape), lambda t: t.expand(shape))
 
 
@@ -515,14 +456,14 @@ def _alias(L, node, x):
 
 @register(aten.unsqueeze)
 def _unsqueeze(L, node, x, dim):
-    shape, _ = _val(node)
+    shape, _ = val_of(node)
     dim %= len(shape)
     return view(L, node, x, lambda idx: idx[:dim] + idx[dim + 1:], lambda t: t.unsqueeze(dim))
 
 
 @register(aten.squeeze, prims.squeeze)
 def _squeeze(L, node, x, dims=None):
-    shape, _ = _val(node)
+    shape, _ = val_of(node)
     n = len(x.shape)
     if dims is None:
         dims = [d for d in range(n) if x.shape[d] == 1]
@@ -534,23 +475,10 @@ def _squeeze(L, node, x, dims=None):
     return view(L, node, x, index_map, lambda t: t.squeeze(tuple(sorted(dims))))
 
 
-def _slice_bounds(size, start, end, step):
-    if _symbolic(size) or _symbolic(start) or _symbolic(end):
-        # symbolic: from a non-negative start to the end (or to a symbolic end), only
-        start = 0 if start is None else start
-        if end is None or (isinstance(end, int) and end >= 2 ** 62):
-            end = size
-        if _symbolic(start) or start < 0 or (isinstance(end, int) and end < 0) or step != 1:
-            raise Unsupported("a slice of a symbolic size")
-        return start, end
-    start, end, _ = slice(start, end, step).indices(size)
-    return start, max(end, start)
-
-
 @register(aten.slice.Tensor)
 def _slice(L, node, x, dim=0, start=None, end=None, step=1):
     dim %= len(x.shape)
-    start, end = _slice_bounds(x.shape[dim], start, end, step)
+    start, end = slice_bounds(x.shape[dim], start, end, step)
 
     def index_map(idx):
         return idx[:dim] + [start + idx[dim] * step] + idx[dim + 1:]
@@ -560,7 +488,7 @@ def _slice(L, node, x, dim=0, start=None, end=None, step=1):
 @register(aten.select.int)
 def _select(L, node, x, dim, index):
     dim %= len(x.shape)
-    if _symbolic(index) or (_symbolic(x.shape[dim]) and index < 0):
+    if is_symbolic(index) or (is_symbolic(x.shape[dim]) and index < 0):
         raise Unsupported("select at a symbolic position")
     index %= x.shape[dim]
     return view(L, node, x, lambda idx: idx[:dim] + [indexing.Integer(index)] + idx[dim:],
@@ -582,7 +510,7 @@ def _split(L, node, x, sizes=0, dim=0):
     dim %= len(x.shape)
     out, start = [], 0
     for v in vals:
-        n = _shape(v.shape)[dim]
+        n = shape_of(v.shape)[dim]
         out.append(_slice(L, _Sub(v), x, dim, start, start + n))
         start += n
     return out
@@ -630,7 +558,7 @@ def _out_of_bounds(exc, dim, size):
 
 @register(aten.gather)
 def _gather(L, node, x, dim, index, sparse_grad=False):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     dim %= max(len(x.shape), 1)
     error = _out_of_bounds("RuntimeError", dim, x.shape[dim] if x.shape else 1)
 
@@ -642,7 +570,7 @@ def _gather(L, node, x, dim, index, sparse_grad=False):
 
 @register(aten.index_select)
 def _index_select(L, node, x, dim, index):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     dim %= len(x.shape)
 
     def fn(k, idx):
@@ -653,7 +581,7 @@ def _index_select(L, node, x, dim, index):
 
 @register(aten.index.Tensor)
 def _index(L, node, x, indices):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     used = [d for d, i in enumerate(indices) if i is not None]
     if any(not isinstance(indices[d], IRNode) or indices[d].dtype == torch.bool for d in used):
         raise Unsupported("boolean or constant index")
@@ -679,7 +607,7 @@ def _index(L, node, x, indices):
 
 @register(aten.cat)
 def _cat(L, node, tensors, dim=0):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     dim %= len(shape)
     parts, start = [], 0
     for t in tensors:
@@ -731,7 +659,7 @@ def _static_part(parts, starts, at):
 
 @register(aten.constant_pad_nd)
 def _pad(L, node, x, pad, value=0):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     n = len(shape)
     before = {n - 1 - j // 2: pad[j] for j in range(0, len(pad), 2)}
 
@@ -768,8 +696,8 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
     (kh, kw), (dh, dw) = _pair(kernel_size, None), _pair(dilation, 1)
     (sh, sw), (ph, pw) = _pair(stride, [kh, kw]), _pair(padding, 0)
     vals = node.meta["val"]
-    shape, dtype = _shape(vals[0].shape), vals[0].dtype
-    if not isinstance(x, IRNode) or any(_symbolic(n) for n in x.shape) or len(x.shape) not in (3, 4):
+    shape, dtype = shape_of(vals[0].shape), vals[0].dtype
+    if not isinstance(x, IRNode) or any(is_symbolic(n) for n in x.shape) or len(x.shape) not in (3, 4):
         raise Unsupported("max_pool2d")
     H, W = x.shape[-2:]
     cdt = compute_dtype(dtype)
@@ -806,9 +734,9 @@ def _max_pool2d_backward(L, node, grad, x, kernel_size, stride, padding, dilatio
     each output's gradient into its max's slot in that order)."""
     (kh, kw), (dh, dw) = _pair(kernel_size, None), _pair(dilation, 1)
     (sh, sw), (ph, pw) = _pair(stride, [kh, kw]), _pair(padding, 0)
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     if (dh, dw) != (1, 1) or not isinstance(grad, IRNode) or not isinstance(indices, IRNode) or \
-            any(_symbolic(n) for n in (*shape, *grad.shape)) or len(shape) not in (3, 4):
+            any(is_symbolic(n) for n in (*shape, *grad.shape)) or len(shape) not in (3, 4):
         raise Unsupported("max_pool2d backward")
     H, W = shape[-2:]
     OH, OW = grad.shape[-2:]
@@ -873,8 +801,12 @@ def reduction_node(x, dims, keepdim, rtype, dtype, src_dtype=None, value=None) -
 
 @register(aten.sum.dim_IntList, aten.sum.default, prims.sum)
 def _sum(L, node, x, dims=None, keepdim=False, dtype=None, **kwargs):
-    _, out = _val(node)
-    return logsumexp.lower_sum(L, node, keepdim) or reduction(L, x, dims, keepdim, "sum", out)
+    _, out = val_of(node)
+    found = logsumexp.lower_sum(L, node)
+    if found is None:
+        return reduction(L, x, dims, keepdim, "sum", out)
+    s, summed = found
+    return s if keepdim else _squeezed(L, s, node.meta["val"], summed)
 
 
 @register(aten.prod.dim_int, aten.prod.default)
@@ -884,7 +816,7 @@ def _prod(L, node, x, *args, **kwargs):
 
 def _scale(L, node, r, factor):
     """r * factor, a float or (symbolic) ("div", n): r / n."""
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     if isinstance(factor, tuple):
         n = factor[1]
         return pointwise(shape, dtype, lambda k, idx: k.op(
@@ -894,12 +826,12 @@ def _scale(L, node, r, factor):
 
 def _inverse(n):
     """1 / n as a factor for `_scale`."""
-    return ("div", n) if _symbolic(n) else 1.0 / n
+    return ("div", n) if is_symbolic(n) else 1.0 / n
 
 
 @register(aten.mean.dim, aten.mean.default)
 def _mean(L, node, x, dims=None, keepdim=False, dtype=None):
-    _, out = _val(node)
+    _, out = val_of(node)
     dims = _dims(x, dims)
     s = reduction(L, x, dims, keepdim, "sum", out)
     return _scale(L, node, s, _inverse(math.prod(x.shape[d] for d in dims)))
@@ -926,7 +858,7 @@ def _var(L, node, x, dims, correction, keepdim):
 
     def centred_sq(k, xi):
         s = mean.load(k, [indexing.Integer(0) if d in dims else i for d, i in enumerate(xi)])
-        m = k.op(f"{s} / {operand(k, n, xi, torch.float32)}" if _symbolic(n) else f"{s} * {1.0 / n!r}")
+        m = k.op(f"{s} / {operand(k, n, xi, torch.float32)}" if is_symbolic(n) else f"{s} * {1.0 / n!r}")
         c = k.op(f"{k.cast(x.load(k, xi), x.dtype, dtype)} - {m}")
         return k.op(f"{c} * {c}")
     sq = L.computed(reduction_node(x, dims, keepdim, "sum", dtype, src_dtype=dtype, value=centred_sq))
@@ -935,7 +867,7 @@ def _var(L, node, x, dims, correction, keepdim):
 
 def _var_factors(n, correction):
     """The factors turning a centred sum of squares into the variance, a sum into the mean."""
-    if _symbolic(n):
+    if is_symbolic(n):
         denom = n - (1 if correction is None else correction)  # 0: x / 0, as torch
         return ("div", denom), ("div", n)
     denom = max(n - (1 if correction is None else correction), 0)
@@ -966,13 +898,13 @@ def _squeezed(L, x, val, dims):
 
 @register(aten.amax, aten.amin)
 def _amax(L, node, x, dims=(), keepdim=False):
-    _, out = _val(node)
+    _, out = val_of(node)
     return reduction(L, x, dims, keepdim, "max" if node.target is aten.amax.default else "min", out)
 
 
 @register(aten.max.default, aten.min.default)
 def _max_all(L, node, x):
-    _, out = _val(node)
+    _, out = val_of(node)
     return reduction(L, x, None, False, "max" if node.target is aten.max.default else "min", out)
 
 
@@ -1025,7 +957,7 @@ def _scan_input(x, shape, dim, acc):
 def scan(L, node, x, dim, stype):
     """A realized Scan of `x` along `dim`, accumulated in the output's compute dtype
     (float32 for half outputs; int64 when torch promotes an integer cumsum)."""
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     acc = compute_dtype(dtype)
     if acc == torch.bool or (stype == "logaddexp" and not acc.is_floating_point):
         raise Unsupported(f"a {stype} scan to {dtype}")
@@ -1056,7 +988,7 @@ def _cummax(L, node, x, dim):
     as one (value, index) `tl.associative_scan`."""
     kind = "max" if node.target is aten.cummax.default else "min"
     vals, _ = node.meta["val"]
-    shape, dtype = _shape(vals.shape), vals.dtype
+    shape, dtype = shape_of(vals.shape), vals.dtype
     if dtype == torch.bool or dtype.is_complex:
         raise Unsupported(f"cum{kind} of {dtype}")
     dim, value = _scan_input(x, shape, dim, compute_dtype(dtype))

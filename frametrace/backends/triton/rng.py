@@ -35,7 +35,7 @@ import torch
 from . import codegen, indexing
 from .indexing import flatten, pexpr
 from .ir import Buffer, Extern, Unsupported
-from .ops import _val, compute_dtype, pointwise, register
+from .lowering_base import compute_dtype, pointwise, register, val_of
 from .partition import RECOMPUTABLE_OPS
 
 aten = torch.ops.aten
@@ -348,7 +348,7 @@ def _lower_seed(L, node, device):
 
 @register(RAND)
 def _lower_rand(L, node, seed, offset, size, normal, dtype):
-    shape, dtype = _val(node)
+    shape, dtype = val_of(node)
     numel = math.prod(shape)
     if compute_dtype(dtype) not in (torch.float32, torch.float64):
         raise Unsupported(f"random numbers in {dtype}")

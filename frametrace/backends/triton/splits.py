@@ -17,7 +17,7 @@ from . import autotune, config, indexing
 from .codegen import KernelCodegen, KernelGroup
 from .indexing import unflatten
 from .ir import Computed, Reduction
-from .ops import compute_dtype
+from .lowering_base import compute_dtype
 
 # what the second step does with the first's results: the same reduction
 SPLITTABLE = ("sum", "max", "min", "any")

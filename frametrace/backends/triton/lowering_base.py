@@ -1,0 +1,87 @@
+"""What every lowering builds on, below ops.py and the modules that lower beside it
+(grad_ops, logsumexp, rng, foreach, splits) and the kernel source generator: the lowering
+registry, the dtype a kernel computes in, an FX node's shape and dtype, broadcasting of an
+index, and making a `Pointwise`.  It imports no other lowering module, so that those can
+import it without importing each other."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from . import indexing
+from .ir import IRNode, Pointwise, Unsupported
+
+LOWERINGS: dict = {}
+
+
+def register(*ops):
+    def deco(fn):
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    LOWERINGS.setdefault(getattr(op, name), fn)
+            else:
+                LOWERINGS[op] = fn
+        return fn
+    return deco
+
+
+def compute_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def val_of(node):
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported(f"{node.target} returns {type(val).__name__}")
+    if val.is_complex():
+        raise Unsupported("complex")
+    return shape_of(val.shape), val.dtype
+
+
+def shape_of(sizes) -> tuple:
+    try:
+        return tuple(indexing.sym(n) for n in sizes)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+
+
+def is_symbolic(v) -> bool:
+    return isinstance(v, sympy.Basic) and not v.is_number
+
+
+def reads_of(x) -> int:
+    if isinstance(x, Pointwise):
+        return 1 if x.realized is not None else x.reads
+    return 1 if isinstance(x, IRNode) else 0
+
+
+def bcast(idx, shape):
+    """The index into a tensor of `shape` broadcast to the output index `idx`."""
+    idx = idx[len(idx) - len(shape):]
+    return [indexing.Integer(0) if n == 1 else i for i, n in zip(idx, shape)]
+
+
+def operand(k, x, idx, dtype):
+    if isinstance(x, IRNode):
+        return k.cast(x.load(k, bcast(idx, x.shape)), x.dtype, dtype)
+    if is_symbolic(x):  # a size: the kernel's int arguments
+        return k.cast(k.op(indexing.pexpr(x), level=0), torch.int64, dtype)
+    return k.literal(x, dtype)
+
+
+def pointwise(shape, dtype, fn, *inputs, alias=None):
+    return Pointwise(shape, dtype, fn, sum(reads_of(x) for x in inputs), alias)
+
+
+def slice_bounds(size, start, end, step):
+    if is_symbolic(size) or is_symbolic(start) or is_symbolic(end):
+        # symbolic: from a non-negative start to the end (or to a symbolic end), only
+        start = 0 if start is None else start
+        if end is None or (isinstance(end, int) and end >= 2 ** 62):
+            end = size
+        if is_symbolic(start) or start < 0 or (isinstance(end, int) and end < 0) or step != 1:
+            raise Unsupported("a slice of a symbolic size")
+        return start, end
+    start, end, _ = slice(start, end, step).indices(size)
+    return start, max(end, start)
