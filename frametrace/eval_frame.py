@@ -173,6 +173,11 @@ class OptimizedModule(torch.nn.Module):
     """What `optimize(module)` returns: calls run the module under the frame hook;
     attributes, parameters and `state_dict` are the original module's (no prefix)."""
 
+    # Where the module is, for a trace that meets this wrapper (variables/builder.py,
+    # which does not import this class): its own class's attribute, so a subclass is
+    # not taken for one.
+    __frametrace_wraps__ = "_orig_mod"
+
     def __init__(self, mod: torch.nn.Module, callback, settings=None):
         super().__init__()
         object.__setattr__(self, "_orig_mod", mod)

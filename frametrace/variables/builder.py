@@ -23,6 +23,7 @@ import types
 
 import torch
 
+from .. import _C
 from ..source import AttrSource, GetItemSource
 from .base import unsupported
 from ..graph import fx_can_name
@@ -302,12 +303,13 @@ _CONTAINER_TYPES = (list, dict, set, frozenset, tuple, str, bytes)
 
 def _optimized_inner(value):
     """(attribute, callable) that an optimize() wrapper runs under the hook, or None."""
-    from .. import _C
     if type(value) is _C.Hooked:
         return "fn", value.fn
-    from ..eval_frame import OptimizedModule
-    if type(value) is OptimizedModule:
-        return "_orig_mod", value.__dict__["_orig_mod"]
+    # (an OptimizedModule says where its module is: the class is the hook's front,
+    # above the values, and not imported here)
+    attr = type(value).__dict__.get("__frametrace_wraps__")
+    if attr is not None:
+        return attr, value.__dict__[attr]
     return None
 
 
