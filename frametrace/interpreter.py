@@ -26,7 +26,7 @@ from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, TensorVar
                         TupleVar, Var, unsupported)
 from .variables.builder import wrap
 from .variables.asserts import assert_in_graph
-from .variables.base import a_type, nouns
+from .variables.base import nouns
 from .variables.builtins import LazyIteratorVar
 from .variables.contexts import ExitVar
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
@@ -34,15 +34,13 @@ from .variables.symbolic import SliceVar, SymNodeVar
 from .variables.scalars import capturing
 from .variables.operators import binary_op, contains, dict_key, is_none, is_same, unary_op
 from .variables.lazy import Lazy
-from .variables.exceptions import (UNKNOWN, ExceptionVar, TracebackVar, TracedRaise,
-                                   chain, exception_of, exception_type, matches,
-                                   throw)
+from .variables.opaque import OpaqueVar, is_data
+from .variables.generators import InlinedGeneratorVar, stop_iteration_error
+from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
+                                   chain, exception_of, matches,
+                                   is_exception, throw)
 
 PY312 = sys.version_info >= (3, 12)
-# 3.11 turns a StopIteration leaving a generator into RuntimeError in gen_send_ex; 3.12
-# compiles a handler into the generator (CALL_INTRINSIC_1 INTRINSIC_STOPITERATION_ERROR).
-_STOPITERATION_IN_GEN_SEND = not PY312
-
 # Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
 _BINARY_OPS = {
     "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
@@ -104,7 +102,7 @@ class InstructionTranslator:
             from .resume import opaque_locals
             opaque = opaque_locals(code)
             for name, value in zip(code.co_varnames, args):
-                if not (name.startswith("___result") or name in opaque) or not _is_data(value):
+                if not (name.startswith("___result") or name in opaque) or not is_data(value):
                     self.locals[name] = Lazy(value, LocalSource(name))
                 elif type(value) in (int, float) and (type(value) is int or math.isfinite(value)) \
                         and output.policy.data_numbers():
@@ -843,7 +841,7 @@ class InstructionTranslator:
             handled = self.root.exc_handled
             if handled is UNKNOWN:
                 unsupported("bare raise of the exception the caller was handling")
-            if not _is_exception(handled):
+            if not is_exception(handled):
                 unsupported("bare raise with no active exception (RuntimeError)")
             raise TracedRaise(handled, fresh=False)
         cause = self.pop() if inst.arg == 2 else None
@@ -856,7 +854,7 @@ class InstructionTranslator:
 
     def RERAISE(self, inst):
         exc = self.pop()
-        if not _is_exception(exc):
+        if not is_exception(exc):
             unsupported(f"re-raising {exc}")
         raise TracedRaise(exc, fresh=False)
 
@@ -865,7 +863,7 @@ class InstructionTranslator:
         root = self.root
         if root.exc_handled is UNKNOWN:
             # What POP_EXCEPT puts back: the caller's exception, never read by the trace.
-            self.push(_CallerException())
+            self.push(CallerExceptionVar())
         else:
             self.push(root.exc_handled)
         root.exc_handled = exc
@@ -873,7 +871,7 @@ class InstructionTranslator:
 
     def POP_EXCEPT(self, inst):
         prev = self.pop()
-        self.root.exc_handled = UNKNOWN if isinstance(prev, _CallerException) else prev
+        self.root.exc_handled = UNKNOWN if isinstance(prev, CallerExceptionVar) else prev
 
     def CHECK_EXC_MATCH(self, inst):
         from .variables.builtins import _class_value
@@ -989,18 +987,6 @@ class InstructionTranslator:
         unsupported(f"{inst.argrepr}")
 
 
-def _is_exception(v) -> bool:
-    """An exception the trace made, or one CPython raised (a resume frame's handler
-    gets it as data)."""
-    return isinstance(v, ExceptionVar) or (
-        isinstance(v, OpaqueVar) and v.base is None and issubclass(v.kind, BaseException))
-
-
-class _CallerException(Var):
-    """The exception the caller was handling, saved on the stack by PUSH_EXC_INFO."""
-    __slots__ = ()
-
-
 _TPFLAGS_SEQUENCE, _TPFLAGS_MAPPING = 1 << 5, 1 << 6
 # Mappings whose get() is dict's own (MATCH_KEYS calls the subject's get()).
 _PLAIN_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
@@ -1044,74 +1030,6 @@ def _match_class(tx, subject, cls_var, npos, names):
     return TupleVar(attrs)
 
 
-class InlinedGeneratorVar(LazyIteratorVar):
-    """A generator of an inlined generator function.  Its body runs lazily, as
-    CPython's, up to the next yield on each next() or send(), so no item is computed
-    that the caller does not consume."""
-    __slots__ = ("child", "pure", "started", "finished", "returned")
-
-    def __init__(self, child, pure: bool):
-        self.child = child
-        self.pure = pure
-        self.started = self.finished = False
-        self.returned = ConstVar(None)
-        super().__init__(self._items(), _GENERATOR)
-
-    def _items(self):
-        while True:
-            v = self.resume(self.child, ConstVar(None))
-            if v is None:
-                return
-            yield v
-
-    def resume(self, tx, sent):
-        """Run to the next yield (its value) or the return (None) with `sent` as the
-        value of the yield it was suspended at."""
-        if self.index < len(self.items):
-            unsupported("send() to a generator a graph break pulled ahead")
-        if self.finished:
-            return None
-        if self.started:
-            self.child.stack[-1] = sent
-        elif not is_none(sent):
-            unsupported("can't send non-None value to a just-started generator (TypeError)")
-        self.started = True
-        if not self.pure:
-            self.child.root.code_runs += 1
-        try:
-            returned = self.child.run()
-        except Yield as y:
-            return y.value
-        except TracedRaise as r:
-            self.finished = True
-            if _STOPITERATION_IN_GEN_SEND and issubclass(exception_type(r.exc), StopIteration):
-                stop_iteration_error(self.child, r.exc)
-            raise
-        self.finished = True
-        self.returned = returned
-        return None
-
-    def freeze(self, tx):
-        super().freeze(tx)
-        if not is_none(self.returned):
-            # (the rebuilt generator would end with StopIteration(None))
-            unsupported("returning a generator that ends with a return value")
-
-    def getattr(self, tx, name):
-        if name == "send":
-            from .variables.objects import MethodVar
-            return MethodVar(self, name)
-        return super().getattr(tx, name)
-
-    def call_method(self, tx, name, args, kwargs):
-        if name == "send" and len(args) == 1 and not kwargs:
-            v = self.resume(tx, args[0])
-            if v is None:
-                unsupported("send() to a generator that returned (StopIteration)")
-            return v
-        return super().call_method(tx, name, args, kwargs)
-
-
 def _freeze_returned_iterators(tx, v, depth=0):
     """Iterators the frame returns (in tuples, lists and dicts too) outlive the trace."""
     if isinstance(v, LazyIteratorVar):
@@ -1122,76 +1040,6 @@ def _freeze_returned_iterators(tx, v, depth=0):
     elif depth < 8 and type(v) is DictVar:
         for item in v.items.values():
             _freeze_returned_iterators(tx, item, depth + 1)
-
-
-_GENERATOR = type((lambda: (yield))())
-
-
-def stop_iteration_error(tx, exc):
-    """PEP 479: a StopIteration leaving a generator's frame becomes a RuntimeError."""
-    error = ExceptionVar(RuntimeError, [ConstVar("generator raised StopIteration")])
-    error.cause = error.context = exc
-    error.suppress = True
-    raise TracedRaise(error, fresh=False)
-
-
-def _is_data(value) -> bool:
-    """Values computed in CPython that a resume frame passes on without guarding:
-    everything but tensors, containers (whose items are guarded one by one) and None."""
-    import torch
-    numpy = sys.modules.get("numpy")
-    # NumPy arrays are graph inputs like tensors (guarded on type, dtype and shape,
-    # never on their values); NumPy scalars stay data (float() of one would pin it).
-    return not isinstance(value, (torch.Tensor, list, tuple, dict, type(None))) and \
-        not (numpy is not None and type(value) is numpy.ndarray)
-
-
-class OpaqueVar(Var):
-    """A Python value that is data: passed along unguarded; using its value stops the
-    trace there (a graph break).  Its attributes are opaque too, so `obj.method(...)`
-    breaks at the call, where CPython can take over.  Its type is known, but may
-    differ on the next call: asking for it (isinstance, type()) guards it."""
-    __slots__ = ("kind", "base", "attr", "guards")
-
-    def __init__(self, value, source, base=None, attr=None, guards=None):
-        super().__init__(source)
-        self.kind = type(value) if value is not None else object
-        self.base = base
-        self.attr = attr
-        self.guards = guards
-
-    def python_type(self):
-        if self.base is not None or self.guards is None or self.source is None:
-            unsupported("the type of a value computed after a graph break")
-        self.guards.type_match(self.source, None, kind=self.kind)
-        return self.kind
-
-    def getattr(self, tx, name):
-        return OpaqueVar(None, None, base=self, attr=name)
-
-    def truth(self, tx):
-        unsupported(f"branching on a {self.kind.__name__} computed after a graph break")
-
-    def reconstruct(self, cg):
-        if self.base is not None:
-            self.base.reconstruct(cg)
-            cg.load_attr(self.attr)
-        else:
-            super().reconstruct(cg)
-
-    def noun(self):
-        root, attrs = self, []
-        while root.base is not None:
-            attrs.append(root.attr)
-            root = root.base
-        if not attrs:
-            return f"{a_type(root.kind)} computed outside the graph"
-        return f"{root.kind.__qualname__}.{'.'.join(reversed(attrs))} (of {a_type(root.kind)} " \
-            "computed outside the graph)"
-
-    def __repr__(self):
-        return f"OpaqueVar({self.kind.__name__})" if self.base is None else \
-            f"OpaqueVar({self.base!r}.{self.attr})"
 
 
 class _FunctionShim:

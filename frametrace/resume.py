@@ -18,6 +18,7 @@ from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVa
 from . import _C
 from .bytecode_analysis import handler_for
 from .variables.lazy import Lazy
+from .variables.opaque import OpaqueVar
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -469,7 +470,6 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
 
 def _is_opaque(v) -> bool:
     """A value computed in CPython at an earlier break (see OpaqueVar, mark_data)."""
-    from .interpreter import OpaqueVar
     from .variables.symbolic import SymNodeVar
     return isinstance(v, OpaqueVar) or isinstance(v, SymNodeVar) and not v.is_const() or \
         type(v) is Lazy and v.data

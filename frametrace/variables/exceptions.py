@@ -17,6 +17,7 @@ from .attributes import MISSING
 from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
 from .modules import class_attr
+from .opaque import OpaqueVar
 from .user_objects import NewObjectVar
 
 
@@ -417,3 +418,15 @@ def user_next(tx, it, default):
         if default is not None and issubclass(exception_type(r.exc), StopIteration):
             return default
         raise
+
+
+def is_exception(v) -> bool:
+    """An exception the trace made, or one CPython raised (a resume frame's handler
+    gets it as data)."""
+    return isinstance(v, ExceptionVar) or (
+        isinstance(v, OpaqueVar) and v.base is None and issubclass(v.kind, BaseException))
+
+
+class CallerExceptionVar(Var):
+    """The exception the caller was handling, saved on the stack by PUSH_EXC_INFO."""
+    __slots__ = ()

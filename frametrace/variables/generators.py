@@ -1,0 +1,99 @@
+"""The generators of inlined generator functions.
+
+A generator made by a traced call runs its body lazily, as CPython's: up to the next
+yield on each next() or send(), in the child interpreter the call made (`tx` hands
+it over; this module does not know the interpreter), which unwinds at a yield with
+`exc.Yield`.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..exc import Yield
+from .base import unsupported
+from .builtins import LazyIteratorVar
+from .constant import ConstVar
+from .exceptions import ExceptionVar, TracedRaise, exception_type
+from .objects import MethodVar
+from .operators import is_none
+
+# 3.11 turns a StopIteration leaving a generator into RuntimeError in gen_send_ex; 3.12
+# compiles a handler into the generator (CALL_INTRINSIC_1 INTRINSIC_STOPITERATION_ERROR).
+_STOPITERATION_IN_GEN_SEND = sys.version_info < (3, 12)
+
+_GENERATOR = type((lambda: (yield))())
+
+
+def stop_iteration_error(tx, exc):
+    """PEP 479: a StopIteration leaving a generator's frame becomes a RuntimeError."""
+    error = ExceptionVar(RuntimeError, [ConstVar("generator raised StopIteration")])
+    error.cause = error.context = exc
+    error.suppress = True
+    raise TracedRaise(error, fresh=False)
+
+
+class InlinedGeneratorVar(LazyIteratorVar):
+    """A generator of an inlined generator function.  Its body runs lazily, as
+    CPython's, up to the next yield on each next() or send(), so no item is computed
+    that the caller does not consume."""
+    __slots__ = ("child", "pure", "started", "finished", "returned")
+
+    def __init__(self, child, pure: bool):
+        self.child = child
+        self.pure = pure
+        self.started = self.finished = False
+        self.returned = ConstVar(None)
+        super().__init__(self._items(), _GENERATOR)
+
+    def _items(self):
+        while True:
+            v = self.resume(self.child, ConstVar(None))
+            if v is None:
+                return
+            yield v
+
+    def resume(self, tx, sent):
+        """Run to the next yield (its value) or the return (None) with `sent` as the
+        value of the yield it was suspended at."""
+        if self.index < len(self.items):
+            unsupported("send() to a generator a graph break pulled ahead")
+        if self.finished:
+            return None
+        if self.started:
+            self.child.stack[-1] = sent
+        elif not is_none(sent):
+            unsupported("can't send non-None value to a just-started generator (TypeError)")
+        self.started = True
+        if not self.pure:
+            self.child.root.code_runs += 1
+        try:
+            returned = self.child.run()
+        except Yield as y:
+            return y.value
+        except TracedRaise as r:
+            self.finished = True
+            if _STOPITERATION_IN_GEN_SEND and issubclass(exception_type(r.exc), StopIteration):
+                stop_iteration_error(self.child, r.exc)
+            raise
+        self.finished = True
+        self.returned = returned
+        return None
+
+    def freeze(self, tx):
+        super().freeze(tx)
+        if not is_none(self.returned):
+            # (the rebuilt generator would end with StopIteration(None))
+            unsupported("returning a generator that ends with a return value")
+
+    def getattr(self, tx, name):
+        if name == "send":
+            return MethodVar(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "send" and len(args) == 1 and not kwargs:
+            v = self.resume(tx, args[0])
+            if v is None:
+                unsupported("send() to a generator that returned (StopIteration)")
+            return v
+        return super().call_method(tx, name, args, kwargs)
