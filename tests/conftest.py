@@ -76,19 +76,6 @@ def training_backend(request):
         yield request.param
 
 
-def triton_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
-    """fn compiled with the triton backend matches eager; returns the CompiledModule."""
-    from frametrace.backends.triton import last_compiled
-    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
-    expected = fn(*args)
-    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True)
-    mod = last_compiled()
-    assert mod is not None, "the graph did not go through the triton backend"
-    if kernels is not None:
-        assert len(mod.kernels) == kernels, mod.source
-    return mod
-
-
 @pytest.fixture
 def cnt():
     return frametrace.testing.CompileCounter()

@@ -13,12 +13,12 @@ pytest.importorskip("triton")
 from frametrace.backends.triton import autotune, backend, config, last_compiled  # noqa: E402
 
 
-from conftest import triton_run  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
-compiled_run = triton_run
+compiled_run = triton_check
 
 
 def ints(*shape, lo=-6, hi=7):

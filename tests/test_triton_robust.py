@@ -24,12 +24,12 @@ aten = torch.ops.aten
 ELSEWHERE = torch.device("cpu", 1)  # "another device" for the tests below
 
 
-from conftest import triton_run  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
-compiled_run = triton_run
+compiled_run = triton_check
 
 
 @pytest.fixture

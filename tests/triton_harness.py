@@ -1,0 +1,60 @@
+"""The triton backend's tests compare compiled with CPython through one harness,
+tests/differential.py's `check`: fresh copies of the inputs on each side, values with NaN
+positions, dtypes, shapes, requires_grad, the arguments after the call, no internal tracer
+error.  On top of it, what only a backend test asks: the graph went through the triton
+backend (its CompiledModule, for the test to read kernels from), how many kernels it
+launched, and optionally the outputs' strides.
+
+Each test file keeps its own checks of the generated code (kernels, externs, layout
+copies) in a thin wrapper around `triton_check`."""
+import functools
+
+import torch
+import torch.utils._pytree as pytree
+
+import frametrace
+from differential import check
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _observed(fn, seen, half_as_float):
+    """fn, recording each output tensor's dtype, shape and strides in `seen` (per call),
+    and with half-precision outputs given back in float32 when `half_as_float` (a tolerance
+    for bf16 is meant for the rounded values, not for allclose computed in bf16)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        seen.append([(t.dtype, tuple(t.shape), t.stride()) for t in pytree.tree_leaves(out)
+                     if isinstance(t, torch.Tensor)])
+        if half_as_float:
+            out = pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in _HALF
+                                  else t, out)
+        return out
+    return run
+
+
+def triton_check(fn, *args, calls=None, kernels=None, atol=1e-5, rtol=1e-5, strides=False,
+                 half_as_float=False):
+    """fn compiled with backend="triton" (fullgraph) matches CPython on `args` (or on each
+    argument tuple of `calls`, one call each); returns the last CompiledModule.
+
+    `kernels`: the number of kernels it launches.  `strides`: the outputs' strides are
+    CPython's too.  `half_as_float`: bf16/fp16 outputs (whose dtypes must still match)
+    are compared in float32."""
+    # (here, not at the top: a test file imports this before it skips without triton)
+    from frametrace.backends.triton import last_compiled
+    eager_seen, compiled_seen = [], []
+    check(_observed(fn, eager_seen, half_as_float), [tuple(a) for a in calls] if calls is not None else [args],
+          backend="triton", atol=atol, rtol=rtol,
+          compiled=lambda counter: _observed(frametrace.optimize(backend=counter, fullgraph=True)(fn),
+                                             compiled_seen, half_as_float))
+    for want, got in zip(eager_seen, compiled_seen):
+        assert [w[:2] for w in want] == [g[:2] for g in got], (want, got)
+        if strides:
+            assert [w[2] for w in want] == [g[2] for g in got], (want, got)
+    mod = last_compiled()
+    assert mod is not None, "the graph did not go through the triton backend"
+    if kernels is not None:
+        assert len(mod.kernels) == kernels, mod.source
+    return mod
