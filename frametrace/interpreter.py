@@ -8,7 +8,6 @@ live in the table at the end of this file.
 """
 from __future__ import annotations
 
-import collections
 import dis
 import math
 import operator
@@ -32,9 +31,10 @@ from .variables.contexts import ExitVar
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.symbolic import SliceVar, SymNodeVar
 from .variables.scalars import capturing
-from .variables.operators import binary_op, contains, dict_key, is_none, is_same, unary_op
+from .variables.operators import binary_op, contains, is_none, is_same, unary_op
 from .variables.lazy import Lazy
 from .variables.opaque import OpaqueVar, is_data
+from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
 from .variables.generators import InlinedGeneratorVar, stop_iteration_error
 from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, matches,
@@ -913,29 +913,19 @@ class InstructionTranslator:
         self.push(_len(self, [self.stack[-1]], {}))
 
     def MATCH_SEQUENCE(self, inst):
-        self.push(ConstVar(bool(self.stack[-1].python_type().__flags__ & _TPFLAGS_SEQUENCE)))
+        self.push(ConstVar(is_sequence_subject(self.stack[-1])))
 
     def MATCH_MAPPING(self, inst):
-        self.push(ConstVar(bool(self.stack[-1].python_type().__flags__ & _TPFLAGS_MAPPING)))
+        self.push(ConstVar(is_mapping_subject(self.stack[-1])))
 
     def MATCH_KEYS(self, inst):
-        keys = [dict_key(k) for k in self.stack[-1].unpack(self)]
-        subject = self.stack[-2]
-        if not isinstance(subject, DictVar) or subject.python_type() not in _PLAIN_MAPPINGS:
-            # Others answer through their own get(), which may be user code.
-            unsupported(f"mapping pattern on {subject}")
-        if len(set(keys)) != len(keys):
-            unsupported("mapping pattern checks a key twice (ValueError)")
-        if all(k in subject.items for k in keys):
-            self.push(TupleVar([subject.items[k] for k in keys]))
-        else:
-            self.push(ConstVar(None))
+        self.push(match_keys(self, self.stack[-2], self.stack[-1]))
 
     def MATCH_CLASS(self, inst):
         names = self.pop().as_const()
         cls_var = self.pop()
         subject = self.pop()
-        self.push(_match_class(self, subject, cls_var, inst.arg, names))
+        self.push(match_class(self, subject, cls_var, inst.arg, names))
 
     # ------------------------------------------------------------ yield from
     def GET_YIELD_FROM_ITER(self, inst):
@@ -985,49 +975,6 @@ class InstructionTranslator:
 
     def CALL_INTRINSIC_2(self, inst):  # 3.12: except* and generic type parameters
         unsupported(f"{inst.argrepr}")
-
-
-_TPFLAGS_SEQUENCE, _TPFLAGS_MAPPING = 1 << 5, 1 << 6
-# Mappings whose get() is dict's own (MATCH_KEYS calls the subject's get()).
-_PLAIN_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
-# Classes whose single positional sub-pattern matches the subject itself.
-_SELF_MATCHING = (bool, bytearray, bytes, dict, float, frozenset, int, list, set, str, tuple)
-
-
-def _match_class(tx, subject, cls_var, npos, names):
-    """MATCH_CLASS: the subject's attributes a class pattern binds, or None (no match)."""
-    from .variables.builtins import _class_value, _instance_check
-    cls = _class_value(cls_var)
-    if not isinstance(cls, type):
-        unsupported("called match pattern must be a class (TypeError)")
-    if not _instance_check(tx, subject, cls_var):
-        return ConstVar(None)
-    attrs = []
-    if npos:
-        match_args = cls_var.getattr(tx, "__match_args__") if hasattr(cls, "__match_args__") else None
-        if match_args is None:
-            if cls not in _SELF_MATCHING or npos > 1:
-                unsupported(f"{cls.__name__}() accepts 0 positional sub-patterns (TypeError)")
-            attrs.append(subject)
-            positional = ()
-        else:
-            positional = match_args.as_const() if match_args.is_const() else None
-            if type(positional) is not tuple or not all(type(n) is str for n in positional):
-                unsupported(f"{cls.__name__}.__match_args__ must be a tuple of strings")
-            if npos > len(positional):
-                unsupported(f"{cls.__name__}() accepts {len(positional)} positional sub-patterns")
-            positional = positional[:npos]
-    else:
-        positional = ()
-    seen = set()
-    for name in (*positional, *names):
-        if name in seen:
-            unsupported(f"{cls.__name__}() got multiple sub-patterns for attribute {name!r}")
-        seen.add(name)
-        # A missing attribute is no match in CPython; here it stops the trace (the
-        # tracer cannot tell "missing" from "not followed").
-        attrs.append(tx._getattr(subject, name))
-    return TupleVar(attrs)
 
 
 def _freeze_returned_iterators(tx, v, depth=0):
