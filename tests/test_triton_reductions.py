@@ -12,7 +12,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import autotune, backend, last_compiled  # noqa: E402
-from frametrace.backends.triton.codegen import configs_for  # noqa: E402
+from frametrace.backends.triton.kernel_source import configs_for  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")

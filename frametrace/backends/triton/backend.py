@@ -16,7 +16,7 @@ from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from . import config
-from .codegen import KernelCodegen
+from .kernel_source import KernelCodegen
 from .cudagraphs import CudaGraphRunner
 from .decompositions import decompositions
 from .fallback import kernel_nodes

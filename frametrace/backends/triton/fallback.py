@@ -97,7 +97,7 @@ def kernel_nodes(group, stores) -> set:
     """The FX nodes a kernel computes: those of its realized members, and those whose code
     its generation inlines (recorded by generating it again)."""
     global RECORD
-    from .codegen import KernelCodegen
+    from .kernel_source import KernelCodegen
     nodes = {c.node.fn.node for c in group.members if isinstance(getattr(c.node, "fn", None), Traced)}
     RECORD = set()
     try:

@@ -173,7 +173,7 @@ def _fuse_spaces(a, b) -> bool:
 def _accesses(lowered, items):
     """Per item: (names it reads, names it makes), a kernel's reads as its own generation
     finds them (inlined values included), an extern's from its arguments."""
-    from .codegen import KernelCodegen, KernelGroup, NotFusable
+    from .kernel_source import KernelCodegen, KernelGroup, NotFusable
     inputs = set(lowered.inputs)
     out = []
     for item in items:
@@ -539,7 +539,7 @@ _PARAM = re.compile(r"\b(in_ptr|out_ptr|ks)(\d+)\b")
 def combo_kernel(kernels):
     """One launch of `kernels`: program `pid` runs the sub-kernel whose range of block
     numbers holds it, on block `pid - start` of that sub-kernel's elements."""
-    from .codegen import KernelCodegen
+    from .kernel_source import KernelCodegen
     from .scheduler import Kernel
     group = ComboGroup(kernels)
     args, counts, body, start = {}, {}, [], 0

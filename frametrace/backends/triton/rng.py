@@ -32,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from . import codegen, indexing
+from . import indexing, kernel_source
 from .indexing import flatten, pexpr
 from .ir import Buffer, Extern, Unsupported
 from .lowering_base import compute_dtype, pointwise, register, val_of
@@ -91,7 +91,7 @@ def _philox_normal(seed, c0, c1):
 
 '''
 # emitted with every kernel that draws numbers (beside the reductions' combine functions)
-codegen.COMBINE["_philox"] = HELPERS
+kernel_source.COMBINE["_philox"] = HELPERS
 
 _FILL = HELPERS + '''@triton.jit
 def _philox_fill(seed_ptr, out_ptr, offset, numel, NORMAL: tl.constexpr, XBLOCK: tl.constexpr):

@@ -11,7 +11,7 @@ read it, and the sum's cast to the parameter's dtype joins the sum.
 from __future__ import annotations
 
 from . import foreach, tiling
-from .codegen import KernelCodegen, KernelGroup, NotFusable
+from .kernel_source import KernelCodegen, KernelGroup, NotFusable
 from .ir import Computed, Extern
 
 

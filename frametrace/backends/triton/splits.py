@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import autotune, config, indexing
-from .codegen import KernelCodegen, KernelGroup
+from .kernel_source import KernelCodegen, KernelGroup
 from .indexing import unflatten
 from .ir import Computed, Reduction
 from .lowering_base import compute_dtype

@@ -24,7 +24,7 @@ import sympy
 
 from . import indexing
 from .autotune import next_pow2
-from .codegen import COMBINE, KernelCodegen, NotFusable
+from .kernel_source import COMBINE, KernelCodegen, NotFusable
 from .indexing import XINDEX, YINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
 
@@ -123,8 +123,8 @@ class _RowMajorWalk(KernelCodegen):
 class _Probe(_RowMajorWalk):
     """The flat kernel, recording the index of every load and store."""
 
-    def __init__(self, group, stores):
-        super().__init__(group, stores)
+    def _start(self):
+        super()._start()
         self.accesses: list = []
 
     def load(self, buf, index):

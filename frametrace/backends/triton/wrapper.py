@@ -35,7 +35,7 @@ def load_kernel(name: str, source: str):
     return fn
 
 
-# The exception eager raises for each check a kernel makes (codegen.check's messages
+# The exception eager raises for each check a kernel makes (kernel_source.check's messages
 # start with its name): a failed check raises it from the launch.
 _CHECK_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
@@ -397,7 +397,7 @@ class WrapperCodegen:
 
     @staticmethod
     def _configs(kernel):
-        from .codegen import configs_for
+        from .kernel_source import configs_for
         return getattr(kernel.group, "configs", None) or configs_for(kernel.group)
 
     def extern(self, e: Extern) -> list[str]:

@@ -189,6 +189,12 @@ class KernelCodegen:
         self.group, self.stores = group, stores
         self.members = {c.name: c for c in group.members}
         self.first = min(c.order for c in group.members)
+        self._start()
+
+    def _start(self):
+        """The choices that follow from the group (`group.outer` among them) and no code
+        generated yet: run again when a reduction turns out to be an outer one."""
+        group = self.group
         self.xnumel, self.rnumel = group.xnumel, group.rnumel
         # symbolic extents: int arguments, masks always on, rows of a symbolic length
         # looped (correct for any length), int64 indices
@@ -636,7 +642,7 @@ class KernelCodegen:
             if not contiguity.is_outer(self):
                 return out
             self.group.outer = True
-            self.__init__(self.group, self.stores)
+            self._start()
         return self._generate()
 
     def _generate(self) -> tuple[str, str]:
