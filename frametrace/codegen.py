@@ -15,6 +15,8 @@ import weakref
 
 from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label, TryBegin, TryEnd
 
+from .exc import Unsupported
+
 PY312 = sys.version_info >= (3, 12)
 _NO_ARG = object()
 
@@ -107,8 +109,7 @@ class CodeGen:
         elif name in self.freevars:
             self.emit("LOAD_CLOSURE", FreeVar(name))
         else:
-            from .variables import unsupported
-            unsupported(f"closure over {name!r}, which is not a cell of the frame")
+            raise Unsupported(f"closure over {name!r}, which is not a cell of the frame")
 
     def load_global(self, name, push_null=False):
         self.emit("LOAD_GLOBAL", (push_null, name))
@@ -193,8 +194,7 @@ class CodeGen:
         elif var.source is not None:
             var.source.reconstruct(self)
         else:
-            from .variables import unsupported
-            unsupported(f"returning {var}, which is neither a graph output nor an input")
+            raise Unsupported(f"returning {var}, which is neither a graph output nor an input")
 
     # -- whole programs --
     def call_graph(self, slot, input_sources, n_outputs: int, rerun_grad=None, restore_grad=None,

@@ -44,7 +44,21 @@ from . import _C, config, cxx_modules
 from .source import (AttrSource, BuiltinSource, CallMethodSource, ClosureCellSource, ClosureSource,
                      ConstSource, ContainsSource, GetItemSource, GlobalSource, InstanceDictSource,
                      LocalSource, Source, const_sources, guard_local_name)
-from .variables.symbolic import is_symbolic
+from .shapes import is_symbolic
+
+
+def is_constant_value(value) -> bool:
+    """Values that ConstVar holds and a guard compares by value (enum members by
+    identity)."""
+    if value is None or value is Ellipsis or value is NotImplemented:
+        return True
+    if isinstance(value, enum.Enum):
+        return True
+    if type(value) in (bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                       torch.Size, slice, range, torch.memory_format, torch.layout):
+        return True
+    return False
+
 
 
 def _use_tensor_reads() -> bool:
@@ -492,7 +506,6 @@ class GuardSet:
 
     def value(self, source, value):
         """`source` still gives `value`: by value for constants, else by identity."""
-        from .variables.constant import is_constant_value
         if is_constant_value(value):
             self.equals(source, value)
         else:

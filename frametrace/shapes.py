@@ -30,6 +30,13 @@ from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
 from .source import (AttrSource, CallMethodSource, ClosureSource, ConstSource, GetItemSource,
                      GlobalSource, LocalSource)
 
+SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_symbolic(value) -> bool:
+    """A symbolic value whose expression is not (yet) a constant."""
+    return isinstance(value, SYM_TYPES) and not value.node.expr.is_number
+
 
 def mark_dynamic(t: torch.Tensor, dim) -> None:
     """Compile `t`'s dimension(s) `dim` with symbolic sizes from the first compile.

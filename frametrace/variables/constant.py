@@ -8,6 +8,7 @@ import operator
 import torch
 
 from .base import ValueVar, nouns, short_repr, unsupported
+from ..guards import is_constant_value  # noqa: F401  (read here by variables/)
 
 # Methods safe to evaluate at trace time on constants (no mutation, no I/O).  Every
 # public method of str and bytes qualifies: both are immutable.
@@ -136,19 +137,6 @@ def _enum_member_attr(member, name):
     if not is_constant_value(got):
         unsupported(f"{type(member).__name__} member with a value of type {type(got).__name__}")
     return ConstVar(got)
-
-
-def is_constant_value(value) -> bool:
-    """Values that ConstVar holds and a guard compares by value (enum members by
-    identity)."""
-    if value is None or value is Ellipsis or value is NotImplemented:
-        return True
-    if isinstance(value, enum.Enum):
-        return True
-    if type(value) in (bool, int, float, complex, str, bytes, torch.dtype, torch.device,
-                       torch.Size, slice, range, torch.memory_format, torch.layout):
-        return True
-    return False
 
 
 BINARY_FOLD = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,

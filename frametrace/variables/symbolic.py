@@ -35,14 +35,9 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from .base import Var, unsupported
 from .constant import ConstVar
+from ..shapes import SYM_TYPES, is_symbolic  # noqa: F401  (read here by variables/)
 
-SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _PLAIN = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
-
-
-def is_symbolic(value) -> bool:
-    """A symbolic value whose expression is not (yet) a constant."""
-    return isinstance(value, SYM_TYPES) and not value.node.expr.is_number
 
 
 def mark_data(sym) -> None:
