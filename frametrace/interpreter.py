@@ -9,6 +9,7 @@ live in the table at the end of this file.
 from __future__ import annotations
 
 import dis
+import inspect
 import math
 import operator
 import sys
@@ -31,6 +32,7 @@ from .variables.contexts import ExitVar
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.symbolic import SliceVar, SymNodeVar
 from .variables.scalars import capturing
+from .variables.stdlib import DequeVar
 from .variables.operators import binary_op, contains, is_none, is_same, unary_op
 from .variables.lazy import Lazy
 from .variables.opaque import OpaqueVar, is_data
@@ -420,19 +422,19 @@ class InstructionTranslator:
         """Run a function's bytecode in a child interpreter over the same graph."""
         if self.depth >= MAX_INLINE_DEPTH:
             unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
-        if code.co_flags & (0x80 | 0x200 | 0x100):
+        if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
             unsupported(f"calling coroutine function {qualname}")
         child = InstructionTranslator(code, _FunctionShim(f_globals, self.f_builtins), (),
                                       self.output, self.guards, parent=self)
         for name, v in bound.items():
             child.locals[name] = v
         child.closure = list(closure)
-        if code.co_flags & 0x20 and self.take_generator_frame:
+        if code.co_flags & inspect.CO_GENERATOR and self.take_generator_frame:
             from .variables.contexts import GeneratorFrameVar
             self.take_generator_frame = False
             child.generator = True
             return GeneratorFrameVar(child)
-        if code.co_flags & 0x20:
+        if code.co_flags & inspect.CO_GENERATOR:
             # A generator's body runs lazily, as CPython's: up to the next yield on each
             # next(), so no item is computed that the caller does not consume.
             if has_cleanup(code):
@@ -583,7 +585,7 @@ class InstructionTranslator:
         if delitem is not None:
             delitem(self, key)
         elif isinstance(container, ListVar) and type(container).call_method is ListVar.call_method \
-                or type(container).__name__ == "DequeVar":
+                or isinstance(container, DequeVar):
             _delete_list_item(self, container, key)
         else:
             unsupported(f"del on {container}")
@@ -1003,10 +1005,10 @@ def _fresh_arg_sources(code):
     """*args and **kwargs of a frame: new objects on every call."""
     n = code.co_argcount + code.co_kwonlyargcount
     fresh = []
-    if code.co_flags & 0x04:
+    if code.co_flags & inspect.CO_VARARGS:
         fresh.append(LocalSource(code.co_varnames[n]))
         n += 1
-    if code.co_flags & 0x08:
+    if code.co_flags & inspect.CO_VARKEYWORDS:
         fresh.append(LocalSource(code.co_varnames[n]))
     return fresh
 

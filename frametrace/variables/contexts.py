@@ -5,6 +5,8 @@ stand-ins for their __exit__ carry them across graph breaks."""
 from __future__ import annotations
 
 import _thread
+import dis
+import inspect
 
 import torch
 
@@ -531,9 +533,9 @@ class LockContextVar(Var):
 def never_suppresses(fn) -> bool:
     """Whether a Python __exit__ can only return None or False (so it never swallows the
     exception it is given): every return in its code returns one of those constants."""
-    import dis
     code = fn.__code__
-    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE |
+                        inspect.CO_ASYNC_GENERATOR):
         return False
     prev = None
     for inst in dis.get_instructions(code):
@@ -706,7 +708,6 @@ def _with_spans(code) -> list:
     blocks nested in it) share one handler, PUSH_EXC_INFO then WITH_EXCEPT_START, and
     one depth: the stack up to and including its __exit__.  The body starts right
     after its BEFORE_WITH."""
-    import dis
     at = {i.offset: i for i in instructions(code)}
     spans = {}
     for entry in dis._parse_exception_table(code):
