@@ -14,6 +14,7 @@ import frametrace
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, last_compiled, wrapper  # noqa: E402
 from frametrace.backends.triton.ir import Extern  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
 
 CL = torch.channels_last
 FAILURES = []  # errors of compiled graphs that then ran eagerly (backend._give_up)
@@ -29,19 +30,14 @@ def _interpret(triton_interpreter, monkeypatch):
 
 
 def compiled_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
-    """fn compiled with the triton backend matches eager, values and strides; no layout
-    copies were made; returns the CompiledModule."""
+    """fn compiled with the triton backend matches eager, values and strides (triton_check);
+    no graph gave up to run eagerly and no layout copies were made; returns the
+    CompiledModule."""
     with torch.no_grad():
-        got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
-        expected = fn(*args)
+        mod = triton_check(fn, *args, kernels=kernels, atol=atol, rtol=rtol, strides=True,
+                           half_as_float=True)
     assert not FAILURES, FAILURES
-    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol)
-    assert got.stride() == expected.stride()
     assert wrapper.LAYOUT_COPIES[0] == 0
-    mod = last_compiled()
-    assert mod is not None, "the graph did not go through the triton backend"
-    if kernels is not None:
-        assert len(mod.kernels) == kernels, mod.source
     return mod
 
 

@@ -9,6 +9,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, cudagraphs, last_compiled, wrapper  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -16,14 +17,8 @@ pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 def run(fn, *inputs, calls=2):
     """fn compiled with the triton backend matches eager on fresh inputs over `calls` calls."""
-    compiled = frametrace.optimize(backend="triton", fullgraph=True)(fn)
-    for i in range(calls):
-        args = [t.clone() + i if t.is_floating_point() else t.clone() for t in inputs]
-        got, want = compiled(*args), fn(*[a.clone() for a in args])
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    mod = last_compiled()
-    assert mod is not None
-    return mod
+    return triton_check(fn, calls=[[t.clone() + i if t.is_floating_point() else t.clone() for t in inputs]
+                                   for i in range(calls)], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 96), (1, 96), (96,)])

@@ -12,6 +12,7 @@ import frametrace
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, config, last_compiled  # noqa: E402
 from conftest import short_loops  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero")
 
@@ -31,14 +32,7 @@ def rows(request, monkeypatch):
 
 def compiled_run(fn, *args, kernels=None, atol=1e-5, rtol=1e-5):
     """fn compiled with the triton backend matches eager (in float32); returns the CompiledModule."""
-    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
-    expected = fn(*args)
-    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol, equal_nan=True)
-    mod = last_compiled()
-    assert mod is not None, "the graph did not go through the triton backend"
-    if kernels is not None:
-        assert len(mod.kernels) == kernels, mod.source
-    return mod
+    return triton_check(fn, *args, kernels=kernels, atol=atol, rtol=rtol, half_as_float=True)
 
 
 def loading(mod, i=0):

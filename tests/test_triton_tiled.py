@@ -12,6 +12,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, last_compiled, tiling  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -21,19 +22,7 @@ def compiled_run(fn, *args, kernels=1, tol=1e-5):
     """fn compiled with the triton backend matches eager (half dtypes compared in float32);
     returns the CompiledModule.  Compiled afresh: static sizes, whatever ran before."""
     frametrace.reset()
-    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
-    expected = fn(*args)
-    for g, e in zip(got if isinstance(got, tuple) else (got,),
-                    expected if isinstance(expected, tuple) else (expected,)):
-        assert g.dtype == e.dtype and g.shape == e.shape
-        if e.dtype in (torch.bfloat16, torch.float16):
-            g, e = g.float(), e.float()
-        torch.testing.assert_close(g, e, atol=tol, rtol=tol)
-    mod = last_compiled()
-    assert mod is not None, "the graph did not go through the triton backend"
-    if kernels is not None:
-        assert len(mod.kernels) == kernels, mod.source
-    return mod
+    return triton_check(fn, *args, kernels=kernels, atol=tol, rtol=tol, half_as_float=True)
 
 
 def tiled(mod, i=0):

@@ -22,7 +22,7 @@ def _observed(fn, seen, half_as_float):
     """fn, recording each output tensor's dtype, shape and strides in `seen` (per call),
     and with half-precision outputs given back in float32 when `half_as_float` (a tolerance
     for bf16 is meant for the rounded values, not for allclose computed in bf16)."""
-    @functools.wraps(fn)
+    @functools.wraps(fn, updated=())   # (a module given as fn: its __dict__ stays its own)
     def run(*args, **kwargs):
         out = fn(*args, **kwargs)
         seen.append([(t.dtype, tuple(t.shape), t.stride()) for t in pytree.tree_leaves(out)
