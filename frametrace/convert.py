@@ -377,27 +377,7 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
     modes_start = compile_started()
     span = progress.begin("frame", code)
     try:
-        try:
-            return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
-        except _RetryStatic as retry:
-            torch._C._set_grad_enabled(entry_grad)
-            if retry.floats_only:
-                # AOTAutograd asks for a restart when it cannot keep a float symbolic:
-                # expected; the floats are constants from now on, the sizes as asked.
-                log.info("frametrace: %s (%s:%d): a float could not stay symbolic; floats "
-                         "are constants there from now on", code.co_name, code.co_filename,
-                         code.co_firstlineno)
-                try:
-                    return _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad)
-                except _RetryStatic as again:
-                    retry = again
-                    torch._C._set_grad_enabled(entry_grad)
-            quiet = retry.reason.startswith("TensorifyScalarRestartAnalysis")
-            (log.info if quiet else log.warning)("frametrace: %s (%s:%d) failed with symbolic sizes (%s); it is "
-                        "compiled with static sizes from now on", code.co_name,
-                        code.co_filename, code.co_firstlineno, retry.reason)
-            progress.phase("tracing again, with static sizes")
-            return _compile_frame(code, func, args, backend, fullgraph, False, entry_grad)
+        return _drive(code, func, args, backend, fullgraph, dynamic, entry_grad)
     finally:
         # Also after an interrupt (KeyboardInterrupt mid-trace, in a backend...): modes,
         # autocast, grad mode and defaults as they were; the interrupt goes on to the user.
@@ -408,16 +388,81 @@ def compile_frame(code, func, args, backend, fullgraph: bool, dynamic=None):
         progress.end(span)
 
 
+def _drive(code, func, args, backend, fullgraph, dynamic, entry_grad):
+    """The attempts at one frame; returns the C hook's decision.  An attempt that failed
+    while something was symbolic asks for another (see `_retry_static`): after
+    AOTAutograd's restart for a float it cannot keep symbolic, one with the floats
+    constant and the sizes as asked; after any other failure, or a second, one with
+    static sizes, which makes nothing symbolic and so cannot ask again."""
+    outcome = _attempt(code, func, args, backend, fullgraph, dynamic, entry_grad)
+    if outcome.kind == "retry" and outcome.floats_only:
+        torch._C._set_grad_enabled(entry_grad)
+        # Expected: the floats are constants from now on, the sizes as asked.
+        log.info("frametrace: %s (%s:%d): a float could not stay symbolic; floats "
+                 "are constants there from now on", code.co_name, code.co_filename,
+                 code.co_firstlineno)
+        outcome = _attempt(code, func, args, backend, fullgraph, dynamic, entry_grad)
+    if outcome.kind == "retry":
+        torch._C._set_grad_enabled(entry_grad)
+        quiet = outcome.reason.startswith("TensorifyScalarRestartAnalysis")
+        (log.info if quiet else log.warning)("frametrace: %s (%s:%d) failed with symbolic sizes (%s); it is "
+                    "compiled with static sizes from now on", code.co_name,
+                    code.co_filename, code.co_firstlineno, outcome.reason)
+        progress.phase("tracing again, with static sizes")
+        outcome = _attempt(code, func, args, backend, fullgraph, False, entry_grad)
+        if outcome.kind == "retry":
+            raise RuntimeError(f"frametrace: the static compile of {code.co_name} asked "
+                               f"for another ({outcome.reason})")
+    return outcome.entry
+
+
 def _set_saved_tensors_hooks_tracing(on: bool) -> bool:
     setter = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
     return setter(on) if setter is not None else False
 
 
-class _RetryStatic(Exception):
-    def __init__(self, reason, floats_only=False):
-        super().__init__(reason)
+class _Outcome:
+    """What one compile attempt came to.  `kind` is "compiled", "break" or "fallback"
+    (as CompileRecord.outcome; `new_code` the transformed code, None for a fallback),
+    or "retry": the attempt failed with something symbolic and was undone, and
+    `_drive` makes another (`floats_only`: with the floats constant, else with static
+    sizes; `reason`: what failed).  `entry` is the C hook's decision once the attempt
+    is installed: (check, code), or None where this call runs in CPython unrecorded."""
+    __slots__ = ("kind", "new_code", "reason", "floats_only", "entry")
+
+    def __init__(self, kind, new_code=None, reason=None, floats_only=False):
+        self.kind = kind
+        self.new_code = new_code
         self.reason = reason
         self.floats_only = floats_only
+        self.entry = None
+
+
+class _Attempt:
+    """One attempt at compiling a frame: the tracer, graph and guards of its latest
+    trace (a graph break traces the frame again, up to the break, with new ones), the
+    record it fills, and what to undo if it is given up (the graphs it installed)."""
+    __slots__ = ("code", "func", "args", "backend", "fullgraph", "entry_grad", "generation",
+                 "record", "t0", "policy", "guards", "output", "tracer", "installed")
+
+    def __init__(self, code, func, args, backend, fullgraph, dynamic, entry_grad):
+        self.code, self.func, self.args = code, func, args
+        self.backend, self.fullgraph, self.entry_grad = backend, fullgraph, entry_grad
+        self.generation = _generation
+        self.record = CompileRecord(code)
+        self.t0 = time.perf_counter()
+        self.policy = ShapePolicy(code, dynamic)
+        self.new_trace()
+        self.installed = len(_installed_globals)
+
+    def new_trace(self):
+        """A fresh tracer, graph and guards (the shape policy is the attempt's)."""
+        self.guards = GuardSet(self.code, self.func)
+        self.output = OutputGraph(self.guards, self.policy)
+        self.output.functionalizes = _functionalizes(self.backend, self.args)
+        self.output.recomputes_random = getattr(self.backend, "__frametrace_recomputes_random_ops__", False)
+        self.tracer = InstructionTranslator(self.code, self.func, self.args, self.output, self.guards)
+        _count_ops(self.output, self.tracer)
 
 
 # Bumped by reset(): a compile that started before a reset (in another thread) hands
@@ -430,118 +475,154 @@ def generation() -> int:
     return _generation
 
 
-def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
-    generation = _generation
-    record = CompileRecord(code)
-    t0 = time.perf_counter()
-    guards = GuardSet(code, func)
-    policy = ShapePolicy(code, dynamic)
-    output = OutputGraph(guards, policy)
-    output.functionalizes = _functionalizes(backend, args)
-    output.recomputes_random = getattr(backend, "__frametrace_recomputes_random_ops__", False)
-    tracer = InstructionTranslator(code, func, args, output, guards)
-    _count_ops(output, tracer)
+def _attempt(code, func, args, backend, fullgraph, dynamic, entry_grad) -> _Outcome:
+    """Trace and compile the frame once, then install what came of it."""
+    a = _Attempt(code, func, args, backend, fullgraph, dynamic, entry_grad)
+    outcome = _trace(a)
+    return outcome if outcome.kind == "retry" else _install(a, outcome)
 
-    installed = len(_installed_globals)
 
-    def retry_static(reason):
-        # Whatever failed may have failed because a size was symbolic: a static
-        # compile first, before giving up on the frame.  AOTAutograd's restart for a
-        # float it cannot keep symbolic costs only the floats (the sizes stay symbolic).
-        if policy.used:
-            output.close_contexts()
-            floats_only = reason.startswith("TensorifyScalarRestartAnalysis") and policy.floats_static()
-            if not floats_only:
-                policy.stay_static()
-            _uninstall(installed)         # graphs this attempt already handed out
-            raise _RetryStatic(reason, floats_only)
+def _retry_static(a, reason) -> _Outcome | None:
+    """Whatever failed may have failed because a size was symbolic: a static compile
+    first, before giving up on the frame; the attempt is undone (its contexts closed,
+    the graphs it handed out uninstalled).  AOTAutograd's restart for a float it cannot
+    keep symbolic costs only the floats (the sizes stay symbolic).  None where nothing
+    was symbolic: the failure is the frame's."""
+    if not a.policy.used:
+        return None
+    a.output.close_contexts()
+    floats_only = reason.startswith("TensorifyScalarRestartAnalysis") and a.policy.floats_static()
+    if not floats_only:
+        a.policy.stay_static()
+    _uninstall(a.installed)         # graphs this attempt already handed out
+    return _Outcome("retry", reason=reason, floats_only=floats_only)
 
+
+def _trace(a) -> _Outcome:
+    """Trace the frame to its end and compile it; where the trace cannot go on, see
+    `_unsupported`.  The user's backend failing is theirs (`_backend_failed`); any
+    other exception is our bug, and the frame runs correctly in CPython."""
     try:
-        result = tracer.run()
-        new_code = _finish(code, func, tracer, output, guards, result, backend, record,
-                           entry_grad=entry_grad)
+        result = a.tracer.run()
+        return _Outcome("compiled", _finish(a.code, a.func, a.tracer, a.output, a.guards, result,
+                                            a.backend, a.record, entry_grad=a.entry_grad))
     except Unsupported as e:
-        if not e.user_stack:
-            e.user_stack = [tracer.user_location()]
-        if fullgraph:
-            retry_static(e.reason)
-            raise Unsupported(e.reason, e.user_stack, e.hint) from None
-        record.reason = e.reason
-        record.hint = e.hint
-        record.user_stack = e.user_stack
-        new_code = None
-        candidates = [] if e.break_index is not None else ()
-        if e.break_index is not None:
-            # Inside `with` blocks whose context cannot be handed over to CPython, the
-            # break goes to their `with` instead (innermost first): CPython runs the
-            # whole block.
-            from .variables.contexts import enclosing_with_starts
-            offset = tracer.instructions[e.break_index].offset
-            candidates = [e.break_index] + [tracer.index_of[o] for o in enclosing_with_starts(code, offset)]
-        for break_index in candidates:
-            if not resume.can_break(code, tracer.instructions[break_index]):
-                continue
-            # Trace again up to the instruction that failed, compile that much, and go
-            # on in CPython from there (then in a resume function).
-            output.close_contexts()
-            torch._C._set_grad_enabled(entry_grad)
-            guards = GuardSet(code, func)
-            output = OutputGraph(guards, policy)
-            output.functionalizes = _functionalizes(backend, args)
-            output.recomputes_random = getattr(backend, "__frametrace_recomputes_random_ops__", False)
-            tracer = InstructionTranslator(code, func, args, output, guards)
-            _count_ops(output, tracer)
-            tracer.stop_at = break_index
-            try:
-                if tracer.run() is not None or tracer.ip != break_index:
-                    # (a `with` a resume function starts inside: never reached)
-                    raise Unsupported(f"the trace does not reach instruction {break_index}")
-                new_code = _finish(code, func, tracer, output, guards, None, backend, record,
-                                   break_at=tracer.instructions[break_index],
-                                   entry_grad=entry_grad)
-                record.outcome = "break"
-                _log_break("graph break in", code, e.reason, e.hint, e.user_stack)
-                break
-            except Unsupported as e2:
-                log.info("frametrace: cannot break the graph there (%s)", e2.reason)
-                new_code = None
-            except BackendCompilerFailed as e2:
-                _backend_failed(e2, code, record, [tracer.user_location()], retry_static, installed)
-                new_code = None
-                break
-            except Exception as e2:
-                # Building the break (its code, a resume function) failed: our bug, and
-                # the frame still runs correctly in CPython.  (Unless it failed for a
-                # symbolic number, as AOTAutograd's restart for a float it cannot keep
-                # symbolic: then the static compile first.)
-                retry_static(f"{type(e2).__name__}: {e2}")
-                counters["internal_error"] += 1
-                _log_internal_error(code, [tracer.user_location()], e2)
-                _uninstall(installed)
-                new_code = None
-                break
-        if new_code is None:
-            retry_static(e.reason)
-            record.outcome = "fallback"
-            log.info("frametrace: running %s in CPython: %s%s", log_name(code), e.reason,
-                     format_user_stack(e.user_stack))
-            _log_break("running in CPython:", code, e.reason, e.hint, e.user_stack)
+        return _unsupported(a, e)
     except BackendCompilerFailed as e:
-        _backend_failed(e, code, record, [tracer.user_location()], retry_static, installed)
-        new_code = None
+        return _backend_failed(e, a, [a.tracer.user_location()])
     except Exception as e:
-        where = [tracer.user_location()]
-        retry_static(f"{type(e).__name__}: {e}")
+        return _internal_error(a, e)
+
+
+def _unsupported(a, e) -> _Outcome:
+    """The trace met what it cannot trace: under fullgraph the user's error; else a
+    graph break there (or at a `with` around it), or else the frame runs in CPython."""
+    code, record = a.code, a.record
+    if not e.user_stack:
+        e.user_stack = [a.tracer.user_location()]
+    if a.fullgraph:
+        retry = _retry_static(a, e.reason)
+        if retry is not None:
+            return retry
+        raise Unsupported(e.reason, e.user_stack, e.hint) from None
+    record.reason = e.reason
+    record.hint = e.hint
+    record.user_stack = e.user_stack
+    outcome = None
+    for break_index in _break_candidates(a, e):
+        if not resume.can_break(code, a.tracer.instructions[break_index]):
+            continue
+        outcome = _compile_break(a, e, break_index)
+        if outcome is not None:
+            break
+    if outcome is not None and outcome.kind != "fallback":
+        return outcome
+    retry = _retry_static(a, e.reason)
+    if retry is not None:
+        return retry
+    record.outcome = "fallback"
+    log.info("frametrace: running %s in CPython: %s%s", log_name(code), e.reason,
+             format_user_stack(e.user_stack))
+    _log_break("running in CPython:", code, e.reason, e.hint, e.user_stack)
+    return _Outcome("fallback")
+
+
+def _break_candidates(a, e) -> list:
+    """Where the break for `e` may go: the instruction that failed, then the `with`
+    blocks around it (innermost first).  Inside `with` blocks whose context cannot be
+    handed over to CPython, the break goes to their `with` instead: CPython runs the
+    whole block."""
+    if e.break_index is None:
+        return []
+    from .variables.contexts import enclosing_with_starts
+    offset = a.tracer.instructions[e.break_index].offset
+    return [e.break_index] + [a.tracer.index_of[o] for o in enclosing_with_starts(a.code, offset)]
+
+
+def _compile_break(a, e, break_index) -> _Outcome | None:
+    """Trace again up to the instruction that failed, compile that much, and go on in
+    CPython from there (then in a resume function).  None where the break cannot be
+    there (the next candidate is tried); a fallback where building it failed."""
+    a.output.close_contexts()
+    torch._C._set_grad_enabled(a.entry_grad)
+    a.new_trace()
+    tracer = a.tracer
+    tracer.stop_at = break_index
+    try:
+        if tracer.run() is not None or tracer.ip != break_index:
+            # (a `with` a resume function starts inside: never reached)
+            raise Unsupported(f"the trace does not reach instruction {break_index}")
+        new_code = _finish(a.code, a.func, tracer, a.output, a.guards, None, a.backend, a.record,
+                           break_at=tracer.instructions[break_index],
+                           entry_grad=a.entry_grad)
+        a.record.outcome = "break"
+        _log_break("graph break in", a.code, e.reason, e.hint, e.user_stack)
+        return _Outcome("break", new_code)
+    except Unsupported as e2:
+        log.info("frametrace: cannot break the graph there (%s)", e2.reason)
+        return None
+    except BackendCompilerFailed as e2:
+        return _backend_failed(e2, a, [tracer.user_location()])
+    except Exception as e2:
+        # Building the break (its code, a resume function) failed: our bug, and
+        # the frame still runs correctly in CPython.  (Unless it failed for a
+        # symbolic number, as AOTAutograd's restart for a float it cannot keep
+        # symbolic: then the static compile first.)
+        retry = _retry_static(a, f"{type(e2).__name__}: {e2}")
+        if retry is not None:
+            return retry
         counters["internal_error"] += 1
-        if fullgraph:
-            raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}", where) from e
-        _log_internal_error(code, where, e)
-        _uninstall(installed)
-        record.reason = f"internal error in frametrace: {type(e).__name__}: {e}"
-        record.user_stack = where
-        record.outcome = "fallback"
-        new_code = None
-    output.close_contexts()
+        _log_internal_error(a.code, [tracer.user_location()], e2)
+        _uninstall(a.installed)
+        return _Outcome("fallback")
+
+
+def _internal_error(a, e) -> _Outcome:
+    """Tracing raised what it should not have: our bug (counted, logged in one line), and
+    the frame runs correctly in CPython; under fullgraph the user hears of it."""
+    where = [a.tracer.user_location()]
+    retry = _retry_static(a, f"{type(e).__name__}: {e}")
+    if retry is not None:
+        return retry
+    counters["internal_error"] += 1
+    if a.fullgraph:
+        raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}", where) from e
+    _log_internal_error(a.code, where, e)
+    _uninstall(a.installed)
+    record = a.record
+    record.reason = f"internal error in frametrace: {type(e).__name__}: {e}"
+    record.user_stack = where
+    record.outcome = "fallback"
+    return _Outcome("fallback")
+
+
+def _install(a, outcome) -> _Outcome:
+    """Guard what the attempt compiled (a fallback too: the frame runs in CPython while
+    its guards hold), record it, and set `outcome.entry`; no entry where the state
+    changed while compiling or reset() ran meanwhile (this call runs in CPython)."""
+    code, func, args, guards, record = a.code, a.func, a.args, a.guards, a.record
+    new_code, installed, entry_grad = outcome.new_code, a.installed, a.entry_grad
+    a.output.close_contexts()
     torch._C._set_grad_enabled(entry_grad)
     # Every graph depends on grad mode, and on the default dtype (factories, promotion
     # of Python floats), whether or not the trace read them.
@@ -552,13 +633,15 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         guards.global_state("get_default_dtype", torch.get_default_dtype, torch.get_default_dtype(),
                             text=f"default dtype: {torch.get_default_dtype()}")
     try:
-        guards.shape_guards(output.shape_env)
+        guards.shape_guards(a.output.shape_env)
         check = guards.compile()
     except Exception as e:
         counters["internal_error"] += 1
-        retry_static(f"guards: {type(e).__name__}: {e}")
+        retry = _retry_static(a, f"guards: {type(e).__name__}: {e}")
+        if retry is not None:
+            return retry
         _log_internal_error(code, [], e)
-        return None
+        return outcome
     check.guard_set = guards
     if guards.stale:
         # A fact of the trace changed while it compiled (an ABC registration made by a
@@ -566,11 +649,11 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
         log.info("frametrace: %s changed while compiling; this call runs in CPython",
                  log_name(code))
         _uninstall(installed)
-        return None
+        return outcome
     if new_code is not None:
         _check_own_guards(code, func, args, check, guards)
     record.guards = guards.texts()
-    record.compile_seconds = time.perf_counter() - t0
+    record.compile_seconds = time.perf_counter() - a.t0
     record.transformed_code = new_code
     record.check = check
     if guard_log.isEnabledFor(logging.INFO):
@@ -579,12 +662,13 @@ def _compile_frame(code, func, args, backend, fullgraph, dynamic, entry_grad):
     if new_code is not None and bytecode_log.isEnabledFor(logging.INFO):
         from .viewer import plain_diff
         bytecode_log.info("bytecode of %s:\n%s", log_name(code), plain_diff(code, new_code))
-    if generation != _generation:
+    if a.generation != _generation:
         _uninstall(installed)
-        return None                 # reset() ran meanwhile: this call runs in CPython
+        return outcome              # reset() ran meanwhile: this call runs in CPython
     for observer in record_observers:
         observer(record)
-    return (check, new_code)
+    outcome.entry = (check, new_code)
+    return outcome
 
 
 def _check_own_guards(code, func, args, check, guards):
@@ -630,11 +714,14 @@ def _log_break(what, code, reason, hint, user_stack):
                    f"\n  Hint: {hint}" if hint else "", format_user_stack(user_stack))
 
 
-def _backend_failed(e, code, record, where, retry_static, installed):
+def _backend_failed(e, a, where) -> _Outcome:
     """The user's backend raised: theirs to see (raised on), unless they asked for the
     fall-back.  It may have failed on symbolic sizes: a static compile is tried first."""
-    retry_static(f"{type(e.error).__name__}: {e.error}")
-    _uninstall(installed)
+    retry = _retry_static(a, f"{type(e.error).__name__}: {e.error}")
+    if retry is not None:
+        return retry
+    _uninstall(a.installed)
+    code, record = a.code, a.record
     e.frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
     if not config.suppress_errors:
         raise e
@@ -646,6 +733,7 @@ def _backend_failed(e, code, record, where, retry_static, installed):
     _log_break("running in CPython:", code, record.reason,
                "frametrace.config.suppress_errors = False raises the backend's error",
                where)
+    return _Outcome("fallback")
 
 
 def _log_internal_error(code, where, e):
