@@ -24,23 +24,25 @@ from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSourc
                      LocalSource)
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, TensorVar,
                         TupleVar, Var, unsupported)
-from .variables.builder import wrap
 from .variables.asserts import assert_in_graph
+from .variables.attributes import plain_class_of
 from .variables.base import nouns
-from .variables.builtins import LazyIteratorVar
-from .variables.contexts import ExitVar
+from .variables.builder import wrap
+from .variables.builtins import LazyIteratorVar, SetVar, _class_value, _len, iter_of
+from .variables.contexts import ExitVar, GeneratorFrameVar, user_context
+from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
+                                   chain, exception_of, is_exception, matches, throw)
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
-from .variables.symbolic import SliceVar, SymNodeVar
+from .variables.generators import InlinedGeneratorVar, stop_iteration_error
+from .variables.lazy import Lazy
+from .variables.objects import SuperVar
+from .variables.opaque import OpaqueVar, is_data
+from .variables.operators import binary_op, contains, is_none, is_same, unary_op
+from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
 from .variables.scalars import capturing
 from .variables.stdlib import DequeVar
-from .variables.operators import binary_op, contains, is_none, is_same, unary_op
-from .variables.lazy import Lazy
-from .variables.opaque import OpaqueVar, is_data
-from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
-from .variables.generators import InlinedGeneratorVar, stop_iteration_error
-from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
-                                   chain, exception_of, matches,
-                                   is_exception, throw)
+from .variables.subclasses import container_format
+from .variables.symbolic import SliceVar, SymNodeVar
 
 PY312 = sys.version_info >= (3, 12)
 # Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
@@ -430,7 +432,6 @@ class InstructionTranslator:
             child.locals[name] = v
         child.closure = list(closure)
         if code.co_flags & inspect.CO_GENERATOR and self.take_generator_frame:
-            from .variables.contexts import GeneratorFrameVar
             self.take_generator_frame = False
             child.generator = True
             return GeneratorFrameVar(child)
@@ -449,7 +450,6 @@ class InstructionTranslator:
     # ------------------------------------------------------------ attributes
     def _getattr(self, obj, name):
         if name == "__class__":
-            from .variables.attributes import plain_class_of
             cls = plain_class_of(self, obj)
             if cls is not None:
                 return cls
@@ -470,7 +470,6 @@ class InstructionTranslator:
         obj = self.pop()
         cls = self.pop()
         self.pop()                                      # the global `super`
-        from .variables.objects import SuperVar
         attr = SuperVar(cls, obj).getattr(self, inst.argval)
         if inst.arg & 1:
             self.push(NULL)
@@ -478,7 +477,6 @@ class InstructionTranslator:
 
     def zero_arg_super(self):
         """super() inside a method: the __class__ cell and the first argument."""
-        from .variables.objects import SuperVar
         cell = self.cells.get("__class__")
         # (In a resume code, the original's first argument: a cell, or its first local.)
         from .resume import original_code
@@ -630,7 +628,6 @@ class InstructionTranslator:
         self.push(ConstVar("".join(p.as_const() for p in parts)))
 
     def BUILD_SET(self, inst):
-        from .variables.builtins import SetVar
         self.push(SetVar.of_vars(self, self.popn(inst.arg)))
 
     def SET_ADD(self, inst):
@@ -713,7 +710,6 @@ class InstructionTranslator:
             value = value.format_of(self)
         conv = inst.arg & 0x03
         if not value.is_const():
-            from .variables.subclasses import container_format
             text = container_format(self, value, "repr" if conv == 2 else "str") \
                 if conv != 3 and not spec else None
             if text is None:
@@ -771,7 +767,6 @@ class InstructionTranslator:
             self.pop()
 
     def GET_ITER(self, inst):
-        from .variables.builtins import iter_of
         self.push(iter_of(self, self.pop()))
 
     def FOR_ITER(self, inst):
@@ -811,7 +806,6 @@ class InstructionTranslator:
         ctx = self.pop()
         enter = getattr(ctx, "enter", None)
         if enter is None:
-            from .variables.contexts import user_context
             user = user_context(self, ctx)
             if user is None:
                 unsupported(f"'with' over {ctx}")
@@ -876,7 +870,6 @@ class InstructionTranslator:
         self.root.exc_handled = UNKNOWN if isinstance(prev, CallerExceptionVar) else prev
 
     def CHECK_EXC_MATCH(self, inst):
-        from .variables.builtins import _class_value
         classes = _class_value(self.pop())
         self.push(ConstVar(matches(self.stack[-1], classes)))
 
@@ -911,7 +904,6 @@ class InstructionTranslator:
     # Each leaves the subject on the stack, as CPython's; which patterns match is
     # decided on the types the trace knows (guarded where they came from).
     def GET_LEN(self, inst):
-        from .variables.builtins import _len
         self.push(_len(self, [self.stack[-1]], {}))
 
     def MATCH_SEQUENCE(self, inst):
@@ -933,7 +925,6 @@ class InstructionTranslator:
     def GET_YIELD_FROM_ITER(self, inst):
         v = self.stack[-1]
         if not isinstance(v, InlinedGeneratorVar):
-            from .variables.builtins import iter_of
             self.stack[-1] = iter_of(self, v)
 
     def SEND(self, inst):
