@@ -13,6 +13,7 @@ import frametrace
 pytest.importorskip("triton")
 from frametrace.backends.triton import autotune, backend, last_compiled  # noqa: E402
 from frametrace.backends.triton.kernel_source import configs_for  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -31,14 +32,8 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.int64: (
 
 def compiled_run(fn, *args, kernels=None, dtype=torch.float32):
     """fn compiled with the triton backend matches eager; returns the CompiledModule."""
-    got = frametrace.optimize(backend="triton", fullgraph=True)(fn)(*args)
-    expected = fn(*args)
     atol, rtol = TOL[dtype]
-    conv = (lambda t: t.float()) if dtype == torch.bfloat16 else (lambda t: t)
-    torch.testing.assert_close(torch.utils._pytree.tree_map(conv, got),
-                               torch.utils._pytree.tree_map(conv, expected), atol=atol, rtol=rtol)
-    mod = last_compiled()
-    assert mod is not None, "the graph did not go through the triton backend"
+    mod = triton_check(fn, *args, atol=atol, rtol=rtol, half_as_float=True)
     assert not mod.externs, mod.source
     if kernels is not None:
         assert len(mod.kernels) == kernels, mod.source
