@@ -22,27 +22,24 @@ from .exc import Unsupported, Yield, frame_summary
 from .side_effects import SideEffects
 from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
                      LocalSource)
-from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar, TensorVar,
+from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar,
                         TupleVar, Var, unsupported)
 from .variables.asserts import assert_in_graph
 from .variables.attributes import plain_class_of
-from .variables.base import nouns
 from .variables.builder import wrap
-from .variables.builtins import LazyIteratorVar, SetVar, _class_value, _len, iter_of
+from .variables.builtins import SetVar, _class_value, _len, iter_of
 from .variables.contexts import ExitVar, GeneratorFrameVar, user_context
 from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, is_exception, matches, throw)
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar
-from .variables.generators import InlinedGeneratorVar, stop_iteration_error
+from .variables.generators import InlinedGeneratorVar, freeze_returned_iterators, stop_iteration_error
 from .variables.lazy import Lazy
 from .variables.objects import SuperVar
 from .variables.opaque import OpaqueVar, is_data
-from .variables.operators import binary_op, contains, is_none, is_same, unary_op
+from .variables.operators import binary_op, contains, delete_list_item, is_none, is_same, make_slice, unary_op
 from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
-from .variables.scalars import capturing
 from .variables.stdlib import DequeVar
 from .variables.subclasses import container_format
-from .variables.symbolic import SliceVar, SymNodeVar
 
 PY312 = sys.version_info >= (3, 12)
 # Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
@@ -584,7 +581,7 @@ class InstructionTranslator:
             delitem(self, key)
         elif isinstance(container, ListVar) and type(container).call_method is ListVar.call_method \
                 or isinstance(container, DequeVar):
-            _delete_list_item(self, container, key)
+            delete_list_item(self, container, key)
         else:
             unsupported(f"del on {container}")
 
@@ -592,17 +589,17 @@ class InstructionTranslator:
         end = self.pop()
         start = self.pop()
         container = self.pop()
-        self.push(container.getitem(self, _make_slice([start, end], self)))
+        self.push(container.getitem(self, make_slice([start, end], self)))
 
     def STORE_SLICE(self, inst):  # 3.12
         end = self.pop()
         start = self.pop()
         container = self.pop()
         value = self.pop()
-        container.setitem(self, _make_slice([start, end], self), value)
+        container.setitem(self, make_slice([start, end], self), value)
 
     def BUILD_SLICE(self, inst):
-        self.push(_make_slice(self.popn(inst.arg), self))
+        self.push(make_slice(self.popn(inst.arg), self))
 
     # ------------------------------------------------------------ building
     def BUILD_TUPLE(self, inst):
@@ -826,7 +823,7 @@ class InstructionTranslator:
     def RETURN_VALUE(self, inst):
         value = self.pop()
         if self.parent is None:
-            _freeze_returned_iterators(self, value)
+            freeze_returned_iterators(self, value)
         self.return_value = value
 
     def LOAD_ASSERTION_ERROR(self, inst):
@@ -970,18 +967,6 @@ class InstructionTranslator:
         unsupported(f"{inst.argrepr}")
 
 
-def _freeze_returned_iterators(tx, v, depth=0):
-    """Iterators the frame returns (in tuples, lists and dicts too) outlive the trace."""
-    if isinstance(v, LazyIteratorVar):
-        v.freeze(tx)
-    elif depth < 8 and isinstance(v, (TupleVar, ListVar)):
-        for item in v.items:
-            _freeze_returned_iterators(tx, item, depth + 1)
-    elif depth < 8 and type(v) is DictVar:
-        for item in v.items.values():
-            _freeze_returned_iterators(tx, item, depth + 1)
-
-
 class _FunctionShim:
     """What InstructionTranslator reads of a function, for inlined code."""
     __slots__ = ("__globals__", "__builtins__", "__closure__")
@@ -1010,33 +995,6 @@ def _cell_full(cell) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _delete_list_item(tx, seq, key: Var):
-    """``del seq[key]`` on a list (or deque) the trace holds the items of."""
-    if not key.is_const():
-        unsupported(f"del with index {key}")
-    k = key.as_const()
-    if isinstance(k, slice) and seq.python_type() is not list:
-        unsupported("sequence index must be integer, not 'slice' (TypeError)")
-    if not isinstance(k, (int, slice)):
-        unsupported(f"list indices must be integers or slices, not {type(k).__name__} (TypeError)")
-    if isinstance(k, int) and not -len(seq.items) <= k < len(seq.items):
-        unsupported("list assignment index out of range (IndexError)")
-    seq._check_mutable(tx)
-    del seq.items[k]
-
-
-def _make_slice(parts, tx) -> Var:
-    if any(isinstance(p, TensorVar) for p in parts) and capturing():
-        # A tensor bound is read by __index__: a number of the graph (see scalars.py).
-        parts = [p.call_method(tx, "__index__", [], {}) if isinstance(p, TensorVar) else p
-                 for p in parts]
-    if any(isinstance(p, SymNodeVar) for p in parts):
-        return SliceVar(parts)
-    if not all(p.is_const() for p in parts):
-        unsupported(f"slice with non-constant bounds {nouns(parts)}")
-    return ConstVar(slice(*(p.as_const() for p in parts)))
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -13,6 +13,7 @@ from ..exc import Yield
 from .base import unsupported
 from .builtins import LazyIteratorVar
 from .constant import ConstVar
+from .containers import DictVar, ListVar, TupleVar
 from .exceptions import ExceptionVar, TracedRaise, exception_type
 from .objects import MethodVar
 from .operators import is_none
@@ -97,3 +98,15 @@ class InlinedGeneratorVar(LazyIteratorVar):
                 unsupported("send() to a generator that returned (StopIteration)")
             return v
         return super().call_method(tx, name, args, kwargs)
+
+
+def freeze_returned_iterators(tx, v, depth=0):
+    """Iterators the frame returns (in tuples, lists and dicts too) outlive the trace."""
+    if isinstance(v, LazyIteratorVar):
+        v.freeze(tx)
+    elif depth < 8 and isinstance(v, (TupleVar, ListVar)):
+        for item in v.items:
+            freeze_returned_iterators(tx, item, depth + 1)
+    elif depth < 8 and type(v) is DictVar:
+        for item in v.items.values():
+            freeze_returned_iterators(tx, item, depth + 1)

@@ -14,15 +14,16 @@ import operator
 
 import torch
 
-from .base import Var, unsupported
+from .base import Var, nouns, unsupported
 from .builtins import SetVar
 from .constant import BINARY_FOLD, ConstVar
 from .containers import DictVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import raise_builtin, raise_folded
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .objects import ObjectVar
+from .scalars import capturing
 from .subclasses import is_user_container, user_container_binary_op
-from .symbolic import SymNodeVar
+from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar, guard_operator
 
 INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
@@ -301,3 +302,32 @@ def contains(tx, container: Var, item: Var) -> bool:
     if isinstance(item, ObjectVar) and isinstance(container, (TupleVar, ListVar)):
         return any(isinstance(m, ObjectVar) and m.value is item.value for m in container.items)
     unsupported(f"'in' with {item} and {container}")
+
+
+def delete_list_item(tx, seq, key: Var):
+    """``del seq[key]`` on a list (or deque) the trace holds the items of."""
+    if not key.is_const():
+        unsupported(f"del with index {key}")
+    k = key.as_const()
+    if isinstance(k, slice) and seq.python_type() is not list:
+        unsupported("sequence index must be integer, not 'slice' (TypeError)")
+    if not isinstance(k, (int, slice)):
+        unsupported(f"list indices must be integers or slices, not {type(k).__name__} (TypeError)")
+    if isinstance(k, int) and not -len(seq.items) <= k < len(seq.items):
+        unsupported("list assignment index out of range (IndexError)")
+    seq._check_mutable(tx)
+    del seq.items[k]
+
+
+def make_slice(parts, tx) -> Var:
+    """slice(*parts) (BUILD_SLICE, BINARY_SLICE, STORE_SLICE): a constant, or a SliceVar
+    with symbolic bounds."""
+    if any(isinstance(p, TensorVar) for p in parts) and capturing():
+        # A tensor bound is read by __index__: a number of the graph (see scalars.py).
+        parts = [p.call_method(tx, "__index__", [], {}) if isinstance(p, TensorVar) else p
+                 for p in parts]
+    if any(isinstance(p, SymNodeVar) for p in parts):
+        return SliceVar(parts)
+    if not all(p.is_const() for p in parts):
+        unsupported(f"slice with non-constant bounds {nouns(parts)}")
+    return ConstVar(slice(*(p.as_const() for p in parts)))
