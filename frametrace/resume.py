@@ -582,14 +582,70 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
     return rest
 
 
+class _BreakSite:
+    """The break being emitted: the transformed code's builder, the trace stopped at
+    `inst`, the user's function (whose globals and cells the resume function shares),
+    and what `prepare_break` put in temporaries."""
+    __slots__ = ("cg", "tracer", "code", "inst", "func", "plan")
+
+    def __init__(self, cg, tracer, inst, func, plan):
+        self.cg, self.tracer, self.code = cg, tracer, tracer.code
+        self.inst, self.func, self.plan = inst, func, plan
+
+
 def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
     """After the graph call and side effects: set grad mode as the trace had it, store
     the changed locals, push the stack as the original frame has it before `inst`, run
     `inst` in CPython, and return what the resume function(s) return."""
-    import torch
+    site = _BreakSite(cg, tracer, inst, func, plan)
+    _store_frame_state(site, entry_grad)
+    cover, slots = exception_cover(site.code, inst.offset)
+    exits = _with_exits(site, slots) if cover == "with" else None
+    # What the instruction raises goes to the user's handler, in a resume function
+    # that starts there with the stack the exception table gives it.
+    catch = _try_begin(cg) if cover == "try" else None
+    protect = _try_begin(cg) if exits is not None else None
+    rest = statement_rest(tracer, inst, plan) if cover is None else None
+    _push_stack(site, rest)
+    jump_label = _run_instruction(site, rest)
+    if protect is not None:
+        _run_exits_on_raise(site, protect, exits)
+    after_catch = None
+    if catch is not None:
+        cg.instrs.append(TryEnd(catch[1]))
+        if inst.opname != "RAISE_VARARGS":
+            after_catch = Label()
+            cg.emit("JUMP_FORWARD", after_catch)
+    opaque = _opaque_names(site)
+    if catch is not None:
+        entry = handler_for(site.code, inst.offset)
+        if entry.depth > len(plan.lower):
+            unsupported_break("a handler deeper than the stack at the break")
+        cg.instrs.append(catch[0])
+        _continue_at(site, opaque, entry.target, 1, depth=entry.depth,
+                     lasti=inst.offset if entry.lasti else None)
+        if inst.opname == "RAISE_VARARGS":
+            return
+        cg.instrs.append(after_catch)
+    elif inst.opname == "RAISE_VARARGS":
+        return
+    if rest is not None:
+        _continue_at(site, opaque, rest.next_offset, rest.produced, depth=rest.depth)
+        return
+    index = tracer.index_of[inst.offset]
+    next_offset = tracer.instructions[index + 1].offset
+    _continue_at(site, opaque, next_offset, _produced(inst))
+    if jump_label is not None:
+        cg.instrs.append(jump_label)
+        _continue_at(site, opaque, inst.argval, 0)
 
-    from .variables.base import NULL
-    code = tracer.code
+
+def _store_frame_state(site, entry_grad):
+    """The frame's state as the trace left it at the break, before the instruction runs
+    in CPython: grad mode, the locals and cells the trace changed (the graph and the
+    replayed side effects do not write the frame's own variables)."""
+    import torch
+    cg, plan = site.cg, site.plan
     # The mode the code after the break expects: the trace's, at the break.  Where it
     # is the mode at entry (guarded) the graph left it so, whatever the backend kept of
     # its grad-mode nodes; the call is not made then, since it is not free (under a
@@ -602,29 +658,38 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
     for n in plan.cells_to_store:
         cg.emit("LOAD_FAST", plan.temps[("cell", n)])
         cg.emit("STORE_DEREF", CellVar(n))
-    # Inside `with` blocks, an exception from the instruction must run their exits, as
-    # the original frame's cleanup handlers would: a handler of our own does that.
-    from .variables.contexts import check_exit_handover, exit_all
-    cover, slots = exception_cover(code, inst.offset)
-    protect = cover == "with"
-    if protect and any(i >= len(plan.lower) or plan.lower[i] is NULL for i in slots):
+
+
+def _with_exits(site, slots) -> list[str]:
+    """Inside `with` blocks, an exception from the instruction must run their exits, as
+    the original frame's cleanup handlers would: a handler of our own does that, with
+    the temporaries holding each block's __exit__ (innermost first).  Refused where an
+    __exit__ is not where the exception table says, or cannot be handed over."""
+    from .variables.base import NULL
+    from .variables.contexts import check_exit_handover
+    plan = site.plan
+    if any(i >= len(plan.lower) or plan.lower[i] is NULL for i in slots):
         unsupported_break("a with block's __exit__ is not where the exception table says")
-    if protect:
-        for i in slots:
-            check_exit_handover(plan.lower[i])
-    exits = [plan.temps[("lower", i)] for i in slots] if protect else []
-    catch = None
-    if cover == "try":
-        # What the instruction raises goes to the user's handler, in a resume function
-        # that starts there with the stack the exception table gives it.
-        catch = Label()
-        catch_begin = TryBegin(catch, push_lasti=False, stack_depth=0)
-        cg.instrs.append(catch_begin)
-    if protect:
-        handler = Label()
-        try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
-        cg.instrs.append(try_begin)
-    rest = statement_rest(tracer, inst, plan) if cover is None else None
+    for i in slots:
+        check_exit_handover(plan.lower[i])
+    return [plan.temps[("lower", i)] for i in slots]
+
+
+def _try_begin(cg) -> tuple:
+    """A handler around the instruction: (its label, the try block's start)."""
+    label = Label()
+    begin = TryBegin(label, push_lasti=False, stack_depth=0)
+    cg.instrs.append(begin)
+    return label, begin
+
+
+def _push_stack(site, rest):
+    """The stack as the original frame has it just before the instruction: its
+    operands, and below them the slots the rest of the statement (`statement_rest`)
+    calls with, where that runs here too.  The slots further down go to the resume
+    function as parameters instead."""
+    from .variables.base import NULL
+    cg, inst, plan = site.cg, site.inst, site.plan
     if rest is not None:
         # (below the call's operands: what the rest of the statement calls, with)
         for i in range(rest.depth, len(plan.lower)):
@@ -641,10 +706,15 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
             cg.call_const(_C.Unhooked, [lambda c, i=i: c.emit("LOAD_FAST", plan.temps[("top", i)])])
         else:
             cg.emit("LOAD_FAST", plan.temps[("top", i)])
-    _, by_offset = abstract_instructions(code)
+
+
+def _run_instruction(site, rest):
+    """The breaking instruction (and the rest of its statement), run by CPython as the
+    user wrote it: at its own position, so that a traceback through it shows its line
+    and columns.  Returns the label a conditional jump goes to, else None."""
+    cg, tracer, inst = site.cg, site.tracer, site.inst
+    _, by_offset = abstract_instructions(site.code)
     original = by_offset[inst.offset]
-    # The instruction runs here as the user wrote it: at its own position, so that a
-    # traceback through it shows its line and columns.
     cg.location = original.location
     if tracer.kw_names:
         cg.emit("KW_NAMES", tracer.kw_names)
@@ -660,95 +730,89 @@ def emit_break(cg, tracer, inst, func, plan: _BreakPlan, entry_grad: bool):
         cg.location = done.location
         cg.emit(done.name) if done.name == "POP_TOP" else cg.emit(done.name, done.arg)
     cg.location = None
-    if protect:
-        after = Label()
-        cg.instrs.append(TryEnd(try_begin))
-        if inst.opname != "RAISE_VARARGS":      # (which never falls through)
-            cg.emit("JUMP_FORWARD", after)
-        cg.instrs.append(handler)
-        cg.emit("PUSH_NULL")                   # exit_all(exc, *exits), innermost first
-        cg.load_const(exit_all)
-        cg.emit("COPY", 3)
-        for temp in exits:
-            cg.emit("LOAD_FAST", temp)
-        cg.call(1 + len(exits))
-        cg.emit("POP_TOP")
-        cg.emit("RERAISE", 0)
-        if inst.opname != "RAISE_VARARGS":
-            cg.instrs.append(after)
-    if catch is not None:
-        cg.instrs.append(TryEnd(catch_begin))
-        after_catch = Label()
-        if inst.opname != "RAISE_VARARGS":
-            cg.emit("JUMP_FORWARD", after_catch)
-    # Data computed at earlier breaks stays data in the resume frame (not specialized on):
-    # the locals and stack values that hold it.
-    opaque = frozenset([n for n in plan.bound if _is_opaque(tracer.locals[n])] +
-                       [f"___stack{i}" for i, v in enumerate(plan.lower)
-                        if plan.layout[i] == "v" and _is_opaque(v)])
+    return jump_label
 
-    def continue_at(offset, produced, depth=None, lasti=None):
-        """Call the resume function at `offset` with the lower stack (its first `depth`
-        slots, for a handler, then the handler's lasti if it takes one) and the
-        `produced` values on top of the stack, then return what it returns."""
-        lower = plan.lower if depth is None else plan.lower[:depth]
-        # What the instruction produced is data computed in CPython ("r"), except the
-        # __exit__ a BEFORE_WITH leaves: the resume frame guards and calls it (inlined
-        # at the block's end; handed over again at a break inside it).
-        made = ("v", "r") if inst.opname == "BEFORE_WITH" and produced == 2 else ("r",) * produced
-        layout = plan.layout[:len(lower)] + ("v",) * (lasti is not None) + made
-        results = [f"___result_{i}" for i in range(produced)]
-        for t in reversed(results):
-            cg.emit("STORE_FAST", t)
-        original, original_offset = original_position(code, offset)
-        resume = resume_code(original, original_offset, layout, tuple(plan.bound), opaque)
 
-        def call_resume(cg):
-            cg.emit("PUSH_NULL")
-            _load_function(cg, resume, func, code)
-            lead, rest = split_locals(original, plan.bound)
-            for name in lead:
-                cg.emit("LOAD_FAST", name)
-            n = 0
-            for i, v in enumerate(lower):
-                if v is not NULL:
-                    cg.emit("LOAD_FAST", plan.temps[("lower", i)])
-                    n += 1
-            if lasti is not None:
-                # In code units of the resume code (RERAISE sets the frame's position,
-                # for the traceback, from it).
-                _, lasti_original = original_position(code, lasti)
-                here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
-                cg.load_const(here[0] // 2 if here else 0)
-                n += 1
-            for t in results:
-                cg.emit("LOAD_FAST", t)
-            for name in rest:
-                cg.emit("LOAD_FAST", name)
-            cg.call(n + produced + len(plan.bound))
-        cg.return_from(call_resume)
+def _run_exits_on_raise(site, protect, exits):
+    """Close the handler `_with_exits` asked for: what the instruction raises runs the
+    `with` blocks' exits (exit_all(exc, *exits)) and is raised on, as the original
+    frame's cleanup handlers would do."""
+    from .variables.contexts import exit_all
+    cg, inst = site.cg, site.inst
+    handler, try_begin = protect
+    after = Label()
+    cg.instrs.append(TryEnd(try_begin))
+    if inst.opname != "RAISE_VARARGS":      # (which never falls through)
+        cg.emit("JUMP_FORWARD", after)
+    cg.instrs.append(handler)
+    cg.emit("PUSH_NULL")                   # exit_all(exc, *exits), innermost first
+    cg.load_const(exit_all)
+    cg.emit("COPY", 3)
+    for temp in exits:
+        cg.emit("LOAD_FAST", temp)
+    cg.call(1 + len(exits))
+    cg.emit("POP_TOP")
+    cg.emit("RERAISE", 0)
+    if inst.opname != "RAISE_VARARGS":
+        cg.instrs.append(after)
 
-    if catch is not None:
-        entry = handler_for(code, inst.offset)
-        if entry.depth > len(plan.lower):
-            unsupported_break("a handler deeper than the stack at the break")
-        cg.instrs.append(catch)
-        continue_at(entry.target, 1, depth=entry.depth,
-                    lasti=inst.offset if entry.lasti else None)
-        if inst.opname == "RAISE_VARARGS":
-            return
-        cg.instrs.append(after_catch)
-    elif inst.opname == "RAISE_VARARGS":
-        return
-    if rest is not None:
-        continue_at(rest.next_offset, rest.produced, depth=rest.depth)
-        return
-    index = tracer.index_of[inst.offset]
-    next_offset = tracer.instructions[index + 1].offset
-    continue_at(next_offset, _produced(inst))
-    if jump_label is not None:
-        cg.instrs.append(jump_label)
-        continue_at(inst.argval, 0)
+
+def _opaque_names(site) -> frozenset:
+    """Data computed at earlier breaks stays data in the resume frame (not specialized
+    on): the locals and stack values that hold it."""
+    plan, tracer = site.plan, site.tracer
+    return frozenset([n for n in plan.bound if _is_opaque(tracer.locals[n])] +
+                     [f"___stack{i}" for i, v in enumerate(plan.lower)
+                      if plan.layout[i] == "v" and _is_opaque(v)])
+
+
+def _continue_at(site, opaque, offset, produced, depth=None, lasti=None):
+    """Call the resume function at `offset` with the lower stack (its first `depth`
+    slots, for a handler, then the handler's lasti if it takes one) and the
+    `produced` values on top of the stack, then return what it returns."""
+    cg, code, inst, plan = site.cg, site.code, site.inst, site.plan
+    lower = plan.lower if depth is None else plan.lower[:depth]
+    # What the instruction produced is data computed in CPython ("r"), except the
+    # __exit__ a BEFORE_WITH leaves: the resume frame guards and calls it (inlined
+    # at the block's end; handed over again at a break inside it).
+    made = ("v", "r") if inst.opname == "BEFORE_WITH" and produced == 2 else ("r",) * produced
+    layout = plan.layout[:len(lower)] + ("v",) * (lasti is not None) + made
+    results = [f"___result_{i}" for i in range(produced)]
+    for t in reversed(results):
+        cg.emit("STORE_FAST", t)
+    original, original_offset = original_position(code, offset)
+    resume = resume_code(original, original_offset, layout, tuple(plan.bound), opaque)
+    cg.return_from(lambda cg: _call_resume(cg, site, resume, original, lower, lasti, results))
+
+
+def _call_resume(cg, site, resume, original, lower, lasti, results):
+    """The call of the resume function: the arguments in the order of its parameters
+    (the bound locals it takes first, the stack slots, the handler's lasti, what the
+    instruction produced, the other locals)."""
+    from .variables.base import NULL
+    code, plan = site.code, site.plan
+    cg.emit("PUSH_NULL")
+    _load_function(cg, resume, site.func, code)
+    lead, rest = split_locals(original, plan.bound)
+    for name in lead:
+        cg.emit("LOAD_FAST", name)
+    n = 0
+    for i, v in enumerate(lower):
+        if v is not NULL:
+            cg.emit("LOAD_FAST", plan.temps[("lower", i)])
+            n += 1
+    if lasti is not None:
+        # In code units of the resume code (RERAISE sets the frame's position,
+        # for the traceback, from it).
+        _, lasti_original = original_position(code, lasti)
+        here = [o for o, orig in _origin[resume][1].items() if orig == lasti_original]
+        cg.load_const(here[0] // 2 if here else 0)
+        n += 1
+    for t in results:
+        cg.emit("LOAD_FAST", t)
+    for name in rest:
+        cg.emit("LOAD_FAST", name)
+    cg.call(n + len(results) + len(plan.bound))
 
 
 def unsupported_break(reason):
