@@ -20,10 +20,10 @@ import subprocess
 import sys
 import traceback
 import types
+from . import __version__, convert, viewer
 
 
 def main(argv=None) -> int:
-    from . import __version__
     parser = argparse.ArgumentParser(prog="frametrace", description="frametrace tools")
     parser.add_argument("--version", action="version", version=f"frametrace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -42,7 +42,6 @@ def main(argv=None) -> int:
         print(f"frametrace diff: {ns.script}: {what}", file=sys.stderr)
         return 2
 
-    from . import convert, viewer
     records = []
     convert.record_observers.append(records.append)
     saved_argv = sys.argv

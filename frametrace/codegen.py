@@ -14,8 +14,11 @@ import types
 import weakref
 
 from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label, TryBegin, TryEnd
+import torch
 
 from .exc import Unsupported
+from . import _C
+from .source import AttrSource, GetItemSource
 
 PY312 = sys.version_info >= (3, 12)
 _NO_ARG = object()
@@ -83,7 +86,6 @@ class CodeGen:
         ``self._modules['h']._modules['0']...``): the loads before a graph call cost
         one attribute or item read per source, not one per link of its chain.  Only
         reads the guards check anyway, so reading them once gives the same values."""
-        from .source import AttrSource, GetItemSource
         uses: dict = {}
         for source in sources:
             base = source.base if type(source) in (AttrSource, GetItemSource) else None
@@ -153,14 +155,12 @@ class CodeGen:
     def load_constructor(self, cls):
         """Push NULL and `cls` for a call that rebuilds an output: it runs unhooked,
         since constructing the result is CPython's work, not code to compile."""
-        from . import _C
         self.emit("PUSH_NULL")
         self.load_const(_C.Unhooked(cls))
 
     def set_grad_mode(self, mode: bool):
         """torch._C._set_grad_enabled(mode), explicitly: the graph's grad-mode nodes may
         not survive the backend (AOTAutograd drops them)."""
-        import torch
         self.call_const(torch._C._set_grad_enabled, [lambda cg: cg.load_const(mode)])
         self.emit("POP_TOP")
 
@@ -401,7 +401,6 @@ def graph_errors_rerun(exc, code, saved=None) -> bool:
     is logged: a graph that raised and ran in CPython must not pass for a compiled one.
     `saved` (a RerunState's save()): put back before the rerun; without a rerun, only
     autocast (the `with` blocks the graph entered are left, as in CPython)."""
-    import torch
     if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
         if saved is not None:
             RerunState.restore(saved, autocast_only=True)
@@ -432,7 +431,6 @@ class RerunState:
         self.rng, self.cuda, self.autocast, self.sources = rng, cuda, autocast, sources
 
     def save(self, *written):
-        import torch
         cpu = torch.default_generator.get_state() if self.rng else None
         cuda = [(i, torch.cuda.get_rng_state(i)) for i in self.cuda] if self.rng else ()
         modes = _autocast_state() if self.autocast else None
@@ -441,7 +439,6 @@ class RerunState:
 
     @staticmethod
     def restore(saved, autocast_only=False):
-        import torch
         cpu, cuda, modes, copies = saved
         if modes is not None:
             _set_autocast_state(modes)
@@ -460,7 +457,6 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def _autocast_state():
-    import torch
     nesting = torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
     return ([(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES],
@@ -468,7 +464,6 @@ def _autocast_state():
 
 
 def _set_autocast_state(state):
-    import torch
     devices, cache, nesting = state
     for device, enabled, dtype in devices:
         torch.set_autocast_enabled(device, enabled)
@@ -489,8 +484,6 @@ def rerun_frame(code, f_globals, closure, args, grad: bool):
     hook passed them), starting in grad mode `grad` as the compiled graph did.  A copy
     of the code runs, marked skip, so the hook does not find the entry that failed;
     frames it calls are hooked as usual."""
-    from . import _C
-    import torch
     torch._C._set_grad_enabled(grad)
     copy = _unhooked_copies.get(code)
     if copy is None:

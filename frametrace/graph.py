@@ -17,7 +17,11 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, compute_unbacked_bindings
+from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,
+                                                   compute_unbacked_bindings, free_unbacked_symbols)
+from torch.fx.graph import _is_from_torch
+from torch.fx.node import _get_qualified_name
+from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
 from .backend_registry import backend_name
 from .exc import BackendCompilerFailed
@@ -31,6 +35,8 @@ from .variables.symbolic import (SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, m
 from . import config
 from .variables import tensor_facts, tensor_layout, wrapper_subclasses
 from .variables.tensor import TensorVar
+from .variables.numpy import keep_tensor_apart
+from .variables.objects import ObjectVar, entry_state_readers
 
 
 # Sparse tensors have no storage and no FakeTensor rules for most ops: a graph break
@@ -152,9 +158,7 @@ class OutputGraph:
         answers for the context, so the guard must name what it answered at frame entry."""
         frame = self.frame
         if frame.entry_state is None:
-            import warnings
 
-            from .variables.objects import entry_state_readers
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")     # (some readers are deprecated aliases)
                 frame.entry_state = {fn: fn() for fn in entry_state_readers()}
@@ -201,7 +205,6 @@ class OutputGraph:
             if subclass:
                 wrapper_subclasses.guard_inner(self.guards, source, value, fake)
             if self.numpy_inputs:
-                from .variables.numpy import keep_tensor_apart
                 keep_tensor_apart(self, value, source)
         node = self._placeholder(source, fake)
         inp = GraphInput(source, node, value)
@@ -675,7 +678,6 @@ def insert_runtime_asserts(gm, shape_env, name):
     """What the trace assumed about numbers read from data (``torch._check`` facts, a
     size being >= 0, a view's divisibility) is checked when the graph runs: no guard
     can check it before.  (A fact about input sizes alone is a guard instead.)"""
-    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
     for node in gm.graph.nodes:
         message = node.meta.get("check_message")
         if node.target is torch._check and len(node.args) == 1 and message is not None:
@@ -695,7 +697,6 @@ def _unbacked_unreplaced(shape_env):
     (both "are" a + b), and the assert becomes `item == item`: checked by nothing.
     Without the replacement each node keeps its own symbol and the check compares
     the value read with the sizes."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     saved = {s: r for s, r in shape_env.replacements.items()
              if free_unbacked_symbols(s) or free_unbacked_symbols(r)}
 
@@ -788,8 +789,6 @@ def fx_can_name(target) -> bool:
         known = None
     if known is not None:
         return known
-    from torch.fx.graph import _is_from_torch
-    from torch.fx.node import _get_qualified_name
     ok = True
     if _is_from_torch(target) and target is not torch.device:
         try:
@@ -1092,7 +1091,6 @@ def _to_node_arg(v):
         return tuple(items) if isinstance(v, TupleVar) else items
     if isinstance(v, DictVar):
         return {k: _to_node_arg(x) for k, x in v.items.items()}
-    from .variables.objects import ObjectVar
     if isinstance(v, ObjectVar) and isinstance(v.value, (torch.dtype, torch.device)):
         return v.value
     unsupported(f"passing {v} to a torch operation")
@@ -1111,7 +1109,6 @@ def to_fake(v):
         return tuple(items) if isinstance(v, TupleVar) else items
     if isinstance(v, DictVar):
         return {k: to_fake(x) for k, x in v.items.items()}
-    from .variables.objects import ObjectVar
     if isinstance(v, ObjectVar):
         return v.value
     unsupported(f"passing {v} to a torch operation")

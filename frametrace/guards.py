@@ -39,6 +39,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.value_ranges import bound_sympy
+from torch.nn.modules import module as module_mod
+from torch.overrides import _get_current_function_mode_stack
 
 from . import _C, config, cxx_modules
 from .source import (AttrSource, BuiltinSource, CallMethodSource, ClosureCellSource, ClosureSource,
@@ -394,7 +396,6 @@ class GuardSet:
         each of torch's global hook tables `names` is empty.  Read as dict items of
         torch's module namespace, each falsy: the C program answers them from dict
         versions."""
-        from torch.nn.modules import module as module_mod
         src = ConstSource(module_mod.__dict__, "torch.nn.modules.module.__dict__")
         e = src.guard_expr()
         self._add(src, "NO_GLOBAL_HOOKS", "not (" + " or ".join(f"{e}[{n!r}]" for n in names) + ")",
@@ -599,7 +600,6 @@ class GuardSet:
             self.global_state("no torch function mode", torch._C._len_torch_function_stack, 0,
                               text="torch function modes: none")
         else:
-            from torch.overrides import _get_current_function_mode_stack
             stack = tuple(_get_current_function_mode_stack())
             self._add(None, "FUNCTION_MODES",
                       f"___tuple({self.const(_get_current_function_mode_stack)}()) == {self.const(stack)}",
@@ -647,7 +647,6 @@ class GuardSet:
         answers.spec[0][2].add(cls, classes)
 
     def _abc_token_guard(self):
-        import abc
         token = abc.get_cache_token()
         if not config.refresh_abc_token:
             self.guards[(None, "ABC registry")] = Guard(

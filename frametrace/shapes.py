@@ -26,9 +26,11 @@ from torch._guards import GuardSource, Source as _TorchSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                    StatelessSymbolicContext)
+import torch._higher_order_ops.utils as hop_utils
 
 from .source import (AttrSource, CallMethodSource, ClosureSource, ConstSource, GetItemSource,
                      GlobalSource, LocalSource)
+from . import config
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -97,7 +99,6 @@ def new_fake_mode() -> FakeTensorMode:
     # Scalars read from tensors and data-dependent output sizes are "unbacked" symbols
     # (no guard can check them; the graph asserts facts about them at run time), and
     # only where the config lets them into graphs; otherwise they are graph breaks.
-    from . import config
     env = ShapeEnv(specialize_zero_one=True, duck_shape=True,
                    allow_dynamic_output_shape_ops=config.capture_dynamic_output_shape_ops,
                    allow_scalar_outputs=config.capture_scalar_outputs)
@@ -150,7 +151,6 @@ class _FakeMode(FakeTensorMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
-            import torch._higher_order_ops.utils as hop_utils
             if func in getattr(hop_utils, "registered_hop_fake_fns", {}):
                 # Its FakeTensorMode rule only re-dispatches to the mode (map_impl):
                 # FakeTensorMode's own dispatch runs the registered fake function.

@@ -12,9 +12,15 @@ import collections
 from collections import OrderedDict
 
 from bytecode import FreeVar
+import inspect
 
 from .source import ClosureSource
 from .variables.base import unsupported
+from . import _C
+from .exc import Unsupported
+from .variables.containers import DictVar, ListVar, emit_key
+from .variables.tensor import TensorVar
+from .variables.user_objects import DELETED
 
 
 class SideEffects:
@@ -176,7 +182,6 @@ class SideEffects:
                 if value is _deleted() or not plain and _store_runs_code(owner, name):
                     return f"the store of .{name}"
             if kind == "container":
-                from .variables.containers import DictVar, ListVar
                 if type(self._containers[key]) not in (ListVar, DictVar):
                     return f"a write into {self._containers[key]}"
         return None
@@ -215,7 +220,6 @@ class SideEffects:
             # log call's handler, a list subclass's method) would leave a lock held.
             risky = self._raising_store()
             if risky is not None:
-                from .exc import Unsupported
                 raise Unsupported(f"a write after 'with lock:' that can raise ({risky}) would be "
                                   f"replayed holding the lock")
             cg.call_const(_acquire_all, [lock.reconstruct for lock in self.locks])
@@ -248,7 +252,6 @@ class SideEffects:
                     cg.load_const(name)
                     cg.emit("STORE_SUBSCR")
             elif kind == "call":
-                from . import _C
                 # (unhooked: the handlers are CPython's to run, not frames to compile)
                 cg.call_const(_C.Unhooked(self._calls[key][0]), [lambda cg: cg.emit("LOAD_FAST", temp)])
                 cg.emit("POP_TOP")
@@ -276,7 +279,6 @@ def _store_runs_code(owner, name) -> bool:
         return True
     if cls.__setattr__ is not object.__setattr__:
         return True
-    import inspect
     try:
         attr = inspect.getattr_static(cls, name)
     except AttributeError:
@@ -297,7 +299,6 @@ def _release_all(*locks):
 def _rebuilt_by_graph(owner) -> bool:
     """A tensor computed in the graph: the replay finds it among the graph's outputs
     (its attributes leave the frame with it)."""
-    from .variables.tensor import TensorVar
     return isinstance(owner, TensorVar)
 
 
@@ -311,13 +312,11 @@ def _ensure_deleted(obj, name):
 
 
 def _deleted():
-    from .variables.user_objects import DELETED     # (variables import this module)
     return DELETED
 
 
 def _new_contents(cg, var):
     """Push the final contents of a list or dict from outside (a new list / dict)."""
-    from .variables.containers import DictVar, ListVar, emit_key
     if isinstance(var, ListVar):
         for item in var.items:
             item.reconstruct(cg)

@@ -6,6 +6,8 @@ the frame's argument slots by name, then ``___func`` (the running function), so
 globals and closure cells are read through it.
 """
 from __future__ import annotations
+import torch
+import types
 
 
 def guard_local_name(name: str) -> str:
@@ -256,7 +258,6 @@ def _literal(index) -> bool:
         return index - index == 0.0        # (finite: nan and inf are names)
     if t is tuple:
         return all(map(_literal, index))
-    import torch
     return t is torch.dtype                 # (the check has `torch`)
 
 
@@ -286,7 +287,6 @@ def const_sources(source):
 
 def _named_arg(a) -> bool:
     """Arguments a guard names as constants: classes and functions (fixed objects)."""
-    import types
     return isinstance(a, (type, types.FunctionType, types.BuiltinFunctionType))
 
 

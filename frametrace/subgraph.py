@@ -39,6 +39,9 @@ from .variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar, has
 from .variables.lazy import Lazy
 from .variables.symbolic import SliceVar, SymNodeVar, wrap_sym
 from .variables.tensor import TensorVar
+from .side_effects import SideEffects
+from .variables.exceptions import TracedRaise
+from .variables.functions import Cell
 
 _GRAPH_VARS = (TensorVar, SymNodeVar)
 
@@ -218,7 +221,6 @@ def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
     not in a tuple (while_loop's cond_fn).  Outputs that share memory with an input are refused unless
     `allow_aliasing` (torch's control-flow ops raise on them)."""
     from .interpreter import InstructionTranslator
-    from .variables.exceptions import TracedRaise
     outer = tx.output
     sub = SubgraphOutput(outer)
     if reparametrized is not None:
@@ -365,13 +367,10 @@ class StateSnapshot:
 
     def _walks(self, obj) -> bool:
         from .interpreter import InstructionTranslator
-        from .side_effects import SideEffects
-        from .variables.functions import Cell
         return isinstance(obj, (Var, Cell, list, tuple, dict, set, InstructionTranslator, SideEffects))
 
     def _children(self, obj) -> tuple:
         from .interpreter import InstructionTranslator
-        from .variables.functions import Cell
         if isinstance(obj, (list, tuple, set)):
             return tuple(obj)
         if isinstance(obj, dict):

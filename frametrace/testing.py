@@ -6,6 +6,9 @@
 (1, 3)
 """
 from __future__ import annotations
+from . import _C
+from .backends import lookup_backend
+from .resume import resume_codes_in
 
 
 class CompileCounter:
@@ -24,19 +27,16 @@ class CompileCounter:
 
     @property
     def __frametrace_defers_input_mutations__(self):
-        from .backends import lookup_backend
         return self.inner is not None and \
             getattr(lookup_backend(self.inner), "__frametrace_defers_input_mutations__", False)
 
     @property
     def __frametrace_runs_ops_as_traced__(self):
-        from .backends import lookup_backend
         return self.inner is None or \
             getattr(lookup_backend(self.inner), "__frametrace_runs_ops_as_traced__", False)
 
     @property
     def __frametrace_recomputes_random_ops__(self):
-        from .backends import lookup_backend
         return self.inner is not None and \
             getattr(lookup_backend(self.inner), "__frametrace_recomputes_random_ops__", False)
 
@@ -46,7 +46,6 @@ class CompileCounter:
                              if n.op in ("call_function", "call_method", "call_module"))
         self.graphs.append(gm)
         if self.inner is not None:
-            from .backends import lookup_backend
             return lookup_backend(self.inner)(gm, example_inputs)
         return gm.forward
 
@@ -54,8 +53,6 @@ class CompileCounter:
 def resume_codes(code):
     """The resume functions' code objects reachable from `code`'s compiled entries
     (recursively): where its transformed code continues after graph breaks."""
-    from . import _C
-    from .resume import resume_codes_in
     found, todo = [], [code]
     while todo:
         for entry in _C.entries(todo.pop()):

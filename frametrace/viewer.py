@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
+import torch
 
 from . import _C, convert
 from .bytecode_diff import (_def_line, _graph_name, _instructions, _mark, _numbered, _rows,
                             _source, plain_diff)  # noqa: F401  (plain_diff: viewer.plain_diff)
-from .explain import UNBOUNDED_WIDTH, is_terminal
+from .explain import UNBOUNDED_WIDTH, break_text, is_terminal
 from .resume import resume_codes_in
+from .eval_frame import OptimizedModule
 
 
 def _table(original, transformed, title, notes=None, wide=False):
@@ -115,8 +117,6 @@ def frame_renderables(code, seen=None, notes=None, wide=False):
 def _target_code(fn):
     """The code object frametrace compiled for `fn` (an optimize() wrapper, a function,
     a method or an nn.Module)."""
-    import torch
-    from .eval_frame import OptimizedModule
     if isinstance(fn, OptimizedModule):
         fn = fn._orig_mod
     if isinstance(fn, torch.nn.Module):
@@ -190,7 +190,6 @@ def show_records(records, *, fn_name=None, color=None, file=None, width=None) ->
     """The viewer for every frame in `records` (CompileRecords), optionally only frames
     whose function is named `fn_name`; each graph break is shown at its line, and listed
     after the frame with its location.  Returns how many frames it showed."""
-    from .explain import break_text
     console = make_console(color, file, width)
     notes = break_notes(records)
     by_code = {}

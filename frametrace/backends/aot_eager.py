@@ -2,6 +2,10 @@
 halves run eagerly.  Gradients through the compiled function match eager's."""
 import threading
 import warnings
+from torch._decomp import core_aten_decompositions
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.func import functionalize
+import torch
 
 from .. import config
 from ..shapes import overlaps_itself
@@ -49,7 +53,6 @@ class _python_floats_kept:
     which is replaced for the call (`config.aot_eager_keeps_python_floats`)."""
 
     def __init__(self, example_inputs):
-        import torch
         self.active = config.aot_eager_keeps_python_floats and \
             any(isinstance(x, torch.SymFloat) for x in example_inputs)
         self.installed = None
@@ -81,9 +84,6 @@ def _functionalized(gm, example_inputs):
     """`gm` run eagerly under torch.func.functionalize (input writes applied after the
     rest, as AOTAutograd's graphs apply them: the backend's promise below holds), or
     None where that fails too on the example inputs (tried on their FakeTensors)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-    from torch.func import functionalize
     run = functionalize(gm.forward, remove="mutations")
     # A checkpointed region run as eager ops recomputes without the forward's random
     # state (the higher-order op's eager implementation): no fallback.
@@ -124,7 +124,6 @@ def aot_eager_decomp_partition(gm, example_inputs):
     AOTAutograd stage does), both halves still run eagerly: tells AOTAutograd problems
     from code generation problems."""
     from functorch.compile import min_cut_rematerialization_partition
-    from torch._decomp import core_aten_decompositions
     from torch._functorch.aot_autograd import aot_module_simplified
     return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
                                  bw_compiler=_boxed_forward,

@@ -20,6 +20,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from .constant import ConstVar
+from .tensor import TensorVar
+from .. import config
 
 _OP = None
 
@@ -57,9 +60,6 @@ def _message(instructions, ip):
 def assert_in_graph(tx, cond, negate: bool) -> bool:
     """At a conditional jump on `cond` whose other way is an assert failing: record the
     check in the graph and say so (the caller takes the jump: the assert held)."""
-    from .. import config
-    from .constant import ConstVar
-    from .tensor import TensorVar
     if not isinstance(cond, TensorVar) or not config.asserts_in_graph:
         return False
     ok, message = _message(tx.instructions, tx.ip)

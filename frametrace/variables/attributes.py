@@ -16,6 +16,8 @@ from ..source import AttrSource, ConstSource
 from .base import unsupported
 from .constant import ConstVar
 from .modules import _class_lookup, class_attr, class_defines, guard_class_none
+from .functions import BoundMethodVar, UserFunctionVar
+from .objects import ObjectVar, class_source
 
 MISSING = object()
 _CLASS_SLOT = object.__dict__["__class__"]
@@ -95,7 +97,6 @@ class InstanceAttrs(AttrDeleting):
         """``obj.name`` for a class with its own __getattribute__ (written in Python):
         the hook inlined; its super().__getattribute__ is `generic_getattr`."""
         from .exceptions import caught
-        from .functions import UserFunctionVar
         try:
             return UserFunctionVar(getattribute).call(tx, [self, ConstVar(name)], {})
         except Unsupported as e:
@@ -146,7 +147,6 @@ class InstanceAttrs(AttrDeleting):
             return self.class_value_attr(tx, name, None)     # a class attribute set to None
         hook = class_attr(tx, cls, "__getattr__") if fallback else None
         if isinstance(hook, types.FunctionType):
-            from .functions import UserFunctionVar
             return UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
         self._missing(tx, cls, name)
 
@@ -167,7 +167,6 @@ class InstanceAttrs(AttrDeleting):
         if hook is not object.__setattr__:
             if not isinstance(hook, types.FunctionType):
                 unsupported(f"{cls.__name__}.__setattr__ is not a Python function")
-            from .functions import UserFunctionVar
             UserFunctionVar(hook).call(tx, [self, ConstVar(name), value], {})
             return
         self.generic_setattr(tx, name, value)
@@ -199,7 +198,6 @@ def class_value_var(tx, cls, name, attr):
     back there.  (Without a source, a class-level registry's contents went unguarded
     and its appends were lost.)"""
     from .builder import wrap
-    from .objects import class_source
     try:
         plain = getattr(type(attr), "__get__", None) is None and \
             type.__getattribute__(cls, name) is attr if isinstance(cls, type) else False
@@ -255,7 +253,6 @@ def _descriptor_var(tx, attr, cls, name):
 
 def _descriptor_get(tx, obj, cls, name, attr):
     from .builder import wrap
-    from .functions import UserFunctionVar
     if isinstance(attr, property):
         if not isinstance(attr.fget, types.FunctionType):
             unsupported(f"property {name!r} of {cls.__name__} has no Python getter")
@@ -275,7 +272,6 @@ def _descriptor_get(tx, obj, cls, name, attr):
 
 
 def _descriptor_set(tx, obj, cls, name, attr, value):
-    from .functions import UserFunctionVar
     if isinstance(attr, property):
         if not isinstance(attr.fset, types.FunctionType):
             unsupported(f"AttributeError: property {name!r} of {cls.__name__!r} object has no "
@@ -295,8 +291,6 @@ def _descriptor_set(tx, obj, cls, name, attr, value):
 def _class_attr(tx, obj, cls, name, attr):
     """A class attribute no instance attribute shadows: methods bind, descriptors run."""
     from .builder import wrap
-    from .functions import BoundMethodVar, UserFunctionVar
-    from .objects import ObjectVar
     if isinstance(attr, types.FunctionType):
         return BoundMethodVar(UserFunctionVar(attr), obj)
     if isinstance(attr, classmethod):

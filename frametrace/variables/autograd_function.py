@@ -23,6 +23,7 @@ from .containers import ListVar, TupleVar
 from .functorch import _fresh, node_arg
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
+from .objects import MethodVar
 
 _APPLY = torch.autograd.Function.apply.__func__
 _BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
@@ -234,7 +235,6 @@ class _CtxVar(Var):
         elif name in s.attrs:
             return s.attrs[name]
         if name in _CTX_METHODS and self.phase != "backward":
-            from .objects import MethodVar
             return MethodVar(self, name)
         unsupported(f"ctx.{name} in {self.phase}")
 

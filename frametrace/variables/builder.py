@@ -41,8 +41,10 @@ from ..interop import allowed_in_graph, assumed_constant, foreign_reason
 from .objects import (ConstantResultVar, ContextVarVar, ForeignCallableVar, InGraphCallVar, ObjectVar,
                       OptimizedWrapperVar, TorchFnVar, module_namespace, namespace_var)
 from .log_calls import logger_var
-from .stdlib import library_var
-from .user_objects import UserObjectVar
+from .stdlib import DequeVar, library_var
+from .user_objects import UserObjectVar, has_own_getattribute
+from .optimizers import prefer_device_counters
+from .subclasses import wrap_container_subclass, wrap_tensor_keyed_dict
 
 _BUILTIN_IDS = {id(v) for v in vars(builtins).values() if callable(v)}
 
@@ -108,7 +110,6 @@ def wrap(tx, value, source, guard: bool = True):
                                    guard) for k, v in value.items()}, source)
         tx.output.object_vars[id(value)] = (value, var)
         return var
-    from .subclasses import wrap_container_subclass, wrap_tensor_keyed_dict
     if type(value) is dict:
         var = wrap_tensor_keyed_dict(tx, value, source, guards)
         if var is not None:
@@ -123,7 +124,6 @@ def wrap(tx, value, source, guard: bool = True):
             tx, inner[1], AttrSource(source, inner[0]) if source is not None else None, guard))
     if var is None:
         if isinstance(value, torch.optim.Optimizer):
-            from .optimizers import prefer_device_counters
             prefer_device_counters(value)   # before anything of it is read
         var = _wrap_object(tx, value, source, guards)
     if isinstance(var, (ListVar, DictVar, UserObjectVar, NNModuleVar)):
@@ -185,7 +185,6 @@ def _is_plain_namedtuple(cls) -> bool:
 def _wrap_deque(tx, value, source, guards, guard):
     """A deque from outside: its items and maxlen are guarded as a list's; changes to
     it are written back after the graph."""
-    from .stdlib import DequeVar
     if guards is not None:
         guards.length(source, value)
         guards.equals(AttrSource(source, "maxlen"), value.maxlen)
@@ -335,7 +334,6 @@ def _reads_through_python(cls) -> bool:
     """Instances of a user's class whose attribute reads, `__class__` included, run
     Python code of the class (a __getattribute__ of its own, or a `__class__`
     property, which isinstance() reads)."""
-    from .user_objects import has_own_getattribute
     try:
         hooked = has_own_getattribute(cls) or _class_slot(cls) is not _CLASS_SLOT
     except Exception:

@@ -15,6 +15,8 @@ import operator
 import types
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+import sys
 
 from .base import Var, nouns, safe_repr, unsupported
 from .constant import ConstVar
@@ -24,6 +26,7 @@ from .functions import NestedFunctionVar, PartialVar
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
+from ..source import LocalSource
 
 # An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
 # items: past it, it is taken for an infinite one.
@@ -342,7 +345,6 @@ def _private(tx, container) -> bool:
     """A list that a graph break made for its resume function, to iterate (a
     parameter of it that only the loop's iterator reads)."""
     from ..resume import private_lists
-    from ..source import LocalSource
     source = container.source
     return isinstance(source, LocalSource) and source.local in private_lists(tx.root.code)
 
@@ -768,7 +770,6 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
             return isinstance(obj.example, cls)
         # A FakeTensor stands for a plain tensor or a Parameter; a wrapper subclass's
         # fake is an instance of the subclass.
-        from torch._subclasses.fake_tensor import FakeTensor
         t = torch.Tensor if issubclass(t, FakeTensor) else t
     if t is cls:
         return True
@@ -830,8 +831,6 @@ def _user_meta_method(tx, cls, name):
     """`name` of cls's metaclass when it is a Python function from user code (library
     metaclasses, ABCMeta and torch's, are answered on the real classes).  Guarded: a
     metaclass is a class like any other."""
-    import sys
-    import types
     from .modules import class_attr
     meta = type(cls)
     if meta is type:

@@ -6,10 +6,12 @@ import operator
 import weakref
 
 import torch
+import enum
 
 from ..source import CallMethodSource, GetItemSource
 from .base import CollectionVar, Var, unsupported
 from .constant import ConstVar
+from .. import config
 
 
 class _SequenceVar(CollectionVar):
@@ -377,7 +379,6 @@ class DictVar(CollectionVar):
         CollectionVar.__init__(var, source)
         _ITEMS.__set__(var, {})     # the items wrapped so far
         var._lazy = (dict(value), weakref.ref(tx.root))
-        from .. import config
         if not config.lazy_dict_guards:
             var.items       # wrapped whole now: every key guarded by the keys guard
         return var
@@ -734,7 +735,6 @@ def _dict_keys(d):
 
 def _one_object_per_value(k) -> bool:
     """Keys whose identity follows from their type and value (guarded by both)."""
-    import enum
     return k is None or type(k) in (bool, type(Ellipsis), type(NotImplemented), torch.dtype) or \
         isinstance(k, enum.Enum)
 

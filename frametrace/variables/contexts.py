@@ -9,11 +9,16 @@ import dis
 import inspect
 
 import torch
+from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+import contextlib
+import types
+import warnings
 
 from ..bytecode_analysis import instructions
 from ..exc import Yield
 from .base import Var, unsupported
 from .constant import ConstVar
+from ..source import AttrSource
 
 
 class GradModeVar(Var):
@@ -90,9 +95,7 @@ def remake_grad_context(mode, prev, set_grad_enabled):
 def wrap_context_object(tx, value, source, guards):
     """The Var for a context object of a kind frametrace models, found in the frame
     (made before a graph break, or passed in), else None."""
-    import contextlib
 
-    from ..source import AttrSource
     t = type(value)
     if t is torch.no_grad or t is torch.enable_grad:
         if guards is not None:
@@ -206,7 +209,6 @@ class AutocastVar(Var):
         self.node = None
 
     def enter(self, tx):
-        from torch.amp.autocast_mode import _enter_autocast
         self.ctx = torch.autocast(*self.args, **self.kwargs)
         tx.output.entering_context()
         self.ctx.__enter__()
@@ -218,7 +220,6 @@ class AutocastVar(Var):
         return ConstVar(None)
 
     def exit(self, tx):
-        from torch.amp.autocast_mode import _exit_autocast
         if self.ctx in tx.output.open_contexts:
             tx.output.open_contexts.remove(self.ctx)
         self.ctx.__exit__(None, None, None)
@@ -278,7 +279,6 @@ class NullContextVar(Var):
         cg.load_const(no_op_exit)
 
     def reconstruct(self, cg):
-        import contextlib
         if self.source is not None:
             return super().reconstruct(cg)
         if self.factory is None:
@@ -444,7 +444,6 @@ class UserContextVar(Var):
         return UserFunctionVar(self.exit_fn).call(tx, [self.obj, *args], {})
 
     def reconstruct_exit(self, cg):
-        import types
         if not never_suppresses(self.exit_fn):
             unsupported(f"a graph break inside 'with' over {self.obj}, whose __exit__ may "
                         "swallow an exception")
@@ -457,7 +456,6 @@ class UserContextVar(Var):
 
 def user_context(tx, obj):
     """The context Var for `with obj:` over an instance of a user class, else None."""
-    import types
 
     from .attributes import InstanceAttrs
     from .modules import class_attr
@@ -593,7 +591,6 @@ class GeneratorContextVar(Var):
     def reconstruct(self, cg):
         """Not entered yet (a graph break at its `with`): made again as the decorated
         function made it; nothing has run of the generator."""
-        import contextlib
         if self.frame is not None:
             unsupported(f"{self} entered in the trace outlives it")
         args = list(self.args)
@@ -649,7 +646,6 @@ def _plain_constant(v: Var):
 
 
 def _no_op_contexts():
-    import warnings
     return {torch.profiler.profile: True, torch.autograd.profiler.profile: True,
             torch.autograd.profiler.record_function: True,
             # (its exit puts back warning filters that CPython code in the block may change)
@@ -671,14 +667,12 @@ def context_function(tx, fn, args, kwargs):
                                  {k: _plain_constant(v) for k, v in kwargs.items()})
     no_op = _no_op_contexts()
     if any(fn is f for f in no_op):
-        import warnings
         if fn is warnings.catch_warnings and kwargs.get("record", ConstVar(False)).as_const():
             unsupported("warnings.catch_warnings(record=True)")
         value = ConstVar(None) if fn is warnings.catch_warnings \
             else UnusableVar(fn.__name__)
         remake = fn if fn is warnings.catch_warnings and not kwargs else _CANNOT_REMAKE
         return NullContextVar(value, resumable=no_op[fn], factory=remake)
-    import contextlib
     if fn is contextlib.suppress and not kwargs:
         kinds = tuple(getattr(a, "value", None) for a in args)
         if all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
@@ -688,7 +682,6 @@ def context_function(tx, fn, args, kwargs):
 
 def context_class(tx, cls, args, kwargs):
     """The context Var for calling a context manager class frametrace models, else None."""
-    import contextlib
     if cls is contextlib.nullcontext and len(args) <= 1 and not kwargs:
         return NullContextVar(args[0] if args else ConstVar(None))
     made = context_function(tx, cls, args, kwargs)

@@ -13,12 +13,15 @@ from __future__ import annotations
 import types
 
 from ..exc import Unsupported
-from .attributes import MISSING
+from .attributes import InstanceAttrs, MISSING
 from .base import Var, safe_repr, unsupported
 from .constant import ConstVar
 from .modules import class_attr
 from .opaque import OpaqueVar
 from .user_objects import NewObjectVar
+from .builtins import _drain, iter_of
+from .containers import TupleVar, attrs_dict
+from .functions import UserFunctionVar
 
 
 class _Unknown:
@@ -89,7 +92,6 @@ class ExceptionVar(NewObjectVar):
         return ""
 
     def getattr(self, tx, name):
-        from .containers import TupleVar
         if name in _BASE_FIELDS and class_attr(tx, self.cls, name) is not _BASE_FIELDS[name]:
             return super().getattr(tx, name)            # a class of the user's redefines it
         if name == "args":
@@ -153,7 +155,6 @@ class ExceptionVar(NewObjectVar):
         """str(exc) or repr(exc)."""
         method = class_attr(tx, self.cls, "__str__" if kind is str else "__repr__")
         if isinstance(method, types.FunctionType):
-            from .functions import UserFunctionVar
             return UserFunctionVar(method).call(tx, [self], {})
         if not all(a.is_const() for a in self.exc_args):
             unsupported(f"{kind.__name__}() of {self}")
@@ -179,7 +180,6 @@ class ExceptionVar(NewObjectVar):
             return
         if self.context is UNKNOWN:
             unsupported("an exception raised while the caller handled another, leaving the frame")
-        from .containers import TupleVar, attrs_dict
         cg.call_const(rebuild_exception, [
             lambda cg: cg.load_const(self.cls),
             lambda cg: TupleVar(list(self.exc_args)).reconstruct(cg),
@@ -254,7 +254,6 @@ def construct_exception(tx, cls, args, kwargs) -> ExceptionVar:
     exc = ExceptionVar(cls, args)
     init = class_attr(tx, cls, "__init__")
     if isinstance(init, types.FunctionType):
-        from .functions import UserFunctionVar
         UserFunctionVar(init).call(tx, [exc, *args], kwargs)
     elif kwargs:
         unsupported(f"{cls.__name__}() with keyword arguments")
@@ -373,7 +372,6 @@ def exception_of(tx, v: Var) -> ExceptionVar:
 # --------------------------------------------------------------------------- iterators
 def _python_dunder(tx, v, name):
     """A user object's class's `name` when it is a Python function, else None."""
-    from .attributes import InstanceAttrs
     if not isinstance(v, InstanceAttrs):
         return None
     method = class_attr(tx, v.instance_class(), name)
@@ -386,16 +384,13 @@ def user_iterator(tx, v):
     (None if `v` is no such object: other iterables are unpacked as before)."""
     if _python_dunder(tx, v, "__iter__") is None or _python_dunder(tx, v, "__next__") is None:
         return None
-    from .functions import UserFunctionVar
     it = UserFunctionVar(_python_dunder(tx, v, "__iter__")).call(tx, [v], {})
     if _python_dunder(tx, it, "__next__") is None:
-        from .builtins import _drain, iter_of
         return _drain(iter_of(tx, it))
     return _next_items(tx, it)
 
 
 def _next_items(tx, it):
-    from .functions import UserFunctionVar
     while True:
         try:
             item = UserFunctionVar(_python_dunder(tx, it, "__next__")).call(tx, [it], {})
@@ -411,7 +406,6 @@ def user_next(tx, it, default):
     method = _python_dunder(tx, it, "__next__")
     if method is None:
         unsupported(f"next() of {it}, which is not an iterator")
-    from .functions import UserFunctionVar
     try:
         return UserFunctionVar(method).call(tx, [it], {})
     except TracedRaise as r:

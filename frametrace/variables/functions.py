@@ -7,8 +7,10 @@ import copy
 import functools
 import inspect
 import types
+import dis
+import torch
 
-from ..source import AttrSource, ConstSource, GetItemSource
+from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, TupleVar
@@ -532,7 +534,6 @@ def _grad_mode_decorator(fn):
         inner = cells["func"].cell_contents
     except (KeyError, ValueError):
         return None
-    import torch
     ctx = getattr(factory, "__self__", None)
     if type(ctx) is torch.no_grad:
         return False, inner
@@ -544,7 +545,6 @@ def _grad_mode_decorator(fn):
 
 
 def _module_calls():
-    import torch
     m = torch.nn.Module
     return {f for f in (m.__call__, getattr(m, "_wrapped_call_impl", None),
                         getattr(m, "_call_impl", None)) if isinstance(f, types.FunctionType)}
@@ -564,7 +564,6 @@ def _pinned_arg(tx, fn, arg):
     """An object argument of a cached call (``logger.warning_once(msg)``'s logger): the
     cache keys it by its hash, so the object itself is guarded by identity and the
     guard's call names it as a constant.  Only objects the trace did not change."""
-    from ..source import ConstSource
     from .tensor import TensorVar
     obj = getattr(arg, "value", None)
     if arg.source is None or obj is None or isinstance(arg, TensorVar) or \
@@ -580,7 +579,6 @@ def cached_call(tx, fn_var, args, kwargs):
     calls it again (a cache hit, unless someone cleared the cache), so a changed answer
     recompiles.  Only immutable constant answers: a cached list is one object shared
     by every caller, which a Var could not follow."""
-    from ..source import CallMethodSource, ConstSource
     from .builder import wrap
     fn = fn_var.value
     if kwargs:
@@ -610,7 +608,6 @@ def visible_outside_writes(fn) -> str | None:
     anything (an object's, a module's; a tensor's cannot be told apart).  None when
     there is none, or when `fn` is not a Python function.  Writes made by functions of
     other modules, and by methods, are not seen."""
-    import dis
     code = getattr(fn, "__code__", None)
     if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
         return None

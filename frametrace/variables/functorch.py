@@ -13,6 +13,8 @@ import functools
 
 import torch
 import torch.utils._pytree as pytree
+import torch.func as func
+import types
 
 from .. import functorch_runtime as runtime
 from ..graph import _to_node_arg, to_fake
@@ -38,7 +40,6 @@ _OPTIONS = {
 
 @functools.lru_cache(None)
 def _transforms():
-    import torch.func as func
     return {func.vmap: "vmap", torch.vmap: "vmap", func.grad: "grad",
             func.grad_and_value: "grad_and_value", func.jacrev: "jacrev",
             func.jacfwd: "jacfwd", func.vjp: "vjp", func.jvp: "jvp"}
@@ -115,7 +116,6 @@ class TransformedVar(Var):
         self.options = options
 
     def python_type(self):
-        import types
         return types.FunctionType
 
     def call(self, tx, args, kwargs):

@@ -16,6 +16,8 @@ import torch
 
 from .base import unsupported
 from .constant import ConstVar
+from .containers import DictVar, ListVar, TupleVar
+from .tensor import TensorVar
 
 
 def group_by_device_and_dtype(tx, fn, args, kwargs):
@@ -23,8 +25,6 @@ def group_by_device_and_dtype(tx, fn, args, kwargs):
     None for any other function."""
     if fn is not torch._C._group_tensors_by_device_and_dtype:
         return None
-    from .containers import DictVar, ListVar, TupleVar
-    from .tensor import TensorVar
     names = ("tensorlistlist", "with_indices")
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
@@ -57,7 +57,6 @@ def group_by_device_and_dtype(tx, fn, args, kwargs):
 
 
 def _items(v, tx):
-    from .containers import ListVar, TupleVar
     if not isinstance(v, (ListVar, TupleVar)):
         unsupported(f"torch._C._group_tensors_by_device_and_dtype() over a {v.noun()}")
     return v.unpack(tx)

@@ -18,6 +18,7 @@ import torch.utils.checkpoint
 from torch._higher_order_ops.hints_wrap import hints_wrapper as hints_wrapper_op
 from torch._higher_order_ops.map import map as map_hop
 from torch._higher_order_ops.wrap import wrap as wrap_op
+from torch.utils.checkpoint import noop_context_fn
 
 from ..subgraph import call_hop, merge_inputs, same_structure, speculate
 from .base import unsupported
@@ -26,6 +27,8 @@ from .containers import DictVar, ListVar, TupleVar
 from .objects import ObjectVar
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
+from .functorch import _ArgsAs, _tensors
+from .modules import NNModuleVar
 
 
 class HigherOrderVar(ObjectVar):
@@ -191,7 +194,6 @@ def _checkpoint(tx, args, kwargs):
     context_fn = ckpt.pop("context_fn", None)
     context = None
     if context_fn is not None:
-        from torch.utils.checkpoint import noop_context_fn
         context = getattr(context_fn, "value", None)
         if context is not noop_context_fn:
             if context_fn.source is None or not callable(context):
@@ -320,7 +322,6 @@ def _functional_call(tx, args, kwargs):
     speculated as it is, then one wrap node over its subgraph where the placeholders
     the module's own parameters and buffers fill get the given tensors instead (which
     must look like them: the trace read only their metadata)."""
-    from .modules import NNModuleVar
     module, tensors, call_args, call_kwargs, tie, strict = _bind(
         "torch.func.functional_call",
         ("module", "parameter_and_buffer_dicts", "args", "kwargs", "tie_weights", "strict"),
@@ -381,7 +382,6 @@ def _map(tx, args, kwargs):
     """torch._higher_order_ops.map.map(f, xs, *args): f speculated over one slice of
     the leading dimension of xs's tensors, then one map_impl node (torch's own op, which
     stacks the slices' results and has a backward)."""
-    from .functorch import _ArgsAs, _tensors
     if kwargs or len(args) < 2:
         unsupported("map takes f, xs and positional arguments only")
     f, xs, extra = args[0], args[1], list(args[2:])

@@ -39,6 +39,12 @@ import torch
 from .. import config
 from .base import Var, unsupported
 from .constant import ConstVar
+from .containers import DictVar, TupleVar, key_var
+from .contexts import ExitVar, NullContextVar
+from .functions import BoundMethodVar
+from .symbolic import SymNodeVar
+from .tensor import TensorVar
+from ..source import CallMethodSource, ConstSource
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR, "critical": logging.CRITICAL, "fatal": logging.CRITICAL}
@@ -124,9 +130,6 @@ def _frame_at(tx, stacklevel: int, what: str):
 def _replayable(tx, v: Var, what: str):
     """Arguments the replay rebuilds as CPython passed them: constants, numbers the
     graph computed, tuples of them, and objects read from the frame's inputs."""
-    from .containers import TupleVar
-    from .symbolic import SymNodeVar
-    from .tensor import TensorVar
     if isinstance(v, TensorVar):
         unsupported(f"{what} with a tensor argument (its handlers would format it after "
                     "the graph)", hint="log a Python value (x.shape, t.item() outside the "
@@ -168,7 +171,6 @@ def _const(v, what, name):
 
 
 def _record(tx, replay, items):
-    from .containers import TupleVar
     tx.side_effects.record_call(replay, TupleVar(list(items)))
     return ConstVar(None)
 
@@ -210,7 +212,6 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
             if logger_var.source is None:
                 unsupported(f"{what} on a logger the guards cannot reach")
             # Dropped: no record now, and a recompile once it would make one.
-            from ..source import CallMethodSource
             from .builder import wrap
             wrap(tx, False, CallMethodSource(logger_var.source, "isEnabledFor", (level,)))
             return ConstVar(None)
@@ -218,7 +219,6 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
     for v in (msg, *fargs):
         _replayable(tx, v, what)
     if extra is not None and not (extra.is_const() and extra.as_const() is None):
-        from .containers import DictVar, key_var
         if not isinstance(extra, DictVar):
             unsupported(f"{what} with extra={extra}")
         keys = [key_var(k) for k in extra.items]
@@ -230,7 +230,6 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
             _replayable(tx, v, what)
     else:
         extra = ConstVar(None)
-    from .containers import TupleVar
     where = (frame.code.co_filename, frame.lineno, frame.code.co_name)
     return _record(tx, LogReplay(logger, level, where, module_fn), [msg, TupleVar(fargs), extra])
 
@@ -272,7 +271,6 @@ def warn_call(tx, args, kwargs):
     if message.is_const():
         # What the filters do with it is guarded: an "error" raises at the call (CPython
         # runs the frame from the break), anything else is the replay's to decide.
-        from ..source import CallMethodSource, ConstSource
         from .builder import wrap
         module = g["__name__"] if "__name__" in g else "<string>"
         action = warning_action(warnings, message.as_const(), category, module, lineno)
@@ -292,8 +290,6 @@ def warn_call(tx, args, kwargs):
 def _inside_catch_warnings(tx) -> bool:
     """Whether a `with warnings.catch_warnings()` traced in this graph is open: its
     __exit__ waits on some traced frame's stack."""
-    from .contexts import ExitVar, NullContextVar
-    from .functions import BoundMethodVar
     frame = tx
     while frame is not None:
         for v in frame.stack:
@@ -369,7 +365,6 @@ class LoggerMethodVar(Var):
 
 
 def _read(tx, logger_var, name, args, kwargs):
-    from ..source import CallMethodSource
     from .builder import wrap
     consts = [_const(a, f"Logger.{name}()", "level") for a in args]
     if kwargs or (name == "isEnabledFor" and (len(consts) != 1 or type(consts[0]) is not int)) or \

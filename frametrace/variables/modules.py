@@ -5,8 +5,10 @@ from __future__ import annotations
 import types
 
 import torch
+from torch.nn.modules import module as module_mod
+import inspect
 
-from ..source import AttrSource, GetItemSource
+from ..source import AttrSource, ConstSource, GetItemSource
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import ListVar, TupleVar
@@ -241,7 +243,6 @@ def _hook_var(tx, hook):
 
 
 def _guard_global_hooks(tx):
-    from torch.nn.modules import module as module_mod
     names = [n for n in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                          "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
              if hasattr(module_mod, n)]
@@ -265,7 +266,6 @@ def class_defines(cls, name) -> bool:
 
 def guard_class_none(tx, cls, name):
     """The trace took ``cls.name`` to be None (a class attribute, not a missing one)."""
-    from ..source import ConstSource
     tx.guards.value(AttrSource(ConstSource(cls, cls.__qualname__), name), None)
 
 
@@ -335,7 +335,6 @@ def _named(kind):
 
 def _unprefixed_paths(m, kind, args, kwargs):
     """The dotted path below `m` of each item `kind(*args, **kwargs)` yields, in order."""
-    import inspect
     bound = inspect.signature(getattr(torch.nn.Module, kind)).bind(m, *args, **kwargs)
     params = dict(bound.arguments)
     params.pop("self")
@@ -351,7 +350,6 @@ def _recurses(kind, args, kwargs) -> bool:
     """Whether parameters()/buffers() (and their named_ forms) walk submodules."""
     if "parameters" not in kind and "buffers" not in kind:
         return True
-    import inspect
     bound = inspect.signature(getattr(torch.nn.Module, kind)).bind(None, *args, **kwargs)
     return bool(bound.arguments.get("recurse", True))
 

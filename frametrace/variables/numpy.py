@@ -20,6 +20,10 @@ import functools
 import operator
 
 import torch
+import warnings
+from .objects import MethodVar
+from .symbolic import SliceVar
+from ..shapes import _is_argument
 
 try:
     import numpy as np
@@ -306,7 +310,6 @@ class NdarrayVar(Var):
         if name in _DATA_METHODS:
             unsupported(f"ndarray.{name} needs the array's data")
         if callable(getattr(_tnp().ndarray, name, None)) and callable(getattr(np.ndarray, name, None)):
-            from .objects import MethodVar
             return MethodVar(self, name)
         unsupported(f"ndarray attribute {name!r}")
 
@@ -382,7 +385,6 @@ class NdarrayVar(Var):
 def _check_steps(key):
     """A negative slice step is a view in NumPy; torch has none, and torch._numpy copies
     (a write through it would be lost)."""
-    from .symbolic import SliceVar
     keys = key.items if isinstance(key, TupleVar) else \
         [ConstVar(k) for k in key.as_const()] if key.is_const() and type(key.as_const()) is tuple else [key]
     for k in keys:
@@ -433,7 +435,6 @@ class NumpyScalarVar(_NumpyValueVar):
             return NumpyDTypeVar(self.value.dtype)
         if name in ("ndim", "shape", "size", "itemsize", "nbytes", "real", "imag"):
             return fold(getattr(self.value, name))
-        from .objects import MethodVar
         if name in _SCALAR_METHODS:
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of a NumPy scalar")
@@ -748,7 +749,6 @@ def _unspecialized(tx, source) -> bool:
     """NumPy scalar arguments are constants (guarded by value), as Python numbers are
     before they change; with dynamic=True they are data from the first call, as
     torch.compile has them."""
-    from ..shapes import _is_argument
     return tx.output.policy.dynamic is True and _is_argument(source)
 
 
@@ -811,7 +811,6 @@ def _node_arg(tx, v: Var):
         return type(v)([_node_arg(tx, x) for x in v.items])
     if isinstance(v, DictVar) and type(v) is DictVar:
         return DictVar({k: _node_arg(tx, x) for k, x in v.items.items()})
-    from .symbolic import SliceVar
     if isinstance(v, SliceVar):
         return SliceVar([_node_arg(tx, p) for p in v.parts])
     if v.is_const() and v.as_const() in (float, int, bool, complex) if isinstance(v.as_const(), type) \
@@ -921,7 +920,6 @@ def _numpy_dry_run(np_fn, method, args, kwargs):
     """NumPy's own answer on small stand-ins of the arguments (same dtypes and ndims):
     its dtypes and scalar-ness are what the traced call must give.  _NO_RUN when the
     stand-ins cannot be made or NumPy refuses them (a shape they do not fit)."""
-    import warnings
     try:
         dargs = [_dummy(a) for a in args]
         dkwargs = {k: _dummy(v) for k, v in kwargs.items()}

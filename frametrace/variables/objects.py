@@ -11,14 +11,17 @@ import types
 import weakref
 
 import torch
+import dataclasses
 
-from ..source import AttrSource, ConstSource, ContainsSource, GetItemSource, GlobalSource
+from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
+                      GlobalSource)
 from .base import ValueVar, Var, a_type, safe_repr, unsupported
 from .contexts import GradModeSetVar, context_class, context_function
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar
+from .. import _C
 
 
 def callable_name(value) -> str:
@@ -43,7 +46,6 @@ _MODULE_SPELLING = {"posix": "os", "nt": "os", "_io": "io", "_thread": "threadin
 
 def call_hint(value) -> str | None:
     """What the user can do about a call the trace cannot follow."""
-    from .. import _C
     if isinstance(value, _C.Unhooked):
         return ("it is marked frametrace.disable (or torch.compiler.disable), so it runs in "
                 "CPython; the graph breaks around the call")
@@ -140,7 +142,6 @@ class ObjectVar(ValueVar):
         return super().call_method(tx, name, args, kwargs)
 
     def _read(self, tx, result, name, args, listed=False):
-        from ..source import CallMethodSource
         from .builder import wrap
         if self.source is None:
             return wrap(tx, result, None, guard=False)
@@ -307,7 +308,6 @@ class ObjectVar(ValueVar):
             return ConstVar(TRACE_TIME_ANSWERS[value])
         if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
             # The referent (or None once it died), read again through the call.
-            from ..source import CallMethodSource
             from .builder import wrap
             return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
         if isinstance(value, functools._lru_cache_wrapper):
@@ -706,7 +706,6 @@ class _RealMethodVar(Var):
         self.obj_source = obj_source
 
     def call(self, tx, args, kwargs):
-        from ..source import CallMethodSource
         from .builder import wrap
         if not _all_const(args, kwargs) or kwargs:
             unsupported(f"{self.method.__qualname__} with traced arguments")
@@ -744,7 +743,6 @@ class ContextVarVar(ValueVar):
         if name == "get":
             if id(cv) in state and state[id(cv)] is not None:
                 return state[id(cv)]
-            from ..source import CallMethodSource
             from .builder import wrap
             try:
                 value = cv.get(*_consts(args))
@@ -834,7 +832,6 @@ def namespace_var(tx, namespace: dict) -> GlobalsDictVar:
 
 def _construct(tx, cls, args, kwargs):
     """Calling a class while tracing."""
-    import dataclasses
     if issubclass(cls, BaseException):
         from .exceptions import construct_exception
         return construct_exception(tx, cls, args, kwargs)

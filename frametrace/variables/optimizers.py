@@ -25,13 +25,15 @@ from __future__ import annotations
 import types
 
 import torch
+from torch._compile import _disable_dynamo
+from torch.optim.optimizer import _use_grad_for_differentiable
+from torch.utils import _foreach_utils as fu
 
 from .base import unsupported
 from .constant import ConstVar
 
 
 def _use_grad_code():
-    from torch.optim.optimizer import _use_grad_for_differentiable
     return _use_grad_for_differentiable(lambda self: None).__code__
 
 
@@ -51,7 +53,6 @@ def use_grad_wrapped(fn):
 
 
 def _disable_dynamo_code():
-    from torch._compile import _disable_dynamo
     return _disable_dynamo(lambda: None).__code__
 
 
@@ -126,7 +127,6 @@ def prefer_device_counters(opt) -> None:
 
 def trace_time_functions():
     """Functions of torch whose answers are fixed for the process (no arguments)."""
-    from torch.utils import _foreach_utils as fu
     return {f for f in (getattr(fu, "_get_fused_kernels_supported_devices", None),
                         getattr(fu, "_get_foreach_kernels_supported_devices", None))
             if f is not None}

@@ -15,17 +15,18 @@ from __future__ import annotations
 import itertools
 
 import torch
+import dis
 
 from .base import unsupported
 from .constant import ConstVar
 from .containers import ListVar
+from .. import config
 
 # Tensor methods that read the tensor's value as a Python number.
 SCALAR_METHODS = {"item", "tolist", "__int__", "__float__", "__bool__", "__index__"}
 
 
 def capturing() -> bool:
-    from .. import config
     return config.capture_scalar_outputs
 
 
@@ -141,7 +142,6 @@ CHECK_MESSAGE = ("Expected cond to be True, but got False. (Could this error mes
 def _static_message(var):
     """The string a message function always returns (``lambda: "n must be even"``),
     read from its code without running it; None for any other message."""
-    import dis
     fn = getattr(var, "value", None)
     code = getattr(var, "code", None) or getattr(fn, "__code__", None)
     if code is None:

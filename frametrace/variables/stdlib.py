@@ -21,12 +21,15 @@ import torch
 
 from . import log_calls as _log_calls
 from .base import Var, unsupported
-from .builtins import LazyIteratorVar, _is_none_var, call_item_fn, const_key, var_iter, var_list
+from .builtins import (LazyIteratorVar, _dict, _is_none_var, call_item_fn, const_key, var_iter,
+                       var_list)
 from .constant import ConstVar
 from .containers import DictVar, IteratorVar, ListVar, TupleVar, _dict_key, key_var
 from .objects import ObjectVar, _all_const, fold_call
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
+from .exceptions import TracebackVar
+from .functions import cached_call, is_inlinable
 
 
 class LibraryFnVar(ObjectVar):
@@ -77,7 +80,6 @@ class CachedFunctionVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        from .functions import cached_call
         return cached_call(tx, self, args, kwargs)
 
 
@@ -662,7 +664,6 @@ _DEQUE_MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "po
 
 
 def _dict_items(tx, args, kwargs):
-    from .builtins import _dict
     return _dict(tx, args, kwargs).items
 
 
@@ -744,7 +745,6 @@ def _math(fn):
 def _clear_frames(tx, args, kwargs):
     # The traceback of an exception raised in the trace has no frame objects to clear
     # (unittest's assertRaises clears the one it caught).
-    from .exceptions import TracebackVar
     if len(args) == 1 and not kwargs and isinstance(args[0], TracebackVar):
         return ConstVar(None)
     return None
@@ -803,7 +803,6 @@ def library_var(value, source):
     """The Var for `value` if it is a handled library callable, else None."""
     if isinstance(value, functools._lru_cache_wrapper) and \
             isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
-        from .functions import is_inlinable
         if is_inlinable(value.__wrapped__):
             return CachedFunctionVar(value, source)
     try:

@@ -23,19 +23,24 @@ import types
 import torch
 
 from ..guards import one_check
-from .attributes import MISSING, InstanceAttrs
+from .attributes import InstanceAttrs, MISSING, is_data_descriptor
 from .base import Var, unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar, attrs_dict, constant_key, emit_key
+from .containers import (DictVar, ListVar, TupleVar, _dict_key, attrs_dict, constant_key, emit_key,
+                         has_var_keys)
 from .modules import _class_lookup, class_attr
-from .objects import MethodVar
+from .objects import MethodVar, ObjectVar
+from .builtins import BuiltinVar, FrozenSetVar, SetVar, iter_of, var_list
+from .functions import UserFunctionVar
+from .tensor import TensorVar
+from .user_objects import _AttrsDictVar, checked_bool, checked_len
+from ..source import AttrSource, CallMethodSource, GetItemSource
 
 _BUILTIN_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType,
                     types.ClassMethodDescriptorType, types.BuiltinFunctionType)
 
 
 def _var_types():
-    from .builtins import FrozenSetVar, SetVar
     from .stdlib import OrderedDictVar
     return {set: SetVar, frozenset: FrozenSetVar, dict: DictVar, list: ListVar,
             tuple: TupleVar, collections.OrderedDict: OrderedDictVar}
@@ -106,12 +111,10 @@ class UserContainerMixin(InstanceAttrs):
 
     def opaque_attr(self, tx, name, hooked=False):
         if name == "__class__" and not hooked:
-            from .objects import ObjectVar
             return ObjectVar(self.cls)
         if name == "__dict__" and self.source is None:
             # made in the frame: its attribute table (a dataclass's __post_init__ reads
             # `self.__dict__.get(field)`, as HF's ModelOutput does)
-            from .user_objects import _AttrsDictVar
             return _AttrsDictVar(self)
         return super().opaque_attr(tx, name)
 
@@ -124,14 +127,12 @@ class UserContainerMixin(InstanceAttrs):
         return method if isinstance(method, types.FunctionType) else None
 
     def _inline(self, tx, method, args):
-        from .functions import UserFunctionVar
         return UserFunctionVar(method).call(tx, [self, *args], {})
 
     def call(self, tx, args, kwargs):
         method = self._user_method(tx, "__call__")
         if method is None:
             unsupported(f"TypeError: '{self.cls.__name__}' object is not callable")
-        from .functions import UserFunctionVar
         return UserFunctionVar(method).call(tx, [self, *args], kwargs)
 
     def getitem(self, tx, key):
@@ -174,7 +175,6 @@ class UserContainerMixin(InstanceAttrs):
     def length(self, tx):
         method = self._user_method(tx, "__len__")
         if method is not None:
-            from .user_objects import checked_len
             return checked_len(self._inline(tx, method, []))
         return self._base().length(self, tx)
 
@@ -182,7 +182,6 @@ class UserContainerMixin(InstanceAttrs):
         for name in ("__bool__", "__len__"):
             method = self._user_method(tx, name)
             if method is not None:
-                from .user_objects import checked_bool, checked_len
                 result = self._inline(tx, method, [])
                 return checked_bool(tx, result) if name == "__bool__" else checked_len(result) > 0
         return self._base().truth(self, tx)
@@ -223,7 +222,6 @@ class UserContainerMixin(InstanceAttrs):
         if name == "__len__" and not args:
             return ConstVar(self._base().length(self, tx))
         if name == "__iter__" and not args:
-            from .builtins import iter_of
             return iter_of(tx, self.plain())
         if name in ("__repr__", "__str__") and not args:
             return ConstVar(base_repr(self))
@@ -250,7 +248,6 @@ class UserContainerMixin(InstanceAttrs):
             self._check_odict_hooks(tx, "__init__")
         if base in (tuple, frozenset):
             return ConstVar(None)
-        from .builtins import BuiltinVar
         made = BuiltinVar(dict if base is collections.OrderedDict else base).call(tx, list(args), kwargs)
         if base is set:
             self.real, self.members = made.real, made.members
@@ -282,7 +279,6 @@ class UserContainerMixin(InstanceAttrs):
     def _emit_contents(self, cg):
         """Push the builtin part as a plain container (a new one: never one rebuilt
         before, which a plain() copy's reused id could name)."""
-        from .builtins import SetVar
         if isinstance(self, SetVar):
             SetVar.reconstruct(self, cg)
         elif isinstance(self, DictVar):
@@ -372,7 +368,6 @@ def construct_container_subclass(tx, cls, args, kwargs):
     if not cls.__dictoffset__:
         unsupported(f"{cls.__name__} has __slots__")
     class_attr(tx, cls, "__new__")
-    from .builtins import BuiltinVar
     if base in (tuple, frozenset):
         if kwargs or len(args) > 1:
             unsupported(f"{cls.__name__}() with {len(args)} arguments")
@@ -383,7 +378,6 @@ def construct_container_subclass(tx, cls, args, kwargs):
     obj = adopt(cls, contents)
     init = class_attr(tx, cls, "__init__")
     if isinstance(init, types.FunctionType):
-        from .functions import UserFunctionVar
         UserFunctionVar(init).call(tx, [obj, *args], kwargs)
     elif getattr(init, "__objclass__", None) in _BASES or init is object.__init__:
         obj.base_call(tx, "__init__", args, kwargs)
@@ -428,13 +422,11 @@ def base_repr(var) -> str:
 
 
 def _const_of(var):
-    from .builtins import SetVar
     if isinstance(var, SetVar):
         if not all(m.is_const() for m in var.members.values()):
             unsupported(f"formatting {var} into a string")
         return var.real           # (the same history of adds and removes: the same order)
     if isinstance(var, DictVar):
-        from .containers import has_var_keys
         if has_var_keys(var.items):
             unsupported(f"formatting {var} into a string (keys hashed by identity)")
         return {k: _const_of(v) for k, v in var.items.items()} if type(var) is DictVar \
@@ -452,7 +444,6 @@ def _const_of(var):
 def container_format(tx, var, conv: str):
     """str() / repr() of a container Var whose text is known while tracing (constants
     inside), or None for other Vars.  A user __repr__/__str__ is inlined."""
-    from .builtins import SetVar
     if not isinstance(var, (SetVar, DictVar, ListVar, TupleVar)) or var.is_const():
         return None
     if is_user_container(var):
@@ -559,7 +550,6 @@ def _base_binary(tx, self, name, args):
         base_var = self._base()
         if base_var is ListVar or issubclass(base_var, ListVar):
             return binary_op(tx, fn, self, other)
-        from .builtins import SetVar
         if isinstance(self, SetVar) and self.kind is set or isinstance(self, DictVar) and \
                 not isinstance(self, SetVar) and fn is operator.ior:
             base_var.call_method(self, tx, name, [other], {})
@@ -621,7 +611,6 @@ def _is_instance_of(var, owner) -> bool:
 def fromkeys(tx, cls, args, kwargs):
     """``cls.fromkeys(iterable, value=None)`` for dict and its subclasses: a subclass
     is made by calling it, then filled through its __setitem__, as CPython does."""
-    from .builtins import var_list
     if kwargs or not 1 <= len(args) <= 2:
         unsupported("fromkeys() takes 1 or 2 arguments")
     value = args[1] if len(args) == 2 else ConstVar(None)
@@ -681,8 +670,6 @@ def wrap_container_subclass(tx, value, source, guards):
     frame, guarded as the builtin one is (type, keys or length, items through their own
     sources) and by the names in its __dict__ (its attributes by value); None when it
     is not one such (then it is a plain user object)."""
-    from ..source import AttrSource, GetItemSource
-    from .attributes import is_data_descriptor
     from .builder import wrap
     cls = type(value)
     if cls in (collections.OrderedDict, collections.defaultdict):
@@ -728,7 +715,6 @@ def wrap_container_subclass(tx, value, source, guards):
 def _wrap_stdlib_dict(tx, value, source, guards):
     """An OrderedDict or defaultdict from outside (constant keys): guarded by
     type and keys in order, items through their own sources; changes are written back."""
-    from ..source import AttrSource, GetItemSource
     from .builder import wrap
     from .stdlib import DefaultDictVar, OrderedDictVar
     cls = type(value)
@@ -760,11 +746,8 @@ def wrap_tensor_keyed_dict(tx, value, source, guards):
     key is read as the i-th of its keys (a tensor input, one Var per tensor, so a
     lookup by a parameter read elsewhere finds it, guarded to be the same object) and
     each value as the i-th of its values.  None for other keys, or without a source."""
-    from ..source import AttrSource, CallMethodSource, GetItemSource
     from .builder import wrap
-    from .containers import _dict_key
     from .stdlib import DefaultDictVar, OrderedDictVar
-    from .tensor import TensorVar
     cls = type(value)
     if source is None or cls not in (dict, collections.OrderedDict, collections.defaultdict) or \
             not all(type(k) in (str, int) or isinstance(k, torch.Tensor) for k in value):

@@ -5,12 +5,14 @@ import operator
 import types
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import tensor_attrs, tensor_facts
 from .base import Var, unsupported
 from .constant import ConstVar
 from .optimizers import tensor_scalar_method
 from .scalars import SCALAR_METHODS, capturing, scalar_method
+from ..source import LocalSource
 
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
 _META_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_quantized", "is_sparse", "is_meta", "is_complex_", "itemsize",
@@ -140,7 +142,6 @@ class TensorVar(Var):
         cg.load_tensor(self)
 
     def noun(self):
-        from ..source import LocalSource
         dtype = str(self.example.dtype).replace("torch.", "")
         shape = ", ".join(map(str, self.example.shape))
         what = f"the tensor {self.source.name()}" if isinstance(self.source, LocalSource) else "a tensor"
@@ -197,5 +198,4 @@ def _torchs_own(cls, attr) -> bool:
 
 
 def _is_fake(t) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
     return isinstance(t, FakeTensor)

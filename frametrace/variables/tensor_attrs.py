@@ -15,6 +15,7 @@ import torch
 from ..source import AttrSource
 from .base import unsupported
 from .constant import ConstVar
+from ..guards import FRESH
 
 _GRAD = "grad"
 
@@ -215,7 +216,6 @@ class NewParameterSource:
         return f"Parameter({self.data.name()})#{self.index}"
 
     def guard_expr(self):
-        from ..guards import FRESH
         return f"{FRESH}{self.index}"       # (GuardSet drops what mentions it)
 
     def reconstruct(self, cg):

@@ -9,14 +9,19 @@ import functools
 import operator
 import types
 from collections import OrderedDict
+import copy
+import copyreg
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
 from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
 from .base import Var, a_type, unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar, attrs_dict
+from .containers import DictVar, ListVar, TupleVar, _ITEMS, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr, class_defines
+from .builtins import _guard_hasattr
+from .objects import ObjectVar, _PURE_READERS, _RealMethodVar, call_hint, object_noun
+from .symbolic import SymNodeVar
 
 
 def has_own_getattribute(cls) -> bool:
@@ -94,7 +99,6 @@ class UserObjectVar(InstanceAttrs, Var):
 
     def class_value_attr(self, tx, name, attr):
         from .builder import wrap
-        from .objects import _PURE_READERS, _RealMethodVar
         if self.cls is not type(self.value):
             return class_value_var(tx, self.cls, name, attr)
         if name in _PURE_READERS and isinstance(attr, types.MethodDescriptorType) and \
@@ -126,7 +130,6 @@ class UserObjectVar(InstanceAttrs, Var):
     def opaque_attr(self, tx, name):
         from .builder import wrap
         if name == "__class__":
-            from .objects import ObjectVar
             return ObjectVar(self.cls)      # (object's slot: the type, as the trace has it)
         if name == "__dict__" and tx.side_effects.has_attr_writes(self.value):
             if self.cls is not type(self.value) or _instance_dict(self.value) is None:
@@ -161,7 +164,6 @@ class UserObjectVar(InstanceAttrs, Var):
         as_dict = self._dict_var(tx)
         if as_dict is None:
             return
-        from .containers import _ITEMS
         if as_dict._lazy is not None and (value is DELETED or name not in as_dict._lazy[0]):
             # (a key it does not have, or one to remove: the dict is wrapped whole
             # first, its items then the truth)
@@ -173,7 +175,6 @@ class UserObjectVar(InstanceAttrs, Var):
             items[name] = value
 
     def set_class(self, tx, cls):
-        from .objects import ObjectVar
         tx.side_effects.store_attr(self, self.value, "__class__",
                                    ObjectVar(cls, ConstSource(cls, cls.__qualname__)), plain=True)
         self.cls = cls
@@ -182,7 +183,6 @@ class UserObjectVar(InstanceAttrs, Var):
         call = class_attr(tx, self.cls, "__call__")
         if isinstance(call, types.FunctionType):
             return UserFunctionVar(call).call(tx, [self, *args], kwargs)
-        from .objects import call_hint, object_noun
         unsupported(f"calling {object_noun(self.value)}", hint=call_hint(self.value))
 
     def _dunder(self, tx, name, args):
@@ -195,7 +195,6 @@ class UserObjectVar(InstanceAttrs, Var):
                 name in ("__getitem__", "__len__", "__contains__") and all(a.is_const() for a in args):
             # A builtin base's reader (a dict subclass): the object's contents, which
             # can change between calls, guarded through a source that reads them again.
-            from ..source import CallMethodSource, GetItemSource
             from .builder import wrap
             consts = [a.as_const() for a in args]
             result = method(self.value, *consts)
@@ -298,7 +297,6 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def opaque_attr(self, tx, name):
         if name == "__class__":
-            from .objects import ObjectVar
             return ObjectVar(self.cls)
         if name == "__dict__":
             return _AttrsDictVar(self)
@@ -340,7 +338,6 @@ def checked_bool(tx, result) -> bool:
             return result.as_const()
         unsupported(f"TypeError: __bool__ should return bool, returned "
                     f"{type(result.as_const()).__name__}")
-    from .symbolic import SymNodeVar
     if isinstance(result, SymNodeVar) and result.python_type() is bool:
         return result.truth(tx)          # a symbolic comparison: guarded
     unsupported(f"__bool__ returned {result}, not a bool known while tracing")
@@ -447,7 +444,6 @@ class DataclassVar(Var):
         """object.__setattr__(self, name, value) (how a frozen dataclass's
         __post_init__ sets fields): no __setattr__ of the class, but descriptors and
         __slots__ still apply."""
-        from .attributes import is_data_descriptor
         attr = class_attr(tx, self.cls, name)
         if isinstance(attr, types.MemberDescriptorType):
             self.fields[name] = value           # a slot of the class
@@ -598,8 +594,6 @@ def deepcopy_var(tx, var, memo):
     of plain classes (no __deepcopy__, __reduce__, __getstate__, __setstate__ or
     __slots__ of their own) become a new object with deep copies of their __dict__ (what
     object.__reduce_ex__ and copy._reconstruct do).  `memo` keeps shared parts shared."""
-    from .symbolic import SymNodeVar
-    from .objects import ObjectVar
     if id(var) in memo:
         return memo[id(var)][1]
     if isinstance(var, ConstVar) or isinstance(var, SymNodeVar):
@@ -635,8 +629,6 @@ _NO_COPY_HOOKS = ("__deepcopy__", "__setstate__", "__getattr__")
 def _plain_object_state(tx, var) -> dict:
     """The attributes deepcopy copies from an object of a plain Python class (checked,
     and guarded, to be one), as Vars."""
-    import copy
-    import copyreg
     cls = var.cls
     if type(cls) is not type or any(k.__module__ == "builtins" and k is not object
                                     for k in cls.__mro__):
@@ -670,7 +662,6 @@ def _plain_object_state(tx, var) -> dict:
         unsupported(f"copy.deepcopy of a {cls.__name__} the trace changed")
     if hook is not object.__getattribute__:
         # deepcopy asks the object itself for __deepcopy__ / __setstate__.
-        from .builtins import _guard_hasattr
         for name in ("__deepcopy__", "__setstate__"):
             found = hasattr(value, name)
             _guard_hasattr(tx, var.source, name, found)
@@ -714,7 +705,6 @@ def new_object_hasattr(tx, var, name):
 
 
 def _scratch_hasattr(cls, state, name):
-    import copy
     obj = cls.__new__(cls)
     for k, v in copy.deepcopy(state).items():
         object.__setattr__(obj, k, v)
