@@ -506,3 +506,19 @@ def test_dict_subclass_changed_while_iterating_is_cpythons_runtime_error():
                 l.append(v + 2)     # a list iterator sees items appended meanwhile
         return x + len(l), l
     check(g, [_x()], graphs=1, breaks=0, fullgraph=True)
+
+
+# -- set methods given an iterator --
+def test_set_isdisjoint_and_issuperset_stop_at_the_deciding_item():
+    # CPython stops iterating a non-set argument at the first item that decides; the
+    # trace consumed all of it, so the iterator was left empty.
+    def f(x, items):
+        s = {2, 4, 5}
+        it = iter(items)
+        disjoint = s.isdisjoint(it)
+        it2 = iter(items)
+        superset = s.issuperset(it2)
+        return x + len(list(it)) + 10 * len(list(it2)), disjoint, superset
+
+    check(f, [(torch.zeros(1), [9, 2, 5, 6]), (torch.zeros(1), [1, 3]),
+              (torch.zeros(1), [2, 4, 7, 8])], graphs=3, breaks=0)

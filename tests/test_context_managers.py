@@ -591,3 +591,31 @@ def test_exit_returning_a_value_that_may_be_true_is_not_handed_over():
         return y
 
     check(f, [(_x(), [], False), (_x(), [], True)])
+
+
+# -- saved-tensor hooks around a compiled call --
+def test_saved_tensor_hooks_do_not_run_while_tracing():
+    # The pack hook ran on the trace's FakeTensors too: one call packed twice.
+    counts = {"pack": 0, "unpack": 0}
+
+    def pack(t):
+        counts["pack"] += 1
+        return t
+
+    def unpack(t):
+        counts["unpack"] += 1
+        return t
+
+    def f(x, y):
+        return x * y
+
+    x, y = torch.ones(4, requires_grad=True), torch.ones(4)
+    for backend in ("eager", "aot_eager"):
+        frametrace.reset()
+        counts.update(pack=0, unpack=0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = frametrace.optimize(backend)(f)(x, y)
+            assert counts == {"pack": 1, "unpack": 0}, (backend, counts)
+            out.sum().backward()
+            assert counts == {"pack": 1, "unpack": 1}, (backend, counts)
+    check(f, [(x, y)], backend="aot_eager")

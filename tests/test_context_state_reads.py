@@ -70,3 +70,36 @@ def test_autocast_readers_inside_autocast():
     r = check(_autocast_reads, [(torch.rand(4, 4), torch.rand(4, 4)) for _ in range(3)],
               fullgraph=True, rtol=1e-2, atol=1e-2)
     assert r.graphs == 1 and r.compiles == 1
+
+
+# -- torch state read with no argument, or set, in the frame --
+def test_torch_flag_read_with_no_argument_is_guarded():
+    # torch.autograd._profiler_enabled() was folded to its value at trace time, unguarded.
+    def f(x):
+        if torch.autograd._profiler_enabled():
+            return x + 1
+        return x - 1
+
+    opt = frametrace.optimize("eager")(f)
+    x = torch.zeros(2)
+    assert torch.equal(opt(x), f(x))
+    with torch.autograd.profiler.profile():
+        assert torch.equal(opt(x), f(x))
+    check(f, [torch.zeros(2), torch.ones(2)], graphs=1, breaks=0)
+
+
+def test_torch_state_setter_runs_at_every_call():
+    # Run at trace time only, torch.set_num_threads changed the state once.
+    def f(x, n):
+        torch.set_num_threads(n)
+        return x * 2
+
+    before = torch.get_num_threads()
+    try:
+        opt = frametrace.optimize("eager")(f)
+        opt(torch.ones(2), 1)
+        torch.set_num_threads(2)
+        opt(torch.ones(2), 1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -357,3 +357,16 @@ def test_deep_recursion_under_the_hook_runs_like_cpython(name):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, cwd=__file__.rsplit("/tests/", 1)[0])
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
+# -- an object whose hash raises --
+def test_an_object_whose_hash_raises_is_no_internal_error():
+    # torchgen's frozen dataclasses (module "torchgen", taken for a library): their
+    # __init__ frame got `self` before its fields exist, and looking it up among the
+    # library handlers hashed it (AttributeError inside the tracer).
+    from torchgen.model import BaseTy, BaseType
+
+    def f(names):
+        return [BaseType(BaseTy[n]) for n in names]
+
+    check(f, [(["Tensor", "int"],), (["float"],)], graphs=0)   # no internal error

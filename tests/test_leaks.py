@@ -23,6 +23,7 @@ import frametrace
 from frametrace import _C, convert
 
 from conftest import compiled_entries, resume_codes
+from differential import check
 
 GC_SLACK = 50                 # gc-tracked objects a measured phase may add
 HIT_BYTES = 64 * 1024         # traced memory growth allowed for the call loops
@@ -454,3 +455,40 @@ def test_compiled_module_is_freed_when_dropped():
     assert mod_ref() is None and weight_ref() is None
     # The entry guarded on the dead module is dropped from the cache.
     assert len(compiled_entries(Scale.forward.__code__)) == 0
+
+
+# -- what a compile traced is freed without the gc --
+class _Stepper:
+    def __init__(self):
+        self.state = torch.zeros(4)
+
+    def step(self):
+        self.state.add_(1)
+
+
+@frametrace.disable
+def _opaque_step(obj):
+    obj.step()
+
+
+def test_a_compile_frees_what_it_traced_without_waiting_for_the_gc():
+    # The tracer referred to itself (root = self): the objects its Vars held lived on
+    # until the next GC pass, so `state = None` did not free an optimizer's tensors.
+    import gc
+    import weakref
+
+    holder = {"obj": _Stepper()}
+
+    def f(x):
+        _opaque_step(holder["obj"])
+        return x + 1
+
+    check(f, [torch.zeros(2)], breaks=1)
+    frametrace.optimize("eager")(f)(torch.zeros(2))
+    ref = weakref.ref(holder["obj"].state)
+    gc.disable()
+    try:
+        holder["obj"] = None
+        assert ref() is None
+    finally:
+        gc.enable()

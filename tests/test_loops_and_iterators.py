@@ -540,3 +540,31 @@ def generator_with_finally_consumed(x, log):
 
 def test_generator_cleanup_runs_as_in_cpython():
     check(generator_with_finally_consumed, [(torch.randn(3), []), (torch.randn(3), [])], graphs=None)
+
+
+# -- an iterator object of a user class --
+class Countdown:
+    """An iterator object of a user class: __iter__ returns self."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n <= 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+def test_for_over_a_user_iterator_object_is_no_internal_error():
+    # Unpacking it called __iter__ again on the result (itself): RecursionError.
+    def f(x):
+        x = x * 2
+        for i in Countdown(3):
+            x = x + i
+        return x
+
+    check(f, [torch.zeros(2), torch.ones(2)], max_graphs=4)

@@ -717,3 +717,22 @@ def test_method_shadowed_by_instance_attribute_is_noticed():
     r = check(f, [(torch.randn(3), _shadowed(False)), (torch.randn(3), _shadowed(True)),
                   (torch.randn(3), _shadowed(False))])
     assert r.compiles == 2, r
+
+
+# -- hasattr/getattr after __class__ assignment in the frame --
+class _Plain:
+    def __init__(self):
+        self.v = 1
+
+
+class _WithFoo:
+    foo = 5
+
+
+def test_hasattr_and_getattr_follow_a_class_assigned_in_the_frame():
+    def f(o, x):
+        before = hasattr(o, "foo"), getattr(o, "foo", None)
+        o.__class__ = _WithFoo
+        return x + 1, before, hasattr(o, "foo"), getattr(o, "foo", 0), hasattr(o, "bar"), \
+            hasattr(o, "v")
+    check(f, [(_Plain(), torch.ones(2)), (_Plain(), torch.zeros(2))])

@@ -450,3 +450,22 @@ def test_none_check_of_value_from_graph_break_is_guarded():
         return v - 1
     r = check(f, [(x(), "1"), (x(), "null"), (x(), "2"), (x(), "null")])
     assert r.breaks >= 1
+
+
+# -- a value computed at a graph break, tested against None --
+def test_none_test_of_a_value_computed_at_a_graph_break_is_guarded():
+    # re.match breaks the graph; its Match result went on to the resume function as
+    # unguarded data, and `if m is not None` was decided once for all later calls.
+    import re
+
+    def f(t):
+        m = re.match(r"^(.+)\?$", t)
+        if m is not None:
+            return "optional"
+        m = re.match(r"^(.+)\[([0-9]+)?\]$", t)
+        if m is not None:
+            return m.group(1)
+        return "base"
+
+    r = check(f, ["Tensor", "int[]", "Tensor?", "int[2]", "Tensor", "int[]"], graphs=0)
+    assert r.breaks >= 1 and r.fallbacks == 0
