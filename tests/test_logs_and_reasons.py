@@ -29,7 +29,7 @@ THIS_FILE = os.path.abspath(__file__)
 
 def _var_class_names():
     """Every tracer class a reason must not show: the Var classes and the hook's."""
-    import frametrace.interpreter  # noqa: F401  (OpaqueVar and friends live there)
+    import frametrace.interpreter  # noqa: F401  (loads every Var module, so every Var class)
     found, todo = set(), [Var]
     while todo:
         cls = todo.pop()
