@@ -11,6 +11,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend  # noqa: E402
+from triton_harness import triton_check_grads  # noqa: E402
 
 BF16 = dict(atol=6e-2, rtol=3e-2)  # (matmul outputs of a few units: bf16 steps of 0.03)
 
@@ -30,18 +31,9 @@ def module(kind):
 def train_step(fn, *args, tol=BF16):
     """fn compiled with the triton backend, forward and backward, matches eager (values
     and the gradients of every floating argument); returns (forward, backward) modules."""
-    def run(f):
-        leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
-        out = f(*leaves)
-        out.backward(torch.ones_like(out))
-        return out, [a.grad for a in leaves if a.requires_grad]
     eager_graphs = backend.STATS["eager_graphs"]
-    got, got_grads = run(frametrace.optimize(backend="triton", fullgraph=True)(lambda *a: fn(*a)))
-    want, want_grads = run(fn)
-    torch.testing.assert_close(got.float(), want.float(), **tol)
-    for g, w in zip(got_grads, want_grads):
-        assert g.dtype == w.dtype
-        torch.testing.assert_close(g.float(), w.float(), **tol)
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    triton_check_grads(lambda *a: fn(*a), *leaves, half_as_float=True, **tol)
     assert backend.STATS["eager_graphs"] == eager_graphs
     return module("forward"), module("backward")
 

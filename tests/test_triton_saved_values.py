@@ -14,6 +14,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, partition  # noqa: E402
+from triton_harness import triton_check_grads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 aten = torch.ops.aten
@@ -24,18 +25,12 @@ def run(fn, *shapes, tol=BF16):
     """fn compiled (triton), forward and backward, against eager on 3 input draws;
     returns the forward and backward CompiledModules."""
     backend.COMPILED.clear()
-    compiled = frametrace.optimize(backend="triton", fullgraph=True)(fn)
+    calls = []
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
-        base = [torch.randn(*s, generator=g) * 0.3 for s in shapes]   # (small: bf16 rounding)
-        sides = []
-        for f in (fn, compiled):
-            leaves = [b.clone().requires_grad_() for b in base]
-            out = f(*leaves)
-            out.backward(torch.ones_like(out))
-            sides.append([out] + [a.grad for a in leaves])
-        for got, want in zip(sides[1], sides[0]):
-            torch.testing.assert_close(got, want, **tol)
+        # (small: bf16 rounding)
+        calls.append([(torch.randn(*s, generator=g) * 0.3).requires_grad_() for s in shapes])
+    triton_check_grads(fn, calls=calls, **tol)
     kinds = {m.kind: m for m in backend.COMPILED}
     assert len(backend.COMPILED) == 2 and set(kinds) == {"forward", "backward"}
     return kinds["forward"], kinds["backward"]

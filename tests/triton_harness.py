@@ -3,7 +3,9 @@ tests/differential.py's `check`: fresh copies of the inputs on each side, values
 positions, dtypes, shapes, requires_grad, the arguments after the call, no internal tracer
 error.  On top of it, what only a backend test asks: the graph went through the triton
 backend (its CompiledModule, for the test to read kernels from), how many kernels it
-launched, and optionally the outputs' strides.
+launched, and optionally the outputs' strides.  `triton_check_grads` adds the backward:
+the gradients that .backward() of the outputs' sum leaves on every argument that
+requires grad.
 
 Each test file keeps its own checks of the generated code (kernels, externs, layout
 copies) in a thin wrapper around `triton_check`."""
@@ -13,7 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import frametrace
-from differential import check
+from differential import check, with_grads
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -49,12 +51,28 @@ def triton_check(fn, *args, calls=None, kernels=None, atol=1e-5, rtol=1e-5, stri
           backend="triton", atol=atol, rtol=rtol,
           compiled=lambda counter: _observed(frametrace.optimize(backend=counter, fullgraph=True)(fn),
                                              compiled_seen, half_as_float))
-    for want, got in zip(eager_seen, compiled_seen):
-        assert [w[:2] for w in want] == [g[:2] for g in got], (want, got)
-        if strides:
-            assert [w[2] for w in want] == [g[2] for g in got], (want, got)
+    _compare_seen(eager_seen, compiled_seen, strides)
     mod = last_compiled()
     assert mod is not None, "the graph did not go through the triton backend"
     if kernels is not None:
         assert len(mod.kernels) == kernels, mod.source
     return mod
+
+
+def _compare_seen(eager_seen, compiled_seen, strides):
+    for want, got in zip(eager_seen, compiled_seen):
+        assert [w[:2] for w in want] == [g[:2] for g in got], (want, got)
+        if strides:
+            assert [w[2] for w in want] == [g[2] for g in got], (want, got)
+
+
+def triton_check_grads(fn, *args, calls=None, atol=1e-5, rtol=1e-5, half_as_float=False):
+    """`triton_check` of fn's outputs and of the gradients .backward() of their sum leaves
+    on each argument that requires grad (compiled: forward and backward graphs)."""
+    eager_seen, compiled_seen = [], []
+    check(_observed(with_grads(fn, use_backward=True), eager_seen, half_as_float),
+          [tuple(a) for a in calls] if calls is not None else [args], backend="triton", atol=atol, rtol=rtol,
+          compiled=lambda counter: _observed(
+              with_grads(frametrace.optimize(backend=counter, fullgraph=True)(fn), use_backward=True),
+              compiled_seen, half_as_float))
+    _compare_seen(eager_seen, compiled_seen, strides=False)
