@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import operator
 import threading
 import time
@@ -19,8 +18,6 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,
                                                    compute_unbacked_bindings, free_unbacked_symbols)
-from torch.fx.graph import _is_from_torch
-from torch.fx.node import _get_qualified_name
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
 from .backend_registry import backend_name
@@ -36,6 +33,7 @@ from . import config
 from .variables import tensor_facts, tensor_layout, wrapper_subclasses
 from .variables.tensor import TensorVar
 from .variables.numpy import keep_tensor_apart
+from .variables.fx_values import fx_can_name, to_fake, to_node_arg
 from .variables.objects import ObjectVar, entry_state_readers
 
 
@@ -307,8 +305,8 @@ class OutputGraph:
         done = float_number_op(self, kind, target, args, kwargs)
         if done is not None:
             return done
-        node_args = tuple(_to_node_arg(a) for a in args)
-        node_kwargs = {k: _to_node_arg(v) for k, v in kwargs.items()}
+        node_args = tuple(to_node_arg(a) for a in args)
+        node_kwargs = {k: to_node_arg(v) for k, v in kwargs.items()}
         fake_args = tuple(to_fake(a) for a in args)
         fake_kwargs = {k: to_fake(v) for k, v in kwargs.items()}
         what = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
@@ -776,37 +774,6 @@ def _packet_is_inplace_view(packet) -> bool:
         return True     # unknown: the safe answer
 
 
-_FX_NAMEABLE: dict = {}
-
-
-def fx_can_name(target) -> bool:
-    """Whether the code FX generates can refer to `target`: FX writes torch objects as
-    their dotted path from ``torch`` (other objects it keeps by reference), and that
-    path must lead back to `target` (a staticmethod's does not)."""
-    try:
-        known = _FX_NAMEABLE.get(target)
-    except TypeError:       # unhashable
-        known = None
-    if known is not None:
-        return known
-    ok = True
-    if _is_from_torch(target) and target is not torch.device:
-        try:
-            path = _get_qualified_name(target).split(".")
-            import builtins
-            obj = torch if path[0] == "torch" else getattr(builtins, path[0])
-            for part in path[1:]:
-                obj = getattr(obj, part)
-            ok = obj is target or obj == target
-        except Exception:
-            ok = False
-    try:
-        _FX_NAMEABLE[target] = ok
-    except TypeError:
-        pass
-    return ok
-
-
 def _structseq_fields(out):
     n = getattr(type(out), "n_fields", None)
     if n is None:
@@ -1073,45 +1040,6 @@ def _changed_nothing(kind: str, target, what: str, kwargs: dict, before: list | 
             (inplace is not None and not (inplace.is_const() and inplace.as_const() is False)):
         return False
     return all(t._version == v and t.requires_grad == rg for t, v, rg in before)
-
-
-def _to_node_arg(v):
-    if isinstance(v, (TensorVar, SymNodeVar)):
-        return v.node
-    if isinstance(v, SliceVar):
-        return slice(*(_to_node_arg(p) for p in v.parts))
-    if isinstance(v, ConstVar):
-        if type(v.value) is float and v.value != v.value and math.copysign(1.0, v.value) < 0:
-            # (inf * 0 is such a NaN in CPython): the graph's code writes every NaN as
-            # `nan`, which has no sign, and signbit()/copysign() read it
-            unsupported("a NaN with its sign bit set as a constant of a torch operation")
-        return v.value
-    if isinstance(v, (TupleVar, ListVar)):
-        items = [_to_node_arg(x) for x in v.items]
-        return tuple(items) if isinstance(v, TupleVar) else items
-    if isinstance(v, DictVar):
-        return {k: _to_node_arg(x) for k, x in v.items.items()}
-    if isinstance(v, ObjectVar) and isinstance(v.value, (torch.dtype, torch.device)):
-        return v.value
-    unsupported(f"passing {v} to a torch operation")
-
-
-def to_fake(v):
-    """The value a Var stands for while tracing: FakeTensors, SymInts, constants."""
-    if isinstance(v, (TensorVar, SymNodeVar)):
-        return v.example
-    if isinstance(v, SliceVar):
-        return slice(*(to_fake(p) for p in v.parts))
-    if isinstance(v, ConstVar):
-        return v.value
-    if isinstance(v, (TupleVar, ListVar)):
-        items = [to_fake(x) for x in v.items]
-        return tuple(items) if isinstance(v, TupleVar) else items
-    if isinstance(v, DictVar):
-        return {k: to_fake(x) for k, x in v.items.items()}
-    if isinstance(v, ObjectVar):
-        return v.value
-    unsupported(f"passing {v} to a torch operation")
 
 
 def _node_name(name: str) -> str:

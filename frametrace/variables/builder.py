@@ -26,7 +26,7 @@ import torch
 from .. import _C
 from ..source import AttrSource, GetItemSource
 from .base import unsupported
-from ..graph import fx_can_name
+from .fx_values import fx_can_name
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, NamedTupleVar, TupleVar, constant_key
 from .higher_order import higher_order_var

@@ -17,7 +17,7 @@ import torch.func as func
 import types
 
 from .. import functorch_runtime as runtime
-from ..graph import _to_node_arg, to_fake
+from .fx_values import to_fake, to_node_arg
 from ..subgraph import call_hop, lift_into, map_graph_vars, speculate
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -262,7 +262,7 @@ def body_spec(sub) -> tuple:
 
 def node_arg(tx, v):
     """An argument of the graph's call: Vars of this graph as nodes, constants as is."""
-    return _to_node_arg(map_graph_vars(v, lambda t: lift_into(tx.output, t)))
+    return to_node_arg(map_graph_vars(v, lambda t: lift_into(tx.output, t)))
 
 
 def _emit(tx, target, whole, sub, make_args, args, kwargs):

@@ -36,6 +36,7 @@ from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
 from ..source import ConstSource, Source
+from .fx_values import to_fake
 
 
 def _tnp():
@@ -866,7 +867,6 @@ def _dtypes_of(out):
 def _default_free_target(tx, fn, label, method, node_args, node_kwargs):
     """The NumpyCall whose result does not depend on torch's default dtype (checked by
     running it on FakeTensors under float64 and float32 defaults)."""
-    from ..graph import to_fake
     fake_args = [to_fake(a) for a in node_args]
     fake_kwargs = {k: to_fake(v) for k, v in node_kwargs.items()}
 
