@@ -16,6 +16,7 @@ from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from . import config
+from .context import CompileContext
 from .kernel_source import KernelCodegen
 from .cudagraphs import CudaGraphRunner
 from .decompositions import decompositions
@@ -363,11 +364,15 @@ def _blame_build(e, aten_nodes) -> dict | None:
         why = str(e) if isinstance(e, Unsupported) else f"kernel code generation failed: {_reason(e)}"
         nodes = {node: why}
     else:
-        cg = e.kernel if isinstance(e, ForeignPointer) else _frame_self(e, KernelCodegen)
-        if cg is None:
-            return None
+        if isinstance(e, ForeignPointer):  # (generated: only its launch would fail)
+            nodes = kernel_nodes(e.kernel.group, e.kernel.stores)
+        else:
+            cg = _frame_self(e, KernelCodegen)
+            if cg is None:
+                return None
+            nodes = kernel_nodes(cg.group, cg.stores, failed=e)
         why = f"kernel code generation failed: {_reason(e)}"
-        nodes = dict.fromkeys(kernel_nodes(cg.group, cg.stores), why)
+        nodes = dict.fromkeys(nodes, why)
     nodes = {n: w for n, w in nodes.items() if n not in aten_nodes}
     return nodes or None
 
@@ -440,11 +445,13 @@ def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
     """`aten_nodes`: {FX node: why} that run as aten calls whatever their lowering."""
     device = _graph_device(gm, example_inputs) if device is None else device
     hoist_seeds(gm)
-    lowered = GraphLowering(gm, example_inputs, device, aten_nodes).run()
-    if any(0 in getattr(o, "shape", (1,)) for o in lowered.items):
-        raise Unsupported("empty tensors")
-    wrapper = WrapperCodegen(lowered, schedule(lowered))
-    source, kernels, externs = wrapper.generate()
+    ctx = CompileContext()  # this compile's alone: a later build, or another thread's, has its own
+    with ctx.active():
+        lowered = GraphLowering(gm, example_inputs, device, aten_nodes, ctx).run()
+        if any(0 in getattr(o, "shape", (1,)) for o in lowered.items):
+            raise Unsupported("empty tensors")
+        wrapper = WrapperCodegen(lowered, schedule(lowered))
+        source, kernels, externs = wrapper.generate()
     _check_devices(lowered, kernels)
     exec(compile(source, "<frametrace-triton wrapper>", "exec"), wrapper.ns)
     if output_code.isEnabledFor(logging.INFO):

@@ -22,19 +22,19 @@ def _points(n) -> list:
     return [int((i * 0.6180339887498949) % 1 * (n - 1)) for i in range(1, SAMPLES + 1)] if n >= 2 else []
 
 
-def axis(index, xnumel, rnumel) -> str | None:
+def axis(index, xnumel, rnumel, hints) -> str | None:
     """'x' or 'r': the variable along which most consecutive positions of this access are
     consecutive elements, or None (a per-row or per-column operand, an indirect or strided
     access)."""
     free = getattr(index, "free_symbols", set())
     if XINDEX not in free or RINDEX not in free:
         return None  # broadcast along one axis: small, and cached across the other
-    names = {s.name: v for s, v in indexing.HINTS.items()}
+    names = {s.name: v for s, v in hints.items()}
     if any(s.name not in names for s in free - {XINDEX, RINDEX}):
         return None  # a loaded (indirect) index
     fn = eval(f"lambda xindex, rindex, {', '.join(names)}: {pexpr(index)}" if names else
               f"lambda xindex, rindex: {pexpr(index)}")
-    xs, rs = _points(indexing.hint(xnumel)), _points(indexing.hint(rnumel))
+    xs, rs = _points(indexing.hint(xnumel, hints)), _points(indexing.hint(rnumel, hints))
     if not xs or not rs:
         return None
     at = lambda x, r: fn(x, r, **names)  # noqa: E731
@@ -51,7 +51,7 @@ def is_outer(cg) -> bool:
     contiguously along x (ties: inner, the layout reductions had before)."""
     votes = {"x": 0, "r": 0, None: 0}
     for index in cg.load_indices:
-        votes[axis(index, cg.xnumel, cg.rnumel)] += 1
+        votes[axis(index, cg.xnumel, cg.rnumel, cg.ctx.hints)] += 1
     # full-size stores walk rows (a softmax's output: inner), or columns (a gradient
     # stored by its bias gradient's kernel: outer)
     votes["x" if getattr(cg.group, "columns", False) else "r"] += sum(cg.own_flat(c) is not XINDEX for c in cg.stores)

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import context
 from .ir import Computed, IRNode, Pointwise
 
 aten = torch.ops.aten
@@ -28,9 +29,6 @@ BY_DESIGN = frozenset(f"aten::{n}" for n in (
 # Scatter-adds (an embedding's or a gather's gradient) when they accumulate: aten's kernels
 # add colliding rows with atomics
 SCATTER_ADDS = frozenset(f"aten::{n}" for n in ("index_put", "scatter_add", "index_add"))
-
-# While set (a set), the FX nodes whose code a kernel's generation runs are added to it
-RECORD = None
 
 
 class Fallback(NamedTuple):
@@ -63,8 +61,9 @@ class Traced:
         self.fn, self.node = fn, node
 
     def __call__(self, k, *idx):
-        if RECORD is not None:
-            RECORD.add(self.node)
+        record = context.current().record
+        if record is not None:
+            record.add(self.node)
         try:
             return self.fn(k, *idx)
         except Exception as e:
@@ -93,18 +92,23 @@ def ir_values(value):
         yield value
 
 
-def kernel_nodes(group, stores) -> set:
+def kernel_nodes(group, stores, failed: BaseException | None = None) -> set:
     """The FX nodes a kernel computes: those of its realized members, and those whose code
-    its generation inlines (recorded by generating it again)."""
-    global RECORD
+    its generation inlines (recorded by generating it again, in its compile's context).
+    `failed`: the error its generation raised, for a kernel that could not be generated."""
     from .kernel_source import KernelCodegen
     nodes = {c.node.fn.node for c in group.members if isinstance(getattr(c.node, "fn", None), Traced)}
-    RECORD = set()
+    ctx = group.ctx
+    ctx.record = set()
     try:
         KernelCodegen(group, stores).generate()
-    except Exception:
-        pass  # what ran before the error is recorded
+    except type(failed) if failed is not None else ():
+        # generating it again fails as it did (the IR and the choices are the same): the
+        # nodes whose code ran up to the failure are recorded, and the caller handles
+        # the failure itself.  Any other error, or any error of a kernel that generated
+        # before (one blamed for its launch), is a bug here and raises.
+        pass
     finally:
-        nodes |= RECORD
-        RECORD = None
+        nodes |= ctx.record
+        ctx.record = None
     return nodes

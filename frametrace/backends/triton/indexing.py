@@ -14,6 +14,8 @@ import math
 import sympy
 from sympy import Add, Integer
 
+from . import context
+
 
 class FloorDiv(sympy.Function):
     """Floor division of a non-negative index by a positive integer."""
@@ -32,17 +34,14 @@ RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 # the outer axis of a tiled pointwise kernel, whose elements are yindex * xnumel + xindex
 YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
 
-# Exclusive upper bounds of the iteration variables of the kernel being generated.
-# Index expressions are built lazily during code generation, one kernel at a time.
-_ranges: dict = {}
-
-
-def set_ranges(xnumel, rnumel, ynumel=None) -> None:
-    _ranges.clear()
-    _ranges[XINDEX] = xnumel
-    _ranges[RINDEX] = rnumel
+def ranges(xnumel, rnumel, ynumel=None) -> dict:
+    """Exclusive upper bounds of a kernel's iteration variables, for its compile's
+    `CompileContext.ranges` while it is generated (index expressions are built lazily
+    during code generation, one kernel at a time)."""
+    out = {XINDEX: xnumel, RINDEX: rnumel}
     if ynumel is not None:
-        _ranges[YINDEX] = ynumel
+        out[YINDEX] = ynumel
+    return out
 
 
 # -- symbolic sizes ---------------------------------------------------------------------------
@@ -50,13 +49,11 @@ def set_ranges(xnumel, rnumel, ynumel=None) -> None:
 # integers): a polynomial with integer coefficients, or an int.  Kernels take the symbols
 # as int arguments; the wrapper reads them from its inputs' sizes.
 
-# The ShapeEnv's values of the symbols of the graph being compiled (block sizes and
-# persistent reductions are chosen for these; the code is correct for any value).
-HINTS: dict = {}
-
-
-def hint(e) -> int:
-    return int(e) if is_static(e) else int(e.subs(HINTS))
+def hint(e, hints=None) -> int:
+    """A size's value for `hints`, by default the compile running's (`CompileContext.hints`)."""
+    if is_static(e):
+        return int(e)
+    return int(e.subs(context.current().hints if hints is None else hints))
 
 
 def is_static(e) -> bool:
@@ -132,7 +129,7 @@ def bounds(e) -> tuple:
     if e.is_Integer:
         return int(e), int(e)
     if e.is_Symbol:
-        hi = _ranges.get(e)
+        hi = context.current().ranges.get(e)
         if hi is not None:
             return 0, hi - 1
         if e.is_positive and e.is_integer:  # a shape symbol

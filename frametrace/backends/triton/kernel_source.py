@@ -18,7 +18,7 @@ import re
 import sympy
 import torch
 
-from . import autotune, contiguity, indexing
+from . import autotune, context, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
 from .ir import ExpSum
@@ -116,12 +116,14 @@ class KernelGroup:
     reduction's memory accesses are contiguous along x (see contiguity.py), found when
     the kernel is first generated (None before).  `columns`: a reduction kernel's
     full-size members sit at `rindex * xnumel + xindex` (where a sum over the leading
-    dimension, a bias gradient, reads them), not row-major."""
-    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns")
+    dimension, a bias gradient, reads them), not row-major.  `ctx`: the CompileContext of
+    the compile it belongs to (by default the one running), which its code generators use."""
+    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns", "ctx")
 
-    def __init__(self, members, xnumel, rnumel, reduction, columns=False):
+    def __init__(self, members, xnumel, rnumel, reduction, columns=False, ctx=None):
         self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
         self.outer, self.columns = None, columns
+        self.ctx = context.current() if ctx is None else ctx
 
 
 def _identity(rtype, dtype):
@@ -171,14 +173,15 @@ def _looped_scan(group) -> bool:
 def configs_for(group) -> list:
     """Block-size candidates, for the size hints when extents are symbolic."""
     x, r = group.xnumel, group.rnumel
+    hints = group.ctx.hints
     if _looped_scan(group):
-        return autotune.outer_scan_candidates(indexing.hint(x), indexing.hint(r))
+        return autotune.outer_scan_candidates(indexing.hint(x, hints), indexing.hint(r, hints))
     if group.reduction and group.outer:
-        return autotune.outer_candidates(indexing.hint(x), indexing.hint(r),
+        return autotune.outer_candidates(indexing.hint(x, hints), indexing.hint(r, hints),
                                          looped=not indexing.is_static(r))
     if indexing.is_static(x) and indexing.is_static(r):
         return autotune.candidates(x, r, group.reduction)
-    return autotune.candidates(indexing.hint(x), indexing.hint(r), group.reduction,
+    return autotune.candidates(indexing.hint(x, hints), indexing.hint(r, hints), group.reduction,
                                looped=group.reduction and not indexing.is_static(r))
 
 
@@ -187,6 +190,7 @@ class KernelCodegen:
 
     def __init__(self, group: KernelGroup, stores):
         self.group, self.stores = group, stores
+        self.ctx = group.ctx
         self.members = {c.name: c for c in group.members}
         self.first = min(c.order for c in group.members)
         self._start()
@@ -636,17 +640,18 @@ class KernelCodegen:
     def generate(self) -> tuple[str, str]:
         """(kernel name, source).  A reduction's first generation also finds whether it is
         an outer one; if so it is generated again with outer block sizes."""
-        if self.group.reduction and self.group.outer is None:
-            self.group.outer = False
-            out = self._generate()
-            if not contiguity.is_outer(self):
-                return out
-            self.group.outer = True
-            self._start()
-        return self._generate()
+        with self.ctx.active():  # (a blamed kernel is generated again after its compile)
+            if self.group.reduction and self.group.outer is None:
+                self.group.outer = False
+                out = self._generate()
+                if not contiguity.is_outer(self):
+                    return out
+                self.group.outer = True
+                self._start()
+            return self._generate()
 
     def _generate(self) -> tuple[str, str]:
-        indexing.set_ranges(self.xnumel, self.rnumel)
+        self.ctx.ranges = indexing.ranges(self.xnumel, self.rnumel)
         rows = [c for c in self.stores if self.own_flat(c) is XINDEX]
         full = [c for c in self.stores if self.own_flat(c) is not XINDEX]
         for c in rows if self.looped else self.stores:
@@ -665,8 +670,8 @@ class KernelCodegen:
     def _source(self):
         red = self.group.reduction
         head = [self._numel("xnumel", self.xnumel)] + ([self._numel("rnumel", self.rnumel)] if red else [])
-        if indexing.HINTS:
-            names = {s.name for s in indexing.HINTS}
+        if self.ctx.hints:
+            names = {s.name for s in self.ctx.hints}
             used = set(re.findall(r"\b[A-Za-z_]\w*\b", "\n".join(head + self.outer)))
             self.symbols = sorted(names & used, key=lambda n: (len(n), n))
         params = list(self.args.values()) + self.symbols + ["XBLOCK: tl.constexpr"] + \

@@ -10,7 +10,7 @@ import contextlib
 
 import sympy
 
-from . import indexing
+from . import context, indexing
 
 
 class _Reads:
@@ -116,16 +116,16 @@ def preferred(node) -> tuple | None:
     if not _static(shape) or len(shape) < 2:
         return None
     dims = [sympy.Symbol(f"_d{i}", integer=True, nonnegative=True) for i in range(len(shape))]
-    saved = dict(indexing._ranges)
+    ctx = context.current()
+    saved = ctx.ranges
     rec = _Reads()
     try:
-        indexing._ranges.update({d: n for d, n in zip(dims, shape)})
+        ctx.ranges = {**saved, **{d: n for d, n in zip(dims, shape)}}
         node.fn(rec, dims)
     except Exception:  # an op the recorder cannot stand in for: row-major, as before
         return None
     finally:
-        indexing._ranges.clear()
-        indexing._ranges.update(saved)
+        ctx.ranges = saved
     big = [i for i, n in enumerate(shape) if n != 1]
     reads = [(_steps(index, dims, shape), reduction) for index, reduction in rec.reads]
     reads = [(steps, [i for i in big if steps[i] == 0], reduction)  # (broadcast dims)

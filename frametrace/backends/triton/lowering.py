@@ -8,6 +8,7 @@ import torch
 import torch.fx
 
 from . import grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
+from .context import CompileContext
 from .fallback import Fallback, by_design, ir_values, trace
 from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported, contiguous_strides
 from .lowering_base import LOWERINGS, compute_dtype
@@ -35,8 +36,11 @@ REALIZE_READS = 2
 
 
 class GraphLowering(Placement):
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs, device, aten_nodes=None):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, device, aten_nodes=None, ctx=None):
         self.gm, self.example_inputs, self.device = gm, example_inputs, device
+        # this compile's symbols' hints and kernel ranges, read by the scheduler, the
+        # kernel generators and the wrapper
+        self.ctx = CompileContext() if ctx is None else ctx
         self.channels_last_convs = layout.convs_prefer_channels_last(gm, device)
         # FX node -> why it runs as aten: its kernel failed in an earlier build
         self.aten_nodes = aten_nodes or {}
@@ -54,11 +58,14 @@ class GraphLowering(Placement):
         self.env: dict = {}              # FX node -> its value (for lowerings that look further up)
         self.fallback_ops: list[str] = []
         # symbolic sizes: (symbol, Python source of its value in the wrapper), the first
-        # input that gives each; `hints`: the ShapeEnv's values of the symbols
+        # input that gives each (their hints: `ctx.hints`)
         self.symbol_sources: dict = {}
-        self.hints: dict = {}
-        indexing.HINTS.clear()
         self._count = 0
+
+    @property
+    def hints(self) -> dict:
+        """The ShapeEnv's values of the graph's shape symbols (empty: static shapes)."""
+        return self.ctx.hints
 
     def name(self, prefix="buf") -> str:
         self._count += 1
@@ -104,7 +111,6 @@ class GraphLowering(Placement):
                     if s not in values:
                         raise Unsupported(f"no size hint for {s}")
                     self.hints[s] = int(values[s])
-                    indexing.HINTS[s] = self.hints[s]
         return e
 
     def bind(self, value, source):

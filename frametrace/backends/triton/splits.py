@@ -26,7 +26,7 @@ SPLITTABLE = ("sum", "max", "min", "any")
 def count(L, r: Reduction, in_registers=False) -> int:
     """Chunks to cut `r`'s rows into (1: do not split).  `in_registers`: an inner chunk
     is read twice (a variance), so one that fits in registers reads memory once."""
-    if r.rtype not in SPLITTABLE or indexing.HINTS:
+    if r.rtype not in SPLITTABLE or L.ctx.hints:
         return 1
     x, n = math.prod(r.shape), r.rnumel
     if not (indexing.is_static(x) and indexing.is_static(n)):
@@ -59,7 +59,7 @@ def _aligned(rshape, s, lo, hi):
 
 def _is_outer(L, r) -> bool:
     probe = Computed("split_probe", r, L.device, len(L.items))  # not one of L.items
-    group = KernelGroup([probe], math.prod(r.shape), r.rnumel, True)
+    group = KernelGroup([probe], math.prod(r.shape), r.rnumel, True, ctx=L.ctx)
     KernelCodegen(group, [probe]).generate()
     return bool(group.outer)
 

@@ -211,7 +211,7 @@ def _choose(shape, accesses) -> Tile | None:
 def generate(group, stores) -> tuple:
     """(code generator, kernel name, source) of a group's kernel: tiled where that pays
     (pointwise, static sizes), else flat."""
-    if group.reduction or indexing.HINTS:
+    if group.reduction or group.ctx.hints:
         cg = KernelCodegen(group, stores)
         return (cg, *cg.generate())
     probe = _Probe(group, stores)
@@ -274,10 +274,11 @@ class TiledCodegen(_RowMajorWalk):
         return YINDEX * self.xnumel + XINDEX
 
     def generate(self) -> tuple[str, str]:
-        indexing.set_ranges(self.xnumel, 1, self.ynumel)
-        for c in self.stores:
-            self.store(c)
-        return self._source()
+        with self.ctx.active():
+            self.ctx.ranges = indexing.ranges(self.xnumel, 1, self.ynumel)
+            for c in self.stores:
+                self.store(c)
+            return self._source()
 
     def _source(self):
         params = list(self.args.values()) + ["YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]

@@ -316,8 +316,8 @@ class WrapperCodegen:
                 launcher = TiledLauncher(item, configs) if item.tile else Launcher(item, configs)
                 self.launchers.append(self.const(launcher, "kernel"))
         source = self._function("call", [], self._launch, _ALLOC)
-        if indexing.HINTS:
-            names = {s.name for s in indexing.HINTS}
+        if self.lowered.ctx.hints:
+            names = {s.name for s in self.lowered.ctx.hints}
             bound = {s.name for s in self.lowered.symbol_sources}
             unbound = (names & set(re.findall(r"\b[A-Za-z_]\w*\b", source))) - bound
             if unbound:
