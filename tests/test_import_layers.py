@@ -1,0 +1,204 @@
+"""The import contract: frametrace's modules import one way, down the layers below.
+
+Data flows hook -> convert -> interpreter -> graph/guards -> backend -> bytecode; the
+modules are layered so that each imports only from its own layer or the ones under it:
+
+    tools          explain, viewer, __main__, testing, compile_status, the package itself
+    hook's front   eval_frame
+    frame driving  convert, resume, codegen, cache_limit, recompiles
+    interpreter    interpreter
+    backends       backends/ (one layer)
+    graph building graph, side_effects, subgraph
+    values         variables/ (one layer), guards, shapes
+    leaves         source, exc, config, logs, bytecode_analysis, bytecode_diff,
+                   backend_registry, progress,
+                   interop, stance, global_state, cxx_modules, functorch_runtime, the C
+                   extensions
+
+Checked over `ast`, without importing anything:
+1. no import goes up a layer, except the ALLOWED (module level) and ALLOWED_IN_FUNCTIONS
+   lists of today's remaining violations (a ratchet: a new one fails, and a fixed one
+   must leave its list);
+2. imports inside function bodies (of any module, frametrace's or not) number at most
+   FUNCTION_LEVEL_CEILING: an import goes to the top of its module unless it must be lazy
+   (an import cycle still to be broken, an optional dependency, start-up time), and then
+   says why in a comment.  Lower the ceiling when you move some up.
+
+`python tests/test_import_layers.py` prints the figures and every upward import.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "frametrace"
+
+LAYERS = [
+    ("leaves", {"source", "exc", "config", "logs", "bytecode_analysis", "progress", "interop",
+                "stance", "global_state", "cxx_modules", "functorch_runtime", "bytecode_diff",
+                "backend_registry",
+                "_C", "_tensor_reads", "_views"}),
+    ("values", {"variables", "guards", "shapes"}),
+    ("graph building", {"graph", "side_effects", "subgraph"}),
+    ("backends", {"backends"}),
+    ("interpreter", {"interpreter"}),
+    ("frame driving", {"convert", "resume", "codegen", "cache_limit", "recompiles"}),
+    ("hook's front", {"eval_frame"}),
+    ("tools", {"explain", "viewer", "__main__", "testing", "compile_status", ""}),
+]
+
+# Upward module-level imports still there, each to be removed by the change that fixes it
+# (issue 32).  Keys are (importer, imported) as frametrace-relative dotted names.
+ALLOWED = {
+    # Higher-order ops speculate their bodies into subgraphs; a Var should reach that
+    # through the `tx` it is given (tx.speculate), not by importing subgraph.py.
+    ("variables.autograd_function", "subgraph"): "speculate via tx",
+    ("variables.functorch", "subgraph"): "speculate via tx",
+    ("variables.higher_order", "subgraph"): "speculate via tx",
+}
+
+# The same for imports inside functions (held lazy because they go up): each should go
+# (operator semantics and instruction tables move down out of the interpreter, issue 32).
+ALLOWED_IN_FUNCTIONS = {
+    ("convert", "viewer"): "the bytecode log's diff: import bytecode_diff instead",
+    ("interpreter", "resume"): "",
+    ("subgraph", "interpreter"): "speculate via tx",
+    ("variables.builtins", "resume"): "",
+    ("variables.operators", "graph"): "to_fake: import variables.fx_values instead",
+    ("variables.user_objects", "codegen"): "",
+}
+
+# Imports inside function bodies under frametrace/ (issue 32 item 3: 560 when first counted).
+FUNCTION_LEVEL_CEILING = 334
+
+
+def _modules():
+    mods = {}
+    for path in sorted(PKG.rglob("*.py")):
+        if "build" in path.relative_to(PKG).parts:
+            continue
+        name = ".".join(path.relative_to(PKG).with_suffix("").parts)
+        if name.endswith("__init__"):
+            name = name[: -len("__init__")].rstrip(".")
+        mods[name] = path
+    for ext in ("_C", "_tensor_reads", "_views"):   # the C extensions: leaves
+        mods.setdefault(ext, None)
+    return mods
+
+
+def _layer(name):
+    first = name.split(".")[0]
+    for i, (_, members) in enumerate(LAYERS):
+        if first in members or name in members:
+            return i
+    raise AssertionError(f"frametrace.{name} has no layer: add it to LAYERS in {__file__}")
+
+
+def _targets(mods, importer, is_pkg, node):
+    """The frametrace modules an import statement loads (relative names)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = importer.split(".") if importer else []
+            if not is_pkg:
+                base = base[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            mod = ".".join(base + ([node.module] if node.module else []))
+        else:
+            if not (node.module == "frametrace" or node.module.startswith("frametrace.")):
+                return []
+            mod = node.module[len("frametrace"):].lstrip(".")
+        names = []
+        for a in node.names:
+            sub = f"{mod}.{a.name}" if mod else a.name
+            names.append(sub if sub in mods else mod)
+        names = ["frametrace." + n if n else "frametrace" for n in names]
+    out = set()
+    for n in names:
+        if n != "frametrace" and not n.startswith("frametrace."):
+            continue
+        n = n[len("frametrace"):].lstrip(".")
+        while n and n not in mods:
+            n = n.rpartition(".")[0]
+        if n != importer:
+            out.add(n)
+    return out
+
+
+def scan():
+    """(module-level edges {(a, b)}, function-level edges {(a, b)}, function-level count)."""
+    mods = _modules()
+    top, inner, count = set(), set(), 0
+    for name, path in mods.items():
+        if path is None:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        is_pkg = path.name == "__init__.py"
+        stack = [(tree, False)]
+        while stack:
+            node, in_func = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    count += in_func
+                    for t in _targets(mods, name, is_pkg, child):
+                        (inner if in_func else top).add((name, t))
+                stack.append((child, in_func or isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))))
+    return top, inner, count
+
+
+def upward(edges):
+    return {(a, b) for a, b in edges if _layer(a) < _layer(b)}
+
+
+def test_no_new_upward_import():
+    top, _, _ = scan()
+    up = upward(top)
+    new = sorted(up - set(ALLOWED))
+    assert not new, ("module-level imports that go up a layer (import from your own layer or "
+                     "below; pass what you need down, or register it): "
+                     + ", ".join(f"{a} -> {b}" for a, b in new))
+    fixed = sorted(set(ALLOWED) - up)
+    assert not fixed, ("fixed, remove from ALLOWED in tests/test_import_layers.py: "
+                       + ", ".join(f"{a} -> {b}" for a, b in fixed))
+
+
+def test_no_new_upward_import_in_functions():
+    _, inner, _ = scan()
+    up = upward(inner)
+    new = sorted(up - set(ALLOWED_IN_FUNCTIONS))
+    assert not new, ("imports inside functions that go up a layer (a lazy import hides the "
+                     "wrong direction, it does not fix it): "
+                     + ", ".join(f"{a} -> {b}" for a, b in new))
+    fixed = sorted(set(ALLOWED_IN_FUNCTIONS) - up)
+    assert not fixed, ("fixed, remove from ALLOWED_IN_FUNCTIONS in tests/test_import_layers.py: "
+                       + ", ".join(f"{a} -> {b}" for a, b in fixed))
+
+
+def test_function_level_imports_under_ceiling():
+    _, _, count = scan()
+    assert count <= FUNCTION_LEVEL_CEILING, (
+        f"{count} imports inside functions (ceiling {FUNCTION_LEVEL_CEILING}): put the import "
+        "at the top of the module, or, if it must be lazy, say why in a comment and make the "
+        "case in review before raising the ceiling")
+    assert count > FUNCTION_LEVEL_CEILING - 10, (
+        f"{count} imports inside functions now: lower FUNCTION_LEVEL_CEILING in "
+        "tests/test_import_layers.py to that")
+
+
+def test_every_module_has_a_layer():
+    for name in _modules():
+        _layer(name)
+
+
+if __name__ == "__main__":
+    top, inner, count = scan()
+    print(f"module-level edges: {len(top)}, upward: {len(upward(top))}")
+    print(f"function-level: {count} imports, {len(inner)} frametrace edges, "
+          f"upward: {len(upward(inner))}")
+    for a, b in sorted(upward(top)):
+        print(f"    module level:    {a} -> {b}")
+    for a, b in sorted(upward(inner)):
+        print(f"    inside function: {a} -> {b}")
