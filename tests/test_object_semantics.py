@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from differential import check
+import frametrace
+import frametrace.testing
 
 # ------------------------------------------------------------------ 1. descriptors
 
@@ -736,3 +738,61 @@ def test_hasattr_and_getattr_follow_a_class_assigned_in_the_frame():
         return x + 1, before, hasattr(o, "foo"), getattr(o, "foo", 0), hasattr(o, "bar"), \
             hasattr(o, "v")
     check(f, [(_Plain(), torch.ones(2)), (_Plain(), torch.zeros(2))])
+
+
+# -- an object made in the frame rebuilt where it held its values --
+class _ReadOnly:
+    def __init__(self, v):
+        self.__dict__["x"] = v
+
+    @property
+    def x(self):
+        return self.__dict__["x"] * 10
+
+
+class _SetterRaises:
+    def __init__(self, v):
+        self.__dict__["x"] = v
+        self.y = v + 1
+
+    @property
+    def x(self):
+        return -1
+
+    @x.setter
+    def x(self, v):
+        raise RuntimeError("setter ran")
+
+
+class _SlotsAndDict:
+    __slots__ = ("a", "__dict__")
+
+    def __init__(self, v):
+        self.a = v
+        self.b = v
+
+
+class _OwnSetattr:
+    def __setattr__(self, k, v):
+        raise RuntimeError("no")
+
+    def __init__(self, v):
+        object.__setattr__(self, "z", v)
+
+
+@pytest.mark.parametrize("cls", [_ReadOnly, _SetterRaises, _SlotsAndDict, _OwnSetattr])
+def test_object_made_in_the_frame_is_rebuilt_where_it_held_its_values(cls):
+    # A read-only property filled through self.__dict__: the rebuild set it with
+    # object.__setattr__, which raised (or ran the property's setter).
+    def f(t):
+        o = cls(3)
+        return t + 1, o
+
+    r = check(f, [torch.ones(2), torch.ones(2)], graphs=1, breaks=0)
+    assert r.fallbacks == 0
+    out = frametrace.optimize("eager")(f)(torch.ones(2))[1]
+    assert type(out) is cls
+    if cls is _ReadOnly:
+        assert out.x == 30 and vars(out) == {"x": 3}
+    if cls is _SlotsAndDict:
+        assert out.a == 3 and vars(out) == {"b": 3}
