@@ -92,6 +92,12 @@ def compile_counted(fn, **kwargs):
     return frametrace.optimize(backend=cnt, **kwargs)(fn), cnt
 
 
+def counted(fn, backend="eager"):
+    """fn optimized with a CompileCounter around `backend`; returns (compiled, counter)."""
+    cnt = frametrace.testing.CompileCounter(inner=backend)
+    return frametrace.optimize(backend=cnt)(fn), cnt
+
+
 def code_of(fn):
     return getattr(fn, "__code__", fn)
 

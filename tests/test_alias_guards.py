@@ -1,8 +1,10 @@
 """Guards on memory shared between tensor inputs that a graph writes: many written
 inputs (an optimizer's parameters and state) are checked in one pass, and every way of
 sharing memory at run time that the trace did not see is still noticed."""
+import pytest
 import torch
 
+from conftest import compiled_entries, counted
 from differential import check
 from frametrace import _C, guards
 
@@ -142,3 +144,89 @@ def test_many_mutable_inputs_are_distinct_objects_checked_in_c():
     assert r.graphs >= 2
     ops, residual = c_ops(append_to_each)
     assert any(o.count("DISTINCT") == 1 and not res for o, res in zip(ops, residual)), ops
+
+
+# -- aliased tensor and list inputs, identity of new lists --
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_aliased_tensor_inputs_recompile(backend):
+    def f(x, y):
+        x.add_(1)
+        return y * 2
+    g, cnt = counted(f, backend)
+    a, b = torch.zeros(2), torch.zeros(2)
+    torch.testing.assert_close(g(a, b), torch.zeros(2))
+    c = torch.zeros(2)
+    torch.testing.assert_close(g(c, c), torch.full((2,), 2.0))       # same tensor
+    d = torch.zeros(4)
+    torch.testing.assert_close(g(d[:2], d[:2].view(2)), torch.full((2,), 2.0))  # views
+    assert cnt.frame_count >= 2
+
+
+def test_aliased_list_inputs():
+    def f(x, l1, l2):
+        l1.append(1)
+        return x + len(l2)
+    g, cnt = counted(f)
+    torch.testing.assert_close(g(torch.zeros(1), [], []), torch.zeros(1))
+    shared = []
+    torch.testing.assert_close(g(torch.zeros(1), shared, shared), torch.ones(1))
+    assert shared == [1]
+    assert cnt.frame_count == 2          # the lists being one object fails a guard
+
+
+def test_list_identity_and_aliasing_of_new_lists():
+    class O:
+        pass
+
+    def f(x, lst, o):
+        lst.append(x)
+        new = [x]
+        o.a = new
+        o.b = new
+        return lst
+    lst, o = [], O()
+    g, cnt = counted(f)
+    out = g(torch.ones(1), lst, o)
+    assert out is lst and len(lst) == 1 and o.a is o.b
+    # no tensor op, so no graph: the transformed code only replays the mutations
+    assert cnt.frame_count == 0 and len(compiled_entries(f)) == 1
+
+
+# -- alias guards only for inputs the graph writes --
+def test_alias_guards_only_for_inputs_the_graph_writes():
+    def f(x, y, z):
+        h = x * 2
+        h.add_(1)                  # an intermediate: no input can alias it
+        y[:1].mul_(3)              # an input, through a view
+        return h + z
+
+    g, cnt = counted(f, "eager")
+    x, y, z = torch.ones(2), torch.ones(2), torch.ones(2)
+    torch.testing.assert_close(g(x, y, z), torch.full((2,), 4.0))
+    texts = [gd.text for e in compiled_entries(f) for gd in e.check.guards]
+    alias = sorted(t for t in texts if "memory" in t)
+    assert alias == ["no other tensor input shares memory with y"]
+    same, expected_same = torch.ones(2), torch.ones(2)
+    expected = f(expected_same, expected_same, z)
+    torch.testing.assert_close(g(same, same, z), expected)
+    torch.testing.assert_close(same, expected_same)
+    assert cnt.frame_count == 2
+
+
+# -- inputs traced aliased --
+def test_inputs_traced_aliased_do_not_recompile_on_every_call():
+    def f(a, b):
+        b.add_(1)                  # writes through a view of `a` when aliased
+        return a * 2
+
+    g, cnt = counted(f)
+    for _ in range(4):
+        base, ref_base = torch.zeros(6), torch.zeros(6)
+        torch.testing.assert_close(g(base, base[1:]), f(ref_base, ref_base[1:]))
+        torch.testing.assert_close(base, ref_base)
+    assert cnt.frame_count == 1
+    x, y = torch.zeros(5), torch.zeros(5)
+    torch.testing.assert_close(g(x, y), torch.zeros(5))
+    assert cnt.frame_count == 2
+    texts = {gd.text for e in compiled_entries(f) for gd in e.check.guards}
+    assert {"a and b share memory", "no other tensor input shares memory with b"} <= texts

@@ -1,5 +1,6 @@
 """Guards and recompiles: each changed fact compiles exactly one new entry, and the
 values stay right; unchanged calls reuse the cache."""
+import gc
 import logging
 import warnings
 
@@ -8,7 +9,7 @@ import torch
 import frametrace
 from frametrace import _C
 
-from conftest import compile_with
+from conftest import compile_with, counted
 
 OFFSET = 1.0
 TABLE = {"scale": 2.0}
@@ -241,3 +242,48 @@ def test_shared_source_prefixes_are_read_once_per_check(cnt):
     model.inner.b = torch.nn.Linear(4, 4)     # a new module object
     torch.testing.assert_close(g(x), model(x))
     assert cnt.frame_count == 3
+
+
+# -- -0.0, a global shadowing a builtin, the gc running inside guards --
+def test_negative_zero_is_not_zero():
+    def f(x, c):
+        return x / c
+    g, cnt = counted(f)
+    x = torch.ones(1)
+    assert g(x, 0.0).item() == float("inf")
+    assert g(x, -0.0).item() == float("-inf")
+    assert cnt.frame_count == 2
+
+
+def test_a_global_shadowing_a_builtin_is_seen():
+    ns = {}
+    exec("def f(x):\n    return x + abs(-1)\n", ns)
+    g, cnt = counted(ns["f"])
+    x = torch.zeros(1)
+    torch.testing.assert_close(g(x), torch.ones(1))
+    torch.testing.assert_close(g(x), torch.ones(1))
+    assert cnt.frame_count == 1
+    ns["abs"] = lambda v: 10
+    torch.testing.assert_close(g(x), torch.full((1,), 10.0))
+    assert cnt.frame_count == 2          # the shadowing global failed a guard
+
+
+def test_gc_inside_guards_does_not_crash(young_heap):
+    class Helper:
+        def __init__(self):
+            self.me = self          # only the cycle collector frees it
+
+        def __call__(self, t):
+            return t + 1
+
+    def f(x, h):
+        return h(x)
+    g, cnt = counted(f)
+    x = torch.zeros(2)
+    for _ in range(20):
+        h = Helper()
+        torch.testing.assert_close(g(x, h), x + 1)
+        del h
+        gc.collect()
+    # each Helper is a new object guarded by type: one graph serves them all
+    assert cnt.frame_count == 1

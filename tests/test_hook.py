@@ -984,3 +984,32 @@ def test_thread_started_inside_an_optimized_call_is_not_hooked():
     assert entries(spawned_work) == [] and _C.code_flags(spawned_work.__code__) == (0, 0)
     assert cnt.frame_count == 1 and len(compiled_entries(region)) == 1
     assert not _C.hook_installed() and _C.get_callback() is None
+
+
+# -- frametrace called from inside a compile --
+def test_optimized_call_while_compiling_keeps_the_hook_state():
+    from frametrace import _C
+
+    @frametrace.optimize
+    def inner(x):
+        return x * 3
+
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(inner(torch.ones(2)))      # frametrace used from inside a compile
+        return gm.forward
+
+    @frametrace.optimize(backend=backend)
+    def outer(x):
+        return inner(x + 1) + 1
+
+    x = torch.ones(2)
+    for _ in range(2):
+        torch.testing.assert_close(outer(x), (x + 1) * 3 + 1)
+        assert not _C.hook_installed() and _C.get_callback() is None
+    assert calls and all(torch.equal(c, torch.full((2,), 3.0)) for c in calls)
+    # the hook still installs and compiles afterwards
+    cnt = frametrace.testing.CompileCounter()
+    torch.testing.assert_close(frametrace.optimize(backend=cnt)(lambda t: t - 1)(x), x - 1)
+    assert cnt.frame_count == 1

@@ -11,6 +11,7 @@ import torch
 from differential import check
 import frametrace
 import frametrace.testing
+from conftest import counted
 
 # ------------------------------------------------------------------ 1. descriptors
 
@@ -796,3 +797,24 @@ def test_object_made_in_the_frame_is_rebuilt_where_it_held_its_values(cls):
         assert out.x == 30 and vars(out) == {"x": 3}
     if cls is _SlotsAndDict:
         assert out.a == 3 and vars(out) == {"b": 3}
+
+
+# -- a returned closure keeps its cells --
+def test_returned_closure_keeps_its_cells():
+    def f(x):
+        n = 3
+        w = x * 2                       # a tensor the closure captures
+        size = x.shape[0]               # a size (symbolic after a second shape)
+
+        def inner(y):
+            return y[:n] + w[:n] + size
+        return inner, x + 1
+
+    g, cnt = counted(f)
+    for length in (5, 6, 7):
+        x = torch.arange(float(length))
+        inner, out = g(x)
+        ref_inner, ref_out = f(x)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(inner(torch.ones(4)), ref_inner(torch.ones(4)))
+    assert cnt.frame_count == 2
