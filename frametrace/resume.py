@@ -9,16 +9,26 @@ its frame like any other and compiles it in its turn.
 """
 from __future__ import annotations
 
+import dis
 import sys
 import types
 
+import torch
+import torch.utils.checkpoint as checkpoint
 from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVar, Instr,
                       Label, TryBegin, TryEnd)
 
-from . import _C
+from . import _C, config
 from .bytecode_analysis import handler_for
 from .variables.lazy import Lazy
 from .variables.opaque import OpaqueVar
+from .variables.base import NULL, unsupported
+from .variables.builtins import BuiltinVar
+from .variables.containers import IteratorVar
+from .variables.contexts import check_break_at_with, check_exit_handover, exit_all
+from .variables.exceptions import UNKNOWN
+from .variables.functions import PartialVar
+from .variables.symbolic import SymNodeVar
 
 PY312 = sys.version_info >= (3, 12)
 
@@ -371,7 +381,6 @@ def exception_cover(code, offset) -> tuple[str | None, list[int]]:
     """What catches an exception raised at `offset`: None (nothing), "with" (only the
     cleanups of `with` blocks) or "try" (a try statement of the user's); and the stack
     slots of the __exit__s of the `with` blocks it leaves first, innermost first."""
-    import dis
     instructions = {i.offset: i for i in dis.get_instructions(code)}
     names = lambda at, n: [getattr(instructions.get(at + 2 * k), "opname", None)  # noqa: E731
                            for k in range(n)]
@@ -409,9 +418,6 @@ class _BreakPlan:
 def prepare_break(cg, tracer, inst) -> _BreakPlan:
     """Right after the graph call: every value the break hands to CPython goes into a
     temporary (stack values, changed locals and cells)."""
-    from .variables.base import NULL
-    from .variables.containers import IteratorVar
-    from .variables.exceptions import UNKNOWN
     code = tracer.code
     if tracer.exc_handled is not UNKNOWN:
         # Inside an except or finally block on the exceptional path: the exception being
@@ -419,7 +425,6 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
         unsupported_break("a graph break while handling an exception")
     stack = list(tracer.stack)
     if inst.opname == "BEFORE_WITH":
-        from .variables.contexts import check_break_at_with
         check_break_at_with(stack[-1])
     consumed = _consumed(inst)
     plan = _BreakPlan()
@@ -470,14 +475,11 @@ def prepare_break(cg, tracer, inst) -> _BreakPlan:
 
 def _is_opaque(v) -> bool:
     """A value computed in CPython at an earlier break (see OpaqueVar, mark_data)."""
-    from .variables.symbolic import SymNodeVar
     return isinstance(v, OpaqueVar) or isinstance(v, SymNodeVar) and not v.is_const() or \
         type(v) is Lazy and v.data
 
 
 def _layout_kind(v) -> str:
-    from .variables.base import NULL
-    from .variables.containers import IteratorVar
     if v is NULL:
         return "n"
     if isinstance(v, IteratorVar):
@@ -518,9 +520,6 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
     trace guarded them: no other code runs), on the break's line, outside any try or
     with block; the resume function starts after the last such call (or at the next
     statement).  config.break_runs_statement_rest = False: the break runs its call only."""
-    from . import config
-    from .variables.base import NULL
-    from .variables.builtins import BuiltinVar
     if PY312 or inst.opname != "CALL" or not config.break_runs_statement_rest or \
             inst.positions is None or inst.positions.lineno is None:
         return None
@@ -644,7 +643,6 @@ def _store_frame_state(site, entry_grad):
     """The frame's state as the trace left it at the break, before the instruction runs
     in CPython: grad mode, the locals and cells the trace changed (the graph and the
     replayed side effects do not write the frame's own variables)."""
-    import torch
     cg, plan = site.cg, site.plan
     # The mode the code after the break expects: the trace's, at the break.  Where it
     # is the mode at entry (guarded) the graph left it so, whatever the backend kept of
@@ -665,8 +663,6 @@ def _with_exits(site, slots) -> list[str]:
     the original frame's cleanup handlers would: a handler of our own does that, with
     the temporaries holding each block's __exit__ (innermost first).  Refused where an
     __exit__ is not where the exception table says, or cannot be handed over."""
-    from .variables.base import NULL
-    from .variables.contexts import check_exit_handover
     plan = site.plan
     if any(i >= len(plan.lower) or plan.lower[i] is NULL for i in slots):
         unsupported_break("a with block's __exit__ is not where the exception table says")
@@ -688,7 +684,6 @@ def _push_stack(site, rest):
     operands, and below them the slots the rest of the statement (`statement_rest`)
     calls with, where that runs here too.  The slots further down go to the resume
     function as parameters instead."""
-    from .variables.base import NULL
     cg, inst, plan = site.cg, site.inst, site.plan
     if rest is not None:
         # (below the call's operands: what the rest of the statement calls, with)
@@ -737,7 +732,6 @@ def _run_exits_on_raise(site, protect, exits):
     """Close the handler `_with_exits` asked for: what the instruction raises runs the
     `with` blocks' exits (exit_all(exc, *exits)) and is raised on, as the original
     frame's cleanup handlers would do."""
-    from .variables.contexts import exit_all
     cg, inst = site.cg, site.inst
     handler, try_begin = protect
     after = Label()
@@ -789,7 +783,6 @@ def _call_resume(cg, site, resume, original, lower, lasti, results):
     """The call of the resume function: the arguments in the order of its parameters
     (the bound locals it takes first, the stack slots, the handler's lasti, what the
     instruction produced, the other locals)."""
-    from .variables.base import NULL
     code, plan = site.code, site.plan
     cg.emit("PUSH_NULL")
     _load_function(cg, resume, site.func, code)
@@ -816,7 +809,6 @@ def _call_resume(cg, site, resume, original, lower, lasti, results):
 
 
 def unsupported_break(reason):
-    from .variables.base import unsupported
     unsupported(reason)
 
 
@@ -824,14 +816,12 @@ def _unhooked_functions():
     """Functions that call user code twice and need the same code both times: the
     whole call runs in CPython.  (Activation checkpointing reruns its function in
     backward, outside any compiled region, and checks it saved the same tensors.)"""
-    import torch.utils.checkpoint as checkpoint
     return (checkpoint.checkpoint, checkpoint.checkpoint_sequential)
 
 
 def _runs_unhooked(v) -> bool:
     """Whether the call of `v` at a break runs with the hook off: one of those functions,
     or a functools.partial of one (HF's `_gradient_checkpointing_func`)."""
-    from .variables.functions import PartialVar
     while isinstance(v, PartialVar):
         v = v.fn
     value = getattr(v, "value", None)

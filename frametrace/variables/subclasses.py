@@ -35,13 +35,13 @@ from .functions import UserFunctionVar
 from .tensor import TensorVar
 from .user_objects import _AttrsDictVar, checked_bool, checked_len
 from ..source import AttrSource, CallMethodSource, GetItemSource
+from .stdlib import DefaultDictVar, OrderedDictVar
 
 _BUILTIN_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType,
                     types.ClassMethodDescriptorType, types.BuiltinFunctionType)
 
 
 def _var_types():
-    from .stdlib import OrderedDictVar
     return {set: SetVar, frozenset: FrozenSetVar, dict: DictVar, list: ListVar,
             tuple: TupleVar, collections.OrderedDict: OrderedDictVar}
 
@@ -459,7 +459,6 @@ def container_format(tx, var, conv: str):
                     continue
                 unsupported(f"{var.cls.__name__}.{name} is not a Python function")
         return base_repr(var)
-    from .stdlib import DefaultDictVar
     if isinstance(var, DefaultDictVar):
         # (its text names the factory, a Var; its as_const() is a plain dict)
         unsupported(f"{conv}() of a defaultdict")
@@ -620,7 +619,6 @@ def fromkeys(tx, cls, args, kwargs):
         return DictVar({_dict_key(k): value for k in keys})
     if cls is collections.OrderedDict:
         from .containers import _dict_key
-        from .stdlib import OrderedDictVar
         return OrderedDictVar({_dict_key(k): value for k in keys})
     if container_base(cls) not in (dict, collections.OrderedDict):
         return None
@@ -716,7 +714,6 @@ def _wrap_stdlib_dict(tx, value, source, guards):
     """An OrderedDict or defaultdict from outside (constant keys): guarded by
     type and keys in order, items through their own sources; changes are written back."""
     from .builder import wrap
-    from .stdlib import DefaultDictVar, OrderedDictVar
     cls = type(value)
     if getattr(value, "__dict__", None):
         return None             # (attributes, as a state_dict's _metadata: an object as before)
@@ -747,7 +744,6 @@ def wrap_tensor_keyed_dict(tx, value, source, guards):
     lookup by a parameter read elsewhere finds it, guarded to be the same object) and
     each value as the i-th of its values.  None for other keys, or without a source."""
     from .builder import wrap
-    from .stdlib import DefaultDictVar, OrderedDictVar
     cls = type(value)
     if source is None or cls not in (dict, collections.OrderedDict, collections.defaultdict) or \
             not all(type(k) in (str, int) or isinstance(k, torch.Tensor) for k in value):
