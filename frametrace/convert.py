@@ -750,10 +750,40 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
             entry_grad=True):
     """Compile the graph and build the transformed code: it returns `result`, or at a
     graph break runs `break_at` in CPython and continues in a resume function."""
-    out_nodes = []
     ops_traced = tracer.side_effects.clock() if tracer.side_effects.clock else None
     # At a return, the frame's cells are stored too: a returned closure reads them.
     cells = resume.cells_to_store(tracer) if break_at is None else []
+    out_nodes = _graph_outputs(tracer, output, guards, result, cells, break_at)
+    side_effects = tracer.side_effects
+    cg = CodeGen(code, lineno=tracer.lineno)
+    slot = None
+    if output.computes():
+        slot = _emit_graph_call(cg, output, backend, side_effects, out_nodes, ops_traced,
+                                entry_grad)
+    # What the frame returns, or hands over at a break, is computed before the side
+    # effects are replayed: CPython computed it before them too.
+    if break_at is None:
+        _keep_return_value(cg, tracer, result, cells)
+    else:
+        plan = resume.prepare_break(cg, tracer, break_at)
+    side_effects.reconstruct(cg, set(code.co_freevars))
+    if break_at is None:
+        _emit_return(cg, cells, entry_grad)
+    else:
+        resume.emit_break(cg, tracer, break_at, func, plan, entry_grad)
+    new_code = cg.assemble()
+    # Only now, when the frame can be rebuilt, is the graph handed to the backend.
+    if slot is not None:
+        new_code = _compile_graph(code, func, output, backend, record, out_nodes, slot,
+                                  new_code, entry_grad)
+    return new_code
+
+
+def _graph_outputs(tracer, output, guards, result, cells, break_at) -> list:
+    """The graph's outputs: the nodes of every tensor that outlives the trace (what the
+    frame returns and the cells it stores, or all that is live at the break, and what
+    the replayed side effects write); the rest of the graph is pruned."""
+    out_nodes = []
     live = [result, *(tracer.cells[n].value for n in cells)] if break_at is None \
         else _live_at_break(tracer)
     for v in live:
@@ -763,75 +793,86 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
         _collect_outputs(v, out_nodes)
     output.prune_unused(keep=out_nodes)
     _guard_aliasing(output, guards, tracer.side_effects)
-    cg = CodeGen(code, lineno=tracer.lineno)
-    name = None
-    if output.computes():
-        name = f"__compiled_fn_{next(_fn_ids)}"
-        slot = GraphSlot(name)
-        rerun_state = None
-        if _can_run_again(output, backend):
-            rerun = entry_grad
-        else:
-            rerun_state = _rerun_state(output, backend, side_effects, ops_traced)
-            rerun = entry_grad if rerun_state is not None else None
-        # A graph that switches grad mode inside `with` blocks and raises midway leaves
-        # the mode switched; CPython's blocks put it back as the exception leaves them.
-        outside = entry_grad if output.outer_grad is None else output.outer_grad
-        restore = outside if rerun is None and not output.unscoped_grad and any(
-            n.target is torch._C._set_grad_enabled for n in output.graph.nodes) else None
-        names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes), rerun,
-                              restore, rerun_state)
-        cg.tensor_locals = dict(zip(out_nodes, names))
-    # What the frame returns, or hands over at a break, is computed before the side
-    # effects are replayed: CPython computed it before them too.
-    if break_at is None:
-        result.reconstruct(cg)
-        cg.emit("STORE_FAST", "___return_value")
-        for n in cells:
-            tracer.cells[n].value.reconstruct(cg)
-            cg.emit("STORE_FAST", f"___cell_{n}")
+    return out_nodes
+
+
+def _emit_graph_call(cg, output, backend, side_effects, out_nodes, ops_traced,
+                     entry_grad) -> GraphSlot:
+    """The graph's call, its outputs stored in locals (`cg.tensor_locals`).  The graph is
+    a slot until the backend compiled it: the code is built first.  Whether the call
+    may run the graph again after an exception, and which grad mode it then puts back,
+    is decided here."""
+    name = f"__compiled_fn_{next(_fn_ids)}"
+    slot = GraphSlot(name)
+    rerun_state = None
+    if _can_run_again(output, backend):
+        rerun = entry_grad
     else:
-        plan = resume.prepare_break(cg, tracer, break_at)
-    side_effects.reconstruct(cg, set(code.co_freevars))
-    if break_at is None:
-        # The cells change only now: a replayed value read through one (an int argument
-        # that a closure captured) is the value the trace saw, not the final one.
-        for n in cells:
-            cg.emit("LOAD_FAST", f"___cell_{n}")
-            cg.emit("STORE_DEREF", CellVar(n))
-        if torch.is_grad_enabled() != entry_grad:
-            # set_grad_enabled(mode) called as a function: the mode outlives the frame,
-            # whatever the backend did with the graph's grad-mode nodes.
-            cg.set_grad_mode(torch.is_grad_enabled())
-        cg.emit("LOAD_FAST", "___return_value")
-        cg.emit("RETURN_VALUE")
-    else:
-        resume.emit_break(cg, tracer, break_at, func, plan, entry_grad)
-    new_code = cg.assemble()
-    # Only now, when the frame can be rebuilt, is the graph handed to the backend.
-    if name is not None:
-        # The backend sees the grad mode the graph starts in at run time (AOTAutograd
-        # decides between training and inference graphs by it).
-        progress.phase(f"backend compile ({backend_name(backend)})")
-        with torch.set_grad_enabled(entry_grad):
-            gm, compiled, seconds = output.compile(backend, out_nodes, name)
-        record.graph_module = gm
-        record.op_count = output.op_count()
-        record.backend_seconds = seconds
-        if graph_log.isEnabledFor(logging.INFO):
-            graph_log.info("graph %s of %s (%s:%d), %d ops:\n%s", name, log_name(code),
-                           code.co_filename, code.co_firstlineno, record.op_count,
-                           readable_graph(gm))
-        if output_code_log.isEnabledFor(logging.INFO):
-            _log_output_code(name, gm, compiled)
-        graph_fn = _C.Unhooked(compiled)
-        graph_fn.__name__ = name
-        new_code = fill_graph_slot(new_code, slot, graph_fn)
-        # Also a global of that name, for people and tools reading the module (the
-        # code does not load it from there).
-        func.__globals__[name] = graph_fn
-        _installed_globals.append((func.__globals__, name))
-        graph_modules[name] = gm
+        rerun_state = _rerun_state(output, backend, side_effects, ops_traced)
+        rerun = entry_grad if rerun_state is not None else None
+    # A graph that switches grad mode inside `with` blocks and raises midway leaves
+    # the mode switched; CPython's blocks put it back as the exception leaves them.
+    outside = entry_grad if output.outer_grad is None else output.outer_grad
+    restore = outside if rerun is None and not output.unscoped_grad and any(
+        n.target is torch._C._set_grad_enabled for n in output.graph.nodes) else None
+    names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes), rerun,
+                          restore, rerun_state)
+    cg.tensor_locals = dict(zip(out_nodes, names))
+    return slot
+
+
+def _keep_return_value(cg, tracer, result, cells):
+    """What the frame returns, and its cells' values, into temporaries before the side
+    effects are replayed (they may change what those values are built from)."""
+    result.reconstruct(cg)
+    cg.emit("STORE_FAST", "___return_value")
+    for n in cells:
+        tracer.cells[n].value.reconstruct(cg)
+        cg.emit("STORE_FAST", f"___cell_{n}")
+
+
+def _emit_return(cg, cells, entry_grad):
+    """After the side effects: the cells, the grad mode the frame leaves, the return."""
+    # The cells change only now: a replayed value read through one (an int argument
+    # that a closure captured) is the value the trace saw, not the final one.
+    for n in cells:
+        cg.emit("LOAD_FAST", f"___cell_{n}")
+        cg.emit("STORE_DEREF", CellVar(n))
+    if torch.is_grad_enabled() != entry_grad:
+        # set_grad_enabled(mode) called as a function: the mode outlives the frame,
+        # whatever the backend did with the graph's grad-mode nodes.
+        cg.set_grad_mode(torch.is_grad_enabled())
+    cg.emit("LOAD_FAST", "___return_value")
+    cg.emit("RETURN_VALUE")
+
+
+def _compile_graph(code, func, output, backend, record, out_nodes, slot, new_code,
+                   entry_grad):
+    """The backend compiles the graph (logged, recorded), and the transformed code's
+    slot gets the compiled function; returns that code."""
+    name = slot.name
+    # The backend sees the grad mode the graph starts in at run time (AOTAutograd
+    # decides between training and inference graphs by it).
+    progress.phase(f"backend compile ({backend_name(backend)})")
+    with torch.set_grad_enabled(entry_grad):
+        gm, compiled, seconds = output.compile(backend, out_nodes, name)
+    record.graph_module = gm
+    record.op_count = output.op_count()
+    record.backend_seconds = seconds
+    if graph_log.isEnabledFor(logging.INFO):
+        graph_log.info("graph %s of %s (%s:%d), %d ops:\n%s", name, log_name(code),
+                       code.co_filename, code.co_firstlineno, record.op_count,
+                       readable_graph(gm))
+    if output_code_log.isEnabledFor(logging.INFO):
+        _log_output_code(name, gm, compiled)
+    graph_fn = _C.Unhooked(compiled)
+    graph_fn.__name__ = name
+    new_code = fill_graph_slot(new_code, slot, graph_fn)
+    # Also a global of that name, for people and tools reading the module (the
+    # code does not load it from there).
+    func.__globals__[name] = graph_fn
+    _installed_globals.append((func.__globals__, name))
+    graph_modules[name] = gm
     return new_code
 
 
