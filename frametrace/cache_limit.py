@@ -73,7 +73,7 @@ def warn(code, n_entries: int, reasons):
 
 def _user_stacklevel() -> int:
     """warnings.warn's stacklevel, from its caller, of the first frame in user code."""
-    from .convert import is_skipped_file
+    from .convert import is_skipped_file  # (lazy: import cycle, to break)
     level, frame = 1, sys._getframe(1)      # (level 1: our caller, which calls warn)
     while frame is not None and is_skipped_file(frame.f_code.co_filename):
         frame = frame.f_back

@@ -43,7 +43,7 @@ class _Line:
     """What the status shows, computed at each refresh (the elapsed time moves)."""
 
     def __init__(self, status):
-        from rich.spinner import Spinner
+        from rich.spinner import Spinner  # (optional dependency)
         self.status = status
         self.spinner = Spinner("dots", style="cyan")
         self.described = {}
@@ -56,7 +56,7 @@ class _Line:
         if key not in self.described:
             self.described = {key: _describe(session.kind, session.what)}
         seconds = time.perf_counter() - session.t0
-        from rich.text import Text
+        from rich.text import Text  # (optional dependency)
         # (one line, whatever the terminal's width: a wrapped line would not be erased whole)
         self.spinner.update(text=Text(f"frametrace: compiling {self.described[key]} — "
                                       f"{session.phase} · {seconds:.0f} s"))
@@ -140,8 +140,8 @@ class TerminalStatus:
 
 
 def _start(status, stream):
-    from rich.console import Console
-    from rich.live import Live
+    from rich.console import Console  # (optional dependency)
+    from rich.live import Live  # (optional dependency)
     console = Console(file=stream)
     # (no redirection of sys.stdout/sys.stderr: a compile prints nothing of the user's,
     # and a program's stdout may be a pipe while stderr is the terminal)

@@ -58,11 +58,11 @@ class ExplainOutput:
         self.compile_times = [r.compile_seconds for r in records]
 
     def __rich__(self):
-        from rich.console import Group
-        from rich.panel import Panel
-        from rich.syntax import Syntax
-        from rich.table import Table
-        from rich.text import Text
+        from rich.console import Group  # (optional dependency)
+        from rich.panel import Panel  # (optional dependency)
+        from rich.syntax import Syntax  # (optional dependency)
+        from rich.table import Table  # (optional dependency)
+        from rich.text import Text  # (optional dependency)
         parts = []
         summary = Table.grid(padding=(0, 2))
         summary.add_row("graphs", str(self.graph_count))
@@ -93,7 +93,7 @@ class ExplainOutput:
         return Group(*parts)
 
     def __str__(self):
-        from rich.console import Console
+        from rich.console import Console  # (optional dependency)
         buffer = io.StringIO()
         # (rich's own guess of the width looks at the buffer, which is no terminal)
         Console(file=buffer, width=output_width(sys.stdout), color_system=None,
@@ -127,7 +127,7 @@ def break_text(heading: str, reason: str, user_stack, hint=None):
     """A graph break (or a frame run in CPython) for people: the heading, the reason,
     the hint if there is one, then each user frame's file, line and source line,
     innermost last."""
-    from rich.text import Text
+    from rich.text import Text  # (optional dependency)
     text = Text()
     text.append(heading, style="bold red")
     text.append(f": {reason}\n")

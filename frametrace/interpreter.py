@@ -100,7 +100,7 @@ class InstructionTranslator:
         self.take_generator_frame = False   # the next generator called here is driven by
         #                                     its caller (contexts.GeneratorContextVar)
         if parent is None:
-            from .resume import opaque_locals
+            from .resume import opaque_locals  # (lazy: a layer above, to remove)
             opaque = opaque_locals(code)
             for name, value in zip(code.co_varnames, args):
                 if not (name.startswith("___result") or name in opaque) or not is_data(value):
@@ -268,7 +268,7 @@ class InstructionTranslator:
         """What locals() returns here: a new dict of the bound locals, cells and free
         variables in CPython's order (the slots of the frame).  A resume frame answers
         with its original's names: its ___stackN/___resultN parameters are ours."""
-        from .resume import original_code
+        from .resume import original_code  # (lazy: a layer above, to remove)
         code = original_code(self.code)
         names = list(code.co_varnames)
         names += [n for n in code.co_cellvars if n not in names]

@@ -220,7 +220,7 @@ def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
     `finish_outputs`); with ``single_output`` the graph returns its one output bare,
     not in a tuple (while_loop's cond_fn).  Outputs that share memory with an input are refused unless
     `allow_aliasing` (torch's control-flow ops raise on them)."""
-    from .interpreter import InstructionTranslator
+    from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
     outer = tx.output
     sub = SubgraphOutput(outer)
     if reparametrized is not None:
@@ -366,11 +366,11 @@ class StateSnapshot:
             todo.extend(children)
 
     def _walks(self, obj) -> bool:
-        from .interpreter import InstructionTranslator
+        from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
         return isinstance(obj, (Var, Cell, list, tuple, dict, set, InstructionTranslator, SideEffects))
 
     def _children(self, obj) -> tuple:
-        from .interpreter import InstructionTranslator
+        from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
         if isinstance(obj, (list, tuple, set)):
             return tuple(obj)
         if isinstance(obj, dict):
@@ -416,7 +416,7 @@ _MISSING = object()
 
 
 def _describe(obj) -> str:
-    from .interpreter import InstructionTranslator
+    from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
     if isinstance(obj, InstructionTranslator):
         return f"a variable of {obj.code.co_name}"
     if isinstance(obj, Var):

@@ -31,8 +31,8 @@ def _table(original, transformed, title, notes=None, wide=False):
     its instructions, which wrap where they are too long.  `wide`: for output no
     terminal shows (a pipe, a file): the source in a column of its own, every column as
     wide as its longest cell, nothing wrapped or cut."""
-    from rich.table import Table
-    from rich.text import Text
+    from rich.table import Table  # (optional dependency)
+    from rich.text import Text  # (optional dependency)
     table = Table(title=title, title_justify="left", expand=not wide, show_lines=False,
                   show_edge=False, pad_edge=False)
     table.add_column("line", justify="right", style="dim", no_wrap=True)
@@ -81,9 +81,9 @@ def frame_renderables(code, seen=None, notes=None, wide=False):
     """Rich renderables for every compiled entry of `code` and its resume functions.
     `notes`: {code: {line: [text]}}, shown at their line (the graph breaks); `wide`:
     see `_table`."""
-    from rich.panel import Panel
-    from rich.syntax import Syntax
-    from rich.text import Text
+    from rich.panel import Panel  # (optional dependency)
+    from rich.syntax import Syntax  # (optional dependency)
+    from rich.text import Text  # (optional dependency)
     seen = set() if seen is None else seen
     if id(code) in seen:
         return []
@@ -133,7 +133,7 @@ def _target_code(fn):
 def make_console(color=None, file=None, width=None):
     """A console for `file`: colored on a terminal (or with color=True), as wide as the
     terminal there; elsewhere (a pipe, a file) wide enough that no line is cut."""
-    from rich.console import Console
+    from rich.console import Console  # (optional dependency)
     file = file or sys.stdout
     if color is None:
         color = is_terminal(file)

@@ -13,7 +13,7 @@ from . import register_backend
 
 
 def _boxed_forward(gm, example_inputs):
-    from functorch.compile import make_boxed_func
+    from functorch.compile import make_boxed_func  # (lazy: start-up time)
     return make_boxed_func(gm.forward)
 
 
@@ -123,8 +123,8 @@ def aot_eager_decomp_partition(gm, example_inputs):
     """aot_eager with ATen decompositions and the min-cut partitioner (what inductor's
     AOTAutograd stage does), both halves still run eagerly: tells AOTAutograd problems
     from code generation problems."""
-    from functorch.compile import min_cut_rematerialization_partition
-    from torch._functorch.aot_autograd import aot_module_simplified
+    from functorch.compile import min_cut_rematerialization_partition  # (lazy: start-up time)
+    from torch._functorch.aot_autograd import aot_module_simplified  # (lazy: start-up time)
     return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
                                  bw_compiler=_boxed_forward,
                                  decompositions=core_aten_decompositions(),

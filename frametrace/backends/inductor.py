@@ -5,7 +5,7 @@ from . import register_backend
 
 @register_backend("inductor")
 def inductor(gm, example_inputs, mode=None, options=None):
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor import list_mode_options  # (lazy: start-up time)
+    from torch._inductor.compile_fx import compile_fx  # (lazy: start-up time)
     patches = {**(list_mode_options(mode) if mode not in (None, "default") else {}), **(options or {})}
     return compile_fx(gm, example_inputs, config_patches=patches or None)

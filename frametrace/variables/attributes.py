@@ -96,7 +96,7 @@ class InstanceAttrs(AttrDeleting):
     def hooked_attr(self, tx, name, getattribute):
         """``obj.name`` for a class with its own __getattribute__ (written in Python):
         the hook inlined; its super().__getattribute__ is `generic_getattr`."""
-        from .exceptions import caught
+        from .exceptions import caught  # (lazy: import cycle, to break)
         try:
             return UserFunctionVar(getattribute).call(tx, [self, ConstVar(name)], {})
         except Unsupported as e:
@@ -157,7 +157,7 @@ class InstanceAttrs(AttrDeleting):
             unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
         tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
         _guard_class_attr(tx, cls, name, None)
-        from .exceptions import raise_builtin
+        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
     # -- writing --
@@ -197,7 +197,7 @@ def class_value_var(tx, cls, name, attr):
     items, a dict's keys) is guarded there, and what it writes into it is written
     back there.  (Without a source, a class-level registry's contents went unguarded
     and its appends were lost.)"""
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     try:
         plain = getattr(type(attr), "__get__", None) is None and \
             type.__getattribute__(cls, name) is attr if isinstance(cls, type) else False
@@ -221,7 +221,7 @@ def plain_class_of(tx, var):
     __getattribute__ of its own, no `__class__` property): its type, as the trace has
     it.  None: the read goes through the attribute protocol (the hook runs, as in
     CPython, once per read)."""
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     if isinstance(var, InstanceAttrs):
         cls = var.instance_class()
         if class_read_runs_code(var):
@@ -247,12 +247,12 @@ def _guard_class_attr(tx, cls, name, attr):
 
 
 def _descriptor_var(tx, attr, cls, name):
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, attr, ConstSource(attr, f"{cls.__qualname__}.{name}"))
 
 
 def _descriptor_get(tx, obj, cls, name, attr):
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     if isinstance(attr, property):
         if not isinstance(attr.fget, types.FunctionType):
             unsupported(f"property {name!r} of {cls.__name__} has no Python getter")
@@ -290,7 +290,7 @@ def _descriptor_set(tx, obj, cls, name, attr, value):
 
 def _class_attr(tx, obj, cls, name, attr):
     """A class attribute no instance attribute shadows: methods bind, descriptors run."""
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     if isinstance(attr, types.FunctionType):
         return BoundMethodVar(UserFunctionVar(attr), obj)
     if isinstance(attr, classmethod):

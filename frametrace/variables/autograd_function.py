@@ -37,7 +37,7 @@ def autograd_function_apply_var(tx, value, source, guards):
     if getattr(value, "__func__", None) is not _APPLY or not isinstance(cls, type) or \
             not issubclass(cls, torch.autograd.Function):
         return None
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     if guards is not None:
         guards.identity(AttrSource(source, "__func__"), _APPLY)
     cls_var = wrap(tx, cls, AttrSource(source, "__self__") if source is not None else None,

@@ -142,7 +142,7 @@ class CollectionVar(Var):
 
     def getattr(self, tx, name):
         if callable(getattr(self.python_type(), name, None)):
-            from .objects import MethodVar
+            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of {self.python_type().__name__}")
 

@@ -41,7 +41,7 @@ class BuiltinVar(ObjectVar):
     def call(self, tx, args, kwargs):
         fn = self.value
         if isinstance(fn, type) and issubclass(fn, BaseException):
-            from .exceptions import construct_exception
+            from .exceptions import construct_exception  # (lazy: import cycle, to break)
             return construct_exception(tx, fn, args, kwargs)
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
@@ -344,7 +344,7 @@ _DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
 def _private(tx, container) -> bool:
     """A list that a graph break made for its resume function, to iterate (a
     parameter of it that only the loop's iterator reads)."""
-    from ..resume import private_lists
+    from ..resume import private_lists  # (lazy: a layer above, to remove)
     source = container.source
     return isinstance(source, LocalSource) and source.local in private_lists(tx.root.code)
 
@@ -383,7 +383,7 @@ def var_iter(tx, v: Var):
     CPython's iter() would be); iterators are consumed lazily."""
     if isinstance(v, IteratorVar):
         return _drain(v)
-    from .subclasses import is_user_container
+    from .subclasses import is_user_container  # (lazy: import cycle, to break)
     if is_user_container(v) and v._user_method(tx, "__iter__") is None:
         # The builtin base's iterator: live, as for a plain container.
         if isinstance(v, SetVar):
@@ -403,7 +403,7 @@ def var_iter(tx, v: Var):
         return v.iter_items(tx)
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
-    from .exceptions import user_iterator
+    from .exceptions import user_iterator  # (lazy: import cycle, to break)
     items = user_iterator(tx, v)
     if items is not None:
         return items
@@ -429,7 +429,7 @@ def _drain(it: IteratorVar):
 def _next_or_fail(it):
     v = it.next()
     if v is None:
-        from .exceptions import raise_builtin
+        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(StopIteration)
     return v
 
@@ -583,7 +583,7 @@ class SetVar(DictVar):
         else:
             real_args = [self._as_real(tx, a, new_members) for a in args]
         if name in self._MUTATING and self.kind is set:
-            from .exceptions import raise_builtin
+            from .exceptions import raise_builtin  # (lazy: import cycle, to break)
             if name == "remove" and real_args and real_args[0] not in self.real:
                 if not args[0].is_const():
                     unsupported("set.remove of a missing member (KeyError)")
@@ -668,7 +668,7 @@ def as_set_var(v: Var):
 def never_equal_to_set(v: Var) -> bool:
     """Values whose == with a set is False with no code of the program run (neither side
     knows the other: both __eq__ return NotImplemented, then identity decides)."""
-    from .subclasses import is_user_container
+    from .subclasses import is_user_container  # (lazy: import cycle, to break)
     if is_user_container(v):
         return False
     return isinstance(v, (ConstVar, TupleVar, ListVar, DictViewVar)) or \
@@ -676,13 +676,13 @@ def never_equal_to_set(v: Var) -> bool:
 
 
 def _identity_hashed(cls) -> bool:
-    from .modules import _class_lookup
+    from .modules import _class_lookup  # (lazy: import cycle, to break)
     return _class_lookup(cls, "__hash__") is object.__hash__ and \
         _class_lookup(cls, "__eq__") is object.__eq__
 
 
 def _order_unknown(member: Var) -> bool:
-    from .user_objects import NewObjectVar, UserObjectVar
+    from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     return isinstance(member, (TensorVar, NewObjectVar, UserObjectVar))
 
 
@@ -696,17 +696,17 @@ def set_key(v: Var):
         except TypeError as e:
             from .exceptions import raise_folded
             raise_folded(e, f"unhashable set member {k!r}")
-        from .containers import has_nan
+        from .containers import has_nan  # (lazy: import cycle, to break)
         if has_nan(k):
             # A set or dict finds a NaN only by identity: the trace's answer would be
             # the traced objects', and which NaN object the program holds is not guarded.
             unsupported("a set member or dict key holding a NaN (found only by identity)")
         return k
-    from .functions import UserFunctionVar
-    from .modules import NNModuleVar
-    from .user_objects import NewObjectVar, UserObjectVar
+    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
+    from .modules import NNModuleVar  # (lazy: import cycle, to break)
+    from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
-        from .tensor_facts import hashed
+        from .tensor_facts import hashed  # (lazy: import cycle, to break)
         return hashed(v.example)    # one FakeTensor per tensor; a tensor hashes by identity
     if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
         return v                # one Var per object made in the frame
@@ -732,7 +732,7 @@ def _len(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
         if isinstance(args[0], TensorVar) and args[0].example.dim():
             return tx.output.size_of(args[0]).items[0]     # may stay symbolic
-        from .numpy import NdarrayVar
+        from .numpy import NdarrayVar  # (lazy: import cycle, to break)
         if isinstance(args[0], NdarrayVar) and not args[0].scalar and args[0].base.example.dim():
             return tx.output.size_of(args[0].base).items[0]
         return ConstVar(args[0].length(tx))
@@ -779,7 +779,7 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     if not isinstance(obj, TensorVar) and _instance_dependent(cls):
         unsupported(f"isinstance with {getattr(cls, '__qualname__', cls)!r}, whose metaclass "
                     "looks at the instance")
-    from .attributes import InstanceAttrs, class_read_runs_code
+    from .attributes import InstanceAttrs, class_read_runs_code  # (lazy: import cycle, to break)
     asks_class = isinstance(obj, InstanceAttrs) and (isinstance(cls, abc.ABCMeta) or not _class_covers(t, cls))
     if asks_class and class_read_runs_code(obj):
         # CPython asks the object for its __class__ here (ABCMeta always), through the
@@ -831,7 +831,7 @@ def _user_meta_method(tx, cls, name):
     """`name` of cls's metaclass when it is a Python function from user code (library
     metaclasses, ABCMeta and torch's, are answered on the real classes).  Guarded: a
     metaclass is a class like any other."""
-    from .modules import class_attr
+    from .modules import class_attr  # (lazy: import cycle, to break)
     meta = type(cls)
     if meta is type:
         return None
@@ -845,7 +845,7 @@ def _user_meta_method(tx, cls, name):
 
 
 def _call_meta_method(tx, fn, cls_var, cls, arg) -> bool:
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     if not isinstance(cls_var, ObjectVar) or cls_var.value is not cls:
         cls_var = ObjectVar(cls)
     return wrap(tx, fn, None, guard=False).call(tx, [cls_var, arg], {}).truth(tx)
@@ -1071,7 +1071,7 @@ _CALLABLE_ITERATOR = type(iter(int, 0))
 def _call_until(tx, fn, sentinel):
     """iter(fn, sentinel): calls fn lazily, one call per item, until it returns
     something equal to the sentinel (CPython compares with ==, sentinel on the left)."""
-    from .operators import binary_op
+    from .operators import binary_op  # (lazy: import cycle, to break)
 
     def gen():
         while True:
@@ -1111,13 +1111,13 @@ def _next(tx, args, kwargs):
         return None
     it = args[0]
     if not isinstance(it, IteratorVar):
-        from .exceptions import user_next
+        from .exceptions import user_next  # (lazy: import cycle, to break)
         return user_next(tx, it, args[1] if len(args) == 2 else None)
     v = it.next()
     if v is None:
         if len(args) == 2:
             return args[1]
-        from .exceptions import raise_builtin
+        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(StopIteration)
     return v
 
@@ -1187,7 +1187,7 @@ def _min_max(pick):
 
 
 def _sum(tx, args, kwargs):
-    from .operators import binary_op
+    from .operators import binary_op  # (lazy: import cycle, to break)
     if len(args) not in (1, 2) or set(kwargs) - {"start"}:
         return None
     acc = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))
@@ -1212,7 +1212,7 @@ def _any_all(want):
 def _abs(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], TensorVar):
         return tx.output.call("call_function", operator.abs, (args[0],), {})
-    from .numpy import NdarrayVar, numpy_unary_op
+    from .numpy import NdarrayVar, numpy_unary_op  # (lazy: import cycle, to break)
     if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
         return numpy_unary_op(tx, operator.abs, args[0])
 
@@ -1223,7 +1223,7 @@ def _round(tx, args, kwargs):
 
 
 def _pow(tx, args, kwargs):
-    from .numpy import NdarrayVar, numpy_binary_op
+    from .numpy import NdarrayVar, numpy_binary_op  # (lazy: import cycle, to break)
     if len(args) == 2 and not kwargs and any(isinstance(a, NdarrayVar) for a in args):
         return numpy_binary_op(tx, operator.pow, *args)
     if len(args) == 2 and not kwargs and any(isinstance(a, TensorVar) for a in args):
@@ -1239,7 +1239,7 @@ def _data_conversion(kind):
             return args[0].call_method(tx, f"__{kind.__name__}__", [], {})
         if len(args) == 1 and isinstance(args[0], TensorVar):
             unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
-        from .numpy import NdarrayVar
+        from .numpy import NdarrayVar  # (lazy: import cycle, to break)
         if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
             return args[0].convert(tx, kind)
         if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVar) and kind in _SYM_CONVERSIONS:
@@ -1251,7 +1251,7 @@ def _data_conversion(kind):
         if kind is str and len(args) == 1 and hasattr(args[0], "str_of"):
             return args[0].str_of(tx, str)
         if kind is str and len(args) == 1 and not kwargs:
-            from .subclasses import container_format
+            from .subclasses import container_format  # (lazy: import cycle, to break)
             text = container_format(tx, args[0], "str")
             if text is not None:
                 return ConstVar(text)
@@ -1260,7 +1260,7 @@ def _data_conversion(kind):
 
 def _repr(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
-        from .subclasses import container_format
+        from .subclasses import container_format  # (lazy: import cycle, to break)
         text = container_format(tx, args[0], "repr")
         if text is not None:
             return ConstVar(text)
@@ -1284,8 +1284,8 @@ def _getattr(tx, args, kwargs):
         return obj.getattr(tx, name)
     if present is False:
         return args[2]
-    from .base import Unsupported
-    from .exceptions import TracedRaise, caught
+    from .base import Unsupported  # (lazy: import cycle, to break)
+    from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
     try:
         return obj.getattr(tx, name)
     except Unsupported as e:
@@ -1299,8 +1299,8 @@ def _getattr(tx, args, kwargs):
 def _has_attr(tx, obj, name):
     """Whether `obj` has attribute `name`: True, False, or None (cannot tell).  A
     guard keeps the answer for objects from the frame."""
-    from .modules import NNModuleVar, _class_lookup
-    from .user_objects import DataclassVar, UserObjectVar
+    from .modules import NNModuleVar, _class_lookup  # (lazy: import cycle, to break)
+    from .user_objects import DataclassVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
         if isinstance(_class_lookup(type(value), "__getattribute__"), types.FunctionType):
@@ -1316,7 +1316,7 @@ def _has_attr(tx, obj, name):
             return found
         written = tx.side_effects.load_attr(value, name)
         if written is not None:
-            from .user_objects import DELETED
+            from .user_objects import DELETED  # (lazy: import cycle, to break)
             return written is not DELETED
         d = getattr(value, "__dict__", {})
         cls = obj.instance_class() if isinstance(obj, UserObjectVar) else type(value)
@@ -1336,7 +1336,7 @@ def _has_attr(tx, obj, name):
                 tx.guards.class_attr(cls, hook, _class_lookup(cls, hook))
             _guard_hasattr(tx, obj.source, name, found)
         return found
-    from .subclasses import is_user_container
+    from .subclasses import is_user_container  # (lazy: import cycle, to break)
     if is_user_container(obj):
         # Its own attributes are all known (the names in an outside one's __dict__ are
         # guarded); the class's, guarded as classes are.
@@ -1346,7 +1346,7 @@ def _has_attr(tx, obj, name):
         return None if _class_lookup(obj.cls, "__getattr__") is not None else False
     if isinstance(obj, PartialVar):
         return _partial_has_attr(tx, obj, name)
-    from .user_objects import NewObjectVar, new_object_hasattr
+    from .user_objects import NewObjectVar, new_object_hasattr  # (lazy: import cycle, to break)
     if isinstance(obj, NewObjectVar):
         return new_object_hasattr(tx, obj, name)
     if isinstance(obj, NestedFunctionVar):
@@ -1354,18 +1354,18 @@ def _has_attr(tx, obj, name):
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
-        from .modules import class_attr
+        from .modules import class_attr  # (lazy: import cycle, to break)
         return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
         if isinstance(obj.value, type):
-            from .objects import _refuse_metaclass_hook
+            from .objects import _refuse_metaclass_hook  # (lazy: import cycle, to break)
             _refuse_metaclass_hook(obj.value, name)     # (hasattr would run it, here and in the guard)
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
             _guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
-        from .tensor_attrs import has_python_attr
+        from .tensor_attrs import has_python_attr  # (lazy: import cycle, to break)
         return has_python_attr(tx, obj, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:
@@ -1399,7 +1399,7 @@ def _has_attr_of_new_class(tx, obj, d, cls, name):
     """_has_attr for an object whose __class__ the frame assigned: the class the trace
     has answers (its lookups guarded), and the instance dict, guarded on its own (a
     hasattr guard would ask the class the object has when the frame starts)."""
-    from .modules import class_attr
+    from .modules import class_attr  # (lazy: import cycle, to break)
     if class_attr(tx, cls, name) is not None:
         return True
     if name in d or obj.source is None:
@@ -1422,8 +1422,8 @@ def _hasattr(tx, args, kwargs):
     obj, name = args[0], args[1].as_const()
     present = _has_attr(tx, obj, name)
     if present is None:
-        from .base import Unsupported
-        from .exceptions import TracedRaise, caught
+        from .base import Unsupported  # (lazy: import cycle, to break)
+        from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
         try:
             obj.getattr(tx, name)
             return ConstVar(True)
@@ -1438,12 +1438,12 @@ def _hasattr(tx, args, kwargs):
 
 def _globals(tx, args, kwargs):
     if not args and not kwargs:
-        from .objects import namespace_var
+        from .objects import namespace_var  # (lazy: import cycle, to break)
         return namespace_var(tx, tx.f_globals)
 
 
 def _vars(tx, args, kwargs):
-    from .attributes import InstanceAttrs
+    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
     if not args and not kwargs:
         return tx.frame_locals()              # vars() is locals()
     if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
@@ -1459,7 +1459,7 @@ def _setattr(tx, args, kwargs):
 
 
 def _delattr(tx, args, kwargs):
-    from .attributes import InstanceAttrs
+    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
     if len(args) == 2 and not kwargs and args[1].is_const() and isinstance(args[0], InstanceAttrs):
         args[0].delattr(tx, args[1].as_const())
         return ConstVar(None)
@@ -1467,7 +1467,7 @@ def _delattr(tx, args, kwargs):
 
 def _type(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         return wrap(tx, _python_type_of(tx, args[0]), None, guard=False)
 
 
@@ -1479,6 +1479,7 @@ def _super(tx, args, kwargs):
 
 
 def _callable(tx, args, kwargs):
+    # (lazy: import cycle, to break)
     from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
     if len(args) == 1:
         v = args[0]

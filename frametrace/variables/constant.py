@@ -50,10 +50,10 @@ class ConstVar(ValueVar):
             except AttributeError:
                 unsupported(f"{type(value).__name__} has no attribute {name!r}")
             if callable(attr):
-                from .objects import MethodVar
+                from .objects import MethodVar  # (lazy: import cycle, to break)
                 return MethodVar(self, name)
             return ConstVar(attr)
-        from .objects import MethodVar
+        from .objects import MethodVar  # (lazy: import cycle, to break)
         if any(isinstance(value, t) and name in names for t, names in _PURE_METHODS.items()) or \
                 name == "__iter__" and isinstance(value, (str, bytes, tuple, range, torch.Size)):
             return MethodVar(self, name)
@@ -63,7 +63,7 @@ class ConstVar(ValueVar):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__iter__" and not args and not kwargs:
-            from .builtins import iter_of
+            from .builtins import iter_of  # (lazy: import cycle, to break)
             return iter_of(tx, self)       # a traced iterator, not the real one
         if name == "join" and isinstance(self.value, (str, bytes)) and len(args) == 1 and \
                 not kwargs and not args[0].is_const():

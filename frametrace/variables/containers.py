@@ -50,7 +50,7 @@ class _SequenceVar(CollectionVar):
     def call_method(self, tx, name, args, kwargs):
         if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const() and \
                 not any(has_nan(a.as_const()) for a in (*args, *self.items)):
-            from .objects import fold_call
+            from .objects import fold_call  # (lazy: import cycle, to break)
             return fold_call(getattr(self.as_const(), name), args, kwargs, f"{self.kind.__name__}.{name}")
         if name == "index" and 1 <= len(args) <= 3 and not kwargs:
             # start and stop clip as a slice does; the index found is in the whole list.
@@ -90,8 +90,8 @@ class _SequenceVar(CollectionVar):
 
 def _matches(tx, v, item) -> bool:
     """``v is item or v == item`` (a list's comparison), when the trace can tell."""
-    from .operators import is_same
-    from .base import Unsupported
+    from .operators import is_same  # (lazy: import cycle, to break)
+    from .base import Unsupported  # (lazy: import cycle, to break)
     if v is not item and v.is_const() and item.is_const():
         a, b = v.as_const(), item.as_const()
         if has_nan(a) or has_nan(b):
@@ -113,7 +113,7 @@ def _find(tx, items, item, error):
     for i, v in enumerate(items):
         if _matches(tx, v, item):
             return i
-    from .exceptions import raise_builtin
+    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     raise_builtin(ValueError, error)
 
 
@@ -171,12 +171,12 @@ class NamedTupleVar(TupleVar):
         if name == "_fields":
             return ConstVar(self.fields)
         if name in ("_replace", "_asdict") and hasattr(self.cls, name):
-            from .objects import MethodVar
+            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
 
     def setattr(self, tx, name, value):
-        from .modules import class_attr
+        from .modules import class_attr  # (lazy: import cycle, to break)
         cls = self.cls
         if self.source is not None or cls is None or not cls.__dictoffset__ or \
                 class_attr(tx, cls, name) is not None or \
@@ -258,7 +258,7 @@ class ListVar(_SequenceVar):
             return ConstVar(None)
         if name == "pop" and len(args) <= 1:
             if not self.items or args and not -len(self.items) <= args[0].as_const() < len(self.items):
-                from .exceptions import raise_builtin
+                from .exceptions import raise_builtin  # (lazy: import cycle, to break)
                 raise_builtin(IndexError, "pop index out of range" if self.items else "pop from empty list")
             self._check_mutable(tx)
             return self.items.pop(*(a.as_const() for a in args))
@@ -278,7 +278,7 @@ class ListVar(_SequenceVar):
             del self.items[i]
             return ConstVar(None)
         if name == "sort" and not args and set(kwargs) <= {"key", "reverse"}:
-            from .builtins import _sorted
+            from .builtins import _sorted  # (lazy: import cycle, to break)
             ordered = _sorted(tx, [ListVar(self.items)], kwargs)
             self._check_mutable(tx)
             self.items[:] = ordered.items
@@ -390,7 +390,7 @@ class DictVar(CollectionVar):
         return tx
 
     def _wrap_item(self, tx, k, v):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         return wrap(tx, v, GetItemSource(self.source, k))
 
     @property
@@ -467,7 +467,7 @@ class DictVar(CollectionVar):
         got = self.lookup(_dict_key(key), _ABSENT)
         if got is not _ABSENT:
             return got
-        from .exceptions import raise_builtin
+        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(KeyError, key.as_const())
 
     def setitem(self, tx, key, value):
@@ -492,7 +492,7 @@ class DictVar(CollectionVar):
         if name == "pop" and 1 <= len(args) <= 2:
             key = _dict_key(args[0])
             if key not in self.items and len(args) == 1:
-                from .exceptions import raise_builtin
+                from .exceptions import raise_builtin  # (lazy: import cycle, to break)
                 raise_builtin(KeyError, key)
             self._mutating(tx)
             return self.items.pop(key) if key in self.items else args[1]
@@ -618,7 +618,7 @@ class DictViewVar(Var):
 
     def getattr(self, tx, name):
         if name in ("__len__", "__iter__", "__contains__", "isdisjoint", "mapping"):
-            from .objects import MethodVar
+            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of dict.{self.kind}()")
 
@@ -640,7 +640,7 @@ class DictViewVar(Var):
 
 
 def _is_set(v) -> bool:
-    from .builtins import SetVar
+    from .builtins import SetVar  # (lazy: import cycle, to break)
     return isinstance(v, SetVar)
 
 
@@ -746,7 +746,7 @@ def has_var_keys(items: dict) -> bool:
 def _dict_key(v):
     """What stands for `v` among a dict's keys: the constant, or a VarKey for a value
     hashed by identity."""
-    from .builtins import set_key
+    from .builtins import set_key  # (lazy: import cycle, to break)
     k = set_key(v)      # (a NaN is a break there)
     return k if v.is_const() else VarKey(k, v)
 

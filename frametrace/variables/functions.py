@@ -139,14 +139,15 @@ class UserFunctionVar(Var):
         if fn in TRACE_TIME_EVALUATED:
             return _evaluate_now(tx, fn, args, kwargs)
         if fn in _MODULE_CALLS and args:
-            from .modules import NNModuleVar
+            from .modules import NNModuleVar  # (lazy: import cycle, to break)
             if isinstance(args[0], NNModuleVar):
                 # nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`):
                 # what calling the module does, hooks included.
                 return args[0].module_call(tx, args[1:], kwargs)
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
-            from .user_objects import deepcopy_var
+            from .user_objects import deepcopy_var  # (lazy: import cycle, to break)
             return deepcopy_var(tx, args[0], {})
+        # (lazy: import cycle, to break)
         from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
         made = trace_time_call(tx, fn, args, kwargs)
         if made is not None:
@@ -160,7 +161,7 @@ class UserFunctionVar(Var):
         grad_decorated = _grad_mode_decorator(fn)
         if grad_decorated is not None:
             mode, inner = grad_decorated
-            from .contexts import GradModeDecoratedVar
+            from .contexts import GradModeDecoratedVar  # (lazy: import cycle, to break)
             return GradModeDecoratedVar(mode, UserFunctionVar(inner)).call(tx, args, kwargs)
         anchor = self.source if self.source is not None and fn.__closure__ else \
             ConstSource(fn, fn.__qualname__)
@@ -177,9 +178,9 @@ class UserFunctionVar(Var):
                               fn.__qualname__)
 
     def getattr(self, tx, name):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         if name == "__get__" and "__get__" not in getattr(self.fn, "__dict__", {}):
-            from .objects import MethodVar
+            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         try:
             value = getattr(self.fn, name)
@@ -214,8 +215,8 @@ class UserFunctionVar(Var):
 
 
 def _default(tx, value, source, in_fixed_tuple):
-    from .builder import wrap
-    from .constant import is_constant_value
+    from .builder import wrap  # (lazy: import cycle, to break)
+    from .constant import is_constant_value  # (lazy: import cycle, to break)
     if in_fixed_tuple and is_constant_value(value):
         # The defaults tuple is guarded by identity, and a tuple cannot change.
         return ConstVar(value, source)
@@ -297,7 +298,7 @@ class NestedFunctionVar(Var):
         if name == "__module__":
             return ConstVar(self.f_globals.get("__name__"))
         if name == "__code__":
-            from .objects import ObjectVar
+            from .objects import ObjectVar  # (lazy: import cycle, to break)
             return ObjectVar(self.code)
         if name == "__defaults__":
             return TupleVar(list(self.defaults)) if self.defaults else ConstVar(None)
@@ -492,7 +493,7 @@ TRACE_TIME_EVALUATED = {inspect.signature, inspect.getfullargspec, inspect.iscla
 
 
 def _evaluate_now(tx, fn, args, kwargs):
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     real = []
     for a in args:
         value = _real_value(a)
@@ -554,7 +555,7 @@ _MODULE_CALLS = _module_calls()
 
 
 def _immutable(value) -> bool:
-    from .constant import is_constant_value
+    from .constant import is_constant_value  # (lazy: import cycle, to break)
     if type(value) is tuple:
         return all(map(_immutable, value))
     return is_constant_value(value)
@@ -564,7 +565,7 @@ def _pinned_arg(tx, fn, arg):
     """An object argument of a cached call (``logger.warning_once(msg)``'s logger): the
     cache keys it by its hash, so the object itself is guarded by identity and the
     guard's call names it as a constant.  Only objects the trace did not change."""
-    from .tensor import TensorVar
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     obj = getattr(arg, "value", None)
     if arg.source is None or obj is None or isinstance(arg, TensorVar) or \
             type(obj).__hash__ is not object.__hash__ or tx.side_effects.has_attr_writes(obj):
@@ -579,7 +580,7 @@ def cached_call(tx, fn_var, args, kwargs):
     calls it again (a cache hit, unless someone cleared the cache), so a changed answer
     recompiles.  Only immutable constant answers: a cached list is one object shared
     by every caller, which a Var could not follow."""
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     fn = fn_var.value
     if kwargs:
         unsupported(f"calling {fn.__qualname__} (lru_cache) with keyword arguments")

@@ -365,7 +365,7 @@ class LoggerMethodVar(Var):
 
 
 def _read(tx, logger_var, name, args, kwargs):
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     consts = [_const(a, f"Logger.{name}()", "level") for a in args]
     if kwargs or (name == "isEnabledFor" and (len(consts) != 1 or type(consts[0]) is not int)) or \
             (name == "getEffectiveLevel" and consts):

@@ -42,8 +42,8 @@ from .fx_values import to_fake
 def _tnp():
     """torch._numpy, with NumPy's default dtypes set first: left unset, it reads them
     from torch._dynamo's config (an import we must not make)."""
-    import torch._numpy as tnp
-    from torch._numpy import _dtypes_impl
+    import torch._numpy as tnp  # (lazy: start-up time)
+    from torch._numpy import _dtypes_impl  # (lazy: start-up time)
     if _dtypes_impl._default_dtypes is None:
         _dtypes_impl._default_dtypes = _dtypes_impl.DefaultDTypes(
             float_dtype=torch.float64, complex_dtype=torch.complex128, int_dtype=torch.int64)
@@ -240,7 +240,7 @@ _ZERO_D_ARRAY = {"array", "asarray", "asanyarray", "copy", "where", "reshape", "
 
 @functools.lru_cache(maxsize=1)
 def _ufunc_names():
-    from torch._numpy import _ufuncs
+    from torch._numpy import _ufuncs  # (lazy: start-up time)
     return set(_ufuncs._binary) | set(_ufuncs._unary)
 
 
@@ -300,7 +300,7 @@ class NdarrayVar(Var):
         if name in ("size", "nbytes"):
             n = tx.output.size_of(t).call_method(tx, "numel", [], {})
             if name == "nbytes":
-                from .operators import binary_op
+                from .operators import binary_op  # (lazy: import cycle, to break)
                 n = binary_op(tx, operator.mul, n, ConstVar(self.dtype.itemsize))
             return n
         if name == "imag" and not t.example.is_complex():
@@ -1034,7 +1034,7 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
         if isinstance(other, NumpyScalarVar) and isinstance(other.value, (np.integer, np.floating)):
             # torch takes a NumPy number as the Python number it equals (a weak scalar)
             value = ConstVar(int(other.value) if isinstance(other.value, np.integer) else float(other.value))
-            from .operators import binary_op
+            from .operators import binary_op  # (lazy: import cycle, to break)
             return binary_op(tx, fn, *((a, value) if other is b else (value, b)))
         unsupported(f"{fn.__name__} between a tensor and an ndarray")
     if not isinstance(a, NdarrayVar) and not isinstance(b, NdarrayVar):
@@ -1048,7 +1048,7 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
     inplace = fn.__name__.startswith("i") and fn.__name__ not in ("is_", "is_not") and \
         isinstance(a, NdarrayVar)
     if inplace and a.scalar:
-        from .operators import INPLACE_TO_PLAIN
+        from .operators import INPLACE_TO_PLAIN  # (lazy: import cycle, to break)
         fn, inplace = INPLACE_TO_PLAIN.get(fn, fn), False   # NumPy scalars are immutable
     if fn in (operator.is_, operator.is_not, operator.contains):
         unsupported(f"{fn.__name__} on arrays")

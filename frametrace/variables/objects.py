@@ -142,7 +142,7 @@ class ObjectVar(ValueVar):
         return super().call_method(tx, name, args, kwargs)
 
     def _read(self, tx, result, name, args, listed=False):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         if self.source is None:
             return wrap(tx, result, None, guard=False)
         if name == "__getitem__" and len(args) == 1 and isinstance(args[0], (str, int)):
@@ -153,7 +153,7 @@ class ObjectVar(ValueVar):
         if listed:
             # A new list, which the frame may mutate freely: not the source's object.
             tx.output.object_vars.pop(id(result), None)
-            from .containers import ListVar
+            from .containers import ListVar  # (lazy: import cycle, to break)
             var = ListVar(list(var.items))
         return var
 
@@ -188,7 +188,7 @@ class ObjectVar(ValueVar):
     def _contains_object(self, tx, item) -> bool:
         """An object hashed by identity (a function, a module) in a real set: what the
         set holds can change between calls, so the guard asks again."""
-        from .builtins import set_key
+        from .builtins import set_key  # (lazy: import cycle, to break)
         key = set_key(item)
         found = key in self.value
         if self.source is not None:
@@ -242,7 +242,7 @@ class ObjectVar(ValueVar):
         super().reconstruct(cg)
 
     def getattr(self, tx, name):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         if self.value is object and name == "__setattr__":
             return GenericSetattrVar()
         if self.value is object and name == "__getattribute__":
@@ -262,7 +262,7 @@ class ObjectVar(ValueVar):
             # trace reads from it is guarded through this source, not its identity.
             return ObjectVar(vars(self.value), AttrSource(self.source, "__dict__"))
         if name == "fromkeys" and isinstance(self.value, type):
-            from .subclasses import fromkeys_var
+            from .subclasses import fromkeys_var  # (lazy: import cycle, to break)
             made = fromkeys_var(tx, self.value)
             if made is not None:
                 return made
@@ -311,11 +311,11 @@ class ObjectVar(ValueVar):
             from .builder import wrap
             return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
         if isinstance(value, functools._lru_cache_wrapper):
-            from .functions import cached_call
+            from .functions import cached_call  # (lazy: import cycle, to break)
             return cached_call(tx, self, args, kwargs)
         if value in _GLOBAL_STATE_READERS and not args and not kwargs:
             return _read_global_state(tx, value)
-        from .optimizers import trace_time_call
+        from .optimizers import trace_time_call  # (lazy: import cycle, to break)
         made = trace_time_call(tx, value, args, kwargs)
         if made is not None:
             return made
@@ -327,7 +327,7 @@ class ObjectVar(ValueVar):
             return fold_call(value, args, kwargs, value.__qualname__)     # str.upper(s)
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
-        from .subclasses import call_unbound_builtin
+        from .subclasses import call_unbound_builtin  # (lazy: import cycle, to break)
         made = call_unbound_builtin(tx, value, args, kwargs)
         if made is not None:
             return made
@@ -358,6 +358,7 @@ class InGraphCallVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
+        # (lazy: import cycle, to break)
         from .functions import OutsideState, visible_outside_writes
         name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
         if tx.output.functionalizes and not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
@@ -383,8 +384,8 @@ class InGraphCallVar(ObjectVar):
 
 
 def _holds_graph_value(v) -> bool:
-    from .symbolic import SymNodeVar
-    from .tensor import TensorVar
+    from .symbolic import SymNodeVar  # (lazy: import cycle, to break)
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if isinstance(v, (TensorVar, SymNodeVar)):
         return True
     items = getattr(v, "items", None)
@@ -399,7 +400,7 @@ class ConstantResultVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        from .constant import ConstVar, is_constant_value
+        from .constant import ConstVar, is_constant_value  # (lazy: import cycle, to break)
         if not all(a.is_const() for a in (*args, *kwargs.values())):
             unsupported(f"{getattr(self.value, '__name__', 'a function')} (assume_constant_result) "
                         f"called on arguments that are not constants")
@@ -527,7 +528,7 @@ class GlobalsDictVar(Var):
 
 def read_global(tx, namespace: dict, name: str):
     """Global `name` of the module whose namespace is `namespace`, as the trace has it."""
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     written = tx.side_effects.load_global(namespace, name)
     if written is not None:
         return written
@@ -569,7 +570,7 @@ class TorchFnVar(ObjectVar):
         if is_tensor_of_numbers(fn, args):
             return tensor_of_numbers(tx, fn, args, kwargs)
         if args and fn in _NUMPY_CONVERTERS:
-            from .numpy import torch_call_on_ndarray
+            from .numpy import torch_call_on_ndarray  # (lazy: import cycle, to break)
             made = torch_call_on_ndarray(tx, fn, args, kwargs)
             if made is not None:
                 return made
@@ -589,11 +590,11 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
         if _is_state_writer(fn):
             unsupported(f"torch.{fn.__name__} changes global state")
-        from .optimizers import foreach_tensor_scalars
+        from .optimizers import foreach_tensor_scalars  # (lazy: import cycle, to break)
         made = foreach_tensor_scalars(tx, fn, args, kwargs)
         if made is not None:
             return made
-        from .grad_utils import group_by_device_and_dtype
+        from .grad_utils import group_by_device_and_dtype  # (lazy: import cycle, to break)
         made = group_by_device_and_dtype(tx, fn, args, kwargs)
         if made is not None:
             return made
@@ -637,8 +638,8 @@ class SuperVar(Var):
         self.obj = obj
 
     def getattr(self, tx, name):
-        from .builder import wrap
-        from .functions import BoundMethodVar
+        from .builder import wrap  # (lazy: import cycle, to break)
+        from .functions import BoundMethodVar  # (lazy: import cycle, to break)
         cls = self.cls.as_const() if not isinstance(self.cls, ObjectVar) else self.cls.value
         # super(C, obj) searches type(obj)'s MRO; super(C, klass) in a classmethod,
         # klass's own (and binds classmethods to it).
@@ -653,6 +654,7 @@ class SuperVar(Var):
                 # A base's class dict can be patched (`Parent.scale = 7`): guarded
                 # through an equivalent super object, which reads the MRO again.
                 tx.guards.class_attr(mro[0], name, attr, after=cls)
+                # (lazy: import cycle, to break)
                 from .subclasses import CONTAINER_BASES, BaseMethodVar, is_user_container
                 if klass in CONTAINER_BASES and is_user_container(self.obj) and \
                         not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
@@ -706,7 +708,7 @@ class _RealMethodVar(Var):
         self.obj_source = obj_source
 
     def call(self, tx, args, kwargs):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         if not _all_const(args, kwargs) or kwargs:
             unsupported(f"{self.method.__qualname__} with traced arguments")
         consts = _consts(args)
@@ -743,7 +745,7 @@ class ContextVarVar(ValueVar):
         if name == "get":
             if id(cv) in state and state[id(cv)] is not None:
                 return state[id(cv)]
-            from .builder import wrap
+            from .builder import wrap  # (lazy: import cycle, to break)
             try:
                 value = cv.get(*_consts(args))
             except LookupError:
@@ -775,8 +777,8 @@ class GenericSetattrVar(Var):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        from .attributes import InstanceAttrs
-        from .user_objects import DataclassVar
+        from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
+        from .user_objects import DataclassVar  # (lazy: import cycle, to break)
         if len(args) == 3 and not kwargs and isinstance(args[0], DataclassVar) and \
                 args[1].is_const() and isinstance(args[1].as_const(), str):
             args[0].plain_setattr(tx, args[1].as_const(), args[2])
@@ -794,7 +796,7 @@ class GenericGetattrVar(Var):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        from .attributes import InstanceAttrs
+        from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
         if len(args) != 2 or kwargs or not args[1].is_const() or \
                 not isinstance(args[0], InstanceAttrs) or type(args[1].as_const()) is not str:
             unsupported(f"object.__getattribute__ on {args[0] if args else None}")
@@ -833,44 +835,46 @@ def namespace_var(tx, namespace: dict) -> GlobalsDictVar:
 def _construct(tx, cls, args, kwargs):
     """Calling a class while tracing."""
     if issubclass(cls, BaseException):
-        from .exceptions import construct_exception
+        from .exceptions import construct_exception  # (lazy: import cycle, to break)
         return construct_exception(tx, cls, args, kwargs)
     made = context_class(tx, cls, args, kwargs)
     if made is not None:
         return made
     if cls is functools.partial and args:
-        from .functions import PartialVar
+        from .functions import PartialVar  # (lazy: import cycle, to break)
         return PartialVar(args[0], args[1:], kwargs)
     if dataclasses.is_dataclass(cls):
+        # (lazy: import cycle, to break)
         from .subclasses import construct_container_subclass, container_base
         if container_base(cls) is not None:
             # a dict (list ...) that is a dataclass: its __init__, generated or not, and
             # the __post_init__ that calls run on the container
             return construct_container_subclass(tx, cls, args, kwargs)
-        from .user_objects import make_dataclass_instance
+        from .user_objects import make_dataclass_instance  # (lazy: import cycle, to break)
         return make_dataclass_instance(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        from .containers import NamedTupleVar
+        from .containers import NamedTupleVar  # (lazy: import cycle, to break)
         names = list(cls._fields)
         values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
         if len(values) != len(names):
             unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
     if cls is torch.nn.Parameter:
-        from .tensor_attrs import new_parameter
+        from .tensor_attrs import new_parameter  # (lazy: import cycle, to break)
         return new_parameter(tx, args, kwargs)
     if issubclass(cls, torch.nn.Module):
-        from .modules import construct_module
+        from .modules import construct_module  # (lazy: import cycle, to break)
         return construct_module(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
+    # (lazy: import cycle, to break)
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):
         return construct_container_subclass(tx, cls, args, kwargs)
-    from .functions import in_traced_torch_package
+    from .functions import in_traced_torch_package  # (lazy: import cycle, to break)
     if (in_traced_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
             not issubclass(cls, torch.nn.Module) and \
             (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
-        from .user_objects import construct_user_object
+        from .user_objects import construct_user_object  # (lazy: import cycle, to break)
         return construct_user_object(tx, cls, args, kwargs)
     return None
 
@@ -924,7 +928,7 @@ _NO_KEY = object()
 def _lookup_key(v):
     """The real key a traced value looks up in a real mapping: a constant, or a
     function (hashed by identity); _NO_KEY for others."""
-    from .functions import UserFunctionVar
+    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
     if isinstance(v, UserFunctionVar):
         return v.fn
     return v.as_const() if v.is_const() else _NO_KEY
@@ -950,7 +954,7 @@ def _hint_arg(v):
 
 
 def _type_hint(tx, hint, key):
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     try:
         made = hint[_hint_arg(key)]
     except Exception as e:

@@ -65,7 +65,7 @@ def dynamo_disabled_traced(fn):
     `add_param_group`, `_init_group`), else None.
     torch keeps Dynamo out of these; they are plain Python over parameters and their
     `.grad` (set to None, zeroed), which we trace like the step."""
-    from .functions import in_traced_torch_package
+    from .functions import in_traced_torch_package  # (lazy: import cycle, to break)
     inner = _dynamo_disabled_original(fn)
     if not isinstance(inner, types.FunctionType) or \
             not in_traced_torch_package(getattr(inner, "__module__", "") or ""):
@@ -90,8 +90,8 @@ def _dynamo_disabled_original(fn):
 def call_use_grad(tx, inner, args, kwargs):
     """`_use_grad(self, ...)`: `inner` traced with grad mode set to
     `self.defaults['differentiable']` (restored after, as its `finally` does)."""
-    from .contexts import GradModeDecoratedVar
-    from .functions import UserFunctionVar
+    from .contexts import GradModeDecoratedVar  # (lazy: import cycle, to break)
+    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
     if not args:
         unsupported("an optimizer step called without its optimizer")
     flag = args[0].getattr(tx, "defaults").getitem(tx, ConstVar("differentiable"))
@@ -142,7 +142,7 @@ def trace_time_call(tx, fn, args, kwargs):
         _TRACE_TIME = trace_time_functions()
     if fn not in _TRACE_TIME or args or kwargs:
         return None
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, fn(), None, guard=False)
 
 
@@ -155,7 +155,7 @@ _SCALAR_KEYWORD = {"addcdiv_": ("value", torch.div), "addcmul_": ("value", torch
 def tensor_scalar_method(tx, self, name, args, kwargs):
     """`t.addcdiv_(a, b, value=s)` (and addcmul_, add_/sub_ with alpha) with a 0-d
     tensor `s`: the same update written as graph arithmetic; else None."""
-    from .tensor import TensorVar
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     spec = _SCALAR_KEYWORD.get(name)
     if spec is None:
         return None
@@ -190,8 +190,8 @@ def foreach_tensor_scalars(tx, fn, args, kwargs):
     tensors (Adamax's): the op's arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as
     foreach ops over the same lists, in the op's order.  ATen's kernel reads those
     scalars on the host (and FakeTensors cannot give them).  Else None."""
-    from .containers import ListVar
-    from .tensor import TensorVar
+    from .containers import ListVar  # (lazy: import cycle, to break)
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     spec = _FOREACH_SCALARS.get(fn)
     if spec is None or kwargs or len(args) != 4:
         return None

@@ -60,7 +60,7 @@ def scalar_method(tx, t, name, args, kwargs):
 
 
 def _to(tx, t, dtype):
-    from .objects import ObjectVar
+    from .objects import ObjectVar  # (lazy: import cycle, to break)
     return tx.output.call("call_method", "to", (t, ObjectVar(dtype)), {})
 
 
@@ -113,7 +113,7 @@ def call_check(tx, fn, args, kwargs):
     cond = bound.get(params[0])
     if cond is None:
         unsupported(f"torch.{fn.__name__}() without a condition")
-    from .tensor import TensorVar
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if isinstance(cond, TensorVar):
         unsupported(f"torch.{fn.__name__}() of a tensor (TypeError)")
     if fn is torch._check_is_size:
@@ -165,8 +165,8 @@ def is_tensor_of_numbers(fn, args) -> bool:
 
 
 def _has_symbolic(v) -> bool:
-    from .containers import TupleVar
-    from .symbolic import SymNodeVar
+    from .containers import TupleVar  # (lazy: import cycle, to break)
+    from .symbolic import SymNodeVar  # (lazy: import cycle, to break)
     if isinstance(v, SymNodeVar):
         return True
     return isinstance(v, (ListVar, TupleVar)) and any(map(_has_symbolic, v.items))
@@ -174,7 +174,7 @@ def _has_symbolic(v) -> bool:
 
 def tensor_of_numbers(tx, fn, args, kwargs):
     """The tensor as a stack of 0-d tensors made from each number in the graph."""
-    from .objects import ObjectVar
+    from .objects import ObjectVar  # (lazy: import cycle, to break)
     if set(kwargs) - {"dtype", "device"}:
         unsupported(f"torch.{fn.__name__}() of symbolic numbers with {sorted(kwargs)}")
     shape, leaves = _flatten(args[0])
@@ -188,14 +188,14 @@ def tensor_of_numbers(tx, fn, args, kwargs):
                             {"dtype": ObjectVar(dtype), **extra}) for v in leaves]
     t = tx.output.call("call_function", torch.stack, (ListVar(parts),), {})
     if len(shape) != 1:
-        from .containers import TupleVar
+        from .containers import TupleVar  # (lazy: import cycle, to break)
         t = tx.output.call("call_method", "reshape", (t, TupleVar([ConstVar(s) for s in shape])), {})
     return t
 
 
 def _flatten(v):
     """(shape, leaves) of nested lists of numbers; ragged data is left to CPython."""
-    from .containers import TupleVar
+    from .containers import TupleVar  # (lazy: import cycle, to break)
     if not isinstance(v, (ListVar, TupleVar)):
         kind = v.python_type()
         if kind not in (bool, int, float):
@@ -217,7 +217,7 @@ def _inferred_dtype(leaves):
 
 
 def _const_of(v):
-    from .objects import ObjectVar
+    from .objects import ObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, ObjectVar) and isinstance(v.value, torch.dtype):
         return v.value
     if v.is_const() and isinstance(v.as_const(), torch.dtype):

@@ -143,7 +143,7 @@ def float_number_op(graph, kind, target, args, kwargs):
             return graph.call(kind, target, tuple(map(pin_any, args)),
                               {k: pin_any(v) for k, v in kwargs.items()})
         return None
-    from .tensor import TensorVar
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if any(isinstance(v, TensorVar) for v in values):
         return None     # a tensor op: the float is its scalar argument, used at run time
     if _plain_relation(kind, target, args, kwargs) or _plain_conversion(kind, target, args, kwargs):
@@ -164,7 +164,7 @@ def float_number_op(graph, kind, target, args, kwargs):
         return graph.call(kind, target, tuple(map(pin, args)), {k: pin(v) for k, v in kwargs.items()})
     if fn is operator.pos or fn is torch.sym_float:
         return args[0]
-    from .objects import ObjectVar
+    from .objects import ObjectVar  # (lazy: import cycle, to break)
     operands = [graph.call("call_function", torch.scalar_tensor, (a,), {"dtype": ObjectVar(torch.float64)})
                 for a in args]
     if isinstance(fn, str):

@@ -50,7 +50,7 @@ class TensorVar(Var):
             torch.nn.Parameter if getattr(self.example, "_is_param", False) else torch.Tensor)
 
     def getattr(self, tx, name):
-        from .objects import MethodVar
+        from .objects import MethodVar  # (lazy: import cycle, to break)
         if name == "shape":
             return tx.output.size_of(self)
         if name == "nbytes":
@@ -89,7 +89,7 @@ class TensorVar(Var):
         if name in SCALAR_METHODS and capturing():
             return scalar_method(tx, self, name, args, kwargs)
         if name == "numpy":
-            from .numpy import tensor_to_ndarray
+            from .numpy import tensor_to_ndarray  # (lazy: import cycle, to break)
             return tensor_to_ndarray(tx, self, args, kwargs)
         if name in _DATA_METHODS:
             unsupported(f"Tensor.{name}() needs the tensor's data", hint=_DATA_HINTS.get(name))

@@ -26,7 +26,7 @@ def owner(tx, var):
     inp = input_for(tx, var)
     if inp is None:
         return var
-    from .tensor import TensorVar
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     return var if var.source == inp.source else TensorVar(inp.node, var.example, inp.source)
 
 
@@ -39,7 +39,7 @@ def input_for(tx, var):
 
 
 def _written(tx, var, name):
-    from .user_objects import DELETED
+    from .user_objects import DELETED  # (lazy: import cycle, to break)
     got = tx.side_effects.load_attr(var.example, name)
     return got, got is DELETED
 
@@ -59,7 +59,7 @@ def python_attr(tx, var, name):
     if inp is not None:
         d = inp.value.__dict__
         if name in d:
-            from .builder import wrap
+            from .builder import wrap  # (lazy: import cycle, to break)
             return wrap(tx, d[name], AttrSource(inp.source, name))
         tx.guards.not_in_dict(inp.source, name)
     _no_attr(var, name)
@@ -69,7 +69,7 @@ def _computed_subclass_attr(tx, var, name):
     """An attribute a wrapper subclass's own code gave a tensor an op made (the
     dispatch ran on fakes while tracing and runs alike on the real inputs): an inner
     tensor is read in the graph, a constant (from the guarded flattening) as is."""
-    from .constant import is_constant_value
+    from .constant import is_constant_value  # (lazy: import cycle, to break)
     cls = var.python_type()
     if cls in (torch.Tensor, torch.nn.Parameter) or hasattr(cls, name):
         return None
@@ -96,7 +96,7 @@ def _known_to_plain_attrs(var, inp, name):
 
 
 def _no_attr(var, name):
-    from .exceptions import raise_builtin
+    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     raise_builtin(AttributeError, f"{var.python_type().__name__!r} object has no attribute {name!r}")
 
 
@@ -132,7 +132,7 @@ def set_python_attr(tx, var, name, value):
 
 
 def del_python_attr(tx, var, name):
-    from .user_objects import DELETED
+    from .user_objects import DELETED  # (lazy: import cycle, to break)
     if name == _GRAD:
         return set_grad(tx, var, ConstVar(None))    # `del t.grad` clears it
     if hasattr(torch.Tensor, name):
@@ -153,13 +153,13 @@ def grad(tx, var):
     got, deleted = _written(tx, var, _GRAD)
     if got is not None:
         return ConstVar(None) if deleted else got
-    from .tensor_facts import is_leaf
+    from .tensor_facts import is_leaf  # (lazy: import cycle, to break)
     if var.example.requires_grad and not is_leaf(tx, var).as_const():
         # CPython warns that a non-leaf's .grad is not populated.
         unsupported("reading .grad of a non-leaf tensor (a warning)")
     inp = input_for(tx, var)
     if inp is not None:
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         return wrap(tx, inp.value.grad, AttrSource(inp.source, _GRAD))
     return ConstVar(None)
 
@@ -167,7 +167,7 @@ def grad(tx, var):
 def set_grad(tx, var, value):
     """`t.grad = value`, checked as the setter checks it (a mismatch raises there,
     in CPython), then replayed after the graph."""
-    from .tensor import TensorVar
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if value.is_const() and value.as_const() is None:
         _store(tx, var, _GRAD, ConstVar(None))
         return
@@ -233,7 +233,7 @@ def new_parameter(tx, args, kwargs):
     """``nn.Parameter(t)``: for an input tensor, made before the graph (as
     torch.compile does); for a tensor the graph computes, a graph break (torch.compile's
     default, graph_break_on_nn_param_ctor, too)."""
-    from .tensor import TensorVar
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
     names = ("data", "requires_grad")
     if len(args) > 2 or set(kwargs) - set(names):
         unsupported("TypeError: nn.Parameter() takes data and requires_grad")

@@ -56,7 +56,7 @@ class UserObjectVar(InstanceAttrs, Var):
         return self.cls
 
     def own_attr(self, tx, name):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         written = tx.side_effects.load_attr(self.value, name)
         if written is not None:
             return MISSING if written is DELETED else written
@@ -98,7 +98,7 @@ class UserObjectVar(InstanceAttrs, Var):
         return AttrSource(self.source, name)
 
     def class_value_attr(self, tx, name, attr):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         if self.cls is not type(self.value):
             return class_value_var(tx, self.cls, name, attr)
         if name in _PURE_READERS and isinstance(attr, types.MethodDescriptorType) and \
@@ -128,7 +128,7 @@ class UserObjectVar(InstanceAttrs, Var):
         return known[1] if known is not None and known[0] is d else None
 
     def opaque_attr(self, tx, name):
-        from .builder import wrap
+        from .builder import wrap  # (lazy: import cycle, to break)
         if name == "__class__":
             return ObjectVar(self.cls)      # (object's slot: the type, as the trace has it)
         if name == "__dict__" and tx.side_effects.has_attr_writes(self.value):
@@ -305,7 +305,7 @@ class NewObjectVar(InstanceAttrs, Var):
     def reconstruct(self, cg):
         if cg.load_rebuilt(self):
             return
-        from ..codegen import rebuild_object
+        from ..codegen import rebuild_object  # (lazy: a layer above, to remove)
         cg.call_const(rebuild_object, [lambda cg: cg.load_const(self.cls), attrs_dict(self.attrs)])
         cg.keep_rebuilt(self)
 
@@ -521,7 +521,7 @@ class DataclassVar(Var):
 
 def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     """Run a dataclass's generated __init__ (and __post_init__, inlined) on Vars."""
-    from .builder import wrap
+    from .builder import wrap  # (lazy: import cycle, to break)
     if not _generated_init(cls):
         # The class wrote its own __init__ (dataclass(init=True) keeps it): that runs.
         init = _class_lookup(cls, "__init__")
