@@ -500,3 +500,24 @@ def test_mixed_key_sweep(seed):
         graphs += check(program, calls, graphs=None, dynamic=rng.random() < 0.3).graphs
         frametrace.reset()
     assert graphs >= 8
+
+
+# -- dict.get with a tensor default, mixed keys (found by the program fuzzer) --
+def get_with_a_tensor_default(d, t):
+    out = [d.get(0, t).sum(), d.get((1, "a"), t).sum()]
+    d[2] = t * 2
+    out.append(d.pop("b", None))
+    return t * len(d), out
+
+
+@pytest.mark.parametrize("kind", [collections.OrderedDict, dict])
+def test_get_with_a_tensor_default_of_a_dict_with_mixed_keys(kind):
+    # (dict_keys family, seed 291: 12 programs) a dict keyed by a str subclass or an
+    # IntEnum is held as an object: its get() with a tensor default called get() again
+    # until RecursionError, an internal error, on every call
+    calls = [(kind([(S("b"), torch.ones(2))]), torch.ones(2)),
+             (kind([(IE.A, torch.zeros(2)), (1, torch.ones(2)), ("b", torch.ones(2))]), torch.ones(2)),
+             (kind([((1.0, "a"), torch.ones(2)), (S("a"), torch.ones(2))]), torch.zeros(2)),
+             (kind([(0, torch.ones(2))]), torch.ones(2))]
+    r = check(get_with_a_tensor_default, calls)
+    assert r.internal_errors == 0 and r.graphs >= 1

@@ -10,6 +10,7 @@ import torch
 import frametrace
 
 from test_optimizer_step import backward, run_steps
+from differential import check
 
 OPTIMIZERS = {
     "AdamW": lambda ps, **kw: torch.optim.AdamW(ps, lr=0.05, weight_decay=0.1, **kw),
@@ -162,3 +163,34 @@ def test_none_results_that_write_a_list_stay(backend):
               backend=backend, graphs=1, breaks=0)
     assert sum("scale_all" in str(n.target) for gm in r.counter.graphs for n in gm.graph.nodes) == 2, \
         graph_targets(r)
+
+
+# -- stepped after backward in the frame (found by the program fuzzer) --
+def steps_with_backward(ps, opt, t):
+    for _ in range(3):
+        loss = sum((p * t.mean()).sum() for p in ps)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return ps[0].sum().item()
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.Adam(ps, lr=0.05, fused=True),
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+    lambda ps: torch.optim.Adagrad(ps, lr=0.1, fused=True),
+], ids=["Adam", "SGD", "Adagrad"])
+def test_fused_optimizer_stepped_after_backward_in_the_frame(make):
+    # (optimizers family; 13 of 80 programs on 32f4331, none on main) the fused kernels
+    # write their arguments through tensor lists and return None: the graph dropped them
+    def call(warm):
+        ps = [torch.tensor([-3.0, 0.0], requires_grad=True), torch.tensor([-2.0, 0.0, 1.0], requires_grad=True)]
+        opt = make(ps)
+        if warm:            # state made by an eager step first
+            for p in ps:
+                p.grad = torch.ones_like(p)
+            opt.step()
+        return ps, opt, torch.tensor([-1.0, 2.0])
+
+    r = check(steps_with_backward, [call(True), call(False)])
+    assert r.graphs >= 1
