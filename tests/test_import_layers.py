@@ -70,7 +70,10 @@ ALLOWED_IN_FUNCTIONS = {
 }
 
 # Imports inside function bodies under frametrace/ (issue 32 item 3: 560 when first counted).
-FUNCTION_LEVEL_CEILING = 334
+FUNCTION_LEVEL_CEILING = 291
+# Of those, imports without a comment saying why they are lazy (the interpreter's, the
+# triton backend's and convert's were left to the changes under way there).
+UNEXPLAINED_CEILING = 34
 
 
 def _modules():
@@ -127,14 +130,24 @@ def _targets(mods, importer, is_pkg, node):
     return out
 
 
-def scan():
-    """(module-level edges {(a, b)}, function-level edges {(a, b)}, function-level count)."""
+def _explained(lines, node) -> bool:
+    """A comment on the import's lines or on the line above it."""
+    return any("#" in lines[k] for k in range(node.lineno - 1, node.end_lineno)) or \
+        (node.lineno >= 2 and lines[node.lineno - 2].lstrip().startswith("#"))
+
+
+def scan(unexplained=None):
+    """(module-level edges {(a, b)}, function-level edges {(a, b)}, function-level count);
+    `unexplained`: a list to which "path:line" of each function-level import without a
+    comment is appended."""
     mods = _modules()
     top, inner, count = set(), set(), 0
     for name, path in mods.items():
         if path is None:
             continue
-        tree = ast.parse(path.read_text(), str(path))
+        text = path.read_text()
+        lines = text.split("\n")
+        tree = ast.parse(text, str(path))
         is_pkg = path.name == "__init__.py"
         stack = [(tree, False)]
         while stack:
@@ -142,6 +155,8 @@ def scan():
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.Import, ast.ImportFrom)):
                     count += in_func
+                    if in_func and unexplained is not None and not _explained(lines, child):
+                        unexplained.append(f"{path.relative_to(ROOT)}:{child.lineno}")
                     for t in _targets(mods, name, is_pkg, child):
                         (inner if in_func else top).add((name, t))
                 stack.append((child, in_func or isinstance(
@@ -188,13 +203,26 @@ def test_function_level_imports_under_ceiling():
         "tests/test_import_layers.py to that")
 
 
+def test_function_level_imports_say_why():
+    where = []
+    scan(where)
+    assert len(where) <= UNEXPLAINED_CEILING, (
+        f"{len(where)} imports inside functions without a comment saying why they are "
+        f"not at the top (ceiling {UNEXPLAINED_CEILING}): " + ", ".join(where[:20]))
+    assert len(where) > UNEXPLAINED_CEILING - 10, (
+        f"{len(where)} unexplained imports inside functions now: lower UNEXPLAINED_CEILING "
+        "in tests/test_import_layers.py to that")
+
+
 def test_every_module_has_a_layer():
     for name in _modules():
         _layer(name)
 
 
 if __name__ == "__main__":
-    top, inner, count = scan()
+    where = []
+    top, inner, count = scan(where)
+    print(f"function-level imports without a comment: {len(where)}")
     print(f"module-level edges: {len(top)}, upward: {len(upward(top))}")
     print(f"function-level: {count} imports, {len(inner)} frametrace edges, "
           f"upward: {len(upward(inner))}")

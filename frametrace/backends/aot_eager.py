@@ -61,6 +61,7 @@ class _python_floats_kept:
         if not self.active:
             return
         try:
+            # (lazy: a private module of torch's, which some versions lack)
             from torch.fx.passes import _tensorify_python_scalars as pass_module
             original = pass_module._is_tensorify_enabled
         except (ImportError, AttributeError):

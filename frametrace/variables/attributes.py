@@ -40,14 +40,12 @@ class AttrDeleting:
         if hook is not object.__delattr__:
             if not isinstance(hook, types.FunctionType):
                 unsupported(f"{cls.__name__}.__delattr__ is not a Python function")
-            from .functions import UserFunctionVar
             UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
             return
         attr = _class_lookup(cls, name)
         _guard_class_attr(tx, cls, name, attr)
         if attr is not None and is_data_descriptor(attr):
             if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
-                from .functions import UserFunctionVar
                 UserFunctionVar(attr.fdel).call(tx, [self], {})
                 return
             if not isinstance(attr, types.MemberDescriptorType):

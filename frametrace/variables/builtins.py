@@ -555,7 +555,7 @@ class SetVar(DictVar):
         try:
             return self._call_method(tx, name, args)
         except TypeError as e:      # the real set's own check (a missing argument ...)
-            from .exceptions import raise_folded
+            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"{self.kind.__name__}.{name}")
 
     def _call_method(self, tx, name, args):
@@ -694,7 +694,7 @@ def set_key(v: Var):
         try:
             hash(k)
         except TypeError as e:
-            from .exceptions import raise_folded
+            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"unhashable set member {k!r}")
         from .containers import has_nan  # (lazy: import cycle, to break)
         if has_nan(k):

@@ -43,7 +43,7 @@ class _SequenceVar(CollectionVar):
         try:
             return self.items[k]
         except (IndexError, TypeError) as e:
-            from .exceptions import raise_folded
+            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(type(e)(str(e).replace("list", self.kind.__name__, 1)),
                          f"indexing a {self.kind.__name__}")
 

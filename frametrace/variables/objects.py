@@ -981,7 +981,7 @@ def fold_call(fn, args, kwargs, name: str) -> ConstVar:
     try:
         return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
     except Exception as e:
-        from .exceptions import raise_folded
+        from .exceptions import raise_folded  # (lazy: import cycle, to break)
         raise_folded(e, f"{name}()")
 
 

@@ -615,10 +615,8 @@ def fromkeys(tx, cls, args, kwargs):
     value = args[1] if len(args) == 2 else ConstVar(None)
     keys = var_list(tx, args[0])
     if cls is dict:
-        from .containers import _dict_key
         return DictVar({_dict_key(k): value for k in keys})
     if cls is collections.OrderedDict:
-        from .containers import _dict_key
         return OrderedDictVar({_dict_key(k): value for k in keys})
     if container_base(cls) not in (dict, collections.OrderedDict):
         return None
