@@ -5,7 +5,7 @@ error.  On top of it, what only a backend test asks: the graph went through the 
 backend (its CompiledModule, for the test to read kernels from), how many kernels it
 launched, and optionally the outputs' strides.  `triton_check_grads` adds the backward:
 the gradients that .backward() of the outputs' sum leaves on every argument that
-requires grad.
+requires grad; `triton_check_vjp` the vector-Jacobian products for given tangents.
 
 Each test file keeps its own checks of the generated code (kernels, externs, layout
 copies) in a thin wrapper around `triton_check`."""
@@ -74,5 +74,30 @@ def triton_check_grads(fn, *args, calls=None, atol=1e-5, rtol=1e-5, half_as_floa
           [tuple(a) for a in calls] if calls is not None else [args], backend="triton", atol=atol, rtol=rtol,
           compiled=lambda counter: _observed(
               with_grads(frametrace.optimize(backend=counter, fullgraph=True)(fn), use_backward=True),
+              compiled_seen, half_as_float))
+    _compare_seen(eager_seen, compiled_seen, strides=False)
+
+
+def _vjp(f, tangents):
+    """f, returning its outputs (detached) and torch.autograd.grad of them, weighted by
+    `tangents` (one function of each output), for each argument that requires grad."""
+    @functools.wraps(f, updated=())
+    def run(*args):
+        out = f(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        grads = torch.autograd.grad(outs, wrt, [t(o) for t, o in zip(tangents, outs)], allow_unused=True)
+        return [o.detach() for o in outs], list(grads)
+    return run
+
+
+def triton_check_vjp(fn, *args, tangents, atol=1e-5, rtol=1e-5, half_as_float=False):
+    """`triton_check` of fn's outputs and of their vector-Jacobian products for `tangents`
+    (None where an argument that requires grad is unused: on both sides)."""
+    eager_seen, compiled_seen = [], []
+    check(_observed(_vjp(fn, tangents), eager_seen, half_as_float), [args], backend="triton",
+          atol=atol, rtol=rtol,
+          compiled=lambda counter: _observed(
+              _vjp(frametrace.optimize(backend=counter, fullgraph=True)(fn), tangents),
               compiled_seen, half_as_float))
     _compare_seen(eager_seen, compiled_seen, strides=False)
