@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .bytecode_analysis import handler_for, has_cleanup, instructions, pure_generator
 from .exc import Unsupported, Yield, frame_summary
+from .resume_codes import opaque_locals, original_code
 from .side_effects import SideEffects
 from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
                      LocalSource)
@@ -100,7 +101,6 @@ class InstructionTranslator:
         self.take_generator_frame = False   # the next generator called here is driven by
         #                                     its caller (contexts.GeneratorContextVar)
         if parent is None:
-            from .resume import opaque_locals  # (lazy: a layer above, to remove)
             opaque = opaque_locals(code)
             for name, value in zip(code.co_varnames, args):
                 if not (name.startswith("___result") or name in opaque) or not is_data(value):
@@ -268,7 +268,6 @@ class InstructionTranslator:
         """What locals() returns here: a new dict of the bound locals, cells and free
         variables in CPython's order (the slots of the frame).  A resume frame answers
         with its original's names: its ___stackN/___resultN parameters are ours."""
-        from .resume import original_code  # (lazy: a layer above, to remove)
         code = original_code(self.code)
         names = list(code.co_varnames)
         names += [n for n in code.co_cellvars if n not in names]
@@ -476,7 +475,6 @@ class InstructionTranslator:
         """super() inside a method: the __class__ cell and the first argument."""
         cell = self.cells.get("__class__")
         # (In a resume code, the original's first argument: a cell, or its first local.)
-        from .resume import original_code
         original = original_code(self.code)
         if cell is None or not original.co_argcount:
             unsupported("super() without __class__ cell")

@@ -20,6 +20,8 @@ from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVa
 
 from . import _C, config
 from .bytecode_analysis import handler_for
+from .resume_codes import (_opaque, _origin, _private, opaque_locals,  # noqa: F401  (read from here)
+                           original_code, original_position, private_lists)
 from .variables.lazy import Lazy
 from .variables.opaque import OpaqueVar
 from .variables.base import NULL, unsupported
@@ -52,39 +54,7 @@ def abstract_instructions(code):
     return abstract, dict(zip(offsets, instrs))
 
 
-# resume code -> (original code, {offset in the resume code: offset in the original}),
-# and the locals that hold opaque data there.
-_origin: dict[types.CodeType, tuple] = {}
-_opaque: dict[types.CodeType, frozenset] = {}
-# resume code -> its parameters that are lists made by the break for an "i" slot: only
-# the loop's iterator sees them.
-_private: dict[types.CodeType, frozenset] = {}
 _resume_counts: dict[types.CodeType, int] = {}         # original code -> resume codes made
-
-
-def opaque_locals(code) -> frozenset:
-    return _opaque.get(code, frozenset())
-
-
-def original_code(code):
-    """The code a resume code was made from (itself for any other code)."""
-    hit = _origin.get(code)
-    return code if hit is None else hit[0]
-
-
-def private_lists(code) -> frozenset:
-    return _private.get(code, frozenset())
-
-
-def original_position(code, offset):
-    """(original code, offset there) for an instruction of `code`, which may itself be
-    a resume code: resuming a resume starts from the original, so a loop that breaks
-    on every iteration reuses one resume code."""
-    hit = _origin.get(code)
-    if hit is None:
-        return code, offset
-    original, offsets = hit
-    return original, offsets[offset]
 
 
 def resume_code(code, offset: int, layout: tuple, local_names: tuple,

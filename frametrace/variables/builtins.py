@@ -26,6 +26,7 @@ from .functions import NestedFunctionVar, PartialVar
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
+from ..resume_codes import private_lists
 from ..source import LocalSource
 
 # An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
@@ -344,7 +345,6 @@ _DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
 def _private(tx, container) -> bool:
     """A list that a graph break made for its resume function, to iterate (a
     parameter of it that only the loop's iterator reads)."""
-    from ..resume import private_lists  # (lazy: a layer above, to remove)
     source = container.source
     return isinstance(source, LocalSource) and source.local in private_lists(tx.root.code)
 
