@@ -188,12 +188,12 @@ def test_an_op_found_unsupported_while_its_kernel_is_generated_runs_as_aten():
 @pytest.fixture
 def sin_kernels_fail(triton_interpreter, monkeypatch):
     """Every kernel computing a sine fails its first launch, as a ptxas error would."""
-    from frametrace.backends.triton import wrapper
+    from frametrace.backends.triton import loader, wrapper
     monkeypatch.delenv("FRAMETRACE_TRITON_STRICT")
     launch = wrapper.Launcher.__call__
 
     def failing(self, *args):
-        source = next(src for src, fn in wrapper._JITTED.items() if fn is self.fn)
+        source = next(src for src, fn in loader._JITTED.items() if fn is self.fn)
         if "tl.sin(" in source:
             raise RuntimeError("ptxas failed")
         return launch(self, *args)

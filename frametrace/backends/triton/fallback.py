@@ -10,6 +10,7 @@ import torch
 
 from . import context
 from .ir import Computed, IRNode, Pointwise
+from .kernel_source import KernelCodegen
 
 aten = torch.ops.aten
 
@@ -96,7 +97,6 @@ def kernel_nodes(group, stores, failed: BaseException | None = None) -> set:
     """The FX nodes a kernel computes: those of its realized members, and those whose code
     its generation inlines (recorded by generating it again, in its compile's context).
     `failed`: the error its generation raised, for a kernel that could not be generated."""
-    from .kernel_source import KernelCodegen
     nodes = {c.node.fn.node for c in group.members if isinstance(getattr(c.node, "fn", None), Traced)}
     ctx = group.ctx
     ctx.record = set()

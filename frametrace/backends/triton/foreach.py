@@ -23,7 +23,9 @@ import re
 import torch
 
 from . import indexing, layout
+from .autotune import Config, next_pow2
 from .ir import Buffer, Computed, Extern, Pointwise, Unsupported
+from .kernel_source import Kernel, KernelCodegen, KernelGroup, NotFusable, space_of
 from .lowering_base import LOWERINGS, bcast, reads_of
 
 aten = torch.ops.aten
@@ -152,15 +154,10 @@ def _names(x, out):
     return out
 
 
-def _space(c):
-    from .scheduler import _space
-    return _space(c)
-
-
 def _fuse_spaces(a, b) -> bool:
     """Whether realized nodes `a` (read) and `b` (reading it) can share a kernel's index
     space, as the scheduler joins them."""
-    (ax, ar, ared), (bx, br, bred) = _space(a), _space(b)
+    (ax, ar, ared), (bx, br, bred) = space_of(a), space_of(b)
     if ared and bred:
         return (ax, ar) == (bx, br)
     if ared:
@@ -173,7 +170,6 @@ def _fuse_spaces(a, b) -> bool:
 def _accesses(lowered, items):
     """Per item: (names it reads, names it makes), a kernel's reads as its own generation
     finds them (inlined values included), an extern's from its arguments."""
-    from .kernel_source import KernelCodegen, KernelGroup, NotFusable
     inputs = set(lowered.inputs)
     out = []
     for item in items:
@@ -192,7 +188,7 @@ def _accesses(lowered, items):
                 makes |= mutated
             out.append((reads, makes))
             continue
-        x, r, red = _space(item)
+        x, r, red = space_of(item)
         cg = KernelCodegen(KernelGroup([item], x, r, red), [item])
         try:
             cg.generate()
@@ -206,9 +202,10 @@ def _accesses(lowered, items):
     return out
 
 
-def groups(lowered) -> list | None:
+def groups(lowered, group) -> list | None:
     """KernelGroups and Externs in launch order, or None to keep program order (no input
-    writes, no `_foreach_*` ops).  Items are clustered into chains a kernel can fuse (a node and what it reads
+    writes, no `_foreach_*` ops).  `group`: the scheduler's grouping of items in program
+    order into kernels (handed in: this module sits below the scheduler).  Items are clustered into chains a kernel can fuse (a node and what it reads
     in the same index space, with the writes of the inputs they read), each cluster
     grouped on its own; clusters go in an order that respects every read: of a value
     made before, and of an input's old value before the write to that input."""
@@ -273,7 +270,6 @@ def groups(lowered) -> list | None:
     # what the scheduler fused in program order stays together: a reduction kernel's
     # members, and pointwise ones that read a tensor in common (siblings that share its
     # loads; not each tensor's chain of a foreach op, which share only scalars)
-    from .scheduler import group
     position = {id(it): i for i, it in enumerate(items)}
     sizes = _sizes(lowered)
     for g in group(items):
@@ -455,7 +451,6 @@ class ComboGroup:
                  "outer", "configs")
 
     def __init__(self, kernels):
-        from .autotune import Config, next_pow2
         self.subs = [(k.group, k.stores) for k in kernels]
         self.members = [c for k in kernels for c in k.group.members]
         self.xblock = min(XBLOCK, next_pow2(max(k.group.xnumel for k in kernels)))
@@ -539,8 +534,6 @@ _PARAM = re.compile(r"\b(in_ptr|out_ptr|ks)(\d+)\b")
 def combo_kernel(kernels):
     """One launch of `kernels`: program `pid` runs the sub-kernel whose range of block
     numbers holds it, on block `pid - start` of that sub-kernel's elements."""
-    from .kernel_source import KernelCodegen
-    from .scheduler import Kernel
     group = ComboGroup(kernels)
     args, counts, body, start = {}, {}, [], 0
     wide = group.xnumel >= 2 ** 31

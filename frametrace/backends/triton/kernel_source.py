@@ -22,6 +22,7 @@ from . import autotune, context, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
 from .ir import ExpSum
+from .loader import load_kernel
 from .lowering_base import compute_dtype
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -88,7 +89,6 @@ def _range_probe(interpreted) -> bool:
     loops over rows of a symbolic length are `while` loops, under the interpreter only)."""
     if not interpreted:
         return True
-    from .wrapper import load_kernel
     src = ("@triton.jit\ndef _range_probe(out_ptr, n):\n    acc = 0\n"
            "    for i in range(0, n, 2):\n        acc += 1\n    tl.store(out_ptr, acc)\n")
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -124,6 +124,28 @@ class KernelGroup:
         self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
         self.outer, self.columns = None, columns
         self.ctx = context.current() if ctx is None else ctx
+
+
+def space_of(c) -> tuple:
+    """A realized node's kernel iteration space: (xnumel, rnumel, reduction)."""
+    if c.is_reduction:
+        return c.numel, c.node.rnumel, True
+    if c.is_scan:  # a row kernel whose output is full-size
+        return c.node.xnumel, c.node.rnumel, True
+    return c.numel, 1, False
+
+
+class Kernel:
+    """One launch: the group, which members it stores, and its source."""
+    __slots__ = ("group", "stores", "name", "source", "args", "symbols", "tile")
+
+    def __init__(self, group, stores, name, source, args, symbols=(), tile=None):
+        self.group, self.stores, self.name, self.source, self.args = group, stores, name, source, args
+        self.symbols = list(symbols)  # shape symbols passed after the pointers
+        self.tile = tile  # a tiling.Tile: a 2-D grid of [YBLOCK, XBLOCK] blocks
+
+    def __repr__(self):
+        return f"Kernel({self.name}, stores={[c.name for c in self.stores]})"
 
 
 def _identity(rtype, dtype):

@@ -14,11 +14,11 @@ import operator
 import sympy
 import torch
 
-from . import autotune, config, indexing, layout, logsumexp
+from . import autotune, config, indexing, layout, logsumexp, splits
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, pointwise,  # noqa: F401
-                            reads_of, register, shape_of, slice_bounds, val_of)
+                            register, shape_of, slice_bounds, val_of)  # (tests patch ops.LOWERINGS)
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -774,7 +774,6 @@ def _dims(x, dims):
 def reduction(L, x, dims, keepdim, rtype, dtype, src_dtype=None, value=None):
     """A realized Reduction of `x` (or of `value(k, xindex)`, an index into x's shape),
     split in two when it has too few outputs for its length (splits.py)."""
-    from . import splits
     r = reduction_node(x, dims, keepdim, rtype, dtype, src_dtype, value)
     s = splits.count(L, r)
     return splits.split(L, r, s) if s > 1 else L.computed(r)
@@ -842,7 +841,6 @@ def _var(L, node, x, dims, correction, keepdim):
     dims = _dims(x, dims)
     n = math.prod(x.shape[d] for d in dims)
     dtype = x.dtype if x.dtype.is_floating_point else torch.float32
-    from . import splits
     total = reduction_node(x, dims, True, "sum", dtype)
     chunks = splits.count(L, total, in_registers=True)
     if chunks > 1:

@@ -35,6 +35,7 @@ import torch
 from . import indexing, kernel_source
 from .indexing import flatten, pexpr
 from .ir import Buffer, Extern, Unsupported
+from .loader import load_kernel
 from .lowering_base import compute_dtype, pointwise, register, val_of
 from .partition import RECOMPUTABLE_OPS
 
@@ -155,7 +156,6 @@ def finish(u, dtype, normal):
 
 
 def _fill_triton(seed, offset, numel, normal):
-    from .wrapper import load_kernel
     out = torch.empty(numel, dtype=torch.float32, device=seed.device)
     block = 1024
     with torch.cuda.device(seed.device):

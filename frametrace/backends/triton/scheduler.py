@@ -11,16 +11,8 @@ read it, and the sum's cast to the parameter's dtype joins the sum.
 from __future__ import annotations
 
 from . import foreach, tiling
-from .kernel_source import KernelCodegen, KernelGroup, NotFusable
+from .kernel_source import Kernel, KernelCodegen, KernelGroup, NotFusable, space_of
 from .ir import Computed, Extern
-
-
-def _space(c: Computed):
-    if c.is_reduction:
-        return c.numel, c.node.rnumel, True
-    if c.is_scan:  # a row kernel whose output is full-size
-        return c.node.xnumel, c.node.rnumel, True
-    return c.numel, 1, False
 
 
 def _same_walk(members, c: Computed, reduction: bool) -> bool:
@@ -37,7 +29,7 @@ def _fits(group: KernelGroup, c: Computed):
     """The joined kernel's (xnumel, rnumel, reduction) when `c`'s iteration space fits
     `group`'s, else None."""
     x, r, red = group.xnumel, group.rnumel, group.reduction
-    cx, cr, cred = _space(c)
+    cx, cr, cred = space_of(c)
     if red and cred:
         ok = (cx, cr) == (x, r)
     elif red:
@@ -79,7 +71,7 @@ def _join_back(out, current, c):
     share one pass over it."""
     prev = out[-1] if out else None
     if not (c.is_reduction and isinstance(prev, KernelGroup) and prev.reduction
-            and _space(c) == (prev.xnumel, prev.rnumel, True)):
+            and space_of(c) == (prev.xnumel, prev.rnumel, True)):
         return None
     return _join(prev, c, avoid={m.name for m in current.members})
 
@@ -90,7 +82,7 @@ EARLIER = 8
 
 def _reads(c: Computed) -> set | None:
     """The names `c`'s code loads (computed values, inputs, extern outputs), or None."""
-    x, r, red = _space(c)
+    x, r, red = space_of(c)
     cg = KernelCodegen(KernelGroup([c], x, r, red), [c])
     try:
         cg.generate()
@@ -173,7 +165,7 @@ def group(items) -> list:
         if joined is None:
             if current is not None:
                 close(current)
-            x, r, red = _space(item)
+            x, r, red = space_of(item)
             current = KernelGroup([item], x, r, red)
         else:
             current = joined
@@ -182,26 +174,13 @@ def group(items) -> list:
     return out
 
 
-class Kernel:
-    """One launch: the group, which members it stores, and its source."""
-    __slots__ = ("group", "stores", "name", "source", "args", "symbols", "tile")
-
-    def __init__(self, group, stores, name, source, args, symbols=(), tile=None):
-        self.group, self.stores, self.name, self.source, self.args = group, stores, name, source, args
-        self.symbols = list(symbols)  # shape symbols passed after the pointers
-        self.tile = tile  # a tiling.Tile: a 2-D grid of [YBLOCK, XBLOCK] blocks
-
-    def __repr__(self):
-        return f"Kernel({self.name}, stores={[c.name for c in self.stores]})"
-
-
 def schedule(lowered) -> list:
     """Kernels and Externs in launch order.  A computed value is written to memory only
     when another kernel, an extern or the graph's outputs read it.  A graph that writes its
     inputs (an optimizer step) is reordered into fusible chains (foreach.py).  Independent
     pointwise kernels that follow one another launch together as a combo kernel (the
     casts of parameters, of a backward's gradients): a launch costs host time."""
-    ordered = foreach.groups(lowered)
+    ordered = foreach.groups(lowered, group)
     groups = group(lowered.items) if ordered is None else ordered
     needed = set(lowered.wrapper_reads)
     for g in groups:

@@ -1,0 +1,77 @@
+"""Triton functions from kernel source: compiled once per source, with the run-time
+checks of a kernel that has them (debug mode; eager's exception from Triton's
+interpreter).  A leaf: the kernel source generator, the wrapper and rng load kernels
+through it."""
+from __future__ import annotations
+
+import linecache
+import re
+
+_JITTED: dict = {}   # source -> Triton function
+
+
+def load_kernel(name: str, source: str):
+    fn = _JITTED.get(source)
+    if fn is None:
+        import triton
+        import triton.language as tl
+        # Triton reads a kernel's source back through `inspect`, hence linecache.
+        filename = f"<frametrace-triton {name}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        ns = {"triton": triton, "tl": tl, "__name__": "frametrace_triton_kernels"}
+        exec(compile(source, filename, "exec"), ns)
+        fn = ns[name]
+        if "tl.device_assert(" in source:
+            fn = Checked(fn)
+        _JITTED[source] = fn
+    return fn
+
+
+# The exception eager raises for each check a kernel makes (kernel_source.check's messages
+# start with its name): a failed check raises it from the launch.
+_CHECK_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
+
+
+class Checked:
+    """A kernel with run-time checks (`tl.device_assert`).  Triton compiles them only in
+    debug mode, so it launches in debug mode (without Triton's own integer-overflow checks,
+    as Inductor's: Philox and wrapped index arithmetic overflow on purpose).  On CUDA a
+    failed check is a device-side assert, as in eager and Inductor; in Triton's
+    interpreter it raises eager's exception from the launch."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        from triton.runtime import interpreter
+        launch = self.fn[grid]
+        if not isinstance(self.fn, interpreter.InterpretedFunction):
+            return lambda *args, **kwargs: launch(*args, debug=True, sanitize_overflow=False, **kwargs)
+
+        def run(*args, **kwargs):
+            import dataclasses
+            builder = interpreter.interpreter_builder
+            saved = builder.options
+            builder.options = dataclasses.replace(saved, debug=True, sanitize_overflow=False)
+            try:
+                return launch(*args, **kwargs)
+            except Exception as e:
+                error = _check_error(e)
+                if error is None:
+                    raise
+                error.frametrace_check = True  # (not a kernel that failed to launch)
+                raise error from e
+            finally:
+                builder.options = saved
+        return run
+
+
+def _check_error(e: Exception):
+    """Eager's exception for a failed check in Triton's interpreter (which raises an
+    AssertionError with the check's message, wrapped in its own errors), or None."""
+    m = _FAILED_CHECK.search(str(e))
+    return _CHECK_ERRORS[m.group(1)](m.group(2)) if m else None
+
+
+_FAILED_CHECK = re.compile(r"""AssertionError\(['"](%s): ([^'"\n]*)""" % "|".join(_CHECK_ERRORS))
