@@ -356,39 +356,6 @@ def fill_graph_slot(code, slot, fn):
     return code.replace(co_consts=consts)
 
 
-def rebuild_object(cls, attrs):
-    """Make an object of `cls` with these attributes, without running __init__ (the
-    traced __init__ already computed them).  They are what the object held itself:
-    each goes where CPython had it, its slot or its __dict__.  object.__setattr__
-    would instead go through a class's data descriptor of that name: a read-only
-    property filled by `self.__dict__[name] = v` raised, a property's setter ran."""
-    obj = cls.__new__(cls)
-    own = _instance_dict(obj, cls)
-    for name, value in attrs.items():
-        if own is not None and not _is_slot(cls, name):
-            own[name] = value
-        else:
-            object.__setattr__(obj, name, value)
-    return obj
-
-
-def _instance_dict(obj, cls):
-    # The instance dict through type's own descriptor: a class's `__dict__` of its own
-    # (a property) would run its code.
-    for klass in cls.__mro__:
-        descr = klass.__dict__.get("__dict__")
-        if descr is not None:
-            return descr.__get__(obj, cls) if type(descr) is types.GetSetDescriptorType else None
-    return None
-
-
-def _is_slot(cls, name) -> bool:
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return type(klass.__dict__[name]) is types.MemberDescriptorType
-    return False
-
-
 _unhooked_copies = weakref.WeakKeyDictionary()
 _reran = weakref.WeakSet()   # codes whose graph raised (see graph_errors_rerun)
 
