@@ -220,7 +220,6 @@ def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
     `finish_outputs`); with ``single_output`` the graph returns its one output bare,
     not in a tuple (while_loop's cond_fn).  Outputs that share memory with an input are refused unless
     `allow_aliasing` (torch's control-flow ops raise on them)."""
-    from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
     outer = tx.output
     sub = SubgraphOutput(outer)
     if reparametrized is not None:
@@ -239,7 +238,6 @@ def speculate(tx, fn: Var, args: list, what: str, kwargs: dict | None = None, *,
         raise
     finally:
         tx.output = outer
-    assert isinstance(tx, InstructionTranslator)
     changed = before.changed()
     if changed is not None:
         unsupported(f"{what} has a side effect outside it ({changed}): not expressible in a subgraph")
@@ -349,6 +347,9 @@ class StateSnapshot:
 
     def __init__(self, tx, extra: list):
         self._lazy = Lazy
+        # The tracers' frames are walked too: their class is the given tx's (the
+        # interpreter is a layer above, not imported here).
+        self._frame = type(tx)
         roots = [*extra, tx.side_effects]
         t = tx
         while t is not None:
@@ -366,18 +367,16 @@ class StateSnapshot:
             todo.extend(children)
 
     def _walks(self, obj) -> bool:
-        from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
-        return isinstance(obj, (Var, Cell, list, tuple, dict, set, InstructionTranslator, SideEffects))
+        return isinstance(obj, (Var, Cell, list, tuple, dict, set, self._frame, SideEffects))
 
     def _children(self, obj) -> tuple:
-        from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
         if isinstance(obj, (list, tuple, set)):
             return tuple(obj)
         if isinstance(obj, dict):
             return (*obj.keys(), *obj.values())
         if isinstance(obj, Cell):
             return (obj.value,)
-        if isinstance(obj, InstructionTranslator):
+        if isinstance(obj, self._frame):
             return (obj.ip, obj.locals, obj.stack, obj.cells, obj.closure, obj.return_value)
         if isinstance(obj, Var):
             out = []
@@ -408,16 +407,15 @@ class StateSnapshot:
         for obj, children in self.state.values():
             now = self._children(obj)
             if len(now) != len(children) or not all(map(self._same, children, now)):
-                return _describe(obj)
+                return _describe(obj, self._frame)
         return None
 
 
 _MISSING = object()
 
 
-def _describe(obj) -> str:
-    from .interpreter import InstructionTranslator  # (lazy: a layer above, to remove)
-    if isinstance(obj, InstructionTranslator):
+def _describe(obj, frame_type) -> str:
+    if isinstance(obj, frame_type):
         return f"a variable of {obj.code.co_name}"
     if isinstance(obj, Var):
         return repr(obj)
