@@ -19,6 +19,7 @@ from .builtins import SetVar
 from .constant import BINARY_FOLD, ConstVar
 from .containers import DictVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import raise_builtin, raise_folded
+from .fx_values import to_fake
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .objects import ObjectVar
 from .scalars import capturing
@@ -150,7 +151,6 @@ def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
                                   isinstance(v.value, torch.Size) for v in (a, b)) else TupleVar
             return kind(seqs[0].items + seqs[1].items)
     if fn in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge):
-        from ..graph import to_fake     # (lazily: the graph builder is a layer above)
         return ConstVar(bool(fn(to_fake(a), to_fake(b))))
     unsupported(f"{fn.__name__} on {a} and {b}")
 
