@@ -21,6 +21,7 @@ from bytecode import CellVar
 
 from . import _C, cache_limit, config, interop, recompiles, resume, stance
 from . import progress
+from .bytecode_diff import plain_diff
 from .codegen import CodeGen, GraphSlot, fill_graph_slot
 from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
 from .backends import backend_name
@@ -660,7 +661,6 @@ def _install(a, outcome) -> _Outcome:
         guard_log.info("guards of %s (%s:%d):\n  %s", log_name(code), code.co_filename,
                        code.co_firstlineno, "\n  ".join(record.guards))
     if new_code is not None and bytecode_log.isEnabledFor(logging.INFO):
-        from .viewer import plain_diff
         bytecode_log.info("bytecode of %s:\n%s", log_name(code), plain_diff(code, new_code))
     if a.generation != _generation:
         _uninstall(installed)
