@@ -18,11 +18,13 @@ from collections import Counter
 
 import torch
 from bytecode import CellVar
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from . import _C, cache_limit, config, interop, recompiles, resume, stance
 from . import progress
 from .bytecode_diff import plain_diff
-from .codegen import CodeGen, GraphSlot, fill_graph_slot
+from .codegen import CodeGen, GraphSlot, RerunState, fill_graph_slot
 from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
 from .backends import backend_name
 from .global_state import GlobalState
@@ -31,12 +33,14 @@ from .guards import GuardSet
 from .interpreter import InstructionTranslator
 from .shapes import (ShapePolicy, compile_started, forget_real_tensors, forget_sizes,
                      release_shape_env_caches)
-from .variables import DictVar, IteratorVar, ListVar, MethodVar, TensorVar, TupleVar, Var, tensor_facts
+from .variables import (DictVar, IteratorVar, ListVar, MethodVar, NULL, TensorVar, TupleVar, Var,
+                        tensor_facts)
 from .variables.lazy import Lazy
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.subclasses import is_user_container
 from .variables.symbolic import SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
+from .variables.contexts import enclosing_with_starts
 
 log = logging.getLogger("frametrace")
 graph_log = logging.getLogger("frametrace.graph")
@@ -331,8 +335,6 @@ def _inside_torch_tracing() -> bool:
     tracer's input, not a program to compile: a compiled frame there would hand its
     transformed code (grad-mode calls, a graph of FakeTensors) to the tracer, which
     torch.compile avoids by disabling itself in those regions."""
-    from torch.overrides import _get_current_function_mode_stack
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     return any(type(m).__module__.startswith(_TRACER_MODULES)
                for m in (*_get_current_function_mode_stack(), *_get_current_dispatch_mode_stack()))
 
@@ -555,7 +557,6 @@ def _break_candidates(a, e) -> list:
     whole block."""
     if e.break_index is None:
         return []
-    from .variables.contexts import enclosing_with_starts
     offset = a.tracer.instructions[e.break_index].offset
     return [e.break_index] + [a.tracer.index_of[o] for o in enclosing_with_starts(a.code, offset)]
 
@@ -990,7 +991,6 @@ def _rerun_state(output, backend, side_effects, ops_traced=None):
             if not isinstance(i.value, torch.Tensor) or i.value.requires_grad:
                 return None
             copies.append(i.source)
-    from .codegen import RerunState
     return RerunState(bool(mode.used_rng), tuple(sorted(cuda)), autocast, copies)
 
 
@@ -1075,7 +1075,6 @@ def _written_storages(graph) -> set:
 
 def _live_at_break(tracer):
     """The Vars a graph break hands to CPython: the stack, locals and cells."""
-    from .variables import NULL
     # The loops the break is inside go on in the resume function, over what their
     # iterators have left (pulled now, so its tensors are graph outputs).
     for v in tracer.stack:

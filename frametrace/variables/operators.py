@@ -13,6 +13,7 @@ from __future__ import annotations
 import operator
 
 import torch
+import enum
 
 from .base import Var, nouns, unsupported
 from .builtins import SetVar
@@ -190,7 +191,6 @@ def _constant_identity(tx, a, b, same: bool):
     strings, equal tuples), that they are, or are not, one object is a fact: guarded
     between their sources, or (a constant made in the frame, or read back from a
     container) the comparison is left to CPython."""
-    import enum
     va, vb = a.value, b.value
     if type(va) is not type(vb) or isinstance(va, _ONE_OBJECT_PER_VALUE) or isinstance(va, enum.Enum):
         return
