@@ -16,8 +16,8 @@ SCRIPT = textwrap.dedent("""
     import torch, frametrace, frametrace.viewer, frametrace.convert
     {after}
     formatted = []
-    real_diff = frametrace.viewer.plain_diff
-    frametrace.viewer.plain_diff = lambda *a: formatted.append(1) or real_diff(*a)
+    real_diff = frametrace.convert.plain_diff       # (the bytecode log's diff, as convert calls it)
+    frametrace.convert.plain_diff = lambda *a: formatted.append(1) or real_diff(*a)
     real_graph = frametrace.convert.readable_graph
     frametrace.convert.readable_graph = lambda *a: formatted.append(1) or real_graph(*a)
 
