@@ -22,7 +22,8 @@ Checked over `ast`, without importing anything:
 2. imports inside function bodies (of any module, frametrace's or not) number at most
    FUNCTION_LEVEL_CEILING: an import goes to the top of its module unless it must be lazy
    (an import cycle still to be broken, an optional dependency, start-up time), and then
-   says why in a comment.  Lower the ceiling when you move some up.
+   says why in a comment (3: those without one number at most UNEXPLAINED_CEILING).
+   Lower the ceilings when you move some up or explain them.
 
 `python tests/test_import_layers.py` prints the figures and every upward import.
 """
