@@ -553,8 +553,20 @@ def test_lock_entered_again_inside_its_block_is_not_traced_through():
     assert not lock.locked()
     with Recorded() as rec:
         compiled = frametrace.optimize(g, backend=rec.counter)
-        worker = __import__("threading").Thread(target=compiled, args=(torch.randn(2),), daemon=True)
+        ended = []
+
+        def run():
+            try:
+                compiled(torch.randn(2))
+            except RuntimeError:          # (the outer exit releases a lock released below)
+                ended.append(True)
+        worker = __import__("threading").Thread(target=run, daemon=True)
         worker.start()
         worker.join(1.0)
         assert worker.is_alive()          # blocked, as CPython's call is
         assert all(r.outcome != "compiled" for r in rec.records), rec
+        # Unblock it: a thread left inside a call of an optimized function keeps the
+        # frame hook installed for the whole process (later tests check it is not).
+        lock.release()
+        worker.join(10)
+        assert not worker.is_alive() and ended
