@@ -115,10 +115,13 @@ def run_train(variant, compile_fn, device, smoke, whole_step):
     sched = _schedule(opt, steps, warm=5)
     numbers, marks = [], Marks(_graph_count)
 
+    # The model compiled, or (whole_step) the step function around the plain model.
+    fwd = model if whole_step else compile_fn(model)
+
     def step_body(a, b):
         for ids in (a, b):                    # gradient accumulation over 2 micro-batches
             with _autocast(device):
-                loss = model(ids, labels=ids).loss / 2
+                loss = fwd(ids, labels=ids).loss / 2
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -128,41 +131,17 @@ def run_train(variant, compile_fn, device, smoke, whole_step):
     def evaluate():
         model.eval()
         with torch.no_grad(), _autocast(device):
-            out = model(val, labels=val).loss
+            out = fwd(val, labels=val).loss
         model.train()
         return out
 
-    if whole_step:
-        step = compile_fn(step_body)
-        fwd = model
-    else:
-        fwd = compile_fn(model)
-
-        def step(a, b):
-            for ids in (a, b):
-                with _autocast(device):
-                    loss = fwd(ids, labels=ids).loss / 2
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
-
-    eval_fn = evaluate
-    if not whole_step:
-        def eval_fn():
-            model.eval()
-            with torch.no_grad(), _autocast(device):
-                out = fwd(val, labels=val).loss
-            model.train()
-            return out
-
+    step = compile_fn(step_body) if whole_step else step_body
     for i in range(steps):
         marks.append(time.perf_counter())
         numbers.append(float(step(data[2 * i], data[2 * i + 1])))
         sched.step()
         if (i + 1) % 10 == 0 or (smoke and i == 3):
-            numbers.append(float(eval_fn()))
+            numbers.append(float(evaluate()))
         _sync(device)
     return numbers, marks
 
