@@ -371,6 +371,7 @@ def graph_errors_rerun(exc, code, saved=None) -> bool:
     if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
         if saved is not None:
             RerunState.restore(saved, autocast_only=True)
+        _undecorate(exc)
         return False
     if saved is not None:
         RerunState.restore(saved)
@@ -381,6 +382,17 @@ def graph_errors_rerun(exc, code, saved=None) -> bool:
         code.co_name, code.co_filename, code.co_firstlineno, type(exc).__name__,
         str(exc).split("\n")[0][:200])
     return True
+
+
+def _undecorate(exc):
+    """`exc` as the op raised it: torch.fx.Interpreter, which runs some higher-order
+    ops' bodies (checkpoint's on torch 2.11), appends the node it was running to the
+    message; the user's program, run by CPython, never had that node."""
+    args = getattr(exc, "args", None)
+    if args and isinstance(args[0], str):
+        head, sep, tail = args[0].partition("\n\nWhile executing ")
+        if sep and "\nOriginal traceback:\n" in tail:
+            exc.args = (head,) + tuple(args[1:])
 
 
 class RerunState:

@@ -646,9 +646,11 @@ class OutputGraph:
             # Bodies first, as torch.compile does: their torch._check calls become
             # aten._assert_scalar nodes, which AOTAutograd keeps (it would trace a
             # torch._check into its own ShapeEnv and check it nowhere).
-            for sub in [m for m in gm.modules() if m is not gm and isinstance(m, fx.GraphModule)][::-1]:
-                insert_runtime_asserts(sub, self.shape_env, name)
-            insert_runtime_asserts(gm, self.shape_env, name)
+            graphs = [m for m in gm.modules() if isinstance(m, fx.GraphModule)]
+            messages = _check_messages(graphs)
+            for sub in graphs[:0:-1]:
+                insert_runtime_asserts(sub, self.shape_env, name, messages)
+            insert_runtime_asserts(gm, self.shape_env, name, messages)
         gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]
         gm.meta["frametrace_functionalizes"] = self.functionalizes   # (what the trace assumed)
         example_inputs = [i.value for i in self.inputs]
@@ -672,10 +674,11 @@ class OutputGraph:
         return gm, compiled, seconds
 
 
-def insert_runtime_asserts(gm, shape_env, name):
+def insert_runtime_asserts(gm, shape_env, name, messages=None):
     """What the trace assumed about numbers read from data (``torch._check`` facts, a
     size being >= 0, a view's divisibility) is checked when the graph runs: no guard
-    can check it before.  (A fact about input sizes alone is a guard instead.)"""
+    can check it before.  (A fact about input sizes alone is a guard instead.)
+    `messages`: what each fact's ``torch._check`` says when it fails (_check_messages)."""
     for node in gm.graph.nodes:
         message = node.meta.get("check_message")
         if node.target is torch._check and len(node.args) == 1 and message is not None:
@@ -684,7 +687,41 @@ def insert_runtime_asserts(gm, shape_env, name):
             node.args = (node.args[0], message)
     with enable_python_dispatcher(), _unbacked_unreplaced(shape_env):
         insert_deferred_runtime_asserts(gm, shape_env, name)
+    for node in gm.graph.nodes:
+        if node.target is torch._check and node.op == "call_function":
+            # A check the pass kept as a Python call (torch 2.11, where it cannot find
+            # the node binding the symbol: the second branch of a cond) would be traced
+            # by AOTAutograd into its own ShapeEnv and checked nowhere.
+            cond = node.args[0] if node.args else node.kwargs.get("cond")
+            message = node.args[1] if len(node.args) > 1 else node.meta.get("check_message")
+            node.target = torch.ops.aten._assert_scalar.default
+            node.args, node.kwargs = (cond, message or f"{_PASS_MESSAGE}{cond}"), {}
+        # torch 2.11's pass asserts a check's fact where its symbols are bound, before
+        # the check, under "Runtime assertion failed for expression <expr> on node ...",
+        # and drops the check as redundant: the first to fail must say what CPython's
+        # torch._check says.
+        if node.target is torch.ops.aten._assert_scalar.default and len(node.args) == 2 \
+                and isinstance(node.args[1], str) and node.args[1].startswith(_PASS_MESSAGE):
+            expr = node.args[1][len(_PASS_MESSAGE):].rsplit(" on node ", 1)[0]
+            if messages and expr in messages:
+                node.args = (node.args[0], messages[expr])
     gm.recompile()
+
+
+_PASS_MESSAGE = "Runtime assertion failed for expression "
+
+
+def _check_messages(graphs) -> dict:
+    """str(fact) -> the message of the ``torch._check`` that added it, over `graphs`
+    (a frame's graph and its bodies share one ShapeEnv)."""
+    out = {}
+    for g in graphs:
+        for node in g.graph.nodes:
+            message = node.meta.get("check_message")
+            if node.target is torch._check and message is not None:
+                for expr in node.meta.get("check_exprs", ()):
+                    out.setdefault(str(expr), message)
+    return out
 
 
 @contextlib.contextmanager

@@ -124,6 +124,8 @@ def call_check(tx, fn, args, kwargs):
             return ConstVar(None)
         unsupported(f"torch.{fn.__name__}() of {cond} fails (or is not a bool)")
     # The trace records the fact; the graph's runtime asserts check it.
+    deferred = tx.output.shape_env.deferred_runtime_asserts
+    before = {k: len(v) for k, v in deferred.items()}
     out = tx.output.call("call_function", fn, (cond,), {})
     if fn is torch._check:
         node = next(iter(reversed(tx.output.graph.nodes)), None)    # (torch 2.11: no iterator)
@@ -132,6 +134,10 @@ def call_check(tx, fn, args, kwargs):
             # torch's own message, the user's when it is a constant, else the pass's.
             node.meta["check_message"] = _static_message(bound["message"]) \
                 if "message" in bound else CHECK_MESSAGE
+            # The facts this check added: torch 2.11's pass asserts them where their
+            # symbols are bound, ahead of this node, with a message of its own.
+            node.meta["check_exprs"] = [ra.expr for k, v in deferred.items()
+                                        for ra in v[before.get(k, 0):]]
     return out
 
 
