@@ -48,9 +48,10 @@ class _python_floats_kept:
     op (`add_(g, alpha=-lr)`, `lerp_(g, 1 - beta1)`, `beta1 ** step`) it asks for the
     float as a constant, and every new value recompiles (SGD under any schedule, Adam
     under OneCycleLR).  aot_eager's graphs run their ATen ops as they are: the float
-    reaches each op as the Python float eager passes.  torch offers no switch but its
-    pass module's own predicate (cached for the process, read from the environment),
-    which is replaced for the call (`config.aot_eager_keeps_python_floats`)."""
+    reaches each op as the Python float eager passes.  torch offers no switch (torch
+    2.13 reads a predicate cached for the process, 2.11 the environment), so the pass
+    as AOTAutograd's graph compiler calls it is replaced, in this thread, for the call
+    (`config.aot_eager_keeps_python_floats`)."""
 
     def __init__(self, example_inputs):
         self.active = config.aot_eager_keeps_python_floats and \
@@ -62,22 +63,22 @@ class _python_floats_kept:
             return
         try:
             # (lazy: a private module of torch's, which some versions lack)
-            from torch.fx.passes import _tensorify_python_scalars as pass_module
-            original = pass_module._is_tensorify_enabled
+            from torch._functorch._aot_autograd import graph_compile as caller
+            original = caller.tensorify_python_scalars
         except (ImportError, AttributeError):
             return          # (another torch: its own behaviour, a restart per value at worst)
         thread = threading.get_ident()
 
-        def enabled():
-            return False if threading.get_ident() == thread else original()
-        pass_module._is_tensorify_enabled = enabled
-        self.installed = (pass_module, original, enabled)
+        def tensorify(gm, *args, **kwargs):
+            return None if threading.get_ident() == thread else original(gm, *args, **kwargs)
+        caller.tensorify_python_scalars = tensorify
+        self.installed = (caller, original, tensorify)
 
     def __exit__(self, *exc):
         if self.installed is not None:
-            pass_module, original, enabled = self.installed
-            if pass_module._is_tensorify_enabled is enabled:
-                pass_module._is_tensorify_enabled = original
+            caller, original, tensorify = self.installed
+            if caller.tensorify_python_scalars is tensorify:
+                caller.tensorify_python_scalars = original
         return False
 
 
