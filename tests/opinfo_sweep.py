@@ -28,6 +28,7 @@ Run the full sweep (long) or a part of it::
     python tests/opinfo_sweep.py                               # every op, eager and aot_eager
     python tests/opinfo_sweep.py --backends eager --ops add,mul --layouts plain,transposed
     TRITON_INTERPRET=1 python tests/opinfo_sweep.py --backends triton --samples 1
+    python tests/opinfo_sweep.py --backends triton --device cuda --samples 1    # on a GPU
 
 It prints a table (ops x backends: right / wrong / error / uncompiled / skipped) and every
 wrong or error case.  `tests/test_opinfo_sweep.py` runs a fixed subset of it in CI.
@@ -386,16 +387,16 @@ def _compare_calls(case, program, compiled, counter, first, records, errors, cal
     return Outcome("right")
 
 
-def pick_dtype(op, wanted):
-    dtypes = op.supported_dtypes("cpu")
+def pick_dtype(op, wanted, device="cpu"):
+    dtypes = op.supported_dtypes(device)
     for d in (wanted, torch.float32, torch.float64, torch.int64, torch.bool):
         if d in dtypes:
             return d
     return None
 
 
-def cases_for(op, layouts, samples, dtype, grad, rng, posts=("none",)):
-    dt = pick_dtype(op, dtype)
+def cases_for(op, layouts, samples, dtype, grad, rng, posts=("none",), device="cpu"):
+    dt = pick_dtype(op, dtype, device)
     if dt is None:
         return
     variants = ["out-of-place"]
@@ -404,7 +405,7 @@ def cases_for(op, layouts, samples, dtype, grad, rng, posts=("none",)):
     grad_ok = grad and op.supports_autograd and dt.is_floating_point
     torch.manual_seed(rng.randrange(2 ** 31))     # the same values whatever ran before
     try:
-        all_samples = list(itertools.islice(op.sample_inputs("cpu", dt, requires_grad=False), 64))
+        all_samples = list(itertools.islice(op.sample_inputs(device, dt, requires_grad=False), 64))
     except Exception:
         return
     if not all_samples:
@@ -422,7 +423,7 @@ def cases_for(op, layouts, samples, dtype, grad, rng, posts=("none",)):
 
 
 def sweep(ops, backends, layouts, samples=None, dtype=torch.float32, grad=False, seed=0,
-          verbose=False, out=sys.stdout, posts=("none",)):
+          verbose=False, out=sys.stdout, posts=("none",), device="cpu"):
     """Run every case; returns {(op name, backend): {result: count}} and the failures."""
     import random
     rng = random.Random(seed)
@@ -431,7 +432,7 @@ def sweep(ops, backends, layouts, samples=None, dtype=torch.float32, grad=False,
     for op in ops:
         if op.name in _NONDETERMINISTIC:
             continue
-        op_cases = list(cases_for(op, layouts, samples, dtype, grad, rng, posts))
+        op_cases = list(cases_for(op, layouts, samples, dtype, grad, rng, posts, device))
         for backend in backends:
             row = table.setdefault((op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""),
                                     backend), dict.fromkeys(RESULTS, 0))
@@ -488,6 +489,7 @@ def main(argv=None):
     p.add_argument("--posts", default="none,contiguous",
                    help="what the program does after the op: none, contiguous (of every output)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the samples live (cuda: the GPU)")
     p.add_argument("--start", type=int, default=0, help="skip the first N ops of op_db")
     p.add_argument("--count", type=int, default=None, help="run N ops")
     p.add_argument("--quiet", action="store_true")
@@ -498,7 +500,7 @@ def main(argv=None):
     backends = [b for b in a.backends.split(",") if b]
     t0 = time.time()
     table, failures = sweep(ops, backends, [l for l in a.layouts.split(",") if l], a.samples,
-                            grad=a.grad, seed=a.seed, posts=tuple(a.posts.split(",")), verbose="all" if a.show_uncompiled else not a.quiet)
+                            grad=a.grad, seed=a.seed, posts=tuple(a.posts.split(",")), device=a.device, verbose="all" if a.show_uncompiled else not a.quiet)
     print(f"\n{len(ops)} ops, {time.time() - t0:.0f} s")
     summary(table, backends)
     return 1 if failures else 0
