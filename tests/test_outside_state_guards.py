@@ -8,6 +8,7 @@ an action (seen by both the CPython and the compiled run of that call)."""
 import json
 import math
 import os
+import types
 
 import pytest
 import torch
@@ -391,6 +392,22 @@ def reads_registry(v):
 def test_dict_subclass_contents_change_is_seen():
     check(reads_registry, [x(), Then(lambda: REGISTRY.update(a=5), x()),
                            Then(lambda: REGISTRY.update(b=2), x())])
+
+
+_BACKING = {"scale": 2.0}
+SETTINGS = types.MappingProxyType(_BACKING)     # a read-only view of a dict that changes
+
+
+def reads_with_a_traced_default(v, name):
+    # the default is a value of the trace's (a tensor), not a constant
+    return v * SETTINGS.get(name, v)
+
+
+def test_mapping_get_with_a_traced_default_follows_the_mapping():
+    check(reads_with_a_traced_default,
+          [(x(), "scale"), (x(), "shift"), Then(lambda: _BACKING.update(shift=-1.0), (x(), "shift")),
+           Then(lambda: _BACKING.update(scale=3.0), (x(), "scale")),
+           Then(lambda: _BACKING.pop("scale"), (x(), "scale"))], breaks=0)
 
 
 # -- 9. aliasing of inputs --

@@ -134,6 +134,14 @@ class ObjectVar(ValueVar):
                     unsupported(f"{type(self.value).__name__}.{name}() raised {type(e).__name__}")
                 listed = isinstance(result, (type({}.keys()), type({}.values()), type({}.items())))
                 return self._read(tx, list(result) if listed else result, name, consts, listed)
+        if name == "get" and len(args) == 2 and not kwargs and args[0].is_const() and \
+                isinstance(self.value, collections.abc.Mapping) and \
+                not isinstance(self.value, (type, types.ModuleType)):
+            # `registry.get(name, fallback_function)`: the default is any value of the
+            # trace's; which one is answered depends only on whether the key is there.
+            if not self.contains(tx, args[0]):
+                return args[1]
+            return self.getitem(tx, args[0])
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
                 callable(getattr(self.value, name, None)):
             # (getattr gives a MethodVar calling this method again: `d.get(k, tensor)` of
