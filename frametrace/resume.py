@@ -468,7 +468,7 @@ def cells_to_store(tracer) -> list[str]:
 # What the rest of a statement may do in CPython right after its break (see
 # `statement_rest`): load constants and locals, format, and call these builtins.
 _REST_CALLEES = (print, round, str, repr, format, float, int, abs, bool)
-_REST_OPS = frozenset({"LOAD_CONST", "LOAD_FAST", "PUSH_NULL", "PRECALL", "CALL", "KW_NAMES",
+_REST_OPS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_FAST_CHECK", "PUSH_NULL", "PRECALL", "CALL", "KW_NAMES",
                        "FORMAT_VALUE", "BUILD_STRING", "BUILD_TUPLE", "POP_TOP"})
 
 
@@ -490,7 +490,7 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
     trace guarded them: no other code runs), on the break's line, outside any try or
     with block; the resume function starts after the last such call (or at the next
     statement).  config.break_runs_statement_rest = False: the break runs its call only."""
-    if PY312 or inst.opname != "CALL" or not config.break_runs_statement_rest or \
+    if inst.opname != "CALL" or not config.break_runs_statement_rest or \
             inst.positions is None or inst.positions.lineno is None:
         return None
     new, new_null = object(), object()
@@ -509,7 +509,7 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
                 i.positions.lineno != inst.positions.lineno or \
                 exception_cover(tracer.code, i.offset)[0] is not None:
             break
-        if name in ("LOAD_CONST", "LOAD_FAST"):
+        if name in ("LOAD_CONST", "LOAD_FAST", "LOAD_FAST_CHECK"):
             stack.append(new)
         elif name == "PUSH_NULL":
             stack.append(new_null)
