@@ -23,6 +23,16 @@ def _fresh_frametrace():
     leaked = torch.is_grad_enabled() != grad
     torch.set_grad_enabled(grad)
     assert not leaked, "grad mode changed by the test"
+    # Saved-tensor hooks left installed (a checkpoint whose generator a kept exception
+    # holds open) refuse torch.func transforms and change what graphs may rerun in every
+    # later test.
+    if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        gc.collect()
+        hooks = 0
+        while torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            hooks += 1
+        assert not hooks, f"the test left {hooks} saved-tensor hooks installed"
 
 
 @pytest.fixture
