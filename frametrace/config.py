@@ -117,6 +117,14 @@ compile_status_after = 2.0
 # False: the rewrite runs, as under torch.compile.
 aot_eager_keeps_python_floats = True
 
+# The same for backend="triton": a graph with a symbolic float input runs its aten ops
+# as they are (the floats as Python floats, no kernels for that graph: an optimizer
+# step under a scheduler) instead of compiling again for every new value, as
+# torch.compile's Inductor does (on the H200, a GPT-2 training step whose lr a scheduler
+# moved compiled 7 times after warm-up, then hit the cache limit).  False: the rewrite
+# runs and the floats become constants.
+triton_keeps_python_floats = True
+
 # Logging calls (`log.info(...)`, `logging.warning(...)`) and `warnings.warn` in traced
 # code are made after the graph, in order with the other replayed effects, instead of
 # breaking it; a call on a logger disabled at trace time is dropped, guarded on

@@ -524,3 +524,13 @@ def test_scheduler_held_by_a_trainer_module(backend):
     per_step, counter, _ = run_loop(MODULE_TRAINER, steps=36, backend=backend,
                                     compiled=("trainer.train_step",), exact=True)
     assert counter.frame_count <= 6, (counter.frame_count, per_step)
+
+
+@pytest.mark.parametrize("src", [COSINE, SGD_COSINE], ids=["adamw", "sgd"])
+def test_scheduler_on_the_triton_backend_compiles_once_for_the_lr(triton_interpreter, src):
+    # The triton backend (the default on CUDA) keeps the changing lr a Python float too:
+    # the step's graph runs as aten ops instead of compiling again for every new lr
+    # (config.triton_keeps_python_floats).  Values as CPython's after every step.
+    per_step, counter, _ = run_loop(src, steps=12, backend="triton")
+    assert counter.frame_count <= 5, (counter.frame_count, per_step)
+

@@ -15,6 +15,8 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
+from ... import config as frametrace_config
+from ..python_floats import python_floats_kept
 from . import config
 from .context import CompileContext
 from .kernel_source import KernelCodegen
@@ -106,6 +108,9 @@ def _why_not(example_inputs, device) -> str | None:
             if isinstance(t, torch.SymInt) and not config.dynamic_shapes:
                 return "symbolic shapes"
             continue
+        if isinstance(t, torch.SymFloat):
+            return "a float input that changes between calls (kept a Python float: " \
+                   "frametrace.config.triton_keeps_python_floats)"
         if not isinstance(t, torch.Tensor):
             return f"a non-tensor input ({type(t).__name__}: dynamic shapes)"
         if not config.dynamic_shapes and any(not isinstance(s, int) for s in t.shape):
@@ -117,12 +122,12 @@ def _why_not(example_inputs, device) -> str | None:
     return None
 
 
-def _eager_whole(reason, device, how="aot_eager"):
+def _eager_whole(reason, device, how="aot_eager", expected=False):
     """Log a graph that runs without kernels: a warning for a GPU graph (a CPU graph runs
-    without them unless Triton's interpreter is asked for)."""
+    without them unless Triton's interpreter is asked for), unless `expected`."""
     STATS["eager_graphs"] += 1
     output_code.info("triton backend: %s; this graph runs with %s", reason, how)
-    level = logging.WARNING if device.type == "cuda" else logging.INFO
+    level = logging.WARNING if device.type == "cuda" and not expected else logging.INFO
     perf_hints.log(level, "triton backend: %s; this graph runs with %s", reason, how)
     log.log(level, "triton backend: %s; this graph runs with %s", reason, how)
 
@@ -154,18 +159,21 @@ def compile_graph(gm, example_inputs):
     reason = _why_not(example_inputs, device)
     if reason is not None and device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         _cpu_graph()
+    floats = python_floats_kept(example_inputs, frametrace_config.triton_keeps_python_floats)
     if reason is not None:
-        _eager_whole(reason, device)
-        return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
-                                     keep_inference_input_mutations=True)
+        _eager_whole(reason, device, expected=floats.active)
+        with floats:
+            return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
+                                         keep_inference_input_mutations=True)
     from .attention import drop_trivial_masks
     if drop_trivial_masks(gm):
         log.debug("triton backend: dropped attention masks that mask nothing")
     from .partition import partition
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_training_forward,
-                                 bw_compiler=compile_backward, inference_compiler=compile_forward,
-                                 partition_fn=partition, decompositions=decompositions(),
-                                 keep_inference_input_mutations=True)
+    with floats:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_training_forward,
+                                     bw_compiler=compile_backward, inference_compiler=compile_forward,
+                                     partition_fn=partition, decompositions=decompositions(),
+                                     keep_inference_input_mutations=True)
 
 
 def _graph_device(gm, example_inputs):
@@ -202,7 +210,9 @@ def _compile(gm, example_inputs, kind):
     device = _graph_device(gm, example_inputs)
     reason = _why_not(example_inputs, device) or (None if config.dynamic_shapes else _symbolic(gm))
     if reason is not None:
-        _eager_whole(reason, device, "eagerly")
+        # (a float kept a Python float is the switch's promise, not a surprise to warn of)
+        _eager_whole(reason, device, "eagerly",
+                     expected=any(isinstance(t, torch.SymFloat) for t in example_inputs))
         return _eager(gm, example_inputs)
     aten_nodes: dict = {}   # FX node -> why it runs as aten, from failed builds and launches
     hinted: set = set()     # the fallbacks logged
