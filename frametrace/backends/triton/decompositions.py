@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._decomp import core_aten_decompositions, decomposition_table, get_decompositions
 
 from . import foreach
 
@@ -58,6 +58,28 @@ def _batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, 
     return (out.to(x.dtype),) + stats
 
 
+def _in_input_layout(decomposed):
+    """torch's decomposition of an upsampling (nearest, linear), with its result in the
+    input's memory format, as aten's kernels give it on every device (their structured
+    meta asks for the input's suggested format).  torch's decomposition (and its meta
+    function, which the fake tensors follow) stores a CUDA input of few channels (under 4
+    for nearest, 16 for linear) contiguous, a speed heuristic of Inductor's: a
+    channels-last image upsampled on the GPU came back contiguous where eager's is
+    channels-last."""
+    def upsample(x, *args, **kwargs):
+        out = decomposed(x, *args, **kwargs)
+        fmt = torch._prims_common.suggest_memory_format(x)
+        if fmt is not torch.contiguous_format and not out.is_contiguous(memory_format=fmt):
+            out = out.clone(memory_format=fmt)
+        return out
+    return upsample
+
+
+_UPSAMPLINGS = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+                "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+                "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d")
+
+
 @functools.lru_cache(None)
 def decompositions():
     table = dict(core_aten_decompositions())
@@ -80,6 +102,12 @@ def decompositions():
     table[aten.embedding.default] = _embedding
     table.update(foreach.decompositions())  # per tensor: each tensor's chain fuses
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_inference
+    for name in _UPSAMPLINGS:
+        packet = getattr(aten, name)
+        for overload in ("default", "vec"):
+            op = getattr(packet, overload, None)
+            if op is not None and op in decomposition_table:
+                table[op] = _in_input_layout(decomposition_table[op])
     # random ops: seeded Philox numbers that kernels generate (rng.py)
     from . import rng
     table.update(rng.decompositions())
