@@ -8,6 +8,7 @@ globals and closure cells are read through it.
 from __future__ import annotations
 import torch
 import types
+import typing
 
 
 def guard_local_name(name: str) -> str:
@@ -286,8 +287,9 @@ def const_sources(source):
 
 
 def _named_arg(a) -> bool:
-    """Arguments a guard names as constants: classes and functions (fixed objects)."""
-    return isinstance(a, (type, types.FunctionType, types.BuiltinFunctionType))
+    """Arguments a guard names as constants: classes, functions and typing's special
+    forms (`Union`, `Literal`): fixed objects."""
+    return isinstance(a, (type, types.FunctionType, types.BuiltinFunctionType, typing._SpecialForm))
 
 
 def _class_arg(cls):

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import types
+import typing
 
 import pytest
 import torch
@@ -408,6 +409,32 @@ def test_mapping_get_with_a_traced_default_follows_the_mapping():
           [(x(), "scale"), (x(), "shift"), Then(lambda: _BACKING.update(shift=-1.0), (x(), "shift")),
            Then(lambda: _BACKING.update(scale=3.0), (x(), "scale")),
            Then(lambda: _BACKING.pop("scale"), (x(), "scale"))], breaks=0)
+
+
+def _check_list(v, args):
+    return v * len(args)
+
+
+def _check_union(v, args):
+    return v + len(args)
+
+
+# keyed by typing's forms and classes (huggingface_hub's type validators)
+BY_ORIGIN = {typing.Union: _check_union, list: _check_list}
+
+
+def validated(v, hint):
+    check_fn = BY_ORIGIN.get(typing.get_origin(hint))
+    if check_fn is None:
+        return v - 1
+    return check_fn(v, typing.get_args(hint))
+
+
+def test_mapping_get_keyed_by_a_typing_form_or_a_class():
+    check(validated, [(x(), typing.Optional[int]), (x(), list[int]), (x(), int),
+                      Then(lambda: BY_ORIGIN.pop(list), (x(), list[int])),
+                      Then(lambda: BY_ORIGIN.update({list: _check_union}), (x(), list[int]))],
+          breaks=0)
 
 
 # -- 9. aliasing of inputs --

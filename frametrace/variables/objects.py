@@ -14,7 +14,7 @@ import torch
 import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
-                      GlobalSource)
+                      GlobalSource, _named_arg)
 from .base import ValueVar, Var, a_type, safe_repr, unsupported
 from .contexts import GradModeSetVar, context_class, context_function
 from .constant import ConstVar, is_pure_method
@@ -134,13 +134,15 @@ class ObjectVar(ValueVar):
                     unsupported(f"{type(self.value).__name__}.{name}() raised {type(e).__name__}")
                 listed = isinstance(result, (type({}.keys()), type({}.values()), type({}.items())))
                 return self._read(tx, list(result) if listed else result, name, consts, listed)
-        if name == "get" and len(args) == 2 and not kwargs and args[0].is_const() and \
+        if name == "get" and len(args) in (1, 2) and not kwargs and \
+                _lookup_key(args[0]) is not _NO_KEY and \
                 isinstance(self.value, collections.abc.Mapping) and \
                 not isinstance(self.value, (type, types.ModuleType)):
-            # `registry.get(name, fallback_function)`: the default is any value of the
-            # trace's; which one is answered depends only on whether the key is there.
+            # `registry.get(name, fallback_function)`, `validators.get(get_origin(t))`: the
+            # default is any value of the trace's, the key a constant or a fixed object;
+            # which one is answered depends only on whether the key is there.
             if not self.contains(tx, args[0]):
-                return args[1]
+                return args[1] if len(args) == 2 else ConstVar(None)
             return self.getitem(tx, args[0])
         if name in _PURE_READERS and not isinstance(self.value, (type, types.ModuleType)) and \
                 callable(getattr(self.value, name, None)):
@@ -939,6 +941,11 @@ def _lookup_key(v):
     from .functions import UserFunctionVar  # (lazy: import cycle, to break)
     if isinstance(v, UserFunctionVar):
         return v.fn
+    if isinstance(v, ObjectVar) and _named_arg(v.value) and \
+            type(v.value).__hash__ is object.__hash__ and type(v.value).__eq__ is object.__eq__:
+        # a class or a typing form (`Union`), hashed by identity: the object itself finds
+        # what it finds in CPython, and guards name it as a constant
+        return v.value
     return v.as_const() if v.is_const() else _NO_KEY
 
 
