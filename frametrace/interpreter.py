@@ -41,6 +41,7 @@ from .variables.operators import binary_op, contains, delete_list_item, is_none,
 from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
 from .variables.stdlib import DequeVar
 from .variables.subclasses import container_format
+from .variables.symbolic import lazily_formatted, lazily_joined
 
 PY312 = sys.version_info >= (3, 12)
 # Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
@@ -620,7 +621,8 @@ class InstructionTranslator:
 
     def BUILD_STRING(self, inst):
         parts = self.popn(inst.arg)
-        self.push(ConstVar("".join(p.as_const() for p in parts)))
+        lazy = lazily_joined(parts)
+        self.push(lazy if lazy is not None else ConstVar("".join(p.as_const() for p in parts)))
 
     def BUILD_SET(self, inst):
         self.push(SetVar.of_vars(self, self.popn(inst.arg)))
@@ -704,6 +706,10 @@ class InstructionTranslator:
         if isinstance(value, ExceptionVar) and inst.arg & 0x03 in (0, 1) and not inst.arg & 0x04:
             value = value.format_of(self)
         conv = inst.arg & 0x03
+        lazy = lazily_formatted(value, conv, spec)
+        if lazy is not None:
+            self.push(lazy)
+            return
         if not value.is_const():
             text = container_format(self, value, "repr" if conv == 2 else "str") \
                 if conv != 3 and not spec else None

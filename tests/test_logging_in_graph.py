@@ -108,6 +108,23 @@ def test_fullgraph_accepts_logging_warnings_and_asserts():
     assert cnt.frame_count == 1
 
 
+def logs_progress(x, step, lr):
+    y = x.sin() * lr
+    msg = f"step {step:>4} lr {lr:.3e}"           # symbolic numbers, formatted at run time
+    log.info(msg)
+    log.info(f"{step!r}|{lr}")
+    return y + step, msg, [f"s{step}"]          # strings returned: formatted at run time
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_f_strings_of_changing_numbers_compile_once(backend):
+    # a step counter and an lr formatted into log lines recompiled every step (each
+    # formatted value was guarded); now 0 and 1 specialize, then one symbolic entry
+    r = check(logs_progress, [(torch.randn(3), i, 0.1 / (i + 1)) for i in range(8)],
+              backend=backend, globals=("EVENTS",), breaks=0, fallbacks=0)
+    assert r.compiles <= 3, r
+
+
 def enable_debug():
     log.setLevel(logging.DEBUG)
 

@@ -277,3 +277,40 @@ def test_reason_names_the_value_not_the_arguments(capsys):
     assert rounding.startswith("round() needs the value of a float"), rounding
     assert ", 3" not in rounding
     assert len(_pairs(capsys)) == 3
+
+
+# ------------------------------------------------------------- numbers in f-strings
+def step_logged(x, step):
+    loss = (x * x).sum()
+    print(f"step {step:>3} loss {loss.item():.4f}")
+    return loss + step
+
+
+def test_a_step_counter_in_a_printed_line_stays_symbolic(capsys):
+    # f"step {step}" formats a symbolic int: CPython formats it at the break, from the
+    # number's value, instead of the trace pinning it (a recompile per step)
+    frametrace.reset()
+    r = check(step_logged, [(torch.randn(6), i) for i in range(8)])
+    # one break per compile, three compiles: 0 and 1 specialized, then symbolic
+    assert r.breaks == 3 and r.compiles == 6, r
+    printed = _pairs(capsys)
+    assert [l.split()[1] for l in printed] == [str(i) for i in range(8)]
+
+
+LAYERS = {f"layer{i}": i * 10 for i in range(6)}
+
+
+def named_layer(x, i):
+    name = f"layer{i}"                       # used as a key: pinned, as before
+    return x + LAYERS[name] + len(name)
+
+
+def scaled_label(x, i):
+    label = f"{i:03d}|{i!r}|{i * 2.5:.2f}"    # joined into a string the trace returns
+    return x * i, label
+
+
+def test_a_formatted_number_read_as_a_constant_is_pinned():
+    frametrace.reset()
+    check(named_layer, [(torch.randn(3), i) for i in range(6)])
+    check(scaled_label, [(torch.randn(3), i) for i in (2, 3, 11, 250)])

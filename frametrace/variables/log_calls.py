@@ -42,7 +42,7 @@ from .constant import ConstVar
 from .containers import DictVar, TupleVar, key_var
 from .contexts import ExitVar, NullContextVar
 from .functions import BoundMethodVar
-from .symbolic import SymNodeVar
+from .symbolic import FormattedVar, SymNodeVar
 from .tensor import TensorVar
 from ..source import CallMethodSource, ConstSource
 
@@ -138,8 +138,8 @@ def _replayable(tx, v: Var, what: str):
         for item in v.items:
             _replayable(tx, item, what)
         return
-    if type(v) is SymNodeVar:
-        return
+    if type(v) in (SymNodeVar, FormattedVar):
+        return                       # (formatted by the replay, from the number's value)
     if v.is_const() and _immutable(v.as_const()):
         return
     if v.source is not None and v.python_type() in _IMMUTABLE:

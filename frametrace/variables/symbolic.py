@@ -349,6 +349,81 @@ class SymNodeVar(Var):
         return f"SymNodeVar({self.node.name}: {self.example})"
 
 
+class FormattedVar(Var):
+    """A string made by an f-string with symbolic numbers in it (``f"step {i}"``),
+    formatted when read.  Read as a constant (a dict key, a string method, a string the
+    trace returns), it pins the numbers, a guard on each value, as formatting them at
+    once did; passed on untouched (to a print() at a graph break, a log call replayed
+    after the graph) CPython formats it from the numbers' values at run time, and they
+    stay symbolic.  A step counter printed every step recompiled every step.
+    `pieces`: constant strings, and (SymNodeVar, conversion, format spec) fields."""
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces):
+        super().__init__()
+        self.pieces = tuple(pieces)
+
+    def python_type(self):
+        return str
+
+    def is_const(self):
+        return True
+
+    def as_const(self):
+        return "".join(p if isinstance(p, str) else formatted(p[0].as_const(), p[1], p[2])
+                       for p in self.pieces)
+
+    def getattr(self, tx, name):
+        return ConstVar(self.as_const()).getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        return ConstVar(self.as_const()).call_method(tx, name, args, kwargs)
+
+    def getitem(self, tx, key):
+        return ConstVar(self.as_const()).getitem(tx, key)
+
+    def reconstruct(self, cg):
+        template = tuple(p if isinstance(p, str) else p[1:] for p in self.pieces)
+        cg.call_const(format_pieces, [lambda cg: cg.load_const(template)] +
+                      [p[0].reconstruct for p in self.pieces if not isinstance(p, str)])
+
+    def __repr__(self):
+        return f"FormattedVar({self.pieces!r})"
+
+
+def formatted(value, conv: int, spec: str) -> str:
+    """What FORMAT_VALUE makes of `value` (`conv`: its low bits, 1 str, 2 repr, 3 ascii)."""
+    value = {0: value, 1: str, 2: repr, 3: ascii}[conv](value) if conv else value
+    return format(value, spec)
+
+
+def format_pieces(template, *numbers) -> str:
+    """A FormattedVar's string from its numbers' run-time values."""
+    it = iter(numbers)
+    return "".join(p if isinstance(p, str) else formatted(next(it), *p) for p in template)
+
+
+def lazily_formatted(value: Var, conv: int, spec: str):
+    """FORMAT_VALUE of a symbolic int or float: a FormattedVar; else None."""
+    if isinstance(value, SymNodeVar) and is_symbolic(value.example) and value.is_const() and \
+            isinstance(value.example, (torch.SymInt, torch.SymFloat)):
+        return FormattedVar([(value, conv, spec)])
+    return None
+
+
+def lazily_joined(parts):
+    """BUILD_STRING of constant strings and FormattedVars (at least one): a FormattedVar;
+    else None."""
+    if not any(isinstance(p, FormattedVar) for p in parts) or \
+            not all(isinstance(p, FormattedVar) or (p.is_const() and isinstance(p.as_const(), str))
+                    for p in parts):
+        return None
+    pieces = []
+    for p in parts:
+        pieces.extend(p.pieces if isinstance(p, FormattedVar) else [p.as_const()])
+    return FormattedVar(pieces)
+
+
 class SliceVar(Var):
     """A slice with a symbolic bound (``x[:, :n]``), passed to the graph as is."""
     __slots__ = ("parts",)
