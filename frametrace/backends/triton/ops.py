@@ -407,8 +407,11 @@ def view(L, node, x, index_map, view_fn):
     # reshape, an expand): stored, it is a view of that value stored, so that a value
     # realized both as it is and viewed (a cast weight: saved, and transposed for a
     # matmul) is one buffer and one kernel
+    # (and a view the graph returns: eager returns a view of the value, sharing its
+    # memory and strides with the other views returned, unbind's pieces of a stack)
     aliasable = isinstance(x, Computed) or (isinstance(x, Pointwise) and (
-        x.alias is not None or layout._static(x.shape) and layout._static(shape) and x.numel <= math.prod(shape)))
+        x.alias is not None or layout._static(x.shape) and layout._static(shape) and x.numel <= math.prod(shape)
+        or _returned(node) and layout._static(x.shape)))
     return pointwise(shape, dtype, lambda k, idx: x.load(k, index_map(idx)), x,
                      alias=(x, view_fn) if aliasable else None)
 
@@ -496,9 +499,17 @@ def _select(L, node, x, dim, index):
 
 
 class _Sub:
-    """A stand-in FX node for one piece of a split: its own meta val."""
-    def __init__(self, val):
+    """A stand-in FX node for one piece of a split: its own meta val, and the users of
+    the getitem that takes it (`piece`: its index)."""
+    def __init__(self, val, node=None, piece=None):
         self.meta = {"val": val}
+        self.users = {u: None for g in (node.users if node is not None else ())
+                      if g.target is operator.getitem and g.args[1] == piece for u in g.users}
+
+
+def _returned(node) -> bool:
+    """Whether `node`'s value is one of the graph's outputs as it is."""
+    return any(getattr(u, "op", None) == "output" for u in getattr(node, "users", ()))
 
 
 @register(aten.split.Tensor, aten.split_with_sizes, aten.unbind.int)
@@ -506,12 +517,12 @@ def _split(L, node, x, sizes=0, dim=0):
     vals = node.meta["val"]
     if node.target is aten.unbind.int:
         dim = sizes
-        return [_select(L, _Sub(v), x, dim, i) for i, v in enumerate(vals)]
+        return [_select(L, _Sub(v, node, i), x, dim, i) for i, v in enumerate(vals)]
     dim %= len(x.shape)
     out, start = [], 0
-    for v in vals:
+    for i, v in enumerate(vals):
         n = shape_of(v.shape)[dim]
-        out.append(_slice(L, _Sub(v), x, dim, start, start + n))
+        out.append(_slice(L, _Sub(v, node, i), x, dim, start, start + n))
         start += n
     return out
 
