@@ -69,6 +69,7 @@ class SideEffects:
         after the graph, would see it (and a list they append to would be overwritten
         by its traced contents).  CPython makes it, at a break."""
         if self._calls:
+            what = what() if callable(what) else what
             unsupported(f"{what} after a logging call or warning in the same graph "
                         "(its handlers run after the graph)")
 
@@ -127,7 +128,7 @@ class SideEffects:
             # write back; from now on it is a container of the trace, rebuilt if needed.
             var.source = None
             return
-        self.fence(f"changing {var}")
+        self.fence(lambda: f"changing {var}")      # (its text reads a lazy dict whole)
         key = ("container", id(real_obj))
         self.writes += 1
         if key not in self._containers:
@@ -315,8 +316,23 @@ def _deleted():
     return DELETED
 
 
+class _Stores(dict):
+    """Stores to replay key by key into a dict from outside (see DictVar.stored_items)."""
+    __slots__ = ()
+
+
 def _new_contents(cg, var):
-    """Push the final contents of a list or dict from outside (a new list / dict)."""
+    """Push the final contents of a list or dict from outside (a new list / dict), or
+    the stores into a dict the trace never read whole (a _Stores)."""
+    stored = var.stored_items() if isinstance(var, DictVar) else None
+    if stored is not None:
+        def build(cg):
+            for k, v in stored.items():
+                emit_key(cg, k, var)
+                v.reconstruct(cg)
+            cg.build(dict, len(stored))
+        cg.call_const(_Stores, [build])
+        return
     if isinstance(var, ListVar):
         for item in var.items:
             item.reconstruct(cg)
@@ -341,6 +357,13 @@ def _store_contents(cg, container: str, temp: str):
 def _replace_contents(container, new):
     # Through the builtin base's methods: a subclass's own clear / update /
     # __setitem__ ran while tracing and must not run again.
+    if isinstance(new, _Stores):
+        # in store order: a key already there keeps its place and object, a new one
+        # goes last, as the frame's own stores did
+        store = OrderedDict.__setitem__ if isinstance(container, OrderedDict) else dict.__setitem__
+        for k, v in new.items():
+            store(container, k, v)
+        return
     if isinstance(container, list):
         list.__setitem__(container, slice(None), new)
     elif isinstance(container, dict):

@@ -437,6 +437,57 @@ def test_mapping_get_keyed_by_a_typing_form_or_a_class():
           breaks=0)
 
 
+STATE = {}
+
+
+def records_progress(v, step):
+    STATE["step"] = step                         # existing keys: updated in place
+    STATE["name"] = f"s{step}"
+    STATE["new"] = [step]                        # a new key: after the others
+    return v + step
+
+
+def reads_after_storing(v, step):
+    STATE["late"] = step
+    total = len(STATE) + sum(1 for k in STATE if k.startswith("seen"))   # read whole
+    STATE.pop("name", None)
+    return v + total
+
+
+def _states(fn, steps, between, compiled):
+    """STATE's items after each call of `fn` (compiled or not) over `steps`, with
+    between[i] applied to STATE before call i; and the compile count."""
+    STATE.clear()
+    STATE.update(step=0, name="start", kept=[1, 2])
+    counter = frametrace.testing.CompileCounter()
+    run = frametrace.optimize(fn, backend=counter) if compiled else fn
+    seen = []
+    for i in steps:
+        if i in between:
+            between[i]()
+        out = run(x(), i)
+        seen.append((out.tolist(), [(k, repr(v)) for k, v in STATE.items()]))
+    return seen, counter.frame_count
+
+
+@pytest.mark.parametrize("fn,between", [
+    (records_progress, {}),
+    (records_progress, {3: lambda: STATE.clear(), 5: lambda: STATE.update(name=1, extra=2)}),
+    (reads_after_storing, {2: lambda: STATE.update(seen9=1), 4: lambda: STATE.update(name="back")}),
+], ids=["stores", "changed_outside", "read_whole"])
+@pytest.mark.parametrize("lazy", [True, False])
+def test_stores_into_a_dict_from_outside(fn, between, lazy, monkeypatch):
+    # Stores of constant keys into a plain dict from outside are replayed one by one:
+    # what it held is not read nor guarded (a string there was guarded by value, and
+    # each step's new name recompiled).  config.lazy_dict_guards = False: read whole.
+    monkeypatch.setattr(frametrace.config, "lazy_dict_guards", lazy)
+    want, _ = _states(fn, range(8), between, compiled=False)
+    got, compiles = _states(fn, range(8), between, compiled=True)
+    assert got == want
+    if fn is records_progress and lazy and not between:
+        assert compiles == 3, compiles          # 0 and 1 specialize, then symbolic
+
+
 # -- 9. aliasing of inputs --
 def test_aliasing_of_mutable_inputs_is_guarded():
     def f(v, a, b):

@@ -350,8 +350,19 @@ class DictVar(CollectionVar):
 
     def store_key(self, key: Var, value: Var):
         """``d[key] = value``: a new key is the object `key` stands for (an existing
-        one keeps its object, as CPython's dicts do)."""
+        one keeps its object, as CPython's dicts do).  A plain dict from outside stays
+        lazy under stores of constant keys: what it held is not read (nor guarded), and
+        the stores are replayed one by one (`stored_items`)."""
         k = _dict_key(key)
+        lazy = self._lazy
+        if lazy is not None and type(self) is DictVar and not isinstance(k, VarKey) and \
+                constant_key(k) and config.lazy_dict_guards:
+            got = _ITEMS.__get__(self)
+            if k not in got and k not in lazy[0]:
+                self._note_key(k, key)
+            got[k] = value
+            self._identities().setdefault("stored", {})[k] = None
+            return
         if k not in self.items:
             self._note_key(k, key)
         self.items[k] = value
@@ -402,9 +413,12 @@ class DictVar(CollectionVar):
             value = lazy[0]
             got = _ITEMS.__get__(self)
             tx.guards.dict_keys(self.source, value)
-            _ITEMS.__set__(self, {k: got[k] if k in got else self._wrap_item(tx, k, v)
-                                  for k, v in value.items()})
+            items = {k: got[k] if k in got else self._wrap_item(tx, k, v) for k, v in value.items()}
+            # keys stored while lazy that it did not hold: after its own, in store order
+            items.update((k, v) for k, v in got.items() if k not in items)
+            _ITEMS.__set__(self, items)
             self._identities()["entry"] = list(value)
+            self._identities().pop("stored", None)
         return _ITEMS.__get__(self)
 
     @items.setter
@@ -445,6 +459,15 @@ class DictVar(CollectionVar):
             return default
         var = got[k] = self._wrap_item(self._tracer(), k, value[k])
         return var
+
+    def stored_items(self):
+        """{key: Var} of the stores made while the dict stayed lazy, or None when the
+        dict was read whole (its whole contents are written back then)."""
+        if self._lazy is None:
+            return None
+        stored = self._identities().get("stored")
+        got = _ITEMS.__get__(self)
+        return {k: got[k] for k in stored} if stored else None
 
     def has_key(self, k) -> bool:
         return self.lookup(k, _ABSENT) is not _ABSENT
