@@ -42,6 +42,7 @@ from .variables.patterns import is_mapping_subject, is_sequence_subject, match_c
 from .variables.stdlib import DequeVar
 from .variables.subclasses import container_format
 from .variables.symbolic import lazily_formatted, lazily_joined
+from . import subgraph
 
 PY312 = sys.version_info >= (3, 12)
 # Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
@@ -66,6 +67,10 @@ MAX_INLINE_DEPTH = 48
 
 class InstructionTranslator:
     """Traces one frame: `run()` interprets its bytecode to the return."""
+
+    # Higher-order ops' Vars speculate their bodies through the `tx` they are given
+    # (tx.subgraphs.speculate, call_hop ...): values sit below graph building.
+    subgraphs = subgraph
 
     def __init__(self, code, func, args, output, guards, parent=None):
         self.code = code

@@ -37,13 +37,13 @@ from .variables.base import Var, ValueVar, unsupported
 from .variables.constant import ConstVar
 from .variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar, has_var_keys
 from .variables.lazy import Lazy
-from .variables.symbolic import SliceVar, SymNodeVar, wrap_sym
+from .variables.symbolic import wrap_sym
 from .variables.tensor import TensorVar
 from .side_effects import SideEffects
 from .variables.exceptions import TracedRaise
+from .variables.fx_values import GRAPH_VARS as _GRAPH_VARS, map_graph_vars  # noqa: F401  (read from here)
 from .variables.functions import Cell
 
-_GRAPH_VARS = (TensorVar, SymNodeVar)
 
 
 class SubgraphOutput(OutputGraph):
@@ -151,27 +151,6 @@ def _storage(node):
 def lift_into(output, v):
     """`v` as a Var of `output`'s graph (the frame's graph needs no lifting)."""
     return output.lift(v) if isinstance(output, SubgraphOutput) else v
-
-
-def map_graph_vars(v, f):
-    """`v` with every TensorVar/SymNodeVar in it (through tuples, lists, dicts and
-    slices) replaced by f(var); containers are copied only where something changed."""
-    if isinstance(v, _GRAPH_VARS):
-        return f(v)
-    if isinstance(v, (TupleVar, ListVar)) and type(v) in (TupleVar, ListVar, NamedTupleVar):
-        items = [map_graph_vars(x, f) for x in v.items]
-        if all(a is b for a, b in zip(items, v.items)):
-            return v
-        new = copy.copy(v)
-        new.items, new.source = items, None
-        return new
-    if type(v) is DictVar:
-        items = {k: map_graph_vars(x, f) for k, x in v.items.items()}
-        return v if all(items[k] is x for k, x in v.items.items()) else DictVar(items)
-    if isinstance(v, SliceVar):
-        parts = [map_graph_vars(p, f) for p in v.parts]
-        return v if all(a is b for a, b in zip(parts, v.parts)) else SliceVar(parts)
-    return v
 
 
 # ---------------------------------------------------------------- the result

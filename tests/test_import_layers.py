@@ -51,13 +51,9 @@ LAYERS = [
 ]
 
 # Upward module-level imports still there, each to be removed by the change that fixes it
-# (issue 32).  Keys are (importer, imported) as frametrace-relative dotted names.
-ALLOWED = {
-    # Higher-order ops speculate their bodies into subgraphs; a Var should reach that
-    # through the `tx` it is given (tx.speculate), not by importing subgraph.py.
-    ("variables.autograd_function", "subgraph"): "speculate via tx",
-    ("variables.functorch", "subgraph"): "speculate via tx",
-    ("variables.higher_order", "subgraph"): "speculate via tx",
+# (issue 32).  Keys are (importer, imported) as frametrace-relative dotted names.  None
+# left: higher-order ops' Vars speculate their bodies through `tx.subgraphs`.
+ALLOWED: dict = {
 }
 
 # The same for imports inside functions: a lazy import that goes up hides the wrong

@@ -16,7 +16,7 @@ import torch
 
 from .. import functorch_runtime as runtime
 from ..source import AttrSource
-from ..subgraph import call_hop, finish_outputs, map_graph_vars, speculate
+from .fx_values import map_graph_vars
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import ListVar, TupleVar
@@ -77,12 +77,12 @@ class AutogradFunctionApplyVar(Var):
         # Traced without recording, as autograd.Function runs forward (and backward,
         # unless create_graph): the right requires_grad on what they make.
         with torch.set_grad_enabled(False):
-            fwd = speculate(tx, forward, args, f"{name}.forward", finish=False)
+            fwd = tx.subgraphs.speculate(tx, forward, args, f"{name}.forward", finish=False)
         outs = _outputs(fwd, name)
         kept = []
         for v in (*state.saved, *state.attrs.values()):
             map_graph_vars(v, lambda t: _keep(t, kept, name))
-        finish_outputs(fwd, kept)
+        tx.subgraphs.finish_outputs(fwd, kept)
         tensor_inputs = list(fwd.output.arg_vars)
         bwd, once, grads = None, False, (False,) * len(tensor_inputs)
         if any(needs):
@@ -103,7 +103,7 @@ class AutogradFunctionApplyVar(Var):
             unsupported(f"{name}.apply failed while tracing: {type(e).__name__}: {e}")
         fwd_node = tx.output.install_subgraph("autograd_fwd", fwd_module)
         bwd_node = tx.output.install_subgraph("autograd_bwd", bwd_module) if bwd is not None else None
-        results = call_hop(tx, runtime.apply_function,
+        results = tx.subgraphs.call_hop(tx, runtime.apply_function,
                            (plan, fwd_node, bwd_node, len(tensor_inputs),
                             *(node_arg(tx, t) for t in tensors)), _fresh(tx, examples))
         return TupleVar(results) if plan["tuple_out"] else results[0]
@@ -131,7 +131,7 @@ class AutogradFunctionApplyVar(Var):
         with torch.set_grad_enabled(False):
             # A gradient may be returned as it came (a straight-through estimator):
             # the runtime's autograd.Function handles such aliases as eager does.
-            bwd = speculate(tx, call, [], f"{name}.backward", allow_aliasing=True)
+            bwd = tx.subgraphs.speculate(tx, call, [], f"{name}.backward", allow_aliasing=True)
         result = bwd.result
         got = list(result.items) if type(result) in (TupleVar, ListVar) else [result]
         if len(got) < len(args) or any(not _is_none(g) for g in got[len(args):]):

@@ -17,8 +17,7 @@ import torch.func as func
 import types
 
 from .. import functorch_runtime as runtime
-from .fx_values import to_fake, to_node_arg
-from ..subgraph import call_hop, lift_into, map_graph_vars, speculate
+from .fx_values import map_graph_vars, to_fake, to_node_arg
 from .base import Var, unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
@@ -127,7 +126,7 @@ class TransformedVar(Var):
         else:
             inner_args = _differentiated(tx, args, option(self.kind, self.options, "argnums"),
                                          self.kind)
-        sub = speculate(tx, _ArgsAs(self.fn, inner_args, self.kind == "vmap"), args, what, kwargs)
+        sub = tx.subgraphs.speculate(tx, _ArgsAs(self.fn, inner_args, self.kind == "vmap"), args, what, kwargs)
         return _emit(tx, runtime.apply_transform, runtime.transformed, sub,
                      lambda body, spec, a, kw, lifted: (body, self.kind, self.options, spec, a, kw, lifted),
                      args, kwargs)
@@ -262,7 +261,7 @@ def body_spec(sub) -> tuple:
 
 def node_arg(tx, v):
     """An argument of the graph's call: Vars of this graph as nodes, constants as is."""
-    return to_node_arg(map_graph_vars(v, lambda t: lift_into(tx.output, t)))
+    return to_node_arg(map_graph_vars(v, lambda t: tx.subgraphs.lift_into(tx.output, t)))
 
 
 def _emit(tx, target, whole, sub, make_args, args, kwargs):
@@ -286,7 +285,7 @@ def _emit(tx, target, whole, sub, make_args, args, kwargs):
     node_args = make_args(body_node, spec, tuple(node_arg(tx, a) for a in args),
                           {k: node_arg(tx, v) for k, v in kwargs.items()},
                           tuple(node_arg(tx, t) for t in lifted))
-    outs = call_hop(tx, target, node_args, _fresh(tx, leaves))
+    outs = tx.subgraphs.call_hop(tx, target, node_args, _fresh(tx, leaves))
     return as_var(pytree.tree_unflatten(outs, tree))
 
 
@@ -332,7 +331,7 @@ class JvpVar(ObjectVar):
         for v in (primals, tangents):
             _check_argument(v, "jvp")
         items = list(primals.items)
-        sub = speculate(tx, _ArgsAs(fn, [[None] * len(_tensors(p)) for p in items]), items,
+        sub = tx.subgraphs.speculate(tx, _ArgsAs(fn, [[None] * len(_tensors(p)) for p in items]), items,
                         "the function given to torch.func.jvp")
         options = tuple((k, v.value) for k, v in kwargs.items())
         return _emit(tx, runtime.apply_jvp, runtime.jvp_result, sub,
@@ -358,7 +357,7 @@ class VjpVar(ObjectVar):
             _check_argument(v, "vjp")
         with tx.output.fake_mode:
             inner = [[_needing_grad(t.example) for t in _tensors(p)] for p in primals]
-        sub = speculate(tx, _ArgsAs(fn, inner), primals, "the function given to torch.func.vjp")
+        sub = tx.subgraphs.speculate(tx, _ArgsAs(fn, inner), primals, "the function given to torch.func.vjp")
         if _draws_random_numbers(sub.graph):
             unsupported("torch.func.vjp over a function that draws random numbers "
                         "(its vjp function would draw others)")

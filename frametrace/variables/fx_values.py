@@ -5,6 +5,7 @@ so that Vars recording a call do not import the graph builder (a layer above).""
 from __future__ import annotations
 
 import builtins
+import copy
 import math
 
 import torch
@@ -13,7 +14,7 @@ from torch.fx.node import _get_qualified_name
 
 from .base import unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar
+from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
 from .objects import ObjectVar
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -86,3 +87,28 @@ def to_fake(v):
     if isinstance(v, ObjectVar):
         return v.value
     unsupported(f"passing {v} to a torch operation")
+
+
+# The Vars that stand for values of a graph (its nodes' results).
+GRAPH_VARS = (TensorVar, SymNodeVar)
+
+
+def map_graph_vars(v, f):
+    """`v` with every TensorVar/SymNodeVar in it (through tuples, lists, dicts and
+    slices) replaced by f(var); containers are copied only where something changed."""
+    if isinstance(v, GRAPH_VARS):
+        return f(v)
+    if isinstance(v, (TupleVar, ListVar)) and type(v) in (TupleVar, ListVar, NamedTupleVar):
+        items = [map_graph_vars(x, f) for x in v.items]
+        if all(a is b for a, b in zip(items, v.items)):
+            return v
+        new = copy.copy(v)
+        new.items, new.source = items, None
+        return new
+    if type(v) is DictVar:
+        items = {k: map_graph_vars(x, f) for k, x in v.items.items()}
+        return v if all(items[k] is x for k, x in v.items.items()) else DictVar(items)
+    if isinstance(v, SliceVar):
+        parts = [map_graph_vars(p, f) for p in v.parts]
+        return v if all(a is b for a, b in zip(parts, v.parts)) else SliceVar(parts)
+    return v

@@ -20,7 +20,6 @@ from torch._higher_order_ops.map import map as map_hop
 from torch._higher_order_ops.wrap import wrap as wrap_op
 from torch.utils.checkpoint import noop_context_fn
 
-from ..subgraph import call_hop, merge_inputs, same_structure, speculate
 from .base import unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar
@@ -118,10 +117,10 @@ def _cond(tx, args, kwargs):
         # Nested tuples, lists and dicts of tensors are flattened into the op's operands
         # (speculate gives each tensor a placeholder); the branches see the structure.
         _check_pytree(op, "torch.cond's operands")
-    branches = [speculate(tx, fn, ops, f"torch.cond {name}")
+    branches = [tx.subgraphs.speculate(tx, fn, ops, f"torch.cond {name}")
                 for fn, name in ((true_fn, "true_fn"), (false_fn, "false_fn"))]
     t, f = branches
-    if not same_structure(t, f):
+    if not tx.subgraphs.same_structure(t, f):
         unsupported("torch.cond's branches return different structures")
     for a, b in zip(t.output_examples(), f.output_examples()):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
@@ -129,13 +128,13 @@ def _cond(tx, args, kwargs):
         if (a.dtype, a.device, tuple(a.shape)) != (b.dtype, b.device, tuple(b.shape)):
             unsupported(f"torch.cond's branches return tensors of different metadata "
                         f"({a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)})")
-    lifted = merge_inputs(branches)
+    lifted = tx.subgraphs.merge_inputs(branches)
     true_node = tx.output.install_subgraph("cond_true", t.module())
     false_node = tx.output.install_subgraph("cond_false", f.module())
     examples = _fresh_like(tx, t.output_examples(),
                            [a.requires_grad or b.requires_grad
                             for a, b in zip(t.output_examples(), f.output_examples())])
-    outs = call_hop(tx, torch.ops.higher_order.cond,
+    outs = tx.subgraphs.call_hop(tx, torch.ops.higher_order.cond,
                     (pred, true_node, false_node, (*t.output.arg_vars, *lifted)), examples)
     return t.rebuild(outs)
 
@@ -149,8 +148,8 @@ def _while_loop(tx, args, kwargs):
         unsupported("torch.while_loop carrying something other than tensors")
     if torch.is_grad_enabled() and any(v.example.requires_grad for v in init):
         unsupported("torch.while_loop over tensors that require grad (no backward)")
-    c = speculate(tx, cond_fn, init, "torch.while_loop cond_fn", single_output=True)
-    b = speculate(tx, body_fn, init, "torch.while_loop body_fn")
+    c = tx.subgraphs.speculate(tx, cond_fn, init, "torch.while_loop cond_fn", single_output=True)
+    b = tx.subgraphs.speculate(tx, body_fn, init, "torch.while_loop body_fn")
     pred = c.output_examples()
     if c.spec[0] != "leaf" or not (pred[0].dtype == torch.bool and pred[0].dim() == 0):
         unsupported("torch.while_loop's cond_fn must return a boolean scalar tensor")
@@ -164,11 +163,11 @@ def _while_loop(tx, args, kwargs):
             unsupported("torch.while_loop's body_fn changes a carried tensor's metadata")
     if any(v.example.requires_grad for v in (*c.output.lifted, *b.output.lifted)) and torch.is_grad_enabled():
         unsupported("torch.while_loop reading tensors that require grad (no backward)")
-    lifted = merge_inputs([c, b])
+    lifted = tx.subgraphs.merge_inputs([c, b])
     cond_node = tx.output.install_subgraph("while_cond", c.module())
     body_node = tx.output.install_subgraph("while_body", b.module())
     examples = _fresh_like(tx, [v.example for v in init], [False] * len(init))
-    results = call_hop(tx, torch.ops.higher_order.while_loop,
+    results = tx.subgraphs.call_hop(tx, torch.ops.higher_order.while_loop,
                        (cond_node, body_node, tuple(init), tuple(lifted)), examples)
     return TupleVar(results)
 
@@ -209,7 +208,7 @@ def _checkpoint(tx, args, kwargs):
     mode = tx.output.fake_mode
     drew, mode.used_rng = mode.used_rng, False
     try:
-        body = speculate(tx, fn, fn_args, "torch.utils.checkpoint.checkpoint function",
+        body = tx.subgraphs.speculate(tx, fn, fn_args, "torch.utils.checkpoint.checkpoint function",
                          fn_kwargs, allow_aliasing=True)
         random = mode.used_rng
     finally:
@@ -235,12 +234,12 @@ def _checkpoint(tx, args, kwargs):
         # partitioners, functionalize_rng_ops), else the region runs in CPython.
         node = tx.output.install_subgraph("checkpoint_body", gm)
         kwargs = dict(consts, context_fn=context) if context is not None else consts
-        outs = call_hop(tx, checkpoint_keeping_rng, (node, *body.inputs()), examples, kwargs)
+        outs = tx.subgraphs.call_hop(tx, checkpoint_keeping_rng, (node, *body.inputs()), examples, kwargs)
         return body.rebuild(outs)
     if context is not None:
         gm.meta["_checkpoint_context_fn"] = context
     node = tx.output.install_subgraph("checkpoint_body", gm)
-    outs = call_hop(tx, torch.ops.higher_order.tag_activation_checkpoint,
+    outs = tx.subgraphs.call_hop(tx, torch.ops.higher_order.tag_activation_checkpoint,
                     (node, *body.inputs()), examples, consts)
     return body.rebuild(outs)
 
@@ -258,7 +257,7 @@ def _wrap(tx, args, kwargs):
     if not args:
         unsupported("wrap without a function")
     fn, fn_args = args[0], list(args[1:])
-    body = speculate(tx, fn, fn_args, "the function given to wrap", kwargs, allow_aliasing=True)
+    body = tx.subgraphs.speculate(tx, fn, fn_args, "the function given to wrap", kwargs, allow_aliasing=True)
     return _emit_wrap(tx, body, body.inputs())
 
 
@@ -282,7 +281,7 @@ def _emit_wrap(tx, body, inputs):
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
     examples = [leaf.example if id(leaf) in views else ex for leaf, ex in zip(body.leaves, examples)]
-    outs = call_hop(tx, wrap_op, (node, *inputs), examples)
+    outs = tx.subgraphs.call_hop(tx, wrap_op, (node, *inputs), examples)
     return body.rebuild([s if s is not None else o for s, o in zip(same, outs)])
 
 
@@ -307,11 +306,11 @@ def _hints_wrapper(tx, args, kwargs):
     if not isinstance(hint_values, dict) or not all(
             type(k) is str and type(v) in (int, float, bool, str) for k, v in hint_values.items()):
         unsupported("hints_wrapper's hints must be a dict of constants")
-    body = speculate(tx, body_fn, items, "the function given to hints_wrapper")
+    body = tx.subgraphs.speculate(tx, body_fn, items, "the function given to hints_wrapper")
     node = tx.output.install_subgraph("hints_wrapper_body", body.module())
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
-    outs = call_hop(tx, hints_wrapper_op, (node, tuple(body.inputs()), {}), examples,
+    outs = tx.subgraphs.call_hop(tx, hints_wrapper_op, (node, tuple(body.inputs()), {}), examples,
                     {"hints": hint_values})
     return body.rebuild(outs)
 
@@ -365,7 +364,7 @@ def _functional_call(tx, args, kwargs):
             owner = m.get_submodule(owner_path) if owner_path else m
             instead[(id(owner), leaf)] = (owner, given[id(real)])
     replaced = {id(real): real for real in named.values() if id(real) in given}
-    body = speculate(tx, module, fn_args, "the module given to torch.func.functional_call",
+    body = tx.subgraphs.speculate(tx, module, fn_args, "the module given to torch.func.functional_call",
                      fn_kwargs, allow_aliasing=True, reparametrized=(instead, replaced))
     for v in body.output.lifted:
         graph_input = tx.output.input_of(v)
@@ -402,7 +401,7 @@ def _map(tx, args, kwargs):
     examples = [slices] + [[None] * len(_tensors(e)) for e in extra]
     # The slices' layout at run time is map_impl's business (a view or a copy): the body
     # may not read strides (as in a vmapped function).
-    body = speculate(tx, _ArgsAs(f, examples, hides_layout=True), [xs, *extra],
+    body = tx.subgraphs.speculate(tx, _ArgsAs(f, examples, hides_layout=True), [xs, *extra],
                      "the function given to map")
     outs = body.output_examples()
     if not all(isinstance(o, torch.Tensor) for o in outs) or not outs or \
@@ -414,7 +413,7 @@ def _map(tx, args, kwargs):
     with tx.output.fake_mode:
         examples = [torch.empty((size, *o.shape), dtype=o.dtype, device=o.device)
                     .requires_grad_(o.requires_grad) for o in outs]
-    results = call_hop(tx, torch.ops.higher_order.map_impl,
+    results = tx.subgraphs.call_hop(tx, torch.ops.higher_order.map_impl,
                        (node, list(inputs[:n]), list(inputs[n:])), examples)
     return body.rebuild(results)
 
