@@ -58,6 +58,12 @@ memoize_attr_guards = True
 # as it is read, to tell a wrong answer of the lazy guards from another.
 lazy_dict_guards = True
 
+# A plain list from outside the frame is read (and its length guarded) only when the
+# trace uses what it holds; appends alone (`history.append(loss)`) are replayed as
+# appends (variables/containers.py, ListVar.lazy), so a list that grows every step does
+# not recompile every step.  False: every such list is read whole, its length guarded.
+lazy_list_appends = True
+
 # An op that gives its argument back and writes nothing (contiguous() of a contiguous
 # tensor, to() its own dtype, dropout in eval) records no graph node (graph.py); where
 # that rests on the tensor's layout, only a layout known for sure counts

@@ -1099,10 +1099,13 @@ def _collect_outputs(v, out, seen=None):
         for item in v.attrs.values():
             _collect_outputs(item, out, seen)
     if isinstance(v, (TupleVar, ListVar)):
-        for item in v.items:
+        # (a lazy list or dict from outside: only what the trace added is written back)
+        appended = v.appended_items() if isinstance(v, ListVar) else None
+        for item in v.items if appended is None else appended:
             _collect_outputs(item, out, seen)
     elif isinstance(v, DictVar):
-        for item in v.items.values():
+        stored = v.stored_items()
+        for item in (v.items if stored is None else stored).values():
             _collect_outputs(item, out, seen)
     elif isinstance(v, DataclassVar):
         for item in v.fields.values():

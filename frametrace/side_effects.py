@@ -321,9 +321,22 @@ class _Stores(dict):
     __slots__ = ()
 
 
+class _Appends(list):
+    """Items to append to a list from outside (see ListVar.appended_items)."""
+    __slots__ = ()
+
+
 def _new_contents(cg, var):
     """Push the final contents of a list or dict from outside (a new list / dict), or
     the stores into a dict the trace never read whole (a _Stores)."""
+    appended = var.appended_items() if isinstance(var, ListVar) else None
+    if appended is not None:
+        def build_list(cg):
+            for item in appended:
+                item.reconstruct(cg)
+            cg.build(list, len(appended))
+        cg.call_const(_Appends, [build_list])
+        return
     stored = var.stored_items() if isinstance(var, DictVar) else None
     if stored is not None:
         def build(cg):
@@ -357,6 +370,9 @@ def _store_contents(cg, container: str, temp: str):
 def _replace_contents(container, new):
     # Through the builtin base's methods: a subclass's own clear / update /
     # __setitem__ ran while tracing and must not run again.
+    if isinstance(new, _Appends):
+        list.extend(container, new)      # onto the list as it is now, as the appends were
+        return
     if isinstance(new, _Stores):
         # in store order: a key already there keeps its place and object, a new one
         # goes last, as the frame's own stores did

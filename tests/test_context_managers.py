@@ -111,7 +111,8 @@ def test_user_context_made_in_frame_is_inlined_in_one_graph():
             log.append(tag)
         return y + 1
 
-    check(f, [(_x(), []), (_x(), ["a"])], graphs=2, breaks=0, fullgraph=True)
+    # (the log list is only appended to: its length is not guarded, one graph for both)
+    check(f, [(_x(), []), (_x(), ["a"])], graphs=1, breaks=0, fullgraph=True)
 
 
 def test_user_context_passed_in_is_inlined_and_its_state_written_back():

@@ -202,8 +202,9 @@ def test_with_lock_keeps_writes_without_a_break():
         return y
 
     r = check(f, [torch.randn(3), torch.randn(3), torch.randn(3), torch.randn(3)], globals=("_state",))
-    # (the first call adds the key "last": its keys differ from the second call on)
-    assert r.graphs == 2 and r.breaks == 0 and r.fallbacks == 0, r
+    # (the store of "last" is replayed as a store: the dict's keys are not guarded, so
+    # the first call adding the key does not make the second compile again)
+    assert r.graphs == 1 and r.breaks == 0 and r.fallbacks == 0, r
     assert not _lock.locked()
 
 

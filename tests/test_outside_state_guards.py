@@ -438,6 +438,7 @@ def test_mapping_get_keyed_by_a_typing_form_or_a_class():
 
 
 STATE = {}
+HISTORY = []
 
 
 def records_progress(v, step):
@@ -454,19 +455,38 @@ def reads_after_storing(v, step):
     return v + total
 
 
-def _states(fn, steps, between, compiled):
-    """STATE's items after each call of `fn` (compiled or not) over `steps`, with
-    between[i] applied to STATE before call i; and the compile count."""
+def appends_history(v, step):
+    y = v * 2
+    HISTORY.append(y.sum())                      # a tensor of the graph's
+    HISTORY.append(f"step {step}")
+    HISTORY.extend([y.mean(), step])
+    return y
+
+
+def reads_history_after_appending(v, step):
+    HISTORY.append(v.sum())
+    return v + len(HISTORY)                      # read whole: its length guarded
+
+
+def _snapshot():
+    def plain(h):
+        return h.tolist() if isinstance(h, torch.Tensor) else repr(h)
+    return [(k, plain(v)) for k, v in STATE.items()], [plain(h) for h in HISTORY]
+
+
+def _steps(fn, between, compiled):
+    """STATE and HISTORY after each of 8 calls of `fn` (compiled or not), with
+    between[i] applied before call i; and the compile count."""
     STATE.clear()
     STATE.update(step=0, name="start", kept=[1, 2])
+    HISTORY[:] = ["start"]
     counter = frametrace.testing.CompileCounter()
     run = frametrace.optimize(fn, backend=counter) if compiled else fn
     seen = []
-    for i in steps:
+    for i in range(8):
         if i in between:
             between[i]()
-        out = run(x(), i)
-        seen.append((out.tolist(), [(k, repr(v)) for k, v in STATE.items()]))
+        seen.append((run(x(), i).tolist(), _snapshot()))
     return seen, counter.frame_count
 
 
@@ -474,17 +494,23 @@ def _states(fn, steps, between, compiled):
     (records_progress, {}),
     (records_progress, {3: lambda: STATE.clear(), 5: lambda: STATE.update(name=1, extra=2)}),
     (reads_after_storing, {2: lambda: STATE.update(seen9=1), 4: lambda: STATE.update(name="back")}),
-], ids=["stores", "changed_outside", "read_whole"])
+    (appends_history, {}),
+    (appends_history, {2: lambda: HISTORY.clear(), 4: lambda: HISTORY.insert(0, "x")}),
+    (reads_history_after_appending, {3: lambda: HISTORY.pop()}),
+], ids=["dict_stores", "dict_changed_outside", "dict_read_whole",
+        "list_appends", "list_changed_outside", "list_read_whole"])
 @pytest.mark.parametrize("lazy", [True, False])
-def test_stores_into_a_dict_from_outside(fn, between, lazy, monkeypatch):
-    # Stores of constant keys into a plain dict from outside are replayed one by one:
-    # what it held is not read nor guarded (a string there was guarded by value, and
-    # each step's new name recompiled).  config.lazy_dict_guards = False: read whole.
+def test_writes_into_containers_from_outside(fn, between, lazy, monkeypatch):
+    # Stores of constant keys into a plain dict from outside, and appends to a plain
+    # list, are replayed as such: what the container held is not read nor guarded (a
+    # string a step stored, a history appended to every step, recompiled every step).
+    # The switches off read them whole at once.
     monkeypatch.setattr(frametrace.config, "lazy_dict_guards", lazy)
-    want, _ = _states(fn, range(8), between, compiled=False)
-    got, compiles = _states(fn, range(8), between, compiled=True)
+    monkeypatch.setattr(frametrace.config, "lazy_list_appends", lazy)
+    want, _ = _steps(fn, between, compiled=False)
+    got, compiles = _steps(fn, between, compiled=True)
     assert got == want
-    if fn is records_progress and lazy and not between:
+    if fn in (records_progress, appends_history) and lazy and not between:
         assert compiles == 3, compiles          # 0 and 1 specialize, then symbolic
 
 

@@ -23,7 +23,7 @@ import types
 
 import torch
 
-from .. import _C
+from .. import _C, config
 from ..source import AttrSource, GetItemSource
 from .base import unsupported
 from .fx_values import fx_can_name
@@ -77,6 +77,11 @@ def wrap(tx, value, source, guard: bool = True):
         if guards is not None:
             guards.equals(source, value)
         return ConstVar(value, source)
+    if type(value) is list and guards is not None and config.lazy_list_appends:
+        guards.type_match(source, value)
+        var = ListVar.lazy(tx, value, source)
+        tx.output.object_vars[id(value)] = (value, var)
+        return var
     if type(value) in (tuple, list):
         if guards is not None:
             guards.length(source, value)

@@ -227,9 +227,52 @@ def _with_attrs(obj, attrs):
 
 class ListVar(_SequenceVar):
     """A list.  Lists made while tracing can be mutated freely; a list that came from
-    outside the frame (has a source) cannot yet: that is a side effect to replay."""
-    __slots__ = ()
+    outside the frame (has a source) cannot yet: that is a side effect to replay.
+    A plain list from outside starts `lazy`: appends to it are recorded without reading
+    what it holds (its length is not guarded: a history appended to every step
+    recompiled every step) and replayed as appends; the first other use reads it whole
+    and guards its length."""
+    __slots__ = ("_lazy",)
     kind = list
+
+    def __init__(self, items, source=None):
+        self._lazy = None
+        super().__init__(items, source)
+
+    @classmethod
+    def lazy(cls, tx, value: list, source):
+        """The list `value` from outside, read from `source` (guarded by type), as it is
+        now.  Its slot holds the appended Vars until it is read whole."""
+        var = cls.__new__(cls)
+        var._lazy = None
+        CollectionVar.__init__(var, source)
+        _ITEMS.__set__(var, [])
+        var._lazy = (list(value), weakref.ref(tx.root))
+        return var
+
+    @property
+    def items(self):
+        lazy = self._lazy
+        if lazy is not None:
+            self._lazy = None
+            tx = lazy[1]()
+            if tx is None:
+                raise AssertionError("a lazy list read after its trace ended")
+            tx.guards.length(self.source, lazy[0])
+            appended = _ITEMS.__get__(self)
+            _ITEMS.__set__(self, [_wrap_read(tx, v, GetItemSource(self.source, i))
+                                  for i, v in enumerate(lazy[0])] + appended)
+        return _ITEMS.__get__(self)
+
+    @items.setter
+    def items(self, items):
+        self._lazy = None
+        _ITEMS.__set__(self, items)
+
+    def appended_items(self):
+        """The Vars appended while the list stayed lazy, or None when it was read whole
+        (its whole contents are written back then)."""
+        return _ITEMS.__get__(self) if self._lazy is not None else None
 
     def _check_mutable(self, tx):
         if self.source is not None:
@@ -238,13 +281,16 @@ class ListVar(_SequenceVar):
     def call_method(self, tx, name, args, kwargs):
         if name == "append" and len(args) == 1:
             self._check_mutable(tx)
-            self.items.append(args[0])
+            # (while lazy the slot holds what was appended; after, everything)
+            _ITEMS.__get__(self).append(args[0])
             return ConstVar(None)
         if name == "extend" and len(args) == 1:
             self._check_mutable(tx)
             src = args[0]
-            if src is self or type(src) in (ListVar, TupleVar):
+            if src is self:
                 self.items.extend(src.unpack(tx))
+            elif type(src) in (ListVar, TupleVar):
+                _ITEMS.__get__(self).extend(src.unpack(tx))      # (as append, lazily)
             else:
                 # As CPython: other iterables append each item as it comes, so a
                 # generator reading the list sees the items already appended.
@@ -296,7 +342,13 @@ class ListVar(_SequenceVar):
             self.items[k] = value
 
 
-_ITEMS = CollectionVar.items     # the slot under DictVar.items
+_ITEMS = CollectionVar.items     # the slot under DictVar.items and ListVar.items
+
+
+def _wrap_read(tx, value, source):
+    """An item of a lazy container from outside, read now."""
+    from .builder import wrap  # (lazy: import cycle, to break)
+    return wrap(tx, value, source)
 _SOURCE = Var.source             # the slot under DictVar.source
 
 
@@ -401,8 +453,7 @@ class DictVar(CollectionVar):
         return tx
 
     def _wrap_item(self, tx, k, v):
-        from .builder import wrap  # (lazy: import cycle, to break)
-        return wrap(tx, v, GetItemSource(self.source, k))
+        return _wrap_read(tx, v, GetItemSource(self.source, k))
 
     @property
     def items(self):
