@@ -38,7 +38,7 @@ from .variables import (DictVar, IteratorVar, ListVar, MethodVar, NULL, TensorVa
 from .variables.lazy import Lazy
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.subclasses import is_user_container
-from .variables.symbolic import SymNodeVar
+from .variables.symbolic import FormattedVar, SymNodeVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 from .variables.contexts import enclosing_with_starts
 
@@ -1091,6 +1091,11 @@ def _collect_outputs(v, out, seen=None):
     if isinstance(v, (TensorVar, SymNodeVar)):
         if v.node.op != "placeholder" and v.node not in out:
             out.append(v.node)
+        return
+    if isinstance(v, FormattedVar):   # (formatted at run time from its numbers)
+        for piece in v.pieces:
+            if not isinstance(piece, str):
+                _collect_outputs(piece[0], out, seen)
         return
     if id(v) in seen:         # containers can hold themselves (d = locals(); d['d'] = d)
         return

@@ -314,3 +314,23 @@ def test_a_formatted_number_read_as_a_constant_is_pinned():
     frametrace.reset()
     check(named_layer, [(torch.randn(3), i) for i in range(6)])
     check(scaled_label, [(torch.randn(3), i) for i in (2, 3, 11, 250)])
+
+
+def size_labels(x):
+    n = x.shape[0] * 2 + 1                      # computed in the graph from a symbolic size
+    return x + 1, f"n={n}", [f"{x.shape[0] - 1:>3}"]
+
+
+def product_printed(x, i):
+    label = f"{i * 3}"                          # computed in the graph, printed at the break
+    print(label, round(x.sum().item(), 3))
+    return x
+
+
+def test_numbers_the_graph_computes_are_formatted_from_its_outputs(capsys):
+    frametrace.reset()
+    r = check(size_labels, [torch.randn(3), torch.randn(5), torch.randn(7)], dynamic=True)
+    assert r.compiles == 1, r                   # the sizes stay symbolic: one compile
+    r = check(product_printed, [(torch.randn(3), i) for i in range(6)])
+    assert r.breaks == 3, r                     # 0 and 1 specialize, then symbolic
+    assert [l.split()[0] for l in _pairs(capsys)] == [str(3 * i) for i in range(6)]
