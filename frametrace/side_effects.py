@@ -328,7 +328,8 @@ class _Appends(list):
 
 def _new_contents(cg, var):
     """Push the final contents of a list or dict from outside (a new list / dict), or
-    the stores into a dict the trace never read whole (a _Stores)."""
+    what the trace appended to a list (an _Appends) or stored into a dict (a _Stores)
+    that it never read whole."""
     appended = var.appended_items() if isinstance(var, ListVar) else None
     if appended is not None:
         def build_list(cg):

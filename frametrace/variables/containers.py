@@ -343,13 +343,13 @@ class ListVar(_SequenceVar):
 
 
 _ITEMS = CollectionVar.items     # the slot under DictVar.items and ListVar.items
+_SOURCE = Var.source             # the slot under DictVar.source
 
 
 def _wrap_read(tx, value, source):
     """An item of a lazy container from outside, read now."""
     from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, value, source)
-_SOURCE = Var.source             # the slot under DictVar.source
 
 
 class DictVar(CollectionVar):

@@ -351,11 +351,11 @@ class SymNodeVar(Var):
 
 class FormattedVar(Var):
     """A string made by an f-string with symbolic numbers in it (``f"step {i}"``),
-    formatted when read.  Read as a constant (a dict key, a string method, a string the
-    trace returns), it pins the numbers, a guard on each value, as formatting them at
-    once did; passed on untouched (to a print() at a graph break, a log call replayed
-    after the graph) CPython formats it from the numbers' values at run time, and they
-    stay symbolic.  A step counter printed every step recompiled every step.
+    formatted when read.  Read as a constant (a dict key, a string method, a comparison),
+    it pins the numbers, a guard on each value, as formatting them at once did; passed
+    on untouched (to a print() at a graph break, a log call replayed after the graph, a
+    return value, a store) CPython formats it from the numbers' values at run time, and
+    they stay symbolic.  A step counter printed every step recompiled every step.
     `pieces`: constant strings, and (SymNodeVar, conversion, format spec) fields."""
     __slots__ = ("pieces",)
 
