@@ -131,6 +131,13 @@ aot_eager_keeps_python_floats = True
 # runs and the floats become constants.
 triton_keeps_python_floats = True
 
+# Behind AOTAutograd (aot_eager, triton) the ops whose aten kernel keeps a channels-last
+# input's memory format where torch's decompositions do not (upsampling on every device:
+# a CUDA image of few channels came back contiguous; channel_shuffle and max_unpool on
+# the CPU) ask for that format explicitly (backends/kernel_formats.py).  False: the
+# decomposition's layout.
+keep_kernel_formats = True
+
 # Logging calls (`log.info(...)`, `logging.warning(...)`) and `warnings.warn` in traced
 # code are made after the graph, in order with the other replayed effects, instead of
 # breaking it; a call on a logger disabled at trace time is dropped, guarded on

@@ -10,6 +10,7 @@ from .. import config
 from ..shapes import overlaps_itself
 from . import register_backend
 from .python_floats import python_floats_kept
+from .kernel_formats import keep_kernel_formats
 
 
 def _boxed_forward(gm, example_inputs):
@@ -22,6 +23,8 @@ def aot_eager(gm, example_inputs):
     # Imported on first use: AOTAutograd pulls in torch._dynamo and triton, seconds
     # that `import frametrace` should not pay.
     from torch._functorch.aot_autograd import aot_module_simplified
+    if config.keep_kernel_formats:
+        keep_kernel_formats(gm)
     try:
         with python_floats_kept(example_inputs, config.aot_eager_keeps_python_floats):
             return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
@@ -85,6 +88,8 @@ def aot_eager_decomp_partition(gm, example_inputs):
     from code generation problems."""
     from functorch.compile import min_cut_rematerialization_partition  # (lazy: start-up time)
     from torch._functorch.aot_autograd import aot_module_simplified  # (lazy: start-up time)
+    if config.keep_kernel_formats:
+        keep_kernel_formats(gm)
     return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
                                  bw_compiler=_boxed_forward,
                                  decompositions=core_aten_decompositions(),

@@ -17,6 +17,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 
 from ... import config as frametrace_config
 from ..python_floats import python_floats_kept
+from ..kernel_formats import keep_kernel_formats
 from . import config
 from .context import CompileContext
 from .kernel_source import KernelCodegen
@@ -160,6 +161,8 @@ def compile_graph(gm, example_inputs):
     if reason is not None and device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         _cpu_graph()
     floats = python_floats_kept(example_inputs, frametrace_config.triton_keeps_python_floats)
+    if frametrace_config.keep_kernel_formats:
+        keep_kernel_formats(gm)
     if reason is not None:
         _eager_whole(reason, device, expected=floats.active)
         with floats:

@@ -54,7 +54,8 @@ def _batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, 
     if x.device.type == "cpu":
         stats = (x.new_zeros((0,)), x.new_zeros((0,)))
     else:
-        stats = (running_mean.to(cd), invstd)
+        # a copy: eager's statistics are tensors of their own, never the running mean
+        stats = (running_mean.to(cd, copy=True), invstd)
     return (out.to(x.dtype),) + stats
 
 
@@ -73,6 +74,19 @@ def _in_input_layout(decomposed):
             out = out.clone(memory_format=fmt)
         return out
     return upsample
+
+
+def _kernel_checks_dtypes(decomposed):
+    """A softmax gradient's decomposition where it computes what eager computes: CUDA's
+    kernels reject grad/input dtypes other than equal or (float, half) ("expected input
+    and grad types to match...") where the decomposition would compute; those stay one
+    aten call (NotImplemented), which raises as eager's does."""
+    def softmax_backward(grad, output, dim, input_dtype):
+        if grad.device.type != "cpu" and grad.dtype != input_dtype and \
+                (grad.dtype, input_dtype) != (torch.float32, torch.float16):
+            return NotImplemented  # (any other pair: the kernel decides, as in eager)
+        return decomposed(grad, output, dim, input_dtype)
+    return softmax_backward
 
 
 _UPSAMPLINGS = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
@@ -102,6 +116,9 @@ def decompositions():
     table[aten.embedding.default] = _embedding
     table.update(foreach.decompositions())  # per tensor: each tensor's chain fuses
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_inference
+    for op in (aten._softmax_backward_data.default, aten._log_softmax_backward_data.default):
+        if op in table:
+            table[op] = _kernel_checks_dtypes(table[op])
     for name in _UPSAMPLINGS:
         packet = getattr(aten, name)
         for overload in ("default", "vec"):

@@ -171,12 +171,14 @@ class Computed(IRNode):
 class Extern:
     """An aten call in the wrapper: `op(*args, **kwargs)`, its tensors as Buffers;
     `outputs` mirrors what it returns (Buffers where tensors are).  `graph_op`: the
-    graph's op, where `op` is its in-place twin writing a buffer of this graph."""
-    __slots__ = ("op", "args", "kwargs", "outputs", "name", "graph_op")
+    graph's op, where `op` is its in-place twin writing a buffer of this graph.  `exact`:
+    the positions of arguments passed with eager's layout, never adjusted for the op."""
+    __slots__ = ("op", "args", "kwargs", "outputs", "name", "graph_op", "exact")
 
-    def __init__(self, name, op, args, kwargs, outputs, graph_op=None):
+    def __init__(self, name, op, args, kwargs, outputs, graph_op=None, exact=frozenset()):
         self.name, self.op, self.args, self.kwargs, self.outputs = name, op, args, kwargs, outputs
         self.graph_op = op if graph_op is None else graph_op
+        self.exact = exact
 
     def reads(self) -> set:
         """The names of the buffers (or of the bases of views) it is called on."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import sympy
+import torch
 
 from . import context, indexing
 
@@ -172,3 +173,24 @@ def convs_prefer_channels_last(gm, device) -> bool:
         total += flops
         weighted += flops * _CL_COST[kind]
     return bool(convs) and weighted < total
+
+
+# Attention kernels (cuDNN, memory-efficient, flash) reject an operand whose strides are
+# not multiples of 8 elements, even a size-1 dim's ("attn_bias is not correctly aligned
+# (strideH)"; ATen's preprocess_mask pads masks to 8): eager's expanded masks pass, a mask
+# our kernel stores densely (a key length of 129) does not.  An operand whose layout in
+# eager is itself rejected is passed as eager has it, so the call raises as eager's does.
+ATTENTION_OPS = frozenset(
+    op for op in (getattr(torch.ops.aten, n, None) for n in (
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention", "_efficient_attention_forward",
+        "_flash_attention_forward", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_fused_attention_overrideable")) if op is not None)
+ATTENTION_ALIGNMENT = 8
+
+
+def aligned_strides(shape, stride) -> bool:
+    """The last dim is dense and every other stride a multiple of ATTENTION_ALIGNMENT."""
+    if len(shape) and shape[-1] > 1 and stride[-1] != 1:
+        return False
+    return all(s % ATTENTION_ALIGNMENT == 0 for s in stride[:-1])

@@ -315,6 +315,7 @@ class GraphLowering(Placement):
         if node.target is aten.convolution.default and self.channels_last_convs:
             args = (self._channels_last(args[0]),) + tuple(args[1:])
         args, kwargs = arg(args), {k: arg(v) for k, v in kwargs.items()}
+        args, exact = self._eager_rejected_layouts(node, args)
         op = self._in_place_twin(node, args)
         name = self.name()
         val = node.meta.get("val")
@@ -340,8 +341,30 @@ class GraphLowering(Placement):
                 return v  # a number the op returns is this one (its value does not vary)
             raise Unsupported(f"{node.target} returns {type(v).__name__}")
         outputs = out(val, layouts, "")
-        self.items.append(Extern(name, op, args, kwargs, outputs, node.target))
+        self.items.append(Extern(name, op, args, kwargs, outputs, node.target, exact))
         return outputs
+
+    def _eager_rejected_layouts(self, node, args):
+        """An attention op's operands whose layout in eager the kernel rejects (a
+        channels-last query) with eager's layout, and their positions: the wrapper
+        aligns the others, which would make the call succeed where eager's raises."""
+        if getattr(node.target, "overloadpacket", None) not in layout.ATTENTION_OPS:
+            return args, frozenset()
+        args, exact = list(args), set()
+        for i, (a, src) in enumerate(zip(args, node.args)):
+            val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+            if not isinstance(a, Buffer) or not isinstance(val, torch.Tensor) or a.symbolic \
+                    or not layout._static(val.shape) or not layout._static(val.stride()):
+                continue
+            stride = tuple(int(s) for s in val.stride())
+            if layout.aligned_strides(val.shape, stride):
+                continue
+            if a.stride != stride:
+                if not layout.dense(a.shape, stride):
+                    continue  # (an expanded layout: not one a kernel of ours stores)
+                args[i] = self.copy_in(a, stride)
+            exact.add(i)
+        return tuple(args), frozenset(exact)
 
     def _in_place_twin(self, node, args):
         """The op to call for `node`: its in-place twin when its first operand is a buffer

@@ -12,6 +12,7 @@ import torch
 from . import autotune, foreach, indexing
 from .indexing import pycode
 from .ir import Buffer, Extern, Unsupported
+from .layout import ATTENTION_ALIGNMENT, ATTENTION_OPS, aligned_strides
 from .kernel_source import Kernel, configs_for
 from .loader import load_kernel  # noqa: F401  (also the tests' way to load a kernel)
 
@@ -96,26 +97,6 @@ def _ensure_layout(t, stride):
         return t
     LAYOUT_COPIES[0] += 1
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
-
-
-# Attention kernels (cuDNN, memory-efficient, flash) reject an operand whose strides are
-# not multiples of 8 elements, even a size-1 dim's ("attn_bias is not correctly aligned
-# (strideH)"; ATen's preprocess_mask pads masks to 8): eager's expanded masks pass, a mask
-# our kernel stores densely (a key length of 129) does not.
-ATTENTION_OPS = frozenset(
-    op for op in (getattr(torch.ops.aten, n, None) for n in (
-        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_flash_attention", "_efficient_attention_forward",
-        "_flash_attention_forward", "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_fused_attention_overrideable")) if op is not None)
-ATTENTION_ALIGNMENT = 8
-
-
-def aligned_strides(shape, stride) -> bool:
-    """The last dim is dense and every other stride a multiple of ATTENTION_ALIGNMENT."""
-    if len(shape) and shape[-1] > 1 and stride[-1] != 1:
-        return False
-    return all(s % ATTENTION_ALIGNMENT == 0 for s in stride[:-1])
 
 
 def _align_attention(t):
@@ -338,7 +319,8 @@ class WrapperCodegen:
         expr = self.expr
         if getattr(e.op, "overloadpacket", None) in ATTENTION_OPS:
             expr = self._aligned_expr
-        args = [expr(a) for a in e.args] + [f"{k}={expr(v)}" for k, v in e.kwargs.items()]
+        args = [(self.expr if i in e.exact else expr)(a) for i, a in enumerate(e.args)] + \
+            [f"{k}={expr(v)}" for k, v in e.kwargs.items()]
         lines = self._externs[e.name] = [f"    {e.name} = {op}({', '.join(args)})"]
 
         def unpack(out, path):
