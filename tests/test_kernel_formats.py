@@ -133,3 +133,21 @@ def test_cpu_format_keeping_ops_return_eagers_strides(name, backend, monkeypatch
         torch.testing.assert_close(got, want)
         assert got.stride() == want.stride(), (got.stride(), want.stride())
     check(f, inputs, backend=backend)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_trace_does_not_answer_layout_reads_of_a_cuda_upsampling(device, layout):
+    # the trace's fake of a CUDA upsampling of a channels-last image may be contiguous
+    # where the kernel's is channels-last: reads of its layout are not answered from it
+    # (a break, CPython reads the real tensor); on the CPU, and of a contiguous input,
+    # the fake is right
+    from frametrace.variables import tensor_layout
+    fake_mode = FakeTensorMode()
+    meta = torch.empty((2, 3, 5, 6), device="meta")
+    if layout == "channels_last":
+        meta = meta.contiguous(memory_format=torch.channels_last)
+    x = FakeTensor(fake_mode, meta, torch.device(device))
+    want = device == "cuda" and layout == "channels_last"
+    assert tensor_layout.result_unsure("interpolate", (x,), {"scale_factor": 2}) == want
+    assert tensor_layout.result_unsure("upsample_bilinear2d", (x, [10, 12], False), {}) == want

@@ -42,6 +42,17 @@ UNTRUSTED = frozenset({
     "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
     "replication_pad1d", "replication_pad2d", "replication_pad3d",
 })
+# Ops untrusted only on CUDA tensors: upsampling, whose meta functions store a CUDA
+# image of few channels contiguous where aten's kernels keep a channels-last input's
+# format (the OpInfo sweep on the H200; backends/kernel_formats.py fixes the compiled
+# graph's layout, this the trace's reads of it).
+_UNTRUSTED_ON_CUDA = frozenset({
+    "interpolate", "upsample", "upsample_bilinear", "upsample_nearest",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d",
+    "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
+})
 # Ops untrusted only with an argument (keyword, or positional at that index) that
 # changes their kernel: (name, index, the values that keep it trusted).
 _UNTRUSTED_WITH = {"div": ("rounding_mode", 2, (None,)), "div_": ("rounding_mode", 2, (None,)),
@@ -144,7 +155,7 @@ def result_unsure(what: str, fake_args, fake_kwargs, out=None) -> bool:
             fake_args[index] if len(fake_args) > index else fine[0]
         if any(value is f or value == f for f in fine):
             return False
-    elif what not in UNTRUSTED:
+    elif what not in UNTRUSTED and not (what in _UNTRUSTED_ON_CUDA and _on_cuda(fake_args)):
         return False
     also = _SWEPT_RIGHT.get(what)
     return not all(_plainly_laid_out(a, also) for a in (*fake_args, *fake_kwargs.values()))
@@ -155,6 +166,10 @@ def result_unsure(what: str, fake_args, fake_kwargs, out=None) -> bool:
 _SWEPT_RIGHT = dict.fromkeys(("batch_norm", "native_batch_norm", "_native_batch_norm_legit",
                               "_batch_norm_with_update", "_batch_norm_impl_index"),
                              torch.channels_last)
+
+
+def _on_cuda(fake_args) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in fake_args)
 
 
 def _plainly_laid_out(v, also=None) -> bool:
