@@ -69,7 +69,7 @@ def test_softmax_backward_of_a_half_input_still_compiles():
     def args(s):
         gen = torch.Generator(device="cuda").manual_seed(s)
         return torch.randn(4, 5, device="cuda", generator=gen), torch.rand(4, 5, device="cuda", generator=gen)
-    check(f, [args(0), args(1)], backend="triton")
+    check(f, [args(0), args(1)], backend="triton", rtol=2e-3, atol=2e-3)   # (a half result)
     _went_through_triton()
     assert not any("_softmax_backward_data" in str(op) for m in backend.COMPILED
                    for op in m.fallback_ops), "the (float, half) gradient is decomposed"

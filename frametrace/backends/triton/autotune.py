@@ -11,7 +11,7 @@ from . import config
 
 # (kernel name, xnumel, rnumel) -> Config
 TUNED: dict = {}
-STATS = {"tuned": 0, "timed": 0}
+STATS = {"tuned": 0, "timed": 0, "built_in_threads": 0}
 
 
 class Config:
@@ -145,23 +145,54 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def pick(name: str, xnumel: int, rnumel: int, configs, run) -> Config:
+def pick(name: str, xnumel: int, rnumel: int, configs, run, build=None) -> Config:
     """The cached choice for this kernel at this shape, or the fastest of `configs`
-    (`run(config)` launches once)."""
+    (`run(config)` launches once; `build(config)`, if given, compiles without launching,
+    which lets the candidates compile in threads before they are timed)."""
     key = (name, xnumel, rnumel)
     best = TUNED.get(key)
     if best is None:
         STATS["tuned"] += 1
-        if len(configs) == 1 or interpreted() or not torch.cuda.is_available():
+        if len(configs) == 1 or interpreted() or not torch.cuda.is_available() or _too_small(xnumel, rnumel):
             best = configs[0]
         else:
             span = progress.begin("autotune", name)
             try:
+                if build is not None:
+                    _build_all(configs, build)
                 best = min(configs, key=lambda c: _time(lambda: run(c)))
             finally:
                 progress.end(span)
         TUNED[key] = best
     return best
+
+
+def _too_small(xnumel: int, rnumel: int) -> bool:
+    """A kernel whose block sizes cannot matter: launch-bound (config.autotune_min_elements)."""
+    if config.max_autotune:
+        return False
+    return xnumel * max(1, rnumel) <= config.autotune_min_elements
+
+
+def _build_all(configs, build):
+    """Compile every candidate at once in threads (a compile spends its time outside the
+    GIL); one that fails to compile is timed as failing, at its launch."""
+    threads = min(config.compile_threads, len(configs))
+    if threads <= 1:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    device = torch.cuda.current_device()   # (a new thread's current device is the first)
+
+    def one(c):
+        try:
+            with torch.cuda.device(device):
+                build(c)
+        except Exception:   # e.g. out of shared memory: _time gives it inf
+            pass
+    one(configs[0])     # alone: it sets up the function's per-device state threads would race on
+    STATS["built_in_threads"] += len(configs) - 1
+    with ThreadPoolExecutor(threads, thread_name_prefix="frametrace-triton-compile") as pool:
+        list(pool.map(one, configs[1:]))
 
 
 def _time(fn) -> float:

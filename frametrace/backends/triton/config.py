@@ -34,6 +34,17 @@ channels_last_convs = "auto"
 # (torch.compile's mode="max-autotune")
 max_autotune = False
 
+# A kernel of at most this many elements (xnumel * rnumel) is not autotuned: it runs for
+# a few microseconds, bounded by its launch, whatever its block sizes, and timing its
+# candidates costs their compiles (most of a first call's time).  It takes the heuristic
+# default.  0: every kernel with several candidates is timed.  max_autotune times all.
+autotune_min_elements = 1 << 16
+
+# Threads that compile a kernel's block-size candidates at once before they are timed
+# (Triton's compiler spends its time in MLIR/LLVM and ptxas, outside the GIL); 1 compiles
+# each at its first timed launch.
+compile_threads = 8
+
 # Kernels check each index they load (gather, index_select, embedding, x[idx], scatter)
 # against the size it indexes, as eager does: a failed check is a device-side assert on
 # CUDA (as Inductor's) and eager's exception under Triton's interpreter.  False: an index

@@ -27,6 +27,20 @@ def load_kernel(name: str, source: str):
     return fn
 
 
+def build_kernel(fn, grid, args, kwargs):
+    """Compile `fn` (a Triton function or a Checked one) for these arguments and
+    constexprs without launching it: the compile its first launch would make, with the
+    same options, so that the launch finds it in Triton's cache."""
+    if isinstance(fn, Checked):
+        fn, kwargs = fn.fn, dict(kwargs, debug=True, sanitize_overflow=False)
+    compiled = fn.warmup(*args, grid=grid, **kwargs)
+    # the module load and the C launcher of its signature (a C compiler run, once per
+    # signature a process meets), otherwise made at its first launch, one after another
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:
+        init()
+
+
 # The exception eager raises for each check a kernel makes (kernel_source.check's messages
 # start with its name): a failed check raises it from the launch.
 _CHECK_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}

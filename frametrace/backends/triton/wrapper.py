@@ -14,7 +14,7 @@ from .indexing import pycode
 from .ir import Buffer, Extern, Unsupported
 from .layout import ATTENTION_ALIGNMENT, ATTENTION_OPS, aligned_strides
 from .kernel_source import Kernel, configs_for
-from .loader import load_kernel  # noqa: F401  (also the tests' way to load a kernel)
+from .loader import build_kernel, load_kernel  # noqa: F401  (load_kernel: also the tests' way to load a kernel)
 
 class Launcher:
     """Launches one kernel; picks its block sizes on the first call and keeps the compiled
@@ -39,18 +39,23 @@ class Launcher:
         grid = (math.ceil((xnumel or self.xnumel) / config.xblock),)
         self.fn[grid](*args, **config.kwargs(self.reduction))
 
+    def _build(self, config, args, xnumel=None):
+        """Compile for `config` and these arguments without launching."""
+        grid = (math.ceil((xnumel or self.xnumel) / config.xblock),)
+        build_kernel(self.fn, grid, args, config.kwargs(self.reduction))
+
     def __call__(self, *args):
         if self.numel is not None:
             x, r = self.numel(*args[len(args) - self.nsym:])
             got = self.tuned.get((x, r))
             if got is None:
                 best = autotune.pick(self.name, x, r, self.configs,
-                                     lambda c: self._launch(c, args, x))
+                                     lambda c: self._launch(c, args, x), lambda c: self._build(c, args, x))
                 got = self.tuned[x, r] = ((math.ceil(x / best.xblock),), best.kwargs(self.reduction))
             self.grid, self.kwargs = got
         elif self.kwargs is None:
             best = autotune.pick(self.name, self.xnumel, self.rnumel, self.configs,
-                                 lambda c: self._launch(c, args))
+                                 lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = (math.ceil(self.xnumel / best.xblock),), best.kwargs(self.reduction)
         self.compiled = self.fn[self.grid](*args, **self.kwargs)
 
@@ -70,11 +75,14 @@ class TiledLauncher(Launcher):
     def _launch(self, config, args, xnumel=None):
         self.fn[self.tile.grid(config)](*args, **config.kwargs())
 
+    def _build(self, config, args, xnumel=None):
+        build_kernel(self.fn, self.tile.grid(config), args, config.kwargs())
+
     def __call__(self, *args):
         if self.kwargs is None:
             t = self.tile
             best = autotune.pick(self.name, t.xnumel, t.ynumel, self.configs,
-                                 lambda c: self._launch(c, args))
+                                 lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = t.grid(best), best.kwargs()
         self.compiled = self.fn[self.grid](*args, **self.kwargs)
 
