@@ -22,7 +22,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from . import _C, cache_limit, config, interop, recompiles, resume, stance
-from . import progress
+from . import distributed, progress
 from .bytecode_diff import plain_diff
 from .codegen import CodeGen, GraphSlot, RerunState, fill_graph_slot
 from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
@@ -856,7 +856,7 @@ def _compile_graph(code, func, output, backend, record, out_nodes, slot, new_cod
     # decides between training and inference graphs by it).
     progress.phase(f"backend compile ({backend_name(backend)})")
     with torch.set_grad_enabled(entry_grad):
-        gm, compiled, seconds = output.compile(backend, out_nodes, name)
+        gm, compiled, seconds = output.compile(distributed.split_backend(backend), out_nodes, name)
     record.graph_module = gm
     record.op_count = output.op_count()
     record.backend_seconds = seconds

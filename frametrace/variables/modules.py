@@ -8,6 +8,7 @@ import torch
 from torch.nn.modules import module as module_mod
 import inspect
 
+from .. import distributed
 from ..source import AttrSource, ConstSource, GetItemSource
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -185,6 +186,17 @@ class NNModuleVar(Var):
     def module_call(self, tx, args, kwargs):
         """What nn.Module.__call__ does: pre-hooks, forward, forward hooks."""
         m = self.module
+        if distributed.is_ddp(m):
+            # Its forward prepares the C++ reducer for the backward (and broadcasts
+            # buffers): calls no graph can hold, made in CPython, around the wrapped
+            # module, which compiles as a frame of its own.
+            unsupported("DistributedDataParallel's forward runs in CPython (its reducer's "
+                        "bookkeeping); the wrapped module compiles as its own frame")
+        if distributed.is_fsdp_managed(m):
+            # Its hooks all-gather and reshard the parameters and hook the autograd
+            # graph: collectives around the module, made in CPython.
+            unsupported(f"FSDP2 module {type(m).__name__}: its hooks (all-gather, reshard) "
+                        "run in CPython; its forward compiles as its own frame")
         _guard_global_hooks(tx)
         if m._backward_hooks or m._backward_pre_hooks:
             unsupported(f"backward hooks on {type(m).__name__}")
