@@ -24,7 +24,8 @@ from torch import fx
 
 from . import config
 
-log = logging.getLogger("frametrace.distributed")
+# (the graph log: FRAMETRACE_LOGS=graph shows where a graph was cut)
+log = logging.getLogger("frametrace.graph")
 
 # Bytes of DDP's first bucket when torch.distributed does not say (its default, 1 MiB).
 _FIRST_BUCKET_BYTES = 1024 * 1024
@@ -125,12 +126,14 @@ def split_compile(backend, gm: fx.GraphModule, example_inputs, caps: list[int]):
     partition = None if whole else bucket_partition(gm, example_inputs, caps)
     if partition is None:
         return backend(gm, example_inputs)
+    reads = _bind_symbols(gm)
     split = fx.passes.split_module.split_module(gm, None, lambda node: partition[node],
                                                 keep_original_order=True)
     # Each piece's example inputs: the frame's inputs where it reads them, else the
     # FakeTensors (or symbolic numbers) the trace recorded for the values it is passed.
-    known = {n.name: v for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"),
-                                       example_inputs)}
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    known = {n.name: v for n, v in zip(inputs, example_inputs)}
+    known.update((n.name, n.meta["example_value"]) for n in inputs[len(example_inputs):])
     env = {}
     for node in split.graph.nodes:
         if node.op == "placeholder":
@@ -147,7 +150,47 @@ def split_compile(backend, gm: fx.GraphModule, example_inputs, caps: list[int]):
     split.recompile()
     log.info("DDP split graph %s into %d pieces at bucket boundaries (bucket caps %s bytes)",
              type(gm).__name__, max(partition.values()) + 1, caps)
-    return split.forward
+    return _with_symbols(split, reads)
+
+
+def _bind_symbols(gm: fx.GraphModule) -> list:
+    """Placeholders for the symbolic sizes and strides of the graph's tensor inputs,
+    added after its own: a later piece that gets a tensor of symbolic size must be
+    passed the size as well, and split_module passes a symbol only where some
+    placeholder or node is it (torch.compile's graphs have such placeholders, ours read
+    sizes off the tensors).  Returns (input index, reads a stride, dim) for each."""
+    bound, reads = set(), []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in placeholders:
+        value = node.meta.get("example_value")
+        if isinstance(value, (torch.SymInt, torch.SymFloat)):
+            bound.add(value.node.expr)
+    last = placeholders[-1] if placeholders else None
+    for index, node in enumerate(placeholders):
+        value = node.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            continue
+        for is_stride, values in ((False, value.shape), (True, value.stride())):
+            for dim, v in enumerate(values):
+                if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and \
+                        v.node.expr not in bound:
+                    bound.add(v.node.expr)
+                    with gm.graph.inserting_after(last):
+                        last = gm.graph.placeholder(f"{node.name}_{'stride' if is_stride else 'size'}_{dim}")
+                    last.meta["example_value"] = v
+                    reads.append((index, is_stride, dim))
+    return reads
+
+
+def _with_symbols(split, reads):
+    """`split` called with the frame's inputs, then the sizes `_bind_symbols` added."""
+    if not reads:
+        return split.forward
+
+    def run(*args):
+        return split(*args, *[args[i].stride(d) if is_stride else args[i].size(d)
+                              for i, is_stride, d in reads])
+    return run
 
 
 class _Piece(torch.nn.Module):
@@ -187,6 +230,8 @@ def split_backend(backend):
         return backend
 
     def compile_in_pieces(gm, example_inputs):
+        if not torch.is_grad_enabled():
+            return backend(gm, example_inputs)      # (no backward: nothing to overlap)
         runs_as_traced = getattr(backend, "__frametrace_runs_ops_as_traced__", False)
         if callable(runs_as_traced):
             runs_as_traced = runs_as_traced(example_inputs)

@@ -91,9 +91,9 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def _inputs(rank, step, width=32):
+def _inputs(rank, step, width=32, batches=(8,)):
     g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(8, width, generator=g)
+    return torch.randn(batches[step % len(batches)], width, generator=g)
 
 
 def _assert_same(what, a, b, step):
@@ -153,7 +153,8 @@ class _Recorder:
 
 # ---------------------------------------------------------------- DDP
 def ddp_scenario(rank, backend, wrap="outer", split=True, bucket_cap_mb=0.004, bn=False,
-                 unused=False, static_graph=False, no_sync=False, fullgraph=False):
+                 unused=False, static_graph=False, no_sync=False, fullgraph=False, batches=(8,),
+                 steps=STEPS):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     frametrace.config.ddp_split_graphs = split
     torch.manual_seed(0)
@@ -177,8 +178,8 @@ def ddp_scenario(rank, backend, wrap="outer", split=True, bucket_cap_mb=0.004, b
     ddp.register_comm_hook(None, hook)
     eager.register_comm_hook(None, _plain_allreduce)
     orders = []
-    for step in range(STEPS):
-        x = _inputs(rank, step)
+    for step in range(steps):
+        x = _inputs(rank, step, batches=batches)
         sync = not no_sync or step != 1
         for m in (eager, compiled):
             with (contextlib.nullcontext() if sync else
@@ -231,6 +232,14 @@ def test_ddp_aot_eager_split_at_buckets(wrap):
     # buckets in the order the gradients came)
     assert [overlapped(order) for order in r["orders"]] == [False] + [True] * (STEPS - 1), \
         r["orders"]
+
+
+def test_ddp_dynamic_batch_split():
+    # A batch size that changes recompiles once with a symbolic size: the pieces pass
+    # it on (the second compile's pieces take the size as an input).
+    r = launch("ddp_scenario", backend="aot_eager", batches=(8, 6, 5, 7), steps=4)
+    assert r["frames"] == 2 and r["breaks"] == 0 and r["graphs"] == 8, r
+    assert _compiled_pieces(r) == [4] * 4, r
 
 
 def test_ddp_aot_eager_unsplit_does_not_overlap():
