@@ -480,6 +480,9 @@ def generation() -> int:
 
 def _attempt(code, func, args, backend, fullgraph, dynamic, entry_grad) -> _Outcome:
     """Trace and compile the frame once, then install what came of it."""
+    # Under DDP, graphs cut at gradient buckets: the frame's decisions (may a graph that
+    # raised run again?) are made for the pieces, not for the backend's single graph.
+    backend = distributed.split_backend(backend)
     a = _Attempt(code, func, args, backend, fullgraph, dynamic, entry_grad)
     outcome = _trace(a)
     return outcome if outcome.kind == "retry" else _install(a, outcome)
@@ -856,7 +859,7 @@ def _compile_graph(code, func, output, backend, record, out_nodes, slot, new_cod
     # decides between training and inference graphs by it).
     progress.phase(f"backend compile ({backend_name(backend)})")
     with torch.set_grad_enabled(entry_grad):
-        gm, compiled, seconds = output.compile(distributed.split_backend(backend), out_nodes, name)
+        gm, compiled, seconds = output.compile(backend, out_nodes, name)
     record.graph_module = gm
     record.op_count = output.op_count()
     record.backend_seconds = seconds

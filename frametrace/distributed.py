@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from . import config
+from .backend_registry import backend_name
 
 # (the graph log: FRAMETRACE_LOGS=graph shows where a graph was cut)
 log = logging.getLogger("frametrace.graph")
@@ -246,5 +247,6 @@ def split_backend(backend):
         if hasattr(backend, name):
             setattr(compile_in_pieces, name, getattr(backend, name))
     compile_in_pieces.__name__ = getattr(backend, "__name__", type(backend).__name__)
+    compile_in_pieces.__frametrace_name__ = backend_name(backend)
     compile_in_pieces.__wrapped__ = backend
     return compile_in_pieces

@@ -242,6 +242,16 @@ def test_ddp_dynamic_batch_split():
     assert _compiled_pieces(r) == [4] * 4, r
 
 
+def test_ddp_triton_backend_split(triton_interpreter):
+    # Our triton backend (its kernels in Triton's interpreter, which the spawned
+    # processes inherit from the environment) compiles each piece.
+    pytest.importorskip("triton")
+    r = launch("ddp_scenario", backend="triton")
+    assert r["frames"] == 1 and r["breaks"] == 0 and r["graphs"] == 4, r
+    assert [overlapped(order) for order in r["orders"]] == [False] + [True] * (STEPS - 1), \
+        r["orders"]
+
+
 def test_ddp_aot_eager_unsplit_does_not_overlap():
     # config.ddp_split_graphs = False: one graph, its backward one autograd node, and
     # every all-reduce after it (what the split is for).
@@ -342,12 +352,12 @@ class Stack(nn.Module):
         return self.out(h)
 
 
-def fsdp_scenario(rank, backend, mixed=None, per_block=False):
+def fsdp_scenario(rank, backend, mixed=None, per_block=False, depth=3):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=torch.float32) \
         if mixed is not None else MixedPrecisionPolicy()
     torch.manual_seed(0)
-    base = Stack()
+    base = Stack(depth=depth)
 
     def sharded():
         m = copy.deepcopy(base)
