@@ -275,12 +275,15 @@ def test_ddp_fullgraph_one_large_bucket():
     # DDP's default 25 MiB buckets (the first 1 MiB) this model is one piece.
     r = launch("ddp_scenario", backend="aot_eager", fullgraph=True, bucket_cap_mb=25)
     assert r["frames"] == 1 and r["breaks"] == 0 and r["graphs"] == 1, r
+
+
+def test_ddp_fullgraph_pieces():
     r = launch("ddp_scenario", backend="aot_eager", fullgraph=True, wrap="inner")
     assert r["frames"] == 1 and r["breaks"] == 0 and r["graphs"] == 4, r
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "eager"])
-def test_ddp_find_unused_static_graph_no_sync_batchnorm(backend):
+def test_ddp_find_unused_no_sync_batchnorm(backend):
     # An unused parameter with find_unused_parameters, BatchNorm's running stats
     # broadcast from rank 0 before each forward, the second step's gradients kept under
     # no_sync() and reduced with the third's.
@@ -288,6 +291,10 @@ def test_ddp_find_unused_static_graph_no_sync_batchnorm(backend):
     assert r["frames"] == 1 and r["breaks"] == 0 and r["fallbacks"] == 0, r
     assert [k for k, _ in r["orders"][1] if k == "allreduce"] == [], r["orders"]
     assert overlapped(r["orders"][2]), r["orders"]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_ddp_static_graph_batchnorm(backend):
     r = launch("ddp_scenario", backend=backend, bn=True, static_graph=True)
     assert r["frames"] == 1 and r["breaks"] == 0 and r["fallbacks"] == 0, r
 
