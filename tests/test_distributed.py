@@ -419,6 +419,14 @@ def test_fsdp2_block_forwards_optimized():
     assert r == {**r, "graphs": 3, "frames": 3, "breaks": 0, "fallbacks": 0}, r
 
 
+def test_fsdp2_triton_backend_blocks(triton_interpreter):
+    # Our triton backend (Triton's interpreter) under FSDP2, each block's forward
+    # optimized: the same gradients, parameters and AdamW states as eager.
+    pytest.importorskip("triton")
+    r = launch("fsdp_scenario", backend="triton", per_block=True)
+    assert r == {**r, "graphs": 3, "frames": 3, "breaks": 0, "fallbacks": 0}, r
+
+
 def test_fsdp2_mixed_precision():
     # MixedPrecisionPolicy(param_dtype=bfloat16): the blocks compile over the bf16
     # parameters FSDP all-gathers, gradients reduced in float32, as eager.
