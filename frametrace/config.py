@@ -155,3 +155,12 @@ asserts_in_graph = True
 # round, print), each resume function breaking again at once on data.  False: the break
 # runs its call only and the resume function starts right after it.
 break_runs_statement_rest = True
+
+# A graph compiled while DistributedDataParallel runs its wrapped module is cut at the
+# boundaries of DDP's gradient buckets (parameters counted in the order of their
+# gradients, up to DDP's bucket_cap_mb), each piece compiled on its own, so that with a
+# backend compiling the backward whole (aot_eager, triton) each bucket's all-reduce
+# starts while the earlier layers' backward still runs, as in eager DDP
+# (frametrace/distributed.py; torch.compile's DDPOptimizer).  False: one graph, and every
+# all-reduce waits for the end of its backward.
+ddp_split_graphs = True

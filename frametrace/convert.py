@@ -22,7 +22,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from . import _C, cache_limit, config, interop, recompiles, resume, stance
-from . import progress
+from . import distributed, progress
 from .bytecode_diff import plain_diff
 from .codegen import CodeGen, GraphSlot, RerunState, fill_graph_slot
 from .exc import BackendCompilerFailed, Unsupported, format_user_stack, frame_summary
@@ -480,6 +480,9 @@ def generation() -> int:
 
 def _attempt(code, func, args, backend, fullgraph, dynamic, entry_grad) -> _Outcome:
     """Trace and compile the frame once, then install what came of it."""
+    # Under DDP, graphs cut at gradient buckets: the frame's decisions (may a graph that
+    # raised run again?) are made for the pieces, not for the backend's single graph.
+    backend = distributed.split_backend(backend)
     a = _Attempt(code, func, args, backend, fullgraph, dynamic, entry_grad)
     outcome = _trace(a)
     return outcome if outcome.kind == "retry" else _install(a, outcome)

@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from . import _C, convert, interop
+from . import _C, convert, distributed, interop
 from .backends import _BACKENDS, lookup_backend
 
 
@@ -183,7 +183,7 @@ class OptimizedModule(torch.nn.Module):
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_call", interop.mark_ours(_C.Hooked(mod, callback)))
         object.__setattr__(self, "_settings", dict(settings or {}))
-        object.__setattr__(self, "_forward_code", getattr(type(mod).forward, "__code__", None))
+        object.__setattr__(self, "_forward_codes", _forward_codes(mod))
         object.__setattr__(self, "_forced_for", None)
         object.__setattr__(self, "_callback", callback)
         self._force_forward()
@@ -191,9 +191,9 @@ class OptimizedModule(torch.nn.Module):
     def _force_forward(self):
         """The module's forward is traced even from a skipped file (torch.nn's own
         modules); reset() forgets that, and the next call says it again."""
-        code = self.__dict__["_forward_code"]
-        if code is not None and self.__dict__["_forced_for"] != convert.generation():
-            convert.force_trace(code)
+        if self.__dict__["_forced_for"] != convert.generation():
+            for code in self.__dict__["_forward_codes"]:
+                convert.force_trace(code)
             object.__setattr__(self, "_forced_for", convert.generation())
 
     def __call__(self, *args, **kwargs):
@@ -246,6 +246,20 @@ class OptimizedModule(torch.nn.Module):
     # compiled code is not copied: the copy compiles on its first call.
     def __reduce__(self):
         return (_reoptimize, (self._orig_mod, self._settings))
+
+
+def _forward_codes(mod) -> list:
+    """The forwards traced under `mod` even where their files are skipped (torch.nn's own
+    modules): the module's own, or for a DistributedDataParallel wrapper, whose forward
+    runs in CPython (the reducer's bookkeeping), the wrapped module's; and the forwards
+    of FSDP2 modules under it, called by CPython after their hooks."""
+    codes = []
+    inner = mod.module if distributed.is_ddp(mod) else mod
+    if not isinstance(inner, OptimizedModule):
+        codes.append(getattr(type(inner).forward, "__code__", None))
+    codes += [getattr(type(m).forward, "__code__", None) for m in inner.modules()
+              if m is not inner and distributed.is_fsdp_managed(m)]
+    return [c for c in dict.fromkeys(codes) if c is not None]
 
 
 def _reoptimize(mod, settings):

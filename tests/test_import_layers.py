@@ -39,7 +39,7 @@ LAYERS = [
     ("leaves", {"source", "exc", "config", "logs", "bytecode_analysis", "progress", "interop",
                 "stance", "global_state", "cxx_modules", "functorch_runtime", "bytecode_diff",
                 "resume_codes",
-                "backend_registry",
+                "backend_registry", "distributed",
                 "_C", "_tensor_reads", "_views"}),
     ("values", {"variables", "guards", "shapes"}),
     ("graph building", {"graph", "side_effects", "subgraph"}),

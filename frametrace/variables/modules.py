@@ -8,6 +8,7 @@ import torch
 from torch.nn.modules import module as module_mod
 import inspect
 
+from .. import distributed
 from ..source import AttrSource, ConstSource, GetItemSource
 from .base import Var, unsupported
 from .constant import ConstVar
@@ -174,6 +175,8 @@ class NNModuleVar(Var):
 
     # -- calls --
     def call(self, tx, args, kwargs):
+        # (before the class's own __call__ too: HF's checkpointing layers have one)
+        _refuse_distributed(self.module)
         call = class_attr(tx, type(self.module), "__call__")
         if call is not torch.nn.Module.__dict__["__call__"]:
             # The class's own __call__ (its super().__call__ comes back to module_call).
@@ -185,6 +188,7 @@ class NNModuleVar(Var):
     def module_call(self, tx, args, kwargs):
         """What nn.Module.__call__ does: pre-hooks, forward, forward hooks."""
         m = self.module
+        _refuse_distributed(m)
         _guard_global_hooks(tx)
         if m._backward_hooks or m._backward_pre_hooks:
             unsupported(f"backward hooks on {type(m).__name__}")
@@ -226,6 +230,21 @@ class NNModuleVar(Var):
 
     def __repr__(self):
         return f"NNModuleVar({type(self.module).__name__})"
+
+
+def _refuse_distributed(m):
+    """A call of a DDP or FSDP2 module is a break: CPython makes it, and the module's
+    forward compiles as a frame of its own."""
+    if distributed.is_ddp(m):
+        # Its forward prepares the C++ reducer for the backward (and broadcasts
+        # buffers): calls no graph can hold, made in CPython, around the wrapped module.
+        unsupported("DistributedDataParallel's forward runs in CPython (its reducer's "
+                    "bookkeeping); the wrapped module compiles as its own frame")
+    if distributed.is_fsdp_managed(m):
+        # Its hooks all-gather and reshard the parameters and hook the autograd graph:
+        # collectives around the module, made in CPython.
+        unsupported(f"FSDP2 module {type(m).__name__}: its hooks (all-gather, reshard) "
+                    "run in CPython; its forward compiles as its own frame")
 
 
 def _dict(kwargs):
