@@ -3,6 +3,7 @@ GPU (the heuristic first one under Triton's interpreter), the choice cached per 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -180,7 +181,6 @@ def _build_all(configs, build):
     threads = min(config.compile_threads, len(configs))
     if threads <= 1:
         return
-    from concurrent.futures import ThreadPoolExecutor
     device = torch.cuda.current_device()   # (a new thread's current device is the first)
 
     def one(c):
