@@ -42,7 +42,7 @@ def seed_after(s):
     """The seed a graph's first random op gets after torch.manual_seed(s): the first draw
     from the generator (what frametrace::philox_seed does)."""
     torch.manual_seed(s)
-    return torch.ops.frametrace.philox_seed(torch.device("cpu"))
+    return torch.ops.frametrace.philox_seed(device=torch.device("cpu"))
 
 
 # -- reproducibility ---------------------------------------------------------------------------

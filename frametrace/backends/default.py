@@ -48,6 +48,9 @@ class DefaultBackend:
 
     __frametrace_backend__ = True
     __frametrace_name__ = "default"
+    # a checkpointed region's random ops: the triton backend recomputes them from the
+    # forward's Philox seed; where it fails, the graph runs with aot_eager (see __call__)
+    __frametrace_recomputes_random_ops__ = True
 
     def __init__(self, mode=None, options=None):
         self.mode = None if mode == "default" else mode
@@ -101,18 +104,26 @@ class DefaultBackend:
                         any(c.__name__.endswith("RestartAnalysis") for c in type(e).__mro__):
                     raise   # (the tests want it; AOTAutograd's restart is the tracer's to make)
                 first = (str(e).strip().splitlines() or [""])[0][:200]
-                name, why = "eager", f"{why}, but the triton backend failed ({type(e).__name__}: {first})"
-                log.warning("frametrace: graph %s runs with the eager backend: %s",
-                            type(gm).__name__, why)
+                # a checkpoint traced for a backend that recomputes random ops as the
+                # forward drew them: eager's higher-order op would draw others
+                name = "aot_eager" if _checkpoints(gm) else "eager"
+                why = f"{why}, but the triton backend failed ({type(e).__name__}: {first})"
+                log.warning("frametrace: graph %s runs with the %s backend: %s",
+                            type(gm).__name__, name, why)
             else:
                 _record(gm, name, why)
                 return compiled
         _record(gm, name, why)
-        return _BACKENDS["eager"](gm, example_inputs)
+        return _BACKENDS[name](gm, example_inputs)
 
     def __repr__(self):
         settings = "".join(f", {k}={v!r}" for k, v in (("mode", self.mode), ("options", self.options)) if v)
         return f"DefaultBackend({settings.lstrip(', ')})"
+
+
+def _checkpoints(gm) -> bool:
+    return any(n.op == "call_function" and n.target is torch.ops.higher_order.tag_activation_checkpoint
+               for n in gm.graph.nodes)
 
 
 def _record(gm, name, why):

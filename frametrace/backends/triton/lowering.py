@@ -322,6 +322,10 @@ class GraphLowering(Placement):
         if val is None:
             val = _val_from_getitems(node)
         layouts = self._meta_outputs(node, args, kwargs)
+        if val is None:
+            # (a higher-order op AOTAutograd left without a value and no getitem reads:
+            # run_with_rng_state, a checkpointed region's random draw in the backward)
+            val = layouts if layouts is not None else self._fake_result(node)
 
         def out(v, layout, path):
             if isinstance(v, torch.Tensor):
@@ -446,6 +450,18 @@ class GraphLowering(Placement):
                 if not found or "device" in kwargs:
                     return None
                 return node.target(*margs, **mkwargs)
+        except Exception:
+            return None
+
+    def _fake_result(self, node):
+        """What `node` returns, run on its arguments' fake values (None if it cannot)."""
+        mode = self._fake_mode()
+        if mode is None:
+            return None
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        try:
+            with mode:
+                return node.target(*args, **kwargs)
         except Exception:
             return None
 

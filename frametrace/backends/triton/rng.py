@@ -110,13 +110,15 @@ def _philox_fill(seed_ptr, out_ptr, offset, numel, NORMAL: tl.constexpr, XBLOCK:
 # -- the ops ---------------------------------------------------------------------------------
 @torch.library.custom_op("frametrace::philox_seed", mutates_args=(),
                          tags=(torch.Tag.nondeterministic_seeded,))
-def philox_seed(device: torch.device) -> torch.Tensor:
-    """A Philox key drawn from torch's default generator of `device` (advancing it)."""
+def philox_seed(*, device: torch.device) -> torch.Tensor:
+    """A Philox key drawn from torch's default generator of `device` (advancing it).
+    `device` is keyword-only: a checkpointed region's draw is wrapped in
+    run_and_save_rng_state, which finds the device to save the state of there."""
     return torch.randint(0, _SEED_BOUND, (), dtype=torch.int64, device=device)
 
 
 @philox_seed.register_fake
-def _(device):
+def _(*, device):
     return torch.empty((), dtype=torch.int64, device=device)
 
 
@@ -230,7 +232,7 @@ def draw(device, numel):
     device = _device(device)
     entry = state.get(device)
     if entry is None:
-        entry = state[device] = [SEED(device), 0]
+        entry = state[device] = [SEED(device=device), 0]
     seed, offset = entry
     entry[1] = offset + numel
     return seed, offset
@@ -338,11 +340,11 @@ def hoist_seeds(gm) -> None:
 
 # -- lowerings -------------------------------------------------------------------------------
 @register(SEED)
-def _lower_seed(L, node, device):
+def _lower_seed(L, node, *, device):
     """The wrapper draws the seed (a call per graph call, by design not a fallback)."""
     name = L.name()
     out = Buffer(name, (), (), torch.int64, L.device)
-    L.items.append(Extern(name, node.target, (device,), {}, out))
+    L.items.append(Extern(name, node.target, (), {"device": device}, out))
     return out
 
 
