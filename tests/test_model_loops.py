@@ -538,6 +538,29 @@ def test_checkpoint_over_dropout_on_triton_recomputes_the_forwards_mask(backend)
     assert rec.counter.frame_count == 1 and rec.breaks == 0 and rec.fallbacks == 0, rec
 
 
+def test_checkpoint_over_dropout_on_inductor_recomputes_the_forwards_mask():
+    # Inductor draws its own numbers (not eager's): the gradients are checked against the
+    # mask its output shows, as on the triton backend above
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x):
+        return checkpoint(lambda x: F.dropout(lin(x), 0.5, True) * 3, x, use_reentrant=False)
+    with Recorded("inductor") as rec:
+        g = frametrace.optimize(f, backend=rec.counter)
+        for i in range(2):
+            x = torch.randn(16, 8, requires_grad=True)
+            out = g(x)
+            out.backward(torch.ones_like(out))
+            mask = (out != 0).float()
+            torch.testing.assert_close(x.grad, (6 * mask) @ lin.weight)
+            torch.testing.assert_close(lin.bias.grad, 6 * mask.sum(0))
+            lin.zero_grad()
+            assert 0.2 < mask.mean() < 0.8
+    assert rec.counter.frame_count == 1 and rec.breaks == 0 and rec.fallbacks == 0, rec
+
+
 def test_checkpoint_over_dropout_on_a_backend_that_does_not_say_it_recomputes_breaks():
     # A backend that may re-trace the graph and has not said that it recomputes random
     # ops with the forward's state: the region runs in CPython (gradients still eager's).
