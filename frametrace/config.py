@@ -29,6 +29,12 @@ capture_scalar_outputs = False
 # `capture_dynamic_output_shape_ops`.
 capture_dynamic_output_shape_ops = False
 
+# A program written for torch.compile that turned on torch._dynamo.config's
+# capture_scalar_outputs / capture_dynamic_output_shape_ops gets them here too, once it
+# has imported torch._dynamo itself (interop.capture_scalar_outputs reads them; either
+# setting on is on).  False: only the two settings above count.
+honour_torch_compile_config = True
+
 # A backend that raises while compiling a graph is the user's error: the call raises
 # frametrace.BackendCompilerFailed (the backend's exception as its cause), as with
 # torch.compile.  True: the frame runs in CPython instead, with one log line.

@@ -333,7 +333,7 @@ class OutputGraph:
         was_quiet, quiet.on = getattr(quiet, "on", False), True
         self.fake_mode.overlapping_write = None
         try:
-            with self.fake_mode, self._dispatcher():
+            with self.fake_mode, self._dispatcher(), self._scalars_consumed(what, fake_args, fake_kwargs):
                 if kind == "call_method":
                     out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
@@ -462,6 +462,16 @@ class OutputGraph:
                 # (the frame's graph too: its compile runs the assert pass over the
                 # bodies of cond, map ... where such a symbol is bound)
                 self.frame.has_unbacked = True
+
+    def _scalars_consumed(self, what, fake_args, fake_kwargs):
+        """Around the fake call of an op that reads a 0-d tensor argument as a Python
+        number only to compute with it (`_foreach_pow(xs, t)`, `add(x, y, alpha=t)`):
+        its fake kernel's `item()` makes an unbacked symbol that no output holds, which
+        nothing needs to bind (the graph's op reads the number itself at run time)."""
+        if what not in _CONSUME_SCALARS or not any(
+                isinstance(a, torch.Tensor) and a.dim() == 0 for a in _flat_args(fake_args, fake_kwargs)):
+            return contextlib.nullcontext()
+        return self.shape_env.ignore_fresh_unbacked_symbols()
 
     def _drop_unbound_symbols(self):
         # An op that failed may have made unbacked symbols no node will bind.
@@ -756,6 +766,17 @@ def _unbacked_unreplaced(shape_env):
 
 
 # Tensor methods whose answer depends on memory layout.
+# Ops whose Scalar arguments may be 0-d tensors, read as numbers for the arithmetic
+# only, never for a size of the result (torch.compile keeps the same list):
+# `_scalars_consumed`.  Their in-place forms (a trailing `_`) too.
+_CONSUME_SCALARS = frozenset(
+    name + tail for name in (
+        "add", "sub", "addmm", "addmv", "addr", "addbmm", "baddbmm", "addcmul", "addcdiv",
+        "_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_clamp_max",
+        "_foreach_clamp_min", "_foreach_maximum", "_foreach_minimum", "_foreach_pow",
+        "_foreach_lerp", "_foreach_addcmul", "_foreach_addcdiv")
+    for tail in ("", "_"))
+
 _LAYOUT_READS = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense"})
 
 
