@@ -6,6 +6,7 @@ import collections
 import copy
 import functools
 import inspect
+import sys
 import types
 import dis
 import torch
@@ -462,12 +463,35 @@ def _make_partial(fn, args, kwargs):
 _INLINED_TORCH_MODULES = frozenset({"torch.utils._pytree"})
 
 # torch packages of plain Python over tensors that are programs to capture, as the
-# user's own code is (torch.compile inlines them too): the optimizers' steps.
+# user's own code is (torch.compile inlines them too): the optimizers' steps.  Their
+# frames are traced on their own too.
 TRACED_TORCH_PACKAGES = ("torch.optim", "torch.nn.utils.clip_grad", "torch.utils._foreach_utils")
+
+# Python over tensors traced through where model code calls it, but whose frames run in
+# CPython when CPython calls them: weight initialisation, probability distributions.
+INLINED_TORCH_PACKAGES = ("torch.nn.init", "torch.distributions")
 
 
 def in_traced_torch_package(module: str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in TRACED_TORCH_PACKAGES)
+
+
+def in_inlined_torch_package(module: str) -> bool:
+    """Functions and classes of torch that the tracer runs as user code, when reached."""
+    if in_traced_torch_package(module):
+        return True
+    if module.startswith("torch.distributions") and _distributions_validate():
+        # Validating its arguments, a distribution branches on their values (`if not
+        # torch._is_all_true(valid): raise`), a break in every constructor and
+        # log_prob: called whole in CPython, it breaks once.  (Importing torch._dynamo
+        # turns validation off by default, as do most programs that compile.)
+        return False
+    return any(module == p or module.startswith(p + ".") for p in INLINED_TORCH_PACKAGES)
+
+
+def _distributions_validate() -> bool:
+    distribution = getattr(sys.modules.get("torch.distributions"), "Distribution", None)
+    return getattr(distribution, "_validate_args", True) is not False
 
 
 def is_inlinable(fn) -> bool:
@@ -478,7 +502,7 @@ def is_inlinable(fn) -> bool:
     module = getattr(fn, "__module__", None) or ""
     if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
         return True
-    if module in _INLINED_TORCH_MODULES or in_traced_torch_package(module):
+    if module in _INLINED_TORCH_MODULES or in_inlined_torch_package(module):
         return True
     if module == "torch" or module.startswith("torch.") or module.startswith("frametrace"):
         return False

@@ -19,6 +19,7 @@ from .base import ValueVar, Var, a_type, safe_repr, unsupported
 from .contexts import GradModeSetVar, context_class, context_function
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
+from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar
 from .. import _C
@@ -323,8 +324,16 @@ class ObjectVar(ValueVar):
         if isinstance(value, functools._lru_cache_wrapper):
             from .functions import cached_call  # (lazy: import cycle, to break)
             return cached_call(tx, self, args, kwargs)
-        if value in _GLOBAL_STATE_READERS and not args and not kwargs:
+        if not args and not kwargs and value in _global_state_readers():
             return _read_global_state(tx, value)
+        if value in SHAPE_QUERIES:
+            made = shape_query(tx, value, args, kwargs)
+            if made is not None:
+                return made
+        if value is torch.overrides.is_tensor_like and len(args) == 1 and not kwargs and \
+                isinstance(args[0], (TensorVar, ConstVar, SymNodeVar)):
+            # (a number is never a tensor nor has __torch_function__)
+            return ConstVar(isinstance(args[0], TensorVar))
         from .optimizers import trace_time_call  # (lazy: import cycle, to break)
         made = trace_time_call(tx, value, args, kwargs)
         if made is not None:
@@ -880,8 +889,8 @@ def _construct(tx, cls, args, kwargs):
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):
         return construct_container_subclass(tx, cls, args, kwargs)
-    from .functions import in_traced_torch_package  # (lazy: import cycle, to break)
-    if (in_traced_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
+    from .functions import in_inlined_torch_package  # (lazy: import cycle, to break)
+    if (in_inlined_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
             not issubclass(cls, torch.nn.Module) and \
             (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
         from .user_objects import construct_user_object  # (lazy: import cycle, to break)
@@ -1044,14 +1053,28 @@ TRACE_TIME_ANSWERS = {
 
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
                          torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled,
-                         torch.backends.mha.get_fastpath_enabled}
+                         torch.backends.mha.get_fastpath_enabled,
+                         # Whether torch.fx's symbolic tracer runs (it may run a compiled
+                         # function): read now, and guarded.
+                         torch.fx._symbolic_trace.is_fx_tracing,
+                         torch.fx._symbolic_trace.is_fx_symbolic_tracing}
+
+
+def _global_state_readers():
+    """The readers above, and those of modules torch imports lazily, once the program
+    has imported them (torch.onnx's export flag, read and guarded as the others)."""
+    onnx = sys.modules.get("torch.onnx")
+    reader = getattr(onnx, "is_in_onnx_export", None)
+    return _GLOBAL_STATE_READERS | {reader} if reader is not None else _GLOBAL_STATE_READERS
+
+
 def entry_state_readers():
     """The state readers answered inside contexts entered while tracing (see
     `OutputGraph.entering_context`)."""
     names = ("is_autocast_enabled", "is_autocast_cache_enabled", "is_autocast_cpu_enabled",
              "get_autocast_cpu_dtype", "get_autocast_gpu_dtype", "is_autocast_ipu_enabled",
              "is_autocast_xla_enabled", "get_autocast_ipu_dtype", "get_autocast_xla_dtype")
-    return (*_GLOBAL_STATE_READERS, torch._C._is_torch_function_enabled,
+    return (*_global_state_readers(), torch._C._is_torch_function_enabled,
             torch._C._is_torch_function_all_disabled, torch._C._is_torch_function_mode_enabled,
             *(getattr(torch, n) for n in names if hasattr(torch, n)))
 
