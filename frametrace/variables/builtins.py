@@ -22,7 +22,8 @@ from .base import Var, nouns, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
-from .functions import NestedFunctionVar, PartialVar
+from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
+from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -676,7 +677,6 @@ def never_equal_to_set(v: Var) -> bool:
 
 
 def _identity_hashed(cls) -> bool:
-    from .modules import _class_lookup  # (lazy: import cycle, to break)
     return _class_lookup(cls, "__hash__") is object.__hash__ and \
         _class_lookup(cls, "__eq__") is object.__eq__
 
@@ -702,8 +702,6 @@ def set_key(v: Var):
             # the traced objects', and which NaN object the program holds is not guarded.
             unsupported("a set member or dict key holding a NaN (found only by identity)")
         return k
-    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
-    from .modules import NNModuleVar  # (lazy: import cycle, to break)
     from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
         from .tensor_facts import hashed  # (lazy: import cycle, to break)
@@ -789,7 +787,6 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
             return True
     elif asks_class:
         # (a __getattribute__ given to the class later would run here: it fails this)
-        from .modules import _class_lookup
         k = obj.instance_class()
         tx.guards.class_attr(k, "__getattribute__", _class_lookup(k, "__getattribute__"))
     return _class_covers(t, cls, tx)
@@ -831,7 +828,6 @@ def _user_meta_method(tx, cls, name):
     """`name` of cls's metaclass when it is a Python function from user code (library
     metaclasses, ABCMeta and torch's, are answered on the real classes).  Guarded: a
     metaclass is a class like any other."""
-    from .modules import class_attr  # (lazy: import cycle, to break)
     meta = type(cls)
     if meta is type:
         return None
@@ -1251,19 +1247,23 @@ def _data_conversion(kind):
         if kind is str and len(args) == 1 and hasattr(args[0], "str_of"):
             return args[0].str_of(tx, str)
         if kind is str and len(args) == 1 and not kwargs:
-            from .subclasses import container_format  # (lazy: import cycle, to break)
-            text = container_format(tx, args[0], "str")
-            if text is not None:
-                return ConstVar(text)
+            return _text(tx, args[0], str)
     return handler
+
+
+def _text(tx, v, kind):
+    from .subclasses import container_format  # (lazy: import cycle, to break)
+    text = container_format(tx, v, kind.__name__)
+    if text is not None:
+        return ConstVar(text)
+    from .user_objects import is_user_object, user_object_text  # (lazy: import cycle, to break)
+    if is_user_object(v):
+        return user_object_text(tx, v, kind)
 
 
 def _repr(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
-        from .subclasses import container_format  # (lazy: import cycle, to break)
-        text = container_format(tx, args[0], "repr")
-        if text is not None:
-            return ConstVar(text)
+        return _text(tx, args[0], repr)
 
 
 def _slice(tx, args, kwargs):
@@ -1299,7 +1299,6 @@ def _getattr(tx, args, kwargs):
 def _has_attr(tx, obj, name):
     """Whether `obj` has attribute `name`: True, False, or None (cannot tell).  A
     guard keeps the answer for objects from the frame."""
-    from .modules import NNModuleVar, _class_lookup  # (lazy: import cycle, to break)
     from .user_objects import DataclassVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
@@ -1340,7 +1339,6 @@ def _has_attr(tx, obj, name):
     if is_user_container(obj):
         # Its own attributes are all known (the names in an outside one's __dict__ are
         # guarded); the class's, guarded as classes are.
-        from .modules import class_attr
         if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
             return True
         return None if _class_lookup(obj.cls, "__getattr__") is not None else False
@@ -1354,7 +1352,6 @@ def _has_attr(tx, obj, name):
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
-        from .modules import class_attr  # (lazy: import cycle, to break)
         return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
         if isinstance(obj.value, type):
@@ -1399,7 +1396,6 @@ def _has_attr_of_new_class(tx, obj, d, cls, name):
     """_has_attr for an object whose __class__ the frame assigned: the class the trace
     has answers (its lookups guarded), and the instance dict, guarded on its own (a
     hasattr guard would ask the class the object has when the frame starts)."""
-    from .modules import class_attr  # (lazy: import cycle, to break)
     if class_attr(tx, cls, name) is not None:
         return True
     if name in d or obj.source is None:
@@ -1480,7 +1476,6 @@ def _super(tx, args, kwargs):
 
 def _callable(tx, args, kwargs):
     # (lazy: import cycle, to break)
-    from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
     if len(args) == 1:
         v = args[0]
         if isinstance(v, (UserFunctionVar, NestedFunctionVar, BoundMethodVar, PartialVar,
@@ -1490,6 +1485,11 @@ def _callable(tx, args, kwargs):
             return ConstVar(callable(v.as_const()) if v.is_const() else False)
         if isinstance(v, ObjectVar):
             return ConstVar(callable(v.value))
+        from .user_objects import is_user_object  # (lazy: import cycle, to break)
+        if is_user_object(v):
+            # callable() asks the type for __call__ (guarded: a class can gain one)
+            class_attr(tx, v.python_type(), "__call__")
+            return ConstVar(class_defines(v.python_type(), "__call__"))
 
 
 def _divmod(tx, args, kwargs):

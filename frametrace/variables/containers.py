@@ -173,6 +173,11 @@ class NamedTupleVar(TupleVar):
         if name in ("_replace", "_asdict") and hasattr(self.cls, name):
             from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
+        if self.cls is not None and not hasattr(self.cls, "n_fields"):
+            from .user_objects import namedtuple_member  # (lazy: import cycle, to break)
+            member = namedtuple_member(tx, self, name)
+            if member is not None:
+                return member
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
 
     def setattr(self, tx, name, value):

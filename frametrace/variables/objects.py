@@ -17,6 +17,9 @@ from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource,
                       GlobalSource, _named_arg)
 from .base import ValueVar, Var, a_type, safe_repr, unsupported
 from .contexts import GradModeSetVar, context_class, context_function
+from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
+                        in_inlined_torch_package, visible_outside_writes)
+from .modules import construct_module
 from .constant import ConstVar, is_pure_method
 from .containers import ListVar, SizeVar
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
@@ -317,12 +320,14 @@ class ObjectVar(ValueVar):
                 return made
         if value in TRACE_TIME_ANSWERS:
             return ConstVar(TRACE_TIME_ANSWERS[value])
+        if value is object.__new__ and args:
+            from .user_objects import new_plain_object  # (lazy: import cycle, to break)
+            return new_plain_object(tx, args[0], args[1:], kwargs)
         if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
             # The referent (or None once it died), read again through the call.
             from .builder import wrap
             return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
         if isinstance(value, functools._lru_cache_wrapper):
-            from .functions import cached_call  # (lazy: import cycle, to break)
             return cached_call(tx, self, args, kwargs)
         if not args and not kwargs and value in _global_state_readers():
             return _read_global_state(tx, value)
@@ -378,7 +383,6 @@ class InGraphCallVar(ObjectVar):
 
     def call(self, tx, args, kwargs):
         # (lazy: import cycle, to break)
-        from .functions import OutsideState, visible_outside_writes
         name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
         if tx.output.functionalizes and not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
             # (the eager backend runs the node every call; AOTAutograd's re-trace would
@@ -658,7 +662,6 @@ class SuperVar(Var):
 
     def getattr(self, tx, name):
         from .builder import wrap  # (lazy: import cycle, to break)
-        from .functions import BoundMethodVar  # (lazy: import cycle, to break)
         cls = self.cls.as_const() if not isinstance(self.cls, ObjectVar) else self.cls.value
         # super(C, obj) searches type(obj)'s MRO; super(C, klass) in a classmethod,
         # klass's own (and binds classmethods to it).
@@ -701,6 +704,9 @@ class SuperVar(Var):
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
+                    if klass is object and name == "__new__":
+                        from .user_objects import ObjectNewVar  # (lazy: import cycle, to break)
+                        return ObjectNewVar()
                     if name in _PURE_READERS and hasattr(self.obj, "value"):
                         return _RealMethodVar(attr, self.obj.value, self.obj.source)
                     unsupported(f"super().{name} of a builtin class")
@@ -860,7 +866,6 @@ def _construct(tx, cls, args, kwargs):
     if made is not None:
         return made
     if cls is functools.partial and args:
-        from .functions import PartialVar  # (lazy: import cycle, to break)
         return PartialVar(args[0], args[1:], kwargs)
     if dataclasses.is_dataclass(cls):
         # (lazy: import cycle, to break)
@@ -882,14 +887,12 @@ def _construct(tx, cls, args, kwargs):
         from .tensor_attrs import new_parameter  # (lazy: import cycle, to break)
         return new_parameter(tx, args, kwargs)
     if issubclass(cls, torch.nn.Module):
-        from .modules import construct_module  # (lazy: import cycle, to break)
         return construct_module(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
     # (lazy: import cycle, to break)
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):
         return construct_container_subclass(tx, cls, args, kwargs)
-    from .functions import in_inlined_torch_package  # (lazy: import cycle, to break)
     if (in_inlined_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
             not issubclass(cls, torch.nn.Module) and \
             (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
@@ -947,7 +950,6 @@ _NO_KEY = object()
 def _lookup_key(v):
     """The real key a traced value looks up in a real mapping: a constant, or a
     function (hashed by identity); _NO_KEY for others."""
-    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
     if isinstance(v, UserFunctionVar):
         return v.fn
     if isinstance(v, ObjectVar) and _named_arg(v.value) and \

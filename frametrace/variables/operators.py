@@ -27,6 +27,7 @@ from .scalars import capturing
 from .subclasses import is_user_container, user_container_binary_op
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar, guard_operator
+from .user_objects import is_user_object, user_object_binary_op
 
 INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
                      operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
@@ -45,6 +46,10 @@ _SET_INPLACE = {operator.ior: "__ior__", operator.iand: "__iand__", operator.isu
 def binary_op(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
     plain = INPLACE_TO_PLAIN.get(fn, fn)
+    if is_user_object(a) or is_user_object(b) and not isinstance(a, TensorVar):
+        made = user_object_binary_op(tx, fn, a, b, lambda x, y: is_same(x, y, tx))
+        if made is not None:
+            return made
     if is_numpy_var(a) or is_numpy_var(b):
         return numpy_binary_op(tx, fn, a, b)
     if isinstance(a, TensorVar):
@@ -240,7 +245,7 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
             # Two inputs, distinct objects now: the answer holds while they stay so.
             tx.guards.distinct_objects(*sorted((ia.source, ib.source), key=lambda s: s.name()))
         return False
-    if any(is_user_container(v) and v.source is None for v in (a, b)):
+    if any((is_user_container(v) or is_user_object(v)) and v.source is None for v in (a, b)):
         return False        # an object of a user class made in the frame: a new one
     same = _frame_tuples_identity(tx, a, b)
     if same is not None:
