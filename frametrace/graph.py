@@ -26,7 +26,7 @@ from .shapes import (ShapePolicy, overlaps_itself, meta_like, new_fake_mode, sta
                      symbolic_float, symbolic_int)
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
-from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
+from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar, structseq_fields
 from .variables.symbolic import (SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data,
                                  float_number_op, wrap_sym)
 from . import config
@@ -116,6 +116,8 @@ class OutputGraph:
         self._input_fakes: dict[int, object] = {}   # id(fake) -> fake, of graph inputs
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
         self.object_vars: dict[int, tuple] = {}
+        # id() of each traced object asked for it: (object, its key), kept alive (builtins.IdVar)
+        self.id_keys: dict[int, tuple] = {}
         # id(ContextVar) -> traced value set during the trace (reset before it ends).
         self.context_vars: dict[int, object] = {}
         # Real context managers entered while tracing (autocast), closed if it aborts.
@@ -606,7 +608,7 @@ class OutputGraph:
                     unsupported(f"graph op returned {type(o).__name__} inside a sequence")
             if isinstance(out, torch.Size):
                 return SizeVar(items)
-            fields = getattr(type(out), "_fields", None) or _structseq_fields(out)
+            fields = getattr(type(out), "_fields", None) or structseq_fields(type(out))
             if fields:
                 # Its own class (torch.return_types.max...): isinstance and the result
                 # the caller gets are the op's, not a plain tuple.
@@ -830,24 +832,6 @@ def _packet_is_inplace_view(packet) -> bool:
         return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
     except Exception:
         return True     # unknown: the safe answer
-
-
-def _structseq_fields(out):
-    n = getattr(type(out), "n_fields", None)
-    if n is None:
-        return None
-    names = [d for d in dir(type(out)) if not d.startswith("_") and d not in
-             ("count", "index", "n_fields", "n_sequence_fields", "n_unnamed_fields")]
-    by_index = {}
-    for d in names:
-        try:
-            v = getattr(out, d)
-        except Exception:
-            continue
-        for i, o in enumerate(out):
-            if o is v:
-                by_index[i] = d
-    return tuple(by_index.get(i, f"_{i}") for i in range(len(out)))
 
 
 class _NoTwin(Exception):

@@ -28,7 +28,7 @@ from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar,
 from .variables.asserts import assert_in_graph
 from .variables.attributes import plain_class_of
 from .variables.builder import wrap
-from .variables.builtins import SetVar, _class_value, _len, iter_of
+from .variables.builtins import SetVar, _class_value, _len, iter_of, mapping_items
 from .variables.contexts import ExitVar, GeneratorFrameVar, user_context
 from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, is_exception, matches, throw)
@@ -525,9 +525,9 @@ class InstructionTranslator:
             unsupported("CALL_FUNCTION_EX without NULL")
         kw = {}
         if kwargs is not None:
-            if not isinstance(kwargs, DictVar):
+            kw = mapping_items(self, kwargs)
+            if kw is None:
                 unsupported(f"**{kwargs}")
-            kw = dict(kwargs.items)
         self.push(fn.call(self, args.unpack(self), kw))
 
     # ------------------------------------------------------------ operators
@@ -660,11 +660,12 @@ class InstructionTranslator:
 
     def DICT_UPDATE(self, inst):
         v = self.pop()
-        if not isinstance(v, DictVar):
+        items = mapping_items(self, v)
+        if items is None:
             unsupported(f"dict update with {v}")
         target = self.stack[-inst.arg]
         target._mutating(self)
-        target.items.update(v.items)
+        target.items.update(items)
 
     DICT_MERGE = DICT_UPDATE
 

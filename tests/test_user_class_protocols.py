@@ -5,12 +5,13 @@ one first for a subclass on the right, NotImplemented passing on, == and != fall
 back to identity, TypeError when nothing answers), str() / repr() / callable() of an
 instance, and dataclass fields with a default_factory.
 """
+import collections.abc
 import dataclasses
 import typing
 
 import torch
 
-from differential import check
+from differential import Then, check
 
 
 def xs(n=3):
@@ -191,3 +192,119 @@ def test_namedtuple_subclass_methods():
         return p.scaled() + p.norm + p.unit(), o.scaled(), o.k, p._replace(k=4).scaled()
 
     check(f, xs(), graphs=1, breaks=0, compiles=1)
+
+
+class Tag:
+    pass
+
+
+LIN = torch.nn.Linear(2, 2)
+
+
+def test_id_of_tensors_objects_classes_and_modules():
+    def f(x, y, o):
+        m = LIN
+        d = {id(x): x + 1, id(o): 5, id(Tag): 7, id(m): 9}
+        d[id(y)] = y * 2
+        k = id(o)
+        return (len(d), d[id(x)], d[k], d[id(type(o))], d[id(m)], id(x) == id(y),
+                id(x) != id(y), id(y) in d, id(Tag()) in d, m(x))
+
+    x = torch.randn(2)
+    calls = [(x, x, Tag()), (x, torch.randn(2), Tag()), (x, x, Tag())]
+    # (x passed twice, or two tensors: which it is, is guarded)
+    check(f, calls, graphs=2, breaks=0, compiles=2)
+
+
+def test_id_kept_by_the_program_is_computed_at_run_time():
+    import frametrace
+
+    def f(x):
+        return {id(x): 1}, id(x)
+
+    x = torch.randn(2)
+    d, i = frametrace.optimize(f, backend="eager")(x)
+    assert i == id(x) and list(d) == [id(x)]
+    y = torch.randn(2)
+    d, i = frametrace.optimize(f, backend="eager")(y)
+    assert i == id(y) and list(d) == [id(y)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    a: int
+    b: str = "x"
+
+
+def test_frozen_dataclass_instances_as_dict_keys_and_set_members():
+    def f(x):
+        d = {Key(1): x + 1, Key(2, "y"): x * 2}
+        s = {Key(1), Key(1), Key(3)}
+        d[Key(1)] = d[Key(1)] * 10
+        return d[Key(2, "y")], d, len(s), Key(1) in s, Key(2) in s, Key(1) in d, d.get(Key(9))
+
+    # (the returned dict is built again at run time: its keys' generated __hash__ runs
+    # under the hook, a frame of no graph)
+    r = check(f, xs(), graphs=1, breaks=0)
+    assert [rec.code.co_name for rec in r.records].count("f") == 1, r
+
+
+class Registry(collections.abc.MutableMapping):
+    def __init__(self, **kw):
+        self._d = dict(kw)
+
+    def __getitem__(self, k):
+        return self._d[k]
+
+    def __setitem__(self, k, v):
+        self._d[k] = v
+
+    def __delitem__(self, k):
+        del self._d[k]
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+
+class OwnKeys(Registry):
+    def keys(self):
+        return ["b"]
+
+
+def takes(a=0, b=0):
+    return a * 10 + b
+
+
+def test_dict_and_star_star_of_a_user_mapping():
+    def f(x, m):
+        local = Registry(a=x, b=2)
+        d = dict(local)
+        d.update(m)
+        return d, takes(**m), {**local, "c": 3}, dict(OwnKeys(a=1, b=5)), x + takes(**OwnKeys(a=1, b=5))
+
+    check(f, [(torch.randn(2), Registry(a=1, b=2)), (torch.randn(2), Registry(a=3, b=4))],
+          graphs=None, breaks=0)
+
+
+class Shape:
+    pass
+
+
+class Square(Shape):
+    pass
+
+
+def test_subclasses_are_read_again_by_the_guard():
+    def f(x):
+        return x + len(Shape.__subclasses__()), [c.__name__ for c in Shape.__subclasses__()]
+
+    x = torch.randn(2)
+    keep = []
+    try:
+        check(f, [(x,), (x,), Then(lambda: keep.append(type("Circle", (Shape,), {})), x), (x,)],
+                  graphs=2, breaks=0, compiles=2)
+    finally:
+        keep.clear()

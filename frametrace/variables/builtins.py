@@ -9,6 +9,7 @@ only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
 import abc
+import collections.abc
 import functools
 import itertools
 import operator
@@ -702,6 +703,11 @@ def set_key(v: Var):
             # the traced objects', and which NaN object the program holds is not guarded.
             unsupported("a set member or dict key holding a NaN (found only by identity)")
         return k
+    if isinstance(v, IdVar):
+        return v.key
+    by_value = v.value_key() if hasattr(v, "value_key") else None
+    if by_value is not None:
+        return by_value
     from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
         from .tensor_facts import hashed  # (lazy: import cycle, to break)
@@ -889,14 +895,24 @@ def _set(kind):
     return handler
 
 
+def mapping_items(tx, src):
+    """What ``dict.update(d, src)`` (and ``**src``) takes from `src` when it is a
+    mapping: a dict's items, or a user mapping's (`mapping_items` of its Var).  None
+    for anything else (an iterable of pairs)."""
+    if isinstance(src, DictVar) and not isinstance(src, SetVar):
+        return dict(src.items)
+    return src.mapping_items(tx) if hasattr(src, "mapping_items") else None
+
+
 def _dict(tx, args, kwargs):
     if len(args) > 1:
         return None
     items = {}
     if args:
         src = args[0]
-        if isinstance(src, DictVar) and not isinstance(src, SetVar):
-            items.update(src.items)
+        mapped = mapping_items(tx, src)
+        if mapped is not None:
+            items.update(mapped)
         else:
             for pair in var_iter(tx, src):
                 kv = var_list(tx, pair)
@@ -1492,6 +1508,68 @@ def _callable(tx, args, kwargs):
             return ConstVar(class_defines(v.python_type(), "__call__"))
 
 
+class IdVar(Var):
+    """``id(obj)`` of a value whose identity the trace knows but not its address (a
+    tensor, an object of a user class): equal to another IdVar of the same object, a
+    dict key or set member standing for that object's id, and, where the program
+    keeps it, ``id(obj)`` computed again at run time.  `key`: one object per traced
+    object, what stands for it among keys."""
+    __slots__ = ("target", "key")
+
+    def __init__(self, target, key):
+        super().__init__(None)
+        self.target = target
+        self.key = key
+
+    def python_type(self):
+        return int
+
+    def reconstruct(self, cg):
+        cg.call_const(id, [self.target.reconstruct])
+
+    def noun(self):
+        return f"id() of {self.target.noun()}"
+
+    def __repr__(self):
+        return f"IdVar({self.target!r})"
+
+
+def _id(tx, args, kwargs):
+    if len(args) != 1 or kwargs:
+        return None
+    v = args[0]
+    real = v.module if isinstance(v, NNModuleVar) else \
+        v.value if isinstance(v, ObjectVar) and isinstance(
+            v.value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)) else \
+        v.fn if isinstance(v, UserFunctionVar) and not v.fn.__closure__ else None
+    if real is not None:
+        # An object the trace holds as itself (guarded by identity, or fixed in the
+        # code): its id is a constant while the entry's guards hold.
+        return ConstVar(id(real))
+    from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
+    if isinstance(v, TensorVar):
+        identity = v.example            # one FakeTensor per tensor
+    elif isinstance(v, (NewObjectVar, DataclassVar)):
+        identity = v                    # one Var per object made in the frame
+    elif isinstance(v, UserObjectVar):
+        identity = v.value
+    else:
+        return None
+    key = tx.output.id_keys.setdefault(id(identity), (identity, _IdKey(v)))[1]
+    return IdVar(v, key)
+
+
+class _IdKey:
+    """What stands for one object's id among a dict's keys (hashed by identity)."""
+    __slots__ = ("var",)
+
+    def __init__(self, var):
+        self.var = var
+
+    def __repr__(self):
+        return f"<id of {self.var!r}>"
+
+
 def _divmod(tx, args, kwargs):
     if len(args) == 2 and any(isinstance(a, TensorVar) for a in args):
         unsupported("divmod() of a tensor (TypeError in CPython)")
@@ -1509,7 +1587,7 @@ _BUILTIN_HANDLERS = {
     repr: _repr, getattr: _getattr, hasattr: _hasattr, setattr: _setattr, delattr: _delattr,
     type: _type,
     globals: _globals, vars: _vars,
-    super: _super, callable: _callable, slice: _slice,
+    super: _super, callable: _callable, slice: _slice, id: _id,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
 }
 

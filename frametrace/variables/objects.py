@@ -21,7 +21,7 @@ from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVa
                         in_inlined_torch_package, visible_outside_writes)
 from .modules import construct_module
 from .constant import ConstVar, is_pure_method
-from .containers import ListVar, SizeVar
+from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar
@@ -312,6 +312,13 @@ class ObjectVar(ValueVar):
         value = self.value
         if value is torch.Size and len(args) == 1 and not kwargs:
             return SizeVar(args[0].unpack(tx))       # symbolic sizes stay symbolic
+        if isinstance(value, type) and value.__module__ == "torch.return_types" and \
+                len(args) == 1 and not kwargs:
+            # torch.return_types.max((values, indices)): what the op would return
+            items, fields = args[0].unpack(tx), structseq_fields(value)
+            if fields is None or len(items) != len(fields):
+                unsupported(f"{value.__name__}() of {len(items)} items")
+            return NamedTupleVar(items, fields, cls=value)
         if isinstance(value, type) and value in _CONST_CLASSES and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if isinstance(value, type):
@@ -323,6 +330,17 @@ class ObjectVar(ValueVar):
         if value is object.__new__ and args:
             from .user_objects import new_plain_object  # (lazy: import cycle, to break)
             return new_plain_object(tx, args[0], args[1:], kwargs)
+        if type(value) is types.BuiltinMethodType and value.__name__ == "__subclasses__" and \
+                isinstance(value.__self__, type) and not args and not kwargs and \
+                isinstance(self.source, AttrSource):
+            # The classes derived from it now, read again by the guard (a class
+            # statement anywhere adds one).
+            from .builder import wrap  # (lazy: import cycle, to break)
+            found = value()
+            source = CallMethodSource(self.source.base, "__subclasses__", ())
+            tx.guards.length(source, found)
+            # (a new list per call: the program may change it)
+            return ListVar([wrap(tx, c, GetItemSource(source, i)) for i, c in enumerate(found)])
         if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
             # The referent (or None once it died), read again through the call.
             from .builder import wrap

@@ -16,7 +16,7 @@ import torch
 import enum
 
 from .base import Var, nouns, unsupported
-from .builtins import SetVar
+from .builtins import IdVar, SetVar
 from .constant import BINARY_FOLD, ConstVar
 from .containers import DictVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import raise_builtin, raise_folded
@@ -50,6 +50,10 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
         made = user_object_binary_op(tx, fn, a, b, lambda x, y: is_same(x, y, tx))
         if made is not None:
             return made
+    if isinstance(a, IdVar) or isinstance(b, IdVar):
+        if plain in (operator.eq, operator.ne) and isinstance(a, IdVar) and isinstance(b, IdVar):
+            return ConstVar(is_same(a.target, b.target, tx) == (plain is operator.eq))
+        unsupported(f"{plain.__name__} on {a} and {b} (an address known only at run time)")
     if is_numpy_var(a) or is_numpy_var(b):
         return numpy_binary_op(tx, fn, a, b)
     if isinstance(a, TensorVar):
@@ -110,10 +114,28 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
             return ConstVar(plain(a.as_const(), b.as_const()))
         except Exception as e:
             raise_folded(e, f"{plain.__name__} on constants")
+    kinds = _sequence_kinds(a, b) if plain in (operator.eq, operator.ne) else None
+    if kinds is not None:
+        # list_richcompare / tuplerichcompare: lengths, then item by item (`is`, then
+        # `==`) up to the first that differs; a list and a tuple are never equal
+        ia, ib = a.unpack(tx), b.unpack(tx)
+        equal = kinds and len(ia) == len(ib) and all(_matches(tx, x, y) for x, y in zip(ia, ib))
+        return ConstVar(equal == (plain is operator.eq))
     if plain in (operator.eq, operator.ne) and isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
         same = a.value == b.value
         return ConstVar(same if plain is operator.eq else not same)
     unsupported(f"{plain.__name__} on {a} and {b}")
+
+
+def _sequence_kinds(a, b):
+    """For two lists or tuples the trace holds the items of: whether they are of one
+    kind (two lists, or two tuples: a namedtuple is one).  None for anything else."""
+    if not (isinstance(a, (TupleVar, ListVar)) and isinstance(b, (TupleVar, ListVar))):
+        return None
+    ta, tb = a.python_type(), b.python_type()
+    if not all(t is list or issubclass(t, tuple) for t in (ta, tb)):
+        return None
+    return ta is tb is list or issubclass(ta, tuple) and issubclass(tb, tuple)
 
 
 _OP_SYMBOLS = {operator.or_: "|", operator.and_: "&", operator.sub: "-", operator.xor: "^",
@@ -306,6 +328,10 @@ def contains(tx, container: Var, item: Var) -> bool:
             return any(_matches(tx, m, item) for m in members)
     if isinstance(item, ObjectVar) and isinstance(container, (TupleVar, ListVar)):
         return any(isinstance(m, ObjectVar) and m.value is item.value for m in container.items)
+    if isinstance(container, (TupleVar, ListVar)):
+        # each item in order: `is`, then `==` and its truth (a tensor found by identity
+        # before any other is compared by value)
+        return any(_matches(tx, m, item) for m in container.unpack(tx))
     unsupported(f"'in' with {item} and {container}")
 
 

@@ -16,10 +16,10 @@ from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, I
 from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
 from .base import Var, a_type, unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar, _ITEMS, attrs_dict
+from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr, class_defines
-from .builtins import _guard_hasattr
+from .builtins import _guard_hasattr, var_list
 from .objects import ObjectVar, _PURE_READERS, _RealMethodVar, call_hint, object_noun
 from .symbolic import SymNodeVar
 
@@ -220,6 +220,9 @@ class UserObjectVar(InstanceAttrs, Var):
     def unpack(self, tx):
         return _unpack_user(tx, self, self.cls)
 
+    def mapping_items(self, tx):
+        return _mapping_items(tx, self, self.cls)
+
     def truth(self, tx):
         cls = self.cls
         if class_attr(tx, cls, "__bool__") is None and class_attr(tx, cls, "__len__") is None:
@@ -283,6 +286,9 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def unpack(self, tx):
         return _unpack_user(tx, self, self.cls)
+
+    def mapping_items(self, tx):
+        return _mapping_items(tx, self, self.cls)
 
     def call(self, tx, args, kwargs):
         return self._dunder(tx, "__call__", [*args]) if not kwargs else \
@@ -362,6 +368,20 @@ class _Sized:
 
     def __len__(self):
         return self.n
+
+
+def _mapping_items(tx, var, cls):
+    """What ``dict.update(d, obj)`` and ``**obj`` take from an object of a user class
+    with a keys() method (a collections.abc.Mapping): ``obj[k]`` for each k of
+    ``obj.keys()``, in order.  None without keys(): an iterable of pairs."""
+    keys = class_attr(tx, cls, "keys")
+    if keys is None:
+        return None
+    if keys is collections.abc.Mapping.keys:
+        found = var_list(tx, var)        # (Mapping's KeysView iterates the mapping)
+    else:
+        found = var_list(tx, var.getattr(tx, "keys").call(tx, [], {}))
+    return {_dict_key(k): var.getitem(tx, k) for k in found}
 
 
 def _unpack_user(tx, var, cls):
@@ -457,6 +477,19 @@ class DataclassVar(Var):
 
     def python_type(self):
         return self.cls
+
+    def value_key(self):
+        """The object itself, made now, where it is hashed and compared by its fields
+        alone (a frozen dataclass's generated __hash__ and __eq__) and they are all
+        constants: what stands for it as a dict key or set member.  Else None."""
+        cls = self.cls
+        params = getattr(cls, "__dataclass_params__", None)
+        if params is None or not (params.frozen and params.eq) or \
+                not _generated(cls, "__hash__") or not _generated(cls, "__eq__") or \
+                not all(v.is_const() for v in self.fields.values()) or \
+                set(self.fields) != {f.name for f in dataclasses.fields(cls)}:
+            return None
+        return _new_with_attrs(cls, {k: v.as_const() for k, v in self.fields.items()})
 
     def getattr(self, tx, name):
         if name in self.fields:
@@ -595,6 +628,12 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     if post_init is not None:
         UserFunctionVar(post_init).call(tx, [obj], {})
     return obj
+
+
+def _generated(cls, name) -> bool:
+    """Whether cls.name is one @dataclass wrote (compiled from a string)."""
+    fn = _class_lookup(cls, name)
+    return getattr(getattr(fn, "__code__", None), "co_filename", None) == "<string>"
 
 
 def _generated_init(cls) -> bool:
