@@ -144,6 +144,13 @@ triton_keeps_python_floats = True
 # logs.  False: each such call is a graph break, CPython makes it.
 trace_logging_calls = True
 
+# `warnings.simplefilter("ignore")` (or filterwarnings, any action but "error") inside a
+# `with warnings.catch_warnings()` the trace holds is dropped: the block's exit puts the
+# filters back, and a warnings.warn traced in the block is a break anyway.  What it
+# drops is only which warnings the graph's kernels print inside the block.  False:
+# each such call is a graph break (and the block runs in CPython).
+trace_warning_filters_in_catch_warnings = True
+
 # `assert t, "msg"` on a tensor is a check op in the graph (frametrace::assert_true,
 # variables/asserts.py) instead of a data-dependent break.  False: the break.
 asserts_in_graph = True
