@@ -308,3 +308,25 @@ def test_subclasses_are_read_again_by_the_guard():
                   graphs=2, breaks=0, compiles=2)
     finally:
         keep.clear()
+
+
+def _target(a, b=2, *rest, c=3, **kw):
+    return a
+
+
+def test_signature_bind_and_apply_defaults():
+    import inspect
+
+    def f(x):
+        ba = inspect.signature(_target).bind(x, 5, 6, d=7)
+        before = dict(ba.arguments)
+        ba.apply_defaults()
+        return (ba.arguments["a"] + ba.arguments["b"] + ba.arguments["c"], ba.args[0] * 2,
+                ba.args[1:], ba.kwargs, list(before), list(ba.arguments))
+
+    check(f, xs(), graphs=1, breaks=0, compiles=1)
+
+    def missing(x):
+        return inspect.signature(_target).bind(c=x)      # TypeError: missing 'a'
+
+    check(missing, xs(2), graphs=None)

@@ -921,11 +921,11 @@ def _construct(tx, cls, args, kwargs):
 
 def _plain_python_class(cls) -> bool:
     """A standard-library class written wholly in Python over `object` (unittest's
-    assertRaises context, argparse.Namespace): traced like a user's class.  Classes with
-    a C base, their own metaclass or __new__ stay opaque."""
+    assertRaises context, argparse.Namespace, inspect.BoundArguments, with __slots__ as a
+    user's class may have): traced like a user's class.  Classes with a C base, their
+    own metaclass or __new__ stay opaque."""
     return type(cls) is type and cls.__new__ is object.__new__ and \
-        all(c is object or (c.__flags__ & _TPFLAGS_HEAPTYPE and "__slots__" not in vars(c))
-            for c in cls.__mro__)
+        all(c is object or c.__flags__ & _TPFLAGS_HEAPTYPE for c in cls.__mro__)
 
 
 _TPFLAGS_HEAPTYPE = 1 << 9
