@@ -409,17 +409,22 @@ class InstructionTranslator:
         code = self.pop().as_const()
         flags = inst.arg
         cells = [ref.cell for ref in self.pop().items] if flags & 0x08 else []
-        if flags & 0x04:
-            self.pop()                                  # annotations: unused
+        annotations = self.pop().unpack(self) if flags & 0x04 else None
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
         # Defaults all constants are one folded constant tuple (LOAD_CONST (None,)).
         defaults = self.pop().unpack(self) if flags & 0x01 else []
         root_cells = self.root.cells
         root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
-        self.push(NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
-                                    code.co_qualname, in_root=self.parent is None,
-                                    root_names=root_names,
-                                    same_globals=self.f_globals is self.root.f_globals))
+        fn = NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
+                               code.co_qualname, in_root=self.parent is None,
+                               root_names=root_names,
+                               same_globals=self.f_globals is self.root.f_globals)
+        if annotations is not None:
+            # (name, value, name, value ...): its __annotations__, set again on the
+            # function the transformed code makes
+            fn.attrs["__annotations__"] = DictVar({annotations[i].as_const(): annotations[i + 1]
+                                                   for i in range(0, len(annotations), 2)})
+        self.push(fn)
 
     # ------------------------------------------------------------ inlining
     def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:

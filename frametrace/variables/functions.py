@@ -305,6 +305,10 @@ class NestedFunctionVar(Var):
             return TupleVar(list(self.defaults)) if self.defaults else ConstVar(None)
         if name == "__kwdefaults__":
             return DictVar(dict(self.kwdefaults)) if self.kwdefaults else ConstVar(None)
+        if name == "__annotations__":
+            # made empty on first read, then that same dict
+            self.attrs[name] = DictVar({})
+            return self.attrs[name]
         if name == "__doc__":
             doc = self.code.co_consts[0] if self.code.co_consts and \
                 isinstance(self.code.co_consts[0], str) and self.code.co_flags & 0x4000000 else None
