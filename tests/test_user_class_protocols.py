@@ -330,3 +330,24 @@ def test_signature_bind_and_apply_defaults():
         return inspect.signature(_target).bind(c=x)      # TypeError: missing 'a'
 
     check(missing, xs(2), graphs=None)
+
+
+class Indexable:
+    def __init__(self, v):
+        self.v = v
+
+    def __repr__(self):
+        return f"Indexable({self.v})"
+
+    def __index__(self):
+        return 2
+
+
+def test_builtin_left_operands_that_take_any_object():
+    # str % obj formats it, list * obj asks its __index__: neither is NotImplemented
+    # (CPython runs them); a number or None on the left always is
+    def f(x):
+        a = Indexable(3)
+        return x + 1, "%s!" % a, [1] * a, 3 == a, None != a, (1,) == a
+
+    check(f, xs(2), graphs=None)

@@ -892,7 +892,7 @@ def user_object_binary_op(tx, fn, a, b, same):
             tries.reverse()
     for self, method, other in tries:
         if not is_user_object(self):
-            if not _knows_no_user_class(self):
+            if not _knows_no_user_class(self, fn):
                 return None
             continue            # a builtin's method answers NotImplemented to it
         result = _call_dunder(tx, self, method, other, same)
@@ -917,10 +917,15 @@ def _type_or_none(v):
     return None
 
 
-def _knows_no_user_class(v) -> bool:
-    """A constant of a builtin type: its operator methods return NotImplemented for an
-    object of a user class."""
-    return isinstance(v, ConstVar) and type(v.value).__module__ == "builtins"
+def _knows_no_user_class(v, fn) -> bool:
+    """A constant whose operator method returns NotImplemented for an object of a user
+    class: a number or None for any operator; a str, bytes or container only for a
+    comparison (`"%s" % obj` formats it, `[0] * obj` asks it for __index__)."""
+    if not isinstance(v, ConstVar):
+        return False
+    if v.value is None or type(v.value) in (int, float, complex, bool):
+        return True
+    return fn in _COMPARISONS and type(v.value) in (str, bytes, tuple, frozenset)
 
 
 def _not_implemented(v) -> bool:
