@@ -33,12 +33,22 @@ def test_nn_init_of_new_weights_and_of_a_parameter():
     assert r.graphs == r.compiles >= 1, r       # (an entry per module instance)
 
 
-@pytest.fixture
-def no_validation():
+def _validation(on):
     saved = torch.distributions.Distribution._validate_args
-    torch.distributions.Distribution.set_default_validate_args(False)
+    torch.distributions.Distribution.set_default_validate_args(on)
     yield
     torch.distributions.Distribution.set_default_validate_args(saved)
+
+
+@pytest.fixture
+def no_validation():
+    yield from _validation(False)
+
+
+@pytest.fixture
+def validation():
+    # (CPython's default; importing torch._dynamo turns it off for the process)
+    yield from _validation(True)
 
 
 def test_distributions_trace_without_validation(no_validation):
@@ -50,10 +60,9 @@ def test_distributions_trace_without_validation(no_validation):
     check(f, xs(3, 4), graphs=1, breaks=0, compiles=1)
 
 
-def test_validating_distributions_run_whole_in_cpython():
+def test_validating_distributions_run_whole_in_cpython(validation):
     # Validation branches on the arguments' values; the constructor and log_prob are
     # called in CPython (a break each) rather than breaking inside at every check.
-    assert torch.distributions.Distribution._validate_args
 
     def f(x):
         d = torch.distributions.Normal(x, torch.ones_like(x))
