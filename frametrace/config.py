@@ -29,6 +29,12 @@ capture_scalar_outputs = False
 # `capture_dynamic_output_shape_ops`.
 capture_dynamic_output_shape_ops = False
 
+# A program written for torch.compile that turned on torch._dynamo.config's
+# capture_scalar_outputs / capture_dynamic_output_shape_ops gets them here too, once it
+# has imported torch._dynamo itself (interop.capture_scalar_outputs reads them; either
+# setting on is on).  False: only the two settings above count.
+honour_torch_compile_config = True
+
 # A backend that raises while compiling a graph is the user's error: the call raises
 # frametrace.BackendCompilerFailed (the backend's exception as its cause), as with
 # torch.compile.  True: the frame runs in CPython instead, with one log line.
@@ -144,6 +150,13 @@ keep_kernel_formats = True
 # isEnabledFor (variables/log_calls.py).  They broke every graph in model code that
 # logs.  False: each such call is a graph break, CPython makes it.
 trace_logging_calls = True
+
+# `warnings.simplefilter("ignore")` (or filterwarnings, any action but "error") inside a
+# `with warnings.catch_warnings()` the trace holds is dropped: the block's exit puts the
+# filters back, and a warnings.warn traced in the block is a break anyway.  What it
+# drops is only which warnings the graph's kernels print inside the block.  False:
+# each such call is a graph break (and the block runs in CPython).
+trace_warning_filters_in_catch_warnings = True
 
 # `assert t, "msg"` on a tensor is a check op in the graph (frametrace::assert_true,
 # variables/asserts.py) instead of a data-dependent break.  False: the break.

@@ -26,7 +26,7 @@ from .shapes import (ShapePolicy, overlaps_itself, meta_like, new_fake_mode, sta
                      symbolic_float, symbolic_int)
 from .variables.base import unsupported
 from .variables.constant import ConstVar, is_constant_value
-from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar
+from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar, structseq_fields
 from .variables.symbolic import (SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data,
                                  float_number_op, wrap_sym)
 from . import config
@@ -116,6 +116,8 @@ class OutputGraph:
         self._input_fakes: dict[int, object] = {}   # id(fake) -> fake, of graph inputs
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
         self.object_vars: dict[int, tuple] = {}
+        # id() of each traced object asked for it: (object, its key), kept alive (builtins.IdVar)
+        self.id_keys: dict[int, tuple] = {}
         # id(ContextVar) -> traced value set during the trace (reset before it ends).
         self.context_vars: dict[int, object] = {}
         # Real context managers entered while tracing (autocast), closed if it aborts.
@@ -333,7 +335,7 @@ class OutputGraph:
         was_quiet, quiet.on = getattr(quiet, "on", False), True
         self.fake_mode.overlapping_write = None
         try:
-            with self.fake_mode, self._dispatcher():
+            with self.fake_mode, self._dispatcher(), self._scalars_consumed(what, fake_args, fake_kwargs):
                 if kind == "call_method":
                     out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
@@ -462,6 +464,16 @@ class OutputGraph:
                 # (the frame's graph too: its compile runs the assert pass over the
                 # bodies of cond, map ... where such a symbol is bound)
                 self.frame.has_unbacked = True
+
+    def _scalars_consumed(self, what, fake_args, fake_kwargs):
+        """Around the fake call of an op that reads a 0-d tensor argument as a Python
+        number only to compute with it (`_foreach_pow(xs, t)`, `add(x, y, alpha=t)`):
+        its fake kernel's `item()` makes an unbacked symbol that no output holds, which
+        nothing needs to bind (the graph's op reads the number itself at run time)."""
+        if what not in _CONSUME_SCALARS or not any(
+                isinstance(a, torch.Tensor) and a.dim() == 0 for a in _flat_args(fake_args, fake_kwargs)):
+            return contextlib.nullcontext()
+        return self.shape_env.ignore_fresh_unbacked_symbols()
 
     def _drop_unbound_symbols(self):
         # An op that failed may have made unbacked symbols no node will bind.
@@ -596,7 +608,7 @@ class OutputGraph:
                     unsupported(f"graph op returned {type(o).__name__} inside a sequence")
             if isinstance(out, torch.Size):
                 return SizeVar(items)
-            fields = getattr(type(out), "_fields", None) or _structseq_fields(out)
+            fields = getattr(type(out), "_fields", None) or structseq_fields(type(out))
             if fields:
                 # Its own class (torch.return_types.max...): isinstance and the result
                 # the caller gets are the op's, not a plain tuple.
@@ -756,6 +768,17 @@ def _unbacked_unreplaced(shape_env):
 
 
 # Tensor methods whose answer depends on memory layout.
+# Ops whose Scalar arguments may be 0-d tensors, read as numbers for the arithmetic
+# only, never for a size of the result (torch.compile keeps the same list):
+# `_scalars_consumed`.  Their in-place forms (a trailing `_`) too.
+_CONSUME_SCALARS = frozenset(
+    name + tail for name in (
+        "add", "sub", "addmm", "addmv", "addr", "addbmm", "baddbmm", "addcmul", "addcdiv",
+        "_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_clamp_max",
+        "_foreach_clamp_min", "_foreach_maximum", "_foreach_minimum", "_foreach_pow",
+        "_foreach_lerp", "_foreach_addcmul", "_foreach_addcdiv")
+    for tail in ("", "_"))
+
 _LAYOUT_READS = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense"})
 
 
@@ -809,24 +832,6 @@ def _packet_is_inplace_view(packet) -> bool:
         return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
     except Exception:
         return True     # unknown: the safe answer
-
-
-def _structseq_fields(out):
-    n = getattr(type(out), "n_fields", None)
-    if n is None:
-        return None
-    names = [d for d in dir(type(out)) if not d.startswith("_") and d not in
-             ("count", "index", "n_fields", "n_sequence_fields", "n_unnamed_fields")]
-    by_index = {}
-    for d in names:
-        try:
-            v = getattr(out, d)
-        except Exception:
-            continue
-        for i, o in enumerate(out):
-            if o is v:
-                by_index[i] = d
-    return tuple(by_index.get(i, f"_{i}") for i in range(len(out)))
 
 
 class _NoTwin(Exception):

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from . import _C
+from . import _C, config
 
 _MARKER_MSG = "compiled by frametrace"
 
@@ -165,3 +165,30 @@ def assumed_constant(value) -> bool:
         return inspect.getattr_static(value, "_dynamo_marked_constant", False) is True
     except Exception:
         return False
+
+
+def _torch_compile_setting(name) -> bool:
+    """torch._dynamo.config's `name`, if the program has imported it and we honour it."""
+    if not config.honour_torch_compile_config:
+        return False
+    theirs = sys.modules.get("torch._dynamo.config")
+    try:
+        return theirs is not None and getattr(theirs, name, False) is True
+    except Exception:
+        return False
+
+
+def capture_scalar_outputs() -> bool:
+    """Whether `t.item()` and friends stay in the graph: frametrace.config's switch, or
+    torch._dynamo.config's as a torch.compile user set it::
+
+        torch._dynamo.config.capture_scalar_outputs = True   # on for frametrace too
+    """
+    return config.capture_scalar_outputs or _torch_compile_setting("capture_scalar_outputs")
+
+
+def capture_dynamic_output_shape_ops() -> bool:
+    """Whether ops with data-dependent output sizes stay in the graph (frametrace.config's
+    switch, or torch._dynamo.config's, as `capture_scalar_outputs`)."""
+    return config.capture_dynamic_output_shape_ops or \
+        _torch_compile_setting("capture_dynamic_output_shape_ops")

@@ -28,7 +28,7 @@ from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar,
 from .variables.asserts import assert_in_graph
 from .variables.attributes import plain_class_of
 from .variables.builder import wrap
-from .variables.builtins import SetVar, _class_value, _len, iter_of
+from .variables.builtins import SetVar, _class_value, _len, iter_of, mapping_items
 from .variables.contexts import ExitVar, GeneratorFrameVar, user_context
 from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, is_exception, matches, throw)
@@ -409,17 +409,22 @@ class InstructionTranslator:
         code = self.pop().as_const()
         flags = inst.arg
         cells = [ref.cell for ref in self.pop().items] if flags & 0x08 else []
-        if flags & 0x04:
-            self.pop()                                  # annotations: unused
+        annotations = self.pop().unpack(self) if flags & 0x04 else None
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
         # Defaults all constants are one folded constant tuple (LOAD_CONST (None,)).
         defaults = self.pop().unpack(self) if flags & 0x01 else []
         root_cells = self.root.cells
         root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
-        self.push(NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
-                                    code.co_qualname, in_root=self.parent is None,
-                                    root_names=root_names,
-                                    same_globals=self.f_globals is self.root.f_globals))
+        fn = NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
+                               code.co_qualname, in_root=self.parent is None,
+                               root_names=root_names,
+                               same_globals=self.f_globals is self.root.f_globals)
+        if annotations is not None:
+            # (name, value, name, value ...): its __annotations__, set again on the
+            # function the transformed code makes
+            fn.attrs["__annotations__"] = DictVar({annotations[i].as_const(): annotations[i + 1]
+                                                   for i in range(0, len(annotations), 2)})
+        self.push(fn)
 
     # ------------------------------------------------------------ inlining
     def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:
@@ -525,9 +530,9 @@ class InstructionTranslator:
             unsupported("CALL_FUNCTION_EX without NULL")
         kw = {}
         if kwargs is not None:
-            if not isinstance(kwargs, DictVar):
+            kw = mapping_items(self, kwargs)
+            if kw is None:
                 unsupported(f"**{kwargs}")
-            kw = dict(kwargs.items)
         self.push(fn.call(self, args.unpack(self), kw))
 
     # ------------------------------------------------------------ operators
@@ -660,11 +665,12 @@ class InstructionTranslator:
 
     def DICT_UPDATE(self, inst):
         v = self.pop()
-        if not isinstance(v, DictVar):
+        items = mapping_items(self, v)
+        if items is None:
             unsupported(f"dict update with {v}")
         target = self.stack[-inst.arg]
         target._mutating(self)
-        target.items.update(v.items)
+        target.items.update(items)
 
     DICT_MERGE = DICT_UPDATE
 

@@ -30,7 +30,7 @@ import torch._higher_order_ops.utils as hop_utils
 
 from .source import (AttrSource, CallMethodSource, ClosureSource, ConstSource, GetItemSource,
                      GlobalSource, LocalSource)
-from . import config
+from . import interop
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -100,8 +100,8 @@ def new_fake_mode() -> FakeTensorMode:
     # (no guard can check them; the graph asserts facts about them at run time), and
     # only where the config lets them into graphs; otherwise they are graph breaks.
     env = ShapeEnv(specialize_zero_one=True, duck_shape=True,
-                   allow_dynamic_output_shape_ops=config.capture_dynamic_output_shape_ops,
-                   allow_scalar_outputs=config.capture_scalar_outputs)
+                   allow_dynamic_output_shape_ops=interop.capture_dynamic_output_shape_ops(),
+                   allow_scalar_outputs=interop.capture_scalar_outputs())
     mode = _FakeMode(shape_env=env)
     _modes_made.append(weakref.ref(mode))
     return mode

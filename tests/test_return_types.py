@@ -41,3 +41,15 @@ def test_asdict_of_a_structseq_is_an_attribute_error():
     def f(x):
         return x.max(0)._asdict()
     check(f, [torch.randn(3)], graphs=None)
+
+
+def test_built_in_the_frame():
+    # torch.return_types.max((values, indices)): the class called on a sequence, as a
+    # function that wraps its own results does
+    def f(x):
+        v, i = x.max(0)
+        r = torch.return_types.max((v * 2, i))
+        s = torch.return_types.sort([x, x.argsort()])
+        return r, r.values + 1, r.indices, s.indices, isinstance(r, torch.return_types.max), len(r)
+
+    check(f, [torch.randn(3, 2) for _ in range(3)], graphs=1, breaks=0, compiles=1)

@@ -32,7 +32,7 @@ from .containers import DictVar, ListVar, NamedTupleVar, TupleVar, constant_key
 from .higher_order import higher_order_var
 from .functorch import functorch_var
 from .autograd_function import autograd_function_apply_var
-from .functions import BoundMethodVar, PartialVar, UserFunctionVar, in_traced_torch_package, is_inlinable
+from .functions import BoundMethodVar, PartialVar, UserFunctionVar, in_inlined_torch_package, is_inlinable
 from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
@@ -359,7 +359,7 @@ def _is_user_instance(value) -> bool:
     cls = type(value)
     if not _is_user_class(cls):
         return False
-    if issubclass(cls, torch.nn.Module) or in_traced_torch_package(getattr(cls, "__module__", "") or ""):
+    if issubclass(cls, torch.nn.Module) or in_inlined_torch_package(getattr(cls, "__module__", "") or ""):
         return True
     if _reads_through_python(cls):      # (hasattr would run the class's hook)
         return cls.__dictoffset__ != 0 or hasattr(cls, "__slots__")
@@ -375,8 +375,8 @@ def _is_user_class(cls) -> bool:
                         types.MethodType, types.CodeType, torch.Tensor)):
         return False
     module = getattr(cls, "__module__", "") or ""
-    if in_traced_torch_package(module):
-        return True             # an optimizer, an LR scheduler: Python objects we trace
+    if in_inlined_torch_package(module):
+        return True             # an optimizer, an LR scheduler, a distribution: objects we trace
     if module == "builtins" or module.startswith(("torch", "typing", "enum")) or \
             (module.startswith("_") and module != "__main__") or \
             module.split(".")[0] in sys.stdlib_module_names:

@@ -9,6 +9,7 @@ only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
 import abc
+import collections.abc
 import functools
 import itertools
 import operator
@@ -22,7 +23,8 @@ from .base import Var, nouns, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
-from .functions import NestedFunctionVar, PartialVar
+from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
+from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
@@ -676,7 +678,6 @@ def never_equal_to_set(v: Var) -> bool:
 
 
 def _identity_hashed(cls) -> bool:
-    from .modules import _class_lookup  # (lazy: import cycle, to break)
     return _class_lookup(cls, "__hash__") is object.__hash__ and \
         _class_lookup(cls, "__eq__") is object.__eq__
 
@@ -702,8 +703,11 @@ def set_key(v: Var):
             # the traced objects', and which NaN object the program holds is not guarded.
             unsupported("a set member or dict key holding a NaN (found only by identity)")
         return k
-    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
-    from .modules import NNModuleVar  # (lazy: import cycle, to break)
+    if isinstance(v, IdVar):
+        return v.key
+    by_value = v.value_key() if hasattr(v, "value_key") else None
+    if by_value is not None:
+        return by_value
     from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
         from .tensor_facts import hashed  # (lazy: import cycle, to break)
@@ -789,7 +793,6 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
             return True
     elif asks_class:
         # (a __getattribute__ given to the class later would run here: it fails this)
-        from .modules import _class_lookup
         k = obj.instance_class()
         tx.guards.class_attr(k, "__getattribute__", _class_lookup(k, "__getattribute__"))
     return _class_covers(t, cls, tx)
@@ -831,7 +834,6 @@ def _user_meta_method(tx, cls, name):
     """`name` of cls's metaclass when it is a Python function from user code (library
     metaclasses, ABCMeta and torch's, are answered on the real classes).  Guarded: a
     metaclass is a class like any other."""
-    from .modules import class_attr  # (lazy: import cycle, to break)
     meta = type(cls)
     if meta is type:
         return None
@@ -893,14 +895,24 @@ def _set(kind):
     return handler
 
 
+def mapping_items(tx, src):
+    """What ``dict.update(d, src)`` (and ``**src``) takes from `src` when it is a
+    mapping: a dict's items, or a user mapping's (`mapping_items` of its Var).  None
+    for anything else (an iterable of pairs)."""
+    if isinstance(src, DictVar) and not isinstance(src, SetVar):
+        return dict(src.items)
+    return src.mapping_items(tx) if hasattr(src, "mapping_items") else None
+
+
 def _dict(tx, args, kwargs):
     if len(args) > 1:
         return None
     items = {}
     if args:
         src = args[0]
-        if isinstance(src, DictVar) and not isinstance(src, SetVar):
-            items.update(src.items)
+        mapped = mapping_items(tx, src)
+        if mapped is not None:
+            items.update(mapped)
         else:
             for pair in var_iter(tx, src):
                 kv = var_list(tx, pair)
@@ -1251,19 +1263,23 @@ def _data_conversion(kind):
         if kind is str and len(args) == 1 and hasattr(args[0], "str_of"):
             return args[0].str_of(tx, str)
         if kind is str and len(args) == 1 and not kwargs:
-            from .subclasses import container_format  # (lazy: import cycle, to break)
-            text = container_format(tx, args[0], "str")
-            if text is not None:
-                return ConstVar(text)
+            return _text(tx, args[0], str)
     return handler
+
+
+def _text(tx, v, kind):
+    from .subclasses import container_format  # (lazy: import cycle, to break)
+    text = container_format(tx, v, kind.__name__)
+    if text is not None:
+        return ConstVar(text)
+    from .user_objects import is_user_object, user_object_text  # (lazy: import cycle, to break)
+    if is_user_object(v):
+        return user_object_text(tx, v, kind)
 
 
 def _repr(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
-        from .subclasses import container_format  # (lazy: import cycle, to break)
-        text = container_format(tx, args[0], "repr")
-        if text is not None:
-            return ConstVar(text)
+        return _text(tx, args[0], repr)
 
 
 def _slice(tx, args, kwargs):
@@ -1299,7 +1315,6 @@ def _getattr(tx, args, kwargs):
 def _has_attr(tx, obj, name):
     """Whether `obj` has attribute `name`: True, False, or None (cannot tell).  A
     guard keeps the answer for objects from the frame."""
-    from .modules import NNModuleVar, _class_lookup  # (lazy: import cycle, to break)
     from .user_objects import DataclassVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
@@ -1340,7 +1355,6 @@ def _has_attr(tx, obj, name):
     if is_user_container(obj):
         # Its own attributes are all known (the names in an outside one's __dict__ are
         # guarded); the class's, guarded as classes are.
-        from .modules import class_attr
         if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
             return True
         return None if _class_lookup(obj.cls, "__getattr__") is not None else False
@@ -1354,7 +1368,6 @@ def _has_attr(tx, obj, name):
     if isinstance(obj, DataclassVar):
         if name in obj.fields:
             return True
-        from .modules import class_attr  # (lazy: import cycle, to break)
         return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
         if isinstance(obj.value, type):
@@ -1399,7 +1412,6 @@ def _has_attr_of_new_class(tx, obj, d, cls, name):
     """_has_attr for an object whose __class__ the frame assigned: the class the trace
     has answers (its lookups guarded), and the instance dict, guarded on its own (a
     hasattr guard would ask the class the object has when the frame starts)."""
-    from .modules import class_attr  # (lazy: import cycle, to break)
     if class_attr(tx, cls, name) is not None:
         return True
     if name in d or obj.source is None:
@@ -1480,7 +1492,6 @@ def _super(tx, args, kwargs):
 
 def _callable(tx, args, kwargs):
     # (lazy: import cycle, to break)
-    from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
     if len(args) == 1:
         v = args[0]
         if isinstance(v, (UserFunctionVar, NestedFunctionVar, BoundMethodVar, PartialVar,
@@ -1490,6 +1501,73 @@ def _callable(tx, args, kwargs):
             return ConstVar(callable(v.as_const()) if v.is_const() else False)
         if isinstance(v, ObjectVar):
             return ConstVar(callable(v.value))
+        from .user_objects import is_user_object  # (lazy: import cycle, to break)
+        if is_user_object(v):
+            # callable() asks the type for __call__ (guarded: a class can gain one)
+            class_attr(tx, v.python_type(), "__call__")
+            return ConstVar(class_defines(v.python_type(), "__call__"))
+
+
+class IdVar(Var):
+    """``id(obj)`` of a value whose identity the trace knows but not its address (a
+    tensor, an object of a user class): equal to another IdVar of the same object, a
+    dict key or set member standing for that object's id, and, where the program
+    keeps it, ``id(obj)`` computed again at run time.  `key`: one object per traced
+    object, what stands for it among keys."""
+    __slots__ = ("target", "key")
+
+    def __init__(self, target, key):
+        super().__init__(None)
+        self.target = target
+        self.key = key
+
+    def python_type(self):
+        return int
+
+    def reconstruct(self, cg):
+        cg.call_const(id, [self.target.reconstruct])
+
+    def noun(self):
+        return f"id() of {self.target.noun()}"
+
+    def __repr__(self):
+        return f"IdVar({self.target!r})"
+
+
+def _id(tx, args, kwargs):
+    if len(args) != 1 or kwargs:
+        return None
+    v = args[0]
+    real = v.module if isinstance(v, NNModuleVar) else \
+        v.value if isinstance(v, ObjectVar) and isinstance(
+            v.value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)) else \
+        v.fn if isinstance(v, UserFunctionVar) and not v.fn.__closure__ else None
+    if real is not None:
+        # An object the trace holds as itself (guarded by identity, or fixed in the
+        # code): its id is a constant while the entry's guards hold.
+        return ConstVar(id(real))
+    from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
+    if isinstance(v, TensorVar):
+        identity = v.example            # one FakeTensor per tensor
+    elif isinstance(v, (NewObjectVar, DataclassVar)):
+        identity = v                    # one Var per object made in the frame
+    elif isinstance(v, UserObjectVar):
+        identity = v.value
+    else:
+        return None
+    key = tx.output.id_keys.setdefault(id(identity), (identity, _IdKey(v)))[1]
+    return IdVar(v, key)
+
+
+class _IdKey:
+    """What stands for one object's id among a dict's keys (hashed by identity)."""
+    __slots__ = ("var",)
+
+    def __init__(self, var):
+        self.var = var
+
+    def __repr__(self):
+        return f"<id of {self.var!r}>"
 
 
 def _divmod(tx, args, kwargs):
@@ -1509,7 +1587,7 @@ _BUILTIN_HANDLERS = {
     repr: _repr, getattr: _getattr, hasattr: _hasattr, setattr: _setattr, delattr: _delattr,
     type: _type,
     globals: _globals, vars: _vars,
-    super: _super, callable: _callable, slice: _slice,
+    super: _super, callable: _callable, slice: _slice, id: _id,
     locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
 }
 

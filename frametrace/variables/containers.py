@@ -89,8 +89,11 @@ class _SequenceVar(CollectionVar):
 
 
 def _matches(tx, v, item) -> bool:
-    """``v is item or v == item`` (a list's comparison), when the trace can tell."""
-    from .operators import is_same  # (lazy: import cycle, to break)
+    """``v is item or v == item`` (a list's comparison), when the trace can tell: the
+    identity first, then the comparison and its truth, as CPython's
+    PyObject_RichCompareBool (two tensors that are not one object compare by their
+    data: a break where the answer needs it)."""
+    from .operators import binary_op, is_same  # (lazy: import cycle, to break)
     from .base import Unsupported  # (lazy: import cycle, to break)
     if v is not item and v.is_const() and item.is_const():
         a, b = v.as_const(), item.as_const()
@@ -106,7 +109,7 @@ def _matches(tx, v, item) -> bool:
         pass
     if v.is_const() and item.is_const():
         return v.as_const() == item.as_const()
-    unsupported(f"comparing {item} with item {v}")
+    return binary_op(tx, operator.eq, v, item).truth(tx)
 
 
 def _find(tx, items, item, error):
@@ -173,6 +176,11 @@ class NamedTupleVar(TupleVar):
         if name in ("_replace", "_asdict") and hasattr(self.cls, name):
             from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
+        if self.cls is not None and not hasattr(self.cls, "n_fields"):
+            from .user_objects import namedtuple_member  # (lazy: import cycle, to break)
+            member = namedtuple_member(tx, self, name)
+            if member is not None:
+                return member
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
 
     def setattr(self, tx, name, value):
@@ -218,6 +226,25 @@ class NamedTupleVar(TupleVar):
             cg.call(1)
         else:
             cg.call(len(self.items))
+
+
+def structseq_fields(cls):
+    """The field names of a structseq class (torch.return_types.max: values,
+    indices), in order, read off an instance made of numbered items; None for
+    another class."""
+    n = getattr(cls, "n_sequence_fields", None)
+    if n is None or not isinstance(cls, type) or not issubclass(cls, tuple):
+        return None
+    probe = cls(tuple(range(n)))
+    by_index = {}
+    for d in dir(cls):
+        if d.startswith("_") or d in ("count", "index", "n_fields", "n_sequence_fields",
+                                       "n_unnamed_fields"):
+            continue
+        v = getattr(probe, d, None)
+        if type(v) is int and 0 <= v < n:
+            by_index[v] = d
+    return tuple(by_index.get(i, f"_{i}") for i in range(n))
 
 
 def _with_attrs(obj, attrs):
@@ -580,13 +607,19 @@ class DictVar(CollectionVar):
             self._mutating(tx)
             if args:
                 other = args[0]
+                mapped = other.mapping_items(tx) if hasattr(other, "mapping_items") else None
                 if isinstance(other, DictVar):
                     self.items.update(other.items)
                     self._copy_identities(other)
+                elif mapped is not None:
+                    self.items.update(mapped)
                 else:
-                    for pair in other.unpack(tx):
-                        k, v = pair.unpack(tx)
-                        self.store_key(k, v)
+                    for i, pair in enumerate(other.unpack(tx)):
+                        kv = pair.unpack(tx)
+                        if len(kv) != 2:
+                            unsupported(f"ValueError: dictionary update sequence element #{i} has "
+                                        f"length {len(kv)}; 2 is required")
+                        self.store_key(*kv)
             self.items.update(kwargs)
             return ConstVar(None)
         if name == "copy" and not args:
@@ -739,6 +772,18 @@ class VarKey:
         return f"<key {self.var!r}>"
 
 
+class ValueKey(VarKey):
+    """A dict key that is a traced value hashed and compared by value (a frozen
+    dataclass made in the frame, of constant fields): `obj` is that value, made."""
+    __slots__ = ()
+
+    def __hash__(self):
+        return hash(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, ValueKey) and type(other.obj) is type(self.obj) and other.obj == self.obj
+
+
 _ABSENT = object()
 
 # Dict keys a dict from outside may have to be read lazily and guarded by its keys
@@ -822,7 +867,9 @@ def _dict_key(v):
     hashed by identity."""
     from .builtins import set_key  # (lazy: import cycle, to break)
     k = set_key(v)      # (a NaN is a break there)
-    return k if v.is_const() else VarKey(k, v)
+    if v.is_const():
+        return k
+    return ValueKey(k, v) if hasattr(v, "value_key") and v.value_key() is not None else VarKey(k, v)
 
 
 class IteratorVar(Var):

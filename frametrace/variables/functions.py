@@ -6,6 +6,7 @@ import collections
 import copy
 import functools
 import inspect
+import sys
 import types
 import dis
 import torch
@@ -304,6 +305,10 @@ class NestedFunctionVar(Var):
             return TupleVar(list(self.defaults)) if self.defaults else ConstVar(None)
         if name == "__kwdefaults__":
             return DictVar(dict(self.kwdefaults)) if self.kwdefaults else ConstVar(None)
+        if name == "__annotations__":
+            # made empty on first read, then that same dict
+            self.attrs[name] = DictVar({})
+            return self.attrs[name]
         if name == "__doc__":
             doc = self.code.co_consts[0] if self.code.co_consts and \
                 isinstance(self.code.co_consts[0], str) and self.code.co_flags & 0x4000000 else None
@@ -462,12 +467,35 @@ def _make_partial(fn, args, kwargs):
 _INLINED_TORCH_MODULES = frozenset({"torch.utils._pytree"})
 
 # torch packages of plain Python over tensors that are programs to capture, as the
-# user's own code is (torch.compile inlines them too): the optimizers' steps.
+# user's own code is (torch.compile inlines them too): the optimizers' steps.  Their
+# frames are traced on their own too.
 TRACED_TORCH_PACKAGES = ("torch.optim", "torch.nn.utils.clip_grad", "torch.utils._foreach_utils")
+
+# Python over tensors traced through where model code calls it, but whose frames run in
+# CPython when CPython calls them: weight initialisation, probability distributions.
+INLINED_TORCH_PACKAGES = ("torch.nn.init", "torch.distributions")
 
 
 def in_traced_torch_package(module: str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in TRACED_TORCH_PACKAGES)
+
+
+def in_inlined_torch_package(module: str) -> bool:
+    """Functions and classes of torch that the tracer runs as user code, when reached."""
+    if in_traced_torch_package(module):
+        return True
+    if module.startswith("torch.distributions") and _distributions_validate():
+        # Validating its arguments, a distribution branches on their values (`if not
+        # torch._is_all_true(valid): raise`), a break in every constructor and
+        # log_prob: called whole in CPython, it breaks once.  (Importing torch._dynamo
+        # turns validation off by default, as do most programs that compile.)
+        return False
+    return any(module == p or module.startswith(p + ".") for p in INLINED_TORCH_PACKAGES)
+
+
+def _distributions_validate() -> bool:
+    distribution = getattr(sys.modules.get("torch.distributions"), "Distribution", None)
+    return getattr(distribution, "_validate_args", True) is not False
 
 
 def is_inlinable(fn) -> bool:
@@ -478,7 +506,7 @@ def is_inlinable(fn) -> bool:
     module = getattr(fn, "__module__", None) or ""
     if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
         return True
-    if module in _INLINED_TORCH_MODULES or in_traced_torch_package(module):
+    if module in _INLINED_TORCH_MODULES or in_inlined_torch_package(module):
         return True
     if module == "torch" or module.startswith("torch.") or module.startswith("frametrace"):
         return False

@@ -287,6 +287,21 @@ def warn_call(tx, args, kwargs):
     return _record(tx, WarnReplay(category, filename, lineno, g), [message])
 
 
+def filter_call(name):
+    """``warnings.simplefilter(action, ...)`` / ``filterwarnings``: nothing, inside a
+    catch_warnings block the trace holds (config.trace_warning_filters_in_catch_warnings);
+    else a break.  An "error" filter would turn a kernel's warning into an exception:
+    that one CPython runs."""
+    def handler(tx, args, kwargs):
+        action = args[0] if args else kwargs.get("action")
+        if not config.trace_warning_filters_in_catch_warnings or action is None or \
+                not all(v.is_const() for v in (*args, *kwargs.values())) or \
+                action.as_const() == "error" or not _inside_catch_warnings(tx):
+            unsupported(f"warnings.{name}() changes the warning filters")
+        return ConstVar(None)
+    return handler
+
+
 def _inside_catch_warnings(tx) -> bool:
     """Whether a `with warnings.catch_warnings()` traced in this graph is open: its
     __exit__ waits on some traced frame's stack."""
@@ -391,5 +406,6 @@ def _module_fn(method):
     return handler
 
 
-HANDLERS = {warnings.warn: warn_call,
+HANDLERS = {warnings.warn: warn_call, warnings.simplefilter: filter_call("simplefilter"),
+            warnings.filterwarnings: filter_call("filterwarnings"),
             **{getattr(logging, m): _module_fn(m) for m in (*_LEVELS, "log")}}

@@ -17,8 +17,12 @@ from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource,
                       GlobalSource, _named_arg)
 from .base import ValueVar, Var, a_type, safe_repr, unsupported
 from .contexts import GradModeSetVar, context_class, context_function
+from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
+                        in_inlined_torch_package, visible_outside_writes)
+from .modules import construct_module
 from .constant import ConstVar, is_pure_method
-from .containers import ListVar, SizeVar
+from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
+from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar
 from .. import _C
@@ -308,6 +312,13 @@ class ObjectVar(ValueVar):
         value = self.value
         if value is torch.Size and len(args) == 1 and not kwargs:
             return SizeVar(args[0].unpack(tx))       # symbolic sizes stay symbolic
+        if isinstance(value, type) and value.__module__ == "torch.return_types" and \
+                len(args) == 1 and not kwargs:
+            # torch.return_types.max((values, indices)): what the op would return
+            items, fields = args[0].unpack(tx), structseq_fields(value)
+            if fields is None or len(items) != len(fields):
+                unsupported(f"{value.__name__}() of {len(items)} items")
+            return NamedTupleVar(items, fields, cls=value)
         if isinstance(value, type) and value in _CONST_CLASSES and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if isinstance(value, type):
@@ -316,15 +327,36 @@ class ObjectVar(ValueVar):
                 return made
         if value in TRACE_TIME_ANSWERS:
             return ConstVar(TRACE_TIME_ANSWERS[value])
+        if value is object.__new__ and args:
+            from .user_objects import new_plain_object  # (lazy: import cycle, to break)
+            return new_plain_object(tx, args[0], args[1:], kwargs)
+        if type(value) is types.BuiltinMethodType and value.__name__ == "__subclasses__" and \
+                isinstance(value.__self__, type) and not args and not kwargs and \
+                isinstance(self.source, AttrSource):
+            # The classes derived from it now, read again by the guard (a class
+            # statement anywhere adds one).
+            from .builder import wrap  # (lazy: import cycle, to break)
+            found = value()
+            source = CallMethodSource(self.source.base, "__subclasses__", ())
+            tx.guards.length(source, found)
+            # (a new list per call: the program may change it)
+            return ListVar([wrap(tx, c, GetItemSource(source, i)) for i, c in enumerate(found)])
         if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
             # The referent (or None once it died), read again through the call.
             from .builder import wrap
             return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
         if isinstance(value, functools._lru_cache_wrapper):
-            from .functions import cached_call  # (lazy: import cycle, to break)
             return cached_call(tx, self, args, kwargs)
-        if value in _GLOBAL_STATE_READERS and not args and not kwargs:
+        if not args and not kwargs and value in _global_state_readers():
             return _read_global_state(tx, value)
+        if value in SHAPE_QUERIES:
+            made = shape_query(tx, value, args, kwargs)
+            if made is not None:
+                return made
+        if value is torch.overrides.is_tensor_like and len(args) == 1 and not kwargs and \
+                isinstance(args[0], (TensorVar, ConstVar, SymNodeVar)):
+            # (a number is never a tensor nor has __torch_function__)
+            return ConstVar(isinstance(args[0], TensorVar))
         from .optimizers import trace_time_call  # (lazy: import cycle, to break)
         made = trace_time_call(tx, value, args, kwargs)
         if made is not None:
@@ -369,7 +401,6 @@ class InGraphCallVar(ObjectVar):
 
     def call(self, tx, args, kwargs):
         # (lazy: import cycle, to break)
-        from .functions import OutsideState, visible_outside_writes
         name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
         if tx.output.functionalizes and not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
             # (the eager backend runs the node every call; AOTAutograd's re-trace would
@@ -649,7 +680,6 @@ class SuperVar(Var):
 
     def getattr(self, tx, name):
         from .builder import wrap  # (lazy: import cycle, to break)
-        from .functions import BoundMethodVar  # (lazy: import cycle, to break)
         cls = self.cls.as_const() if not isinstance(self.cls, ObjectVar) else self.cls.value
         # super(C, obj) searches type(obj)'s MRO; super(C, klass) in a classmethod,
         # klass's own (and binds classmethods to it).
@@ -692,6 +722,9 @@ class SuperVar(Var):
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":
                         return _NoOpVar()
+                    if klass is object and name == "__new__":
+                        from .user_objects import ObjectNewVar  # (lazy: import cycle, to break)
+                        return ObjectNewVar()
                     if name in _PURE_READERS and hasattr(self.obj, "value"):
                         return _RealMethodVar(attr, self.obj.value, self.obj.source)
                     unsupported(f"super().{name} of a builtin class")
@@ -851,7 +884,6 @@ def _construct(tx, cls, args, kwargs):
     if made is not None:
         return made
     if cls is functools.partial and args:
-        from .functions import PartialVar  # (lazy: import cycle, to break)
         return PartialVar(args[0], args[1:], kwargs)
     if dataclasses.is_dataclass(cls):
         # (lazy: import cycle, to break)
@@ -873,15 +905,13 @@ def _construct(tx, cls, args, kwargs):
         from .tensor_attrs import new_parameter  # (lazy: import cycle, to break)
         return new_parameter(tx, args, kwargs)
     if issubclass(cls, torch.nn.Module):
-        from .modules import construct_module  # (lazy: import cycle, to break)
         return construct_module(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
     # (lazy: import cycle, to break)
     from .subclasses import construct_container_subclass, container_base
     if container_base(cls) is not None and not module.startswith("torch"):
         return construct_container_subclass(tx, cls, args, kwargs)
-    from .functions import in_traced_torch_package  # (lazy: import cycle, to break)
-    if (in_traced_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
+    if (in_inlined_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
             not issubclass(cls, torch.nn.Module) and \
             (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
         from .user_objects import construct_user_object  # (lazy: import cycle, to break)
@@ -891,11 +921,11 @@ def _construct(tx, cls, args, kwargs):
 
 def _plain_python_class(cls) -> bool:
     """A standard-library class written wholly in Python over `object` (unittest's
-    assertRaises context, argparse.Namespace): traced like a user's class.  Classes with
-    a C base, their own metaclass or __new__ stay opaque."""
+    assertRaises context, argparse.Namespace, inspect.BoundArguments, with __slots__ as a
+    user's class may have): traced like a user's class.  Classes with a C base, their
+    own metaclass or __new__ stay opaque."""
     return type(cls) is type and cls.__new__ is object.__new__ and \
-        all(c is object or (c.__flags__ & _TPFLAGS_HEAPTYPE and "__slots__" not in vars(c))
-            for c in cls.__mro__)
+        all(c is object or c.__flags__ & _TPFLAGS_HEAPTYPE for c in cls.__mro__)
 
 
 _TPFLAGS_HEAPTYPE = 1 << 9
@@ -938,7 +968,6 @@ _NO_KEY = object()
 def _lookup_key(v):
     """The real key a traced value looks up in a real mapping: a constant, or a
     function (hashed by identity); _NO_KEY for others."""
-    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
     if isinstance(v, UserFunctionVar):
         return v.fn
     if isinstance(v, ObjectVar) and _named_arg(v.value) and \
@@ -1044,14 +1073,28 @@ TRACE_TIME_ANSWERS = {
 
 _GLOBAL_STATE_READERS = {torch.is_grad_enabled, torch.get_default_dtype,
                          torch.is_inference_mode_enabled, torch.are_deterministic_algorithms_enabled,
-                         torch.backends.mha.get_fastpath_enabled}
+                         torch.backends.mha.get_fastpath_enabled,
+                         # Whether torch.fx's symbolic tracer runs (it may run a compiled
+                         # function): read now, and guarded.
+                         torch.fx._symbolic_trace.is_fx_tracing,
+                         torch.fx._symbolic_trace.is_fx_symbolic_tracing}
+
+
+def _global_state_readers():
+    """The readers above, and those of modules torch imports lazily, once the program
+    has imported them (torch.onnx's export flag, read and guarded as the others)."""
+    onnx = sys.modules.get("torch.onnx")
+    reader = getattr(onnx, "is_in_onnx_export", None)
+    return _GLOBAL_STATE_READERS | {reader} if reader is not None else _GLOBAL_STATE_READERS
+
+
 def entry_state_readers():
     """The state readers answered inside contexts entered while tracing (see
     `OutputGraph.entering_context`)."""
     names = ("is_autocast_enabled", "is_autocast_cache_enabled", "is_autocast_cpu_enabled",
              "get_autocast_cpu_dtype", "get_autocast_gpu_dtype", "is_autocast_ipu_enabled",
              "is_autocast_xla_enabled", "get_autocast_ipu_dtype", "get_autocast_xla_dtype")
-    return (*_GLOBAL_STATE_READERS, torch._C._is_torch_function_enabled,
+    return (*_global_state_readers(), torch._C._is_torch_function_enabled,
             torch._C._is_torch_function_all_disabled, torch._C._is_torch_function_mode_enabled,
             *(getattr(torch, n) for n in names if hasattr(torch, n)))
 

@@ -16,7 +16,7 @@ import torch
 import enum
 
 from .base import Var, nouns, unsupported
-from .builtins import SetVar
+from .builtins import IdVar, SetVar
 from .constant import BINARY_FOLD, ConstVar
 from .containers import DictVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import raise_builtin, raise_folded
@@ -27,6 +27,7 @@ from .scalars import capturing
 from .subclasses import is_user_container, user_container_binary_op
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar, guard_operator
+from .user_objects import is_user_object, user_object_binary_op
 
 INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
                      operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
@@ -45,6 +46,14 @@ _SET_INPLACE = {operator.ior: "__ior__", operator.iand: "__iand__", operator.isu
 def binary_op(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
     plain = INPLACE_TO_PLAIN.get(fn, fn)
+    if is_user_object(a) or is_user_object(b) and not isinstance(a, TensorVar):
+        made = user_object_binary_op(tx, fn, a, b, lambda x, y: is_same(x, y, tx))
+        if made is not None:
+            return made
+    if isinstance(a, IdVar) or isinstance(b, IdVar):
+        if plain in (operator.eq, operator.ne) and isinstance(a, IdVar) and isinstance(b, IdVar):
+            return ConstVar(is_same(a.target, b.target, tx) == (plain is operator.eq))
+        unsupported(f"{plain.__name__} on {a} and {b} (an address known only at run time)")
     if is_numpy_var(a) or is_numpy_var(b):
         return numpy_binary_op(tx, fn, a, b)
     if isinstance(a, TensorVar):
@@ -105,10 +114,28 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
             return ConstVar(plain(a.as_const(), b.as_const()))
         except Exception as e:
             raise_folded(e, f"{plain.__name__} on constants")
+    kinds = _sequence_kinds(a, b) if plain in (operator.eq, operator.ne) else None
+    if kinds is not None:
+        # list_richcompare / tuplerichcompare: lengths, then item by item (`is`, then
+        # `==`) up to the first that differs; a list and a tuple are never equal
+        ia, ib = a.unpack(tx), b.unpack(tx)
+        equal = kinds and len(ia) == len(ib) and all(_matches(tx, x, y) for x, y in zip(ia, ib))
+        return ConstVar(equal == (plain is operator.eq))
     if plain in (operator.eq, operator.ne) and isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
         same = a.value == b.value
         return ConstVar(same if plain is operator.eq else not same)
     unsupported(f"{plain.__name__} on {a} and {b}")
+
+
+def _sequence_kinds(a, b):
+    """For two lists or tuples the trace holds the items of: whether they are of one
+    kind (two lists, or two tuples: a namedtuple is one).  None for anything else."""
+    if not (isinstance(a, (TupleVar, ListVar)) and isinstance(b, (TupleVar, ListVar))):
+        return None
+    ta, tb = a.python_type(), b.python_type()
+    if not all(t is list or issubclass(t, tuple) for t in (ta, tb)):
+        return None
+    return ta is tb is list or issubclass(ta, tuple) and issubclass(tb, tuple)
 
 
 _OP_SYMBOLS = {operator.or_: "|", operator.and_: "&", operator.sub: "-", operator.xor: "^",
@@ -240,7 +267,7 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
             # Two inputs, distinct objects now: the answer holds while they stay so.
             tx.guards.distinct_objects(*sorted((ia.source, ib.source), key=lambda s: s.name()))
         return False
-    if any(is_user_container(v) and v.source is None for v in (a, b)):
+    if any((is_user_container(v) or is_user_object(v)) and v.source is None for v in (a, b)):
         return False        # an object of a user class made in the frame: a new one
     same = _frame_tuples_identity(tx, a, b)
     if same is not None:
@@ -301,6 +328,10 @@ def contains(tx, container: Var, item: Var) -> bool:
             return any(_matches(tx, m, item) for m in members)
     if isinstance(item, ObjectVar) and isinstance(container, (TupleVar, ListVar)):
         return any(isinstance(m, ObjectVar) and m.value is item.value for m in container.items)
+    if isinstance(container, (TupleVar, ListVar)):
+        # each item in order: `is`, then `==` and its truth (a tensor found by identity
+        # before any other is compared by value)
+        return any(_matches(tx, m, item) for m in container.unpack(tx))
     unsupported(f"'in' with {item} and {container}")
 
 

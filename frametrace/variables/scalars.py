@@ -20,14 +20,14 @@ import dis
 from .base import unsupported
 from .constant import ConstVar
 from .containers import ListVar
-from .. import config
+from .. import interop
 
 # Tensor methods that read the tensor's value as a Python number.
 SCALAR_METHODS = {"item", "tolist", "__int__", "__float__", "__bool__", "__index__"}
 
 
 def capturing() -> bool:
-    return config.capture_scalar_outputs
+    return interop.capture_scalar_outputs()
 
 
 def scalar_method(tx, t, name, args, kwargs):

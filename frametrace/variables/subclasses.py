@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import operator
 import types
+import typing
 
 import torch
 
@@ -618,6 +619,9 @@ def fromkeys(tx, cls, args, kwargs):
         return DictVar({_dict_key(k): value for k in keys})
     if cls is collections.OrderedDict:
         return OrderedDictVar({_dict_key(k): value for k in keys})
+    if cls is collections.defaultdict:
+        # (dict.fromkeys through defaultdict's class: no default factory)
+        return DefaultDictVar(ConstVar(None), {_dict_key(k): value for k in keys})
     if container_base(cls) not in (dict, collections.OrderedDict):
         return None
     obj = construct_container_subclass(tx, cls, [], {})
@@ -643,7 +647,7 @@ class _FromKeysVar(Var):
 
 def fromkeys_var(tx, cls):
     """The Var of ``cls.fromkeys`` when it is the builtin dict's, else None."""
-    if cls not in (dict, collections.OrderedDict) and \
+    if cls not in (dict, collections.OrderedDict, collections.defaultdict) and \
             container_base(cls) not in (dict, collections.OrderedDict):
         return None
     attr = class_attr(tx, cls, "fromkeys")
@@ -735,19 +739,25 @@ def _wrap_stdlib_dict(tx, value, source, guards):
     return DefaultDictVar(factory, items, source)
 
 
+# Keys hashed and compared by identity, each guarded to be that object (a registry
+# keyed by classes, a TypeVar's table).
+_IDENTITY_KEYS = (type, typing.TypeVar)
+
+
 def wrap_tensor_keyed_dict(tx, value, source, guards):
-    """A dict, OrderedDict or defaultdict from outside keyed by tensors (and constants):
-    an optimizer's `state`, keyed by its parameters.  Guarded by type and length; each
+    """A dict, OrderedDict or defaultdict from outside keyed by tensors, classes or
+    TypeVars (and constants): an optimizer's `state`, keyed by its parameters.  Guarded by type and length; each
     key is read as the i-th of its keys (a tensor input, one Var per tensor, so a
     lookup by a parameter read elsewhere finds it, guarded to be the same object) and
     each value as the i-th of its values.  None for other keys, or without a source."""
     from .builder import wrap  # (lazy: import cycle, to break)
     cls = type(value)
     if source is None or cls not in (dict, collections.OrderedDict, collections.defaultdict) or \
-            not all(type(k) in (str, int) or isinstance(k, torch.Tensor) for k in value):
+            not all(type(k) in (str, int) or isinstance(k, (torch.Tensor, *_IDENTITY_KEYS)) for k in value):
         return None
     g = guards is not None
-    tx.output.tensor_keyed_reads = True
+    if any(isinstance(k, torch.Tensor) for k in value):
+        tx.output.tensor_keyed_reads = True
     if g:
         e = source.guard_expr()
         guards._add(source, "LEN", f"___type({e}) is {guards.const(cls)} and ___len({e}) == {len(value)}",
@@ -758,7 +768,8 @@ def wrap_tensor_keyed_dict(tx, value, source, guards):
     items = {}
     for i, (k, v) in enumerate(dict.items(value)):
         key = wrap(tx, k, GetItemSource(keys, i), g)
-        if not isinstance(key, TensorVar) and not key.is_const():
+        if not isinstance(key, TensorVar) and not key.is_const() and \
+                not (type(key) is ObjectVar and isinstance(k, _IDENTITY_KEYS)):
             return None
         items[_dict_key(key)] = wrap(tx, v, GetItemSource(values, i), g)
     if cls is dict:

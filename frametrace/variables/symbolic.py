@@ -451,3 +451,39 @@ def wrap_sym(node, value) -> Var:
         node.meta["example_value"] = node.meta["val"] = value
         return SymNodeVar(node, value)
     return ConstVar(plain(value))
+
+
+# torch's own helpers that ask the ShapeEnv about a size expression.  On a plain
+# number or bool (what CPython passes them) each answers from its value.
+_SHAPE_QUERY_NAMES = ("guard_size_oblivious", "statically_known_true", "statically_known_false",
+                      "guard_or_true", "guard_or_false", "is_concrete_int", "is_concrete_bool",
+                      "is_concrete_float", "definitely_true", "definitely_false", "guard_int",
+                      "guard_bool", "guard_float", "expect_true")
+SHAPE_QUERIES = frozenset(
+    getattr(torch.fx.experimental.symbolic_shapes, n) for n in _SHAPE_QUERY_NAMES
+    if hasattr(torch.fx.experimental.symbolic_shapes, n))
+
+
+def shape_query(tx, fn, args, kwargs):
+    """``guard_size_oblivious(x.shape[0] == 1)`` and its kind, on a traced size or a
+    constant, answered as CPython answers it, from the value: a symbolic argument is
+    decided first, with the ShapeEnv guard that takes (none where the trace's facts
+    prove it; a symbolic size is specialised for `is_concrete_int`).  Asked on the
+    symbol itself, `statically_known_true(s0 == 3)` would say False where CPython says
+    True.  A question about a number read from data is a graph break, as branching on
+    it is."""
+    if kwargs or len(args) != 1 or not isinstance(args[0], (SymNodeVar, ConstVar)):
+        return None
+    arg = args[0]
+    if isinstance(arg, SymNodeVar) and _symbolic_float(arg):
+        return None
+    value = arg.as_const() if isinstance(arg, ConstVar) else arg.example
+    if isinstance(value, SYM_TYPES):
+        if _from_data(value):
+            return None
+        try:
+            value = {torch.SymBool: bool, torch.SymInt: int}[type(value)](value)
+        except GuardOnDataDependentSymNode:
+            unsupported(f"{fn.__name__}() of {value}, which depends on a tensor's data")
+    out = fn(value)
+    return ConstVar(out) if type(out) in (bool, int, float) else None

@@ -16,10 +16,10 @@ from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, I
 from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
 from .base import Var, a_type, unsupported
 from .constant import ConstVar
-from .containers import DictVar, ListVar, TupleVar, _ITEMS, attrs_dict
+from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
 from .modules import _class_lookup, class_attr, class_defines
-from .builtins import _guard_hasattr
+from .builtins import _guard_hasattr, var_list
 from .objects import ObjectVar, _PURE_READERS, _RealMethodVar, call_hint, object_noun
 from .symbolic import SymNodeVar
 
@@ -220,6 +220,9 @@ class UserObjectVar(InstanceAttrs, Var):
     def unpack(self, tx):
         return _unpack_user(tx, self, self.cls)
 
+    def mapping_items(self, tx):
+        return _mapping_items(tx, self, self.cls)
+
     def truth(self, tx):
         cls = self.cls
         if class_attr(tx, cls, "__bool__") is None and class_attr(tx, cls, "__len__") is None:
@@ -283,6 +286,9 @@ class NewObjectVar(InstanceAttrs, Var):
 
     def unpack(self, tx):
         return _unpack_user(tx, self, self.cls)
+
+    def mapping_items(self, tx):
+        return _mapping_items(tx, self, self.cls)
 
     def call(self, tx, args, kwargs):
         return self._dunder(tx, "__call__", [*args]) if not kwargs else \
@@ -364,6 +370,20 @@ class _Sized:
         return self.n
 
 
+def _mapping_items(tx, var, cls):
+    """What ``dict.update(d, obj)`` and ``**obj`` take from an object of a user class
+    with a keys() method (a collections.abc.Mapping): ``obj[k]`` for each k of
+    ``obj.keys()``, in order.  None without keys(): an iterable of pairs."""
+    keys = class_attr(tx, cls, "keys")
+    if keys is None:
+        return None
+    if keys is collections.abc.Mapping.keys:
+        found = var_list(tx, var)        # (Mapping's KeysView iterates the mapping)
+    else:
+        found = var_list(tx, var.getattr(tx, "keys").call(tx, [], {}))
+    return {_dict_key(k): var.getitem(tx, k) for k in found}
+
+
 def _unpack_user(tx, var, cls):
     it = class_attr(tx, cls, "__iter__")
     if it is collections.abc.Sequence.__iter__:
@@ -380,7 +400,9 @@ def _unpack_user(tx, var, cls):
 
 
 def construct_user_object(tx, cls, args, kwargs):
-    """Calling a user class while tracing: a NewObjectVar with __init__ inlined."""
+    """Calling a user class while tracing, as type.__call__ does: its __new__ (a
+    NewObjectVar, unless the class wrote __new__ in Python: that is inlined), then, if
+    that made an instance of the class, __init__ inlined on it."""
     if isinstance(cls, type) and issubclass(cls, BaseException):
         unsupported(f"creating exception {cls.__name__}")
     if type(cls) is not type and type(cls).__module__ not in ("abc",):
@@ -392,16 +414,54 @@ def construct_user_object(tx, cls, args, kwargs):
         unsupported(f"{cls.__name__} subclasses a builtin type")
     new_new = class_attr(tx, cls, "__new__")
     if isinstance(new_new, staticmethod) and new_new.__func__ is not object.__new__:
-        unsupported(f"{cls.__name__} defines __new__")
+        if not isinstance(new_new.__func__, types.FunctionType):
+            unsupported(f"{cls.__name__}.__new__ is not a Python function")
+        obj = UserFunctionVar(new_new.__func__).call(tx, [ObjectVar(cls), *args], kwargs)
+        made = obj.python_type()
+        if not (isinstance(made, type) and issubclass(made, cls)):
+            return obj          # (type.__call__ runs no __init__ on another class's object)
+        _run_init(tx, made, obj, args, kwargs, own_new=True)
+        return obj
     obj = NewObjectVar(cls)
+    _run_init(tx, cls, obj, args, kwargs, own_new=False)
+    return obj
+
+
+def _run_init(tx, cls, obj, args, kwargs, own_new):
     init = class_attr(tx, cls, "__init__")
     if isinstance(init, types.FunctionType):
         UserFunctionVar(init).call(tx, [obj, *args], kwargs)
     elif init not in (None, object.__init__):
         unsupported(f"{cls.__name__}.__init__ is not a Python function")
-    elif args or kwargs:
+    elif (args or kwargs) and not own_new:
+        # (object.__init__ takes extra arguments only where the class wrote __new__)
         unsupported(f"{cls.__name__}() takes no arguments")
-    return obj
+
+
+def new_plain_object(tx, cls_var, args, kwargs):
+    """``object.__new__(cls)`` (directly or as super().__new__ in a class's own __new__):
+    a new, empty instance of a plain Python class."""
+    cls = cls_var.value if isinstance(cls_var, ObjectVar) else \
+        cls_var.as_const() if cls_var.is_const() else None
+    if not isinstance(cls, type):
+        unsupported(f"object.__new__({cls_var})")
+    if args or kwargs:
+        unsupported(f"object.__new__({cls.__name__}, ...) with arguments")
+    if type(cls) is not type and type(cls).__module__ not in ("abc",) or \
+            any(getattr(k, "__module__", "") == "builtins" and k is not object for k in cls.__mro__) \
+            or issubclass(cls, BaseException) or cls.__module__ == "builtins":
+        unsupported(f"object.__new__ of {cls.__name__}, not a plain Python class")
+    return NewObjectVar(cls)
+
+
+class ObjectNewVar(Var):
+    """object.__new__, reached as super().__new__ or by name: `new_plain_object`."""
+    __slots__ = ()
+
+    def call(self, tx, args, kwargs):
+        if not args:
+            unsupported("object.__new__() without a class")
+        return new_plain_object(tx, args[0], args[1:], kwargs)
 
 
 class DataclassVar(Var):
@@ -417,6 +477,19 @@ class DataclassVar(Var):
 
     def python_type(self):
         return self.cls
+
+    def value_key(self):
+        """The object itself, made now, where it is hashed and compared by its fields
+        alone (a frozen dataclass's generated __hash__ and __eq__) and they are all
+        constants: what stands for it as a dict key or set member.  Else None."""
+        cls = self.cls
+        params = getattr(cls, "__dataclass_params__", None)
+        if params is None or not (params.frozen and params.eq) or \
+                not _generated(cls, "__hash__") or not _generated(cls, "__eq__") or \
+                not all(v.is_const() for v in self.fields.values()) or \
+                set(self.fields) != {f.name for f in dataclasses.fields(cls)}:
+            return None
+        return _new_with_attrs(cls, {k: v.as_const() for k, v in self.fields.items()})
 
     def getattr(self, tx, name):
         if name in self.fields:
@@ -546,7 +619,8 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
         if f.default is not dataclasses.MISSING:
             values[f.name] = wrap(tx, f.default, None, guard=False)
         elif f.default_factory is not dataclasses.MISSING:
-            unsupported(f"{cls.__name__}.{f.name} has a default_factory")
+            # called each time, as the generated __init__ does (a new list per object)
+            values[f.name] = wrap(tx, f.default_factory, None, guard=False).call(tx, [], {})
         elif f.init:
             unsupported(f"{cls.__name__}() missing argument {f.name!r}")
     obj = DataclassVar(cls, values)
@@ -554,6 +628,12 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     if post_init is not None:
         UserFunctionVar(post_init).call(tx, [obj], {})
     return obj
+
+
+def _generated(cls, name) -> bool:
+    """Whether cls.name is one @dataclass wrote (compiled from a string)."""
+    fn = _class_lookup(cls, name)
+    return getattr(getattr(fn, "__code__", None), "co_filename", None) == "<string>"
 
 
 def _generated_init(cls) -> bool:
@@ -746,3 +826,162 @@ def _is_slot(cls, name) -> bool:
         if name in klass.__dict__:
             return type(klass.__dict__[name]) is types.MemberDescriptorType
     return False
+
+
+# -- operators on instances of user classes ------------------------------------------
+_OP_DUNDERS = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
+               operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
+               operator.floordiv: ("__floordiv__", "__rfloordiv__"), operator.mod: ("__mod__", "__rmod__"),
+               operator.pow: ("__pow__", "__rpow__"), operator.matmul: ("__matmul__", "__rmatmul__"),
+               operator.and_: ("__and__", "__rand__"), operator.or_: ("__or__", "__ror__"),
+               operator.xor: ("__xor__", "__rxor__"), operator.lshift: ("__lshift__", "__rlshift__"),
+               operator.rshift: ("__rshift__", "__rrshift__"),
+               operator.eq: ("__eq__", "__eq__"), operator.ne: ("__ne__", "__ne__"),
+               operator.lt: ("__lt__", "__gt__"), operator.gt: ("__gt__", "__lt__"),
+               operator.le: ("__le__", "__ge__"), operator.ge: ("__ge__", "__le__")}
+_INPLACE_DUNDERS = {operator.iadd: (operator.add, "__iadd__"), operator.isub: (operator.sub, "__isub__"),
+                    operator.imul: (operator.mul, "__imul__"),
+                    operator.itruediv: (operator.truediv, "__itruediv__"),
+                    operator.ifloordiv: (operator.floordiv, "__ifloordiv__"),
+                    operator.imod: (operator.mod, "__imod__"), operator.ipow: (operator.pow, "__ipow__"),
+                    operator.imatmul: (operator.matmul, "__imatmul__"),
+                    operator.iand: (operator.and_, "__iand__"), operator.ior: (operator.or_, "__ior__"),
+                    operator.ixor: (operator.xor, "__ixor__"),
+                    operator.ilshift: (operator.lshift, "__ilshift__"),
+                    operator.irshift: (operator.rshift, "__irshift__")}
+_COMPARISONS = (operator.eq, operator.ne, operator.lt, operator.gt, operator.le, operator.ge)
+_SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+            operator.floordiv: "//", operator.mod: "%", operator.pow: "** or pow()",
+            operator.matmul: "@", operator.and_: "&", operator.or_: "|", operator.xor: "^",
+            operator.lshift: "<<", operator.rshift: ">>", operator.lt: "<", operator.gt: ">",
+            operator.le: "<=", operator.ge: ">="}
+
+
+def is_user_object(v) -> bool:
+    """An instance of a plain user class, from outside the frame or made in it."""
+    return isinstance(v, (UserObjectVar, NewObjectVar))
+
+
+def user_object_binary_op(tx, fn, a, b, same):
+    """``fn(a, b)`` where a or b is an instance of a user class, as CPython's
+    binary_op1 / do_richcompare run it: the in-place method first (`+=`), the right
+    operand's reflected method first when its class derives from the left's, the
+    methods written in Python inlined, NotImplemented passing to the other side, and
+    `==` / `!=` falling back to identity (`same(a, b)`).  None where an operand's
+    method is not one this can run (a C method of a builtin, a tensor's)."""
+    if fn in _INPLACE_DUNDERS:
+        plain, name = _INPLACE_DUNDERS[fn]
+        if is_user_object(a):
+            result = _call_dunder(tx, a, name, b, same)
+            if result is None:
+                return None
+            if not _not_implemented(result):
+                return result
+        fn = plain
+    if fn not in _OP_DUNDERS:
+        return None
+    name, reflected = _OP_DUNDERS[fn]
+    ta, tb = _type_or_none(a), _type_or_none(b)
+    if ta is None or tb is None:
+        return None
+    tries = [(a, name, b)]
+    if tb is not ta:
+        tries.append((b, reflected, a))
+        if issubclass(tb, ta) and (fn in _COMPARISONS or _class_lookup(tb, reflected) is not
+                                   _class_lookup(ta, reflected)):
+            tries.reverse()
+    for self, method, other in tries:
+        if not is_user_object(self):
+            if not _knows_no_user_class(self, fn):
+                return None
+            continue            # a builtin's method answers NotImplemented to it
+        result = _call_dunder(tx, self, method, other, same)
+        if result is None:
+            return None
+        if not _not_implemented(result):
+            return result
+    if fn is operator.eq:
+        return ConstVar(same(a, b))
+    if fn is operator.ne:
+        return ConstVar(not same(a, b))
+    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
+    what = f"'{_SYMBOLS[fn]}' not supported between instances of" if fn in _COMPARISONS else \
+        f"unsupported operand type(s) for {_SYMBOLS[fn]}:"
+    raise_builtin(TypeError, f"{what} '{ta.__name__}' and '{tb.__name__}'")
+
+
+def _type_or_none(v):
+    if isinstance(v, (ConstVar, SymNodeVar)) or is_user_object(v) or \
+            isinstance(v, (DictVar, ListVar, TupleVar)):
+        return v.python_type()
+    return None
+
+
+def _knows_no_user_class(v, fn) -> bool:
+    """A constant whose operator method returns NotImplemented for an object of a user
+    class: a number or None for any operator; a str, bytes or container only for a
+    comparison (`"%s" % obj` formats it, `[0] * obj` asks it for __index__)."""
+    if not isinstance(v, ConstVar):
+        return False
+    if v.value is None or type(v.value) in (int, float, complex, bool):
+        return True
+    return fn in _COMPARISONS and type(v.value) in (str, bytes, tuple, frozenset)
+
+
+def _not_implemented(v) -> bool:
+    return v.is_const() and v.as_const() is NotImplemented
+
+
+def _call_dunder(tx, self, name, other, same):
+    """``type(self).name(self, other)``: a Python method inlined, object's defaults
+    emulated; NotImplemented (a ConstVar) where the class has no such method; None
+    where it is something else."""
+    cls = self.python_type()
+    method = class_attr(tx, cls, name)
+    if method is None:
+        return ConstVar(NotImplemented)
+    if isinstance(method, types.FunctionType):
+        return UserFunctionVar(method).call(tx, [self, other], {})
+    if method is getattr(object, name, None):
+        if name == "__eq__":
+            return ConstVar(True) if same(self, other) else ConstVar(NotImplemented)
+        if name == "__ne__":
+            # object.__ne__ inverts what type(self).__eq__ answers
+            result = _call_dunder(tx, self, "__eq__", other, same)
+            if result is None or _not_implemented(result):
+                return result
+            return ConstVar(not result.truth(tx))
+        return ConstVar(NotImplemented)
+    return None
+
+
+def user_object_text(tx, v, kind):
+    """``str(v)`` / ``repr(v)`` (`kind`) of an instance of a user class: its __str__ /
+    __repr__ written in Python, inlined (object.__str__ goes on to __repr__).  None
+    where the text is object's default (it names the object's address) or a C
+    method's."""
+    name = "__str__" if kind is str else "__repr__"
+    method = class_attr(tx, v.python_type(), name)
+    if method is object.__str__:
+        return user_object_text(tx, v, repr)
+    if not isinstance(method, types.FunctionType):
+        return None
+    text = UserFunctionVar(method).call(tx, [v], {})
+    if not (text.is_const() and isinstance(text.as_const(), str)):
+        unsupported(f"{name} returned {text}, not a string known while tracing")
+    return ConstVar(str(text.as_const()))
+
+
+def namedtuple_member(tx, var, name):
+    """A method, property, classmethod or staticmethod that a namedtuple subclass (a
+    typing.NamedTuple class body) wrote in Python, read on its instance `var`."""
+    attr = class_attr(tx, var.cls, name)
+    if isinstance(attr, types.FunctionType):
+        return BoundMethodVar(UserFunctionVar(attr), var)
+    if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
+        return UserFunctionVar(attr.fget).call(tx, [var], {})
+    if isinstance(attr, classmethod) and isinstance(attr.__func__, types.FunctionType):
+        return BoundMethodVar(UserFunctionVar(attr.__func__), ObjectVar(var.cls))
+    if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
+        return UserFunctionVar(attr.__func__)
+    return None
