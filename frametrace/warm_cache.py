@@ -137,7 +137,16 @@ def _settings() -> tuple:
 
 def key_of(code, backend, fullgraph, dynamic) -> str | None:
     """The cache key of a frame compiled with these settings, or None where the backend
-    cannot be keyed."""
+    cannot be keyed (or the key cannot be made: one log line, not cached)."""
+    try:
+        return _key_of(code, backend, fullgraph, dynamic)
+    except Exception as e:
+        log.warning("frametrace: cache: no key for %s (%s: %s); not cached", code.co_name,
+                    type(e).__name__, e)
+        return None
+
+
+def _key_of(code, backend, fullgraph, dynamic) -> str | None:
     name = backend_name(backend)
     if name not in CACHEABLE_BACKENDS or _BACKENDS.get(name) is not backend:
         return None
@@ -688,7 +697,12 @@ def _candidates(key):
         names = [e for e in os.scandir(path) if e.name.endswith(".entry")]
     except OSError:
         return
-    names.sort(key=lambda e: -e.stat().st_mtime)
+    def used(e):
+        try:
+            return -e.stat().st_mtime
+        except OSError:
+            return 0
+    names.sort(key=used)
     for e in names:
         try:
             with open(e.path, "rb") as fh:
@@ -772,6 +786,16 @@ def lookup(code, func, args, key, backend, install):
     by `install` (convert's, as a compile's entry would be); None on a miss."""
     if key in _written_keys:
         return None
+    try:
+        return _lookup(code, func, args, key, backend, install)
+    except Exception as e:     # (the folder changing under us: never the program's failure)
+        stats["errors"] += 1
+        log.warning("frametrace: cache: lookup of %s failed (%s: %s); a miss", code.co_name,
+                    type(e).__name__, e)
+        return None
+
+
+def _lookup(code, func, args, key, backend, install):
     for label, entry, path in _candidates(key):
         try:
             got = _materialize(code, func, args, entry, backend, install)
