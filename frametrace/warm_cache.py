@@ -72,7 +72,9 @@ _SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "compile_status"
 stats = {"hits": 0, "misses": 0, "stores": 0, "not_cacheable": 0, "errors": 0}
 _written_keys: set = set()            # keys this process stored: never read back by it
 _memory: dict = {}                    # key -> [entry bytes], from load_cache()
-_session: dict = {}                   # key -> [entry bytes] this process stored or loaded
+# key -> the entries this process stored or loaded, for save_cache(): a file's path where
+# one was written (a process compiling for hours keeps no copy of each), else the bytes.
+_session: dict = {}
 _lock = threading.Lock()
 _unwritable: set = set()              # folders a write failed in
 
@@ -618,10 +620,10 @@ def store(code, key, entry: bytes):
     """Write an entry for `key` (atomically: a temporary file renamed)."""
     with _lock:
         _written_keys.add(key)
-        _session.setdefault(key, []).append(entry)
     stats["stores"] += 1
     folder = cache_dir()
     if folder is None:
+        _remember(key, entry)
         return
     path = os.path.join(folder, key[:2], key)
     data = _MAGIC + hashlib.sha256(entry).digest() + entry
@@ -646,10 +648,41 @@ def store(code, key, entry: bytes):
             "frametrace: cache: cannot write an entry of %s to %s (%s); not cached",
             code.co_name, folder, e)
         _unwritable.add(folder)
+        _remember(key, entry)
         return
+    _remember(key, os.path.join(path, name))
     log.info("frametrace: cache: stored an entry of %s (%s:%d)", code.co_name,
              code.co_filename, code.co_firstlineno)
     _evict(folder)
+
+
+def _remember(key, entry_or_path):
+    with _lock:
+        known = _session.setdefault(key, [])
+        if entry_or_path not in known:
+            known.append(entry_or_path)
+
+
+def _session_entries() -> dict:
+    """key -> [entry bytes] of what this process stored or loaded (files evicted
+    meanwhile left out)."""
+    out = {}
+    with _lock:
+        items = [(k, list(v)) for k, v in _session.items()]
+    for key, entries in items:
+        for e in entries:
+            if isinstance(e, str):
+                try:
+                    with open(e, "rb") as fh:
+                        data = fh.read()
+                except OSError:
+                    continue
+                head = len(_MAGIC) + 32
+                if data[len(_MAGIC):head] != hashlib.sha256(data[head:]).digest():
+                    continue
+                e = data[head:]
+            out.setdefault(key, []).append(e)
+    return out
 
 
 def _evict(folder):
@@ -814,10 +847,7 @@ def _lookup(code, func, args, key, backend, install):
                 os.utime(path)
             except OSError:
                 pass
-        with _lock:
-            _session.setdefault(key, [])
-            if entry not in _session[key]:
-                _session[key].append(entry)
+        _remember(key, path if path is not None else entry)
         stats["hits"] += 1
         log.info("frametrace: cache: %s (%s:%d) from the cache (%s)", code.co_name,
                  code.co_filename, code.co_firstlineno, label)
@@ -880,8 +910,7 @@ def save_cache(path):
         frametrace.save_cache("model.ftcache")      # after the first calls
         frametrace.load_cache("model.ftcache")      # in another process, before them
     """
-    with _lock:
-        payload = {k: list(v) for k, v in _session.items()}
+    payload = _session_entries()
     data = pickle.dumps({"versions": _versions(), "entries": payload}, protocol=pickle.HIGHEST_PROTOCOL)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as fh:

@@ -305,3 +305,14 @@ def test_size_bound_evicts_least_recently_used(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     entries, size, stores = map(int, proc.stdout.split("INFO")[1].split())
     assert stores == 12 and 0 < entries < 12 and size <= 60_000
+
+
+def test_save_with_a_folder_and_load_elsewhere(tmp_path):
+    """save_cache() also ships what a process with a cache folder wrote there."""
+    _setup(tmp_path)
+    path = tmp_path / "shipped.ftcache"
+    cold = _run(tmp_path, SAVE=path)
+    assert cold["saved"] == cold["compiled"]
+    warm = _run(tmp_path, cache=str(tmp_path / "other-cache"), LOAD=path)
+    _same_as_cpython(warm)
+    assert warm["compiled"] == 0 and warm["from_cache"] == cold["compiled"]
