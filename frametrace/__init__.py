@@ -17,6 +17,7 @@ from .explain import explain
 from .shapes import mark_dynamic, mark_static
 from .stance import RecompileError, set_stance
 from .viewer import show
+from .warm_cache import cache_info, clear_cache, load_cache, save_cache
 from . import compile_status as _compile_status  # noqa: F401  (the status line's listener)
 
 __version__ = "0.1.0"
@@ -30,4 +31,4 @@ except ValueError as _e:          # a typo in FRAMETRACE_LOGS must not break the
 
 __all__ = ["explain", "show", "optimize", "mark_dynamic", "mark_static", "disable", "reset", "list_backends", "register_backend", "config",
            "Unsupported", "BackendCompilerFailed", "OptimizedModule", "testing", "__version__",
-           "set_stance", "RecompileError"]
+           "set_stance", "RecompileError", "cache_info", "clear_cache", "save_cache", "load_cache"]

@@ -1,6 +1,7 @@
 """The `frametrace` command.
 
     python -m frametrace --version
+    python -m frametrace cache [--clear]      # the on-disk cache: where, how many entries, size
     python -m frametrace diff SCRIPT.py [--fn NAME] [--no-color] [--no-pager] [--width N]
                                         [script args...]
 
@@ -20,7 +21,19 @@ import subprocess
 import sys
 import traceback
 import types
-from . import __version__, convert, viewer
+from . import __version__, convert, viewer, warm_cache
+
+
+def _cache_command(clear: bool) -> int:
+    if clear:
+        warm_cache.clear_cache()
+    info = warm_cache.cache_info()
+    if not info["enabled"]:
+        print("frametrace cache: off (FRAMETRACE_CACHE_DIR is empty or config.cache is False)")
+        return 0
+    print(f"frametrace cache: {info['dir']}\n  entries: {info['entries']}\n  size: "
+          f"{info['bytes'] / 1e6:.1f} MB of {info['max_bytes'] / 1e6:.0f} MB")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -33,8 +46,12 @@ def main(argv=None) -> int:
     diff.add_argument("--no-color", action="store_true", help="plain text")
     diff.add_argument("--no-pager", action="store_true", help="never page the output")
     diff.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
+    cache = sub.add_parser("cache", help="what the on-disk cache of compiled entries holds")
+    cache.add_argument("--clear", action="store_true", help="delete every entry")
     # Options may come before or after the script; anything else goes to the script.
     ns, script_args = parser.parse_known_args(argv)
+    if ns.command == "cache":
+        return _cache_command(ns.clear)
 
     if not os.path.isfile(ns.script):
         # (a mistyped name is the user's, not frametrace's: one line, argparse's status)

@@ -177,3 +177,13 @@ break_runs_statement_rest = True
 # (frametrace/distributed.py; torch.compile's DDPOptimizer).  False: one graph, and every
 # all-reduce waits for the end of its backward.
 ddp_split_graphs = True
+
+# Compiled entries are also written to an on-disk cache, and a process's first call of a
+# frame whose cached entry's guards hold runs it without tracing (warm_cache.py): the
+# folder is `cache_dir`, else $FRAMETRACE_CACHE_DIR, else $XDG_CACHE_HOME/frametrace
+# (~/.cache/frametrace); FRAMETRACE_CACHE_DIR= (empty) writes no folder (the entries are
+# still kept for frametrace.save_cache), `cache = False` turns it all off (nothing is
+# described, written or read).  Least recently used entries go past `cache_max_bytes`.
+cache = True
+cache_dir = None
+cache_max_bytes = 1 << 30

@@ -21,7 +21,7 @@ from bytecode import CellVar
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from . import _C, cache_limit, config, interop, recompiles, resume, stance
+from . import _C, cache_limit, config, interop, recompiles, resume, stance, warm_cache
 from . import distributed, progress
 from .bytecode_diff import plain_diff
 from .codegen import CodeGen, GraphSlot, RerunState, fill_graph_slot
@@ -62,9 +62,12 @@ class CompileRecord:
     """What one compile of one frame produced (read by explain(), show() and tests).
     `outcome` is "compiled" (the frame runs transformed code to its end), "break"
     (compiled up to a graph break, then a resume function) or "fallback" (the frame
-    runs in CPython); `reason`, `hint` and `user_stack` say why for the last two."""
+    runs in CPython); `reason`, `hint` and `user_stack` say why for the last two.
+    `from_cache`: the entry came from the on-disk cache (warm_cache.py): nothing was
+    traced, the backend compiled the cached graph."""
     __slots__ = ("code", "graph_module", "op_count", "guards", "reason", "hint", "user_stack",
-                 "compile_seconds", "backend_seconds", "transformed_code", "outcome", "check")
+                 "compile_seconds", "backend_seconds", "transformed_code", "outcome", "check",
+                 "from_cache")
 
     def __init__(self, code):
         self.code = code
@@ -79,6 +82,7 @@ class CompileRecord:
         self.transformed_code = None
         self.outcome = "compiled"
         self.check = None
+        self.from_cache = False
 
 
 # Observers get every CompileRecord (explain() and tests register one).
@@ -225,10 +229,16 @@ def _make_callback(backend, fullgraph: bool, dynamic):
         try:
             if _compiled_meanwhile(code, func, args, n_entries):
                 return None       # another thread's entry fits: the next call runs it
-            if n_entries and recompile_log.isEnabledFor(logging.INFO):
-                _log_recompile(code, func, args, callback)
-            with _warning_filters_kept():
-                decision = compile_frame(code, func, args, backend, fullgraph, dynamic)
+            key = warm_cache.key_of(code, backend, fullgraph, dynamic) if config.cache else None
+            decision = warm_cache.lookup(code, func, args, key, backend, _install_cached) \
+                if key else None
+            if decision is None:
+                if n_entries and recompile_log.isEnabledFor(logging.INFO):
+                    _log_recompile(code, func, args, callback)
+                with _warning_filters_kept():
+                    decision = compile_frame(code, func, args, backend, fullgraph, dynamic)
+                if key is not None and type(decision) is tuple:
+                    _store(code, func, key, decision, backend)
             if type(decision) is tuple:
                 decision[0].instances = cache_limit.instances_of(code, args)
                 decision[0].callback = callback     # (whose entry: recompile reasons)
@@ -250,6 +260,66 @@ def _make_callback(backend, fullgraph: bool, dynamic):
     callback.fullgraph = fullgraph
     callback.dynamic = dynamic
     return callback
+
+
+def _install_cached(code, func, check, new_code, slot, compiled, gm, outcome, guard_texts,
+                    seconds):
+    """A cached entry (warm_cache.lookup), its graph compiled by the backend: installed
+    and recorded as a compile's entry is; returns the C hook's decision."""
+    record = CompileRecord(code)
+    record.from_cache = True
+    if gm is not None:
+        name = f"__compiled_fn_{next(_fn_ids)}"
+        graph_fn = _C.Unhooked(compiled)
+        graph_fn.__name__ = name
+        new_code = fill_graph_slot(new_code, slot, graph_fn)
+        func.__globals__[name] = graph_fn
+        _installed_globals.append((func.__globals__, name))
+        graph_modules[name] = gm
+        record.graph_module = gm
+        record.op_count = sum(1 for n in gm.graph.nodes
+                              if n.op in ("call_function", "call_method", "call_module"))
+    record.outcome = outcome
+    record.guards = guard_texts
+    record.transformed_code = new_code
+    record.check = check
+    record.backend_seconds = record.compile_seconds = seconds
+    for observer in record_observers:
+        observer(record)
+    return check, new_code
+
+
+def _store(code, func, key, decision, backend):
+    """Write the entry just compiled to the on-disk cache, where it can be described
+    soundly (warm_cache.describe); one log line where it cannot."""
+    check, new_code = decision
+    if new_code is None:
+        return          # (a frame left to CPython: compiling it again costs a trace only)
+    graph_fn = next((c for c in new_code.co_consts if type(c) is _C.Unhooked and
+                     getattr(c, "__name__", None) in graph_modules), None)
+    gm = graph_modules.get(graph_fn.__name__) if graph_fn is not None else None
+    gs = getattr(check, "guard_set", None)
+    if gs is None:
+        return
+    outcome = "break" if any(getattr(c, "co_name", "").startswith("<resume") or
+                             getattr(getattr(c, "__code__", None), "co_name", "").startswith("<resume")
+                             for c in new_code.co_consts) else "compiled"
+    try:
+        entry = warm_cache.describe(code, func, check, new_code, gm, graph_fn, gs.inlined, outcome,
+                                    backend)
+    except warm_cache.NotCacheable as e:
+        warm_cache.stats["not_cacheable"] += 1
+        warm_cache.log.info("frametrace: cache: %s (%s:%d) is not cached: %s", log_name(code),
+                            code.co_filename, code.co_firstlineno, e)
+        return
+    except Exception as e:
+        # Our bug, but the entry just compiled is good: it is installed, not cached.
+        counters["cache_describe_error"] += 1
+        warm_cache.log.warning("frametrace: cache: cannot describe an entry of %s (%s: %s); "
+                               "not cached", log_name(code), type(e).__name__, e,
+                               exc_info=warm_cache.log.isEnabledFor(logging.DEBUG))
+        return
+    warm_cache.store(code, key, entry)
 
 
 # One compile at a time in the process.  Tracing and AOTAutograd keep state in module

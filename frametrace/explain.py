@@ -56,6 +56,8 @@ class ExplainOutput:
         self.graph_break_count = sum(1 for b in self.break_reasons if b.graph_break)
         self.guards = [g for r in records for g in r.guards]
         self.compile_times = [r.compile_seconds for r in records]
+        # entries read from the on-disk cache (warm_cache.py): nothing traced for them
+        self.from_cache = [r for r in records if getattr(r, "from_cache", False)]
 
     def __rich__(self):
         from rich.console import Group  # (optional dependency)
@@ -72,6 +74,8 @@ class ExplainOutput:
             summary.add_row("frames run in CPython", str(fallbacks))
         summary.add_row("ops per graph", ", ".join(map(str, self.ops_per_graph)) or "-")
         summary.add_row("compile time", f"{sum(self.compile_times) * 1e3:.1f} ms")
+        if self.from_cache:
+            summary.add_row("from the on-disk cache", f"{len(self.from_cache)} entries (not traced)")
         parts.append(Panel(summary, title="frametrace.explain", expand=False))
         for i, b in enumerate(self.break_reasons, 1):
             kind = "graph break" if b.graph_break else "frame run in CPython"

@@ -664,6 +664,7 @@ class OutputGraph:
                 insert_runtime_asserts(sub, self.shape_env, name, messages)
             insert_runtime_asserts(gm, self.shape_env, name, messages)
         gm.meta["frametrace_sources"] = [i.source.name() for i in self.inputs]
+        gm.meta["frametrace_input_sources"] = [i.source for i in self.inputs]
         gm.meta["frametrace_functionalizes"] = self.functionalizes   # (what the trace assumed)
         example_inputs = [i.value for i in self.inputs]
         t0 = time.perf_counter()

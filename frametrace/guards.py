@@ -151,6 +151,9 @@ class GuardSet:
         # True when a fact of the trace no longer held once the check was built (state
         # changed while compiling): the entry would be wrong for this very call.
         self.stale = False
+        # Codes of the functions inlined into the trace: a cached entry must pin each
+        # (warm_cache.py), or an edited helper would run its old code.
+        self.inlined: list = []
 
     # -- naming objects the check compares against --
     def const(self, obj) -> str:
@@ -885,6 +888,15 @@ class _Marker(Source):
 
     def guard_expr(self):
         return self.what
+
+    def __reduce__(self):
+        # The C program tells them by identity: an entry read from the on-disk cache
+        # (warm_cache.py) names these very two.
+        return _marker, (self.what,)
+
+
+def _marker(what):
+    return _FUNC if what == _FUNC.what else _GLOBALS
 
 
 _FUNC, _GLOBALS = _Marker("___func"), _Marker("___G")

@@ -433,6 +433,7 @@ class InstructionTranslator:
             unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
         if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
             unsupported(f"calling coroutine function {qualname}")
+        self.guards.inlined.append(code)
         child = InstructionTranslator(code, _FunctionShim(f_globals, self.f_builtins), (),
                                       self.output, self.guards, parent=self)
         for name, v in bound.items():

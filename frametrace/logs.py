@@ -10,6 +10,8 @@
     bytecode      original and transformed bytecode of each compiled frame
     recompiles    each recompile, with the guard that failed, its old and new value
     output_code   the code a backend produced (a line when it runs the FX graph as is)
+    cache         each entry the on-disk cache stores, serves (a warm start), cannot
+                  describe or cannot read (warm_cache.py)
     perf_hints    what a backend could not compile as well as it meant to: each op the
                   triton backend runs as an aten call that a kernel could have run, and why
 
@@ -44,7 +46,8 @@ import os
 import sys
 
 ROOT = "frametrace"
-KINDS = ("graph", "graph_breaks", "guards", "bytecode", "recompiles", "output_code", "perf_hints")
+KINDS = ("graph", "graph_breaks", "guards", "bytecode", "recompiles", "output_code", "perf_hints",
+         "cache")
 
 
 def configure(spec: str | None = None) -> list[str]:

@@ -1,12 +1,23 @@
+import atexit
 import contextlib
 import gc
 import io
+import os
 import re
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 import frametrace
+
+# The on-disk cache (warm starts) in a folder of this session's own, never the user's:
+# no entry of another run can serve a test.  (Entries a process wrote are never read
+# back by it, so tests of one session do not see each other's either.)
+_CACHE_DIR = tempfile.mkdtemp(prefix="frametrace-test-cache-")
+os.environ["FRAMETRACE_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, True)
 
 
 @pytest.fixture(autouse=True)

@@ -45,7 +45,7 @@ LAYERS = [
     ("graph building", {"graph", "side_effects", "subgraph"}),
     ("backends", {"backends"}),
     ("interpreter", {"interpreter"}),
-    ("frame driving", {"convert", "resume", "codegen", "cache_limit", "recompiles"}),
+    ("frame driving", {"convert", "resume", "codegen", "cache_limit", "recompiles", "warm_cache"}),
     ("hook's front", {"eval_frame"}),
     ("tools", {"explain", "viewer", "__main__", "testing", "compile_status", ""}),
 ]

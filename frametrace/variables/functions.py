@@ -94,7 +94,9 @@ def _real_cells(tx, fn, fn_source):
             # every call of its parent) reuses the compiled entry.
             cell_source = GetItemSource(AttrSource(fn_source, "__closure__"), i)
         else:
-            cell_source = ConstSource(cell, f"{fn.__qualname__}.<cell {name}>")
+            # Through the function, held by the entry (its closure tuple cannot be
+            # assigned): a cached entry finds the function again by name, and so the cell.
+            cell_source = GetItemSource(AttrSource(ConstSource(fn, fn.__qualname__), "__closure__"), i)
         cells.append(traced_cell(tx, cell, cell_source))
     return cells
 
