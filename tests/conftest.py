@@ -15,9 +15,13 @@ import frametrace
 # The on-disk cache (warm starts) in a folder of this session's own, never the user's:
 # no entry of another run can serve a test.  (Entries a process wrote are never read
 # back by it, so tests of one session do not see each other's either.)
-_CACHE_DIR = tempfile.mkdtemp(prefix="frametrace-test-cache-")
+# FRAMETRACE_TEST_CACHE_DIR names a folder kept across sessions instead: a second run of
+# the same tests is then served from the first's entries, an attack on the cache (every
+# test must still pass warm).
+_CACHE_DIR = os.environ.get("FRAMETRACE_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="frametrace-test-cache-")
 os.environ["FRAMETRACE_CACHE_DIR"] = _CACHE_DIR
-atexit.register(shutil.rmtree, _CACHE_DIR, True)
+if not os.environ.get("FRAMETRACE_TEST_CACHE_DIR"):
+    atexit.register(shutil.rmtree, _CACHE_DIR, True)
 
 
 @pytest.fixture(autouse=True)
