@@ -29,6 +29,25 @@
 #define LOOKUP_ATTR _PyObject_LookupAttr
 #endif
 
+/* 1 when weak reference `ref` still refers to `v` (3.13 deprecates the borrowed
+ * PyWeakref_GET_OBJECT; PyWeakref_GetRef gives a strong reference). */
+static inline int
+weak_refers_to(PyObject *ref, PyObject *v)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target = NULL;
+    if (PyWeakref_GetRef(ref, &target) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = target == v;
+    Py_XDECREF(target);
+    return same;
+#else
+    return PyWeakref_GET_OBJECT(ref) == v;
+#endif
+}
+
 enum {
     /* loads: regs[reg] = ... */
     OP_ARG,             /* args[n] */
@@ -1048,7 +1067,7 @@ run_check(Instr *in, PyObject **regs)
     case OP_IS:
         return v == in->a;
     case OP_WEAK:
-        return v != Py_None && PyWeakref_GET_OBJECT(in->a) == v;
+        return v != Py_None && weak_refers_to(in->a, v);
     case OP_EQ_ANY:
         return equals(v, in->a);
     case OP_EQ:
