@@ -586,10 +586,16 @@ dict_version(PyObject *d)
 #pragma GCC diagnostic pop
 #endif
 
+/* 0 when the type has no valid version.  3.13 no longer sets
+ * Py_TPFLAGS_VALID_VERSION_TAG: a modified type's tag is reset to 0 instead. */
 static inline unsigned int
 type_version(PyTypeObject *tp)
 {
+#if PY_VERSION_HEX >= 0x030D0000
+    return tp->tp_version_tag;
+#else
     return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+#endif
 }
 
 /* The instance dict of `obj` when its attributes are looked up generically (no
