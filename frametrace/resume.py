@@ -87,6 +87,14 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
         if isinstance(ins, Instr) and isinstance(ins.arg, CellVar) and ins.arg.name in cells:
             body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
             origins[id(body[i])] = ins
+        elif PY313 and isinstance(ins, Instr) and ins.name == "LOAD_FAST" and ins.arg in cells:
+            # 3.13 loads the cell of an argument that is a cell by its name (bytecode
+            # gives it as a plain local): a free variable here too.
+            body[i] = Instr("LOAD_FAST", FreeVar(ins.arg), location=ins.location)
+            origins[id(body[i])] = ins
+        elif isinstance(ins, Instr) and ins.name in ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST") and \
+                any(n in cells for n in ins.arg):
+            unsupported(f"{ins.name} of a cell")     # (3.13's compiler makes none)
     body, extra_stack = _explicit_super(body, code, origins)
 
     freevars = list(code.co_cellvars) + list(code.co_freevars)
