@@ -83,19 +83,30 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     body.insert(index, label)
     cells = set(code.co_cellvars)
     origins = {}        # id(new Instr) -> the original's Instr it stands for
-    for i, ins in enumerate(body):
-        if isinstance(ins, Instr) and isinstance(ins.arg, CellVar) and ins.arg.name in cells:
-            body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
-            origins[id(body[i])] = ins
-        elif PY313 and isinstance(ins, Instr) and ins.name == "LOAD_FAST" and ins.arg in cells:
+    renamed = []
+    for ins in body:
+        if not isinstance(ins, Instr):
+            renamed.append(ins)
+        elif ins.name in _SUPERINSTRUCTIONS:
+            # 3.13's pairs hold two slots of 4 bits each: the resume code numbers its
+            # locals anew, so each pair is split into its two instructions.
+            first, second = _SUPERINSTRUCTIONS[ins.name]
+            for name, arg in ((first, ins.arg[0]), (second, ins.arg[1])):
+                if arg in cells:
+                    unsupported(f"{ins.name} of a cell")     # (3.13's compiler makes none)
+                renamed.append(Instr(name, arg, location=ins.location))
+                origins[id(renamed[-1])] = ins
+        elif isinstance(ins.arg, CellVar) and ins.arg.name in cells:
+            renamed.append(Instr(ins.name, FreeVar(ins.arg.name), location=ins.location))
+            origins[id(renamed[-1])] = ins
+        elif PY313 and ins.name == "LOAD_FAST" and ins.arg in cells:
             # 3.13 loads the cell of an argument that is a cell by its name (bytecode
             # gives it as a plain local): a free variable here too.
-            body[i] = Instr("LOAD_FAST", FreeVar(ins.arg), location=ins.location)
-            origins[id(body[i])] = ins
-        elif isinstance(ins, Instr) and ins.name in ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST") and \
-                any(n in cells for n in ins.arg):
-            unsupported(f"{ins.name} of a cell")     # (3.13's compiler makes none)
-    body, extra_stack = _explicit_super(body, code, origins)
+            renamed.append(Instr("LOAD_FAST", FreeVar(ins.arg), location=ins.location))
+            origins[id(renamed[-1])] = ins
+        else:
+            renamed.append(ins)
+    body, extra_stack = _explicit_super(renamed, code, origins)
 
     freevars = list(code.co_cellvars) + list(code.co_freevars)
     new = Bytecode()
@@ -156,6 +167,12 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     _origin[result] = (code, {n: orig_offset_of[id(o)] for n, o in zip(new_offsets, body_instrs)
                               if id(o) in orig_offset_of})
     return result
+
+
+# 3.13's instructions on two locals, and the two instructions each stands for.
+_SUPERINSTRUCTIONS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
+                      "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST"),
+                      "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST")}
 
 
 def _explicit_super(body, code, origins):

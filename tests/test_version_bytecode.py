@@ -6,7 +6,7 @@ and FORMAT_*), swaps (STORE_FAST_STORE_FAST), lambdas with defaults
 (SET_FUNCTION_ATTRIBUTE) and loops left by exhaustion (END_FOR)."""
 import torch
 
-from differential import check
+from differential import Then, check
 
 
 def closure_over_argument_after_break(x, t):
@@ -97,3 +97,45 @@ def test_loops_left_by_exhaustion_and_a_break_inside_one():
     # (breaks: the .item(), then print() of the comparison made of it in the resume code)
     check(loop_to_exhaustion, [([torch.randn(2) for _ in range(3)], torch.randn(2)) for _ in range(2)],
           breaks=2)
+
+
+def many_locals_loop(xs, ws, t):
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = t
+    out = []
+    for i, x in enumerate(xs):          # (i: slot 14, x: 15)
+        if ws[i].item() != 1:
+            out.append(x.sub(ws[i]).mul_(ws[i]))
+        out.append(x + ws[i] + a0 + a9)
+    return out, a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8
+
+
+def test_a_resume_function_numbering_locals_anew_reads_the_right_ones():
+    # (3.13 pairs two locals of slots below 16 in one instruction, `ws[i]`: the resume
+    # code numbers its locals anew, i past 15)
+    xs = [torch.randn(2) for _ in range(3)]
+    check(many_locals_loop, [(xs, [torch.tensor(2.), torch.tensor(1.), torch.tensor(3.)], torch.randn(2)),
+                             (xs, [torch.tensor(1.), torch.tensor(5.), torch.tensor(1.)], torch.randn(2))])
+
+
+class Holder:
+    pass
+
+
+HOLDER = Holder()
+HOLDER.flag = True
+HOLDER.other = 2
+
+
+def reads_an_attribute(x):
+    return x * (2 if HOLDER.flag else 3) + HOLDER.other
+
+
+def test_an_attribute_stored_through_the_object_after_its_dict_was_read():
+    # (3.13: the instance dict shares the object's inline values, and a store through
+    # the object leaves the dict's version as it was: the guard must read it again)
+    def store(flag):
+        vars(HOLDER)
+        HOLDER.flag = flag
+
+    check(reads_an_attribute, [Then(lambda f=f: store(f), torch.ones(2)) for f in (False, True) * 3],
+          graphs=2, compiles=2)

@@ -580,6 +580,14 @@ module_hasattr(PyObject *v, PyObject *name, PyObject *module_getattr)
 static inline uint64_t
 dict_version(PyObject *d)
 {
+#if PY_VERSION_HEX >= 0x030D0000
+    /* 3.13: a dict sharing an object's inline values (its __dict__, once read) keeps
+     * its version while attribute stores through the object write those values: no
+     * version to rely on (0, which no memo accepts) until the dict holds its own. */
+    if (((PyDictObject *)d)->ma_values != NULL) {
+        return 0;
+    }
+#endif
     return ((PyDictObject *)d)->ma_version_tag;
 }
 #if defined(__GNUC__)
@@ -634,7 +642,8 @@ memo_holds(const Memo *m, PyObject *v)
         return 0;
     }
     PyObject **dp = _PyObject_GetDictPtr(v);
-    return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version;
+    return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && m->dict_version != 0 &&
+           dict_version(*dp) == m->dict_version;
 }
 
 /* The memos of ATTR loads (class attributes on the class's and metatype's version
@@ -800,7 +809,7 @@ module_hasattr_memo(Instr *in, PyObject *v)
     memset(st, 0, sizeof(StoreMemo));
     for (int i = 0; i < 3 && own == NULL && !PyErr_Occurred(); i++) {
         PyObject *t = PyDict_GetItemWithError(d, s_stores[i]);
-        if (t != NULL && !PyDict_CheckExact(t)) {
+        if (t != NULL && (!PyDict_CheckExact(t) || dict_version(t) == 0)) {
             return ok;
         }
         st->table[i] = t;
