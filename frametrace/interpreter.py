@@ -208,7 +208,7 @@ class InstructionTranslator:
     def _note_break(self, e: Unsupported):
         # Innermost frame first to be seen; each caller goes in front of it.
         e.user_stack.insert(0, frame_summary(self.code, self.lineno))
-        if self.parent is None:
+        if self.parent is None and not e.whole_frame:
             e.break_index = self.ip - 1
 
     def user_location(self):
@@ -277,9 +277,14 @@ class InstructionTranslator:
         variables in CPython's order (the slots of the frame).  A resume frame answers
         with its original's names: its ___stackN/___resultN parameters are ours.
         3.13 (PEP 667) answers a FrameLocalsProxy instead, a view that writes through
-        to the frame and is no dict: not traced (a break; CPython makes it)."""
+        to the frame and is no dict: not traced.  In an inlined call, the call breaks
+        (CPython runs the function); in the frame being compiled, the frame runs in
+        CPython: a break there would call locals() in the transformed code, whose
+        temporaries are locals too."""
         if PY313:
-            unsupported("locals() is a FrameLocalsProxy (PEP 667)")
+            e = Unsupported("locals() is a FrameLocalsProxy (PEP 667)")
+            e.whole_frame = self.parent is None
+            raise e
         code = original_code(self.code)
         names = list(code.co_varnames)
         names += [n for n in code.co_cellvars if n not in names]
