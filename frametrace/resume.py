@@ -503,6 +503,7 @@ def cells_to_store(tracer) -> list[str]:
 # `statement_rest`): load constants and locals, format, and call these builtins.
 _REST_CALLEES = (print, round, str, repr, format, float, int, abs, bool)
 _REST_OPS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_FAST_CHECK", "PUSH_NULL", "PRECALL", "CALL", "KW_NAMES",
+                       "CALL_KW",
                        "FORMAT_VALUE", "CONVERT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC",
                        "BUILD_STRING", "BUILD_TUPLE", "POP_TOP"})
 
@@ -548,14 +549,15 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
             stack.append(new)
         elif name == "PUSH_NULL":
             stack.append(new_null)
-        elif name == "CALL":
-            if len(stack) < i.arg + 2:
+        elif name in ("CALL", "CALL_KW"):
+            names = name == "CALL_KW"           # (3.13: the keywords' names on top)
+            if len(stack) < i.arg + 2 + names:
                 break
-            fn, head = call_slots(stack[-i.arg - 2], stack[-i.arg - 1])
+            fn, head = call_slots(stack[-i.arg - 2 - names], stack[-i.arg - 1 - names])
             if not (head is NULL or head is new_null) or not isinstance(fn, BuiltinVar) or \
                     not any(fn.value is f for f in _REST_CALLEES):
                 break
-            pop(i.arg + 2)
+            pop(i.arg + 2 + names)
             stack.append(new)
         elif name in ("FORMAT_VALUE", "CONVERT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
             k = 2 if name == "FORMAT_WITH_SPEC" or name == "FORMAT_VALUE" and i.arg & 0x04 else 1
@@ -571,11 +573,11 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
         elif name == "POP_TOP":
             pop(1)
         offsets.append(i.offset)
-        if name in ("CALL", "POP_TOP"):
+        if name in ("CALL", "CALL_KW", "POP_TOP"):
             best = (list(offsets), low, len(stack) - low, i.offset)
         if name == "POP_TOP":
             break                          # (the statement's end)
-    if best is None or not any(tracer.instructions[tracer.index_of[o]].opname == "CALL"
+    if best is None or not any(tracer.instructions[tracer.index_of[o]].opname in ("CALL", "CALL_KW")
                                for o in best[0]):
         return None
     rest = _Rest()
