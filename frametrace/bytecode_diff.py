@@ -183,7 +183,7 @@ def _runs(listing):
 # Instructions that say nothing by themselves: two equal runs of only these are no
 # evidence that the two listings do the same thing there (a CALL 1 of one call beside
 # the CALL 1 of another).
-_GENERIC = {"CALL", "PRECALL", "POP_TOP", "PUSH_NULL", "NOP", "COPY", "SWAP", "KW_NAMES",
+_GENERIC = {"CALL", "PRECALL", "POP_TOP", "PUSH_NULL", "NOP", "COPY", "SWAP", "KW_NAMES", "TO_BOOL",
             "RETURN_VALUE", "CACHE", "EXTENDED_ARG"}
 
 

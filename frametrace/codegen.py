@@ -3,7 +3,8 @@
 A transformed code object takes every argument slot of the original frame as a plain
 positional parameter (the C hook passes them straight from the frame), keeps the
 original's cells and free variables, calls the compiled graph, and rebuilds the
-return value.  Differences between 3.11 and 3.12 are in `CodeGen`'s emitters only.
+return value.  Differences between 3.11, 3.12 and 3.13 are in `CodeGen`'s emitters only
+(and `call_slots`, what a call's two slots under its arguments hold).
 """
 from __future__ import annotations
 
@@ -21,7 +22,24 @@ from . import _C
 from .source import AttrSource, GetItemSource
 
 PY312 = sys.version_info >= (3, 12)
+PY313 = sys.version_info >= (3, 13)
 _NO_ARG = object()
+
+
+def call_slots(below, above):
+    """(callable, NULL) from the two stack slots under a plain call's arguments:
+    [NULL, callable] up to 3.12, [callable, NULL] from 3.13."""
+    return (below, above) if PY313 else (above, below)
+
+
+def truth_jump(name, label, **where) -> list:
+    """A POP_JUMP_IF_FALSE/TRUE (or 3.11's directed one) on the truth of the value on
+    top.  3.13's jumps read only an exact bool (anything else counts as true): TO_BOOL
+    first, which leaves a bool as it is."""
+    jump = Instr(name, label, **where)
+    if PY313 and ("IF_FALSE" in name or "IF_TRUE" in name):
+        return [Instr("TO_BOOL", **where), jump]
+    return [jump]
 
 
 def _chain_length(source) -> int:
@@ -106,10 +124,12 @@ class CodeGen:
         self.emit("LOAD_DEREF", FreeVar(name) if name in self.freevars else CellVar(name))
 
     def load_closure(self, name):
+        # (3.13 loads the cell with LOAD_FAST: LOAD_CLOSURE is only the compiler's)
+        op = "LOAD_FAST" if PY313 else "LOAD_CLOSURE"
         if name in self.cellvars:
-            self.emit("LOAD_CLOSURE", CellVar(name))
+            self.emit(op, CellVar(name))
         elif name in self.freevars:
-            self.emit("LOAD_CLOSURE", FreeVar(name))
+            self.emit(op, FreeVar(name))
         else:
             raise Unsupported(f"closure over {name!r}, which is not a cell of the frame")
 
@@ -133,30 +153,51 @@ class CodeGen:
             self.emit("PRECALL", nargs)
         self.emit("CALL", nargs)
 
+    def push_callable(self, emit_callable):
+        """Push what `emit_callable` pushes, a callable, with the NULL a plain CALL
+        expects beside it: below it up to 3.12, above it from 3.13."""
+        if not PY313:
+            self.emit("PUSH_NULL")
+        emit_callable(self)
+        if PY313:
+            self.emit("PUSH_NULL")
+
     def jump_if(self, name, label):
         """A conditional jump `name` (the original's POP_JUMP_*) to a label emitted
         later: 3.11 spells the direction in the opcode, and ours points forward."""
         if not PY312:
             name = name.replace("_BACKWARD_", "_FORWARD_")
-        self.instrs.append(Instr(name, label, **self._where()))
+        self.instrs.extend(truth_jump(name, label, **self._where()))
+
+    def make_function(self, flags):
+        """MAKE_FUNCTION over the code on top and, under it, the parts `flags` names
+        (defaults 0x01, kwdefaults 0x02, closure 0x08, pushed in that order).  3.13
+        sets each part with its own SET_FUNCTION_ATTRIBUTE, the last pushed first."""
+        if not PY313:
+            self.emit("MAKE_FUNCTION", flags)
+            return
+        self.emit("MAKE_FUNCTION")
+        for bit in (0x08, 0x04, 0x02, 0x01):
+            if flags & bit:
+                self.emit("SET_FUNCTION_ATTRIBUTE", bit)
 
     def store_attr(self, name):
         self.emit("STORE_ATTR", name)
 
     def call_kw(self, nargs, names: tuple):
         """CALL with the last len(names) arguments passed by keyword."""
+        if names and PY313:
+            self.load_const(names)
+            self.emit("CALL_KW", nargs)
+            return
         if names:
-            if PY312:
-                self.emit("KW_NAMES", names)
-            else:
-                self.emit("KW_NAMES", names)
+            self.emit("KW_NAMES", names)
         self.call(nargs)
 
     def load_constructor(self, cls):
-        """Push NULL and `cls` for a call that rebuilds an output: it runs unhooked,
+        """Push `cls` and its NULL for a call that rebuilds an output: it runs unhooked,
         since constructing the result is CPython's work, not code to compile."""
-        self.emit("PUSH_NULL")
-        self.load_const(_C.Unhooked(cls))
+        self.push_callable(lambda cg: cg.load_const(_C.Unhooked(cls)))
 
     def set_grad_mode(self, mode: bool):
         """torch._C._set_grad_enabled(mode), explicitly: the graph's grad-mode nodes may
@@ -181,8 +222,7 @@ class CodeGen:
 
     def call_const(self, fn, arg_emitters):
         """Call the object `fn` (held as a constant) on the values the emitters push."""
-        self.emit("PUSH_NULL")
-        self.load_const(fn)
+        self.push_callable(lambda cg: cg.load_const(fn))
         for emit in arg_emitters:
             emit(self)
         self.call(len(arg_emitters))
@@ -226,8 +266,7 @@ class CodeGen:
             try_begin = TryBegin(handler, push_lasti=False, stack_depth=0)
             self.instrs.append(try_begin)
         self.hold_shared_prefixes(input_sources)
-        self.emit("PUSH_NULL")
-        self.load_const(slot)
+        self.push_callable(lambda cg: cg.load_const(slot))
         for source in input_sources:
             self.load_source(source)
         # (only for these loads: code after the graph call may see stores it replays)
@@ -263,14 +302,14 @@ class CodeGen:
         rerun, reraise = Label(), Label()
         self.load_const(Exception)
         self.emit("CHECK_EXC_MATCH")
-        self.instrs.append(Instr("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE",
-                                 reraise, lineno=self.lineno))
+        self.instrs.extend(truth_jump("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE",
+                                      reraise, lineno=self.lineno))
         # (the stack holds the exception under the callable and its NULL)
         self.call_const(graph_errors_rerun, [
             lambda cg: cg.emit("COPY", 3), lambda cg: cg.load_const(code),
             lambda cg: cg.emit("LOAD_FAST", "___rerun_state") if saved else cg.load_const(None)])
-        self.instrs.append(Instr("POP_JUMP_IF_TRUE" if PY312 else "POP_JUMP_FORWARD_IF_TRUE",
-                                 rerun, lineno=self.lineno))
+        self.instrs.extend(truth_jump("POP_JUMP_IF_TRUE" if PY312 else "POP_JUMP_FORWARD_IF_TRUE",
+                                      rerun, lineno=self.lineno))
         self.instrs.append(reraise)
         self.set_grad_mode(grad)
         self.emit("RERAISE", 0)
@@ -282,7 +321,7 @@ class CodeGen:
                 cg.load_const(None)
                 return
             for name in code.co_freevars:
-                cg.emit("LOAD_CLOSURE", FreeVar(name))
+                cg.load_closure(name)
             cg.build(tuple, len(code.co_freevars))
 
         def args(cg):
@@ -308,8 +347,7 @@ class CodeGen:
         self.instrs.append(TryEnd(begin))
         self.emit("RETURN_VALUE")
         self.instrs.append(hide)
-        self.emit("PUSH_NULL")
-        self.load_const(hide_own_entries)
+        self.push_callable(lambda cg: cg.load_const(hide_own_entries))
         self.emit("COPY", 3)
         self.call(1)
         self.emit("POP_TOP")

@@ -25,6 +25,8 @@ class Unsupported(RuntimeError):
         # Index of the root frame's instruction that could not be traced (where the
         # frame can break its graph), set by the interpreter.
         self.break_index: int | None = None
+        # No break can stand for it in the root frame: that frame runs in CPython.
+        self.whole_frame = False
         super().__init__(reason)
 
     def __str__(self) -> str:

@@ -3,8 +3,8 @@
 It runs a frame's bytecode the way ceval.c does, but over Vars: torch operations go
 into the FX graph (through `OutputGraph.call`), Python logic on values known at trace
 time is evaluated now and guarded, and anything else raises Unsupported.  Every opcode
-has one handler, a method named after it; the few differences between 3.11 and 3.12
-live in the table at the end of this file.
+has one handler, a method named after it; the differences between 3.11, 3.12 and 3.13
+(and what 3.14 will change) are listed at the end of this file.
 """
 from __future__ import annotations
 
@@ -41,10 +41,12 @@ from .variables.operators import binary_op, contains, delete_list_item, is_none,
 from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
 from .variables.stdlib import DequeVar
 from .variables.subclasses import container_format
-from .variables.symbolic import lazily_formatted, lazily_joined
+from .variables.symbolic import FormattedVar, lazily_formatted, lazily_joined
 from . import subgraph
 
 PY312 = sys.version_info >= (3, 12)
+# 3.13 pushes the NULL of a call above the callable, not below it (see the end of the file).
+PY313 = sys.version_info >= (3, 13)
 # Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
 _BINARY_OPS = {
     "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
@@ -206,7 +208,7 @@ class InstructionTranslator:
     def _note_break(self, e: Unsupported):
         # Innermost frame first to be seen; each caller goes in front of it.
         e.user_stack.insert(0, frame_summary(self.code, self.lineno))
-        if self.parent is None:
+        if self.parent is None and not e.whole_frame:
             e.break_index = self.ip - 1
 
     def user_location(self):
@@ -273,7 +275,16 @@ class InstructionTranslator:
     def frame_locals(self) -> Var:
         """What locals() returns here: a new dict of the bound locals, cells and free
         variables in CPython's order (the slots of the frame).  A resume frame answers
-        with its original's names: its ___stackN/___resultN parameters are ours."""
+        with its original's names: its ___stackN/___resultN parameters are ours.
+        3.13 (PEP 667) answers a FrameLocalsProxy instead, a view that writes through
+        to the frame and is no dict: not traced.  In an inlined call, the call breaks
+        (CPython runs the function); in the frame being compiled, the frame runs in
+        CPython: a break there would call locals() in the transformed code, whose
+        temporaries are locals too."""
+        if PY313:
+            e = Unsupported("locals() is a FrameLocalsProxy (PEP 667)")
+            e.whole_frame = self.parent is None
+            raise e
         code = original_code(self.code)
         names = list(code.co_varnames)
         names += [n for n in code.co_cellvars if n not in names]
@@ -321,9 +332,32 @@ class InstructionTranslator:
         self.return_value = ConstVar(inst.argval)
 
     def LOAD_FAST(self, inst):
-        self.push(self._local(inst.argval))
+        self.push(self._load_fast(inst.argval))
+
+    def _load_fast(self, name):
+        if PY313 and name in self.cells and name not in self.locals:
+            # 3.13 loads a cell for a closure with LOAD_FAST (LOAD_CLOSURE is gone)
+            return CellRefVar(self.cells[name])
+        return self._local(name)
 
     LOAD_FAST_CHECK = LOAD_FAST
+
+    # 3.13's superinstructions: argval is the pair of names, the first one's slot in
+    # the high bits (STORE_FAST_STORE_FAST stores the top of the stack to it).
+    def LOAD_FAST_LOAD_FAST(self, inst):
+        first, second = inst.argval
+        self.push(self._load_fast(first))
+        self.push(self._load_fast(second))
+
+    def STORE_FAST_STORE_FAST(self, inst):
+        first, second = inst.argval
+        self._store_fast(first, self.pop())
+        self._store_fast(second, self.pop())
+
+    def STORE_FAST_LOAD_FAST(self, inst):
+        store, load = inst.argval
+        self._store_fast(store, self.pop())
+        self.push(self._load_fast(load))
 
     def LOAD_FAST_AND_CLEAR(self, inst):
         # 3.12 inlined comprehensions save the outer binding and restore it after.
@@ -331,11 +365,13 @@ class InstructionTranslator:
         self.push(NULL if v is None else self.realize(v))
 
     def STORE_FAST(self, inst):
-        v = self.pop()
+        self._store_fast(inst.argval, self.pop())
+
+    def _store_fast(self, name, v):
         if v is NULL:
-            self.locals.pop(inst.argval, None)
+            self.locals.pop(name, None)
         else:
-            self.locals[inst.argval] = v
+            self.locals[name] = v
 
     def DELETE_FAST(self, inst):
         self.locals.pop(inst.argval, None)
@@ -385,8 +421,13 @@ class InstructionTranslator:
 
     def LOAD_GLOBAL(self, inst):
         name = inst.argval
-        if inst.arg & 1:
+        if inst.arg & 1 and not PY313:
             self.push(NULL)
+        self._load_global(name)
+        if inst.arg & 1 and PY313:
+            self.push(NULL)
+
+    def _load_global(self, name):
         written = self.side_effects.load_global(self.f_globals, name)
         if written is not None:
             self.push(written)
@@ -407,24 +448,53 @@ class InstructionTranslator:
 
     def MAKE_FUNCTION(self, inst):
         code = self.pop().as_const()
+        if PY313:
+            # (3.13: the parts come after, one SET_FUNCTION_ATTRIBUTE each)
+            self.push(self._function(code, [], {}, []))
+            return
         flags = inst.arg
         cells = [ref.cell for ref in self.pop().items] if flags & 0x08 else []
         annotations = self.pop().unpack(self) if flags & 0x04 else None
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
         # Defaults all constants are one folded constant tuple (LOAD_CONST (None,)).
         defaults = self.pop().unpack(self) if flags & 0x01 else []
+        self.push(self._function(code, defaults, kwdefaults, cells, annotations))
+
+    def SET_FUNCTION_ATTRIBUTE(self, inst):  # 3.13
+        fn = self.pop()
+        value = self.pop()
+        if not isinstance(fn, NestedFunctionVar) or set(fn.attrs) - {"__annotations__"}:
+            unsupported(f"setting function attribute {inst.arg:#x} of {fn}")
+        defaults, kwdefaults, cells = fn.defaults, fn.kwdefaults, fn.cells
+        annotations = fn.attrs.get("__annotations__")
+        if inst.arg == 0x08:
+            cells = [ref.cell for ref in value.items]
+        elif inst.arg == 0x02:
+            kwdefaults = dict(value.items)
+        elif inst.arg == 0x01:
+            defaults = value.unpack(self)
+        elif inst.arg == 0x04:
+            annotations = value.unpack(self)
+        else:
+            unsupported(f"function attribute {inst.arg:#x}")
+        # (the function is still only on the stack: a new Var for it is the same object)
+        self.push(self._function(fn.code, defaults, kwdefaults, cells, annotations))
+
+    def _function(self, code, defaults, kwdefaults, cells, annotations=None):
         root_cells = self.root.cells
         root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
         fn = NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
                                code.co_qualname, in_root=self.parent is None,
                                root_names=root_names,
                                same_globals=self.f_globals is self.root.f_globals)
-        if annotations is not None:
+        if isinstance(annotations, DictVar):
+            fn.attrs["__annotations__"] = annotations
+        elif annotations is not None:
             # (name, value, name, value ...): its __annotations__, set again on the
             # function the transformed code makes
             fn.attrs["__annotations__"] = DictVar({annotations[i].as_const(): annotations[i + 1]
                                                    for i in range(0, len(annotations), 2)})
-        self.push(fn)
+        return fn
 
     # ------------------------------------------------------------ inlining
     def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:
@@ -465,9 +535,12 @@ class InstructionTranslator:
 
     def LOAD_ATTR(self, inst):
         obj = self.pop()
-        if PY312 and inst.arg & 1:
+        # (a method is pushed bound, with the NULL a plain call has)
+        if PY312 and not PY313 and inst.arg & 1:
             self.push(NULL)
         self.push(self._getattr(obj, inst.argval))
+        if PY313 and inst.arg & 1:
+            self.push(NULL)
 
     def STORE_ATTR(self, inst):
         obj = self.pop()
@@ -479,9 +552,11 @@ class InstructionTranslator:
         cls = self.pop()
         self.pop()                                      # the global `super`
         attr = SuperVar(cls, obj).getattr(self, inst.argval)
-        if inst.arg & 1:
+        if inst.arg & 1 and not PY313:
             self.push(NULL)
         self.push(attr)
+        if inst.arg & 1 and PY313:
+            self.push(NULL)
 
     def zero_arg_super(self):
         """super() inside a method: the __class__ cell and the first argument."""
@@ -508,14 +583,26 @@ class InstructionTranslator:
         self.kw_names = self.code.co_consts[inst.arg]
 
     def CALL(self, inst):
-        args = self.popn(inst.arg)
-        self_or_fn = self.pop()
-        fn_or_null = self.pop()
-        if fn_or_null is NULL:
-            fn = self_or_fn
-        else:
-            fn, args = fn_or_null, [self_or_fn, *args]
         kw, self.kw_names = self.kw_names, ()
+        self._call(inst.arg, kw)
+
+    def CALL_KW(self, inst):  # 3.13: the names are a constant tuple on the stack
+        names = self.pop()
+        if not names.is_const():
+            unsupported(f"keyword names {names}")
+        self._call(inst.arg, names.as_const())
+
+    def _call(self, nargs, kw):
+        args = self.popn(nargs)
+        upper = self.pop()
+        lower = self.pop()
+        # [NULL, fn] up to 3.12, [fn, NULL] from 3.13; [method, self] on both.
+        if lower is NULL:
+            fn = upper
+        elif upper is NULL:
+            fn = lower
+        else:
+            fn, args = lower, [upper, *args]
         kwargs = {}
         if kw:
             kwargs = dict(zip(kw, args[-len(kw):]))
@@ -525,8 +612,12 @@ class InstructionTranslator:
     def CALL_FUNCTION_EX(self, inst):
         kwargs = self.pop() if inst.arg & 1 else None
         args = self.pop()
-        fn = self.pop()
-        null = self.pop()
+        if PY313:
+            null = self.pop()
+            fn = self.pop()
+        else:
+            fn = self.pop()
+            null = self.pop()
         if null is not NULL:
             unsupported("CALL_FUNCTION_EX without NULL")
         kw = {}
@@ -541,6 +632,8 @@ class InstructionTranslator:
         b = self.pop()
         a = self.pop()
         symbol = dis._nb_ops[inst.arg][1]
+        if symbol not in _BINARY_OPS:
+            unsupported(f"binary operator {symbol}")
         self.push(binary_op(self, _BINARY_OPS[symbol], a, b))
 
     def COMPARE_OP(self, inst):
@@ -570,6 +663,13 @@ class InstructionTranslator:
 
     def UNARY_NOT(self, inst):
         self.push(ConstVar(not self.pop().truth(self)))
+
+    def TO_BOOL(self, inst):  # 3.13
+        # What it pushes is only ever read by the next instruction (a conditional
+        # jump, or UNARY_NOT), which takes the truth of the value it is given: the
+        # value stays, its truth is taken once, there.  (codegen's jumps emit TO_BOOL
+        # again where CPython runs that instruction at a break.)
+        pass
 
     # ------------------------------------------------------------ subscripts
     def BINARY_SUBSCR(self, inst):
@@ -712,26 +812,46 @@ class InstructionTranslator:
         self.push(ListVar(middle))
         self.stack.extend(reversed(items[:before]))
 
-    def FORMAT_VALUE(self, inst):
+    def FORMAT_VALUE(self, inst):  # 3.11, 3.12
         spec = self.pop().as_const() if inst.arg & 0x04 else ""
         value = self.pop()
-        if isinstance(value, ExceptionVar) and inst.arg & 0x03 in (0, 1) and not inst.arg & 0x04:
+        self.push(self._format(value, inst.arg & 0x03, spec))
+
+    # 3.13 splits FORMAT_VALUE: CONVERT_VALUE (str, repr, ascii), then FORMAT_SIMPLE or
+    # FORMAT_WITH_SPEC.  A converted value is a str, formatted with '' as itself.
+    def CONVERT_VALUE(self, inst):
+        self.push(self._format(self.pop(), inst.arg, ""))
+
+    def FORMAT_SIMPLE(self, inst):
+        value = self.pop()
+        self.push(value if isinstance(value, FormattedVar) else self._format(value, 0, ""))
+
+    def FORMAT_WITH_SPEC(self, inst):
+        spec = self.pop().as_const()
+        value = self.pop()
+        if isinstance(value, FormattedVar) and len(value.pieces) == 1 and \
+                not isinstance(value.pieces[0], str) and value.pieces[0][2] == "":
+            # format(conv(x), spec), as 3.12's FORMAT_VALUE makes it in one piece
+            number, conv, _ = value.pieces[0]
+            self.push(FormattedVar([(number, conv, spec)]))
+            return
+        self.push(self._format(value, 0, spec))
+
+    def _format(self, value, conv, spec):
+        if isinstance(value, ExceptionVar) and conv in (0, 1) and not spec:
             value = value.format_of(self)
-        conv = inst.arg & 0x03
         lazy = lazily_formatted(value, conv, spec)
         if lazy is not None:
-            self.push(lazy)
-            return
+            return lazy
         if not value.is_const():
             text = container_format(self, value, "repr" if conv == 2 else "str") \
                 if conv != 3 and not spec else None
             if text is None:
                 unsupported(f"formatting {value} into a string")
-            self.push(ConstVar(text))
-            return
+            return ConstVar(text)
         v = value.as_const()
         v = {0: v, 1: str(v) if conv == 1 else v, 2: repr(v), 3: ascii(v)}[conv] if conv else v
-        self.push(ConstVar(format(v, spec)))
+        return ConstVar(format(v, spec))
 
     # ------------------------------------------------------------ control flow
     def JUMP_FORWARD(self, inst):
@@ -792,12 +912,14 @@ class InstructionTranslator:
             return
         self.pop()
         self.jump(inst)
-        # 3.12 jumps to END_FOR and skips it.
+        # 3.12 jumps to END_FOR and skips it; 3.13 skips END_FOR and the POP_TOP after.
         if PY312 and self.instructions[self.ip].opname == "END_FOR":
             self.ip += 1
+            if PY313 and self.instructions[self.ip].opname == "POP_TOP":
+                self.ip += 1
 
-    def END_FOR(self, inst):  # 3.12
-        self.popn(2)
+    def END_FOR(self, inst):  # 3.12 (two values); 3.13 (one, a POP_TOP follows)
+        self.popn(1 if PY313 else 2)
 
     def IMPORT_NAME(self, inst):
         fromlist = self.pop().as_const()
@@ -1012,6 +1134,40 @@ def _cell_full(cell) -> bool:
         return False
     return True
 
+
+# --------------------------------------------------------------------------- versions
+# What differs between the versions, by opcode (the handlers above test PY312/PY313):
+#
+# 3.11: PRECALL before CALL, KW_NAMES before it; LOAD_METHOD; jumps spelt with a
+#   direction (mapped below); JUMP_IF_*_OR_POP; LIST_TO_TUPLE.
+# 3.12: [NULL, callable] under a call's arguments (LOAD_GLOBAL, LOAD_ATTR's low bit,
+#   LOAD_SUPER_ATTR push the NULL first); END_FOR pops two; BINARY_SLICE, STORE_SLICE,
+#   RETURN_CONST, LOAD_FAST_AND_CLEAR (inlined comprehensions), CALL_INTRINSIC_1/2,
+#   END_SEND, CLEANUP_THROW.
+# 3.13: [callable, NULL]: the NULL goes above (LOAD_GLOBAL, LOAD_ATTR, LOAD_SUPER_ATTR,
+#   PUSH_NULL after the callable; CALL and CALL_FUNCTION_EX read it there);
+#   CALL_KW (the names a constant on the stack) replaces KW_NAMES;
+#   LOAD_FAST_LOAD_FAST, STORE_FAST_STORE_FAST, STORE_FAST_LOAD_FAST (pairs of names);
+#   TO_BOOL before conditional jumps and UNARY_NOT, which need an exact bool (COMPARE_OP's
+#   bit 16 makes its result a bool; argval stays the operator); CONVERT_VALUE,
+#   FORMAT_SIMPLE, FORMAT_WITH_SPEC replace FORMAT_VALUE; MAKE_FUNCTION takes only the
+#   code, SET_FUNCTION_ATTRIBUTE sets defaults, kwdefaults, annotations, closure;
+#   FOR_ITER's exit skips END_FOR and the POP_TOP after it (END_FOR pops one);
+#   locals() is a FrameLocalsProxy in a function (PEP 667): frame_locals breaks.
+# 3.14 (not supported: the C hook refuses to build, see _C/evalframe.c):
+#   frames hold _PyStackRef (tagged) slots, not PyObject*, so the hook cannot pass them
+#   to a vectorcall as they are; LOAD_SMALL_INT (small ints no longer LOAD_CONST);
+#   LOAD_FAST_BORROW / LOAD_FAST_BORROW_LOAD_FAST_BORROW (LOAD_FAST for our purposes);
+#   LOAD_SPECIAL (__enter__/__exit__ looked up as methods) replaces BEFORE_WITH, and
+#   WITH_EXCEPT_START finds exit function and self under the exception;
+#   BINARY_SUBSCR becomes BINARY_OP with NB_SUBSCR; RETURN_CONST and BUILD_CONST_KEY_MAP
+#   are gone (LOAD_CONST + RETURN_VALUE, BUILD_MAP); CALL_FUNCTION_EX always takes a
+#   kwargs slot (NULL when none); LOAD_CONST_IMMORTAL/LOAD_CONST_MORTAL in the
+#   specialized forms; POP_ITER ends a for loop; annotations are lazy (__annotate__,
+#   SET_FUNCTION_ATTRIBUTE 0x10).  The hook refusing 3.14, none of this runs there; the
+#   handlers that would misread a 3.14 stack (CALL_FUNCTION_EX, WITH_EXCEPT_START,
+#   BINARY_OP's new operator) are what the port must change, and a new opcode has no
+#   handler: an Unsupported, the frame runs in CPython.
 
 # --------------------------------------------------------------------------- dispatch
 # One handler per opcode name.  3.11 spells its conditional jumps with a direction;

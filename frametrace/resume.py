@@ -20,6 +20,7 @@ from bytecode import (Bytecode, CellVar, CompilerFlags, ConcreteBytecode, FreeVa
 
 from . import _C, config
 from .bytecode_analysis import handler_for
+from .codegen import call_slots, truth_jump
 from .resume_codes import (_opaque, _origin, _private, opaque_locals,  # noqa: F401  (read from here)
                            original_code, original_position, private_lists)
 from .variables.lazy import Lazy
@@ -33,6 +34,7 @@ from .variables.functions import PartialVar
 from .variables.symbolic import SymNodeVar
 
 PY312 = sys.version_info >= (3, 12)
+PY313 = sys.version_info >= (3, 13)
 
 _PROLOGUE = {"COPY_FREE_VARS", "MAKE_CELL", "RESUME"}
 
@@ -81,11 +83,30 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     body.insert(index, label)
     cells = set(code.co_cellvars)
     origins = {}        # id(new Instr) -> the original's Instr it stands for
-    for i, ins in enumerate(body):
-        if isinstance(ins, Instr) and isinstance(ins.arg, CellVar) and ins.arg.name in cells:
-            body[i] = Instr(ins.name, FreeVar(ins.arg.name), location=ins.location)
-            origins[id(body[i])] = ins
-    body, extra_stack = _explicit_super(body, code, origins)
+    renamed = []
+    for ins in body:
+        if not isinstance(ins, Instr):
+            renamed.append(ins)
+        elif ins.name in _SUPERINSTRUCTIONS:
+            # 3.13's pairs hold two slots of 4 bits each: the resume code numbers its
+            # locals anew, so each pair is split into its two instructions.
+            first, second = _SUPERINSTRUCTIONS[ins.name]
+            for name, arg in ((first, ins.arg[0]), (second, ins.arg[1])):
+                if arg in cells:
+                    unsupported(f"{ins.name} of a cell")     # (3.13's compiler makes none)
+                renamed.append(Instr(name, arg, location=ins.location))
+                origins[id(renamed[-1])] = ins
+        elif isinstance(ins.arg, CellVar) and ins.arg.name in cells:
+            renamed.append(Instr(ins.name, FreeVar(ins.arg.name), location=ins.location))
+            origins[id(renamed[-1])] = ins
+        elif PY313 and ins.name == "LOAD_FAST" and ins.arg in cells:
+            # 3.13 loads the cell of an argument that is a cell by its name (bytecode
+            # gives it as a plain local): a free variable here too.
+            renamed.append(Instr("LOAD_FAST", FreeVar(ins.arg), location=ins.location))
+            origins[id(renamed[-1])] = ins
+        else:
+            renamed.append(ins)
+    body, extra_stack = _explicit_super(renamed, code, origins)
 
     freevars = list(code.co_cellvars) + list(code.co_freevars)
     new = Bytecode()
@@ -148,6 +169,12 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
     return result
 
 
+# 3.13's instructions on two locals, and the two instructions each stands for.
+_SUPERINSTRUCTIONS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
+                      "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST"),
+                      "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST")}
+
+
 def _explicit_super(body, code, origins):
     """Zero-argument super() reads the frame's first local slot, which in a resume code
     is not the original's first argument when that argument is a cell (a closure
@@ -175,7 +202,8 @@ def _explicit_super(body, code, origins):
             if following is not None:
                 # A break at the explicit call continues where the original's would.
                 origins[id(jump)] = origins.get(id(following), following)
-            out += [I("COPY", 1), I("LOAD_CONST", super), I("IS_OP", 0),
+            # (3.13: `super` is under its NULL)
+            out += [I("COPY", 2 if PY313 else 1), I("LOAD_CONST", super), I("IS_OP", 0),
                     I("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE", plain),
                     I("LOAD_DEREF", FreeVar("__class__")), I("LOAD_DEREF", FreeVar(first)),
                     *([] if PY312 else [I("PRECALL", 2)]), I("CALL", 2), jump, plain, *call, done]
@@ -217,7 +245,8 @@ def _live_iterator(kind: str, line) -> list:
         top, end = Label(), Label()
         method, call = _method_call("__next__", 0, line)
         return out + [I("GET_ITER"), I("SWAP", 2), top, I("COPY", 1),
-                      I("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE", end),
+                      *truth_jump("POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE", end,
+                                  lineno=line),
                       I("SWAP", 2), I("COPY", 1), *method, *call, I("POP_TOP"), I("SWAP", 2),
                       I("LOAD_CONST", 1), I("BINARY_OP", 10), I("JUMP_BACKWARD", top), end,
                       I("POP_TOP")]
@@ -305,6 +334,8 @@ def _consumed(inst) -> int | None:
     name = inst.opname
     if name == "CALL":
         return inst.arg + 2
+    if name == "CALL_KW":
+        return inst.arg + 3                     # (the names above the arguments)
     if name == "CALL_FUNCTION_EX":
         return 3 + (inst.arg & 1)
     if name.startswith("POP_JUMP") and ("IF_FALSE" in name or "IF_TRUE" in name):
@@ -313,8 +344,11 @@ def _consumed(inst) -> int | None:
         return 2
     if name == "STORE_SUBSCR":
         return 3
-    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "GET_ITER", "BEFORE_WITH"):
+    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "GET_ITER", "BEFORE_WITH",
+                "TO_BOOL", "CONVERT_VALUE", "FORMAT_SIMPLE"):
         return 1
+    if name == "FORMAT_WITH_SPEC":
+        return 2
     if name == "STORE_ATTR":
         return 2
     if name == "FORMAT_VALUE":
@@ -469,7 +503,9 @@ def cells_to_store(tracer) -> list[str]:
 # `statement_rest`): load constants and locals, format, and call these builtins.
 _REST_CALLEES = (print, round, str, repr, format, float, int, abs, bool)
 _REST_OPS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_FAST_CHECK", "PUSH_NULL", "PRECALL", "CALL", "KW_NAMES",
-                       "FORMAT_VALUE", "BUILD_STRING", "BUILD_TUPLE", "POP_TOP"})
+                       "CALL_KW",
+                       "FORMAT_VALUE", "CONVERT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC",
+                       "BUILD_STRING", "BUILD_TUPLE", "POP_TOP"})
 
 
 class _Rest:
@@ -513,17 +549,18 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
             stack.append(new)
         elif name == "PUSH_NULL":
             stack.append(new_null)
-        elif name == "CALL":
-            if len(stack) < i.arg + 2:
+        elif name in ("CALL", "CALL_KW"):
+            names = name == "CALL_KW"           # (3.13: the keywords' names on top)
+            if len(stack) < i.arg + 2 + names:
                 break
-            head, fn = stack[-i.arg - 2], stack[-i.arg - 1]
+            fn, head = call_slots(stack[-i.arg - 2 - names], stack[-i.arg - 1 - names])
             if not (head is NULL or head is new_null) or not isinstance(fn, BuiltinVar) or \
                     not any(fn.value is f for f in _REST_CALLEES):
                 break
-            pop(i.arg + 2)
+            pop(i.arg + 2 + names)
             stack.append(new)
-        elif name == "FORMAT_VALUE":
-            k = 2 if i.arg & 0x04 else 1
+        elif name in ("FORMAT_VALUE", "CONVERT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
+            k = 2 if name == "FORMAT_WITH_SPEC" or name == "FORMAT_VALUE" and i.arg & 0x04 else 1
             if len(stack) < k:
                 break
             pop(k)
@@ -536,11 +573,11 @@ def statement_rest(tracer, inst, plan: _BreakPlan):
         elif name == "POP_TOP":
             pop(1)
         offsets.append(i.offset)
-        if name in ("CALL", "POP_TOP"):
+        if name in ("CALL", "CALL_KW", "POP_TOP"):
             best = (list(offsets), low, len(stack) - low, i.offset)
         if name == "POP_TOP":
             break                          # (the statement's end)
-    if best is None or not any(tracer.instructions[tracer.index_of[o]].opname == "CALL"
+    if best is None or not any(tracer.instructions[tracer.index_of[o]].opname in ("CALL", "CALL_KW")
                                for o in best[0]):
         return None
     rest = _Rest()
@@ -662,7 +699,8 @@ def _push_stack(site, rest):
                 cg.emit("PUSH_NULL")
             else:
                 cg.emit("LOAD_FAST", plan.temps[("lower", i)])
-    callee = (1 if plan.top[0] is NULL else 0) if inst.opname in ("CALL", "CALL_FUNCTION_EX") else None
+    callee = (1 if plan.top[0] is NULL else 0) if inst.opname in ("CALL", "CALL_KW", "CALL_FUNCTION_EX") \
+        else None
     for i, v in enumerate(plan.top):
         if v is NULL:
             cg.emit("PUSH_NULL")
@@ -688,6 +726,10 @@ def _run_instruction(site, rest):
     jump_label = Label() if inst.opname.startswith("POP_JUMP") else None
     if jump_label is not None:
         cg.jump_if(original.name, jump_label)
+    elif inst.opname == "UNARY_NOT" and PY313:
+        # (3.13's reads only an exact bool; the trace left its TO_BOOL's operand as it was)
+        cg.emit("TO_BOOL")
+        cg.emit("UNARY_NOT")
     else:
         cg.emit(original.name, original.arg)
     for offset in rest.offsets if rest is not None else ():
@@ -709,8 +751,8 @@ def _run_exits_on_raise(site, protect, exits):
     if inst.opname != "RAISE_VARARGS":      # (which never falls through)
         cg.emit("JUMP_FORWARD", after)
     cg.instrs.append(handler)
-    cg.emit("PUSH_NULL")                   # exit_all(exc, *exits), innermost first
-    cg.load_const(exit_all)
+    # exit_all(exc, *exits), innermost first
+    cg.push_callable(lambda cg: cg.load_const(exit_all))
     cg.emit("COPY", 3)
     for temp in exits:
         cg.emit("LOAD_FAST", temp)
@@ -754,8 +796,7 @@ def _call_resume(cg, site, resume, original, lower, lasti, results):
     (the bound locals it takes first, the stack slots, the handler's lasti, what the
     instruction produced, the other locals)."""
     code, plan = site.code, site.plan
-    cg.emit("PUSH_NULL")
-    _load_function(cg, resume, site.func, code)
+    cg.push_callable(lambda cg: _load_function(cg, resume, site.func, code))
     lead, rest = split_locals(original, plan.bound)
     for name in lead:
         cg.emit("LOAD_FAST", name)
@@ -807,4 +848,4 @@ def _load_function(cg, resume, func, code):
         cg.load_closure(name)
     cg.emit("BUILD_TUPLE", len(freevars))
     cg.load_const(resume)
-    cg.emit("MAKE_FUNCTION", 0x08)
+    cg.make_function(0x08)

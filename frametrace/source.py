@@ -219,8 +219,7 @@ class InstanceDictSource(Source):
         return f"{self.base.name()}.__dict__"
 
     def reconstruct(self, cg):
-        cg.emit("PUSH_NULL")
-        cg.load_const(object.__getattribute__)
+        cg.push_callable(lambda cg: cg.load_const(object.__getattribute__))
         self.base.reconstruct(cg)
         cg.load_const("__dict__")
         cg.call(2)
@@ -340,15 +339,17 @@ class CallMethodSource(Source):
         call = f"{self.base.name()}.{self.method}({args})"
         return f"list({call})" if self.as_list else call
 
+    def _bound_method(self, cg):
+        self.base.reconstruct(cg)
+        cg.load_attr(self.method)
+
     def reconstruct(self, cg):
         def emit_call(cg):
-            cg.emit("PUSH_NULL")
             if self.through is not None:
-                cg.load_const(self.through.obj)
+                cg.push_callable(lambda cg: cg.load_const(self.through.obj))
                 self.base.reconstruct(cg)
             else:
-                self.base.reconstruct(cg)
-                cg.load_attr(self.method)
+                cg.push_callable(self._bound_method)
             for a in self.args:
                 cg.load_const(a.obj if isinstance(a, ConstSource) else a)
             cg.call(len(self.args) + (self.through is not None))

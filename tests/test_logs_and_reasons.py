@@ -165,7 +165,10 @@ CORPUS = [print_in_try, print_tensor, calls_time, calls_random, fstring_of_tenso
 @pytest.mark.parametrize("fn", CORPUS, ids=lambda f: f.__name__)
 def test_break_reasons_name_no_tracer_classes(fn, capsys):
     r = check(fn, [torch.randn(3), torch.randn(3)], graphs=None)
-    assert r.breaks + r.fallbacks >= 1, r
+    # (3.13's logging.getLogger takes its lock in a `with`, which traces: no break there,
+    # where 3.11's tests the lock's truth)
+    whole = fn is logs_a_warning and sys.version_info >= (3, 13)
+    assert r.breaks + r.fallbacks >= 1 or whole and r.graphs == 1, r
     for rec in r.records:
         if rec.reason:
             for text in (rec.reason, getattr(rec, "hint", None) or ""):

@@ -22,6 +22,8 @@ NOT_IN_FUNCTION_BODIES = {
     "SETUP_ANNOTATIONS": "module and class bodies", "IMPORT_STAR": "module bodies (a SyntaxError in a function)",
     "PRINT_EXPR": "the interactive prompt", "INTERPRETER_EXIT": "CPython's own entry frames",
     "RESERVED": "never emitted",
+    "ENTER_EXECUTOR": "3.13's tier-2 executors, patched into the live bytecode (co_code and dis show the original)",
+    "EXIT_INIT_CHECK": "3.13's shim frame of a class call (CALL_ALLOC_AND_ENTER_INIT)",
 }
 # Exception machinery: handled by the exception-table work, not here.
 OWNED_BY_EXCEPTION_HANDLING = {"PUSH_EXC_INFO", "CHECK_EXC_MATCH", "CHECK_EG_MATCH", "RERAISE",

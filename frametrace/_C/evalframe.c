@@ -1,4 +1,4 @@
-/* frametrace's PEP 523 frame-evaluation hook, for CPython 3.11 and 3.12.
+/* frametrace's PEP 523 frame-evaluation hook, for CPython 3.11, 3.12 and 3.13.
  *
  * The hook is installed interpreter-wide only while at least one thread has a
  * callback set (installing it makes CPython stop inlining Python-to-Python
@@ -26,8 +26,11 @@
 #include <pthread.h>
 #endif
 
-#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030D0000
-#error "frametrace's frame hook supports CPython 3.11 and 3.12"
+/* 3.14 stores _PyStackRef (tagged pointers) in localsplus, so passing the slots
+ * straight to a vectorcall is wrong there; refuse until the hook is ported and tested
+ * (frametrace/interpreter.py lists the rest of what 3.14 changes). */
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030E0000
+#error "frametrace's frame hook supports CPython 3.11, 3.12 and 3.13 (3.14 frames hold _PyStackRef slots: not ported yet)"
 #endif
 
 #include "guards.h"
@@ -42,7 +45,14 @@
 #else
 #define FRAME_FUNC(f) ((f)->f_func)
 #endif
+/* 3.13 keeps the code object as f_executable (a strong reference). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define FRAME_CODE(f) ((PyCodeObject *)(f)->f_executable)
+#define FRAME_CODE_FIELD f_executable
+#else
 #define FRAME_CODE(f) ((f)->f_code)
+#define FRAME_CODE_FIELD f_code
+#endif
 
 /* 3.12 renamed the code-extra API (the old names still work, deprecated). */
 #if PY_VERSION_HEX >= 0x030C0000
@@ -56,8 +66,8 @@
 #endif
 
 #if PY_VERSION_HEX >= 0x030C0000
-/* In 3.12 the eval function owns the frame it is given: _PyEval_Vector no
- * longer clears it.  A frame we answer without evaluating must be cleared and
+/* From 3.12 the eval function owns the frame it is given: _PyEval_Vector no
+ * longer clears it (3.13: the same, clear_thread_frame).  A frame we answer without evaluating must be cleared and
  * popped here.  This mirrors CPython's clear_thread_frame for the one case we
  * take: a thread-owned frame that never started and has no frame object. */
 static void
@@ -87,7 +97,7 @@ drop_unrun_frame(PyThreadState *tstate, _PyInterpreterFrame *frame)
     }
     Py_XDECREF(frame->f_locals);
     Py_DECREF(frame->f_funcobj);
-    Py_DECREF(frame->f_code);
+    Py_DECREF(frame->FRAME_CODE_FIELD);
     pop_datastack_frame(tstate, frame);
 }
 #else

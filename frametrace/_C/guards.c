@@ -29,6 +29,25 @@
 #define LOOKUP_ATTR _PyObject_LookupAttr
 #endif
 
+/* 1 when weak reference `ref` still refers to `v` (3.13 deprecates the borrowed
+ * PyWeakref_GET_OBJECT; PyWeakref_GetRef gives a strong reference). */
+static inline int
+weak_refers_to(PyObject *ref, PyObject *v)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target = NULL;
+    if (PyWeakref_GetRef(ref, &target) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = target == v;
+    Py_XDECREF(target);
+    return same;
+#else
+    return PyWeakref_GET_OBJECT(ref) == v;
+#endif
+}
+
 enum {
     /* loads: regs[reg] = ... */
     OP_ARG,             /* args[n] */
@@ -561,16 +580,30 @@ module_hasattr(PyObject *v, PyObject *name, PyObject *module_getattr)
 static inline uint64_t
 dict_version(PyObject *d)
 {
+#if PY_VERSION_HEX >= 0x030D0000
+    /* 3.13: a dict sharing an object's inline values (its __dict__, once read) keeps
+     * its version while attribute stores through the object write those values: no
+     * version to rely on (0, which no memo accepts) until the dict holds its own. */
+    if (((PyDictObject *)d)->ma_values != NULL) {
+        return 0;
+    }
+#endif
     return ((PyDictObject *)d)->ma_version_tag;
 }
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
 
+/* 0 when the type has no valid version.  3.13 no longer sets
+ * Py_TPFLAGS_VALID_VERSION_TAG: a modified type's tag is reset to 0 instead. */
 static inline unsigned int
 type_version(PyTypeObject *tp)
 {
+#if PY_VERSION_HEX >= 0x030D0000
+    return tp->tp_version_tag;
+#else
     return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+#endif
 }
 
 /* The instance dict of `obj` when its attributes are looked up generically (no
@@ -609,7 +642,8 @@ memo_holds(const Memo *m, PyObject *v)
         return 0;
     }
     PyObject **dp = _PyObject_GetDictPtr(v);
-    return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && dict_version(*dp) == m->dict_version;
+    return dp != NULL && *dp != NULL && PyDict_CheckExact(*dp) && m->dict_version != 0 &&
+           dict_version(*dp) == m->dict_version;
 }
 
 /* The memos of ATTR loads (class attributes on the class's and metatype's version
@@ -775,7 +809,7 @@ module_hasattr_memo(Instr *in, PyObject *v)
     memset(st, 0, sizeof(StoreMemo));
     for (int i = 0; i < 3 && own == NULL && !PyErr_Occurred(); i++) {
         PyObject *t = PyDict_GetItemWithError(d, s_stores[i]);
-        if (t != NULL && !PyDict_CheckExact(t)) {
+        if (t != NULL && (!PyDict_CheckExact(t) || dict_version(t) == 0)) {
             return ok;
         }
         st->table[i] = t;
@@ -1048,7 +1082,7 @@ run_check(Instr *in, PyObject **regs)
     case OP_IS:
         return v == in->a;
     case OP_WEAK:
-        return v != Py_None && PyWeakref_GET_OBJECT(in->a) == v;
+        return v != Py_None && weak_refers_to(in->a, v);
     case OP_EQ_ANY:
         return equals(v, in->a);
     case OP_EQ:

@@ -737,10 +737,12 @@ class DictViewVar(Var):
         unsupported(f"dict.{self.kind}().{name}")
 
     def reconstruct(self, cg):
-        cg.emit("PUSH_NULL")
+        cg.push_callable(self._bound_method)
+        cg.call(0)
+
+    def _bound_method(self, cg):
         self.dict.reconstruct(cg)
         cg.load_attr(self.kind)
-        cg.call(0)
 
     def __repr__(self):
         return f"DictViewVar({self.kind})"

@@ -277,7 +277,7 @@ class NestedFunctionVar(Var):
             cg.build(tuple, len(self.code.co_freevars))
             flags |= 0x08
         cg.load_const(self.code)
-        cg.emit("MAKE_FUNCTION", flags)
+        cg.make_function(flags)
         cg.keep_rebuilt(self)
         for name, v in self.attrs.items():
             cg.emit("COPY", 1)
