@@ -41,7 +41,8 @@ def compare(fn, *args, breaks=None):
     want = user_traceback(fn, *args)
     got = user_traceback(frametrace.optimize(fn), *args)
     assert got == want, "\n".join(["CPython:", *want, "compiled:", *got])
-    assert any("^" in e or "~" in e for e in want)      # there are markers to compare
+    # there are markers to compare (3.13 prints none for some lines: then the lines are)
+    assert any("^" in e or "~" in e for e in want) or sys.version_info >= (3, 13)
     return r
 
 
