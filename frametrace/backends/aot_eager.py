@@ -1,5 +1,6 @@
 """`aot_eager`: AOTAutograd traces the joint forward/backward graph and splits it; both
 halves run eagerly.  Gradients through the compiled function match eager's."""
+import operator
 import warnings
 from torch._decomp import core_aten_decompositions
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -55,9 +56,11 @@ def _functionalized(gm, example_inputs):
         return None
     # A write into an input whose elements share memory copies back differently from
     # eager's in-place kernel: no fallback (BackendCompilerFailed, never a wrong value).
-    # Any overlap, not only a zero stride (an as_strided whose rows overlap).
-    if any(isinstance(x, torch.Tensor) and x.layout == torch.strided and overlaps_itself(x)
-           for x in example_inputs):
+    # Any overlap, not only a zero stride (an as_strided whose rows overlap).  A graph
+    # that writes nothing (an expanded input only read: max_unpool's backward, which
+    # AOTAutograd cannot trace over it) has nothing to copy back.
+    if _may_write(gm) and any(isinstance(x, torch.Tensor) and x.layout == torch.strided and
+                              overlaps_itself(x) for x in example_inputs):
         return None
     try:
         fakes = [x for x in example_inputs if isinstance(x, FakeTensor)]
@@ -71,6 +74,40 @@ def _functionalized(gm, example_inputs):
     except Exception:
         return None
     return run
+
+
+_IN_PLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+    operator.ilshift, operator.irshift, operator.imatmul, operator.setitem})
+
+
+def _may_write(gm) -> bool:
+    """Whether a node of `gm` (or of a subgraph) may write a tensor: an in-place method
+    or function (a trailing underscore, a mutable schema, `inplace=`/`out=`), an
+    augmented assignment, an item store, or a module call.  In doubt, True."""
+    for m in gm.modules():
+        if not isinstance(m, torch.fx.GraphModule):
+            continue
+        for n in m.graph.nodes:
+            if n.op == "call_module":
+                return True
+            if n.op == "call_method":
+                name = n.target
+            elif n.op == "call_function":
+                if n.target in _IN_PLACE_OPERATORS or n.kwargs.get("inplace") or "out" in n.kwargs:
+                    return True
+                schema = getattr(n.target, "_schema", None)
+                if schema is not None and schema.is_mutable:
+                    return True
+                name = getattr(n.target, "__name__", "")
+            else:
+                continue
+            if isinstance(name, str) and (name.endswith("_") and not name.endswith("__")
+                                          or name in ("__setitem__", "__delitem__")
+                                          or name.startswith("__i") and name.endswith("__")):
+                return True
+    return False
 
 
 # Input mutations of a functionalized graph are applied after all of its compute: a
