@@ -78,13 +78,13 @@ def _in_input_layout(decomposed):
 
 def _kernel_checks_dtypes(decomposed):
     """A softmax gradient's decomposition where it computes what eager computes: CUDA's
-    kernels reject grad/input dtypes other than equal or (float, half) ("expected input
-    and grad types to match...") where the decomposition would compute; those stay one
-    aten call (NotImplemented), which raises as eager's does."""
+    kernels check a grad dtype other than the input's ("expected input and grad types to
+    match...", and more the H200's sweep found for (float, half)) where the decomposition
+    would compute; those stay one aten call (NotImplemented), which raises as eager's
+    does."""
     def softmax_backward(grad, output, dim, input_dtype):
-        if grad.device.type != "cpu" and grad.dtype != input_dtype and \
-                (grad.dtype, input_dtype) != (torch.float32, torch.float16):
-            return NotImplemented  # (any other pair: the kernel decides, as in eager)
+        if grad.device.type != "cpu" and grad.dtype != input_dtype:
+            return NotImplemented  # (the kernel decides, as in eager)
         return decomposed(grad, output, dim, input_dtype)
     return softmax_backward
 
