@@ -13,7 +13,6 @@ import contextlib
 import copy
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -31,22 +30,16 @@ if not dist.is_available() or not dist.is_gloo_available():
 import torch.multiprocessing as mp  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-TIMEOUT = 60                # seconds per test: spawning, compiling, the steps
+TIMEOUT = 180               # seconds per test: spawning, compiling, the steps (a loaded machine)
 STEPS = 3
 
 
 # ---------------------------------------------------------------- launching
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank, port, out, scenario, opts):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _entry(rank, store, out, scenario, opts):
+    # (a file rendezvous, not a port: test processes running side by side, as under
+    # pytest-xdist, raced for the ports a free-port probe had found)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         result = globals()[scenario](rank, **opts)
         if rank == 0:
@@ -61,7 +54,8 @@ def launch(scenario, **opts):
     that raises fails the test with its traceback; past TIMEOUT both are killed."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pkl")
-        ctx = mp.start_processes(_entry, args=(_free_port(), out, scenario, opts), nprocs=2,
+        store = os.path.join(tmp, "rendezvous")
+        ctx = mp.start_processes(_entry, args=(store, out, scenario, opts), nprocs=2,
                                  join=False, start_method="spawn")
         deadline = time.monotonic() + TIMEOUT
         while not ctx.join(timeout=1):
