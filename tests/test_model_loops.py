@@ -508,36 +508,6 @@ def test_checkpointed_attention_with_dropout_has_eagers_gradients(backend):
     assert rec.counter.frame_count == 1 and rec.breaks == 0 and rec.fallbacks == 0, rec
 
 
-@pytest.mark.usefixtures("triton_interpreter")
-@pytest.mark.parametrize("backend", ["triton", "default"])
-def test_checkpoint_over_dropout_on_triton_recomputes_the_forwards_mask(backend):
-    # The triton backend draws dropout from a Philox seed the forward saves: the
-    # backward's recompute of a checkpointed region draws the forward's mask again.  Its
-    # numbers are not eager's (another generator), so the gradients are checked against
-    # the mask the output shows: d(3 * dropout(x @ W.T + b))/dx = 6 * mask @ W.
-    pytest.importorskip("triton")
-    from torch.utils.checkpoint import checkpoint
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(8, 8)
-
-    def f(x):
-        return checkpoint(lambda x: F.dropout(lin(x), 0.5, True) * 3, x, use_reentrant=False)
-    with Recorded(backend) as rec:
-        g = frametrace.optimize(f, backend=rec.counter)
-        masks = []
-        for i in range(3):
-            x = torch.randn(16, 8, requires_grad=True)
-            out = g(x)
-            out.backward(torch.ones_like(out))
-            mask = (out != 0).float()
-            masks.append(mask)
-            torch.testing.assert_close(x.grad, (6 * mask) @ lin.weight)
-            torch.testing.assert_close(lin.bias.grad, 6 * mask.sum(0))
-            lin.zero_grad()
-        assert 0.2 < masks[0].mean() < 0.8 and not torch.equal(masks[0], masks[1])   # dropout ran
-    assert rec.counter.frame_count == 1 and rec.breaks == 0 and rec.fallbacks == 0, rec
-
-
 def test_checkpoint_over_dropout_on_inductor_recomputes_the_forwards_mask():
     # Inductor draws its own numbers (not eager's): the gradients are checked against the
     # mask its output shows, as on the triton backend above

@@ -48,9 +48,6 @@ class DefaultBackend:
 
     __frametrace_backend__ = True
     __frametrace_name__ = "default"
-    # a checkpointed region's random ops: the triton backend recomputes them from the
-    # forward's Philox seed; where it fails, the graph runs with aot_eager (see __call__)
-    __frametrace_recomputes_random_ops__ = True
 
     def __init__(self, mode=None, options=None):
         self.mode = None if mode == "default" else mode

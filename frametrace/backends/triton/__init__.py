@@ -30,9 +30,6 @@ def _configure(mode, options):
 
 
 triton_backend.__frametrace_configure__ = _configure
-# Random ops become Philox draws from a seed the forward saves (rng.py): a backward that
-# recomputes a checkpointed region's dropout recomputes the forward's mask.
-triton_backend.__frametrace_recomputes_random_ops__ = True
 
 
 def configured(overrides: dict):
@@ -62,7 +59,6 @@ def configured(overrides: dict):
 
     triton_with_settings.__frametrace_backend__ = True
     triton_with_settings.__frametrace_name__ = "triton"
-    triton_with_settings.__frametrace_recomputes_random_ops__ = True
     return triton_with_settings
 
 
