@@ -269,13 +269,7 @@ def _install_cached(code, func, check, new_code, slot, compiled, gm, outcome, gu
     record = CompileRecord(code)
     record.from_cache = True
     if gm is not None:
-        name = f"__compiled_fn_{next(_fn_ids)}"
-        graph_fn = _C.Unhooked(compiled)
-        graph_fn.__name__ = name
-        new_code = fill_graph_slot(new_code, slot, graph_fn)
-        func.__globals__[name] = graph_fn
-        _installed_globals.append((func.__globals__, name))
-        graph_modules[name] = gm
+        new_code = _install_graph_fn(func, new_code, slot, f"__compiled_fn_{next(_fn_ids)}", compiled, gm)
         record.graph_module = gm
         record.op_count = sum(1 for n in gm.graph.nodes
                               if n.op in ("call_function", "call_method", "call_module"))
@@ -939,6 +933,11 @@ def _compile_graph(code, func, output, backend, record, out_nodes, slot, new_cod
                        readable_graph(gm))
     if output_code_log.isEnabledFor(logging.INFO):
         _log_output_code(name, gm, compiled)
+    return _install_graph_fn(func, new_code, slot, name, compiled, gm)
+
+
+def _install_graph_fn(func, new_code, slot, name, compiled, gm):
+    """`new_code` with the compiled graph `name` in its slot; returns that code."""
     graph_fn = _C.Unhooked(compiled)
     graph_fn.__name__ = name
     new_code = fill_graph_slot(new_code, slot, graph_fn)
