@@ -360,11 +360,16 @@ def fsdp_scenario(rank, backend, mixed=None, per_block=False, depth=3):
     torch.manual_seed(0)
     base = Stack(depth=depth)
 
+    # A CPU mesh named outright: fully_shard's default mesh is on the machine's
+    # accelerator, a CUDA mesh over gloo CPU tensors (a segfault on a GPU machine).
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2,))
+
     def sharded():
         m = copy.deepcopy(base)
         for block in m.blocks:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(m, mp_policy=policy)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(m, mesh=mesh, mp_policy=policy)
         return m
 
     eager, model = sharded(), sharded()

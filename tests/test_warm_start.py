@@ -12,6 +12,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def _pythonpath(*first):
+    # The caller's own PYTHONPATH stays behind ours: where dependencies are installed
+    # with --target (the GPU machine's bytecode), the child could not import them.
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([*first, *kept])
+
 HELPERS = '''
 def scale(x):
     return x * 2.0
@@ -88,7 +95,7 @@ def _setup(tmp_path, helpers=HELPERS):
 def _run(tmp_path, cache=None, **env):
     full = dict(os.environ)
     full.pop("FRAMETRACE_LOGS", None)
-    full["PYTHONPATH"] = os.pathsep.join([ROOT, str(tmp_path)])
+    full["PYTHONPATH"] = _pythonpath(ROOT, str(tmp_path))
     full["FRAMETRACE_CACHE_DIR"] = str(tmp_path / "cache") if cache is None else cache
     full["PYTHONDONTWRITEBYTECODE"] = "1"
     full["FRAMETRACE_LOGS"] = "cache"
@@ -181,7 +188,7 @@ def test_other_module_state_compiles_again(tmp_path, change):
 def test_cache_command(tmp_path):
     _setup(tmp_path)
     _run(tmp_path)
-    env = dict(os.environ, PYTHONPATH=ROOT, FRAMETRACE_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, PYTHONPATH=_pythonpath(ROOT), FRAMETRACE_CACHE_DIR=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, "-m", "frametrace", "cache"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -255,7 +262,7 @@ def test_cache_off_when_folder_empty(tmp_path):
 
 def test_concurrent_writers(tmp_path):
     _setup(tmp_path)
-    full = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]),
+    full = dict(os.environ, PYTHONPATH=_pythonpath(ROOT, str(tmp_path)),
                 FRAMETRACE_CACHE_DIR=str(tmp_path / "cache"), BREAK="1")
     procs = [subprocess.Popen([sys.executable, str(tmp_path / "prog.py")], env=full, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -299,7 +306,7 @@ def test_size_bound_evicts_least_recently_used(tmp_path):
         info = frametrace.cache_info()
         print("INFO", info["entries"], info["bytes"], info["stores"])
     '''))
-    env = dict(os.environ, PYTHONPATH=ROOT, FRAMETRACE_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, PYTHONPATH=_pythonpath(ROOT), FRAMETRACE_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

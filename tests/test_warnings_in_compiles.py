@@ -45,7 +45,9 @@ def test_a_warning_fires_once_per_location_across_the_first_compile(backend):
             warnings.simplefilter("default")
             for n in (3, 3, 3, 5):
                 assert torch.equal(fn(torch.ones(n)), torch.ones(n) + 1)
-        counts.append([str(w.message) for w in seen])
+        # (only this module's warnings: a subprocess or file of another test collected
+        # meanwhile adds ResourceWarnings to the record)
+        counts.append([str(w.message) for w in seen if w.filename.startswith("<warns_")])
     assert counts[0] == counts[1] == ["careful"], counts
     assert counter.frame_count >= 1
 
