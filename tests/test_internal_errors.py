@@ -370,3 +370,16 @@ def test_an_object_whose_hash_raises_is_no_internal_error():
         return [BaseType(BaseTy[n]) for n in names]
 
     check(f, [(["Tensor", "int"],), (["float"],)], graphs=0)   # no internal error
+
+
+def test_calling_an_unhashable_library_object_is_a_clean_break():
+    # An OpInfo of torch's own test library (a dataclass with eq=True, so unhashable)
+    # called in the frame: its lookup in the tables of known functions raised
+    # TypeError, an internal error.  Now a break at the call, the rest compiled.
+    from torch.testing._internal.common_methods_invocations import op_db
+    sin = next(o for o in op_db if o.name == "sin")
+
+    def f(x):
+        y = x * 2
+        return sin(y) + 1
+    check(f, [torch.randn(4), torch.randn(4)], breaks=1)

@@ -310,6 +310,10 @@ class ObjectVar(ValueVar):
 
     def call(self, tx, args, kwargs):
         value = self.value
+        if not _hashable(value):
+            # (an instance of a dataclass with eq=True: in no table of functions below,
+            # and looking it up there would raise)
+            return self._call_unlisted(tx, args, kwargs)
         if value is torch.Size and len(args) == 1 and not kwargs:
             return SizeVar(args[0].unpack(tx))       # symbolic sizes stay symbolic
         if isinstance(value, type) and value.__module__ == "torch.return_types" and \
@@ -377,6 +381,9 @@ class ObjectVar(ValueVar):
         if made is not None:
             return made
         unsupported(f"calling {callable_name(value)}", hint=call_hint(value))
+
+    def _call_unlisted(self, tx, args, kwargs):
+        unsupported(f"calling {callable_name(self.value)}", hint=call_hint(self.value))
 
     def noun(self):
         return object_noun(self.value)
@@ -594,6 +601,14 @@ def module_namespace(value):
 
 
 _NUMPY_CONVERTERS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except Exception:   # (unhashable, or a __hash__ that raises: a half-built frozen dataclass)
+        return False
+    return True
 
 
 class TorchFnVar(ObjectVar):
