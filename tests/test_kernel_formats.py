@@ -151,3 +151,40 @@ def test_trace_does_not_answer_layout_reads_of_a_cuda_upsampling(device, layout)
     want = device == "cuda" and layout == "channels_last"
     assert tensor_layout.result_unsure("interpolate", (x,), {"scale_factor": 2}) == want
     assert tensor_layout.result_unsure("upsample_bilinear2d", (x, [10, 12], False), {}) == want
+
+
+def _pixel_shuffle_graph(fake_mode, x, factor):
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    class Shuffle(torch.nn.Module):
+        def forward(self, x):
+            return F.pixel_shuffle(x, factor)
+    gm = torch.fx.symbolic_trace(Shuffle())
+    FakeTensorProp(gm, fake_mode).propagate(x)
+    return gm
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="fake CUDA tensors need a CUDA build of torch")
+@pytest.mark.parametrize("factor", [1, 3])
+def test_cuda_pixel_shuffle_of_channels_last_traces_contiguous(factor):
+    # CUDA's kernel (math_pixel_shuffle) gives a contiguous result; torch's reference
+    # decomposition kept the channels-last format (the H200 sweep: strides
+    # (36, 1, 18, 9) from the triton backend where eager gave (36, 4, 2, 1))
+    fake_mode = FakeTensorMode()
+    meta = torch.empty((1, 9, 2, 2), device="meta").contiguous(memory_format=torch.channels_last)
+    x = FakeTensor(fake_mode, meta, torch.device("cuda"))
+    gm = _pixel_shuffle_graph(fake_mode, x, factor)
+    assert keep_kernel_formats(gm) == 1
+    shape = (1, 9 // factor ** 2, 2 * factor, 2 * factor)
+    assert _traced_output_stride(gm, fake_mode, x) == torch.empty(shape).stride()
+
+
+@pytest.mark.parametrize("factor", [1, 3])
+def test_cpu_pixel_shuffle_keeps_its_format_untouched(factor):
+    # (the CPU kernel keeps channels-last, as the decomposition does: nothing to ask)
+    x = torch.randn(1, 9, 2, 2).contiguous(memory_format=torch.channels_last)
+    gm = _pixel_shuffle_graph(FakeTensorMode(allow_non_fake_inputs=True), x, factor)
+    assert keep_kernel_formats(gm) == 0
+    check(lambda x: F.pixel_shuffle(x, factor),
+          [(torch.randn(1, 9, 2, 2).contiguous(memory_format=torch.channels_last),) for _ in range(2)],
+          backend="aot_eager")

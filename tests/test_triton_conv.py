@@ -339,3 +339,25 @@ def test_conv_bias_is_added_by_the_kernel_after_it(conv):
         fn = lambda x: F.conv3d(x, w, b, padding=(0, 1, 1), groups=2).relu()  # noqa: E731
     mod = compiled_run(fn, x, kernels=1)
     assert re.search(r"aten_\d+\(\w+, \w+, None,", mod.source), mod.source
+
+
+@pytest.mark.parametrize("case", ["conv2d", "grouped", "unbatched", "transpose", "unbatched_transpose"])
+def test_channels_last_convs_return_eagers_strides(monkeypatch, case):
+    # A convolution run channels-last for speed (on CUDA "auto" chooses it) whose result
+    # is a graph output, itself or a view of it (unbatched): eager's strides come back,
+    # a copy (the H200 sweep: conv2d / conv_transpose2d outputs (144, 1, 24, 4) where
+    # eager gave (144, 36, 6, 1)).
+    from frametrace.backends.triton import config as tconfig
+    monkeypatch.setattr(tconfig, "channels_last_convs", True)
+    torch.manual_seed(0)
+    x, w, kw = {
+        "conv2d": (torch.randn(1, 4, 5, 5), torch.randn(3, 4, 3, 3), {}),
+        "grouped": (torch.randn(2, 4, 6, 6), torch.randn(8, 1, 3, 3), {"groups": 4}),
+        "unbatched": (torch.randn(4, 6, 6), torch.randn(8, 1, 3, 3), {"groups": 4}),
+        "transpose": (torch.randn(1, 2, 5, 5), torch.randn(2, 4, 3, 3), {}),
+        "unbatched_transpose": (torch.randn(2, 5, 5), torch.randn(2, 4, 3, 3), {}),
+    }[case]
+    conv = F.conv_transpose2d if "transpose" in case else F.conv2d
+    mod = compiled_run(lambda x: conv(x, w, **kw), x)   # (strides compared with eager's)
+    convs = [e for e in mod.wrapper.schedule if isinstance(e, Extern) and "convolution" in str(e.op)]
+    assert len(convs) == 1 and len(mod.kernels) == 2, mod.source   # the input's copy, the output's

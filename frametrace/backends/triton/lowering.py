@@ -55,6 +55,7 @@ class GraphLowering(Placement):
         self.early_outputs: dict = {}    # FX node -> its output Buffer, stored where computed
         self.wrapper_reads: set = set()  # Computed names that externs or outputs use
         self.computed_names: dict = {}
+        self.relaid: set = set()         # extern results in another layout than eager's
         self.env: dict = {}              # FX node -> its value (for lowerings that look further up)
         self.fallback_ops: list[str] = []
         # symbolic sizes: (symbol, Python source of its value in the wrapper), the first
@@ -182,9 +183,11 @@ class GraphLowering(Placement):
             if not layout.dense(value.shape, stride):
                 stride = None
         b = self.realize(value, stride=stride)
-        if stride is None or b.name not in self.computed_names or layout.same(b.shape, b.stride, stride):
+        if stride is None or layout.same(b.shape, b.stride, stride) or \
+                (b.name not in self.computed_names and b.name not in self.relaid):
             return b
-        # computed here in another layout (an extern read it first): a copy in eager's
+        # computed here in another layout (an extern read it first), or a convolution
+        # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
 
     def copy_in(self, b: Buffer, stride) -> Buffer:
@@ -312,7 +315,8 @@ class GraphLowering(Placement):
             if isinstance(a, (list, tuple)):
                 return type(a)(arg(x) for x in a)
             return a
-        if node.target is aten.convolution.default and self.channels_last_convs:
+        relaid = node.target is aten.convolution.default and self.channels_last_convs
+        if relaid:
             args = (self._channels_last(args[0]),) + tuple(args[1:])
         args, kwargs = arg(args), {k: arg(v) for k, v in kwargs.items()}
         args, exact = self._eager_rejected_layouts(node, args)
@@ -345,6 +349,8 @@ class GraphLowering(Placement):
                 return v  # a number the op returns is this one (its value does not vary)
             raise Unsupported(f"{node.target} returns {type(v).__name__}")
         outputs = out(val, layouts, "")
+        if relaid:   # (its result has the layout we chose, not eager's: see output())
+            self.relaid.add(name)
         self.items.append(Extern(name, op, args, kwargs, outputs, node.target, exact))
         return outputs
 
