@@ -426,12 +426,14 @@ def sweep(ops, backends, layouts, samples=None, dtype=torch.float32, grad=False,
           verbose=False, out=sys.stdout, posts=("none",), device="cpu"):
     """Run every case; returns {(op name, backend): {result: count}} and the failures."""
     import random
-    rng = random.Random(seed)
     table, failures = {}, []
     limit = frametrace.config.cache_size_limit
     for op in ops:
         if op.name in _NONDETERMINISTIC:
             continue
+        # (each op's own generator: its cases do not depend on which ops ran before it,
+        # so a sweep split into shards runs the same cases as one run)
+        rng = random.Random(f"{seed}:{op.name}:{op.variant_test_name}")
         op_cases = list(cases_for(op, layouts, samples, dtype, grad, rng, posts, device))
         for backend in backends:
             row = table.setdefault((op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""),
