@@ -828,6 +828,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     if output.computes():
         slot = _emit_graph_call(cg, output, backend, side_effects, out_nodes, ops_traced,
                                 entry_grad)
+    cg.set_deterministic(output.deterministic)
     # What the frame returns, or hands over at a break, is computed before the side
     # effects are replayed: CPython computed it before them too.
     if break_at is None:
@@ -995,6 +996,8 @@ def _can_run_again(output, backend) -> bool:
     if any(n.op == "call_function" and getattr(n.target, "__name__", "") == "_enter_autocast"
            for n in output.graph.nodes):
         return False
+    if output.deterministic is not None:
+        return False        # its switch may have run: the rerun would start in it
     if getattr(backend, "__frametrace_defers_input_mutations__", False):
         return True
     return not any(_storage_key(i.node) in mode.written_storages for i in output.inputs)
@@ -1034,7 +1037,7 @@ def _rerun_state(output, backend, side_effects, ops_traced=None):
     random generators, autocast, and the inputs the graph writes (copies, so only
     where effects would be lost; an input that needs grad keeps the autograd history
     the failed graph gave it, so it is not put back)."""
-    if not config.rerun_failed_graphs_from_saved_state:
+    if not config.rerun_failed_graphs_from_saved_state or output.deterministic is not None:
         return None
     mode = output.fake_mode
     defers = getattr(backend, "__frametrace_defers_input_mutations__", False)

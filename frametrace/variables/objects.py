@@ -625,6 +625,8 @@ class TorchFnVar(ObjectVar):
             # eager backend runs them as traced.
             unsupported(f"torch.{fn.__name__} (a fused RNN op) on a backend that re-traces the graph",
                         hint="the eager backend compiles it")
+        if fn is torch.use_deterministic_algorithms or fn is torch._C._set_deterministic_algorithms:
+            return _set_deterministic(tx, args, kwargs)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
         if not args and not kwargs and _is_state_reader(fn) and _is_flag(fn()):
@@ -650,8 +652,35 @@ _RNN_OPS = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu,
             torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu)
 
 
+def _set_deterministic(tx, args, kwargs):
+    """torch.use_deterministic_algorithms(mode, warn_only=): switched for real while
+    tracing (the compile puts the entry state back), a node in the graph where the ops
+    after it run, and set again by the transformed code where it leaves the graph.  The
+    state it leaves is the call's, whatever it was at entry: nothing to guard."""
+    if len(args) != 1 or set(kwargs) - {"warn_only"} or \
+            not all(v.is_const() for v in (*args, *kwargs.values())):
+        unsupported("torch.use_deterministic_algorithms with traced or unexpected arguments")
+    mode, warn_only = args[0].as_const(), kwargs["warn_only"].as_const() if kwargs else False
+    if type(mode) is not bool or type(warn_only) is not bool:
+        unsupported("torch.use_deterministic_algorithms of a non-bool (TypeError)")
+    if type(tx.output).__name__ == "SubgraphOutput":
+        # (the body of a higher-order op: its graph runs elsewhere, or several times)
+        unsupported("torch.use_deterministic_algorithms inside a higher-order op's body")
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+    tx.output.graph.create_node("call_function", torch._C._set_deterministic_algorithms,
+                                (mode,), {"warn_only": warn_only})
+    tx.output.deterministic = (mode, warn_only)
+    return ConstVar(None)
+
+
+_DETERMINISTIC_READERS = (torch.are_deterministic_algorithms_enabled,
+                          torch.is_deterministic_algorithms_warn_only_enabled)
+
+
 def _read_global_state(tx, fn):
     value = fn()
+    if tx.output.deterministic is not None and fn in _DETERMINISTIC_READERS:
+        return ConstVar(value)      # what the frame set: the same on every run
     entry = tx.output.entry_state
     if entry is not None and tx.output.open_contexts:
         # Inside contexts the trace entered for real, the answer is the context's,
