@@ -1196,6 +1196,10 @@ def _collect_outputs(v, out, seen=None):
         _collect_outputs(v.base, out, seen)
     elif isinstance(getattr(v, "dict", None), DictVar):      # a dict view
         _collect_outputs(v.dict, out, seen)
+    elif getattr(v, "remade", False):        # a generator made again by its call
+        fn, args, kwargs = v.maker
+        for item in [fn, *args, *kwargs.values()]:
+            _collect_outputs(item, out, seen)
     elif isinstance(v, IteratorVar) and v.handover() is not None:
         _collect_outputs(v.handover()[1], out, seen)
     elif isinstance(v, IteratorVar):

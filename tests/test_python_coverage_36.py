@@ -76,3 +76,126 @@ def test_deterministic_state_put_back_after_the_compile():
     r = _check_state(f, [(torch.randn(3), False)], graphs=None)
     assert r.graphs == 0
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+# ------------------------------------------------------------ returned generators
+def _consumed(compiled, take=None):
+    """Calls `compiled` and consumes the generator(s) it returns (all, or `take` items),
+    so that what they yield, and when their bodies ran, is compared."""
+    def outer(*args):
+        out = compiled(*args)
+        gens = out if isinstance(out, tuple) else (out,)
+        got = []
+        for g in gens:
+            if hasattr(g, "__next__"):
+                got.append([next(g) for _ in range(take)] if take else list(g))
+            else:
+                got.append(g)
+        return got, args
+    return outer
+
+
+def _check_gen(fn, inputs, take=None, **kw):
+    return check(_consumed(fn, take), inputs,
+                 compiled=lambda c: _consumed(frametrace.optimize(backend=c)(fn), take), **kw)
+
+
+def genexpr_over_a_local(x):
+    y = x + 1
+    return (y * i for i in range(3))
+
+
+def counting(t, log):
+    for i in range(3):
+        log.append(i)           # runs as the caller consumes it
+        yield t + i
+
+
+def generator_of_an_intermediate(x, log):
+    g = counting(x * 2, log)
+    log.append("made")
+    return g
+
+
+def arguments_changed_after_the_call(x, log):
+    y = x * 2
+    g = counting(y, log)
+    y.add_(1)                   # the body, run later, sees it
+    x.mul_(3)
+    log.append(len(log))
+    return g, y
+
+
+def forever(t):
+    i = 0
+    while True:
+        yield t * i
+        i += 1
+
+
+def infinite_returned(x):
+    return forever(x + 1)
+
+
+def one_generator_twice(x):
+    g = forever(x)
+    return g, g
+
+
+def consumed_then_returned(x):
+    g = counting(x, [])
+    first = next(g)
+    return first, g
+
+
+class Source:
+    def __init__(self, k):
+        self.k = k
+
+    def items(self, t):
+        for i in range(self.k):
+            yield t * self.k + i
+
+
+def generator_method(x, src):
+    return src.items(x - 1)
+
+
+def test_returned_genexpr():
+    r = _check_gen(genexpr_over_a_local, [torch.randn(3), torch.randn(3)])
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_generator_runs_its_body_when_consumed():
+    r = _check_gen(generator_of_an_intermediate, [(torch.randn(3), []), (torch.randn(3), [1])])
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_generator_sees_later_changes_of_its_arguments():
+    r = _check_gen(arguments_changed_after_the_call, [(torch.randn(3), []), (torch.randn(3), [0])])
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_infinite_generator_consumed_partly():
+    r = _check_gen(infinite_returned, [torch.randn(3), torch.randn(3)], take=4)
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_generator_identity_kept():
+    def outer(compiled):
+        def run(x):
+            a, b = compiled(x)
+            return a is b, next(a), next(b), next(a)
+        return run
+    r = check(outer(one_generator_twice), [torch.randn(3)],
+              compiled=lambda c: outer(frametrace.optimize(backend=c)(one_generator_twice)), graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_generator_started_in_the_frame_still_right():
+    _check_gen(consumed_then_returned, [torch.randn(3), torch.randn(3)], graphs=None)
+
+
+def test_returned_generator_of_a_method():
+    r = _check_gen(generator_method, [(torch.randn(3), Source(2)), (torch.randn(3), Source(3))])
+    assert r.breaks == 0 and r.fallbacks == 0

@@ -208,8 +208,17 @@ def _enumerate_rows(rows):
     return enumerate([v for _, v in rows], rows[0][0]) if rows else enumerate(())
 
 
+def _range_iterator(items):
+    """What is left of a range iterator, as one: its items are in steps of one size."""
+    if not items:
+        return iter(range(0))
+    step = items[1] - items[0] if len(items) > 1 else 1
+    return iter(range(items[0], items[-1] + step, step))
+
+
 _REBUILD = {
     type(iter([])): iter, type(iter(())): lambda items: iter(tuple(items)),
+    type(iter(range(0))): _range_iterator,
     type(reversed([])): lambda items: reversed(items[::-1]),
     zip: lambda rows: zip(*zip(*rows)) if rows else zip(),
     map: lambda items: map(_identity, items), filter: lambda items: filter(_always, items),

@@ -177,8 +177,9 @@ class UserFunctionVar(Var):
         kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), False)
                       for k, d in (fn.__kwdefaults__ or {}).items()}
         bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
-        return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(tx, fn, self.source),
-                              fn.__qualname__)
+        out = tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(tx, fn, self.source),
+                             fn.__qualname__)
+        return _note_maker(out, self, args, kwargs)
 
     def getattr(self, tx, name):
         from .builder import wrap  # (lazy: import cycle, to break)
@@ -215,6 +216,13 @@ class UserFunctionVar(Var):
 
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
+
+
+def _note_maker(out, fn, args, kwargs):
+    """A generator made by calling `fn` remembers the call (see InlinedGeneratorVar)."""
+    if hasattr(out, "maker"):
+        out.maker = (fn, list(args), dict(kwargs))
+    return out
 
 
 def _default(tx, value, source, in_fixed_tuple):
@@ -291,7 +299,8 @@ class NestedFunctionVar(Var):
     def call(self, tx, args, kwargs):
         bound = bind_arguments(self.code, self.qualname, args, kwargs, self.defaults,
                                self.kwdefaults)
-        return tx.inline_call(self.code, self.f_globals, bound, self.cells, self.qualname)
+        out = tx.inline_call(self.code, self.f_globals, bound, self.cells, self.qualname)
+        return _note_maker(out, self, args, kwargs)
 
     def getattr(self, tx, name):
         if name in self.attrs:
