@@ -822,6 +822,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     # At a return, the frame's cells are stored too: a returned closure reads them.
     cells = resume.cells_to_store(tracer) if break_at is None else []
     out_nodes = _graph_outputs(tracer, output, guards, result, cells, break_at)
+    _check_picked(output, out_nodes)
     side_effects = tracer.side_effects
     cg = CodeGen(code, lineno=tracer.lineno)
     slot = None
@@ -1123,6 +1124,24 @@ def _guard_aliasing(output, guards, side_effects):
             for other in cells:
                 if other != w.cell_source:
                     guards.distinct_objects(w.cell_source, other)
+
+
+def _check_picked(output, out_nodes):
+    """min()/max() of tensors made a new tensor where CPython returns one of the items
+    (variables/builtins.py): refused where that shows, when it is written into, or when
+    it outlives the frame along with an item the caller can reach (an input, or a
+    tensor that also outlives it)."""
+    if not output.picked_storages:
+        return
+    if set(output.picked_storages) & output.fake_mode.written_storages:
+        raise Unsupported("writing into the result of min()/max() of tensors (in CPython, "
+                          "into the item it returned)")
+    reachable = {_storage_key(n) for n in out_nodes} | \
+        {_storage_key(i.node) for i in output.inputs}
+    for made, items in output.picked_storages.items():
+        if made in reachable and reachable & set(items):
+            raise Unsupported("the result of min()/max() of tensors outlives the frame with "
+                              "its items (CPython returns one of them, the same object)")
 
 
 def _storage_key(node):

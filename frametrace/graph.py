@@ -137,6 +137,9 @@ class OutputGraph:
         # made: the graph's node for it may not survive the backend, so the transformed
         # code sets it again where the frame leaves the graph (a break, the return).
         self.deterministic: tuple | None = None
+        # Storages of min()/max() results of tensors (variables/builtins.py): new
+        # tensors standing for one of the items, which a write would tell apart.
+        self.picked_storages: dict = {}     # its storage -> its items' storages
         # A dict from outside keyed by tensors was read (variables/subclasses.py): its
         # lookups compared tensor inputs by identity, so they must stay distinct.
         self.tensor_keyed_reads = False

@@ -199,3 +199,79 @@ def test_generator_started_in_the_frame_still_right():
 def test_returned_generator_of_a_method():
     r = _check_gen(generator_method, [(torch.randn(3), Source(2)), (torch.randn(3), Source(3))])
     assert r.breaks == 0 and r.fallbacks == 0
+
+
+# -------------------------------------------------------- min/max of 0-d tensors
+def min_max_used_inside(x):
+    a, b = x.sum(), x.mean()
+    return x * min(a, b) + max(a, b, x[0]) - max(b, a)
+
+
+def min_max_returned(x):
+    return min(x.sum(), x.amax()), max([x.sum(), x.mean() * 3, x.amin()])
+
+
+def min_max_of_inputs(a, b):
+    return max(a, b)                # CPython returns `a` or `b` itself
+
+
+def min_max_written(x):
+    a, b = x.sum(), x.mean()
+    m = max(a, b)
+    m += 1                          # writes a or b
+    return a, b, m
+
+
+def min_max_returned_with_an_item(x):
+    a, b = x.sum(), x.mean()
+    return a, min(a, b)
+
+
+NAN = float("nan")
+
+
+def test_min_max_of_0d_tensors():
+    inputs = [torch.randn(3), torch.tensor([1.0, NAN, 2.0]), torch.tensor([NAN, 1.0, 1.0]),
+              torch.tensor([2.0, 2.0, 2.0])]
+    r = check(min_max_used_inside, inputs)
+    assert r.breaks == 0 and r.graphs == 1
+    r = check(min_max_returned, inputs)
+    assert r.breaks == 0 and r.graphs == 1
+
+
+def test_min_max_that_could_tell_the_new_tensor_apart_refused():
+    # (the frame runs in CPython: values as CPython's, the objects too)
+    r = check(min_max_of_inputs, [(torch.tensor(1.0), torch.tensor(2.0))], graphs=0)
+    assert r.fallbacks == 1
+    r = check(min_max_written, [torch.randn(3), torch.tensor([1.0, 1.0, 1.0])], graphs=0)
+    r = check(min_max_returned_with_an_item, [torch.randn(3)], graphs=0)
+
+
+def test_min_max_of_mixed_tensors_not_picked():
+    # different dtypes, shapes, or a key: compared in Python as before
+    def f(x):
+        return min(x.sum(), x.sum().int()), max(x[0], x[1:2])
+    check(f, [torch.randn(3)], graphs=None)
+
+
+def test_identity_of_a_min_max_result_not_guessed():
+    def f(x):
+        a, b = x.sum(), x.mean()
+        m = max(a, b)
+        return x * m, m is a, id(m) == id(b)
+    r = check(f, [torch.randn(3), torch.tensor([1.0, -1.0, 3.0])], graphs=None)
+    assert r.fallbacks >= 1
+
+
+def _is(p, q):
+    return p is q
+
+
+def test_identity_of_a_min_max_result_in_an_inlined_call():
+    # (a break at the call would run it in CPython on the new tensor)
+    def f(x):
+        a, b = x.sum(), x.mean()
+        m = min(a, b)
+        return x * m, _is(m, a)
+    r = check(f, [torch.randn(3), torch.tensor([1.0, -1.0, 3.0])], graphs=None)
+    assert r.fallbacks >= 1

@@ -1198,6 +1198,10 @@ def _min_max(pick):
                 if binary_op(tx, operator.gt if pick is max else operator.lt, item, best).truth(tx):
                     best = item
             return best
+        if "key" not in kwargs and len(items) > 1:
+            made = _pick_tensor(tx, pick, items)
+            if made is not None:
+                return made
         keys = _keys_of(tx, items, kwargs.get("key"))
         try:
             best = pick(range(len(items)), key=keys.__getitem__)
@@ -1205,6 +1209,34 @@ def _min_max(pick):
             unsupported(f"{pick.__name__}(): {e}")
         return items[best]
     return handler
+
+
+def _pick_tensor(tx, pick, items):
+    """min/max of one-element tensors, chosen in the graph: CPython keeps the first item
+    and replaces it by each later one that compares less (greater), so `where(item < best,
+    item, best)` in turn has its values, NaNs included.  The result is a new tensor, not
+    the chosen object: only where nothing tells them apart (one shape, dtype and device;
+    no leaf that requires grad, whose `.grad` would land elsewhere), and a write into it
+    later (`m += 1`, which would write the chosen item in CPython) refuses the compile."""
+    if not all(isinstance(i, TensorVar) for i in items):
+        return None
+    fakes = [i.node.meta.get("example_value") for i in items]
+    if not all(isinstance(f, torch.Tensor) for f in fakes):
+        return None
+    first = fakes[0]
+    if any(f.numel() != 1 or f.shape != first.shape or f.dtype != first.dtype or
+           f.device != first.device or f.layout != torch.strided or f.is_complex() or
+           f.requires_grad and f.is_leaf for f in fakes):
+        return None
+    op = torch.gt if pick is max else torch.lt
+    best = items[0]
+    for item in items[1:]:
+        cond = tx.output.call("call_function", op, (item, best), {})
+        best = tx.output.call("call_function", torch.where, (cond, item, best), {})
+    made = best.node.meta.get("example_value")
+    tx.output.picked_storages[made.untyped_storage()._cdata] = \
+        [f.untyped_storage()._cdata for f in fakes]
+    return best
 
 
 def _sum(tx, args, kwargs):
@@ -1557,6 +1589,9 @@ def _id(tx, args, kwargs):
         return ConstVar(id(real))
     from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
+        from .operators import is_picked, refuse_picked  # (lazy: import cycle, to break)
+        if is_picked(tx, v):
+            refuse_picked("id()")
         identity = v.example            # one FakeTensor per tensor
     elif isinstance(v, (NewObjectVar, DataclassVar)):
         identity = v                    # one Var per object made in the frame

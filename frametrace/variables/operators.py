@@ -15,6 +15,7 @@ import operator
 import torch
 import enum
 
+from ..exc import Unsupported
 from .base import Var, nouns, unsupported
 from .builtins import IdVar, SetVar
 from .constant import BINARY_FOLD, ConstVar
@@ -249,6 +250,20 @@ def _frame_tuples_identity(tx, a, b):
     return same
 
 
+def is_picked(tx, v) -> bool:
+    """Whether tensor `v` is a min()/max() result that stands for one of its items
+    (variables/builtins.py)."""
+    picked = tx.output.picked_storages
+    return bool(picked) and v.example.untyped_storage()._cdata in picked
+
+
+def refuse_picked(what):
+    """The frame runs in CPython: a break here would run `what` on the new tensor."""
+    e = Unsupported(f"{what} of the result of min()/max() of tensors (in CPython, one of its items)")
+    e.whole_frame = True
+    raise e
+
+
 def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
@@ -262,6 +277,8 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
         if a.example is b.example:      # one FakeTensor per real tensor
             return True
+        if tx is not None and (is_picked(tx, a) or is_picked(tx, b)):
+            refuse_picked("`is`")
         ia, ib = (tx.output.input_of(a), tx.output.input_of(b)) if tx is not None else (None, None)
         if ia is not None and ib is not None:
             # Two inputs, distinct objects now: the answer holds while they stay so.
