@@ -275,3 +275,52 @@ def test_identity_of_a_min_max_result_in_an_inlined_call():
         return x * m, _is(m, a)
     r = check(f, [torch.randn(3), torch.tensor([1.0, -1.0, 3.0])], graphs=None)
     assert r.fallbacks >= 1
+
+
+# ------------------------------------------------------------ namedtuple in the frame
+import collections
+
+GlobalPair = collections.namedtuple("GlobalPair", "a b", defaults=[7])
+
+
+def namedtuple_made_in_the_frame(x):
+    Pt = collections.namedtuple("Pt", ["a", "b"])
+    p = Pt(x, x + 1)
+    q = p._replace(b=x * 3)
+    return (p.a * p.b, p[0], len(p), q.b, tuple(q), Pt.__name__, Pt._fields, Pt.__module__,
+            repr(Pt(1, 2)), isinstance(p, tuple))
+
+
+def namedtuple_with_defaults(x):
+    Pt = collections.namedtuple("Pt", "a b c", defaults=[5, "s"])
+    p = Pt(x)
+    a, b, c = p
+    return a + b, c, repr(Pt(1, c=2)), str(GlobalPair(3)), GlobalPair(x, b=2).b
+
+
+def namedtuple_wrong_arguments(x, which):
+    Pt = collections.namedtuple("Pt", "a b")
+    if which == 0:
+        return Pt(x, a=1)             # TypeError: multiple values
+    if which == 1:
+        return Pt(x)                  # TypeError: missing b
+    return Pt(x, 1, 2)                # TypeError: too many
+
+
+def test_namedtuple_made_in_the_frame():
+    r = check(namedtuple_made_in_the_frame, [torch.randn(3), torch.randn(3)])
+    assert r.breaks == 0 and r.graphs == 1
+    r = check(namedtuple_with_defaults, [torch.randn(3), torch.randn(3)])
+    assert r.breaks == 0 and r.graphs == 1
+
+
+def test_namedtuple_wrong_arguments_raise_as_cpython():
+    check(namedtuple_wrong_arguments, [(torch.randn(3), 0), (torch.randn(3), 1), (torch.randn(3), 2)],
+          graphs=None)
+
+
+def test_namedtuple_repr_names_its_fields():
+    # (a namedtuple instance's constant was a plain tuple: its repr lost the names)
+    def f(x):
+        return x + 1, repr(GlobalPair(1, 2)), str(GlobalPair(3)), f"{GlobalPair(4, 5)}"
+    assert check(f, [torch.randn(3)]).breaks == 0

@@ -147,6 +147,8 @@ class UserFunctionVar(Var):
                 # nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`):
                 # what calling the module does, hooks included.
                 return args[0].module_call(tx, args[1:], kwargs)
+        if fn is collections.namedtuple:
+            return _make_namedtuple(tx, args, kwargs)
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
             from .user_objects import deepcopy_var  # (lazy: import cycle, to break)
             return deepcopy_var(tx, args[0], {})
@@ -216,6 +218,23 @@ class UserFunctionVar(Var):
 
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
+
+
+def _make_namedtuple(tx, args, kwargs):
+    """collections.namedtuple(...) of constants, made while tracing: a pure function of
+    its arguments, but for the module it names, which it reads off its caller's frame
+    (here frametrace's): the frame's module is given instead.  The class is one for
+    every run of the compiled code, where CPython makes one per call."""
+    if not all(v.is_const() for v in (*args, *kwargs.values())):
+        unsupported("collections.namedtuple of traced arguments")
+    kw = {k: v.as_const() for k, v in kwargs.items()}
+    kw.setdefault("module", tx.f_globals.get("__name__", "__main__"))
+    try:
+        cls = collections.namedtuple(*[a.as_const() for a in args], **kw)
+    except (TypeError, ValueError) as e:
+        unsupported(f"collections.namedtuple raised {type(e).__name__}: {e}")
+    from .builder import wrap  # (lazy: import cycle, to break)
+    return wrap(tx, cls, None, guard=False)
 
 
 def _note_maker(out, fn, args, kwargs):

@@ -20,7 +20,7 @@ from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
 from .modules import construct_module
-from .constant import ConstVar, is_pure_method
+from .constant import ConstVar, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
@@ -441,7 +441,6 @@ class ConstantResultVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        from .constant import ConstVar, is_constant_value  # (lazy: import cycle, to break)
         if not all(a.is_const() for a in (*args, *kwargs.values())):
             unsupported(f"{getattr(self.value, '__name__', 'a function')} (assume_constant_result) "
                         f"called on arguments that are not constants")
@@ -926,9 +925,20 @@ def _construct(tx, cls, args, kwargs):
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         from .containers import NamedTupleVar  # (lazy: import cycle, to break)
         names = list(cls._fields)
-        values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
-        if len(values) != len(names):
-            unsupported(f"{cls.__name__}() with missing fields")
+        if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
+            unsupported(f"{cls.__name__}() with unexpected arguments (TypeError)")
+        # The defaults are those of its __new__ (what the call uses; _field_defaults
+        # only reports them), when they are constants.
+        defaults = getattr(getattr(cls, "__new__", None), "__defaults__", None) or ()
+        defaults = dict(zip(names[len(names) - len(defaults):], defaults))
+        values = list(args)
+        for n in names[len(args):]:
+            if n in kwargs:
+                values.append(kwargs[n])
+            elif n in defaults and is_constant_value(defaults[n]):
+                values.append(ConstVar(defaults[n]))
+            else:
+                unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
     if cls is torch.nn.Parameter:
         from .tensor_attrs import new_parameter  # (lazy: import cycle, to break)
