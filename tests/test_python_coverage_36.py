@@ -324,3 +324,124 @@ def test_namedtuple_repr_names_its_fields():
     def f(x):
         return x + 1, repr(GlobalPair(1, 2)), str(GlobalPair(3)), f"{GlobalPair(4, 5)}"
     assert check(f, [torch.randn(3)]).breaks == 0
+
+
+# ------------------------------------------------- iterators passed in by the caller
+def _over_iterator(compiled):
+    """Calls `compiled` on an iterator over `items` and reports how far the caller's
+    iterator was advanced (what is left of it), and whether it got it back."""
+    def outer(x, items, *rest):
+        it = iter(items)
+        try:
+            out = compiled(x, it, *rest)
+        except Exception as e:
+            out = e
+        if isinstance(out, tuple) and out and out[-1] is it:
+            out = out[:-1] + ("the caller's iterator",)
+        items.append(100)               # seen by an iterator that is not exhausted
+        return out, list(it)
+    return outer
+
+
+def _check_iter(fn, inputs, **kw):
+    return check(_over_iterator(fn), inputs,
+                 compiled=lambda c: _over_iterator(frametrace.optimize(backend=c)(fn)), **kw)
+
+
+def next_with_default(x, it):
+    a = next(it, 10)
+    b = next(it, 20)
+    return x * a + b
+
+
+def membership(x, it):
+    return x + (2 in it), x * (7 in it)
+
+
+def loop_with_break(x, it):
+    for v in it:
+        x = x + v
+        if v > 1:
+            break
+    return x
+
+
+def consumed_then_raises(x, it):
+    a = next(it)
+    if a > 0:
+        raise ValueError(f"first item {a}")
+    return x + a
+
+
+def returned_after_next(x, it):
+    return x + next(it), it
+
+
+def across_a_break(x, it):
+    a = next(it)
+    print("between", a)
+    return x + a + next(it, 0)
+
+
+def list_grown_while_iterating(x, it, items):
+    a = next(it)
+    items.append(a + 10)
+    return x + sum(it)
+
+
+ITEMS = [[1, 2, 3], [4], [], [0, 5, 1, 2], [3, 2, 7, 1]]
+
+
+def test_next_on_an_iterator_passed_in():
+    r = _check_iter(next_with_default, [(torch.randn(3), list(i)) for i in ITEMS], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0 and r.graphs >= 1
+
+
+def test_in_on_an_iterator_passed_in():
+    r = _check_iter(membership, [(torch.randn(3), list(i)) for i in ITEMS], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0 and r.graphs >= 1
+
+
+def test_loop_over_an_iterator_passed_in():
+    r = _check_iter(loop_with_break, [(torch.randn(3), list(i)) for i in ITEMS], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0 and r.graphs >= 1
+
+
+def test_iterator_passed_in_consumed_before_an_exception():
+    _check_iter(consumed_then_raises, [(torch.randn(3), [1, 2]), (torch.randn(3), [0, 2]),
+                                       (torch.randn(3), [3])], graphs=None)
+
+
+def test_iterator_passed_in_returned_as_itself():
+    r = _check_iter(returned_after_next, [(torch.randn(3), [1, 2]), (torch.randn(3), [5, 6, 7])],
+                    graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_iterator_passed_in_across_a_break(capsys):
+    _check_iter(across_a_break, [(torch.randn(3), [1, 2]), (torch.randn(3), [5])], graphs=None)
+
+
+def test_iterator_passed_in_with_its_list():
+    def outer(compiled):
+        def run(x, items):
+            it = iter(items)
+            return compiled(x, it, items), list(it), items
+        return run
+    r = check(outer(list_grown_while_iterating), [(torch.randn(3), [1, 2]), (torch.randn(3), [5])],
+              compiled=lambda c: outer(frametrace.optimize(backend=c)(list_grown_while_iterating)),
+              graphs=None)
+    assert r.fallbacks == 0
+
+
+def membership_breaks_midway(x, it):
+    a = next(it)
+    found = x[0] in it              # tensor == tensor: a decision on data, a break
+    return x + a, found
+
+
+def test_iterator_passed_in_with_a_break_inside_in():
+    def items(*vals):
+        return [torch.tensor(float(v)) for v in vals]
+    _check_iter(membership_breaks_midway, [(torch.tensor([2.0, 1.0]), items(1, 3, 2, 5)),
+                                           (torch.tensor([9.0, 1.0]), items(1, 3))], graphs=None)

@@ -297,6 +297,72 @@ class ListIteratorVar(LazyIteratorVar):
         return super().call_method(tx, name, args, kwargs)
 
 
+class OuterListIteratorVar(ListIteratorVar):
+    """A list iterator from outside the frame (an argument): it reads its list (guarded
+    as any list of the frame's) from its position (guarded).  What the trace consumes
+    is a side effect, replayed on the real iterator, which stays the one object the
+    caller holds: it is never rebuilt, pulled ahead or handed over anew."""
+    __slots__ = ("exhausted",)
+
+    def __init__(self, seq: ListVar, pos: int, source, tx):
+        super().__init__(seq, tx)
+        self.pos = pos                  # (the generator above has not started yet)
+        self.source = source
+        self.exhausted = False
+
+    def _pull(self, tx):
+        for item in super()._pull(tx):
+            tx.side_effects.advance_iterator(self)
+            yield item
+        # CPython drops the list of an exhausted iterator: it stays exhausted.
+        self.exhausted = True
+        tx.side_effects.advance_iterator(self)
+
+    def handover(self):
+        return None
+
+    def remaining(self, tx) -> list:
+        unsupported("pulling ahead what is left of an iterator from outside the frame")
+
+    def freeze(self, tx):
+        pass                            # returned as itself, its position replayed
+
+    def reconstruct(self, cg):
+        self.source.reconstruct(cg)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__setstate__":
+            unsupported("__setstate__ of an iterator from outside the frame")
+        return super().call_method(tx, name, args, kwargs)
+
+
+def advance_iterator(it, pos, exhausted):
+    """At run time: the caller's list iterator where the trace left it."""
+    it.__setstate__(pos)
+    if exhausted:
+        for _ in it:
+            pass
+
+
+def wrap_outer_list_iterator(tx, it, source):
+    """A list iterator read from the frame, or None where it cannot be followed (one
+    already exhausted has no list left to read)."""
+    state = it.__reduce__()
+    if len(state) != 3 or type(state[1][0]) is not list:
+        return None
+    from ..source import CallMethodSource, GetItemSource  # (lazy: import cycle, to break)
+    from .builder import wrap  # (lazy: import cycle, to break)
+    tx.guards.type_match(source, it)
+    reduced = CallMethodSource(source, "__reduce__")
+    tx.guards.equals(GetItemSource(reduced, 2), state[2])
+    seq = wrap(tx, state[1][0], GetItemSource(GetItemSource(reduced, 1), 0))
+    if not isinstance(seq, ListVar):
+        return None
+    var = OuterListIteratorVar(seq, state[2], source, tx)
+    tx.output.object_vars[id(it)] = (it, var)
+    return var
+
+
 class DictIteratorVar(LazyIteratorVar):
     """iter(a dict) or iter(d.keys() / .values() / .items()): live, as CPython's.  A
     graph break hands over the dict and the number of items taken; the resume function

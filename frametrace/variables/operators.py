@@ -19,7 +19,7 @@ from ..exc import Unsupported
 from .base import Var, nouns, unsupported
 from .builtins import IdVar, SetVar
 from .constant import BINARY_FOLD, ConstVar
-from .containers import DictVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
+from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import raise_builtin, raise_folded
 from .fx_values import to_fake
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
@@ -349,6 +349,14 @@ def contains(tx, container: Var, item: Var) -> bool:
         # each item in order: `is`, then `==` and its truth (a tensor found by identity
         # before any other is compared by value)
         return any(_matches(tx, m, item) for m in container.unpack(tx))
+    if isinstance(container, IteratorVar):
+        # Consumed up to the first match, as CPython's (`is`, then `==`).
+        while True:
+            m = container.next()
+            if m is None:
+                return False
+            if _matches(tx, m, item):
+                return True
     unsupported(f"'in' with {item} and {container}")
 
 
