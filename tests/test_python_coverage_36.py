@@ -544,3 +544,18 @@ def test_numpy_scalars_with_tensors(tensor_dtype):
     frametrace.reset()
     r = check(numpy_finfo_and_bool_scalars, [torch.arange(3).to(tensor_dtype)])
     assert r.breaks == 0 and r.graphs == 1
+
+
+def switched_then_read_before_a_break(x):
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    mode = torch.get_deterministic_debug_mode()
+    print("mode", mode)         # the break traces the frame again from the entry state
+    torch.use_deterministic_algorithms(False)
+    return x + 1, before, mode, torch.get_deterministic_debug_mode()
+
+
+def test_deterministic_state_read_again_after_a_break(capsys):
+    r = _check_state(switched_then_read_before_a_break,
+                     [(torch.randn(3), False), (torch.randn(3), True), (torch.randn(3), False)])
+    assert r.breaks >= 1

@@ -652,10 +652,11 @@ _RNN_OPS = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu,
 
 
 def _set_deterministic(tx, args, kwargs):
-    """torch.use_deterministic_algorithms(mode, warn_only=): switched for real while
-    tracing (the compile puts the entry state back), a node in the graph where the ops
-    after it run, and set again by the transformed code where it leaves the graph.  The
-    state it leaves is the call's, whatever it was at entry: nothing to guard."""
+    """torch.use_deterministic_algorithms(mode, warn_only=): a node in the graph where
+    the ops after it run, and set again by the transformed code where it leaves the
+    graph.  The state it leaves is the call's, whatever it was at entry: nothing to
+    guard.  Not switched while tracing (a graph break traces the frame again from the
+    entry state): the trace's readers answer with the call's state."""
     if len(args) != 1 or set(kwargs) - {"warn_only"} or \
             not all(v.is_const() for v in (*args, *kwargs.values())):
         unsupported("torch.use_deterministic_algorithms with traced or unexpected arguments")
@@ -665,21 +666,36 @@ def _set_deterministic(tx, args, kwargs):
     if type(tx.output).__name__ == "SubgraphOutput":
         # (the body of a higher-order op: its graph runs elsewhere, or several times)
         unsupported("torch.use_deterministic_algorithms inside a higher-order op's body")
-    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
     tx.output.graph.create_node("call_function", torch._C._set_deterministic_algorithms,
                                 (mode,), {"warn_only": warn_only})
     tx.output.deterministic = (mode, warn_only)
     return ConstVar(None)
 
 
-_DETERMINISTIC_READERS = (torch.are_deterministic_algorithms_enabled,
-                          torch.is_deterministic_algorithms_warn_only_enabled)
+_DETERMINISTIC_READERS = {torch.are_deterministic_algorithms_enabled,
+                          torch.is_deterministic_algorithms_warn_only_enabled,
+                          torch.get_deterministic_debug_mode,
+                          torch._C._get_deterministic_algorithms,
+                          torch._C._get_deterministic_algorithms_warn_only}
+
+
+def _read_deterministic(fn, state):
+    """What `fn` answers in the state the frame set (torch's own answer, switched to it
+    for the call)."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch._C._set_deterministic_algorithms(state[0], warn_only=state[1])
+    try:
+        return fn()
+    finally:
+        torch._C._set_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _read_global_state(tx, fn):
     value = fn()
     if tx.output.deterministic is not None and fn in _DETERMINISTIC_READERS:
-        return ConstVar(value)      # what the frame set: the same on every run
+        # what the frame set: the same on every run
+        return ConstVar(_read_deterministic(fn, tx.output.deterministic))
     entry = tx.output.entry_state
     if entry is not None and tx.output.open_contexts:
         # Inside contexts the trace entered for real, the answer is the context's,
