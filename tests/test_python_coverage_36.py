@@ -559,3 +559,18 @@ def test_deterministic_state_read_again_after_a_break(capsys):
     r = _check_state(switched_then_read_before_a_break,
                      [(torch.randn(3), False), (torch.randn(3), True), (torch.randn(3), False)])
     assert r.breaks >= 1
+
+
+def loop_with_a_break_inside(x, it):
+    for v in it:
+        x = x + v
+        if v == 2:
+            print("two")        # a graph break inside the loop over the caller's iterator
+        if v > 4:
+            break
+    return x
+
+
+def test_loop_over_an_iterator_passed_in_with_a_break_inside(capsys):
+    _check_iter(loop_with_a_break_inside, [(torch.randn(3), list(i)) for i in ITEMS + [[2, 5, 6]]],
+                graphs=None)
