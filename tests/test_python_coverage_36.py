@@ -574,3 +574,16 @@ def loop_with_a_break_inside(x, it):
 def test_loop_over_an_iterator_passed_in_with_a_break_inside(capsys):
     _check_iter(loop_with_a_break_inside, [(torch.randn(3), list(i)) for i in ITEMS + [[2, 5, 6]]],
                 graphs=None)
+
+
+class _Doubled(collections.namedtuple("_Doubled", "a b")):
+    def __new__(cls, a, b=3):
+        return super().__new__(cls, a * 2, b)
+
+
+def test_namedtuple_subclass_with_its_own_new_runs_it():
+    # (its instances were made as if __new__ were the namedtuple's: a wrong answer)
+    def f(x):
+        p = _Doubled(x)
+        return p.a + p.b, repr(_Doubled(1, 2))
+    check(f, [torch.randn(3)], graphs=None)

@@ -941,6 +941,10 @@ def _construct(tx, cls, args, kwargs):
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         from .containers import NamedTupleVar  # (lazy: import cycle, to break)
         names = list(cls._fields)
+        maker = next((k for k in cls.__mro__ if "__new__" in k.__dict__), None)
+        if maker is None or "_make" not in maker.__dict__ or cls.__init__ is not object.__init__:
+            # (a subclass's own __new__ or __init__ would run: made here, it would not)
+            unsupported(f"{cls.__name__}() with a __new__ or __init__ of its own")
         if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
             unsupported(f"{cls.__name__}() with unexpected arguments (TypeError)")
         # The defaults are those of its __new__ (what the call uses; _field_defaults

@@ -254,7 +254,12 @@ def is_picked(tx, v) -> bool:
     """Whether tensor `v` is a min()/max() result that stands for one of its items
     (variables/builtins.py)."""
     picked = tx.output.picked_storages
-    return bool(picked) and v.example.untyped_storage()._cdata in picked
+    if not picked:
+        return False
+    try:
+        return v.example.untyped_storage()._cdata in picked
+    except Exception:       # (no storage: sparse, nested ... never a min()/max() result)
+        return False
 
 
 def refuse_picked(what):
