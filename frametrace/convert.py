@@ -823,6 +823,7 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     cells = resume.cells_to_store(tracer) if break_at is None else []
     out_nodes = _graph_outputs(tracer, output, guards, result, cells, break_at)
     _check_picked(output, out_nodes)
+    _check_fresh_cache_keys(output, out_nodes)
     side_effects = tracer.side_effects
     cg = CodeGen(code, lineno=tracer.lineno)
     slot = None
@@ -1142,6 +1143,15 @@ def _check_picked(output, out_nodes):
         if made in reachable and reachable & set(items):
             raise Unsupported("the result of min()/max() of tensors outlives the frame with "
                               "its items (CPython returns one of them, the same object)")
+
+
+def _check_fresh_cache_keys(output, out_nodes):
+    """A tensor made in the frame and used as an lru_cache key (variables/functions.py)
+    must not outlive it: CPython's cache holds an entry for it that ours does not."""
+    if output.fresh_cache_keys and any(id(n.meta.get("example_value")) in output.fresh_cache_keys
+                                       for n in out_nodes):
+        raise Unsupported("a tensor made in the frame and passed to an lru_cache function "
+                          "outlives the frame (CPython's cache keeps an entry for it)")
 
 
 def _storage_key(node):

@@ -140,6 +140,10 @@ class OutputGraph:
         # Storages of min()/max() results of tensors (variables/builtins.py): new
         # tensors standing for one of the items, which a write would tell apart.
         self.picked_storages: dict = {}     # its storage -> its items' storages
+        # Calls of lru_cache functions on tensors made in the frame (variables/functions.py):
+        # their key -> result, and the ids of those tensors' FakeTensors.
+        self.cache_results: dict = {}
+        self.fresh_cache_keys: set = set()
         # A dict from outside keyed by tensors was read (variables/subclasses.py): its
         # lookups compared tensor inputs by identity, so they must stay distinct.
         self.tensor_keyed_reads = False

@@ -587,3 +587,48 @@ def test_namedtuple_subclass_with_its_own_new_runs_it():
         p = _Doubled(x)
         return p.a + p.b, repr(_Doubled(1, 2))
     check(f, [torch.randn(3)], graphs=None)
+
+
+# ------------------------------------------------------- lru_cache on traced tensors
+import functools
+
+CACHE_CALLS = []
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_scale(t, k=2):
+    CACHE_CALLS.append(k)           # runs on a miss only
+    return t * k
+
+
+def cached_on_a_fresh_tensor(x):
+    y = x + 1
+    a = _cached_scale(y, 3)
+    b = _cached_scale(y, 3)         # CPython's cache hit: the same object, no second run
+    y.add_(1)
+    c = _cached_scale(y, 3)         # a hit too: the result computed before the write
+    d = _cached_scale(y, 3.0)       # 3 == 3.0: one key
+    return a, b is a, c is a, d is a, _cached_scale(x * 2, 4)
+
+
+def cached_on_an_input(x):
+    return _cached_scale(x, 5)
+
+
+def cached_key_outlives_the_frame(x):
+    y = x + 1
+    return _cached_scale(y, 6), y
+
+
+def test_lru_cache_called_on_a_tensor_made_in_the_frame():
+    r = check(cached_on_a_fresh_tensor, [torch.randn(3), torch.randn(3)], globals=["CACHE_CALLS"])
+    assert r.breaks == 0 and r.graphs == 1
+
+
+def test_lru_cache_whose_key_could_be_found_again_not_traced():
+    # (an input may be in the cache already; a key that outlives the frame would be
+    # found by a later call in CPython)
+    r = check(cached_on_an_input, [torch.randn(3)], globals=["CACHE_CALLS"], graphs=None)
+    assert any("lru_cache" in reason for reason in r.reasons())
+    r = check(cached_key_outlives_the_frame, [torch.randn(3)], globals=["CACHE_CALLS"], graphs=None)
+    assert r.fallbacks == 1

@@ -632,6 +632,41 @@ def _pinned_arg(tx, fn, arg):
     return ConstSource(obj, arg.source.name())
 
 
+def _call_on_fresh_tensor(tx, fn, args):
+    """A cached function called on a tensor made in this frame (with constants): the
+    cache, keyed by that new object, has no entry for it, so CPython calls the function
+    (inlined here).  A second call with the same key in the frame is CPython's cache
+    hit: the first call's result, and the function does not run again.  The tensor must
+    not outlive the frame (convert's _check_fresh_cache_keys), or a later call outside
+    it would find in CPython's cache what the compiled code never put there."""
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
+    inputs = {id(i.node.meta.get("example_value")) for i in tx.output.inputs}
+    fresh = [a for a in args if isinstance(a, TensorVar) and a.source is None and
+             id(a.example) not in inputs]
+    if not fresh or not all(isinstance(a, (TensorVar, ConstVar)) for a in args) or \
+            not isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
+        return None
+    typed = fn.cache_parameters().get("typed", False)
+    key = [id(fn)]
+    for a in args:
+        if isinstance(a, TensorVar):
+            key.append(("tensor", id(a.example)))
+        else:
+            try:
+                hash(a.value)
+            except TypeError:
+                return None         # (CPython raises TypeError)
+            key.append(("const", a.value, type(a.value)) if typed else ("const", a.value))
+    key = tuple(key)
+    known = tx.output.cache_results.get(key)
+    if known is not None:
+        return known
+    result = UserFunctionVar(fn.__wrapped__).call(tx, list(args), {})
+    tx.output.cache_results[key] = result
+    tx.output.fresh_cache_keys.update(id(a.example) for a in fresh)
+    return result
+
+
 def cached_call(tx, fn_var, args, kwargs):
     """A call of a functools.lru_cache-wrapped function on constants (a version check):
     the real call, whose answer is the cached one from the second call on.  The guard
@@ -642,6 +677,9 @@ def cached_call(tx, fn_var, args, kwargs):
     fn = fn_var.value
     if kwargs:
         unsupported(f"calling {fn.__qualname__} (lru_cache) with keyword arguments")
+    fresh = _call_on_fresh_tensor(tx, fn, args)
+    if fresh is not None:
+        return fresh
     consts = [a.as_const() if a.is_const() else _pinned_arg(tx, fn, a) for a in args]
     if not CallMethodSource.supports(consts):
         unsupported(f"calling {fn.__qualname__} (lru_cache) on arguments a guard cannot name")
