@@ -632,3 +632,22 @@ def test_lru_cache_whose_key_could_be_found_again_not_traced():
     assert any("lru_cache" in reason for reason in r.reasons())
     r = check(cached_key_outlives_the_frame, [torch.randn(3)], globals=["CACHE_CALLS"], graphs=None)
     assert r.fallbacks == 1
+
+
+def generator_over_a_cell_rebound_later(x, d):
+    k = 1
+
+    def gen(extra):
+        for i in range(2):
+            yield x * k + extra["v"] + i
+
+    g = gen(d)
+    k = 5                       # the body, run later, reads the cell: 5
+    d["v"] = 7
+    return g
+
+
+def test_returned_generator_reads_cells_and_containers_as_left():
+    r = _check_gen(generator_over_a_cell_rebound_later, [(torch.randn(3), {"v": 1}),
+                                                          (torch.randn(3), {"v": 2})], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0
