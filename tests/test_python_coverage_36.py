@@ -651,3 +651,12 @@ def test_returned_generator_reads_cells_and_containers_as_left():
     r = _check_gen(generator_over_a_cell_rebound_later, [(torch.randn(3), {"v": 1}),
                                                           (torch.randn(3), {"v": 2})], graphs=None)
     assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_min_max_of_tensors_that_require_grad_not_picked():
+    # (the item not chosen gets no gradient in CPython; where() would give it zeros)
+    def f(w, v):
+        m = max(w.sum(), v.sum())
+        m.backward()
+        return w.grad is None, v.grad is None
+    check(f, [(torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))], graphs=None)

@@ -1282,8 +1282,9 @@ def _pick_tensor(tx, pick, items):
     and replaces it by each later one that compares less (greater), so `where(item < best,
     item, best)` in turn has its values, NaNs included.  The result is a new tensor, not
     the chosen object: only where nothing tells them apart (one shape, dtype and device;
-    no leaf that requires grad, whose `.grad` would land elsewhere), and a write into it
-    later (`m += 1`, which would write the chosen item in CPython) refuses the compile."""
+    nothing that requires grad: where() would give the item not chosen a zero gradient,
+    where CPython gives it none), and a write into it later (`m += 1`, which would write
+    the chosen item in CPython) refuses the compile."""
     if not all(isinstance(i, TensorVar) for i in items):
         return None
     fakes = [i.node.meta.get("example_value") for i in items]
@@ -1292,7 +1293,7 @@ def _pick_tensor(tx, pick, items):
     first = fakes[0]
     if any(f.numel() != 1 or f.shape != first.shape or f.dtype != first.dtype or
            f.device != first.device or f.layout != torch.strided or f.is_complex() or
-           f.requires_grad and f.is_leaf for f in fakes):
+           f.requires_grad for f in fakes):
         return None
     op = torch.gt if pick is max else torch.lt
     best = items[0]
