@@ -660,3 +660,13 @@ def test_min_max_of_tensors_that_require_grad_not_picked():
         m.backward()
         return w.grad is None, v.grad is None
     check(f, [(torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))], graphs=None)
+
+
+def test_min_max_result_hashed_not_guessed():
+    # (a dict keyed by tensors finds the chosen item by identity in CPython)
+    def f(x):
+        a, b = x.sum(), x.mean()
+        table = {a: "a", b: "b"}
+        return x * 2, table[max(a, b)]
+    r = check(f, [torch.randn(3), torch.tensor([3.0, -1.0, 0.0])], graphs=None)
+    assert r.fallbacks >= 1

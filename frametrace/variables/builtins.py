@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
-from .base import Var, nouns, safe_repr, unsupported
+from .base import Unsupported, Var, nouns, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
@@ -785,6 +785,8 @@ def set_key(v: Var):
         return by_value
     from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
+        if getattr(v.example, PICKED, False):
+            refuse_picked("hashing")
         from .tensor_facts import hashed  # (lazy: import cycle, to break)
         return hashed(v.example)    # one FakeTensor per tensor; a tensor hashes by identity
     if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
@@ -1277,6 +1279,16 @@ def _min_max(pick):
     return handler
 
 
+PICKED = "_frametrace_min_max_result"     # set on the FakeTensor of such a result
+
+
+def refuse_picked(what):
+    """The frame runs in CPython: a break here would run `what` on the new tensor."""
+    e = Unsupported(f"{what} of the result of min()/max() of tensors (in CPython, one of its items)")
+    e.whole_frame = True
+    raise e
+
+
 def _pick_tensor(tx, pick, items):
     """min/max of one-element tensors, chosen in the graph: CPython keeps the first item
     and replaces it by each later one that compares less (greater), so `where(item < best,
@@ -1301,6 +1313,7 @@ def _pick_tensor(tx, pick, items):
         cond = tx.output.call("call_function", op, (item, best), {})
         best = tx.output.call("call_function", torch.where, (cond, item, best), {})
     made = best.node.meta.get("example_value")
+    setattr(made, PICKED, True)
     tx.output.picked_storages[made.untyped_storage()._cdata] = \
         [f.untyped_storage()._cdata for f in fakes]
     return best
@@ -1408,7 +1421,6 @@ def _getattr(tx, args, kwargs):
         return obj.getattr(tx, name)
     if present is False:
         return args[2]
-    from .base import Unsupported  # (lazy: import cycle, to break)
     from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
     try:
         return obj.getattr(tx, name)
@@ -1656,7 +1668,7 @@ def _id(tx, args, kwargs):
         return ConstVar(id(real))
     from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
-        from .operators import is_picked, refuse_picked  # (lazy: import cycle, to break)
+        from .operators import is_picked  # (lazy: import cycle, to break)
         if is_picked(tx, v):
             refuse_picked("id()")
         identity = v.example            # one FakeTensor per tensor

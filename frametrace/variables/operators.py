@@ -15,9 +15,8 @@ import operator
 import torch
 import enum
 
-from ..exc import Unsupported
 from .base import Var, nouns, unsupported
-from .builtins import IdVar, SetVar
+from .builtins import IdVar, SetVar, refuse_picked
 from .constant import BINARY_FOLD, ConstVar
 from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import raise_builtin, raise_folded
@@ -260,13 +259,6 @@ def is_picked(tx, v) -> bool:
         return v.example.untyped_storage()._cdata in picked
     except Exception:       # (no storage: sparse, nested ... never a min()/max() result)
         return False
-
-
-def refuse_picked(what):
-    """The frame runs in CPython: a break here would run `what` on the new tensor."""
-    e = Unsupported(f"{what} of the result of min()/max() of tensors (in CPython, one of its items)")
-    e.whole_frame = True
-    raise e
 
 
 def is_same(a: Var, b: Var, tx=None) -> bool:
