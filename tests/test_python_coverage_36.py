@@ -1,6 +1,10 @@
 """Issue 36: constructs where torch.compile keeps one graph: global state toggled in the
 frame, returned generators, min/max of 0-d tensors ...  Each test is differential
 (tests/differential.py) and counts what was compiled."""
+import collections
+import functools
+
+import numpy as np
 import pytest
 import torch
 
@@ -278,8 +282,6 @@ def test_identity_of_a_min_max_result_in_an_inlined_call():
 
 
 # ------------------------------------------------------------ namedtuple in the frame
-import collections
-
 GlobalPair = collections.namedtuple("GlobalPair", "a b", defaults=[7])
 
 
@@ -505,8 +507,6 @@ def test_vmap_writing_a_leaf_that_requires_grad_raises_as_cpython():
 
 
 # ------------------------------------------------------------------ NumPy objects
-import numpy as np
-
 
 class _Arrays:
     def __init__(self, dtype):
@@ -590,8 +590,6 @@ def test_namedtuple_subclass_with_its_own_new_runs_it():
 
 
 # ------------------------------------------------------- lru_cache on traced tensors
-import functools
-
 CACHE_CALLS = []
 
 
