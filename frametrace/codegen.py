@@ -205,6 +205,15 @@ class CodeGen:
         self.call_const(torch._C._set_grad_enabled, [lambda cg: cg.load_const(mode)])
         self.emit("POP_TOP")
 
+    def set_deterministic(self, state):
+        """torch.use_deterministic_algorithms as the trace left it (`state`: mode,
+        warn_only; None where the frame did not call it)."""
+        if state is None:
+            return
+        self.call_const(set_deterministic_algorithms, [lambda cg: cg.load_const(state[0]),
+                                                       lambda cg: cg.load_const(state[1])])
+        self.emit("POP_TOP")
+
     def load_rebuilt(self, var) -> bool:
         """Push an object already rebuilt by this code (keeps aliasing); False if not."""
         name = self.rebuilt.get(id(var))
@@ -532,3 +541,7 @@ def hide_own_entries(exc):
 
 
 _HELPER_CODES = frozenset([rerun_frame.__code__])
+
+
+def set_deterministic_algorithms(mode, warn_only):
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)

@@ -822,12 +822,15 @@ def _finish(code, func, tracer, output, guards, result, backend, record, break_a
     # At a return, the frame's cells are stored too: a returned closure reads them.
     cells = resume.cells_to_store(tracer) if break_at is None else []
     out_nodes = _graph_outputs(tracer, output, guards, result, cells, break_at)
+    _check_picked(output, out_nodes)
+    _check_fresh_cache_keys(output, out_nodes)
     side_effects = tracer.side_effects
     cg = CodeGen(code, lineno=tracer.lineno)
     slot = None
     if output.computes():
         slot = _emit_graph_call(cg, output, backend, side_effects, out_nodes, ops_traced,
                                 entry_grad)
+    cg.set_deterministic(output.deterministic)
     # What the frame returns, or hands over at a break, is computed before the side
     # effects are replayed: CPython computed it before them too.
     if break_at is None:
@@ -995,6 +998,8 @@ def _can_run_again(output, backend) -> bool:
     if any(n.op == "call_function" and getattr(n.target, "__name__", "") == "_enter_autocast"
            for n in output.graph.nodes):
         return False
+    if output.deterministic is not None:
+        return False        # its switch may have run: the rerun would start in it
     if getattr(backend, "__frametrace_defers_input_mutations__", False):
         return True
     return not any(_storage_key(i.node) in mode.written_storages for i in output.inputs)
@@ -1034,7 +1039,7 @@ def _rerun_state(output, backend, side_effects, ops_traced=None):
     random generators, autocast, and the inputs the graph writes (copies, so only
     where effects would be lost; an input that needs grad keeps the autograd history
     the failed graph gave it, so it is not put back)."""
-    if not config.rerun_failed_graphs_from_saved_state:
+    if not config.rerun_failed_graphs_from_saved_state or output.deterministic is not None:
         return None
     mode = output.fake_mode
     defers = getattr(backend, "__frametrace_defers_input_mutations__", False)
@@ -1122,6 +1127,33 @@ def _guard_aliasing(output, guards, side_effects):
                     guards.distinct_objects(w.cell_source, other)
 
 
+def _check_picked(output, out_nodes):
+    """min()/max() of tensors made a new tensor where CPython returns one of the items
+    (variables/builtins.py): refused where that shows, when it is written into, or when
+    it outlives the frame along with an item the caller can reach (an input, or a
+    tensor that also outlives it)."""
+    if not output.picked_storages:
+        return
+    if set(output.picked_storages) & output.fake_mode.written_storages:
+        raise Unsupported("writing into the result of min()/max() of tensors (in CPython, "
+                          "into the item it returned)")
+    reachable = {_storage_key(n) for n in out_nodes} | \
+        {_storage_key(i.node) for i in output.inputs}
+    for made, items in output.picked_storages.items():
+        if made in reachable and reachable & set(items):
+            raise Unsupported("the result of min()/max() of tensors outlives the frame with "
+                              "its items (CPython returns one of them, the same object)")
+
+
+def _check_fresh_cache_keys(output, out_nodes):
+    """A tensor made in the frame and used as an lru_cache key (variables/functions.py)
+    must not outlive it: CPython's cache holds an entry for it that ours does not."""
+    if output.fresh_cache_keys and any(id(n.meta.get("example_value")) in output.fresh_cache_keys
+                                       for n in out_nodes):
+        raise Unsupported("a tensor made in the frame and passed to an lru_cache function "
+                          "outlives the frame (CPython's cache keeps an entry for it)")
+
+
 def _storage_key(node):
     value = node.meta.get("example_value")
     try:
@@ -1193,6 +1225,10 @@ def _collect_outputs(v, out, seen=None):
         _collect_outputs(v.base, out, seen)
     elif isinstance(getattr(v, "dict", None), DictVar):      # a dict view
         _collect_outputs(v.dict, out, seen)
+    elif getattr(v, "remade", False):        # a generator made again by its call
+        fn, args, kwargs = v.maker
+        for item in [fn, *args, *kwargs.values()]:
+            _collect_outputs(item, out, seen)
     elif isinstance(v, IteratorVar) and v.handover() is not None:
         _collect_outputs(v.handover()[1], out, seen)
     elif isinstance(v, IteratorVar):

@@ -16,7 +16,7 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 class GlobalState:
     __slots__ = ("grad", "autocast", "autocast_cache", "autocast_nesting", "function_modes",
-                 "dispatch_modes", "dtype", "device")
+                 "dispatch_modes", "dtype", "device", "deterministic")
 
     def __init__(self):
         self.grad = torch.is_grad_enabled()
@@ -29,6 +29,8 @@ class GlobalState:
         self.dispatch_modes = _python_dispatch._get_current_dispatch_mode_stack()
         self.dtype = torch.get_default_dtype()
         self.device = torch.get_default_device()
+        self.deterministic = (torch.are_deterministic_algorithms_enabled(),
+                              torch.is_deterministic_algorithms_warn_only_enabled())
 
     def restore(self):
         _restore_stack(self.function_modes, _function_modes,
@@ -52,6 +54,8 @@ class GlobalState:
             torch.set_default_dtype(self.dtype)
         if torch.get_default_device() != self.device:
             torch.set_default_device(self.device)
+        mode, warn_only = self.deterministic
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 def _function_modes():

@@ -92,6 +92,9 @@ class LocatedGraph(fx.Graph):
         return node
 
 
+_STATE_SWITCHES = (torch._C._set_grad_enabled, torch._C._set_deterministic_algorithms)
+
+
 class OutputGraph:
     """Collects the graph while tracing; `compile` hands it to the backend."""
 
@@ -130,6 +133,17 @@ class OutputGraph:
         # function): an exception out of the graph leaves those in effect, as CPython does.
         self.unscoped_grad: set = set()
         self.outer_grad = None          # see variables/builder.py (GradModeRestore)
+        # (mode, warn_only) of the last torch.use_deterministic_algorithms the trace
+        # made: the graph's node for it may not survive the backend, so the transformed
+        # code sets it again where the frame leaves the graph (a break, the return).
+        self.deterministic: tuple | None = None
+        # Storages of min()/max() results of tensors (variables/builtins.py): new
+        # tensors standing for one of the items, which a write would tell apart.
+        self.picked_storages: dict = {}     # its storage -> its items' storages
+        # Calls of lru_cache functions on tensors made in the frame (variables/functions.py):
+        # their key -> result, and the ids of those tensors' FakeTensors.
+        self.cache_results: dict = {}
+        self.fresh_cache_keys: set = set()
         # A dict from outside keyed by tensors was read (variables/subclasses.py): its
         # lookups compared tensor inputs by identity, so they must stay distinct.
         self.tensor_keyed_reads = False
@@ -627,10 +641,11 @@ class OutputGraph:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
     def computes(self) -> bool:
-        """Whether the graph does anything but switch grad mode (which the transformed
-        code sets itself where it matters: at a break, and at a return that keeps it)."""
+        """Whether the graph does anything but switch grad mode or deterministic
+        algorithms (which the transformed code sets itself where it matters: at a
+        break, and at a return that keeps it)."""
         return any(n.op in ("call_function", "call_method", "call_module") and
-                   n.target is not torch._C._set_grad_enabled for n in self.graph.nodes)
+                   n.target not in _STATE_SWITCHES for n in self.graph.nodes)
 
     def prune_unused(self, keep=()):
         """Drop size reads and size arithmetic nobody used (shape checks done in

@@ -18,6 +18,7 @@ from .source import ClosureSource
 from .variables.base import unsupported
 from . import _C
 from .exc import Unsupported
+from .variables.builtins import advance_iterator
 from .variables.containers import DictVar, ListVar, emit_key
 from .variables.tensor import TensorVar
 from .variables.user_objects import DELETED
@@ -33,6 +34,7 @@ class SideEffects:
         self._cells: dict[int, tuple] = {}         # id(cell) -> (cell, value)
         self._containers: dict[int, object] = {}   # id(real list/dict) -> its ListVar/DictVar
         self._calls: dict[tuple, tuple] = {}       # ("call", n) -> (replay, TupleVar of its arguments)
+        self._iters: dict[tuple, object] = {}     # ("iter", id(real iterator)) -> its Var
         self._order: list[tuple] = []
         # Where each effect first happened among the graph's ops: `clock()` counts the
         # ops created so far (set by convert; None: unknown).  A graph that raises
@@ -62,6 +64,12 @@ class SideEffects:
         the other effects, so the handlers see the state CPython showed them."""
         key = ("call", len(self._calls))
         self._calls[key] = (replay, args)
+        self._note(key)
+
+    def advance_iterator(self, var):
+        """An iterator from outside the frame was consumed: its position is replayed."""
+        key = ("iter", id(var))
+        self._iters[key] = var
         self._note(key)
 
     def fence(self, what: str):
@@ -163,6 +171,8 @@ class SideEffects:
                 yield self._cells[key][1]
             elif kind == "call":
                 yield self._calls[key][1]
+            elif kind == "iter":
+                yield self._iters[key]
             else:
                 yield self._containers[key]
 
@@ -212,6 +222,8 @@ class SideEffects:
                 temps.append(keep(lambda: self._cells[key][1].reconstruct(cg)))
             elif kind == "call":
                 temps.append(keep(lambda: self._calls[key][1].reconstruct(cg)))
+            elif kind == "iter":
+                temps.append(keep(lambda: self._iters[key].reconstruct(cg)))
             else:
                 temps.append(keep(lambda: _new_contents(cg, self._containers[key])))
                 owners[key] = keep(lambda: self._containers[key].source.reconstruct(cg))
@@ -264,8 +276,19 @@ class SideEffects:
                 else:
                     cell.source.base.reconstruct(cg)   # the cell object itself
                     cg.store_attr("cell_contents")
+            elif kind == "iter":
+                continue
             else:
                 _store_contents(cg, owners[key], temp)
+        # Iterators last: __setstate__ clamps the position to the length of the list,
+        # which the stores above may have grown.
+        for key, temp in zip(self._order, temps):
+            if key[0] == "iter":
+                var = self._iters[key]
+                cg.call_const(advance_iterator, [lambda cg: cg.emit("LOAD_FAST", temp),
+                                                 lambda cg: cg.load_const(var.pos),
+                                                 lambda cg: cg.load_const(var.exhausted)])
+                cg.emit("POP_TOP")
         if self.locks:
             cg.call_const(_release_all, [lock.reconstruct for lock in reversed(self.locks)])
             cg.emit("POP_TOP")

@@ -125,7 +125,9 @@ def test_sorted_min_max_with_key_and_reverse():
 def test_min_max_of_tensors_is_data_dependent():
     def f(a, b):
         return max(a, b)
-    unsupported(f, torch.tensor(1.0), torch.tensor(2.0), match="data-dependent")
+    # (chosen in the graph as a new tensor, which cannot stand for the input CPython
+    # returns: tests/test_python_coverage_36.py)
+    unsupported(f, torch.tensor(1.0), torch.tensor(2.0), match="min\\(\\)/max\\(\\)")
 
     def g(xs):
         return sorted(xs)

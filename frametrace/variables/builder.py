@@ -34,7 +34,7 @@ from .functorch import functorch_var
 from .autograd_function import autograd_function_apply_var
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, in_inlined_torch_package, is_inlinable
 from .modules import NNModuleVar
-from .builtins import BuiltinVar
+from .builtins import BuiltinVar, wrap_outer_list_iterator
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
 from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_numpy_value
 from ..interop import allowed_in_graph, assumed_constant, foreign_reason
@@ -299,7 +299,14 @@ def _wrap_object(tx, value, source, guards):
         return BuiltinVar(value, source)
     if isinstance(value, types.FunctionType) and is_inlinable(value):
         return UserFunctionVar(value, source)
+    if type(value) is _LIST_ITERATOR and guards is not None:
+        made = wrap_outer_list_iterator(tx, value, source)
+        if made is not None:
+            return made
     return ObjectVar(value, source)
+
+
+_LIST_ITERATOR = type(iter([]))
 
 
 _CONTAINER_TYPES = (list, dict, set, frozenset, tuple, str, bytes)

@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
-from .base import Var, nouns, safe_repr, unsupported
+from .base import Unsupported, Var, nouns, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
@@ -208,8 +208,17 @@ def _enumerate_rows(rows):
     return enumerate([v for _, v in rows], rows[0][0]) if rows else enumerate(())
 
 
+def _range_iterator(items):
+    """What is left of a range iterator, as one: its items are in steps of one size."""
+    if not items:
+        return iter(range(0))
+    step = items[1] - items[0] if len(items) > 1 else 1
+    return iter(range(items[0], items[-1] + step, step))
+
+
 _REBUILD = {
     type(iter([])): iter, type(iter(())): lambda items: iter(tuple(items)),
+    type(iter(range(0))): _range_iterator,
     type(reversed([])): lambda items: reversed(items[::-1]),
     zip: lambda rows: zip(*zip(*rows)) if rows else zip(),
     map: lambda items: map(_identity, items), filter: lambda items: filter(_always, items),
@@ -286,6 +295,72 @@ class ListIteratorVar(LazyIteratorVar):
             self.pos = max(0, min(const_key(args[0], "list iterator position"), len(self.seq.items)))
             return ConstVar(None)
         return super().call_method(tx, name, args, kwargs)
+
+
+class OuterListIteratorVar(ListIteratorVar):
+    """A list iterator from outside the frame (an argument): it reads its list (guarded
+    as any list of the frame's) from its position (guarded).  What the trace consumes
+    is a side effect, replayed on the real iterator, which stays the one object the
+    caller holds: it is never rebuilt, pulled ahead or handed over anew."""
+    __slots__ = ("exhausted",)
+
+    def __init__(self, seq: ListVar, pos: int, source, tx):
+        super().__init__(seq, tx)
+        self.pos = pos                  # (the generator above has not started yet)
+        self.source = source
+        self.exhausted = False
+
+    def _pull(self, tx):
+        for item in super()._pull(tx):
+            tx.side_effects.advance_iterator(self)
+            yield item
+        # CPython drops the list of an exhausted iterator: it stays exhausted.
+        self.exhausted = True
+        tx.side_effects.advance_iterator(self)
+
+    def handover(self):
+        return None
+
+    def remaining(self, tx) -> list:
+        unsupported("pulling ahead what is left of an iterator from outside the frame")
+
+    def freeze(self, tx):
+        pass                            # returned as itself, its position replayed
+
+    def reconstruct(self, cg):
+        self.source.reconstruct(cg)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__setstate__":
+            unsupported("__setstate__ of an iterator from outside the frame")
+        return super().call_method(tx, name, args, kwargs)
+
+
+def advance_iterator(it, pos, exhausted):
+    """At run time: the caller's list iterator where the trace left it."""
+    it.__setstate__(pos)
+    if exhausted:
+        for _ in it:
+            pass
+
+
+def wrap_outer_list_iterator(tx, it, source):
+    """A list iterator read from the frame, or None where it cannot be followed (one
+    already exhausted has no list left to read)."""
+    state = it.__reduce__()
+    if len(state) != 3 or type(state[1][0]) is not list:
+        return None
+    from ..source import CallMethodSource, GetItemSource  # (lazy: import cycle, to break)
+    from .builder import wrap  # (lazy: import cycle, to break)
+    tx.guards.type_match(source, it)
+    reduced = CallMethodSource(source, "__reduce__")
+    tx.guards.equals(GetItemSource(reduced, 2), state[2])
+    seq = wrap(tx, state[1][0], GetItemSource(GetItemSource(reduced, 1), 0))
+    if not isinstance(seq, ListVar):
+        return None
+    var = OuterListIteratorVar(seq, state[2], source, tx)
+    tx.output.object_vars[id(it)] = (it, var)
+    return var
 
 
 class DictIteratorVar(LazyIteratorVar):
@@ -710,6 +785,8 @@ def set_key(v: Var):
         return by_value
     from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
+        if getattr(v.example, PICKED, False):
+            refuse_picked("hashing")
         from .tensor_facts import hashed  # (lazy: import cycle, to break)
         return hashed(v.example)    # one FakeTensor per tensor; a tensor hashes by identity
     if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
@@ -1189,6 +1266,10 @@ def _min_max(pick):
                 if binary_op(tx, operator.gt if pick is max else operator.lt, item, best).truth(tx):
                     best = item
             return best
+        if "key" not in kwargs and len(items) > 1:
+            made = _pick_tensor(tx, pick, items)
+            if made is not None:
+                return made
         keys = _keys_of(tx, items, kwargs.get("key"))
         try:
             best = pick(range(len(items)), key=keys.__getitem__)
@@ -1196,6 +1277,46 @@ def _min_max(pick):
             unsupported(f"{pick.__name__}(): {e}")
         return items[best]
     return handler
+
+
+PICKED = "_frametrace_min_max_result"     # set on the FakeTensor of such a result
+
+
+def refuse_picked(what):
+    """The frame runs in CPython: a break here would run `what` on the new tensor."""
+    e = Unsupported(f"{what} of the result of min()/max() of tensors (in CPython, one of its items)")
+    e.whole_frame = True
+    raise e
+
+
+def _pick_tensor(tx, pick, items):
+    """min/max of one-element tensors, chosen in the graph: CPython keeps the first item
+    and replaces it by each later one that compares less (greater), so `where(item < best,
+    item, best)` in turn has its values, NaNs included.  The result is a new tensor, not
+    the chosen object: only where nothing tells them apart (one shape, dtype and device;
+    nothing that requires grad: where() would give the item not chosen a zero gradient,
+    where CPython gives it none), and a write into it later (`m += 1`, which would write
+    the chosen item in CPython) refuses the compile."""
+    if not all(isinstance(i, TensorVar) for i in items):
+        return None
+    fakes = [i.node.meta.get("example_value") for i in items]
+    if not all(isinstance(f, torch.Tensor) for f in fakes):
+        return None
+    first = fakes[0]
+    if any(f.numel() != 1 or f.shape != first.shape or f.dtype != first.dtype or
+           f.device != first.device or f.layout != torch.strided or f.is_complex() or
+           f.requires_grad for f in fakes):
+        return None
+    op = torch.gt if pick is max else torch.lt
+    best = items[0]
+    for item in items[1:]:
+        cond = tx.output.call("call_function", op, (item, best), {})
+        best = tx.output.call("call_function", torch.where, (cond, item, best), {})
+    made = best.node.meta.get("example_value")
+    setattr(made, PICKED, True)
+    tx.output.picked_storages[made.untyped_storage()._cdata] = \
+        [f.untyped_storage()._cdata for f in fakes]
+    return best
 
 
 def _sum(tx, args, kwargs):
@@ -1300,7 +1421,6 @@ def _getattr(tx, args, kwargs):
         return obj.getattr(tx, name)
     if present is False:
         return args[2]
-    from .base import Unsupported  # (lazy: import cycle, to break)
     from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
     try:
         return obj.getattr(tx, name)
@@ -1548,6 +1668,9 @@ def _id(tx, args, kwargs):
         return ConstVar(id(real))
     from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
+        from .operators import is_picked  # (lazy: import cycle, to break)
+        if is_picked(tx, v):
+            refuse_picked("id()")
         identity = v.example            # one FakeTensor per tensor
     elif isinstance(v, (NewObjectVar, DataclassVar)):
         identity = v                    # one Var per object made in the frame

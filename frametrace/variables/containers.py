@@ -166,6 +166,18 @@ class NamedTupleVar(TupleVar):
     def python_type(self):
         return self.cls or tuple
 
+    def is_const(self):
+        return not self.attrs and super().is_const()
+
+    def as_const(self):
+        # The instance of its class, not a plain tuple (its repr names the fields).
+        items = tuple(v.as_const() for v in self.items)
+        if self.cls is None:
+            return items
+        if hasattr(self.cls, "n_fields"):       # a structseq (torch.return_types)
+            return self.cls(items)
+        return tuple.__new__(self.cls, items)   # what namedtuple's _make does
+
     def getattr(self, tx, name):
         if name in self.attrs:
             return self.attrs[name]

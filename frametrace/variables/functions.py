@@ -147,6 +147,8 @@ class UserFunctionVar(Var):
                 # nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`):
                 # what calling the module does, hooks included.
                 return args[0].module_call(tx, args[1:], kwargs)
+        if fn is collections.namedtuple:
+            return _make_namedtuple(tx, args, kwargs)
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
             from .user_objects import deepcopy_var  # (lazy: import cycle, to break)
             return deepcopy_var(tx, args[0], {})
@@ -177,8 +179,9 @@ class UserFunctionVar(Var):
         kwdefaults = {k: _default(tx, d, GetItemSource(AttrSource(anchor, "__kwdefaults__"), k), False)
                       for k, d in (fn.__kwdefaults__ or {}).items()}
         bound = bind_arguments(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
-        return tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(tx, fn, self.source),
-                              fn.__qualname__)
+        out = tx.inline_call(fn.__code__, fn.__globals__, bound, _real_cells(tx, fn, self.source),
+                             fn.__qualname__)
+        return _note_maker(out, self, args, kwargs)
 
     def getattr(self, tx, name):
         from .builder import wrap  # (lazy: import cycle, to break)
@@ -215,6 +218,30 @@ class UserFunctionVar(Var):
 
     def __repr__(self):
         return f"UserFunctionVar({self.fn.__qualname__})"
+
+
+def _make_namedtuple(tx, args, kwargs):
+    """collections.namedtuple(...) of constants, made while tracing: a pure function of
+    its arguments, but for the module it names, which it reads off its caller's frame
+    (here frametrace's): the frame's module is given instead.  The class is one for
+    every run of the compiled code, where CPython makes one per call."""
+    if not all(v.is_const() for v in (*args, *kwargs.values())):
+        unsupported("collections.namedtuple of traced arguments")
+    kw = {k: v.as_const() for k, v in kwargs.items()}
+    kw.setdefault("module", tx.f_globals.get("__name__", "__main__"))
+    try:
+        cls = collections.namedtuple(*[a.as_const() for a in args], **kw)
+    except (TypeError, ValueError) as e:
+        unsupported(f"collections.namedtuple raised {type(e).__name__}: {e}")
+    from .builder import wrap  # (lazy: import cycle, to break)
+    return wrap(tx, cls, None, guard=False)
+
+
+def _note_maker(out, fn, args, kwargs):
+    """A generator made by calling `fn` remembers the call (see InlinedGeneratorVar)."""
+    if hasattr(out, "maker"):
+        out.maker = (fn, list(args), dict(kwargs))
+    return out
 
 
 def _default(tx, value, source, in_fixed_tuple):
@@ -291,7 +318,8 @@ class NestedFunctionVar(Var):
     def call(self, tx, args, kwargs):
         bound = bind_arguments(self.code, self.qualname, args, kwargs, self.defaults,
                                self.kwdefaults)
-        return tx.inline_call(self.code, self.f_globals, bound, self.cells, self.qualname)
+        out = tx.inline_call(self.code, self.f_globals, bound, self.cells, self.qualname)
+        return _note_maker(out, self, args, kwargs)
 
     def getattr(self, tx, name):
         if name in self.attrs:
@@ -604,6 +632,41 @@ def _pinned_arg(tx, fn, arg):
     return ConstSource(obj, arg.source.name())
 
 
+def _call_on_fresh_tensor(tx, fn, args):
+    """A cached function called on a tensor made in this frame (with constants): the
+    cache, keyed by that new object, has no entry for it, so CPython calls the function
+    (inlined here).  A second call with the same key in the frame is CPython's cache
+    hit: the first call's result, and the function does not run again.  The tensor must
+    not outlive the frame (convert's _check_fresh_cache_keys), or a later call outside
+    it would find in CPython's cache what the compiled code never put there."""
+    from .tensor import TensorVar  # (lazy: import cycle, to break)
+    inputs = {id(i.node.meta.get("example_value")) for i in tx.output.inputs}
+    fresh = [a for a in args if isinstance(a, TensorVar) and a.source is None and
+             id(a.example) not in inputs]
+    if not fresh or not all(isinstance(a, (TensorVar, ConstVar)) for a in args) or \
+            not isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
+        return None
+    typed = fn.cache_parameters().get("typed", False)
+    key = [id(fn)]
+    for a in args:
+        if isinstance(a, TensorVar):
+            key.append(("tensor", id(a.example)))
+        else:
+            try:
+                hash(a.value)
+            except TypeError:
+                return None         # (CPython raises TypeError)
+            key.append(("const", a.value, type(a.value)) if typed else ("const", a.value))
+    key = tuple(key)
+    known = tx.output.cache_results.get(key)
+    if known is not None:
+        return known
+    result = UserFunctionVar(fn.__wrapped__).call(tx, list(args), {})
+    tx.output.cache_results[key] = result
+    tx.output.fresh_cache_keys.update(id(a.example) for a in fresh)
+    return result
+
+
 def cached_call(tx, fn_var, args, kwargs):
     """A call of a functools.lru_cache-wrapped function on constants (a version check):
     the real call, whose answer is the cached one from the second call on.  The guard
@@ -614,6 +677,9 @@ def cached_call(tx, fn_var, args, kwargs):
     fn = fn_var.value
     if kwargs:
         unsupported(f"calling {fn.__qualname__} (lru_cache) with keyword arguments")
+    fresh = _call_on_fresh_tensor(tx, fn, args)
+    if fresh is not None:
+        return fresh
     consts = [a.as_const() if a.is_const() else _pinned_arg(tx, fn, a) for a in args]
     if not CallMethodSource.supports(consts):
         unsupported(f"calling {fn.__qualname__} (lru_cache) on arguments a guard cannot name")

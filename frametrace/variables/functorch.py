@@ -126,7 +126,11 @@ class TransformedVar(Var):
         else:
             inner_args = _differentiated(tx, args, option(self.kind, self.options, "argnums"),
                                          self.kind)
-        sub = tx.subgraphs.speculate(tx, _ArgsAs(self.fn, inner_args, self.kind == "vmap"), args, what, kwargs)
+        # vmap's function may write its inputs in place: the batched tensors are written
+        # through when the transform runs, at run time, as in CPython (and over the
+        # FakeTensors while tracing, so the graph knows its inputs are written).
+        sub = tx.subgraphs.speculate(tx, _ArgsAs(self.fn, inner_args, self.kind == "vmap"), args, what,
+                                     kwargs, allow_input_mutation=self.kind == "vmap")
         return _emit(tx, runtime.apply_transform, runtime.transformed, sub,
                      lambda body, spec, a, kw, lifted: (body, self.kind, self.options, spec, a, kw, lifted),
                      args, kwargs)

@@ -37,13 +37,17 @@ class InlinedGeneratorVar(LazyIteratorVar):
     """A generator of an inlined generator function.  Its body runs lazily, as
     CPython's, up to the next yield on each next() or send(), so no item is computed
     that the caller does not consume."""
-    __slots__ = ("child", "pure", "started", "finished", "returned")
+    __slots__ = ("child", "pure", "started", "finished", "returned", "maker", "remade")
 
     def __init__(self, child, pure: bool):
         self.child = child
         self.pure = pure
         self.started = self.finished = False
         self.returned = ConstVar(None)
+        # (function, args, kwargs) of the call that made it, where the caller knows:
+        # a generator that never ran is made again by that call in the transformed code.
+        self.maker = None
+        self.remade = False
         super().__init__(self._items(), _GENERATOR)
 
     def _items(self):
@@ -81,10 +85,44 @@ class InlinedGeneratorVar(LazyIteratorVar):
         return None
 
     def freeze(self, tx):
+        if not self.started and self.maker is not None:
+            # Nothing of its body ran: the caller gets a generator made by the same call,
+            # whose body runs when (and as far as) the caller consumes it, as in CPython.
+            # Its arguments are what the call was given (an iterator among them outlives
+            # the trace too).
+            for v in (*self.maker[1], *self.maker[2].values()):
+                freeze_returned_iterators(tx, v)
+            self.remade = True
+            return
         super().freeze(tx)
         if not is_none(self.returned):
             # (the rebuilt generator would end with StopIteration(None))
             unsupported("returning a generator that ends with a return value")
+
+    def reconstruct(self, cg):
+        if not self.remade:
+            return super().reconstruct(cg)
+        if cg.load_rebuilt(self):
+            return
+        fn, args, kwargs = self.maker
+
+        def push_args(cg):
+            for v in args:
+                v.reconstruct(cg)
+            cg.build(tuple, len(args))
+
+        def push_kwargs(cg):
+            for k, v in kwargs.items():
+                cg.load_const(k)
+                v.reconstruct(cg)
+            cg.build(dict, len(kwargs))
+        cg.call_const(call_with, [fn.reconstruct, push_args, push_kwargs])
+        cg.keep_rebuilt(self)
+
+    def next(self):
+        if self.remade:
+            unsupported("a generator the frame returns, consumed after the return was traced")
+        return super().next()
 
     def getattr(self, tx, name):
         if name == "send":
@@ -98,6 +136,10 @@ class InlinedGeneratorVar(LazyIteratorVar):
                 unsupported("send() to a generator that returned (StopIteration)")
             return v
         return super().call_method(tx, name, args, kwargs)
+
+
+def call_with(fn, args, kwargs):
+    return fn(*args, **kwargs)
 
 
 def freeze_returned_iterators(tx, v, depth=0):

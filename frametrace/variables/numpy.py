@@ -1025,16 +1025,39 @@ def _result(tx, label, name, out, args, arrays, inplace, copy, scalar=None):
     return NdarrayVar(out, scalar=scalar)
 
 
+def _as_weak_scalar(tx, scalar, tensor_dtype):
+    """A traced NumPy scalar (a 0-d tensor of the graph) as torch takes the scalar at
+    run time next to a tensor of `tensor_dtype`: as a Python int (NumPy integers) or
+    float (the rest), which never changes the tensor's dtype within its kind, and is
+    of the default dtype next to integers.  A 0-d tensor of that dtype does the same
+    to the result's dtype and values."""
+    kind = scalar.base.example.dtype
+    if kind.is_complex:
+        unsupported("a complex NumPy scalar with a tensor (torch drops its imaginary part, warning)")
+    if kind == torch.bool or kind.is_floating_point:
+        from .objects import _read_global_state  # (lazy: import cycle, to break)
+        target = torch.float64 if tensor_dtype.is_floating_point or tensor_dtype.is_complex \
+            else _read_global_state(tx, torch.get_default_dtype).as_const()     # (guarded)
+    else:
+        target = torch.int64
+    return tx.output.call("call_method", "to", (scalar.base, ConstVar(target)), {})
+
+
 def numpy_binary_op(tx, fn, a: Var, b: Var):
     """``a <op> b`` where either side is a traced array or NumPy scalar."""
     if isinstance(a, (NumpyDTypeVar, NumpyTypeVar)) or isinstance(b, (NumpyDTypeVar, NumpyTypeVar)):
         return _dtype_compare(fn, a, b)
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         other = b if isinstance(a, TensorVar) else a
-        if isinstance(other, NumpyScalarVar) and isinstance(other.value, (np.integer, np.floating)):
-            # torch takes a NumPy number as the Python number it equals (a weak scalar)
+        from .operators import binary_op  # (lazy: import cycle, to break)
+        if isinstance(other, NumpyScalarVar) and isinstance(other.value, (np.integer, np.floating, np.bool_)) \
+                and not isinstance(other.value, np.longdouble):
+            # torch takes a NumPy number as the Python number it equals (a weak scalar):
+            # an integer as an int, anything else (np.bool_ too) as a float
             value = ConstVar(int(other.value) if isinstance(other.value, np.integer) else float(other.value))
-            from .operators import binary_op  # (lazy: import cycle, to break)
+            return binary_op(tx, fn, *((a, value) if other is b else (value, b)))
+        if isinstance(other, NdarrayVar) and other.scalar and isinstance(a if other is b else b, TensorVar):
+            value = _as_weak_scalar(tx, other, (a if other is b else b).example.dtype)
             return binary_op(tx, fn, *((a, value) if other is b else (value, b)))
         unsupported(f"{fn.__name__} between a tensor and an ndarray")
     if not isinstance(a, NdarrayVar) and not isinstance(b, NdarrayVar):

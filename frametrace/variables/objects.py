@@ -20,7 +20,7 @@ from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
 from .modules import construct_module
-from .constant import ConstVar, is_pure_method
+from .constant import ConstVar, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
@@ -448,7 +448,6 @@ class ConstantResultVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        from .constant import ConstVar, is_constant_value  # (lazy: import cycle, to break)
         if not all(a.is_const() for a in (*args, *kwargs.values())):
             unsupported(f"{getattr(self.value, '__name__', 'a function')} (assume_constant_result) "
                         f"called on arguments that are not constants")
@@ -640,6 +639,8 @@ class TorchFnVar(ObjectVar):
             # eager backend runs them as traced.
             unsupported(f"torch.{fn.__name__} (a fused RNN op) on a backend that re-traces the graph",
                         hint="the eager backend compiles it")
+        if fn is torch.use_deterministic_algorithms or fn is torch._C._set_deterministic_algorithms:
+            return _set_deterministic(tx, args, kwargs)
         if fn in _GLOBAL_STATE_WRITERS:
             unsupported(f"torch.{fn.__name__} changes global state")
         if not args and not kwargs and _is_state_reader(fn) and _is_flag(fn()):
@@ -665,8 +666,51 @@ _RNN_OPS = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu,
             torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu)
 
 
+def _set_deterministic(tx, args, kwargs):
+    """torch.use_deterministic_algorithms(mode, warn_only=): a node in the graph where
+    the ops after it run, and set again by the transformed code where it leaves the
+    graph.  The state it leaves is the call's, whatever it was at entry: nothing to
+    guard.  Not switched while tracing (a graph break traces the frame again from the
+    entry state): the trace's readers answer with the call's state."""
+    if len(args) != 1 or set(kwargs) - {"warn_only"} or \
+            not all(v.is_const() for v in (*args, *kwargs.values())):
+        unsupported("torch.use_deterministic_algorithms with traced or unexpected arguments")
+    mode, warn_only = args[0].as_const(), kwargs["warn_only"].as_const() if kwargs else False
+    if type(mode) is not bool or type(warn_only) is not bool:
+        unsupported("torch.use_deterministic_algorithms of a non-bool (TypeError)")
+    if type(tx.output).__name__ == "SubgraphOutput":
+        # (the body of a higher-order op: its graph runs elsewhere, or several times)
+        unsupported("torch.use_deterministic_algorithms inside a higher-order op's body")
+    tx.output.graph.create_node("call_function", torch._C._set_deterministic_algorithms,
+                                (mode,), {"warn_only": warn_only})
+    tx.output.deterministic = (mode, warn_only)
+    return ConstVar(None)
+
+
+_DETERMINISTIC_READERS = {torch.are_deterministic_algorithms_enabled,
+                          torch.is_deterministic_algorithms_warn_only_enabled,
+                          torch.get_deterministic_debug_mode,
+                          torch._C._get_deterministic_algorithms,
+                          torch._C._get_deterministic_algorithms_warn_only}
+
+
+def _read_deterministic(fn, state):
+    """What `fn` answers in the state the frame set (torch's own answer, switched to it
+    for the call)."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch._C._set_deterministic_algorithms(state[0], warn_only=state[1])
+    try:
+        return fn()
+    finally:
+        torch._C._set_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def _read_global_state(tx, fn):
     value = fn()
+    if tx.output.deterministic is not None and fn in _DETERMINISTIC_READERS:
+        # what the frame set: the same on every run
+        return ConstVar(_read_deterministic(fn, tx.output.deterministic))
     entry = tx.output.entry_state
     if entry is not None and tx.output.open_contexts:
         # Inside contexts the trace entered for real, the answer is the context's,
@@ -912,9 +956,24 @@ def _construct(tx, cls, args, kwargs):
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         from .containers import NamedTupleVar  # (lazy: import cycle, to break)
         names = list(cls._fields)
-        values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
-        if len(values) != len(names):
-            unsupported(f"{cls.__name__}() with missing fields")
+        maker = next((k for k in cls.__mro__ if "__new__" in k.__dict__), None)
+        if maker is None or "_make" not in maker.__dict__ or cls.__init__ is not object.__init__:
+            # (a subclass's own __new__ or __init__ would run: made here, it would not)
+            unsupported(f"{cls.__name__}() with a __new__ or __init__ of its own")
+        if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
+            unsupported(f"{cls.__name__}() with unexpected arguments (TypeError)")
+        # The defaults are those of its __new__ (what the call uses; _field_defaults
+        # only reports them), when they are constants.
+        defaults = getattr(getattr(cls, "__new__", None), "__defaults__", None) or ()
+        defaults = dict(zip(names[len(names) - len(defaults):], defaults))
+        values = list(args)
+        for n in names[len(args):]:
+            if n in kwargs:
+                values.append(kwargs[n])
+            elif n in defaults and is_constant_value(defaults[n]):
+                values.append(ConstVar(defaults[n]))
+            else:
+                unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
     if cls is torch.nn.Parameter:
         from .tensor_attrs import new_parameter  # (lazy: import cycle, to break)

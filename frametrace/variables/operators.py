@@ -16,9 +16,9 @@ import torch
 import enum
 
 from .base import Var, nouns, unsupported
-from .builtins import IdVar, SetVar
+from .builtins import IdVar, SetVar, refuse_picked
 from .constant import BINARY_FOLD, ConstVar
-from .containers import DictVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
+from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import raise_builtin, raise_folded
 from .fx_values import to_fake
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
@@ -249,6 +249,18 @@ def _frame_tuples_identity(tx, a, b):
     return same
 
 
+def is_picked(tx, v) -> bool:
+    """Whether tensor `v` is a min()/max() result that stands for one of its items
+    (variables/builtins.py)."""
+    picked = tx.output.picked_storages
+    if not picked:
+        return False
+    try:
+        return v.example.untyped_storage()._cdata in picked
+    except Exception:       # (no storage: sparse, nested ... never a min()/max() result)
+        return False
+
+
 def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
@@ -262,6 +274,8 @@ def is_same(a: Var, b: Var, tx=None) -> bool:
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
         if a.example is b.example:      # one FakeTensor per real tensor
             return True
+        if tx is not None and (is_picked(tx, a) or is_picked(tx, b)):
+            refuse_picked("`is`")
         ia, ib = (tx.output.input_of(a), tx.output.input_of(b)) if tx is not None else (None, None)
         if ia is not None and ib is not None:
             # Two inputs, distinct objects now: the answer holds while they stay so.
@@ -332,6 +346,14 @@ def contains(tx, container: Var, item: Var) -> bool:
         # each item in order: `is`, then `==` and its truth (a tensor found by identity
         # before any other is compared by value)
         return any(_matches(tx, m, item) for m in container.unpack(tx))
+    if isinstance(container, IteratorVar):
+        # Consumed up to the first match, as CPython's (`is`, then `==`).
+        while True:
+            m = container.next()
+            if m is None:
+                return False
+            if _matches(tx, m, item):
+                return True
     unsupported(f"'in' with {item} and {container}")
 
 
