@@ -12,11 +12,49 @@ from ..shapes import overlaps_itself
 from . import register_backend
 from .python_floats import python_floats_kept
 from .kernel_formats import keep_kernel_formats
+from . import aot_cache
 
 
 def _boxed_forward(gm, example_inputs):
     from functorch.compile import make_boxed_func  # (lazy: start-up time)
+    aot_cache.note_compiled_graph(gm)
     return make_boxed_func(gm.forward)
+
+
+def _with_artifact(compiled, gm, example_inputs, variant, **how):
+    """`compiled` carrying, for the on-disk cache, what AOTAutograd produced and its key
+    (`__frametrace_artifact__`: (key, bytes), or (None, why not))."""
+    record = how.pop("record")
+    try:
+        key = aot_cache.key_of(gm, example_inputs, variant, **how)
+        compiled.__frametrace_artifact__ = (key, aot_cache.artifact(record))
+    except aot_cache.NotCacheable as e:
+        compiled.__frametrace_artifact__ = (None, str(e))
+    except Exception as e:      # (our bug: the compile itself is good, only not cached)
+        compiled.__frametrace_artifact__ = (None, f"{type(e).__name__}: {e}")
+    return compiled
+
+
+def _from_artifact(gm, example_inputs, artifact, variant, **how):
+    """The compiled function rebuilt from a cached artifact whose key is this call's, or
+    None (with the reason logged) where it is not."""
+    stored_key, data = artifact
+    try:
+        key = aot_cache.key_of(gm, example_inputs, variant, **how)
+    except aot_cache.NotCacheable as e:
+        aot_cache.log.info("frametrace: cache: AOTAutograd's cached result not used: %s", e)
+        return None
+    if key != stored_key:
+        aot_cache.log.info("frametrace: cache: AOTAutograd's cached result is for other inputs, "
+                           "state or settings; AOTAutograd traces the graph again")
+        return None
+    return aot_cache.rebuild(data, _boxed_forward)
+
+
+def _load_aot_eager(gm, example_inputs, artifact):
+    if config.keep_kernel_formats:
+        keep_kernel_formats(gm)
+    return _from_artifact(gm, example_inputs, artifact, "aot_eager")
 
 
 @register_backend("aot_eager")
@@ -27,10 +65,15 @@ def aot_eager(gm, example_inputs):
     if config.keep_kernel_formats:
         keep_kernel_formats(gm)
     try:
-        with python_floats_kept(example_inputs, config.aot_eager_keeps_python_floats):
-            return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
-                                         bw_compiler=_boxed_forward,
-                                         keep_inference_input_mutations=True)
+        with python_floats_kept(example_inputs, config.aot_eager_keeps_python_floats), \
+                aot_cache.capturing(config.cache_aot_results) as capture:
+            compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
+                                             bw_compiler=_boxed_forward,
+                                             keep_inference_input_mutations=True)
+        if config.cache_aot_results:
+            compiled = _with_artifact(compiled, gm, example_inputs, "aot_eager",
+                                      record=capture.record)
+        return compiled
     except Exception as e:
         if type(e).__name__ == "TensorifyScalarRestartAnalysis":
             raise       # a float to specialise: frametrace compiles again (convert.py)
@@ -116,6 +159,8 @@ aot_eager.__frametrace_defers_input_mutations__ = True
 # Its partitioners recompute a checkpointed region's random ops with the random state
 # the forward saved (functionalize_rng_ops): the backward sees the forward's numbers.
 aot_eager.__frametrace_recomputes_random_ops__ = True
+# A warm start's compile from what the on-disk cache kept (warm_cache.py).
+aot_eager.__frametrace_load_artifact__ = _load_aot_eager
 
 
 @register_backend("aot_eager_decomp_partition")
@@ -127,12 +172,29 @@ def aot_eager_decomp_partition(gm, example_inputs):
     from torch._functorch.aot_autograd import aot_module_simplified  # (lazy: start-up time)
     if config.keep_kernel_formats:
         keep_kernel_formats(gm)
-    return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
-                                 bw_compiler=_boxed_forward,
-                                 decompositions=core_aten_decompositions(),
-                                 partition_fn=min_cut_rematerialization_partition,
-                                 keep_inference_input_mutations=True)
+    decompositions = core_aten_decompositions()
+    with aot_cache.capturing(config.cache_aot_results) as capture:
+        compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
+                                         bw_compiler=_boxed_forward,
+                                         decompositions=decompositions,
+                                         partition_fn=min_cut_rematerialization_partition,
+                                         keep_inference_input_mutations=True)
+    if config.cache_aot_results:
+        compiled = _with_artifact(compiled, gm, example_inputs, "aot_eager_decomp_partition",
+                                  record=capture.record, decompositions=decompositions,
+                                  partition_fn=min_cut_rematerialization_partition)
+    return compiled
+
+
+def _load_aot_eager_decomp_partition(gm, example_inputs, artifact):
+    from functorch.compile import min_cut_rematerialization_partition  # (lazy: start-up time)
+    if config.keep_kernel_formats:
+        keep_kernel_formats(gm)
+    return _from_artifact(gm, example_inputs, artifact, "aot_eager_decomp_partition",
+                          decompositions=core_aten_decompositions(),
+                          partition_fn=min_cut_rematerialization_partition)
 
 
 aot_eager_decomp_partition.__frametrace_defers_input_mutations__ = True
 aot_eager_decomp_partition.__frametrace_recomputes_random_ops__ = True
+aot_eager_decomp_partition.__frametrace_load_artifact__ = _load_aot_eager_decomp_partition
