@@ -14,9 +14,9 @@ graph it is stored with: each input's metadata (type, dtype, device, layout, siz
 strides, offset, requires_grad, leaf or view, aliasing between inputs), grad mode,
 autocast, inference mode, deterministic algorithms, the default dtype, torch's
 functorch config, frametrace's settings the backend reads, the decompositions and the
-partitioner, the torch and Python versions, and the graph's code with what its names
-refer to.  A load computes the key again from the live inputs and state; any
-difference (or anything the key cannot say: a symbolic size, a tensor subclass, a
+partitioner, the torch and Python versions; the graph by being stored in the cache
+entry of the graph it was made from.  A load computes the key again from the live
+inputs and state; any difference (or anything the key cannot say: a symbolic size, a tensor subclass, a
 custom op whose Python implementation could have changed) is a miss and AOTAutograd
 traces the graph as before.
 
@@ -30,11 +30,11 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
-import operator
 import os
 import pickle
 import sys
 import threading
+import types
 
 import torch
 
@@ -81,26 +81,25 @@ def _target_text(target) -> str:
     return f"fn:{getattr(target, '__module__', None)}.{getattr(target, '__qualname__', repr(target))}"
 
 
-def _graph_text(gm) -> list:
-    """The graph's code and submodules' codes, with what each call refers to."""
-    out = []
+def check_graph(gm):
+    """NotCacheable where a call of the graph (or an argument of one) is code that is not
+    torch's: a custom op's fake and autograd implementations, a checkpoint's context_fn
+    are the user's Python code, which AOTAutograd baked into its graphs and which could
+    change while the graph does not."""
+    # (AOTAutograd would take those as leading inputs, which the rebuilt function lacks)
+    if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
+        raise NotCacheable("the graph holds parameters or buffers of its own")
     for name, m in gm.named_modules():
         if not isinstance(m, torch.fx.GraphModule):
             if name == "" or type(m) is torch.nn.Module:
                 continue
             raise NotCacheable(f"a submodule {name} of type {type(m).__name__}")
-        if any(True for _ in m.named_parameters(recurse=False)) or \
-                any(True for _ in m.named_buffers(recurse=False)):
-            raise NotCacheable("the graph holds parameters or buffers of its own")
-        out.append((name, m.code))
         for n in m.graph.nodes:
             if n.op == "call_function":
-                out.append(_target_text(n.target))
-            elif n.op == "get_attr":
-                value = operator.attrgetter(n.target)(m)
-                if not isinstance(value, torch.fx.GraphModule):
-                    raise NotCacheable(f"a constant {n.target} of type {type(value).__name__}")
-    return out
+                _target_text(n.target)
+            for a in torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: a):
+                if callable(a) and not isinstance(a, (torch.fx.Node, type)):
+                    _target_text(a)
 
 
 def _input_text(example_inputs) -> list:
@@ -170,13 +169,18 @@ def _decompositions_text(decompositions) -> tuple:
     return tuple(sorted(out))
 
 
-def key_of(gm, example_inputs, variant: str, decompositions=None, partition_fn=None) -> str:
-    """The artifact's key (NotCacheable where one cannot be made soundly)."""
+def key_of(example_inputs, variant: str, decompositions=None, partition_fn=None) -> str:
+    """The artifact's key (NotCacheable where one cannot be made soundly).  The graph is
+    not in it: the artifact is stored in the cache entry of the graph it was made from
+    (warm_cache.py), under that entry's key (the frame's code and every function it
+    inlined, versions, settings) and guards, in one checksummed file.  (Its FX code is
+    not comparable either: the entry's graph, pickled, comes back with its constant
+    tensors as attributes where the traced one made them with calls.)"""
     h = hashlib.sha256()
     for part in (_FORMAT, sys.version, torch.__version__, variant, _state(),
                  _decompositions_text(decompositions),
                  None if partition_fn is None else _target_text(partition_fn),
-                 _graph_text(gm), _input_text(example_inputs)):
+                 _input_text(example_inputs)):
         h.update(repr(part).encode())
         h.update(b"\x00")
     return h.hexdigest()
@@ -260,9 +264,23 @@ def _reduced_graph(gm):
     return pickle.dumps((fn, body, import_block), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+class _CodeOnly(torch.nn.Module):
+    """A graph's attributes and its generated `forward`, without the FX graph: what a
+    boxed compiler runs.  (GraphModule's unpickling traces the code again to rebuild
+    the graph, a third of a warm start's cost for GPT-2.)"""
+
+    def __init__(self, body, forward):
+        super().__init__()
+        self.__dict__ = body
+        self.forward = types.MethodType(forward, self)
+
+
 def _graph_from(data):
-    fn, body, import_block = pickle.loads(data)
-    return fn(body, import_block)
+    _, body, import_block = pickle.loads(data)
+    namespace: dict = {}
+    exec(compile(import_block + (body.get("_code") or body["code"]), "<frametrace: cached AOT graph>",
+                 "exec"), namespace)
+    return _CodeOnly(body, namespace["forward"])
 
 
 def artifact(record) -> bytes:

@@ -26,7 +26,8 @@ def _with_artifact(compiled, gm, example_inputs, variant, **how):
     (`__frametrace_artifact__`: (key, bytes), or (None, why not))."""
     record = how.pop("record")
     try:
-        key = aot_cache.key_of(gm, example_inputs, variant, **how)
+        aot_cache.check_graph(gm)
+        key = aot_cache.key_of(example_inputs, variant, **how)
         compiled.__frametrace_artifact__ = (key, aot_cache.artifact(record))
     except aot_cache.NotCacheable as e:
         compiled.__frametrace_artifact__ = (None, str(e))
@@ -40,7 +41,7 @@ def _from_artifact(gm, example_inputs, artifact, variant, **how):
     None (with the reason logged) where it is not."""
     stored_key, data = artifact
     try:
-        key = aot_cache.key_of(gm, example_inputs, variant, **how)
+        key = aot_cache.key_of(example_inputs, variant, **how)
     except aot_cache.NotCacheable as e:
         aot_cache.log.info("frametrace: cache: AOTAutograd's cached result not used: %s", e)
         return None
