@@ -27,6 +27,7 @@ functionalized fallback.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -156,17 +157,22 @@ def _state() -> tuple:
             config.aot_eager_keeps_python_floats, config.keep_kernel_formats)
 
 
+def _callable_text(fn):
+    """A decomposition by its code (NotCacheable where that code is not torch's)."""
+    if isinstance(fn, functools.partial):
+        return (_callable_text(fn.func), tuple(map(str, fn.args)),
+                tuple(sorted((k, str(v)) for k, v in fn.keywords.items())))
+    if not _torch_defined(fn):
+        raise NotCacheable(f"a decomposition {fn!r:.80} that is not torch's")
+    code = getattr(fn, "__code__", None)
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
+            hashlib.sha256(code.co_code).hexdigest()[:16] if code is not None else None)
+
+
 def _decompositions_text(decompositions) -> tuple:
     if not decompositions:
         return ()
-    out = []
-    for op, fn in decompositions.items():
-        code = getattr(fn, "__code__", None)
-        out.append((str(op), getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
-                    hashlib.sha256(code.co_code).hexdigest()[:16] if code is not None else None))
-        if not _torch_defined(fn):
-            raise NotCacheable(f"a decomposition of {op} that is not torch's")
-    return tuple(sorted(out))
+    return tuple(sorted((str(op), _callable_text(fn)) for op, fn in decompositions.items()))
 
 
 def key_of(example_inputs, variant: str, decompositions=None, partition_fn=None) -> str:
