@@ -575,6 +575,7 @@ def describe(code, func, check, new_code, gm, graph_fn, inlined, outcome, backen
     # What the backend made of the graph (AOTAutograd's graphs and metadata), with its own
     # key, where it can say one: (key, bytes), or (None, why not).
     artifact = getattr(getattr(graph_fn, "fn", None), "__frametrace_artifact__", None)
+    artifact = artifact() if artifact is not None else None
     if artifact is not None and artifact[0] is None:
         log.info("frametrace: cache: the backend's result for %s is not cached (%s); a warm "
                  "start compiles the cached graph", code.co_name, artifact[1])

@@ -338,7 +338,7 @@ def rebuild(data: bytes, boxed_compiler):
     # (lazy: start-up time.  AOTAutograd's entry module first: importing its runtime
     # wrappers on their own is an import cycle in torch)
     from torch._functorch import aot_autograd  # noqa: F401
-    from torch._functorch._aot_autograd.runtime_wrappers import (
+    from torch._functorch._aot_autograd.runtime_wrappers import (  # (lazy: as above)
         AOTDispatchAutograd, AOTDispatchAutogradCompileSpec, AOTDispatchSubclassWrapper,
         EffectTokensWrapper, FunctionalizedRngRuntimeWrapper, RuntimeWrapper, post_compile)
     parts = pickle.loads(data)

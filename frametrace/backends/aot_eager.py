@@ -22,17 +22,31 @@ def _boxed_forward(gm, example_inputs):
 
 
 def _with_artifact(compiled, gm, example_inputs, variant, **how):
-    """`compiled` carrying, for the on-disk cache, what AOTAutograd produced and its key
-    (`__frametrace_artifact__`: (key, bytes), or (None, why not))."""
+    """`compiled` carrying, for the on-disk cache, what AOTAutograd produced and its key:
+    `__frametrace_artifact__()` gives (key, bytes), or (None, why not).  The key is taken
+    now (grad mode, autocast, the inputs are this compile's); the bytes when the cache
+    asks (an entry it cannot store, symbolic sizes, pickles nothing)."""
     record = how.pop("record")
     try:
         aot_cache.check_graph(gm)
         key = aot_cache.key_of(example_inputs, variant, **how)
-        compiled.__frametrace_artifact__ = (key, aot_cache.artifact(record))
     except aot_cache.NotCacheable as e:
-        compiled.__frametrace_artifact__ = (None, str(e))
+        compiled.__frametrace_artifact__ = lambda: (None, str(e))
+        return compiled
     except Exception as e:      # (our bug: the compile itself is good, only not cached)
-        compiled.__frametrace_artifact__ = (None, f"{type(e).__name__}: {e}")
+        compiled.__frametrace_artifact__ = lambda: (None, f"{type(e).__name__}: {e}")
+        return compiled
+    made = []
+
+    def artifact():
+        if not made:
+            try:
+                made.append((key, aot_cache.artifact(record)))
+            except Exception as e:
+                made.append((None, f"{type(e).__name__}: {e}"))
+            record.clear()      # (AOTAutograd's fake inputs and graphs: not kept alive)
+        return made[0]
+    compiled.__frametrace_artifact__ = artifact
     return compiled
 
 
@@ -52,6 +66,10 @@ def _from_artifact(gm, example_inputs, artifact, variant, **how):
     return aot_cache.rebuild(data, _boxed_forward)
 
 
+def _caching() -> bool:
+    return config.cache and config.cache_aot_results
+
+
 def _load_aot_eager(gm, example_inputs, artifact):
     if config.keep_kernel_formats:
         keep_kernel_formats(gm)
@@ -67,11 +85,11 @@ def aot_eager(gm, example_inputs):
         keep_kernel_formats(gm)
     try:
         with python_floats_kept(example_inputs, config.aot_eager_keeps_python_floats), \
-                aot_cache.capturing(config.cache_aot_results) as capture:
+                aot_cache.capturing(_caching()) as capture:
             compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
                                              bw_compiler=_boxed_forward,
                                              keep_inference_input_mutations=True)
-        if config.cache_aot_results:
+        if capture.enabled:
             compiled = _with_artifact(compiled, gm, example_inputs, "aot_eager",
                                       record=capture.record)
         return compiled
@@ -174,13 +192,13 @@ def aot_eager_decomp_partition(gm, example_inputs):
     if config.keep_kernel_formats:
         keep_kernel_formats(gm)
     decompositions = core_aten_decompositions()
-    with aot_cache.capturing(config.cache_aot_results) as capture:
+    with aot_cache.capturing(_caching()) as capture:
         compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
                                          bw_compiler=_boxed_forward,
                                          decompositions=decompositions,
                                          partition_fn=min_cut_rematerialization_partition,
                                          keep_inference_input_mutations=True)
-    if config.cache_aot_results:
+    if capture.enabled:
         compiled = _with_artifact(compiled, gm, example_inputs, "aot_eager_decomp_partition",
                                   record=capture.record, decompositions=decompositions,
                                   partition_fn=min_cut_rematerialization_partition)
