@@ -94,6 +94,9 @@ def child(variant, model_name, cache):
     extra = {}
     if variant == "frametrace":
         extra = dict(frametrace.warm_cache.stats)
+    else:
+        from torch._dynamo.utils import counters
+        extra = {"aot_autograd": dict(counters["aot_autograd"])}    # (its cache's hits, misses)
     print("RESULT", json.dumps({"first": first, "second": second, "loss": loss, **extra}))
 
 
@@ -120,7 +123,7 @@ def main():
     rows = []
     for model_name in ns.models.split(","):
         for variant in ("frametrace", "torch.compile"):
-            colds, warms, steady, hits = [], [], [], []
+            colds, warms, steady, hits, backend_hits = [], [], [], [], []
             for _ in range(ns.repeat):
                 with tempfile.TemporaryDirectory(prefix="warm-start-") as cache:
                     cold = _measure(variant, model_name, cache)
@@ -130,13 +133,15 @@ def main():
                 warms.append(warm["first"])
                 steady.append(warm["second"])
                 hits.append(warm.get("hits"))
+                backend_hits.append(warm.get("backend_hits", warm.get("aot_autograd")))
             c, w, st = statistics.median(colds), statistics.median(warms), statistics.median(steady)
             rows.append((model_name, variant, c, w, w / c, st, hits[-1]))
             # (first call minus a steady call: what compiling, or loading, cost)
             print(f"{model_name:5} {variant:13} cold {c:7.3f}s  warm {w:7.3f}s  "
                   f"warm/cold {w / c:6.1%}  steady call {st:.3f}s  compile cost cold "
                   f"{c - st:.3f}s warm {w - st:.3f}s"
-                  + (f"  cache hits {hits[-1]}" if hits[-1] is not None else ""), flush=True)
+                  + (f"  cache hits {hits[-1]}" if hits[-1] is not None else "")
+                  + f"  backend cache {backend_hits[-1]}", flush=True)
     if ns.md:
         with open(ns.md, "w") as fh:
             fh.write("| model | compiler | cold first call | warm first call | warm/cold | steady call |"
