@@ -7,7 +7,8 @@ folder) and warm (the folder a previous process filled), for frametrace's on-dis
 Models (CPU): gpt2 (transformers' GPT2LMHeadModel, GPT2Config(n_layer=6), random weights,
 batch 2 x 64 tokens, the model's own loss, forward + backward; backend aot_eager, a
 GPT-2-like module of our own where transformers is missing) and mlp (8 Linear+GELU
-layers of width 512, batch 64, forward + backward; backend eager).  Each measurement is a
+layers of width 512, batch 64, forward + backward; backend eager; mlp_aot: the same on
+aot_eager).  Each measurement is a
 process of its own: imports and the model are built first, untimed; the first call (forward,
 loss, backward) is timed, then the fastest of three more calls, as the steady state.
 One torch thread.  The figure is
@@ -64,7 +65,12 @@ def _mlp():
     return model, step, "eager"
 
 
-MODELS = {"gpt2": _gpt2, "mlp": _mlp}
+def _mlp_aot():
+    model, step, _ = _mlp()
+    return model, step, "aot_eager"
+
+
+MODELS = {"gpt2": _gpt2, "mlp": _mlp, "mlp_aot": _mlp_aot}
 
 
 def child(variant, model_name, cache):

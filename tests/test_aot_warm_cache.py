@@ -67,6 +67,27 @@ def mutate(x, buf):
     return (x * buf).sin() + buf.sum()
 
 
+if scenario == "custom_op":
+    # (its fake and backward implementations are this file's code: an edit of them would
+    # leave the graph as it is)
+    factor = float(env("FACTOR", "3"))
+
+    @torch.library.custom_op("ftwarm::scale", mutates_args=())
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * factor
+
+    @scale.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def _backward(ctx, g):
+        return g * factor
+    scale.register_autograd(_backward)
+
+    def with_custom_op(x):
+        return torch.ops.ftwarm.scale(x).sin()
+
+
 def make_input(n):
     x = torch.randn(n, 6, generator=torch.Generator().manual_seed(n), dtype=dtype)
     if env("STRIDE"):
@@ -76,7 +97,19 @@ def make_input(n):
 
 out = {"values": [], "cpython": [], "grads": [], "cpython_grads": []}
 sizes = [int(s) for s in env("SIZES", "4,4").split(",")]
-if scenario == "mutation":
+if scenario == "custom_op":
+    fn = frametrace.optimize(with_custom_op, backend=env("BACKEND", "aot_eager"), dynamic=False)
+    for n in sizes:
+        x = make_input(n)
+        xr = x.detach().clone().requires_grad_(True)
+        y = fn(x)
+        r = (xr * factor).sin()
+        y.sum().backward(); r.sum().backward()
+        out["values"].append(y.tolist())
+        out["cpython"].append(r.tolist())
+        out["grads"].append(x.grad.tolist())
+        out["cpython_grads"].append(xr.grad.tolist())
+elif scenario == "mutation":
     fn = frametrace.optimize(mutate, backend=env("BACKEND", "aot_eager"), dynamic=False)
     for n in sizes:
         x, xr = make_input(n), None
@@ -213,6 +246,20 @@ def test_changed_situation_traces_again(tmp_path, change):
         assert "is for other inputs, state or settings" in other["stderr"]
 
 
+def test_custom_op_result_not_cached(tmp_path):
+    """A custom op's Python implementations are baked into AOTAutograd's graphs and
+    pinned by nothing: its graphs are not cached, the warm process traces them (an
+    edited backward formula is then used, never a stale one)."""
+    cold = _run(tmp_path, SCENARIO="custom_op")
+    _same_as_cpython(cold)
+    # (the frame's entry is refused already, for the op packet its guards compare;
+    # aot_cache.check_graph refuses such a graph's AOTAutograd result in any case)
+    assert "is not cached" in cold["stderr"] and "ftwarm.scale" in cold["stderr"]
+    warm = _run(tmp_path, SCENARIO="custom_op", FACTOR="5")
+    _same_as_cpython(warm)
+    assert warm["traced"] >= 1 and warm["stats"]["backend_hits"] == 0
+
+
 def test_switch_off_traces_with_aot_autograd(tmp_path):
     cold = _run(tmp_path)
     warm = _run(tmp_path, AOT_OFF=1)
@@ -308,3 +355,27 @@ def test_key_covers_inputs_state_and_versions(monkeypatch):
     assert aot_cache.key_of([x, w], "aot_eager") == base
     with pytest.raises(aot_cache.NotCacheable):
         aot_cache.key_of([x, object()], "aot_eager")
+
+
+def test_graphs_calling_code_not_torch_s_are_refused():
+    """check_graph: a custom op's or a user function's code is not pinned by the key."""
+    import torch.fx as fx
+    from frametrace.backends import aot_cache
+
+    @torch.library.custom_op("ftwarmunit::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def user(x):
+        return x
+
+    def graph_of(target):
+        g = fx.Graph()
+        g.output(g.call_function(target, (g.placeholder("x"),)))
+        return fx.GraphModule(torch.nn.Module(), g)
+
+    for target in (torch.ops.ftwarmunit.double.default, user):
+        with pytest.raises(aot_cache.NotCacheable):
+            aot_cache.check_graph(graph_of(target))
+    aot_cache.check_graph(graph_of(torch.sin))
+    aot_cache.check_graph(graph_of(torch.ops.aten.sin.default))
