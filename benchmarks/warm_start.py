@@ -85,6 +85,11 @@ def child(variant, model_name, cache):
     if variant == "frametrace":
         sys.path.insert(0, ROOT)
         import frametrace
+        if backend != "eager" and not os.environ.get("WARM_START_TIME_AOT_IMPORT"):
+            # (AOTAutograd's import, which is torch._dynamo's, 2.7 s here: untimed, as the
+            # torch.compile child's `import torch._dynamo`; a process pays it once, cold
+            # or warm, at its first aot_eager compile)
+            import torch._functorch.aot_autograd  # noqa: F401
         compiled = frametrace.optimize(model, backend=backend)
     else:
         import torch._dynamo  # noqa: F401  (imports, untimed, as frametrace's)
