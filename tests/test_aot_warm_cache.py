@@ -345,10 +345,13 @@ def test_key_covers_inputs_state_and_versions(monkeypatch):
     smaller = dict(table)
     smaller.pop(next(iter(smaller)))
     assert aot_cache.key_of([x, w], "aot_eager", decompositions=smaller) != with_table
-    monkeypatch.setattr(torch._functorch.config, "debug_partitioner",
-                        not torch._functorch.config.debug_partitioner)
-    assert aot_cache.key_of([x, w], "aot_eager") != base
-    monkeypatch.undo()
+    from torch._functorch import config as functorch_config
+    before = functorch_config.view_replay_for_aliased_outputs
+    functorch_config.view_replay_for_aliased_outputs = not before
+    try:
+        assert aot_cache.key_of([x, w], "aot_eager") != base
+    finally:
+        functorch_config.view_replay_for_aliased_outputs = before
     monkeypatch.setattr(torch, "__version__", torch.__version__ + "+other")
     assert aot_cache.key_of([x, w], "aot_eager") != base
     monkeypatch.undo()
