@@ -7,7 +7,8 @@ folder) and warm (the folder a previous process filled), for frametrace's on-dis
 Models (CPU): gpt2 (transformers' GPT2LMHeadModel, GPT2Config(n_layer=6), random weights,
 batch 2 x 64 tokens, the model's own loss, forward + backward; backend aot_eager, a
 GPT-2-like module of our own where transformers is missing) and mlp (8 Linear+GELU
-layers of width 512, batch 64, forward + backward; backend eager).  Each measurement is a
+layers of width 512, batch 64, forward + backward; backend eager; mlp_aot: the same on
+aot_eager).  Each measurement is a
 process of its own: imports and the model are built first, untimed; the first call (forward,
 loss, backward) is timed, then the fastest of three more calls, as the steady state.
 One torch thread.  The figure is
@@ -64,7 +65,12 @@ def _mlp():
     return model, step, "eager"
 
 
-MODELS = {"gpt2": _gpt2, "mlp": _mlp}
+def _mlp_aot():
+    model, step, _ = _mlp()
+    return model, step, "aot_eager"
+
+
+MODELS = {"gpt2": _gpt2, "mlp": _mlp, "mlp_aot": _mlp_aot}
 
 
 def child(variant, model_name, cache):
@@ -79,6 +85,11 @@ def child(variant, model_name, cache):
     if variant == "frametrace":
         sys.path.insert(0, ROOT)
         import frametrace
+        if backend != "eager" and not os.environ.get("WARM_START_TIME_AOT_IMPORT"):
+            # (AOTAutograd's import, which is torch._dynamo's, 2.7 s here: untimed, as the
+            # torch.compile child's `import torch._dynamo`; a process pays it once, cold
+            # or warm, at its first aot_eager compile)
+            import torch._functorch.aot_autograd  # noqa: F401
         compiled = frametrace.optimize(model, backend=backend)
     else:
         import torch._dynamo  # noqa: F401  (imports, untimed, as frametrace's)
@@ -94,6 +105,9 @@ def child(variant, model_name, cache):
     extra = {}
     if variant == "frametrace":
         extra = dict(frametrace.warm_cache.stats)
+    else:
+        from torch._dynamo.utils import counters
+        extra = {"aot_autograd": dict(counters["aot_autograd"])}    # (its cache's hits, misses)
     print("RESULT", json.dumps({"first": first, "second": second, "loss": loss, **extra}))
 
 
@@ -120,7 +134,7 @@ def main():
     rows = []
     for model_name in ns.models.split(","):
         for variant in ("frametrace", "torch.compile"):
-            colds, warms, steady, hits = [], [], [], []
+            colds, warms, steady, hits, backend_hits = [], [], [], [], []
             for _ in range(ns.repeat):
                 with tempfile.TemporaryDirectory(prefix="warm-start-") as cache:
                     cold = _measure(variant, model_name, cache)
@@ -130,13 +144,15 @@ def main():
                 warms.append(warm["first"])
                 steady.append(warm["second"])
                 hits.append(warm.get("hits"))
+                backend_hits.append(warm.get("backend_hits", warm.get("aot_autograd")))
             c, w, st = statistics.median(colds), statistics.median(warms), statistics.median(steady)
             rows.append((model_name, variant, c, w, w / c, st, hits[-1]))
             # (first call minus a steady call: what compiling, or loading, cost)
             print(f"{model_name:5} {variant:13} cold {c:7.3f}s  warm {w:7.3f}s  "
                   f"warm/cold {w / c:6.1%}  steady call {st:.3f}s  compile cost cold "
                   f"{c - st:.3f}s warm {w - st:.3f}s"
-                  + (f"  cache hits {hits[-1]}" if hits[-1] is not None else ""), flush=True)
+                  + (f"  cache hits {hits[-1]}" if hits[-1] is not None else "")
+                  + f"  backend cache {backend_hits[-1]}", flush=True)
     if ns.md:
         with open(ns.md, "w") as fh:
             fh.write("| model | compiler | cold first call | warm first call | warm/cold | steady call |"

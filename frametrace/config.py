@@ -187,3 +187,11 @@ ddp_split_graphs = True
 cache = True
 cache_dir = None
 cache_max_bytes = 1 << 30
+
+# An entry compiled by aot_eager (or aot_eager_decomp_partition) also keeps what
+# AOTAutograd made of its graph (forward and backward graphs, the runtime wrappers'
+# metadata; backends/aot_cache.py), under a key of the inputs' metadata, grad mode,
+# autocast, configs, decompositions and versions: a warm start whose key matches runs
+# them without AOTAutograd tracing the graph again.  False: nothing of AOTAutograd's is
+# stored or used, a warm start traces the cached graph with AOTAutograd, as before.
+cache_aot_results = True

@@ -66,10 +66,12 @@ _MAGIC = b"FTCACHE1"
 # cached under their name.  A user's callable cannot be keyed soundly.
 CACHEABLE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "default")
 # Settings that do not change what a compile produces.
-_SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "compile_status",
+# (cache_aot_results: an entry keeps AOTAutograd's result either way, used only if on.)
+_SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "cache_aot_results", "compile_status",
                        "compile_status_after", "compile_lock_timeout"}
 
-stats = {"hits": 0, "misses": 0, "stores": 0, "not_cacheable": 0, "errors": 0}
+stats = {"hits": 0, "misses": 0, "stores": 0, "not_cacheable": 0, "errors": 0,
+         "backend_hits": 0, "backend_misses": 0}
 _written_keys: set = set()            # keys this process stored: never read back by it
 _memory: dict = {}                    # key -> [entry bytes], from load_cache()
 # key -> the entries this process stored or loaded, for save_cache(): a file's path where
@@ -570,7 +572,15 @@ def describe(code, func, check, new_code, gm, graph_fn, inlined, outcome, backen
                 for i, c in enumerate(obj.__closure__):
                     cells.setdefault(id(c), (label, name, i))
     binds_bytes, codes1 = _dumps(bind_list)
-    body = {"guards": guards, "constants": gs.constants, "code": new_code, "graph": gm,
+    # What the backend made of the graph (AOTAutograd's graphs and metadata), with its own
+    # key, where it can say one: (key, bytes), or (None, why not).
+    artifact = getattr(getattr(graph_fn, "fn", None), "__frametrace_artifact__", None)
+    artifact = artifact() if artifact is not None else None
+    if artifact is not None and artifact[0] is None:
+        log.info("frametrace: cache: the backend's result for %s is not cached (%s); a warm "
+                 "start compiles the cached graph", code.co_name, artifact[1])
+        artifact = None
+    body = {"backend_artifact": artifact,"guards": guards, "constants": gs.constants, "code": new_code, "graph": gm,
             "inputs": inputs, "resume": _resume_meta(new_code), "outcome": outcome,
             "texts": gs.texts(), "name": graph_fn.__name__ if graph_fn is not None else None}
     body_bytes, codes2 = _dumps(body, binds, graph_fn, cells)
@@ -889,10 +899,12 @@ def _materialize(code, func, args, entry, backend, install):
         for source, value in zip(body["inputs"], example):
             if isinstance(value, torch.Tensor):
                 policy.dynamic_dims(source, value)
-        try:
-            compiled = backend(gm, example)
-        except Exception as e:
-            raise _Stale(f"the backend failed on the cached graph ({type(e).__name__}: {e})")
+        compiled = _from_artifact(code, backend, gm, example, body.get("backend_artifact"))
+        if compiled is None:
+            try:
+                compiled = backend(gm, example)
+            except Exception as e:
+                raise _Stale(f"the backend failed on the cached graph ({type(e).__name__}: {e})")
     for c, origin, opaque, private in body["resume"]:
         resume_codes._origin.setdefault(c, origin)
         if opaque is not None:
@@ -901,6 +913,29 @@ def _materialize(code, func, args, entry, backend, install):
             resume_codes._private.setdefault(c, private)
     return install(code, func, check, body["code"], up.graph_slot, compiled, gm, body["outcome"],
                    body["texts"], time.perf_counter() - t0)
+
+
+def _from_artifact(code, backend, gm, example, artifact):
+    """The backend's compiled function rebuilt from what it stored (no AOTAutograd
+    trace), or None where there is none, it is off, or the backend refuses it (its key
+    differs: other input metadata, grad mode, settings)."""
+    load = getattr(backend, "__frametrace_load_artifact__", None)
+    if artifact is None or load is None or not config.cache_aot_results:
+        return None
+    try:
+        compiled = load(gm, example, artifact)
+    except Exception as e:
+        stats["errors"] += 1
+        log.warning("frametrace: cache: cannot rebuild the backend's result for %s (%s: %s); "
+                    "it compiles the cached graph", code.co_name, type(e).__name__, e)
+        compiled = None
+    if compiled is None:
+        stats["backend_misses"] += 1
+        return None
+    stats["backend_hits"] += 1
+    log.info("frametrace: cache: %s: the backend's result (AOTAutograd's graphs) from the cache",
+             code.co_name)
+    return compiled
 
 
 # --------------------------------------------------------------------------- public

@@ -12,11 +12,68 @@ from ..shapes import overlaps_itself
 from . import register_backend
 from .python_floats import python_floats_kept
 from .kernel_formats import keep_kernel_formats
+from . import aot_cache
 
 
 def _boxed_forward(gm, example_inputs):
     from functorch.compile import make_boxed_func  # (lazy: start-up time)
+    aot_cache.note_compiled_graph(gm)
     return make_boxed_func(gm.forward)
+
+
+def _with_artifact(compiled, gm, example_inputs, variant, **how):
+    """`compiled` carrying, for the on-disk cache, what AOTAutograd produced and its key:
+    `__frametrace_artifact__()` gives (key, bytes), or (None, why not).  The key is taken
+    now (grad mode, autocast, the inputs are this compile's); the bytes when the cache
+    asks (an entry it cannot store, symbolic sizes, pickles nothing)."""
+    record = how.pop("record")
+    try:
+        aot_cache.check_graph(gm)
+        key = aot_cache.key_of(example_inputs, variant, **how)
+    except aot_cache.NotCacheable as e:
+        compiled.__frametrace_artifact__ = lambda: (None, str(e))
+        return compiled
+    except Exception as e:      # (our bug: the compile itself is good, only not cached)
+        compiled.__frametrace_artifact__ = lambda: (None, f"{type(e).__name__}: {e}")
+        return compiled
+    made = []
+
+    def artifact():
+        if not made:
+            try:
+                made.append((key, aot_cache.artifact(record)))
+            except Exception as e:
+                made.append((None, f"{type(e).__name__}: {e}"))
+            record.clear()      # (AOTAutograd's fake inputs and graphs: not kept alive)
+        return made[0]
+    compiled.__frametrace_artifact__ = artifact
+    return compiled
+
+
+def _from_artifact(gm, example_inputs, artifact, variant, **how):
+    """The compiled function rebuilt from a cached artifact whose key is this call's, or
+    None (with the reason logged) where it is not."""
+    stored_key, data = artifact
+    try:
+        key = aot_cache.key_of(example_inputs, variant, **how)
+    except aot_cache.NotCacheable as e:
+        aot_cache.log.info("frametrace: cache: AOTAutograd's cached result not used: %s", e)
+        return None
+    if key != stored_key:
+        aot_cache.log.info("frametrace: cache: AOTAutograd's cached result is for other inputs, "
+                           "state or settings; AOTAutograd traces the graph again")
+        return None
+    return aot_cache.rebuild(data, _boxed_forward)
+
+
+def _caching() -> bool:
+    return config.cache and config.cache_aot_results
+
+
+def _load_aot_eager(gm, example_inputs, artifact):
+    if config.keep_kernel_formats:
+        keep_kernel_formats(gm)
+    return _from_artifact(gm, example_inputs, artifact, "aot_eager")
 
 
 @register_backend("aot_eager")
@@ -27,10 +84,15 @@ def aot_eager(gm, example_inputs):
     if config.keep_kernel_formats:
         keep_kernel_formats(gm)
     try:
-        with python_floats_kept(example_inputs, config.aot_eager_keeps_python_floats):
-            return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
-                                         bw_compiler=_boxed_forward,
-                                         keep_inference_input_mutations=True)
+        with python_floats_kept(example_inputs, config.aot_eager_keeps_python_floats), \
+                aot_cache.capturing(_caching()) as capture:
+            compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
+                                             bw_compiler=_boxed_forward,
+                                             keep_inference_input_mutations=True)
+        if capture.enabled:
+            compiled = _with_artifact(compiled, gm, example_inputs, "aot_eager",
+                                      record=capture.record)
+        return compiled
     except Exception as e:
         if type(e).__name__ == "TensorifyScalarRestartAnalysis":
             raise       # a float to specialise: frametrace compiles again (convert.py)
@@ -116,6 +178,8 @@ aot_eager.__frametrace_defers_input_mutations__ = True
 # Its partitioners recompute a checkpointed region's random ops with the random state
 # the forward saved (functionalize_rng_ops): the backward sees the forward's numbers.
 aot_eager.__frametrace_recomputes_random_ops__ = True
+# A warm start's compile from what the on-disk cache kept (warm_cache.py).
+aot_eager.__frametrace_load_artifact__ = _load_aot_eager
 
 
 @register_backend("aot_eager_decomp_partition")
@@ -127,12 +191,29 @@ def aot_eager_decomp_partition(gm, example_inputs):
     from torch._functorch.aot_autograd import aot_module_simplified  # (lazy: start-up time)
     if config.keep_kernel_formats:
         keep_kernel_formats(gm)
-    return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
-                                 bw_compiler=_boxed_forward,
-                                 decompositions=core_aten_decompositions(),
-                                 partition_fn=min_cut_rematerialization_partition,
-                                 keep_inference_input_mutations=True)
+    decompositions = core_aten_decompositions()
+    with aot_cache.capturing(_caching()) as capture:
+        compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_forward,
+                                         bw_compiler=_boxed_forward,
+                                         decompositions=decompositions,
+                                         partition_fn=min_cut_rematerialization_partition,
+                                         keep_inference_input_mutations=True)
+    if capture.enabled:
+        compiled = _with_artifact(compiled, gm, example_inputs, "aot_eager_decomp_partition",
+                                  record=capture.record, decompositions=decompositions,
+                                  partition_fn=min_cut_rematerialization_partition)
+    return compiled
+
+
+def _load_aot_eager_decomp_partition(gm, example_inputs, artifact):
+    from functorch.compile import min_cut_rematerialization_partition  # (lazy: start-up time)
+    if config.keep_kernel_formats:
+        keep_kernel_formats(gm)
+    return _from_artifact(gm, example_inputs, artifact, "aot_eager_decomp_partition",
+                          decompositions=core_aten_decompositions(),
+                          partition_fn=min_cut_rematerialization_partition)
 
 
 aot_eager_decomp_partition.__frametrace_defers_input_mutations__ = True
 aot_eager_decomp_partition.__frametrace_recomputes_random_ops__ = True
+aot_eager_decomp_partition.__frametrace_load_artifact__ = _load_aot_eager_decomp_partition
