@@ -34,6 +34,9 @@ def torch_extensions():
         version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.M)
     if version is None:
         return []
+    # torch 2.14's headers need C++20 (concepts, <compare>); older ones build as C++17.
+    major_minor = tuple(int(n) for n in re.findall(r"\d+", version.group(1))[:2])
+    std = "-std=c++20" if major_minor >= (2, 14) else "-std=c++17"
     inc = os.path.join(d, "include")
     lib = os.path.join(d, "lib")
     return [Extension(
@@ -43,7 +46,7 @@ def torch_extensions():
         language="c++",
         define_macros=[("FT_TORCH_VERSION", '"%s"' % version.group(1))],
         # -isystem: torch's headers warn under -Wall; ours should not.
-        extra_compile_args=["-O2", "-std=c++17", "-Wall", "-isystem", inc,
+        extra_compile_args=["-O2", std, "-Wall", "-isystem", inc,
                             "-isystem", os.path.join(inc, "torch", "csrc", "api", "include")],
         library_dirs=[lib],
         libraries=["torch_python", "torch_cpu", "c10"],

@@ -4,6 +4,11 @@ dynamic=True (the size is symbolic, so the guards check its range), measured in 
 run, interleaved, best of several repeats.  Prints frametrace's added cost as a
 fraction of torch.compile's (target: at most 0.25).
 
+Then the first call's compile (``--compile``, on by default): the first call of the
+tiny function and of GPT-2 (below) after ``frametrace.reset()``, the on-disk cache off,
+so each traces and compiles; median of several, after one compile that pays the
+imports.
+
 Then whole models (``--models``, on by default): Hugging Face GPT-2 (12 layers) and a
 LLaMA-style model (16 layers) from small configs, batch 1 x 1 token, CPU, one thread,
 no_grad: per call, eager / frametrace / torch.compile interleaved (target: frametrace
@@ -12,7 +17,8 @@ frametrace's check against torch.compile's guard manager (`check` on the locals)
 reached through torch._dynamo's debugging helper (the benchmark may import it;
 frametrace never does).  Target: GPT-2's check at most 25 us.
 
-    python benchmarks/overhead.py [--calls N] [--repeats R] [--no-models] [--only-models]
+    python benchmarks/overhead.py [--calls N] [--repeats R] [--no-compile] [--no-models]
+                                  [--only-models]
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--compile-repeats", type=int, default=5)
     p.add_argument("--no-models", dest="models", action="store_false")
     p.add_argument("--only-models", action="store_true")
     p.add_argument("--model-calls", type=int, default=200)
@@ -46,6 +54,8 @@ def main():
     args = p.parse_args()
     if not args.only_models:
         tiny(args)
+        if args.compile:
+            first_compile(args)
     if args.models:
         models(args)
 
@@ -76,6 +86,31 @@ def tiny(args):
         ratio = (best["frametrace" + suffix] - eager) / (best["torch.compile" + suffix] - eager)
         print(f"frametrace{suffix} added cost / torch.compile{suffix} added cost = {ratio:.3f} "
               f"(target <= 0.25)")
+
+def first_compile(args):
+    import statistics
+    frametrace.config.cache = False     # each first call traces and compiles
+    x = torch.randn(4)
+    torch.manual_seed(0)
+    model = gpt2().eval()
+    ids = torch.tensor([[1]])
+
+    def timed(f, *a):
+        frametrace.reset()
+        t0 = time.perf_counter()
+        f(*a)
+        return time.perf_counter() - t0
+    print(f"\nfirst call (trace + compile, eager backend), median of {args.compile_repeats} "
+          f"after one warm-up")
+    with torch.no_grad():
+        for name, f, a in (("x + 1", frametrace.optimize("eager")(fn), (x,)),
+                           ("gpt2", frametrace.optimize("eager")(model), (ids,))):
+            timed(f, *a)
+            times = [timed(f, *a) for _ in range(args.compile_repeats)]
+            print(f"{name:24}{statistics.median(times) * 1e3:10.1f} ms")
+    frametrace.reset()
+    frametrace.config.cache = True
+
 
 # -- whole models --
 def gpt2():

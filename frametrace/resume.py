@@ -99,9 +99,10 @@ def resume_code(code, offset: int, layout: tuple, local_names: tuple,
         elif isinstance(ins.arg, CellVar) and ins.arg.name in cells:
             renamed.append(Instr(ins.name, FreeVar(ins.arg.name), location=ins.location))
             origins[id(renamed[-1])] = ins
-        elif PY313 and ins.name == "LOAD_FAST" and ins.arg in cells:
+        elif PY313 and ins.name == "LOAD_FAST" and isinstance(ins.arg, str) and ins.arg in cells:
             # 3.13 loads the cell of an argument that is a cell by its name (bytecode
-            # gives it as a plain local): a free variable here too.
+            # gives it as a plain local): a free variable here too.  (A free variable's
+            # cell, loaded to build a closure, comes as a FreeVar, unhashable: it stays.)
             renamed.append(Instr("LOAD_FAST", FreeVar(ins.arg), location=ins.location))
             origins[id(renamed[-1])] = ins
         else:

@@ -3,8 +3,6 @@ jacfwd and vjp.  The transformed function is traced once into a subgraph, and th
 applies the real transform to it, so the values and the gradients through the result are
 torch's own.  What the subgraph cannot hold (a side effect, a data-dependent branch) is a
 graph break that still gives CPython's answer."""
-import sys
-
 import pytest
 import torch
 from torch.func import grad, grad_and_value, jacfwd, jacrev, vjp, vmap
@@ -74,9 +72,6 @@ def test_gradients_flow_through_vmap(backend):
                 fullgraph=True)
 
 
-@pytest.mark.xfail(sys.version_info >= (3, 13), strict=False,
-                   reason="3.13: the break at the transform becomes an internal tracer error "
-                          "(the frame runs in CPython, values right); open")
 def test_vmap_over_a_function_with_a_side_effect_breaks_and_matches():
     log = []
 
@@ -183,9 +178,6 @@ def test_gradients_flow_through_grad(backend):
     check_grads(f, [rand(4, grad=True), rand(4, grad=True)], backend=backend, fullgraph=True)
 
 
-@pytest.mark.xfail(sys.version_info >= (3, 13), strict=False,
-                   reason="3.13: the break at the transform becomes an internal tracer error "
-                          "(the frame runs in CPython, values right); open")
 def test_grad_of_a_function_with_a_side_effect_breaks_and_matches():
     log = []
 

@@ -150,3 +150,16 @@ def test_layout_of_a_batch_norm_output_on_expanded_transposed_and_sliced_inputs(
              (torch.arange(-9.0, 15.0).view(3, 8)[:, ::2],)]
     r = check(batch_norm_layout, calls)
     assert r.graphs >= 1 and r.breaks >= 1      # the batch norm compiled, the stride read a break
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_group_norm_of_channels_last(backend):
+    # torch 2.14's meta kernel makes a channels-last input's result contiguous, the CPU
+    # kernel keeps it channels-last (2.13's meta kernel too): reads and contiguous()
+    # of the result answer what CPython's give, a break on 2.14.
+    def f(x, w, b):
+        y = torch.native_group_norm(x, w, b, 2, 6, 15, 2, 1e-5)[0]
+        z = F.group_norm(x, 2, w, b)
+        return reads(y), reads(z), y.contiguous(), z.contiguous() * 2
+    check(f, [(_cl(2, 6, 5, 3), torch.randn(6), torch.randn(6))] * 2, backend=backend,
+          max_graphs=3)

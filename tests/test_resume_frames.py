@@ -62,3 +62,16 @@ def test_zero_argument_super_in_a_resume_frame_run_in_cpython_when_self_is_a_cel
         return b.g(x)
     r = check(f, [(_CellSelfInCPython(), torch.ones(2)), (_CellSelfInCPython(), torch.zeros(2))])
     assert r.fallbacks >= 1
+
+
+def test_break_after_a_closure_over_a_free_variable_of_the_frame():
+    # The frame passes its own free variable `scale` on to a closure it builds (3.13 loads
+    # that cell with LOAD_FAST, an argument bytecode gives as a FreeVar); the resume
+    # function after the break keeps it a free variable.
+    scale = [2.0]
+
+    def f(x):
+        times = lambda t: t * scale[0]      # noqa: E731
+        y = opaque(x + 1)
+        return times(y) + 1
+    check(f, [torch.ones(2), torch.zeros(2)], breaks=1)

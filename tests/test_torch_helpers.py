@@ -92,15 +92,20 @@ def test_fx_tracing_flag_is_guarded():
     def f(x):
         return x - 2 if fx_trace.is_fx_tracing() else x + 1
 
+    # (torch 2.14 keeps the flag per thread, set through _set_is_fx_tracing; before, a
+    # module global)
+    set_flag = getattr(fx_trace, "_set_is_fx_tracing", None) or \
+        (lambda on: setattr(fx_trace, "_is_fx_tracing_flag", on))
+
     def flag(on):
-        return lambda: setattr(fx_trace, "_is_fx_tracing_flag", on)
+        return lambda: set_flag(on)
 
     try:
         x = torch.randn(3)
         check(f, [(x,), Then(flag(True), x), Then(flag(True), x), Then(flag(False), x)],
               graphs=2, breaks=0, compiles=2)
     finally:
-        fx_trace._is_fx_tracing_flag = False
+        set_flag(False)
 
 
 def test_is_tensor_like():

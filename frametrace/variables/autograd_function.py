@@ -25,7 +25,11 @@ from .symbolic import SymNodeVar
 from .tensor import TensorVar
 from .objects import MethodVar
 
-_APPLY = torch.autograd.Function.apply.__func__
+# `Fn.apply`: before torch 2.14 a Python classmethod (a bound method, its __func__ this
+# function); from 2.14 a C one (a builtin method bound to the class, without __func__,
+# equal to every other read of it).  `_apply_of(cls)` is the one `Fn.apply` must equal.
+_APPLY = getattr(torch.autograd.Function.apply, "__func__", None)
+_apply_of = torch.autograd.Function.__dict__["apply"].__get__
 _BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
 _BASE_BACKWARD = torch.autograd.Function.backward
 _ONCE_DIFFERENTIABLE_CODE = torch.autograd.function.once_differentiable(lambda ctx: None).__code__
@@ -34,12 +38,15 @@ _ONCE_DIFFERENTIABLE_CODE = torch.autograd.function.once_differentiable(lambda c
 def autograd_function_apply_var(tx, value, source, guards):
     """The Var for ``Fn.apply`` of a user autograd.Function subclass, or None."""
     cls = getattr(value, "__self__", None)
-    if getattr(value, "__func__", None) is not _APPLY or not isinstance(cls, type) or \
-            not issubclass(cls, torch.autograd.Function):
+    if not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function) or \
+            value != _apply_of(None, cls):
         return None
     from .builder import wrap  # (lazy: import cycle, to break)
     if guards is not None:
-        guards.identity(AttrSource(source, "__func__"), _APPLY)
+        if _APPLY is not None:
+            guards.identity(AttrSource(source, "__func__"), _APPLY)
+        else:
+            guards.identity(source, value)      # (a builtin method: compared with ==)
     cls_var = wrap(tx, cls, AttrSource(source, "__self__") if source is not None else None,
                    guards is not None)
     return AutogradFunctionApplyVar(cls, cls_var)

@@ -236,10 +236,12 @@ def _wrap_object(tx, value, source, guards):
         if guards is not None:
             guards.identity(source, value)
         return NoOpExitVar(source)
-    if isinstance(value, types.MethodType):
+    if isinstance(value, (types.MethodType, types.BuiltinMethodType)):
+        # (a builtin method from torch 2.14 on)
         applied = autograd_function_apply_var(tx, value, source, guards)
         if applied is not None:
             return applied
+    if isinstance(value, types.MethodType):
         self_source = AttrSource(source, "__self__") if source is not None else None
         func_source = AttrSource(source, "__func__") if source is not None else None
         return BoundMethodVar(wrap(tx, value.__func__, func_source, guards is not None),

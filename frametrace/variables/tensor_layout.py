@@ -42,6 +42,11 @@ UNTRUSTED = frozenset({
     "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
     "replication_pad1d", "replication_pad2d", "replication_pad3d",
 })
+# From torch 2.14 (its layout_sweep.py run): group norm's meta kernel gives the result of
+# a channels-last input contiguous, where the CPU kernel keeps it channels-last (2.13's
+# kept it too).
+if torch.__version__ >= (2, 14):
+    UNTRUSTED |= {"group_norm", "native_group_norm"}
 # Ops untrusted only on CUDA tensors: upsampling, whose meta functions store a CUDA
 # image of few channels contiguous where aten's kernels keep a channels-last input's
 # format (the OpInfo sweep on the H200; backends/kernel_formats.py fixes the compiled
