@@ -236,6 +236,22 @@ class CodeGen:
             emit(self)
         self.call(len(arg_emitters))
 
+    def call_const_packed(self, fn, leading, args, kwargs):
+        """Call the object `fn` (a constant) on what the `leading` emitters push, then a
+        tuple of the Vars `args` and a dict of the Vars `kwargs`: how a call
+        `g(*args, **kwargs)` is made again, through `fn(g, args, kwargs)`."""
+        def push_args(cg):
+            for v in args:
+                v.reconstruct(cg)
+            cg.build(tuple, len(args))
+
+        def push_kwargs(cg):
+            for k, v in kwargs.items():
+                cg.load_const(k)
+                v.reconstruct(cg)
+            cg.build(dict, len(kwargs))
+        self.call_const(fn, [*leading, push_args, push_kwargs])
+
     def load_tensor(self, var):
         name = self.tensor_locals.get(var.node)
         if name is not None:

@@ -5,16 +5,13 @@ the warm call differs in (input layout, dtype, requires_grad, grad mode, autocas
 functorch's config, decompositions) makes AOTAutograd trace again, never a stale result.
 Each test runs programs in fresh processes over a cache folder of its own."""
 import hashlib
-import json
 import os
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_warm_start import _run as run_program   # (a program in a fresh process, its RESULT)
 
 PROGRAM = r'''
 import copy, json, os, sys
@@ -151,26 +148,9 @@ print("RESULT", json.dumps(out))
 '''
 
 
-def _pythonpath(*first):
-    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return os.pathsep.join([*first, *kept])
-
-
 def _run(tmp_path, **env):
     (tmp_path / "prog.py").write_text(PROGRAM)
-    full = dict(os.environ)
-    full.pop("FRAMETRACE_LOGS", None)
-    full.update(PYTHONPATH=_pythonpath(ROOT, str(tmp_path)), PYTHONDONTWRITEBYTECODE="1",
-                FRAMETRACE_CACHE_DIR=str(tmp_path / "cache"), FRAMETRACE_LOGS="cache")
-    full.update({k: str(v) for k, v in env.items()})
-    proc = subprocess.run([sys.executable, str(tmp_path / "prog.py")], env=full, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert line, proc.stdout + proc.stderr[-3000:]
-    result = json.loads(line[0][len("RESULT "):])
-    result["stderr"] = proc.stderr
-    return result
+    return run_program(tmp_path, **env)
 
 
 def _close(a, b, tol=1e-5):

@@ -593,20 +593,8 @@ class GeneratorContextVar(Var):
         function made it; nothing has run of the generator."""
         if self.frame is not None:
             unsupported(f"{self} entered in the trace outlives it")
-        args = list(self.args)
-        kwargs = dict(self.kwargs)
-
-        def emit_args(cg):
-            for a in args:
-                a.reconstruct(cg)
-            cg.build(tuple, len(args))
-
-        def emit_kwargs(cg):
-            for k, v in kwargs.items():
-                cg.load_const(k)
-                v.reconstruct(cg)
-            cg.build(dict, len(kwargs))
-        cg.call_const(contextlib._GeneratorContextManager, [self.func.reconstruct, emit_args, emit_kwargs])
+        cg.call_const_packed(contextlib._GeneratorContextManager, [self.func.reconstruct],
+                             list(self.args), dict(self.kwargs))
 
     def __repr__(self):
         return f"GeneratorContextVar({self.func!r})"

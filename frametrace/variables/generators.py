@@ -105,18 +105,7 @@ class InlinedGeneratorVar(LazyIteratorVar):
         if cg.load_rebuilt(self):
             return
         fn, args, kwargs = self.maker
-
-        def push_args(cg):
-            for v in args:
-                v.reconstruct(cg)
-            cg.build(tuple, len(args))
-
-        def push_kwargs(cg):
-            for k, v in kwargs.items():
-                cg.load_const(k)
-                v.reconstruct(cg)
-            cg.build(dict, len(kwargs))
-        cg.call_const(call_with, [fn.reconstruct, push_args, push_kwargs])
+        cg.call_const_packed(call_with, [fn.reconstruct], args, kwargs)
         cg.keep_rebuilt(self)
 
     def next(self):
