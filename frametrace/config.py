@@ -51,6 +51,13 @@ compile_lock_timeout = 300.0
 # tell a wrong answer of the shortcut's from another.
 view_chain_shortcut = True
 
+# An nn.Module computed in CPython at a graph break (`copy.deepcopy(model)`, a factory
+# the trace could not follow) is traced in the resume frame like any module, guarded by
+# its type and by what the trace reads of it, not by its identity: it is often a new
+# object on every call, which an identity guard would recompile for each time.
+# False: such a module stays opaque data there (calling it breaks again).
+trace_modules_from_breaks = True
+
 # Guards load attributes (a class's, an instance's) from a memo while the version tags
 # of the class, its metatype and the instance dict are unchanged (_C/guards.c,
 # cached_attr).  False: every load is a getattr, to tell a wrong answer of the memo's

@@ -39,6 +39,7 @@ from .variables.lazy import Lazy
 from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
 from .variables.subclasses import is_user_container
 from .variables.symbolic import FormattedVar, SymNodeVar
+from .variables.modules import NNModuleVar
 from .variables.user_objects import DataclassVar, NewObjectVar, UserObjectVar
 from .variables.contexts import enclosing_with_starts
 
@@ -1112,7 +1113,8 @@ def _guard_aliasing(output, guards, side_effects):
     # is not seen through the other; `a is b` folded to False).  Paths to the same
     # object are guarded by `same_object` where the second path was wrapped.
     objects = [var.source for _, var in output.object_vars.values()
-               if isinstance(var, (ListVar, DictVar, UserObjectVar)) and var.source is not None]
+               if var.source is not None and (isinstance(var, (ListVar, DictVar, UserObjectVar)) or
+                                              isinstance(var, NNModuleVar) and output.unspecialized(var.source))]
     if len(objects) > 1:
         guards.distinct(objects)
     # Closure cells from outside: one the trace wrote is another Cell than those it

@@ -22,6 +22,7 @@ from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
 from .backend_registry import backend_name
 from .exc import BackendCompilerFailed
+from .source import root_local
 from .shapes import (ShapePolicy, overlaps_itself, meta_like, new_fake_mode, static_geometry, symbolic_fake,
                      symbolic_float, symbolic_int)
 from .variables.base import unsupported
@@ -104,6 +105,12 @@ class OutputGraph:
     # convert.py sets it from the backend.
     functionalizes = True
 
+    def unspecialized(self, source) -> bool:
+        """Whether `source` reads from a module computed at a graph break (see
+        unspecialized_roots)."""
+        return bool(self.unspecialized_roots) and config.trace_modules_from_breaks and \
+            root_local(source) in self.unspecialized_roots
+
     def __init__(self, guards, policy: ShapePolicy | None = None):
         self.graph = LocatedGraph()
         self.guards = guards
@@ -119,6 +126,11 @@ class OutputGraph:
         self._input_fakes: dict[int, object] = {}   # id(fake) -> fake, of graph inputs
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
         self.object_vars: dict[int, tuple] = {}
+        # Locals of a resume frame holding what was computed at a break: the nn.Modules
+        # reached from them (often new objects on every call: copy.deepcopy(model)) are
+        # guarded by type and what is read of them, not identity
+        # (config.trace_modules_from_breaks).
+        self.unspecialized_roots: set[str] = set()
         # id() of each traced object asked for it: (object, its key), kept alive (builtins.IdVar)
         self.id_keys: dict[int, tuple] = {}
         # id(ContextVar) -> traced value set during the trace (reset before it ends).

@@ -36,7 +36,7 @@ from .variables.functions import Cell, CellRefVar, NestedFunctionVar
 from .variables.generators import InlinedGeneratorVar, freeze_returned_iterators, stop_iteration_error
 from .variables.lazy import Lazy
 from .variables.objects import SuperVar
-from .variables.opaque import OpaqueVar, is_data
+from .variables.opaque import OpaqueVar, is_data, traced_after_break
 from .variables.operators import binary_op, contains, delete_list_item, is_none, is_same, make_slice, unary_op
 from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
 from .variables.stdlib import DequeVar
@@ -111,13 +111,21 @@ class InstructionTranslator:
         if parent is None:
             opaque = opaque_locals(code)
             for name, value in zip(code.co_varnames, args):
-                if not (name.startswith("___result") or name in opaque) or not is_data(value):
+                made_at_break = name.startswith("___result") or name in opaque
+                if made_at_break:
+                    # Modules in it (or it) are not pinned to their identity (see
+                    # OutputGraph.unspecialized_roots).
+                    output.unspecialized_roots.add(name)
+                if not made_at_break or not is_data(value):
                     self.locals[name] = Lazy(value, LocalSource(name))
                 elif type(value) in (int, float) and (type(value) is int or math.isfinite(value)) \
                         and output.policy.data_numbers():
                     # A number computed in CPython at a graph break (x.item()): an input
                     # of the graph that is never pinned to its value.
                     self.locals[name] = Lazy(value, LocalSource(name), data=True)
+                elif traced_after_break(value):
+                    # A module made at a break (copy.deepcopy(model)): traced all the same.
+                    self.locals[name] = Lazy(value, LocalSource(name))
                 elif type(value) is bool:
                     # bool(t) at a break: two values at most, so a constant (guarded)
                     # costs at most one more compile, where opaque data would break again.

@@ -19,6 +19,15 @@ def guard_local_name(name: str) -> str:
     return "___arg_" + "".join(c if c.isalnum() else "_" for c in name)
 
 
+def root_local(source) -> str | None:
+    """The frame local a source's path starts from, or None (a global, a closure cell)."""
+    while not isinstance(source, LocalSource):
+        source = getattr(source, "base", None)
+        if source is None:
+            return None
+    return source.local
+
+
 class Source:
     __slots__ = ()
 

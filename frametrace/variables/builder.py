@@ -330,7 +330,8 @@ def _wrap_user_instance(tx, value, source, guards):
     if guards is not None:
         guards.type_match(source, value)
     if issubclass(type(value), torch.nn.Module):
-        guards.identity(source, value) if guards is not None else None
+        if guards is not None and not tx.output.unspecialized(source):
+            guards.identity(source, value)
         var = NNModuleVar(value, source)
     else:
         var = UserObjectVar(value, source)

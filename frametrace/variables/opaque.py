@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from .. import config
 from .base import Var, a_type, unsupported
 
 
@@ -19,6 +20,12 @@ def is_data(value) -> bool:
     # never on their values); NumPy scalars stay data (float() of one would pin it).
     return not isinstance(value, (torch.Tensor, list, tuple, dict, type(None))) and \
         not (numpy is not None and type(value) is numpy.ndarray)
+
+
+def traced_after_break(value) -> bool:
+    """Data a resume frame traces all the same: an nn.Module computed at the break
+    (config.trace_modules_from_breaks), wrapped without pinning its identity."""
+    return isinstance(value, torch.nn.Module) and config.trace_modules_from_breaks
 
 
 class OpaqueVar(Var):
