@@ -545,9 +545,11 @@ def test_fast_wrapper_source_launches_compiled_kernels_directly(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gpu_fast_launches_and_moved_or_misaligned_inputs(monkeypatch):
+@pytest.mark.parametrize("static", [True, False])
+def test_gpu_fast_launches_and_moved_or_misaligned_inputs(monkeypatch, static):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(config, "cudagraphs", False)
+    monkeypatch.setattr(config, "static_launch", static)  # torch's launcher, or Triton's
 
     def f(x, w):
         return torch.softmax(x * w, -1) + 1, (x - w).sum(-1)
@@ -556,7 +558,7 @@ def test_gpu_fast_launches_and_moved_or_misaligned_inputs(monkeypatch):
     close = dict(rtol=1e-4, atol=1e-4)  # sums of 1000 in another order
     torch.testing.assert_close(cf(x, w), f(x, w), **close)
     mod = last_compiled()
-    assert mod.fast is not None and "run_kernel" in mod.fast_source
+    assert mod.fast is not None and ("static_launch(fn_kernel" if static else "run_kernel") in mod.fast_source
     for _ in range(2):
         torch.testing.assert_close(cf(x, w), f(x, w), **close)
         y = torch.randn(64 * 1000 + 3, device="cuda")[3:].view(64, 1000)  # misaligned

@@ -14,6 +14,12 @@ cudagraph_min_launches = 2
 # the grid and block sizes as literals (Triton's `kernel[grid](...)` costs ~20 us a launch).
 fast_launch = True
 
+# Launch compiled kernels on CUDA through torch's ahead-of-time launcher
+# (torch._C._StaticCudaLauncher, static_launch.py) instead of the C launcher Triton
+# compiles with gcc for each kernel signature (a third of a second each, at first use).
+# False: Triton's own launcher runs every kernel.
+static_launch = True
+
 # erf by a short polynomial and one exp (absolute error < 1.5e-7) instead of libdevice's
 fast_erf = True
 # An erf whose result is rounded to bf16/fp16 (gelu on half inputs): one exp2 and a

@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import linecache
 import re
+import sys
+
+import torch
+
+from . import config
+from .static_launch import static_kernel
 
 _JITTED: dict = {}   # source -> Triton function
 
@@ -34,11 +40,40 @@ def build_kernel(fn, grid, args, kwargs):
     if isinstance(fn, Checked):
         fn, kwargs = fn.fn, dict(kwargs, debug=True, sanitize_overflow=False)
     compiled = fn.warmup(*args, grid=grid, **kwargs)
-    # the module load and the C launcher of its signature (a C compiler run, once per
-    # signature a process meets), otherwise made at its first launch, one after another
+    # The module load (and, for Triton's launcher, the C launcher of its signature: a C
+    # compiler run, once per signature a process meets), otherwise made at its first
+    # launch, one after another.
+    if _static(fn, args) and static_kernel(compiled) is not None:
+        return
     init = getattr(compiled, "_init_handles", None)
     if init is not None:
         init()
+
+
+def launch(fn, grid, args, kwargs):
+    """``fn[grid](*args, **kwargs)`` for `fn` (a Triton function or a Checked one),
+    through torch's launcher where it runs the compiled kernel (static_launch.py), with
+    Triton's otherwise; returns the compiled kernel."""
+    base, options = (fn.fn, dict(kwargs, debug=True, sanitize_overflow=False)) \
+        if isinstance(fn, Checked) else (fn, kwargs)
+    if _static(base, args):
+        compiled = base.warmup(*args, grid=grid, **options)
+        kernel = static_kernel(compiled)
+        # (every argument the kernel takes given by position, as the wrapper does)
+        if kernel is not None and (not kernel.passed or kernel.passed[-1] < len(args)):
+            kernel.launch(grid, args)
+            return compiled
+    return fn[grid](*args, **kwargs)
+
+
+def _static(fn, args) -> bool:
+    """Whether torch's launcher may run `fn`'s kernels for these arguments (CUDA
+    tensors, Triton's JIT, not its interpreter)."""
+    if not config.static_launch:
+        return False
+    jit = sys.modules.get("triton.runtime.jit")     # (loaded with any Triton function)
+    return jit is not None and isinstance(fn, jit.JITFunction) and \
+        any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
 
 
 # The exception eager raises for each check a kernel makes (kernel_source.check's messages

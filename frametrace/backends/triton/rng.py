@@ -35,7 +35,7 @@ import torch
 from . import indexing, kernel_source
 from .indexing import flatten, pexpr
 from .ir import Buffer, Extern, Unsupported
-from .loader import load_kernel
+from .loader import launch, load_kernel
 from .lowering_base import compute_dtype, pointwise, register, val_of
 from .partition import RECOMPUTABLE_OPS
 
@@ -161,8 +161,8 @@ def _fill_triton(seed, offset, numel, normal):
     out = torch.empty(numel, dtype=torch.float32, device=seed.device)
     block = 1024
     with torch.cuda.device(seed.device):
-        load_kernel("_philox_fill", _FILL)[(math.ceil(numel / block),)](
-            seed, out, offset, numel, NORMAL=normal, XBLOCK=block)
+        launch(load_kernel("_philox_fill", _FILL), (math.ceil(numel / block),),
+               (seed, out, offset, numel), {"NORMAL": normal, "XBLOCK": block})
     return out
 
 

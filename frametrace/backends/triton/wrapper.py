@@ -14,7 +14,8 @@ from .indexing import pycode
 from .ir import Buffer, Extern, Unsupported
 from .layout import ATTENTION_ALIGNMENT, ATTENTION_OPS, aligned_strides
 from .kernel_source import Kernel, configs_for
-from .loader import build_kernel, load_kernel  # noqa: F401  (load_kernel: also the tests' way to load a kernel)
+from .loader import build_kernel, launch, load_kernel  # noqa: F401  (load_kernel: also the tests' way to load a kernel)
+from .static_launch import static_kernel
 
 class Launcher:
     """Launches one kernel; picks its block sizes on the first call and keeps the compiled
@@ -37,7 +38,7 @@ class Launcher:
 
     def _launch(self, config, args, xnumel=None):
         grid = (math.ceil((xnumel or self.xnumel) / config.xblock),)
-        self.fn[grid](*args, **config.kwargs(self.reduction))
+        launch(self.fn, grid, args, config.kwargs(self.reduction))
 
     def _build(self, config, args, xnumel=None):
         """Compile for `config` and these arguments without launching."""
@@ -57,7 +58,7 @@ class Launcher:
             best = autotune.pick(self.name, self.xnumel, self.rnumel, self.configs,
                                  lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = (math.ceil(self.xnumel / best.xblock),), best.kwargs(self.reduction)
-        self.compiled = self.fn[self.grid](*args, **self.kwargs)
+        self.compiled = launch(self.fn, self.grid, args, self.kwargs)
 
     def constexprs(self) -> list:
         """The values of the kernel's constexpr parameters, in order (after its pointers)."""
@@ -73,7 +74,7 @@ class TiledLauncher(Launcher):
         self.tile = kernel.tile
 
     def _launch(self, config, args, xnumel=None):
-        self.fn[self.tile.grid(config)](*args, **config.kwargs())
+        launch(self.fn, self.tile.grid(config), args, config.kwargs())
 
     def _build(self, config, args, xnumel=None):
         build_kernel(self.fn, self.tile.grid(config), args, config.kwargs())
@@ -84,7 +85,7 @@ class TiledLauncher(Launcher):
             best = autotune.pick(self.name, t.xnumel, t.ynumel, self.configs,
                                  lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = t.grid(best), best.kwargs()
-        self.compiled = self.fn[self.grid](*args, **self.kwargs)
+        self.compiled = launch(self.fn, self.grid, args, self.kwargs)
 
     def constexprs(self) -> list:
         return [self.kwargs["YBLOCK"], self.kwargs["XBLOCK"]]
@@ -288,10 +289,16 @@ class WrapperCodegen:
         from triton import knobs
         from triton.runtime import driver
         ns = self.ns
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        static = {}
         for name in self.launchers:
             k = ns[name].compiled
-            ns[f"run_{name}"], ns[f"fn_{name}"], ns[f"meta_{name}"] = k.run, k.function, k.packed_metadata
-        index = device.index if device.index is not None else torch.cuda.current_device()
+            static[name] = static_kernel(k, index)
+            if static[name] is not None:
+                ns["static_launch"] = static[name].launcher()
+                ns[f"fn_{name}"] = static[name].function
+            else:
+                ns[f"run_{name}"], ns[f"fn_{name}"], ns[f"meta_{name}"] = k.run, k.function, k.packed_metadata
         ns.update(get_stream=driver.active.get_current_stream, get_device=getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device),
                   launch_hooks=(knobs.runtime.launch_enter_hook,
                                                                knobs.runtime.launch_exit_hook))
@@ -310,6 +317,12 @@ class WrapperCodegen:
             launcher = ns[name]
             args = list(item.args) + [repr(v) for v in launcher.constexprs()]
             grid = tuple(launcher.grid) + (1, 1)
+            s = static[name]
+            if s is not None:
+                # torch's launcher: only the arguments the compiled kernel takes
+                passed = s.args_of(args)
+                return (f"static_launch(fn_{name}, {grid[0]}, {grid[1]}, {grid[2]}, {s.num_warps}, "
+                        f"{s.shared}, {s.types!r}, ({''.join(f'{a}, ' for a in passed)}), stream)")
             return (f"run_{name}({grid[0]}, {grid[1]}, {grid[2]}, stream, fn_{name}, meta_{name}, "
                     f"None, None, None, {', '.join(args)})")
         return self._function("fast", checks, launch, _ALLOC)

@@ -1,0 +1,198 @@
+"""Kernels launched on CUDA through torch's ahead-of-time launcher instead of the C
+launcher Triton builds with gcc per kernel signature (backends/triton/static_launch.py,
+`config.static_launch`).
+
+The generated fast wrapper is checked here on any machine (its launch lines, with a
+stand-in for the loaded kernel); on a GPU, whole programs run with the launcher on and
+off against eager, with no Triton launcher built while it is on, and every case where
+it must step aside (launch hooks) falls back to Triton's.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import frametrace
+
+pytest.importorskip("triton")
+from frametrace.backends.triton import autotune, config, static_launch, wrapper  # noqa: E402
+from triton_harness import triton_check  # noqa: E402
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_fast_wrapper_passes_only_what_the_compiled_kernel_takes(monkeypatch):
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    x, w = torch.randn(8, 16), torch.randn(16)
+    frametrace.reset()
+    mod = triton_check(lambda x, w: torch.softmax(x * w, -1), x, w, kernels=1, rtol=1e-4)
+    W = mod.wrapper
+    name = W.launchers[0]
+    launcher = W.ns[name]
+    launcher.compiled = SimpleNamespace()
+    nargs = len(re.search(rf"{name}\(([^)]*)\)", mod.source).group(1).split(","))
+    # A kernel that takes its pointers and sizes but not argument 1 (specialized by
+    # Triton), and one scratch pointer.
+    passed = tuple(i for i in range(nargs) if i != 1)
+    stand_in = static_launch.StaticKernel(1234, 8, 96, "O" * (len(passed) + 1), passed, (None,))
+    monkeypatch.setattr(wrapper, "static_kernel", lambda k, device=None: stand_in)
+    monkeypatch.setattr(static_launch, "_LAUNCHER", SimpleNamespace(_launch_kernel=None))
+    monkeypatch.setattr(autotune, "interpreted", lambda: False)
+    monkeypatch.setattr(W.lowered, "device", torch.device("cuda", 0))
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=None))
+    src = W.fast_source([x, w])
+    line = next(l for l in src.splitlines() if "static_launch(" in l)
+    args = re.search(r", (\(.*\)), stream\)", line).group(1)
+    call_args = [a.strip() for a in re.search(rf"{name}\(([^)]*)\)", mod.source).group(1).split(",")]
+    call_args += [repr(v) for v in launcher.constexprs()]
+    want = [call_args[i] for i in passed] + ["None"]
+    assert args == "(" + "".join(f"{a}, " for a in want) + ")", line
+    assert f"static_launch(fn_{name}, {launcher.grid[0]}, 1, 1, 8, 96, " in line, line
+    assert "run_" not in src
+
+
+def test_declines_what_is_not_a_compiled_kernel():
+    from types import SimpleNamespace
+    assert static_launch.static_kernel(SimpleNamespace(run=None), 0) is None
+
+
+class _LauncherCount:
+    """Counts the C launchers Triton makes (one per kernel signature: a gcc run)."""
+
+    def __init__(self, monkeypatch):
+        from triton.runtime import driver
+        active = driver.active
+        made = self.made = []
+        original = active.launcher_cls
+
+        def counting(*args, **kwargs):
+            made.append(args)
+            return original(*args, **kwargs)
+        monkeypatch.setattr(active, "launcher_cls", counting)
+
+
+def _program(x, w, idx, y):
+    h = F.layer_norm(x @ w, (w.shape[1],)).relu()
+    g = h[idx]                                     # a gather: a checked kernel
+    return torch.softmax(g, -1).sum(0), (y.t() * 2 + 1).contiguous(), h.mean()
+
+
+def _inputs(n=64, device="cuda"):
+    return (torch.randn(n, 32, device=device), torch.randn(32, 48, device=device),
+            torch.randint(0, n, (17,), device=device), torch.randn(40, 24, device=device))
+
+
+@cuda
+@pytest.mark.parametrize("static", [True, False])
+def test_programs_match_eager_with_and_without_the_launcher(monkeypatch, static):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "cudagraphs", False)
+    monkeypatch.setattr(config, "static_launch", static)
+    count = _LauncherCount(monkeypatch)
+    before = dict(static_launch.STATS)
+    cf = frametrace.optimize(backend="triton")(_program)
+    for i in range(4):                  # the first call, then the fast wrapper
+        args = _inputs()
+        torch.testing.assert_close(cf(*args), _program(*args), rtol=1e-4, atol=1e-4)
+    loaded = static_launch.STATS["loaded"] - before["loaded"]
+    if static:
+        assert loaded > 0 and not count.made, (loaded, len(count.made))
+    else:
+        assert loaded == 0 and count.made
+
+
+@cuda
+def test_dynamic_sizes_launch_through_the_slow_wrapper(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "cudagraphs", False)
+    count = _LauncherCount(monkeypatch)
+    f = lambda x: torch.softmax(x * 2, -1) + x.sum(-1, keepdim=True)  # noqa: E731
+    cf = frametrace.optimize(backend="triton", dynamic=True)(f)
+    for n in (5, 9, 33, 70, 9):
+        x = torch.randn(n, 100, device="cuda")
+        torch.testing.assert_close(cf(x), f(x), rtol=1e-4, atol=1e-4)
+    assert not count.made
+
+
+@cuda
+def test_launch_hooks_run_through_triton(monkeypatch):
+    from triton import knobs
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "cudagraphs", False)
+    seen = []
+    hook = lambda metadata: seen.append(metadata)  # noqa: E731
+    cf = frametrace.optimize(backend="triton")(_program)
+    args = _inputs()
+    torch.testing.assert_close(cf(*args), _program(*args), rtol=1e-4, atol=1e-4)
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    try:
+        args = _inputs()
+        torch.testing.assert_close(cf(*args), _program(*args), rtol=1e-4, atol=1e-4)
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+    assert seen, "the launch hook was never called"
+
+
+def _fake_compiled(signature, constants=None, **metadata):
+    """A stand-in for Triton's CompiledKernel, as the launcher reads it."""
+    from types import SimpleNamespace
+    md = dict(hash="abc", shared=0, num_warps=4, num_ctas=1, global_scratch_size=0,
+              profile_scratch_size=0, launch_cooperative_grid=False, launch_pdl=False)
+    md.update(metadata)
+    fn = SimpleNamespace(arg_names=list(signature), __name__="k")
+    src = SimpleNamespace(fn=fn, signature=signature, constants=constants or {})
+    return SimpleNamespace(asm={"cubin": b"\0"}, metadata=SimpleNamespace(**md), src=src)
+
+
+def test_launch_types_from_the_signature(monkeypatch):
+    from types import SimpleNamespace
+    loads = []
+    monkeypatch.setattr(static_launch, "_LAUNCHER", SimpleNamespace(
+        _load_kernel=lambda path, name, shared, device: loads.append(name) or (7, 16, 0)))
+    sig = {"x": "*fp32", "y": "*bf16", "n": "i32", "one": "constexpr", "eps": "fp32",
+           "m": "i64", "XBLOCK": "constexpr"}
+    k = static_launch.static_kernel(_fake_compiled(sig, {(3,): 1, (6,): 128}), 0)
+    # pointers, i32, fp32, i64, then the two unused scratch pointers (null)
+    assert (k.types, k.passed, k.extra) == ("OOifl" + "OO", (0, 1, 2, 4, 5), (None, None))
+    assert k.args_of(["X", "Y", 5, 1, 0.5, 9, 128]) == ("X", "Y", 5, 0.5, 9, None, None)
+    assert k.function == 7 and loads == ["k"]
+    # torch 2.13's loader also returns the module first
+    monkeypatch.setattr(static_launch, "_LAUNCHER", SimpleNamespace(
+        _load_kernel=lambda *a: (3, 8, 16, 0)))
+    assert static_launch.static_kernel(_fake_compiled({"x": "*fp32"}), 0).function == 8
+    # no scratch attributes (an older Triton): no extra pointers
+    old = _fake_compiled({"x": "*fp32"})
+    del old.metadata.global_scratch_size, old.metadata.profile_scratch_size
+    assert static_launch.static_kernel(old, 0).types == "O"
+
+
+@pytest.mark.parametrize("why", ["fp16 scalar", "scratch", "ctas", "pdl", "switch"])
+def test_declines_what_torchs_launcher_cannot_run_as_triton(monkeypatch, why):
+    from types import SimpleNamespace
+    monkeypatch.setattr(static_launch, "_LAUNCHER", SimpleNamespace(_load_kernel=lambda *a: (7, 16, 0)))
+    sig, md = {"x": "*fp32", "s": "i32"}, {}
+    if why == "fp16 scalar":
+        sig["s"] = "fp16"
+    elif why == "scratch":
+        md["global_scratch_size"] = 64
+    elif why == "ctas":
+        md["num_ctas"] = 2
+    elif why == "pdl":
+        md["launch_pdl"] = True
+    else:
+        monkeypatch.setattr(config, "static_launch", False)
+    assert static_launch.static_kernel(_fake_compiled(sig, **md), 0) is None
+    assert static_launch.static_kernel(_fake_compiled({"x": "*fp32", "s": "i32"}), 0) is not None \
+        or why == "switch"
