@@ -64,7 +64,10 @@ log = logging.getLogger("frametrace.cache")
 _MAGIC = b"FTCACHE1"
 # Backends whose products depend only on the graph and its inputs: their entries are
 # cached under their name.  A user's callable cannot be keyed soundly.
-CACHEABLE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "default")
+CACHEABLE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "default", "triton")
+# Backends that generate Triton kernels (`default` does for CUDA graphs): their keys also
+# hold the triton backend's settings, Triton's version and the devices kernels run on.
+_KERNEL_BACKENDS = ("default", "triton")
 # Settings that do not change what a compile produces.
 # (cache_aot_results: an entry keeps AOTAutograd's result either way, used only if on.)
 _SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "cache_aot_results", "compile_status",
@@ -157,8 +160,45 @@ def _key_of(code, backend, fullgraph, dynamic) -> str | None:
     h = hashlib.sha256()
     h.update(repr((_versions(), _settings(), name, bool(fullgraph), dynamic,
                    torch.cuda.is_available() and torch.cuda.get_device_capability())).encode())
+    if name in _KERNEL_BACKENDS:
+        h.update(repr(_kernel_facts()).encode())
     _code_digest(code, h)
     return h.hexdigest()
+
+
+def _kernel_facts() -> tuple:
+    """What a graph compiled to Triton kernels depends on beyond frametrace's source (the
+    generator's code is in `_own_fingerprint`): the triton backend's settings (block
+    size limits, fast erf, CUDA graphs...), Triton's version, whether kernels run in its
+    interpreter, and each visible GPU's name and capability (a kernel tuned or compiled
+    for an H100 is not one for an A100 of the same capability)."""
+    from .backends.triton import config as triton_config    # (a leaf module: no Triton import)
+    return (sorted((k, repr(v)) for k, v in triton_config.settings().items()),
+            _triton_version(), os.environ.get("TRITON_INTERPRET", "0") == "1", _devices())
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_version():
+    try:
+        from importlib.metadata import version      # (lazy: importing triton costs seconds)
+        return version("triton")
+    except Exception:
+        return None
+
+
+def _devices() -> tuple:
+    if not torch.cuda.is_available():
+        return ()
+    return _cuda_devices(torch.cuda.device_count())
+
+
+@functools.lru_cache(maxsize=4)
+def _cuda_devices(count) -> tuple:
+    out = []
+    for i in range(count):
+        p = torch.cuda.get_device_properties(i)
+        out.append((p.name, p.major, p.minor, getattr(p, "multi_processor_count", None)))
+    return tuple(out)
 
 
 def _code_digest(code, h):
