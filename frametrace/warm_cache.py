@@ -448,6 +448,8 @@ class _Pickler(pickle.Pickler):
         raise NotCacheable(f"an object of type {t.__qualname__} ({obj!r:.60})")
 
 
+# What the trace notes in a graph's meta for the backends (graph.py): kept with the entry.
+_GRAPH_META = ("frametrace_functionalizes", "frametrace_sources")
 _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
 
 
@@ -622,7 +624,8 @@ def describe(code, func, check, new_code, gm, graph_fn, inlined, outcome, backen
         artifact = None
     body = {"backend_artifact": artifact,"guards": guards, "constants": gs.constants, "code": new_code, "graph": gm,
             "inputs": inputs, "resume": _resume_meta(new_code), "outcome": outcome,
-            "texts": gs.texts(), "name": graph_fn.__name__ if graph_fn is not None else None}
+            "texts": gs.texts(), "name": graph_fn.__name__ if graph_fn is not None else None,
+            "graph_meta": {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta} if gm is not None else {}}
     body_bytes, codes2 = _dumps(body, binds, graph_fn, cells)
     pinned = {id(c) for c in (*codes1, *codes2)}
     for c in inlined:
@@ -932,6 +935,9 @@ def _materialize(code, func, args, entry, backend, install):
     gm = body["graph"]
     compiled = None
     if gm is not None:
+        # (a pickled GraphModule comes back without its meta: what the trace noted for
+        # the backend, the default backend's choice of triton or eager among it)
+        gm.meta.update(body.get("graph_meta", {}))
         example = [_eval(s, env) for s in body["inputs"]]
         # The sizes this call has, as a compile would have noted them: a later call
         # with other sizes compiles with those dimensions symbolic, as after a cold start.

@@ -105,6 +105,28 @@ if scenario == "training":
         out["values"].append(tolist(y)); out["cpython"].append(tolist(r))
     out["grads"] = [tolist(p.grad) for p in model.parameters()]
     out["cpython_grads"] = [tolist(p.grad) for p in reference.parameters()]
+elif scenario in ("default_args", "default_global"):
+    # The default backend, CPU graphs counted as a kernel device: a frame whose
+    # arguments hold a tensor is traced for the kernels (triton); one that reads its
+    # tensor from a global is traced for the eager backend, which its graph then runs
+    # with, cold or warm.
+    from frametrace.backends import default as default_backend
+    default_backend.KERNEL_DEVICES = ("cuda", "cpu")
+    G = make(8, 64, seed=3)
+
+    def from_args(x):
+        return (x * 2).sin().sum(0), x.relu()
+
+    def from_global(n):
+        return (G * n).sin().sum(0), G.relu()
+
+    fn, argv = (from_args, lambda: [G.clone()]) if scenario == "default_args" else (from_global, lambda: [3])
+    compiled = frametrace.optimize(fn, dynamic=False)
+    for _ in range(2):
+        out["values"].append(tolist(compiled(*argv())))
+        out["cpython"].append(tolist(fn(*argv())))
+    out["backends"] = [r.graph_module.meta.get("frametrace_backend") for r in records
+                       if r.graph_module is not None]
 else:
     fn, shapes = {"pointwise": (pointwise, [(8, 64), (64,)]),
                   "tiled": (tiled, [(32, 48), (48, 32)])}[scenario]
@@ -170,6 +192,23 @@ def test_warm_start_traces_nothing_same_answers(tmp_path, scenario):
     if scenario == "tiled":
         assert any(n.startswith("triton_tile_") for n in cold["kernel_names"]), cold["kernel_names"]
     assert "from the cache" in warm["stderr"]
+
+
+@pytest.mark.parametrize("scenario,backend", [("default_args", "triton"), ("default_global", "eager")])
+def test_default_backend_warm_makes_the_cold_choice(tmp_path, scenario, backend):
+    """The default backend's choice for a cached graph is the cold one: a graph traced
+    for the eager backend (the frame's arguments hold no kernel-device tensor) is not
+    handed to the kernels because its pickled GraphModule lost what the trace noted."""
+    cold = _run(tmp_path, SCENARIO=scenario)
+    assert cold["backends"] == [backend], cold["stderr"][-2000:]
+    assert (cold["kernels"] >= 1) == (backend == "triton")
+    warm = _run(tmp_path, SCENARIO=scenario)
+    assert warm["compiled"] == 0 and warm["from_cache"] >= 1, warm["stderr"][-2000:]
+    assert warm["backends"] == [backend] and warm["kernels"] == cold["kernels"]
+    for r in (cold, warm):
+        for a, b in zip(r["values"], r["cpython"], strict=True):
+            assert _close(_flat(a), _flat(b))
+    assert warm["values"] == cold["values"]
 
 
 def test_autotune_choices_from_disk_time_nothing(tmp_path):
