@@ -18,13 +18,16 @@ program:
   description and checked on the live arguments like any new entry's;
 - every function inlined into the graph must be pinned so (edit a helper's source: its
   code no longer matches, a new compile);
-- the backend compiles the cached graph again (that skips tracing, not the backend);
+- the backend compiles the cached graph again (that skips tracing, not the backend;
+  aot_eager's AOTAutograd result is restored instead, backends/aot_cache.py; the triton
+  backend's autotuning choices come from backends/triton/tune_cache.py);
 - anything the cache cannot describe so (an object with no name and no source, a
   symbolic size, a user's own backend) is simply not cached.
 
 The key covers the frame's code (bytecode, constants, names, lines), frametrace's own
 source, the torch and Python versions, the compile settings of `config`, the backend
-and the optimize() settings.  Entries this process wrote are never read back by it
+and the optimize() settings; for the kernel backends (triton, default) also the triton
+backend's settings, Triton's version and each GPU's name and capability.  Entries this process wrote are never read back by it
 (reset() means compile again); `config.cache` off or `FRAMETRACE_CACHE_DIR=` (empty)
 turns it all off.  A file that cannot be read (truncated, garbage, another version)
 or written (full disk, read-only folder) is a miss with one log line.
