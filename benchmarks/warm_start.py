@@ -170,7 +170,7 @@ def _effnet():
         model = _small_effnet()
     model = model.to(_device()).train()
     g = torch.Generator().manual_seed(0)
-    n, side = (2, 32) if smoke else (16, 224)
+    n, side = (2, 16) if smoke else (16, 224)
     x = torch.randn(n, 3, side, side, generator=g).to(_device())
     labels = torch.randint(0, 1000, (n,), generator=g).to(_device())
 
