@@ -18,13 +18,16 @@ program:
   description and checked on the live arguments like any new entry's;
 - every function inlined into the graph must be pinned so (edit a helper's source: its
   code no longer matches, a new compile);
-- the backend compiles the cached graph again (that skips tracing, not the backend);
+- the backend compiles the cached graph again (that skips tracing, not the backend;
+  aot_eager's AOTAutograd result is restored instead, backends/aot_cache.py; the triton
+  backend's autotuning choices come from backends/triton/tune_cache.py);
 - anything the cache cannot describe so (an object with no name and no source, a
   symbolic size, a user's own backend) is simply not cached.
 
 The key covers the frame's code (bytecode, constants, names, lines), frametrace's own
 source, the torch and Python versions, the compile settings of `config`, the backend
-and the optimize() settings.  Entries this process wrote are never read back by it
+and the optimize() settings; for the kernel backends (triton, default) also the triton
+backend's settings, Triton's version and each GPU's name and capability.  Entries this process wrote are never read back by it
 (reset() means compile again); `config.cache` off or `FRAMETRACE_CACHE_DIR=` (empty)
 turns it all off.  A file that cannot be read (truncated, garbage, another version)
 or written (full disk, read-only folder) is a miss with one log line.
@@ -64,7 +67,10 @@ log = logging.getLogger("frametrace.cache")
 _MAGIC = b"FTCACHE1"
 # Backends whose products depend only on the graph and its inputs: their entries are
 # cached under their name.  A user's callable cannot be keyed soundly.
-CACHEABLE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "default")
+CACHEABLE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "default", "triton")
+# Backends that generate Triton kernels (`default` does for CUDA graphs): their keys also
+# hold the triton backend's settings, Triton's version and the devices kernels run on.
+_KERNEL_BACKENDS = ("default", "triton")
 # Settings that do not change what a compile produces.
 # (cache_aot_results: an entry keeps AOTAutograd's result either way, used only if on.)
 _SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "cache_aot_results", "compile_status",
@@ -157,8 +163,45 @@ def _key_of(code, backend, fullgraph, dynamic) -> str | None:
     h = hashlib.sha256()
     h.update(repr((_versions(), _settings(), name, bool(fullgraph), dynamic,
                    torch.cuda.is_available() and torch.cuda.get_device_capability())).encode())
+    if name in _KERNEL_BACKENDS:
+        h.update(repr(_kernel_facts()).encode())
     _code_digest(code, h)
     return h.hexdigest()
+
+
+def _kernel_facts() -> tuple:
+    """What a graph compiled to Triton kernels depends on beyond frametrace's source (the
+    generator's code is in `_own_fingerprint`): the triton backend's settings (block
+    size limits, fast erf, CUDA graphs...), Triton's version, whether kernels run in its
+    interpreter, and each visible GPU's name and capability (a kernel tuned or compiled
+    for an H100 is not one for an A100 of the same capability)."""
+    from .backends.triton import config as triton_config    # (a leaf module: no Triton import)
+    return (sorted((k, repr(v)) for k, v in triton_config.settings().items()),
+            _triton_version(), os.environ.get("TRITON_INTERPRET", "0") == "1", _devices())
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_version():
+    try:
+        from importlib.metadata import version      # (lazy: importing triton costs seconds)
+        return version("triton")
+    except Exception:
+        return None
+
+
+def _devices() -> tuple:
+    if not torch.cuda.is_available():
+        return ()
+    return _cuda_devices(torch.cuda.device_count())
+
+
+@functools.lru_cache(maxsize=4)
+def _cuda_devices(count) -> tuple:
+    out = []
+    for i in range(count):
+        p = torch.cuda.get_device_properties(i)
+        out.append((p.name, p.major, p.minor, getattr(p, "multi_processor_count", None)))
+    return tuple(out)
 
 
 def _code_digest(code, h):
@@ -408,6 +451,8 @@ class _Pickler(pickle.Pickler):
         raise NotCacheable(f"an object of type {t.__qualname__} ({obj!r:.60})")
 
 
+# What the trace notes in a graph's meta for the backends (graph.py): kept with the entry.
+_GRAPH_META = ("frametrace_functionalizes", "frametrace_sources")
 _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
 
 
@@ -582,7 +627,8 @@ def describe(code, func, check, new_code, gm, graph_fn, inlined, outcome, backen
         artifact = None
     body = {"backend_artifact": artifact,"guards": guards, "constants": gs.constants, "code": new_code, "graph": gm,
             "inputs": inputs, "resume": _resume_meta(new_code), "outcome": outcome,
-            "texts": gs.texts(), "name": graph_fn.__name__ if graph_fn is not None else None}
+            "texts": gs.texts(), "name": graph_fn.__name__ if graph_fn is not None else None,
+            "graph_meta": {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta} if gm is not None else {}}
     body_bytes, codes2 = _dumps(body, binds, graph_fn, cells)
     pinned = {id(c) for c in (*codes1, *codes2)}
     for c in inlined:
@@ -892,6 +938,9 @@ def _materialize(code, func, args, entry, backend, install):
     gm = body["graph"]
     compiled = None
     if gm is not None:
+        # (a pickled GraphModule comes back without its meta: what the trace noted for
+        # the backend, the default backend's choice of triton or eager among it)
+        gm.meta.update(body.get("graph_meta", {}))
         example = [_eval(s, env) for s in body["inputs"]]
         # The sizes this call has, as a compile would have noted them: a later call
         # with other sizes compiles with those dimensions symbolic, as after a cold start.

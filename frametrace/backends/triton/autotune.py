@@ -1,5 +1,6 @@
 """Block sizes and warps: a few candidates per kernel shape, timed on first launch on the
-GPU (the heuristic first one under Triton's interpreter), the choice cached per shape."""
+GPU (the heuristic first one under Triton's interpreter), the choice cached per shape, in
+the process and on disk (tune_cache.py: a later process takes it without timing)."""
 from __future__ import annotations
 
 import os
@@ -8,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ... import progress
-from . import config
+from . import config, tune_cache
 
 # (kernel name, xnumel, rnumel) -> Config
 TUNED: dict = {}
-STATS = {"tuned": 0, "timed": 0, "built_in_threads": 0}
+STATS = {"tuned": 0, "timed": 0, "built_in_threads": 0, "from_disk": 0}
 
 
 class Config:
@@ -154,8 +155,10 @@ def pick(name: str, xnumel: int, rnumel: int, configs, run, build=None) -> Confi
     best = TUNED.get(key)
     if best is None:
         STATS["tuned"] += 1
-        if len(configs) == 1 or interpreted() or not torch.cuda.is_available() or _too_small(xnumel, rnumel):
+        if len(configs) == 1 or not _timed() or _too_small(xnumel, rnumel):
             best = configs[0]
+        elif (best := tune_cache.load(name, xnumel, rnumel, configs)) is not None:
+            STATS["from_disk"] += 1     # (timed by an earlier process: tune_cache.py)
         else:
             span = progress.begin("autotune", name)
             try:
@@ -164,8 +167,14 @@ def pick(name: str, xnumel: int, rnumel: int, configs, run, build=None) -> Confi
                 best = min(configs, key=lambda c: _time(lambda: run(c)))
             finally:
                 progress.end(span)
+            tune_cache.store(name, xnumel, rnumel, configs, best)
         TUNED[key] = best
     return best
+
+
+def _timed() -> bool:
+    """Whether candidates are timed at all: on a GPU, not in Triton's interpreter."""
+    return not interpreted() and torch.cuda.is_available()
 
 
 def _too_small(xnumel: int, rnumel: int) -> bool:
