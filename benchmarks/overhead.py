@@ -86,10 +86,10 @@ def tiny(args):
         ratio = (best["frametrace" + suffix] - eager) / (best["torch.compile" + suffix] - eager)
         print(f"frametrace{suffix} added cost / torch.compile{suffix} added cost = {ratio:.3f} "
               f"(target <= 0.25)")
-    breakdown(args, compiled["frametrace"], x, eager)
+    breakdown(args, x)
 
 
-def breakdown(args, compiled, x, eager):
+def breakdown(args, x):
     """The static entry's pieces, each called alone (interleaved, best of): the guard
     check, the graph call (the backend's compiled fn, which the transformed code calls
     through an Unhooked wrapper) and the transformed code (its frame, that call and the
@@ -98,11 +98,16 @@ def breakdown(args, compiled, x, eager):
     against eager tells how much of a difference between two builds is torch's."""
     import types
     from frametrace import _C
-    entry = _C.entries(fn.__code__)[0]
+    # fn's own code object holds the dynamic entries too: a copy has one entry alone
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, "fn")
+    compiled = frametrace.optimize("eager")(own)
+    for _ in range(200):
+        compiled(x)
+    [entry] = _C.entries(own.__code__)
     graph = next(c for c in entry.code.co_consts if isinstance(c, _C.Unhooked)).fn
     transformed = types.FunctionType(entry.code, fn.__globals__)
     check = entry.check
-    pieces = {"eager": lambda: fn(x), "guard check": lambda: check(x, fn),
+    pieces = {"eager": lambda: fn(x), "guard check": lambda: check(x, own),
               "graph call": lambda: graph(x), "transformed code": lambda: transformed(x),
               "frametrace": lambda: compiled(x), "(empty lambda)": lambda: None}
     best = dict.fromkeys(pieces, float("inf"))

@@ -590,3 +590,17 @@ def test_one_entry_is_checked_without_the_dispatch_key():
     for t in (x(), x().double(), torch.arange(5.0)):
         torch.testing.assert_close(g(t, 2), t * 2)
     assert len(_C.entries(scaled.__code__)) == 3
+
+
+def test_entries_of_another_optimize_do_not_count_for_the_dispatch_key():
+    """Two optimize() wrappers of one function (static and dynamic) keep their entries in
+    one list: each wrapper's one entry is checked without the key, and neither call
+    takes the other's entry or compiles again."""
+    static = frametrace.optimize("eager", dynamic=False)(scaled)
+    dynamic = frametrace.optimize("eager", dynamic=True)(scaled)
+    for _ in range(3):
+        for g in (static, dynamic):
+            torch.testing.assert_close(g(x(), 3), x() * 3)
+    assert len(_C.entries(scaled.__code__)) == 2
+    torch.testing.assert_close(static(x().double(), 3), x().double() * 3)
+    assert len(_C.entries(scaled.__code__)) == 3
