@@ -86,6 +86,41 @@ def tiny(args):
         ratio = (best["frametrace" + suffix] - eager) / (best["torch.compile" + suffix] - eager)
         print(f"frametrace{suffix} added cost / torch.compile{suffix} added cost = {ratio:.3f} "
               f"(target <= 0.25)")
+    breakdown(args, x)
+
+
+def breakdown(args, x):
+    """The static entry's pieces, each called alone (interleaved, best of): the guard
+    check, the graph call (the backend's compiled fn, which the transformed code calls
+    through an Unhooked wrapper) and the transformed code (its frame, that call and the
+    graph's).  What is left of frametrace's time is the frame hook's: the Hooked wrapper,
+    the hook, the cache lookup and dropping the unrun frame.  The graph call alone
+    against eager tells how much of a difference between two builds is torch's."""
+    import types
+    from frametrace import _C
+    # fn's own code object holds the dynamic entries too: a copy has one entry alone
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, "fn")
+    compiled = frametrace.optimize("eager")(own)
+    for _ in range(200):
+        compiled(x)
+    [entry] = _C.entries(own.__code__)
+    graph = next(c for c in entry.code.co_consts if isinstance(c, _C.Unhooked)).fn
+    transformed = types.FunctionType(entry.code, fn.__globals__)
+    check = entry.check
+    pieces = {"eager": lambda: fn(x), "guard check": lambda: check(x, own),
+              "graph call": lambda: graph(x), "transformed code": lambda: transformed(x),
+              "frametrace": lambda: compiled(x), "(empty lambda)": lambda: None}
+    best = dict.fromkeys(pieces, float("inf"))
+    for _ in range(args.repeats):
+        for name, f in pieces.items():
+            best[name] = min(best[name], best_of(f, args.calls, 1))
+    empty = best.pop("(empty lambda)")
+    t = {k: (v - empty) * 1e6 for k, v in best.items()}
+    print(f"\nstatic entry's pieces, each alone (us/call, an empty lambda's call subtracted):")
+    for name, v in t.items():
+        print(f"{name:24}{v:10.2f}")
+    print(f"{'graph call - eager':24}{t['graph call'] - t['eager']:10.2f}")
+    print(f"{'hook (the rest)':24}{t['frametrace'] - t['transformed code'] - t['guard check']:10.2f}")
 
 def first_compile(args):
     import statistics

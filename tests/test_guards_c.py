@@ -575,3 +575,32 @@ def test_a_dict_keyed_by_tensors_is_read_in_c_and_its_changes_are_seen(kind):
     # its end); the other calls (new values, a key the lookup does not use) reuse them
     assert r.graphs == (3 if kind is collections.OrderedDict else 2), r
     assert "DVIEW" in c_ops(weighted)
+
+
+def test_one_entry_is_checked_without_the_dispatch_key():
+    """With one entry the hook skips the cheap key (the check reads the same dtype and
+    sizes): a call it does not fit still misses, compiles its own entry, and from then
+    on, with two entries, each call finds its own."""
+    g = frametrace.optimize("eager", dynamic=False)(scaled)
+    torch.testing.assert_close(g(x(), 2), x() * 2)
+    assert len(_C.entries(scaled.__code__)) == 1
+    for t in (x().double(), torch.arange(5.0)):     # another dtype, another size
+        torch.testing.assert_close(g(t, 2), t * 2)
+    assert len(_C.entries(scaled.__code__)) == 3
+    for t in (x(), x().double(), torch.arange(5.0)):
+        torch.testing.assert_close(g(t, 2), t * 2)
+    assert len(_C.entries(scaled.__code__)) == 3
+
+
+def test_entries_of_another_optimize_do_not_count_for_the_dispatch_key():
+    """Two optimize() wrappers of one function (static and dynamic) keep their entries in
+    one list: each wrapper's one entry is checked without the key, and neither call
+    takes the other's entry or compiles again."""
+    static = frametrace.optimize("eager", dynamic=False)(scaled)
+    dynamic = frametrace.optimize("eager", dynamic=True)(scaled)
+    for _ in range(3):
+        for g in (static, dynamic):
+            torch.testing.assert_close(g(x(), 3), x() * 3)
+    assert len(_C.entries(scaled.__code__)) == 2
+    torch.testing.assert_close(static(x().double(), 3), x().double() * 3)
+    assert len(_C.entries(scaled.__code__)) == 3

@@ -534,6 +534,13 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
         PyObject *entries = Py_NewRef(st->entries);
         FTDispatch memo;
         memo.used = 0;
+        /* The cheap key only pays among several entries of this callback: of one, the
+         * check itself reads the same dtype and sizes, and the key's reads (a shape
+         * tuple made per call) were a fifth of a cached call's own cost. */
+        int use_key = 0;
+        for (Py_ssize_t i = 0, mine = 0; i < PyList_GET_SIZE(entries) && !use_key; i++) {
+            use_key = ((CacheEntry *)PyList_GET_ITEM(entries, i))->callback == cb && ++mine > 1;
+        }
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
             CacheEntry *e = (CacheEntry *)PyList_GET_ITEM(entries, i);
             if (e->callback != cb) {
@@ -543,7 +550,7 @@ lookup_and_run(PyThreadState *tstate, _PyInterpreterFrame *frame, PyObject *cb,
             int ok;
             if (PyObject_TypeCheck(e->check, &FTGuardCheckType)) {
                 /* A cheap key first: of many entries, most differ in it. */
-                ok = ft_guard_may_pass(e->check, argv, nargs + 1, &memo);
+                ok = use_key ? ft_guard_may_pass(e->check, argv, nargs + 1, &memo) : 1;
                 if (ok == 1) {
                     ok = ft_guard_check(e->check, argv, nargs + 1);
                 }
