@@ -19,16 +19,17 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
-from .base import Unsupported, Var, nouns, safe_repr, unsupported
+from .base import NULL, Unsupported, Var, nouns, safe_repr, unsupported
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
+from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
 from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
 from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
-from ..resume_codes import private_lists
+from ..resume_codes import original_code, private_lists
 from ..source import LocalSource
 
 # An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
@@ -1577,7 +1578,7 @@ def _globals(tx, args, kwargs):
 def _vars(tx, args, kwargs):
     from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
     if not args and not kwargs:
-        return tx.frame_locals()              # vars() is locals()
+        return frame_locals(tx)              # vars() is locals()
     if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
             args[0], ObjectVar) and (type(args[0].value) is types.ModuleType or
                                      isinstance(args[0].value, type) and args[0].source is not None)):
@@ -1711,9 +1712,39 @@ _BUILTIN_HANDLERS = {
     type: _type,
     globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice, id: _id,
-    locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
+    locals: lambda tx, args, kwargs: None if args or kwargs else frame_locals(tx),
 }
 
 _FOLDABLE_BUILTINS = {abs, min, max, int, float, bool, str, round, divmod, pow, len, sum,
                       all, any, hash, repr, chr, ord, hex, oct, bin, sorted, complex, slice,
                       format, ascii, bytes}
+
+
+def frame_locals(tx) -> Var:
+    """What locals() returns here: a new dict of the bound locals, cells and free
+    variables in CPython's order (the slots of the frame).  A resume frame answers
+    with its original's names: its ___stackN/___resultN parameters are ours.
+    3.13 (PEP 667) answers a FrameLocalsProxy instead, a view that writes through
+    to the frame and is no dict: not traced.  In an inlined call, the call breaks
+    (CPython runs the function); in the frame being compiled, the frame runs in
+    CPython: a break there would call locals() in the transformed code, whose
+    temporaries are locals too."""
+    if sys.version_info >= (3, 13):
+        e = Unsupported("locals() is a FrameLocalsProxy (PEP 667)")
+        e.whole_frame = tx.parent is None
+        raise e
+    code = original_code(tx.code)
+    names = list(code.co_varnames)
+    names += [n for n in code.co_cellvars if n not in names]
+    names += list(code.co_freevars)
+    items = {}
+    for name in names:
+        if name in tx.cells:
+            v = tx.cells[name].value
+            if type(v) is Lazy:
+                v = tx.cells[name].value = v.wrap(tx)
+        else:
+            v = tx._local(name) if name in tx.locals else None
+        if v is not None and v is not NULL:
+            items[name] = v
+    return DictVar(items)

@@ -835,3 +835,31 @@ def _cell_value(cell):
         return cell.cell_contents
     except ValueError:
         return _EMPTY
+
+
+def make_function(tx, code, defaults, kwdefaults, cells, annotations=None) -> NestedFunctionVar:
+    """The function MAKE_FUNCTION (and 3.13's SET_FUNCTION_ATTRIBUTE) makes of `code` in
+    the frame `tx`; `annotations` a DictVar or 3.11/3.12's (name, value, ...) tuple."""
+    root_cells = tx.root.cells
+    root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
+    fn = NestedFunctionVar(code, tx.f_globals, list(defaults), kwdefaults, cells,
+                           code.co_qualname, in_root=tx.parent is None,
+                           root_names=root_names,
+                           same_globals=tx.f_globals is tx.root.f_globals)
+    if isinstance(annotations, DictVar):
+        fn.attrs["__annotations__"] = annotations
+    elif annotations is not None:
+        # (name, value, name, value ...): its __annotations__, set again on the
+        # function the transformed code makes
+        fn.attrs["__annotations__"] = DictVar({annotations[i].as_const(): annotations[i + 1]
+                                               for i in range(0, len(annotations), 2)})
+    return fn
+
+
+def cell_full(cell) -> bool:
+    """Whether a real closure cell holds a value."""
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True

@@ -19,15 +19,30 @@ from .base import Var, nouns, unsupported
 from .builtins import IdVar, SetVar, refuse_picked
 from .constant import BINARY_FOLD, ConstVar
 from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
-from .exceptions import raise_builtin, raise_folded
+from .exceptions import ExceptionVar, raise_builtin, raise_folded
 from .fx_values import to_fake
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .objects import ObjectVar
 from .scalars import capturing
-from .subclasses import is_user_container, user_container_binary_op
-from .symbolic import SliceVar, SymNodeVar
+from .subclasses import container_format, is_user_container, user_container_binary_op
+from .symbolic import SliceVar, SymNodeVar, lazily_formatted
 from .tensor import TensorVar, guard_operator
 from .user_objects import is_user_object, user_object_binary_op
+
+# Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions, and COMPARE_OP's
+# to relations: the interpreter's handlers apply them with binary_op.
+BINARY_OPS = {
+    "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
+    "@": operator.matmul, "*": operator.mul, "%": operator.mod, "|": operator.or_,
+    "**": operator.pow, ">>": operator.rshift, "-": operator.sub, "/": operator.truediv,
+    "^": operator.xor,
+    "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv,
+    "<<=": operator.ilshift, "@=": operator.imatmul, "*=": operator.imul,
+    "%=": operator.imod, "|=": operator.ior, "**=": operator.ipow, ">>=": operator.irshift,
+    "-=": operator.isub, "/=": operator.itruediv, "^=": operator.ixor,
+}
+COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+               ">": operator.gt, ">=": operator.ge}
 
 INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
                      operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
@@ -384,3 +399,22 @@ def make_slice(parts, tx) -> Var:
     if not all(p.is_const() for p in parts):
         unsupported(f"slice with non-constant bounds {nouns(parts)}")
     return ConstVar(slice(*(p.as_const() for p in parts)))
+
+
+def format_value(tx, value: Var, conv: int, spec: str) -> Var:
+    """f-string formatting of `value` (FORMAT_VALUE/CONVERT_VALUE/FORMAT_SIMPLE/
+    FORMAT_WITH_SPEC): conv 0 none, 1 str, 2 repr, 3 ascii; a symbolic value stays lazy."""
+    if isinstance(value, ExceptionVar) and conv in (0, 1) and not spec:
+        value = value.format_of(tx)
+    lazy = lazily_formatted(value, conv, spec)
+    if lazy is not None:
+        return lazy
+    if not value.is_const():
+        text = container_format(tx, value, "repr" if conv == 2 else "str") \
+            if conv != 3 and not spec else None
+        if text is None:
+            unsupported(f"formatting {value} into a string")
+        return ConstVar(text)
+    v = value.as_const()
+    v = {0: v, 1: str(v) if conv == 1 else v, 2: repr(v), 3: ascii(v)}[conv] if conv else v
+    return ConstVar(format(v, spec))
