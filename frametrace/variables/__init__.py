@@ -8,6 +8,7 @@ from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .objects import MethodVar, ObjectVar, TorchFnVar
 from .tensor import TensorVar
+from . import builder  # noqa: F401  (registers wrap, which the Var modules call)
 
 __all__ = ["NULL", "Var", "unsupported", "ConstVar", "DictVar", "IteratorVar", "ListVar",
            "TupleVar", "BuiltinVar", "MethodVar", "NNModuleVar", "ObjectVar", "TorchFnVar",

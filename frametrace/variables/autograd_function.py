@@ -17,7 +17,7 @@ import torch
 from .. import functorch_runtime as runtime
 from ..source import AttrSource
 from .fx_values import map_graph_vars
-from .base import Var, unsupported
+from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from .containers import ListVar, TupleVar
 from .functorch import _fresh, node_arg
@@ -41,7 +41,6 @@ def autograd_function_apply_var(tx, value, source, guards):
     if not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function) or \
             value != _apply_of(None, cls):
         return None
-    from .builder import wrap  # (lazy: import cycle, to break)
     if guards is not None:
         if _APPLY is not None:
             guards.identity(AttrSource(source, "__func__"), _APPLY)

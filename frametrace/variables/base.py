@@ -39,6 +39,22 @@ def short_repr(obj, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# builder.wrap, which picks the Var for a value: builder imports every Var module (it
+# holds the rules, type by type), and registers wrap here when it loads, so a Var
+# module that wraps what its operations produce imports wrap from here, below itself.
+_wrap = None
+
+
+def wrap(tx, value, source, guard: bool = True):
+    """Make a Var for `value`, read from `source` (builder.wrap)."""
+    return _wrap(tx, value, source, guard)
+
+
+def register_wrap(fn) -> None:
+    global _wrap
+    _wrap = fn
+
+
 class _Null:
     """The NULL that CPython's call protocol pushes below a callable."""
     __slots__ = ()

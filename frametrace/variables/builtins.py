@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
-from .base import NULL, Unsupported, Var, nouns, safe_repr, unsupported
+from .base import NULL, Unsupported, Var, nouns, safe_repr, unsupported, wrap
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
                          live_keys, live_members, note_live_read)
@@ -352,7 +352,6 @@ def wrap_outer_list_iterator(tx, it, source):
     if len(state) != 3 or type(state[1][0]) is not list:
         return None
     from ..source import CallMethodSource, GetItemSource  # (lazy: import cycle, to break)
-    from .builder import wrap  # (lazy: import cycle, to break)
     tx.guards.type_match(source, it)
     reduced = CallMethodSource(source, "__reduce__")
     tx.guards.equals(GetItemSource(reduced, 2), state[2])
@@ -925,7 +924,6 @@ def _user_meta_method(tx, cls, name):
 
 
 def _call_meta_method(tx, fn, cls_var, cls, arg) -> bool:
-    from .builder import wrap  # (lazy: import cycle, to break)
     if not isinstance(cls_var, ObjectVar) or cls_var.value is not cls:
         cls_var = ObjectVar(cls)
     return wrap(tx, fn, None, guard=False).call(tx, [cls_var, arg], {}).truth(tx)
@@ -1600,7 +1598,6 @@ def _delattr(tx, args, kwargs):
 
 def _type(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
-        from .builder import wrap  # (lazy: import cycle, to break)
         return wrap(tx, _python_type_of(tx, args[0]), None, guard=False)
 
 

@@ -9,7 +9,7 @@ import torch
 import enum
 
 from ..source import CallMethodSource, GetItemSource
-from .base import CollectionVar, Var, unsupported
+from .base import CollectionVar, Var, unsupported, wrap
 from .constant import ConstVar
 from .. import config
 
@@ -387,7 +387,6 @@ _SOURCE = Var.source             # the slot under DictVar.source
 
 def _wrap_read(tx, value, source):
     """An item of a lazy container from outside, read now."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, value, source)
 
 

@@ -16,7 +16,7 @@ import warnings
 
 from ..bytecode_analysis import instructions
 from ..exc import Yield
-from .base import Var, unsupported
+from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from ..source import AttrSource
 
@@ -110,7 +110,6 @@ def wrap_context_object(tx, value, source, guards):
         var.prev = value.prev
         return var
     if t is contextlib.nullcontext:
-        from .builder import wrap  # (lazy: import cycle, to break)
         if guards is not None:
             guards.type_match(source, value)
         inner = AttrSource(source, "enter_result") if source is not None else None
@@ -342,7 +341,6 @@ class RunTimeContextVar(Var):
         self.node = None
 
     def enter(self, tx):
-        from .builder import wrap  # (lazy: import cycle, to break)
         self.real = self.factory(*self.args, **self.kwargs)
         tx.output.entering_context()
         value = self.real.__enter__()

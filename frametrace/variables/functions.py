@@ -12,7 +12,7 @@ import dis
 import torch
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource
-from .base import Var, unsupported
+from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from .containers import DictVar, TupleVar
 from .lazy import Lazy
@@ -184,7 +184,6 @@ class UserFunctionVar(Var):
         return _note_maker(out, self, args, kwargs)
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if name == "__get__" and "__get__" not in getattr(self.fn, "__dict__", {}):
             from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
@@ -233,7 +232,6 @@ def _make_namedtuple(tx, args, kwargs):
         cls = collections.namedtuple(*[a.as_const() for a in args], **kw)
     except (TypeError, ValueError) as e:
         unsupported(f"collections.namedtuple raised {type(e).__name__}: {e}")
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, cls, None, guard=False)
 
 
@@ -245,7 +243,6 @@ def _note_maker(out, fn, args, kwargs):
 
 
 def _default(tx, value, source, in_fixed_tuple):
-    from .builder import wrap  # (lazy: import cycle, to break)
     from .constant import is_constant_value  # (lazy: import cycle, to break)
     if in_fixed_tuple and is_constant_value(value):
         # The defaults tuple is guarded by identity, and a tuple cannot change.
@@ -460,7 +457,6 @@ class PartialVar(Var):
             return DictVar(self.kwargs)
         if self.real is not None and hasattr(self.real, name):
             # Set on the object (`p.__name__ = ...`), or its class's: read through it.
-            from .builder import wrap
             return wrap(tx, getattr(self.real, name), AttrSource(self.source, name))
         unsupported(f"attribute {name!r} of functools.partial")
 
@@ -551,7 +547,6 @@ TRACE_TIME_EVALUATED = {inspect.signature, inspect.getfullargspec, inspect.iscla
 
 
 def _evaluate_now(tx, fn, args, kwargs):
-    from .builder import wrap  # (lazy: import cycle, to break)
     real = []
     for a in args:
         value = _real_value(a)
@@ -673,7 +668,6 @@ def cached_call(tx, fn_var, args, kwargs):
     calls it again (a cache hit, unless someone cleared the cache), so a changed answer
     recompiles.  Only immutable constant answers: a cached list is one object shared
     by every caller, which a Var could not follow."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     fn = fn_var.value
     if kwargs:
         unsupported(f"calling {fn.__qualname__} (lru_cache) with keyword arguments")

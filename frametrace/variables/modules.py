@@ -10,7 +10,7 @@ import inspect
 
 from .. import distributed
 from ..source import AttrSource, ConstSource, GetItemSource
-from .base import Var, unsupported
+from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from .containers import ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
@@ -43,7 +43,6 @@ class NNModuleVar(Var):
         return GetItemSource(AttrSource(self.source, store), name)
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         m = self.module
         # The class is guarded only where the answer comes from it: what the instance
         # holds is read through a source (whose guard does the whole lookup again).
@@ -127,7 +126,6 @@ class NNModuleVar(Var):
 
     # -- containers --
     def _member(self, tx, key):
-        from .builder import wrap  # (lazy: import cycle, to break)
         m = self.module
         store = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
         key = str(key)
@@ -257,7 +255,6 @@ def _is_none(v):
 
 
 def _hook_var(tx, hook):
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, hook, None, guard=False)
 
 
@@ -319,7 +316,6 @@ def _shadowing_guard(tx, source, obj, name, attr):
 
 
 def _call_property(tx, prop, obj_var):
-    from .builder import wrap  # (lazy: import cycle, to break)
     if prop.fget is None:
         unsupported("property without getter")
     return wrap(tx, prop.fget, None, guard=False).call(tx, [obj_var], {})
@@ -330,7 +326,6 @@ def _named(kind):
     remove_duplicate=...), modules() ...), run on the real module for the names and
     their order; each item is the Var read from its path below the module."""
     def method(tx, self, args, kwargs):
-        from .builder import wrap  # (lazy: import cycle, to break)
         from .builtins import LazyIteratorVar  # (lazy: import cycle, to break)
         if not all(a.is_const() for a in (*args, *kwargs.values())):
             unsupported(f"{kind}() with arguments that are not constants")

@@ -15,7 +15,7 @@ import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, safe_repr, unsupported
+from .base import ValueVar, Var, a_type, safe_repr, unsupported, wrap
 from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
@@ -156,7 +156,6 @@ class ObjectVar(ValueVar):
         return super().call_method(tx, name, args, kwargs)
 
     def _read(self, tx, result, name, args, listed=False):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if self.source is None:
             return wrap(tx, result, None, guard=False)
         if name == "__getitem__" and len(args) == 1 and isinstance(args[0], (str, int)):
@@ -256,7 +255,6 @@ class ObjectVar(ValueVar):
         super().reconstruct(cg)
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if self.value is object and name == "__setattr__":
             return GenericSetattrVar()
         if self.value is object and name == "__getattribute__":
@@ -339,7 +337,6 @@ class ObjectVar(ValueVar):
                 isinstance(self.source, AttrSource):
             # The classes derived from it now, read again by the guard (a class
             # statement anywhere adds one).
-            from .builder import wrap  # (lazy: import cycle, to break)
             found = value()
             source = CallMethodSource(self.source.base, "__subclasses__", ())
             tx.guards.length(source, found)
@@ -347,7 +344,6 @@ class ObjectVar(ValueVar):
             return ListVar([wrap(tx, c, GetItemSource(source, i)) for i, c in enumerate(found)])
         if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
             # The referent (or None once it died), read again through the call.
-            from .builder import wrap
             return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
         if isinstance(value, functools._lru_cache_wrapper):
             return cached_call(tx, self, args, kwargs)
@@ -575,7 +571,6 @@ class GlobalsDictVar(Var):
 
 def read_global(tx, namespace: dict, name: str):
     """Global `name` of the module whose namespace is `namespace`, as the trace has it."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     written = tx.side_effects.load_global(namespace, name)
     if written is not None:
         return written
@@ -738,7 +733,6 @@ class SuperVar(Var):
         self.obj = obj
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         cls = self.cls.as_const() if not isinstance(self.cls, ObjectVar) else self.cls.value
         # super(C, obj) searches type(obj)'s MRO; super(C, klass) in a classmethod,
         # klass's own (and binds classmethods to it).
@@ -810,7 +804,6 @@ class _RealMethodVar(Var):
         self.obj_source = obj_source
 
     def call(self, tx, args, kwargs):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if not _all_const(args, kwargs) or kwargs:
             unsupported(f"{self.method.__qualname__} with traced arguments")
         consts = _consts(args)
@@ -847,7 +840,6 @@ class ContextVarVar(ValueVar):
         if name == "get":
             if id(cv) in state and state[id(cv)] is not None:
                 return state[id(cv)]
-            from .builder import wrap  # (lazy: import cycle, to break)
             try:
                 value = cv.get(*_consts(args))
             except LookupError:
@@ -1072,7 +1064,6 @@ def _hint_arg(v):
 
 
 def _type_hint(tx, hint, key):
-    from .builder import wrap  # (lazy: import cycle, to break)
     try:
         made = hint[_hint_arg(key)]
     except Exception as e:

@@ -29,7 +29,7 @@ from torch._compile import _disable_dynamo
 from torch.optim.optimizer import _use_grad_for_differentiable
 from torch.utils import _foreach_utils as fu
 
-from .base import unsupported
+from .base import unsupported, wrap
 from .constant import ConstVar
 
 
@@ -142,7 +142,6 @@ def trace_time_call(tx, fn, args, kwargs):
         _TRACE_TIME = trace_time_functions()
     if fn not in _TRACE_TIME or args or kwargs:
         return None
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, fn(), None, guard=False)
 
 

@@ -25,7 +25,7 @@ import torch
 
 from ..guards import one_check
 from .attributes import InstanceAttrs, MISSING, is_data_descriptor
-from .base import Var, unsupported
+from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from .containers import (DictVar, ListVar, TupleVar, _dict_key, attrs_dict, constant_key, emit_key,
                          has_var_keys)
@@ -670,7 +670,6 @@ def wrap_container_subclass(tx, value, source, guards):
     frame, guarded as the builtin one is (type, keys or length, items through their own
     sources) and by the names in its __dict__ (its attributes by value); None when it
     is not one such (then it is a plain user object)."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     cls = type(value)
     if cls in (collections.OrderedDict, collections.defaultdict):
         return _wrap_stdlib_dict(tx, value, source, guards)
@@ -715,7 +714,6 @@ def wrap_container_subclass(tx, value, source, guards):
 def _wrap_stdlib_dict(tx, value, source, guards):
     """An OrderedDict or defaultdict from outside (constant keys): guarded by
     type and keys in order, items through their own sources; changes are written back."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     cls = type(value)
     if getattr(value, "__dict__", None):
         return None             # (attributes, as a state_dict's _metadata: an object as before)
@@ -750,7 +748,6 @@ def wrap_tensor_keyed_dict(tx, value, source, guards):
     key is read as the i-th of its keys (a tensor input, one Var per tensor, so a
     lookup by a parameter read elsewhere finds it, guarded to be the same object) and
     each value as the i-th of its values.  None for other keys, or without a source."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     cls = type(value)
     if source is None or cls not in (dict, collections.OrderedDict, collections.defaultdict) or \
             not all(type(k) in (str, int) or isinstance(k, (torch.Tensor, *_IDENTITY_KEYS)) for k in value):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..source import AttrSource
-from .base import unsupported
+from .base import unsupported, wrap
 from .constant import ConstVar
 from ..guards import FRESH
 
@@ -59,7 +59,6 @@ def python_attr(tx, var, name):
     if inp is not None:
         d = inp.value.__dict__
         if name in d:
-            from .builder import wrap  # (lazy: import cycle, to break)
             return wrap(tx, d[name], AttrSource(inp.source, name))
         tx.guards.not_in_dict(inp.source, name)
     _no_attr(var, name)
@@ -159,7 +158,6 @@ def grad(tx, var):
         unsupported("reading .grad of a non-leaf tensor (a warning)")
     inp = input_for(tx, var)
     if inp is not None:
-        from .builder import wrap  # (lazy: import cycle, to break)
         return wrap(tx, inp.value.grad, AttrSource(inp.source, _GRAD))
     return ConstVar(None)
 
