@@ -21,16 +21,21 @@ import sys
 
 from .base import NULL, Unsupported, Var, nouns, safe_repr, unsupported, wrap
 from .constant import ConstVar
-from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
-                         live_keys, live_members, note_live_read)
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
+                         live_items, live_keys, live_members, note_live_read)
 from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
 from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
-from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
+from .objects import (MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const,
+                      _refuse_metaclass_hook, fold_call, namespace_var)
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
 from ..resume_codes import original_code, private_lists
 from ..source import LocalSource
+from .attributes import InstanceAttrs, class_read_runs_code
+from .numpy import NdarrayVar, numpy_binary_op, numpy_unary_op
+from .tensor_attrs import has_python_attr
+from .tensor_facts import hashed
 
 # An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
 # items: past it, it is taken for an infinite one.
@@ -772,7 +777,6 @@ def set_key(v: Var):
         except TypeError as e:
             from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"unhashable set member {k!r}")
-        from .containers import has_nan  # (lazy: import cycle, to break)
         if has_nan(k):
             # A set or dict finds a NaN only by identity: the trace's answer would be
             # the traced objects', and which NaN object the program holds is not guarded.
@@ -787,7 +791,6 @@ def set_key(v: Var):
     if isinstance(v, TensorVar):
         if getattr(v.example, PICKED, False):
             refuse_picked("hashing")
-        from .tensor_facts import hashed  # (lazy: import cycle, to break)
         return hashed(v.example)    # one FakeTensor per tensor; a tensor hashes by identity
     if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
         return v                # one Var per object made in the frame
@@ -813,7 +816,6 @@ def _len(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
         if isinstance(args[0], TensorVar) and args[0].example.dim():
             return tx.output.size_of(args[0]).items[0]     # may stay symbolic
-        from .numpy import NdarrayVar  # (lazy: import cycle, to break)
         if isinstance(args[0], NdarrayVar) and not args[0].scalar and args[0].base.example.dim():
             return tx.output.size_of(args[0].base).items[0]
         return ConstVar(args[0].length(tx))
@@ -860,7 +862,6 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     if not isinstance(obj, TensorVar) and _instance_dependent(cls):
         unsupported(f"isinstance with {getattr(cls, '__qualname__', cls)!r}, whose metaclass "
                     "looks at the instance")
-    from .attributes import InstanceAttrs, class_read_runs_code  # (lazy: import cycle, to break)
     asks_class = isinstance(obj, InstanceAttrs) and (isinstance(cls, abc.ABCMeta) or not _class_covers(t, cls))
     if asks_class and class_read_runs_code(obj):
         # CPython asks the object for its __class__ here (ABCMeta always), through the
@@ -1344,7 +1345,6 @@ def _any_all(want):
 def _abs(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], TensorVar):
         return tx.output.call("call_function", operator.abs, (args[0],), {})
-    from .numpy import NdarrayVar, numpy_unary_op  # (lazy: import cycle, to break)
     if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
         return numpy_unary_op(tx, operator.abs, args[0])
 
@@ -1355,7 +1355,6 @@ def _round(tx, args, kwargs):
 
 
 def _pow(tx, args, kwargs):
-    from .numpy import NdarrayVar, numpy_binary_op  # (lazy: import cycle, to break)
     if len(args) == 2 and not kwargs and any(isinstance(a, NdarrayVar) for a in args):
         return numpy_binary_op(tx, operator.pow, *args)
     if len(args) == 2 and not kwargs and any(isinstance(a, TensorVar) for a in args):
@@ -1371,7 +1370,6 @@ def _data_conversion(kind):
             return args[0].call_method(tx, f"__{kind.__name__}__", [], {})
         if len(args) == 1 and isinstance(args[0], TensorVar):
             unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
-        from .numpy import NdarrayVar  # (lazy: import cycle, to break)
         if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
             return args[0].convert(tx, kind)
         if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVar) and kind in _SYM_CONVERSIONS:
@@ -1490,14 +1488,12 @@ def _has_attr(tx, obj, name):
         return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
         if isinstance(obj.value, type):
-            from .objects import _refuse_metaclass_hook  # (lazy: import cycle, to break)
             _refuse_metaclass_hook(obj.value, name)     # (hasattr would run it, here and in the guard)
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
             _guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
-        from .tensor_attrs import has_python_attr  # (lazy: import cycle, to break)
         return has_python_attr(tx, obj, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:
@@ -1553,7 +1549,6 @@ def _hasattr(tx, args, kwargs):
     obj, name = args[0], args[1].as_const()
     present = _has_attr(tx, obj, name)
     if present is None:
-        from .base import Unsupported  # (lazy: import cycle, to break)
         from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
         try:
             obj.getattr(tx, name)
@@ -1569,12 +1564,10 @@ def _hasattr(tx, args, kwargs):
 
 def _globals(tx, args, kwargs):
     if not args and not kwargs:
-        from .objects import namespace_var  # (lazy: import cycle, to break)
         return namespace_var(tx, tx.f_globals)
 
 
 def _vars(tx, args, kwargs):
-    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
     if not args and not kwargs:
         return frame_locals(tx)              # vars() is locals()
     if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
@@ -1590,7 +1583,6 @@ def _setattr(tx, args, kwargs):
 
 
 def _delattr(tx, args, kwargs):
-    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
     if len(args) == 2 and not kwargs and args[1].is_const() and isinstance(args[0], InstanceAttrs):
         args[0].delattr(tx, args[1].as_const())
         return ConstVar(None)
@@ -1609,7 +1601,6 @@ def _super(tx, args, kwargs):
 
 
 def _callable(tx, args, kwargs):
-    # (lazy: import cycle, to break)
     if len(args) == 1:
         v = args[0]
         if isinstance(v, (UserFunctionVar, NestedFunctionVar, BoundMethodVar, PartialVar,

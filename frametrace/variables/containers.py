@@ -9,7 +9,7 @@ import torch
 import enum
 
 from ..source import CallMethodSource, GetItemSource
-from .base import CollectionVar, Var, unsupported, wrap
+from .base import CollectionVar, Unsupported, Var, unsupported, wrap
 from .constant import ConstVar
 from .. import config
 
@@ -94,7 +94,6 @@ def _matches(tx, v, item) -> bool:
     PyObject_RichCompareBool (two tensors that are not one object compare by their
     data: a break where the answer needs it)."""
     from .operators import binary_op, is_same  # (lazy: import cycle, to break)
-    from .base import Unsupported  # (lazy: import cycle, to break)
     if v is not item and v.is_const() and item.is_const():
         a, b = v.as_const(), item.as_const()
         if has_nan(a) or has_nan(b):

@@ -19,6 +19,9 @@ from ..exc import Yield
 from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from ..source import AttrSource
+from .containers import DictVar, ListVar, TupleVar
+from .functions import BoundMethodVar, UserFunctionVar
+from .modules import class_attr
 
 
 class GradModeVar(Var):
@@ -428,7 +431,6 @@ class UserContextVar(Var):
         self.exit_fn = exit_fn
 
     def enter(self, tx):
-        from .functions import UserFunctionVar  # (lazy: import cycle, to break)
         return UserFunctionVar(self.enter_fn).call(tx, [self.obj], {})
 
     def exit(self, tx):
@@ -438,7 +440,6 @@ class UserContextVar(Var):
     def exit_with(self, tx, args):
         """__exit__(type, value, traceback): what it returns says whether it swallows
         an exception."""
-        from .functions import UserFunctionVar  # (lazy: import cycle, to break)
         return UserFunctionVar(self.exit_fn).call(tx, [self.obj, *args], {})
 
     def reconstruct_exit(self, cg):
@@ -456,7 +457,6 @@ def user_context(tx, obj):
     """The context Var for `with obj:` over an instance of a user class, else None."""
 
     from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
-    from .modules import class_attr  # (lazy: import cycle, to break)
     if type(getattr(obj, "value", None)) in _LOCK_TYPES and obj.source is not None:
         return LockContextVar(obj)
     if not isinstance(obj, InstanceAttrs):
@@ -619,7 +619,6 @@ class GeneratorFrameVar(Var):
 def _plain_constant(v: Var):
     """The value of a Var made only of constants (pybind enums too, as sdpa_kernel's
     backends), else raise Unsupported."""
-    from .containers import ListVar, TupleVar  # (lazy: import cycle, to break)
     if isinstance(v, (ListVar, TupleVar)):
         items = [_plain_constant(i) for i in v.items]
         return items if isinstance(v, ListVar) else tuple(items)
@@ -674,7 +673,6 @@ def context_class(tx, cls, args, kwargs):
     if made is not None:
         return made
     if cls is contextlib._GeneratorContextManager and len(args) == 3 and not kwargs:
-        from .containers import DictVar, TupleVar  # (lazy: import cycle, to break)
         func, fargs, fkwargs = args
         if isinstance(fargs, TupleVar) and isinstance(fkwargs, DictVar):
             return GeneratorContextVar(func, fargs.items, fkwargs.items)
@@ -753,7 +751,6 @@ def check_exit_handover(var):
     """A graph break inside a `with` hands its __exit__ to CPython, which must then
     behave as the original frame: an __exit__ that may swallow the exception raised at
     the break would need the code after the block, so such breaks are refused."""
-    from .functions import BoundMethodVar, UserFunctionVar  # (lazy: import cycle, to break)
     if isinstance(var, (ExitVar, GradModeSetVar, NoOpExitVar)):
         return                      # ExitVar.reconstruct checks its context
     if isinstance(var, BoundMethodVar) and isinstance(var.fn, UserFunctionVar) and \

@@ -13,9 +13,11 @@ import torch
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource
 from .base import Var, unsupported, wrap
-from .constant import ConstVar
+from .constant import ConstVar, is_constant_value
 from .containers import DictVar, TupleVar
 from .lazy import Lazy
+from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
+from .tensor import TensorVar
 
 _VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 
@@ -152,8 +154,6 @@ class UserFunctionVar(Var):
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
             from .user_objects import deepcopy_var  # (lazy: import cycle, to break)
             return deepcopy_var(tx, args[0], {})
-        # (lazy: import cycle, to break)
-        from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
         made = trace_time_call(tx, fn, args, kwargs)
         if made is not None:
             return made         # (in a traced package, but its answer is the process's)
@@ -243,7 +243,6 @@ def _note_maker(out, fn, args, kwargs):
 
 
 def _default(tx, value, source, in_fixed_tuple):
-    from .constant import is_constant_value  # (lazy: import cycle, to break)
     if in_fixed_tuple and is_constant_value(value):
         # The defaults tuple is guarded by identity, and a tuple cannot change.
         return ConstVar(value, source)
@@ -608,7 +607,6 @@ _MODULE_CALLS = _module_calls()
 
 
 def _immutable(value) -> bool:
-    from .constant import is_constant_value  # (lazy: import cycle, to break)
     if type(value) is tuple:
         return all(map(_immutable, value))
     return is_constant_value(value)
@@ -618,7 +616,6 @@ def _pinned_arg(tx, fn, arg):
     """An object argument of a cached call (``logger.warning_once(msg)``'s logger): the
     cache keys it by its hash, so the object itself is guarded by identity and the
     guard's call names it as a constant.  Only objects the trace did not change."""
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     obj = getattr(arg, "value", None)
     if arg.source is None or obj is None or isinstance(arg, TensorVar) or \
             type(obj).__hash__ is not object.__hash__ or tx.side_effects.has_attr_writes(obj):
@@ -634,7 +631,6 @@ def _call_on_fresh_tensor(tx, fn, args):
     hit: the first call's result, and the function does not run again.  The tensor must
     not outlive the frame (convert's _check_fresh_cache_keys), or a later call outside
     it would find in CPython's cache what the compiled code never put there."""
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     inputs = {id(i.node.meta.get("example_value")) for i in tx.output.inputs}
     fresh = [a for a in args if isinstance(a, TensorVar) and a.source is None and
              id(a.example) not in inputs]

@@ -12,8 +12,9 @@ from .. import distributed
 from ..source import AttrSource, ConstSource, GetItemSource
 from .base import Var, unsupported, wrap
 from .constant import ConstVar
-from .containers import ListVar, TupleVar
+from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
+from .tensor import TensorVar
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
                torch.nn.ParameterList, torch.nn.ParameterDict)
@@ -246,7 +247,6 @@ def _refuse_distributed(m):
 
 
 def _dict(kwargs):
-    from .containers import DictVar  # (lazy: import cycle, to break)
     return DictVar(kwargs)
 
 
@@ -288,8 +288,6 @@ def guard_class_none(tx, cls, name):
 def _check_module_store(m, name, value):
     """The TypeErrors Module.__setattr__ raises, raised in place (by stopping the trace at
     the store) rather than when the store is replayed after the graph."""
-    from .constant import ConstVar  # (lazy: import cycle, to break)
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     is_none = isinstance(value, ConstVar) and value.value is None
     if name in m.__dict__.get("_parameters", {}) and not is_none and not (
             isinstance(value, TensorVar) and value.python_type() is torch.nn.Parameter):
@@ -439,7 +437,6 @@ class NewModuleVar(NNModuleVar):
         return super().getattr(tx, name)
 
     def setattr(self, tx, name, value):
-        from .tensor import TensorVar  # (lazy: import cycle, to break)
         cls = type(self.module)
         if class_attr(tx, cls, "__setattr__") is not torch.nn.Module.__setattr__:
             unsupported(f"{cls.__name__} defines __setattr__")
@@ -466,7 +463,6 @@ class NewModuleVar(NNModuleVar):
     def _register_buffer(self, tx, name, tensor):
         """nn.Module.register_buffer's checks, then the buffer is an attribute (whether
         it is persistent only matters to state_dict(), which is refused here)."""
-        from .tensor import TensorVar  # (lazy: import cycle, to break)
         if not (isinstance(tensor, TensorVar) or _is_none(tensor)) or \
                 (isinstance(tensor, TensorVar) and issubclass(tensor.python_type(), torch.nn.Parameter)):
             unsupported("register_buffer() of something other than a tensor or None")

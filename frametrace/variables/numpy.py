@@ -21,7 +21,7 @@ import operator
 
 import torch
 import warnings
-from .objects import MethodVar
+from .objects import MethodVar, _read_global_state
 from .symbolic import SliceVar
 from ..shapes import _is_argument
 
@@ -1035,7 +1035,6 @@ def _as_weak_scalar(tx, scalar, tensor_dtype):
     if kind.is_complex:
         unsupported("a complex NumPy scalar with a tensor (torch drops its imaginary part, warning)")
     if kind == torch.bool or kind.is_floating_point:
-        from .objects import _read_global_state  # (lazy: import cycle, to break)
         target = torch.float64 if tensor_dtype.is_floating_point or tensor_dtype.is_complex \
             else _read_global_state(tx, torch.get_default_dtype).as_const()     # (guarded)
     else:

@@ -26,6 +26,9 @@ from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar
 from .. import _C
+from .grad_utils import group_by_device_and_dtype
+from .optimizers import foreach_tensor_scalars, trace_time_call
+from .tensor_attrs import new_parameter
 
 
 def callable_name(value) -> str:
@@ -166,7 +169,6 @@ class ObjectVar(ValueVar):
         if listed:
             # A new list, which the frame may mutate freely: not the source's object.
             tx.output.object_vars.pop(id(result), None)
-            from .containers import ListVar  # (lazy: import cycle, to break)
             var = ListVar(list(var.items))
         return var
 
@@ -357,7 +359,6 @@ class ObjectVar(ValueVar):
                 isinstance(args[0], (TensorVar, ConstVar, SymNodeVar)):
             # (a number is never a tensor nor has __torch_function__)
             return ConstVar(isinstance(args[0], TensorVar))
-        from .optimizers import trace_time_call  # (lazy: import cycle, to break)
         made = trace_time_call(tx, value, args, kwargs)
         if made is not None:
             return made
@@ -403,7 +404,6 @@ class InGraphCallVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        # (lazy: import cycle, to break)
         name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
         if tx.output.functionalizes and not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
             # (the eager backend runs the node every call; AOTAutograd's re-trace would
@@ -428,8 +428,6 @@ class InGraphCallVar(ObjectVar):
 
 
 def _holds_graph_value(v) -> bool:
-    from .symbolic import SymNodeVar  # (lazy: import cycle, to break)
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if isinstance(v, (TensorVar, SymNodeVar)):
         return True
     items = getattr(v, "items", None)
@@ -642,11 +640,9 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
         if _is_state_writer(fn):
             unsupported(f"torch.{fn.__name__} changes global state")
-        from .optimizers import foreach_tensor_scalars  # (lazy: import cycle, to break)
         made = foreach_tensor_scalars(tx, fn, args, kwargs)
         if made is not None:
             return made
-        from .grad_utils import group_by_device_and_dtype  # (lazy: import cycle, to break)
         made = group_by_device_and_dtype(tx, fn, args, kwargs)
         if made is not None:
             return made
@@ -946,7 +942,6 @@ def _construct(tx, cls, args, kwargs):
         from .user_objects import make_dataclass_instance  # (lazy: import cycle, to break)
         return make_dataclass_instance(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        from .containers import NamedTupleVar  # (lazy: import cycle, to break)
         names = list(cls._fields)
         maker = next((k for k in cls.__mro__ if "__new__" in k.__dict__), None)
         if maker is None or "_make" not in maker.__dict__ or cls.__init__ is not object.__init__:
@@ -968,7 +963,6 @@ def _construct(tx, cls, args, kwargs):
                 unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
     if cls is torch.nn.Parameter:
-        from .tensor_attrs import new_parameter  # (lazy: import cycle, to break)
         return new_parameter(tx, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         return construct_module(tx, cls, args, kwargs)

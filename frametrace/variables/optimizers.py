@@ -31,6 +31,7 @@ from torch.utils import _foreach_utils as fu
 
 from .base import unsupported, wrap
 from .constant import ConstVar
+from .containers import ListVar
 
 
 def _use_grad_code():
@@ -189,7 +190,6 @@ def foreach_tensor_scalars(tx, fn, args, kwargs):
     tensors (Adamax's): the op's arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as
     foreach ops over the same lists, in the op's order.  ATen's kernel reads those
     scalars on the host (and FakeTensors cannot give them).  Else None."""
-    from .containers import ListVar  # (lazy: import cycle, to break)
     from .tensor import TensorVar  # (lazy: import cycle, to break)
     spec = _FOREACH_SCALARS.get(fn)
     if spec is None or kwargs or len(args) != 4:

@@ -14,7 +14,7 @@ import torch
 
 from ..source import AttrSource
 from .base import unsupported, wrap
-from .constant import ConstVar
+from .constant import ConstVar, is_constant_value
 from ..guards import FRESH
 
 _GRAD = "grad"
@@ -68,7 +68,6 @@ def _computed_subclass_attr(tx, var, name):
     """An attribute a wrapper subclass's own code gave a tensor an op made (the
     dispatch ran on fakes while tracing and runs alike on the real inputs): an inner
     tensor is read in the graph, a constant (from the guarded flattening) as is."""
-    from .constant import is_constant_value  # (lazy: import cycle, to break)
     cls = var.python_type()
     if cls in (torch.Tensor, torch.nn.Parameter) or hasattr(cls, name):
         return None
