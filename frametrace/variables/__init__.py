@@ -8,7 +8,8 @@ from .modules import NNModuleVar
 from .builtins import BuiltinVar
 from .objects import MethodVar, ObjectVar, TorchFnVar
 from .tensor import TensorVar
-from . import builder  # noqa: F401  (registers wrap, which the Var modules call)
+# (the implementations of base's entry points, which register themselves)
+from . import builder, exceptions, operators  # noqa: F401
 
 __all__ = ["NULL", "Var", "unsupported", "ConstVar", "DictVar", "IteratorVar", "ListVar",
            "TupleVar", "BuiltinVar", "MethodVar", "NNModuleVar", "ObjectVar", "TorchFnVar",

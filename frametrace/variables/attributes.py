@@ -13,7 +13,7 @@ import types
 
 from ..exc import Unsupported
 from ..source import AttrSource, ConstSource
-from .base import unsupported, wrap
+from .base import raise_builtin, unsupported, wrap
 from .constant import ConstVar
 from .modules import _class_lookup, class_attr, class_defines, guard_class_none
 from .functions import BoundMethodVar, UserFunctionVar
@@ -155,7 +155,6 @@ class InstanceAttrs(AttrDeleting):
             unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
         tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
         _guard_class_attr(tx, cls, name, None)
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
     # -- writing --

@@ -39,10 +39,23 @@ def short_repr(obj, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# builder.wrap, which picks the Var for a value: builder imports every Var module (it
-# holds the rules, type by type), and registers wrap here when it loads, so a Var
-# module that wraps what its operations produce imports wrap from here, below itself.
-_wrap = None
+# Entry points of the protocol that modules above base implement: builder.wrap (builder
+# holds the rules that pick a Var for a value, type by type, and so imports every Var
+# module), operators' binary_op, unary_op, is_same and contains (an operator on Vars
+# tries each operand kind's rule), exceptions' raise_builtin and raise_folded (a traced
+# exception is an object of a user-level class).  The Var modules under those call them
+# from here; each implementation registers itself (`@register`) when its module loads,
+# which variables/__init__ makes happen with the package.
+def register(fn):
+    """Make `fn` the implementation of the entry point of its name."""
+    assert fn.__name__ in _ENTRY_POINTS, fn
+    globals()["_" + fn.__name__] = fn
+    return fn
+
+
+_ENTRY_POINTS = ("wrap", "binary_op", "unary_op", "is_same", "contains", "raise_builtin",
+                 "raise_folded")
+_wrap = _binary_op = _unary_op = _is_same = _contains = _raise_builtin = _raise_folded = None
 
 
 def wrap(tx, value, source, guard: bool = True):
@@ -50,9 +63,34 @@ def wrap(tx, value, source, guard: bool = True):
     return _wrap(tx, value, source, guard)
 
 
-def register_wrap(fn) -> None:
-    global _wrap
-    _wrap = fn
+def binary_op(tx, fn, a, b):
+    """`fn(a, b)` for an operator function of two Vars (operators.binary_op)."""
+    return _binary_op(tx, fn, a, b)
+
+
+def unary_op(tx, fn, v):
+    """`fn(v)` for an operator function of one Var (operators.unary_op)."""
+    return _unary_op(tx, fn, v)
+
+
+def is_same(a, b, tx=None) -> bool:
+    """`a is b` (operators.is_same)."""
+    return _is_same(a, b, tx)
+
+
+def contains(tx, container, item) -> bool:
+    """`item in container` (operators.contains)."""
+    return _contains(tx, container, item)
+
+
+def raise_builtin(cls, *args):
+    """The traced program raises `cls(*args)` here (exceptions.raise_builtin)."""
+    _raise_builtin(cls, *args)
+
+
+def raise_folded(e: Exception, what: str):
+    """A builtin run now on constants raised `e` (exceptions.raise_folded)."""
+    _raise_folded(e, what)
 
 
 class _Null:

@@ -19,7 +19,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
-from .base import NULL, Unsupported, Var, nouns, safe_repr, unsupported, wrap
+from .base import (NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded, safe_repr,
+                   unsupported, wrap)
 from .constant import ConstVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
                          live_items, live_keys, live_members, note_live_read)
@@ -511,7 +512,6 @@ def _drain(it: IteratorVar):
 def _next_or_fail(it):
     v = it.next()
     if v is None:
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(StopIteration)
     return v
 
@@ -637,7 +637,6 @@ class SetVar(DictVar):
         try:
             return self._call_method(tx, name, args)
         except TypeError as e:      # the real set's own check (a missing argument ...)
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"{self.kind.__name__}.{name}")
 
     def _call_method(self, tx, name, args):
@@ -665,7 +664,6 @@ class SetVar(DictVar):
         else:
             real_args = [self._as_real(tx, a, new_members) for a in args]
         if name in self._MUTATING and self.kind is set:
-            from .exceptions import raise_builtin  # (lazy: import cycle, to break)
             if name == "remove" and real_args and real_args[0] not in self.real:
                 if not args[0].is_const():
                     unsupported("set.remove of a missing member (KeyError)")
@@ -775,7 +773,6 @@ def set_key(v: Var):
         try:
             hash(k)
         except TypeError as e:
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"unhashable set member {k!r}")
         if has_nan(k):
             # A set or dict finds a NaN only by identity: the trace's answer would be
@@ -1160,7 +1157,6 @@ _CALLABLE_ITERATOR = type(iter(int, 0))
 def _call_until(tx, fn, sentinel):
     """iter(fn, sentinel): calls fn lazily, one call per item, until it returns
     something equal to the sentinel (CPython compares with ==, sentinel on the left)."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
 
     def gen():
         while True:
@@ -1206,7 +1202,6 @@ def _next(tx, args, kwargs):
     if v is None:
         if len(args) == 2:
             return args[1]
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(StopIteration)
     return v
 
@@ -1261,7 +1256,6 @@ def _min_max(pick):
             # Mixed with floats: CPython returns one of the items, so pick it by
             # comparisons (each a guard on the relation, not on the value), made as
             # the `>` operator is (sympy would answer `m > inf` for a float m).
-            from .operators import binary_op
             for item in items[1:]:
                 if binary_op(tx, operator.gt if pick is max else operator.lt, item, best).truth(tx):
                     best = item
@@ -1320,7 +1314,6 @@ def _pick_tensor(tx, pick, items):
 
 
 def _sum(tx, args, kwargs):
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if len(args) not in (1, 2) or set(kwargs) - {"start"}:
         return None
     acc = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))

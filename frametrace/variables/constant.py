@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from .base import ValueVar, nouns, short_repr, unsupported
+from .base import ValueVar, nouns, raise_folded, short_repr, unsupported
 from ..guards import is_constant_value  # noqa: F401  (read here by variables/)
 
 # Methods safe to evaluate at trace time on constants (no mutation, no I/O).  Every
@@ -83,7 +83,6 @@ class ConstVar(ValueVar):
             return ConstVar(fn(*[a.as_const() for a in args],
                                **{k: v.as_const() for k, v in kwargs.items()}))
         except Exception as e:      # CPython raises it at this call
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"{type(self.value).__name__}.{name}")
 
     def getitem(self, tx, key):
@@ -92,14 +91,12 @@ class ConstVar(ValueVar):
         try:
             return ConstVar(self.value[key.as_const()])
         except (TypeError, IndexError, KeyError) as e:
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"indexing {self.value!r}")
 
     def unpack(self, tx):
         try:
             return [ConstVar(v) for v in self.value]
         except TypeError as e:          # 'int' object is not iterable
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"iterating over {self.value!r}")
 
     def truth(self, tx):

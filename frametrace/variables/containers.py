@@ -9,7 +9,8 @@ import torch
 import enum
 
 from ..source import CallMethodSource, GetItemSource
-from .base import CollectionVar, Unsupported, Var, unsupported, wrap
+from .base import (CollectionVar, Unsupported, Var, binary_op, is_same, raise_builtin, raise_folded,
+                   unsupported, wrap)
 from .constant import ConstVar
 from .. import config
 
@@ -43,7 +44,6 @@ class _SequenceVar(CollectionVar):
         try:
             return self.items[k]
         except (IndexError, TypeError) as e:
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(type(e)(str(e).replace("list", self.kind.__name__, 1)),
                          f"indexing a {self.kind.__name__}")
 
@@ -93,7 +93,6 @@ def _matches(tx, v, item) -> bool:
     identity first, then the comparison and its truth, as CPython's
     PyObject_RichCompareBool (two tensors that are not one object compare by their
     data: a break where the answer needs it)."""
-    from .operators import binary_op, is_same  # (lazy: import cycle, to break)
     if v is not item and v.is_const() and item.is_const():
         a, b = v.as_const(), item.as_const()
         if has_nan(a) or has_nan(b):
@@ -115,7 +114,6 @@ def _find(tx, items, item, error):
     for i, v in enumerate(items):
         if _matches(tx, v, item):
             return i
-    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     raise_builtin(ValueError, error)
 
 
@@ -342,7 +340,6 @@ class ListVar(_SequenceVar):
             return ConstVar(None)
         if name == "pop" and len(args) <= 1:
             if not self.items or args and not -len(self.items) <= args[0].as_const() < len(self.items):
-                from .exceptions import raise_builtin  # (lazy: import cycle, to break)
                 raise_builtin(IndexError, "pop index out of range" if self.items else "pop from empty list")
             self._check_mutable(tx)
             return self.items.pop(*(a.as_const() for a in args))
@@ -578,7 +575,6 @@ class DictVar(CollectionVar):
         got = self.lookup(_dict_key(key), _ABSENT)
         if got is not _ABSENT:
             return got
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(KeyError, key.as_const())
 
     def setitem(self, tx, key, value):
@@ -603,7 +599,6 @@ class DictVar(CollectionVar):
         if name == "pop" and 1 <= len(args) <= 2:
             key = _dict_key(args[0])
             if key not in self.items and len(args) == 1:
-                from .exceptions import raise_builtin  # (lazy: import cycle, to break)
                 raise_builtin(KeyError, key)
             self._mutating(tx)
             return self.items.pop(key) if key in self.items else args[1]

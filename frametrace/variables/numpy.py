@@ -30,7 +30,7 @@ try:
 except ImportError:         # NumPy is optional: without it there is nothing to trace
     np = None
 
-from .base import ValueVar, Var, unsupported
+from .base import ValueVar, Var, binary_op, unsupported
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
@@ -300,7 +300,6 @@ class NdarrayVar(Var):
         if name in ("size", "nbytes"):
             n = tx.output.size_of(t).call_method(tx, "numel", [], {})
             if name == "nbytes":
-                from .operators import binary_op  # (lazy: import cycle, to break)
                 n = binary_op(tx, operator.mul, n, ConstVar(self.dtype.itemsize))
             return n
         if name == "imag" and not t.example.is_complex():
@@ -1048,7 +1047,6 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
         return _dtype_compare(fn, a, b)
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         other = b if isinstance(a, TensorVar) else a
-        from .operators import binary_op  # (lazy: import cycle, to break)
         if isinstance(other, NumpyScalarVar) and isinstance(other.value, (np.integer, np.floating, np.bool_)) \
                 and not isinstance(other.value, np.longdouble):
             # torch takes a NumPy number as the Python number it equals (a weak scalar):

@@ -15,7 +15,7 @@ import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, safe_repr, unsupported, wrap
+from .base import ValueVar, Var, a_type, raise_folded, safe_repr, unsupported, wrap
 from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
@@ -1084,7 +1084,6 @@ def fold_call(fn, args, kwargs, name: str) -> ConstVar:
     try:
         return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
     except Exception as e:
-        from .exceptions import raise_folded  # (lazy: import cycle, to break)
         raise_folded(e, f"{name}()")
 
 

@@ -15,7 +15,7 @@ import operator
 import torch
 import enum
 
-from .base import Var, nouns, unsupported
+from .base import Var, nouns, register, unsupported
 from .builtins import IdVar, SetVar, refuse_picked
 from .constant import BINARY_FOLD, ConstVar
 from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
@@ -58,6 +58,7 @@ _SET_DUNDERS = {operator.or_: "__or__", operator.and_: "__and__", operator.sub: 
 _SET_INPLACE = {operator.ior: "__ior__", operator.iand: "__iand__", operator.isub: "__isub__",
                 operator.ixor: "__ixor__"}
 
+@register
 def binary_op(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
     plain = INPLACE_TO_PLAIN.get(fn, fn)
@@ -198,6 +199,7 @@ def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
     unsupported(f"{fn.__name__} on {a} and {b}")
 
 
+@register
 def unary_op(tx, fn, v: Var) -> Var:
     if is_numpy_var(v):
         return numpy_unary_op(tx, fn, v)
@@ -276,6 +278,7 @@ def is_picked(tx, v) -> bool:
         return False
 
 
+@register
 def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
@@ -336,6 +339,7 @@ def is_none(v: Var) -> bool:
     return False          # OpaqueVar: see InstructionTranslator._is_none
 
 
+@register
 def contains(tx, container: Var, item: Var) -> bool:
     if hasattr(container, "contains"):
         return container.contains(tx, item)

@@ -25,7 +25,7 @@ import torch
 
 from ..guards import one_check
 from .attributes import InstanceAttrs, MISSING, is_data_descriptor
-from .base import Var, unsupported, wrap
+from .base import Var, binary_op, contains, unsupported, wrap
 from .constant import ConstVar
 from .containers import (DictVar, ListVar, TupleVar, _dict_key, attrs_dict, constant_key, emit_key,
                          has_var_keys)
@@ -170,7 +170,6 @@ class UserContainerMixin(InstanceAttrs):
         return self._base_contains(tx, item)
 
     def _base_contains(self, tx, item) -> bool:
-        from .operators import contains  # (lazy: import cycle, to break)
         return contains(tx, self.plain(), item)
 
     def length(self, tx):
@@ -496,7 +495,6 @@ def user_container_binary_op(tx, fn, a, b):
     """``fn(a, b)`` where a or b is a user container subclass: the user's operator
     methods (b's reflected one first when b's class derives from a's), inlined; else
     the builtin base's."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if _INPLACE_PLAIN.get(fn, fn) is operator.or_ and any(
             is_user_container(v) and v.base_class() is collections.OrderedDict for v in (a, b)):
         unsupported("| on an OrderedDict subclass (OrderedDict calls the subclass)")
@@ -538,7 +536,6 @@ def _derives_from(b, a) -> bool:
 def _base_binary(tx, self, name, args):
     """The builtin base's operator method on `self`: in-place ones change the builtin
     part and return self; the others give a plain container."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if len(args) != 1:
         unsupported(f"{name} takes one argument")
     fn = _OPERATOR_DUNDERS[name]
@@ -581,7 +578,6 @@ def call_unbound_builtin(tx, method, args, kwargs):
     if name == "__init__":
         unsupported(f"{owner.__name__}.__init__ on an existing {owner.__name__}")
     if name in _OPERATOR_DUNDERS:
-        from .operators import binary_op  # (lazy: import cycle, to break)
         if len(args) != 2:
             unsupported(f"{owner.__name__}.{name} takes one argument")
         fn = _OPERATOR_DUNDERS[name]
@@ -594,7 +590,6 @@ def call_unbound_builtin(tx, method, args, kwargs):
         self.setitem(tx, args[1], args[2])
         return ConstVar(None)
     if name == "__contains__" and len(args) == 2:
-        from .operators import contains  # (lazy: import cycle, to break)
         return ConstVar(contains(tx, self, args[1]))
     if name == "__len__" and len(args) == 1:
         return ConstVar(self.length(tx))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..source import AttrSource
-from .base import unsupported, wrap
+from .base import raise_builtin, unsupported, wrap
 from .constant import ConstVar, is_constant_value
 from ..guards import FRESH
 
@@ -94,7 +94,6 @@ def _known_to_plain_attrs(var, inp, name):
 
 
 def _no_attr(var, name):
-    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     raise_builtin(AttributeError, f"{var.python_type().__name__!r} object has no attribute {name!r}")
 
 

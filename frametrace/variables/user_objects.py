@@ -14,7 +14,7 @@ import copyreg
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
 from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
-from .base import Var, a_type, unsupported, wrap
+from .base import Var, a_type, raise_builtin, unsupported, wrap
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
@@ -899,7 +899,6 @@ def user_object_binary_op(tx, fn, a, b, same):
         return ConstVar(same(a, b))
     if fn is operator.ne:
         return ConstVar(not same(a, b))
-    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     what = f"'{_SYMBOLS[fn]}' not supported between instances of" if fn in _COMPARISONS else \
         f"unsupported operand type(s) for {_SYMBOLS[fn]}:"
     raise_builtin(TypeError, f"{what} '{ta.__name__}' and '{tb.__name__}'")
