@@ -18,12 +18,11 @@ from .. import functorch_runtime as runtime
 from ..source import AttrSource
 from .fx_values import map_graph_vars
 from .base import Var, unsupported, wrap
-from .constant import ConstVar
+from .constant import ConstVar, MethodVar
 from .containers import ListVar, TupleVar
 from .functorch import _fresh, node_arg
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
-from .objects import MethodVar
 
 # `Fn.apply`: before torch 2.14 a Python classmethod (a bound method, its __func__ this
 # function); from 2.14 a C one (a builtin method bound to the class, without __func__,

@@ -190,22 +190,12 @@ class ValueVar(Var):
         return a_type(type(self.value))
 
 
-class CollectionVar(Var):
-    """A Var holding traced items (tuple, list, dict)."""
-    __slots__ = ("items",)
+class _Deleted(Var):
+    """What a deleted attribute holds in the side effects: replayed as a delete."""
+    __slots__ = ()
 
-    def getattr(self, tx, name):
-        if callable(getattr(self.python_type(), name, None)):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
-            return MethodVar(self, name)
-        unsupported(f"attribute {name!r} of {self.python_type().__name__}")
+    def reconstruct(self, cg):
+        cg.load_const(None)
 
-    def length(self, tx):
-        return len(self.items)
 
-    def noun(self):
-        n = len(self.items)
-        return f"{a_type(self.python_type())} of {n} item{'s' if n != 1 else ''}"
-
-    def truth(self, tx):
-        return bool(self.items)
+DELETED = _Deleted(None)

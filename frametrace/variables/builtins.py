@@ -19,16 +19,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
-from .base import (NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded, safe_repr,
-                   unsupported, wrap)
-from .constant import ConstVar
+from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded,
+                   safe_repr, unsupported, wrap)
+from .constant import ConstVar, MethodVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
                          live_items, live_keys, live_members, note_live_read)
 from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
 from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
-from .objects import (MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const,
-                      _refuse_metaclass_hook, fold_call, namespace_var)
+from .objects import (ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metaclass_hook,
+                      fold_call, namespace_var)
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
 from ..resume_codes import original_code, private_lists
@@ -1441,7 +1441,6 @@ def _has_attr(tx, obj, name):
             return found
         written = tx.side_effects.load_attr(value, name)
         if written is not None:
-            from .user_objects import DELETED  # (lazy: import cycle, to break)
             return written is not DELETED
         d = getattr(value, "__dict__", {})
         cls = obj.instance_class() if isinstance(obj, UserObjectVar) else type(value)

@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from .base import ValueVar, nouns, raise_folded, short_repr, unsupported
+from .base import ValueVar, Var, nouns, raise_folded, short_repr, unsupported
 from ..guards import is_constant_value  # noqa: F401  (read here by variables/)
 
 # Methods safe to evaluate at trace time on constants (no mutation, no I/O).  Every
@@ -50,10 +50,8 @@ class ConstVar(ValueVar):
             except AttributeError:
                 unsupported(f"{type(value).__name__} has no attribute {name!r}")
             if callable(attr):
-                from .objects import MethodVar  # (lazy: import cycle, to break)
                 return MethodVar(self, name)
             return ConstVar(attr)
-        from .objects import MethodVar  # (lazy: import cycle, to break)
         if any(isinstance(value, t) and name in names for t, names in _PURE_METHODS.items()) or \
                 name == "__iter__" and isinstance(value, (str, bytes, tuple, range, torch.Size)):
             return MethodVar(self, name)
@@ -141,3 +139,33 @@ BINARY_FOLD = {operator.add, operator.sub, operator.mul, operator.truediv, opera
                operator.or_, operator.xor, operator.matmul, operator.lt, operator.le,
                operator.eq, operator.ne, operator.gt, operator.ge, operator.is_,
                operator.is_not, operator.contains}
+
+
+class MethodVar(Var):
+    """``obj.name`` where obj is a traced value: calling it calls obj.call_method."""
+    __slots__ = ("obj", "name")
+
+    def __init__(self, obj, name):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def call(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__name__":          # a builtin value's method: its own name
+            return ConstVar(self.name)
+        if name == "__self__":
+            return self.obj
+        return super().getattr(tx, name)
+
+    def reconstruct(self, cg):
+        self.obj.reconstruct(cg)
+        cg.load_attr(self.name)
+
+    def noun(self):
+        return f"method {self.name}() of {self.obj}"
+
+    def __repr__(self):
+        return f"MethodVar({self.obj!r}.{self.name})"

@@ -9,10 +9,30 @@ import torch
 import enum
 
 from ..source import CallMethodSource, GetItemSource
-from .base import (CollectionVar, Unsupported, Var, binary_op, is_same, raise_builtin, raise_folded,
+from .base import (Unsupported, Var, a_type, binary_op, is_same, raise_builtin, raise_folded,
                    unsupported, wrap)
-from .constant import ConstVar
+from .constant import ConstVar, MethodVar
 from .. import config
+
+
+class CollectionVar(Var):
+    """A Var holding traced items (tuple, list, dict)."""
+    __slots__ = ("items",)
+
+    def getattr(self, tx, name):
+        if callable(getattr(self.python_type(), name, None)):
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of {self.python_type().__name__}")
+
+    def length(self, tx):
+        return len(self.items)
+
+    def noun(self):
+        n = len(self.items)
+        return f"{a_type(self.python_type())} of {n} item{'s' if n != 1 else ''}"
+
+    def truth(self, tx):
+        return bool(self.items)
 
 
 class _SequenceVar(CollectionVar):
@@ -183,7 +203,6 @@ class NamedTupleVar(TupleVar):
         if name == "_fields":
             return ConstVar(self.fields)
         if name in ("_replace", "_asdict") and hasattr(self.cls, name):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         if self.cls is not None and not hasattr(self.cls, "n_fields"):
             from .user_objects import namedtuple_member  # (lazy: import cycle, to break)
@@ -730,7 +749,6 @@ class DictViewVar(Var):
 
     def getattr(self, tx, name):
         if name in ("__len__", "__iter__", "__contains__", "isdisjoint", "mapping"):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of dict.{self.kind}()")
 

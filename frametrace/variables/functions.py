@@ -13,7 +13,7 @@ import torch
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource
 from .base import Var, unsupported, wrap
-from .constant import ConstVar, is_constant_value
+from .constant import ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, TupleVar
 from .lazy import Lazy
 from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
@@ -185,7 +185,6 @@ class UserFunctionVar(Var):
 
     def getattr(self, tx, name):
         if name == "__get__" and "__get__" not in getattr(self.fn, "__dict__", {}):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         try:
             value = getattr(self.fn, name)

@@ -11,7 +11,7 @@ import inspect
 from .. import distributed
 from ..source import AttrSource, ConstSource, GetItemSource
 from .base import Var, unsupported, wrap
-from .constant import ConstVar
+from .constant import ConstVar, MethodVar
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
 from .tensor import TensorVar
@@ -71,7 +71,6 @@ class NNModuleVar(Var):
             tx.guards.class_attr(type(m), name, cls_attr)
             _shadowing_guard(tx, self.source, m, name, cls_attr)
         if name in _INTROSPECTION and cls_attr is getattr(torch.nn.Module, name):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         if isinstance(cls_attr, types.FunctionType):
             return BoundMethodVar(UserFunctionVar(cls_attr), self)
@@ -432,7 +431,6 @@ class NewModuleVar(NNModuleVar):
             unsupported(f"{name} of a module made in the frame")
         if name == "register_buffer" and class_attr(tx, type(self.module), name) is \
                 torch.nn.Module.register_buffer:
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)   # (its body reads the tables this Var holds)
         return super().getattr(tx, name)
 

@@ -21,7 +21,7 @@ import operator
 
 import torch
 import warnings
-from .objects import MethodVar, _read_global_state
+from .objects import _read_global_state
 from .symbolic import SliceVar
 from ..shapes import _is_argument
 
@@ -31,7 +31,7 @@ except ImportError:         # NumPy is optional: without it there is nothing to 
     np = None
 
 from .base import ValueVar, Var, binary_op, unsupported
-from .constant import ConstVar, is_constant_value
+from .constant import ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
 from .tensor import TensorVar

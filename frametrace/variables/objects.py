@@ -20,7 +20,7 @@ from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
 from .modules import construct_module
-from .constant import ConstVar, is_constant_value, is_pure_method
+from .constant import ConstVar, MethodVar, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
@@ -989,36 +989,6 @@ def _plain_python_class(cls) -> bool:
 
 
 _TPFLAGS_HEAPTYPE = 1 << 9
-
-
-class MethodVar(Var):
-    """``obj.name`` where obj is a traced value: calling it calls obj.call_method."""
-    __slots__ = ("obj", "name")
-
-    def __init__(self, obj, name):
-        super().__init__(None)
-        self.obj = obj
-        self.name = name
-
-    def call(self, tx, args, kwargs):
-        return self.obj.call_method(tx, self.name, args, kwargs)
-
-    def getattr(self, tx, name):
-        if name == "__name__":          # a builtin value's method: its own name
-            return ConstVar(self.name)
-        if name == "__self__":
-            return self.obj
-        return super().getattr(tx, name)
-
-    def reconstruct(self, cg):
-        self.obj.reconstruct(cg)
-        cg.load_attr(self.name)
-
-    def noun(self):
-        return f"method {self.name}() of {self.obj}"
-
-    def __repr__(self):
-        return f"MethodVar({self.obj!r}.{self.name})"
 
 
 # ---------------------------------------------------------------- helpers

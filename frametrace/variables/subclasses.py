@@ -26,11 +26,11 @@ import torch
 from ..guards import one_check
 from .attributes import InstanceAttrs, MISSING, is_data_descriptor
 from .base import Var, binary_op, contains, unsupported, wrap
-from .constant import ConstVar
+from .constant import ConstVar, MethodVar
 from .containers import (DictVar, ListVar, TupleVar, _dict_key, attrs_dict, constant_key, emit_key,
                          has_var_keys)
 from .modules import _class_lookup, class_attr
-from .objects import MethodVar, ObjectVar
+from .objects import ObjectVar
 from .builtins import BuiltinVar, FrozenSetVar, SetVar, iter_of, var_list
 from .functions import UserFunctionVar
 from .tensor import TensorVar

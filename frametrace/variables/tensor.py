@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import tensor_attrs, tensor_facts
 from .base import Var, unsupported
-from .constant import ConstVar
+from .constant import ConstVar, MethodVar
 from .optimizers import tensor_scalar_method
 from .scalars import SCALAR_METHODS, capturing, scalar_method
 from ..source import LocalSource
@@ -50,7 +50,6 @@ class TensorVar(Var):
             torch.nn.Parameter if getattr(self.example, "_is_param", False) else torch.Tensor)
 
     def getattr(self, tx, name):
-        from .objects import MethodVar  # (lazy: import cycle, to break)
         if name == "shape":
             return tx.output.size_of(self)
         if name == "nbytes":

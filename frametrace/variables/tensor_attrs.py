@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..source import AttrSource
-from .base import raise_builtin, unsupported, wrap
+from .base import DELETED, raise_builtin, unsupported, wrap
 from .constant import ConstVar, is_constant_value
 from ..guards import FRESH
 
@@ -39,7 +39,6 @@ def input_for(tx, var):
 
 
 def _written(tx, var, name):
-    from .user_objects import DELETED  # (lazy: import cycle, to break)
     got = tx.side_effects.load_attr(var.example, name)
     return got, got is DELETED
 
@@ -129,7 +128,6 @@ def set_python_attr(tx, var, name, value):
 
 
 def del_python_attr(tx, var, name):
-    from .user_objects import DELETED  # (lazy: import cycle, to break)
     if name == _GRAD:
         return set_grad(tx, var, ConstVar(None))    # `del t.grad` clears it
     if hasattr(torch.Tensor, name):

@@ -14,7 +14,7 @@ import copyreg
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
 from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
-from .base import Var, a_type, raise_builtin, unsupported, wrap
+from .base import DELETED, Var, a_type, raise_builtin, unsupported, wrap
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
@@ -318,17 +318,6 @@ class NewObjectVar(InstanceAttrs, Var):
 
 
 _BUILTIN_BASES = (dict, OrderedDict, list, tuple)
-
-
-class _Deleted(Var):
-    """What a deleted attribute holds in the side effects: replayed as a delete."""
-    __slots__ = ()
-
-    def reconstruct(self, cg):
-        cg.load_const(None)
-
-
-DELETED = _Deleted(None)
 
 
 def checked_bool(tx, result) -> bool:
