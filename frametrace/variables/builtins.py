@@ -32,7 +32,7 @@ from .objects import (ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metac
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
 from ..resume_codes import original_code, private_lists
-from ..source import LocalSource
+from ..source import CallMethodSource, GetItemSource, LocalSource
 from .attributes import InstanceAttrs, class_read_runs_code
 from .numpy import NdarrayVar, numpy_binary_op, numpy_unary_op
 from .tensor_attrs import has_python_attr
@@ -357,7 +357,6 @@ def wrap_outer_list_iterator(tx, it, source):
     state = it.__reduce__()
     if len(state) != 3 or type(state[1][0]) is not list:
         return None
-    from ..source import CallMethodSource, GetItemSource  # (lazy: import cycle, to break)
     tx.guards.type_match(source, it)
     reduced = CallMethodSource(source, "__reduce__")
     tx.guards.equals(GetItemSource(reduced, 2), state[2])
