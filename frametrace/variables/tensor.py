@@ -256,7 +256,7 @@ def new_parameter(tx, args, kwargs):
     data, requires_grad = given.get("data"), given.get("requires_grad", ConstVar(True))
     if not isinstance(data, TensorVar) or not requires_grad.is_const():
         unsupported("nn.Parameter() of no tensor, or with a requires_grad not known when tracing")
-    inp = tensor_attrs.input_for(tx, data)
+    inp = tensor_facts.input_for(tx, data)
     if inp is None or data.node is not inp.node or id(data.example) in tx.output._last_inplace:
         unsupported("nn.Parameter() of a tensor computed in the frame")
     if any(not isinstance(s, int) for s in data.example.shape) or type(inp.value) is not torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 from ..source import AttrSource
 from .base import DELETED, raise_builtin, unsupported, wrap
 from .constant import ConstVar, is_constant_value
+from .tensor_facts import input_for, is_leaf
 
 _GRAD = "grad"
 
@@ -27,14 +28,6 @@ def owner(tx, var):
         return var
     from .tensor import TensorVar  # (lazy: import cycle, to break)
     return var if var.source == inp.source else TensorVar(inp.node, var.example, inp.source)
-
-
-def input_for(tx, var):
-    for inp in tx.output.inputs:
-        if inp.node.meta.get("example_value") is var.example and inp.source is not None \
-                and isinstance(inp.value, torch.Tensor):
-            return inp
-    return None
 
 
 def _written(tx, var, name):
@@ -147,7 +140,6 @@ def grad(tx, var):
     got, deleted = _written(tx, var, _GRAD)
     if got is not None:
         return ConstVar(None) if deleted else got
-    from .tensor_facts import is_leaf  # (lazy: import cycle, to break)
     if var.example.requires_grad and not is_leaf(tx, var).as_const():
         # CPython warns that a non-leaf's .grad is not populated.
         unsupported("reading .grad of a non-leaf tensor (a warning)")
