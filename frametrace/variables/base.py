@@ -43,7 +43,8 @@ def short_repr(obj, limit: int = 60) -> str:
 # holds the rules that pick a Var for a value, type by type, and so imports every Var
 # module), operators' binary_op, unary_op, is_same and contains (an operator on Vars
 # tries each operand kind's rule), exceptions' raise_builtin and raise_folded (a traced
-# exception is an object of a user-level class).  The Var modules under those call them
+# exception is an object of a user-level class), builtins' iter_of and var_list (the
+# iteration protocol: iter() and the items of an iterable).  The Var modules under those call them
 # from here; each implementation registers itself (`@register`) when its module loads,
 # which variables/__init__ makes happen with the package.
 def register(fn):
@@ -54,8 +55,9 @@ def register(fn):
 
 
 _ENTRY_POINTS = ("wrap", "binary_op", "unary_op", "is_same", "contains", "raise_builtin",
-                 "raise_folded")
+                 "raise_folded", "iter_of", "var_list")
 _wrap = _binary_op = _unary_op = _is_same = _contains = _raise_builtin = _raise_folded = None
+_iter_of = _var_list = None
 
 
 def wrap(tx, value, source, guard: bool = True):
@@ -91,6 +93,16 @@ def raise_builtin(cls, *args):
 def raise_folded(e: Exception, what: str):
     """A builtin run now on constants raised `e` (exceptions.raise_folded)."""
     _raise_folded(e, what)
+
+
+def iter_of(tx, v):
+    """iter(v) (builtins.iter_of)."""
+    return _iter_of(tx, v)
+
+
+def var_list(tx, v) -> list:
+    """All items of an iterable Var (builtins.var_list)."""
+    return _var_list(tx, v)
 
 
 class _Null:

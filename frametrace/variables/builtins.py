@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
 from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded,
-                   safe_repr, unsupported, wrap)
+                   register, safe_repr, unsupported, wrap)
 from .constant import ConstVar, MethodVar
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
                          live_items, live_keys, live_members, note_live_read)
@@ -515,6 +515,7 @@ def _next_or_fail(it):
     return v
 
 
+@register
 def var_list(tx, v: Var) -> list:
     """All items of an iterable Var (bounded)."""
     if isinstance(v, IteratorVar):
@@ -1166,6 +1167,7 @@ def _call_until(tx, fn, sentinel):
     return LazyIteratorVar(gen(), _CALLABLE_ITERATOR)
 
 
+@register
 def iter_of(tx, v: Var) -> IteratorVar:
     """iter(v) (and GET_ITER)."""
     if isinstance(v, IteratorVar):
@@ -1648,7 +1650,6 @@ def _id(tx, args, kwargs):
         return ConstVar(id(real))
     from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
-        from .operators import is_picked  # (lazy: import cycle, to break)
         if is_picked(tx, v):
             refuse_picked("id()")
         identity = v.example            # one FakeTensor per tensor
@@ -1727,3 +1728,15 @@ def frame_locals(tx) -> Var:
         if v is not None and v is not NULL:
             items[name] = v
     return DictVar(items)
+
+
+def is_picked(tx, v) -> bool:
+    """Whether tensor `v` is a min()/max() result that stands for one of its items
+    (min() and max() below)."""
+    picked = tx.output.picked_storages
+    if not picked:
+        return False
+    try:
+        return v.example.untyped_storage()._cdata in picked
+    except Exception:       # (no storage: sparse, nested ... never a min()/max() result)
+        return False

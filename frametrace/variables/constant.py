@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from .base import ValueVar, Var, nouns, raise_folded, short_repr, unsupported
+from .base import ValueVar, Var, iter_of, nouns, raise_folded, short_repr, unsupported, var_list
 from ..guards import is_constant_value  # noqa: F401  (read here by variables/)
 
 # Methods safe to evaluate at trace time on constants (no mutation, no I/O).  Every
@@ -61,12 +61,10 @@ class ConstVar(ValueVar):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__iter__" and not args and not kwargs:
-            from .builtins import iter_of  # (lazy: import cycle, to break)
             return iter_of(tx, self)       # a traced iterator, not the real one
         if name == "join" and isinstance(self.value, (str, bytes)) and len(args) == 1 and \
                 not kwargs and not args[0].is_const():
             # Of strings computed here (a generator, a list of them): joined now.
-            from .builtins import var_list
             parts = var_list(tx, args[0])
             if not all(p.is_const() for p in parts):
                 unsupported(f"{type(self.value).__name__}.join of {nouns(parts)}")
@@ -139,6 +137,15 @@ BINARY_FOLD = {operator.add, operator.sub, operator.mul, operator.truediv, opera
                operator.or_, operator.xor, operator.matmul, operator.lt, operator.le,
                operator.eq, operator.ne, operator.gt, operator.ge, operator.is_,
                operator.is_not, operator.contains}
+
+# An in-place operator to its plain form (`a op= b` where `a` does not change in place).
+INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
+                     operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
+                     operator.imatmul: operator.matmul, operator.imul: operator.mul,
+                     operator.imod: operator.mod, operator.ior: operator.or_,
+                     operator.ipow: operator.pow, operator.irshift: operator.rshift,
+                     operator.isub: operator.sub, operator.itruediv: operator.truediv,
+                     operator.ixor: operator.xor}
 
 
 class MethodVar(Var):

@@ -31,7 +31,7 @@ except ImportError:         # NumPy is optional: without it there is nothing to 
     np = None
 
 from .base import ValueVar, Var, binary_op, unsupported
-from .constant import ConstVar, MethodVar, is_constant_value
+from .constant import INPLACE_TO_PLAIN, ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
@@ -1068,7 +1068,6 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
     inplace = fn.__name__.startswith("i") and fn.__name__ not in ("is_", "is_not") and \
         isinstance(a, NdarrayVar)
     if inplace and a.scalar:
-        from .operators import INPLACE_TO_PLAIN  # (lazy: import cycle, to break)
         fn, inplace = INPLACE_TO_PLAIN.get(fn, fn), False   # NumPy scalars are immutable
     if fn in (operator.is_, operator.is_not, operator.contains):
         unsupported(f"{fn.__name__} on arrays")

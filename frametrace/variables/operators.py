@@ -16,8 +16,8 @@ import torch
 import enum
 
 from .base import Var, nouns, register, unsupported
-from .builtins import IdVar, SetVar, refuse_picked
-from .constant import BINARY_FOLD, ConstVar
+from .builtins import IdVar, SetVar, is_picked, refuse_picked
+from .constant import BINARY_FOLD, INPLACE_TO_PLAIN, ConstVar
 from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import ExceptionVar, raise_builtin, raise_folded
 from .fx_values import to_fake
@@ -44,13 +44,6 @@ BINARY_OPS = {
 COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
                ">": operator.gt, ">=": operator.ge}
 
-INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
-                     operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
-                     operator.imatmul: operator.matmul, operator.imul: operator.mul,
-                     operator.imod: operator.mod, operator.ior: operator.or_,
-                     operator.ipow: operator.pow, operator.irshift: operator.rshift,
-                     operator.isub: operator.sub, operator.itruediv: operator.truediv,
-                     operator.ixor: operator.xor}
 _SET_DUNDERS = {operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__",
                 operator.xor: "__xor__", operator.eq: "__eq__", operator.ne: "__ne__",
                 operator.le: "__le__", operator.ge: "__ge__", operator.lt: "__lt__",
@@ -264,18 +257,6 @@ def _frame_tuples_identity(tx, a, b):
     same = ra is rb
     (tx.guards.same_object if same else tx.guards.distinct_objects)(a.source, b.source)
     return same
-
-
-def is_picked(tx, v) -> bool:
-    """Whether tensor `v` is a min()/max() result that stands for one of its items
-    (variables/builtins.py)."""
-    picked = tx.output.picked_storages
-    if not picked:
-        return False
-    try:
-        return v.example.untyped_storage()._cdata in picked
-    except Exception:       # (no storage: sparse, nested ... never a min()/max() result)
-        return False
 
 
 @register
