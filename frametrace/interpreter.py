@@ -22,7 +22,7 @@ from .exc import Unsupported, Yield, frame_summary
 from .resume_codes import opaque_locals, original_code
 from .side_effects import SideEffects
 from .source import (BuiltinSource, ClosureCellSource, ClosureSource, ConstSource, GetItemSource, GlobalSource,
-                     LocalSource)
+                     LocalSource, fresh_arg_sources)
 from .variables import (NULL, ConstVar, DictVar, IteratorVar, ListVar,
                         TupleVar, Var, unsupported)
 from .variables.asserts import assert_in_graph
@@ -32,35 +32,21 @@ from .variables.builtins import SetVar, _class_value, _len, iter_of, mapping_ite
 from .variables.contexts import ExitVar, GeneratorFrameVar, user_context
 from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, is_exception, matches, throw)
-from .variables.functions import Cell, CellRefVar, NestedFunctionVar
+from .variables.functions import Cell, CellRefVar, NestedFunctionVar, cell_full, make_function
 from .variables.generators import InlinedGeneratorVar, freeze_returned_iterators, stop_iteration_error
 from .variables.lazy import Lazy
 from .variables.objects import SuperVar
 from .variables.opaque import OpaqueVar, is_data, traced_after_break
-from .variables.operators import binary_op, contains, delete_list_item, is_none, is_same, make_slice, unary_op
+from .variables.operators import (BINARY_OPS, COMPARE_OPS, binary_op, contains, delete_list_item, format_value,
+                                  is_none, is_same, make_slice, unary_op)
 from .variables.patterns import is_mapping_subject, is_sequence_subject, match_class, match_keys
 from .variables.stdlib import DequeVar
-from .variables.subclasses import container_format
-from .variables.symbolic import FormattedVar, lazily_formatted, lazily_joined
+from .variables.symbolic import FormattedVar, lazily_joined
 from . import subgraph
 
 PY312 = sys.version_info >= (3, 12)
 # 3.13 pushes the NULL of a call above the callable, not below it (see the end of the file).
 PY313 = sys.version_info >= (3, 13)
-# Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions.
-_BINARY_OPS = {
-    "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
-    "@": operator.matmul, "*": operator.mul, "%": operator.mod, "|": operator.or_,
-    "**": operator.pow, ">>": operator.rshift, "-": operator.sub, "/": operator.truediv,
-    "^": operator.xor,
-    "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv,
-    "<<=": operator.ilshift, "@=": operator.imatmul, "*=": operator.imul,
-    "%=": operator.imod, "|=": operator.ior, "**=": operator.ipow, ">>=": operator.irshift,
-    "-=": operator.isub, "/=": operator.itruediv, "^=": operator.ixor,
-}
-_COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
-                ">": operator.gt, ">=": operator.ge}
-
 # Unrolled loops are bounded: past this many instructions the frame is not traced.
 MAX_INSTRUCTIONS = 200_000
 # Inlining depth (bounded recursion of user functions).
@@ -88,7 +74,7 @@ class InstructionTranslator:
             self.f_builtins = vars(self.f_builtins)
         self.output = output
         self.guards = guards
-        self.side_effects = SideEffects(_fresh_arg_sources(code)) if parent is None \
+        self.side_effects = SideEffects(fresh_arg_sources(code)) if parent is None \
             else parent.side_effects
         self.instructions = instructions(code)
         self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
@@ -145,7 +131,7 @@ class InstructionTranslator:
         """A free variable's cell of the traced frame: the one Cell of the trace for
         that cell object (inlined closures over it share it)."""
         source = ClosureSource(name, index)
-        traced = Cell(Lazy(cell.cell_contents, source) if _cell_full(cell) else None, source)
+        traced = Cell(Lazy(cell.cell_contents, source) if cell_full(cell) else None, source)
         traced.cell_source = ClosureCellSource(name, index)
         self.output.object_vars[id(cell)] = (cell, traced)
         return traced
@@ -279,35 +265,6 @@ class InstructionTranslator:
         if type(v) is Lazy:
             v = self.locals[name] = v.wrap(self)
         return v
-
-    def frame_locals(self) -> Var:
-        """What locals() returns here: a new dict of the bound locals, cells and free
-        variables in CPython's order (the slots of the frame).  A resume frame answers
-        with its original's names: its ___stackN/___resultN parameters are ours.
-        3.13 (PEP 667) answers a FrameLocalsProxy instead, a view that writes through
-        to the frame and is no dict: not traced.  In an inlined call, the call breaks
-        (CPython runs the function); in the frame being compiled, the frame runs in
-        CPython: a break there would call locals() in the transformed code, whose
-        temporaries are locals too."""
-        if PY313:
-            e = Unsupported("locals() is a FrameLocalsProxy (PEP 667)")
-            e.whole_frame = self.parent is None
-            raise e
-        code = original_code(self.code)
-        names = list(code.co_varnames)
-        names += [n for n in code.co_cellvars if n not in names]
-        names += list(code.co_freevars)
-        items = {}
-        for name in names:
-            if name in self.cells:
-                v = self.cells[name].value
-                if type(v) is Lazy:
-                    v = self.cells[name].value = v.wrap(self)
-            else:
-                v = self._local(name) if name in self.locals else None
-            if v is not None and v is not NULL:
-                items[name] = v
-        return DictVar(items)
 
     # ------------------------------------------------------------ no-ops
     def NOP(self, inst):
@@ -458,7 +415,7 @@ class InstructionTranslator:
         code = self.pop().as_const()
         if PY313:
             # (3.13: the parts come after, one SET_FUNCTION_ATTRIBUTE each)
-            self.push(self._function(code, [], {}, []))
+            self.push(make_function(self, code, [], {}, []))
             return
         flags = inst.arg
         cells = [ref.cell for ref in self.pop().items] if flags & 0x08 else []
@@ -466,7 +423,7 @@ class InstructionTranslator:
         kwdefaults = dict(self.pop().items) if flags & 0x02 else {}
         # Defaults all constants are one folded constant tuple (LOAD_CONST (None,)).
         defaults = self.pop().unpack(self) if flags & 0x01 else []
-        self.push(self._function(code, defaults, kwdefaults, cells, annotations))
+        self.push(make_function(self, code, defaults, kwdefaults, cells, annotations))
 
     def SET_FUNCTION_ATTRIBUTE(self, inst):  # 3.13
         fn = self.pop()
@@ -486,23 +443,7 @@ class InstructionTranslator:
         else:
             unsupported(f"function attribute {inst.arg:#x}")
         # (the function is still only on the stack: a new Var for it is the same object)
-        self.push(self._function(fn.code, defaults, kwdefaults, cells, annotations))
-
-    def _function(self, code, defaults, kwdefaults, cells, annotations=None):
-        root_cells = self.root.cells
-        root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
-        fn = NestedFunctionVar(code, self.f_globals, list(defaults), kwdefaults, cells,
-                               code.co_qualname, in_root=self.parent is None,
-                               root_names=root_names,
-                               same_globals=self.f_globals is self.root.f_globals)
-        if isinstance(annotations, DictVar):
-            fn.attrs["__annotations__"] = annotations
-        elif annotations is not None:
-            # (name, value, name, value ...): its __annotations__, set again on the
-            # function the transformed code makes
-            fn.attrs["__annotations__"] = DictVar({annotations[i].as_const(): annotations[i + 1]
-                                                   for i in range(0, len(annotations), 2)})
-        return fn
+        self.push(make_function(self, fn.code, defaults, kwdefaults, cells, annotations))
 
     # ------------------------------------------------------------ inlining
     def inline_call(self, code, f_globals, bound: dict, closure: list, qualname: str) -> Var:
@@ -640,14 +581,14 @@ class InstructionTranslator:
         b = self.pop()
         a = self.pop()
         symbol = dis._nb_ops[inst.arg][1]
-        if symbol not in _BINARY_OPS:
+        if symbol not in BINARY_OPS:
             unsupported(f"binary operator {symbol}")
-        self.push(binary_op(self, _BINARY_OPS[symbol], a, b))
+        self.push(binary_op(self, BINARY_OPS[symbol], a, b))
 
     def COMPARE_OP(self, inst):
         b = self.pop()
         a = self.pop()
-        self.push(binary_op(self, _COMPARE_OPS[inst.argval], a, b))
+        self.push(binary_op(self, COMPARE_OPS[inst.argval], a, b))
 
     def IS_OP(self, inst):
         b = self.pop()
@@ -823,16 +764,16 @@ class InstructionTranslator:
     def FORMAT_VALUE(self, inst):  # 3.11, 3.12
         spec = self.pop().as_const() if inst.arg & 0x04 else ""
         value = self.pop()
-        self.push(self._format(value, inst.arg & 0x03, spec))
+        self.push(format_value(self, value, inst.arg & 0x03, spec))
 
     # 3.13 splits FORMAT_VALUE: CONVERT_VALUE (str, repr, ascii), then FORMAT_SIMPLE or
     # FORMAT_WITH_SPEC.  A converted value is a str, formatted with '' as itself.
     def CONVERT_VALUE(self, inst):
-        self.push(self._format(self.pop(), inst.arg, ""))
+        self.push(format_value(self, self.pop(), inst.arg, ""))
 
     def FORMAT_SIMPLE(self, inst):
         value = self.pop()
-        self.push(value if isinstance(value, FormattedVar) else self._format(value, 0, ""))
+        self.push(value if isinstance(value, FormattedVar) else format_value(self, value, 0, ""))
 
     def FORMAT_WITH_SPEC(self, inst):
         spec = self.pop().as_const()
@@ -843,23 +784,7 @@ class InstructionTranslator:
             number, conv, _ = value.pieces[0]
             self.push(FormattedVar([(number, conv, spec)]))
             return
-        self.push(self._format(value, 0, spec))
-
-    def _format(self, value, conv, spec):
-        if isinstance(value, ExceptionVar) and conv in (0, 1) and not spec:
-            value = value.format_of(self)
-        lazy = lazily_formatted(value, conv, spec)
-        if lazy is not None:
-            return lazy
-        if not value.is_const():
-            text = container_format(self, value, "repr" if conv == 2 else "str") \
-                if conv != 3 and not spec else None
-            if text is None:
-                unsupported(f"formatting {value} into a string")
-            return ConstVar(text)
-        v = value.as_const()
-        v = {0: v, 1: str(v) if conv == 1 else v, 2: repr(v), 3: ascii(v)}[conv] if conv else v
-        return ConstVar(format(v, spec))
+        self.push(format_value(self, value, 0, spec))
 
     # ------------------------------------------------------------ control flow
     def JUMP_FORWARD(self, inst):
@@ -1121,26 +1046,6 @@ class _FunctionShim:
         self.__globals__ = f_globals
         self.__builtins__ = f_globals.get("__builtins__", f_builtins)
         self.__closure__ = None
-
-
-def _fresh_arg_sources(code):
-    """*args and **kwargs of a frame: new objects on every call."""
-    n = code.co_argcount + code.co_kwonlyargcount
-    fresh = []
-    if code.co_flags & inspect.CO_VARARGS:
-        fresh.append(LocalSource(code.co_varnames[n]))
-        n += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        fresh.append(LocalSource(code.co_varnames[n]))
-    return fresh
-
-
-def _cell_full(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- versions

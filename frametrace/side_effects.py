@@ -21,7 +21,7 @@ from .exc import Unsupported
 from .variables.builtins import advance_iterator
 from .variables.containers import DictVar, ListVar, emit_key
 from .variables.tensor import TensorVar
-from .variables.user_objects import DELETED
+from .variables.base import DELETED
 
 
 class SideEffects:

@@ -6,6 +6,7 @@ the frame's argument slots by name, then ``___func`` (the running function), so
 globals and closure cells are read through it.
 """
 from __future__ import annotations
+import inspect
 import torch
 import types
 import typing
@@ -366,3 +367,15 @@ class CallMethodSource(Source):
             cg.call_const(list, [emit_call])
         else:
             emit_call(cg)
+
+
+def fresh_arg_sources(code):
+    """*args and **kwargs of a frame: new objects on every call."""
+    n = code.co_argcount + code.co_kwonlyargcount
+    fresh = []
+    if code.co_flags & inspect.CO_VARARGS:
+        fresh.append(LocalSource(code.co_varnames[n]))
+        n += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        fresh.append(LocalSource(code.co_varnames[n]))
+    return fresh

@@ -13,7 +13,7 @@ import types
 
 from ..exc import Unsupported
 from ..source import AttrSource, ConstSource
-from .base import unsupported
+from .base import raise_builtin, unsupported, wrap
 from .constant import ConstVar
 from .modules import _class_lookup, class_attr, class_defines, guard_class_none
 from .functions import BoundMethodVar, UserFunctionVar
@@ -155,7 +155,6 @@ class InstanceAttrs(AttrDeleting):
             unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
         tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
         _guard_class_attr(tx, cls, name, None)
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
     # -- writing --
@@ -195,7 +194,6 @@ def class_value_var(tx, cls, name, attr):
     items, a dict's keys) is guarded there, and what it writes into it is written
     back there.  (Without a source, a class-level registry's contents went unguarded
     and its appends were lost.)"""
-    from .builder import wrap  # (lazy: import cycle, to break)
     try:
         plain = getattr(type(attr), "__get__", None) is None and \
             type.__getattribute__(cls, name) is attr if isinstance(cls, type) else False
@@ -219,7 +217,6 @@ def plain_class_of(tx, var):
     __getattribute__ of its own, no `__class__` property): its type, as the trace has
     it.  None: the read goes through the attribute protocol (the hook runs, as in
     CPython, once per read)."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     if isinstance(var, InstanceAttrs):
         cls = var.instance_class()
         if class_read_runs_code(var):
@@ -245,12 +242,10 @@ def _guard_class_attr(tx, cls, name, attr):
 
 
 def _descriptor_var(tx, attr, cls, name):
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, attr, ConstSource(attr, f"{cls.__qualname__}.{name}"))
 
 
 def _descriptor_get(tx, obj, cls, name, attr):
-    from .builder import wrap  # (lazy: import cycle, to break)
     if isinstance(attr, property):
         if not isinstance(attr.fget, types.FunctionType):
             unsupported(f"property {name!r} of {cls.__name__} has no Python getter")
@@ -288,7 +283,6 @@ def _descriptor_set(tx, obj, cls, name, attr, value):
 
 def _class_attr(tx, obj, cls, name, attr):
     """A class attribute no instance attribute shadows: methods bind, descriptors run."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     if isinstance(attr, types.FunctionType):
         return BoundMethodVar(UserFunctionVar(attr), obj)
     if isinstance(attr, classmethod):

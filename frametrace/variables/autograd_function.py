@@ -17,13 +17,12 @@ import torch
 from .. import functorch_runtime as runtime
 from ..source import AttrSource
 from .fx_values import map_graph_vars
-from .base import Var, unsupported
-from .constant import ConstVar
+from .base import Var, unsupported, wrap
+from .constant import ConstVar, MethodVar
 from .containers import ListVar, TupleVar
 from .functorch import _fresh, node_arg
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
-from .objects import MethodVar
 
 # `Fn.apply`: before torch 2.14 a Python classmethod (a bound method, its __func__ this
 # function); from 2.14 a C one (a builtin method bound to the class, without __func__,
@@ -41,7 +40,6 @@ def autograd_function_apply_var(tx, value, source, guards):
     if not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function) or \
             value != _apply_of(None, cls):
         return None
-    from .builder import wrap  # (lazy: import cycle, to break)
     if guards is not None:
         if _APPLY is not None:
             guards.identity(AttrSource(source, "__func__"), _APPLY)

@@ -39,6 +39,72 @@ def short_repr(obj, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# Entry points of the protocol that modules above base implement: builder.wrap (builder
+# holds the rules that pick a Var for a value, type by type, and so imports every Var
+# module), operators' binary_op, unary_op, is_same and contains (an operator on Vars
+# tries each operand kind's rule), exceptions' raise_builtin and raise_folded (a traced
+# exception is an object of a user-level class), builtins' iter_of and var_list (the
+# iteration protocol: iter() and the items of an iterable).  The Var modules under those call them
+# from here; each implementation registers itself (`@register`) when its module loads,
+# which variables/__init__ makes happen with the package.
+def register(fn):
+    """Make `fn` the implementation of the entry point of its name."""
+    assert fn.__name__ in _ENTRY_POINTS, fn
+    globals()["_" + fn.__name__] = fn
+    return fn
+
+
+_ENTRY_POINTS = ("wrap", "binary_op", "unary_op", "is_same", "contains", "raise_builtin",
+                 "raise_folded", "iter_of", "var_list")
+_wrap = _binary_op = _unary_op = _is_same = _contains = _raise_builtin = _raise_folded = None
+_iter_of = _var_list = None
+
+
+def wrap(tx, value, source, guard: bool = True):
+    """Make a Var for `value`, read from `source` (builder.wrap)."""
+    return _wrap(tx, value, source, guard)
+
+
+def binary_op(tx, fn, a, b):
+    """`fn(a, b)` for an operator function of two Vars (operators.binary_op)."""
+    return _binary_op(tx, fn, a, b)
+
+
+def unary_op(tx, fn, v):
+    """`fn(v)` for an operator function of one Var (operators.unary_op)."""
+    return _unary_op(tx, fn, v)
+
+
+def is_same(a, b, tx=None) -> bool:
+    """`a is b` (operators.is_same)."""
+    return _is_same(a, b, tx)
+
+
+def contains(tx, container, item) -> bool:
+    """`item in container` (operators.contains)."""
+    return _contains(tx, container, item)
+
+
+def raise_builtin(cls, *args):
+    """The traced program raises `cls(*args)` here (exceptions.raise_builtin)."""
+    _raise_builtin(cls, *args)
+
+
+def raise_folded(e: Exception, what: str):
+    """A builtin run now on constants raised `e` (exceptions.raise_folded)."""
+    _raise_folded(e, what)
+
+
+def iter_of(tx, v):
+    """iter(v) (builtins.iter_of)."""
+    return _iter_of(tx, v)
+
+
+def var_list(tx, v) -> list:
+    """All items of an iterable Var (builtins.var_list)."""
+    return _var_list(tx, v)
+
+
 class _Null:
     """The NULL that CPython's call protocol pushes below a callable."""
     __slots__ = ()
@@ -136,22 +202,12 @@ class ValueVar(Var):
         return a_type(type(self.value))
 
 
-class CollectionVar(Var):
-    """A Var holding traced items (tuple, list, dict)."""
-    __slots__ = ("items",)
+class _Deleted(Var):
+    """What a deleted attribute holds in the side effects: replayed as a delete."""
+    __slots__ = ()
 
-    def getattr(self, tx, name):
-        if callable(getattr(self.python_type(), name, None)):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
-            return MethodVar(self, name)
-        unsupported(f"attribute {name!r} of {self.python_type().__name__}")
+    def reconstruct(self, cg):
+        cg.load_const(None)
 
-    def length(self, tx):
-        return len(self.items)
 
-    def noun(self):
-        n = len(self.items)
-        return f"{a_type(self.python_type())} of {n} item{'s' if n != 1 else ''}"
-
-    def truth(self, tx):
-        return bool(self.items)
+DELETED = _Deleted(None)

@@ -25,7 +25,7 @@ import torch
 
 from .. import _C, config
 from ..source import AttrSource, GetItemSource
-from .base import unsupported
+from .base import register, unsupported
 from .fx_values import fx_can_name
 from .constant import ConstVar, is_constant_value
 from .containers import DictVar, ListVar, NamedTupleVar, TupleVar, constant_key
@@ -135,6 +135,8 @@ def wrap(tx, value, source, guard: bool = True):
         tx.output.object_vars[id(value)] = (value, var)
     return var
 
+
+register(wrap)      # (the Var modules under builder call it through base.wrap)
 
 _constant_key = constant_key      # (dict keys the keys guard compares by type and value)
 

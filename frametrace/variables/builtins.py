@@ -19,17 +19,24 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import sys
 
-from .base import Unsupported, Var, nouns, safe_repr, unsupported
-from .constant import ConstVar
-from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, live_items,
-                         live_keys, live_members, note_live_read)
+from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded,
+                   register, safe_repr, unsupported, wrap)
+from .constant import ConstVar, MethodVar
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
+                         live_items, live_keys, live_members, note_live_read)
+from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
 from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
-from .objects import MethodVar, ObjectVar, SuperVar, TorchFnVar, _all_const, fold_call
+from .objects import (ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metaclass_hook,
+                      fold_call, namespace_var)
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
-from ..resume_codes import private_lists
-from ..source import LocalSource
+from ..resume_codes import original_code, private_lists
+from ..source import CallMethodSource, GetItemSource, LocalSource
+from .attributes import InstanceAttrs, class_read_runs_code
+from .numpy import NdarrayVar, numpy_binary_op, numpy_unary_op
+from .tensor_attrs import has_python_attr
+from .tensor_facts import hashed
 
 # An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
 # items: past it, it is taken for an infinite one.
@@ -350,8 +357,6 @@ def wrap_outer_list_iterator(tx, it, source):
     state = it.__reduce__()
     if len(state) != 3 or type(state[1][0]) is not list:
         return None
-    from ..source import CallMethodSource, GetItemSource  # (lazy: import cycle, to break)
-    from .builder import wrap  # (lazy: import cycle, to break)
     tx.guards.type_match(source, it)
     reduced = CallMethodSource(source, "__reduce__")
     tx.guards.equals(GetItemSource(reduced, 2), state[2])
@@ -506,11 +511,11 @@ def _drain(it: IteratorVar):
 def _next_or_fail(it):
     v = it.next()
     if v is None:
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(StopIteration)
     return v
 
 
+@register
 def var_list(tx, v: Var) -> list:
     """All items of an iterable Var (bounded)."""
     if isinstance(v, IteratorVar):
@@ -632,7 +637,6 @@ class SetVar(DictVar):
         try:
             return self._call_method(tx, name, args)
         except TypeError as e:      # the real set's own check (a missing argument ...)
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"{self.kind.__name__}.{name}")
 
     def _call_method(self, tx, name, args):
@@ -660,7 +664,6 @@ class SetVar(DictVar):
         else:
             real_args = [self._as_real(tx, a, new_members) for a in args]
         if name in self._MUTATING and self.kind is set:
-            from .exceptions import raise_builtin  # (lazy: import cycle, to break)
             if name == "remove" and real_args and real_args[0] not in self.real:
                 if not args[0].is_const():
                     unsupported("set.remove of a missing member (KeyError)")
@@ -770,9 +773,7 @@ def set_key(v: Var):
         try:
             hash(k)
         except TypeError as e:
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"unhashable set member {k!r}")
-        from .containers import has_nan  # (lazy: import cycle, to break)
         if has_nan(k):
             # A set or dict finds a NaN only by identity: the trace's answer would be
             # the traced objects', and which NaN object the program holds is not guarded.
@@ -787,7 +788,6 @@ def set_key(v: Var):
     if isinstance(v, TensorVar):
         if getattr(v.example, PICKED, False):
             refuse_picked("hashing")
-        from .tensor_facts import hashed  # (lazy: import cycle, to break)
         return hashed(v.example)    # one FakeTensor per tensor; a tensor hashes by identity
     if isinstance(v, NewObjectVar) and _identity_hashed(v.cls):
         return v                # one Var per object made in the frame
@@ -813,7 +813,6 @@ def _len(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
         if isinstance(args[0], TensorVar) and args[0].example.dim():
             return tx.output.size_of(args[0]).items[0]     # may stay symbolic
-        from .numpy import NdarrayVar  # (lazy: import cycle, to break)
         if isinstance(args[0], NdarrayVar) and not args[0].scalar and args[0].base.example.dim():
             return tx.output.size_of(args[0].base).items[0]
         return ConstVar(args[0].length(tx))
@@ -860,7 +859,6 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     if not isinstance(obj, TensorVar) and _instance_dependent(cls):
         unsupported(f"isinstance with {getattr(cls, '__qualname__', cls)!r}, whose metaclass "
                     "looks at the instance")
-    from .attributes import InstanceAttrs, class_read_runs_code  # (lazy: import cycle, to break)
     asks_class = isinstance(obj, InstanceAttrs) and (isinstance(cls, abc.ABCMeta) or not _class_covers(t, cls))
     if asks_class and class_read_runs_code(obj):
         # CPython asks the object for its __class__ here (ABCMeta always), through the
@@ -924,7 +922,6 @@ def _user_meta_method(tx, cls, name):
 
 
 def _call_meta_method(tx, fn, cls_var, cls, arg) -> bool:
-    from .builder import wrap  # (lazy: import cycle, to break)
     if not isinstance(cls_var, ObjectVar) or cls_var.value is not cls:
         cls_var = ObjectVar(cls)
     return wrap(tx, fn, None, guard=False).call(tx, [cls_var, arg], {}).truth(tx)
@@ -1160,7 +1157,6 @@ _CALLABLE_ITERATOR = type(iter(int, 0))
 def _call_until(tx, fn, sentinel):
     """iter(fn, sentinel): calls fn lazily, one call per item, until it returns
     something equal to the sentinel (CPython compares with ==, sentinel on the left)."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
 
     def gen():
         while True:
@@ -1171,6 +1167,7 @@ def _call_until(tx, fn, sentinel):
     return LazyIteratorVar(gen(), _CALLABLE_ITERATOR)
 
 
+@register
 def iter_of(tx, v: Var) -> IteratorVar:
     """iter(v) (and GET_ITER)."""
     if isinstance(v, IteratorVar):
@@ -1206,7 +1203,6 @@ def _next(tx, args, kwargs):
     if v is None:
         if len(args) == 2:
             return args[1]
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(StopIteration)
     return v
 
@@ -1261,7 +1257,6 @@ def _min_max(pick):
             # Mixed with floats: CPython returns one of the items, so pick it by
             # comparisons (each a guard on the relation, not on the value), made as
             # the `>` operator is (sympy would answer `m > inf` for a float m).
-            from .operators import binary_op
             for item in items[1:]:
                 if binary_op(tx, operator.gt if pick is max else operator.lt, item, best).truth(tx):
                     best = item
@@ -1320,7 +1315,6 @@ def _pick_tensor(tx, pick, items):
 
 
 def _sum(tx, args, kwargs):
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if len(args) not in (1, 2) or set(kwargs) - {"start"}:
         return None
     acc = args[1] if len(args) == 2 else kwargs.get("start", ConstVar(0))
@@ -1345,7 +1339,6 @@ def _any_all(want):
 def _abs(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], TensorVar):
         return tx.output.call("call_function", operator.abs, (args[0],), {})
-    from .numpy import NdarrayVar, numpy_unary_op  # (lazy: import cycle, to break)
     if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
         return numpy_unary_op(tx, operator.abs, args[0])
 
@@ -1356,7 +1349,6 @@ def _round(tx, args, kwargs):
 
 
 def _pow(tx, args, kwargs):
-    from .numpy import NdarrayVar, numpy_binary_op  # (lazy: import cycle, to break)
     if len(args) == 2 and not kwargs and any(isinstance(a, NdarrayVar) for a in args):
         return numpy_binary_op(tx, operator.pow, *args)
     if len(args) == 2 and not kwargs and any(isinstance(a, TensorVar) for a in args):
@@ -1372,7 +1364,6 @@ def _data_conversion(kind):
             return args[0].call_method(tx, f"__{kind.__name__}__", [], {})
         if len(args) == 1 and isinstance(args[0], TensorVar):
             unsupported(f"{kind.__name__}() of a tensor needs the tensor's data")
-        from .numpy import NdarrayVar  # (lazy: import cycle, to break)
         if len(args) == 1 and not kwargs and isinstance(args[0], NdarrayVar):
             return args[0].convert(tx, kind)
         if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVar) and kind in _SYM_CONVERSIONS:
@@ -1451,7 +1442,6 @@ def _has_attr(tx, obj, name):
             return found
         written = tx.side_effects.load_attr(value, name)
         if written is not None:
-            from .user_objects import DELETED  # (lazy: import cycle, to break)
             return written is not DELETED
         d = getattr(value, "__dict__", {})
         cls = obj.instance_class() if isinstance(obj, UserObjectVar) else type(value)
@@ -1491,14 +1481,12 @@ def _has_attr(tx, obj, name):
         return class_attr(tx, obj.cls, name) is not None
     if isinstance(obj, (ConstVar, ObjectVar)):
         if isinstance(obj.value, type):
-            from .objects import _refuse_metaclass_hook  # (lazy: import cycle, to break)
             _refuse_metaclass_hook(obj.value, name)     # (hasattr would run it, here and in the guard)
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
             _guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
-        from .tensor_attrs import has_python_attr  # (lazy: import cycle, to break)
         return has_python_attr(tx, obj, name)
     if isinstance(obj, (TupleVar, ListVar, DictVar)):
         try:
@@ -1554,7 +1542,6 @@ def _hasattr(tx, args, kwargs):
     obj, name = args[0], args[1].as_const()
     present = _has_attr(tx, obj, name)
     if present is None:
-        from .base import Unsupported  # (lazy: import cycle, to break)
         from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
         try:
             obj.getattr(tx, name)
@@ -1570,14 +1557,12 @@ def _hasattr(tx, args, kwargs):
 
 def _globals(tx, args, kwargs):
     if not args and not kwargs:
-        from .objects import namespace_var  # (lazy: import cycle, to break)
         return namespace_var(tx, tx.f_globals)
 
 
 def _vars(tx, args, kwargs):
-    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
     if not args and not kwargs:
-        return tx.frame_locals()              # vars() is locals()
+        return frame_locals(tx)              # vars() is locals()
     if len(args) == 1 and not kwargs and (isinstance(args[0], InstanceAttrs) or isinstance(
             args[0], ObjectVar) and (type(args[0].value) is types.ModuleType or
                                      isinstance(args[0].value, type) and args[0].source is not None)):
@@ -1591,7 +1576,6 @@ def _setattr(tx, args, kwargs):
 
 
 def _delattr(tx, args, kwargs):
-    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
     if len(args) == 2 and not kwargs and args[1].is_const() and isinstance(args[0], InstanceAttrs):
         args[0].delattr(tx, args[1].as_const())
         return ConstVar(None)
@@ -1599,7 +1583,6 @@ def _delattr(tx, args, kwargs):
 
 def _type(tx, args, kwargs):
     if len(args) == 1 and not kwargs:
-        from .builder import wrap  # (lazy: import cycle, to break)
         return wrap(tx, _python_type_of(tx, args[0]), None, guard=False)
 
 
@@ -1611,7 +1594,6 @@ def _super(tx, args, kwargs):
 
 
 def _callable(tx, args, kwargs):
-    # (lazy: import cycle, to break)
     if len(args) == 1:
         v = args[0]
         if isinstance(v, (UserFunctionVar, NestedFunctionVar, BoundMethodVar, PartialVar,
@@ -1668,7 +1650,6 @@ def _id(tx, args, kwargs):
         return ConstVar(id(real))
     from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
-        from .operators import is_picked  # (lazy: import cycle, to break)
         if is_picked(tx, v):
             refuse_picked("id()")
         identity = v.example            # one FakeTensor per tensor
@@ -1711,9 +1692,51 @@ _BUILTIN_HANDLERS = {
     type: _type,
     globals: _globals, vars: _vars,
     super: _super, callable: _callable, slice: _slice, id: _id,
-    locals: lambda tx, args, kwargs: None if args or kwargs else tx.frame_locals(),
+    locals: lambda tx, args, kwargs: None if args or kwargs else frame_locals(tx),
 }
 
 _FOLDABLE_BUILTINS = {abs, min, max, int, float, bool, str, round, divmod, pow, len, sum,
                       all, any, hash, repr, chr, ord, hex, oct, bin, sorted, complex, slice,
                       format, ascii, bytes}
+
+
+def frame_locals(tx) -> Var:
+    """What locals() returns here: a new dict of the bound locals, cells and free
+    variables in CPython's order (the slots of the frame).  A resume frame answers
+    with its original's names: its ___stackN/___resultN parameters are ours.
+    3.13 (PEP 667) answers a FrameLocalsProxy instead, a view that writes through
+    to the frame and is no dict: not traced.  In an inlined call, the call breaks
+    (CPython runs the function); in the frame being compiled, the frame runs in
+    CPython: a break there would call locals() in the transformed code, whose
+    temporaries are locals too."""
+    if sys.version_info >= (3, 13):
+        e = Unsupported("locals() is a FrameLocalsProxy (PEP 667)")
+        e.whole_frame = tx.parent is None
+        raise e
+    code = original_code(tx.code)
+    names = list(code.co_varnames)
+    names += [n for n in code.co_cellvars if n not in names]
+    names += list(code.co_freevars)
+    items = {}
+    for name in names:
+        if name in tx.cells:
+            v = tx.cells[name].value
+            if type(v) is Lazy:
+                v = tx.cells[name].value = v.wrap(tx)
+        else:
+            v = tx._local(name) if name in tx.locals else None
+        if v is not None and v is not NULL:
+            items[name] = v
+    return DictVar(items)
+
+
+def is_picked(tx, v) -> bool:
+    """Whether tensor `v` is a min()/max() result that stands for one of its items
+    (min() and max() below)."""
+    picked = tx.output.picked_storages
+    if not picked:
+        return False
+    try:
+        return v.example.untyped_storage()._cdata in picked
+    except Exception:       # (no storage: sparse, nested ... never a min()/max() result)
+        return False

@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from .base import ValueVar, nouns, short_repr, unsupported
+from .base import ValueVar, Var, iter_of, nouns, raise_folded, short_repr, unsupported, var_list
 from ..guards import is_constant_value  # noqa: F401  (read here by variables/)
 
 # Methods safe to evaluate at trace time on constants (no mutation, no I/O).  Every
@@ -50,10 +50,8 @@ class ConstVar(ValueVar):
             except AttributeError:
                 unsupported(f"{type(value).__name__} has no attribute {name!r}")
             if callable(attr):
-                from .objects import MethodVar  # (lazy: import cycle, to break)
                 return MethodVar(self, name)
             return ConstVar(attr)
-        from .objects import MethodVar  # (lazy: import cycle, to break)
         if any(isinstance(value, t) and name in names for t, names in _PURE_METHODS.items()) or \
                 name == "__iter__" and isinstance(value, (str, bytes, tuple, range, torch.Size)):
             return MethodVar(self, name)
@@ -63,12 +61,10 @@ class ConstVar(ValueVar):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__iter__" and not args and not kwargs:
-            from .builtins import iter_of  # (lazy: import cycle, to break)
             return iter_of(tx, self)       # a traced iterator, not the real one
         if name == "join" and isinstance(self.value, (str, bytes)) and len(args) == 1 and \
                 not kwargs and not args[0].is_const():
             # Of strings computed here (a generator, a list of them): joined now.
-            from .builtins import var_list
             parts = var_list(tx, args[0])
             if not all(p.is_const() for p in parts):
                 unsupported(f"{type(self.value).__name__}.join of {nouns(parts)}")
@@ -83,7 +79,6 @@ class ConstVar(ValueVar):
             return ConstVar(fn(*[a.as_const() for a in args],
                                **{k: v.as_const() for k, v in kwargs.items()}))
         except Exception as e:      # CPython raises it at this call
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"{type(self.value).__name__}.{name}")
 
     def getitem(self, tx, key):
@@ -92,14 +87,12 @@ class ConstVar(ValueVar):
         try:
             return ConstVar(self.value[key.as_const()])
         except (TypeError, IndexError, KeyError) as e:
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"indexing {self.value!r}")
 
     def unpack(self, tx):
         try:
             return [ConstVar(v) for v in self.value]
         except TypeError as e:          # 'int' object is not iterable
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(e, f"iterating over {self.value!r}")
 
     def truth(self, tx):
@@ -144,3 +137,42 @@ BINARY_FOLD = {operator.add, operator.sub, operator.mul, operator.truediv, opera
                operator.or_, operator.xor, operator.matmul, operator.lt, operator.le,
                operator.eq, operator.ne, operator.gt, operator.ge, operator.is_,
                operator.is_not, operator.contains}
+
+# An in-place operator to its plain form (`a op= b` where `a` does not change in place).
+INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
+                     operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
+                     operator.imatmul: operator.matmul, operator.imul: operator.mul,
+                     operator.imod: operator.mod, operator.ior: operator.or_,
+                     operator.ipow: operator.pow, operator.irshift: operator.rshift,
+                     operator.isub: operator.sub, operator.itruediv: operator.truediv,
+                     operator.ixor: operator.xor}
+
+
+class MethodVar(Var):
+    """``obj.name`` where obj is a traced value: calling it calls obj.call_method."""
+    __slots__ = ("obj", "name")
+
+    def __init__(self, obj, name):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def call(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__name__":          # a builtin value's method: its own name
+            return ConstVar(self.name)
+        if name == "__self__":
+            return self.obj
+        return super().getattr(tx, name)
+
+    def reconstruct(self, cg):
+        self.obj.reconstruct(cg)
+        cg.load_attr(self.name)
+
+    def noun(self):
+        return f"method {self.name}() of {self.obj}"
+
+    def __repr__(self):
+        return f"MethodVar({self.obj!r}.{self.name})"

@@ -9,9 +9,30 @@ import torch
 import enum
 
 from ..source import CallMethodSource, GetItemSource
-from .base import CollectionVar, Var, unsupported
-from .constant import ConstVar
+from .base import (Unsupported, Var, a_type, binary_op, is_same, raise_builtin, raise_folded,
+                   unsupported, wrap)
+from .constant import ConstVar, MethodVar
 from .. import config
+
+
+class CollectionVar(Var):
+    """A Var holding traced items (tuple, list, dict)."""
+    __slots__ = ("items",)
+
+    def getattr(self, tx, name):
+        if callable(getattr(self.python_type(), name, None)):
+            return MethodVar(self, name)
+        unsupported(f"attribute {name!r} of {self.python_type().__name__}")
+
+    def length(self, tx):
+        return len(self.items)
+
+    def noun(self):
+        n = len(self.items)
+        return f"{a_type(self.python_type())} of {n} item{'s' if n != 1 else ''}"
+
+    def truth(self, tx):
+        return bool(self.items)
 
 
 class _SequenceVar(CollectionVar):
@@ -43,7 +64,6 @@ class _SequenceVar(CollectionVar):
         try:
             return self.items[k]
         except (IndexError, TypeError) as e:
-            from .exceptions import raise_folded  # (lazy: import cycle, to break)
             raise_folded(type(e)(str(e).replace("list", self.kind.__name__, 1)),
                          f"indexing a {self.kind.__name__}")
 
@@ -93,8 +113,6 @@ def _matches(tx, v, item) -> bool:
     identity first, then the comparison and its truth, as CPython's
     PyObject_RichCompareBool (two tensors that are not one object compare by their
     data: a break where the answer needs it)."""
-    from .operators import binary_op, is_same  # (lazy: import cycle, to break)
-    from .base import Unsupported  # (lazy: import cycle, to break)
     if v is not item and v.is_const() and item.is_const():
         a, b = v.as_const(), item.as_const()
         if has_nan(a) or has_nan(b):
@@ -116,7 +134,6 @@ def _find(tx, items, item, error):
     for i, v in enumerate(items):
         if _matches(tx, v, item):
             return i
-    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     raise_builtin(ValueError, error)
 
 
@@ -186,7 +203,6 @@ class NamedTupleVar(TupleVar):
         if name == "_fields":
             return ConstVar(self.fields)
         if name in ("_replace", "_asdict") and hasattr(self.cls, name):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         if self.cls is not None and not hasattr(self.cls, "n_fields"):
             from .user_objects import namedtuple_member  # (lazy: import cycle, to break)
@@ -343,7 +359,6 @@ class ListVar(_SequenceVar):
             return ConstVar(None)
         if name == "pop" and len(args) <= 1:
             if not self.items or args and not -len(self.items) <= args[0].as_const() < len(self.items):
-                from .exceptions import raise_builtin  # (lazy: import cycle, to break)
                 raise_builtin(IndexError, "pop index out of range" if self.items else "pop from empty list")
             self._check_mutable(tx)
             return self.items.pop(*(a.as_const() for a in args))
@@ -387,7 +402,6 @@ _SOURCE = Var.source             # the slot under DictVar.source
 
 def _wrap_read(tx, value, source):
     """An item of a lazy container from outside, read now."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, value, source)
 
 
@@ -580,7 +594,6 @@ class DictVar(CollectionVar):
         got = self.lookup(_dict_key(key), _ABSENT)
         if got is not _ABSENT:
             return got
-        from .exceptions import raise_builtin  # (lazy: import cycle, to break)
         raise_builtin(KeyError, key.as_const())
 
     def setitem(self, tx, key, value):
@@ -605,7 +618,6 @@ class DictVar(CollectionVar):
         if name == "pop" and 1 <= len(args) <= 2:
             key = _dict_key(args[0])
             if key not in self.items and len(args) == 1:
-                from .exceptions import raise_builtin  # (lazy: import cycle, to break)
                 raise_builtin(KeyError, key)
             self._mutating(tx)
             return self.items.pop(key) if key in self.items else args[1]
@@ -737,7 +749,6 @@ class DictViewVar(Var):
 
     def getattr(self, tx, name):
         if name in ("__len__", "__iter__", "__contains__", "isdisjoint", "mapping"):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         unsupported(f"attribute {name!r} of dict.{self.kind}()")
 

@@ -16,9 +16,12 @@ import warnings
 
 from ..bytecode_analysis import instructions
 from ..exc import Yield
-from .base import Var, unsupported
+from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from ..source import AttrSource
+from .containers import DictVar, ListVar, TupleVar
+from .functions import BoundMethodVar, UserFunctionVar
+from .modules import class_attr
 
 
 class GradModeVar(Var):
@@ -110,7 +113,6 @@ def wrap_context_object(tx, value, source, guards):
         var.prev = value.prev
         return var
     if t is contextlib.nullcontext:
-        from .builder import wrap  # (lazy: import cycle, to break)
         if guards is not None:
             guards.type_match(source, value)
         inner = AttrSource(source, "enter_result") if source is not None else None
@@ -342,7 +344,6 @@ class RunTimeContextVar(Var):
         self.node = None
 
     def enter(self, tx):
-        from .builder import wrap  # (lazy: import cycle, to break)
         self.real = self.factory(*self.args, **self.kwargs)
         tx.output.entering_context()
         value = self.real.__enter__()
@@ -430,7 +431,6 @@ class UserContextVar(Var):
         self.exit_fn = exit_fn
 
     def enter(self, tx):
-        from .functions import UserFunctionVar  # (lazy: import cycle, to break)
         return UserFunctionVar(self.enter_fn).call(tx, [self.obj], {})
 
     def exit(self, tx):
@@ -440,7 +440,6 @@ class UserContextVar(Var):
     def exit_with(self, tx, args):
         """__exit__(type, value, traceback): what it returns says whether it swallows
         an exception."""
-        from .functions import UserFunctionVar  # (lazy: import cycle, to break)
         return UserFunctionVar(self.exit_fn).call(tx, [self.obj, *args], {})
 
     def reconstruct_exit(self, cg):
@@ -458,7 +457,6 @@ def user_context(tx, obj):
     """The context Var for `with obj:` over an instance of a user class, else None."""
 
     from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
-    from .modules import class_attr  # (lazy: import cycle, to break)
     if type(getattr(obj, "value", None)) in _LOCK_TYPES and obj.source is not None:
         return LockContextVar(obj)
     if not isinstance(obj, InstanceAttrs):
@@ -621,7 +619,6 @@ class GeneratorFrameVar(Var):
 def _plain_constant(v: Var):
     """The value of a Var made only of constants (pybind enums too, as sdpa_kernel's
     backends), else raise Unsupported."""
-    from .containers import ListVar, TupleVar  # (lazy: import cycle, to break)
     if isinstance(v, (ListVar, TupleVar)):
         items = [_plain_constant(i) for i in v.items]
         return items if isinstance(v, ListVar) else tuple(items)
@@ -676,7 +673,6 @@ def context_class(tx, cls, args, kwargs):
     if made is not None:
         return made
     if cls is contextlib._GeneratorContextManager and len(args) == 3 and not kwargs:
-        from .containers import DictVar, TupleVar  # (lazy: import cycle, to break)
         func, fargs, fkwargs = args
         if isinstance(fargs, TupleVar) and isinstance(fkwargs, DictVar):
             return GeneratorContextVar(func, fargs.items, fkwargs.items)
@@ -755,7 +751,6 @@ def check_exit_handover(var):
     """A graph break inside a `with` hands its __exit__ to CPython, which must then
     behave as the original frame: an __exit__ that may swallow the exception raised at
     the break would need the code after the block, so such breaks are refused."""
-    from .functions import BoundMethodVar, UserFunctionVar  # (lazy: import cycle, to break)
     if isinstance(var, (ExitVar, GradModeSetVar, NoOpExitVar)):
         return                      # ExitVar.reconstruct checks its context
     if isinstance(var, BoundMethodVar) and isinstance(var.fn, UserFunctionVar) and \

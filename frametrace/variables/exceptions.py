@@ -14,7 +14,7 @@ import types
 
 from ..exc import Unsupported
 from .attributes import InstanceAttrs, MISSING
-from .base import Var, safe_repr, unsupported
+from .base import Var, register, safe_repr, unsupported
 from .constant import ConstVar
 from .modules import class_attr
 from .opaque import OpaqueVar
@@ -287,6 +287,7 @@ def chain(root, exc: ExceptionVar):
         exc.context = handled
 
 
+@register
 def raise_builtin(cls, *args):
     """A builtin the trace runs raises `cls(*args)` (constant arguments)."""
     throw(ExceptionVar(cls, [ConstVar(a) for a in args]))
@@ -298,6 +299,7 @@ _FOLDED = (ValueError, TypeError, ZeroDivisionError, OverflowError, KeyError, In
            AttributeError)
 
 
+@register
 def raise_folded(e: Exception, what: str):
     """A builtin evaluated now on constants raised `e`: CPython raises it at this
     point too.  Unsupported for exceptions with state beyond constant arguments."""

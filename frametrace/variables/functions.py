@@ -12,10 +12,12 @@ import dis
 import torch
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource
-from .base import Var, unsupported
-from .constant import ConstVar
+from .base import Var, unsupported, wrap
+from .constant import ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, TupleVar
 from .lazy import Lazy
+from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
+from .tensor import TensorVar
 
 _VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 
@@ -152,8 +154,6 @@ class UserFunctionVar(Var):
         if fn is copy.deepcopy and len(args) == 1 and not kwargs:
             from .user_objects import deepcopy_var  # (lazy: import cycle, to break)
             return deepcopy_var(tx, args[0], {})
-        # (lazy: import cycle, to break)
-        from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
         made = trace_time_call(tx, fn, args, kwargs)
         if made is not None:
             return made         # (in a traced package, but its answer is the process's)
@@ -184,9 +184,7 @@ class UserFunctionVar(Var):
         return _note_maker(out, self, args, kwargs)
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if name == "__get__" and "__get__" not in getattr(self.fn, "__dict__", {}):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         try:
             value = getattr(self.fn, name)
@@ -233,7 +231,6 @@ def _make_namedtuple(tx, args, kwargs):
         cls = collections.namedtuple(*[a.as_const() for a in args], **kw)
     except (TypeError, ValueError) as e:
         unsupported(f"collections.namedtuple raised {type(e).__name__}: {e}")
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, cls, None, guard=False)
 
 
@@ -245,8 +242,6 @@ def _note_maker(out, fn, args, kwargs):
 
 
 def _default(tx, value, source, in_fixed_tuple):
-    from .builder import wrap  # (lazy: import cycle, to break)
-    from .constant import is_constant_value  # (lazy: import cycle, to break)
     if in_fixed_tuple and is_constant_value(value):
         # The defaults tuple is guarded by identity, and a tuple cannot change.
         return ConstVar(value, source)
@@ -460,7 +455,6 @@ class PartialVar(Var):
             return DictVar(self.kwargs)
         if self.real is not None and hasattr(self.real, name):
             # Set on the object (`p.__name__ = ...`), or its class's: read through it.
-            from .builder import wrap
             return wrap(tx, getattr(self.real, name), AttrSource(self.source, name))
         unsupported(f"attribute {name!r} of functools.partial")
 
@@ -551,7 +545,6 @@ TRACE_TIME_EVALUATED = {inspect.signature, inspect.getfullargspec, inspect.iscla
 
 
 def _evaluate_now(tx, fn, args, kwargs):
-    from .builder import wrap  # (lazy: import cycle, to break)
     real = []
     for a in args:
         value = _real_value(a)
@@ -613,7 +606,6 @@ _MODULE_CALLS = _module_calls()
 
 
 def _immutable(value) -> bool:
-    from .constant import is_constant_value  # (lazy: import cycle, to break)
     if type(value) is tuple:
         return all(map(_immutable, value))
     return is_constant_value(value)
@@ -623,7 +615,6 @@ def _pinned_arg(tx, fn, arg):
     """An object argument of a cached call (``logger.warning_once(msg)``'s logger): the
     cache keys it by its hash, so the object itself is guarded by identity and the
     guard's call names it as a constant.  Only objects the trace did not change."""
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     obj = getattr(arg, "value", None)
     if arg.source is None or obj is None or isinstance(arg, TensorVar) or \
             type(obj).__hash__ is not object.__hash__ or tx.side_effects.has_attr_writes(obj):
@@ -639,7 +630,6 @@ def _call_on_fresh_tensor(tx, fn, args):
     hit: the first call's result, and the function does not run again.  The tensor must
     not outlive the frame (convert's _check_fresh_cache_keys), or a later call outside
     it would find in CPython's cache what the compiled code never put there."""
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     inputs = {id(i.node.meta.get("example_value")) for i in tx.output.inputs}
     fresh = [a for a in args if isinstance(a, TensorVar) and a.source is None and
              id(a.example) not in inputs]
@@ -673,7 +663,6 @@ def cached_call(tx, fn_var, args, kwargs):
     calls it again (a cache hit, unless someone cleared the cache), so a changed answer
     recompiles.  Only immutable constant answers: a cached list is one object shared
     by every caller, which a Var could not follow."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     fn = fn_var.value
     if kwargs:
         unsupported(f"calling {fn.__qualname__} (lru_cache) with keyword arguments")
@@ -835,3 +824,31 @@ def _cell_value(cell):
         return cell.cell_contents
     except ValueError:
         return _EMPTY
+
+
+def make_function(tx, code, defaults, kwdefaults, cells, annotations=None) -> NestedFunctionVar:
+    """The function MAKE_FUNCTION (and 3.13's SET_FUNCTION_ATTRIBUTE) makes of `code` in
+    the frame `tx`; `annotations` a DictVar or 3.11/3.12's (name, value, ...) tuple."""
+    root_cells = tx.root.cells
+    root_names = [n if root_cells.get(n) is c else None for n, c in zip(code.co_freevars, cells)]
+    fn = NestedFunctionVar(code, tx.f_globals, list(defaults), kwdefaults, cells,
+                           code.co_qualname, in_root=tx.parent is None,
+                           root_names=root_names,
+                           same_globals=tx.f_globals is tx.root.f_globals)
+    if isinstance(annotations, DictVar):
+        fn.attrs["__annotations__"] = annotations
+    elif annotations is not None:
+        # (name, value, name, value ...): its __annotations__, set again on the
+        # function the transformed code makes
+        fn.attrs["__annotations__"] = DictVar({annotations[i].as_const(): annotations[i + 1]
+                                               for i in range(0, len(annotations), 2)})
+    return fn
+
+
+def cell_full(cell) -> bool:
+    """Whether a real closure cell holds a value."""
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True

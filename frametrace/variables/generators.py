@@ -12,10 +12,9 @@ import sys
 from ..exc import Yield
 from .base import unsupported
 from .builtins import LazyIteratorVar
-from .constant import ConstVar
+from .constant import ConstVar, MethodVar
 from .containers import DictVar, ListVar, TupleVar
 from .exceptions import ExceptionVar, TracedRaise, exception_type
-from .objects import MethodVar
 from .operators import is_none
 
 # 3.11 turns a StopIteration leaving a generator into RuntimeError in gen_send_ex; 3.12

@@ -60,3 +60,39 @@ def _items(v, tx):
     if not isinstance(v, (ListVar, TupleVar)):
         unsupported(f"torch._C._group_tensors_by_device_and_dtype() over a {v.noun()}")
     return v.unpack(tx)
+
+
+# -- foreach ops with tensor scalars (the optimizers' steps) --
+def _foreach_ops():
+    f = {"_foreach_addcdiv_": ("_foreach_div_", True), "_foreach_addcdiv": ("_foreach_div_", False),
+         "_foreach_addcmul_": ("_foreach_mul_", True), "_foreach_addcmul": ("_foreach_mul_", False)}
+    return {getattr(torch, k): (getattr(torch, v[0]), v[1]) for k, v in f.items() if hasattr(torch, k)}
+
+
+_FOREACH_SCALARS = _foreach_ops()
+
+
+def foreach_tensor_scalars(tx, fn, args, kwargs):
+    """`torch._foreach_addcdiv_(xs, t1s, t2s, scalars)` (addcmul too) whose scalars are
+    one 1-d tensor (what the foreach Adam step passes when compiling) or a list of 0-d
+    tensors (Adamax's): the op's arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as
+    foreach ops over the same lists, in the op's order.  ATen's kernel reads those
+    scalars on the host (and FakeTensors cannot give them).  Else None."""
+    spec = _FOREACH_SCALARS.get(fn)
+    if spec is None or kwargs or len(args) != 4:
+        return None
+    combine_, inplace = spec
+    call = tx.output.call
+    scalars = args[3]
+    if isinstance(scalars, TensorVar) and scalars.example.dim() == 1:
+        scalars = ListVar(call("call_method", "unbind", (scalars,), {}).unpack(tx))
+    elif not (isinstance(scalars, ListVar) and scalars.items and
+              all(isinstance(s, TensorVar) and s.example.dim() == 0 for s in scalars.items)):
+        return None
+    # (t1 first: its device, where the scalars may be CPU tensors; a * b == b * a)
+    term = call("call_function", torch._foreach_mul, (args[1], scalars), {})
+    call("call_function", combine_, (term, args[2]), {})
+    if inplace:
+        call("call_function", torch._foreach_add_, (args[0], term), {})
+        return ConstVar(None)
+    return call("call_function", torch._foreach_add, (args[0], term), {})

@@ -7,6 +7,8 @@ trace has wrapped.
 """
 from __future__ import annotations
 
+from .base import wrap
+
 
 class Lazy:
     """A frame value not yet looked at: wrapped (and guarded) on first use, so unused
@@ -22,7 +24,4 @@ class Lazy:
         if self.data:
             # A number computed at a graph break: a graph input, not a constant.
             return tx.output.add_number_input(self.value, self.source, data=True)
-        # (lazily: builder imports every Var module, functions.py among them, which
-        # makes Lazy cells)
-        from .builder import wrap
         return wrap(tx, self.value, self.source)

@@ -37,7 +37,7 @@ import warnings
 import torch
 
 from .. import config
-from .base import Var, unsupported
+from .base import Var, unsupported, wrap
 from .constant import ConstVar
 from .containers import DictVar, TupleVar, key_var
 from .contexts import ExitVar, NullContextVar
@@ -212,7 +212,6 @@ def log_call(tx, logger_var, method: str, args, kwargs, module_fn=False):
             if logger_var.source is None:
                 unsupported(f"{what} on a logger the guards cannot reach")
             # Dropped: no record now, and a recompile once it would make one.
-            from .builder import wrap
             wrap(tx, False, CallMethodSource(logger_var.source, "isEnabledFor", (level,)))
             return ConstVar(None)
     frame = _frame_at(tx, 1 if stacklevel is None else stacklevel, what)
@@ -271,7 +270,6 @@ def warn_call(tx, args, kwargs):
     if message.is_const():
         # What the filters do with it is guarded: an "error" raises at the call (CPython
         # runs the frame from the break), anything else is the replay's to decide.
-        from .builder import wrap
         module = g["__name__"] if "__name__" in g else "<string>"
         action = warning_action(warnings, message.as_const(), category, module, lineno)
         if action == "error":
@@ -380,7 +378,6 @@ class LoggerMethodVar(Var):
 
 
 def _read(tx, logger_var, name, args, kwargs):
-    from .builder import wrap  # (lazy: import cycle, to break)
     consts = [_const(a, f"Logger.{name}()", "level") for a in args]
     if kwargs or (name == "isEnabledFor" and (len(consts) != 1 or type(consts[0]) is not int)) or \
             (name == "getEffectiveLevel" and consts):

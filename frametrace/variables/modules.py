@@ -10,10 +10,11 @@ import inspect
 
 from .. import distributed
 from ..source import AttrSource, ConstSource, GetItemSource
-from .base import Var, unsupported
-from .constant import ConstVar
-from .containers import ListVar, TupleVar
+from .base import Var, unsupported, wrap
+from .constant import ConstVar, MethodVar
+from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
+from .tensor import TensorVar
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
                torch.nn.ParameterList, torch.nn.ParameterDict)
@@ -43,7 +44,6 @@ class NNModuleVar(Var):
         return GetItemSource(AttrSource(self.source, store), name)
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         m = self.module
         # The class is guarded only where the answer comes from it: what the instance
         # holds is read through a source (whose guard does the whole lookup again).
@@ -71,7 +71,6 @@ class NNModuleVar(Var):
             tx.guards.class_attr(type(m), name, cls_attr)
             _shadowing_guard(tx, self.source, m, name, cls_attr)
         if name in _INTROSPECTION and cls_attr is getattr(torch.nn.Module, name):
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)
         if isinstance(cls_attr, types.FunctionType):
             return BoundMethodVar(UserFunctionVar(cls_attr), self)
@@ -127,7 +126,6 @@ class NNModuleVar(Var):
 
     # -- containers --
     def _member(self, tx, key):
-        from .builder import wrap  # (lazy: import cycle, to break)
         m = self.module
         store = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
         key = str(key)
@@ -248,7 +246,6 @@ def _refuse_distributed(m):
 
 
 def _dict(kwargs):
-    from .containers import DictVar  # (lazy: import cycle, to break)
     return DictVar(kwargs)
 
 
@@ -257,7 +254,6 @@ def _is_none(v):
 
 
 def _hook_var(tx, hook):
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, hook, None, guard=False)
 
 
@@ -291,8 +287,6 @@ def guard_class_none(tx, cls, name):
 def _check_module_store(m, name, value):
     """The TypeErrors Module.__setattr__ raises, raised in place (by stopping the trace at
     the store) rather than when the store is replayed after the graph."""
-    from .constant import ConstVar  # (lazy: import cycle, to break)
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     is_none = isinstance(value, ConstVar) and value.value is None
     if name in m.__dict__.get("_parameters", {}) and not is_none and not (
             isinstance(value, TensorVar) and value.python_type() is torch.nn.Parameter):
@@ -319,7 +313,6 @@ def _shadowing_guard(tx, source, obj, name, attr):
 
 
 def _call_property(tx, prop, obj_var):
-    from .builder import wrap  # (lazy: import cycle, to break)
     if prop.fget is None:
         unsupported("property without getter")
     return wrap(tx, prop.fget, None, guard=False).call(tx, [obj_var], {})
@@ -330,7 +323,6 @@ def _named(kind):
     remove_duplicate=...), modules() ...), run on the real module for the names and
     their order; each item is the Var read from its path below the module."""
     def method(tx, self, args, kwargs):
-        from .builder import wrap  # (lazy: import cycle, to break)
         from .builtins import LazyIteratorVar  # (lazy: import cycle, to break)
         if not all(a.is_const() for a in (*args, *kwargs.values())):
             unsupported(f"{kind}() with arguments that are not constants")
@@ -439,12 +431,10 @@ class NewModuleVar(NNModuleVar):
             unsupported(f"{name} of a module made in the frame")
         if name == "register_buffer" and class_attr(tx, type(self.module), name) is \
                 torch.nn.Module.register_buffer:
-            from .objects import MethodVar  # (lazy: import cycle, to break)
             return MethodVar(self, name)   # (its body reads the tables this Var holds)
         return super().getattr(tx, name)
 
     def setattr(self, tx, name, value):
-        from .tensor import TensorVar  # (lazy: import cycle, to break)
         cls = type(self.module)
         if class_attr(tx, cls, "__setattr__") is not torch.nn.Module.__setattr__:
             unsupported(f"{cls.__name__} defines __setattr__")
@@ -471,7 +461,6 @@ class NewModuleVar(NNModuleVar):
     def _register_buffer(self, tx, name, tensor):
         """nn.Module.register_buffer's checks, then the buffer is an attribute (whether
         it is persistent only matters to state_dict(), which is refused here)."""
-        from .tensor import TensorVar  # (lazy: import cycle, to break)
         if not (isinstance(tensor, TensorVar) or _is_none(tensor)) or \
                 (isinstance(tensor, TensorVar) and issubclass(tensor.python_type(), torch.nn.Parameter)):
             unsupported("register_buffer() of something other than a tensor or None")

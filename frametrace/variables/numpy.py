@@ -21,7 +21,7 @@ import operator
 
 import torch
 import warnings
-from .objects import MethodVar
+from .objects import _read_global_state
 from .symbolic import SliceVar
 from ..shapes import _is_argument
 
@@ -30,8 +30,8 @@ try:
 except ImportError:         # NumPy is optional: without it there is nothing to trace
     np = None
 
-from .base import ValueVar, Var, unsupported
-from .constant import ConstVar, is_constant_value
+from .base import ValueVar, Var, binary_op, unsupported
+from .constant import INPLACE_TO_PLAIN, ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
@@ -300,7 +300,6 @@ class NdarrayVar(Var):
         if name in ("size", "nbytes"):
             n = tx.output.size_of(t).call_method(tx, "numel", [], {})
             if name == "nbytes":
-                from .operators import binary_op  # (lazy: import cycle, to break)
                 n = binary_op(tx, operator.mul, n, ConstVar(self.dtype.itemsize))
             return n
         if name == "imag" and not t.example.is_complex():
@@ -1035,7 +1034,6 @@ def _as_weak_scalar(tx, scalar, tensor_dtype):
     if kind.is_complex:
         unsupported("a complex NumPy scalar with a tensor (torch drops its imaginary part, warning)")
     if kind == torch.bool or kind.is_floating_point:
-        from .objects import _read_global_state  # (lazy: import cycle, to break)
         target = torch.float64 if tensor_dtype.is_floating_point or tensor_dtype.is_complex \
             else _read_global_state(tx, torch.get_default_dtype).as_const()     # (guarded)
     else:
@@ -1049,7 +1047,6 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
         return _dtype_compare(fn, a, b)
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         other = b if isinstance(a, TensorVar) else a
-        from .operators import binary_op  # (lazy: import cycle, to break)
         if isinstance(other, NumpyScalarVar) and isinstance(other.value, (np.integer, np.floating, np.bool_)) \
                 and not isinstance(other.value, np.longdouble):
             # torch takes a NumPy number as the Python number it equals (a weak scalar):
@@ -1071,7 +1068,6 @@ def numpy_binary_op(tx, fn, a: Var, b: Var):
     inplace = fn.__name__.startswith("i") and fn.__name__ not in ("is_", "is_not") and \
         isinstance(a, NdarrayVar)
     if inplace and a.scalar:
-        from .operators import INPLACE_TO_PLAIN  # (lazy: import cycle, to break)
         fn, inplace = INPLACE_TO_PLAIN.get(fn, fn), False   # NumPy scalars are immutable
     if fn in (operator.is_, operator.is_not, operator.contains):
         unsupported(f"{fn.__name__} on arrays")

@@ -15,17 +15,19 @@ import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, safe_repr, unsupported
+from .base import ValueVar, Var, a_type, raise_folded, safe_repr, unsupported, wrap
 from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
 from .modules import construct_module
-from .constant import ConstVar, is_constant_value, is_pure_method
+from .constant import ConstVar, MethodVar, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
-from .tensor import TensorVar
+from .tensor import TensorVar, new_parameter
 from .. import _C
+from .grad_utils import foreach_tensor_scalars, group_by_device_and_dtype
+from .optimizers import trace_time_call
 
 
 def callable_name(value) -> str:
@@ -156,7 +158,6 @@ class ObjectVar(ValueVar):
         return super().call_method(tx, name, args, kwargs)
 
     def _read(self, tx, result, name, args, listed=False):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if self.source is None:
             return wrap(tx, result, None, guard=False)
         if name == "__getitem__" and len(args) == 1 and isinstance(args[0], (str, int)):
@@ -167,7 +168,6 @@ class ObjectVar(ValueVar):
         if listed:
             # A new list, which the frame may mutate freely: not the source's object.
             tx.output.object_vars.pop(id(result), None)
-            from .containers import ListVar  # (lazy: import cycle, to break)
             var = ListVar(list(var.items))
         return var
 
@@ -256,7 +256,6 @@ class ObjectVar(ValueVar):
         super().reconstruct(cg)
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if self.value is object and name == "__setattr__":
             return GenericSetattrVar()
         if self.value is object and name == "__getattribute__":
@@ -339,7 +338,6 @@ class ObjectVar(ValueVar):
                 isinstance(self.source, AttrSource):
             # The classes derived from it now, read again by the guard (a class
             # statement anywhere adds one).
-            from .builder import wrap  # (lazy: import cycle, to break)
             found = value()
             source = CallMethodSource(self.source.base, "__subclasses__", ())
             tx.guards.length(source, found)
@@ -347,7 +345,6 @@ class ObjectVar(ValueVar):
             return ListVar([wrap(tx, c, GetItemSource(source, i)) for i, c in enumerate(found)])
         if type(value) is weakref.ref and not args and not kwargs and self.source is not None:
             # The referent (or None once it died), read again through the call.
-            from .builder import wrap
             return wrap(tx, value(), CallMethodSource(self.source, "__call__", ()))
         if isinstance(value, functools._lru_cache_wrapper):
             return cached_call(tx, self, args, kwargs)
@@ -361,7 +358,6 @@ class ObjectVar(ValueVar):
                 isinstance(args[0], (TensorVar, ConstVar, SymNodeVar)):
             # (a number is never a tensor nor has __torch_function__)
             return ConstVar(isinstance(args[0], TensorVar))
-        from .optimizers import trace_time_call  # (lazy: import cycle, to break)
         made = trace_time_call(tx, value, args, kwargs)
         if made is not None:
             return made
@@ -407,7 +403,6 @@ class InGraphCallVar(ObjectVar):
     __slots__ = ()
 
     def call(self, tx, args, kwargs):
-        # (lazy: import cycle, to break)
         name = f"{getattr(self.value, '__qualname__', 'a function')} (allow_in_graph)"
         if tx.output.functionalizes and not any(_holds_graph_value(a) for a in (*args, *kwargs.values())):
             # (the eager backend runs the node every call; AOTAutograd's re-trace would
@@ -432,8 +427,6 @@ class InGraphCallVar(ObjectVar):
 
 
 def _holds_graph_value(v) -> bool:
-    from .symbolic import SymNodeVar  # (lazy: import cycle, to break)
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if isinstance(v, (TensorVar, SymNodeVar)):
         return True
     items = getattr(v, "items", None)
@@ -575,7 +568,6 @@ class GlobalsDictVar(Var):
 
 def read_global(tx, namespace: dict, name: str):
     """Global `name` of the module whose namespace is `namespace`, as the trace has it."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     written = tx.side_effects.load_global(namespace, name)
     if written is not None:
         return written
@@ -647,11 +639,9 @@ class TorchFnVar(ObjectVar):
             return _read_global_state(tx, fn)       # torch.autograd._profiler_enabled()
         if _is_state_writer(fn):
             unsupported(f"torch.{fn.__name__} changes global state")
-        from .optimizers import foreach_tensor_scalars  # (lazy: import cycle, to break)
         made = foreach_tensor_scalars(tx, fn, args, kwargs)
         if made is not None:
             return made
-        from .grad_utils import group_by_device_and_dtype  # (lazy: import cycle, to break)
         made = group_by_device_and_dtype(tx, fn, args, kwargs)
         if made is not None:
             return made
@@ -738,7 +728,6 @@ class SuperVar(Var):
         self.obj = obj
 
     def getattr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         cls = self.cls.as_const() if not isinstance(self.cls, ObjectVar) else self.cls.value
         # super(C, obj) searches type(obj)'s MRO; super(C, klass) in a classmethod,
         # klass's own (and binds classmethods to it).
@@ -810,7 +799,6 @@ class _RealMethodVar(Var):
         self.obj_source = obj_source
 
     def call(self, tx, args, kwargs):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if not _all_const(args, kwargs) or kwargs:
             unsupported(f"{self.method.__qualname__} with traced arguments")
         consts = _consts(args)
@@ -847,7 +835,6 @@ class ContextVarVar(ValueVar):
         if name == "get":
             if id(cv) in state and state[id(cv)] is not None:
                 return state[id(cv)]
-            from .builder import wrap  # (lazy: import cycle, to break)
             try:
                 value = cv.get(*_consts(args))
             except LookupError:
@@ -954,7 +941,6 @@ def _construct(tx, cls, args, kwargs):
         from .user_objects import make_dataclass_instance  # (lazy: import cycle, to break)
         return make_dataclass_instance(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        from .containers import NamedTupleVar  # (lazy: import cycle, to break)
         names = list(cls._fields)
         maker = next((k for k in cls.__mro__ if "__new__" in k.__dict__), None)
         if maker is None or "_make" not in maker.__dict__ or cls.__init__ is not object.__init__:
@@ -976,7 +962,6 @@ def _construct(tx, cls, args, kwargs):
                 unsupported(f"{cls.__name__}() with missing fields")
         return NamedTupleVar(values, names, cls=cls)
     if cls is torch.nn.Parameter:
-        from .tensor_attrs import new_parameter  # (lazy: import cycle, to break)
         return new_parameter(tx, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         return construct_module(tx, cls, args, kwargs)
@@ -1003,36 +988,6 @@ def _plain_python_class(cls) -> bool:
 
 
 _TPFLAGS_HEAPTYPE = 1 << 9
-
-
-class MethodVar(Var):
-    """``obj.name`` where obj is a traced value: calling it calls obj.call_method."""
-    __slots__ = ("obj", "name")
-
-    def __init__(self, obj, name):
-        super().__init__(None)
-        self.obj = obj
-        self.name = name
-
-    def call(self, tx, args, kwargs):
-        return self.obj.call_method(tx, self.name, args, kwargs)
-
-    def getattr(self, tx, name):
-        if name == "__name__":          # a builtin value's method: its own name
-            return ConstVar(self.name)
-        if name == "__self__":
-            return self.obj
-        return super().getattr(tx, name)
-
-    def reconstruct(self, cg):
-        self.obj.reconstruct(cg)
-        cg.load_attr(self.name)
-
-    def noun(self):
-        return f"method {self.name}() of {self.obj}"
-
-    def __repr__(self):
-        return f"MethodVar({self.obj!r}.{self.name})"
 
 
 # ---------------------------------------------------------------- helpers
@@ -1072,7 +1027,6 @@ def _hint_arg(v):
 
 
 def _type_hint(tx, hint, key):
-    from .builder import wrap  # (lazy: import cycle, to break)
     try:
         made = hint[_hint_arg(key)]
     except Exception as e:
@@ -1099,7 +1053,6 @@ def fold_call(fn, args, kwargs, name: str) -> ConstVar:
     try:
         return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
     except Exception as e:
-        from .exceptions import raise_folded  # (lazy: import cycle, to break)
         raise_folded(e, f"{name}()")
 
 

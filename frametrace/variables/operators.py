@@ -15,27 +15,35 @@ import operator
 import torch
 import enum
 
-from .base import Var, nouns, unsupported
-from .builtins import IdVar, SetVar, refuse_picked
-from .constant import BINARY_FOLD, ConstVar
+from .base import Var, nouns, register, unsupported
+from .builtins import IdVar, SetVar, is_picked, refuse_picked
+from .constant import BINARY_FOLD, INPLACE_TO_PLAIN, ConstVar
 from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
-from .exceptions import raise_builtin, raise_folded
+from .exceptions import ExceptionVar, raise_builtin, raise_folded
 from .fx_values import to_fake
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .objects import ObjectVar
 from .scalars import capturing
-from .subclasses import is_user_container, user_container_binary_op
-from .symbolic import SliceVar, SymNodeVar
+from .subclasses import container_format, is_user_container, user_container_binary_op
+from .symbolic import SliceVar, SymNodeVar, lazily_formatted
 from .tensor import TensorVar, guard_operator
 from .user_objects import is_user_object, user_object_binary_op
 
-INPLACE_TO_PLAIN = {operator.iadd: operator.add, operator.iand: operator.and_,
-                     operator.ifloordiv: operator.floordiv, operator.ilshift: operator.lshift,
-                     operator.imatmul: operator.matmul, operator.imul: operator.mul,
-                     operator.imod: operator.mod, operator.ior: operator.or_,
-                     operator.ipow: operator.pow, operator.irshift: operator.rshift,
-                     operator.isub: operator.sub, operator.itruediv: operator.truediv,
-                     operator.ixor: operator.xor}
+# Symbols of BINARY_OP's argument (dis._nb_ops) to operator functions, and COMPARE_OP's
+# to relations: the interpreter's handlers apply them with binary_op.
+BINARY_OPS = {
+    "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
+    "@": operator.matmul, "*": operator.mul, "%": operator.mod, "|": operator.or_,
+    "**": operator.pow, ">>": operator.rshift, "-": operator.sub, "/": operator.truediv,
+    "^": operator.xor,
+    "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv,
+    "<<=": operator.ilshift, "@=": operator.imatmul, "*=": operator.imul,
+    "%=": operator.imod, "|=": operator.ior, "**=": operator.ipow, ">>=": operator.irshift,
+    "-=": operator.isub, "/=": operator.itruediv, "^=": operator.ixor,
+}
+COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+               ">": operator.gt, ">=": operator.ge}
+
 _SET_DUNDERS = {operator.or_: "__or__", operator.and_: "__and__", operator.sub: "__sub__",
                 operator.xor: "__xor__", operator.eq: "__eq__", operator.ne: "__ne__",
                 operator.le: "__le__", operator.ge: "__ge__", operator.lt: "__lt__",
@@ -43,6 +51,7 @@ _SET_DUNDERS = {operator.or_: "__or__", operator.and_: "__and__", operator.sub: 
 _SET_INPLACE = {operator.ior: "__ior__", operator.iand: "__iand__", operator.isub: "__isub__",
                 operator.ixor: "__ixor__"}
 
+@register
 def binary_op(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for a BINARY_OP or COMPARE_OP."""
     plain = INPLACE_TO_PLAIN.get(fn, fn)
@@ -183,6 +192,7 @@ def _symbolic_op(tx, fn, a: Var, b: Var) -> Var:
     unsupported(f"{fn.__name__} on {a} and {b}")
 
 
+@register
 def unary_op(tx, fn, v: Var) -> Var:
     if is_numpy_var(v):
         return numpy_unary_op(tx, fn, v)
@@ -249,18 +259,7 @@ def _frame_tuples_identity(tx, a, b):
     return same
 
 
-def is_picked(tx, v) -> bool:
-    """Whether tensor `v` is a min()/max() result that stands for one of its items
-    (variables/builtins.py)."""
-    picked = tx.output.picked_storages
-    if not picked:
-        return False
-    try:
-        return v.example.untyped_storage()._cdata in picked
-    except Exception:       # (no storage: sparse, nested ... never a min()/max() result)
-        return False
-
-
+@register
 def is_same(a: Var, b: Var, tx=None) -> bool:
     if a is b:
         return True
@@ -321,6 +320,7 @@ def is_none(v: Var) -> bool:
     return False          # OpaqueVar: see InstructionTranslator._is_none
 
 
+@register
 def contains(tx, container: Var, item: Var) -> bool:
     if hasattr(container, "contains"):
         return container.contains(tx, item)
@@ -384,3 +384,22 @@ def make_slice(parts, tx) -> Var:
     if not all(p.is_const() for p in parts):
         unsupported(f"slice with non-constant bounds {nouns(parts)}")
     return ConstVar(slice(*(p.as_const() for p in parts)))
+
+
+def format_value(tx, value: Var, conv: int, spec: str) -> Var:
+    """f-string formatting of `value` (FORMAT_VALUE/CONVERT_VALUE/FORMAT_SIMPLE/
+    FORMAT_WITH_SPEC): conv 0 none, 1 str, 2 repr, 3 ascii; a symbolic value stays lazy."""
+    if isinstance(value, ExceptionVar) and conv in (0, 1) and not spec:
+        value = value.format_of(tx)
+    lazy = lazily_formatted(value, conv, spec)
+    if lazy is not None:
+        return lazy
+    if not value.is_const():
+        text = container_format(tx, value, "repr" if conv == 2 else "str") \
+            if conv != 3 and not spec else None
+        if text is None:
+            unsupported(f"formatting {value} into a string")
+        return ConstVar(text)
+    v = value.as_const()
+    v = {0: v, 1: str(v) if conv == 1 else v, 2: repr(v), 3: ascii(v)}[conv] if conv else v
+    return ConstVar(format(v, spec))

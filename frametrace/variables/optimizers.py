@@ -29,7 +29,7 @@ from torch._compile import _disable_dynamo
 from torch.optim.optimizer import _use_grad_for_differentiable
 from torch.utils import _foreach_utils as fu
 
-from .base import unsupported
+from .base import unsupported, wrap
 from .constant import ConstVar
 
 
@@ -142,7 +142,6 @@ def trace_time_call(tx, fn, args, kwargs):
         _TRACE_TIME = trace_time_functions()
     if fn not in _TRACE_TIME or args or kwargs:
         return None
-    from .builder import wrap  # (lazy: import cycle, to break)
     return wrap(tx, fn(), None, guard=False)
 
 
@@ -173,40 +172,3 @@ def tensor_scalar_method(tx, self, name, args, kwargs):
         term = call("call_function", torch.mul, (scalar, args[0]), {})
     method = "sub_" if name == "sub_" else "add_"
     return call("call_method", method, (self, term), {})
-
-
-def _foreach_ops():
-    f = {"_foreach_addcdiv_": ("_foreach_div_", True), "_foreach_addcdiv": ("_foreach_div_", False),
-         "_foreach_addcmul_": ("_foreach_mul_", True), "_foreach_addcmul": ("_foreach_mul_", False)}
-    return {getattr(torch, k): (getattr(torch, v[0]), v[1]) for k, v in f.items() if hasattr(torch, k)}
-
-
-_FOREACH_SCALARS = _foreach_ops()
-
-
-def foreach_tensor_scalars(tx, fn, args, kwargs):
-    """`torch._foreach_addcdiv_(xs, t1s, t2s, scalars)` (addcmul too) whose scalars are
-    one 1-d tensor (what the foreach Adam step passes when compiling) or a list of 0-d
-    tensors (Adamax's): the op's arithmetic, xs + scalars[i] * t1s[i] / t2s[i], as
-    foreach ops over the same lists, in the op's order.  ATen's kernel reads those
-    scalars on the host (and FakeTensors cannot give them).  Else None."""
-    from .containers import ListVar  # (lazy: import cycle, to break)
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
-    spec = _FOREACH_SCALARS.get(fn)
-    if spec is None or kwargs or len(args) != 4:
-        return None
-    combine_, inplace = spec
-    call = tx.output.call
-    scalars = args[3]
-    if isinstance(scalars, TensorVar) and scalars.example.dim() == 1:
-        scalars = ListVar(call("call_method", "unbind", (scalars,), {}).unpack(tx))
-    elif not (isinstance(scalars, ListVar) and scalars.items and
-              all(isinstance(s, TensorVar) and s.example.dim() == 0 for s in scalars.items)):
-        return None
-    # (t1 first: its device, where the scalars may be CPU tensors; a * b == b * a)
-    term = call("call_function", torch._foreach_mul, (args[1], scalars), {})
-    call("call_function", combine_, (term, args[2]), {})
-    if inplace:
-        call("call_function", torch._foreach_add_, (args[0], term), {})
-        return ConstVar(None)
-    return call("call_function", torch._foreach_add, (args[0], term), {})

@@ -19,7 +19,7 @@ import dis
 
 from .base import unsupported
 from .constant import ConstVar
-from .containers import ListVar
+from .containers import ListVar, TupleVar
 from .. import interop
 
 # Tensor methods that read the tensor's value as a Python number.
@@ -171,7 +171,6 @@ def is_tensor_of_numbers(fn, args) -> bool:
 
 
 def _has_symbolic(v) -> bool:
-    from .containers import TupleVar  # (lazy: import cycle, to break)
     from .symbolic import SymNodeVar  # (lazy: import cycle, to break)
     if isinstance(v, SymNodeVar):
         return True
@@ -194,14 +193,12 @@ def tensor_of_numbers(tx, fn, args, kwargs):
                             {"dtype": ObjectVar(dtype), **extra}) for v in leaves]
     t = tx.output.call("call_function", torch.stack, (ListVar(parts),), {})
     if len(shape) != 1:
-        from .containers import TupleVar  # (lazy: import cycle, to break)
         t = tx.output.call("call_method", "reshape", (t, TupleVar([ConstVar(s) for s in shape])), {})
     return t
 
 
 def _flatten(v):
     """(shape, leaves) of nested lists of numbers; ragged data is left to CPython."""
-    from .containers import TupleVar  # (lazy: import cycle, to break)
     if not isinstance(v, (ListVar, TupleVar)):
         kind = v.python_type()
         if kind not in (bool, int, float):

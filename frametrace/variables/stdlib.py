@@ -20,7 +20,7 @@ import types
 import torch
 
 from . import log_calls as _log_calls
-from .base import Var, unsupported
+from .base import Var, binary_op, contains, is_same, unary_op, unsupported
 from .builtins import (LazyIteratorVar, _dict, _is_none_var, call_item_fn, const_key, var_iter,
                        var_list)
 from .constant import ConstVar
@@ -86,7 +86,6 @@ class CachedFunctionVar(ObjectVar):
 # --------------------------------------------------------------------------- operator
 def _op_binary(fn):
     def handler(tx, args, kwargs):
-        from .operators import binary_op  # (lazy: import cycle, to break)
         if len(args) == 2 and not kwargs:
             return binary_op(tx, fn, args[0], args[1])
     return handler
@@ -94,7 +93,6 @@ def _op_binary(fn):
 
 def _op_unary(fn):
     def handler(tx, args, kwargs):
-        from .operators import unary_op  # (lazy: import cycle, to break)
         if len(args) == 1 and not kwargs:
             return unary_op(tx, fn, args[0])
     return handler
@@ -117,14 +115,12 @@ def _op_truth(negate):
 
 def _op_is(negate):
     def handler(tx, args, kwargs):
-        from .operators import is_same  # (lazy: import cycle, to break)
         if len(args) == 2 and not kwargs:
             return ConstVar(is_same(args[0], args[1], tx) != negate)
     return handler
 
 
 def _op_contains(tx, args, kwargs):
-    from .operators import contains  # (lazy: import cycle, to break)
     if len(args) == 2 and not kwargs:
         return ConstVar(contains(tx, args[0], args[1]))
 
@@ -256,7 +252,6 @@ def _combinatoric(kind):
 
 
 def _accumulate(tx, args, kwargs):
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if not args or len(args) > 2 or set(kwargs) - {"func", "initial"}:
         return None
     func = args[1] if len(args) == 2 else kwargs.get("func", ConstVar(None))
@@ -350,7 +345,6 @@ def _while(kind):
 
 def _same_key(tx, a, b) -> bool:
     """PyObject_RichCompareBool(a, b, Py_EQ): identity first, then ==."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if a is b or isinstance(a, ConstVar) and isinstance(b, ConstVar) and a.value is b.value:
         return True
     return binary_op(tx, operator.eq, a, b).truth(tx)
@@ -625,7 +619,6 @@ class DequeVar(ListVar):
             return super().call_method(tx, name, args, kwargs)
         if name in ("reverse", "index", "count", "__getitem__", "__len__", "remove"):
             if name == "remove":
-                from .operators import binary_op  # (lazy: import cycle, to break)
                 for i, v in enumerate(items):
                     if binary_op(tx, operator.eq, v, args[0]).truth(tx):
                         del items[i]
@@ -760,7 +753,6 @@ def _math_pow(tx, args, kwargs):
     as `float ** float` is wherever the base is positive (elsewhere the two differ:
     math.pow raises where ** gives a complex number or raises another error), so with
     the base guarded positive it is `float(x) ** float(y)`, kept symbolic."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if kwargs or len(args) != 2 or not any(isinstance(a, SymNodeVar) for a in args) or \
             not all(isinstance(a, SymNodeVar) or (a.is_const() and type(a.as_const()) in (int, float))
                     for a in args) or \

@@ -25,12 +25,12 @@ import torch
 
 from ..guards import one_check
 from .attributes import InstanceAttrs, MISSING, is_data_descriptor
-from .base import Var, unsupported
-from .constant import ConstVar
+from .base import Var, binary_op, contains, unsupported, wrap
+from .constant import ConstVar, MethodVar
 from .containers import (DictVar, ListVar, TupleVar, _dict_key, attrs_dict, constant_key, emit_key,
                          has_var_keys)
 from .modules import _class_lookup, class_attr
-from .objects import MethodVar, ObjectVar
+from .objects import ObjectVar
 from .builtins import BuiltinVar, FrozenSetVar, SetVar, iter_of, var_list
 from .functions import UserFunctionVar
 from .tensor import TensorVar
@@ -170,7 +170,6 @@ class UserContainerMixin(InstanceAttrs):
         return self._base_contains(tx, item)
 
     def _base_contains(self, tx, item) -> bool:
-        from .operators import contains  # (lazy: import cycle, to break)
         return contains(tx, self.plain(), item)
 
     def length(self, tx):
@@ -496,7 +495,6 @@ def user_container_binary_op(tx, fn, a, b):
     """``fn(a, b)`` where a or b is a user container subclass: the user's operator
     methods (b's reflected one first when b's class derives from a's), inlined; else
     the builtin base's."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if _INPLACE_PLAIN.get(fn, fn) is operator.or_ and any(
             is_user_container(v) and v.base_class() is collections.OrderedDict for v in (a, b)):
         unsupported("| on an OrderedDict subclass (OrderedDict calls the subclass)")
@@ -538,7 +536,6 @@ def _derives_from(b, a) -> bool:
 def _base_binary(tx, self, name, args):
     """The builtin base's operator method on `self`: in-place ones change the builtin
     part and return self; the others give a plain container."""
-    from .operators import binary_op  # (lazy: import cycle, to break)
     if len(args) != 1:
         unsupported(f"{name} takes one argument")
     fn = _OPERATOR_DUNDERS[name]
@@ -581,7 +578,6 @@ def call_unbound_builtin(tx, method, args, kwargs):
     if name == "__init__":
         unsupported(f"{owner.__name__}.__init__ on an existing {owner.__name__}")
     if name in _OPERATOR_DUNDERS:
-        from .operators import binary_op  # (lazy: import cycle, to break)
         if len(args) != 2:
             unsupported(f"{owner.__name__}.{name} takes one argument")
         fn = _OPERATOR_DUNDERS[name]
@@ -594,7 +590,6 @@ def call_unbound_builtin(tx, method, args, kwargs):
         self.setitem(tx, args[1], args[2])
         return ConstVar(None)
     if name == "__contains__" and len(args) == 2:
-        from .operators import contains  # (lazy: import cycle, to break)
         return ConstVar(contains(tx, self, args[1]))
     if name == "__len__" and len(args) == 1:
         return ConstVar(self.length(tx))
@@ -670,7 +665,6 @@ def wrap_container_subclass(tx, value, source, guards):
     frame, guarded as the builtin one is (type, keys or length, items through their own
     sources) and by the names in its __dict__ (its attributes by value); None when it
     is not one such (then it is a plain user object)."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     cls = type(value)
     if cls in (collections.OrderedDict, collections.defaultdict):
         return _wrap_stdlib_dict(tx, value, source, guards)
@@ -715,7 +709,6 @@ def wrap_container_subclass(tx, value, source, guards):
 def _wrap_stdlib_dict(tx, value, source, guards):
     """An OrderedDict or defaultdict from outside (constant keys): guarded by
     type and keys in order, items through their own sources; changes are written back."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     cls = type(value)
     if getattr(value, "__dict__", None):
         return None             # (attributes, as a state_dict's _metadata: an object as before)
@@ -750,7 +743,6 @@ def wrap_tensor_keyed_dict(tx, value, source, guards):
     key is read as the i-th of its keys (a tensor input, one Var per tensor, so a
     lookup by a parameter read elsewhere finds it, guarded to be the same object) and
     each value as the i-th of its values.  None for other keys, or without a source."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     cls = type(value)
     if source is None or cls not in (dict, collections.OrderedDict, collections.defaultdict) or \
             not all(type(k) in (str, int) or isinstance(k, (torch.Tensor, *_IDENTITY_KEYS)) for k in value):

@@ -36,6 +36,7 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 from .base import Var, unsupported
 from .constant import ConstVar
 from ..shapes import SYM_TYPES, is_symbolic  # noqa: F401  (read here by variables/)
+from .tensor import TensorVar
 
 _PLAIN = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
 
@@ -143,7 +144,6 @@ def float_number_op(graph, kind, target, args, kwargs):
             return graph.call(kind, target, tuple(map(pin_any, args)),
                               {k: pin_any(v) for k, v in kwargs.items()})
         return None
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if any(isinstance(v, TensorVar) for v in values):
         return None     # a tensor op: the float is its scalar argument, used at run time
     if _plain_relation(kind, target, args, kwargs) or _plain_conversion(kind, target, args, kwargs):

@@ -9,9 +9,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import tensor_attrs, tensor_facts
 from .base import Var, unsupported
-from .constant import ConstVar
+from .constant import ConstVar, MethodVar
 from .optimizers import tensor_scalar_method
 from .scalars import SCALAR_METHODS, capturing, scalar_method
+from ..guards import FRESH
 from ..source import LocalSource
 
 # Metadata answered at trace time (and guarded); sizes may be symbolic.
@@ -50,7 +51,6 @@ class TensorVar(Var):
             torch.nn.Parameter if getattr(self.example, "_is_param", False) else torch.Tensor)
 
     def getattr(self, tx, name):
-        from .objects import MethodVar  # (lazy: import cycle, to break)
         if name == "shape":
             return tx.output.size_of(self)
         if name == "nbytes":
@@ -199,3 +199,69 @@ def _torchs_own(cls, attr) -> bool:
 
 def _is_fake(t) -> bool:
     return isinstance(t, FakeTensor)
+
+
+# -- nn.Parameter made in the frame --
+class NewParameterSource:
+    """``nn.Parameter(data, requires_grad)`` of an input tensor, made by the transformed
+    code before the graph runs (its first load makes it, later loads reuse it) and
+    passed to the graph as an input, so ops on it in the graph reach the very Parameter
+    the frame returns or stores (autograd included).  It has nothing to guard: what
+    it is follows from `data`, whose source is guarded."""
+    __slots__ = ("data", "requires_grad", "index")
+
+    def __init__(self, data, requires_grad: bool, index: int):
+        self.data = data
+        self.requires_grad = requires_grad
+        self.index = index
+
+    def key(self):
+        return (self.data, self.requires_grad, self.index)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.key() == other.key()
+
+    def __hash__(self):
+        return hash(self.key())
+
+    def name(self):
+        return f"Parameter({self.data.name()})#{self.index}"
+
+    def guard_expr(self):
+        return f"{FRESH}{self.index}"       # (GuardSet drops what mentions it)
+
+    def reconstruct(self, cg):
+        if cg.load_rebuilt(self):
+            return
+        cg.call_const(torch.nn.Parameter, [self.data.reconstruct,
+                                           lambda cg: cg.load_const(self.requires_grad)])
+        cg.keep_rebuilt(self)
+
+    def __repr__(self):
+        return f"NewParameterSource({self.name()})"
+
+
+def new_parameter(tx, args, kwargs):
+    """``nn.Parameter(t)``: for an input tensor, made before the graph (as
+    torch.compile does); for a tensor the graph computes, a graph break (torch.compile's
+    default, graph_break_on_nn_param_ctor, too)."""
+    names = ("data", "requires_grad")
+    if len(args) > 2 or set(kwargs) - set(names):
+        unsupported("TypeError: nn.Parameter() takes data and requires_grad")
+    given = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k in given:
+            unsupported(f"TypeError: nn.Parameter() got multiple values for {k!r}")
+        given[k] = v
+    data, requires_grad = given.get("data"), given.get("requires_grad", ConstVar(True))
+    if not isinstance(data, TensorVar) or not requires_grad.is_const():
+        unsupported("nn.Parameter() of no tensor, or with a requires_grad not known when tracing")
+    inp = tensor_facts.input_for(tx, data)
+    if inp is None or data.node is not inp.node or id(data.example) in tx.output._last_inplace:
+        unsupported("nn.Parameter() of a tensor computed in the frame")
+    if any(not isinstance(s, int) for s in data.example.shape) or type(inp.value) is not torch.Tensor:
+        unsupported("nn.Parameter() of a tensor with symbolic sizes, or of a Parameter")
+    rg = bool(requires_grad.as_const())
+    source = NewParameterSource(inp.source, rg, sum(isinstance(i.source, NewParameterSource)
+                                                    for i in tx.output.inputs))
+    return tx.output.add_input(torch.nn.Parameter(inp.value, rg), source, guarded=False)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from ..source import AttrSource
-from .base import unsupported
-from .constant import ConstVar
-from ..guards import FRESH
+from .base import DELETED, raise_builtin, unsupported, wrap
+from .constant import ConstVar, is_constant_value
+from .tensor_facts import input_for, is_leaf
 
 _GRAD = "grad"
 
@@ -30,16 +30,7 @@ def owner(tx, var):
     return var if var.source == inp.source else TensorVar(inp.node, var.example, inp.source)
 
 
-def input_for(tx, var):
-    for inp in tx.output.inputs:
-        if inp.node.meta.get("example_value") is var.example and inp.source is not None \
-                and isinstance(inp.value, torch.Tensor):
-            return inp
-    return None
-
-
 def _written(tx, var, name):
-    from .user_objects import DELETED  # (lazy: import cycle, to break)
     got = tx.side_effects.load_attr(var.example, name)
     return got, got is DELETED
 
@@ -59,7 +50,6 @@ def python_attr(tx, var, name):
     if inp is not None:
         d = inp.value.__dict__
         if name in d:
-            from .builder import wrap  # (lazy: import cycle, to break)
             return wrap(tx, d[name], AttrSource(inp.source, name))
         tx.guards.not_in_dict(inp.source, name)
     _no_attr(var, name)
@@ -69,7 +59,6 @@ def _computed_subclass_attr(tx, var, name):
     """An attribute a wrapper subclass's own code gave a tensor an op made (the
     dispatch ran on fakes while tracing and runs alike on the real inputs): an inner
     tensor is read in the graph, a constant (from the guarded flattening) as is."""
-    from .constant import is_constant_value  # (lazy: import cycle, to break)
     cls = var.python_type()
     if cls in (torch.Tensor, torch.nn.Parameter) or hasattr(cls, name):
         return None
@@ -96,7 +85,6 @@ def _known_to_plain_attrs(var, inp, name):
 
 
 def _no_attr(var, name):
-    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     raise_builtin(AttributeError, f"{var.python_type().__name__!r} object has no attribute {name!r}")
 
 
@@ -132,7 +120,6 @@ def set_python_attr(tx, var, name, value):
 
 
 def del_python_attr(tx, var, name):
-    from .user_objects import DELETED  # (lazy: import cycle, to break)
     if name == _GRAD:
         return set_grad(tx, var, ConstVar(None))    # `del t.grad` clears it
     if hasattr(torch.Tensor, name):
@@ -153,13 +140,11 @@ def grad(tx, var):
     got, deleted = _written(tx, var, _GRAD)
     if got is not None:
         return ConstVar(None) if deleted else got
-    from .tensor_facts import is_leaf  # (lazy: import cycle, to break)
     if var.example.requires_grad and not is_leaf(tx, var).as_const():
         # CPython warns that a non-leaf's .grad is not populated.
         unsupported("reading .grad of a non-leaf tensor (a warning)")
     inp = input_for(tx, var)
     if inp is not None:
-        from .builder import wrap  # (lazy: import cycle, to break)
         return wrap(tx, inp.value.grad, AttrSource(inp.source, _GRAD))
     return ConstVar(None)
 
@@ -187,70 +172,3 @@ def _same_sizes(a, b) -> bool:
         return False
     # Symbolic sizes compare to a SymBool that is guarded where it is decided.
     return all(bool(x == y) for x, y in zip(a, b))
-
-
-# -- nn.Parameter made in the frame --
-class NewParameterSource:
-    """``nn.Parameter(data, requires_grad)`` of an input tensor, made by the transformed
-    code before the graph runs (its first load makes it, later loads reuse it) and
-    passed to the graph as an input, so ops on it in the graph reach the very Parameter
-    the frame returns or stores (autograd included).  It has nothing to guard: what
-    it is follows from `data`, whose source is guarded."""
-    __slots__ = ("data", "requires_grad", "index")
-
-    def __init__(self, data, requires_grad: bool, index: int):
-        self.data = data
-        self.requires_grad = requires_grad
-        self.index = index
-
-    def key(self):
-        return (self.data, self.requires_grad, self.index)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.key() == other.key()
-
-    def __hash__(self):
-        return hash(self.key())
-
-    def name(self):
-        return f"Parameter({self.data.name()})#{self.index}"
-
-    def guard_expr(self):
-        return f"{FRESH}{self.index}"       # (GuardSet drops what mentions it)
-
-    def reconstruct(self, cg):
-        if cg.load_rebuilt(self):
-            return
-        cg.call_const(torch.nn.Parameter, [self.data.reconstruct,
-                                           lambda cg: cg.load_const(self.requires_grad)])
-        cg.keep_rebuilt(self)
-
-    def __repr__(self):
-        return f"NewParameterSource({self.name()})"
-
-
-def new_parameter(tx, args, kwargs):
-    """``nn.Parameter(t)``: for an input tensor, made before the graph (as
-    torch.compile does); for a tensor the graph computes, a graph break (torch.compile's
-    default, graph_break_on_nn_param_ctor, too)."""
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
-    names = ("data", "requires_grad")
-    if len(args) > 2 or set(kwargs) - set(names):
-        unsupported("TypeError: nn.Parameter() takes data and requires_grad")
-    given = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k in given:
-            unsupported(f"TypeError: nn.Parameter() got multiple values for {k!r}")
-        given[k] = v
-    data, requires_grad = given.get("data"), given.get("requires_grad", ConstVar(True))
-    if not isinstance(data, TensorVar) or not requires_grad.is_const():
-        unsupported("nn.Parameter() of no tensor, or with a requires_grad not known when tracing")
-    inp = input_for(tx, data)
-    if inp is None or data.node is not inp.node or id(data.example) in tx.output._last_inplace:
-        unsupported("nn.Parameter() of a tensor computed in the frame")
-    if any(not isinstance(s, int) for s in data.example.shape) or type(inp.value) is not torch.Tensor:
-        unsupported("nn.Parameter() of a tensor with symbolic sizes, or of a Parameter")
-    rg = bool(requires_grad.as_const())
-    source = NewParameterSource(inp.source, rg, sum(isinstance(i.source, NewParameterSource)
-                                                    for i in tx.output.inputs))
-    return tx.output.add_input(torch.nn.Parameter(inp.value, rg), source, guarded=False)

@@ -21,7 +21,6 @@ import torch
 from ..source import AttrSource
 from .base import Unsupported, unsupported
 from .constant import ConstVar
-from .tensor_attrs import input_for
 
 # Methods answering a fact of this kind.  `graph.OutputGraph.call` refuses to fold
 # them (their function forms too: torch.is_inference(x)), whatever the caller.
@@ -36,6 +35,15 @@ UNGUARDED = STORAGE_FACTS | {"_is_view", "is_set_to", "_is_alias_of", "_overlaps
 # it).  Fakes are made per frame, so one of another frame never matches.
 # (by id: weak references to tensors compare by the tensors' ==)
 _HASHED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def input_for(tx, var):
+    """The graph input whose fake `var` holds (an op may return its input), or None."""
+    for inp in tx.output.inputs:
+        if inp.node.meta.get("example_value") is var.example and inp.source is not None \
+                and isinstance(inp.value, torch.Tensor):
+            return inp
+    return None
 
 
 def hashed(fake):

@@ -14,7 +14,7 @@ import copyreg
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
 from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
-from .base import Var, a_type, unsupported
+from .base import DELETED, Var, a_type, raise_builtin, unsupported, wrap
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar
@@ -56,7 +56,6 @@ class UserObjectVar(InstanceAttrs, Var):
         return self.cls
 
     def own_attr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         written = tx.side_effects.load_attr(self.value, name)
         if written is not None:
             return MISSING if written is DELETED else written
@@ -98,7 +97,6 @@ class UserObjectVar(InstanceAttrs, Var):
         return AttrSource(self.source, name)
 
     def class_value_attr(self, tx, name, attr):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if self.cls is not type(self.value):
             return class_value_var(tx, self.cls, name, attr)
         if name in _PURE_READERS and isinstance(attr, types.MethodDescriptorType) and \
@@ -128,7 +126,6 @@ class UserObjectVar(InstanceAttrs, Var):
         return known[1] if known is not None and known[0] is d else None
 
     def opaque_attr(self, tx, name):
-        from .builder import wrap  # (lazy: import cycle, to break)
         if name == "__class__":
             return ObjectVar(self.cls)      # (object's slot: the type, as the trace has it)
         if name == "__dict__" and tx.side_effects.has_attr_writes(self.value):
@@ -195,7 +192,6 @@ class UserObjectVar(InstanceAttrs, Var):
                 name in ("__getitem__", "__len__", "__contains__") and all(a.is_const() for a in args):
             # A builtin base's reader (a dict subclass): the object's contents, which
             # can change between calls, guarded through a source that reads them again.
-            from .builder import wrap
             consts = [a.as_const() for a in args]
             result = method(self.value, *consts)
             if self.source is None:
@@ -322,17 +318,6 @@ class NewObjectVar(InstanceAttrs, Var):
 
 
 _BUILTIN_BASES = (dict, OrderedDict, list, tuple)
-
-
-class _Deleted(Var):
-    """What a deleted attribute holds in the side effects: replayed as a delete."""
-    __slots__ = ()
-
-    def reconstruct(self, cg):
-        cg.load_const(None)
-
-
-DELETED = _Deleted(None)
 
 
 def checked_bool(tx, result) -> bool:
@@ -593,7 +578,6 @@ class DataclassVar(Var):
 
 def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     """Run a dataclass's generated __init__ (and __post_init__, inlined) on Vars."""
-    from .builder import wrap  # (lazy: import cycle, to break)
     if not _generated_init(cls):
         # The class wrote its own __init__ (dataclass(init=True) keeps it): that runs.
         init = _class_lookup(cls, "__init__")
@@ -904,7 +888,6 @@ def user_object_binary_op(tx, fn, a, b, same):
         return ConstVar(same(a, b))
     if fn is operator.ne:
         return ConstVar(not same(a, b))
-    from .exceptions import raise_builtin  # (lazy: import cycle, to break)
     what = f"'{_SYMBOLS[fn]}' not supported between instances of" if fn in _COMPARISONS else \
         f"unsupported operand type(s) for {_SYMBOLS[fn]}:"
     raise_builtin(TypeError, f"{what} '{ta.__name__}' and '{tb.__name__}'")
