@@ -3,6 +3,7 @@
 >>> import frametrace
 >>> frametrace.config.cache_size_limit = 16
 """
+import os as _os
 
 # Compiled entries kept per code object; past it the frame runs in CPython on a miss.
 # Entries for other instances of an nn.Module or optimizer that the frame's guards name
@@ -194,6 +195,20 @@ ddp_split_graphs = True
 cache = True
 cache_dir = None
 cache_max_bytes = 1 << 30
+
+
+def cache_folder() -> str | None:
+    """The on-disk cache's folder (compiled entries, the triton backend's autotuning
+    choices), or None where the cache is off (see `cache` above)."""
+    if not cache:
+        return None
+    if cache_dir is not None:
+        return cache_dir or None
+    env = _os.environ.get("FRAMETRACE_CACHE_DIR")
+    if env is not None:
+        return env or None
+    base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    return _os.path.join(base, "frametrace")
 
 # An entry compiled by aot_eager (or aot_eager_decomp_partition) also keeps what
 # AOTAutograd made of its graph (forward and backward graphs, the runtime wrappers'

@@ -40,6 +40,7 @@ import enum
 import functools
 import hashlib
 import importlib
+import importlib.metadata
 import io
 import logging
 import marshal
@@ -57,6 +58,7 @@ import torch
 
 from . import _C, config, resume_codes
 from .backend_registry import _BACKENDS, backend_name
+from .backends.triton import config as triton_config
 from .codegen import GraphSlot, RerunState
 from .guards import _CHECK_NAMES, FRESH, Guard, GuardSet, _AbcAnswers, _Symbol, guard_local_name
 from .shapes import ShapePolicy
@@ -98,15 +100,7 @@ class _Stale(Exception):
 # --------------------------------------------------------------------------- where
 def cache_dir() -> str | None:
     """The cache folder, or None where the cache is off."""
-    if not config.cache:
-        return None
-    if config.cache_dir is not None:
-        return config.cache_dir or None
-    env = os.environ.get("FRAMETRACE_CACHE_DIR")
-    if env is not None:
-        return env or None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "frametrace")
+    return config.cache_folder()
 
 
 @functools.lru_cache(maxsize=1)
@@ -175,7 +169,6 @@ def _kernel_facts() -> tuple:
     size limits, fast erf, CUDA graphs...), Triton's version, whether kernels run in its
     interpreter, and each visible GPU's name and capability (a kernel tuned or compiled
     for an H100 is not one for an A100 of the same capability)."""
-    from .backends.triton import config as triton_config    # (a leaf module: no Triton import)
     return (sorted((k, repr(v)) for k, v in triton_config.settings().items()),
             _triton_version(), os.environ.get("TRITON_INTERPRET", "0") == "1", _devices())
 
@@ -183,8 +176,7 @@ def _kernel_facts() -> tuple:
 @functools.lru_cache(maxsize=1)
 def _triton_version():
     try:
-        from importlib.metadata import version      # (lazy: importing triton costs seconds)
-        return version("triton")
+        return importlib.metadata.version("triton")     # (importing triton costs seconds)
     except Exception:
         return None
 

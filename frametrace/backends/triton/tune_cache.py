@@ -2,7 +2,7 @@
 once takes the same choice the next time without timing (a warm start's first call
 would otherwise compile and time every candidate again).
 
-A choice is one small file under the on-disk cache's folder (warm_cache.cache_dir(),
+A choice is one small file under the on-disk cache's folder (config.cache_folder(),
 in `triton-autotune/`), named by the hash of its key: the kernel's name (which holds a
 hash of its source), its extents (xnumel, rnumel), the candidates it was picked among
 (block sizes and warps: `max_autotune` or another Triton's heuristics give others), the
@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
 import tempfile
 
 import torch
+
+from ... import config as frametrace_config
 
 log = logging.getLogger("frametrace.cache")
 
@@ -36,8 +39,7 @@ _unwritable: set = set()
 
 
 def _folder() -> str | None:
-    from ... import warm_cache     # (lazy: warm_cache imports the tracer's modules)
-    base = warm_cache.cache_dir()
+    base = frametrace_config.cache_folder()
     return None if base is None else os.path.join(base, _SUBDIR)
 
 
@@ -55,8 +57,7 @@ def device() -> tuple:
 @functools.lru_cache(maxsize=1)
 def _versions() -> tuple:
     try:
-        import triton
-        triton_version = triton.__version__
+        triton_version = importlib.metadata.version("triton")
     except Exception:
         triton_version = None
     return (_FORMAT, triton_version, torch.__version__)
