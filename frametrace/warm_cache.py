@@ -58,7 +58,6 @@ import torch
 
 from . import _C, config, resume_codes
 from .backend_registry import _BACKENDS, backend_name
-from .backends.triton import config as triton_config
 from .codegen import GraphSlot, RerunState
 from .guards import _CHECK_NAMES, FRESH, Guard, GuardSet, _AbcAnswers, _Symbol, guard_local_name
 from .shapes import ShapePolicy
@@ -169,6 +168,9 @@ def _kernel_facts() -> tuple:
     size limits, fast erf, CUDA graphs...), Triton's version, whether kernels run in its
     interpreter, and each visible GPU's name and capability (a kernel tuned or compiled
     for an H100 is not one for an A100 of the same capability)."""
+    # (lazy: `import frametrace` loads no module of the triton backend, which
+    # test_backend_is_registered_and_import_is_lazy holds it to)
+    from .backends.triton import config as triton_config
     return (sorted((k, repr(v)) for k, v in triton_config.settings().items()),
             _triton_version(), os.environ.get("TRITON_INTERPRET", "0") == "1", _devices())
 
