@@ -48,7 +48,6 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -57,6 +56,7 @@ import weakref
 import torch
 
 from . import _C, config, resume_codes
+from .files import write_atomic
 from .backend_registry import _BACKENDS, backend_name
 from .codegen import GraphSlot, RerunState
 from .guards import _CHECK_NAMES, FRESH, Guard, GuardSet, _AbcAnswers, _Symbol, guard_local_name
@@ -676,21 +676,11 @@ def store(code, key, entry: bytes):
         _remember(key, entry)
         return
     path = os.path.join(folder, key[:2], key)
-    data = _MAGIC + hashlib.sha256(entry).digest() + entry
-    name = hashlib.sha256(entry).hexdigest()[:16] + ".entry"
+    digest = hashlib.sha256(entry).digest()
+    data = _MAGIC + digest + entry
+    name = digest.hex()[:16] + ".entry"
     try:
-        os.makedirs(path, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, os.path.join(path, name))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(os.path.join(path, name), data)
     except OSError as e:
         stats["errors"] += 1
         # (a warning once per folder; the next ones on the cache log)

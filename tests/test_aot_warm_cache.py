@@ -11,7 +11,7 @@ import pickle
 import pytest
 import torch
 
-from test_warm_start import _run as run_program   # (a program in a fresh process, its RESULT)
+from test_warm_start import _entries, _run as run_program   # (a program in a fresh process, its RESULT)
 
 PROGRAM = r'''
 import copy, json, os, sys
@@ -259,14 +259,6 @@ def test_dynamic_sizes_not_cached_still_right(tmp_path):
     # The static entry comes from the cache; the symbolic one is traced again.
     assert warm["stats"]["backend_hits"] >= 1
     assert warm["traced"] == cold["traced"] - warm["stats"]["backend_hits"]
-
-
-def _entries(tmp_path):
-    out = []
-    for dirpath, _, files in os.walk(tmp_path / "cache"):
-        out += [os.path.join(dirpath, f) for f in files if f.endswith(".entry")]
-    assert out
-    return out
 
 
 def test_damaged_artifact_with_valid_checksum_compiles_again(tmp_path):

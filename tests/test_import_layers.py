@@ -10,7 +10,7 @@ modules are layered so that each imports only from its own layer or the ones und
     backends       backends/ (one layer)
     graph building graph, side_effects, subgraph
     values         variables/ (one layer), guards, shapes
-    leaves         source, exc, config, logs, bytecode_analysis, bytecode_diff,
+    leaves         source, exc, config, logs, bytecode_analysis, bytecode_diff, files,
                    backend_registry, resume_codes, progress,
                    interop, stance, global_state, cxx_modules, functorch_runtime, the C
                    extensions
@@ -44,7 +44,7 @@ LAYERS = [
     ("leaves", {"source", "exc", "config", "logs", "bytecode_analysis", "progress", "interop",
                 "stance", "global_state", "cxx_modules", "functorch_runtime", "bytecode_diff",
                 "resume_codes",
-                "backend_registry", "distributed",
+                "backend_registry", "distributed", "files",
                 "_C", "_tensor_reads", "_views"}),
     ("values", {"variables", "guards", "shapes"}),
     ("graph building", {"graph", "side_effects", "subgraph"}),

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from test_warm_start import _run as run_program   # (a program in a fresh process, its RESULT)
+from test_warm_start import _entries, _run as run_program   # (a program in a fresh process, its RESULT)
 
 PROGRAM = r'''
 import copy, json, os
@@ -241,11 +241,7 @@ def test_damaged_autotune_choice_is_timed_again(tmp_path):
 
 def test_damaged_entry_compiles_again(tmp_path):
     cold = _run(tmp_path)
-    entries = []
-    for dirpath, _, names in os.walk(tmp_path / "cache"):
-        entries += [os.path.join(dirpath, n) for n in names if n.endswith(".entry")]
-    assert entries
-    for path in entries:
+    for path in _entries(tmp_path):
         data = open(path, "rb").read()
         open(path, "wb").write(data[:len(data) // 2])   # (torn)
     warm = _run(tmp_path)

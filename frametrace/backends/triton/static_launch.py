@@ -33,7 +33,7 @@ _SCALARS = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l",
             "u1": "I", "u8": "B", "u16": "H", "u32": "I", "u64": "K",
             "fp32": "f", "f32": "f", "fp64": "d"}
 
-# Kernels launched so (tests read it).
+# Kernels loaded for torch's launcher, and kernels it declined (tests read it).
 STATS = {"loaded": 0, "declined": 0}
 _ATTR = "_frametrace_static"        # on a CompiledKernel: {device: StaticKernel or None}
 

@@ -24,11 +24,11 @@ import importlib.metadata
 import json
 import logging
 import os
-import tempfile
 
 import torch
 
 from ... import config as frametrace_config
+from ...files import write_atomic
 
 log = logging.getLogger("frametrace.cache")
 
@@ -130,18 +130,7 @@ def store(name, xnumel, rnumel, configs, chosen):
                        "config": describe(chosen)})
     path = _path(folder, key)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(path, data.encode("utf-8"))
     except OSError as e:
         STATS["errors"] += 1
         (log.info if folder in _unwritable else log.warning)(
