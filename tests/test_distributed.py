@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import os
 import pickle
 import sys
@@ -46,6 +47,13 @@ def _entry(rank, store, out, scenario, opts):
             with open(out, "wb") as f:
                 pickle.dump(result, f)
     finally:
+        # A model that outlives the process group (a reference cycle the collector has
+        # not reached yet) keeps gloo's worker threads running after it; one of them then
+        # frees a Python comm hook's callback while the interpreter exits and aborts the
+        # process ("terminate called without an active exception", in CPython alone too,
+        # with a DDP kept past destroy_process_group).  Collected first, the group's
+        # last reference goes with destroy_process_group, which joins the threads.
+        gc.collect()
         dist.destroy_process_group()
 
 
