@@ -277,6 +277,90 @@ def test_backward_recomputes_the_mask_from_the_saved_seed():
     assert_in_kernels(backend_forward(), 1)
 
 
+# -- activation checkpointing over random ops ---------------------------------------------------
+class CheckpointedNoise(torch.nn.Module):
+    """Two checkpointed regions that draw random numbers (dropout; a rand_like factor), as
+    HF layers call checkpoint (non-reentrant); it returns what each region computed, so
+    that the test can read the numbers the forward drew off its outputs."""
+
+    def __init__(self, preserve=True):
+        super().__init__()
+        self.lin = torch.nn.Linear(12, 12)
+        self.preserve = preserve
+
+    def dropped(self, x):
+        return F.dropout(self.lin(x).relu(), 0.4) * 3
+
+    def noisy(self, h):
+        return h * torch.rand_like(h) + 1
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        h = checkpoint(self.dropped, x, use_reentrant=False, preserve_rng_state=self.preserve)
+        return h, checkpoint(self.noisy, h, use_reentrant=False, preserve_rng_state=self.preserve)
+
+
+def _reference_grads(model, x, h, out, g):
+    """The gradients of (x, lin's weight and bias) for the numbers the forward drew:
+    the dropout mask read off h (a zero of relu has no gradient either way) and the
+    rand_like factor off (out - 1) / h, the regions replayed eagerly with them."""
+    h, out = h.detach(), out.detach()
+    keep = (h != 0).float()
+    noise = torch.where(h != 0, (out - 1) / h, torch.zeros_like(h))
+    x = x.detach().clone().requires_grad_(True)
+    w, b = (p.detach().clone().requires_grad_(True) for p in (model.lin.weight, model.lin.bias))
+    h2 = F.linear(x, w, b).relu() * keep / 0.6 * 3
+    torch.autograd.backward([h2 * noise + 1], [g])
+    return x.grad, w.grad, b.grad
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_checkpoint_over_random_ops_recomputes_the_forward_numbers(preserve):
+    # The regions compile in the frame's graph (no break); the backward recomputes them
+    # from the saved Philox key (run_with_rng_state around philox_seed), so that every
+    # gradient is the one of the mask and the noise the forward drew, over several
+    # training steps whose numbers differ.  preserve_rng_state=False recomputes the
+    # forward's numbers too, as under torch.compile (eager would draw others).
+    torch.manual_seed(0)
+    model = CheckpointedNoise(preserve)
+    counter = frametrace.testing.CompileCounter(inner="triton")
+    f = frametrace.optimize(model, backend=counter, fullgraph=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    masks = []
+    for step in range(4):
+        x = torch.randn(10, 12, requires_grad=True)
+        h, out = f(x)
+        g = torch.randn_like(out)
+        want = _reference_grads(model, x, h, out, g)
+        out.backward(g)
+        for got, exp, name in zip((x.grad, model.lin.weight.grad, model.lin.bias.grad), want, "xwb"):
+            torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5, msg=f"step {step}: {name}")
+        opt.step()
+        opt.zero_grad()
+        masks.append(h != 0)
+    assert counter.frame_count == 1, counter.frame_count
+    assert not torch.equal(masks[0], masks[1]), "each call draws new numbers"
+    from frametrace.backends.triton import backend
+    bw = next(m for m in reversed(backend.COMPILED) if "tangents" in m.source)
+    assert any("_philox_" in k.source for k in bw.kernels), "the backward recomputes in its kernels"
+
+
+def test_checkpoint_over_dropout_saves_a_key_not_a_mask():
+    # What the checkpoint is for: the forward keeps no activation-sized tensor of the
+    # region (neither mask nor dropped values), only the random state and the inputs.
+    from torch.utils.checkpoint import checkpoint
+    lin = torch.nn.Linear(64, 64)
+    f = frametrace.optimize(lambda x: checkpoint(lambda t: F.dropout(lin(t).relu(), 0.5) * 2, x,
+                                                 use_reentrant=False).sum(), backend="triton")
+    x = torch.randn(32, 64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = f(x)
+    assert not [t for t in saved if t.shape == (32, 64) and t is not x], [(t.dtype, t.shape) for t in saved]
+    loss.backward()
+    assert x.grad is not None and lin.weight.grad is not None
+
+
 def backend_forward():
     """The CompiledModule of the latest forward graph (a compiled backward may follow it)."""
     from frametrace.backends.triton import backend

@@ -30,6 +30,11 @@ def _configure(mode, options):
 
 
 triton_backend.__frametrace_configure__ = _configure
+# A checkpointed region's random draw is recomputed in the backward from the forward's
+# numbers: the decompositions draw one Philox key per call (philox_seed, tagged
+# nondeterministic_seeded), which AOTAutograd's min-cut wraps in run_and_save_rng_state /
+# run_with_rng_state, and each element's number is a function of that key and its counter.
+triton_backend.__frametrace_recomputes_random_ops__ = True
 
 
 def configured(overrides: dict):
@@ -59,6 +64,7 @@ def configured(overrides: dict):
 
     triton_with_settings.__frametrace_backend__ = True
     triton_with_settings.__frametrace_name__ = "triton"
+    triton_with_settings.__frametrace_recomputes_random_ops__ = True
     return triton_with_settings
 
 
