@@ -138,3 +138,40 @@ def test_optimizing_an_optimized_module_unwraps(cnt):
     m = Net()
     om = frametrace.optimize(compile_with(cnt, m))
     assert om._orig_mod is m
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) + 1
+
+
+def _patch_forward(m, x):
+    # nn.Module's call runs self.forward: what the frame just stored on the instance
+    m.forward = lambda t: t * 7
+    return m(x), m.__call__(x + 1)
+
+
+def _patch_child_forward(m, x):
+    m.lin.forward = lambda t: t.flip(-1) * 3
+    return m(x)
+
+
+def _patch_as_method(m, x):
+    import types
+    m.forward = types.MethodType(lambda self, t: self.lin(t) * 2, m)
+    return m(x)
+
+
+def test_forward_stored_on_the_instance_in_the_frame_is_the_one_called():
+    # It was ignored (the class's forward ran, and the compiled call returned what the
+    # unpatched module computes): now it is called in the graph, and the stores are
+    # replayed on the argument (compared after each call).
+    from differential import check
+    for fn in (_patch_forward, _patch_child_forward):
+        check(fn, [(_Block(), torch.randn(2, 4)) for _ in range(3)], breaks=0, fallbacks=0)
+    # a bound method made in the frame: still right (its call runs in CPython)
+    check(_patch_as_method, [(_Block(), torch.randn(2, 4)) for _ in range(2)], graphs=None)

@@ -192,8 +192,12 @@ class NNModuleVar(Var):
             unsupported(f"backward hooks on {type(m).__name__}")
         if "forward" in m.__dict__:
             unsupported(f"{type(m).__name__}.forward replaced on the instance")
+        # nn.Module._call_impl calls self.forward: a forward the frame stored on the
+        # instance (model.forward = ..., as PEFT and accelerate patch it) comes before
+        # the class's; the guard below still says the instance had none at the call.
+        patched = self._written_forward(tx)
         forward = class_attr(tx, type(m), "forward")
-        if not isinstance(forward, types.FunctionType):
+        if patched is None and not isinstance(forward, types.FunctionType):
             unsupported(f"{type(m).__name__}.forward is not a Python function")
         _shadowing_guard(tx, self.source, m, "forward", forward)
         if self.source is not None:
@@ -212,7 +216,10 @@ class NNModuleVar(Var):
                 result = hook_var.call(tx, [self, TupleVar(args)], {})
                 if not _is_none(result):
                     args = result.unpack(tx) if isinstance(result, TupleVar) else [result]
-        out = UserFunctionVar(forward).call(tx, [self, *args], kwargs)
+        if patched is not None:
+            out = patched.call(tx, list(args), kwargs)
+        else:
+            out = UserFunctionVar(forward).call(tx, [self, *args], kwargs)
         for hook_id, hook in list(m._forward_hooks.items()):
             hook_var = _hook_var(tx, hook)
             if hook_id in m._forward_hooks_with_kwargs:
@@ -222,6 +229,10 @@ class NNModuleVar(Var):
             if not _is_none(result):
                 out = result
         return out
+
+    def _written_forward(self, tx):
+        """The `forward` the frame stored on this instance, if it did (a Var)."""
+        return tx.side_effects.load_attr(self.module, "forward")
 
     def noun(self):
         return f"the {type(self.module).__qualname__} module"
@@ -449,6 +460,9 @@ class NewModuleVar(NNModuleVar):
         if name in self.buffers and not (isinstance(value, TensorVar) or _is_none(value)):
             unsupported(f"assigning a {value.python_type().__name__} to buffer {name!r} (TypeError)")
         self.attrs[name] = value
+
+    def _written_forward(self, tx):
+        return self.attrs.get("forward")
 
     def call_method(self, tx, name, args, kwargs):
         if name == "register_buffer" and name not in self.attrs and \
