@@ -175,3 +175,73 @@ def test_forward_stored_on_the_instance_in_the_frame_is_the_one_called():
         check(fn, [(_Block(), torch.randn(2, 4)) for _ in range(3)], breaks=0, fallbacks=0)
     # a bound method made in the frame: still right (its call runs in CPython)
     check(_patch_as_method, [(_Block(), torch.randn(2, 4)) for _ in range(2)], graphs=None)
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+        self.seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+        self.n = 2
+
+    def forward(self, x):
+        for layer in self.layers[: self.n]:     # (as HF's decoders loop over their layers)
+            x = layer(x)
+        return x
+
+
+def _inputs(n=3):
+    return [(_Stack(), torch.randn(2, 4)) for _ in range(n)]
+
+
+def test_a_slice_of_a_module_list_loops_in_the_graph():
+    from differential import check
+    check(lambda m, x: m(x), _inputs(), breaks=0, fallbacks=0)
+
+
+def test_a_slice_of_a_module_container_is_a_container_of_its_class():
+    # It was a list: returned as one, not callable, concatenated as lists, refused by
+    # Module.__setattr__ (TypeError where CPython stores it).
+    from differential import check
+
+    def returned(m, x):
+        return m.layers[1:], isinstance(m.layers[:2], torch.nn.ModuleList), type(m.seq[1:]).__name__
+
+    def called(m, x):
+        return m.seq[:2](x)
+
+    def stored(m, x):
+        setattr(m, "layers", m.layers[:1])
+        return m(x)
+
+    def added(m, x):
+        return len(m.layers[::2]), m.layers[-2:][0](x), m.layers[:2] + m.layers[2:]
+
+    for fn in (returned, called, stored, added):
+        check(fn, _inputs(), graphs=None)
+
+
+def test_module_tables_changed_in_the_frame_are_read_as_changed():
+    # add_module / ModuleList.extend / a submodule stored as an attribute write the
+    # module's tables when the graph's effects are replayed: reads of the tables after
+    # them (iteration, named_children, len) saw the old tables.
+    from differential import check
+
+    def extended(m, x):
+        m.layers.extend([m.layers[0]])
+        return m.layers[0](x), len(m.layers), [type(c).__name__ for c in m.layers]
+
+    def added(m, x):
+        m.add_module("extra", torch.nn.Identity())
+        return [n for n, _ in m.named_children()]
+
+    def stored(m, x):
+        m.head = m.layers[0]
+        return [n for n, _ in m.named_modules()], len(list(m.parameters()))
+
+    def replaced(m, x):
+        m.layers[0] = m.seq[0]
+        return m(x), sum(p.numel() for p in m.parameters())
+
+    for fn in (extended, added, stored, replaced):
+        check(fn, _inputs(), graphs=None)

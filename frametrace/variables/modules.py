@@ -2,6 +2,7 @@
 hooks the way nn.Module.__call__ would); parameters and buffers become graph inputs."""
 from __future__ import annotations
 
+import operator
 import types
 
 import torch
@@ -58,6 +59,7 @@ class NNModuleVar(Var):
         for store in ("_parameters", "_buffers", "_modules"):
             table = d.get(store)
             if table is not None and name in table:
+                _refuse_pending_writes(tx, m, store, whole=False)
                 instead = getattr(tx.output, "reparametrized", None)
                 if instead is not None and store != "_modules":
                     got = instead[0].get((id(m), name))
@@ -125,18 +127,24 @@ class NNModuleVar(Var):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     # -- containers --
+    def _table(self, tx, store):
+        """The module's real `store` table (_modules, _parameters, ...), which the
+        trace has not changed."""
+        _refuse_pending_writes(tx, self.module, store)
+        return getattr(self.module, store)
+
     def _member(self, tx, key):
         m = self.module
         store = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
         key = str(key)
-        return wrap(tx, getattr(m, store)[key], self._child_source(store, key))
+        return wrap(tx, self._table(tx, store)[key], self._child_source(store, key))
 
     def _keys(self, tx):
         """The container's member names, guarded: a ModuleList can be appended to."""
         m = self.module
         store = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) \
             else "_modules"
-        table = getattr(m, store)
+        table = self._table(tx, store)
         if self.source is not None:
             tx.guards.dict_keys(AttrSource(self.source, store), table)
         return list(table.keys())
@@ -152,7 +160,7 @@ class NNModuleVar(Var):
         if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
             return self._member(tx, k)
         if isinstance(k, slice):
-            return ListVar([self._member(tx, name) for name in keys[k]])
+            return ModuleSliceVar([self._member(tx, name) for name in keys[k]], self, k)
         return self._member(tx, keys[k])
 
     def unpack(self, tx):
@@ -188,6 +196,8 @@ class NNModuleVar(Var):
         m = self.module
         _refuse_distributed(m)
         _guard_global_hooks(tx)
+        for table in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+            _refuse_pending_writes(tx, m, table)
         if m._backward_hooks or m._backward_pre_hooks:
             unsupported(f"backward hooks on {type(m).__name__}")
         if "forward" in m.__dict__:
@@ -239,6 +249,45 @@ class NNModuleVar(Var):
 
     def __repr__(self):
         return f"NNModuleVar({type(self.module).__name__})"
+
+
+class ModuleSliceVar(Var):
+    """`container[i:j]` of a ModuleList or Sequential (HF: `self.layers[:n]`): a new
+    container of the same class in CPython, whose members the trace iterates, counts
+    and indexes.  What would tell it from a list (storing it on a module, methods,
+    operators) is refused; leaving the frame, it is made again from its container."""
+    __slots__ = ("items", "parent", "index")
+
+    def __init__(self, items, parent, index):
+        super().__init__(None)
+        self.items, self.parent, self.index = items, parent, index
+
+    def python_type(self):
+        return type(self.parent.module)
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def length(self, tx):
+        return len(self.items)
+
+    def truth(self, tx):
+        return bool(self.items)
+
+    def getitem(self, tx, key):
+        if key.is_const() and type(key.as_const()) is int and -len(self.items) <= key.as_const() < len(self.items):
+            return self.items[key.as_const()]
+        return super().getitem(tx, key)
+
+    def reconstruct(self, cg):
+        if self.parent.source is None:
+            return super().reconstruct(cg)
+        i = self.index     # (a slice is no code constant before 3.14: built)
+        cg.call_const(operator.getitem, [self.parent.source.reconstruct, lambda cg: cg.call_const(
+            slice, [lambda cg, v=v: cg.load_const(v) for v in (i.start, i.stop, i.step)])])
+
+    def noun(self):
+        return f"a slice of the {type(self.parent.module).__qualname__} module"
 
 
 def _refuse_distributed(m):
@@ -298,6 +347,9 @@ def guard_class_none(tx, cls, name):
 def _check_module_store(m, name, value):
     """The TypeErrors Module.__setattr__ raises, raised in place (by stopping the trace at
     the store) rather than when the store is replayed after the graph."""
+    if isinstance(value, ModuleSliceVar):
+        # (a module in CPython, filed into _modules: the store is CPython's to make)
+        unsupported(f"storing {value} on a module")
     is_none = isinstance(value, ConstVar) and value.value is None
     if name in m.__dict__.get("_parameters", {}) and not is_none and not (
             isinstance(value, TensorVar) and value.python_type() is torch.nn.Parameter):
@@ -340,6 +392,9 @@ def _named(kind):
         a = [v.as_const() for v in args]
         kw = {k: v.as_const() for k, v in kwargs.items()}
         impl = getattr(torch.nn.Module, kind)
+        for mod in (self.module.modules() if _recurses(kind, a, kw) else (self.module,)):
+            for store in _STRUCTURE:
+                _refuse_pending_writes(tx, mod, store)
         try:
             items = list(impl(self.module, *a, **kw))
             paths = _unprefixed_paths(self.module, kind, a, kw)
@@ -353,6 +408,32 @@ def _named(kind):
             out.append(var if name is None else TupleVar([ConstVar(name), var]))
         return LazyIteratorVar(iter(out), types.GeneratorType)
     return method
+
+
+_STRUCTURE = ("_parameters", "_buffers", "_modules")
+
+
+def _refuse_pending_writes(tx, m, store, whole=True):
+    """A module's table read off the real module must be what the trace sees: a write
+    the trace made to it (add_module, ModuleList.extend, a parameter or submodule
+    stored as an attribute, a new hook) is replayed only after the graph, so the read
+    is refused and CPython makes it, after the writes.  `whole`: the table's keys are
+    read (not one entry, whose own pending store the caller has looked up)."""
+    se = tx.side_effects
+    if se.load_attr(m, store) is not None:
+        unsupported(f"{type(m).__name__}.{store} replaced earlier in the frame")
+    table = m.__dict__.get(store)
+    known = tx.output.object_vars.get(id(table))
+    if known is not None and known[0] is table and se.container_mutated(known[1]):
+        unsupported(f"{type(m).__name__}'s {store.strip('_')} changed earlier in the frame")
+    if whole and store in _STRUCTURE:
+        # (Module.__setattr__ files a module or parameter, or a new value of a name
+        # already there, into the tables)
+        for name, value in se.attr_writes(m):
+            if (table and name in table) or isinstance(value, NNModuleVar) or \
+                    (isinstance(value, TensorVar) and issubclass(value.python_type(), torch.nn.Parameter)):
+                unsupported(f"{type(m).__name__}.{name} stored earlier in the frame "
+                            f"(its {store.strip('_')} are read now)")
 
 
 def _unprefixed_paths(m, kind, args, kwargs):
