@@ -818,3 +818,30 @@ def test_returned_closure_keeps_its_cells():
         torch.testing.assert_close(out, ref_out)
         torch.testing.assert_close(inner(torch.ones(4)), ref_inner(torch.ones(4)))
     assert cnt.frame_count == 2
+
+
+class _Holder:
+    kind = "holder"
+
+    def __init__(self):
+        self.a = 1
+        self.t = torch.ones(2)
+
+
+def test_hasattr_and_getattr_see_writes_made_through_the_instance_dict():
+    # obj.__dict__[k] = v and obj.__dict__.pop(k) change what hasattr/getattr answer
+    # (the trace held the dict's items, hasattr read the real dict: opposite answers).
+    def added(o, x):
+        o.__dict__["c"] = 5
+        return o.c, hasattr(o, "c"), getattr(o, "c", 0), x * 2
+
+    def popped(o, x):
+        o.__dict__.pop("a")
+        return "a" in o.__dict__, hasattr(o, "a"), getattr(o, "a", 9), x + o.t
+
+    def class_attr_and_missing(o, x):
+        o.__dict__["b"] = 2
+        return hasattr(o, "kind"), hasattr(o, "nothing"), getattr(o, "nothing", None), x - 1
+
+    for fn in (added, popped, class_attr_and_missing):
+        check(fn, [(_Holder(), torch.randn(2)) for _ in range(3)], breaks=0, fallbacks=0)

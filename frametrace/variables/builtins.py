@@ -26,7 +26,7 @@ from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _
                          live_items, live_keys, live_members, note_live_read)
 from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
-from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
+from .modules import NNModuleVar, _class_lookup, class_attr, class_defines, table_changed
 from .objects import (ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metaclass_hook,
                       fold_call, namespace_var)
 from .symbolic import SliceVar, SymNodeVar
@@ -1423,6 +1423,9 @@ def _getattr(tx, args, kwargs):
         unsupported(f"getattr({obj}, {name!r}, default): cannot tell whether it exists")
 
 
+_ABSENT = object()
+
+
 def _has_attr(tx, obj, name):
     """Whether `obj` has attribute `name`: True, False, or None (cannot tell).  A
     guard keeps the answer for objects from the frame."""
@@ -1447,6 +1450,20 @@ def _has_attr(tx, obj, name):
         cls = obj.instance_class() if isinstance(obj, UserObjectVar) else type(value)
         if cls is not type(value):
             return _has_attr_of_new_class(tx, obj, d, cls, name)
+        held = obj._dict_var(tx) if isinstance(obj, UserObjectVar) else None
+        if held is not None:
+            # The trace holds obj.__dict__ and may have changed it (obj.__dict__[k] = v,
+            # .pop(k)): its items are the truth, as in own_attr; they carry their own
+            # guards, and the class's part is guarded as a class lookup.
+            if held.lookup(name, _ABSENT) is not _ABSENT:
+                return True
+            for hook in ("__getattribute__", "__getattr__", name):
+                tx.guards.class_attr(cls, hook, _class_lookup(cls, hook))
+            return _class_lookup(cls, name) is not None or \
+                (None if _class_lookup(cls, "__getattr__") is not None else False)
+        if isinstance(value, torch.nn.Module) and any(
+                table_changed(tx, value, t) for t in ("_parameters", "_buffers", "_modules")):
+            return None     # (the tables the replay will write: the attribute read decides)
         found = name in d or _class_lookup(cls, name) is not None
         if not found and isinstance(value, torch.nn.Module):
             found = any(name in (d.get(t) or {}) for t in ("_parameters", "_buffers", "_modules"))

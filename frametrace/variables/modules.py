@@ -413,19 +413,26 @@ def _named(kind):
 _STRUCTURE = ("_parameters", "_buffers", "_modules")
 
 
+def table_changed(tx, m, store) -> bool:
+    """Whether the trace replaced or changed module `m`'s table `store` (_modules,
+    _parameters, a hook table ...): writes that CPython makes only after the graph."""
+    se = tx.side_effects
+    if se.load_attr(m, store) is not None:
+        return True
+    table = m.__dict__.get(store)
+    known = tx.output.object_vars.get(id(table))
+    return known is not None and known[0] is table and se.container_mutated(known[1])
+
+
 def _refuse_pending_writes(tx, m, store, whole=True):
     """A module's table read off the real module must be what the trace sees: a write
     the trace made to it (add_module, ModuleList.extend, a parameter or submodule
     stored as an attribute, a new hook) is replayed only after the graph, so the read
     is refused and CPython makes it, after the writes.  `whole`: the table's keys are
     read (not one entry, whose own pending store the caller has looked up)."""
-    se = tx.side_effects
-    if se.load_attr(m, store) is not None:
-        unsupported(f"{type(m).__name__}.{store} replaced earlier in the frame")
-    table = m.__dict__.get(store)
-    known = tx.output.object_vars.get(id(table))
-    if known is not None and known[0] is table and se.container_mutated(known[1]):
+    if table_changed(tx, m, store):
         unsupported(f"{type(m).__name__}'s {store.strip('_')} changed earlier in the frame")
+    se, table = tx.side_effects, m.__dict__.get(store)
     if whole and store in _STRUCTURE:
         # (Module.__setattr__ files a module or parameter, or a new value of a name
         # already there, into the tables)
