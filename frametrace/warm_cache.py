@@ -536,8 +536,14 @@ _FIELD_ATTRS = ("name", "type", "default", "default_factory", "init", "repr", "h
 
 def _bind_kind(obj):
     """How an object compared by identity is found in another process: None (by name or
-    value), "equal" (the live object at its source, equal to it), "instance" (the live
-    object at its source, of its class); NotCacheable otherwise."""
+    value), "equal" (the live object at its source, equal to it), "enum" (the live member
+    at its source, of the same class, name and value), "instance" (the live object at
+    its source, of its class); NotCacheable otherwise."""
+    if isinstance(obj, enum.Enum):
+        # One object per member in a process, so the trace read its value as a constant
+        # with an identity guard; another process may define the member with another
+        # value (computed, an edited class body).
+        return "enum"
     if obj is None or type(obj) in _SIMPLE or isinstance(obj, (types.ModuleType, type)) or \
             type(obj) in _TORCH_VALUES or (type(obj) is not types.FunctionType and
                                            _global_name(obj) is not None):
@@ -594,7 +600,8 @@ def describe(code, func, check, new_code, gm, graph_fn, inlined, outcome, backen
             label = binds[id(obj)] = len(bind_list)
             bind_list.append((kind, [], obj if kind == "equal" else _facts(obj) if kind == "deep" else
                               _function_facts(obj) if kind == "function" else
-                              _descriptor_facts(obj) if kind == "descriptor" else type(obj)))
+                              _descriptor_facts(obj) if kind == "descriptor" else
+                              _enum_facts(obj) if kind == "enum" else type(obj)))
         if source not in bind_list[label][1]:
             bind_list[label][1].append(source)
     inputs = list(gm.meta.get("frametrace_input_sources", ())) if gm is not None else []
@@ -630,6 +637,11 @@ def describe(code, func, check, new_code, gm, graph_fn, inlined, outcome, backen
             raise NotCacheable(f"inlined {c.co_qualname} is not pinned by a guard")
     return pickle.dumps({"versions": _versions(), "binds": binds_bytes, "body": body_bytes},
                         protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _enum_facts(member) -> tuple:
+    """An enum member as its class (by name), name and value (as plain values)."""
+    return type(member), member.name, _facts(member.value)
 
 
 def _function_facts(fn) -> tuple:
@@ -843,6 +855,13 @@ def _bind(bind_list, env) -> dict:
                 raise _Stale(f"{sources[0].name()} has changed")
         elif kind == "function":
             if not _same_function(obj, recorded):
+                raise _Stale(f"{sources[0].name()} has changed")
+        elif kind == "enum":
+            try:
+                same = isinstance(obj, enum.Enum) and _enum_facts(obj) == recorded
+            except NotCacheable:
+                same = False
+            if not same:
                 raise _Stale(f"{sources[0].name()} has changed")
         elif type(obj) is not recorded:
             raise _Stale(f"{sources[0].name()} is of another class")

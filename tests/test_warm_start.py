@@ -323,3 +323,39 @@ def test_save_with_a_folder_and_load_elsewhere(tmp_path):
     warm = _run(tmp_path, cache=str(tmp_path / "other-cache"), LOAD=path)
     _same_as_cpython(warm)
     assert warm["compiled"] == 0 and warm["from_cache"] == cold["compiled"]
+
+
+ENUM_PROGRAM = '''
+import enum, json, os
+import torch, frametrace
+from frametrace import convert
+
+class Mode(enum.Enum):
+    A = 1
+    B = int(os.environ.get("B", 2))
+
+records = []
+convert.record_observers.append(records.append)
+
+def f(x):
+    return x * Mode.B.value + len(Mode.B.name)
+
+x = torch.ones(3)
+got = frametrace.optimize(f, backend="eager")(x)
+print("RESULT", json.dumps({"got": got.tolist(), "want": f(x).tolist(),
+                            "from_cache": sum(r.from_cache for r in records)}))
+'''
+
+
+def test_an_enum_member_of_another_value_is_a_miss(tmp_path):
+    # The trace reads a member's value as a constant (one object per member in a
+    # process: an identity guard holds it); another process may give the member another
+    # value, so the entry binds it by class, name and value.
+    (tmp_path / "prog.py").write_text(ENUM_PROGRAM)
+    runs = {}
+    for name, b in (("cold", 2), ("warm", 2), ("other", 7), ("other_warm", 7)):
+        runs[name] = r = _run(tmp_path, B=b)
+        assert r["got"] == r["want"], (name, r)
+    assert runs["cold"]["from_cache"] == 0 and runs["warm"]["from_cache"] == 1
+    assert runs["other"]["from_cache"] == 0 and runs["other"]["got"] != runs["cold"]["got"]
+    assert runs["other_warm"]["from_cache"] == 1
