@@ -245,3 +245,127 @@ def test_module_tables_changed_in_the_frame_are_read_as_changed():
 
     for fn in (extended, added, stored, replaced):
         check(fn, _inputs(), graphs=None)
+
+
+class _MethodsFirst(torch.nn.Module):
+    """Submodules, a parameter and a buffer named as methods or class attributes:
+    object.__getattribute__ finds the class's (Module.__getattr__, which reads the
+    tables, only runs where it finds nothing); instance attributes win over methods."""
+    downsample = None
+
+    def __init__(self):
+        super().__init__()
+        self.activation = torch.nn.ReLU()
+        self.linear = torch.nn.Linear(4, 4)
+        self.downsample = torch.nn.Linear(4, 4)
+        self.t = torch.ones(4) * 0.5
+        self.f = 1.5
+
+    def activation(self, x):
+        return x * 1.2
+
+    def linear(self, x):
+        return x * 2.0
+
+    def t(self):
+        return 0
+
+    def f(self):
+        return 0
+
+    def forward(self, x):
+        y = self.activation(self.linear(x + 1)) * self.t * self.f
+        return y if self.downsample is None else self.downsample(y)
+
+
+def test_class_attributes_come_before_the_module_tables():
+    # (the submodules were taken instead of the methods: a wrong answer)
+    from differential import check
+    check(lambda m, x: m(x), [(_MethodsFirst(), torch.randn(2, 4)) for _ in range(3)], breaks=0)
+
+
+class _Other(torch.nn.Module):
+    def forward(self, x):
+        return self.lin(x) * 3
+
+
+class _StaticForward(torch.nn.Module):
+    @staticmethod
+    def forward(x):
+        return x * 2 + 1
+
+
+class _WithStatic(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.s = _StaticForward()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.s(self.lin(x))
+
+
+def test_instance_and_static_forwards_are_called():
+    import types
+    from differential import check
+
+    def patched():
+        m = _Block()
+        m.forward = types.MethodType(_Other.forward, m)
+        return m
+
+    for make in (patched, _WithStatic):
+        check(lambda m, x: m(x), [(make(), torch.randn(2, 4)) for _ in range(3)], fullgraph=True)
+    # the same module, its forward replaced and removed between calls: guarded
+    cnt = frametrace.testing.CompileCounter()
+    f = frametrace.optimize(lambda m, x: m(x), backend=cnt)
+    m, x = _Block(), torch.randn(2, 4)
+    torch.testing.assert_close(f(m, x), _Block.forward(m, x))
+    m.forward = types.MethodType(_Other.forward, m)
+    torch.testing.assert_close(f(m, x), _Other.forward(m, x))
+    del m.forward
+    torch.testing.assert_close(f(m, x), _Block.forward(m, x))
+    assert cnt.frame_count == 2
+
+
+class _Forwarding(torch.nn.Module):
+    """A module that forwards self[i] and len(self) to its ModuleList."""
+
+    def __init__(self, n=2):
+        super().__init__()
+        self.items = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(n)])
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def forward(self, x):
+        for i in range(len(self)):
+            x = self[i](x)
+        return x + (1 if self else 0)
+
+
+class _Reversed(torch.nn.ModuleList):
+    def __getitem__(self, i):
+        return super().__getitem__(len(self) - 1 - i)
+
+
+def test_a_modules_own_container_methods_and_identity_equality():
+    from differential import check
+    check(lambda m, x: m(x), [(_Forwarding(), torch.randn(2, 4)) for _ in range(3)], fullgraph=True)
+    check(lambda m, x: x + 1 if m else x - 1, [(_Forwarding(0), torch.randn(2, 4)) for _ in range(2)])
+    # a ModuleList subclass's own __getitem__ (its containers' was taken: a wrong answer)
+    check(lambda m, x: m[0](x), [(_Reversed([torch.nn.Linear(4, 4), torch.nn.ReLU()]), torch.randn(2, 4))
+                                 for _ in range(3)], fullgraph=True)
+
+    def same_layer(m, x):
+        for layer in [m.items[0], None, m.items[1]]:
+            if layer is None or layer == m.items[0]:
+                x = x + 1
+            elif layer != m.items[0]:
+                x = layer(x)
+        return x
+
+    check(same_layer, [(_Forwarding(), torch.randn(2, 4)) for _ in range(3)], fullgraph=True)

@@ -56,7 +56,11 @@ class NNModuleVar(Var):
         if written is not None:
             return written
         d = m.__dict__
-        for store in ("_parameters", "_buffers", "_modules"):
+        # Module.__getattr__ reads the tables only where object.__getattribute__ found
+        # nothing: a class attribute of the name (a method, None) or an instance one wins.
+        tables = ("_parameters", "_buffers", "_modules") if name not in d and \
+            cls_attr is None and not class_defines(type(m), name) else ()
+        for store in tables:
             table = d.get(store)
             if table is not None and name in table:
                 _refuse_pending_writes(tx, m, store, whole=False)
@@ -149,8 +153,19 @@ class NNModuleVar(Var):
             tx.guards.dict_keys(AttrSource(self.source, store), table)
         return list(table.keys())
 
+    def _own_dunder(self, tx, name):
+        """The class's own `name` method, written in Python outside torch.nn (a module
+        that forwards `self[k]` or `len(self)` to its container), or None."""
+        fn = class_attr(tx, type(self.module), name)
+        if isinstance(fn, types.FunctionType) and not (fn.__module__ or "").startswith("torch.nn."):
+            return fn
+        return None
+
     def getitem(self, tx, key):
         m = self.module
+        own = self._own_dunder(tx, "__getitem__")
+        if own is not None:
+            return UserFunctionVar(own).call(tx, [self, key], {})
         if not isinstance(m, _CONTAINERS):
             unsupported(f"indexing module {type(m).__name__}")
         if not key.is_const():
@@ -165,6 +180,8 @@ class NNModuleVar(Var):
 
     def unpack(self, tx):
         m = self.module
+        if self._own_dunder(tx, "__iter__") is not None:
+            unsupported(f"iterating over module {type(m).__name__} (its own __iter__)")
         if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
             return [ConstVar(k) for k in self._keys(tx)]
         if isinstance(m, _CONTAINERS):
@@ -172,11 +189,22 @@ class NNModuleVar(Var):
         unsupported(f"iterating over module {type(m).__name__}")
 
     def length(self, tx):
+        own = self._own_dunder(tx, "__len__")
+        if own is not None:
+            n = UserFunctionVar(own).call(tx, [self], {})
+            if not (n.is_const() and type(n.as_const()) is int):
+                unsupported(f"len() of module {type(self.module).__name__}: __len__ gave {n}")
+            return n.as_const()
         if isinstance(self.module, _CONTAINERS):
             return len(self._keys(tx))
         unsupported(f"len() of module {type(self.module).__name__}")
 
     def truth(self, tx):
+        own = self._own_dunder(tx, "__bool__")
+        if own is not None:
+            return UserFunctionVar(own).call(tx, [self], {}).truth(tx)
+        if self._own_dunder(tx, "__len__") is not None:
+            return self.length(tx) != 0         # (bool() falls back on __len__)
         return True if not isinstance(self.module, _CONTAINERS) else bool(self._keys(tx))
 
     # -- calls --
@@ -200,16 +228,20 @@ class NNModuleVar(Var):
             _refuse_pending_writes(tx, m, table)
         if m._backward_hooks or m._backward_pre_hooks:
             unsupported(f"backward hooks on {type(m).__name__}")
-        if "forward" in m.__dict__:
-            unsupported(f"{type(m).__name__}.forward replaced on the instance")
-        # nn.Module._call_impl calls self.forward: a forward the frame stored on the
-        # instance (model.forward = ..., as PEFT and accelerate patch it) comes before
-        # the class's; the guard below still says the instance had none at the call.
+        # nn.Module._call_impl calls self.forward: a forward stored on the instance
+        # (model.forward = ..., as PEFT and accelerate patch it; here or by the frame)
+        # comes before the class's, a staticmethod takes no self.
         patched = self._written_forward(tx)
+        if patched is None and "forward" in m.__dict__:
+            patched = self.getattr(tx, "forward")       # (guarded through its source)
         forward = class_attr(tx, type(m), "forward")
+        if isinstance(forward, staticmethod) and isinstance(forward.__func__, types.FunctionType) \
+                and patched is None:
+            patched = UserFunctionVar(forward.__func__)
         if patched is None and not isinstance(forward, types.FunctionType):
             unsupported(f"{type(m).__name__}.forward is not a Python function")
-        _shadowing_guard(tx, self.source, m, "forward", forward)
+        if "forward" not in m.__dict__:
+            _shadowing_guard(tx, self.source, m, "forward", forward)
         if self.source is not None:
             if m._forward_hooks or m._forward_pre_hooks:
                 tx.guards.hook_keys(self.source, m)

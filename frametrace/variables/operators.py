@@ -21,6 +21,7 @@ from .constant import BINARY_FOLD, INPLACE_TO_PLAIN, ConstVar
 from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import ExceptionVar, raise_builtin, raise_folded
 from .fx_values import to_fake
+from .modules import NNModuleVar, class_attr
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .objects import ObjectVar
 from .scalars import capturing
@@ -133,7 +134,18 @@ def binary_op(tx, fn, a: Var, b: Var) -> Var:
     if plain in (operator.eq, operator.ne) and isinstance(a, ObjectVar) and isinstance(b, ObjectVar):
         same = a.value == b.value
         return ConstVar(same if plain is operator.eq else not same)
+    if plain in (operator.eq, operator.ne) and _compares_by_identity(tx, a) and _compares_by_identity(tx, b):
+        # (`layer == self.layer0`: object.__eq__ on both sides, an identity test)
+        return ConstVar(is_same(a, b, tx) == (plain is operator.eq))
     unsupported(f"{plain.__name__} on {a} and {b}")
+
+
+def _compares_by_identity(tx, v) -> bool:
+    """A module whose class keeps object's __eq__ and __ne__ (guarded)."""
+    if not isinstance(v, NNModuleVar):
+        return False
+    cls = type(v.module)
+    return all(class_attr(tx, cls, name) is getattr(object, name) for name in ("__eq__", "__ne__"))
 
 
 def _sequence_kinds(a, b):
