@@ -59,6 +59,12 @@ view_chain_shortcut = True
 # False: such a module stays opaque data there (calling it breaks again).
 trace_modules_from_breaks = True
 
+# An int an nn.Module holds is a constant of the model (guarded by value, as under
+# torch.compile) until it has changed twice between calls: a counter (`self.step += 1`
+# in forward) is then a symbolic input instead of one compile per step up to the cache
+# limit.  False: module ints stay constants (each new value recompiles).
+dynamic_module_counters = True
+
 # Guards load attributes (a class's, an instance's) from a memo while the version tags
 # of the class, its metatype and the instance dict are unchanged (_C/guards.c,
 # cached_attr).  False: every load is a getattr, to tell a wrong answer of the memo's

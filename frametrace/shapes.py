@@ -30,7 +30,7 @@ import torch._higher_order_ops.utils as hop_utils
 
 from .source import (AttrSource, CallMethodSource, ClosureSource, ConstSource, GetItemSource,
                      GlobalSource, LocalSource)
-from . import interop
+from . import config, interop
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -344,6 +344,22 @@ class ShapePolicy:
                 self.seen[key] = None if self.seen.get(key, value) != value else value
             return False
         return self._dynamic_number(source, value, "int")
+
+    def dynamic_module_int(self, source, value: int) -> bool:
+        """An int an nn.Module holds is a constant of the model (a size, a count of
+        heads), as torch.compile has it; one that has changed twice is a counter
+        (`self.step += 1` in forward) and symbolic from then on, so that a loop does
+        not compile once per step up to the cache limit and then run in CPython."""
+        if type(value) is not int or self.dynamic is False or not config.dynamic_module_counters:
+            return False
+        key = ("module int", source.name())
+        last, changes = self.seen.get(key, (value, 0))
+        if last != value:
+            changes += 1
+        self.seen[key] = (value, changes)
+        symbolic = changes >= 2 and value not in (0, 1)
+        self.used |= symbolic
+        return symbolic
 
     def dynamic_float(self, source, value: float, held_by_module: bool = False) -> bool:
         """A float argument is symbolic once it has changed (torch.compile's automatic

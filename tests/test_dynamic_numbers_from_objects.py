@@ -1,8 +1,10 @@
 """Ints and floats read from objects the frame was passed (a config's `max_len`, a
 `scale`) are constants at first and symbolic once they change between calls, as
 torch.compile's automatic dynamic has them: the first value compiles, the second
-recompiles with a symbol, the third reuses that graph.  Sizes 0 and 1, values a
-constant is needed for and ints of nn.Modules keep specializing (guarded)."""
+recompiles with a symbol, the third reuses that graph.  Sizes 0 and 1 and values a
+constant is needed for keep specializing (guarded); ints of nn.Modules do until they
+have changed twice (a counter)."""
+import pytest
 import torch
 import torch.nn as nn
 
@@ -98,3 +100,52 @@ def test_ints_of_modules_stay_specialized():
 
     r = check(lambda m, x: m(x), [(Crop(n), torch.randn(8)) for n in (2, 3, 4)], breaks=0)
     assert r.compiles == 3, r
+
+
+class _Counting(nn.Module):
+    """A step counter in forward, read as a number and as a size."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.step = 0
+        self.warmup = 3
+
+    def forward(self, x):
+        self.step += 1
+        ramp = min(1.0, self.step / self.warmup)
+        return self.lin(x) * self.step + ramp, torch.full((2,), self.step), x.new_ones(self.step).sum()
+
+
+def _count_loop(backend, steps=12):
+    import copy
+    import frametrace
+    torch.manual_seed(0)
+    model = _Counting()
+    reference = copy.deepcopy(model)
+    counter = frametrace.testing.CompileCounter(inner=backend)
+    compiled = frametrace.optimize(model, backend=counter)
+    for i in range(steps):
+        x = torch.randn(2, 4)
+        for got, want in zip(compiled(x), reference(x)):
+            torch.testing.assert_close(got, want, msg=f"step {i}")
+    assert model.step == reference.step == steps
+    return counter.frame_count
+
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_modules_counter_becomes_symbolic_after_it_changes_twice(backend):
+    # The first value compiles, the second recompiles with the constant (a module's
+    # ints are sizes until they change again), the third with a symbol that the rest
+    # of the loop reuses: three compiles in twelve steps, never the cache limit.
+    assert _count_loop(backend) == 3
+
+
+def test_module_counters_switch_off(monkeypatch):
+    import warnings
+    import frametrace
+    monkeypatch.setattr(frametrace.config, "dynamic_module_counters", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # (the cache-limit warning)
+        assert _count_loop("eager", steps=10) == frametrace.config.cache_size_limit

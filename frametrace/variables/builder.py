@@ -144,12 +144,14 @@ _constant_key = constant_key      # (dict keys the keys guard compares by type a
 def _may_be_symbolic(tx, source, value) -> bool:
     """Whether a number from the frame is a symbolic input (once it has changed between
     calls).  Ints held by nn.Modules stay constants, as torch.compile has them (a
-    module's sizes are not expected to change; a change recompiles); their floats once
-    they have changed."""
+    module's sizes are not expected to change; a change recompiles) until they have
+    changed twice (a counter); their floats once they have changed."""
     policy = tx.output.policy
     if type(value) is float:
         return policy.dynamic_float(source, value, held_by_module=_under_module(tx, source))
-    return not _under_module(tx, source) and policy.dynamic_int(source, value)
+    if _under_module(tx, source):
+        return policy.dynamic_module_int(source, value)
+    return policy.dynamic_int(source, value)
 
 
 def _under_module(tx, source) -> bool:
