@@ -16,7 +16,7 @@ from .base import Var, unsupported, wrap
 from .constant import ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, TupleVar
 from .lazy import Lazy
-from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
+from .optimizers import dynamo_disabled_traced, in_traced_torch_package, trace_time_call, use_grad_wrapped
 from .tensor import TensorVar
 
 _VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
@@ -159,7 +159,7 @@ class UserFunctionVar(Var):
             return made         # (in a traced package, but its answer is the process's)
         step = use_grad_wrapped(fn)
         if step is not None:
-            return call_use_grad(tx, step, args, kwargs)
+            return _call_use_grad(tx, step, args, kwargs)
         traced = dynamo_disabled_traced(fn)
         if traced is not None:
             return UserFunctionVar(traced).call(tx, args, kwargs)
@@ -490,18 +490,21 @@ def _make_partial(fn, args, kwargs):
 # torch's pure-Python helpers over containers, which make no graph ops: traced through.
 _INLINED_TORCH_MODULES = frozenset({"torch.utils._pytree"})
 
-# torch packages of plain Python over tensors that are programs to capture, as the
-# user's own code is (torch.compile inlines them too): the optimizers' steps.  Their
-# frames are traced on their own too.
-TRACED_TORCH_PACKAGES = ("torch.optim", "torch.nn.utils.clip_grad", "torch.utils._foreach_utils")
-
 # Python over tensors traced through where model code calls it, but whose frames run in
 # CPython when CPython calls them: weight initialisation, probability distributions.
 INLINED_TORCH_PACKAGES = ("torch.nn.init", "torch.distributions")
 
 
-def in_traced_torch_package(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in TRACED_TORCH_PACKAGES)
+def _call_use_grad(tx, inner, args, kwargs):
+    """`_use_grad(self, ...)` (torch.optim's step wrapper): `inner` traced with grad mode
+    set to `self.defaults['differentiable']` (restored after, as its `finally` does)."""
+    from .contexts import GradModeDecoratedVar  # (lazy: contexts imports this module)
+    if not args:
+        unsupported("an optimizer step called without its optimizer")
+    flag = args[0].getattr(tx, "defaults").getitem(tx, ConstVar("differentiable"))
+    if not flag.is_const():
+        unsupported("an optimizer whose `differentiable` flag is not a constant")
+    return GradModeDecoratedVar(bool(flag.as_const()), UserFunctionVar(inner)).call(tx, args, kwargs)
 
 
 def in_inlined_torch_package(module: str) -> bool:

@@ -34,7 +34,7 @@ from .base import ValueVar, Var, binary_op, unsupported
 from .constant import INPLACE_TO_PLAIN, ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
-from .tensor import TensorVar
+from .tensor import TensorVar, tensor_method
 from ..source import ConstSource, Source
 from .fx_values import to_fake
 
@@ -752,6 +752,7 @@ def _unspecialized(tx, source) -> bool:
     return tx.output.policy.dynamic is True and _is_argument(source)
 
 
+@tensor_method("numpy")
 def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
     """``t.numpy()``: the same memory, seen as an ndarray."""
     if args or kwargs:

@@ -23,7 +23,7 @@ from .modules import construct_module
 from .constant import ConstVar, MethodVar, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
-from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
+from .symbolic_calls import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar, new_parameter
 from .. import _C
 from .grad_utils import foreach_tensor_scalars, group_by_device_and_dtype
