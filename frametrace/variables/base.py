@@ -43,10 +43,14 @@ def short_repr(obj, limit: int = 60) -> str:
 # holds the rules that pick a Var for a value, type by type, and so imports every Var
 # module), operators' binary_op, unary_op, is_same and contains (an operator on Vars
 # tries each operand kind's rule), exceptions' raise_builtin and raise_folded (a traced
-# exception is an object of a user-level class), builtins' iter_of and var_list (the
-# iteration protocol: iter() and the items of an iterable).  The Var modules under those call them
-# from here; each implementation registers itself (`@register`) when its module loads,
-# which variables/__init__ makes happen with the package.
+# exception is an object of a user-level class), builtins' iter_of, var_iter, var_list
+# and sorted_list (the iteration protocol: iter(), the items of an iterable, sorted())
+# and set_key (the hash protocol: what stands for a value among a set's members or a
+# dict's keys, by value or by identity, for every kind), user_objects'
+# namedtuple_member (a method a NamedTuple class body wrote is a user function).  The
+# Var modules under those call them from here; each implementation registers itself
+# (`@register`) when its module loads, which variables/__init__ makes happen with the
+# package.
 def register(fn):
     """Make `fn` the implementation of the entry point of its name."""
     assert fn.__name__ in _ENTRY_POINTS, fn
@@ -55,9 +59,10 @@ def register(fn):
 
 
 _ENTRY_POINTS = ("wrap", "binary_op", "unary_op", "is_same", "contains", "raise_builtin",
-                 "raise_folded", "iter_of", "var_list")
+                 "raise_folded", "iter_of", "var_iter", "var_list", "sorted_list", "set_key",
+                 "namedtuple_member")
 _wrap = _binary_op = _unary_op = _is_same = _contains = _raise_builtin = _raise_folded = None
-_iter_of = _var_list = None
+_iter_of = _var_iter = _var_list = _sorted_list = _set_key = _namedtuple_member = None
 
 
 def wrap(tx, value, source, guard: bool = True):
@@ -103,6 +108,28 @@ def iter_of(tx, v):
 def var_list(tx, v) -> list:
     """All items of an iterable Var (builtins.var_list)."""
     return _var_list(tx, v)
+
+
+def var_iter(tx, v):
+    """A Python iterator over the Vars iterating over `v` gives (builtins.var_iter)."""
+    return _var_iter(tx, v)
+
+
+def sorted_list(tx, args, kwargs):
+    """sorted(*args, **kwargs) as a ListVar, None where the call is not one sorted()
+    takes (builtins.sorted_list)."""
+    return _sorted_list(tx, args, kwargs)
+
+
+def set_key(v):
+    """What stands for `v` among a set's members (builtins.set_key)."""
+    return _set_key(v)
+
+
+def namedtuple_member(tx, var, name):
+    """A member a NamedTuple class body wrote in Python, read on `var`, else None
+    (user_objects.namedtuple_member)."""
+    return _namedtuple_member(tx, var, name)
 
 
 class _Null:

@@ -21,14 +21,14 @@ import sys
 
 from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded,
                    register, safe_repr, unsupported, wrap)
-from .constant import ConstVar, MethodVar
+from .constant import ConstVar, MethodVar, fold_call
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
                          live_items, live_keys, live_members, note_live_read)
 from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
-from .modules import NNModuleVar, _class_lookup, class_attr, class_defines
-from .objects import (ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metaclass_hook,
-                      fold_call, namespace_var)
+from .classes import class_attr, class_defines, class_lookup
+from .modules import NNModuleVar
+from .objects import ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metaclass_hook, namespace_var
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
 from ..resume_codes import original_code, private_lists
@@ -460,6 +460,7 @@ def _reachable(tx, container) -> bool:
     return False
 
 
+@register
 def var_iter(tx, v: Var):
     """A Python iterator over the Vars that iterating over `v` gives, taken now (as
     CPython's iter() would be); iterators are consumed lazily."""
@@ -551,6 +552,7 @@ class SetVar(DictVar):
     Var, and `items` mirrors the constant keys so that `in` works as on a dict."""
     __slots__ = ("real", "members")
     kind = set
+    is_set = True
 
     def __init__(self, values=(), source=None):
         DictVar.__init__(self, {}, source)
@@ -756,8 +758,8 @@ def never_equal_to_set(v: Var) -> bool:
 
 
 def _identity_hashed(cls) -> bool:
-    return _class_lookup(cls, "__hash__") is object.__hash__ and \
-        _class_lookup(cls, "__eq__") is object.__eq__
+    return class_lookup(cls, "__hash__") is object.__hash__ and \
+        class_lookup(cls, "__eq__") is object.__eq__
 
 
 def _order_unknown(member: Var) -> bool:
@@ -765,6 +767,7 @@ def _order_unknown(member: Var) -> bool:
     return isinstance(member, (TensorVar, NewObjectVar, UserObjectVar))
 
 
+@register
 def set_key(v: Var):
     """What stands for `v` in a set: the constant, or the real object for values hashed
     by identity."""
@@ -869,7 +872,7 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     elif asks_class:
         # (a __getattribute__ given to the class later would run here: it fails this)
         k = obj.instance_class()
-        tx.guards.class_attr(k, "__getattribute__", _class_lookup(k, "__getattribute__"))
+        tx.guards.class_attr(k, "__getattribute__", class_lookup(k, "__getattribute__"))
     return _class_covers(t, cls, tx)
 
 
@@ -1218,7 +1221,8 @@ def _keys_of(tx, items, key):
     return keys
 
 
-def _sorted(tx, args, kwargs):
+@register
+def sorted_list(tx, args, kwargs):
     if len(args) != 1 or set(kwargs) - {"key", "reverse"}:
         return None
     items = var_list(tx, args[0])
@@ -1429,7 +1433,7 @@ def _has_attr(tx, obj, name):
     from .user_objects import DataclassVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
-        if isinstance(_class_lookup(type(value), "__getattribute__"), types.FunctionType):
+        if isinstance(class_lookup(type(value), "__getattribute__"), types.FunctionType):
             # The class's own hook answers (a config's attribute_map aliases), not
             # its __dict__: a user object's hook is inlined (getattr, as CPython's
             # hasattr does); a module's is asked of the real object while the trace
@@ -1447,18 +1451,18 @@ def _has_attr(tx, obj, name):
         cls = obj.instance_class() if isinstance(obj, UserObjectVar) else type(value)
         if cls is not type(value):
             return _has_attr_of_new_class(tx, obj, d, cls, name)
-        found = name in d or _class_lookup(cls, name) is not None
+        found = name in d or class_lookup(cls, name) is not None
         if not found and isinstance(value, torch.nn.Module):
             found = any(name in (d.get(t) or {}) for t in ("_parameters", "_buffers", "_modules"))
         if not found:
-            custom = _class_lookup(cls, "__getattr__")
+            custom = class_lookup(cls, "__getattr__")
             if custom is not None and custom is not torch.nn.Module.__getattr__:
                 return None
         if obj.source is not None:
             # (first: a hook added to the class later fails these, not the hasattr
             # check, which would run it)
             for hook in ("__getattribute__", "__getattr__"):
-                tx.guards.class_attr(cls, hook, _class_lookup(cls, hook))
+                tx.guards.class_attr(cls, hook, class_lookup(cls, hook))
             _guard_hasattr(tx, obj.source, name, found)
         return found
     from .subclasses import is_user_container  # (lazy: import cycle, to break)
@@ -1467,7 +1471,7 @@ def _has_attr(tx, obj, name):
         # guarded); the class's, guarded as classes are.
         if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
             return True
-        return None if _class_lookup(obj.cls, "__getattr__") is not None else False
+        return None if class_lookup(obj.cls, "__getattr__") is not None else False
     if isinstance(obj, PartialVar):
         return _partial_has_attr(tx, obj, name)
     from .user_objects import NewObjectVar, new_object_hasattr  # (lazy: import cycle, to break)
@@ -1683,7 +1687,7 @@ _BUILTIN_HANDLERS = {
     len: _len, isinstance: _isinstance, issubclass: _issubclass, range: _range,
     tuple: _tuple_list(tuple), list: _tuple_list(list), dict: _dict, set: _set(set),
     frozenset: _set(frozenset), enumerate: _enumerate, zip: _zip, map: _map, filter: _filter,
-    reversed: _reversed, iter: _iter, next: _next, sorted: _sorted,
+    reversed: _reversed, iter: _iter, next: _next, sorted: sorted_list,
     min: _min_max(min), max: _min_max(max), sum: _sum, any: _any_all(True), all: _any_all(False),
     abs: _abs, round: _round, pow: _pow, divmod: _divmod,
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),

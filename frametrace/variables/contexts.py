@@ -21,7 +21,7 @@ from .constant import ConstVar
 from ..source import AttrSource
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
-from .modules import class_attr
+from .classes import class_attr
 
 
 class GradModeVar(Var):

@@ -16,7 +16,7 @@ from ..exc import Unsupported
 from .attributes import InstanceAttrs, MISSING
 from .base import Var, register, safe_repr, unsupported
 from .constant import ConstVar
-from .modules import class_attr
+from .classes import class_attr
 from .opaque import OpaqueVar
 from .user_objects import NewObjectVar
 from .builtins import _drain, iter_of

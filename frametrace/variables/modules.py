@@ -9,8 +9,9 @@ from torch.nn.modules import module as module_mod
 import inspect
 
 from .. import distributed
-from ..source import AttrSource, ConstSource, GetItemSource
+from ..source import AttrSource, GetItemSource
 from .base import Var, unsupported, wrap
+from .classes import class_attr, class_lookup
 from .constant import ConstVar, MethodVar
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
@@ -47,7 +48,7 @@ class NNModuleVar(Var):
         m = self.module
         # The class is guarded only where the answer comes from it: what the instance
         # holds is read through a source (whose guard does the whole lookup again).
-        cls_attr = _class_lookup(type(m), name)
+        cls_attr = class_lookup(type(m), name)
         if isinstance(cls_attr, property):
             tx.guards.class_attr(type(m), name, cls_attr)
             return _call_property(tx, cls_attr, self)
@@ -266,24 +267,6 @@ def _guard_global_hooks(tx):
     tx.guards.no_global_hooks(names)
 
 
-def _class_lookup(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return None
-
-
-def class_defines(cls, name) -> bool:
-    """Whether `cls` or a base holds `name` (`_class_lookup` answers None both for a
-    missing name and for a class attribute set to None)."""
-    return any(name in klass.__dict__ for klass in cls.__mro__)
-
-
-def guard_class_none(tx, cls, name):
-    """The trace took ``cls.name`` to be None (a class attribute, not a missing one)."""
-    tx.guards.value(AttrSource(ConstSource(cls, cls.__qualname__), name), None)
-
-
 def _check_module_store(m, name, value):
     """The TypeErrors Module.__setattr__ raises, raised in place (by stopping the trace at
     the store) rather than when the store is replayed after the graph."""
@@ -295,14 +278,6 @@ def _check_module_store(m, name, value):
         unsupported(f"TypeError: cannot assign {value} as child module {name!r}")
     if name in m.__dict__.get("_buffers", {}) and not is_none and not isinstance(value, TensorVar):
         unsupported(f"TypeError: cannot assign {value} as buffer {name!r}")
-
-
-def class_attr(tx, cls, name):
-    """`_class_lookup`, for a trace that relies on the answer: guarded (classes are
-    mutable: a method can be replaced, in a base class too)."""
-    found = _class_lookup(cls, name)
-    tx.guards.class_attr(cls, name, found)
-    return found
 
 
 def _shadowing_guard(tx, source, obj, name, attr):

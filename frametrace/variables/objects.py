@@ -15,12 +15,13 @@ import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, raise_folded, safe_repr, unsupported, wrap
+from .base import ValueVar, Var, a_type, safe_repr, set_key, unsupported, wrap
 from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
 from .modules import construct_module
-from .constant import ConstVar, MethodVar, is_constant_value, is_pure_method
+from .classes import class_lookup
+from .constant import ConstVar, MethodVar, fold_call, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .symbolic_calls import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
@@ -77,13 +78,6 @@ def object_noun(value) -> str:
 _TYPE_DICT = type.__dict__["__dict__"]
 
 
-def _class_lookup(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return None
-
-
 def _refuse_metaclass_hook(cls, name):
     """``cls.name`` would run a user metaclass's own __getattribute__ (always) or
     __getattr__ (for a name the lookup misses): Python code that may count or log,
@@ -91,7 +85,7 @@ def _refuse_metaclass_hook(cls, name):
     graph break, made by CPython."""
     meta = type(cls)
     for hook in ("__getattribute__", "__getattr__"):
-        fn = _class_lookup(meta, hook)
+        fn = class_lookup(meta, hook)
         if not isinstance(fn, types.FunctionType) or \
                 (getattr(fn, "__module__", None) or "").split(".")[0] in sys.stdlib_module_names:
             continue
@@ -202,7 +196,6 @@ class ObjectVar(ValueVar):
     def _contains_object(self, tx, item) -> bool:
         """An object hashed by identity (a function, a module) in a real set: what the
         set holds can change between calls, so the guard asks again."""
-        from .builtins import set_key  # (lazy: import cycle, to break)
         key = set_key(item)
         found = key in self.value
         if self.source is not None:
@@ -270,7 +263,7 @@ class ObjectVar(ValueVar):
                 callable(getattr(self.value, name, None)):
             return MethodVar(self, name)
         if name == "__dict__" and isinstance(self.value, type) and self.source is not None and \
-                _class_lookup(type(self.value), "__dict__") is _TYPE_DICT:
+                class_lookup(type(self.value), "__dict__") is _TYPE_DICT:
             # A new mapping proxy on every read, of the class's own dict: what the
             # trace reads from it is guarded through this source, not its identity.
             return ObjectVar(vars(self.value), AttrSource(self.source, "__dict__"))
@@ -1045,15 +1038,6 @@ def _consts(args):
 
 def _const_kwargs(kwargs):
     return {k: v.as_const() for k, v in kwargs.items()}
-
-
-def fold_call(fn, args, kwargs, name: str) -> ConstVar:
-    """``fn(*args, **kwargs)`` evaluated now, on constant Vars; an exception it raises
-    stops the trace with its message (CPython would raise it at this call)."""
-    try:
-        return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
-    except Exception as e:
-        raise_folded(e, f"{name}()")
 
 
 def _is_library_object(value) -> bool:

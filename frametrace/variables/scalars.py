@@ -18,7 +18,7 @@ import torch
 
 from .base import unsupported
 from .constant import ConstVar
-from .containers import ListVar, TupleVar
+from .containers import ListVar
 from .. import interop
 
 # Tensor methods that read the tensor's value as a Python number.

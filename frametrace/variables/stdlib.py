@@ -23,9 +23,9 @@ from . import log_calls as _log_calls
 from .base import Var, binary_op, contains, is_same, unary_op, unsupported
 from .builtins import (LazyIteratorVar, _dict, _is_none_var, call_item_fn, const_key, var_iter,
                        var_list)
-from .constant import ConstVar
+from .constant import ConstVar, fold_call
 from .containers import DictVar, IteratorVar, ListVar, TupleVar, _dict_key, key_var
-from .objects import ObjectVar, _all_const, fold_call
+from .objects import ObjectVar, _all_const
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
 from .exceptions import TracebackVar
