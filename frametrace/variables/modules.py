@@ -10,11 +10,11 @@ import inspect
 
 from .. import distributed
 from ..source import AttrSource, GetItemSource
-from .base import Var, unsupported, wrap
-from .classes import class_attr, class_lookup
+from .base import Var, object_var, unsupported, wrap
+from .classes import class_attr, class_defines, class_lookup, guard_class_none
 from .constant import ConstVar, MethodVar
 from .containers import DictVar, ListVar, TupleVar
-from .functions import BoundMethodVar, UserFunctionVar
+from .functions import BoundMethodVar, UserFunctionVar, call_rule, module_calls
 from .tensor import TensorVar
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
@@ -78,9 +78,8 @@ class NNModuleVar(Var):
         if isinstance(cls_attr, staticmethod):
             return wrap(tx, cls_attr.__func__, None, guard=False)
         if isinstance(cls_attr, classmethod):
-            from .objects import ObjectVar  # (lazy: import cycle, to break)
             return BoundMethodVar(wrap(tx, cls_attr.__func__, None, guard=False),
-                                  ObjectVar(type(m)))
+                                  object_var(type(m)))
         if cls_attr is not None:
             return wrap(tx, cls_attr, source)
         if class_defines(type(m), name):          # a class attribute that is None
@@ -229,6 +228,15 @@ class NNModuleVar(Var):
 
     def __repr__(self):
         return f"NNModuleVar({type(self.module).__name__})"
+
+
+@call_rule(*module_calls())
+def _call_module(tx, args, kwargs):
+    """nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`): what
+    calling the module does, hooks included."""
+    if args and isinstance(args[0], NNModuleVar):
+        return args[0].module_call(tx, args[1:], kwargs)
+    return None
 
 
 def _refuse_distributed(m):

@@ -15,7 +15,7 @@ import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, safe_repr, set_key, unsupported, wrap
+from .base import ValueVar, Var, a_type, register, safe_repr, set_key, unsupported, wrap
 from .contexts import GradModeSetVar, context_class, context_function
 from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
                         in_inlined_torch_package, visible_outside_writes)
@@ -380,6 +380,11 @@ class ObjectVar(ValueVar):
     def __repr__(self):
         return f"ObjectVar({safe_repr(self.value)})"
 
+
+
+@register
+def object_var(value, source=None):
+    return ObjectVar(value, source)
 
 
 class InGraphCallVar(ObjectVar):

@@ -17,7 +17,7 @@ from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descrip
 from .base import DELETED, Var, a_type, raise_builtin, register, unsupported, wrap
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
-from .functions import BoundMethodVar, UserFunctionVar
+from .functions import BoundMethodVar, UserFunctionVar, call_rule
 from .classes import class_attr, class_defines, class_lookup
 from .builtins import _guard_hasattr, var_list
 from .objects import ObjectVar, _PURE_READERS, _RealMethodVar, call_hint, object_noun
@@ -649,6 +649,11 @@ class _AttrsDictVar(DictVar):
 
     def reconstruct(self, cg):
         unsupported(f"the __dict__ of a {self.owner.cls.__name__} made in the frame leaves it")
+
+
+@call_rule(copy.deepcopy)
+def _call_deepcopy(tx, args, kwargs):
+    return deepcopy_var(tx, args[0], {}) if len(args) == 1 and not kwargs else None
 
 
 def deepcopy_var(tx, var, memo):
