@@ -14,6 +14,7 @@ from .base import Var, object_var, unsupported, wrap
 from .classes import class_attr, class_defines, class_lookup, guard_class_none
 from .constant import ConstVar, MethodVar
 from .containers import DictVar, ListVar, TupleVar
+from .iterators import LazyIteratorVar
 from .functions import BoundMethodVar, UserFunctionVar, call_rule, module_calls
 from .tensor import TensorVar
 
@@ -306,7 +307,6 @@ def _named(kind):
     remove_duplicate=...), modules() ...), run on the real module for the names and
     their order; each item is the Var read from its path below the module."""
     def method(tx, self, args, kwargs):
-        from .builtins import LazyIteratorVar  # (lazy: import cycle, to break)
         if not all(a.is_const() for a in (*args, *kwargs.values())):
             unsupported(f"{kind}() with arguments that are not constants")
         a = [v.as_const() for v in args]
