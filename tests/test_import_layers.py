@@ -74,7 +74,7 @@ UNEXPLAINED_CEILING = 27
 # Modules in the largest import circle inside variables/ (30 when first counted: all the
 # modules that hold Vars; the module-level imports alone have no circle, the lazy ones
 # close them).
-VARIABLES_CIRCLE_CEILING = 9
+VARIABLES_CIRCLE_CEILING = 8
 # interpreter.py's length (1180 before issue 32 moved its tables, f-string formatting,
 # locals() and MAKE_FUNCTION's function building down to variables/).
 INTERPRETER_LINES = 1100

@@ -26,6 +26,7 @@ from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .symbolic_calls import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
 from .tensor import TensorVar, new_parameter
+from .fx_values import PassedAsIs
 from .. import _C
 from .grad_utils import foreach_tensor_scalars, group_by_device_and_dtype
 from .optimizers import trace_time_call
@@ -104,7 +105,7 @@ def class_source(cls) -> ConstSource:
     return ConstSource(cls, getattr(cls, "__qualname__", None) or repr(cls))
 
 
-class ObjectVar(ValueVar):
+class ObjectVar(ValueVar, PassedAsIs):
     """An object used as-is while tracing (guarded by identity when it has a source).
 
     A class reached with no path of its own (``type(o)``, ``o.__class__``, a
