@@ -49,7 +49,8 @@ def short_repr(obj, limit: int = 60) -> str:
 # dict's keys, by value or by identity, for every kind), user_objects'
 # namedtuple_member (a method a NamedTuple class body wrote is a user function),
 # objects' object_var (a Python object used as-is: the kind every other falls back to)
-# and contexts' call_in_grad_mode (a function called under a grad mode it sets).  The
+# contexts' call_in_grad_mode (a function called under a grad mode it sets), and
+# construction's construct (calling a class: its instance is of any kind).  The
 # Var modules under those call them from here; each implementation registers itself
 # (`@register`) when its module loads, which variables/__init__ makes happen with the
 # package.
@@ -62,10 +63,10 @@ def register(fn):
 
 _ENTRY_POINTS = ("wrap", "binary_op", "unary_op", "is_same", "contains", "raise_builtin",
                  "raise_folded", "iter_of", "var_iter", "var_list", "sorted_list", "set_key",
-                 "namedtuple_member", "object_var", "call_in_grad_mode")
+                 "namedtuple_member", "object_var", "call_in_grad_mode", "construct")
 _wrap = _binary_op = _unary_op = _is_same = _contains = _raise_builtin = _raise_folded = None
 _iter_of = _var_iter = _var_list = _sorted_list = _set_key = _namedtuple_member = None
-_object_var = _call_in_grad_mode = None
+_object_var = _call_in_grad_mode = _construct = None
 
 
 def wrap(tx, value, source, guard: bool = True):
@@ -138,6 +139,12 @@ def namedtuple_member(tx, var, name):
 def object_var(value, source=None):
     """The Var of a Python object used as-is (objects.object_var: an ObjectVar)."""
     return _object_var(value, source)
+
+
+def construct(tx, cls, args, kwargs):
+    """The Var of `cls(*args, **kwargs)`, None where calling the class is not traced
+    (construction.construct)."""
+    return _construct(tx, cls, args, kwargs)
 
 
 def call_in_grad_mode(tx, mode: bool, fn, args, kwargs):

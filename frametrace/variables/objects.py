@@ -11,21 +11,18 @@ import types
 import weakref
 
 import torch
-import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, register, safe_repr, set_key, unsupported, wrap
-from .contexts import GradModeSetVar, context_class, context_function
-from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
-                        in_inlined_torch_package, visible_outside_writes)
-from .modules import construct_module
+from .base import ValueVar, Var, a_type, construct, register, safe_repr, set_key, unsupported, wrap
+from .contexts import GradModeSetVar, context_function
+from .functions import BoundMethodVar, OutsideState, UserFunctionVar, cached_call, visible_outside_writes
 from .classes import class_lookup
 from .constant import ConstVar, MethodVar, fold_call, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
 from .symbolic_calls import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
-from .tensor import TensorVar, new_parameter
+from .tensor import TensorVar
 from .fx_values import PassedAsIs
 from .. import _C
 from .grad_utils import foreach_tensor_scalars, group_by_device_and_dtype
@@ -319,7 +316,7 @@ class ObjectVar(ValueVar, PassedAsIs):
         if isinstance(value, type) and value in _CONST_CLASSES and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if isinstance(value, type):
-            made = _construct(tx, value, args, kwargs)
+            made = construct(tx, value, args, kwargs)
             if made is not None:
                 return made
         if value in TRACE_TIME_ANSWERS:
@@ -918,75 +915,6 @@ def namespace_var(tx, namespace: dict) -> GlobalsDictVar:
     var = GlobalsDictVar(namespace)
     tx.output.object_vars[id(namespace)] = (namespace, var)
     return var
-
-
-def _construct(tx, cls, args, kwargs):
-    """Calling a class while tracing."""
-    if issubclass(cls, BaseException):
-        from .exceptions import construct_exception  # (lazy: import cycle, to break)
-        return construct_exception(tx, cls, args, kwargs)
-    made = context_class(tx, cls, args, kwargs)
-    if made is not None:
-        return made
-    if cls is functools.partial and args:
-        return PartialVar(args[0], args[1:], kwargs)
-    if dataclasses.is_dataclass(cls):
-        # (lazy: import cycle, to break)
-        from .subclasses import construct_container_subclass, container_base
-        if container_base(cls) is not None:
-            # a dict (list ...) that is a dataclass: its __init__, generated or not, and
-            # the __post_init__ that calls run on the container
-            return construct_container_subclass(tx, cls, args, kwargs)
-        from .user_objects import make_dataclass_instance  # (lazy: import cycle, to break)
-        return make_dataclass_instance(tx, cls, args, kwargs)
-    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        names = list(cls._fields)
-        maker = next((k for k in cls.__mro__ if "__new__" in k.__dict__), None)
-        if maker is None or "_make" not in maker.__dict__ or cls.__init__ is not object.__init__:
-            # (a subclass's own __new__ or __init__ would run: made here, it would not)
-            unsupported(f"{cls.__name__}() with a __new__ or __init__ of its own")
-        if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
-            unsupported(f"{cls.__name__}() with unexpected arguments (TypeError)")
-        # The defaults are those of its __new__ (what the call uses; _field_defaults
-        # only reports them), when they are constants.
-        defaults = getattr(getattr(cls, "__new__", None), "__defaults__", None) or ()
-        defaults = dict(zip(names[len(names) - len(defaults):], defaults))
-        values = list(args)
-        for n in names[len(args):]:
-            if n in kwargs:
-                values.append(kwargs[n])
-            elif n in defaults and is_constant_value(defaults[n]):
-                values.append(ConstVar(defaults[n]))
-            else:
-                unsupported(f"{cls.__name__}() with missing fields")
-        return NamedTupleVar(values, names, cls=cls)
-    if cls is torch.nn.Parameter:
-        return new_parameter(tx, args, kwargs)
-    if issubclass(cls, torch.nn.Module):
-        return construct_module(tx, cls, args, kwargs)
-    module = getattr(cls, "__module__", "") or ""
-    # (lazy: import cycle, to break)
-    from .subclasses import construct_container_subclass, container_base
-    if container_base(cls) is not None and not module.startswith("torch"):
-        return construct_container_subclass(tx, cls, args, kwargs)
-    if (in_inlined_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
-            not issubclass(cls, torch.nn.Module) and \
-            (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
-        from .user_objects import construct_user_object  # (lazy: import cycle, to break)
-        return construct_user_object(tx, cls, args, kwargs)
-    return None
-
-
-def _plain_python_class(cls) -> bool:
-    """A standard-library class written wholly in Python over `object` (unittest's
-    assertRaises context, argparse.Namespace, inspect.BoundArguments, with __slots__ as a
-    user's class may have): traced like a user's class.  Classes with a C base, their
-    own metaclass or __new__ stay opaque."""
-    return type(cls) is type and cls.__new__ is object.__new__ and \
-        all(c is object or c.__flags__ & _TPFLAGS_HEAPTYPE for c in cls.__mro__)
-
-
-_TPFLAGS_HEAPTYPE = 1 << 9
 
 
 # ---------------------------------------------------------------- helpers
