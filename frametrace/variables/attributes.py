@@ -308,3 +308,10 @@ def _class_to_assign(cls, value):
     except TypeError as e:
         unsupported(f"TypeError: {e}")
     return new
+
+
+def guard_hasattr(tx, source, name, found):
+    """The trace relies on whether the object at `source` has attribute `name`."""
+    has_attr = getattr(tx.guards, "has_attr", None)
+    if has_attr is not None:
+        has_attr(source, name, found)

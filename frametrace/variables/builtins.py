@@ -21,7 +21,7 @@ from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_buil
 from .constant import ConstVar, MethodVar, fold_call
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
                          live_items, live_keys, live_members, note_live_read)
-from .iterators import (MAX_UNPACK, DictIteratorVar, LazyIteratorVar, ListIteratorVar, const_key,
+from .iterators import (MAX_UNPACK, DictIteratorVar, LazyIteratorVar, ListIteratorVar, const_key, drain,
                         private_list)
 from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
@@ -31,7 +31,10 @@ from .objects import ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metacl
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
 from ..resume_codes import original_code
-from .attributes import InstanceAttrs, class_read_runs_code
+from .attributes import InstanceAttrs, class_read_runs_code, guard_hasattr
+from .exceptions import TracedRaise, caught, construct_exception, user_iterator, user_next
+from .user_objects import (DataclassVar, NewObjectVar, UserObjectVar, is_user_object, new_object_hasattr,
+                           user_object_text)
 from .numpy import NdarrayVar, numpy_binary_op, numpy_unary_op
 from .tensor_attrs import has_python_attr
 from .tensor_facts import hashed
@@ -44,7 +47,6 @@ class BuiltinVar(ObjectVar):
     def call(self, tx, args, kwargs):
         fn = self.value
         if isinstance(fn, type) and issubclass(fn, BaseException):
-            from .exceptions import construct_exception  # (lazy: import cycle, to break)
             return construct_exception(tx, fn, args, kwargs)
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
@@ -80,7 +82,7 @@ def var_iter(tx, v: Var):
     """A Python iterator over the Vars that iterating over `v` gives, taken now (as
     CPython's iter() would be); iterators are consumed lazily."""
     if isinstance(v, IteratorVar):
-        return _drain(v)
+        return drain(v)
     from .subclasses import is_user_container  # (lazy: import cycle, to break)
     if is_user_container(v) and v._user_method(tx, "__iter__") is None:
         # The builtin base's iterator: live, as for a plain container.
@@ -101,7 +103,6 @@ def var_iter(tx, v: Var):
         return v.iter_items(tx)
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
-    from .exceptions import user_iterator  # (lazy: import cycle, to break)
     items = user_iterator(tx, v)
     if items is not None:
         return items
@@ -114,14 +115,6 @@ def call_item_fn(tx, fn, args):
     if not (isinstance(fn, BuiltinVar) and fn.value in _FOLDABLE_BUILTINS):
         tx.root.code_runs += 1
     return fn.call(tx, args, {})
-
-
-def _drain(it: IteratorVar):
-    while True:
-        v = it.next()
-        if v is None:
-            return
-        yield v
 
 
 @register
@@ -365,7 +358,6 @@ def _identity_hashed(cls) -> bool:
 
 
 def _order_unknown(member: Var) -> bool:
-    from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     return isinstance(member, (TensorVar, NewObjectVar, UserObjectVar))
 
 
@@ -389,7 +381,6 @@ def set_key(v: Var):
     by_value = v.value_key() if hasattr(v, "value_key") else None
     if by_value is not None:
         return by_value
-    from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
         if getattr(v.example, PICKED, False):
             refuse_picked("hashing")
@@ -619,7 +610,7 @@ class EnumerateVar(LazyIteratorVar):
         super().__init__(self._pull(), enumerate)
 
     def _pull(self):
-        for v in _drain(self.inner):
+        for v in drain(self.inner):
             self.count += 1
             yield TupleVar([ConstVar(self.count - 1), v])
 
@@ -671,7 +662,7 @@ class ZipVar(LazyIteratorVar):
 
     def __init__(self, inners: list, strict: bool):
         self.inners, self.strict = inners, strict
-        rows = _zip_rows([_drain(i) for i in inners], strict)
+        rows = _zip_rows([drain(i) for i in inners], strict)
         super().__init__((TupleVar(row) for row in rows), zip)
 
     def handover(self):
@@ -802,7 +793,6 @@ def _next(tx, args, kwargs):
         return None
     it = args[0]
     if not isinstance(it, IteratorVar):
-        from .exceptions import user_next  # (lazy: import cycle, to break)
         return user_next(tx, it, args[1] if len(args) == 2 else None)
     v = it.next()
     if v is None:
@@ -990,7 +980,6 @@ def _text(tx, v, kind):
     text = container_format(tx, v, kind.__name__)
     if text is not None:
         return ConstVar(text)
-    from .user_objects import is_user_object, user_object_text  # (lazy: import cycle, to break)
     if is_user_object(v):
         return user_object_text(tx, v, kind)
 
@@ -1018,7 +1007,6 @@ def _getattr(tx, args, kwargs):
         return obj.getattr(tx, name)
     if present is False:
         return args[2]
-    from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
     try:
         return obj.getattr(tx, name)
     except Unsupported as e:
@@ -1032,7 +1020,6 @@ def _getattr(tx, args, kwargs):
 def _has_attr(tx, obj, name):
     """Whether `obj` has attribute `name`: True, False, or None (cannot tell).  A
     guard keeps the answer for objects from the frame."""
-    from .user_objects import DataclassVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
         if isinstance(class_lookup(type(value), "__getattribute__"), types.FunctionType):
@@ -1044,7 +1031,7 @@ def _has_attr(tx, obj, name):
                     type(value) is not obj.python_type() or isinstance(obj, UserObjectVar):
                 return None
             found = hasattr(value, name)
-            _guard_hasattr(tx, obj.source, name, found)
+            guard_hasattr(tx, obj.source, name, found)
             return found
         written = tx.side_effects.load_attr(value, name)
         if written is not None:
@@ -1065,7 +1052,7 @@ def _has_attr(tx, obj, name):
             # check, which would run it)
             for hook in ("__getattribute__", "__getattr__"):
                 tx.guards.class_attr(cls, hook, class_lookup(cls, hook))
-            _guard_hasattr(tx, obj.source, name, found)
+            guard_hasattr(tx, obj.source, name, found)
         return found
     from .subclasses import is_user_container  # (lazy: import cycle, to break)
     if is_user_container(obj):
@@ -1076,7 +1063,6 @@ def _has_attr(tx, obj, name):
         return None if class_lookup(obj.cls, "__getattr__") is not None else False
     if isinstance(obj, PartialVar):
         return _partial_has_attr(tx, obj, name)
-    from .user_objects import NewObjectVar, new_object_hasattr  # (lazy: import cycle, to break)
     if isinstance(obj, NewObjectVar):
         return new_object_hasattr(tx, obj, name)
     if isinstance(obj, NestedFunctionVar):
@@ -1090,7 +1076,7 @@ def _has_attr(tx, obj, name):
             _refuse_metaclass_hook(obj.value, name)     # (hasattr would run it, here and in the guard)
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
-            _guard_hasattr(tx, obj.source, name, found)
+            guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
         return has_python_attr(tx, obj, name)
@@ -1118,7 +1104,7 @@ def _partial_has_attr(tx, p, name):
     if p.real is None:
         return False
     found = hasattr(p.real, name)
-    _guard_hasattr(tx, p.source, name, found)
+    guard_hasattr(tx, p.source, name, found)
     return found
 
 
@@ -1136,19 +1122,12 @@ def _has_attr_of_new_class(tx, obj, d, cls, name):
     return False
 
 
-def _guard_hasattr(tx, source, name, found):
-    has_attr = getattr(tx.guards, "has_attr", None)
-    if has_attr is not None:
-        has_attr(source, name, found)
-
-
 def _hasattr(tx, args, kwargs):
     if len(args) != 2 or kwargs or not args[1].is_const():
         return None
     obj, name = args[0], args[1].as_const()
     present = _has_attr(tx, obj, name)
     if present is None:
-        from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
         try:
             obj.getattr(tx, name)
             return ConstVar(True)
@@ -1209,7 +1188,6 @@ def _callable(tx, args, kwargs):
             return ConstVar(callable(v.as_const()) if v.is_const() else False)
         if isinstance(v, ObjectVar):
             return ConstVar(callable(v.value))
-        from .user_objects import is_user_object  # (lazy: import cycle, to break)
         if is_user_object(v):
             # callable() asks the type for __call__ (guarded: a class can gain one)
             class_attr(tx, v.python_type(), "__call__")
@@ -1254,7 +1232,6 @@ def _id(tx, args, kwargs):
         # An object the trace holds as itself (guarded by identity, or fixed in the
         # code): its id is a constant while the entry's guards hold.
         return ConstVar(id(real))
-    from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
         if is_picked(tx, v):
             refuse_picked("id()")

@@ -409,3 +409,12 @@ def const_key(v: Var, what="value"):
     if not v.is_const():
         unsupported(f"{what} {v} is not a constant")
     return v.as_const()
+
+
+def drain(it: IteratorVar):
+    """The items of the iterator Var `it`, pulled one by one as they are consumed."""
+    while True:
+        v = it.next()
+        if v is None:
+            return
+        yield v

@@ -21,7 +21,7 @@ import operator
 
 import torch
 import warnings
-from .objects import _read_global_state
+from .objects import _read_global_state, torch_call_rule
 from .symbolic import SliceVar
 from ..shapes import _is_argument
 
@@ -764,6 +764,7 @@ def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
     return NdarrayVar(tx.output.call("call_function", torch.ops.aten.alias.default, (t,), {}))
 
 
+@torch_call_rule(torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
 def torch_call_on_ndarray(tx, fn, args, kwargs):
     """torch.from_numpy(a), torch.as_tensor(a) and torch.tensor(a) of a traced array;
     None for other torch functions (which then do not take arrays)."""

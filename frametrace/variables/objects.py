@@ -587,7 +587,20 @@ def module_namespace(value):
     return value if module is not None and getattr(module, "__dict__", None) is value else None
 
 
-_NUMPY_CONVERTERS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
+# Calls of torch functions given a value of a kind above objects (torch.from_numpy,
+# torch.as_tensor ... of a traced ndarray): fn -> rule(tx, fn, args, kwargs), None for
+# a call the rule leaves to the graph.  The kind's module registers it (numpy).
+_TORCH_CALL_RULES: dict = {}
+
+
+def torch_call_rule(*fns):
+    """Register the decorated rule for calls (with arguments) of each of `fns`."""
+    def register_rule(rule):
+        for fn in fns:
+            assert fn not in _TORCH_CALL_RULES, fn
+            _TORCH_CALL_RULES[fn] = rule
+        return rule
+    return register_rule
 
 
 def _hashable(value) -> bool:
@@ -612,9 +625,9 @@ class TorchFnVar(ObjectVar):
             return call_check(tx, fn, args, kwargs)
         if is_tensor_of_numbers(fn, args):
             return tensor_of_numbers(tx, fn, args, kwargs)
-        if args and fn in _NUMPY_CONVERTERS:
-            from .numpy import torch_call_on_ndarray  # (lazy: import cycle, to break)
-            made = torch_call_on_ndarray(tx, fn, args, kwargs)
+        rule = _TORCH_CALL_RULES.get(fn) if args else None
+        if rule is not None:
+            made = rule(tx, fn, args, kwargs)
             if made is not None:
                 return made
         if fn in _GLOBAL_STATE_READERS:

@@ -13,13 +13,12 @@ import copy
 import copyreg
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
-from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
-from .base import DELETED, Var, a_type, raise_builtin, register, unsupported, wrap
+from .attributes import MISSING, InstanceAttrs, class_value_var, guard_hasattr, is_data_descriptor
+from .base import DELETED, Var, a_type, raise_builtin, register, unsupported, var_list, wrap
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
 from .functions import BoundMethodVar, UserFunctionVar, call_rule
 from .classes import class_attr, class_defines, class_lookup
-from .builtins import _guard_hasattr, var_list
 from .objects import ObjectVar, _PURE_READERS, _RealMethodVar, call_hint, object_noun
 from .symbolic import SymNodeVar
 
@@ -732,7 +731,7 @@ def _plain_object_state(tx, var) -> dict:
         # deepcopy asks the object itself for __deepcopy__ / __setstate__.
         for name in ("__deepcopy__", "__setstate__"):
             found = hasattr(value, name)
-            _guard_hasattr(tx, var.source, name, found)
+            guard_hasattr(tx, var.source, name, found)
             if found:
                 unsupported(f"copy.deepcopy of a {cls.__name__}: its __getattribute__ gives {name}")
     d = object.__getattribute__(value, "__dict__")
