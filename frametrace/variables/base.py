@@ -49,8 +49,10 @@ def short_repr(obj, limit: int = 60) -> str:
 # dict's keys, by value or by identity, for every kind), user_objects'
 # namedtuple_member (a method a NamedTuple class body wrote is a user function),
 # objects' object_var (a Python object used as-is: the kind every other falls back to)
-# contexts' call_in_grad_mode (a function called under a grad mode it sets), and
-# construction's construct (calling a class: its instance is of any kind).  The
+# contexts' call_in_grad_mode (a function called under a grad mode it sets),
+# construction's construct (calling a class: its instance is of any kind), and
+# subclasses' fromkeys_var, call_unbound_builtin and base_container_method (a builtin
+# container's methods reached through its class or super() on a user subclass).  The
 # Var modules under those call them from here; each implementation registers itself
 # (`@register`) when its module loads, which variables/__init__ makes happen with the
 # package.
@@ -63,10 +65,12 @@ def register(fn):
 
 _ENTRY_POINTS = ("wrap", "binary_op", "unary_op", "is_same", "contains", "raise_builtin",
                  "raise_folded", "iter_of", "var_iter", "var_list", "sorted_list", "set_key",
-                 "namedtuple_member", "object_var", "call_in_grad_mode", "construct")
+                 "namedtuple_member", "object_var", "call_in_grad_mode", "construct",
+                 "fromkeys_var", "call_unbound_builtin", "base_container_method")
 _wrap = _binary_op = _unary_op = _is_same = _contains = _raise_builtin = _raise_folded = None
 _iter_of = _var_iter = _var_list = _sorted_list = _set_key = _namedtuple_member = None
 _object_var = _call_in_grad_mode = _construct = None
+_fromkeys_var = _call_unbound_builtin = _base_container_method = None
 
 
 def wrap(tx, value, source, guard: bool = True):
@@ -145,6 +149,25 @@ def construct(tx, cls, args, kwargs):
     """The Var of `cls(*args, **kwargs)`, None where calling the class is not traced
     (construction.construct)."""
     return _construct(tx, cls, args, kwargs)
+
+
+def fromkeys_var(tx, cls):
+    """The Var of ``cls.fromkeys`` when it is the builtin dict's, else None
+    (subclasses.fromkeys_var)."""
+    return _fromkeys_var(tx, cls)
+
+
+def call_unbound_builtin(tx, method, args, kwargs):
+    """``list.append(l, x)`` and the like on a traced container, else None
+    (subclasses.call_unbound_builtin)."""
+    return _call_unbound_builtin(tx, method, args, kwargs)
+
+
+def base_container_method(obj, klass, name, attr):
+    """``super().name`` on `obj` found as `attr` on the builtin container `klass`: the
+    Var of the base's method bound to a user subclass's instance, else None
+    (subclasses.base_container_method)."""
+    return _base_container_method(obj, klass, name, attr)
 
 
 def call_in_grad_mode(tx, mode: bool, fn, args, kwargs):

@@ -14,7 +14,8 @@ import torch
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, construct, register, safe_repr, set_key, unsupported, wrap
+from .base import (ValueVar, Var, a_type, base_container_method, call_unbound_builtin, construct,
+                   fromkeys_var, register, safe_repr, set_key, unsupported, wrap)
 from .contexts import GradModeSetVar, context_function
 from .functions import BoundMethodVar, OutsideState, UserFunctionVar, cached_call, visible_outside_writes
 from .classes import class_lookup
@@ -266,7 +267,6 @@ class ObjectVar(ValueVar, PassedAsIs):
             # trace reads from it is guarded through this source, not its identity.
             return ObjectVar(vars(self.value), AttrSource(self.source, "__dict__"))
         if name == "fromkeys" and isinstance(self.value, type):
-            from .subclasses import fromkeys_var  # (lazy: import cycle, to break)
             made = fromkeys_var(tx, self.value)
             if made is not None:
                 return made
@@ -360,7 +360,6 @@ class ObjectVar(ValueVar, PassedAsIs):
             return fold_call(value, args, kwargs, value.__qualname__)     # str.upper(s)
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
-        from .subclasses import call_unbound_builtin  # (lazy: import cycle, to break)
         made = call_unbound_builtin(tx, value, args, kwargs)
         if made is not None:
             return made
@@ -751,11 +750,9 @@ class SuperVar(Var):
                 # A base's class dict can be patched (`Parent.scale = 7`): guarded
                 # through an equivalent super object, which reads the MRO again.
                 tx.guards.class_attr(mro[0], name, attr, after=cls)
-                # (lazy: import cycle, to break)
-                from .subclasses import CONTAINER_BASES, BaseMethodVar, is_user_container
-                if klass in CONTAINER_BASES and is_user_container(self.obj) and \
-                        not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
-                    return BaseMethodVar(self.obj, name)
+                made = base_container_method(self.obj, klass, name, attr)
+                if made is not None:
+                    return made
                 if attr is torch.nn.Module.__init__ and getattr(self.obj, "initialized", False):
                     return _ModuleInitDoneVar()
                 if isinstance(attr, types.FunctionType):

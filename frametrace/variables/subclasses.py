@@ -25,7 +25,7 @@ import torch
 
 from ..guards import one_check
 from .attributes import InstanceAttrs, MISSING, is_data_descriptor
-from .base import Var, binary_op, contains, unsupported, wrap
+from .base import Var, binary_op, contains, register, unsupported, wrap
 from .constant import ConstVar, MethodVar
 from .containers import (DictVar, ListVar, TupleVar, _dict_key, attrs_dict, constant_key, emit_key,
                          has_var_keys)
@@ -559,6 +559,18 @@ def _is_not_implemented(v) -> bool:
     return v.is_const() and v.as_const() is NotImplemented
 
 
+@register
+def base_container_method(obj, klass, name, attr):
+    """``super().name`` found as `attr` on the builtin container `klass`, on an instance
+    `obj` of a user subclass of it: the base's method bound to the instance (classmethods
+    and staticmethods are read as any class's), else None."""
+    if klass in CONTAINER_BASES and is_user_container(obj) and \
+            not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
+        return BaseMethodVar(obj, name)
+    return None
+
+
+@register
 def call_unbound_builtin(tx, method, args, kwargs):
     """``set.__and__(a, b)``, ``dict.update(d, ...)``, ``list.append(l, x)``: a builtin
     container's method called through its class on a traced container (or None when
@@ -640,6 +652,7 @@ class _FromKeysVar(Var):
         return made
 
 
+@register
 def fromkeys_var(tx, cls):
     """The Var of ``cls.fromkeys`` when it is the builtin dict's, else None."""
     if cls not in (dict, collections.OrderedDict, collections.defaultdict) and \
