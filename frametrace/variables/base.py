@@ -39,23 +39,28 @@ def short_repr(obj, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# Entry points of the protocol that modules above base implement: builder.wrap (builder
-# holds the rules that pick a Var for a value, type by type, and so imports every Var
-# module), operators' binary_op, unary_op, is_same and contains (an operator on Vars
-# tries each operand kind's rule), exceptions' raise_builtin and raise_folded (a traced
-# exception is an object of a user-level class), builtins' iter_of, var_iter, var_list
-# and sorted_list (the iteration protocol: iter(), the items of an iterable, sorted())
-# and set_key (the hash protocol: what stands for a value among a set's members or a
-# dict's keys, by value or by identity, for every kind), user_objects'
-# namedtuple_member (a method a NamedTuple class body wrote is a user function),
-# objects' object_var (a Python object used as-is: the kind every other falls back to)
-# contexts' call_in_grad_mode (a function called under a grad mode it sets),
-# construction's construct (calling a class: its instance is of any kind), and
-# subclasses' fromkeys_var, call_unbound_builtin and base_container_method (a builtin
-# container's methods reached through its class or super() on a user subclass).  The
-# Var modules under those call them from here; each implementation registers itself
-# (`@register`) when its module loads, which variables/__init__ makes happen with the
-# package.
+# Entry points of the protocol that modules above base implement, so that the Var
+# modules under them reach other kinds without importing them:
+#   builder      wrap (the rules that pick a Var for a value, type by type, import
+#                every Var module)
+#   operators    binary_op, unary_op, is_same, contains (an operator on Vars tries each
+#                operand kind's rule)
+#   exceptions   raise_builtin, raise_folded (a traced exception is an object of a
+#                user-level class)
+#   builtins     iter_of, var_iter, var_list, sorted_list (iteration: iter(), the items
+#                of an iterable, sorted()); set_key (hashing: what stands for a value
+#                among a set's members or a dict's keys, by value or identity)
+#   user_objects namedtuple_member (a method a NamedTuple class body wrote is a user
+#                function)
+#   objects      object_var (a Python object used as is: the kind all others fall
+#                back to)
+#   contexts     call_in_grad_mode (a function called under a grad mode it sets)
+#   construction construct (calling a class: its instance may be of any kind)
+#   subclasses   fromkeys_var, call_unbound_builtin, base_container_method (a builtin
+#                container's methods reached through its class, or through super() on
+#                a user subclass)
+# Each implementation registers itself (`@register`) when its module loads, which
+# variables/__init__ makes happen with the package.
 def register(fn):
     """Make `fn` the implementation of the entry point of its name."""
     assert fn.__name__ in _ENTRY_POINTS, fn
