@@ -36,7 +36,8 @@ from .shapes import (ShapePolicy, compile_started, forget_real_tensors, forget_s
 from .variables import (DictVar, IteratorVar, ListVar, MethodVar, NULL, TensorVar, TupleVar, Var,
                         tensor_facts)
 from .variables.lazy import Lazy
-from .variables.functions import TRACED_TORCH_PACKAGES, BoundMethodVar, Cell, NestedFunctionVar, PartialVar
+from .variables.functions import BoundMethodVar, Cell, NestedFunctionVar, PartialVar
+from .variables.optimizers import TRACED_TORCH_PACKAGES
 from .variables.subclasses import is_user_container
 from .variables.symbolic import FormattedVar, SymNodeVar
 from .variables.modules import NNModuleVar

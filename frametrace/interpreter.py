@@ -29,7 +29,8 @@ from .variables.asserts import assert_in_graph
 from .variables.attributes import plain_class_of
 from .variables.builder import wrap
 from .variables.builtins import SetVar, _class_value, _len, iter_of, mapping_items
-from .variables.contexts import ExitVar, GeneratorFrameVar, user_context
+from .variables.contexts import ExitVar, GeneratorFrameVar
+from .variables.with_blocks import user_context
 from .variables.exceptions import (UNKNOWN, CallerExceptionVar, ExceptionVar, TracebackVar, TracedRaise,
                                    chain, exception_of, is_exception, matches, throw)
 from .variables.functions import Cell, CellRefVar, NestedFunctionVar, cell_full, make_function

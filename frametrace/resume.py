@@ -28,7 +28,8 @@ from .variables.opaque import OpaqueVar
 from .variables.base import NULL, unsupported
 from .variables.builtins import BuiltinVar
 from .variables.containers import IteratorVar
-from .variables.contexts import check_break_at_with, check_exit_handover, exit_all
+from .variables.contexts import check_exit_handover, exit_all
+from .variables.with_blocks import check_break_at_with
 from .variables.exceptions import UNKNOWN
 from .variables.functions import PartialVar
 from .variables.symbolic import SymNodeVar

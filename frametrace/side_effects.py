@@ -18,7 +18,7 @@ from .source import ClosureSource
 from .variables.base import unsupported
 from . import _C
 from .exc import Unsupported
-from .variables.builtins import advance_iterator
+from .variables.iterators import advance_iterator
 from .variables.containers import DictVar, ListVar, emit_key
 from .variables.tensor import TensorVar
 from .variables.base import DELETED

@@ -9,7 +9,7 @@ from .builtins import BuiltinVar
 from .objects import ObjectVar, TorchFnVar
 from .tensor import TensorVar
 # (the implementations of base's entry points, which register themselves)
-from . import builder, exceptions, operators  # noqa: F401
+from . import builder, construction, exceptions, operators  # noqa: F401
 
 __all__ = ["NULL", "Var", "unsupported", "ConstVar", "DictVar", "IteratorVar", "ListVar",
            "TupleVar", "BuiltinVar", "MethodVar", "NNModuleVar", "ObjectVar", "TorchFnVar",

@@ -15,7 +15,7 @@ from ..exc import Unsupported
 from ..source import AttrSource, ConstSource
 from .base import raise_builtin, unsupported, wrap
 from .constant import ConstVar
-from .modules import _class_lookup, class_attr, class_defines, guard_class_none
+from .classes import class_attr, class_defines, class_lookup, guard_class_none
 from .functions import BoundMethodVar, UserFunctionVar
 from .objects import ObjectVar, class_source
 
@@ -42,7 +42,7 @@ class AttrDeleting:
                 unsupported(f"{cls.__name__}.__delattr__ is not a Python function")
             UserFunctionVar(hook).call(tx, [self, ConstVar(name)], {})
             return
-        attr = _class_lookup(cls, name)
+        attr = class_lookup(cls, name)
         _guard_class_attr(tx, cls, name, attr)
         if attr is not None and is_data_descriptor(attr):
             if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
@@ -85,7 +85,7 @@ class InstanceAttrs(AttrDeleting):
     # -- reading --
     def getattr(self, tx, name):
         cls = self.instance_class()
-        getattribute = _class_lookup(cls, "__getattribute__")
+        getattribute = class_lookup(cls, "__getattribute__")
         if isinstance(getattribute, types.FunctionType):
             tx.guards.class_attr(cls, "__getattribute__", getattribute)
             return self.hooked_attr(tx, name, getattribute)
@@ -108,11 +108,11 @@ class InstanceAttrs(AttrDeleting):
         """object.__getattribute__(self, name): the protocol without the class's hook,
         and without __getattr__ (CPython calls that after the hook raised, not here)."""
         cls = self.instance_class()
-        return self._generic_getattr(tx, cls, name, _class_lookup(cls, "__getattribute__"),
+        return self._generic_getattr(tx, cls, name, class_lookup(cls, "__getattribute__"),
                                      fallback=False)
 
     def _generic_getattr(self, tx, cls, name, getattribute, fallback=True):
-        attr = _class_lookup(cls, name)
+        attr = class_lookup(cls, name)
         got = self._lookup(tx, cls, name, attr, fallback)
         if not self._read_through_source(got, name):
             # The answer rests on what the class holds (no __getattribute__ of its own;
@@ -153,7 +153,7 @@ class InstanceAttrs(AttrDeleting):
         (own_attr) unless it came from outside with no source; the class is guarded here."""
         if getattr(self, "value", None) is not None and self.source is None:
             unsupported(f"AttributeError: {cls.__name__!r} object has no attribute {name!r}")
-        tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
+        tx.guards.class_attr(cls, "__getattribute__", class_lookup(cls, "__getattribute__"))
         _guard_class_attr(tx, cls, name, None)
         raise_builtin(AttributeError, f"{cls.__name__!r} object has no attribute {name!r}")
 
@@ -174,7 +174,7 @@ class InstanceAttrs(AttrDeleting):
     def generic_setattr(self, tx, name, value):
         """object.__setattr__(self, name, value)."""
         cls = self.instance_class()
-        attr = _class_lookup(cls, name)
+        attr = class_lookup(cls, name)
         _guard_class_attr(tx, cls, name, attr)
         if attr is _CLASS_SLOT:
             self.set_class(tx, _class_to_assign(cls, value))
@@ -208,8 +208,8 @@ def class_read_runs_code(var) -> bool:
     if not isinstance(var, InstanceAttrs):
         return False
     cls = var.instance_class()
-    return isinstance(_class_lookup(cls, "__getattribute__"), types.FunctionType) or \
-        _class_lookup(cls, "__class__") is not _CLASS_SLOT
+    return isinstance(class_lookup(cls, "__getattribute__"), types.FunctionType) or \
+        class_lookup(cls, "__class__") is not _CLASS_SLOT
 
 
 def plain_class_of(tx, var):
@@ -221,7 +221,7 @@ def plain_class_of(tx, var):
         cls = var.instance_class()
         if class_read_runs_code(var):
             return None
-        tx.guards.class_attr(cls, "__getattribute__", _class_lookup(cls, "__getattribute__"))
+        tx.guards.class_attr(cls, "__getattribute__", class_lookup(cls, "__getattribute__"))
         # (no class's dict takes a `__class__` once made: a new base is the one way in)
         tx.guards.class_mro(cls)
         return wrap(tx, cls, None, guard=False)
@@ -308,3 +308,10 @@ def _class_to_assign(cls, value):
     except TypeError as e:
         unsupported(f"TypeError: {e}")
     return new
+
+
+def guard_hasattr(tx, source, name, found):
+    """The trace relies on whether the object at `source` has attribute `name`."""
+    has_attr = getattr(tx.guards, "has_attr", None)
+    if has_attr is not None:
+        has_attr(source, name, found)

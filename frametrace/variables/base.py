@@ -39,14 +39,28 @@ def short_repr(obj, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# Entry points of the protocol that modules above base implement: builder.wrap (builder
-# holds the rules that pick a Var for a value, type by type, and so imports every Var
-# module), operators' binary_op, unary_op, is_same and contains (an operator on Vars
-# tries each operand kind's rule), exceptions' raise_builtin and raise_folded (a traced
-# exception is an object of a user-level class), builtins' iter_of and var_list (the
-# iteration protocol: iter() and the items of an iterable).  The Var modules under those call them
-# from here; each implementation registers itself (`@register`) when its module loads,
-# which variables/__init__ makes happen with the package.
+# Entry points of the protocol that modules above base implement, so that the Var
+# modules under them reach other kinds without importing them:
+#   builder      wrap (the rules that pick a Var for a value, type by type, import
+#                every Var module)
+#   operators    binary_op, unary_op, is_same, contains (an operator on Vars tries each
+#                operand kind's rule)
+#   exceptions   raise_builtin, raise_folded (a traced exception is an object of a
+#                user-level class)
+#   builtins     iter_of, var_iter, var_list, sorted_list (iteration: iter(), the items
+#                of an iterable, sorted()); set_key (hashing: what stands for a value
+#                among a set's members or a dict's keys, by value or identity)
+#   user_objects namedtuple_member (a method a NamedTuple class body wrote is a user
+#                function)
+#   objects      object_var (a Python object used as is: the kind all others fall
+#                back to)
+#   contexts     call_in_grad_mode (a function called under a grad mode it sets)
+#   construction construct (calling a class: its instance may be of any kind)
+#   subclasses   fromkeys_var, call_unbound_builtin, base_container_method (a builtin
+#                container's methods reached through its class, or through super() on
+#                a user subclass)
+# Each implementation registers itself (`@register`) when its module loads, which
+# variables/__init__ makes happen with the package.
 def register(fn):
     """Make `fn` the implementation of the entry point of its name."""
     assert fn.__name__ in _ENTRY_POINTS, fn
@@ -55,9 +69,13 @@ def register(fn):
 
 
 _ENTRY_POINTS = ("wrap", "binary_op", "unary_op", "is_same", "contains", "raise_builtin",
-                 "raise_folded", "iter_of", "var_list")
+                 "raise_folded", "iter_of", "var_iter", "var_list", "sorted_list", "set_key",
+                 "namedtuple_member", "object_var", "call_in_grad_mode", "construct",
+                 "fromkeys_var", "call_unbound_builtin", "base_container_method")
 _wrap = _binary_op = _unary_op = _is_same = _contains = _raise_builtin = _raise_folded = None
-_iter_of = _var_list = None
+_iter_of = _var_iter = _var_list = _sorted_list = _set_key = _namedtuple_member = None
+_object_var = _call_in_grad_mode = _construct = None
+_fromkeys_var = _call_unbound_builtin = _base_container_method = None
 
 
 def wrap(tx, value, source, guard: bool = True):
@@ -103,6 +121,64 @@ def iter_of(tx, v):
 def var_list(tx, v) -> list:
     """All items of an iterable Var (builtins.var_list)."""
     return _var_list(tx, v)
+
+
+def var_iter(tx, v):
+    """A Python iterator over the Vars iterating over `v` gives (builtins.var_iter)."""
+    return _var_iter(tx, v)
+
+
+def sorted_list(tx, args, kwargs):
+    """sorted(*args, **kwargs) as a ListVar, None where the call is not one sorted()
+    takes (builtins.sorted_list)."""
+    return _sorted_list(tx, args, kwargs)
+
+
+def set_key(v):
+    """What stands for `v` among a set's members (builtins.set_key)."""
+    return _set_key(v)
+
+
+def namedtuple_member(tx, var, name):
+    """A member a NamedTuple class body wrote in Python, read on `var`, else None
+    (user_objects.namedtuple_member)."""
+    return _namedtuple_member(tx, var, name)
+
+
+def object_var(value, source=None):
+    """The Var of a Python object used as-is (objects.object_var: an ObjectVar)."""
+    return _object_var(value, source)
+
+
+def construct(tx, cls, args, kwargs):
+    """The Var of `cls(*args, **kwargs)`, None where calling the class is not traced
+    (construction.construct)."""
+    return _construct(tx, cls, args, kwargs)
+
+
+def fromkeys_var(tx, cls):
+    """The Var of ``cls.fromkeys`` when it is the builtin dict's, else None
+    (subclasses.fromkeys_var)."""
+    return _fromkeys_var(tx, cls)
+
+
+def call_unbound_builtin(tx, method, args, kwargs):
+    """``list.append(l, x)`` and the like on a traced container, else None
+    (subclasses.call_unbound_builtin)."""
+    return _call_unbound_builtin(tx, method, args, kwargs)
+
+
+def base_container_method(obj, klass, name, attr):
+    """``super().name`` on `obj` found as `attr` on the builtin container `klass`: the
+    Var of the base's method bound to a user subclass's instance, else None
+    (subclasses.base_container_method)."""
+    return _base_container_method(obj, klass, name, attr)
+
+
+def call_in_grad_mode(tx, mode: bool, fn, args, kwargs):
+    """Call the function Var `fn` with grad mode set to `mode`, restored after
+    (contexts.call_in_grad_mode)."""
+    return _call_in_grad_mode(tx, mode, fn, args, kwargs)
 
 
 class _Null:

@@ -34,7 +34,8 @@ from .functorch import functorch_var
 from .autograd_function import autograd_function_apply_var
 from .functions import BoundMethodVar, PartialVar, UserFunctionVar, in_inlined_torch_package, is_inlinable
 from .modules import NNModuleVar
-from .builtins import BuiltinVar, wrap_outer_list_iterator
+from .builtins import BuiltinVar
+from .iterators import wrap_outer_list_iterator
 from .contexts import GradModeRestore, GradModeSetVar, NoOpExitVar, no_op_exit, wrap_context_object
 from .numpy import VALUE_TYPES as NUMPY_VALUE_TYPES, numpy_callable_var, wrap_numpy_value
 from ..interop import allowed_in_graph, assumed_constant, foreign_reason

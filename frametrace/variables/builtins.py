@@ -2,16 +2,13 @@
 meaning on traced values (len of a list, isinstance of a tensor, zip of lists ...).
 
 Iterators made by builtins (zip, map, filter, enumerate, reversed, iter) and by
-itertools are lazy, like CPython's: `LazyIteratorVar` pulls items from a Python
-generator over Vars, so functions passed to map/filter run when the item is consumed
-and infinite iterators (itertools.count) work under islice/zip.  Sets hold constants
+itertools are lazy, like CPython's (`iterators.LazyIteratorVar`).  Sets hold constants
 only (`SetVar`, `FrozenSetVar`)."""
 from __future__ import annotations
 
 import abc
 import collections.abc
 import functools
-import itertools
 import operator
 import types
 
@@ -21,27 +18,26 @@ import sys
 
 from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded,
                    register, safe_repr, unsupported, wrap)
-from .constant import ConstVar, MethodVar
+from .constant import ConstVar, MethodVar, fold_call
 from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
                          live_items, live_keys, live_members, note_live_read)
+from .iterators import (MAX_UNPACK, DictIteratorVar, LazyIteratorVar, ListIteratorVar, const_key, drain,
+                        private_list)
 from .lazy import Lazy
 from .functions import BoundMethodVar, NestedFunctionVar, PartialVar, UserFunctionVar
-from .modules import NNModuleVar, _class_lookup, class_attr, class_defines, table_changed
-from .objects import (ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metaclass_hook,
-                      fold_call, namespace_var)
+from .classes import class_attr, class_defines, class_lookup
+from .modules import NNModuleVar, table_changed
+from .objects import ObjectVar, SuperVar, TorchFnVar, _all_const, _refuse_metaclass_hook, namespace_var
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
-from ..resume_codes import original_code, private_lists
-from ..source import CallMethodSource, GetItemSource, LocalSource
-from .attributes import InstanceAttrs, class_read_runs_code
+from ..resume_codes import original_code
+from .attributes import InstanceAttrs, class_read_runs_code, guard_hasattr
+from .exceptions import TracedRaise, caught, construct_exception, user_iterator, user_next
+from .user_objects import (DataclassVar, NewObjectVar, UserObjectVar, is_user_object, new_object_hasattr,
+                           user_object_text)
 from .numpy import NdarrayVar, numpy_binary_op, numpy_unary_op
 from .tensor_attrs import has_python_attr
 from .tensor_facts import hashed
-
-# An iterator unpacked whole (list(it), sorted(it) ...) may yield at most this many
-# items: past it, it is taken for an infinite one.
-MAX_UNPACK = 100_000
-
 
 class BuiltinVar(ObjectVar):
     """A Python builtin: evaluated at trace time on constants, or given meaning on
@@ -51,7 +47,6 @@ class BuiltinVar(ObjectVar):
     def call(self, tx, args, kwargs):
         fn = self.value
         if isinstance(fn, type) and issubclass(fn, BaseException):
-            from .exceptions import construct_exception  # (lazy: import cycle, to break)
             return construct_exception(tx, fn, args, kwargs)
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
@@ -81,390 +76,13 @@ _BUILTIN_HINTS = {
 }
 
 
-# --------------------------------------------------------------------------- iterators
-class LazyIteratorVar(IteratorVar):
-    """An iterator whose items come from `gen`, a Python iterator of Vars (a generator
-    that may call traced functions, add graph nodes, or never end)."""
-    __slots__ = ("gen", "kind", "frozen")
 
-    def __init__(self, gen, kind=None):
-        Var.__init__(self, None)
-        self.items = []
-        self.index = 0
-        self.gen = gen
-        self.kind = kind
-        self.frozen = False
-
-    def python_type(self):
-        if self.kind is None:
-            unsupported("type of an iterator")
-        return self.kind
-
-    def next(self):
-        if self.index < len(self.items):      # pulled ahead by remaining()
-            self.index += 1
-            return self.items[self.index - 1]
-        try:
-            return next(self.gen)
-        except StopIteration:
-            return None
-
-    def remaining(self, tx) -> list:
-        # Pulling the rest now moves it before the breaking instruction: right only
-        # when no code of the program runs for it (map's function, a generator's body
-        # with effects), which would then run early, or for items never consumed.
-        # And what is left of a list or dict it reads live is a snapshot then: right
-        # only when nothing can change that container later.
-        root = tx.root
-        before = root.code_runs
-        outer, root.live_reads = root.live_reads, []
-        try:
-            self.items = self.items[self.index:] + self._pull_all()
-        finally:
-            reads, root.live_reads = root.live_reads, outer
-        if outer is not None:
-            outer.extend(reads)
-        self.index = 0
-        if root.code_runs != before:
-            unsupported("a graph break in a loop over an iterator that runs code of the "
-                        "program for its items (map, filter, a generator)")
-        if any(_reachable(tx, c) for c in reads):
-            unsupported("a graph break in a loop over an iterator that reads a list or dict "
-                        "the frame can still change")
-        return self.items
-
-    def unpack(self, tx):
-        rest = self.items[self.index:] + self._pull_all()
-        self.items, self.index = [], 0
-        return rest
-
-    def _pull_all(self):
-        out = []
-        for v in self.gen:
-            out.append(v)
-            if len(out) > MAX_UNPACK:
-                unsupported(f"iterator gave more than {MAX_UNPACK} items (infinite?)")
-        return out
-
-    def length(self, tx):
-        unsupported("len() of an iterator")
-
-    def truth(self, tx):
-        return True
-
-    def getattr(self, tx, name):
-        if name in ("__next__", "__iter__"):
-            return MethodVar(self, name)
-        unsupported(f"attribute {name!r} of an iterator")
-
-    def call_method(self, tx, name, args, kwargs):
-        if name == "__iter__" and not args and not kwargs:
-            return self
-        if name == "__next__" and not args and not kwargs:
-            return _next_or_fail(self)
-        unsupported(f"iterator.{name}")
-
-    def freeze(self, tx):
-        """The frame returns this iterator: what it has left is pulled now, when that
-        computes nothing (no graph op, no code of the program), so that the iterator the
-        caller gets yields the same objects, of the same type.  A live iterator (over a
-        list or dict) is rebuilt over its containers instead."""
-        if self.handover() is not None:
-            self.remaining(tx)              # (its checks: a dict changed size ...)
-            return
-        if self.kind not in _REBUILD:
-            unsupported(f"returning a {getattr(self.kind, '__name__', 'lazy')} iterator from a compiled frame")
-        ops = tx.output.op_count()
-        self.remaining(tx)
-        if tx.output.op_count() != ops:
-            unsupported("returning an iterator whose items are computed as it is consumed")
-        self.frozen = True
-
-    def reconstruct(self, cg):
-        if cg.load_rebuilt(self):
-            return
-        live = self.handover()
-        if live is not None:
-            cg.call_const(rebuild_live_iterator, [lambda cg: cg.load_const(live[0]), live[1].reconstruct])
-        elif self.frozen:
-            rest = self.items[self.index:]
-
-            def push_rest(cg):
-                for v in rest:
-                    v.reconstruct(cg)
-                cg.build(list, len(rest))
-            cg.call_const(_REBUILD[self.kind], [push_rest])
-        else:
-            unsupported("returning an iterator from a compiled frame")
-        cg.keep_rebuilt(self)
-
-    def noun(self):
-        return f"a {getattr(self.kind, '__name__', None) or 'iterator'} iterator"
-
-    def __repr__(self):
-        return f"LazyIteratorVar({getattr(self.kind, '__name__', '?')})"
-
-
-# Iterators of each kind over given items (what a returned iterator had left): the
-# same type as the original, yielding the same objects.
-def _replay(items):
-    yield from items
-
-
-def _enumerate_rows(rows):
-    return enumerate([v for _, v in rows], rows[0][0]) if rows else enumerate(())
-
-
-def _range_iterator(items):
-    """What is left of a range iterator, as one: its items are in steps of one size."""
-    if not items:
-        return iter(range(0))
-    step = items[1] - items[0] if len(items) > 1 else 1
-    return iter(range(items[0], items[-1] + step, step))
-
-
-_REBUILD = {
-    type(iter([])): iter, type(iter(())): lambda items: iter(tuple(items)),
-    type(iter(range(0))): _range_iterator,
-    type(reversed([])): lambda items: reversed(items[::-1]),
-    zip: lambda rows: zip(*zip(*rows)) if rows else zip(),
-    map: lambda items: map(_identity, items), filter: lambda items: filter(_always, items),
-    enumerate: _enumerate_rows,
-    type(_replay(())): _replay,
-    itertools.islice: lambda items: itertools.islice(items, None),
-    itertools.chain: itertools.chain,
-}
-
-
-def _identity(v):
-    return v
-
-
-def _always(v):
-    return True
-
-
-def rebuild_live_iterator(kind: str, state):
-    """At run time: the live iterator a frame returns, made anew over its containers at
-    the position the trace left it (the kinds of IteratorVar.handover)."""
-    what, _, rest = kind.partition(":")
-    if what == "l":
-        seq, pos = state
-        it = iter(seq)
-        it.__setstate__(pos)
-        return it
-    if what == "d":
-        d, pos = state
-        it = iter(d if rest == "keys" else getattr(d, rest)())
-        for _ in range(pos):
-            next(it)
-        return it
-    if what == "e":
-        inner, count = state
-        return enumerate(rebuild_live_iterator(rest, inner), count)
-    if what == "z":
-        return zip(*(rebuild_live_iterator(k, s) for k, s in zip(rest.split(";"), state)))
-    raise AssertionError(kind)
-
-
-class ListIteratorVar(LazyIteratorVar):
-    """iter(a list): reads the live list by index, so items appended while a loop runs
-    are seen (CPython's list iterator).  A graph break hands over the list itself and the
-    position, which the resume function restores with __setstate__."""
-    __slots__ = ("seq", "pos")
-
-    def __init__(self, seq: ListVar, tx):
-        self.seq = seq
-        self.pos = 0
-        super().__init__(self._pull(tx), type(iter([])))
-
-    def _pull(self, tx):
-        while True:
-            note_live_read(tx, self.seq)
-            if self.pos >= len(self.seq.items):
-                return
-            self.pos += 1
-            yield self.seq.items[self.pos - 1]
-
-    def remaining(self, tx) -> list:
-        return []               # nothing pulled: handed over live
-
-    def handover(self):
-        return "l", TupleVar([self.seq, ConstVar(self.pos)])
-
-    def getattr(self, tx, name):
-        if name == "__setstate__":
-            return MethodVar(self, name)
-        return super().getattr(tx, name)
-
-    def call_method(self, tx, name, args, kwargs):
-        if name == "__setstate__" and len(args) == 1 and not kwargs:
-            self.pos = max(0, min(const_key(args[0], "list iterator position"), len(self.seq.items)))
-            return ConstVar(None)
-        return super().call_method(tx, name, args, kwargs)
-
-
-class OuterListIteratorVar(ListIteratorVar):
-    """A list iterator from outside the frame (an argument): it reads its list (guarded
-    as any list of the frame's) from its position (guarded).  What the trace consumes
-    is a side effect, replayed on the real iterator, which stays the one object the
-    caller holds: it is never rebuilt, pulled ahead or handed over anew."""
-    __slots__ = ("exhausted",)
-
-    def __init__(self, seq: ListVar, pos: int, source, tx):
-        super().__init__(seq, tx)
-        self.pos = pos                  # (the generator above has not started yet)
-        self.source = source
-        self.exhausted = False
-
-    def _pull(self, tx):
-        for item in super()._pull(tx):
-            tx.side_effects.advance_iterator(self)
-            yield item
-        # CPython drops the list of an exhausted iterator: it stays exhausted.
-        self.exhausted = True
-        tx.side_effects.advance_iterator(self)
-
-    def handover(self):
-        return None
-
-    def remaining(self, tx) -> list:
-        unsupported("pulling ahead what is left of an iterator from outside the frame")
-
-    def freeze(self, tx):
-        pass                            # returned as itself, its position replayed
-
-    def reconstruct(self, cg):
-        self.source.reconstruct(cg)
-
-    def call_method(self, tx, name, args, kwargs):
-        if name == "__setstate__":
-            unsupported("__setstate__ of an iterator from outside the frame")
-        return super().call_method(tx, name, args, kwargs)
-
-
-def advance_iterator(it, pos, exhausted):
-    """At run time: the caller's list iterator where the trace left it."""
-    it.__setstate__(pos)
-    if exhausted:
-        for _ in it:
-            pass
-
-
-def wrap_outer_list_iterator(tx, it, source):
-    """A list iterator read from the frame, or None where it cannot be followed (one
-    already exhausted has no list left to read)."""
-    state = it.__reduce__()
-    if len(state) != 3 or type(state[1][0]) is not list:
-        return None
-    tx.guards.type_match(source, it)
-    reduced = CallMethodSource(source, "__reduce__")
-    tx.guards.equals(GetItemSource(reduced, 2), state[2])
-    seq = wrap(tx, state[1][0], GetItemSource(GetItemSource(reduced, 1), 0))
-    if not isinstance(seq, ListVar):
-        return None
-    var = OuterListIteratorVar(seq, state[2], source, tx)
-    tx.output.object_vars[id(it)] = (it, var)
-    return var
-
-
-class DictIteratorVar(LazyIteratorVar):
-    """iter(a dict) or iter(d.keys() / .values() / .items()): live, as CPython's.  A
-    graph break hands over the dict and the number of items taken; the resume function
-    makes the iterator anew and advances it."""
-    __slots__ = ("dict", "view", "pos", "size", "after_writes")
-
-    def __init__(self, d: DictVar, view: str, tx):
-        self.dict, self.view, self.pos, self.size = d, view, 0, len(d.items)
-        # Made after the trace changed the dict: at run time, after its writes too.
-        self.after_writes = d.source is not None and tx.side_effects.container_mutated(d)
-        item = DictViewVar(d, view).item
-        super().__init__(self._pull(live_keys(d, tx, item)), _DICT_ITER_TYPES[view])
-
-    def _pull(self, items):
-        for v in items:
-            self.pos += 1
-            yield v
-
-    def remaining(self, tx) -> list:
-        if len(self.dict.items) != self.size:
-            unsupported("dictionary changed size during iteration (RuntimeError)")
-        return []               # nothing pulled: handed over live
-
-    def handover(self):
-        return f"d:{self.view}", TupleVar([self.dict, ConstVar(self.pos)])
-
-    def reconstruct(self, cg):
-        if not self.after_writes:
-            return super().reconstruct(cg)
-        if cg.load_rebuilt(self):
-            return
-        # (a local or the value returned, made before the dict's writes are replayed;
-        # a stack value is made by the resume function, after them)
-        cg.call_const(_dict_iterator_after_writes, [
-            lambda cg: cg.load_const(self.view), self.dict.reconstruct,
-            lambda cg: cg.load_const(self.pos), lambda cg: cg.load_const(self.size)])
-        cg.keep_rebuilt(self)
-
-
-def _dict_iterator_after_writes(view, d, pos, size):
-    """A dict's iterator that the frame holds at a break or returns, made by its first
-    next(): the writes the trace made to the dict before iter() are replayed after the
-    values handed over are made (an iterator made then would see the dict change size).
-    As CPython's, it raises if the dict's size is not what it was at iter()."""
-    if len(d) != size:
-        raise RuntimeError("dictionary changed size during iteration")
-    it = iter(d if view == "keys" else getattr(d, view)())
-    for _ in range(pos):
-        next(it)
-    yield from it
-
-
-_DICT_ITER_TYPES = {"keys": type(iter({})), "values": type(iter({}.values())),
-                    "items": type(iter({}.items()))}
-
-
-def _private(tx, container) -> bool:
-    """A list that a graph break made for its resume function, to iterate (a
-    parameter of it that only the loop's iterator reads)."""
-    source = container.source
-    return isinstance(source, LocalSource) and source.local in private_lists(tx.root.code)
-
-
-def _reachable(tx, container) -> bool:
-    """Whether the frame can reach `container` other than through an iterator: it came
-    from outside, was stored outside (an attribute, a global, a cell), or a local, cell
-    or stack slot holds it (inside tuples, lists, dicts and objects too)."""
-    if container.source is not None and not _private(tx, container):
-        return True
-    seen = set()
-    # (A resume function's ___stackN parameters are dead once its prologue ran.)
-    todo = [*tx.stack, *(v for n, v in tx.locals.items() if not n.startswith("___stack")),
-            *(c.value for c in tx.cells.values()),
-            *tx.side_effects.values()]
-    while todo:
-        v = todo.pop()
-        if v is container:
-            return True
-        if id(v) in seen or isinstance(v, IteratorVar):
-            continue
-        seen.add(id(v))
-        items = getattr(v, "items", None)
-        if isinstance(items, dict):
-            todo.extend(items.values())
-        elif isinstance(items, list):
-            todo.extend(items)
-        attrs = getattr(v, "attrs", None)
-        if isinstance(attrs, dict):
-            todo.extend(attrs.values())
-    return False
-
-
+@register
 def var_iter(tx, v: Var):
     """A Python iterator over the Vars that iterating over `v` gives, taken now (as
     CPython's iter() would be); iterators are consumed lazily."""
     if isinstance(v, IteratorVar):
-        return _drain(v)
+        return drain(v)
     from .subclasses import is_user_container  # (lazy: import cycle, to break)
     if is_user_container(v) and v._user_method(tx, "__iter__") is None:
         # The builtin base's iterator: live, as for a plain container.
@@ -485,7 +103,6 @@ def var_iter(tx, v: Var):
         return v.iter_items(tx)
     if isinstance(v, ConstVar) and not isinstance(v.value, (str, bytes)) and hasattr(v.value, "__iter__"):
         return (ConstVar(x) for x in v.value)        # ranges need not be listed
-    from .exceptions import user_iterator  # (lazy: import cycle, to break)
     items = user_iterator(tx, v)
     if items is not None:
         return items
@@ -500,21 +117,6 @@ def call_item_fn(tx, fn, args):
     return fn.call(tx, args, {})
 
 
-def _drain(it: IteratorVar):
-    while True:
-        v = it.next()
-        if v is None:
-            return
-        yield v
-
-
-def _next_or_fail(it):
-    v = it.next()
-    if v is None:
-        raise_builtin(StopIteration)
-    return v
-
-
 @register
 def var_list(tx, v: Var) -> list:
     """All items of an iterable Var (bounded)."""
@@ -526,12 +128,6 @@ def var_list(tx, v: Var) -> list:
         if len(out) > MAX_UNPACK:
             unsupported(f"iterable gave more than {MAX_UNPACK} items")
     return out
-
-
-def const_key(v: Var, what="value"):
-    if not v.is_const():
-        unsupported(f"{what} {v} is not a constant")
-    return v.as_const()
 
 
 def _truth(tx, v: Var) -> bool:
@@ -551,6 +147,7 @@ class SetVar(DictVar):
     Var, and `items` mirrors the constant keys so that `in` works as on a dict."""
     __slots__ = ("real", "members")
     kind = set
+    is_set = True
 
     def __init__(self, values=(), source=None):
         DictVar.__init__(self, {}, source)
@@ -756,15 +353,15 @@ def never_equal_to_set(v: Var) -> bool:
 
 
 def _identity_hashed(cls) -> bool:
-    return _class_lookup(cls, "__hash__") is object.__hash__ and \
-        _class_lookup(cls, "__eq__") is object.__eq__
+    return class_lookup(cls, "__hash__") is object.__hash__ and \
+        class_lookup(cls, "__eq__") is object.__eq__
 
 
 def _order_unknown(member: Var) -> bool:
-    from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     return isinstance(member, (TensorVar, NewObjectVar, UserObjectVar))
 
 
+@register
 def set_key(v: Var):
     """What stands for `v` in a set: the constant, or the real object for values hashed
     by identity."""
@@ -784,7 +381,6 @@ def set_key(v: Var):
     by_value = v.value_key() if hasattr(v, "value_key") else None
     if by_value is not None:
         return by_value
-    from .user_objects import NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
         if getattr(v.example, PICKED, False):
             refuse_picked("hashing")
@@ -869,7 +465,7 @@ def _instance_check(tx, obj: Var, cls_var: Var) -> bool:
     elif asks_class:
         # (a __getattribute__ given to the class later would run here: it fails this)
         k = obj.instance_class()
-        tx.guards.class_attr(k, "__getattribute__", _class_lookup(k, "__getattribute__"))
+        tx.guards.class_attr(k, "__getattribute__", class_lookup(k, "__getattribute__"))
     return _class_covers(t, cls, tx)
 
 
@@ -1014,7 +610,7 @@ class EnumerateVar(LazyIteratorVar):
         super().__init__(self._pull(), enumerate)
 
     def _pull(self):
-        for v in _drain(self.inner):
+        for v in drain(self.inner):
             self.count += 1
             yield TupleVar([ConstVar(self.count - 1), v])
 
@@ -1066,7 +662,7 @@ class ZipVar(LazyIteratorVar):
 
     def __init__(self, inners: list, strict: bool):
         self.inners, self.strict = inners, strict
-        rows = _zip_rows([_drain(i) for i in inners], strict)
+        rows = _zip_rows([drain(i) for i in inners], strict)
         super().__init__((TupleVar(row) for row in rows), zip)
 
     def handover(self):
@@ -1175,7 +771,7 @@ def iter_of(tx, v: Var) -> IteratorVar:
     if isinstance(v, TensorVar):
         return LazyIteratorVar(iter(v.unpack(tx)), None)
     if type(v) is ListVar:
-        if _private(tx, v):
+        if private_list(tx, v):
             # The rest of a loop handed to this resume function: handed on the same
             # way at a break, so that one resume code serves every iteration.
             return LazyIteratorVar(live_items(v, tx), type(iter([])))
@@ -1197,7 +793,6 @@ def _next(tx, args, kwargs):
         return None
     it = args[0]
     if not isinstance(it, IteratorVar):
-        from .exceptions import user_next  # (lazy: import cycle, to break)
         return user_next(tx, it, args[1] if len(args) == 2 else None)
     v = it.next()
     if v is None:
@@ -1218,7 +813,8 @@ def _keys_of(tx, items, key):
     return keys
 
 
-def _sorted(tx, args, kwargs):
+@register
+def sorted_list(tx, args, kwargs):
     if len(args) != 1 or set(kwargs) - {"key", "reverse"}:
         return None
     items = var_list(tx, args[0])
@@ -1384,7 +980,6 @@ def _text(tx, v, kind):
     text = container_format(tx, v, kind.__name__)
     if text is not None:
         return ConstVar(text)
-    from .user_objects import is_user_object, user_object_text  # (lazy: import cycle, to break)
     if is_user_object(v):
         return user_object_text(tx, v, kind)
 
@@ -1412,7 +1007,6 @@ def _getattr(tx, args, kwargs):
         return obj.getattr(tx, name)
     if present is False:
         return args[2]
-    from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
     try:
         return obj.getattr(tx, name)
     except Unsupported as e:
@@ -1429,10 +1023,9 @@ _ABSENT = object()
 def _has_attr(tx, obj, name):
     """Whether `obj` has attribute `name`: True, False, or None (cannot tell).  A
     guard keeps the answer for objects from the frame."""
-    from .user_objects import DataclassVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(obj, (UserObjectVar, NNModuleVar)):
         value = obj.value if isinstance(obj, UserObjectVar) else obj.module
-        if isinstance(_class_lookup(type(value), "__getattribute__"), types.FunctionType):
+        if isinstance(class_lookup(type(value), "__getattribute__"), types.FunctionType):
             # The class's own hook answers (a config's attribute_map aliases), not
             # its __dict__: a user object's hook is inlined (getattr, as CPython's
             # hasattr does); a module's is asked of the real object while the trace
@@ -1441,7 +1034,7 @@ def _has_attr(tx, obj, name):
                     type(value) is not obj.python_type() or isinstance(obj, UserObjectVar):
                 return None
             found = hasattr(value, name)
-            _guard_hasattr(tx, obj.source, name, found)
+            guard_hasattr(tx, obj.source, name, found)
             return found
         written = tx.side_effects.load_attr(value, name)
         if written is not None:
@@ -1458,25 +1051,25 @@ def _has_attr(tx, obj, name):
             if held.lookup(name, _ABSENT) is not _ABSENT:
                 return True
             for hook in ("__getattribute__", "__getattr__", name):
-                tx.guards.class_attr(cls, hook, _class_lookup(cls, hook))
-            return _class_lookup(cls, name) is not None or \
-                (None if _class_lookup(cls, "__getattr__") is not None else False)
+                tx.guards.class_attr(cls, hook, class_lookup(cls, hook))
+            return class_lookup(cls, name) is not None or \
+                (None if class_lookup(cls, "__getattr__") is not None else False)
         if isinstance(value, torch.nn.Module) and any(
                 table_changed(tx, value, t) for t in ("_parameters", "_buffers", "_modules")):
             return None     # (the tables the replay will write: the attribute read decides)
-        found = name in d or _class_lookup(cls, name) is not None
+        found = name in d or class_lookup(cls, name) is not None
         if not found and isinstance(value, torch.nn.Module):
             found = any(name in (d.get(t) or {}) for t in ("_parameters", "_buffers", "_modules"))
         if not found:
-            custom = _class_lookup(cls, "__getattr__")
+            custom = class_lookup(cls, "__getattr__")
             if custom is not None and custom is not torch.nn.Module.__getattr__:
                 return None
         if obj.source is not None:
             # (first: a hook added to the class later fails these, not the hasattr
             # check, which would run it)
             for hook in ("__getattribute__", "__getattr__"):
-                tx.guards.class_attr(cls, hook, _class_lookup(cls, hook))
-            _guard_hasattr(tx, obj.source, name, found)
+                tx.guards.class_attr(cls, hook, class_lookup(cls, hook))
+            guard_hasattr(tx, obj.source, name, found)
         return found
     from .subclasses import is_user_container  # (lazy: import cycle, to break)
     if is_user_container(obj):
@@ -1484,10 +1077,9 @@ def _has_attr(tx, obj, name):
         # guarded); the class's, guarded as classes are.
         if name in obj.attrs or class_attr(tx, obj.cls, name) is not None:
             return True
-        return None if _class_lookup(obj.cls, "__getattr__") is not None else False
+        return None if class_lookup(obj.cls, "__getattr__") is not None else False
     if isinstance(obj, PartialVar):
         return _partial_has_attr(tx, obj, name)
-    from .user_objects import NewObjectVar, new_object_hasattr  # (lazy: import cycle, to break)
     if isinstance(obj, NewObjectVar):
         return new_object_hasattr(tx, obj, name)
     if isinstance(obj, NestedFunctionVar):
@@ -1501,7 +1093,7 @@ def _has_attr(tx, obj, name):
             _refuse_metaclass_hook(obj.value, name)     # (hasattr would run it, here and in the guard)
         found = hasattr(obj.value, name)
         if obj.source is not None and not isinstance(obj, ConstVar):
-            _guard_hasattr(tx, obj.source, name, found)
+            guard_hasattr(tx, obj.source, name, found)
         return found
     if isinstance(obj, TensorVar):
         return has_python_attr(tx, obj, name)
@@ -1529,7 +1121,7 @@ def _partial_has_attr(tx, p, name):
     if p.real is None:
         return False
     found = hasattr(p.real, name)
-    _guard_hasattr(tx, p.source, name, found)
+    guard_hasattr(tx, p.source, name, found)
     return found
 
 
@@ -1547,19 +1139,12 @@ def _has_attr_of_new_class(tx, obj, d, cls, name):
     return False
 
 
-def _guard_hasattr(tx, source, name, found):
-    has_attr = getattr(tx.guards, "has_attr", None)
-    if has_attr is not None:
-        has_attr(source, name, found)
-
-
 def _hasattr(tx, args, kwargs):
     if len(args) != 2 or kwargs or not args[1].is_const():
         return None
     obj, name = args[0], args[1].as_const()
     present = _has_attr(tx, obj, name)
     if present is None:
-        from .exceptions import TracedRaise, caught  # (lazy: import cycle, to break)
         try:
             obj.getattr(tx, name)
             return ConstVar(True)
@@ -1620,7 +1205,6 @@ def _callable(tx, args, kwargs):
             return ConstVar(callable(v.as_const()) if v.is_const() else False)
         if isinstance(v, ObjectVar):
             return ConstVar(callable(v.value))
-        from .user_objects import is_user_object  # (lazy: import cycle, to break)
         if is_user_object(v):
             # callable() asks the type for __call__ (guarded: a class can gain one)
             class_attr(tx, v.python_type(), "__call__")
@@ -1665,7 +1249,6 @@ def _id(tx, args, kwargs):
         # An object the trace holds as itself (guarded by identity, or fixed in the
         # code): its id is a constant while the entry's guards hold.
         return ConstVar(id(real))
-    from .user_objects import DataclassVar, NewObjectVar, UserObjectVar  # (lazy: import cycle, to break)
     if isinstance(v, TensorVar):
         if is_picked(tx, v):
             refuse_picked("id()")
@@ -1700,7 +1283,7 @@ _BUILTIN_HANDLERS = {
     len: _len, isinstance: _isinstance, issubclass: _issubclass, range: _range,
     tuple: _tuple_list(tuple), list: _tuple_list(list), dict: _dict, set: _set(set),
     frozenset: _set(frozenset), enumerate: _enumerate, zip: _zip, map: _map, filter: _filter,
-    reversed: _reversed, iter: _iter, next: _next, sorted: _sorted,
+    reversed: _reversed, iter: _iter, next: _next, sorted: sorted_list,
     min: _min_max(min), max: _min_max(max), sum: _sum, any: _any_all(True), all: _any_all(False),
     abs: _abs, round: _round, pow: _pow, divmod: _divmod,
     int: _data_conversion(int), float: _data_conversion(float), bool: _data_conversion(bool),

@@ -176,3 +176,12 @@ class MethodVar(Var):
 
     def __repr__(self):
         return f"MethodVar({self.obj!r}.{self.name})"
+
+
+def fold_call(fn, args, kwargs, name: str) -> ConstVar:
+    """``fn(*args, **kwargs)`` evaluated now, on constant Vars; an exception it raises
+    stops the trace with its message (CPython would raise it at this call)."""
+    try:
+        return ConstVar(fn(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()}))
+    except Exception as e:
+        raise_folded(e, f"{name}()")

@@ -9,9 +9,10 @@ import torch
 import enum
 
 from ..source import CallMethodSource, GetItemSource
-from .base import (Unsupported, Var, a_type, binary_op, is_same, raise_builtin, raise_folded,
-                   unsupported, wrap)
-from .constant import ConstVar, MethodVar
+from .base import (Unsupported, Var, a_type, binary_op, is_same, namedtuple_member, raise_builtin,
+                   raise_folded, set_key, sorted_list, unsupported, var_iter, wrap)
+from .classes import class_attr
+from .constant import ConstVar, MethodVar, fold_call
 from .. import config
 
 
@@ -70,7 +71,6 @@ class _SequenceVar(CollectionVar):
     def call_method(self, tx, name, args, kwargs):
         if name in ("index", "count") and all(a.is_const() for a in args) and self.is_const() and \
                 not any(has_nan(a.as_const()) for a in (*args, *self.items)):
-            from .objects import fold_call  # (lazy: import cycle, to break)
             return fold_call(getattr(self.as_const(), name), args, kwargs, f"{self.kind.__name__}.{name}")
         if name == "index" and 1 <= len(args) <= 3 and not kwargs:
             # start and stop clip as a slice does; the index found is in the whole list.
@@ -205,14 +205,12 @@ class NamedTupleVar(TupleVar):
         if name in ("_replace", "_asdict") and hasattr(self.cls, name):
             return MethodVar(self, name)
         if self.cls is not None and not hasattr(self.cls, "n_fields"):
-            from .user_objects import namedtuple_member  # (lazy: import cycle, to break)
             member = namedtuple_member(tx, self, name)
             if member is not None:
                 return member
         unsupported(f"attribute {name!r} of a result with fields {self.fields}")
 
     def setattr(self, tx, name, value):
-        from .modules import class_attr  # (lazy: import cycle, to break)
         cls = self.cls
         if self.source is not None or cls is None or not cls.__dictoffset__ or \
                 class_attr(tx, cls, name) is not None or \
@@ -349,7 +347,6 @@ class ListVar(_SequenceVar):
             else:
                 # As CPython: other iterables append each item as it comes, so a
                 # generator reading the list sees the items already appended.
-                from .builtins import var_iter
                 for v in var_iter(tx, src):
                     self.items.append(v)
             return ConstVar(None)
@@ -378,8 +375,7 @@ class ListVar(_SequenceVar):
             del self.items[i]
             return ConstVar(None)
         if name == "sort" and not args and set(kwargs) <= {"key", "reverse"}:
-            from .builtins import _sorted  # (lazy: import cycle, to break)
-            ordered = _sorted(tx, [ListVar(self.items)], kwargs)
+            ordered = sorted_list(tx, [ListVar(self.items)], kwargs)
             self._check_mutable(tx)
             self.items[:] = ordered.items
             return ConstVar(None)
@@ -411,6 +407,8 @@ class DictVar(CollectionVar):
     absent); the first use of the whole dict (`items`: len, iteration, a write, ...)
     wraps the rest and guards its keys."""
     __slots__ = ("_lazy", "_key_vars")
+    # A set is a DictVar of its members (builtins.SetVar), which dict operators refuse.
+    is_set = False
 
     def __init__(self, items: dict, source=None):
         self._lazy = None
@@ -652,7 +650,7 @@ class DictVar(CollectionVar):
             return new
         if name in ("__or__", "__ror__") and len(args) == 1:
             other = args[0]
-            if not isinstance(other, DictVar) or _is_set(other):
+            if not isinstance(other, DictVar) or other.is_set:
                 unsupported(f"dict | {other} (NotImplemented)")
             first, second = (self, other) if name == "__or__" else (other, self)
             new = self.copy_with({**first.items, **second.items})
@@ -771,11 +769,6 @@ class DictViewVar(Var):
         return f"DictViewVar({self.kind})"
 
 
-def _is_set(v) -> bool:
-    from .builtins import SetVar  # (lazy: import cycle, to break)
-    return isinstance(v, SetVar)
-
-
 class VarKey:
     """A dict key that is a traced value hashed by identity (a tensor, an object made
     in the frame, an object from outside): equal to another for the same object (`obj`:
@@ -890,7 +883,6 @@ def has_var_keys(items: dict) -> bool:
 def _dict_key(v):
     """What stands for `v` among a dict's keys: the constant, or a VarKey for a value
     hashed by identity."""
-    from .builtins import set_key  # (lazy: import cycle, to break)
     k = set_key(v)      # (a NaN is a break there)
     if v.is_const():
         return k

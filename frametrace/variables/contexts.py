@@ -16,12 +16,11 @@ import warnings
 
 from ..bytecode_analysis import instructions
 from ..exc import Yield
-from .base import Var, unsupported, wrap
+from .base import Var, register, unsupported, wrap
 from .constant import ConstVar
 from ..source import AttrSource
 from .containers import DictVar, ListVar, TupleVar
 from .functions import BoundMethodVar, UserFunctionVar
-from .modules import class_attr
 
 
 class GradModeVar(Var):
@@ -193,6 +192,12 @@ class GradModeDecoratedVar(ContextDecoratedVar):
         cg.call_const(grad_mode_decorated, [lambda cg: cg.load_const(self.mode), self.fn.reconstruct])
 
 
+@register
+def call_in_grad_mode(tx, mode, fn, args, kwargs):
+    """A call of a function decorated with a grad mode (a GradModeDecoratedVar's)."""
+    return GradModeDecoratedVar(mode, fn).call(tx, args, kwargs)
+
+
 def grad_mode_decorated(mode, fn):
     """What @torch.enable_grad() / @torch.no_grad() makes of `fn`."""
     return (torch.enable_grad if mode else torch.no_grad)()(fn)
@@ -289,6 +294,10 @@ class NullContextVar(Var):
             unsupported(f"{self} outlives the trace")
         else:
             cg.call_const(self.factory, [lambda cg, a=a: cg.load_const(a) for a in self.args])
+
+    def remakable(self) -> bool:
+        """Whether the transformed code can make it again (at a graph break)."""
+        return self.factory is not _CANNOT_REMAKE
 
     def __repr__(self):
         return f"NullContextVar({getattr(self.factory, '__name__', 'nullcontext')})"
@@ -451,26 +460,6 @@ class UserContextVar(Var):
 
     def __repr__(self):
         return f"UserContextVar({self.obj!r})"
-
-
-def user_context(tx, obj):
-    """The context Var for `with obj:` over an instance of a user class, else None."""
-
-    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
-    if type(getattr(obj, "value", None)) in _LOCK_TYPES and obj.source is not None:
-        return LockContextVar(obj)
-    if not isinstance(obj, InstanceAttrs):
-        return None
-    cls = obj.instance_class()
-    enter, exit_ = class_attr(tx, cls, "__enter__"), class_attr(tx, cls, "__exit__")
-    if enter is None or exit_ is None:
-        unsupported(f"TypeError: {cls.__name__!r} object does not support the context manager protocol")
-    if not isinstance(enter, types.FunctionType) or not isinstance(exit_, types.FunctionType):
-        unsupported(f"'with' over {cls.__name__}, whose __enter__/__exit__ is not a Python function")
-    return UserContextVar(obj, enter, exit_)
-
-
-_LOCK_TYPES = (_thread.LockType, _thread.RLock)
 
 
 class LockContextVar(Var):
@@ -705,18 +694,6 @@ def enclosing_with_starts(code, offset) -> list:
     starts = [start - 2 for start, end, depth in _with_spans(code)
               if start <= offset < end and getattr(at.get(start - 2), "opname", None) == "BEFORE_WITH"]
     return sorted(starts, reverse=True)
-
-
-def check_break_at_with(ctx):
-    """A graph break at a `with` (CPython enters the context, the block goes on in a
-    resume function) is for contexts frametrace models, whose block it could not hand
-    over: a `with` over anything else runs its whole frame in CPython, as torch.compile
-    does."""
-    from .attributes import InstanceAttrs  # (lazy: import cycle, to break)
-    if isinstance(ctx, NullContextVar) and ctx.factory is not _CANNOT_REMAKE:
-        return
-    if not isinstance(ctx, (InstanceAttrs, GeneratorContextVar, RunTimeContextVar)):
-        unsupported(f"a graph break at 'with' over {ctx}")
 
 
 class ExitVar(Var):

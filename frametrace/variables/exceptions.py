@@ -14,12 +14,12 @@ import types
 
 from ..exc import Unsupported
 from .attributes import InstanceAttrs, MISSING
-from .base import Var, register, safe_repr, unsupported
+from .base import Var, iter_of, register, safe_repr, unsupported
 from .constant import ConstVar
-from .modules import class_attr
+from .classes import class_attr
 from .opaque import OpaqueVar
 from .user_objects import NewObjectVar
-from .builtins import _drain, iter_of
+from .iterators import drain
 from .containers import TupleVar, attrs_dict
 from .functions import UserFunctionVar
 
@@ -388,7 +388,7 @@ def user_iterator(tx, v):
         return None
     it = UserFunctionVar(_python_dunder(tx, v, "__iter__")).call(tx, [v], {})
     if _python_dunder(tx, it, "__next__") is None:
-        return _drain(iter_of(tx, it))
+        return drain(iter_of(tx, it))
     return _next_items(tx, it)
 
 

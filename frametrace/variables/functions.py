@@ -3,7 +3,6 @@ records into the same graph, so calls of user code cost nothing at run time."""
 from __future__ import annotations
 
 import collections
-import copy
 import functools
 import inspect
 import sys
@@ -12,11 +11,11 @@ import dis
 import torch
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource
-from .base import Var, unsupported, wrap
+from .base import Var, call_in_grad_mode, object_var, unsupported, wrap
 from .constant import ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, TupleVar
 from .lazy import Lazy
-from .optimizers import call_use_grad, dynamo_disabled_traced, trace_time_call, use_grad_wrapped
+from .optimizers import dynamo_disabled_traced, in_traced_torch_package, trace_time_call, use_grad_wrapped
 from .tensor import TensorVar
 
 _VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
@@ -143,31 +142,26 @@ class UserFunctionVar(Var):
         fn = self.fn
         if fn in TRACE_TIME_EVALUATED:
             return _evaluate_now(tx, fn, args, kwargs)
-        if fn in _MODULE_CALLS and args:
-            from .modules import NNModuleVar  # (lazy: import cycle, to break)
-            if isinstance(args[0], NNModuleVar):
-                # nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`):
-                # what calling the module does, hooks included.
-                return args[0].module_call(tx, args[1:], kwargs)
+        rule = _CALL_RULES.get(fn)
+        if rule is not None:
+            made = rule(tx, args, kwargs)
+            if made is not None:
+                return made
         if fn is collections.namedtuple:
             return _make_namedtuple(tx, args, kwargs)
-        if fn is copy.deepcopy and len(args) == 1 and not kwargs:
-            from .user_objects import deepcopy_var  # (lazy: import cycle, to break)
-            return deepcopy_var(tx, args[0], {})
         made = trace_time_call(tx, fn, args, kwargs)
         if made is not None:
             return made         # (in a traced package, but its answer is the process's)
         step = use_grad_wrapped(fn)
         if step is not None:
-            return call_use_grad(tx, step, args, kwargs)
+            return _call_use_grad(tx, step, args, kwargs)
         traced = dynamo_disabled_traced(fn)
         if traced is not None:
             return UserFunctionVar(traced).call(tx, args, kwargs)
         grad_decorated = _grad_mode_decorator(fn)
         if grad_decorated is not None:
             mode, inner = grad_decorated
-            from .contexts import GradModeDecoratedVar  # (lazy: import cycle, to break)
-            return GradModeDecoratedVar(mode, UserFunctionVar(inner)).call(tx, args, kwargs)
+            return call_in_grad_mode(tx, mode, UserFunctionVar(inner), args, kwargs)
         anchor = self.source if self.source is not None and fn.__closure__ else \
             ConstSource(fn, fn.__qualname__)
         # The function object is fixed (by identity, or for a closure by code), but its
@@ -324,8 +318,7 @@ class NestedFunctionVar(Var):
         if name == "__module__":
             return ConstVar(self.f_globals.get("__name__"))
         if name == "__code__":
-            from .objects import ObjectVar  # (lazy: import cycle, to break)
-            return ObjectVar(self.code)
+            return object_var(self.code)
         if name == "__defaults__":
             return TupleVar(list(self.defaults)) if self.defaults else ConstVar(None)
         if name == "__kwdefaults__":
@@ -490,18 +483,20 @@ def _make_partial(fn, args, kwargs):
 # torch's pure-Python helpers over containers, which make no graph ops: traced through.
 _INLINED_TORCH_MODULES = frozenset({"torch.utils._pytree"})
 
-# torch packages of plain Python over tensors that are programs to capture, as the
-# user's own code is (torch.compile inlines them too): the optimizers' steps.  Their
-# frames are traced on their own too.
-TRACED_TORCH_PACKAGES = ("torch.optim", "torch.nn.utils.clip_grad", "torch.utils._foreach_utils")
-
 # Python over tensors traced through where model code calls it, but whose frames run in
 # CPython when CPython calls them: weight initialisation, probability distributions.
 INLINED_TORCH_PACKAGES = ("torch.nn.init", "torch.distributions")
 
 
-def in_traced_torch_package(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in TRACED_TORCH_PACKAGES)
+def _call_use_grad(tx, inner, args, kwargs):
+    """`_use_grad(self, ...)` (torch.optim's step wrapper): `inner` traced with grad mode
+    set to `self.defaults['differentiable']` (restored after, as its `finally` does)."""
+    if not args:
+        unsupported("an optimizer step called without its optimizer")
+    flag = args[0].getattr(tx, "defaults").getitem(tx, ConstVar("differentiable"))
+    if not flag.is_const():
+        unsupported("an optimizer whose `differentiable` flag is not a constant")
+    return call_in_grad_mode(tx, bool(flag.as_const()), UserFunctionVar(inner), args, kwargs)
 
 
 def in_inlined_torch_package(module: str) -> bool:
@@ -596,13 +591,29 @@ def _grad_mode_decorator(fn):
     return None
 
 
-def _module_calls():
+def module_calls():
+    """nn.Module's Python functions that call a module (its __call__ and the
+    implementations behind it)."""
     m = torch.nn.Module
     return {f for f in (m.__call__, getattr(m, "_wrapped_call_impl", None),
                         getattr(m, "_call_impl", None)) if isinstance(f, types.FunctionType)}
 
 
-_MODULE_CALLS = _module_calls()
+# Calls of particular Python functions that the module of a kind above this one
+# answers (nn.Module.__call__ spelled out: modules; copy.deepcopy: user_objects), so
+# that functions need not import them: fn -> rule(tx, args, kwargs), which answers
+# None for a call it leaves to be inlined as any other.
+_CALL_RULES: dict = {}
+
+
+def call_rule(*fns):
+    """Register the decorated rule for calls of each of `fns`."""
+    def register(rule):
+        for fn in fns:
+            assert fn not in _CALL_RULES, fn
+            _CALL_RULES[fn] = rule
+        return rule
+    return register
 
 
 def _immutable(value) -> bool:

@@ -15,9 +15,16 @@ from torch.fx.node import _get_qualified_name
 from .base import unsupported
 from .constant import ConstVar
 from .containers import DictVar, ListVar, NamedTupleVar, TupleVar
-from .objects import ObjectVar
 from .symbolic import SliceVar, SymNodeVar
 from .tensor import TensorVar
+
+
+class PassedAsIs:
+    """The mark of a Var kind that stands for one Python object a torch operation
+    gets as it is (objects.ObjectVar): its value while tracing is its `value`, and a
+    dtype or device among them is a constant of the node.  A mixin, so that this
+    module, under objects, need not import it."""
+    __slots__ = ()
 
 
 _FX_NAMEABLE: dict = {}
@@ -66,7 +73,7 @@ def to_node_arg(v):
         return tuple(items) if isinstance(v, TupleVar) else items
     if isinstance(v, DictVar):
         return {k: to_node_arg(x) for k, x in v.items.items()}
-    if isinstance(v, ObjectVar) and isinstance(v.value, (torch.dtype, torch.device)):
+    if isinstance(v, PassedAsIs) and isinstance(v.value, (torch.dtype, torch.device)):
         return v.value
     unsupported(f"passing {v} to a torch operation")
 
@@ -84,7 +91,7 @@ def to_fake(v):
         return tuple(items) if isinstance(v, TupleVar) else items
     if isinstance(v, DictVar):
         return {k: to_fake(x) for k, x in v.items.items()}
-    if isinstance(v, ObjectVar):
+    if isinstance(v, PassedAsIs):
         return v.value
     unsupported(f"passing {v} to a torch operation")
 

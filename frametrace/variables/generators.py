@@ -11,7 +11,7 @@ import sys
 
 from ..exc import Yield
 from .base import unsupported
-from .builtins import LazyIteratorVar
+from .iterators import LazyIteratorVar
 from .constant import ConstVar, MethodVar
 from .containers import DictVar, ListVar, TupleVar
 from .exceptions import ExceptionVar, TracedRaise, exception_type

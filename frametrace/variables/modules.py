@@ -10,11 +10,13 @@ from torch.nn.modules import module as module_mod
 import inspect
 
 from .. import distributed
-from ..source import AttrSource, ConstSource, GetItemSource
-from .base import Var, unsupported, wrap
+from ..source import AttrSource, GetItemSource
+from .base import Var, object_var, unsupported, wrap
+from .classes import class_attr, class_defines, class_lookup, guard_class_none
 from .constant import ConstVar, MethodVar
 from .containers import DictVar, ListVar, TupleVar
-from .functions import BoundMethodVar, UserFunctionVar
+from .iterators import LazyIteratorVar
+from .functions import BoundMethodVar, UserFunctionVar, call_rule, module_calls
 from .tensor import TensorVar
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
@@ -48,7 +50,7 @@ class NNModuleVar(Var):
         m = self.module
         # The class is guarded only where the answer comes from it: what the instance
         # holds is read through a source (whose guard does the whole lookup again).
-        cls_attr = _class_lookup(type(m), name)
+        cls_attr = class_lookup(type(m), name)
         if isinstance(cls_attr, property):
             tx.guards.class_attr(type(m), name, cls_attr)
             return _call_property(tx, cls_attr, self)
@@ -83,9 +85,8 @@ class NNModuleVar(Var):
         if isinstance(cls_attr, staticmethod):
             return wrap(tx, cls_attr.__func__, None, guard=False)
         if isinstance(cls_attr, classmethod):
-            from .objects import ObjectVar  # (lazy: import cycle, to break)
             return BoundMethodVar(wrap(tx, cls_attr.__func__, None, guard=False),
-                                  ObjectVar(type(m)))
+                                  object_var(type(m)))
         if cls_attr is not None:
             return wrap(tx, cls_attr, source)
         if class_defines(type(m), name):          # a class attribute that is None
@@ -322,6 +323,15 @@ class ModuleSliceVar(Var):
         return f"a slice of the {type(self.parent.module).__qualname__} module"
 
 
+@call_rule(*module_calls())
+def _call_module(tx, args, kwargs):
+    """nn.Module.__call__ spelled out (`m.__call__(x)`, `super().__call__(x)`): what
+    calling the module does, hooks included."""
+    if args and isinstance(args[0], NNModuleVar):
+        return args[0].module_call(tx, args[1:], kwargs)
+    return None
+
+
 def _refuse_distributed(m):
     """A call of a DDP or FSDP2 module is a break: CPython makes it, and the module's
     forward compiles as a frame of its own."""
@@ -358,24 +368,6 @@ def _guard_global_hooks(tx):
     tx.guards.no_global_hooks(names)
 
 
-def _class_lookup(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return None
-
-
-def class_defines(cls, name) -> bool:
-    """Whether `cls` or a base holds `name` (`_class_lookup` answers None both for a
-    missing name and for a class attribute set to None)."""
-    return any(name in klass.__dict__ for klass in cls.__mro__)
-
-
-def guard_class_none(tx, cls, name):
-    """The trace took ``cls.name`` to be None (a class attribute, not a missing one)."""
-    tx.guards.value(AttrSource(ConstSource(cls, cls.__qualname__), name), None)
-
-
 def _check_module_store(m, name, value):
     """The TypeErrors Module.__setattr__ raises, raised in place (by stopping the trace at
     the store) rather than when the store is replayed after the graph."""
@@ -390,14 +382,6 @@ def _check_module_store(m, name, value):
         unsupported(f"TypeError: cannot assign {value} as child module {name!r}")
     if name in m.__dict__.get("_buffers", {}) and not is_none and not isinstance(value, TensorVar):
         unsupported(f"TypeError: cannot assign {value} as buffer {name!r}")
-
-
-def class_attr(tx, cls, name):
-    """`_class_lookup`, for a trace that relies on the answer: guarded (classes are
-    mutable: a method can be replaced, in a base class too)."""
-    found = _class_lookup(cls, name)
-    tx.guards.class_attr(cls, name, found)
-    return found
 
 
 def _shadowing_guard(tx, source, obj, name, attr):
@@ -418,7 +402,6 @@ def _named(kind):
     remove_duplicate=...), modules() ...), run on the real module for the names and
     their order; each item is the Var read from its path below the module."""
     def method(tx, self, args, kwargs):
-        from .builtins import LazyIteratorVar  # (lazy: import cycle, to break)
         if not all(a.is_const() for a in (*args, *kwargs.values())):
             unsupported(f"{kind}() with arguments that are not constants")
         a = [v.as_const() for v in args]

@@ -21,7 +21,7 @@ import operator
 
 import torch
 import warnings
-from .objects import _read_global_state
+from .objects import _read_global_state, torch_call_rule
 from .symbolic import SliceVar
 from ..shapes import _is_argument
 
@@ -34,7 +34,7 @@ from .base import ValueVar, Var, binary_op, unsupported
 from .constant import INPLACE_TO_PLAIN, ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, ListVar, TupleVar
 from .symbolic import SymNodeVar
-from .tensor import TensorVar
+from .tensor import TensorVar, tensor_method
 from ..source import ConstSource, Source
 from .fx_values import to_fake
 
@@ -752,6 +752,7 @@ def _unspecialized(tx, source) -> bool:
     return tx.output.policy.dynamic is True and _is_argument(source)
 
 
+@tensor_method("numpy")
 def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
     """``t.numpy()``: the same memory, seen as an ndarray."""
     if args or kwargs:
@@ -763,6 +764,7 @@ def tensor_to_ndarray(tx, t: TensorVar, args, kwargs) -> NdarrayVar:
     return NdarrayVar(tx.output.call("call_function", torch.ops.aten.alias.default, (t,), {}))
 
 
+@torch_call_rule(torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
 def torch_call_on_ndarray(tx, fn, args, kwargs):
     """torch.from_numpy(a), torch.as_tensor(a) and torch.tensor(a) of a traced array;
     None for other torch functions (which then do not take arrays)."""

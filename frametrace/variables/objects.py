@@ -11,20 +11,20 @@ import types
 import weakref
 
 import torch
-import dataclasses
 
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
-from .base import ValueVar, Var, a_type, raise_folded, safe_repr, unsupported, wrap
-from .contexts import GradModeSetVar, context_class, context_function
-from .functions import (BoundMethodVar, OutsideState, PartialVar, UserFunctionVar, cached_call,
-                        in_inlined_torch_package, visible_outside_writes)
-from .modules import construct_module
-from .constant import ConstVar, MethodVar, is_constant_value, is_pure_method
+from .base import (ValueVar, Var, a_type, base_container_method, call_unbound_builtin, construct,
+                   fromkeys_var, register, safe_repr, set_key, unsupported, wrap)
+from .contexts import GradModeSetVar, context_function
+from .functions import BoundMethodVar, OutsideState, UserFunctionVar, cached_call, visible_outside_writes
+from .classes import class_lookup
+from .constant import ConstVar, MethodVar, fold_call, is_constant_value, is_pure_method
 from .containers import ListVar, NamedTupleVar, SizeVar, structseq_fields
 from .symbolic import SHAPE_QUERIES, SymNodeVar, shape_query
-from .scalars import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
-from .tensor import TensorVar, new_parameter
+from .symbolic_calls import call_check, is_check, is_tensor_of_numbers, tensor_of_numbers
+from .tensor import TensorVar
+from .fx_values import PassedAsIs
 from .. import _C
 from .grad_utils import foreach_tensor_scalars, group_by_device_and_dtype
 from .optimizers import trace_time_call
@@ -77,13 +77,6 @@ def object_noun(value) -> str:
 _TYPE_DICT = type.__dict__["__dict__"]
 
 
-def _class_lookup(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return None
-
-
 def _refuse_metaclass_hook(cls, name):
     """``cls.name`` would run a user metaclass's own __getattribute__ (always) or
     __getattr__ (for a name the lookup misses): Python code that may count or log,
@@ -91,7 +84,7 @@ def _refuse_metaclass_hook(cls, name):
     graph break, made by CPython."""
     meta = type(cls)
     for hook in ("__getattribute__", "__getattr__"):
-        fn = _class_lookup(meta, hook)
+        fn = class_lookup(meta, hook)
         if not isinstance(fn, types.FunctionType) or \
                 (getattr(fn, "__module__", None) or "").split(".")[0] in sys.stdlib_module_names:
             continue
@@ -110,7 +103,7 @@ def class_source(cls) -> ConstSource:
     return ConstSource(cls, getattr(cls, "__qualname__", None) or repr(cls))
 
 
-class ObjectVar(ValueVar):
+class ObjectVar(ValueVar, PassedAsIs):
     """An object used as-is while tracing (guarded by identity when it has a source).
 
     A class reached with no path of its own (``type(o)``, ``o.__class__``, a
@@ -202,7 +195,6 @@ class ObjectVar(ValueVar):
     def _contains_object(self, tx, item) -> bool:
         """An object hashed by identity (a function, a module) in a real set: what the
         set holds can change between calls, so the guard asks again."""
-        from .builtins import set_key  # (lazy: import cycle, to break)
         key = set_key(item)
         found = key in self.value
         if self.source is not None:
@@ -270,12 +262,11 @@ class ObjectVar(ValueVar):
                 callable(getattr(self.value, name, None)):
             return MethodVar(self, name)
         if name == "__dict__" and isinstance(self.value, type) and self.source is not None and \
-                _class_lookup(type(self.value), "__dict__") is _TYPE_DICT:
+                class_lookup(type(self.value), "__dict__") is _TYPE_DICT:
             # A new mapping proxy on every read, of the class's own dict: what the
             # trace reads from it is guarded through this source, not its identity.
             return ObjectVar(vars(self.value), AttrSource(self.source, "__dict__"))
         if name == "fromkeys" and isinstance(self.value, type):
-            from .subclasses import fromkeys_var  # (lazy: import cycle, to break)
             made = fromkeys_var(tx, self.value)
             if made is not None:
                 return made
@@ -325,7 +316,7 @@ class ObjectVar(ValueVar):
         if isinstance(value, type) and value in _CONST_CLASSES and _all_const(args, kwargs):
             return ConstVar(value(*_consts(args), **_const_kwargs(kwargs)))
         if isinstance(value, type):
-            made = _construct(tx, value, args, kwargs)
+            made = construct(tx, value, args, kwargs)
             if made is not None:
                 return made
         if value in TRACE_TIME_ANSWERS:
@@ -369,7 +360,6 @@ class ObjectVar(ValueVar):
             return fold_call(value, args, kwargs, value.__qualname__)     # str.upper(s)
         if value in _OPERATORS and any(isinstance(a, TensorVar) for a in args):
             return tx.output.call("call_function", value, tuple(args), kwargs)
-        from .subclasses import call_unbound_builtin  # (lazy: import cycle, to break)
         made = call_unbound_builtin(tx, value, args, kwargs)
         if made is not None:
             return made
@@ -387,6 +377,11 @@ class ObjectVar(ValueVar):
     def __repr__(self):
         return f"ObjectVar({safe_repr(self.value)})"
 
+
+
+@register
+def object_var(value, source=None):
+    return ObjectVar(value, source)
 
 
 class InGraphCallVar(ObjectVar):
@@ -591,7 +586,20 @@ def module_namespace(value):
     return value if module is not None and getattr(module, "__dict__", None) is value else None
 
 
-_NUMPY_CONVERTERS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
+# Calls of torch functions given a value of a kind above objects (torch.from_numpy,
+# torch.as_tensor ... of a traced ndarray): fn -> rule(tx, fn, args, kwargs), None for
+# a call the rule leaves to the graph.  The kind's module registers it (numpy).
+_TORCH_CALL_RULES: dict = {}
+
+
+def torch_call_rule(*fns):
+    """Register the decorated rule for calls (with arguments) of each of `fns`."""
+    def register_rule(rule):
+        for fn in fns:
+            assert fn not in _TORCH_CALL_RULES, fn
+            _TORCH_CALL_RULES[fn] = rule
+        return rule
+    return register_rule
 
 
 def _hashable(value) -> bool:
@@ -616,9 +624,9 @@ class TorchFnVar(ObjectVar):
             return call_check(tx, fn, args, kwargs)
         if is_tensor_of_numbers(fn, args):
             return tensor_of_numbers(tx, fn, args, kwargs)
-        if args and fn in _NUMPY_CONVERTERS:
-            from .numpy import torch_call_on_ndarray  # (lazy: import cycle, to break)
-            made = torch_call_on_ndarray(tx, fn, args, kwargs)
+        rule = _TORCH_CALL_RULES.get(fn) if args else None
+        if rule is not None:
+            made = rule(tx, fn, args, kwargs)
             if made is not None:
                 return made
         if fn in _GLOBAL_STATE_READERS:
@@ -742,11 +750,9 @@ class SuperVar(Var):
                 # A base's class dict can be patched (`Parent.scale = 7`): guarded
                 # through an equivalent super object, which reads the MRO again.
                 tx.guards.class_attr(mro[0], name, attr, after=cls)
-                # (lazy: import cycle, to break)
-                from .subclasses import CONTAINER_BASES, BaseMethodVar, is_user_container
-                if klass in CONTAINER_BASES and is_user_container(self.obj) and \
-                        not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
-                    return BaseMethodVar(self.obj, name)
+                made = base_container_method(self.obj, klass, name, attr)
+                if made is not None:
+                    return made
                 if attr is torch.nn.Module.__init__ and getattr(self.obj, "initialized", False):
                     return _ModuleInitDoneVar()
                 if isinstance(attr, types.FunctionType):
@@ -921,75 +927,6 @@ def namespace_var(tx, namespace: dict) -> GlobalsDictVar:
     return var
 
 
-def _construct(tx, cls, args, kwargs):
-    """Calling a class while tracing."""
-    if issubclass(cls, BaseException):
-        from .exceptions import construct_exception  # (lazy: import cycle, to break)
-        return construct_exception(tx, cls, args, kwargs)
-    made = context_class(tx, cls, args, kwargs)
-    if made is not None:
-        return made
-    if cls is functools.partial and args:
-        return PartialVar(args[0], args[1:], kwargs)
-    if dataclasses.is_dataclass(cls):
-        # (lazy: import cycle, to break)
-        from .subclasses import construct_container_subclass, container_base
-        if container_base(cls) is not None:
-            # a dict (list ...) that is a dataclass: its __init__, generated or not, and
-            # the __post_init__ that calls run on the container
-            return construct_container_subclass(tx, cls, args, kwargs)
-        from .user_objects import make_dataclass_instance  # (lazy: import cycle, to break)
-        return make_dataclass_instance(tx, cls, args, kwargs)
-    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        names = list(cls._fields)
-        maker = next((k for k in cls.__mro__ if "__new__" in k.__dict__), None)
-        if maker is None or "_make" not in maker.__dict__ or cls.__init__ is not object.__init__:
-            # (a subclass's own __new__ or __init__ would run: made here, it would not)
-            unsupported(f"{cls.__name__}() with a __new__ or __init__ of its own")
-        if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
-            unsupported(f"{cls.__name__}() with unexpected arguments (TypeError)")
-        # The defaults are those of its __new__ (what the call uses; _field_defaults
-        # only reports them), when they are constants.
-        defaults = getattr(getattr(cls, "__new__", None), "__defaults__", None) or ()
-        defaults = dict(zip(names[len(names) - len(defaults):], defaults))
-        values = list(args)
-        for n in names[len(args):]:
-            if n in kwargs:
-                values.append(kwargs[n])
-            elif n in defaults and is_constant_value(defaults[n]):
-                values.append(ConstVar(defaults[n]))
-            else:
-                unsupported(f"{cls.__name__}() with missing fields")
-        return NamedTupleVar(values, names, cls=cls)
-    if cls is torch.nn.Parameter:
-        return new_parameter(tx, args, kwargs)
-    if issubclass(cls, torch.nn.Module):
-        return construct_module(tx, cls, args, kwargs)
-    module = getattr(cls, "__module__", "") or ""
-    # (lazy: import cycle, to break)
-    from .subclasses import construct_container_subclass, container_base
-    if container_base(cls) is not None and not module.startswith("torch"):
-        return construct_container_subclass(tx, cls, args, kwargs)
-    if (in_inlined_torch_package(module) or not module.startswith(("torch", "builtins"))) and \
-            not issubclass(cls, torch.nn.Module) and \
-            (module.split(".")[0] not in sys.stdlib_module_names or _plain_python_class(cls)):
-        from .user_objects import construct_user_object  # (lazy: import cycle, to break)
-        return construct_user_object(tx, cls, args, kwargs)
-    return None
-
-
-def _plain_python_class(cls) -> bool:
-    """A standard-library class written wholly in Python over `object` (unittest's
-    assertRaises context, argparse.Namespace, inspect.BoundArguments, with __slots__ as a
-    user's class may have): traced like a user's class.  Classes with a C base, their
-    own metaclass or __new__ stay opaque."""
-    return type(cls) is type and cls.__new__ is object.__new__ and \
-        all(c is object or c.__flags__ & _TPFLAGS_HEAPTYPE for c in cls.__mro__)
-
-
-_TPFLAGS_HEAPTYPE = 1 << 9
-
-
 # ---------------------------------------------------------------- helpers
 _NO_KEY = object()
 
@@ -1045,15 +982,6 @@ def _consts(args):
 
 def _const_kwargs(kwargs):
     return {k: v.as_const() for k, v in kwargs.items()}
-
-
-def fold_call(fn, args, kwargs, name: str) -> ConstVar:
-    """``fn(*args, **kwargs)`` evaluated now, on constant Vars; an exception it raises
-    stops the trace with its message (CPython would raise it at this call)."""
-    try:
-        return ConstVar(fn(*_consts(args), **_const_kwargs(kwargs)))
-    except Exception as e:
-        raise_folded(e, f"{name}()")
 
 
 def _is_library_object(value) -> bool:

@@ -21,7 +21,8 @@ from .constant import BINARY_FOLD, INPLACE_TO_PLAIN, ConstVar
 from .containers import DictVar, IteratorVar, ListVar, SizeVar, TupleVar, _dict_key as dict_key, _matches
 from .exceptions import ExceptionVar, raise_builtin, raise_folded
 from .fx_values import to_fake
-from .modules import NNModuleVar, class_attr
+from .classes import class_attr
+from .modules import NNModuleVar
 from .numpy import is_numpy_var, numpy_binary_op, numpy_unary_op
 from .objects import ObjectVar
 from .scalars import capturing

@@ -29,8 +29,16 @@ from torch._compile import _disable_dynamo
 from torch.optim.optimizer import _use_grad_for_differentiable
 from torch.utils import _foreach_utils as fu
 
-from .base import unsupported, wrap
-from .constant import ConstVar
+from .base import wrap
+
+# torch packages of plain Python over tensors that are programs to capture, as the
+# user's own code is (torch.compile inlines them too): the optimizers' steps.  Their
+# frames are traced on their own too.
+TRACED_TORCH_PACKAGES = ("torch.optim", "torch.nn.utils.clip_grad", "torch.utils._foreach_utils")
+
+
+def in_traced_torch_package(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in TRACED_TORCH_PACKAGES)
 
 
 def _use_grad_code():
@@ -65,7 +73,6 @@ def dynamo_disabled_traced(fn):
     `add_param_group`, `_init_group`), else None.
     torch keeps Dynamo out of these; they are plain Python over parameters and their
     `.grad` (set to None, zeroed), which we trace like the step."""
-    from .functions import in_traced_torch_package  # (lazy: import cycle, to break)
     inner = _dynamo_disabled_original(fn)
     if not isinstance(inner, types.FunctionType) or \
             not in_traced_torch_package(getattr(inner, "__module__", "") or ""):
@@ -85,19 +92,6 @@ def _dynamo_disabled_original(fn):
     if getattr(fn, "_torchdynamo_disable", False) is True:
         return getattr(fn, "_torchdynamo_orig_callable", None)
     return None
-
-
-def call_use_grad(tx, inner, args, kwargs):
-    """`_use_grad(self, ...)`: `inner` traced with grad mode set to
-    `self.defaults['differentiable']` (restored after, as its `finally` does)."""
-    from .contexts import GradModeDecoratedVar  # (lazy: import cycle, to break)
-    from .functions import UserFunctionVar  # (lazy: import cycle, to break)
-    if not args:
-        unsupported("an optimizer step called without its optimizer")
-    flag = args[0].getattr(tx, "defaults").getitem(tx, ConstVar("differentiable"))
-    if not flag.is_const():
-        unsupported("an optimizer whose `differentiable` flag is not a constant")
-    return GradModeDecoratedVar(bool(flag.as_const()), UserFunctionVar(inner)).call(tx, args, kwargs)
 
 
 def prefer_device_counters(opt) -> None:
@@ -154,13 +148,13 @@ _SCALAR_KEYWORD = {"addcdiv_": ("value", torch.div), "addcmul_": ("value", torch
 def tensor_scalar_method(tx, self, name, args, kwargs):
     """`t.addcdiv_(a, b, value=s)` (and addcmul_, add_/sub_ with alpha) with a 0-d
     tensor `s`: the same update written as graph arithmetic; else None."""
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     spec = _SCALAR_KEYWORD.get(name)
     if spec is None:
         return None
     key, combine = spec
     scalar = kwargs.get(key)
-    if not isinstance(scalar, TensorVar) or scalar.example.dim() != 0 or \
+    # (`self` is a TensorVar, a class without subclasses: its type is the tensor kind.)
+    if not isinstance(scalar, type(self)) or scalar.example.dim() != 0 or \
             set(kwargs) != {key} or len(args) != (2 if combine is not None else 1):
         return None
     call = tx.output.call

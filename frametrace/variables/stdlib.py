@@ -4,7 +4,7 @@ None to say it does not apply (the call is then unsupported).
 
 math functions fold on constants; operator functions follow the interpreter's own
 semantics (graph ops on tensors, folding on constants); itertools give lazy iterators
-(see builtins.LazyIteratorVar); collections.OrderedDict / defaultdict / deque made
+(see iterators.LazyIteratorVar); collections.OrderedDict / defaultdict / deque made
 while tracing are Vars of their own (below), rebuilt by the transformed code when
 returned."""
 from __future__ import annotations
@@ -21,11 +21,11 @@ import torch
 
 from . import log_calls as _log_calls
 from .base import Var, binary_op, contains, is_same, unary_op, unsupported
-from .builtins import (LazyIteratorVar, _dict, _is_none_var, call_item_fn, const_key, var_iter,
-                       var_list)
-from .constant import ConstVar
+from .builtins import _dict, _is_none_var, call_item_fn, var_iter, var_list
+from .iterators import LazyIteratorVar, const_key
+from .constant import ConstVar, fold_call
 from .containers import DictVar, IteratorVar, ListVar, TupleVar, _dict_key, key_var
-from .objects import ObjectVar, _all_const, fold_call
+from .objects import ObjectVar, _all_const
 from .symbolic import SymNodeVar
 from .tensor import TensorVar
 from .exceptions import TracebackVar

@@ -25,11 +25,11 @@ import torch
 
 from ..guards import one_check
 from .attributes import InstanceAttrs, MISSING, is_data_descriptor
-from .base import Var, binary_op, contains, unsupported, wrap
+from .base import Var, binary_op, contains, register, unsupported, wrap
 from .constant import ConstVar, MethodVar
 from .containers import (DictVar, ListVar, TupleVar, _dict_key, attrs_dict, constant_key, emit_key,
                          has_var_keys)
-from .modules import _class_lookup, class_attr
+from .classes import class_attr, class_lookup
 from .objects import ObjectVar
 from .builtins import BuiltinVar, FrozenSetVar, SetVar, iter_of, var_list
 from .functions import UserFunctionVar
@@ -359,7 +359,7 @@ def construct_container_subclass(tx, cls, args, kwargs):
     the object, with the contents for an immutable base; __init__ runs as the class
     has it (inlined when written in Python)."""
     base = container_base(cls)
-    new = _class_lookup(cls, "__new__")
+    new = class_lookup(cls, "__new__")
     if isinstance(new, staticmethod) or isinstance(new, types.FunctionType):
         unsupported(f"{cls.__name__} defines __new__")
     if type(cls) is not type and type(cls).__module__ != "abc" and \
@@ -433,8 +433,8 @@ def _const_of(var):
             else var.as_const()
     if isinstance(var, (ListVar, TupleVar)) and type(var) in (ListVar, TupleVar):
         return var.python_type()(_const_of(v) for v in var.items)
-    if is_user_container(var) and _class_lookup(var.cls, "__repr__") is \
-            _class_lookup(var.base_class(), "__repr__"):
+    if is_user_container(var) and class_lookup(var.cls, "__repr__") is \
+            class_lookup(var.base_class(), "__repr__"):
         return rebuild_container(var.cls, _const_of(var.plain()), {})
     if var.is_const():
         return var.as_const()
@@ -454,8 +454,8 @@ def container_format(tx, var, conv: str):
                 if not (result.is_const() and isinstance(result.as_const(), str)):
                     unsupported(f"{var.cls.__name__}.{name} returned {result}")
                 return result.as_const()
-            if _class_lookup(var.cls, name) is not _class_lookup(var.base_class(), name):
-                if name == "__str__" and _class_lookup(var.cls, name) is object.__str__:
+            if class_lookup(var.cls, name) is not class_lookup(var.base_class(), name):
+                if name == "__str__" and class_lookup(var.cls, name) is object.__str__:
                     continue
                 unsupported(f"{var.cls.__name__}.{name} is not a Python function")
         return base_repr(var)
@@ -506,7 +506,7 @@ def user_container_binary_op(tx, fn, a, b):
                 result = a._inline(tx, method, [b])
                 if not _is_not_implemented(result):
                     return result
-            elif _class_lookup(a.cls, name) is not None:     # the base's (list +=, set |=)
+            elif class_lookup(a.cls, name) is not None:     # the base's (list +=, set |=)
                 a._check_odict_hooks(tx, name)
                 return _base_binary(tx, a, name, [b])
         return user_container_binary_op(tx, _INPLACE_PLAIN[fn], a, b)
@@ -559,6 +559,18 @@ def _is_not_implemented(v) -> bool:
     return v.is_const() and v.as_const() is NotImplemented
 
 
+@register
+def base_container_method(obj, klass, name, attr):
+    """``super().name`` found as `attr` on the builtin container `klass`, on an instance
+    `obj` of a user subclass of it: the base's method bound to the instance (classmethods
+    and staticmethods are read as any class's), else None."""
+    if klass in CONTAINER_BASES and is_user_container(obj) and \
+            not isinstance(attr, (classmethod, staticmethod, types.ClassMethodDescriptorType)):
+        return BaseMethodVar(obj, name)
+    return None
+
+
+@register
 def call_unbound_builtin(tx, method, args, kwargs):
     """``set.__and__(a, b)``, ``dict.update(d, ...)``, ``list.append(l, x)``: a builtin
     container's method called through its class on a traced container (or None when
@@ -640,6 +652,7 @@ class _FromKeysVar(Var):
         return made
 
 
+@register
 def fromkeys_var(tx, cls):
     """The Var of ``cls.fromkeys`` when it is the builtin dict's, else None."""
     if cls not in (dict, collections.OrderedDict, collections.defaultdict) and \
@@ -670,14 +683,14 @@ def wrap_container_subclass(tx, value, source, guards):
         return _wrap_stdlib_dict(tx, value, source, guards)
     base = container_base(cls)
     if base not in _READERS or not cls.__dictoffset__ or type(cls) is not type or \
-            hasattr(cls, "_fields") or any(_class_lookup(cls, n) is not _class_lookup(base, n)
+            hasattr(cls, "_fields") or any(class_lookup(cls, n) is not class_lookup(base, n)
                                            for n in (*_READERS[base], "__getattribute__", "__getattr__")):
         return None
     is_map = base in (dict, collections.OrderedDict)
     if is_map and not all(map(constant_key, value)):
         return None
     own = vars(value)
-    if any(is_data_descriptor(_class_lookup(cls, n)) for n in own):
+    if any(is_data_descriptor(class_lookup(cls, n)) for n in own):
         return None
     if guards is not None:
         e = source.guard_expr()

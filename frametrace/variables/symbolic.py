@@ -164,8 +164,7 @@ def float_number_op(graph, kind, target, args, kwargs):
         return graph.call(kind, target, tuple(map(pin, args)), {k: pin(v) for k, v in kwargs.items()})
     if fn is operator.pos or fn is torch.sym_float:
         return args[0]
-    from .objects import ObjectVar  # (lazy: import cycle, to break)
-    operands = [graph.call("call_function", torch.scalar_tensor, (a,), {"dtype": ObjectVar(torch.float64)})
+    operands = [graph.call("call_function", torch.scalar_tensor, (a,), {"dtype": ConstVar(torch.float64)})
                 for a in args]
     if isinstance(fn, str):
         result = graph.call("call_function", torch.ops.frametrace.python_float_op.default,

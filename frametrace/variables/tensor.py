@@ -25,6 +25,20 @@ _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", 
                  "backward", "register_hook", "data_ptr", "untyped_storage", "storage",
                  "retain_grad", "__array__", "__repr__", "__str__", "__format__"}
 
+# Tensor methods whose result is a value of another kind (`t.numpy()`: an ndarray),
+# name -> rule(tx, tensor_var, args, kwargs): the module that defines that kind
+# registers the rule (`tensor_method`), so tensors need not import the kinds above them.
+_OTHER_KIND_METHODS: dict = {}
+
+
+def tensor_method(name: str):
+    """Register the decorated rule as the tensor method `name`."""
+    def register(rule):
+        _OTHER_KIND_METHODS[name] = rule
+        return rule
+    return register
+
+
 _ITEM_HINT = ("keep the value a tensor (x.sum() rather than x.sum().item()), read it after "
               "the compiled function returns, or set frametrace.config.capture_scalar_outputs = "
               "True to keep .item() in the graph")
@@ -88,9 +102,9 @@ class TensorVar(Var):
         guard_method(tx, self, name)
         if name in SCALAR_METHODS and capturing():
             return scalar_method(tx, self, name, args, kwargs)
-        if name == "numpy":
-            from .numpy import tensor_to_ndarray  # (lazy: import cycle, to break)
-            return tensor_to_ndarray(tx, self, args, kwargs)
+        rule = _OTHER_KIND_METHODS.get(name)
+        if rule is not None:
+            return rule(tx, self, args, kwargs)
         if name in _DATA_METHODS:
             unsupported(f"Tensor.{name}() needs the tensor's data", hint=_DATA_HINTS.get(name))
         if name == "size" and len(args) <= 1 and not kwargs:

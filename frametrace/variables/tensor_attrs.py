@@ -19,6 +19,10 @@ from .tensor_facts import input_for, is_leaf
 
 _GRAD = "grad"
 
+# `var` below is always the TensorVar whose attribute is read or written (tensor.py
+# calls in here): the tensor kind is `type(var)`, a class without subclasses, which
+# this module, imported by tensor.py, cannot import.
+
 
 def owner(tx, var):
     """The Var whose reconstruction is the real tensor `var` stands for: the graph
@@ -26,8 +30,7 @@ def owner(tx, var):
     inp = input_for(tx, var)
     if inp is None:
         return var
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
-    return var if var.source == inp.source else TensorVar(inp.node, var.example, inp.source)
+    return var if var.source == inp.source else type(var)(inp.node, var.example, inp.source)
 
 
 def _written(tx, var, name):
@@ -152,11 +155,10 @@ def grad(tx, var):
 def set_grad(tx, var, value):
     """`t.grad = value`, checked as the setter checks it (a mismatch raises there,
     in CPython), then replayed after the graph."""
-    from .tensor import TensorVar  # (lazy: import cycle, to break)
     if value.is_const() and value.as_const() is None:
         _store(tx, var, _GRAD, ConstVar(None))
         return
-    if not isinstance(value, TensorVar):
+    if not isinstance(value, type(var)):
         unsupported(f"assigning {value} to Tensor.grad")
     t, g = var.example, value.example
     if g is t:

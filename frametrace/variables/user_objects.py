@@ -13,20 +13,19 @@ import copy
 import copyreg
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource, InstanceDictSource
-from .attributes import MISSING, InstanceAttrs, class_value_var, is_data_descriptor
-from .base import DELETED, Var, a_type, raise_builtin, unsupported, wrap
+from .attributes import MISSING, InstanceAttrs, class_value_var, guard_hasattr, is_data_descriptor
+from .base import DELETED, Var, a_type, raise_builtin, register, unsupported, var_list, wrap
 from .constant import ConstVar
 from .containers import DictVar, ListVar, TupleVar, _ITEMS, _dict_key, attrs_dict
-from .functions import BoundMethodVar, UserFunctionVar
-from .modules import _class_lookup, class_attr, class_defines
-from .builtins import _guard_hasattr, var_list
+from .functions import BoundMethodVar, UserFunctionVar, call_rule
+from .classes import class_attr, class_defines, class_lookup
 from .objects import ObjectVar, _PURE_READERS, _RealMethodVar, call_hint, object_noun
 from .symbolic import SymNodeVar
 
 
 def has_own_getattribute(cls) -> bool:
     """The class (or a base) defines __getattribute__ in Python."""
-    return isinstance(_class_lookup(cls, "__getattribute__"), types.FunctionType)
+    return isinstance(class_lookup(cls, "__getattribute__"), types.FunctionType)
 
 
 def _instance_dict(obj):
@@ -67,7 +66,7 @@ class UserObjectVar(InstanceAttrs, Var):
         hooked = has_own_getattribute(type(obj))
         d = _instance_dict(obj)
         if name not in (d or ()) and \
-                not isinstance(_class_lookup(self.cls, name), types.MemberDescriptorType):
+                not isinstance(class_lookup(self.cls, name), types.MemberDescriptorType):
             if self.source is not None and d is not None:
                 # What the class gives (a method) holds while the instance does not
                 # shadow it.
@@ -392,8 +391,8 @@ def construct_user_object(tx, cls, args, kwargs):
         unsupported(f"creating exception {cls.__name__}")
     if type(cls) is not type and type(cls).__module__ not in ("abc",):
         unsupported(f"class {cls.__name__} has metaclass {type(cls).__name__}")
-    if _class_lookup(cls, "__new__") not in (None, object.__new__) and \
-            not isinstance(_class_lookup(cls, "__new__"), staticmethod):
+    if class_lookup(cls, "__new__") not in (None, object.__new__) and \
+            not isinstance(class_lookup(cls, "__new__"), staticmethod):
         unsupported(f"{cls.__name__} defines __new__")
     if any(getattr(k, "__module__", "") == "builtins" and k is not object for k in cls.__mro__):
         unsupported(f"{cls.__name__} subclasses a builtin type")
@@ -580,7 +579,7 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
     """Run a dataclass's generated __init__ (and __post_init__, inlined) on Vars."""
     if not _generated_init(cls):
         # The class wrote its own __init__ (dataclass(init=True) keeps it): that runs.
-        init = _class_lookup(cls, "__init__")
+        init = class_lookup(cls, "__init__")
         if not isinstance(init, types.FunctionType):
             unsupported(f"{cls.__name__}.__init__ is not a Python function")
         obj = DataclassVar(cls, {})
@@ -616,13 +615,13 @@ def make_dataclass_instance(tx, cls, args, kwargs) -> DataclassVar:
 
 def _generated(cls, name) -> bool:
     """Whether cls.name is one @dataclass wrote (compiled from a string)."""
-    fn = _class_lookup(cls, name)
+    fn = class_lookup(cls, name)
     return getattr(getattr(fn, "__code__", None), "co_filename", None) == "<string>"
 
 
 def _generated_init(cls) -> bool:
     """Whether cls.__init__ is the one @dataclass wrote (compiled from a string)."""
-    init = _class_lookup(cls, "__init__")
+    init = class_lookup(cls, "__init__")
     return getattr(getattr(init, "__code__", None), "co_filename", None) == "<string>"
 
 
@@ -649,6 +648,11 @@ class _AttrsDictVar(DictVar):
 
     def reconstruct(self, cg):
         unsupported(f"the __dict__ of a {self.owner.cls.__name__} made in the frame leaves it")
+
+
+@call_rule(copy.deepcopy)
+def _call_deepcopy(tx, args, kwargs):
+    return deepcopy_var(tx, args[0], {}) if len(args) == 1 and not kwargs else None
 
 
 def deepcopy_var(tx, var, memo):
@@ -709,7 +713,7 @@ def _plain_object_state(tx, var) -> dict:
     tx.guards.global_state(f"{cls.__qualname__} has no copyreg reducer",
                            functools.partial(operator.contains, copyreg.dispatch_table, cls), False,
                            text=f"{cls.__qualname__} has no copyreg reducer")
-    hook = _class_lookup(cls, "__getattribute__")
+    hook = class_lookup(cls, "__getattribute__")
     if isinstance(var, NewObjectVar):
         if hook is not object.__getattribute__:
             # deepcopy asks the object itself for __deepcopy__ / __setstate__.
@@ -727,7 +731,7 @@ def _plain_object_state(tx, var) -> dict:
         # deepcopy asks the object itself for __deepcopy__ / __setstate__.
         for name in ("__deepcopy__", "__setstate__"):
             found = hasattr(value, name)
-            _guard_hasattr(tx, var.source, name, found)
+            guard_hasattr(tx, var.source, name, found)
             if found:
                 unsupported(f"copy.deepcopy of a {cls.__name__}: its __getattribute__ gives {name}")
     d = object.__getattribute__(value, "__dict__")
@@ -871,8 +875,8 @@ def user_object_binary_op(tx, fn, a, b, same):
     tries = [(a, name, b)]
     if tb is not ta:
         tries.append((b, reflected, a))
-        if issubclass(tb, ta) and (fn in _COMPARISONS or _class_lookup(tb, reflected) is not
-                                   _class_lookup(ta, reflected)):
+        if issubclass(tb, ta) and (fn in _COMPARISONS or class_lookup(tb, reflected) is not
+                                   class_lookup(ta, reflected)):
             tries.reverse()
     for self, method, other in tries:
         if not is_user_object(self):
@@ -955,6 +959,7 @@ def user_object_text(tx, v, kind):
     return ConstVar(str(text.as_const()))
 
 
+@register
 def namedtuple_member(tx, var, name):
     """A method, property, classmethod or staticmethod that a namedtuple subclass (a
     typing.NamedTuple class body) wrote in Python, read on its instance `var`."""
