@@ -71,6 +71,14 @@ dynamic_module_counters = True
 # from another.  Read when an entry is compiled (it applies to every check from then on).
 memoize_attr_guards = True
 
+# The tensor guard of an input with symbolic sizes (dynamic=True) is a check of the C
+# program, as a static one is (_C/guards.c, TENSOR): its static sizes and strides are
+# compared there, and each symbol's range where no other shape guard names the symbol;
+# the Python shape guards check the rest, reading the sizes they need.  False: the
+# whole guard and every range run as Python (___z0[0] >= 2), to tell a wrong answer of
+# the C form's from another.  Read while tracing.
+symbolic_tensor_guards_in_c = True
+
 # A dict from outside read only by key (`d[k]`, `d.get(k)`, `k in d`) is guarded on
 # those keys alone (present with their values, or absent) until the trace uses it
 # whole, when all its keys are guarded by type and value (variables/containers.py,

@@ -31,6 +31,7 @@ import enum
 import logging
 import math
 import re
+import sys
 import types
 import weakref
 
@@ -144,8 +145,9 @@ class GuardSet:
         self._ids: dict[int, str] = {}
         self._supers: dict = {}     # (cls, type) -> the super object guards read through
         self.check_ref = None   # weak reference to the compiled check, once built
-        # Where each symbolic size is read: (label, expression, sympy expr at trace time).
-        self.sym_reads: list[tuple[str, str, object]] = []
+        # Where each symbolic size is read: (label, expression, sympy expr at trace time,
+        # (source, "shape" or "stride()", index) of a tensor guard checked in C, or None).
+        self.sym_reads: list[tuple[str, str, object, tuple | None]] = []
         # (cls, classes) of each issubclass answer (False) that rests on the ABC token.
         self._abc_answers: list = []
         # True when a fact of the trace no longer held once the check was built (state
@@ -272,7 +274,7 @@ class GuardSet:
                  f"{e}.layout is {self.const(t.layout)}",
                  f"{e}.device == {self.const(t.device)}"]
         dtype = str(t.dtype).replace("torch.", "")
-        spec = None     # symbolic sizes: read into names the (Python) shape guards use
+        spec = None     # (symbolic sizes with config.symbolic_tensor_guards_in_c off: Python)
         if fake is None or not any(map(is_symbolic, (*fake.shape, *fake.stride()))):
             parts += [f"{e}.shape == {self.const(shape)}", f"{e}.stride() == {self.const(stride)}"]
             sizes, strides = list(shape), list(stride)
@@ -287,16 +289,27 @@ class GuardSet:
             parts.append(f"___len({z} := {e}.shape) == {len(shape)}")
             parts.append(f"___len({st} := {e}.stride()) == {len(shape)}")
             shown = {"shape": [], "stride()": []}     # for the text: "*" where symbolic
+            in_c = config.symbolic_tensor_guards_in_c
             for kind, read, values in (("shape", z, fake.shape), ("stride()", st, fake.stride())):
                 for i, v in enumerate(values):
                     if is_symbolic(v):
-                        self.sym_reads.append((f"{source.name()}.{kind}[{i}]", f"{read}[{i}]",
-                                               v.node.expr))
+                        # Where the C program checks the tensor, no Python binds ___z: the
+                        # shape guards read the size themselves.
+                        self.sym_reads.append((f"{source.name()}.{kind}[{i}]",
+                                               f"{source.guard_expr()}.{kind}[{i}]" if in_c else f"{read}[{i}]",
+                                               v.node.expr, (source, kind, i) if in_c else None))
                         shown[kind].append("*")
                     else:
                         parts.append(f"{read}[{i}] == {int(v)}")
                         shown[kind].append(int(v))
             sizes, strides = shown["shape"], shown["stride()"]
+            if in_c:
+                # None where symbolic: any value there, until shape_guards puts the
+                # symbol's range in its place (_fold_range).
+                spec = one_check(source, "TENSOR", (
+                    type(t), t.dtype, t.device, tuple(None if d == "*" else d for d in sizes),
+                    tuple(None if d == "*" else d for d in strides), t.requires_grad,
+                    t.is_conj() if t.is_complex() else None, t.is_neg(), t.layout))
         parts.append(f"{e}.requires_grad is {t.requires_grad}")
         # The lazy conjugate and negative bits: the trace reads them (is_conj(), the
         # kernels AOTAutograd picks).  Only complex tensors have the conjugate bit;
@@ -332,22 +345,38 @@ class GuardSet:
         e = source.guard_expr()
         self._add(source, "TYPE", f"___type({e}) is {kind.__name__}",
                   f"type({source.name()}) is {kind.__name__}", spec=one_check(source, "TYPE", kind))
-        self.sym_reads.append((source.name(), e, sym.node.expr))
+        self.sym_reads.append((source.name(), e, sym.node.expr, None))
 
     def shape_guards(self, shape_env):
         """The facts the ShapeEnv learned while tracing (branches on sizes, broadcasts,
         divisibility of views), plus each symbol's range, as Python checks over the
         sizes read in the tensor guards.  Called once, at the end of the trace."""
         bound: dict = {}            # sympy Symbol -> _Symbol
+        where: dict = {}            # sympy Symbol -> its first read's place in a C tensor check
         later = []
         hints = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") \
             else shape_env.var_to_val
-        for label, read, expr in self.sym_reads:
+        for label, read, expr, at in self.sym_reads:
             now = shape_env.simplify(expr)
             if isinstance(now, sympy.Symbol) and now not in bound:
                 bound[now] = _Symbol(f"___s{len(bound)}", label, read, hints.get(now))
+                where[now] = at
             else:
                 later.append((label, read, now))
+        ranges = {s: r for s, r in shape_env.var_to_range.items() if s in bound}
+        facts = []
+        for g in shape_env.guards:
+            expr = shape_env.simplify(g.expr)
+            if expr == sympy.true or _implied_by_ranges(expr, ranges):
+                continue
+            if free_unbacked_symbols(expr):
+                # A number read from data exists only inside the graph: the ShapeEnv
+                # asserts facts about it at run time, it never guards them.
+                raise AssertionError(f"shape guard {expr} names a number read from data")
+            facts.append(expr)
+        # A symbol no other shape guard names needs no Python name: its range can be
+        # checked with the tensor's other sizes, in C.
+        named = set().union(*(now.free_symbols for _, _, now in later), *(e.free_symbols for e in facts))
         names = _SymbolPrinter({s: b.name for s, b in bound.items()})
         labels = _SymbolPrinter({s: b.label for s, b in bound.items()})
         for sym, b in bound.items():
@@ -360,23 +389,37 @@ class GuardSet:
             checks += [f"{b.name} <= {upper}"] if upper is not None else []
             text = (f"{lower} <= " if lower is not None else "") + b.label + \
                 (f" <= {upper}" if upper is not None else "") + " (symbolic)"
-            self._add(None, f"SYMBOL {b.label}", " and ".join(checks), text, (b,))
+            at = where[sym]
+            spec = ((at[0], "IN_TENSOR", None, None, 0, None),) \
+                if at is not None and sym not in named and self._fold_range(at, lower, upper) else None
+            self._add(None, f"SYMBOL {b.label}", " and ".join(checks), text, (b,), spec)
         for label, read, now in later:
             own = _Symbol(None, label, read, _hint(now, hints))
             used = (own, *(bound[s] for s in now.free_symbols if s in bound))
             self._add(None, f"SIZE {label}", f"{read} == {names.doprint(now)}",
                       f"{label} == {labels.doprint(now)}", used)
-        ranges = {s: r for s, r in shape_env.var_to_range.items() if s in bound}
-        for g in shape_env.guards:
-            expr = shape_env.simplify(g.expr)
-            if expr == sympy.true or _implied_by_ranges(expr, ranges):
-                continue
-            if free_unbacked_symbols(expr):
-                # A number read from data exists only inside the graph: the ShapeEnv
-                # asserts facts about it at run time, it never guards them.
-                raise AssertionError(f"shape guard {expr} names a number read from data")
+        for expr in facts:
             used = tuple(bound[s] for s in expr.free_symbols if s in bound)
             self._add(None, f"SHAPE {expr}", names.doprint(expr), labels.doprint(expr), used)
+
+    def _fold_range(self, at, lower, upper) -> bool:
+        """Puts a symbol's range (bounds or None) in the C check of the tensor guard that
+        reads it first, at `at` (source, "shape" or "stride()", index); False where that
+        guard has no C form, or already a value there."""
+        source, kind, i = at
+        guard = self.guards.get((source, "TENSOR"))
+        if guard is None or guard.spec is None or len(guard.spec) != 1:
+            return False
+        (src, op, a, b, n, other), = guard.spec
+        field = 3 if kind == "shape" else 4
+        if op != "TENSOR" or a[field][i] is not None:
+            return False
+        dims = list(a[field])
+        # (a bound past a C integer's holds for every size there is)
+        dims[i] = (None if lower is None or lower <= -sys.maxsize - 1 else lower,
+                   None if upper is None or upper >= sys.maxsize else upper)
+        guard.spec = ((src, op, (*a[:field], tuple(dims), *a[field + 1:]), b, n, other),)
+        return True
 
     def not_shadowed(self, globals_source: Source | None, name: str):
         """A builtin was read: the module (the frame's own when `globals_source` is None)
@@ -1011,6 +1054,10 @@ class _Program:
         if not all(self.loadable(s) for sources in many for s in sources):
             return False
         for source, op, a, b, n, other in spec:
+            if op == "IN_TENSOR":
+                # A symbol's range, checked by the TENSOR check of `source` (GuardSet.
+                # _fold_range): that one is C too, its source being as loadable.
+                continue
             if op in _MANY_SOURCES:     # (a, b: sources, as registers)
                 a, b = tuple(map(self.load, a)), b and tuple(map(self.load, b))
             reg = self.load(source) if source is not None else -1
@@ -1022,7 +1069,8 @@ class _Program:
     def _dispatch_on(self, arg, op, a, b):
         """The entry's key for guards.c's dispatch: an argument's dtype and sizes, or
         its value (an int or str compared by ==)."""
-        if op == "TENSOR" and a[0] in (torch.Tensor, torch.nn.Parameter):
+        if op == "TENSOR" and a[0] in (torch.Tensor, torch.nn.Parameter) and \
+                all(type(d) is int for d in a[3]):    # (not where symbolic: any size passes)
             self.dispatch = (arg, "tensor", a[0], a[1], tuple(a[3]))
         elif op == "EQ" and type(a) in _KEY_TYPES and b is type(a):
             self.dispatch = (arg, "value", b, a)

@@ -422,3 +422,74 @@ def test_math_of_sizes_stays_symbolic(backend):
         torch.testing.assert_close(got[0], expected[0])
         assert got[1] == expected[1] and type(got[1]) is int
     assert cnt.frame_count == 2
+
+
+def _check_with_cxx_reads(check, x, f, on):
+    from frametrace import _tensor_reads
+    was = _C.set_tensor_reads(_tensor_reads.api if on else None)
+    try:
+        return check(x, f)
+    finally:
+        _C.set_tensor_reads(_tensor_reads.api if was else None)
+
+
+@pytest.mark.parametrize("in_c", [True, False], ids=["c_tensor_guard", "python_tensor_guard"])
+def test_symbolic_tensor_guard_stays_as_strict(in_c, monkeypatch):
+    # dynamic=True's tensor guard is a C check with the ranges folded in
+    # (config.symbolic_tensor_guards_in_c): each static fact must still miss.
+    monkeypatch.setattr(frametrace.config, "symbolic_tensor_guards_in_c", in_c)
+    monkeypatch.setattr(frametrace.config, "cache_size_limit", 16)   # a recompile per miss
+
+    def f(x):
+        return x * 2 + 1
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    for n, m in ((5, 3), (7, 2), (4, 9), (2, 2)):
+        x = torch.randn(n, 1, m)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 1
+    [entry] = compiled_entries(f)
+    residual = entry.check.residual
+    # (the strides' equalities to sizes stay Python; the dtype's check does not, in C)
+    assert ("dtype" in residual.source) is not in_c
+    misses = {"static size": torch.randn(5, 2, 3), "size 1, below the range": torch.randn(1, 1, 3),
+              "rank": torch.randn(5, 3), "dtype": torch.randn(5, 1, 3, dtype=torch.float64),
+              "device": torch.randn(5, 1, 3, device="meta"),
+              "requires_grad": torch.randn(5, 1, 3, requires_grad=True),
+              "stride order": torch.randn(3, 1, 5).permute(2, 1, 0),
+              "class": torch.nn.Parameter(torch.randn(5, 1, 3), requires_grad=False),
+              "neg bit": torch.randn(5, 1, 3, dtype=torch.complex64).conj().imag}
+    for cxx in (True, False) if frametrace.guards.TENSOR_READS_IN_CXX else (False,):
+        assert _check_with_cxx_reads(entry.check, torch.randn(6, 1, 4), f, cxx) is True
+        for what, x in misses.items():
+            assert _check_with_cxx_reads(entry.check, x, f, cxx) is False, (what, cxx)
+    frames = cnt.frame_count
+    for what, x in misses.items():
+        if x.device.type == "meta":
+            continue
+        x = x.detach().requires_grad_(x.requires_grad) if what != "class" else x
+        torch.testing.assert_close(g(x), f(x))
+        assert cnt.frame_count == frames + 1, what      # a recompile, not the first entry
+        frames = cnt.frame_count
+
+
+@pytest.mark.parametrize("in_c", [True, False], ids=["c_tensor_guard", "python_tensor_guard"])
+def test_one_symbolic_size_has_no_python_check(in_c, monkeypatch):
+    # A size no other shape guard names: its range is checked in C with the tensor.
+    monkeypatch.setattr(frametrace.config, "symbolic_tensor_guards_in_c", in_c)
+
+    def f(x):
+        return x + 1
+
+    g, cnt = compile_counted(f, fullgraph=True, dynamic=True)
+    for n in (4, 9, 2, 33):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 1
+    [entry] = compiled_entries(f)
+    assert (entry.check.residual is None) is in_c
+    assert "2 <= x.shape[0] (symbolic)" in [g.text for g in entry.check.guards]
+    for x in (torch.randn(1), torch.randn(0), torch.randn(4, 1), torch.randn(8)[::2]):
+        assert entry.check(x, f) is False
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 5

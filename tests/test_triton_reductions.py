@@ -306,3 +306,20 @@ def test_split_mean_and_var_of_channels_share_a_pass(small_splits):
 def test_a_reduction_reading_the_kernel_between_does_not_move_before_it(small_splits):
     # the second sum's partials read the first's result: they stay after its combination
     compiled_run(lambda x: (x - x.sum(0)).sum(0), make((1031, 5), torch.float32), kernels=4)
+
+
+# -- a row's result read under another lane's mask ------------------------------------------------
+@pytest.mark.parametrize("n", [2, 4, 7])
+def test_stack_of_sums_fused_with_the_last_sum_reads_its_whole_row(n):
+    # The stack of scalar sums is n elements, as is the last sum's row, so the stack is
+    # that sum's epilogue, indexed by the same rindex: the sum must not take the mask
+    # of the stack's branch that reads it (it summed d[n - 1] alone).  torch 2.14
+    # decomposes norm() into such a sum (a training loop's stack of grad norms).
+    def f(a, b, d):
+        return torch.stack([a.sum(), b.norm(), *([a.amax()] * (n - 3)), (d * d).sum()][-n:])
+
+    calls = [(make((5,), torch.float32), make((3, 4), torch.float32), make((n,), torch.float32))
+             for _ in range(3)]
+    mod = triton_check(f, calls=calls, atol=1e-4, rtol=1e-4)
+    last = [k for k in mod.kernels if len(k.stores) and k.group.reduction][-1]
+    assert last.group.rnumel == n and "tl.reduce(" in last.source, mod.source

@@ -106,7 +106,11 @@ typedef struct {
     int conj;           /* -1: not read (a real tensor), else the expected bit */
     int neg;
     Py_ssize_t ndim;
-    Py_ssize_t *dims;   /* sizes then strides, as C integers */
+    /* sizes then strides, as C integers: each within [lo, hi], lo = dims, hi = dims +
+     * 2 * ndim.  lo == hi for a static one; a symbolic one has its symbol's range, or
+     * PY_SSIZE_T_MIN..PY_SSIZE_T_MAX where the Python shape guards check it. */
+    Py_ssize_t *dims;
+    int ranged;         /* some dim is symbolic: `sizes` and `strides` hold None there */
     TensorReads reads;
     int cxx;            /* the C++ reads: 0 not tried yet, 1 encoded in `codes`, -1 never */
     FtTensorCodes codes;
@@ -293,10 +297,56 @@ same_key(PyObject *v, PyObject *a)
     return equals(v, a);
 }
 
-/* `seq == expected` for a tuple of exact ints read from a tensor (a torch.Size, a
- * stride() tuple) against the C integers traced; anything else is compared by ==. */
+/* item <op> bound, as Python compares them: 1, 0, or -1. */
 static int
-ints_equal(PyObject *seq, PyObject *expected, const Py_ssize_t *dims, Py_ssize_t n)
+compare_int(PyObject *item, Py_ssize_t bound, int op)
+{
+    PyObject *b = PyLong_FromSsize_t(bound);
+    if (b == NULL) {
+        return -1;
+    }
+    int r = PyObject_RichCompareBool(item, b, op);
+    Py_DECREF(b);
+    return r;
+}
+
+/* What the Python check of a tensor with symbolic sizes compares: the length, each
+ * static item by ==, each symbolic one against its range by >= and <=. */
+static int
+ints_within(PyObject *seq, const Py_ssize_t *lo, const Py_ssize_t *hi, Py_ssize_t n)
+{
+    Py_ssize_t len = PyObject_Length(seq);
+    if (len != n) {
+        return len < 0 ? -1 : 0;
+    }
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok == 1; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        if (item == NULL) {
+            return -1;
+        }
+        if (lo[i] == hi[i]) {
+            ok = compare_int(item, lo[i], Py_EQ);
+        }
+        else {
+            if (lo[i] != PY_SSIZE_T_MIN) {
+                ok = compare_int(item, lo[i], Py_GE);
+            }
+            if (ok == 1 && hi[i] != PY_SSIZE_T_MAX) {
+                ok = compare_int(item, hi[i], Py_LE);
+            }
+        }
+        Py_DECREF(item);
+    }
+    return ok;
+}
+
+/* A tensor's sizes (a torch.Size) or strides (a stride() tuple) against the traced
+ * ones: exact ints as C integers, each within [lo[i], hi[i]]; anything else by
+ * Python's comparisons, as the guard's Python expression makes them. */
+static int
+ints_equal(PyObject *seq, PyObject *expected, const Py_ssize_t *lo, const Py_ssize_t *hi,
+           Py_ssize_t n, int ranged)
 {
     if (PyTuple_Check(seq)) {
         if (PyTuple_GET_SIZE(seq) != n) {
@@ -310,15 +360,18 @@ ints_equal(PyObject *seq, PyObject *expected, const Py_ssize_t *dims, Py_ssize_t
             }
             int overflow;
             long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-            if (overflow || v != (long long)dims[i]) {
-                return overflow ? equals(seq, expected) : 0;
+            if (overflow) {
+                break;
+            }
+            if (v < (long long)lo[i] || v > (long long)hi[i]) {
+                return 0;
             }
         }
         if (i == n) {
             return 1;
         }
     }
-    return equals(seq, expected);
+    return ranged ? ints_within(seq, lo, hi, n) : equals(seq, expected);
 }
 
 static inline unsigned int type_version(PyTypeObject *tp);
@@ -436,7 +489,8 @@ tensor_matches(PyObject *v, TensorSpec *t)
             t->cxx = cxx_reads->encode(t->dtype, t->layout, t->device, &t->codes) ? 1 : -1;
         }
         if (t->cxx == 1) {
-            int r = cxx_reads->check(v, &t->codes, t->dims, t->ndim, t->requires_grad == Py_True,
+            int r = cxx_reads->check(v, &t->codes, t->dims, t->dims + 2 * t->ndim, t->ndim,
+                                     t->requires_grad == Py_True,
                                      t->conj, t->neg);
             if (r != -2) {
                 cxx_answers++;
@@ -465,7 +519,7 @@ tensor_matches(PyObject *v, TensorSpec *t)
     if ((r = tensor_get(v, rd, RD_SHAPE, s_shape)) == NULL) {
         return -1;
     }
-    ok = ints_equal(r, t->sizes, t->dims, t->ndim);
+    ok = ints_equal(r, t->sizes, t->dims, t->dims + 2 * t->ndim, t->ndim, t->ranged);
     Py_DECREF(r);
     if (ok != 1) {
         return ok;
@@ -473,7 +527,7 @@ tensor_matches(PyObject *v, TensorSpec *t)
     if ((r = tensor_call(v, rd, RD_STRIDE, s_stride)) == NULL) {
         return -1;
     }
-    ok = ints_equal(r, t->strides, t->dims + t->ndim, t->ndim);
+    ok = ints_equal(r, t->strides, t->dims + t->ndim, t->dims + 3 * t->ndim, t->ndim, t->ranged);
     Py_DECREF(r);
     if (ok != 1) {
         return ok;
@@ -1405,17 +1459,46 @@ free_code(GuardCheck *g)
     PyMem_Free(code);
 }
 
+/* A bound of a symbolic dim's range: an int, or None for none. */
 static int
-int_tuple(PyObject *seq, Py_ssize_t n, Py_ssize_t *out)
+bound(PyObject *b, Py_ssize_t none, Py_ssize_t *out)
+{
+    *out = b == Py_None ? none : PyLong_AsSsize_t(b);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Each item of `seq` into [lo[i], hi[i]]: an int (static), None (symbolic, checked
+ * by the Python shape guards) or (lower or None, upper or None), a symbol's range. */
+static int
+int_tuple(PyObject *seq, Py_ssize_t n, Py_ssize_t *lo, Py_ssize_t *hi, int *ranged)
 {
     if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != n) {
         PyErr_SetString(PyExc_ValueError, "tensor guard: sizes and strides must be tuples of one length");
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, i));
-        if (out[i] == -1 && PyErr_Occurred()) {
-            return -1;
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
+        if (item == Py_None) {
+            lo[i] = PY_SSIZE_T_MIN;
+            hi[i] = PY_SSIZE_T_MAX;
+            *ranged = 1;
+        }
+        else if (PyTuple_Check(item)) {
+            if (PyTuple_GET_SIZE(item) != 2) {
+                PyErr_SetString(PyExc_ValueError, "tensor guard: a range is (lower, upper)");
+                return -1;
+            }
+            if (bound(PyTuple_GET_ITEM(item, 0), PY_SSIZE_T_MIN, &lo[i]) < 0 ||
+                bound(PyTuple_GET_ITEM(item, 1), PY_SSIZE_T_MAX, &hi[i]) < 0) {
+                return -1;
+            }
+            *ranged = 1;
+        }
+        else {
+            lo[i] = hi[i] = PyLong_AsSsize_t(item);
+            if (lo[i] == -1 && PyErr_Occurred()) {
+                return -1;
+            }
         }
     }
     return 0;
@@ -1437,7 +1520,7 @@ tensor_spec(PyObject *spec)
         return NULL;
     }
     t->ndim = PyTuple_GET_SIZE(sizes);
-    t->dims = PyMem_Calloc(2 * t->ndim + 1, sizeof(Py_ssize_t));
+    t->dims = PyMem_Calloc(4 * t->ndim + 1, sizeof(Py_ssize_t));
     t->type = Py_NewRef(type);
     t->dtype = Py_NewRef(dtype);
     t->layout = Py_NewRef(layout);
@@ -1447,8 +1530,9 @@ tensor_spec(PyObject *spec)
     t->requires_grad = Py_NewRef(rg);
     t->conj = conj == Py_None ? -1 : conj == Py_True;
     t->neg = neg == Py_True;
-    if (t->dims == NULL || int_tuple(sizes, t->ndim, t->dims) < 0 ||
-        int_tuple(strides, t->ndim, t->dims + t->ndim) < 0) {
+    Py_ssize_t n = t->ndim;
+    if (t->dims == NULL || int_tuple(sizes, n, t->dims, t->dims + 2 * n, &t->ranged) < 0 ||
+        int_tuple(strides, n, t->dims + n, t->dims + 3 * n, &t->ranged) < 0) {
         if (!PyErr_Occurred()) {
             PyErr_NoMemory();
         }

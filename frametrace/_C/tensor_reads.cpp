@@ -45,14 +45,15 @@ int encode(PyObject* dtype, PyObject* layout, PyObject* device, FtTensorCodes* o
   return 1;
 }
 
-// ints == dims, or -2 when one of them is symbolic.
-int same_ints(c10::SymIntArrayRef ints, const Py_ssize_t* dims) {
+// Each of ints within [lo[i], hi[i]] (lo == hi: a static size), or -2 when one of
+// them is symbolic.
+int same_ints(c10::SymIntArrayRef ints, const Py_ssize_t* lo, const Py_ssize_t* hi) {
   for (size_t i = 0; i < ints.size(); i++) {
     auto v = ints[i].maybe_as_int();
     if (!v.has_value()) {
       return -2;
     }
-    if (*v != static_cast<int64_t>(dims[i])) {
+    if (*v < static_cast<int64_t>(lo[i]) || *v > static_cast<int64_t>(hi[i])) {
       return 0;
     }
   }
@@ -61,8 +62,8 @@ int same_ints(c10::SymIntArrayRef ints, const Py_ssize_t* dims) {
 
 using frametrace::plain_impl;
 
-int check(PyObject* v, const FtTensorCodes* codes, const Py_ssize_t* dims, Py_ssize_t ndim,
-          int requires_grad, int conj, int neg) {
+int check(PyObject* v, const FtTensorCodes* codes, const Py_ssize_t* lo, const Py_ssize_t* hi,
+          Py_ssize_t ndim, int requires_grad, int conj, int neg) {
   try {
     c10::TensorImpl* impl = plain_impl(v);
     if (impl == nullptr) {
@@ -83,11 +84,11 @@ int check(PyObject* v, const FtTensorCodes* codes, const Py_ssize_t* dims, Py_ss
     if (static_cast<Py_ssize_t>(sizes.size()) != ndim) {
       return 0;
     }
-    int ok = same_ints(sizes, dims);
+    int ok = same_ints(sizes, lo, hi);
     if (ok != 1) {
       return ok;
     }
-    if ((ok = same_ints(impl->sym_strides(), dims + ndim)) != 1) {
+    if ((ok = same_ints(impl->sym_strides(), lo + ndim, hi + ndim)) != 1) {
       return ok;
     }
     if (impl->requires_grad() != static_cast<bool>(requires_grad) ||

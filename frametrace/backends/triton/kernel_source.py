@@ -328,6 +328,14 @@ class KernelCodegen:
             if cond is not None:
                 self.masks.pop()
 
+    @contextlib.contextmanager
+    def unmasked(self):
+        masks, self.masks = self.masks, []
+        try:
+            yield
+        finally:
+            self.masks = masks
+
     def _mask(self, level) -> str:
         parts = (["xmask"] if level >= 1 and self.has_xmask else []) + \
                 (["rmask"] if level == 2 and self.has_rmask else []) + self.masks
@@ -411,10 +419,15 @@ class KernelCodegen:
         return self.load(c.buffer, c.buffer.index(idx))
 
     def value(self, c) -> str:
-        if c.is_reduction:
-            return self.reduce(c)
-        if c.is_scan:
-            return self.scan(c)
+        if c.is_reduction or c.is_scan:
+            # A row's result is the same for every lane that reads it, and memoized for
+            # all of them: the mask of a branch reading it (a cat's input, a where's side)
+            # is about the reader's position, so none of its loads may take that mask.  A
+            # persistent reduction whose row is the kernel's own r range (a 4-element
+            # norm fused with the stack of it) would otherwise sum only the lanes where
+            # that branch is taken.
+            with self.unmasked():
+                return self.reduce(c) if c.is_reduction else self.scan(c)
         key = ("pw", c.name)
         if key not in self.memo:
             self.memo[key] = c.node.fn(self, self.own_index(c))
