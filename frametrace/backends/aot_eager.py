@@ -31,10 +31,12 @@ def _with_artifact(compiled, gm, example_inputs, variant, **how):
         aot_cache.check_graph(gm)
         key = aot_cache.key_of(example_inputs, variant, **how)
     except aot_cache.NotCacheable as e:
-        compiled.__frametrace_artifact__ = lambda: (None, str(e))
+        why = str(e)        # (`e` is unbound once the except clause ends)
+        compiled.__frametrace_artifact__ = lambda: (None, why)
         return compiled
     except Exception as e:      # (our bug: the compile itself is good, only not cached)
-        compiled.__frametrace_artifact__ = lambda: (None, f"{type(e).__name__}: {e}")
+        why = f"{type(e).__name__}: {e}"
+        compiled.__frametrace_artifact__ = lambda: (None, why)
         return compiled
     made = []
 

@@ -16,6 +16,7 @@ import torch
 
 from .. import functorch_runtime as runtime
 from ..source import AttrSource
+from .functions import UserFunctionVar
 from .fx_values import map_graph_vars
 from .base import Var, unsupported, wrap
 from .constant import ConstVar, MethodVar
@@ -48,6 +49,41 @@ def autograd_function_apply_var(tx, value, source, guards):
     cls_var = wrap(tx, cls, AttrSource(source, "__self__") if source is not None else None,
                    guards is not None)
     return AutogradFunctionApplyVar(cls, cls_var)
+
+
+class FunctionInstanceVar(Var):
+    """`Fn()`, an instance of a user autograd.Function subclass made in the frame (as
+    older code calls `Fn().apply(x)`): its `apply` is the class's."""
+    __slots__ = ("cls",)
+
+    def __init__(self, cls):
+        super().__init__(None)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def getattr(self, tx, name):
+        if name == "__class__":
+            return wrap(tx, self.cls, None, guard=False)
+        if name == "apply" and _apply_of(None, self.cls) == getattr(self.cls, "apply", None):
+            return AutogradFunctionApplyVar(self.cls, wrap(tx, self.cls, None, guard=False))
+        unsupported(f"attribute {name!r} of a {self.cls.__qualname__} instance made in the frame")
+
+    def call_method(self, tx, name, args, kwargs):
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+
+def construct_function_instance(tx, cls, args, kwargs):
+    """Calling an autograd.Function subclass: an instance (no arguments, the class's own
+    __init__ not overridden), else None."""
+    if args or kwargs or cls.__init__ is not torch.autograd.Function.__init__ or \
+            "__new__" in cls.__dict__:
+        return None
+    made = FunctionInstanceVar(cls)
+    # (its __init__ warns that instances are deprecated, at the caller's line)
+    UserFunctionVar(torch.autograd.Function.__init__).call(tx, [made], {})
+    return made
 
 
 class AutogradFunctionApplyVar(Var):

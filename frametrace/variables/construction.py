@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from .autograd_function import construct_function_instance
 from .base import register, unsupported
 from .constant import ConstVar, is_constant_value
 from .containers import NamedTupleVar
@@ -61,6 +62,10 @@ def construct(tx, cls, args, kwargs):
         return NamedTupleVar(values, names, cls=cls)
     if cls is torch.nn.Parameter:
         return new_parameter(tx, args, kwargs)
+    if issubclass(cls, torch.autograd.Function) and cls is not torch.autograd.Function:
+        made = construct_function_instance(tx, cls, args, kwargs)
+        if made is not None:
+            return made
     if issubclass(cls, torch.nn.Module):
         return construct_module(tx, cls, args, kwargs)
     module = getattr(cls, "__module__", "") or ""
