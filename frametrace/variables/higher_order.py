@@ -220,7 +220,7 @@ def _checkpoint(tx, args, kwargs):
     examples = _fresh_like(tx, body.output_examples(),
                            [getattr(e, "requires_grad", False) for e in body.output_examples()])
     if random and consts.get("preserve_rng_state", True) and tx.output.functionalizes and \
-            not getattr(tx.output, "recomputes_random", False):
+            not _recomputes_random(tx, body):
         unsupported("torch.utils.checkpoint.checkpoint over random ops, on a backend that "
                     "may recompute them with other numbers")
     if random and consts.get("preserve_rng_state", True) and not tx.output.functionalizes:
@@ -242,6 +242,17 @@ def _checkpoint(tx, args, kwargs):
     outs = tx.subgraphs.call_hop(tx, torch.ops.higher_order.tag_activation_checkpoint,
                     (node, *body.inputs()), examples, consts)
     return body.rebuild(outs)
+
+
+def _recomputes_random(tx, body) -> bool:
+    """Whether the backend recomputes this region's random ops with the forward's
+    numbers: its `__frametrace_recomputes_random_ops__`, a bool or a function of the
+    devices the region's tensors are on."""
+    says = getattr(tx.output, "recomputes_random", False)
+    if callable(says):
+        examples = [*body.output_examples(), *(getattr(v, "example", None) for v in body.inputs())]
+        return bool(says({e.device for e in examples if isinstance(e, torch.Tensor)}))
+    return bool(says)
 
 
 def checkpoint_keeping_rng(body, *args, **kwargs):

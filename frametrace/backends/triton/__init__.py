@@ -15,6 +15,7 @@ backward graph is compiled too (partition.py splits the joint graph).  Importing
 module does not import Triton.
 """
 from .. import register_backend
+from . import config
 
 
 @register_backend("triton")
@@ -25,22 +26,30 @@ def triton_backend(gm, example_inputs):
 
 def _configure(mode, options):
     """optimize(backend="triton", mode=, options=): a mode's settings, then `options`."""
-    from . import config
     return configured({**config.MODES.get(mode or "default", {}), **(options or {})})
 
 
 triton_backend.__frametrace_configure__ = _configure
-# A checkpointed region's random draw is recomputed in the backward from the forward's
-# numbers: the decompositions draw one Philox key per call (philox_seed, tagged
-# nondeterministic_seeded), which AOTAutograd's min-cut wraps in run_and_save_rng_state /
-# run_with_rng_state, and each element's number is a function of that key and its counter.
-triton_backend.__frametrace_recomputes_random_ops__ = True
+
+
+def _recomputes_random(devices) -> bool:
+    """A checkpointed region's random draw is recomputed in the backward from the
+    forward's numbers: the decompositions draw one Philox key per call (philox_seed,
+    tagged nondeterministic_seeded), which AOTAutograd's min-cut wraps in
+    run_and_save_rng_state / run_with_rng_state, and each element's number is a function
+    of that key and its counter.  Checked on CPU tensors (Triton's interpreter runs the
+    kernels); on CUDA (the CUDA generator's state saved and restored) only once
+    `config.checkpoint_random_on_cuda` says so: until a GPU run has compared the
+    gradients with the forward's masks, such a region runs in CPython there."""
+    return all(d.type != "cuda" for d in devices) or config.checkpoint_random_on_cuda
+
+
+triton_backend.__frametrace_recomputes_random_ops__ = _recomputes_random
 
 
 def configured(overrides: dict):
     """The triton backend with `overrides` of `config` (from `optimize(mode=, options=)`)
     for its compiles and for the modules they make, whatever `config` says later."""
-    from . import config
     unknown = sorted(set(overrides) - set(config.settings()))
     if unknown:
         raise ValueError(f"unknown triton option(s) {', '.join(unknown)}; known: "
@@ -64,7 +73,7 @@ def configured(overrides: dict):
 
     triton_with_settings.__frametrace_backend__ = True
     triton_with_settings.__frametrace_name__ = "triton"
-    triton_with_settings.__frametrace_recomputes_random_ops__ = True
+    triton_with_settings.__frametrace_recomputes_random_ops__ = _recomputes_random
     return triton_with_settings
 
 

@@ -20,6 +20,13 @@ fast_launch = True
 # False: Triton's own launcher runs every kernel.
 static_launch = True
 
+# torch.utils.checkpoint over random ops (dropout) on CUDA tensors compiles in the graph,
+# its recompute restoring the CUDA generator's state around the Philox key it draws.
+# The same graphs are checked on CPU tensors (Triton's interpreter); on CUDA this stays
+# off until a GPU run has compared the gradients with the forward's masks, and such a
+# region runs in CPython there.
+checkpoint_random_on_cuda = False
+
 # erf by a short polynomial and one exp (absolute error < 1.5e-7) instead of libdevice's
 fast_erf = True
 # An erf whose result is rounded to bf16/fp16 (gelu on half inputs): one exp2 and a
