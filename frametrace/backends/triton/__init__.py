@@ -15,17 +15,17 @@ backward graph is compiled too (partition.py splits the joint graph).  Importing
 module does not import Triton.
 """
 from .. import register_backend
-from . import config
 
 
 @register_backend("triton")
 def triton_backend(gm, example_inputs):
-    from .backend import compile_graph
+    from .backend import compile_graph  # (lazy: the pipeline loads at the first compile)
     return compile_graph(gm, example_inputs)
 
 
 def _configure(mode, options):
     """optimize(backend="triton", mode=, options=): a mode's settings, then `options`."""
+    from . import config  # (lazy: `import frametrace` loads no module of the backend)
     return configured({**config.MODES.get(mode or "default", {}), **(options or {})})
 
 
@@ -41,6 +41,7 @@ def _recomputes_random(devices) -> bool:
     kernels); on CUDA (the CUDA generator's state saved and restored) only once
     `config.checkpoint_random_on_cuda` says so: until a GPU run has compared the
     gradients with the forward's masks, such a region runs in CPython there."""
+    from . import config  # (lazy: as above)
     return all(d.type != "cuda" for d in devices) or config.checkpoint_random_on_cuda
 
 
@@ -50,13 +51,14 @@ triton_backend.__frametrace_recomputes_random_ops__ = _recomputes_random
 def configured(overrides: dict):
     """The triton backend with `overrides` of `config` (from `optimize(mode=, options=)`)
     for its compiles and for the modules they make, whatever `config` says later."""
+    from . import config  # (lazy: as above)
     unknown = sorted(set(overrides) - set(config.settings()))
     if unknown:
         raise ValueError(f"unknown triton option(s) {', '.join(unknown)}; known: "
                          f"{', '.join(sorted(config.settings()))}")
 
     def triton_with_settings(gm, example_inputs):
-        from .backend import COMPILED, compile_graph
+        from .backend import COMPILED, compile_graph  # (lazy: at the first compile)
         saved = {k: getattr(config, k) for k in overrides}
         before = {id(m) for m in COMPILED}
         for k, v in overrides.items():
@@ -80,5 +82,5 @@ def configured(overrides: dict):
 def last_compiled():
     """The CompiledModule of the most recently compiled graph (`.kind`: "inference", or
     a training graph's "forward" or "backward"), or None."""
-    from .backend import COMPILED
+    from .backend import COMPILED  # (lazy: nothing compiled, nothing to load)
     return COMPILED[-1] if COMPILED else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 # ops whose results vary from call to call or are uninitialised: never constants
 _UNSTABLE = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "empty",
@@ -37,7 +38,6 @@ def _constant(node, seen) -> bool:
 
 def _evaluate(gm, node):
     """The value of a constant node, computed with real tensors."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     sub, env, needed = torch.fx.Graph(), {}, _ancestors(node)
     for n in gm.graph.nodes:   # program order: inputs before their users
         if n is node or n in needed:

@@ -168,10 +168,10 @@ def compile_graph(gm, example_inputs):
         with floats:
             return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
                                          keep_inference_input_mutations=True)
-    from .attention import drop_trivial_masks
+    from .attention import drop_trivial_masks  # (lazy: training graphs only)
     if drop_trivial_masks(gm):
         log.debug("triton backend: dropped attention masks that mask nothing")
-    from .partition import partition
+    from .partition import partition  # (lazy: training graphs only; networkx)
     with floats:
         return aot_module_simplified(gm, example_inputs, fw_compiler=compile_training_forward,
                                      bw_compiler=compile_backward, inference_compiler=compile_forward,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import sympy
+import torch
 from sympy import Add, Integer
 
 from . import context
@@ -63,7 +64,6 @@ def is_static(e) -> bool:
 def sym(v):
     """A size (int, SymInt, sympy) as an int or a sympy polynomial of shape symbols;
     raises ValueError for anything else (FloorDiv, Max, a float...)."""
-    import torch
     if isinstance(v, bool):
         raise ValueError(f"size {v!r}")
     if isinstance(v, int):

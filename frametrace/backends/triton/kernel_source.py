@@ -17,6 +17,7 @@ import re
 
 import sympy
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import autotune, context, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
@@ -91,7 +92,6 @@ def _range_probe(interpreted) -> bool:
         return True
     src = ("@triton.jit\ndef _range_probe(out_ptr, n):\n    acc = 0\n"
            "    for i in range(0, n, 2):\n        acc += 1\n    tl.store(out_ptr, acc)\n")
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     try:
         with unset_fake_temporarily():  # (compiles run under AOTAutograd's fake mode)
             out = torch.zeros(1, dtype=torch.int32)

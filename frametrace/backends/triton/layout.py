@@ -11,7 +11,7 @@ import contextlib
 import sympy
 import torch
 
-from . import context, indexing
+from . import config, context, indexing
 
 
 class _Reads:
@@ -150,8 +150,6 @@ _CL_COST = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
 
 def convs_prefer_channels_last(gm, device) -> bool:
     """Whether this graph's convolutions should take channels-last activations."""
-    import torch
-    from . import config
     setting = config.channels_last_convs
     if setting != "auto":
         return bool(setting)

@@ -4,6 +4,8 @@ interpreter).  A leaf: the kernel source generator, the wrapper and rng load ker
 through it."""
 from __future__ import annotations
 
+import dataclasses
+
 import linecache
 import re
 import sys
@@ -19,8 +21,8 @@ _JITTED: dict = {}   # source -> Triton function
 def load_kernel(name: str, source: str):
     fn = _JITTED.get(source)
     if fn is None:
-        import triton
-        import triton.language as tl
+        import triton  # (lazy: Triton loads with the first kernel, never at import)
+        import triton.language as tl  # (lazy: as above)
         # Triton reads a kernel's source back through `inspect`, hence linecache.
         filename = f"<frametrace-triton {name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -93,13 +95,12 @@ class Checked:
         self.fn = fn
 
     def __getitem__(self, grid):
-        from triton.runtime import interpreter
+        from triton.runtime import interpreter  # (lazy: Triton, at the first launch)
         launch = self.fn[grid]
         if not isinstance(self.fn, interpreter.InterpretedFunction):
             return lambda *args, **kwargs: launch(*args, debug=True, sanitize_overflow=False, **kwargs)
 
         def run(*args, **kwargs):
-            import dataclasses
             builder = interpreter.interpreter_builder
             saved = builder.options
             builder.options = dataclasses.replace(saved, debug=True, sanitize_overflow=False)

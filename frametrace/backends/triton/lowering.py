@@ -6,6 +6,8 @@ import operator
 
 import torch
 import torch.fx
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .context import CompileContext
@@ -472,8 +474,6 @@ class GraphLowering(Placement):
             return None
 
     def _fake_mode(self):
-        from torch._guards import detect_fake_mode
-        from torch._subclasses.fake_tensor import FakeTensorMode
         active = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
         try:
             return active or detect_fake_mode(self.example_inputs) or FakeTensorMode()

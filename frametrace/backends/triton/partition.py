@@ -22,6 +22,8 @@ import os
 
 import torch
 import torch.fx as fx
+from torch._functorch import partitioners as p
+from torch.fx.experimental.proxy_tensor import is_sym_node
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -69,8 +71,8 @@ def recomputable(node) -> bool:
 def _fuses(node) -> bool:
     """Whether our code generator computes `node` inside a kernel (so a value it reads
     need not be stored): a lowered op that is not an aten call by design."""
-    from .fallback import BY_DESIGN
-    from .lowering import LOWERINGS
+    from .fallback import BY_DESIGN  # (lazy: lowering's modules import this one)
+    from .lowering import LOWERINGS  # (lazy: as above)
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:  # one result of a tuple: as the op is
@@ -114,7 +116,7 @@ def _closure(starts, step) -> set:
 def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int, static_inputs=()) -> list:
     """The forward values the backward gets: a minimum cut of the joint graph.
     `static_inputs`: the indices of the primal inputs that live on anyway (parameters)."""
-    import networkx as nx
+    import networkx as nx  # (lazy: an optional dependency; partition() checks for it)
     nodes = list(joint.graph.nodes)
     primals = [n for n in nodes if _is_primal(n)]
     free = {primals[i] for i in static_inputs or () if i < len(primals)}
@@ -315,8 +317,6 @@ def sink_recomputation(graph: fx.Graph) -> int:
 
 def partition(joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs, **kwargs):
     """AOTAutograd's `partition_fn`: (forward module, backward module)."""
-    from torch._functorch import partitioners as p
-    from torch.fx.experimental.proxy_tensor import is_sym_node
     if getattr(p, "has_recomputable_ops", lambda j: False)(joint):
         # torch.utils.checkpoint's tags: AOTAutograd's min-cut honours them
         return p.min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)

@@ -31,6 +31,8 @@ import weakref
 from typing import Sequence
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+import numpy as np
 
 from . import indexing, kernel_source
 from .indexing import flatten, pexpr
@@ -201,7 +203,6 @@ def _fill_torch(seed, offset, numel, normal, device):
         return u
     v = _to_float(r1)
     if device.type == "cpu":
-        import numpy as np
         u, v = u.numpy(), v.numpy()
         f32 = np.float32
         u = np.maximum(f32(1.0e-7), u)
@@ -226,7 +227,6 @@ def _device(device) -> torch.device:
 def draw(device, numel):
     """(seed, offset) for a random op of `numel` elements: one seed per device and graph
     (drawn once per call), and the next `numel` counters after the graph's earlier ops'."""
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
     mode = get_proxy_mode()
     state = {} if mode is None else _TRACES.setdefault(mode, {})
     device = _device(device)

@@ -286,8 +286,8 @@ class WrapperCodegen:
         device = self.lowered.device
         if device.type != "cuda" or autotune.interpreted() or self.lowered.hints:
             return None  # (symbolic sizes: block sizes and grids vary with the sizes)
-        from triton import knobs
-        from triton.runtime import driver
+        from triton import knobs  # (lazy: Triton, on CUDA only)
+        from triton.runtime import driver  # (lazy: as above)
         ns = self.ns
         index = device.index if device.index is not None else torch.cuda.current_device()
         static = {}
