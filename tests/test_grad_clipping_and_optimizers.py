@@ -349,12 +349,12 @@ def test_recompiles_for_one_instance_still_stop_at_the_limit():
     x = torch.randn(2, 8)
 
     def f(m, x):
-        return m(x) * m.scale
+        return m(x) * int(m.tag)
     g = frametrace.optimize(backend="eager")(f)
 
     def calls():
         for i in range(12):
-            m.scale = i             # an int attribute of a module: a constant
+            m.tag = str(i)          # a string attribute of a module: a constant
             torch.testing.assert_close(g(m, x), f(m, x))
     n, seen = compiles_of(f, calls)
     assert n == frametrace.config.cache_size_limit

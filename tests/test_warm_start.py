@@ -138,8 +138,12 @@ def test_warm_start_same_values_and_effects_compiles_nothing(tmp_path, backend, 
     _same_as_cpython(warm)
     assert warm["values"] == cold["values"]
     assert warm["compiled"] == 0, warm["stderr"][-2000:]
-    assert warm["from_cache"] == cold["compiled"]
-    assert warm["graphs"] == cold["graphs"]
+    if backend == "aot_eager":      # (static sizes: one entry for each cold compile)
+        assert warm["from_cache"] == cold["compiled"] and warm["graphs"] == cold["graphs"]
+    else:
+        # The cold process's last entry has the batch size and the module's call counter
+        # symbolic (each changed): it serves every call of the warm process.
+        assert 1 <= warm["from_cache"] <= cold["compiled"] and 1 <= warm["graphs"] <= cold["graphs"]
     if graph_break:
         # The resume function's entry came from the cache too (its own key).
         assert warm["from_cache"] >= 2
