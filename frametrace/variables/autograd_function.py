@@ -19,6 +19,7 @@ from ..source import AttrSource
 from .functions import UserFunctionVar
 from .fx_values import map_graph_vars
 from .base import Var, unsupported, wrap
+from .classes import class_attr
 from .constant import ConstVar, MethodVar
 from .containers import ListVar, TupleVar
 from .functorch import _fresh, node_arg
@@ -66,7 +67,7 @@ class FunctionInstanceVar(Var):
     def getattr(self, tx, name):
         if name == "__class__":
             return wrap(tx, self.cls, None, guard=False)
-        if name == "apply" and _apply_of(None, self.cls) == getattr(self.cls, "apply", None):
+        if name == "apply" and class_attr(tx, self.cls, "apply") is torch.autograd.Function.__dict__["apply"]:
             return AutogradFunctionApplyVar(self.cls, wrap(tx, self.cls, None, guard=False))
         unsupported(f"attribute {name!r} of a {self.cls.__qualname__} instance made in the frame")
 
