@@ -98,11 +98,14 @@ def fill_order(shape, stride) -> tuple | None:
 
 def _steps(index, dims, shape) -> list | None:
     """How far the load moves in memory per step along each output dimension."""
-    zero = {d: 0 for d in dims}
+    zero = {d: sympy.Integer(0) for d in dims}
     try:
         index = sympy.sympify(index)
-        base = index.subs(zero)
-        steps = [index.subs({**zero, d: 1}) - base if n != 1 else sympy.Integer(0)
+        # (xreplace: the dims are plain symbols, replaced structurally; the index's
+        # FloorDiv/ModIdx evaluate as they are rebuilt.  subs' search for patterns took
+        # most of a CNN's lowering time)
+        base = index.xreplace(zero)
+        steps = [index.xreplace({**zero, d: sympy.Integer(1)}) - base if n != 1 else sympy.Integer(0)
                  for d, n in zip(dims, shape)]
     except Exception:
         return None
