@@ -1,0 +1,251 @@
+"""Where the triton backend's first call spends its time: our own pipeline, phase by phase,
+apart from Triton's (its compile of each kernel on a GPU; under TRITON_INTERPRET=1, the
+interpreted kernel runs, which stand in for it on the CPU).  Issue 31 item 5: the first
+call of EfficientNet-B0 with backend="triton" took 2.1x Inductor's on the H200.
+
+    python benchmarks/triton_compile_time.py [--models effnet,llama] [--train] [--side 64]
+                                             [--profile N]
+
+Models: effnet (an EfficientNet-B0 of our own: the stem, B0's 16 MBConv blocks, expand 1x1
+conv + BN + SiLU, depthwise k x k conv + BN + SiLU, squeeze-excite, project 1x1 conv + BN,
+residual; batch 2 x 3 x side x side), llama (transformers' LlamaForCausalLM from a small
+config: 2 layers, hidden 256, batch 2 x 64 tokens; skipped without transformers).
+--train: train mode, forward + loss + backward (the backward graph compiles at the first
+backward); otherwise eval mode under no_grad.  On the CPU the kernels run in Triton's
+interpreter (TRITON_INTERPRET=1 is set when no GPU is present).
+
+Phases (exclusive seconds: a phase's time less the phases nested in it):
+  trace      frametrace's bytecode tracer, guards, and whatever the rest of the call runs
+             outside the backend (the model's own CPython where the frame runs eagerly)
+  aot        AOTAutograd: functionalization, the decompositions, the joint graph
+  partition  the joint graph's split into forward and backward (partition.py)
+  lowering   FX nodes -> the backend's IR (lowering.py, ops.py)
+  scheduler  grouping into kernels, fusion decisions (scheduler.py, foreach.py)
+  kernel_source  each kernel's Triton source (kernel_source.py, tiling.py)
+  wrapper    the Python wrapper's source, its exec, the fast launcher's source
+  load       exec of each kernel's source into a Triton function (loader.py)
+  triton     Triton: compiling (GPU) or interpreting (CPU) each kernel at its first launch,
+             autotuning included
+  backend    the rest of the backend (device checks, rehearsals, rebuilds)
+--skip-kernels: no kernel runs (their outputs hold whatever memory held): our pipeline's
+phases alone, without the interpreter's minutes on the CPU.
+--profile N: also cProfile the first call and print the N functions of frametrace with the
+most own time.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import frametrace  # noqa: E402
+from frametrace.backends.triton import (  # noqa: E402
+    backend, kernel_source, loader, lowering, partition, scheduler, tiling, wrapper)
+
+PHASES = ("trace", "aot", "partition", "lowering", "scheduler", "kernel_source", "wrapper",
+          "load", "triton", "backend")
+
+
+def _holders(fn, attr) -> list:
+    """frametrace's modules that hold `fn` as `attr` (imported it by name)."""
+    return [m for name, m in list(sys.modules.items())
+            if name.startswith("frametrace") and getattr(m, attr, None) is fn]
+
+
+class Phases:
+    """Wraps the pipeline's functions so that each call's time, less that of the wrapped
+    calls inside it, goes to its phase."""
+
+    def __init__(self, skip_kernels=False):
+        self.skip_kernels = skip_kernels
+        self.times = dict.fromkeys(PHASES, 0.0)
+        self.stack = []         # [phase, time of nested phases]
+        self.undo = []
+
+    def wrap(self, owner, attr, phase):
+        original = getattr(owner, attr)
+        phases = self
+
+        def timed(*args, **kwargs):
+            phases.stack.append([phase, 0.0])
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - t0
+                _, nested = phases.stack.pop()
+                phases.times[phase] += spent - nested
+                if phases.stack:
+                    phases.stack[-1][1] += spent
+        timed.__wrapped__ = original
+        # every module of the backend that imported the function by name
+        owners = [owner] if isinstance(owner, type) else _holders(original, attr)
+        for o in owners:
+            setattr(o, attr, timed)
+            self.undo.append((o, attr, original))
+
+    def __enter__(self):
+        w = self.wrap
+        if self.skip_kernels:
+            for name in ("launch", "build_kernel"):
+                real = getattr(loader, name)
+                for m in _holders(real, name):
+                    self.undo.append((m, name, real))
+                    setattr(m, name, lambda *args, **kwargs: None)
+        w(backend, "compile_graph", "aot")
+        w(partition, "partition", "partition")
+        w(backend, "_compile", "backend")
+        w(lowering.GraphLowering, "run", "lowering")
+        w(backend, "schedule", "scheduler")
+        w(kernel_source.KernelCodegen, "generate", "kernel_source")
+        w(tiling, "generate", "kernel_source")
+        w(wrapper.WrapperCodegen, "generate", "wrapper")
+        w(wrapper.WrapperCodegen, "fast_source", "wrapper")
+        w(loader, "load_kernel", "load")
+        w(loader, "launch", "triton")
+        w(loader, "build_kernel", "triton")
+        return self
+
+    def __exit__(self, *exc):
+        for o, attr, original in reversed(self.undo):
+            setattr(o, attr, original)
+
+    def total(self, seconds):
+        """`seconds` of the whole call: what no wrapped phase took is the tracer's."""
+        self.times["trace"] = seconds - sum(v for k, v in self.times.items() if k != "trace")
+        return self.times
+
+
+def effnet(side):
+    """EfficientNet-B0's layout (timm's stages, widths and kernel sizes), random weights."""
+    nn = torch.nn
+
+    class SqueezeExcite(nn.Module):
+        def __init__(self, c, r):
+            super().__init__()
+            self.reduce, self.expand = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1)
+
+        def forward(self, x):
+            s = x.mean((2, 3), keepdim=True)
+            return x * self.expand(nn.functional.silu(self.reduce(s))).sigmoid()
+
+    class MBConv(nn.Module):
+        def __init__(self, cin, cout, k, stride, expand):
+            super().__init__()
+            mid = cin * expand
+            layers = [nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.SiLU()] \
+                if expand != 1 else []
+            self.body = nn.Sequential(
+                *layers,
+                nn.Conv2d(mid, mid, k, stride, k // 2, groups=mid, bias=False),
+                nn.BatchNorm2d(mid), nn.SiLU(),
+                SqueezeExcite(mid, max(1, cin // 4)),
+                nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            y = self.body(x)
+            return x + y if self.residual else y
+
+    # (expand, channels, repeats, stride, kernel): B0's stages, 16 blocks
+    stages = [(1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 40, 2, 2, 5), (6, 80, 3, 2, 3),
+              (6, 112, 3, 1, 5), (6, 192, 4, 2, 5), (6, 320, 1, 1, 3)]
+    blocks, cin = [], 32
+    for e, c, n, s, k in stages:
+        for i in range(n):
+            blocks.append(MBConv(cin, c, k, s if i == 0 else 1, e))
+            cin = c
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU(), *blocks,
+        nn.Conv2d(320, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.SiLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000))
+    x = torch.randn(2, 3, side, side)
+    labels = torch.randint(0, 1000, (2,))
+    return model, lambda m: m(x), lambda m: torch.nn.functional.cross_entropy(m(x), labels)
+
+
+def llama(side):
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=256, intermediate_size=688,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=1024,
+                      max_position_embeddings=128, use_cache=False)
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 64))
+    return model, lambda m: m(input_ids=ids).logits, lambda m: m(input_ids=ids, labels=ids).loss
+
+
+MODELS = {"effnet": effnet, "llama": llama}
+
+
+def first_call(name, train, side, profile, skip_kernels=False):
+    torch.manual_seed(0)
+    made = MODELS[name](side)
+    if made is None:
+        print(f"{name}: skipped (transformers is not installed)")
+        return None
+    model, forward, loss = made
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device).train(train)
+    frametrace.reset()
+    compiled = frametrace.optimize(model, backend="triton")
+    prof = cProfile.Profile() if profile else None
+    with Phases(skip_kernels) as phases:
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        if train:
+            loss(compiled).backward()
+        else:
+            with torch.no_grad():
+                forward(compiled)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if prof:
+            prof.disable()
+        seconds = time.perf_counter() - t0
+    times = phases.total(seconds)
+    kernels = sum(len(m.kernels) for m in backend.COMPILED)
+    ours = sum(v for k, v in times.items() if k not in ("triton", "trace"))
+    print(f"{name} ({'train' if train else 'eval'}, {device}): first call {seconds:.2f} s, "
+          f"graphs {len(backend.COMPILED)}, kernels {kernels}; the backend's own pipeline "
+          f"{ours:.2f} s, Triton {times['triton']:.2f} s")
+    for k in PHASES:
+        print(f"  {k:14s} {times[k]:7.2f} s")
+    if prof:
+        stats = pstats.Stats(prof)
+        stats.sort_stats("tottime")
+        width = [(f, s) for f, s in stats.stats.items() if "frametrace" in f[0]]
+        width.sort(key=lambda fs: -fs[1][2])
+        print(f"  the {profile} functions of frametrace with the most own time:")
+        for (path, line, fn), (_, ncalls, tt, ct, _) in width[:profile]:
+            print(f"    {tt:6.2f} s own {ct:6.2f} s cum {ncalls:8d} calls  "
+                  f"{path.split('frametrace/', 1)[-1]}:{line} {fn}")
+    return times
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="effnet,llama")
+    p.add_argument("--train", action="store_true")
+    p.add_argument("--side", type=int, default=64, help="effnet's image side")
+    p.add_argument("--profile", type=int, default=0)
+    p.add_argument("--skip-kernels", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    for name in args.models.split(","):
+        first_call(name, args.train, args.side, args.profile, args.skip_kernels)
+
+
+if __name__ == "__main__":
+    main()
