@@ -29,6 +29,8 @@ Phases (exclusive seconds: a phase's time less the phases nested in it):
   backend    the rest of the backend (device checks, rehearsals, rebuilds)
 --skip-kernels: no kernel runs (their outputs hold whatever memory held): our pipeline's
 phases alone, without the interpreter's minutes on the CPU.
+Triton's warnings of "tl.where with a non-boolean condition" (issue 31) met during the call
+are counted, each with the kernel line that gave it (on a GPU, Triton's compiler).
 --profile N: also cProfile the first call and print the N functions of frametrace with the
 most own time.
 """
@@ -40,6 +42,7 @@ import os
 import pstats
 import sys
 import time
+import warnings
 
 import torch
 
@@ -124,6 +127,29 @@ class Phases:
         return self.times
 
 
+def _where_warnings():
+    """A showwarning that records each non-boolean `tl.where` with the kernel line (from
+    the frame of Triton's code generator, or its interpreter's, that was running)."""
+    seen = {}
+
+    def show(message, *args, **kwargs):
+        if "non-boolean" not in str(message):
+            return
+        import inspect
+        for info in inspect.stack(0):
+            gen = info.frame.f_locals.get("self")
+            node = getattr(gen, "cur_node", None)
+            if node is not None and hasattr(gen, "jit_fn"):
+                line = gen.jit_fn.src.splitlines()[node.lineno - 1].strip()
+                seen[f"{gen.jit_fn.__name__}: {line}"] = str(message)
+                return
+            if info.filename.startswith("<frametrace-triton"):
+                seen[f"{info.filename}:{info.lineno}: {(info.code_context or [''])[0].strip()}"] = str(message)
+                return
+        seen[f"? {message}"] = str(message)
+    return seen, show
+
+
 def effnet(side):
     """EfficientNet-B0's layout (timm's stages, widths and kernel sizes), random weights."""
     nn = torch.nn
@@ -200,7 +226,10 @@ def first_call(name, train, side, profile, skip_kernels=False):
     frametrace.reset()
     compiled = frametrace.optimize(model, backend="triton")
     prof = cProfile.Profile() if profile else None
-    with Phases(skip_kernels) as phases:
+    where, show = _where_warnings()
+    with Phases(skip_kernels) as phases, warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
         t0 = time.perf_counter()
         if prof:
             prof.enable()
@@ -222,6 +251,9 @@ def first_call(name, train, side, profile, skip_kernels=False):
           f"{ours:.2f} s, Triton {times['triton']:.2f} s")
     for k in PHASES:
         print(f"  {k:14s} {times[k]:7.2f} s")
+    print(f"  tl.where with a non-boolean condition: {len(where)} kernel lines")
+    for line, message in where.items():
+        print(f"    {line}  ({message[-20:]})")
     if prof:
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime")
