@@ -18,9 +18,13 @@ program:
   description and checked on the live arguments like any new entry's;
 - every function inlined into the graph must be pinned so (edit a helper's source: its
   code no longer matches, a new compile);
-- the backend compiles the cached graph again (that skips tracing, not the backend;
-  aot_eager's AOTAutograd result is restored instead, backends/aot_cache.py; the triton
-  backend's autotuning choices come from backends/triton/tune_cache.py);
+- the backend compiles the cached graph again (that skips tracing, not the backend),
+  except where the entry keeps the backend's result under its own key and the backend
+  rebuilds it (`__frametrace_load_artifact__`): aot_eager's AOTAutograd result
+  (backends/aot_cache.py, `config.cache_aot_results`), the triton backend's AOTAutograd
+  result and compiled modules, no lowering or code generation
+  (backends/triton/result_cache.py, `config.cache_triton_results`); the triton
+  backend's autotuning choices come from backends/triton/tune_cache.py;
 - anything the cache cannot describe so (an object with no name and no source, a
   symbolic size, a user's own backend) is simply not cached.
 
