@@ -30,8 +30,10 @@ backend="triton", torch.compile with Inductor (its FX graph and AOTAutograd cach
 default).  Both compilers' caches start empty in a cold process: frametrace's folder
 (entries and autotuning choices), Inductor's, and Triton's compiled binaries
 (TRITON_CACHE_DIR) are all under the measurement's temporary folder.  The rows say what
-the warm process took from the cache (entries, autotuning choices) and how many kernel
-candidates it still timed.  Without CUDA these rows are skipped with a line saying so;
+the warm process took from the cache (entries, autotuning choices, the backend's
+compiled modules: backend/triton/result_cache.py), how many kernel candidates it still
+timed, and the time our own pipeline (lowering, scheduling, code generation) took cold
+and warm (0 builds warm when the backend's result came from the cache).  Without CUDA these rows are skipped with a line saying so;
 `--smoke` runs them on the CPU with tiny sizes and the kernels in Triton's interpreter
 (frametrace only), to check the script.
 """
@@ -227,7 +229,13 @@ def child(variant, model_name, cache):
             from frametrace.backends.triton import autotune, backend as triton_backend, tune_cache
             extra.update(timed=autotune.STATS["timed"], tune_hits=tune_cache.STATS["hits"],
                          tune_stores=tune_cache.STATS["stores"],
-                         eager_graphs=triton_backend.STATS["eager_graphs"])
+                         eager_graphs=triton_backend.STATS["eager_graphs"],
+                         # (our pipeline: builds = lowering + scheduling + codegen; restored =
+                         # modules rebuilt from the result cache instead)
+                         builds=triton_backend.PIPELINE["builds"],
+                         build_s=triton_backend.PIPELINE["build_seconds"],
+                         restored=triton_backend.PIPELINE["restored"],
+                         restore_s=triton_backend.PIPELINE["restore_seconds"])
     else:
         from torch._dynamo.utils import counters
         extra = {"aot_autograd": dict(counters["aot_autograd"])}    # (its cache's hits, misses)
@@ -279,6 +287,12 @@ def main():
                           f"{warm['tune_hits']} autotuning choices from the cache, {warm['timed']} "
                           f"candidates timed (cold: {cold['timed']}, {cold['tune_stores']} choices "
                           f"stored); graphs run without kernels {warm['eager_graphs']}", flush=True)
+                    print(f"{model_name:6} {variant:13} backend result from the cache: "
+                          f"{'yes' if warm['backend_hits'] and not warm['builds'] else 'NO'} "
+                          f"({warm['backend_hits']} of {warm['hits']} entries); pipeline (lowering "
+                          f"+ scheduling + codegen): cold {cold['builds']} builds {cold['build_s']:.3f}s, "
+                          f"warm {warm['builds']} builds {warm['build_s']:.3f}s + {warm['restored']} "
+                          f"modules restored {warm['restore_s']:.3f}s", flush=True)
                 colds.append(cold["first"])
                 warms.append(warm["first"])
                 steady.append(warm["second"])

@@ -231,3 +231,10 @@ def cache_folder() -> str | None:
 # them without AOTAutograd tracing the graph again.  False: nothing of AOTAutograd's is
 # stored or used, a warm start traces the cached graph with AOTAutograd, as before.
 cache_aot_results = True
+# The triton backend's compiled result kept with each cached entry as well
+# (backends/triton/result_cache.py): AOTAutograd's graphs and metadata and, for each
+# graph, the generated wrapper, kernel sources and launch descriptions, under a key of
+# the inputs' metadata, the triton settings, Triton's version, the GPUs and frametrace's
+# own code.  A warm start whose key matches runs no AOTAutograd trace, lowering,
+# scheduling or code generation.  False: a warm start compiles the cached graph again.
+cache_triton_results = True

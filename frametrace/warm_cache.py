@@ -18,9 +18,13 @@ program:
   description and checked on the live arguments like any new entry's;
 - every function inlined into the graph must be pinned so (edit a helper's source: its
   code no longer matches, a new compile);
-- the backend compiles the cached graph again (that skips tracing, not the backend;
-  aot_eager's AOTAutograd result is restored instead, backends/aot_cache.py; the triton
-  backend's autotuning choices come from backends/triton/tune_cache.py);
+- the backend compiles the cached graph again (that skips tracing, not the backend),
+  except where the entry keeps the backend's result under its own key and the backend
+  rebuilds it (`__frametrace_load_artifact__`): aot_eager's AOTAutograd result
+  (backends/aot_cache.py, `config.cache_aot_results`), the triton backend's AOTAutograd
+  result and compiled modules, no lowering or code generation
+  (backends/triton/result_cache.py, `config.cache_triton_results`); the triton
+  backend's autotuning choices come from backends/triton/tune_cache.py;
 - anything the cache cannot describe so (an object with no name and no source, a
   symbolic size, a user's own backend) is simply not cached.
 
@@ -74,7 +78,8 @@ CACHEABLE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "defau
 _KERNEL_BACKENDS = ("default", "triton")
 # Settings that do not change what a compile produces.
 # (cache_aot_results: an entry keeps AOTAutograd's result either way, used only if on.)
-_SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "cache_aot_results", "compile_status",
+_SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "cache_aot_results",
+                       "cache_triton_results", "compile_status",
                        "compile_status_after", "compile_lock_timeout"}
 
 stats = {"hits": 0, "misses": 0, "stores": 0, "not_cacheable": 0, "errors": 0,
@@ -972,7 +977,8 @@ def _from_artifact(code, backend, gm, example, artifact):
     trace), or None where there is none, it is off, or the backend refuses it (its key
     differs: other input metadata, grad mode, settings)."""
     load = getattr(backend, "__frametrace_load_artifact__", None)
-    if artifact is None or load is None or not config.cache_aot_results:
+    switch = getattr(backend, "__frametrace_artifact_switch__", "cache_aot_results")
+    if artifact is None or load is None or not getattr(config, switch):
         return None
     try:
         compiled = load(gm, example, artifact)
@@ -985,8 +991,8 @@ def _from_artifact(code, backend, gm, example, artifact):
         stats["backend_misses"] += 1
         return None
     stats["backend_hits"] += 1
-    log.info("frametrace: cache: %s: the backend's result (AOTAutograd's graphs) from the cache",
-             code.co_name)
+    log.info("frametrace: cache: %s: the backend's result (%s) from the cache", code.co_name,
+             getattr(backend, "__frametrace_artifact_what__", "AOTAutograd's graphs"))
     return compiled
 
 

@@ -67,7 +67,9 @@ ALLOWED_IN_FUNCTIONS: dict = {
 }
 
 # Imports inside function bodies under frametrace/ (issue 32 item 3: 560 when first counted).
-FUNCTION_LEVEL_CEILING = 66
+# (67: issue 33's loader of the triton backend's cached result, in the package's
+# __init__, which `import frametrace` loads without the pipeline)
+FUNCTION_LEVEL_CEILING = 67
 # Of those, imports without a comment saying why they are lazy: none may be added.
 UNEXPLAINED_CEILING = 0
 # Modules in the largest import circle inside variables/ (30 when first counted: all the

@@ -21,13 +21,39 @@ PROGRAM = r'''
 import copy, json, os
 import torch, frametrace
 from frametrace import convert, warm_cache
-from frametrace.backends.triton import autotune, backend, config, tune_cache
+from frametrace.backends.triton import autotune, backend, config, result_cache, tune_cache
 
 env = os.environ.get
 if env("FAST_ERF") == "0":
     config.fast_erf = False
 if env("CACHE_OFF"):
     frametrace.config.cache = False
+if env("RESULTS_OFF"):
+    frametrace.config.cache_triton_results = False
+if env("FINGERPRINT"):
+    # (frametrace's own code edited: the generator's among it)
+    warm_cache._own_fingerprint = lambda: env("FINGERPRINT")
+    result_cache.generator_fingerprint = lambda: env("FINGERPRINT")
+if env("RESULT_FORMAT"):
+    result_cache._FORMAT = int(env("RESULT_FORMAT"))       # (only the result's key differs)
+if env("GARBAGE_RESULT"):
+    result_cache.artifact = lambda record: b"\x80garbage"   # (an entry holding a garbage result)
+if env("BAD_SOURCE"):
+    # (a result whose wrapper source no longer runs: restored, it fails at the first call)
+    _describe = result_cache.describe
+    def _bad(mod):
+        d = _describe(mod)
+        d["source"] = d["source"].replace("def call(args):", "def call(args):\n    raise RuntimeError('torn')")
+        return d
+    result_cache.describe = _bad
+if env("OTHER_LAYOUTS"):
+    # (a restored module whose first call's tensors differ from the cached layouts)
+    _restore = result_cache.restore
+    def _other(d):
+        mod = _restore(d)
+        mod.input_layouts = [None] * len(mod.input_layouts)
+        return mod
+    result_cache.restore = _other
 timed = []
 if env("TIMED"):
     # Candidates timed as on a GPU, in the interpreter: the last one timed is the
@@ -145,6 +171,8 @@ out["timed"] = len(timed)
 out["tuned"] = sorted([k[0], k[1], k[2], tune_cache.describe(c)] for k, c in autotune.TUNED.items())
 out["tune_cache"] = dict(tune_cache.STATS)
 out["stats"] = dict(warm_cache.stats)
+out["pipeline"] = dict(backend.PIPELINE)
+out["results"] = dict(result_cache.STATS)
 print("RESULT", json.dumps(out))
 '''
 
@@ -186,12 +214,19 @@ def test_warm_start_traces_nothing_same_answers(tmp_path, scenario):
     assert warm["values"] == cold["values"] and warm["grads"] == cold["grads"]
     assert warm["compiled"] == 0 and warm["from_cache"] == cold["compiled"], warm["stderr"][-2000:]
     assert warm["stats"]["hits"] >= 1 and warm["stats"]["stores"] == 0
-    # (the backend compiles the cached graph again: the same graphs as the cold process)
-    assert warm["backend_compiles"] == cold["backend_compiles"]
+    # (the backend's result comes from the cache: no AOTAutograd trace, no lowering,
+    # scheduling or code generation; the same kernels as the cold process's)
+    assert cold["pipeline"]["builds"] >= (2 if scenario == "training" else 1)
+    assert cold["results"]["stored"] == cold["backend_compiles"] >= 1, cold["stderr"][-2000:]
+    assert warm["backend_compiles"] == 0 and warm["pipeline"]["builds"] == 0, warm["stderr"][-2000:]
+    assert warm["stats"]["backend_hits"] == cold["backend_compiles"]
+    assert warm["pipeline"]["restored"] == cold["pipeline"]["builds"]
+    assert warm["results"]["recompiled"] == 0
     assert warm["kernels"] == cold["kernels"] and warm["kernel_names"] == cold["kernel_names"]
     if scenario == "tiled":
         assert any(n.startswith("triton_tile_") for n in cold["kernel_names"]), cold["kernel_names"]
     assert "from the cache" in warm["stderr"]
+    assert "the backend's result (the triton backend's modules: no lowering) from the cache" in warm["stderr"]
 
 
 @pytest.mark.parametrize("scenario,backend", [("default_args", "triton"), ("default_global", "eager")])
@@ -258,6 +293,7 @@ CHANGES = {
     "dtype": dict(DTYPE="float64"),
     "strides": dict(STRIDE=1),
     "cache off": dict(CACHE_OFF=1),
+    "generator code": dict(FINGERPRINT="edited"),
 }
 
 
@@ -321,3 +357,72 @@ def test_tune_cache_key_and_unwritable_folder(tmp_path, monkeypatch, caplog):
         tune_cache.store("triton_k_abc", 4096, 1, configs, configs[0])
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "cannot write an autotune choice" in warnings[0].getMessage()
+
+
+# What the warm process's entry fits but the backend's cached result must not serve (or
+# cannot): the result's own key, a result that cannot be read, the switch, a restored
+# module that fails or whose inputs have other layouts: compiled again, the same answers.
+RESULT_ATTACKS = {
+    "result key": (dict(), dict(RESULT_FORMAT=2), "pointwise"),
+    "garbage result": (dict(GARBAGE_RESULT=1), dict(), "pointwise"),
+    "switch off": (dict(), dict(RESULTS_OFF=1), "training"),
+    "failing module": (dict(BAD_SOURCE=1), dict(), "pointwise"),
+    "other layouts": (dict(), dict(OTHER_LAYOUTS=1), "training"),
+}
+
+
+@pytest.mark.parametrize("attack", list(RESULT_ATTACKS))
+def test_backend_result_not_served_compiles_again(tmp_path, attack):
+    cold_env, warm_env, scenario = RESULT_ATTACKS[attack]
+    cold = _run(tmp_path, SCENARIO=scenario, **cold_env)
+    _same_as_cpython(cold)
+    warm = _run(tmp_path, SCENARIO=scenario, **warm_env)
+    _same_as_cpython(warm)
+    assert warm["values"] == cold["values"] and warm["grads"] == cold["grads"]
+    assert warm["compiled"] == 0 and warm["stats"]["hits"] >= 1, warm["stderr"][-2000:]
+    if attack in ("failing module", "other layouts"):
+        # (restored, then traced again from the cached graph's code at the first call)
+        assert warm["stats"]["backend_hits"] >= 1 and warm["results"]["recompiled"] >= 1
+        assert warm["pipeline"]["builds"] == warm["results"]["recompiled"]
+        assert "a restored triton module does not fit" in warm["stderr"]
+    else:
+        assert warm["stats"]["backend_hits"] == 0 and warm["pipeline"]["builds"] >= 1
+        assert warm["backend_compiles"] == cold["backend_compiles"]
+    if attack == "garbage result":
+        assert warm["stderr"].count("cannot rebuild the backend's result") == 1
+    if attack == "result key":
+        assert "cached result is for other inputs" in warm["stderr"]
+
+
+def test_result_key_holds_inputs_settings_and_generator(monkeypatch):
+    from frametrace.backends.triton import config, result_cache
+
+    def key(*inputs):
+        return result_cache.result_key(list(inputs))
+    x = torch.randn(4, 6)
+    base = key(x)
+    assert key(x.clone()) == base
+    assert key(x.double()) != base                                  # (dtype)
+    assert key(x.t().contiguous().t()) != base                      # (strides)
+    assert key(torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)) != \
+        key(torch.randn(2, 3, 4, 5))                                # (channels-last)
+    assert key(x.requires_grad_()) != base                          # (requires_grad)
+    x.requires_grad_(False)
+    assert key(x, x) != key(x, x.clone())                           # (aliasing)
+    monkeypatch.setattr(config, "fast_erf", not config.fast_erf)
+    assert key(x) != base                                           # (a triton setting)
+    monkeypatch.undo()
+    assert key(x) == base
+    monkeypatch.setenv("TRITON_INTERPRET", "0" if os.environ.get("TRITON_INTERPRET") == "1" else "1")
+    assert key(x) != base                                           # (the interpreter)
+    monkeypatch.undo()
+    monkeypatch.setattr(result_cache, "generator_fingerprint", lambda: "edited")
+    assert key(x) != base                                           # (the generator's code)
+    monkeypatch.undo()
+    monkeypatch.setattr(result_cache, "_devices", lambda: (("NVIDIA H200", 9, 0, 132),))
+    assert key(x) != base                                           # (the GPU)
+    monkeypatch.undo()
+    with torch.no_grad():
+        assert key(x) != base                                       # (grad mode)
+    with pytest.raises(result_cache.NotCacheable):                  # (not strided)
+        key(torch.eye(3).to_sparse())

@@ -207,6 +207,15 @@ def note_compiled_graph(gm):
         c.setdefault("fw_graphs", []).append(gm)
 
 
+def note_product(compiled):
+    """Called by a backend's compilers with what they made of each graph (the triton
+    backend's modules, forward then backward): kept with the record; returns it."""
+    c = _capture.current
+    if c is not None:
+        c.setdefault("products", []).append(compiled)
+    return compiled
+
+
 class capturing:
     """While AOTAutograd compiles one graph in this thread: what it produced, recorded
     where its own compile path hands it to the AOTAutogradCache (which frametrace leaves

@@ -32,6 +32,18 @@ def _configure(mode, options):
 triton_backend.__frametrace_configure__ = _configure
 
 
+def _load_artifact(gm, example_inputs, artifact):
+    """A warm start's compiled function from the result the cold one stored
+    (result_cache.py), or None where its key is not this call's."""
+    from .result_cache import load  # (lazy: the pipeline loads at the first compile)
+    return load(gm, example_inputs, artifact)
+
+
+triton_backend.__frametrace_load_artifact__ = _load_artifact
+triton_backend.__frametrace_artifact_switch__ = "cache_triton_results"
+triton_backend.__frametrace_artifact_what__ = "the triton backend's modules: no lowering"
+
+
 def _recomputes_random(devices) -> bool:
     """A checkpointed region's random draw is recomputed in the backward from the
     forward's numbers: the decompositions draw one Philox key per call (philox_seed,

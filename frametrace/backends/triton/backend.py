@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 
 import torch
@@ -16,6 +17,7 @@ from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from ... import config as frametrace_config
+from .. import aot_cache
 from ..python_floats import python_floats_kept
 from ..kernel_formats import keep_kernel_formats
 from . import config
@@ -27,6 +29,7 @@ from .fallback import kernel_nodes
 from .foreach import in_place
 from .ir import Extern, Unsupported
 from .lowering import GraphLowering
+from . import result_cache
 from .rng import hoist_seeds
 from .scheduler import schedule
 from .wrapper import Launcher, WrapperCodegen
@@ -38,6 +41,9 @@ COMPILED: list = []   # CompiledModules, newest last (a few kept, for tests and 
 # Over the process: graphs run eagerly or with aot_eager as a whole, and FX nodes run as
 # aten calls that kernels could have run (a benchmark asserts both are 0)
 STATS = {"eager_graphs": 0, "fallback_nodes": 0}
+# Lowerings (each `build`: lowering, scheduling, kernel and wrapper source) and modules
+# restored from the result cache (result_cache.py) instead: a warm start's builds are 0
+PIPELINE = {"builds": 0, "build_seconds": 0.0, "restored": 0, "restore_seconds": 0.0}
 # Builds of one graph after the first, each with more nodes as aten calls, before it runs
 # eagerly as a whole
 REBUILDS = 8
@@ -172,11 +178,17 @@ def compile_graph(gm, example_inputs):
     if drop_trivial_masks(gm):
         log.debug("triton backend: dropped attention masks that mask nothing")
     from .partition import partition  # (lazy: training graphs only; networkx)
-    with floats:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_training_forward,
-                                     bw_compiler=compile_backward, inference_compiler=compile_forward,
-                                     partition_fn=partition, decompositions=decompositions(),
-                                     keep_inference_input_mutations=True)
+    caching = frametrace_config.cache and frametrace_config.cache_triton_results
+    # (cached: the backward is compiled now, not at its first call, so that the entry
+    # stored after this compile holds its kernels too)
+    with floats, aot_cache.capturing(caching) as capture, result_cache.backward_now(caching):
+        compiled = aot_module_simplified(gm, example_inputs, fw_compiler=compile_training_forward,
+                                         bw_compiler=compile_backward, inference_compiler=compile_forward,
+                                         partition_fn=partition, decompositions=decompositions(),
+                                         keep_inference_input_mutations=True)
+    if capture.enabled:
+        compiled = result_cache.with_artifact(compiled, gm, example_inputs, capture.record)
+    return compiled
 
 
 def _graph_device(gm, example_inputs):
@@ -196,17 +208,19 @@ def _strict() -> bool:
 
 def compile_forward(gm, example_inputs):
     """An inference graph (no autograd), or a whole graph handed over alone."""
-    return _compile(gm, example_inputs, "inference")
+    aot_cache.note_compiled_graph(gm)
+    return aot_cache.note_product(_compile(gm, example_inputs, "inference"))
 
 
 def compile_training_forward(gm, example_inputs):
     """The forward of a training graph: it also returns what the backward is saved."""
-    return _compile(gm, example_inputs, "forward")
+    aot_cache.note_compiled_graph(gm)
+    return aot_cache.note_product(_compile(gm, example_inputs, "forward"))
 
 
 def compile_backward(gm, example_inputs):
     """The backward of a training graph: saved values and tangents in, gradients out."""
-    return _compile(gm, example_inputs, "backward")
+    return aot_cache.note_product(_compile(gm, example_inputs, "backward"))
 
 
 def _compile(gm, example_inputs, kind):
@@ -291,6 +305,7 @@ def _compile(gm, example_inputs, kind):
         return run.target(args)
     run.target = first
     run._boxed_call = True
+    run.current_module = lambda: mod    # (the result cache's: what this graph compiled to)
     return run
 
 
@@ -414,12 +429,21 @@ def _mutated_before(mod, e) -> bool:
         if tb.tb_frame.f_code.co_filename == "<frametrace-triton wrapper>":
             line = tb.tb_lineno
         tb = tb.tb_next
-    writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
-              and getattr(getattr(i.graph_op, "_schema", None), "is_mutable", True)]
-    writes += [f"    {n}(" for n, k in zip(mod.wrapper.launchers, mod.kernels) if in_place(k)]
+    writes = write_prefixes(mod)
     if not writes or line is None:
         return bool(writes)
     return any(text.startswith(w) for text in mod.source.splitlines()[:line - 1] for w in writes)
+
+
+def write_prefixes(mod) -> list:
+    """The starts of the wrapper's lines that write an input (a mutating aten call, a
+    kernel storing into an input)."""
+    known = getattr(mod, "writes", None)      # (a module restored from the result cache)
+    if known is not None:
+        return known
+    writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
+              and getattr(getattr(i.graph_op, "_schema", None), "is_mutable", True)]
+    return writes + [f"    {n}(" for n, k in zip(mod.wrapper.launchers, mod.kernels) if in_place(k)]
 
 
 def _frame_self(e, cls):
@@ -457,6 +481,8 @@ def _symbolic(gm) -> str | None:
 def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
     """`aten_nodes`: {FX node: why} that run as aten calls whatever their lowering."""
     device = _graph_device(gm, example_inputs) if device is None else device
+    t0 = time.perf_counter()
+    PIPELINE["builds"] += 1
     hoist_seeds(gm)
     ctx = CompileContext()  # this compile's alone: a later build, or another thread's, has its own
     with ctx.active():
@@ -473,8 +499,19 @@ def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
                        for f in lowered.fallbacks)
         output_code.info("triton backend, generated module:\n%s%s\n%s", fell, source,
                          "\n".join(unique.values()))
-    return CompiledModule(wrapper, source, kernels, externs, lowered.fallback_ops,
-                          [i.graph_op for i in lowered.items if isinstance(i, Extern)], lowered.fallbacks)
+    mod = CompiledModule(wrapper, source, kernels, externs, lowered.fallback_ops,
+                         [i.graph_op for i in lowered.items if isinstance(i, Extern)], lowered.fallbacks)
+    mod.input_layouts = layouts(example_inputs)
+    PIPELINE["build_seconds"] += time.perf_counter() - t0
+    return mod
+
+
+def layouts(inputs) -> list:
+    """Each tensor input's dtype, device, sizes and strides (size-1 dims' strides left
+    out: they address nothing), None for others: what a module's kernels were made for."""
+    return [(str(t.dtype), str(t.device), tuple(t.shape),
+             tuple(s if n != 1 else None for n, s in zip(t.shape, t.stride())))
+            if isinstance(t, torch.Tensor) else None for t in inputs]
 
 
 class ForeignPointer(Exception):

@@ -102,6 +102,9 @@ class InputWrite(Computed):
 
 def in_place(kernel) -> bool:
     """Whether a kernel stores into a graph input (running it twice is not running it once)."""
+    known = getattr(kernel, "writes_inputs", None)     # (a kernel restored from the result cache)
+    if known is not None:
+        return known
     return any(isinstance(c, InputWrite) for c in kernel.stores)
 
 

@@ -64,6 +64,28 @@ class Launcher:
         """The values of the kernel's constexpr parameters, in order (after its pointers)."""
         return [self.kwargs["XBLOCK"]] + ([self.kwargs["RBLOCK"]] if self.reduction else [])
 
+    def description(self) -> tuple:
+        """What `restore` makes this launcher again from (the result cache, result_cache.py):
+        static extents only."""
+        if self.numel is not None:
+            raise ValueError("symbolic extents")
+        return (type(self).__name__, self.name, self.xnumel, self.rnumel, self.reduction,
+                self.configs, getattr(self, "tile", None))
+
+    @staticmethod
+    def restore(description, source):
+        """A launcher from `description()` and its kernel's source, as `__init__` makes one."""
+        kind, name, xnumel, rnumel, reduction, configs, tile = description
+        cls = TiledLauncher if kind == "TiledLauncher" else Launcher
+        self = cls.__new__(cls)
+        self.name, self.fn = name, load_kernel(name, source)
+        self.xnumel, self.rnumel, self.reduction = xnumel, rnumel, reduction
+        self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
+        self.numel = self.nsym = self.tuned = None
+        if cls is TiledLauncher:
+            self.tile = tile
+        return self
+
 
 class TiledLauncher(Launcher):
     """Launches a tiled pointwise kernel over its 2-D grid (`kernel.tile`, static sizes)."""
@@ -123,6 +145,11 @@ def _align_attention(t):
 
 
 _ALLOC = "empty_strided({shape}, {stride}, dtype={dtype}, device=device)"
+# `fast`'s source before the first call: its checks and each launch are placeholders
+# (a launch's placeholder names the arguments it passes, for `_free_dead`), filled in
+# once the kernels are compiled (`fast_source`)
+_CHECKS = "    __fast_checks__"
+_LAUNCH_LINE = re.compile(r"^(\s*)__fast_launch__(\w+)\(.*?\)(  # .*)?$")
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")
 _ASSIGN = re.compile(r"    (\w+) = ")
 
@@ -184,6 +211,13 @@ def _reuse_dead(lines, unsafe) -> list[str]:
     return [line for line in out if line is not None]
 
 
+def base_namespace(device) -> dict:
+    """What every wrapper's source reads besides its constants, launchers and ops."""
+    return {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
+            "reinterpret": _reinterpret, "ensure_layout": _ensure_layout,
+            "align_attention": _align_attention}
+
+
 class WrapperCodegen:
     """`call(args)`: the wrapper every first call runs (it tunes and compiles kernels);
     `fast_source(...)`: once every kernel is compiled, the same steps with each kernel's
@@ -191,12 +225,14 @@ class WrapperCodegen:
 
     def __init__(self, lowered, schedule):
         self.lowered, self.schedule = lowered, schedule
-        self.ns = {"torch": torch, "empty_strided": torch.empty_strided, "device": lowered.device,
-                   "reinterpret": _reinterpret, "ensure_layout": _ensure_layout,
-                   "align_attention": _align_attention}
+        self.ns = base_namespace(lowered.device)
         self.ns.update(lowered.constants)
         self.launchers: list[str] = []   # namespace names of the Launchers, in launch order
         self._externs: dict[str, list[str]] = {}
+        self.ops: dict = {}              # namespace name -> the op its C++ function is
+        self.launch_args: dict = {}      # launcher's name -> the arguments it passes
+        self.fast_template = None        # `fast`'s source, placeholders for the launches
+        self.generated_names = ()        # the namespace's names after `generate`
 
     def const(self, value, prefix="c") -> str:
         name = f"{prefix}{len(self.ns)}"
@@ -235,7 +271,13 @@ class WrapperCodegen:
                     configs = configs[:1]  # (timing candidates would apply the update again)
                 launcher = TiledLauncher(item, configs) if item.tile else Launcher(item, configs)
                 self.launchers.append(self.const(launcher, "kernel"))
+                self.launch_args[self.launchers[-1]] = list(item.args)
         source = self._function("call", [], self._launch, _ALLOC)
+        if not self.lowered.hints:
+            self.fast_template = self._function(
+                "fast", [_CHECKS], lambda name, item: f"__fast_launch__{name}({', '.join(item.args)})",
+                _ALLOC)
+        self.generated_names = tuple(self.ns)
         if self.lowered.ctx.hints:
             names = {s.name for s in self.lowered.ctx.hints}
             bound = {s.name for s in self.lowered.symbol_sources}
@@ -284,7 +326,8 @@ class WrapperCodegen:
         pointer alignment (mod 16) the kernels were compiled for: a call whose inputs
         differ there runs `call`, which compiles what they need."""
         device = self.lowered.device
-        if device.type != "cuda" or autotune.interpreted() or self.lowered.hints:
+        if device.type != "cuda" or autotune.interpreted() or self.lowered.hints or \
+                self.fast_template is None:
             return None  # (symbolic sizes: block sizes and grids vary with the sizes)
         from triton import knobs  # (lazy: Triton, on CUDA only)
         from triton.runtime import driver  # (lazy: as above)
@@ -313,9 +356,9 @@ class WrapperCodegen:
         checks = [f"    if {' or '.join(other)}:", "        return call(args)",
                   f"    stream = get_stream({index})"]
 
-        def launch(name, item):
+        def launch(name):
             launcher = ns[name]
-            args = list(item.args) + [repr(v) for v in launcher.constexprs()]
+            args = self.launch_args[name] + [repr(v) for v in launcher.constexprs()]
             grid = tuple(launcher.grid) + (1, 1)
             s = static[name]
             if s is not None:
@@ -325,7 +368,16 @@ class WrapperCodegen:
                         f"{s.shared}, {s.types!r}, ({''.join(f'{a}, ' for a in passed)}), stream)")
             return (f"run_{name}({grid[0]}, {grid[1]}, {grid[2]}, stream, fn_{name}, meta_{name}, "
                     f"None, None, None, {', '.join(args)})")
-        return self._function("fast", checks, launch, _ALLOC)
+        out = []
+        for line in self.fast_template.splitlines():
+            m = _LAUNCH_LINE.match(line)
+            if line == _CHECKS:
+                out += checks
+            elif m:
+                out.append(f"{m.group(1)}{launch(m.group(2))}{m.group(3) or ''}")
+            else:
+                out.append(line)
+        return "\n".join(out) + "\n"
 
     @staticmethod
     def _configs(kernel):
@@ -337,6 +389,7 @@ class WrapperCodegen:
             return lines
         # the OpOverload's C++ function: its Python __call__ only forwards to it
         op = self.const(getattr(e.op, "_op", e.op), "aten_")
+        self.ops[op] = e.op
         expr = self.expr
         if getattr(e.op, "overloadpacket", None) in ATTENTION_OPS:
             expr = self._aligned_expr
