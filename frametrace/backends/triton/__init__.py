@@ -50,9 +50,9 @@ def _recomputes_random(devices) -> bool:
     tagged nondeterministic_seeded), which AOTAutograd's min-cut wraps in
     run_and_save_rng_state / run_with_rng_state, and each element's number is a function
     of that key and its counter.  Checked on CPU tensors (Triton's interpreter runs the
-    kernels); on CUDA (the CUDA generator's state saved and restored) only once
-    `config.checkpoint_random_on_cuda` says so: until a GPU run has compared the
-    gradients with the forward's masks, such a region runs in CPython there."""
+    kernels) and on CUDA (the CUDA generator's state saved and restored);
+    `config.checkpoint_random_on_cuda` turns the CUDA path off, and such a region then
+    runs in CPython there."""
     from . import config  # (lazy: as above)
     return all(d.type != "cuda" for d in devices) or config.checkpoint_random_on_cuda
 
