@@ -27,6 +27,10 @@ def _counting(*args, **kwargs):
 aot_autograd.aot_module_simplified = _counting   # (aot_eager imports it at each compile)
 
 env = os.environ.get
+if env("NO_TO_CACHEABLE"):       # (AOTConfig before torch 2.13: no to_cacheable())
+    from torch._functorch._aot_autograd import schemas
+    if hasattr(schemas.AOTConfig, "to_cacheable"):
+        del schemas.AOTConfig.to_cacheable
 if env("AOT_OFF"):
     frametrace.config.cache_aot_results = False
 if env("FUNCTORCH"):
@@ -175,6 +179,7 @@ SCENARIOS = {
     "column-major input": dict(STRIDE=1),
     "float64": dict(DTYPE="float64"),
     "decomp_partition": dict(BACKEND="aot_eager_decomp_partition"),
+    "AOTConfig without to_cacheable (torch 2.11)": dict(NO_TO_CACHEABLE=1),
 }
 
 

@@ -298,6 +298,18 @@ def _graph_from(data):
     return _CodeOnly(body, namespace["forward"])
 
 
+def _cacheable(cfg):
+    """AOTAutograd's config without its compilers, partitioner and decompositions (what
+    the runtime wrappers read of it is plain data).  torch 2.13 has a method for this;
+    on earlier ones, a copy with those fields emptied."""
+    if hasattr(cfg, "to_cacheable"):
+        return cfg.to_cacheable()
+    import dataclasses
+    return dataclasses.replace(cfg, **{f.name: ({} if f.name == "decompositions" else None)
+                                       for f in dataclasses.fields(cfg)
+                                       if f.name in ("decompositions", "cache_info") or callable(getattr(cfg, f.name))})
+
+
 def artifact(record) -> bytes:
     """The bytes of what AOTAutograd produced (NotCacheable where it cannot be)."""
     if "refused" in record:
@@ -321,7 +333,7 @@ def artifact(record) -> bytes:
     if tc is not None and (tc.fakify_first_call or any(p is None for p in tc.params_flat or ())):
         raise NotCacheable("a tracing context that fakifies outputs or freezes parameters")
     parts = {"kind": kind, "fw": _reduced_graph(graphs[0]), "fw_metadata": meta,
-             "wrappers": a["wrappers"], "aot_config": a["aot_config"].to_cacheable(),
+             "wrappers": a["wrappers"], "aot_config": _cacheable(a["aot_config"]),
              "disable_amp": torch._C._is_any_autocast_enabled()}
     if kind == "autograd":
         if [x for x in a["flat_args"] if type(x).__name__ == "BackwardState"]:

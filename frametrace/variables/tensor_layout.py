@@ -47,6 +47,11 @@ UNTRUSTED = frozenset({
 # kept it too).
 if torch.__version__ >= (2, 14):
     UNTRUSTED |= {"group_norm", "native_group_norm"}
+# Ops whose fake strides differ from the kernel's even on contiguous inputs, by torch
+# version: torch 2.11's ihfft along a dimension not last returns a transposed result
+# where its meta function says contiguous (the OpInfo sweep on the H200, torch 2.11;
+# 2.13's agree).
+_UNTRUSTED_ANY_LAYOUT = frozenset({"fft_ihfft", "ihfft"}) if torch.__version__ < (2, 13) else frozenset()
 # Ops untrusted only on CUDA tensors: upsampling, whose meta functions store a CUDA
 # image of few channels contiguous where aten's kernels keep a channels-last input's
 # format (the OpInfo sweep on the H200; backends/kernel_formats.py fixes the compiled
@@ -154,6 +159,8 @@ def result_unsure(what: str, fake_args, fake_kwargs, out=None) -> bool:
         glued = what in _CONCATENATING
         if any(_any_unsure(a, nonempty, glued) for a in (*fake_args, *fake_kwargs.values())):
             return True
+    if what in _UNTRUSTED_ANY_LAYOUT:
+        return True
     if what in _UNTRUSTED_WITH:
         key, index, fine = _UNTRUSTED_WITH[what]
         value = fake_kwargs[key] if key in fake_kwargs else \
