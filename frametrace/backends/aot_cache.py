@@ -351,6 +351,21 @@ def artifact(record) -> bytes:
 
 
 # --------------------------------------------------------------------------- loading
+def _autograd_function(**fields):
+    """AOTDispatchAutograd.post_compile over the compiled forward and backward: from torch
+    2.13 it takes one AOTDispatchAutogradCompileSpec (which also names the backward's
+    compiler); torch 2.11 takes the same fields as arguments, in this order."""
+    from torch._functorch._aot_autograd import runtime_wrappers  # (lazy: as rebuild's)
+    spec = getattr(runtime_wrappers, "AOTDispatchAutogradCompileSpec", None)
+    post = runtime_wrappers.AOTDispatchAutograd.post_compile
+    if spec is not None:
+        return post(spec(**fields, bw_compiler=None, try_save_cache_entry=None))
+    order = ("compiled_fw_func", "compiled_bw_func", "maybe_subclass_meta", "num_symints_saved_for_bw",
+             "backward_state_indices", "disable_amp", "indices_of_inps_to_detach", "lazy_backward_info",
+             "aot_config")
+    return post(*(fields[k] for k in order), fw_metadata=fields["fw_metadata"], try_save_cache_entry=None)
+
+
 def rebuild(data: bytes, boxed_compiler):
     """The compiled function of an artifact, its runtime wrappers made by the same calls
     as AOTAutograd's compile path (graph_compile.py: _aot_stage2b_compile_forward_or_
@@ -360,8 +375,8 @@ def rebuild(data: bytes, boxed_compiler):
     # wrappers on their own is an import cycle in torch)
     from torch._functorch import aot_autograd  # noqa: F401
     from torch._functorch._aot_autograd.runtime_wrappers import (  # (lazy: as above)
-        AOTDispatchAutograd, AOTDispatchAutogradCompileSpec, AOTDispatchSubclassWrapper,
-        EffectTokensWrapper, FunctionalizedRngRuntimeWrapper, RuntimeWrapper, post_compile)
+        AOTDispatchSubclassWrapper, EffectTokensWrapper, FunctionalizedRngRuntimeWrapper,
+        RuntimeWrapper, post_compile)
     parts = pickle.loads(data)
     meta, cfg = parts["fw_metadata"], parts["aot_config"]
     autograd = parts["kind"] == "autograd"
@@ -376,14 +391,12 @@ def rebuild(data: bytes, boxed_compiler):
         compiled_fw, cfg, runtime_metadata=meta)
     if autograd:
         bw = _graph_from(parts["bw"])
-        spec = AOTDispatchAutogradCompileSpec(
+        compiled_fn = _autograd_function(
             compiled_fw_func=compiled_fw, compiled_bw_func=boxed_compiler(bw, None),
             maybe_subclass_meta=None, num_symints_saved_for_bw=parts["num_symints_saved_for_bw"],
             backward_state_indices=[], disable_amp=parts["disable_amp"],
             indices_of_inps_to_detach=parts["indices_of_inps_to_detach"],
-            lazy_backward_info=None, bw_compiler=None, aot_config=cfg, fw_metadata=meta,
-            try_save_cache_entry=None)
-        compiled_fn = AOTDispatchAutograd.post_compile(spec)
+            lazy_backward_info=None, aot_config=cfg, fw_metadata=meta)
     else:
         compiled_fn = RuntimeWrapper(indices_of_inps_to_detach=[], trace_joint=False,
                                      disable_amp=parts["disable_amp"]).post_compile(
