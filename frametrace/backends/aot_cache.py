@@ -27,6 +27,7 @@ functionalized fallback.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -304,7 +305,6 @@ def _cacheable(cfg):
     on earlier ones, a copy with those fields emptied."""
     if hasattr(cfg, "to_cacheable"):
         return cfg.to_cacheable()
-    import dataclasses
     return dataclasses.replace(cfg, **{f.name: ({} if f.name == "decompositions" else None)
                                        for f in dataclasses.fields(cfg)
                                        if f.name in ("decompositions", "cache_info") or callable(getattr(cfg, f.name))})
@@ -351,11 +351,10 @@ def artifact(record) -> bytes:
 
 
 # --------------------------------------------------------------------------- loading
-def _autograd_function(**fields):
+def _autograd_function(runtime_wrappers, **fields):
     """AOTDispatchAutograd.post_compile over the compiled forward and backward: from torch
     2.13 it takes one AOTDispatchAutogradCompileSpec (which also names the backward's
     compiler); torch 2.11 takes the same fields as arguments, in this order."""
-    from torch._functorch._aot_autograd import runtime_wrappers  # (lazy: as rebuild's)
     spec = getattr(runtime_wrappers, "AOTDispatchAutogradCompileSpec", None)
     post = runtime_wrappers.AOTDispatchAutograd.post_compile
     if spec is not None:
@@ -374,34 +373,32 @@ def rebuild(data: bytes, boxed_compiler):
     # (lazy: start-up time.  AOTAutograd's entry module first: importing its runtime
     # wrappers on their own is an import cycle in torch)
     from torch._functorch import aot_autograd  # noqa: F401
-    from torch._functorch._aot_autograd.runtime_wrappers import (  # (lazy: as above)
-        AOTDispatchSubclassWrapper, EffectTokensWrapper, FunctionalizedRngRuntimeWrapper,
-        RuntimeWrapper, post_compile)
+    from torch._functorch._aot_autograd import runtime_wrappers as rw  # (lazy: as above)
     parts = pickle.loads(data)
     meta, cfg = parts["fw_metadata"], parts["aot_config"]
     autograd = parts["kind"] == "autograd"
     fw = _graph_from(parts["fw"])
     compiled_fw = boxed_compiler(fw, None)
-    compiled_fw = EffectTokensWrapper().post_compile(compiled_fw, cfg, runtime_metadata=meta)
-    compiled_fw = AOTDispatchSubclassWrapper(
+    compiled_fw = rw.EffectTokensWrapper().post_compile(compiled_fw, cfg, runtime_metadata=meta)
+    compiled_fw = rw.AOTDispatchSubclassWrapper(
         fw_only=None, trace_joint=False, maybe_subclass_meta=None,
         num_fw_outs_saved_for_bw=parts.get("num_fw_outs_saved_for_bw"),
     ).post_compile(compiled_fw, cfg, runtime_metadata=meta)
-    compiled_fw = FunctionalizedRngRuntimeWrapper(return_new_outs=not autograd).post_compile(
+    compiled_fw = rw.FunctionalizedRngRuntimeWrapper(return_new_outs=not autograd).post_compile(
         compiled_fw, cfg, runtime_metadata=meta)
     if autograd:
         bw = _graph_from(parts["bw"])
         compiled_fn = _autograd_function(
-            compiled_fw_func=compiled_fw, compiled_bw_func=boxed_compiler(bw, None),
+            rw, compiled_fw_func=compiled_fw, compiled_bw_func=boxed_compiler(bw, None),
             maybe_subclass_meta=None, num_symints_saved_for_bw=parts["num_symints_saved_for_bw"],
             backward_state_indices=[], disable_amp=parts["disable_amp"],
             indices_of_inps_to_detach=parts["indices_of_inps_to_detach"],
             lazy_backward_info=None, aot_config=cfg, fw_metadata=meta)
     else:
-        compiled_fn = RuntimeWrapper(indices_of_inps_to_detach=[], trace_joint=False,
-                                     disable_amp=parts["disable_amp"]).post_compile(
+        compiled_fn = rw.RuntimeWrapper(indices_of_inps_to_detach=[], trace_joint=False,
+                                        disable_amp=parts["disable_amp"]).post_compile(
             compiled_fw, cfg, runtime_metadata=meta)
-    compiled_fn, _ = post_compile(parts["wrappers"], compiled_fn, cfg, runtime_metadata=meta)
+    compiled_fn, _ = rw.post_compile(parts["wrappers"], compiled_fn, cfg, runtime_metadata=meta)
 
     def forward(*runtime_args):
         return compiled_fn(list(runtime_args))

@@ -61,6 +61,25 @@ def short_repr(obj, limit: int = 60) -> str:
 #                a user subclass)
 # Each implementation registers itself (`@register`) when its module loads, which
 # variables/__init__ makes happen with the package.
+def registrar(table: dict):
+    """A decorator factory that registers the decorated rule in `table` under each of
+    the callables it is given (a callable is registered once):
+
+        call_rule = registrar(_CALL_RULES)
+
+        @call_rule(len)
+        def _len(tx, args, kwargs): ...
+    """
+    def rule_for(*fns):
+        def register_rule(rule):
+            for fn in fns:
+                assert fn not in table, fn
+                table[fn] = rule
+            return rule
+        return register_rule
+    return rule_for
+
+
 def register(fn):
     """Make `fn` the implementation of the entry point of its name."""
     assert fn.__name__ in _ENTRY_POINTS, fn

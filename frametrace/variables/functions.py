@@ -11,7 +11,7 @@ import dis
 import torch
 
 from ..source import AttrSource, CallMethodSource, ConstSource, GetItemSource
-from .base import Var, call_in_grad_mode, object_var, unsupported, wrap
+from .base import Var, call_in_grad_mode, object_var, registrar, unsupported, wrap
 from .constant import ConstVar, MethodVar, is_constant_value
 from .containers import DictVar, TupleVar
 from .lazy import Lazy
@@ -606,14 +606,7 @@ def module_calls():
 _CALL_RULES: dict = {}
 
 
-def call_rule(*fns):
-    """Register the decorated rule for calls of each of `fns`."""
-    def register(rule):
-        for fn in fns:
-            assert fn not in _CALL_RULES, fn
-            _CALL_RULES[fn] = rule
-        return rule
-    return register
+call_rule = registrar(_CALL_RULES)     # (registers a rule for calls of each of its callables)
 
 
 def _immutable(value) -> bool:

@@ -15,7 +15,7 @@ import torch
 from ..source import (AttrSource, CallMethodSource, ConstSource, ContainsSource, GetItemSource,
                       GlobalSource, _named_arg)
 from .base import (ValueVar, Var, a_type, base_container_method, call_unbound_builtin, construct,
-                   fromkeys_var, register, safe_repr, set_key, unsupported, wrap)
+                   fromkeys_var, register, registrar, safe_repr, set_key, unsupported, wrap)
 from .contexts import GradModeSetVar, context_function
 from .functions import BoundMethodVar, OutsideState, UserFunctionVar, cached_call, visible_outside_writes
 from .classes import class_lookup
@@ -592,14 +592,7 @@ def module_namespace(value):
 _TORCH_CALL_RULES: dict = {}
 
 
-def torch_call_rule(*fns):
-    """Register the decorated rule for calls (with arguments) of each of `fns`."""
-    def register_rule(rule):
-        for fn in fns:
-            assert fn not in _TORCH_CALL_RULES, fn
-            _TORCH_CALL_RULES[fn] = rule
-        return rule
-    return register_rule
+torch_call_rule = registrar(_TORCH_CALL_RULES)   # (rules for calls, with arguments, of each)
 
 
 def _hashable(value) -> bool:
