@@ -432,9 +432,10 @@ def _scaled_with_grad(y):
 
 
 def test_functions_decorated_at_module_level_run_in_their_grad_mode_in_the_graph():
-    # torch's decorate_context, called from the frame (as clip_grad_norm_ is): from
-    # torch 2.15 each decorated function has its own copy of that code, named after the
-    # context manager; either way the call is the inner function in that mode.
+    # torch's decorate_context, called from the frame (as clip_grad_norm_'s grouping of
+    # the gradients by device and dtype is): from torch 2.15 each decorated function has
+    # its own copy of that code, named after the context manager; either way the call is
+    # the inner function in that mode.
     def f(x):
         a, a_on = _scaled_without_grad(x)
         with torch.no_grad():
