@@ -421,6 +421,31 @@ def test_grad_mode_decorated_function_returned_from_frame():
     _grad_is_on()
 
 
+@torch.no_grad()
+def _scaled_without_grad(y):
+    return y * 2, torch.is_grad_enabled()
+
+
+@torch.enable_grad()
+def _scaled_with_grad(y):
+    return y * 3, torch.is_grad_enabled()
+
+
+def test_functions_decorated_at_module_level_run_in_their_grad_mode_in_the_graph():
+    # torch's decorate_context, called from the frame (as clip_grad_norm_'s grouping of
+    # the gradients by device and dtype is): from torch 2.15 each decorated function has
+    # its own copy of that code, named after the context manager; either way the call is
+    # the inner function in that mode.
+    def f(x):
+        a, a_on = _scaled_without_grad(x)
+        with torch.no_grad():
+            b, b_on = _scaled_with_grad(x)
+        return a, a_on, b, b_on
+
+    check(f, [_x(), _x()], graphs=1, breaks=0, fallbacks=0, fullgraph=True)
+    _grad_is_on()
+
+
 def test_set_grad_enabled_as_decorator_does_not_switch_the_mode():
     def f(x, mode):
         with torch.set_grad_enabled(not mode):

@@ -570,10 +570,22 @@ def _real_value(v):
     return _NO_VALUE
 
 
+# The code of torch's context decorator (torch.utils._contextlib's decorate_context).
+# From torch 2.15 each decorated function gets its own copy, renamed after the context
+# manager ("no_grad"...), so copies are told by where they were written, not by name.
+_DECORATE_CONTEXT = torch.no_grad()(lambda: None).__code__
+
+
+def _is_decorate_context(code) -> bool:
+    ref = _DECORATE_CONTEXT
+    return code is ref or (code.co_firstlineno == ref.co_firstlineno and code.co_filename == ref.co_filename
+                           and code.co_code == ref.co_code and code.co_freevars == ref.co_freevars)
+
+
 def _grad_mode_decorator(fn):
     """(mode, inner function) for a function decorated with @torch.no_grad() /
     @torch.enable_grad(), else None."""
-    if fn.__code__.co_name != "decorate_context" or not fn.__closure__:
+    if not fn.__closure__ or not _is_decorate_context(fn.__code__):
         return None
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
     try:
