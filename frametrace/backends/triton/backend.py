@@ -181,11 +181,15 @@ def compile_graph(gm, example_inputs):
     caching = frametrace_config.cache and frametrace_config.cache_triton_results
     # (cached: the backward is compiled now, not at its first call, so that the entry
     # stored after this compile holds its kernels too)
-    with floats, aot_cache.capturing(caching) as capture, result_cache.backward_now(caching):
+    # (only where the capture is installed: it is what reaches the metadata to mend)
+    with floats, aot_cache.capturing(caching) as capture, \
+            result_cache.backward_now(caching and bool(capture.installed)):
         compiled = aot_module_simplified(gm, example_inputs, fw_compiler=compile_training_forward,
                                          bw_compiler=compile_backward, inference_compiler=compile_forward,
                                          partition_fn=partition, decompositions=decompositions(),
                                          keep_inference_input_mutations=True)
+    if capture.installed:
+        result_cache.no_donated_buffers(capture.record)
     if capture.enabled:
         compiled = result_cache.with_artifact(compiled, gm, example_inputs, capture.record)
     return compiled

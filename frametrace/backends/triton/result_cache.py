@@ -111,12 +111,27 @@ def _devices() -> tuple:
 @contextlib.contextmanager
 def backward_now(enabled):
     """While the cache is on: AOTAutograd compiles a training graph's backward with its
-    forward (its kernels then go with the entry) instead of at the first backward."""
+    forward (its kernels then go with the entry) instead of at the first backward.
+    Without donated buffers: a backward compiled up front with them refuses
+    `retain_graph=True` and double backward (which the lazy one allows), and the
+    triton backend's backward does not reuse them anyway; `no_donated_buffers` then
+    says so in the metadata AOTAutograd's runtime checks."""
     if not enabled:
         yield
         return
-    with functorch_config.patch(force_non_lazy_backward_lowering=True):
+    with functorch_config.patch(force_non_lazy_backward_lowering=True, donated_buffer=False):
         yield
+
+
+def no_donated_buffers(record):
+    """After a compile under `backward_now`: each training graph's runtime metadata says
+    it has no donated buffers ([]); compiled without them it says None, which
+    AOTAutograd's backward takes for some and refuses under retain_graph=True (the lazy
+    backward resets it to [] when it compiles; this one compiled before)."""
+    for kind, args in record.get("calls") or ():
+        meta = args.get("fw_metadata")
+        if kind == "autograd" and meta is not None and getattr(meta, "bw_donated_idxs", []) is None:
+            meta.bw_donated_idxs = []
 
 
 # --------------------------------------------------------------------------- storing
