@@ -297,20 +297,35 @@ def _compile(gm, example_inputs, kind):
         else:
             run.target = _give_up(gm, RuntimeError("kernels kept failing on their first launch"))
             return run.target(kept)
-        fast = mod.make_fast(kept)
-        if mod.runner is not None:
-            run.target = mod.runner
-            mod.runner.call = fast or mod.call
-        else:
-            run.target = fast or mod.call
+        settle(run, mod, kept)
         return out
 
+    run = boxed(first, lambda: mod)
+    return run
+
+
+def boxed(first, current):
+    """A graph's boxed function: it calls `first` until that replaces `run.target`
+    (with the module's fast path once its kernels have launched); `current()`: the
+    CompiledModule the graph runs now (the result cache stores it)."""
     def run(args):
         return run.target(args)
     run.target = first
     run._boxed_call = True
-    run.current_module = lambda: mod    # (the result cache's: what this graph compiled to)
+    run.current_module = current
     return run
+
+
+def settle(run, mod, kept):
+    """After a module's first good launch: later calls go straight to its fast wrapper
+    (a launcher with the checks of the first call's layouts), through the CUDA-graph
+    runner where the module has one."""
+    fast = mod.make_fast(kept)
+    if mod.runner is not None:
+        run.target = mod.runner
+        mod.runner.call = fast or mod.call
+    else:
+        run.target = fast or mod.call
 
 
 def _rehearsal(mod, args) -> list | None:

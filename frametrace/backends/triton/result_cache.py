@@ -319,19 +319,10 @@ def runner(d, graph):
             if trial is None and backend._mutated_before(mod, e):
                 raise
             return _recompile(run, graph, d["kind"], kept, f"{type(e).__name__}: {e}"[:300])
-        fast = mod.make_fast(kept)
-        if mod.runner is not None:
-            run.target = mod.runner
-            mod.runner.call = fast or mod.call
-        else:
-            run.target = fast or mod.call
+        backend.settle(run, mod, kept)
         return out
 
-    def run(args):
-        return run.target(args)
-    run.target = first
-    run._boxed_call = True
-    run.current_module = lambda: mod
+    run = backend.boxed(first, lambda: mod)
     return run
 
 
