@@ -18,7 +18,11 @@ right after the cold one, same folder).
 The `triton` backend on CUDA (issue 33's target: a warm first call at most 10% of the
 cold one, and at most torch.compile's warm first call):
 
-    python benchmarks/warm_start.py --models llama,effnet --repeat 1     # on a GPU, ~4 min
+    python benchmarks/warm_start.py --models llama,effnet --repeat 1     # on a GPU, ~6 min
+
+WARM_START_LOGDIR=DIR keeps each child process's stderr in DIR; WARM_START_PROFILE=N
+profiles frametrace's first call (cold and warm children) and writes its N functions of
+most cumulative time to that stderr.
 
 llama: transformers' LlamaForCausalLM from a small config (2 layers, hidden 1024,
 intermediate 2816, 16 heads, vocab 32000, random weights), batch 2 x 512 tokens, the
@@ -211,12 +215,31 @@ def child(variant, model_name, cache):
             # or warm, at its first aot_eager compile)
             import torch._functorch.aot_autograd  # noqa: F401
         compiled = frametrace.optimize(model, backend=backend)
+        import logging
+
+        class _Keep(logging.Handler):     # (why a restored module was compiled again)
+            def emit(self, record):
+                whys.append(record.getMessage()[:400])
+        whys = []
+        logging.getLogger("frametrace.cache").addHandler(_Keep(logging.WARNING))
     else:
         import torch._dynamo  # noqa: F401  (imports, untimed, as frametrace's)
         compiled = torch.compile(model, backend=backend)
+    profile = int(os.environ.get("WARM_START_PROFILE", "0")) if variant == "frametrace" else 0
+    if profile:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     loss = step(compiled)
     first = time.perf_counter() - t0
+    if profile:
+        import io
+        import pstats
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(profile)
+        print(text.getvalue(), file=sys.stderr)
     second = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
@@ -227,7 +250,9 @@ def child(variant, model_name, cache):
         extra = dict(frametrace.warm_cache.stats)
         if backend == "triton":
             from frametrace.backends.triton import autotune, backend as triton_backend, tune_cache
-            extra.update(timed=autotune.STATS["timed"], tune_hits=tune_cache.STATS["hits"],
+            from frametrace.backends.triton import result_cache
+            extra.update(recompiled=result_cache.STATS["recompiled"], cache_warnings=whys,
+                         timed=autotune.STATS["timed"], tune_hits=tune_cache.STATS["hits"],
                          tune_stores=tune_cache.STATS["stores"],
                          eager_graphs=triton_backend.STATS["eager_graphs"],
                          # (our pipeline: builds = lowering + scheduling + codegen; restored =
@@ -247,6 +272,12 @@ def _measure(variant, model_name, cache):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *kept]))
     proc = subprocess.run([sys.executable, __file__, "--child", variant, model_name, cache],
                           env=env, capture_output=True, text=True, timeout=600)
+    logs = os.environ.get("WARM_START_LOGDIR")     # (each child's stderr kept there)
+    if logs:
+        os.makedirs(logs, exist_ok=True)
+        n = len(os.listdir(logs))
+        with open(os.path.join(logs, f"{n:02d}-{model_name}-{variant}.err"), "w") as f:
+            f.write(proc.stderr)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not line:
         raise RuntimeError(f"{variant} {model_name} failed:\n{proc.stderr[-3000:]}")
@@ -292,7 +323,10 @@ def main():
                           f"({warm['backend_hits']} of {warm['hits']} entries); pipeline (lowering "
                           f"+ scheduling + codegen): cold {cold['builds']} builds {cold['build_s']:.3f}s, "
                           f"warm {warm['builds']} builds {warm['build_s']:.3f}s + {warm['restored']} "
-                          f"modules restored {warm['restore_s']:.3f}s", flush=True)
+                          f"modules restored {warm['restore_s']:.3f}s, compiled again "
+                          f"{warm['recompiled']}", flush=True)
+                    for why in warm["cache_warnings"]:
+                        print(f"{model_name:6} {variant:13}   cache: {why}", flush=True)
                 colds.append(cold["first"])
                 warms.append(warm["first"])
                 steady.append(warm["second"])
