@@ -419,7 +419,8 @@ def test_result_key_holds_inputs_settings_and_generator(monkeypatch):
     monkeypatch.setattr(result_cache, "generator_fingerprint", lambda: "edited")
     assert key(x) != base                                           # (the generator's code)
     monkeypatch.undo()
-    monkeypatch.setattr(result_cache, "_devices", lambda: (("NVIDIA H200", 9, 0, 132),))
+    # (a GPU no machine has: on the H200 itself its own name would give the same key)
+    monkeypatch.setattr(result_cache, "_devices", lambda: (("NVIDIA Imaginary", 1, 2, 3),))
     assert key(x) != base                                           # (the GPU)
     monkeypatch.undo()
     with torch.no_grad():

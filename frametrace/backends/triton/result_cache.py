@@ -305,8 +305,9 @@ def runner(d, graph):
 
     def first(args):
         kept = list(args)
-        if backend.layouts(kept) != mod.input_layouts:
-            return _recompile(run, graph, d["kind"], kept, "its inputs have other layouts than cached")
+        now = backend.layouts(kept)
+        if now != mod.input_layouts:
+            return _recompile(run, graph, d["kind"], kept, _layout_difference(mod.input_layouts, now))
         trial = backend._rehearsal(mod, kept)
         try:
             if trial is not None:
@@ -324,6 +325,14 @@ def runner(d, graph):
 
     run = backend.boxed(first, lambda: mod)
     return run
+
+
+def _layout_difference(cached, now) -> str:
+    """Which input of a restored module differs from its cached layout (for the log line)."""
+    if len(cached) != len(now):
+        return f"{len(now)} inputs where {len(cached)} were cached"
+    i = next(i for i, (a, b) in enumerate(zip(cached, now)) if a != b)
+    return f"input {i} is {now[i]} where {cached[i]} was cached"
 
 
 def _recompile(run, graph, kind, args, why):
