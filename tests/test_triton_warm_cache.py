@@ -54,6 +54,19 @@ if env("OTHER_LAYOUTS"):
         mod.input_layouts = [None] * len(mod.input_layouts)
         return mod
     result_cache.restore = _other
+if env("CACHED_DEVICE"):
+    # (the cached layouts name another device for a 0-d input, as CUDA's efficient
+    # attention's philox scalars: CPU tensors, CUDA by their FakeTensors; or for a
+    # tensor with elements, which must not be served)
+    _restore2 = result_cache.restore
+    def _elsewhere(d):
+        mod = _restore2(d)
+        want = () if env("CACHED_DEVICE") == "scalar" else None
+        mod.input_layouts = [(l[0], "cuda:0", *l[2:]) if l is not None and
+                             (l[2] == () if want == () else l[2] != ()) else l
+                             for l in mod.input_layouts]
+        return mod
+    result_cache.restore = _elsewhere
 timed = []
 if env("TIMED"):
     # Candidates timed as on a GPU, in the interpreter: the last one timed is the
@@ -89,6 +102,11 @@ def pointwise(x, w):
     return y * x.sigmoid(), (x.erf() - y).sum()
 
 
+def scaled(x, s):
+    # (a 0-d tensor beside a tensor with elements)
+    return (x * s + s.exp()).tanh()
+
+
 def tiled(x, y):
     # (a transposed read beside a contiguous one: a 2-D tiled kernel)
     return (x + y.t()).relu() * 2.0
@@ -105,7 +123,7 @@ class MLP(torch.nn.Module):
 
 
 def make(*shape, seed):
-    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    t = torch.randn(tuple(shape), generator=torch.Generator().manual_seed(seed), dtype=dtype)
     if env("STRIDE") and t.dim() == 2:
         t = t.t().contiguous().t()      # (same values, column-major)
     return t
@@ -155,7 +173,8 @@ elif scenario in ("default_args", "default_global"):
                        if r.graph_module is not None]
 else:
     fn, shapes = {"pointwise": (pointwise, [(8, 64), (64,)]),
-                  "tiled": (tiled, [(32, 48), (48, 32)])}[scenario]
+                  "tiled": (tiled, [(32, 48), (48, 32)]),
+                  "scaled": (scaled, [(8, 64), ()])}[scenario]
     compiled = frametrace.optimize(fn, backend="triton", dynamic=False)
     for seed in (1, 2):
         args = [make(*s, seed=seed + i) for i, s in enumerate(shapes)]
@@ -427,3 +446,35 @@ def test_result_key_holds_inputs_settings_and_generator(monkeypatch):
         assert key(x) != base                                       # (grad mode)
     with pytest.raises(result_cache.NotCacheable):                  # (not strided)
         key(torch.eye(3).to_sparse())
+
+
+@pytest.mark.parametrize("where", ["scalar", "tensor"])
+def test_restored_module_takes_a_scalar_from_another_device(tmp_path, where):
+    # A 0-d input whose cached layout names another device fits (the cold module ran on
+    # it: the FakeTensors of CUDA's philox scalars say CUDA, the tensors are on the CPU);
+    # a tensor with elements on another device does not: compiled again.
+    cold = _run(tmp_path, SCENARIO="scaled")
+    _same_as_cpython(cold)
+    warm = _run(tmp_path, SCENARIO="scaled", CACHED_DEVICE=where)
+    _same_as_cpython(warm)
+    assert warm["values"] == cold["values"]
+    assert warm["compiled"] == 0 and warm["stats"]["backend_hits"] == 1
+    assert warm["results"]["restored"] == 1
+    if where == "scalar":
+        assert warm["results"]["recompiled"] == 0 and warm["pipeline"]["builds"] == 0
+    else:
+        assert warm["results"]["recompiled"] == 1 and warm["pipeline"]["builds"] == 1
+        assert "input 0 is ('torch.float32', 'cpu'" in warm["stderr"]
+
+
+def test_fits_rule():
+    from frametrace.backends.triton.result_cache import fits
+    t = ("torch.float32", "cuda:0", (4, 6), (6, 1))
+    s = ("torch.int64", "cuda:0", (), ())
+    s_cpu = ("torch.int64", "cpu", (), ())
+    assert fits([t, s, None], [t, s, None])
+    assert fits([t, s], [t, s_cpu]) and fits([t, s_cpu], [t, s])     # (0-d: device free)
+    assert not fits([t, s], [t, ("torch.int32", "cpu", (), ())])      # (dtype)
+    assert not fits([t], [("torch.float32", "cpu", (4, 6), (6, 1))])  # (elements elsewhere)
+    assert not fits([t], [("torch.float32", "cuda:0", (4, 6), (1, 4))])   # (strides)
+    assert not fits([t, s], [t]) and not fits([s], [None]) and not fits([None], [s])

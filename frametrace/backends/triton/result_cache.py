@@ -306,7 +306,7 @@ def runner(d, graph):
     def first(args):
         kept = list(args)
         now = backend.layouts(kept)
-        if now != mod.input_layouts:
+        if not fits(mod.input_layouts, now):
             return _recompile(run, graph, d["kind"], kept, _layout_difference(mod.input_layouts, now))
         trial = backend._rehearsal(mod, kept)
         try:
@@ -325,6 +325,23 @@ def runner(d, graph):
 
     run = backend.boxed(first, lambda: mod)
     return run
+
+
+def fits(cached, now) -> bool:
+    """Whether a restored module, built for the `cached` layouts, takes inputs of the `now`
+    layouts as the cold process's module took its first call's.  The cached ones are the
+    FakeTensor examples', which can name another device than the call's for a 0-d tensor
+    (the philox seed and offset that CUDA's efficient attention saves for its backward:
+    CPU tensors, CUDA by their meta function): the cold module ran on those too (the
+    kernels never read such a scalar through a pointer: Triton refuses a CPU pointer at
+    the first launch, which then compiles the graph again)."""
+    if len(cached) != len(now):
+        return False
+    for c, n in zip(cached, now):
+        if c != n and not (c is not None and n is not None and c[2] == () == n[2]
+                           and c[0] == n[0] and c[1] != n[1]):
+            return False
+    return True
 
 
 def _layout_difference(cached, now) -> str:
