@@ -297,3 +297,28 @@ def test_graphs_with_generators_are_not_cached():
     f([x, torch.Generator().manual_seed(0)])
     with pytest.raises(result_cache.NotCacheable, match="Generator"):
         result_cache.describe(backend.COMPILED[-1])
+
+
+def test_attention_op_in_a_generators_state():
+    # SDPA with dropout under a checkpoint on CUDA: the attention op in the
+    # generator's state, its operands computed by kernels (CPU's flash attention takes
+    # no dropout: p=0 here, the wrapper's handling of the wrapped attention op is what
+    # runs).
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+    def fn(x, w):
+        q = (x * w).transpose(1, 2)
+        k = x.transpose(1, 2)
+        out, lse = attention(q, k, k, 0.0, False)
+        return out.relu() + 1, lse.exp()
+    x, w = torch.randn(2, 16, 4, 8), torch.randn(8)
+    gm = traced(fn, x, w)
+    before = backend.STATS["eager_graphs"]
+    f = backend.compile_training_forward(gm, [x, w, torch.default_generator.clone_state()])
+    assert_kernels(backend.COMPILED[-1], before)
+    gens, ref = generators(1, 9)
+    for step in range(2):
+        got, want = f([x, w, *gens]), gm(x, w, *ref)
+        for a, b in zip(got, want):
+            assert_same(a, b, step)
+        assert same_state(gens, ref), step
