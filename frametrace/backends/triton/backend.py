@@ -114,8 +114,11 @@ def _why_not(example_inputs, device, generators=False) -> str | None:
     `generators`: torch.Generators may be among them (AOTAutograd's graph-safe RNG
     states, in the graphs it compiles; `config.generator_inputs`)."""
     for t in example_inputs:
-        if isinstance(t, torch.Generator) and generators and config.generator_inputs:
-            continue
+        if isinstance(t, torch.Generator):
+            if generators and config.generator_inputs:
+                continue
+            return "a torch.Generator input" + (" (graph-safe RNG: backends.triton.config."
+                                                 "generator_inputs is off)" if generators else "")
         if isinstance(t, (int, torch.SymInt)) and not isinstance(t, bool):
             if isinstance(t, torch.SymInt) and not config.dynamic_shapes:
                 return "symbolic shapes"
@@ -134,14 +137,14 @@ def _why_not(example_inputs, device, generators=False) -> str | None:
     return None
 
 
-def _eager_whole(reason, device, how="aot_eager", expected=False):
+def _eager_whole(reason, device, how="with aot_eager", expected=False):
     """Log a graph that runs without kernels: a warning for a GPU graph (a CPU graph runs
     without them unless Triton's interpreter is asked for), unless `expected`."""
     STATS["eager_graphs"] += 1
-    output_code.info("triton backend: %s; this graph runs with %s", reason, how)
+    output_code.info("triton backend: %s; this graph runs %s", reason, how)
     level = logging.WARNING if device.type == "cuda" and not expected else logging.INFO
-    perf_hints.log(level, "triton backend: %s; this graph runs with %s", reason, how)
-    log.log(level, "triton backend: %s; this graph runs with %s", reason, how)
+    perf_hints.log(level, "triton backend: %s; this graph runs %s", reason, how)
+    log.log(level, "triton backend: %s; this graph runs %s", reason, how)
 
 
 _warned_cpu = False
