@@ -76,11 +76,13 @@ class Watch:
         self.eager0 = backend.STATS["eager_graphs"]
         self.fallback0 = backend.STATS["fallback_nodes"]
         self.modules = {}
+        self.before = {id(m) for m in backend.COMPILED}   # (an earlier part's)
         frametrace.convert.record_observers.append(self.records.append)
 
     def seen(self):
         for m in self.backend.COMPILED:
-            self.modules[id(m)] = m
+            if id(m) not in self.before:
+                self.modules[id(m)] = m
 
     def close(self):
         frametrace.convert.record_observers.remove(self.records.append)
