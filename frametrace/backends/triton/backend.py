@@ -72,6 +72,7 @@ class CompiledModule:
         settings = self.settings
         return (settings.get("cudagraphs", config.cudagraphs) and not self.symbolic and self.namespace["device"].type == "cuda"
                 and not self.wrapper.lowered.off_device  # host work a replay would skip
+                and not getattr(self.wrapper.lowered, "generators", ())  # (a capture must register them)
                 and len(self.kernels) + len(self.externs) >=
                 settings.get("cudagraph_min_launches", config.cudagraph_min_launches)
                 and not any(op._schema.is_mutable for op in self.extern_ops)
@@ -107,10 +108,17 @@ def _eager(gm, example_inputs):
     return make_boxed_func(gm.forward)
 
 
-def _why_not(example_inputs, device) -> str | None:
+def _why_not(example_inputs, device, generators=False) -> str | None:
     """Why these inputs cannot run as Triton kernels on `device`, or None.  Tensors on
-    other devices (a CPU scalar tensor beside CUDA ones) are the lowering's to handle."""
+    other devices (a CPU scalar tensor beside CUDA ones) are the lowering's to handle.
+    `generators`: torch.Generators may be among them (AOTAutograd's graph-safe RNG
+    states, in the graphs it compiles; `config.generator_inputs`)."""
     for t in example_inputs:
+        if isinstance(t, torch.Generator):
+            if generators and config.generator_inputs:
+                continue
+            return "a torch.Generator input" + (" (graph-safe RNG: backends.triton.config."
+                                                 "generator_inputs is off)" if generators else "")
         if isinstance(t, (int, torch.SymInt)) and not isinstance(t, bool):
             if isinstance(t, torch.SymInt) and not config.dynamic_shapes:
                 return "symbolic shapes"
@@ -129,14 +137,14 @@ def _why_not(example_inputs, device) -> str | None:
     return None
 
 
-def _eager_whole(reason, device, how="aot_eager", expected=False):
+def _eager_whole(reason, device, how="with aot_eager", expected=False):
     """Log a graph that runs without kernels: a warning for a GPU graph (a CPU graph runs
     without them unless Triton's interpreter is asked for), unless `expected`."""
     STATS["eager_graphs"] += 1
-    output_code.info("triton backend: %s; this graph runs with %s", reason, how)
+    output_code.info("triton backend: %s; this graph runs %s", reason, how)
     level = logging.WARNING if device.type == "cuda" and not expected else logging.INFO
-    perf_hints.log(level, "triton backend: %s; this graph runs with %s", reason, how)
-    log.log(level, "triton backend: %s; this graph runs with %s", reason, how)
+    perf_hints.log(level, "triton backend: %s; this graph runs %s", reason, how)
+    log.log(level, "triton backend: %s; this graph runs %s", reason, how)
 
 
 _warned_cpu = False
@@ -229,7 +237,8 @@ def compile_backward(gm, example_inputs):
 
 def _compile(gm, example_inputs, kind):
     device = _graph_device(gm, example_inputs)
-    reason = _why_not(example_inputs, device) or (None if config.dynamic_shapes else _symbolic(gm))
+    reason = _why_not(example_inputs, device, generators=True) or \
+        (None if config.dynamic_shapes else _symbolic(gm))
     if reason is not None:
         # (a float kept a Python float is the switch's promise, not a surprise to warn of)
         _eager_whole(reason, device, "eagerly",
@@ -255,6 +264,14 @@ def _compile(gm, example_inputs, kind):
         nonlocal mod
         kept = list(args)
         examples = example_inputs
+        # the generators' states (graph-safe RNG): a graph built again, or run eagerly,
+        # after a failed launch draws what this call would have drawn
+        generators = [(g, g.get_state()) for g in kept if isinstance(g, torch.Generator)]
+
+        def again(target):
+            for g, state in generators:
+                g.set_state(state)
+            return target(kept)
         if kind == "backward" and not mod.symbolic and _restrided(example_inputs, args):
             # the forward stored a saved value in other strides than AOTAutograd traced:
             # the kernels are built for the strides they will read
@@ -284,7 +301,7 @@ def _compile(gm, example_inputs, kind):
                 blamed = _blame_launch(mod, e, aten_nodes)
                 if blamed is None:
                     run.target = _give_up(gm, e)
-                    return run.target(kept)
+                    return again(run.target)
                 aten_nodes.update(blamed)
                 if mod in COMPILED:
                     COMPILED.remove(mod)  # (one entry per graph)
@@ -292,11 +309,13 @@ def _compile(gm, example_inputs, kind):
                     mod = _build(gm, examples, device, aten_nodes, hinted, kind)
                 except Exception as e2:
                     run.target = _give_up(gm, e2)
-                    return run.target(kept)
+                    return again(run.target)
+                for g, state in generators:
+                    g.set_state(state)
                 args = list(kept)
         else:
             run.target = _give_up(gm, RuntimeError("kernels kept failing on their first launch"))
-            return run.target(kept)
+            return again(run.target)
         settle(run, mod, kept)
         return out
 
@@ -461,8 +480,18 @@ def write_prefixes(mod) -> list:
     if known is not None:
         return known
     writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
-              and getattr(getattr(i.graph_op, "_schema", None), "is_mutable", True)]
+              and getattr(getattr(i.graph_op, "_schema", None), "is_mutable", True)
+              and not _restores_rng(i.graph_op)]
     return writes + [f"    {n}(" for n, k in zip(mod.wrapper.launchers, mod.kernels) if in_place(k)]
+
+
+def _restores_rng(op) -> bool:
+    """A random op run in a given RNG state that changes nothing a second run would read:
+    graphsafe_run_with_rng_state advances only its generator (an input, whose state the
+    first call restores before running again), run_with_rng_state restores the default
+    generator's state after the op."""
+    name = op.name() if isinstance(op, torch._ops.HigherOrderOperator) else None
+    return name in ("graphsafe_run_with_rng_state", "run_with_rng_state")
 
 
 def _frame_self(e, cls):

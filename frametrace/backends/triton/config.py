@@ -28,6 +28,15 @@ static_launch = True
 # such a region runs in CPython on CUDA.
 checkpoint_random_on_cuda = True
 
+# Graphs with torch.Generator inputs compile: AOTAutograd's graph-safe RNG (CUDA,
+# torch >= 2.11) hands a training graph whose checkpointed region draws random numbers
+# (dropout, SDPA with dropout) one Generator per recomputed random op, and wraps each such
+# op in graphsafe_run_with_rng_state(op, ..., rng_state=generator).  The generators pass
+# through the wrapper to those calls (run as they are, never in kernels), which draw from
+# them as eager does; the rest of the graph gets kernels.  False: such graphs run eagerly
+# as a whole (their FX code, no kernels), as before.
+generator_inputs = True
+
 # erf by a short polynomial and one exp (absolute error < 1.5e-7) instead of libdevice's
 fast_erf = True
 # An erf whose result is rounded to bf16/fp16 (gelu on half inputs): one exp2 and a

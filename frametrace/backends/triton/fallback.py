@@ -39,9 +39,33 @@ class Fallback(NamedTuple):
     reason: str
 
 
+def rng_wrapper(target) -> int | None:
+    """For AOTAutograd's higher-order ops that run a random op in a given RNG state
+    (graphsafe_run_with_rng_state(op, *args, rng_state=generator), run_with_rng_state(
+    state, op, *args), run_and_save_rng_state(op, *args)): the position of the op among
+    their arguments; else None."""
+    if not isinstance(target, torch._ops.HigherOrderOperator):
+        return None
+    return {"graphsafe_run_with_rng_state": 0, "run_and_save_rng_state": 0,
+            "run_with_rng_state": 1}.get(target.name())
+
+
+def wrapped_op(target, args):
+    """(the op a call of `target` runs, the position of that op's first operand in
+    `args`): `target` and 0, or the random op an RNG wrapper runs and the place after it."""
+    at = rng_wrapper(target)
+    if at is None or len(args) <= at:
+        return target, 0
+    return args[at], at + 1
+
+
 def by_design(node, reason, src_device, out_device) -> bool:
     """Whether `node` is an aten call by design: an op meant to be one, which has no
-    lowering (`reason` None), or a copy between devices."""
+    lowering (`reason` None), a random op run in a given RNG state (the state is set
+    around an aten call: no kernel draws from a torch.Generator), or a copy between
+    devices."""
+    if reason is None and rng_wrapper(node.target) is not None:
+        return True
     if reason is None or node.target is aten.copy_.default:  # (a write-back no kernel stores)
         name = getattr(getattr(node.target, "_schema", None), "name", None)
         return name in BY_DESIGN or name in SCATTER_ADDS and _accumulates(node)

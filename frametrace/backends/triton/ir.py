@@ -201,6 +201,21 @@ class Extern:
         return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
+class GraphObject:
+    """A graph input that is no tensor nor number: a torch.Generator (AOTAutograd's
+    graph-safe RNG state).  Kernels never read it; the wrapper passes its variable `name`
+    to the calls that take it (graphsafe_run_with_rng_state), so each call gets the
+    object of that call, not the example's.  `example`: the compile's object (for fake
+    runs of those calls)."""
+    __slots__ = ("name", "example")
+
+    def __init__(self, name, example):
+        self.name, self.example = name, example
+
+    def __repr__(self):
+        return f"GraphObject({self.name}: {type(self.example).__name__})"
+
+
 class HostScalar(IRNode):
     """One float of host memory read by kernels on the GPU: the wrapper reads it once per
     call into its variable `name` (a Python float, as eager reads a CPU scalar tensor that

@@ -11,8 +11,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .context import CompileContext
-from .fallback import Fallback, by_design, ir_values, trace
-from .ir import Buffer, Computed, Extern, IRNode, Pointwise, Unsupported, contiguous_strides
+from .fallback import Fallback, by_design, ir_values, trace, wrapped_op
+from .ir import Buffer, Computed, Extern, GraphObject, IRNode, Pointwise, Unsupported, contiguous_strides
 from .lowering_base import LOWERINGS, compute_dtype
 from .placement import Placement, device_of, is_view, reaches_output
 
@@ -52,6 +52,7 @@ class GraphLowering(Placement):
         self._host: dict = {}            # (name, offset) -> what kernels read for that element
         self.items: list = []            # Computed and Extern, in program order
         self.inputs: list[str] = []      # wrapper names of the graph inputs
+        self.generators: list[str] = []  # ... of those that are torch.Generators
         self.constants: dict = {}        # wrapper name -> tensor
         self.outputs: list = []          # Buffers, numbers, None
         self.early_outputs: dict = {}    # FX node -> its output Buffer, stored where computed
@@ -128,6 +129,10 @@ class GraphLowering(Placement):
         if isinstance(example, (int, torch.SymInt)) and not isinstance(example, bool):
             self.bind(example, node.name)
             return self.size(example)
+        if isinstance(example, torch.Generator):
+            # (AOTAutograd's graph-safe RNG state: the calls that draw from it take it)
+            self.generators.append(node.name)
+            return GraphObject(node.name, example)
         if not isinstance(example, torch.Tensor):
             raise Unsupported(f"non-tensor graph input {example!r}")
         for i, n in enumerate(example.shape):
@@ -360,10 +365,14 @@ class GraphLowering(Placement):
         """An attention op's operands whose layout in eager the kernel rejects (a
         channels-last query) with eager's layout, and their positions: the wrapper
         aligns the others, which would make the call succeed where eager's raises."""
-        if getattr(node.target, "overloadpacket", None) not in layout.ATTENTION_OPS:
+        op, first = wrapped_op(node.target, node.args)  # (an attention op with dropout:
+        # under a checkpoint, AOTAutograd runs it in a saved RNG state)
+        if getattr(op, "overloadpacket", None) not in layout.ATTENTION_OPS:
             return args, frozenset()
         args, exact = list(args), set()
         for i, (a, src) in enumerate(zip(args, node.args)):
+            if i < first:
+                continue
             val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
             if not isinstance(a, Buffer) or not isinstance(val, torch.Tensor) or a.symbolic \
                     or not layout._static(val.shape) or not layout._static(val.stride()):
@@ -449,6 +458,8 @@ class GraphLowering(Placement):
                 return base.as_strided(a.shape, a.stride, a.offset)
             if isinstance(a, (list, tuple)):
                 return type(a)(meta(x) for x in a)
+            if isinstance(a, GraphObject):
+                return a.example
             return a
         if mode is None:
             return None

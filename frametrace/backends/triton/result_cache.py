@@ -162,6 +162,10 @@ def describe(mod) -> dict:
     w = mod.wrapper
     if mod.symbolic or getattr(w, "fast_template", None) is None or mod.input_layouts is None:
         raise NotCacheable("symbolic sizes")
+    if getattr(w.lowered, "generators", ()):
+        # (AOTAutograd's graph-safe RNG: its runtime makes the generators; aot_cache does
+        # not rebuild that runtime either)
+        raise NotCacheable("torch.Generator inputs (graph-safe RNG states)")
     launchers = set(w.launchers)
     consts, ops = {}, {}
     for name in w.generated_names:

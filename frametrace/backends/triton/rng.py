@@ -31,6 +31,7 @@ import weakref
 from typing import Sequence
 
 import torch
+from torch._prims import rng_prims
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 import numpy as np
 
@@ -146,6 +147,7 @@ def _(seed, offset, size, normal, dtype):
 
 RECOMPUTABLE_OPS.add(torch.ops.frametrace.philox_rand.default)
 SEED, RAND = torch.ops.frametrace.philox_seed.default, torch.ops.frametrace.philox_rand.default
+_GRAPHSAFE = rng_prims.graphsafe_run_with_rng_state
 
 
 def finish(u, dtype, normal):
@@ -324,8 +326,11 @@ def hoist_seeds(gm) -> None:
     before it, so a draw where the graph's first random op was traced would split the
     kernel that fuses the nodes around it (a softmax and the dropout after it)."""
     nodes = list(gm.graph.nodes)
-    seeds = [n for n in nodes if n.op == "call_function" and n.target is SEED]
     heads = [n for n in nodes if n.op == "placeholder"]
+    # (a draw under a checkpoint, in a graph-safe RNG state: it reads only its generator)
+    seeds = [n for n in nodes if n.op == "call_function" and (n.target is SEED or (
+        n.target is _GRAPHSAFE and n.args and n.args[0] is SEED and len(n.args) == 1 and
+        all(a.op == "placeholder" for a in n.all_input_nodes)))]
     start = nodes.index(heads[-1]) + 1 if heads else 0
     if nodes[start:start + len(seeds)] == seeds:
         return

@@ -11,7 +11,8 @@ import torch
 
 from . import autotune, foreach, indexing
 from .indexing import pycode
-from .ir import Buffer, Extern, Unsupported
+from .fallback import wrapped_op
+from .ir import Buffer, Extern, GraphObject, Unsupported
 from .layout import ATTENTION_ALIGNMENT, ATTENTION_OPS, aligned_strides
 from .kernel_source import Kernel, configs_for
 from .loader import build_kernel, launch, load_kernel  # noqa: F401  (load_kernel: also the tests' way to load a kernel)
@@ -240,6 +241,8 @@ class WrapperCodegen:
         return name
 
     def expr(self, a) -> str:
+        if isinstance(a, GraphObject):
+            return a.name   # (each call's own object, never the example's)
         if isinstance(a, Buffer):
             if not a.is_view:
                 return a.name
@@ -345,9 +348,9 @@ class WrapperCodegen:
         ns.update(get_stream=driver.active.get_current_stream, get_device=getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device),
                   launch_hooks=(knobs.runtime.launch_enter_hook,
                                                                knobs.runtime.launch_exit_hook))
-        aligned = [n for n, t in zip(self.lowered.inputs, inputs) if t.data_ptr() % 16 == 0]
-        other = [f"{n}.data_ptr() % 16 != {t.data_ptr() % 16}"
-                 for n, t in zip(self.lowered.inputs, inputs) if t.data_ptr() % 16]
+        tensors = [(n, t) for n, t in zip(self.lowered.inputs, inputs) if not isinstance(t, torch.Generator)]
+        aligned = [n for n, t in tensors if t.data_ptr() % 16 == 0]
+        other = [f"{n}.data_ptr() % 16 != {t.data_ptr() % 16}" for n, t in tensors if t.data_ptr() % 16]
         if aligned:
             other.insert(0, f"({' | '.join(f'{n}.data_ptr()' for n in aligned)}) & 15")
         other.append(f"get_device() != {index}")
@@ -391,7 +394,7 @@ class WrapperCodegen:
         op = self.const(getattr(e.op, "_op", e.op), "aten_")
         self.ops[op] = e.op
         expr = self.expr
-        if getattr(e.op, "overloadpacket", None) in ATTENTION_OPS:
+        if getattr(wrapped_op(e.op, e.args)[0], "overloadpacket", None) in ATTENTION_OPS:
             expr = self._aligned_expr
         args = [(self.expr if i in e.exact else expr)(a) for i, a in enumerate(e.args)] + \
             [f"{k}={expr(v)}" for k, v in e.kwargs.items()]
