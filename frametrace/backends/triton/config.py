@@ -73,6 +73,14 @@ check_indices = True
 # False computes each one every time.
 memo_indexing = True
 
+# The scheduler keeps each candidate kernel's generated code: a node joining a kernel
+# continues that kernel's generation with the node's store (KernelCodegen.joined) instead
+# of generating the whole kernel again, and the final kernel's source is the one its last
+# join made.  Only where that is exactly what a fresh generation would do (the same
+# iteration space and block sizes, a persistent kernel, the node not read before); the
+# sources are the same either way.  False: every candidate is generated from scratch.
+reuse_generations = True
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {
