@@ -247,6 +247,7 @@ class KernelCodegen:
         self.symbols: list[str] = []  # the shape symbols the kernel takes, after its pointers
         self.load_indices: list = []  # of memory loads, to tell outer reductions (contiguity.py)
         self.touched: set[str] = set()  # names of the computed values and buffers it read
+        self.accesses: list = []  # (buffer, index) of each load and store, in order (tiling.py)
         # a row max that an ExpSum of this kernel computes with its sum, when looped
         self.online = {c.node.max.name: c for c in group.members
                        if isinstance(c.node, ExpSum) and c.node.max is not None}
@@ -360,6 +361,7 @@ class KernelCodegen:
 
     def load(self, buf, index) -> str:
         self.touched.add(buf.name)
+        self.accesses.append((buf, index))
         if buf.name in self.members and not self._own_old_value(self.members[buf.name], index):
             raise NotFusable(f"{buf.name} is written by this kernel")
         if buf.symbolic:
@@ -659,8 +661,11 @@ class KernelCodegen:
     def store_index(self, c):
         """Where member `c`'s element lies in its buffer (whose layout may not be row-major)."""
         if c.buffer.stride == contiguous_strides(c.shape):
-            return self.own_flat(c)
-        return c.buffer.index(self.own_index(c))
+            index = self.own_flat(c)
+        else:
+            index = c.buffer.index(self.own_index(c))
+        self.accesses.append((c.buffer, index))
+        return index
 
     def store(self, c):
         if getattr(c, "in_place", False) and not self.looped:
@@ -693,7 +698,7 @@ class KernelCodegen:
 
     # -- a kernel one member larger --------------------------------------------------------------
     _STATE_COPIED = ("outer", "cache", "body_cache", "memo", "levels", "masks", "args", "reads",
-                     "helpers", "symbols", "load_indices", "touched")
+                     "helpers", "symbols", "load_indices", "touched", "accesses")
 
     def _extends_to(self, group, c) -> bool:
         """Whether generating `group` (this one's members and `c` after them, every member
