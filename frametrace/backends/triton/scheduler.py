@@ -102,12 +102,15 @@ def _join_back(out, current, c):
 EARLIER = 8
 
 
-def _reads(c: Computed, singles=None) -> set | None:
+def _reads(c: Computed, singles=None, known=None) -> set | None:
     """The names `c`'s code loads (computed values, inputs, extern outputs), or None.
-    Found by generating `c`'s kernel alone, whose group goes to `singles[c]`: the
-    kernel `c` starts when it joins none."""
-    x, r, red = space_of(c)
-    g = KernelGroup([c], x, r, red)
+    Found by generating `c`'s kernel alone (or taken from `known[c]`, that group
+    generated already), whose group goes to `singles[c]`: the kernel `c` starts when it
+    joins none."""
+    g = known.get(c) if known is not None else None
+    if g is None:
+        x, r, red = space_of(c)
+        g = KernelGroup([c], x, r, red)
     try:
         cg = generated(g)[0]
     except Exception:
@@ -117,17 +120,17 @@ def _reads(c: Computed, singles=None) -> set | None:
     return (cg.reads | set(cg.args)) - {c.name}
 
 
-def _join_earlier(out, made, current, c, singles=None) -> bool:
+def _join_earlier(out, made, current, c, singles=None, known=None) -> bool:
     """Put `c` into a kernel of `out` (at most EARLIER back) that runs after everything
     `c` reads is computed: the externs since then do not read `c` (they come before it in
-    program order), so it may run before them.  Whether it joined.  `singles`: see
-    `_reads`."""
+    program order), so it may run before them.  Whether it joined.  `singles`, `known`:
+    see `_reads`."""
     first = max(0, len(out) - EARLIER)
     spots = [i for i in range(len(out) - 1, first - 1, -1)
              if isinstance(out[i], KernelGroup) and _fits(out[i], c) is not None]
     if not spots:
         return False
-    reads = _reads(c, singles)
+    reads = _reads(c, singles, known)
     if reads is None or (current is not None and reads & {m.name for m in current.members}):
         return False
     ready = max([made[n] for n in reads if n in made] + [made.get(_WRITE, -1)])
@@ -166,8 +169,10 @@ def _made(made, item, i):
         made.update((m.name, i) for m in item.members)
 
 
-def group(items) -> list:
-    """KernelGroups and Externs, in program order."""
+def group(items, known=None) -> list:
+    """KernelGroups and Externs, in program order.  `known`: {item: the KernelGroup of
+    its kernel alone, generated (KernelGroup.generated) in the items' current order},
+    where the caller has them (foreach.groups); each is used at most once."""
     out, current, made = [], None, {}
     singles = {}    # the item's kernel alone, when `_join_earlier` generated it
 
@@ -189,13 +194,15 @@ def group(items) -> list:
                 out[-1] = back
                 made[item.name] = len(out) - 1
                 continue
-        if joined is None and _join_earlier(out, made, current, item, singles):
+        if joined is None and _join_earlier(out, made, current, item, singles, known):
             continue
         if joined is None:
             if current is not None:
                 close(current)
             # (the group `_reads` generated, the same as a new one: its generation kept)
             current = singles.get(item) if config.reuse_generations else None
+            if current is None and known is not None and config.reuse_generations:
+                current = known.get(item)
             if current is None:
                 x, r, red = space_of(item)
                 current = KernelGroup([item], x, r, red)
