@@ -133,6 +133,8 @@ class Phases:
         w(lowering.GraphLowering, "run", "lowering")
         w(backend, "schedule", "scheduler")
         w(kernel_source.KernelCodegen, "generate", "kernel_source")
+        if hasattr(kernel_source.KernelCodegen, "joined"):  # (a candidate continued from its kernel)
+            w(kernel_source.KernelCodegen, "joined", "kernel_source")
         w(tiling, "generate", "kernel_source")
         w(wrapper.WrapperCodegen, "generate", "wrapper")
         w(wrapper.WrapperCodegen, "fast_source", "wrapper")
