@@ -70,14 +70,18 @@ class Phases:
     def __init__(self, skip_kernels=False):
         self.skip_kernels = skip_kernels
         self.times = dict.fromkeys(PHASES, 0.0)
+        self.calls = {}         # "Class.method": calls, of those `count` wraps
         self.stack = []         # [phase, time of nested phases]
         self.undo = []
 
     def wrap(self, owner, attr, phase):
         original = getattr(owner, attr)
         phases = self
+        key = f"{getattr(owner, '__name__', owner)}.{attr}"
+        self.calls[key] = 0
 
         def timed(*args, **kwargs):
+            phases.calls[key] += 1
             phases.stack.append([phase, 0.0])
             t0 = time.perf_counter()
             try:
@@ -95,7 +99,27 @@ class Phases:
             setattr(o, attr, timed)
             self.undo.append((o, attr, original))
 
+    def count(self, owner, attr):
+        """Count the calls of a method (`owner` a class) in `self.calls`."""
+        original = owner.__dict__[attr]
+        key = f"{owner.__name__}.{attr}"
+        self.calls[key] = 0
+        calls = self.calls
+
+        def counted(*args, **kwargs):
+            calls[key] += 1
+            return original(*args, **kwargs)
+        counted.__wrapped__ = original
+        setattr(owner, attr, counted)
+        self.undo.append((owner, attr, original))
+
     def __enter__(self):
+        # kernel sources made (each generation ends in one `_source`; an outer reduction's
+        # is generated twice), and generations from scratch (`generate`: the others are
+        # a fusion candidate's kernel continued from the kernel it joins)
+        for cls in (kernel_source.KernelCodegen, tiling.TiledCodegen):
+            self.count(cls, "_source")
+        self.count(tiling.TiledCodegen, "generate")
         w = self.wrap
         if self.skip_kernels:
             for name in ("launch", "build_kernel"):
@@ -109,6 +133,8 @@ class Phases:
         w(lowering.GraphLowering, "run", "lowering")
         w(backend, "schedule", "scheduler")
         w(kernel_source.KernelCodegen, "generate", "kernel_source")
+        if hasattr(kernel_source.KernelCodegen, "joined"):  # (a candidate continued from its kernel)
+            w(kernel_source.KernelCodegen, "joined", "kernel_source")
         w(tiling, "generate", "kernel_source")
         w(wrapper.WrapperCodegen, "generate", "wrapper")
         w(wrapper.WrapperCodegen, "fast_source", "wrapper")
@@ -150,7 +176,7 @@ def _where_warnings():
     return seen, show
 
 
-def effnet(side):
+def effnet(side, device="cpu"):
     """EfficientNet-B0's layout (timm's stages, widths and kernel sizes), random weights."""
     nn = torch.nn
 
@@ -193,12 +219,12 @@ def effnet(side):
         nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU(), *blocks,
         nn.Conv2d(320, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.SiLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000))
-    x = torch.randn(2, 3, side, side)
-    labels = torch.randint(0, 1000, (2,))
+    x = torch.randn(2, 3, side, side).to(device)   # (drawn on the CPU: the same values anywhere)
+    labels = torch.randint(0, 1000, (2,)).to(device)
     return model, lambda m: m(x), lambda m: torch.nn.functional.cross_entropy(m(x), labels)
 
 
-def llama(side):
+def llama(side, device="cpu"):
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
@@ -207,7 +233,7 @@ def llama(side):
                       num_attention_heads=4, num_key_value_heads=4, vocab_size=1024,
                       max_position_embeddings=128, use_cache=False)
     model = LlamaForCausalLM(cfg)
-    ids = torch.randint(0, cfg.vocab_size, (2, 64))
+    ids = torch.randint(0, cfg.vocab_size, (2, 64)).to(device)
     return model, lambda m: m(input_ids=ids).logits, lambda m: m(input_ids=ids, labels=ids).loss
 
 
@@ -216,14 +242,15 @@ MODELS = {"effnet": effnet, "llama": llama}
 
 def first_call(name, train, side, profile, skip_kernels=False):
     torch.manual_seed(0)
-    made = MODELS[name](side)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    made = MODELS[name](side, device)   # (the inputs on the model's device)
     if made is None:
         print(f"{name}: skipped (transformers is not installed)")
         return None
     model, forward, loss = made
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).train(train)
     frametrace.reset()
+    backend.COMPILED.clear()    # (this model's graphs alone in the counts)
     compiled = frametrace.optimize(model, backend="triton")
     prof = cProfile.Profile() if profile else None
     where, show = _where_warnings()
@@ -251,6 +278,11 @@ def first_call(name, train, side, profile, skip_kernels=False):
           f"{ours:.2f} s, Triton {times['triton']:.2f} s")
     for k in PHASES:
         print(f"  {k:14s} {times[k]:7.2f} s")
+    calls = phases.calls
+    sources = calls["KernelCodegen._source"] + calls["TiledCodegen._source"]
+    scratch = calls["KernelCodegen.generate"] + calls["TiledCodegen.generate"]
+    print(f"  kernel sources generated: {sources} ({sources / max(kernels, 1):.1f} a kernel), "
+          f"{scratch} of them from scratch")
     print(f"  tl.where with a non-boolean condition: {len(where)} kernel lines")
     for line, message in where.items():
         print(f"    {line}  ({message[-20:]})")

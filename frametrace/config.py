@@ -65,6 +65,11 @@ trace_modules_from_breaks = True
 # limit.  False: module ints stay constants (each new value recompiles).
 dynamic_module_counters = True
 
+# The tracer keeps the sources of the nn.Modules and optimizers it has met up to date as
+# it meets them (variables/builder.py ObjectVars), to tell whether a number it wraps is
+# held by a module; False: collected from every traced object at each number.
+incremental_module_sources = True
+
 # Guards load attributes (a class's, an instance's) from a memo while the version tags
 # of the class, its metatype and the instance dict are unchanged (_C/guards.c,
 # cached_attr).  False: every load is a getattr, to tell a wrong answer of the memo's

@@ -125,7 +125,8 @@ class OutputGraph:
         self._last_inplace: dict[int, tuple] = {}
         self._input_fakes: dict[int, object] = {}   # id(fake) -> fake, of graph inputs
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
-        self.object_vars: dict[int, tuple] = {}
+        from .variables.builder import ObjectVars   # (builder imports this module's peers)
+        self.object_vars: dict[int, tuple] = ObjectVars()
         # Locals of a resume frame holding what was computed at a break: the nn.Modules
         # reached from them (often new objects on every call: copy.deepcopy(model)) are
         # guarded by type and what is read of them, not identity

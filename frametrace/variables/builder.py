@@ -162,19 +162,90 @@ def _under_module(tx, source) -> bool:
         owners.append(source)
     if not owners:
         return False
-    modules = {var.source for _, var in tx.output.object_vars.values()
-               if isinstance(var, NNModuleVar) and var.source is not None}
-    # An optimizer's or LR scheduler's numbers are training state wherever it is held
-    # (`self.sched.last_epoch` of a trainer module): counters that change every step.
-    # (By type: isinstance would ask an object its own `__class__`.)
-    training = {var.source for value, var in tx.output.object_vars.values()
-                if var.source is not None and issubclass(type(value), _TRAINING_STATE)}
+    objects = tx.output.object_vars
+    if config.incremental_module_sources and isinstance(objects, ObjectVars):
+        modules, training = objects.owner_sources()
+    else:
+        modules, training = _owner_sources(objects.values())
     for owner in owners:            # (nearest first)
         if owner in training:
             return False
         if owner in modules:
             return True
     return False
+
+
+def _owner_sources(objects, into=None) -> tuple[set, set]:
+    """The sources of the traced nn.Modules, and of optimizers and LR schedulers: their
+    numbers are training state wherever it is held (`self.sched.last_epoch` of a trainer
+    module), counters that change every step.  (By type: isinstance would ask an object
+    its own `__class__`.)  `into`: the two sets to add them to."""
+    modules, training = (set(), set()) if into is None else into
+    for value, var in objects:
+        if var.source is None:
+            continue
+        if isinstance(var, NNModuleVar):
+            modules.add(var.source)
+        if issubclass(type(value), _TRAINING_STATE):
+            training.add(var.source)
+    return modules, training
+
+
+class ObjectVars(dict):
+    """`OutputGraph.object_vars` ({id(object): (object, Var)}), which keeps the sources of
+    its module and training-state Vars (`owner_sources`, for `_under_module`, asked at
+    every number wrapped) up to date as entries are added, instead of collecting them
+    from every entry at each question: built at the first question, extended by each
+    new entry, built again after any other change (an entry replaced or removed).  A
+    Var's source is set when it is made, before it is entered here.
+    `config.incremental_module_sources = False` collects them at each question."""
+    __slots__ = ("_owners",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._owners = None
+
+    def owner_sources(self) -> tuple[set, set]:
+        if self._owners is None:
+            self._owners = _owner_sources(self.values())
+        return self._owners
+
+    def __setitem__(self, key, item):
+        if self._owners is not None:
+            if key in self:
+                self._owners = None
+            else:
+                _owner_sources([item], self._owners)
+        super().__setitem__(key, item)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def __delitem__(self, key):
+        self._owners = None
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        self._owners = None
+        return super().pop(*args)
+
+    def popitem(self):
+        self._owners = None
+        return super().popitem()
+
+    def clear(self):
+        self._owners = None
+        super().clear()
+
+    def update(self, *args, **kwargs):
+        self._owners = None
+        super().update(*args, **kwargs)
+
+    def __ior__(self, other):
+        self._owners = None
+        return super().__ior__(other)
 
 
 _TRAINING_STATE = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)

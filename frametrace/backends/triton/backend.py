@@ -539,6 +539,7 @@ def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
             raise Unsupported("empty tensors")
         wrapper = WrapperCodegen(lowered, schedule(lowered))
         source, kernels, externs = wrapper.generate()
+    ctx.memo.clear()    # (the index helpers' results: the kernels keep the context alive)
     _check_devices(lowered, kernels)
     exec(compile(source, "<frametrace-triton wrapper>", "exec"), wrapper.ns)
     if output_code.isEnabledFor(logging.INFO):

@@ -74,6 +74,22 @@ compile_threads = 8
 # out of range reads or writes whatever memory it names.
 check_indices = True
 
+# Remember, for the rest of a compile, what the index helpers computed (indexing.py:
+# simplify, flatten, unflatten, a buffer's index of an element), keyed on their arguments
+# and the iteration ranges they depend on: the scheduler generates a kernel's code for each
+# fusion candidate, and each generation asked again for the same indices.  The results
+# are the same either way (the helpers are pure functions of what the key holds);
+# False computes each one every time.
+memo_indexing = True
+
+# The scheduler keeps each candidate kernel's generated code: a node joining a kernel
+# continues that kernel's generation with the node's store (KernelCodegen.joined) instead
+# of generating the whole kernel again, and the final kernel's source is the one its last
+# join made.  Only where that is exactly what a fresh generation would do (the same
+# iteration space and block sizes, a persistent kernel, the node not read before); the
+# sources are the same either way.  False: every candidate is generated from scratch.
+reuse_generations = True
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {

@@ -19,13 +19,16 @@ class CompileContext:
     are chosen for these (the code is correct for any value); empty for static shapes.
     `ranges`: {iteration variable: its exclusive upper bound} in the kernel being
     generated, which index simplification relies on.  `record`: while a set, the FX nodes
-    whose code a kernel's generation runs are added to it (fallback.kernel_nodes)."""
-    __slots__ = ("hints", "ranges", "record")
+    whose code a kernel's generation runs are added to it (fallback.kernel_nodes).
+    `memo`: the index helpers' results in this compile (indexing.memoized), keyed on their
+    arguments and the ranges they were computed under."""
+    __slots__ = ("hints", "ranges", "record", "memo")
 
     def __init__(self):
         self.hints: dict = {}
         self.ranges: dict = {}
         self.record: set | None = None
+        self.memo: dict = {}
 
     @contextlib.contextmanager
     def active(self):

@@ -10,7 +10,7 @@ the expression: after views an index is a nest of `//` and `%` whose stride is o
 almost everywhere."""
 from __future__ import annotations
 
-from . import indexing
+from . import config, indexing
 from .indexing import RINDEX, XINDEX, pexpr
 
 SAMPLES = 16
@@ -50,8 +50,17 @@ def is_outer(cg) -> bool:
     """Whether the kernel `cg` generated reads and writes its full-size data mostly
     contiguously along x (ties: inner, the layout reductions had before)."""
     votes = {"x": 0, "r": 0, None: 0}
+    hints, memo = cg.ctx.hints, cg.ctx.memo if config.memo_indexing else None
     for index in cg.load_indices:
-        votes[axis(index, cg.xnumel, cg.rnumel, cg.ctx.hints)] += 1
+        if memo is None:
+            votes[axis(index, cg.xnumel, cg.rnumel, hints)] += 1
+            continue
+        # (kept for the compile: a kernel one member larger asks again for the same loads)
+        key = (axis, index, type(index), cg.xnumel, cg.rnumel, tuple(hints.items()))
+        found = memo.get(key, memo)
+        if found is memo:
+            found = memo[key] = axis(index, cg.xnumel, cg.rnumel, hints)
+        votes[found] += 1
     # full-size stores walk rows (a softmax's output: inner), or columns (a gradient
     # stored by its bias gradient's kernel: outer)
     votes["x" if getattr(cg.group, "columns", False) else "r"] += sum(cg.own_flat(c) is not XINDEX for c in cg.stores)

@@ -22,7 +22,7 @@ import re
 
 import torch
 
-from . import indexing, layout
+from . import config, indexing, layout
 from .autotune import Config, next_pow2
 from .ir import Buffer, Computed, Extern, Pointwise, Unsupported
 from .kernel_source import Kernel, KernelCodegen, KernelGroup, NotFusable, space_of
@@ -170,9 +170,11 @@ def _fuse_spaces(a, b) -> bool:
     return a.numel == b.numel
 
 
-def _accesses(lowered, items):
+def _accesses(lowered, items, singles=None):
     """Per item: (names it reads, names it makes), a kernel's reads as its own generation
-    finds them (inlined values included), an extern's from its arguments."""
+    finds them (inlined values included), an extern's from its arguments.  `singles`:
+    gets each computed item's group of its kernel alone, its generation kept
+    (KernelGroup.generated) for the scheduler while the items' order is unchanged."""
     inputs = set(lowered.inputs)
     out = []
     for item in items:
@@ -192,15 +194,19 @@ def _accesses(lowered, items):
             out.append((reads, makes))
             continue
         x, r, red = space_of(item)
-        cg = KernelCodegen(KernelGroup([item], x, r, red), [item])
+        g = KernelGroup([item], x, r, red)
+        cg = KernelCodegen(g, [item])
         try:
-            cg.generate()
+            made = (cg, *cg.generate())
         except NotFusable:
             # a write whose value reads the input at other elements (`x.copy_(x.flip(0))`):
             # it stays an aten copy of a value computed before
             e = Unsupported("a write to an input that reads the input at other elements")
             e.frametrace_node = getattr(item.node.fn, "node", None)
             raise e from None
+        if singles is not None:
+            g.generated = made
+            singles[item] = g
         out.append(((cg.reads | set(cg.args)) - ({item.name} - inputs), {item.name}))
     return out
 
@@ -215,7 +221,8 @@ def groups(lowered, group) -> list | None:
     items = lowered.items
     if not any(isinstance(i, InputWrite) for i in items) and not _has_foreach(lowered.gm):
         return None
-    acc = _accesses(lowered, items)
+    singles = {} if config.reuse_generations else None
+    acc = _accesses(lowered, items, singles)
     if acc is None:
         return None
     inputs = set(lowered.inputs)
@@ -275,7 +282,7 @@ def groups(lowered, group) -> list | None:
     # loads; not each tensor's chain of a foreach op, which share only scalars)
     position = {id(it): i for i, it in enumerate(items)}
     sizes = _sizes(lowered)
-    for g in group(items):
+    for g in group(items, singles):   # (before the items are reordered: their singles hold)
         if isinstance(g, Extern):
             continue
         members = [position[id(m)] for m in g.members]

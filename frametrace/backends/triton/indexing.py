@@ -15,7 +15,7 @@ import sympy
 import torch
 from sympy import Add, Integer
 
-from . import context
+from . import config, context
 
 
 class FloorDiv(sympy.Function):
@@ -359,11 +359,47 @@ def _join_digits(e):
     return e
 
 
+def _typed(args) -> tuple:
+    """A memo key's part for the arguments: each with its type, a list or tuple (a shape,
+    an index) as a tuple of its items and their types.  (2 and Integer(2) are equal and
+    hash alike, but what the helpers return for them may differ in type.)"""
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.append((tuple(a), tuple(map(type, a))))
+        else:
+            out.append((a, type(a)))
+    return tuple(out)
+
+
+def memoized(fn):
+    """`fn(*args)` remembered in the running compile's `CompileContext.memo`, keyed on
+    `fn`, the arguments (with their types) and the iteration ranges (what `bounds`
+    reads: the helpers are pure functions of these).  A list result is copied out, so
+    that a caller's changes to it are its own.  Off: `config.memo_indexing = False`."""
+    def cached(*args):
+        ctx = context._ACTIVE.get()
+        if ctx is None or not config.memo_indexing:
+            return fn(*args)
+        key = (fn, _typed(args), tuple(ctx.ranges.items()))
+        try:
+            out = ctx.memo[key]
+        except KeyError:
+            out = ctx.memo[key] = fn(*args)
+        except TypeError:  # an unhashable argument
+            return fn(*args)
+        return list(out) if isinstance(out, list) else out
+    cached.__name__, cached.__doc__, cached.__wrapped__ = fn.__name__, fn.__doc__, fn
+    return cached
+
+
+@memoized
 def simplify(e):
     e = _join_digits(_join(sympy.expand(e)))
     return _join_symbolic(e) if any(not a.args[1].is_Integer for a in e.atoms(ModIdx)) else e
 
 
+@memoized
 def unflatten(flat, shape) -> list:
     """Per-dimension indices of a flat (row-major) index into `shape`."""
     out, stride = [], 1
@@ -376,6 +412,7 @@ def unflatten(flat, shape) -> list:
     return out[::-1]
 
 
+@memoized
 def flatten(index, shape):
     """Flat (row-major) index of per-dimension indices into `shape`."""
     flat, stride = Integer(0), 1

@@ -46,8 +46,7 @@ class Buffer(IRNode):
         self.dtype, self.device, self.offset, self.is_view = dtype, device, offset, is_view
 
     def index(self, idx):
-        return indexing.simplify(self.offset + sum(
-            (i * s for i, s, n in zip(idx, self.stride, self.shape) if n != 1), indexing.Integer(0)))
+        return _buffer_index(self.offset, self.stride, self.shape, tuple(idx))
 
     def load(self, k, idx):
         return k.load(self, self.index(idx))
@@ -67,6 +66,13 @@ class Buffer(IRNode):
 
     def __repr__(self):
         return f"Buffer({self.name}, {self.shape}, {self.stride}, {self.dtype})"
+
+
+@indexing.memoized
+def _buffer_index(offset, stride, shape, idx):
+    """The element offset of index `idx` in a buffer of this layout."""
+    return indexing.simplify(offset + sum(
+        (i * s for i, s, n in zip(idx, stride, shape) if n != 1), indexing.Integer(0)))
 
 
 class Pointwise(IRNode):

@@ -19,7 +19,7 @@ import sympy
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import autotune, context, contiguity, indexing
+from . import autotune, config, context, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
 from .ir import ExpSum
@@ -117,13 +117,16 @@ class KernelGroup:
     the kernel is first generated (None before).  `columns`: a reduction kernel's
     full-size members sit at `rindex * xnumel + xindex` (where a sum over the leading
     dimension, a bias gradient, reads them), not row-major.  `ctx`: the CompileContext of
-    the compile it belongs to (by default the one running), which its code generators use."""
-    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns", "ctx")
+    the compile it belongs to (by default the one running), which its code generators use.
+    `generated`: (code generator, kernel name, source) of its kernel storing every
+    member, once the scheduler generated it (`KernelCodegen.joined`), else None."""
+    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns", "ctx", "generated")
 
     def __init__(self, members, xnumel, rnumel, reduction, columns=False, ctx=None):
         self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
         self.outer, self.columns = None, columns
         self.ctx = context.current() if ctx is None else ctx
+        self.generated = None
 
 
 def space_of(c) -> tuple:
@@ -243,6 +246,8 @@ class KernelCodegen:
         self.wide = self.symbolic or group.xnumel * group.rnumel >= 2 ** 31
         self.symbols: list[str] = []  # the shape symbols the kernel takes, after its pointers
         self.load_indices: list = []  # of memory loads, to tell outer reductions (contiguity.py)
+        self.touched: set[str] = set()  # names of the computed values and buffers it read
+        self.accesses: list = []  # (buffer, index) of each load and store, in order (tiling.py)
         # a row max that an ExpSum of this kernel computes with its sum, when looped
         self.online = {c.node.max.name: c for c in group.members
                        if isinstance(c.node, ExpSum) and c.node.max is not None}
@@ -355,6 +360,8 @@ class KernelCodegen:
         return arg
 
     def load(self, buf, index) -> str:
+        self.touched.add(buf.name)
+        self.accesses.append((buf, index))
         if buf.name in self.members and not self._own_old_value(self.members[buf.name], index):
             raise NotFusable(f"{buf.name} is written by this kernel")
         if buf.symbolic:
@@ -408,6 +415,7 @@ class KernelCodegen:
         return flatten([idx[d] for d in c.fill], [c.shape[d] for d in c.fill])
 
     def computed(self, c, idx) -> str:
+        self.touched.add(c.name)
         if c.name in self.members:
             if self._pinned(sympy.expand(self._own_position(c, idx) - self.own_flat(c))) != 0:
                 raise NotFusable(f"{c.name} is read at another position")
@@ -653,8 +661,11 @@ class KernelCodegen:
     def store_index(self, c):
         """Where member `c`'s element lies in its buffer (whose layout may not be row-major)."""
         if c.buffer.stride == contiguous_strides(c.shape):
-            return self.own_flat(c)
-        return c.buffer.index(self.own_index(c))
+            index = self.own_flat(c)
+        else:
+            index = c.buffer.index(self.own_index(c))
+        self.accesses.append((c.buffer, index))
+        return index
 
     def store(self, c):
         if getattr(c, "in_place", False) and not self.looped:
@@ -684,6 +695,60 @@ class KernelCodegen:
                 self.group.outer = True
                 self._start()
             return self._generate()
+
+    # -- a kernel one member larger --------------------------------------------------------------
+    _STATE_COPIED = ("outer", "cache", "body_cache", "memo", "levels", "masks", "args", "reads",
+                     "helpers", "symbols", "load_indices", "touched", "accesses")
+
+    def _extends_to(self, group, c) -> bool:
+        """Whether generating `group` (this one's members and `c` after them, every member
+        stored) runs as this generation did up to the store of `c`: the same iteration
+        space, layout and block sizes (so the same masks and loops), this generation stored
+        every member and found its reduction inner (the first pass `generate` keeps), a
+        persistent kernel (one whose stores are not moved into a loop after), no member
+        storing an input in place (whose store first computes every stored value, `c`'s
+        too), `c` no scan (a scan changes where full-size members sit) and never read
+        here (in `group` a read of it is a member's read, checked and not inlined)."""
+        old = self.group
+        return (type(self) is KernelCodegen and group.ctx is old.ctx and self.body is None
+                and not self.looped and old.outer is not True
+                and (group.xnumel, group.rnumel, group.reduction, group.columns)
+                == (old.xnumel, old.rnumel, old.reduction, old.columns)
+                and len(self.stores) == len(old.members)
+                and all(a is b for a, b in zip(self.stores, old.members))
+                and group.members[:-1] == old.members and group.members[-1] is c
+                and not c.is_scan and c.order > self.first and c.name not in self.touched
+                and not any(getattr(m, "in_place", False) for m in old.members))
+
+    def joined(self, group, c) -> tuple:
+        """(code generator, kernel name, source) of `group`, this generation's group with
+        `c` added, every member stored: as `KernelCodegen(group, group.members).generate()`
+        makes them (the same source, arguments and reads), but from a copy of this one's
+        state where that would repeat this generation (`_extends_to`), storing `c` alone.
+        Raises NotFusable as that generation would."""
+        if not (config.reuse_generations and self._extends_to(group, c)):
+            cg = KernelCodegen(group, group.members)
+            return (cg, *cg.generate())
+        cg = object.__new__(KernelCodegen)
+        cg.__dict__.update(self.__dict__)
+        for name in self._STATE_COPIED:
+            setattr(cg, name, type(getattr(self, name))(getattr(self, name)))
+        cg.group, cg.stores, cg.ctx = group, group.members, group.ctx
+        cg.members = {m.name: m for m in group.members}
+        cg.online = {m.node.max.name: m for m in group.members
+                     if isinstance(m.node, ExpSum) and m.node.max is not None}
+        with cg.ctx.active():
+            if group.reduction and group.outer is None:
+                group.outer = False
+            cg.ctx.ranges = indexing.ranges(cg.xnumel, cg.rnumel)
+            cg.store(c)
+            out = cg._source()
+            if not (group.reduction and contiguity.is_outer(cg)):
+                return (cg, *out)
+        # an outer reduction: generated again with outer block sizes, as `generate` does
+        group.outer = True
+        cg = KernelCodegen(group, group.members)
+        return (cg, *cg.generate())
 
     def _generate(self) -> tuple[str, str]:
         self.ctx.ranges = indexing.ranges(self.xnumel, self.rnumel)

@@ -10,7 +10,7 @@ read it, and the sum's cast to the parameter's dtype joins the sum.
 """
 from __future__ import annotations
 
-from . import foreach, tiling
+from . import config, foreach, tiling
 from .kernel_source import Kernel, KernelCodegen, KernelGroup, NotFusable, space_of
 from .ir import Computed, Extern
 
@@ -53,15 +53,37 @@ def _join(group: KernelGroup, c: Computed, avoid=frozenset()):
     # a reduction's full-size members row-major, else column-major (a column sum's input)
     for layout in ((columns, not columns) if red else (False,)):
         joined = KernelGroup(group.members + [c], x, r, red, layout)
-        cg = KernelCodegen(joined, joined.members)
         try:
-            cg.generate()
+            generated = _generate_joined(group, joined, c)
         except NotFusable:
             continue
-        if avoid and cg.reads & avoid:
+        if avoid and generated[0].reads & avoid:
             return None
+        if config.reuse_generations:
+            joined.generated = generated
         return joined
     return None
+
+
+def _generate_joined(group, joined, c) -> tuple:
+    """(code generator, name, source) of `joined` (`group` and then `c`), every member
+    stored: continued from `group`'s own generation where the scheduler kept it."""
+    if group.generated is not None:
+        return group.generated[0].joined(joined, c)
+    cg = KernelCodegen(joined, joined.members)
+    return (cg, *cg.generate())
+
+
+def generated(g) -> tuple:
+    """(code generator, name, source) of group `g`'s kernel storing every member: the
+    one its join made, or made now (and kept, with config.reuse_generations)."""
+    if g.generated is not None:
+        return g.generated
+    cg = KernelCodegen(g, g.members)
+    out = (cg, *cg.generate())
+    if config.reuse_generations:
+        g.generated = out
+    return out
 
 
 def _join_back(out, current, c):
@@ -80,27 +102,35 @@ def _join_back(out, current, c):
 EARLIER = 8
 
 
-def _reads(c: Computed) -> set | None:
-    """The names `c`'s code loads (computed values, inputs, extern outputs), or None."""
-    x, r, red = space_of(c)
-    cg = KernelCodegen(KernelGroup([c], x, r, red), [c])
+def _reads(c: Computed, singles=None, known=None) -> set | None:
+    """The names `c`'s code loads (computed values, inputs, extern outputs), or None.
+    Found by generating `c`'s kernel alone (or taken from `known[c]`, that group
+    generated already), whose group goes to `singles[c]`: the kernel `c` starts when it
+    joins none."""
+    g = known.get(c) if known is not None else None
+    if g is None:
+        x, r, red = space_of(c)
+        g = KernelGroup([c], x, r, red)
     try:
-        cg.generate()
+        cg = generated(g)[0]
     except Exception:
         return None
+    if singles is not None:
+        singles[c] = g
     return (cg.reads | set(cg.args)) - {c.name}
 
 
-def _join_earlier(out, made, current, c) -> bool:
+def _join_earlier(out, made, current, c, singles=None, known=None) -> bool:
     """Put `c` into a kernel of `out` (at most EARLIER back) that runs after everything
     `c` reads is computed: the externs since then do not read `c` (they come before it in
-    program order), so it may run before them.  Whether it joined."""
+    program order), so it may run before them.  Whether it joined.  `singles`, `known`:
+    see `_reads`."""
     first = max(0, len(out) - EARLIER)
     spots = [i for i in range(len(out) - 1, first - 1, -1)
              if isinstance(out[i], KernelGroup) and _fits(out[i], c) is not None]
     if not spots:
         return False
-    reads = _reads(c)
+    reads = _reads(c, singles, known)
     if reads is None or (current is not None and reads & {m.name for m in current.members}):
         return False
     ready = max([made[n] for n in reads if n in made] + [made.get(_WRITE, -1)])
@@ -139,14 +169,18 @@ def _made(made, item, i):
         made.update((m.name, i) for m in item.members)
 
 
-def group(items) -> list:
-    """KernelGroups and Externs, in program order."""
+def group(items, known=None) -> list:
+    """KernelGroups and Externs, in program order.  `known`: {item: the KernelGroup of
+    its kernel alone, generated (KernelGroup.generated) in the items' current order},
+    where the caller has them (foreach.groups); each is used at most once."""
     out, current, made = [], None, {}
+    singles = {}    # the item's kernel alone, when `_join_earlier` generated it
 
     def close(g):
         _made(made, g, len(out))
         out.append(g)
     for item in items:
+        singles.clear()
         if isinstance(item, Extern):
             if current is not None:
                 close(current)
@@ -160,13 +194,18 @@ def group(items) -> list:
                 out[-1] = back
                 made[item.name] = len(out) - 1
                 continue
-        if joined is None and _join_earlier(out, made, current, item):
+        if joined is None and _join_earlier(out, made, current, item, singles, known):
             continue
         if joined is None:
             if current is not None:
                 close(current)
-            x, r, red = space_of(item)
-            current = KernelGroup([item], x, r, red)
+            # (the group `_reads` generated, the same as a new one: its generation kept)
+            current = singles.get(item) if config.reuse_generations else None
+            if current is None and known is not None and config.reuse_generations:
+                current = known.get(item)
+            if current is None:
+                x, r, red = space_of(item)
+                current = KernelGroup([item], x, r, red)
         else:
             current = joined
     if current is not None:
@@ -185,8 +224,7 @@ def schedule(lowered) -> list:
     needed = set(lowered.wrapper_reads)
     for g in groups:
         if not isinstance(g, Extern):
-            cg = KernelCodegen(g, g.members)
-            cg.generate()
+            cg = generated(g)[0]
             # every pointer it loads: a view of a computed value is loaded as a Buffer
             # of that value's name, not through `reads`
             needed |= cg.reads | (set(cg.args) - set(cg.members))
@@ -200,4 +238,7 @@ def schedule(lowered) -> list:
             cg, name, source = tiling.generate(g, stores)
             out.append(Kernel(g, stores, name, source, dict(cg.args), cg.symbols,
                               getattr(cg, "tile", None)))
+    for g in groups:    # (the kernels keep their groups: not the generators' state)
+        if not isinstance(g, Extern):
+            g.generated = None
     return foreach.combine(out)

@@ -121,20 +121,22 @@ class _RowMajorWalk(KernelCodegen):
 
 
 class _Probe(_RowMajorWalk):
-    """The flat kernel, recording the index of every load and store."""
+    """The flat kernel, recording the index of every load and store (`accesses`, as
+    every KernelCodegen does)."""
 
-    def _start(self):
-        super()._start()
-        self.accesses: list = []
 
-    def load(self, buf, index):
-        self.accesses.append((buf, index))
-        return super().load(buf, index)
-
-    def store_index(self, c):
-        index = super().store_index(c)
-        self.accesses.append((c.buffer, index))
-        return index
+def _probe_of(group, stores):
+    """The scheduler's generation of `group` (KernelGroup.generated) where it is what
+    `_Probe(group, stores)` generates, else None: every member stored, none in another
+    layout than row-major (so that both walk the same order), and more than one element
+    (a single one is read at any position, which only KernelCodegen allows)."""
+    made = group.generated
+    if made is None or type(made[0]) is not KernelCodegen or len(stores) != len(group.members) \
+            or not all(a is b for a, b in zip(stores, group.members)):
+        return None
+    if group.xnumel == 1 or any(c.fill is not None for c in group.members):
+        return None
+    return made
 
 
 def _address(index, flat):
@@ -212,14 +214,21 @@ def generate(group, stores) -> tuple:
     """(code generator, kernel name, source) of a group's kernel: tiled where that pays
     (pointwise, static sizes), else flat."""
     if group.reduction or group.ctx.hints:
+        if group.generated is not None and len(stores) == len(group.members) and \
+                all(a is b for a, b in zip(stores, group.members)):
+            return group.generated  # (the scheduler's generation, every member stored)
         cg = KernelCodegen(group, stores)
         return (cg, *cg.generate())
-    probe = _Probe(group, stores)
-    try:
-        name, source = probe.generate()
-    except NotFusable:  # members that share a kernel only in their layouts' own walk
-        cg = KernelCodegen(group, stores)
-        return (cg, *cg.generate())
+    made = _probe_of(group, stores)
+    if made is not None:
+        probe, name, source = made
+    else:
+        probe = _Probe(group, stores)
+        try:
+            name, source = probe.generate()
+        except NotFusable:  # members that share a kernel only in their layouts' own walk
+            cg = KernelCodegen(group, stores)
+            return (cg, *cg.generate())
     tile = choose(stores, probe.accesses)
     if tile is not None:
         tiled = TiledCodegen(group, stores, tile)
@@ -229,6 +238,8 @@ def generate(group, stores) -> tuple:
             pass
     if all(c.buffer.stride == contiguous_strides(c.shape) for c in stores):
         return probe, name, source
+    if made is not None:
+        return made  # (the same generation: no member has a layout's own walk)
     cg = KernelCodegen(group, stores)  # (a layout's own walk, where it has one)
     return (cg, *cg.generate())
 
