@@ -36,6 +36,7 @@ from .variables.tensor import TensorVar
 from .variables.numpy import keep_tensor_apart
 from .variables.fx_values import fx_can_name, to_fake, to_node_arg
 from .variables.objects import ObjectVar, entry_state_readers
+from .variables.builder import ObjectVars
 
 
 # Sparse tensors have no storage and no FakeTensor rules for most ops: a graph break
@@ -125,7 +126,6 @@ class OutputGraph:
         self._last_inplace: dict[int, tuple] = {}
         self._input_fakes: dict[int, object] = {}   # id(fake) -> fake, of graph inputs
         # id(real object) -> (object, Var): one Var per list, dict, module or user object.
-        from .variables.builder import ObjectVars   # (builder imports this module's peers)
         self.object_vars: dict[int, tuple] = ObjectVars()
         # Locals of a resume frame holding what was computed at a break: the nn.Modules
         # reached from them (often new objects on every call: copy.deepcopy(model)) are
