@@ -110,7 +110,23 @@ _constant_key = constant_key      # (dict keys the keys guard compares by type a
 # A Var of the last two that is a list, dict, user object or module is remembered, one
 # per object.  The order within a group is the order of registration, which is the
 # order of the definitions below: more special kinds first (a subclass before its
-# base, a hooked user object before everything).
+# base, a hooked user object before everything).  Today's order:
+#   VALUES      a user object whose class hooks attribute reads (by type alone) ·
+#               tensors (Parameters, subclasses) · NumPy values · ints and floats that
+#               are symbolic inputs · constants (enums too, torch.Size before tuples) ·
+#               lists appended to lazily · tuples and lists · plain namedtuples ·
+#               deques · a module's namespace dict · dicts of constant keys · dicts
+#               keyed by tensors
+#   OBJECTS     subclasses of dict, list, tuple · optimize() wrappers · (an optimizer's
+#               counters prepared) · foreign callables · allowed in the graph or
+#               assumed constant · NumPy callables · grad-mode restores · context
+#               objects · higher-order ops · no_op_exit · autograd.Function.apply ·
+#               bound methods · functools.partial · user objects (nn.Modules too) ·
+#               torch.jit.script functions · a builtin container's bound method ·
+#               closures
+#   IDENTIFIED  loggers · nn.Modules · ContextVars · functorch transforms · library
+#               functions · torch functions · builtins · user functions · a list
+#               iterator from outside · ObjectVar
 VALUES, OBJECTS, IDENTIFIED = 0, 1, 2
 _RULES: list = []       # (group, applies, rule) in the order of registration
 # The rules that may take a value of a type, per type: a dict lookup on wrap's hot path.
