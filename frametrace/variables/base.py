@@ -257,6 +257,17 @@ class Var:
     def length(self, tx) -> int:
         return len(self.unpack(tx))
 
+    # -- optional parts of the protocol, with the answer of kinds that lack them --
+    def value_key(self):
+        """What stands for this value among a set's members or a dict's keys when it
+        hashes by value (a user object of a frozen dataclass), else None (by identity)."""
+        return None
+
+    def mapping_items(self, tx):
+        """The items `dict.update(d, v)` and ``**v`` take from a user mapping: a dict
+        of them, else None (not a mapping: an iterable of pairs, or unsupported)."""
+        return None
+
     def reconstruct(self, cg) -> None:
         """Emit bytecode that pushes this value in the transformed frame."""
         if self.source is None:

@@ -378,7 +378,7 @@ def set_key(v: Var):
         return k
     if isinstance(v, IdVar):
         return v.key
-    by_value = v.value_key() if hasattr(v, "value_key") else None
+    by_value = v.value_key()
     if by_value is not None:
         return by_value
     if isinstance(v, TensorVar):
@@ -571,7 +571,7 @@ def mapping_items(tx, src):
     for anything else (an iterable of pairs)."""
     if isinstance(src, DictVar) and not isinstance(src, SetVar):
         return dict(src.items)
-    return src.mapping_items(tx) if hasattr(src, "mapping_items") else None
+    return src.mapping_items(tx)
 
 
 def _dict(tx, args, kwargs):
