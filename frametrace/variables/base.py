@@ -268,6 +268,14 @@ class Var:
         of them, else None (not a mapping: an iterable of pairs, or unsupported)."""
         return None
 
+    # Methods that only some kinds have, None on the others (the caller then tries
+    # another way, or stops):
+    #   contains(tx, item) -> bool      `item in v`, answered by the kind itself
+    #   _dunder(tx, name, args) -> Var  a user class's own special method, traced
+    #   delitem(tx, key)                `del v[key]`
+    #   delattr(tx, name)               `del v.name`
+    contains = _dunder = delitem = delattr = None
+
     def reconstruct(self, cg) -> None:
         """Emit bytecode that pushes this value in the transformed frame."""
         if self.source is None:
