@@ -873,7 +873,7 @@ class InstructionTranslator:
 
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
-        enter = getattr(ctx, "enter", None)
+        enter = ctx.enter
         if enter is None:
             user = user_context(self, ctx)
             if user is None:

@@ -275,6 +275,11 @@ class Var:
     #   delitem(tx, key)                `del v[key]`
     #   delattr(tx, name)               `del v.name`
     contains = _dunder = delitem = delattr = None
+    # A context manager's (variables/contexts.py; ExitVar calls the last two):
+    #   enter(tx) -> Var                `with v:` entered (the kind also has exit(tx))
+    #   exit_with(tx, args) -> Var      __exit__ given the exception (else exit(tx))
+    #   reconstruct_exit(cg)            pushes its __exit__ in a resumed frame
+    enter = exit_with = reconstruct_exit = None
 
     def reconstruct(self, cg) -> None:
         """Emit bytecode that pushes this value in the transformed frame."""
