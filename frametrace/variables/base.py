@@ -280,6 +280,10 @@ class Var:
     #   exit_with(tx, args) -> Var      __exit__ given the exception (else exit(tx))
     #   reconstruct_exit(cg)            pushes its __exit__ in a resumed frame
     enter = exit_with = reconstruct_exit = None
+    # An exception's (variables/exceptions.py):
+    #   str_of(tx, kind) -> Var         str(v) or repr(v), as `kind` says
+    #   builtin_init() -> Var           BaseException.__init__ bound to it (super())
+    str_of = builtin_init = None
 
     def reconstruct(self, cg) -> None:
         """Emit bytecode that pushes this value in the transformed frame."""

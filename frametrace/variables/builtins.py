@@ -968,7 +968,7 @@ def _data_conversion(kind):
             return tx.output.call("call_function", _SYM_CONVERSIONS[kind], (args[0],), {})
         if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
             return ConstVar(_truth(tx, args[0]))
-        if kind is str and len(args) == 1 and hasattr(args[0], "str_of"):
+        if kind is str and len(args) == 1 and args[0].str_of is not None:
             return args[0].str_of(tx, str)
         if kind is str and len(args) == 1 and not kwargs:
             return _text(tx, args[0], str)
