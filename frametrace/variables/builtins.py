@@ -19,8 +19,8 @@ import sys
 from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded,
                    register, safe_repr, unsupported, wrap)
 from .constant import ConstVar, MethodVar, fold_call
-from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
-                         live_items, live_keys, live_members, note_live_read)
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, NamedTupleVar, TupleVar, _dict_key,
+                         has_nan, live_items, live_keys, live_members, note_live_read)
 from .iterators import (MAX_UNPACK, DictIteratorVar, LazyIteratorVar, ListIteratorVar, const_key, drain,
                         private_list)
 from .lazy import Lazy
@@ -1104,7 +1104,7 @@ def _has_attr(tx, obj, name):
             return None
         if hasattr(t, name):
             return True
-        if hasattr(obj, "fields"):        # NamedTupleVar
+        if isinstance(obj, NamedTupleVar):
             return name in obj.fields
         return False
     return None
