@@ -636,7 +636,7 @@ class InstructionTranslator:
     def DELETE_SUBSCR(self, inst):
         key = self.pop()
         container = self.pop()
-        delitem = getattr(container, "delitem", None)
+        delitem = container.delitem
         if delitem is not None:
             delitem(self, key)
         elif isinstance(container, ListVar) and type(container).call_method is ListVar.call_method \
@@ -873,7 +873,7 @@ class InstructionTranslator:
 
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
-        enter = getattr(ctx, "enter", None)
+        enter = ctx.enter
         if enter is None:
             user = user_context(self, ctx)
             if user is None:
@@ -951,7 +951,7 @@ class InstructionTranslator:
     # ------------------------------------------------------------ deleting
     def DELETE_ATTR(self, inst):
         obj = self.pop()
-        delattr_ = getattr(obj, "delattr", None)
+        delattr_ = obj.delattr
         if delattr_ is None:
             unsupported(f"del of attribute {inst.argval!r} of {obj}")
         delattr_(self, inst.argval)

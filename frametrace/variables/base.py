@@ -257,6 +257,34 @@ class Var:
     def length(self, tx) -> int:
         return len(self.unpack(tx))
 
+    # -- optional parts of the protocol, with the answer of kinds that lack them --
+    def value_key(self):
+        """What stands for this value among a set's members or a dict's keys when it
+        hashes by value (a user object of a frozen dataclass), else None (by identity)."""
+        return None
+
+    def mapping_items(self, tx):
+        """The items `dict.update(d, v)` and ``**v`` take from a user mapping: a dict
+        of them, else None (not a mapping: an iterable of pairs, or unsupported)."""
+        return None
+
+    # Methods that only some kinds have, None on the others (the caller then tries
+    # another way, or stops):
+    #   contains(tx, item) -> bool      `item in v`, answered by the kind itself
+    #   _dunder(tx, name, args) -> Var  a user class's own special method, traced
+    #   delitem(tx, key)                `del v[key]`
+    #   delattr(tx, name)               `del v.name`
+    contains = _dunder = delitem = delattr = None
+    # A context manager's (variables/contexts.py; ExitVar calls the last two):
+    #   enter(tx) -> Var                `with v:` entered (the kind also has exit(tx))
+    #   exit_with(tx, args) -> Var      __exit__ given the exception (else exit(tx))
+    #   reconstruct_exit(cg)            pushes its __exit__ in a resumed frame
+    enter = exit_with = reconstruct_exit = None
+    # An exception's (variables/exceptions.py):
+    #   str_of(tx, kind) -> Var         str(v) or repr(v), as `kind` says
+    #   builtin_init() -> Var           BaseException.__init__ bound to it (super())
+    str_of = builtin_init = None
+
     def reconstruct(self, cg) -> None:
         """Emit bytecode that pushes this value in the transformed frame."""
         if self.source is None:

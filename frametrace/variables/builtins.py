@@ -19,8 +19,8 @@ import sys
 from .base import (DELETED, NULL, Unsupported, Var, binary_op, nouns, raise_builtin, raise_folded,
                    register, safe_repr, unsupported, wrap)
 from .constant import ConstVar, MethodVar, fold_call
-from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, TupleVar, _dict_key, has_nan,
-                         live_items, live_keys, live_members, note_live_read)
+from .containers import (DictVar, DictViewVar, IteratorVar, ListVar, NamedTupleVar, TupleVar, _dict_key,
+                         has_nan, live_items, live_keys, live_members, note_live_read)
 from .iterators import (MAX_UNPACK, DictIteratorVar, LazyIteratorVar, ListIteratorVar, const_key, drain,
                         private_list)
 from .lazy import Lazy
@@ -378,7 +378,7 @@ def set_key(v: Var):
         return k
     if isinstance(v, IdVar):
         return v.key
-    by_value = v.value_key() if hasattr(v, "value_key") else None
+    by_value = v.value_key()
     if by_value is not None:
         return by_value
     if isinstance(v, TensorVar):
@@ -571,7 +571,7 @@ def mapping_items(tx, src):
     for anything else (an iterable of pairs)."""
     if isinstance(src, DictVar) and not isinstance(src, SetVar):
         return dict(src.items)
-    return src.mapping_items(tx) if hasattr(src, "mapping_items") else None
+    return src.mapping_items(tx)
 
 
 def _dict(tx, args, kwargs):
@@ -968,7 +968,7 @@ def _data_conversion(kind):
             return tx.output.call("call_function", _SYM_CONVERSIONS[kind], (args[0],), {})
         if kind is bool and len(args) == 1 and not kwargs and not args[0].is_const():
             return ConstVar(_truth(tx, args[0]))
-        if kind is str and len(args) == 1 and hasattr(args[0], "str_of"):
+        if kind is str and len(args) == 1 and args[0].str_of is not None:
             return args[0].str_of(tx, str)
         if kind is str and len(args) == 1 and not kwargs:
             return _text(tx, args[0], str)
@@ -1104,7 +1104,7 @@ def _has_attr(tx, obj, name):
             return None
         if hasattr(t, name):
             return True
-        if hasattr(obj, "fields"):        # NamedTupleVar
+        if isinstance(obj, NamedTupleVar):
             return name in obj.fields
         return False
     return None

@@ -629,7 +629,7 @@ class DictVar(CollectionVar):
             self._mutating(tx)
             if args:
                 other = args[0]
-                mapped = other.mapping_items(tx) if hasattr(other, "mapping_items") else None
+                mapped = other.mapping_items(tx)
                 if isinstance(other, DictVar):
                     self.items.update(other.items)
                     self._copy_identities(other)
@@ -886,7 +886,7 @@ def _dict_key(v):
     k = set_key(v)      # (a NaN is a break there)
     if v.is_const():
         return k
-    return ValueKey(k, v) if hasattr(v, "value_key") and v.value_key() is not None else VarKey(k, v)
+    return ValueKey(k, v) if v.value_key() is not None else VarKey(k, v)
 
 
 class IteratorVar(Var):

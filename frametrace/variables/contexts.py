@@ -706,14 +706,14 @@ class ExitVar(Var):
         self.ctx = ctx
 
     def call(self, tx, args, kwargs):
-        with_exception = getattr(self.ctx, "exit_with", None)
+        with_exception = self.ctx.exit_with
         if with_exception is not None:
             return with_exception(tx, args)
         self.ctx.exit(tx)         # (the others restore state, and never swallow one)
         return ConstVar(None)
 
     def reconstruct(self, cg):
-        handover = getattr(self.ctx, "reconstruct_exit", None)
+        handover = self.ctx.reconstruct_exit
         if handover is not None:
             handover(cg)
         elif isinstance(self.ctx, GradModeVar) and self.ctx.prev is not None:

@@ -306,7 +306,7 @@ def _inside_catch_warnings(tx) -> bool:
     frame = tx
     while frame is not None:
         for v in frame.stack:
-            ctx = getattr(v, "ctx", None) if isinstance(v, ExitVar) else None
+            ctx = v.ctx if isinstance(v, ExitVar) else None
             if isinstance(ctx, NullContextVar) and ctx.factory is warnings.catch_warnings:
                 return True
             # (a resumed frame: the block was entered by CPython, its __exit__ handed over)

@@ -764,7 +764,7 @@ class SuperVar(Var):
                                          types.MethodDescriptorType)) and \
                         not (klass is object or getattr(klass, "__module__", "") == "builtins"):
                     return wrap(tx, attr, None, guard=False)   # a value: guarded above
-                if name == "__init__" and hasattr(self.obj, "builtin_init"):
+                if name == "__init__" and self.obj.builtin_init is not None:
                     return self.obj.builtin_init()       # an exception's args
                 if klass is object or getattr(klass, "__module__", "") == "builtins":
                     if name == "__init__":

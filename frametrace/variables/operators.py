@@ -335,9 +335,9 @@ def is_none(v: Var) -> bool:
 
 @register
 def contains(tx, container: Var, item: Var) -> bool:
-    if hasattr(container, "contains"):
+    if container.contains is not None:
         return container.contains(tx, item)
-    dunder = getattr(container, "_dunder", None)
+    dunder = container._dunder
     if dunder is not None:
         return dunder(tx, "__contains__", [item]).truth(tx)
     if isinstance(container, DictVar):

@@ -138,7 +138,7 @@ def _op_setitem(tx, args, kwargs):
 
 def _op_delitem(tx, args, kwargs):
     if len(args) == 2 and not kwargs:
-        delitem = getattr(args[0], "delitem", None)
+        delitem = args[0].delitem
         if delitem is None:
             unsupported(f"del on {args[0]}")
         delitem(tx, args[1])
