@@ -251,7 +251,7 @@ class NestedFunctionVar(Var):
     cells holding the traced contents, or over the real cells.  `attrs` are the
     attributes set on it while tracing."""
     __slots__ = ("code", "f_globals", "defaults", "kwdefaults", "cells", "qualname", "in_root",
-                 "root_names", "same_globals", "attrs")
+                 "root_names", "same_globals", "attrs", "namespace")
 
     def __init__(self, code, f_globals, defaults, kwdefaults, cells, qualname, in_root=False,
                  root_names=None, same_globals=None):
@@ -266,7 +266,8 @@ class NestedFunctionVar(Var):
         self.root_names = list(root_names) if root_names is not None else \
             list(code.co_freevars) if in_root else [None] * len(cells)
         self.same_globals = in_root if same_globals is None else same_globals
-        self.attrs = {}
+        self.attrs = {}             # the special attributes set ({name: Var})
+        self.namespace = None       # its __dict__ (a FunctionDictVar), once used
 
     def reconstruct(self, cg):
         """MAKE_FUNCTION again in the transformed code (one function object however
@@ -295,11 +296,21 @@ class NestedFunctionVar(Var):
         cg.load_const(self.code)
         cg.make_function(flags)
         cg.keep_rebuilt(self)
-        for name, v in self.attrs.items():
+        names = self.namespace.items if self.namespace is not None else {}
+        if any(type(k) is not str for k in names):
+            unsupported(f"a key of {self.qualname}.__dict__ that is no string")
+        for name, v in (*self.attrs.items(), *names.items()):
             cg.emit("COPY", 1)
             v.reconstruct(cg)
             cg.emit("SWAP", 2)
             cg.store_attr(name)
+
+    def function_dict(self):
+        """Its __dict__: the attributes set on it that are not special (functools.wraps
+        reads and updates it; `f.x = 1` writes it)."""
+        if self.namespace is None:
+            self.namespace = FunctionDictVar(self)
+        return self.namespace
 
     def python_type(self):
         return types.FunctionType
@@ -313,6 +324,12 @@ class NestedFunctionVar(Var):
     def getattr(self, tx, name):
         if name in self.attrs:
             return self.attrs[name]
+        if self.namespace is not None and name in self.namespace.items:
+            return self.namespace.items[name]
+        if name == "__dict__":
+            return self.function_dict()
+        if name == "__type_params__" and name in _FUNCTION_ATTRS:     # (3.12+)
+            return TupleVar([])
         if name in ("__name__", "__qualname__"):
             return ConstVar(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
         if name == "__module__":
@@ -328,26 +345,32 @@ class NestedFunctionVar(Var):
             self.attrs[name] = DictVar({})
             return self.attrs[name]
         if name == "__doc__":
-            doc = self.code.co_consts[0] if self.code.co_consts and \
-                isinstance(self.code.co_consts[0], str) and self.code.co_flags & 0x4000000 else None
-            return ConstVar(doc)
+            return ConstVar(_docstring(self.code))
         if name not in _FUNCTION_ATTRS:
             unsupported(f"AttributeError: 'function' object has no attribute {name!r}")
         unsupported(f"attribute {name!r} of a function made while tracing")
 
     def has_attr(self, name) -> bool:
-        return name in self.attrs or name in _FUNCTION_ATTRS
+        return name in self.attrs or name in _FUNCTION_ATTRS or \
+            (self.namespace is not None and name in self.namespace.items)
 
     def setattr(self, tx, name, value):
         # A new function's __dict__ is its own; the special attributes change what
         # calls do, and are not followed.
         if name in _FUNCTION_ATTRS and name not in ("__doc__", "__module__", "__name__",
-                                                    "__qualname__", "__annotations__"):
+                                                    "__qualname__", "__annotations__",
+                                                    "__type_params__"):
             unsupported(f"setting {name!r} of a function made while tracing")
         if name in ("__name__", "__qualname__", "__module__") and not \
                 (value.is_const() and isinstance(value.as_const(), str)):
             unsupported(f"setting {name!r} of a function to {value}")
-        self.attrs[name] = value
+        if name == "__type_params__" and not (isinstance(value, TupleVar) or (
+                value.is_const() and type(value.as_const()) is tuple)):
+            unsupported(f"setting {name!r} of a function to {value}")   # (CPython: TypeError)
+        if name in _FUNCTION_ATTRS:
+            self.attrs[name] = value
+        else:
+            self.function_dict().items[name] = value
 
     def noun(self):
         return f"function {self.qualname}"
@@ -357,6 +380,33 @@ class NestedFunctionVar(Var):
 
 
 _FUNCTION_ATTRS = frozenset(dir(lambda: None))
+# 3.14 marks a code object with a docstring (CO_HAS_DOCSTRING); before, the compiler
+# makes a function's first constant its docstring or None
+_CO_HAS_DOCSTRING = 0x4000000 if sys.version_info >= (3, 14) else 0
+
+
+def _docstring(code):
+    """The __doc__ a function made from `code` starts with (as CPython's function
+    constructor sets it)."""
+    if _CO_HAS_DOCSTRING and not code.co_flags & _CO_HAS_DOCSTRING:
+        return None
+    first = code.co_consts[0] if code.co_consts else None
+    return first if isinstance(first, str) else None
+
+
+class FunctionDictVar(DictVar):
+    """The __dict__ of a function made while tracing: its items are the function's
+    attributes that are not special; rebuilt as the function's own __dict__ (the
+    function rebuilt stores them)."""
+    __slots__ = ("function",)
+
+    def __init__(self, function):
+        super().__init__({})
+        self.function = function
+
+    def reconstruct(self, cg):
+        self.function.reconstruct(cg)
+        cg.load_attr("__dict__")
 
 
 def _load_cell(cg, cell, root_name):
