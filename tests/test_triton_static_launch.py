@@ -196,3 +196,120 @@ def test_declines_what_torchs_launcher_cannot_run_as_triton(monkeypatch, why):
     assert static_launch.static_kernel(_fake_compiled(sig, **md), 0) is None
     assert static_launch.static_kernel(_fake_compiled({"x": "*fp32", "s": "i32"}), 0) is not None \
         or why == "switch"
+
+
+# -- launches remembered per specialization (config.memo_launches) -------------------------
+
+def _cuda_everywhere(monkeypatch):
+    """launch_key on CPU tensors as if they were CUDA ones (the key reads only dtype,
+    pointer and is_cuda)."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(static_launch, "_LAUNCHER", SimpleNamespace(_launch_kernel=None))
+    monkeypatch.setattr(static_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(static_launch, "_hooked", lambda: False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+
+
+def test_launch_key_separates_what_triton_specializes_on(monkeypatch):
+    _cuda_everywhere(monkeypatch)
+    key = static_launch.launch_key
+    x = torch.randn(64)
+    base = key((64, 1), (x, 64))
+    assert base is not None and key((64, 1), (x.clone(), 80)) == base   # same specialization
+    # equal-but-different values: 1 (a constexpr for Triton), True, 1.0 and 17 all differ
+    ones = {key((64, 1), (x, v)) for v in (1, True, 1.0, 17)}
+    assert len(ones) == 4
+    assert key((64, 1), (x, 17)) == key((64, 1), (x, 33))               # neither 1 nor a multiple of 16
+    assert key((64, 1), (x, 16)) != key((64, 1), (x, 17))
+    # widths: int32, int64, uint64
+    widths = {key((64, 1), (x, v)) for v in (2 ** 31 - 16, 2 ** 31, 2 ** 63)}
+    assert len(widths) == 3
+    assert key((64, 1), (x, -2 ** 31)) != key((64, 1), (x, -2 ** 31 - 16))
+    # pointer alignment (a view 4 bytes in), dtype, the extents (block sizes), the device
+    assert key((64, 1), (x[1:], 64)) != base
+    assert key((64, 1), (x.double(), 64)) != base
+    assert key((65, 1), (x, 64)) != base
+    monkeypatch.setattr(static_launch, "_current_device", lambda: 1)
+    assert key((64, 1), (x, 64)) != base
+
+
+def test_launch_key_declines_what_torchs_launcher_would_not_run(monkeypatch):
+    from types import SimpleNamespace
+    x = torch.randn(8)
+    assert static_launch.launch_key(None, (x, 8)) is None         # no CUDA here, or CPU tensors
+    _cuda_everywhere(monkeypatch)
+    assert static_launch.launch_key(None, (x, 8)) is not None
+    assert static_launch.launch_key(None, (x, torch.Generator())) is None
+    assert static_launch.launch_key(None, (x, SimpleNamespace())) is None
+    assert static_launch.launch_key(None, (8, 2.0)) is None        # no tensor: nothing to launch on
+    monkeypatch.setattr(config, "static_launch", False)
+    assert static_launch.launch_key(None, (x, 8)) is None
+    monkeypatch.setattr(config, "static_launch", True)
+    monkeypatch.setattr(static_launch, "_hooked", lambda: True)     # a profiler's hooks
+    assert static_launch.launch_key(None, (x, 8)) is None
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.parametrize("memo", [True, False])
+def test_launcher_runs_the_remembered_kernel_only_for_its_key(monkeypatch, memo):
+    from types import SimpleNamespace
+    _cuda_everywhere(monkeypatch)
+    monkeypatch.setattr(config, "memo_launches", memo)
+    x = torch.randn(4, 40)
+    frametrace.reset()
+    mod = triton_check(lambda x, n: torch.softmax(x * 2, -1) + n, x, 3, kernels=1, rtol=1e-4)
+    launcher = mod.wrapper.ns[mod.wrapper.launchers[0]]
+    launcher.memo.clear()
+    via_jit, replayed = [], []
+
+    class Stand:
+        def launch(self, grid, args, stream):
+            replayed.append((grid, args[0].data_ptr(), stream))
+
+    def jit(fn, grid, args, kwargs):
+        via_jit.append(args[0].data_ptr())
+        return SimpleNamespace(tag=len(via_jit)), Stand()
+    monkeypatch.setattr(wrapper, "launch_static", jit)
+    monkeypatch.setattr(wrapper, "current_raw_stream", lambda device: 777)
+    a, b = torch.randn(64), torch.randn(65)
+    launcher(a, torch.empty(64))
+    launcher(a, torch.empty(64))
+    launcher(b[1:], torch.empty(64))        # another alignment: Triton compiles for it
+    launcher(b[1:], torch.empty(64))
+    if memo:
+        assert len(via_jit) == 2 and len(replayed) == 2
+        assert replayed[0][2] == 777 and launcher.compiled.tag == 2
+    else:
+        assert len(via_jit) == 4 and not replayed and not launcher.memo
+
+
+@cuda
+@pytest.mark.parametrize("memo", [True, False])
+def test_remembered_launches_match_eager_over_sizes_and_alignments(monkeypatch, memo):
+    """Symbolic sizes (the slow wrapper launches every kernel through its Launcher): sizes
+    that are multiples of 16 and others, inputs 4 bytes off alignment, then the same
+    sizes and alignments again: Triton's JIT is asked only the first time."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "cudagraphs", False)
+    monkeypatch.setattr(config, "memo_launches", memo)
+    jit = []
+    real = wrapper.launch_static
+    monkeypatch.setattr(wrapper, "launch_static", lambda *a: jit.append(1) or real(*a))
+
+    def f(x, y):
+        h = x * 2 + y
+        return torch.softmax(h, -1) + h.sum(-1, keepdim=True), h.amax(0)
+    cf = frametrace.optimize(backend="triton", dynamic=True)(f)
+    sizes = (5, 16, 17, 32, 7)
+    counts = []
+    for round_ in range(2):
+        before = len(jit)
+        for i, n in enumerate(sizes):
+            base = torch.randn(n * 100 + 1, device="cuda")
+            x = (base[1:] if i % 2 else base[:-1]).view(n, 100)     # 4 bytes off, or aligned
+            y = torch.randn(n, 100, device="cuda")
+            for got, want in zip(cf(x, y), f(x, y)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        counts.append(len(jit) - before)
+    assert counts[0] > 0
+    assert counts[1] == (0 if memo else counts[0]), counts

@@ -20,6 +20,16 @@ fast_launch = True
 # False: Triton's own launcher runs every kernel.
 static_launch = True
 
+# Where no fast wrapper runs (graphs with symbolic sizes: the block sizes and grids vary
+# with the sizes; a static graph's first call), each launcher remembers the kernel Triton
+# compiled for what Triton specializes a launch on (each tensor's dtype and 16-byte
+# alignment; each int's being 1, a multiple of 16 and in int32 range; the block sizes),
+# on the current device, and launches it again through torch's launcher when those match
+# (~5 us) instead of asking Triton's JIT to specialize the arguments again (~40-80 us a
+# launch: a decoding step of 54 kernels spent most of its time there).  Needs
+# static_launch.  False: every such launch goes through Triton's JIT.
+memo_launches = True
+
 # torch.utils.checkpoint over random ops (dropout) on CUDA tensors compiles in the graph,
 # its recompute restoring the CUDA generator's state around the Philox key it draws.
 # Checked on CPU tensors (Triton's interpreter, tests/test_triton_rng.py) and on the

@@ -56,6 +56,12 @@ def launch(fn, grid, args, kwargs):
     """``fn[grid](*args, **kwargs)`` for `fn` (a Triton function or a Checked one),
     through torch's launcher where it runs the compiled kernel (static_launch.py), with
     Triton's otherwise; returns the compiled kernel."""
+    return launch_static(fn, grid, args, kwargs)[0]
+
+
+def launch_static(fn, grid, args, kwargs):
+    """`launch`, returning (the compiled kernel, the StaticKernel that launched it or None
+    where Triton's launcher did)."""
     base, options = (fn.fn, dict(kwargs, debug=True, sanitize_overflow=False)) \
         if isinstance(fn, Checked) else (fn, kwargs)
     if _static(base, args):
@@ -64,8 +70,8 @@ def launch(fn, grid, args, kwargs):
         # (every argument the kernel takes given by position, as the wrapper does)
         if kernel is not None and (not kernel.passed or kernel.passed[-1] < len(args)):
             kernel.launch(grid, args)
-            return compiled
-    return fn[grid](*args, **kwargs)
+            return compiled, kernel
+    return fn[grid](*args, **kwargs), None
 
 
 def _static(fn, args) -> bool:

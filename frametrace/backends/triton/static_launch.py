@@ -88,13 +88,61 @@ def static_kernel(compiled, device: int | None = None) -> StaticKernel | None:
     return per_device[device]
 
 
+def launch_key(extents, args) -> tuple | None:
+    """What Triton specializes a launch of these arguments on, with the current device
+    and the kernel's `extents` (they fix its block sizes): a launch whose key equals an
+    earlier one's runs the kernel Triton compiled then (wrapper.Launcher's memo).  None
+    where torch's launcher would not run it (no CUDA tensor, an argument of another kind,
+    launch hooks, config.static_launch off).  Tensors: dtype and 16-byte alignment of the
+    data pointer; ints: being 1 (a constexpr for Triton), a multiple of 16, and their
+    width (int32, int64, uint64); floats, bools and None: their type."""
+    if _LAUNCHER is None or not config.static_launch or _hooked():
+        return None
+    spec = [_current_device(), extents]
+    cuda = False
+    for a in args:
+        kind = type(a)
+        if kind is _Tensor or isinstance(a, _Tensor):
+            if not a.is_cuda:
+                return None
+            cuda = True
+            spec.append((a.dtype, a.data_ptr() & 15 == 0))
+        elif kind is int:
+            spec.append((a == 1, a & 15 == 0, 0 if -0x80000000 <= a <= 0x7fffffff else
+                         1 if -0x8000000000000000 <= a <= 0x7fffffffffffffff else 2))
+        elif kind is float or kind is bool or a is None:
+            spec.append(kind)
+        else:
+            return None
+    return tuple(spec) if cuda else None
+
+
+_Tensor = torch.Tensor
+
+
+def _current_device() -> int:
+    get = getattr(torch._C, "_cuda_getDevice", None)
+    return get() if get is not None else torch.cuda.current_device()
+
+
+def current_raw_stream(device: int):
+    """The current CUDA stream of `device`, as the launcher takes it."""
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
 def _hooked() -> bool:
-    """A launch hook is set (a profiler's): only Triton's launcher calls it."""
+    """A launch hook is set (a profiler's): only Triton's launcher calls it.  (Once per
+    launch where a launcher's memo runs it: kept to a few attribute reads.)"""
     knobs = getattr(sys.modules.get("triton"), "knobs", None)   # (no triton loaded: no hooks)
     if knobs is None:
         return False
-    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-    return any(h is not None and (getattr(h, "calls", None) is None or h.calls) for h in hooks)
+    runtime = knobs.runtime
+    return _set(runtime.launch_enter_hook) or _set(runtime.launch_exit_hook)
+
+
+def _set(hook) -> bool:
+    # (Triton 3.5+: a chain of hooks, set when it holds any; before: a function or None)
+    return hook is not None and (getattr(hook, "calls", None) is None or bool(hook.calls))
 
 
 def _load(compiled, device):

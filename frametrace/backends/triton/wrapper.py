@@ -9,26 +9,27 @@ import re
 import sympy
 import torch
 
-from . import autotune, foreach, indexing
+from . import autotune, config, foreach, indexing
 from .indexing import pycode
 from .fallback import wrapped_op
 from .ir import Buffer, Extern, GraphObject, Unsupported
 from .layout import ATTENTION_ALIGNMENT, ATTENTION_OPS, aligned_strides
 from .kernel_source import Kernel, configs_for
-from .loader import build_kernel, launch, load_kernel  # noqa: F401  (load_kernel: also the tests' way to load a kernel)
-from .static_launch import static_kernel
+from .loader import build_kernel, launch, launch_static, load_kernel  # noqa: F401  (load_kernel: also the tests' way to load a kernel)
+from .static_launch import current_raw_stream, launch_key, static_kernel
 
 class Launcher:
     """Launches one kernel; picks its block sizes on the first call and keeps the compiled
     kernel of its last launch (`compiled`), which a fast wrapper launches directly."""
     __slots__ = ("name", "fn", "xnumel", "rnumel", "reduction", "configs", "grid", "kwargs",
-                 "compiled", "numel", "nsym", "tuned")
+                 "compiled", "numel", "nsym", "tuned", "memo")
 
     def __init__(self, kernel: Kernel, configs):
         g = kernel.group
         self.name, self.fn = kernel.name, load_kernel(kernel.name, kernel.source)
         self.xnumel, self.rnumel, self.reduction = g.xnumel, g.rnumel, g.reduction
         self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
+        self.memo = {}      # launch_key -> (StaticKernel, compiled) (config.memo_launches)
         # symbolic extents: the shape symbols' values come last in the arguments; the
         # block sizes are picked (and cached) per actual (xnumel, rnumel)
         self.numel = self.nsym = self.tuned = None
@@ -37,29 +38,46 @@ class Launcher:
             self.numel = eval(f"lambda {', '.join(kernel.symbols)}: "
                               f"({pycode(g.xnumel)}, {pycode(g.rnumel)})")
 
-    def _launch(self, config, args, xnumel=None):
-        grid = (math.ceil((xnumel or self.xnumel) / config.xblock),)
-        launch(self.fn, grid, args, config.kwargs(self.reduction))
+    def _launch(self, choice, args, xnumel=None):
+        grid = (math.ceil((xnumel or self.xnumel) / choice.xblock),)
+        launch(self.fn, grid, args, choice.kwargs(self.reduction))
 
-    def _build(self, config, args, xnumel=None):
-        """Compile for `config` and these arguments without launching."""
-        grid = (math.ceil((xnumel or self.xnumel) / config.xblock),)
-        build_kernel(self.fn, grid, args, config.kwargs(self.reduction))
+    def _build(self, choice, args, xnumel=None):
+        """Compile for the block sizes `choice` and these arguments without launching."""
+        grid = (math.ceil((xnumel or self.xnumel) / choice.xblock),)
+        build_kernel(self.fn, grid, args, choice.kwargs(self.reduction))
 
     def __call__(self, *args):
+        extents = None
         if self.numel is not None:
-            x, r = self.numel(*args[len(args) - self.nsym:])
-            got = self.tuned.get((x, r))
+            extents = self.numel(*args[len(args) - self.nsym:])
+            got = self.tuned.get(extents)
             if got is None:
+                x, r = extents
                 best = autotune.pick(self.name, x, r, self.configs,
                                      lambda c: self._launch(c, args, x), lambda c: self._build(c, args, x))
-                got = self.tuned[x, r] = ((math.ceil(x / best.xblock),), best.kwargs(self.reduction))
+                got = self.tuned[extents] = ((math.ceil(x / best.xblock),), best.kwargs(self.reduction))
             self.grid, self.kwargs = got
         elif self.kwargs is None:
             best = autotune.pick(self.name, self.xnumel, self.rnumel, self.configs,
                                  lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = (math.ceil(self.xnumel / best.xblock),), best.kwargs(self.reduction)
-        self.compiled = launch(self.fn, self.grid, args, self.kwargs)
+        self._go(extents, args)
+
+    def _go(self, extents, args):
+        """Launch with the grid and block sizes picked: the kernel remembered for this
+        launch's specialization, else through `launch` (Triton's JIT), remembering what it
+        compiled (config.memo_launches)."""
+        key = launch_key(extents, args) if config.memo_launches else None
+        if key is not None:
+            got = self.memo.get(key)
+            if got is not None:
+                got[0].launch(self.grid, args, current_raw_stream(key[0]))
+                self.compiled = got[1]
+                return
+        self.compiled, kernel = launch_static(self.fn, self.grid, args, self.kwargs)
+        if key is not None and kernel is not None:
+            self.memo[key] = (kernel, self.compiled)
 
     def constexprs(self) -> list:
         """The values of the kernel's constexpr parameters, in order (after its pointers)."""
@@ -83,6 +101,7 @@ class Launcher:
         self.xnumel, self.rnumel, self.reduction = xnumel, rnumel, reduction
         self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
         self.numel = self.nsym = self.tuned = None
+        self.memo = {}
         if cls is TiledLauncher:
             self.tile = tile
         return self
@@ -96,11 +115,11 @@ class TiledLauncher(Launcher):
         super().__init__(kernel, configs)
         self.tile = kernel.tile
 
-    def _launch(self, config, args, xnumel=None):
-        launch(self.fn, self.tile.grid(config), args, config.kwargs())
+    def _launch(self, choice, args, xnumel=None):
+        launch(self.fn, self.tile.grid(choice), args, choice.kwargs())
 
-    def _build(self, config, args, xnumel=None):
-        build_kernel(self.fn, self.tile.grid(config), args, config.kwargs())
+    def _build(self, choice, args, xnumel=None):
+        build_kernel(self.fn, self.tile.grid(choice), args, choice.kwargs())
 
     def __call__(self, *args):
         if self.kwargs is None:
@@ -108,7 +127,7 @@ class TiledLauncher(Launcher):
             best = autotune.pick(self.name, t.xnumel, t.ynumel, self.configs,
                                  lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = t.grid(best), best.kwargs()
-        self.compiled = launch(self.fn, self.grid, args, self.kwargs)
+        self._go(None, args)
 
     def constexprs(self) -> list:
         return [self.kwargs["YBLOCK"], self.kwargs["XBLOCK"]]

@@ -1,0 +1,151 @@
+"""A server's traffic: one compiled model called with changing sequence lengths (issue 31,
+item 1: dynamic shapes as fast as static).  Eager, frametrace (`backend="triton"`) and
+torch.compile (Inductor), each in a process of its own.
+
+    python benchmarks/shape_sweep.py [--variants eager,ft,tc] [--md FILE]
+
+The model: transformers' BertModel from a config (6 layers, hidden 768, 12 heads,
+intermediate 3072, random weights), bf16, eval, on CUDA, batch 16, an attention mask with
+one padded row.  12 sequence lengths (32 to 512, not all multiples of 16), each called 4
+times in a shuffled order; the first round of all 12 lengths is the warm-up (compiles:
+static at first, then one graph with a symbolic length, for both compilers), the rest is
+timed per call.  The row: the whole program's seconds (compiles included), the mean per
+call after warm-up, graphs compiled in all and after the warm-up, and the largest
+difference from eager's outputs relative to their scale.  `--smoke` runs tiny sizes on the
+CPU (Triton's interpreter for `ft`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = ("eager", "ft", "tc")
+LENGTHS = (32, 48, 64, 80, 100, 128, 160, 200, 256, 320, 400, 512)
+
+
+def one(variant, smoke):
+    import transformers
+    device = torch.device("cpu" if smoke else "cuda")
+    torch.manual_seed(0)
+    if smoke:
+        cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                      intermediate_size=128, vocab_size=512)
+        lengths, batch = LENGTHS[:5], 2
+    else:
+        cfg = transformers.BertConfig(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+                                      intermediate_size=3072, vocab_size=30522)
+        lengths, batch = LENGTHS, 16
+    model = transformers.BertModel(cfg).to(device).eval()
+    if device.type == "cuda":
+        model = model.to(torch.bfloat16)
+    records = []
+    fwd = model
+    if variant == "ft":
+        import frametrace
+        frametrace.convert.record_observers.append(lambda r: records.append((time.perf_counter(), r)))
+        fwd = frametrace.optimize(model, backend="triton")
+    elif variant == "tc":
+        fwd = torch.compile(model)
+    order = []
+    rng = random.Random(4)
+    for _ in range(4):
+        r = list(lengths)
+        rng.shuffle(r)
+        order.append(r)
+    g = torch.Generator().manual_seed(5)
+
+    def call(n):
+        ids = torch.randint(0, cfg.vocab_size, (batch, n), generator=g).to(device)
+        mask = torch.ones_like(ids)
+        mask[0, n // 2:] = 0
+        with torch.no_grad():
+            out = fwd(input_ids=ids, attention_mask=mask).last_hidden_state
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return out
+    start = time.perf_counter()
+    sums = []
+    for n in order[0]:
+        out = call(n)
+        sums.append(out.float().abs().sum().item() / out.numel())
+    warm_end = time.perf_counter()
+    if variant == "tc":
+        from torch._dynamo.utils import counters
+        graphs_warm = counters["stats"]["unique_graphs"]
+    per_call = []
+    for r in order[1:]:
+        for n in r:
+            t = time.perf_counter()
+            out = call(n)
+            per_call.append(time.perf_counter() - t)
+            sums.append(out.float().abs().sum().item() / out.numel())
+    end = time.perf_counter()
+    res = {"variant": variant, "total_s": end - start, "warmup_s": warm_end - start,
+           "per_call_ms": statistics.mean(per_call) * 1e3, "numbers": sums}
+    if variant == "ft":
+        from frametrace.backends.triton import backend
+        res.update(graphs=sum(r.graph_module is not None for _, r in records),
+                   late=sum(r.graph_module is not None for t, r in records if t >= warm_end),
+                   eager_graphs=backend.STATS["eager_graphs"])
+    elif variant == "tc":
+        res.update(graphs=counters["stats"]["unique_graphs"],
+                   late=counters["stats"]["unique_graphs"] - graphs_warm)
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--md")
+    p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.one:
+        print("RESULT " + json.dumps(one(a.one, a.smoke)))
+        return
+    rows = {}
+    for v in a.variants.split(","):
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", v] + (["--smoke"] if a.smoke else [])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
+            got = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            rows[v] = json.loads(got[-1][7:]) if got else {"error": (proc.stderr or proc.stdout)[-3000:]}
+        except subprocess.TimeoutExpired:
+            rows[v] = {"error": "timed out"}
+        r = rows[v]
+        print(f"{v}: " + (json.dumps({k: x for k, x in r.items() if k != "numbers"}) if "error" not in r
+                          else "FAILED " + r["error"]), file=sys.stderr, flush=True)
+    e, i = rows.get("eager"), rows.get("tc")
+    lines = ["| variant | whole program s | per call after warm-up ms | vs eager | vs Inductor | graphs | "
+             "compiles after warm-up | max rel diff vs eager |", "|" + "---|" * 8]
+    for v, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {v} | failed | | | | | | |")
+            continue
+        ok = lambda x: x is not None and "error" not in x  # noqa: E731
+        ve = f"{r['per_call_ms'] / e['per_call_ms']:.2f}" if ok(e) else "–"
+        vi = f"{r['per_call_ms'] / i['per_call_ms']:.2f}" if ok(i) else "–"
+        diff = (max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(r["numbers"], e["numbers"]))
+                if ok(e) else float("nan"))
+        lines.append(f"| {v} | {r['total_s']:.1f} | {r['per_call_ms']:.2f} | {ve} | {vi} | "
+                     f"{r.get('graphs', '–')} | {r.get('late', '–')} | {diff:.1e} |")
+    text = "\n".join(lines)
+    print(text)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
