@@ -32,7 +32,7 @@ VARIANTS = ("eager", "ft", "tc")
 LENGTHS = (32, 48, 64, 80, 100, 128, 160, 200, 256, 320, 400, 512)
 
 
-def one(variant, smoke):
+def one(variant, smoke, profile=False):
     import transformers
     device = torch.device("cpu" if smoke else "cuda")
     torch.manual_seed(0)
@@ -89,6 +89,16 @@ def one(variant, smoke):
             per_call.append(time.perf_counter() - t)
             sums.append(out.float().abs().sum().item() / out.numel())
     end = time.perf_counter()
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as prof
+        for n in (lengths[-1], lengths[4]):
+            with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pr:
+                call(n)
+            print(f"--- {variant}, length {n}", file=sys.stderr)
+            print(pr.key_averages().table(sort_by="self_cuda_time_total" if device.type == "cuda"
+                                          else "self_cpu_time_total", row_limit=18, max_name_column_width=60),
+                  file=sys.stderr)
     res = {"variant": variant, "total_s": end - start, "warmup_s": warm_end - start,
            "per_call_ms": statistics.mean(per_call) * 1e3, "numbers": sums}
     if variant == "ft":
@@ -106,21 +116,25 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--profile", action="store_true", help="a profile of one call at two lengths, to stderr")
     p.add_argument("--md")
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.one:
-        print("RESULT " + json.dumps(one(a.one, a.smoke)))
+        print("RESULT " + json.dumps(one(a.one, a.smoke, a.profile)))
         return
     rows = {}
     for v in a.variants.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", v] + (["--smoke"] if a.smoke else [])
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", v] + (["--smoke"] if a.smoke else []) + \
+            (["--profile"] if a.profile else [])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
             got = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             rows[v] = json.loads(got[-1][7:]) if got else {"error": (proc.stderr or proc.stdout)[-3000:]}
+            if a.profile:
+                print(proc.stderr[-12000:], file=sys.stderr)
         except subprocess.TimeoutExpired:
             rows[v] = {"error": "timed out"}
         r = rows[v]
