@@ -9,7 +9,8 @@ of 32 tokens, 64 new tokens (greedy, `min_new_tokens` so every call makes 64), t
 DynamicCache (the KV length grows by one each step: a graph with a symbolic length).
 Variants: `eager`; `ft` (frametrace, `backend="triton"`); `ft_ro` (the same with
 `mode="reduce-overhead"`); `tc` (torch.compile, Inductor); `tc_ro` (Inductor,
-`mode="reduce-overhead"`).  Two untimed `generate()` calls compile (prefill and decode
+`mode="reduce-overhead"`); a variant ending in `_sc` (`eager_sc`, `ft_sc`, ...) generates
+with `cache_implementation="static"` (HF's StaticCache: the same shapes every step).  Two untimed `generate()` calls compile (prefill and decode
 graphs), then the median of --calls timed calls; per token is that over the new tokens.
 The row says how many graphs were compiled in the timed calls (0 is the goal), the
 frames left to CPython (frametrace), and whether the tokens equal eager's (bf16 greedy
@@ -30,7 +31,7 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ("eager", "ft", "tc", "ft_ro", "tc_ro")
+VARIANTS = ("eager", "ft", "tc", "ft_ro", "tc_ro")   # each also with "_sc": StaticCache
 
 
 def model_and_prompt(batch, smoke, device):
@@ -54,6 +55,8 @@ def model_and_prompt(batch, smoke, device):
 
 
 def one(variant, batch, smoke, calls, new, profile):
+    static_cache = variant.endswith("_sc")
+    variant = variant[:-3] if static_cache else variant
     device = torch.device("cpu" if smoke else "cuda")
     model, prompt = model_and_prompt(batch, smoke, device)
     records = []
@@ -69,7 +72,7 @@ def one(variant, batch, smoke, calls, new, profile):
     def gen():
         with torch.no_grad():
             out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                 pad_token_id=0)
+                                 pad_token_id=0, **({"cache_implementation": "static"} if static_cache else {}))
         if device.type == "cuda":
             torch.cuda.synchronize()
         return out
@@ -86,7 +89,7 @@ def one(variant, batch, smoke, calls, new, profile):
         t = time.perf_counter()
         out = gen()
         times.append(time.perf_counter() - t)
-    result = {"variant": variant, "batch": batch, "warmup_s": warm_s,
+    result = {"variant": variant + ("_sc" if static_cache else ""), "batch": batch, "warmup_s": warm_s,
               "median_s": statistics.median(times), "times": times,
               "tokens": out[:, -new:].tolist()}
     if variant.startswith("ft"):
@@ -168,8 +171,9 @@ def main(argv=None):
                 continue
             print(f"batch {b} {v}: " + json.dumps({k: r[k] for k in r if k not in ("tokens", "times")}),
                   file=sys.stderr, flush=True)
-        e, i = rows.get("eager"), rows.get("tc")
         for v, r in rows.items():
+            sc = "_sc" if v.endswith("_sc") else ""
+            e, i = rows.get("eager" + sc), rows.get("tc" + sc)
             if "error" in r:
                 lines.append(f"| {b} | {v} | failed | | | | | | | | |")
                 continue
