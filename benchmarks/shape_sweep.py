@@ -99,6 +99,18 @@ def one(variant, smoke, profile=False):
             print(pr.key_averages().table(sort_by="self_cuda_time_total" if device.type == "cuda"
                                           else "self_cpu_time_total", row_limit=18, max_name_column_width=60),
                   file=sys.stderr)
+        import cProfile
+        import io
+        import pstats
+        cp = cProfile.Profile()
+        cp.enable()
+        for n in order[-1][:6]:
+            call(n)
+        cp.disable()
+        text = io.StringIO()
+        pstats.Stats(cp, stream=text).sort_stats("tottime").print_stats(30)
+        print(f"--- {variant}, Python profile of 6 calls", file=sys.stderr)
+        print(text.getvalue(), file=sys.stderr)
     res = {"variant": variant, "total_s": end - start, "warmup_s": warm_end - start,
            "per_call_ms": statistics.mean(per_call) * 1e3, "numbers": sums}
     if variant == "ft":
