@@ -225,7 +225,7 @@ def test_launch_key_separates_what_triton_specializes_on(monkeypatch):
     widths = {key((64, 1), (x, v)) for v in (2 ** 31 - 16, 2 ** 31, 2 ** 63)}
     assert len(widths) == 3
     assert key((64, 1), (x, -2 ** 31)) != key((64, 1), (x, -2 ** 31 - 16))
-    # pointer alignment (a view 4 bytes in), dtype, the extents (block sizes), the device
+    # pointer alignment (a view 4 bytes in), dtype, the block sizes, the device
     assert key((64, 1), (x[1:], 64)) != base
     assert key((64, 1), (x.double(), 64)) != base
     assert key((65, 1), (x, 64)) != base

@@ -88,17 +88,17 @@ def static_kernel(compiled, device: int | None = None) -> StaticKernel | None:
     return per_device[device]
 
 
-def launch_key(extents, args) -> tuple | None:
+def launch_key(blocks, args) -> tuple | None:
     """What Triton specializes a launch of these arguments on, with the current device
-    and the kernel's `extents` (they fix its block sizes): a launch whose key equals an
-    earlier one's runs the kernel Triton compiled then (wrapper.Launcher's memo).  None
+    and the kernel's block sizes and warps (`blocks`, hashable): a launch whose key equals
+    an earlier one's runs the kernel Triton compiled then (wrapper.Launcher's memo).  None
     where torch's launcher would not run it (no CUDA tensor, an argument of another kind,
     launch hooks, config.static_launch off).  Tensors: dtype and 16-byte alignment of the
     data pointer; ints: being 1 (a constexpr for Triton), a multiple of 16, and their
     width (int32, int64, uint64); floats, bools and None: their type."""
     if _LAUNCHER is None or not config.static_launch or _hooked():
         return None
-    spec = [_current_device(), extents]
+    spec = [_current_device(), blocks]
     cuda = False
     for a in args:
         kind = type(a)

@@ -48,7 +48,6 @@ class Launcher:
         build_kernel(self.fn, grid, args, choice.kwargs(self.reduction))
 
     def __call__(self, *args):
-        extents = None
         if self.numel is not None:
             extents = self.numel(*args[len(args) - self.nsym:])
             got = self.tuned.get(extents)
@@ -62,13 +61,14 @@ class Launcher:
             best = autotune.pick(self.name, self.xnumel, self.rnumel, self.configs,
                                  lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = (math.ceil(self.xnumel / best.xblock),), best.kwargs(self.reduction)
-        self._go(extents, args)
+        self._go(args)
 
-    def _go(self, extents, args):
-        """Launch with the grid and block sizes picked: the kernel remembered for this
-        launch's specialization, else through `launch` (Triton's JIT), remembering what it
-        compiled (config.memo_launches)."""
-        key = launch_key(extents, args) if config.memo_launches else None
+    def _go(self, args):
+        """Launch with the grid and block sizes picked: the kernel remembered for these
+        block sizes and this launch's specialization, else through `launch` (Triton's
+        JIT), remembering what it compiled (config.memo_launches).  (The grid is the
+        launch's own: extents of one set of block sizes share a kernel.)"""
+        key = launch_key(tuple(self.kwargs.items()), args) if config.memo_launches else None
         if key is not None:
             got = self.memo.get(key)
             if got is not None:
@@ -127,7 +127,7 @@ class TiledLauncher(Launcher):
             best = autotune.pick(self.name, t.xnumel, t.ynumel, self.configs,
                                  lambda c: self._launch(c, args), lambda c: self._build(c, args))
             self.grid, self.kwargs = t.grid(best), best.kwargs()
-        self._go(None, args)
+        self._go(args)
 
     def constexprs(self) -> list:
         return [self.kwargs["YBLOCK"], self.kwargs["XBLOCK"]]
