@@ -126,7 +126,7 @@ def test_min_max_of_tensors_is_data_dependent():
     def f(a, b):
         return max(a, b)
     # (chosen in the graph as a new tensor, which cannot stand for the input CPython
-    # returns: tests/test_python_coverage_36.py)
+    # returns: tests/test_min_max_of_tensors.py)
     unsupported(f, torch.tensor(1.0), torch.tensor(2.0), match="min\\(\\)/max\\(\\)")
 
     def g(xs):

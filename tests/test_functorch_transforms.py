@@ -289,3 +289,60 @@ def test_a_python_attribute_of_an_input_is_not_on_the_vmapped_tensor():
         x.scale = 3.0
         return x
     check(f, [run(rand(3, 2)), run(rand(3, 2))], fullgraph=True)
+
+
+# ------------------------------------------------- vmap of a function writing in place
+def _add_one(t):
+    t.add_(1)
+    return t * 2
+
+
+def _scale_by(t, u):
+    t.mul_(u)
+    return t.sum()
+
+
+def vmap_writes_its_input(x):
+    return torch.func.vmap(_add_one)(x)
+
+
+def vmap_result_unused(x, y):
+    torch.func.vmap(_scale_by)(x, y)
+    return x + 1
+
+
+def vmap_writes_an_unbatched_argument(x, y):
+    def f(t, u):
+        u.add_(t.sum())
+        return u * 1
+    return torch.func.vmap(f, in_dims=(1, None))(x, y), y.clone()
+
+
+def vmap_writes_a_view_of_an_input(x):
+    out = torch.func.vmap(_add_one)(x[:, 1:])
+    return out, x.sum()
+
+
+def vmap_writes_an_intermediate(x):
+    y = x * 2
+    out = torch.func.vmap(_add_one)(y)
+    return out + y, y
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_vmap_of_a_function_writing_in_place(backend):
+    for fn, inputs in [(vmap_writes_its_input, [torch.randn(2, 3), torch.randn(2, 3)]),
+                       (vmap_result_unused, [(torch.randn(2, 3), torch.randn(2, 3))]),
+                       (vmap_writes_a_view_of_an_input, [torch.randn(3, 4)]),
+                       (vmap_writes_an_intermediate, [torch.randn(2, 3)])]:
+        r = check(fn, inputs, backend=backend)
+        assert r.breaks == 0 and r.graphs == 1, fn.__name__
+
+
+def test_vmap_writing_an_unbatched_argument_raises_as_cpython():
+    # (vmap refuses an in-place write of a batched value into an unbatched tensor)
+    check(vmap_writes_an_unbatched_argument, [(torch.randn(3, 2), torch.randn(2))], graphs=None)
+
+
+def test_vmap_writing_a_leaf_that_requires_grad_raises_as_cpython():
+    check(vmap_writes_its_input, [torch.randn(2, 3, requires_grad=True)], graphs=None)

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+import frametrace
 from differential import Call, check
 from conftest import quiet
 
@@ -568,3 +569,281 @@ def test_for_over_a_user_iterator_object_is_no_internal_error():
         return x
 
     check(f, [torch.zeros(2), torch.ones(2)], max_graphs=4)
+
+
+# ------------------------------------------------------------ returned generators
+def _consumed(compiled, take=None):
+    """Calls `compiled` and consumes the generator(s) it returns (all, or `take` items),
+    so that what they yield, and when their bodies ran, is compared."""
+    def outer(*args):
+        out = compiled(*args)
+        gens = out if isinstance(out, tuple) else (out,)
+        got = []
+        for g in gens:
+            if hasattr(g, "__next__"):
+                got.append([next(g) for _ in range(take)] if take else list(g))
+            else:
+                got.append(g)
+        return got, args
+    return outer
+
+
+def _check_gen(fn, inputs, take=None, **kw):
+    return check(_consumed(fn, take), inputs,
+                 compiled=lambda c: _consumed(frametrace.optimize(backend=c)(fn), take), **kw)
+
+
+def genexpr_over_a_local(x):
+    y = x + 1
+    return (y * i for i in range(3))
+
+
+def counting(t, log):
+    for i in range(3):
+        log.append(i)           # runs as the caller consumes it
+        yield t + i
+
+
+def generator_of_an_intermediate(x, log):
+    g = counting(x * 2, log)
+    log.append("made")
+    return g
+
+
+def arguments_changed_after_the_call(x, log):
+    y = x * 2
+    g = counting(y, log)
+    y.add_(1)                   # the body, run later, sees it
+    x.mul_(3)
+    log.append(len(log))
+    return g, y
+
+
+def forever(t):
+    i = 0
+    while True:
+        yield t * i
+        i += 1
+
+
+def infinite_returned(x):
+    return forever(x + 1)
+
+
+def one_generator_twice(x):
+    g = forever(x)
+    return g, g
+
+
+def consumed_then_returned(x):
+    g = counting(x, [])
+    first = next(g)
+    return first, g
+
+
+class Source:
+    def __init__(self, k):
+        self.k = k
+
+    def items(self, t):
+        for i in range(self.k):
+            yield t * self.k + i
+
+
+def generator_method(x, src):
+    return src.items(x - 1)
+
+
+def test_returned_genexpr():
+    r = _check_gen(genexpr_over_a_local, [torch.randn(3), torch.randn(3)])
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_generator_runs_its_body_when_consumed():
+    r = _check_gen(generator_of_an_intermediate, [(torch.randn(3), []), (torch.randn(3), [1])])
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_generator_sees_later_changes_of_its_arguments():
+    r = _check_gen(arguments_changed_after_the_call, [(torch.randn(3), []), (torch.randn(3), [0])])
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_infinite_generator_consumed_partly():
+    r = _check_gen(infinite_returned, [torch.randn(3), torch.randn(3)], take=4)
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_returned_generator_identity_kept():
+    def outer(compiled):
+        def run(x):
+            a, b = compiled(x)
+            return a is b, next(a), next(b), next(a)
+        return run
+    r = check(outer(one_generator_twice), [torch.randn(3)],
+              compiled=lambda c: outer(frametrace.optimize(backend=c)(one_generator_twice)), graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_generator_started_in_the_frame_still_right():
+    _check_gen(consumed_then_returned, [torch.randn(3), torch.randn(3)], graphs=None)
+
+
+def test_returned_generator_of_a_method():
+    r = _check_gen(generator_method, [(torch.randn(3), Source(2)), (torch.randn(3), Source(3))])
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def generator_over_a_cell_rebound_later(x, d):
+    k = 1
+
+    def gen(extra):
+        for i in range(2):
+            yield x * k + extra["v"] + i
+
+    g = gen(d)
+    k = 5                       # the body, run later, reads the cell: 5
+    d["v"] = 7
+    return g
+
+
+def test_returned_generator_reads_cells_and_containers_as_left():
+    r = _check_gen(generator_over_a_cell_rebound_later, [(torch.randn(3), {"v": 1}),
+                                                          (torch.randn(3), {"v": 2})], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+# ------------------------------------------------- iterators passed in by the caller
+def _over_iterator(compiled):
+    """Calls `compiled` on an iterator over `items` and reports how far the caller's
+    iterator was advanced (what is left of it), and whether it got it back."""
+    def outer(x, items, *rest):
+        it = iter(items)
+        try:
+            out = compiled(x, it, *rest)
+        except Exception as e:
+            out = e
+        if isinstance(out, tuple) and out and out[-1] is it:
+            out = out[:-1] + ("the caller's iterator",)
+        items.append(100)               # seen by an iterator that is not exhausted
+        return out, list(it)
+    return outer
+
+
+def _check_iter(fn, inputs, **kw):
+    return check(_over_iterator(fn), inputs,
+                 compiled=lambda c: _over_iterator(frametrace.optimize(backend=c)(fn)), **kw)
+
+
+def next_with_default(x, it):
+    a = next(it, 10)
+    b = next(it, 20)
+    return x * a + b
+
+
+def membership(x, it):
+    return x + (2 in it), x * (7 in it)
+
+
+def loop_with_break(x, it):
+    for v in it:
+        x = x + v
+        if v > 1:
+            break
+    return x
+
+
+def consumed_then_raises(x, it):
+    a = next(it)
+    if a > 0:
+        raise ValueError(f"first item {a}")
+    return x + a
+
+
+def returned_after_next(x, it):
+    return x + next(it), it
+
+
+def across_a_break(x, it):
+    a = next(it)
+    print("between", a)
+    return x + a + next(it, 0)
+
+
+def list_grown_while_iterating(x, it, items):
+    a = next(it)
+    items.append(a + 10)
+    return x + sum(it)
+
+
+ITEMS = [[1, 2, 3], [4], [], [0, 5, 1, 2], [3, 2, 7, 1]]
+
+
+def test_next_on_an_iterator_passed_in():
+    r = _check_iter(next_with_default, [(torch.randn(3), list(i)) for i in ITEMS], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0 and r.graphs >= 1
+
+
+def test_in_on_an_iterator_passed_in():
+    r = _check_iter(membership, [(torch.randn(3), list(i)) for i in ITEMS], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0 and r.graphs >= 1
+
+
+def test_loop_over_an_iterator_passed_in():
+    r = _check_iter(loop_with_break, [(torch.randn(3), list(i)) for i in ITEMS], graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0 and r.graphs >= 1
+
+
+def test_iterator_passed_in_consumed_before_an_exception():
+    _check_iter(consumed_then_raises, [(torch.randn(3), [1, 2]), (torch.randn(3), [0, 2]),
+                                       (torch.randn(3), [3])], graphs=None)
+
+
+def test_iterator_passed_in_returned_as_itself():
+    r = _check_iter(returned_after_next, [(torch.randn(3), [1, 2]), (torch.randn(3), [5, 6, 7])],
+                    graphs=None)
+    assert r.breaks == 0 and r.fallbacks == 0
+
+
+def test_iterator_passed_in_across_a_break(capsys):
+    _check_iter(across_a_break, [(torch.randn(3), [1, 2]), (torch.randn(3), [5])], graphs=None)
+
+
+def test_iterator_passed_in_with_its_list():
+    def outer(compiled):
+        def run(x, items):
+            it = iter(items)
+            return compiled(x, it, items), list(it), items
+        return run
+    r = check(outer(list_grown_while_iterating), [(torch.randn(3), [1, 2]), (torch.randn(3), [5])],
+              compiled=lambda c: outer(frametrace.optimize(backend=c)(list_grown_while_iterating)),
+              graphs=None)
+    assert r.fallbacks == 0
+
+
+def membership_breaks_midway(x, it):
+    a = next(it)
+    found = x[0] in it              # tensor == tensor: a decision on data, a break
+    return x + a, found
+
+
+def test_iterator_passed_in_with_a_break_inside_in():
+    def items(*vals):
+        return [torch.tensor(float(v)) for v in vals]
+    _check_iter(membership_breaks_midway, [(torch.tensor([2.0, 1.0]), items(1, 3, 2, 5)),
+                                           (torch.tensor([9.0, 1.0]), items(1, 3))], graphs=None)
+
+
+def loop_with_a_break_inside(x, it):
+    for v in it:
+        x = x + v
+        if v == 2:
+            print("two")        # a graph break inside the loop over the caller's iterator
+        if v > 4:
+            break
+    return x
+
+
+def test_loop_over_an_iterator_passed_in_with_a_break_inside(capsys):
+    _check_iter(loop_with_a_break_inside, [(torch.randn(3), list(i)) for i in ITEMS + [[2, 5, 6]]],
+                graphs=None)

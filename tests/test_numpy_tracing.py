@@ -355,3 +355,43 @@ def test_numpy_scalars_passed_in_then_python_numbers():
 
     inputs = [np.float32(2.0), np.float64(3.0), 2.5, np.int64(2), 2, np.float32(4.0)]
     check(f, [(torch.ones(2), s) for s in inputs], max_graphs=len(inputs))
+
+
+# ------------------------------------------------------------------ NumPy objects
+
+class _Arrays:
+    def __init__(self, dtype):
+        self.a = np.arange(1, 4).astype(dtype) * dtype(3) if dtype is not np.bool_ else \
+            np.array([True, False, True])
+        self.dt = np.dtype("float32")
+
+
+def numpy_scalars_from_arrays(x, h):
+    # h.a.sum() is a NumPy scalar: torch takes it as a Python int or float
+    return x * h.a.sum() + (h.dt == np.float32), x > h.a.mean(), x - h.a.max()
+
+
+def numpy_finfo_and_bool_scalars(x):
+    fi = np.finfo(np.float32)
+    table = {np.dtype("float32"): 1, np.dtype("int64"): 2}
+    return (x.clamp(min=float(fi.min), max=float(fi.max)) + (fi.eps > 0), x * np.bool_(True),
+            table[np.dtype(np.float32)], hash(np.dtype("float32")) == hash(np.dtype(np.float32)))
+
+
+def numpy_scalar_in_place(x, h):
+    x *= h.a.sum()
+    return x
+
+
+@pytest.mark.parametrize("tensor_dtype", [torch.float32, torch.float64, torch.int32, torch.bool])
+def test_numpy_scalars_with_tensors(tensor_dtype):
+    for np_dtype in (np.float64, np.float32, np.int8, np.int64, np.int16, np.bool_):
+        frametrace.reset()
+        x = torch.arange(3).to(tensor_dtype)
+        r = check(numpy_scalars_from_arrays, [(x, _Arrays(np_dtype))])
+        assert r.breaks == 0 and r.graphs == 1, np_dtype
+        frametrace.reset()
+        check(numpy_scalar_in_place, [(x, _Arrays(np_dtype))], graphs=None)   # (or raises)
+    frametrace.reset()
+    r = check(numpy_finfo_and_bool_scalars, [torch.arange(3).to(tensor_dtype)])
+    assert r.breaks == 0 and r.graphs == 1

@@ -492,3 +492,106 @@ def test_python_random_same_values_and_state_as_cpython():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------------ namedtuple in the frame
+GlobalPair = collections.namedtuple("GlobalPair", "a b", defaults=[7])
+
+
+def namedtuple_made_in_the_frame(x):
+    Pt = collections.namedtuple("Pt", ["a", "b"])
+    p = Pt(x, x + 1)
+    q = p._replace(b=x * 3)
+    return (p.a * p.b, p[0], len(p), q.b, tuple(q), Pt.__name__, Pt._fields, Pt.__module__,
+            repr(Pt(1, 2)), isinstance(p, tuple))
+
+
+def namedtuple_with_defaults(x):
+    Pt = collections.namedtuple("Pt", "a b c", defaults=[5, "s"])
+    p = Pt(x)
+    a, b, c = p
+    return a + b, c, repr(Pt(1, c=2)), str(GlobalPair(3)), GlobalPair(x, b=2).b
+
+
+def namedtuple_wrong_arguments(x, which):
+    Pt = collections.namedtuple("Pt", "a b")
+    if which == 0:
+        return Pt(x, a=1)             # TypeError: multiple values
+    if which == 1:
+        return Pt(x)                  # TypeError: missing b
+    return Pt(x, 1, 2)                # TypeError: too many
+
+
+def test_namedtuple_made_in_the_frame():
+    r = check(namedtuple_made_in_the_frame, [torch.randn(3), torch.randn(3)])
+    assert r.breaks == 0 and r.graphs == 1
+    r = check(namedtuple_with_defaults, [torch.randn(3), torch.randn(3)])
+    assert r.breaks == 0 and r.graphs == 1
+
+
+def test_namedtuple_wrong_arguments_raise_as_cpython():
+    check(namedtuple_wrong_arguments, [(torch.randn(3), 0), (torch.randn(3), 1), (torch.randn(3), 2)],
+          graphs=None)
+
+
+def test_namedtuple_repr_names_its_fields():
+    # (a namedtuple instance's constant was a plain tuple: its repr lost the names)
+    def f(x):
+        return x + 1, repr(GlobalPair(1, 2)), str(GlobalPair(3)), f"{GlobalPair(4, 5)}"
+    assert check(f, [torch.randn(3)]).breaks == 0
+
+
+class _Doubled(collections.namedtuple("_Doubled", "a b")):
+    def __new__(cls, a, b=3):
+        return super().__new__(cls, a * 2, b)
+
+
+def test_namedtuple_subclass_with_its_own_new_runs_it():
+    # (its instances were made as if __new__ were the namedtuple's: a wrong answer)
+    def f(x):
+        p = _Doubled(x)
+        return p.a + p.b, repr(_Doubled(1, 2))
+    check(f, [torch.randn(3)], graphs=None)
+
+
+# ------------------------------------------------------- lru_cache on traced tensors
+CACHE_CALLS = []
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_scale(t, k=2):
+    CACHE_CALLS.append(k)           # runs on a miss only
+    return t * k
+
+
+def cached_on_a_fresh_tensor(x):
+    y = x + 1
+    a = _cached_scale(y, 3)
+    b = _cached_scale(y, 3)         # CPython's cache hit: the same object, no second run
+    y.add_(1)
+    c = _cached_scale(y, 3)         # a hit too: the result computed before the write
+    d = _cached_scale(y, 3.0)       # 3 == 3.0: one key
+    return a, b is a, c is a, d is a, _cached_scale(x * 2, 4)
+
+
+def cached_on_an_input(x):
+    return _cached_scale(x, 5)
+
+
+def cached_key_outlives_the_frame(x):
+    y = x + 1
+    return _cached_scale(y, 6), y
+
+
+def test_lru_cache_called_on_a_tensor_made_in_the_frame():
+    r = check(cached_on_a_fresh_tensor, [torch.randn(3), torch.randn(3)], globals=["CACHE_CALLS"])
+    assert r.breaks == 0 and r.graphs == 1
+
+
+def test_lru_cache_whose_key_could_be_found_again_not_traced():
+    # (an input may be in the cache already; a key that outlives the frame would be
+    # found by a later call in CPython)
+    r = check(cached_on_an_input, [torch.randn(3)], globals=["CACHE_CALLS"], graphs=None)
+    assert any("lru_cache" in reason for reason in r.reasons())
+    r = check(cached_key_outlives_the_frame, [torch.randn(3)], globals=["CACHE_CALLS"], graphs=None)
+    assert r.fallbacks == 1

@@ -130,6 +130,22 @@ def assert_kernels(mod, before):
     assert not mod.fallbacks, mod.fallbacks
 
 
+def run_against_fx(gm, args, steps, seed):
+    """Compiles `gm` (a forward graph taking `args` and one generator) with the triton
+    backend, checks that it runs as kernels (assert_kernels), then calls it `steps` times
+    against the same graph run by FX, with generators started from `seed`: each result,
+    and the generators' states after each call."""
+    before = backend.STATS["eager_graphs"]
+    f = backend.compile_training_forward(gm, [*args, torch.default_generator.clone_state()])
+    assert_kernels(backend.COMPILED[-1], before)
+    gens, ref = generators(1, seed)
+    for step in range(steps):
+        got, want = f([*args, *gens]), gm(*args, *ref)
+        for a, b in zip(got, want):
+            assert_same(a, b, step)
+        assert same_state(gens, ref), step
+
+
 def test_key_drawn_in_a_generators_state_feeds_the_kernels():
     x = torch.randn(16, 40)
     gm = traced(dropped_softmax, x)
@@ -166,16 +182,7 @@ def test_wrapped_aten_random_op_with_several_results():
         out, mask = torch.ops.aten.native_dropout.default(h, 0.3, True)
         return out.exp() + mask.float(), mask
     x, w = torch.randn(12, 20), torch.randn(20)
-    gm = traced(fn, x, w)
-    before = backend.STATS["eager_graphs"]
-    f = backend.compile_training_forward(gm, [x, w, torch.default_generator.clone_state()])
-    assert_kernels(backend.COMPILED[-1], before)
-    gens, ref = generators(1, 3)
-    for step in range(3):
-        got, want = f([x, w, *gens]), gm(x, w, *ref)
-        for a, b in zip(got, want):
-            assert_same(a, b, step)
-        assert same_state(gens, ref), step
+    run_against_fx(traced(fn, x, w), (x, w), steps=3, seed=3)
 
 
 def test_backward_recomputes_what_the_forward_drew():
@@ -312,13 +319,4 @@ def test_attention_op_in_a_generators_state():
         out, lse = attention(q, k, k, 0.0, False)
         return out.relu() + 1, lse.exp()
     x, w = torch.randn(2, 16, 4, 8), torch.randn(8)
-    gm = traced(fn, x, w)
-    before = backend.STATS["eager_graphs"]
-    f = backend.compile_training_forward(gm, [x, w, torch.default_generator.clone_state()])
-    assert_kernels(backend.COMPILED[-1], before)
-    gens, ref = generators(1, 9)
-    for step in range(2):
-        got, want = f([x, w, *gens]), gm(x, w, *ref)
-        for a, b in zip(got, want):
-            assert_same(a, b, step)
-        assert same_state(gens, ref), step
+    run_against_fx(traced(fn, x, w), (x, w), steps=2, seed=9)

@@ -35,8 +35,8 @@ triton_backend.__frametrace_configure__ = _configure
 def _load_artifact(gm, example_inputs, artifact):
     """A warm start's compiled function from the result the cold one stored
     (result_cache.py), or None where its key is not this call's."""
-    from .result_cache import load  # (lazy: the pipeline loads at the first compile)
-    return load(gm, example_inputs, artifact)
+    from .backend import load_artifact  # (lazy: the pipeline loads at the first compile)
+    return load_artifact(gm, example_inputs, artifact)
 
 
 triton_backend.__frametrace_load_artifact__ = _load_artifact

@@ -21,14 +21,16 @@ from .. import aot_cache
 from ..python_floats import python_floats_kept
 from ..kernel_formats import keep_kernel_formats
 from . import config
+from .attention import drop_trivial_masks
+from .compiled_module import CompiledModule, boxed, layouts, mutated_before, rehearsal, settle
 from .context import CompileContext
 from .kernel_source import KernelCodegen
 from .cudagraphs import CudaGraphRunner
 from .decompositions import decompositions
 from .fallback import kernel_nodes
-from .foreach import in_place
 from .ir import Extern, Unsupported
 from .lowering import GraphLowering
+from .partition import partition
 from . import result_cache
 from .rng import hoist_seeds
 from .scheduler import schedule
@@ -47,61 +49,6 @@ PIPELINE = {"builds": 0, "build_seconds": 0.0, "restored": 0, "restore_seconds":
 # Builds of one graph after the first, each with more nodes as aten calls, before it runs
 # eagerly as a whole
 REBUILDS = 8
-
-
-class CompiledModule:
-    """What the backend made of one graph (`kind`: inference, forward or backward).  `kernels`: one entry per launch
-    (`.name`, `.source`); `externs`: aten ops called as they are; `fallbacks`: the FX
-    nodes among those that kernels could have run (`lowering.Fallback`s: node, op, why)."""
-
-    def __init__(self, wrapper, source, kernels, externs, fallback_ops, extern_ops=(), fallbacks=()):
-        self.wrapper, self.source, self.namespace = wrapper, source, wrapper.ns
-        self.kernels, self.externs, self.fallback_ops = kernels, externs, fallback_ops
-        self.extern_ops, self.fallbacks = extern_ops, list(fallbacks)
-        # symbolic sizes: the wrapper reads the shape symbols from its inputs
-        self.symbolic = bool(wrapper.lowered.hints)
-        self.call = self.namespace["call"]
-        self.fast = None    # `fast(args)`, once the first call has compiled every kernel
-        self.runner = None  # a CudaGraphRunner, when launches are replayed as a CUDA graph
-        self.kind = "inference"
-        self.settings = {}  # config values this module keeps (optimize(mode=, options=))
-
-    @property
-    def graphable(self) -> bool:
-        """Worth replaying as a CUDA graph, and safe to: no op mutates its inputs."""
-        settings = self.settings
-        return (settings.get("cudagraphs", config.cudagraphs) and not self.symbolic and self.namespace["device"].type == "cuda"
-                and not self.wrapper.lowered.off_device  # host work a replay would skip
-                and not getattr(self.wrapper.lowered, "generators", ())  # (a capture must register them)
-                and len(self.kernels) + len(self.externs) >=
-                settings.get("cudagraph_min_launches", config.cudagraph_min_launches)
-                and not any(op._schema.is_mutable for op in self.extern_ops)
-                and not any(in_place(k) for k in self.kernels))  # (inputs are copied in)
-
-    @property
-    def unique_kernels(self) -> list[str]:
-        return sorted({k.source for k in self.kernels})
-
-    def make_fast(self, inputs):
-        """After a first call with `inputs`: the wrapper that calls each compiled kernel's
-        launcher directly (on the GPU), or None."""
-        if not self.settings.get("fast_launch", config.fast_launch):
-            return None
-        try:
-            source = self.wrapper.fast_source(inputs)
-        except AttributeError as e:  # another Triton's launcher
-            log.info("triton backend: launches go through Triton's JIT (%s)", e)
-            return None
-        if source is None:
-            return None
-        exec(compile(source, "<frametrace-triton fast wrapper>", "exec"), self.namespace)
-        self.fast_source = source
-        self.fast = self.namespace["fast"]
-        output_code.debug("triton backend, fast wrapper:\n%s", source)
-        return self.fast
-
-    def __call__(self, args):
-        return (self.fast or self.call)(args)
 
 
 def _eager(gm, example_inputs):
@@ -182,10 +129,8 @@ def compile_graph(gm, example_inputs):
         with floats:
             return aot_module_simplified(gm, example_inputs, fw_compiler=_eager, bw_compiler=_eager,
                                          keep_inference_input_mutations=True)
-    from .attention import drop_trivial_masks  # (lazy: training graphs only)
     if drop_trivial_masks(gm):
         log.debug("triton backend: dropped attention masks that mask nothing")
-    from .partition import partition  # (lazy: training graphs only; networkx)
     caching = frametrace_config.cache and frametrace_config.cache_triton_results
     # (cached: the backward is compiled now, not at its first call, so that the entry
     # stored after this compile holds its kernels too)
@@ -201,6 +146,22 @@ def compile_graph(gm, example_inputs):
     if capture.enabled:
         compiled = result_cache.with_artifact(compiled, gm, example_inputs, capture.record)
     return compiled
+
+
+def load_artifact(gm, example_inputs, artifact):
+    """A warm start's compiled function from the result a cold one stored
+    (result_cache.load), or None: restored modules are recorded as this pipeline's
+    (COMPILED, PIPELINE), and a graph whose restored module does not fit is compiled
+    again by it."""
+    return result_cache.load(gm, example_inputs, artifact, restored=_restored, recompile=_compile)
+
+
+def _restored(mod, seconds):
+    """A module restored from the result cache, kept as a build's is."""
+    COMPILED.append(mod)
+    del COMPILED[:-8]
+    PIPELINE["restored"] += 1
+    PIPELINE["restore_seconds"] += seconds
 
 
 def _graph_device(gm, example_inputs):
@@ -285,7 +246,7 @@ def _compile(gm, example_inputs, kind):
                 run.target = _give_up(gm, e)
                 return run.target(kept)
         for _ in range(REBUILDS + 1):
-            trial = _rehearsal(mod, kept)
+            trial = rehearsal(mod, kept)
             try:
                 if trial is not None:
                     mod.call(trial)     # (compiles every kernel; writes only the copies)
@@ -295,7 +256,7 @@ def _compile(gm, example_inputs, kind):
             except Exception as e:
                 if getattr(e, "frametrace_check", False):
                     raise  # the program's error (an index out of range): the kernels are fine
-                if trial is None and _mutated_before(mod, e):
+                if trial is None and mutated_before(mod, e):
                     raise  # running the graph again would read the input it wrote
                 trial = None
                 blamed = _blame_launch(mod, e, aten_nodes)
@@ -321,55 +282,6 @@ def _compile(gm, example_inputs, kind):
 
     run = boxed(first, lambda: mod)
     return run
-
-
-def boxed(first, current):
-    """A graph's boxed function: it calls `first` until that replaces `run.target`
-    (with the module's fast path once its kernels have launched); `current()`: the
-    CompiledModule the graph runs now (the result cache stores it)."""
-    def run(args):
-        return run.target(args)
-    run.target = first
-    run._boxed_call = True
-    run.current_module = current
-    return run
-
-
-def settle(run, mod, kept):
-    """After a module's first good launch: later calls go straight to its fast wrapper
-    (a launcher with the checks of the first call's layouts), through the CUDA-graph
-    runner where the module has one."""
-    fast = mod.make_fast(kept)
-    if mod.runner is not None:
-        run.target = mod.runner
-        mod.runner.call = fast or mod.call
-    else:
-        run.target = fast or mod.call
-
-
-def _rehearsal(mod, args) -> list | None:
-    """For the first call of a graph that writes its inputs (an optimizer step): the
-    arguments with each tensor copied (same sizes, strides and values), for a run that
-    compiles every kernel before any writes the caller's memory, so that a kernel
-    failing to compile is replaced by aten calls instead of reaching the user half
-    way through the writes.  None where not needed or not safe: no input written, a
-    random draw (a second run would advance the generator), an op outside aten, or
-    copies that would take more than half the GPU's free memory."""
-    ops = mod.extern_ops
-    writes = any(in_place(k) for k in mod.kernels) or \
-        any(getattr(getattr(op, "_schema", None), "is_mutable", True) for op in ops)
-    if not writes or any(torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()) or
-                         getattr(op, "namespace", None) != "aten" for op in ops):
-        return None     # (other namespaces: a collective run twice on one rank would hang)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    need = sum(t.untyped_storage().nbytes() for t in tensors if t.is_cuda)
-    try:
-        if need and (torch.cuda.is_current_stream_capturing() or need > torch.cuda.mem_get_info()[0] // 2):
-            return None     # (a caller's capture records what we allocate)
-        return [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device).copy_(a)
-                if isinstance(a, torch.Tensor) else a for a in args]
-    except Exception:   # (an overlapping layout copy_ refuses, say): run as before
-        return None
 
 
 def _restrided(example_inputs, args) -> bool:
@@ -459,41 +371,6 @@ def _blame_launch(mod, e, aten_nodes) -> dict | None:
     return nodes or None
 
 
-def _mutated_before(mod, e) -> bool:
-    """Whether the wrapper that raised `e` had written an input (an input mutation's
-    `copy_`) before the line that raised."""
-    line, tb = None, e.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<frametrace-triton wrapper>":
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    writes = write_prefixes(mod)
-    if not writes or line is None:
-        return bool(writes)
-    return any(text.startswith(w) for text in mod.source.splitlines()[:line - 1] for w in writes)
-
-
-def write_prefixes(mod) -> list:
-    """The starts of the wrapper's lines that write an input (a mutating aten call, a
-    kernel storing into an input)."""
-    known = getattr(mod, "writes", None)      # (a module restored from the result cache)
-    if known is not None:
-        return known
-    writes = [f"    {i.name} = " for i in mod.wrapper.schedule if isinstance(i, Extern)
-              and getattr(getattr(i.graph_op, "_schema", None), "is_mutable", True)
-              and not _restores_rng(i.graph_op)]
-    return writes + [f"    {n}(" for n, k in zip(mod.wrapper.launchers, mod.kernels) if in_place(k)]
-
-
-def _restores_rng(op) -> bool:
-    """A random op run in a given RNG state that changes nothing a second run would read:
-    graphsafe_run_with_rng_state advances only its generator (an input, whose state the
-    first call restores before running again), run_with_rng_state restores the default
-    generator's state after the op."""
-    name = op.name() if isinstance(op, torch._ops.HigherOrderOperator) else None
-    return name in ("graphsafe_run_with_rng_state", "run_with_rng_state")
-
-
 def _frame_self(e, cls):
     """The innermost `self` of class `cls` among the frames `e` went through."""
     found, tb = None, e.__traceback__
@@ -553,14 +430,6 @@ def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
     mod.input_layouts = layouts(example_inputs)
     PIPELINE["build_seconds"] += time.perf_counter() - t0
     return mod
-
-
-def layouts(inputs) -> list:
-    """Each tensor input's dtype, device, sizes and strides (size-1 dims' strides left
-    out: they address nothing), None for others: what a module's kernels were made for."""
-    return [(str(t.dtype), str(t.device), tuple(t.shape),
-             tuple(s if n != 1 else None for n, s in zip(t.shape, t.stride())))
-            if isinstance(t, torch.Tensor) else None for t in inputs]
 
 
 class ForeignPointer(Exception):

@@ -8,7 +8,7 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table, get_decompositions
 
-from . import foreach
+from . import foreach, rng
 
 aten = torch.ops.aten
 
@@ -126,6 +126,5 @@ def decompositions():
             if op is not None and op in decomposition_table:
                 table[op] = _in_input_layout(decomposition_table[op])
     # random ops: seeded Philox numbers that kernels generate (rng.py)
-    from . import rng
     table.update(rng.decompositions())
     return table

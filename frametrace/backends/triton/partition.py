@@ -25,6 +25,9 @@ import torch.fx as fx
 from torch._functorch import partitioners as p
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
+from .fallback import BY_DESIGN
+from .lowering import LOWERINGS
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 log = logging.getLogger("frametrace")
@@ -71,8 +74,6 @@ def recomputable(node) -> bool:
 def _fuses(node) -> bool:
     """Whether our code generator computes `node` inside a kernel (so a value it reads
     need not be stored): a lowered op that is not an aten call by design."""
-    from .fallback import BY_DESIGN  # (lazy: lowering's modules import this one)
-    from .lowering import LOWERINGS  # (lazy: as above)
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:  # one result of a tuple: as the op is

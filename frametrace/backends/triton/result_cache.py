@@ -49,7 +49,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ... import config as frametrace_config
 from .. import aot_cache
-from . import backend, config, tune_cache    # (backend imports this module: read at calls)
+from . import config, tune_cache
+from .compiled_module import (CompiledModule, boxed, layouts, mutated_before, rehearsal, settle,
+                              write_prefixes)
+from .cudagraphs import CudaGraphRunner
 from .foreach import in_place
 from .wrapper import Launcher, WrapperCodegen, base_namespace
 
@@ -189,7 +192,7 @@ def describe(mod) -> dict:
             "fast_template": w.fast_template, "inputs": list(w.lowered.inputs),
             "off_device": w.lowered.off_device, "consts": consts, "ops": ops, "kernels": kernels,
             "externs": list(mod.externs), "extern_ops": [_op_name(op) for op in mod.extern_ops],
-            "fallback_ops": list(mod.fallback_ops), "writes": backend.write_prefixes(mod),
+            "fallback_ops": list(mod.fallback_ops), "writes": write_prefixes(mod),
             "layouts": mod.input_layouts, "settings": dict(mod.settings)}
 
 
@@ -287,32 +290,31 @@ def restore(d):
         kernels.append(_Kernel(description[1], source, args, writes, description[6]))
     wrapper = _Wrapper(d, ns)
     exec(compile(d["source"], "<frametrace-triton wrapper>", "exec"), ns)
-    mod = backend.CompiledModule(wrapper, d["source"], kernels, d["externs"], d["fallback_ops"],
+    mod = CompiledModule(wrapper, d["source"], kernels, d["externs"], d["fallback_ops"],
                          [_op_of(o) for o in d["extern_ops"]])
     mod.kind, mod.settings, mod.writes = d["kind"], d["settings"], d["writes"]
     mod.input_layouts, mod.restored = d["layouts"], True
     return mod
 
 
-def runner(d, graph):
+def runner(d, graph, restored, recompile):
     """The boxed function of a restored module; `graph`: the graph's cached code (an
-    aot_cache._CodeOnly), traced again where the restored module does not fit."""
+    aot_cache._CodeOnly), traced again where the restored module does not fit;
+    `restored(mod, seconds)` and `recompile(gm, example_inputs, kind)`: as `load`'s."""
     t0 = time.perf_counter()
     mod = restore(d)
-    backend.COMPILED.append(mod)
-    del backend.COMPILED[:-8]
-    backend.PIPELINE["restored"] += 1
-    backend.PIPELINE["restore_seconds"] += time.perf_counter() - t0
+    restored(mod, time.perf_counter() - t0)
     STATS["restored"] += 1
     if mod.graphable and mod.kind == "inference":
-        mod.runner = backend.CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
+        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
 
     def first(args):
         kept = list(args)
-        now = backend.layouts(kept)
+        now = layouts(kept)
         if not fits(mod.input_layouts, now):
-            return _recompile(run, graph, d["kind"], kept, _layout_difference(mod.input_layouts, now))
-        trial = backend._rehearsal(mod, kept)
+            return _recompile(run, graph, d["kind"], kept, _layout_difference(mod.input_layouts, now),
+                              recompile)
+        trial = rehearsal(mod, kept)
         try:
             if trial is not None:
                 mod.call(trial)     # (compiles every kernel; writes only the copies)
@@ -321,13 +323,14 @@ def runner(d, graph):
         except Exception as e:
             if getattr(e, "frametrace_check", False):
                 raise  # the program's error (an index out of range): the kernels are fine
-            if trial is None and backend._mutated_before(mod, e):
+            if trial is None and mutated_before(mod, e):
                 raise
-            return _recompile(run, graph, d["kind"], kept, f"{type(e).__name__}: {e}"[:300])
-        backend.settle(run, mod, kept)
+            return _recompile(run, graph, d["kind"], kept, f"{type(e).__name__}: {e}"[:300],
+                              recompile)
+        settle(run, mod, kept)
         return out
 
-    run = backend.boxed(first, lambda: mod)
+    run = boxed(first, lambda: mod)
     return run
 
 
@@ -356,16 +359,16 @@ def _layout_difference(cached, now) -> str:
     return f"input {i} is {now[i]} where {cached[i]} was cached"
 
 
-def _recompile(run, graph, kind, args, why):
+def _recompile(run, graph, kind, args, why, recompile):
     """The graph traced again from its cached code (FakeTensors of `args`) and compiled
-    by the pipeline, as a cold start compiles it; eagerly where that fails."""
+    by the pipeline (`recompile`), as a cold start compiles it; eagerly where that fails."""
     STATS["recompiled"] += 1
     log.warning("frametrace: cache: a restored triton module does not fit (%s); its graph is "
                 "compiled again", why)
     try:
         traced = make_fx(lambda *a: graph.forward(*a), tracing_mode="fake")(*args)
         examples = [n.meta.get("val") for n in traced.graph.nodes if n.op == "placeholder"]
-        run.target = backend._compile(traced, examples, kind)
+        run.target = recompile(traced, examples, kind)
     except Exception as e:
         log.warning("frametrace: cache: cannot compile the cached graph again (%s: %s); it runs "
                     "eagerly", type(e).__name__, e)
@@ -373,9 +376,13 @@ def _recompile(run, graph, kind, args, why):
     return run.target(args)
 
 
-def load(gm, example_inputs, data):
-    """warm_cache's `__frametrace_load_artifact__`: the compiled function rebuilt from a
-    stored (key, bytes), or None (the reason logged) where the key is not this call's."""
+def load(gm, example_inputs, data, restored, recompile):
+    """warm_cache's `__frametrace_load_artifact__` (through backend.load_artifact): the
+    compiled function rebuilt from a stored (key, bytes), or None (the reason logged)
+    where the key is not this call's.  The pipeline above gives `restored(mod, seconds)`,
+    which records each restored module as its own, and `recompile(gm, example_inputs,
+    kind)`, which compiles a graph whose restored module does not fit: this module
+    imports nothing of it."""
     stored_key, blob = data
     try:
         key = result_key(example_inputs)
@@ -395,5 +402,5 @@ def load(gm, example_inputs, data):
     modules = iter(parts["modules"])
 
     def boxed(graph, _):
-        return runner(next(modules), graph)
+        return runner(next(modules), graph, restored, recompile)
     return aot_cache.rebuild(parts["aot"], boxed)
