@@ -150,9 +150,6 @@ def quiet():
     return contextlib.redirect_stdout(io.StringIO())
 
 
-# Numbers read from data: a value CPython computes that the trace never sees, and the
-# check that no guard names an unbacked symbol (u0, zuf0, zub0).
-@frametrace.disable
 @pytest.fixture
 def capture_shapes():
     """config.capture_dynamic_output_shape_ops on for the test (data-dependent output
@@ -164,6 +161,9 @@ def capture_shapes():
     cfg.capture_scalar_outputs, cfg.capture_dynamic_output_shape_ops = saved
 
 
+# Numbers read from data: a value CPython computes that the trace never sees, and the
+# check that no guard names an unbacked symbol (u0, zuf0, zub0).
+@frametrace.disable
 def opaque(v):
     return v
 
