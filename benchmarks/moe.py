@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 import frametrace
+from triton_kernels import FallbackCount   # (this folder is the script's path)
 
 IMPLS = ("grouped_mm", "loop", "eager", "batched_mm")
 
@@ -76,18 +77,6 @@ def build(args, impl):
     if model.config._experts_implementation != impl:
         raise RuntimeError(f"transformers chose {model.config._experts_implementation}, not {impl}")
     return model
-
-
-class Log(logging.Handler):
-    """The triton backend's whole-graph fallbacks (eager or aot_eager)."""
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.reasons = []
-
-    def emit(self, record):
-        msg = record.getMessage()
-        if msg.startswith("triton backend") and ("runs eagerly" in msg or "runs with aot_eager" in msg):
-            self.reasons.append(msg)
 
 
 def time_interleaved(fns, inputs, rounds, iters, cuda):
@@ -140,7 +129,7 @@ def run(args, impl) -> dict:
         inductor_graphs[0] += 1
         return compile_fx(gm, example_inputs)
 
-    log = Log()
+    log = FallbackCount()   # (the triton backend's whole-graph eager runs)
     logging.getLogger("frametrace").addHandler(log)
     logging.getLogger("frametrace").setLevel(logging.INFO)
     convert.record_observers.append(records.append)
