@@ -135,3 +135,45 @@ def test_index_add_of_a_data_dependent_count_asserts_nothing_about_it(capture_sh
     r = check(f, inputs, fullgraph=True, graphs=1, compiles=1)
     no_unbacked_guards(r)
     assert "== 4" not in r.counter.graphs[0].code and "Eq(" not in r.counter.graphs[0].code
+
+
+# -- the triton backend: sizes the data decides in kernels --------------------------------
+
+def _triton_graphs_ran_as_kernels(before):
+    from frametrace.backends.triton import backend
+    assert backend.STATS["eager_graphs"] == before, "a graph ran eagerly instead of as kernels"
+
+
+def test_loop_over_experts_on_triton(capture_shapes, triton_interpreter):
+    # each expert's token count is an unbacked size the wrapper reads from its nonzero;
+    # the kernels around the experts' matmuls take it as an argument, and skip their
+    # launch when an expert gets no token
+    pytest.importorskip("triton")
+    from triton_harness import triton_check
+    from frametrace.backends.triton import backend
+    before = backend.STATS["eager_graphs"]
+    block = routed_block()
+    with torch.no_grad():
+        mod = triton_check(block, calls=[(x,) for x in routings()], atol=1e-5)
+    _triton_graphs_ran_as_kernels(before)
+    assert mod.symbolic and mod.kernels, mod.source
+    for e in range(EXPERTS):
+        assert f"u{e} = " in mod.source, mod.source   # (bound after its nonzero)
+    assert "(u0 <= 24, " in mod.source, mod.source   # (the 2 x 12 mask's nonzero bound, asserted)
+
+
+def test_item_and_checks_on_triton(capture_shapes, triton_interpreter):
+    # a number item() reads is bound from the call that reads it; torch._check facts
+    # about it are checked by the wrapper
+    pytest.importorskip("triton")
+    from triton_harness import triton_check
+    frametrace.config.capture_scalar_outputs = True
+
+    def f(x, n):
+        k = n.item()
+        torch._check(k <= x.shape[0])
+        torch._check(k >= 0)
+        return x[:k] * 2, torch.ones(k, 3) * x.sum()
+
+    x = torch.randn(10)
+    triton_check(f, calls=[(x, torch.tensor(n)) for n in (3, 0, 10)])
