@@ -177,3 +177,69 @@ def test_item_and_checks_on_triton(capture_shapes, triton_interpreter):
 
     x = torch.randn(10)
     triton_check(f, calls=[(x, torch.tensor(n)) for n in (3, 0, 10)])
+
+
+# -- transformers' Mixtral ------------------------------------------------------------------
+
+def mixtral(impl, layers=2):
+    transformers = pytest.importorskip("transformers")
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    if impl == "loop":
+        ALL_EXPERTS_FUNCTIONS.register("loop", loop_experts_forward)
+    cfg = transformers.MixtralConfig(
+        vocab_size=64, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=EXPERTS,
+        num_experts_per_tok=TOP_K, max_position_embeddings=64)
+    cfg._experts_implementation = impl
+    torch.manual_seed(0)
+    model = transformers.MixtralModel(cfg).eval()
+    assert model.config._experts_implementation == impl
+    return model
+
+
+def loop_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers 4.x's loop over every expert, on the 3-D expert weights of 5.x
+    (benchmarks/moe.py registers the same as experts_implementation="loop")."""
+    final = torch.zeros_like(hidden_states)
+    expert_mask = F.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+    for e in range(self.num_experts):
+        pos, tok = torch.where(expert_mask[e])
+        gate, up = F.linear(hidden_states[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
+        current = F.linear(self.act_fn(gate) * up, self.down_proj[e]) * top_k_weights[tok, pos, None]
+        final.index_add_(0, tok, current.to(final.dtype))
+    return final
+
+
+def token_batches(n=4):
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 64, (2, 6), generator=gen) for _ in range(n)]
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm", "loop"])
+def test_mixtral_is_one_graph(capture_shapes, impl):
+    model = mixtral(impl)
+
+    def f(ids):
+        return model(input_ids=ids, use_cache=False).last_hidden_state
+
+    with torch.no_grad():
+        r = check(f, token_batches(), fullgraph=True, graphs=1, compiles=1, atol=1e-5)
+    no_unbacked_guards(r)
+
+
+def test_mixtral_eager_experts_loop_breaks_only_at_its_data_dependent_loop(capture_shapes):
+    # transformers 5's "eager" experts iterate over nonzero() of the routing mask: a trip
+    # count read from data, so the loop runs in CPython (as under torch.compile); the
+    # rest of each layer is compiled, once for every routing
+    model = mixtral("eager", layers=1)
+
+    def f(ids):
+        return model(input_ids=ids, use_cache=False).last_hidden_state
+
+    with torch.no_grad():
+        one = check(f, token_batches(1), atol=1e-5).compiles
+        frametrace.reset()
+        r = check(f, token_batches(), atol=1e-5)
+    reasons = {rec.reason for rec in r.records if rec.outcome in ("break", "fallback")}
+    assert all("u0" in why or "tuple_iterator" in why for why in reasons), reasons
+    assert r.compiles == one, r   # (no recompile for another routing)
