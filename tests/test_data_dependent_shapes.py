@@ -131,13 +131,23 @@ def test_without_the_flag_data_dependent_shapes_break():
     assert r.breaks >= 1, r
 
 
-def test_triton_backend_falls_back_cleanly_on_data_dependent_sizes(capture_shapes, monkeypatch):
+def test_triton_backend_compiles_data_dependent_sizes(capture_shapes, monkeypatch):
+    # the sizes are read by the wrapper from the nonzero / masked_select calls; kernels
+    # take them as arguments (reductions, a softmax and a gather over them), and empty
+    # results (an all-negative input) launch nothing
     pytest.importorskip("triton")
+    from frametrace.backends.triton import backend
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")   # an internal error would raise
+    before = backend.STATS["eager_graphs"]
 
     def f(x):
         y = x[x > 0]
-        return (y * 2).exp().sum() + x.sum(), y.shape[0]
+        idx = (x > 0).nonzero()
+        picked = torch.masked_select(x, x > 0)
+        return ((y * 2).exp().sum() + x.sum(), y.shape[0], picked.cumsum(0), picked.mean(),
+                torch.softmax(picked, 0), x[idx.squeeze(1)].sum() + idx.size(0))
 
     check(f, densities(), backend="triton", fullgraph=True, graphs=1, compiles=1)
+    assert backend.STATS["eager_graphs"] == before, "the graph ran eagerly"
+    assert backend.COMPILED[-1].kernels
