@@ -165,6 +165,20 @@ def test_loop_over_experts_on_triton(capture_shapes, triton_interpreter):
     assert "(u0 <= 24, " in mod.source, mod.source   # (the 2 x 12 mask's nonzero bound, asserted)
 
 
+def test_loop_over_experts_backward_on_triton(capture_shapes, triton_interpreter):
+    # the backward gets the token counts and the forward's runtime asserts on them
+    # (SymBool inputs) and compiles to kernels too
+    pytest.importorskip("triton")
+    from triton_harness import triton_check_grads
+    from frametrace.backends.triton import backend
+    before = backend.STATS["eager_graphs"]
+    block = routed_block()
+    triton_check_grads(block, calls=[(x.requires_grad_(),) for x in routings()], atol=1e-5)
+    _triton_graphs_ran_as_kernels(before)
+    assert [m.kind for m in backend.COMPILED][-2:] == ["forward", "backward"], backend.COMPILED
+    assert backend.COMPILED[-1].kernels
+
+
 def test_item_and_checks_on_triton(capture_shapes, triton_interpreter):
     # a number item() reads is bound from the call that reads it; torch._check facts
     # about it are checked by the wrapper

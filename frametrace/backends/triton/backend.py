@@ -123,6 +123,8 @@ def _why_not(example_inputs, device, generators=False) -> str | None:
             if isinstance(t, torch.SymInt) and not config.dynamic_shapes:
                 return "symbolic shapes"
             continue
+        if isinstance(t, torch.SymBool):
+            continue   # (a backward's copy of a forward's runtime assert on sizes)
         if isinstance(t, torch.SymFloat):
             return "a float input that changes between calls (kept a Python float: " \
                    "frametrace.config.triton_keeps_python_floats)"
@@ -557,9 +559,10 @@ def build(gm, example_inputs, device=None, aten_nodes=None) -> CompiledModule:
 
 def layouts(inputs) -> list:
     """Each tensor input's dtype, device, sizes and strides (size-1 dims' strides left
-    out: they address nothing), None for others: what a module's kernels were made for."""
+    out: they address nothing; a symbolic size is no guard's business here, its stride is
+    kept), None for others: what a module's kernels were made for."""
     return [(str(t.dtype), str(t.device), tuple(t.shape),
-             tuple(s if n != 1 else None for n, s in zip(t.shape, t.stride())))
+             tuple(None if type(n) is int and n == 1 else s for n, s in zip(t.shape, t.stride())))
             if isinstance(t, torch.Tensor) else None for t in inputs]
 
 

@@ -155,10 +155,10 @@ class GraphLowering(Placement):
         self.late_symbols[e] = source
         return True
 
-    def bind(self, value, source):
+    def bind(self, value, source, stride=False):
         """Where the wrapper finds a symbol: a size (or int input) that is just it."""
         if isinstance(value, torch.SymInt):
-            e = self.size(value)
+            e = self.stride_size(value) if stride else self.size(value)
             if not isinstance(e, int) and e.is_Symbol and e not in self.symbol_sources:
                 self.symbol_sources[e] = source
 
@@ -167,6 +167,10 @@ class GraphLowering(Placement):
         if isinstance(example, (int, torch.SymInt)) and not isinstance(example, bool):
             self.bind(example, node.name)
             return self.size(example)
+        if isinstance(example, torch.SymBool):
+            # a condition on sizes the forward computed (its runtime asserts, asserted again
+            # in a backward): the wrapper passes the call's own bool
+            return GraphObject(node.name, example)
         if isinstance(example, torch.Generator):
             # (AOTAutograd's graph-safe RNG state: the calls that draw from it take it)
             self.generators.append(node.name)
@@ -176,7 +180,7 @@ class GraphLowering(Placement):
         for i, n in enumerate(example.shape):
             self.bind(n, f"{node.name}.shape[{i}]")
         for i, n in enumerate(example.stride()):
-            self.bind(n, f"{node.name}.stride({i})")
+            self.bind(n, f"{node.name}.stride({i})", stride=True)
         shape = tuple(self.size(n) for n in example.shape)
         stride = tuple(self.stride_size(n) for n in example.stride())
         device = self._note_device(node.name, example)
@@ -193,7 +197,7 @@ class GraphLowering(Placement):
         if node.target is operator.getitem:
             return args[0][args[1]]
         val = node.meta.get("val")
-        if node.target is aten._assert_scalar.default and isinstance(args[0], SizeCondition):
+        if node.target is aten._assert_scalar.default and isinstance(args[0], (SizeCondition, GraphObject)):
             # a runtime assert on sizes the data decides (u0 <= 64 after a nonzero of 64
             # elements, a torch._check of the program): checked by the wrapper
             self.items.append(Extern(self.name(), node.target, args, kwargs, None))
