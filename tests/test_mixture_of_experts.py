@@ -260,3 +260,20 @@ def test_mixtral_eager_experts_loop_breaks_only_at_its_data_dependent_loop(captu
     reasons = {rec.reason for rec in r.records if rec.outcome in ("break", "fallback")}
     assert all("u0" in why or "tuple_iterator" in why for why in reasons), reasons
     assert r.compiles == one, r   # (no recompile for another routing)
+
+
+@pytest.mark.parametrize("impl", ["loop", "grouped_mm"])
+def test_mixtral_on_triton(capture_shapes, triton_interpreter, impl):
+    # the whole model (attention, norms, router, experts) as one graph of kernels
+    pytest.importorskip("triton")
+    from triton_harness import triton_check
+    from frametrace.backends.triton import backend
+    before = backend.STATS["eager_graphs"]
+    model = mixtral(impl, layers=1)
+
+    def f(ids):
+        return model(input_ids=ids, use_cache=False).last_hidden_state
+
+    with torch.no_grad():
+        triton_check(f, calls=[(ids,) for ids in token_batches(3)], atol=1e-5)
+    _triton_graphs_ran_as_kernels(before)
