@@ -17,7 +17,8 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,
-                                                   compute_unbacked_bindings, free_unbacked_symbols)
+                                                   compute_unbacked_bindings, free_unbacked_symbols,
+                                                   statically_known_true)
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
 from .backend_registry import backend_name
@@ -569,12 +570,8 @@ class OutputGraph:
         does."""
         self_fake = fake_args[0]
         others = [t for t in _flat_args(fake_args[1:], fake_kwargs) if isinstance(t, torch.Tensor)]
-        try:
-            if all(tuple(torch.broadcast_shapes(self_fake.shape, t.shape)) == tuple(self_fake.shape)
-                   for t in others):
-                return False
-        except Exception:
-            pass
+        if all(_broadcasts_into(t.shape, self_fake.shape) for t in others):
+            return False
         twin = getattr(torch.Tensor, what[:-1], None)
         if twin is None or not callable(twin):
             return False
@@ -1116,3 +1113,13 @@ def _changed_nothing(kind: str, target, what: str, kwargs: dict, before: list | 
 def _node_name(name: str) -> str:
     clean = "".join(c if c.isalnum() else "_" for c in name).strip("_")
     return ("l_" + clean) if clean else "arg"
+
+
+def _broadcasts_into(shape, into) -> bool:
+    """Whether `shape` provably broadcasts into `into` without changing it, asking the
+    ShapeEnv nothing: torch.broadcast_shapes would record its checks as facts (an index of
+    data-dependent length u0 beside a (32, 4) tensor became the runtime assert u0 == 4)."""
+    if len(shape) > len(into):
+        return False
+    return all(statically_known_true(a == 1) or statically_known_true(a == b)
+               for a, b in zip(reversed(shape), reversed(into)))

@@ -150,6 +150,17 @@ def quiet():
     return contextlib.redirect_stdout(io.StringIO())
 
 
+@pytest.fixture
+def capture_shapes():
+    """config.capture_dynamic_output_shape_ops on for the test (data-dependent output
+    sizes as unbacked symbols), restored after it."""
+    cfg = frametrace.config
+    saved = cfg.capture_scalar_outputs, cfg.capture_dynamic_output_shape_ops
+    cfg.capture_dynamic_output_shape_ops = True
+    yield
+    cfg.capture_scalar_outputs, cfg.capture_dynamic_output_shape_ops = saved
+
+
 # Numbers read from data: a value CPython computes that the trace never sees, and the
 # check that no guard names an unbacked symbol (u0, zuf0, zub0).
 @frametrace.disable

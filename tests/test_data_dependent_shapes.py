@@ -15,16 +15,6 @@ from differential import check
 BACKENDS = ["eager", "aot_eager"]
 
 
-@pytest.fixture
-def capture():
-    cfg = frametrace.config
-    saved = cfg.capture_scalar_outputs, cfg.capture_dynamic_output_shape_ops
-    cfg.capture_dynamic_output_shape_ops = True
-    yield
-    cfg.capture_scalar_outputs, cfg.capture_dynamic_output_shape_ops = saved
-
-
-
 def densities(n=10, shape=(10,)):
     """Inputs whose positive fraction goes from none to all."""
     out = []
@@ -36,7 +26,7 @@ def densities(n=10, shape=(10,)):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_boolean_mask_indexing_in_one_graph(capture, backend):
+def test_boolean_mask_indexing_in_one_graph(capture_shapes, backend):
     def f(x):
         y = x[x > 0]
         return y * 2, y.sum(), y.shape[0] * 3 + 1
@@ -46,7 +36,7 @@ def test_boolean_mask_indexing_in_one_graph(capture, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_nonzero_and_masked_select(capture, backend):
+def test_nonzero_and_masked_select(capture_shapes, backend):
     def f(x):
         idx = (x > 0).nonzero()
         picked = torch.masked_select(x, x > 0)
@@ -57,7 +47,7 @@ def test_nonzero_and_masked_select(capture, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_unique_and_its_inverse(capture, backend):
+def test_unique_and_its_inverse(capture_shapes, backend):
     def f(x):
         u, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
         return u * 2, inverse, counts, u.numel()
@@ -68,7 +58,7 @@ def test_unique_and_its_inverse(capture, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_repeat_interleave_with_tensor_repeats(capture, backend):
+def test_repeat_interleave_with_tensor_repeats(capture_shapes, backend):
     def f(x, reps):
         y = torch.repeat_interleave(x, reps, dim=0)
         return y + 1, y.shape[0]
@@ -102,7 +92,7 @@ def test_gradients_through_ops_after_a_boolean_mask():
         cfg.capture_dynamic_output_shape_ops = saved
 
 
-def test_masked_tensor_crosses_a_graph_break(capture):
+def test_masked_tensor_crosses_a_graph_break(capture_shapes):
     def f(x):
         y = x[x > 0]
         n = y.shape[0]
@@ -116,7 +106,7 @@ def test_masked_tensor_crosses_a_graph_break(capture):
     no_unbacked_guards(r)
 
 
-def test_branch_on_a_data_dependent_size_is_a_graph_break(capture):
+def test_branch_on_a_data_dependent_size_is_a_graph_break(capture_shapes):
     def f(x):
         y = x[x > 0]
         if y.shape[0] > 3:
@@ -141,13 +131,23 @@ def test_without_the_flag_data_dependent_shapes_break():
     assert r.breaks >= 1, r
 
 
-def test_triton_backend_falls_back_cleanly_on_data_dependent_sizes(capture, monkeypatch):
+def test_triton_backend_compiles_data_dependent_sizes(capture_shapes, monkeypatch):
+    # the sizes are read by the wrapper from the nonzero / masked_select calls; kernels
+    # take them as arguments (reductions, a softmax and a gather over them), and empty
+    # results (an all-negative input) launch nothing
     pytest.importorskip("triton")
+    from frametrace.backends.triton import backend
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FRAMETRACE_TRITON_STRICT", "1")   # an internal error would raise
+    before = backend.STATS["eager_graphs"]
 
     def f(x):
         y = x[x > 0]
-        return (y * 2).exp().sum() + x.sum(), y.shape[0]
+        idx = (x > 0).nonzero()
+        picked = torch.masked_select(x, x > 0)
+        return ((y * 2).exp().sum() + x.sum(), y.shape[0], picked.cumsum(0), picked.mean(),
+                torch.softmax(picked, 0), x[idx.squeeze(1)].sum() + idx.size(0))
 
     check(f, densities(), backend="triton", fullgraph=True, graphs=1, compiles=1)
+    assert backend.STATS["eager_graphs"] == before, "the graph ran eagerly"
+    assert backend.COMPILED[-1].kernels

@@ -70,6 +70,8 @@ def _why_not(example_inputs, device, generators=False) -> str | None:
             if isinstance(t, torch.SymInt) and not config.dynamic_shapes:
                 return "symbolic shapes"
             continue
+        if isinstance(t, torch.SymBool):
+            continue   # (a backward's copy of a forward's runtime assert on sizes)
         if isinstance(t, torch.SymFloat):
             return "a float input that changes between calls (kept a Python float: " \
                    "frametrace.config.triton_keeps_python_floats)"

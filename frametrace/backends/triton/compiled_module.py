@@ -76,9 +76,10 @@ class CompiledModule:
 
 def layouts(inputs) -> list:
     """Each tensor input's dtype, device, sizes and strides (size-1 dims' strides left
-    out: they address nothing), None for others: what a module's kernels were made for."""
+    out: they address nothing; a symbolic size is no guard's business here, its stride is
+    kept), None for others: what a module's kernels were made for."""
     return [(str(t.dtype), str(t.device), tuple(t.shape),
-             tuple(s if n != 1 else None for n, s in zip(t.shape, t.stride())))
+             tuple(None if type(n) is int and n == 1 else s for n, s in zip(t.shape, t.stride())))
             if isinstance(t, torch.Tensor) else None for t in inputs]
 
 

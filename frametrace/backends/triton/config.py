@@ -57,6 +57,15 @@ half_erf = True
 # int arguments; False: such graphs run with aot_eager
 dynamic_shapes = True
 
+# Sizes that depend on the data (`nonzero`, `torch.where(mask)`, `x[mask]` under
+# frametrace.config.capture_dynamic_output_shape_ops: a mixture of experts' tokens per
+# expert) are read by the wrapper from the aten call that makes them, and kernels take
+# them as int arguments, as other symbolic sizes.  Their size hint (block-size candidates)
+# is this, within the size's known range; block sizes are picked per power-of-two bucket
+# of the actual extent, not per value.  False: such graphs run with aot_eager.
+unbacked_sizes = True
+unbacked_size_hint = 8192
+
 # Convolutions on channels-last activations (cuDNN's NHWC kernels, no transposes around
 # each conv; the epilogues then follow that layout): "auto" on CUDA when most of the
 # graph's conv FLOPs are in convs that run faster so (as Inductor's layout optimization

@@ -179,12 +179,15 @@ class Extern:
     `outputs` mirrors what it returns (Buffers where tensors are).  `graph_op`: the
     graph's op, where `op` is its in-place twin writing a buffer of this graph.  `exact`:
     the positions of arguments passed with eager's layout, never adjusted for the op."""
-    __slots__ = ("op", "args", "kwargs", "outputs", "name", "graph_op", "exact")
+    __slots__ = ("op", "args", "kwargs", "outputs", "name", "graph_op", "exact", "binds")
 
     def __init__(self, name, op, args, kwargs, outputs, graph_op=None, exact=frozenset()):
         self.name, self.op, self.args, self.kwargs, self.outputs = name, op, args, kwargs, outputs
         self.graph_op = op if graph_op is None else graph_op
         self.exact = exact
+        # sizes the data decides that this call makes: symbol -> (name, path, dim)
+        # (`GraphLowering.bind_late`), read by the wrapper right after the call
+        self.binds: dict = {}
 
     def reads(self) -> set:
         """The names of the buffers (or of the bases of views) it is called on."""

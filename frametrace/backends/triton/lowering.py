@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import operator
 
+import sympy
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._sympy.functions import Max as TorchMax
 
-from . import grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
+from . import config, grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .context import CompileContext
 from .fallback import Fallback, by_design, ir_values, trace, wrapped_op
 from .ir import Buffer, Computed, Extern, GraphObject, IRNode, Pointwise, Unsupported, contiguous_strides
@@ -30,6 +33,11 @@ _IN_PLACE_TWINS = {f: t for f, t in (
     (getattr(aten.scatter_reduce, "two", None), getattr(aten.scatter_reduce_, "two", None)),
     (getattr(aten.masked_scatter, "default", None), getattr(aten.masked_scatter_, "default", None)),
 ) if f is not None and t is not None}
+
+# Ops whose SymInt result is a size of their tensor argument (an expression of symbols
+# bound already), not a number read from data.
+_SIZE_READS = {getattr(getattr(aten, n), o) for n, o in (("sym_size", "int"), ("sym_stride", "int"),
+               ("sym_numel", "default"), ("sym_storage_offset", "default")) if hasattr(aten, n)}
 
 # A pointwise value used more than once is stored rather than recomputed by each user
 # once it inlines this many memory reads (a residual sum, say, read by a norm and by the
@@ -64,6 +72,8 @@ class GraphLowering(Placement):
         # symbolic sizes: (symbol, Python source of its value in the wrapper), the first
         # input that gives each (their hints: `ctx.hints`)
         self.symbol_sources: dict = {}
+        # sizes the data decides: symbol -> (extern name, path, dim), bound after that call
+        self.late_symbols: dict = {}
         self._count = 0
 
     @property
@@ -107,20 +117,48 @@ class GraphLowering(Placement):
         except ValueError as err:
             raise Unsupported(str(err)) from None
         if isinstance(v, torch.SymInt) and not isinstance(e, int):
-            env = v.node.shape_env
-            values = getattr(env, "backed_var_to_val", None)
-            values = env.var_to_val if values is None else values
-            for s in e.free_symbols:
-                if s not in self.hints:
-                    if s not in values:
-                        raise Unsupported(f"no size hint for {s}")
-                    self.hints[s] = int(values[s])
+            self._hint(v.node.shape_env, e)
         return e
 
-    def bind(self, value, source):
+    def _hint(self, env, e):
+        """The hints of e's symbols: the ShapeEnv's values, or for a size the data
+        decides `_unbacked_hint`."""
+        values = getattr(env, "backed_var_to_val", None)
+        values = env.var_to_val if values is None else values
+        for s in e.free_symbols:
+            if s not in self.hints:
+                self.hints[s] = int(values[s]) if s in values else _unbacked_hint(env, s)
+
+    def stride_size(self, v):
+        """A stride as `size` gives it, `Max(1, n)` read as `n`: torch's contiguous strides
+        over a size the data decides (16*Max(1, u0)) keep the max for u0 = 0, where the
+        tensor is empty and no stride is used; otherwise n >= 1."""
+        if not (isinstance(v, torch.SymInt) and v.node.expr.has(sympy.Max, TorchMax)):
+            return self.size(v)
+        e = v.node.expr.replace(lambda a: isinstance(a, (sympy.Max, TorchMax)) and len(a.args) == 2 and 1 in a.args,
+                                lambda a: a.args[0] if a.args[1] == 1 else a.args[1])
+        e = self.size(e)
+        if not isinstance(e, int):
+            self._hint(v.node.shape_env, e)
+        return e
+
+    def bind_late(self, value, source) -> bool:
+        """A size the data decides (an unbacked symbol), which the wrapper reads from
+        `source` once the aten call that makes it has run: (extern name, index path into
+        its result, dim or None for a number it returns).  False where it is no bare
+        symbol, or one bound already."""
+        if not isinstance(value, torch.SymInt):
+            return False
+        e = self.size(value)
+        if isinstance(e, int) or not e.is_Symbol or e in self.symbol_sources or e in self.late_symbols:
+            return False
+        self.late_symbols[e] = source
+        return True
+
+    def bind(self, value, source, stride=False):
         """Where the wrapper finds a symbol: a size (or int input) that is just it."""
         if isinstance(value, torch.SymInt):
-            e = self.size(value)
+            e = self.stride_size(value) if stride else self.size(value)
             if not isinstance(e, int) and e.is_Symbol and e not in self.symbol_sources:
                 self.symbol_sources[e] = source
 
@@ -129,6 +167,10 @@ class GraphLowering(Placement):
         if isinstance(example, (int, torch.SymInt)) and not isinstance(example, bool):
             self.bind(example, node.name)
             return self.size(example)
+        if isinstance(example, torch.SymBool):
+            # a condition on sizes the forward computed (its runtime asserts, asserted again
+            # in a backward): the wrapper passes the call's own bool
+            return GraphObject(node.name, example)
         if isinstance(example, torch.Generator):
             # (AOTAutograd's graph-safe RNG state: the calls that draw from it take it)
             self.generators.append(node.name)
@@ -138,9 +180,9 @@ class GraphLowering(Placement):
         for i, n in enumerate(example.shape):
             self.bind(n, f"{node.name}.shape[{i}]")
         for i, n in enumerate(example.stride()):
-            self.bind(n, f"{node.name}.stride({i})")
+            self.bind(n, f"{node.name}.stride({i})", stride=True)
         shape = tuple(self.size(n) for n in example.shape)
-        stride = tuple(self.size(n) for n in example.stride())
+        stride = tuple(self.stride_size(n) for n in example.stride())
         device = self._note_device(node.name, example)
         return Buffer(node.name, shape, stride, example.dtype, device)
 
@@ -155,6 +197,20 @@ class GraphLowering(Placement):
         if node.target is operator.getitem:
             return args[0][args[1]]
         val = node.meta.get("val")
+        if node.target is aten._assert_scalar.default and isinstance(args[0], (SizeCondition, GraphObject)):
+            # a runtime assert on sizes the data decides (u0 <= 64 after a nonzero of 64
+            # elements, a torch._check of the program): checked by the wrapper
+            self.items.append(Extern(self.name(), node.target, args, kwargs, None))
+            return None
+        if isinstance(val, torch.SymBool) and self.hints and \
+                all(isinstance(a, (int, sympy.Basic)) for a in args) and \
+                val.node.expr.free_symbols <= set(self.hints):
+            return SizeCondition(val.node.expr)
+        if isinstance(val, torch.SymInt) and isinstance(node.target, torch._ops.OpOverload) and \
+                node.target not in _SIZE_READS:
+            # a number the data decides (`item()`: _local_scalar_dense): the wrapper calls the
+            # op and binds its symbol to the result
+            return self.extern(node, args, kwargs, "a number read from data")
         if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             # arithmetic on sizes (sym_size, mul of sizes): its value as an expression
             if not isinstance(val, torch.SymInt):
@@ -338,19 +394,23 @@ class GraphLowering(Placement):
             # run_with_rng_state, a checkpointed region's random draw in the backward)
             val = layouts if layouts is not None else self._fake_result(node)
 
-        def out(v, layout, path):
+        binds = []
+
+        def out(v, layout, path, at=()):
             if isinstance(v, torch.Tensor):
+                binds.extend(n for i, n in enumerate(v.shape) if self.bind_late(n, (name, at, i)))
                 shape = tuple(self.size(n) for n in v.shape)
-                if isinstance(layout, torch.Tensor) and tuple(layout.shape) == tuple(v.shape):
+                if isinstance(layout, torch.Tensor) and _same_shape(layout.shape, v.shape):
                     stride = layout.stride()
                 else:
-                    stride = tuple(self.size(n) for n in v.stride())
+                    stride = tuple(self.stride_size(n) for n in v.stride())
                 self._note_device(name + path, v.device)
                 return Buffer(name + path, shape, stride, v.dtype, v.device)
             if isinstance(v, (list, tuple)):
                 ls = layout if isinstance(layout, (list, tuple)) and len(layout) == len(v) else [None] * len(v)
-                return [out(x, lx, f"{path}_{i}") for i, (x, lx) in enumerate(zip(v, ls))]
+                return [out(x, lx, f"{path}_{i}", at + (i,)) for i, (x, lx) in enumerate(zip(v, ls))]
             if isinstance(v, torch.SymInt):
+                binds.extend([v] if self.bind_late(v, (name, at, None)) else [])
                 return self.size(v)
             if v is None or type(v) in (int, float, bool):
                 return v  # a number the op returns is this one (its value does not vary)
@@ -358,7 +418,9 @@ class GraphLowering(Placement):
         outputs = out(val, layouts, "")
         if relaid:   # (its result has the layout we chose, not eager's: see output())
             self.relaid.add(name)
-        self.items.append(Extern(name, op, args, kwargs, outputs, node.target, exact))
+        ext = Extern(name, op, args, kwargs, outputs, node.target, exact)
+        ext.binds = {self.size(n): self.late_symbols[self.size(n)] for n in binds}
+        self.items.append(ext)
         return outputs
 
     def _eager_rejected_layouts(self, node, args):
@@ -505,3 +567,37 @@ def _val_from_getitems(node):
     if not items or len(items) != len(node.users):
         return None
     return tuple(items.get(i) for i in range(max(items) + 1))
+
+
+def _same_shape(a, b) -> bool:
+    """Provably equal shapes, asking the ShapeEnv nothing (a meta run's fresh unbacked
+    size u12 against the graph's u0 is not known equal: no guard, just False)."""
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
+def _unbacked_hint(env, s) -> int:
+    """A size hint for a symbol the data decides (no example value): the backend's
+    `unbacked_size_hint`, within the range the ShapeEnv knows for it (a nonzero of 2 x 32
+    elements has at most 64 rows); raises Unsupported when such sizes are off."""
+    if not config.unbacked_sizes or not str(s).startswith("u"):
+        raise Unsupported(f"no size hint for {s}")
+    r = env.var_to_range.get(s)
+    hint = config.unbacked_size_hint
+    if r is not None and r.upper.is_Integer:   # (torch's int_oo is no Integer, though "finite")
+        hint = min(hint, int(r.upper))
+    if r is not None and r.lower.is_Integer:
+        hint = max(hint, int(r.lower))
+    return max(hint, 1)
+
+
+class SizeCondition:
+    """A condition on sizes (`u0 <= 64`) that a runtime assert checks: printed as Python
+    over the wrapper's size variables."""
+    __slots__ = ("expr",)
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    def pycode(self) -> str:
+        from torch.utils._sympy.printers import PythonPrinter  # (lazy: only graphs with such asserts)
+        return PythonPrinter().doprint(self.expr)

@@ -596,10 +596,11 @@ def _index(L, node, x, indices):
     used = [d for d, i in enumerate(indices) if i is not None]
     if any(not isinstance(indices[d], IRNode) or indices[d].dtype == torch.bool for d in used):
         raise Unsupported("boolean or constant index")
-    bshape = torch.broadcast_shapes(*[indices[d].shape for d in used])
+    # the indices' broadcast rank (the trace checked that they broadcast; torch's
+    # broadcast_shapes cannot compare a size the data decides, u0, with 0)
+    nb = max(len(indices[d].shape) for d in used)
     adjacent = used == list(range(used[0], used[-1] + 1))
     first = used[0] if adjacent else 0
-    nb = len(bshape)
 
     def fn(k, idx):
         bidx = idx[first:first + nb]

@@ -22,7 +22,7 @@ class Launcher:
     """Launches one kernel; picks its block sizes on the first call and keeps the compiled
     kernel of its last launch (`compiled`), which a fast wrapper launches directly."""
     __slots__ = ("name", "fn", "xnumel", "rnumel", "reduction", "configs", "grid", "kwargs",
-                 "compiled", "numel", "nsym", "tuned", "memo")
+                 "compiled", "numel", "nsym", "tuned", "bucketed", "memo")
 
     def __init__(self, kernel: Kernel, configs):
         g = kernel.group
@@ -33,10 +33,14 @@ class Launcher:
         # symbolic extents: the shape symbols' values come last in the arguments; the
         # block sizes are picked (and cached) per actual (xnumel, rnumel)
         self.numel = self.nsym = self.tuned = None
+        self.bucketed = False
         if not (indexing.is_static(g.xnumel) and indexing.is_static(g.rnumel)):
             self.nsym, self.tuned = len(kernel.symbols), {}
             self.numel = eval(f"lambda {', '.join(kernel.symbols)}: "
                               f"({pycode(g.xnumel)}, {pycode(g.rnumel)})")
+            # a size the data decides (u0: tokens per expert) takes another value on most
+            # calls: block sizes are tuned once per power-of-two bucket of the extents
+            self.bucketed = any(_UNBACKED.fullmatch(s) for s in kernel.symbols)
 
     def _launch(self, choice, args, xnumel=None):
         grid = (math.ceil((xnumel or self.xnumel) / choice.xblock),)
@@ -50,10 +54,13 @@ class Launcher:
     def __call__(self, *args):
         if self.numel is not None:
             extents = self.numel(*args[len(args) - self.nsym:])
+            x, r = extents
+            if x == 0:
+                return  # (a size the data decides is 0: nothing to compute, no grid)
             got = self.tuned.get(extents)
             if got is None:
-                x, r = extents
-                best = autotune.pick(self.name, x, r, self.configs,
+                key = (autotune.next_pow2(x), autotune.next_pow2(r)) if self.bucketed else extents
+                best = autotune.pick(self.name, *key, self.configs,
                                      lambda c: self._launch(c, args, x), lambda c: self._build(c, args, x))
                 got = self.tuned[extents] = ((math.ceil(x / best.xblock),), best.kwargs(self.reduction))
             self.grid, self.kwargs = got
@@ -101,6 +108,7 @@ class Launcher:
         self.xnumel, self.rnumel, self.reduction = xnumel, rnumel, reduction
         self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
         self.numel = self.nsym = self.tuned = None
+        self.bucketed = False
         self.memo = {}
         if cls is TiledLauncher:
             self.tile = tile
@@ -163,6 +171,8 @@ def _align_attention(t):
     padded = torch.empty(*t.shape[:-1], -(-n // step) * step, dtype=t.dtype, device=t.device)
     return padded[..., :n].copy_(t)
 
+
+_UNBACKED = re.compile(r"u\d+")   # (the ShapeEnv's names of sizes the data decides)
 
 _ALLOC = "empty_strided({shape}, {stride}, dtype={dtype}, device=device)"
 # `fast`'s source before the first call: its checks and each launch are placeholders
@@ -262,6 +272,8 @@ class WrapperCodegen:
     def expr(self, a) -> str:
         if isinstance(a, GraphObject):
             return a.name   # (each call's own object, never the example's)
+        if hasattr(a, "pycode"):
+            return a.pycode()   # (a lowering.SizeCondition: Python over the size variables)
         if isinstance(a, Buffer):
             if not a.is_view:
                 return a.name
@@ -302,7 +314,7 @@ class WrapperCodegen:
         self.generated_names = tuple(self.ns)
         if self.lowered.ctx.hints:
             names = {s.name for s in self.lowered.ctx.hints}
-            bound = {s.name for s in self.lowered.symbol_sources}
+            bound = {s.name for s in (*self.lowered.symbol_sources, *self.lowered.late_symbols)}
             unbound = (names & set(re.findall(r"\b[A-Za-z_]\w*\b", source))) - bound
             if unbound:
                 raise Unsupported(f"sizes {sorted(unbound)} that no input gives")
@@ -418,6 +430,9 @@ class WrapperCodegen:
         args = [(self.expr if i in e.exact else expr)(a) for i, a in enumerate(e.args)] + \
             [f"{k}={expr(v)}" for k, v in e.kwargs.items()]
         lines = self._externs[e.name] = [f"    {e.name} = {op}({', '.join(args)})"]
+        for symbol, (name, path, dim) in e.binds.items():   # sizes this call's result decides
+            ref = name + "".join(f"[{i}]" for i in path)
+            lines.append(f"    {symbol.name} = {ref}" + ("" if dim is None else f".shape[{dim}]"))
 
         def unpack(out, path):
             if isinstance(out, Buffer):
