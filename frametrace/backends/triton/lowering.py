@@ -11,6 +11,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._sympy.functions import Max as TorchMax
+from torch.utils._sympy.printers import PythonPrinter
 
 from . import config, grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .context import CompileContext
@@ -599,5 +600,4 @@ class SizeCondition:
         self.expr = expr
 
     def pycode(self) -> str:
-        from torch.utils._sympy.printers import PythonPrinter  # (lazy: only graphs with such asserts)
         return PythonPrinter().doprint(self.expr)
