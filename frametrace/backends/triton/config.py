@@ -90,6 +90,12 @@ memo_indexing = True
 # sources are the same either way.  False: every candidate is generated from scratch.
 reuse_generations = True
 
+# Training graphs save max pooling's indices as each max's offset in its window (int8)
+# rather than its flat index (int64), the backward computing the index again (one byte
+# saved an output element instead of eight, as Inductor's low-memory pooling): partition.py
+# `pool_offsets`.  False: the indices are saved as they are.
+pool_offsets = True
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {
