@@ -39,7 +39,9 @@ do not count.  `--separate` runs each variant in its own process instead (not
 interleaved): its peak is then `torch.cuda.max_memory_allocated()` over the timed steps
 as it is, weights, optimizer state and gradients included, with nothing of another
 compiler's in the process; the checked losses and parameters are compared with the eager
-process's.  frametrace's counters: graphs compiled (forward and optimizer frames),
+process's.  After the timed rounds, one more step per variant is measured phase by phase
+on CUDA (`memory_by_phase`: allocated at the forward's, backward's and optimizer's start,
+and each phase's peak), printed under the table.  frametrace's counters: graphs compiled (forward and optimizer frames),
 graph breaks, frames run in CPython, whole graphs the triton backend ran eagerly or with
 aot_eager (`backends.triton.backend.STATS`), FX nodes run as aten calls that a kernel could
 have run, and kernels per phase (compiled during the first forward, backward and
@@ -225,20 +227,48 @@ class Variant:
         self.losses, self.times, self.peaks = [], [], []
         self.resident = 0
 
-    def step(self, batch, phases=False):
+    def step(self, batch, phases=False, probe=None):
         """Forward, backward, optimizer step, and the gradients dropped (so that between
-        steps a variant holds its weights and optimizer state only)."""
+        steps a variant holds its weights and optimizer state only).  `probe(phase)`:
+        called before each phase and at the end (memory_by_phase)."""
+        probe = probe or (lambda phase: None)
         mark(phases, "forward")
+        probe("forward")
         with autocast(self.args):
             out = self.forward(**batch)
             loss = getattr(out, "loss", out)   # (a CNN's Classified returns the loss)
         mark(phases, "backward")
+        probe("backward")
         loss.backward()
         mark(phases, "optimizer")
+        probe("optimizer")
         self.opt_step()
         mark(phases, "other")
         self.opt.zero_grad(set_to_none=True)
+        probe("end")
         return loss.detach()
+
+
+def memory_by_phase(v, batch, device) -> dict | None:
+    """One step's memory, phase by phase (GiB, CUDA only): what is allocated when each
+    phase starts (before the forward: weights and optimizer state; before the backward:
+    those plus what the forward saved for it; before the optimizer: the gradients instead)
+    and the allocator's peak within each phase, so a peak can be told apart: held between
+    steps, saved by the forward, or the backward's or optimizer's own temporaries."""
+    if device.type != "cuda":
+        return None
+    out, last = {}, [None]
+
+    def probe(phase):
+        torch.cuda.synchronize()
+        if last[0] is not None:
+            out[f"{last[0]} peak"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        if phase != "end":
+            out[f"at {phase}"] = torch.cuda.memory_allocated() / 2 ** 30
+        torch.cuda.reset_peak_memory_stats()
+        last[0] = phase if phase != "end" else None
+    v.step(batch, probe=probe)
+    return out
 
 
 def mark(on, phase):
@@ -360,13 +390,14 @@ def run_model(name, args):
             seconds, peak = timed_step(v, batches[0], args.device)
             v.times.append(seconds)
             v.peaks.append(peak)
+    phases = {k: memory_by_phase(v, batches[0], args.device) for k, v in variants.items()}
     result = {"model": name, "device": str(args.device), "precision": args.precision, "batch": args.batch,
               "seq": args.seq, "checked": names, "variants": {}}
     for k, v in variants.items():
         result["variants"][k] = {
             "ms": statistics.median(v.times) * 1e3,
             "peak_gib": None if v.peaks[0] is None else max(v.peaks) / 2 ** 30,
-            "first_step_s": v.first_step_s, "losses": v.losses,
+            "first_step_s": v.first_step_s, "losses": v.losses, "memory": phases[k],
             "diff": None if k == "eager" or args.dropout or ref is None else compare(v, ref, names)}
         if args.dump:   # (--separate: the parent compares the processes' results)
             params = dict(v.model.named_parameters())
@@ -490,6 +521,10 @@ def details(r) -> list[str]:
                 f", peak memory {v[a]['peak_gib'] / v[b]['peak_gib']:.2f}x ({v[a]['peak_gib']:.2f} vs "
                 f"{v[b]['peak_gib']:.2f} GiB)" if v[a].get("peak_gib") and v[b].get("peak_gib") else ""))
     out.append(f"{r['model']}: " + "; ".join(ratios))
+    for k, x in v.items():
+        if x.get("memory"):
+            out.append(f"{r['model']}: {k} memory by phase (GiB): " +
+                       ", ".join(f"{name} {gib:.2f}" for name, gib in x["memory"].items()))
     return out
 
 
