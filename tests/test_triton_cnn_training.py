@@ -161,3 +161,39 @@ def test_bottleneck_training_under_autocast_is_as_close_as_eager_and_pool_offset
     assert torch.equal(got, before)
     for name, a in got_state.items():
         assert torch.equal(a, before_state[name]), name
+
+
+def _allocated_bytes(mod):
+    """Bytes of the buffers a module's wrapper allocates, by dtype name."""
+    import re
+    out = {}
+    for m in re.finditer(r"empty_strided\(\(([^)]*)\),.*dtype=torch\.(\w+)", mod.source):
+        n = 1
+        for size in filter(str.strip, m.group(1).split(",")):
+            n *= int(size)
+        out[m.group(2)] = out.get(m.group(2), 0) + n * getattr(torch, m.group(2)).itemsize
+    return out
+
+
+def test_batchnorm_backward_can_store_the_bf16_gradient_not_its_fp32_upcast(monkeypatch):
+    """BatchNorm's backward upcasts the bf16 gradient it gets (after ReLU's mask) for its
+    three kernels (two sums and the input gradient): with config.store_before_upcast the
+    gradient is stored before the cast, in half the bytes, rounded to bf16 as eager's
+    is, and training stays as close to fp32 training as eager's bf16 training is."""
+    model, batches = _setup(False)
+    off = _compiled_run(model, batches, amp=True)
+    off_bytes = _allocated_bytes([m for m in backend.COMPILED if m.kind == "backward"][-1])
+    monkeypatch.setattr(config, "store_before_upcast", True)
+    got, got_state = _compiled_run(model, batches, amp=True)
+    on_bytes = _allocated_bytes([m for m in backend.COMPILED if m.kind == "backward"][-1])
+    assert sum(on_bytes.values()) < 0.9 * sum(off_bytes.values()), (on_bytes, off_bytes)
+    assert on_bytes["float32"] < off_bytes["float32"], (on_bytes, off_bytes)
+    want, want_state = _eager_run(model, batches, amp=True)
+    exact, exact_state = _eager_run(model, batches, amp=False)
+
+    def worst(state):
+        return max(((a - exact_state[n]).abs().max() / exact_state[n].abs().max().clamp_min(1e-6)).item()
+                   for n, a in state.items() if a.is_floating_point())
+    assert worst(got_state) <= 1.5 * worst(want_state), (worst(got_state), worst(want_state))
+    assert (got - exact).abs().max() <= 2 * (want - exact).abs().max() + 1e-3
+    assert (got - off[0]).abs().max() < 1e-2     # (bf16 rounding apart)
