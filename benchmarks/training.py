@@ -3,10 +3,12 @@
 
     python benchmarks/training.py [--models llama4,llama8,gpt2,bert] [--steps 20] [--batch 4]
                                   [--timeout 540] [--precision autocast|bf16] [--md FILE]
+    python benchmarks/training.py --models resnet50 --separate   # CNN training, issue 31
     python benchmarks/training.py --smoke      # tiny configs on the CPU: the script runs
 
 A step is the forward with the model's own loss (labels given), `loss.backward()`,
-`opt.step()` of AdamW (foreach) and `opt.zero_grad(set_to_none=True)`.  frametrace compiles the
+`opt.step()` of AdamW (foreach; SGD with momentum 0.9, foreach, for the CNN:
+`--optimizer`) and `opt.zero_grad(set_to_none=True)`.  frametrace compiles the
 model with `frametrace.optimize(backend="triton")` and the optimizer step with
 `frametrace.optimize(backend="triton")(opt.step)`; torch.compile compiles the model and
 the optimizer step (a function calling `opt.step()`, as PyTorch's tutorial on compiling
@@ -18,7 +20,10 @@ what torch.compile's training recipes use: fp32 weights and optimizer state,
 Models (HF configs, random weights, no download): llama4 / llama8 (LlamaForCausalLM, 4 or
 8 layers, hidden 2048, intermediate 5632, 16 heads, vocab 32000), gpt2 (GPT2LMHeadModel,
 GPT2Config()), bert (BertForMaskedLM, BertConfig(), 15% of positions labelled), batch
-`--batch` (4) x 512.  Dropout is off (so that the three runs can be compared number for
+`--batch` (4) x 512; resnet50 (timm's `resnet50`, else torchvision's; random weights,
+BatchNorm in training mode with its running statistics, 1000 classes, cross-entropy on
+random labels, `--batch` 64 x 3 x `--image-size` 224 x 224, `--channels-last` optional;
+the smoke run's is a two-block bottleneck ResNet defined here, at 2 x 3 x 32 x 32).  Dropout is off (so that the three runs can be compared number for
 number; `--dropout` keeps the configs' dropout, and the correctness columns then say
 "dropout" instead of comparing).
 
@@ -30,7 +35,13 @@ step CUDA-synchronised: the median is the step time.  Peak memory of a step: wha
 optimizer state and anything its compiled code keeps, measured as the allocator's growth
 while the variant was built, compiled and run) plus the allocator's peak above its level
 at the step's start (torch.cuda.max_memory_allocated), so the other two variants' weights
-do not count.  frametrace's counters: graphs compiled (forward and optimizer frames),
+do not count.  `--separate` runs each variant in its own process instead (not
+interleaved): its peak is then `torch.cuda.max_memory_allocated()` over the timed steps
+as it is, weights, optimizer state and gradients included, with nothing of another
+compiler's in the process; the checked losses and parameters are compared with the eager
+process's.  After the timed rounds, one more step per variant is measured phase by phase
+on CUDA (`memory_by_phase`: allocated at the forward's, backward's and optimizer's start,
+and each phase's peak), printed under the table.  frametrace's counters: graphs compiled (forward and optimizer frames),
 graph breaks, frames run in CPython, whole graphs the triton backend ran eagerly or with
 aot_eager (`backends.triton.backend.STATS`), FX nodes run as aten calls that a kernel could
 have run, and kernels per phase (compiled during the first forward, backward and
@@ -54,15 +65,68 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import frametrace  # noqa: E402
 
 MODELS = ("llama4", "llama8", "gpt2", "bert")
+CNNS = ("resnet50",)   # image classifiers (not in the default list: they want --batch 64)
 VARIANTS = ("eager", "frametrace", "inductor")
 CHECK_STEPS = 3
 
 
 # -- models -----------------------------------------------------------------------------
+class Classified(torch.nn.Module):
+    """An image classifier with its loss: forward(pixel_values, labels) -> the
+    cross-entropy (what the step calls `.loss` of, as it does the HF models' output)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, pixel_values, labels):
+        return torch.nn.functional.cross_entropy(self.net(pixel_values), labels)
+
+
+def tiny_resnet(classes=10):
+    """Stem, two bottleneck blocks (the second strided, with a projection) and the head,
+    as ResNet-50's: the smoke run's CNN where neither timm nor torchvision is installed."""
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * 4
+            self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+            self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width)
+            self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = None if stride == 1 and cin == cout else \
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            idt = x if self.down is None else self.down(x)
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = torch.relu(self.bn2(self.conv2(y)))
+            return torch.relu(self.bn3(self.conv3(y)) + idt)
+    return nn.Sequential(nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.MaxPool2d(3, 2, 1), Bottleneck(8, 4, 1), Bottleneck(16, 8, 2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
+
+
+def make_cnn(name, smoke):
+    """(classifier with its loss, classes)."""
+    if smoke:
+        return Classified(tiny_resnet()), 10
+    try:
+        import timm
+        net = timm.create_model(name, pretrained=False)
+    except ImportError:
+        import torchvision
+        net = getattr(torchvision.models, name)(weights=None)
+    return Classified(net), 1000
+
+
 def make_model(name, smoke, dropout):
-    """(model, vocab size): a fresh model from `name`'s config, seeded."""
-    import transformers
+    """(model, vocab size or classes): a fresh model from `name`'s config, seeded."""
     torch.manual_seed(0)
+    if name in CNNS:
+        return make_cnn(name, smoke)
+    import transformers
     if name.startswith("llama"):
         layers = int(name[5:] or 4)
         size = dict(num_hidden_layers=layers // 4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -85,12 +149,19 @@ def make_model(name, smoke, dropout):
             size.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         cfg = transformers.BertConfig(**size)
         return transformers.BertForMaskedLM(cfg), cfg.vocab_size
-    raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+    raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS + CNNS)})")
 
 
-def make_batch(name, vocab, batch, seq, device, seed):
-    """Keyword arguments of one step's forward: token ids and labels (the model's loss)."""
+def make_batch(name, vocab, batch, seq, device, seed, image_size=224, channels_last=False):
+    """Keyword arguments of one step's forward: token ids (images) and labels (the
+    model's loss)."""
     g = torch.Generator().manual_seed(seed)
+    if name in CNNS:
+        images = torch.randn(batch, 3, image_size, image_size, generator=g)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        labels = torch.randint(0, vocab, (batch,), generator=g)
+        return {"pixel_values": images.to(device), "labels": labels.to(device)}
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
     if name == "bert":
         labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
@@ -135,7 +206,10 @@ class Variant:
 
     def __init__(self, kind, model, args):
         self.kind, self.model, self.args = kind, model, args
-        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        if args.optimizer == "sgd":
+            self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)
+        else:
+            self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         self.forward, self.opt_step = model, self.opt.step
         self.counter = None
         if kind == "frametrace":
@@ -153,19 +227,48 @@ class Variant:
         self.losses, self.times, self.peaks = [], [], []
         self.resident = 0
 
-    def step(self, batch, phases=False):
+    def step(self, batch, phases=False, probe=None):
         """Forward, backward, optimizer step, and the gradients dropped (so that between
-        steps a variant holds its weights and optimizer state only)."""
+        steps a variant holds its weights and optimizer state only).  `probe(phase)`:
+        called before each phase and at the end (memory_by_phase)."""
+        probe = probe or (lambda phase: None)
         mark(phases, "forward")
+        probe("forward")
         with autocast(self.args):
-            loss = self.forward(**batch).loss
+            out = self.forward(**batch)
+            loss = getattr(out, "loss", out)   # (a CNN's Classified returns the loss)
         mark(phases, "backward")
+        probe("backward")
         loss.backward()
         mark(phases, "optimizer")
+        probe("optimizer")
         self.opt_step()
         mark(phases, "other")
         self.opt.zero_grad(set_to_none=True)
+        probe("end")
         return loss.detach()
+
+
+def memory_by_phase(v, batch, device) -> dict | None:
+    """One step's memory, phase by phase (GiB, CUDA only): what is allocated when each
+    phase starts (before the forward: weights and optimizer state; before the backward:
+    those plus what the forward saved for it; before the optimizer: the gradients instead)
+    and the allocator's peak within each phase, so a peak can be told apart: held between
+    steps, saved by the forward, or the backward's or optimizer's own temporaries."""
+    if device.type != "cuda":
+        return None
+    out, last = {}, [None]
+
+    def probe(phase):
+        torch.cuda.synchronize()
+        if last[0] is not None:
+            out[f"{last[0]} peak"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        if phase != "end":
+            out[f"at {phase}"] = torch.cuda.memory_allocated() / 2 ** 30
+        torch.cuda.reset_peak_memory_stats()
+        last[0] = phase if phase != "end" else None
+    v.step(batch, probe=probe)
+    return out
 
 
 def mark(on, phase):
@@ -197,6 +300,8 @@ def setup(kind, base, batches, args):
     model = copy.deepcopy(base).to(args.device)
     if args.precision == "bf16":
         model = model.to(torch.bfloat16)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     model.train()
     v = Variant(kind, model, args)
     t0 = time.perf_counter()
@@ -221,8 +326,11 @@ def timed_step(v, batch, device):
     v.step(batch)
     sync(device)
     seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated() - start_bytes + v.resident if device.type == "cuda" else None
-    return seconds, peak
+    if device.type != "cuda":
+        return seconds, None
+    if v.args.separate:   # (alone in its process: the allocator's peak as it is)
+        return seconds, torch.cuda.max_memory_allocated()
+    return seconds, torch.cuda.max_memory_allocated() - start_bytes + v.resident
 
 
 def compare(v, ref, names):
@@ -260,18 +368,20 @@ def frametrace_counters(v, records):
 
 def run_model(name, args):
     base, vocab = make_model(name, args.smoke, args.dropout)
-    batches = [make_batch(name, vocab, args.batch, args.seq, args.device, seed) for seed in range(CHECK_STEPS)]
+    batches = [make_batch(name, vocab, args.batch, args.seq, args.device, seed, args.image_size, args.channels_last)
+               for seed in range(CHECK_STEPS)]
     records = []
     frametrace.convert.record_observers.append(records.append)
     Phases.watch()
     # torch.compile first: Dynamo patches nn.Module.__init__ when it first compiles, which
     # frametrace's guards on a module made in a forward (BERT's CrossEntropyLoss) notice
-    kinds = [k for k in ("eager", "inductor", "frametrace") if not (k == "inductor" and args.tc_backend is None)]
+    kinds = [k for k in ("eager", "inductor", "frametrace") if not (k == "inductor" and args.tc_backend is None)
+             and (args.variants is None or k in args.variants.split(","))]
     made = {k: setup(k, base, batches, args) for k in kinds}
     variants = {k: made[k] for k in VARIANTS if k in made}
     frametrace.convert.record_observers.remove(records.append)
-    ref = variants["eager"]
-    names = checked_params(ref.model)
+    ref = variants.get("eager")
+    names = checked_params(base)
     for v in variants.values():
         for _ in range(args.warmup):
             v.step(batches[0])
@@ -280,16 +390,26 @@ def run_model(name, args):
             seconds, peak = timed_step(v, batches[0], args.device)
             v.times.append(seconds)
             v.peaks.append(peak)
+    phases = {k: memory_by_phase(v, batches[0], args.device) for k, v in variants.items()}
     result = {"model": name, "device": str(args.device), "precision": args.precision, "batch": args.batch,
               "seq": args.seq, "checked": names, "variants": {}}
     for k, v in variants.items():
         result["variants"][k] = {
             "ms": statistics.median(v.times) * 1e3,
             "peak_gib": None if v.peaks[0] is None else max(v.peaks) / 2 ** 30,
-            "first_step_s": v.first_step_s, "losses": v.losses,
-            "diff": None if k == "eager" or args.dropout else compare(v, ref, names)}
-    result["frametrace"] = frametrace_counters(variants["frametrace"], records)
+            "first_step_s": v.first_step_s, "losses": v.losses, "memory": phases[k],
+            "diff": None if k == "eager" or args.dropout or ref is None else compare(v, ref, names)}
+        if args.dump:   # (--separate: the parent compares the processes' results)
+            params = dict(v.model.named_parameters())
+            torch.save({"losses": v.losses, "params": {n: params[n].detach().float().cpu() for n in names}},
+                       os.path.join(args.dump, f"{name}-{k}.pt"))
+    result["frametrace"] = frametrace_counters(variants["frametrace"], records) if "frametrace" in variants \
+        else NO_COUNTERS
     return result
+
+
+NO_COUNTERS = {"graphs": 0, "breaks": 0, "cpython_frames": 0, "break_reasons": [], "eager_graphs": 0,
+               "aten_fallback_nodes": 0, "kernels": {}}
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -348,6 +468,41 @@ def isolated(name, argv, timeout):
     return f"| {name} | failed{cuda}: {tail[0][:200]} |", None
 
 
+def separately(name, argv, timeout):
+    """One model, each variant in a process of its own (peaks that no other compiler's
+    memory mixes into); the rows merged, and the checked losses and parameters compared
+    with the eager process's."""
+    import tempfile
+
+    class Dumped:   # (what compare() reads of a variant)
+        def __init__(self, path):
+            d = torch.load(path)
+            self.losses = d["losses"]
+            params = d["params"]
+            self.model = type("M", (), {"named_parameters": lambda _: params.items()})()
+    merged, failed = None, []
+    with tempfile.TemporaryDirectory() as dump:
+        for kind in VARIANTS:
+            if kind == "inductor" and "--no-inductor" in argv:
+                continue
+            line, result = isolated(name, argv + ["--variants", kind, "--dump", dump], timeout)
+            if result is None:
+                failed.append(f"{kind}: {line}")
+                continue
+            if merged is None:
+                merged = result
+            merged["variants"][kind] = result["variants"][kind]
+            if kind == "frametrace":
+                merged["frametrace"] = result["frametrace"]
+        if merged is None or "eager" not in merged["variants"]:
+            return f"| {name} | failed: {'; '.join(failed)[:300]} |", None
+        ref = Dumped(os.path.join(dump, f"{name}-eager.pt"))
+        for kind, v in merged["variants"].items():
+            if kind != "eager" and v.get("diff") is None and "--dropout" not in argv:
+                v["diff"] = compare(Dumped(os.path.join(dump, f"{name}-{kind}.pt")), ref, merged["checked"])
+    return row(merged) + (f" failed: {'; '.join(failed)[:300]}" if failed else ""), merged
+
+
 def details(r) -> list[str]:
     """The lines under the table: counters and reasons a row's numbers do not show."""
     c = r["frametrace"]
@@ -358,6 +513,18 @@ def details(r) -> list[str]:
     losses = {k: [round(x, 4) for x in v["losses"]] for k, v in r["variants"].items()}
     out.append(f"{r['model']}: losses of the {CHECK_STEPS} checked steps {losses}; parameters compared: "
                f"{', '.join(r['checked'])}")
+    v = r["variants"]
+    ratios = []
+    for a, b in (("frametrace", "inductor"), ("frametrace", "eager"), ("inductor", "eager")):
+        if a in v and b in v:
+            ratios.append(f"{a}/{b}: time {v[a]['ms'] / v[b]['ms']:.2f}x" + (
+                f", peak memory {v[a]['peak_gib'] / v[b]['peak_gib']:.2f}x ({v[a]['peak_gib']:.2f} vs "
+                f"{v[b]['peak_gib']:.2f} GiB)" if v[a].get("peak_gib") and v[b].get("peak_gib") else ""))
+    out.append(f"{r['model']}: " + "; ".join(ratios))
+    for k, x in v.items():
+        if x.get("memory"):
+            out.append(f"{r['model']}: {k} memory by phase (GiB): " +
+                       ", ".join(f"{name} {gib:.2f}" for name, gib in x["memory"].items()))
     return out
 
 
@@ -366,7 +533,15 @@ def parse(argv=None):
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--steps", type=int, default=20, help="timed rounds (one step of each variant per round)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant after the checked ones")
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--batch", type=int, default=None, help="4 (language models), 64 (CNNs)")
+    p.add_argument("--image-size", type=int, default=224, help="CNNs: images of this height and width")
+    p.add_argument("--channels-last", action="store_true", help="CNNs: model and images channels-last")
+    p.add_argument("--optimizer", choices=("auto", "adamw", "sgd"), default="auto",
+                   help="auto: SGD with momentum for CNNs, AdamW otherwise")
+    p.add_argument("--separate", action="store_true",
+                   help="each variant in its own process: peak memory as the allocator's own (not interleaved)")
+    p.add_argument("--variants", help=argparse.SUPPRESS)   # (a child's: which variants to run)
+    p.add_argument("--dump", help=argparse.SUPPRESS)       # (a child's: where its losses and params go)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--precision", choices=("autocast", "bf16"), default="autocast")
     p.add_argument("--dropout", action="store_true", help="keep the configs' dropout (no correctness check)")
@@ -384,8 +559,13 @@ def parse(argv=None):
     args.device = torch.device("cuda" if cuda else "cpu")
     args.ft_backend = args.ft_backend or ("triton" if cuda else "eager")
     args.tc_backend = None if args.no_inductor else ("inductor" if cuda else "eager")
+    cnn = any(m in CNNS for m in args.models.split(","))
+    if args.optimizer == "auto":
+        args.optimizer = "sgd" if cnn else "adamw"
+    if args.batch is None:
+        args.batch = 64 if cnn else 4
     if args.smoke:
-        args.batch, args.seq = 2, 16
+        args.batch, args.seq, args.image_size = 2, 16, 32
         if args.steps == p.get_default("steps"):
             args.steps = 2
         if args.warmup == p.get_default("warmup"):
@@ -397,20 +577,27 @@ def main(argv=None):
     args = parse(argv)
     if args.child:
         return child(args.child, args)
-    import transformers
+    try:
+        import transformers
+        versions = f"transformers {transformers.__version__}"
+    except ImportError:
+        versions = "no transformers"
     gpu = torch.cuda.get_device_name() if args.device.type == "cuda" else "CPU"
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {gpu}; "
-          f"batch {args.batch} x {args.seq}, {args.precision}, AdamW foreach, "
+    print(f"torch {torch.__version__}, {versions}, {gpu}; "
+          f"batch {args.batch} x {args.seq} (images {args.image_size}), {args.precision}, {args.optimizer} foreach, "
+          f"{'each variant in its own process' if args.separate else 'variants interleaved'}, "
           f"{args.steps} timed rounds; frametrace backend {args.ft_backend!r}, "
           f"torch.compile backend {args.tc_backend!r}", flush=True)
     forwarded = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-                 "--seq", str(args.seq), "--precision", args.precision, "--ft-backend", args.ft_backend]
+                 "--seq", str(args.seq), "--precision", args.precision, "--ft-backend", args.ft_backend,
+                 "--image-size", str(args.image_size), "--optimizer", args.optimizer]
     forwarded += [f for f, on in (("--smoke", args.smoke), ("--dropout", args.dropout),
-                                  ("--no-inductor", args.no_inductor)) if on]
+                                  ("--no-inductor", args.no_inductor), ("--channels-last", args.channels_last),
+                                  ("--separate", args.separate)) if on]
     rows, notes = [HEAD, "|" + "---|" * (HEAD.count("|") - 1)], []
     for name in args.models.split(","):
         t0 = time.perf_counter()
-        line, result = isolated(name, forwarded, args.timeout)
+        line, result = (separately if args.separate else isolated)(name, forwarded, args.timeout)
         print(f"{name}: {time.perf_counter() - t0:.0f} s in its process", flush=True)
         rows.append(line)
         print(line, flush=True)

@@ -530,3 +530,28 @@ def test_checkpointed_hf_llama_layers_compile_and_match_eager():
         torch.testing.assert_close(p.grad, q.grad, **F32, msg=name)
     assert backend.STATS["eager_graphs"] == eager_graphs, "a graph ran eagerly"
     assert modules("forward") and modules("backward")
+
+
+def test_backward_built_again_does_not_keep_its_first_inputs():
+    """The backward built again for its inputs' strides builds from stand-ins of them:
+    the module lives as long as the graph, and a module built from the first call's
+    saved activations kept them all alive after that call (a training step's worth of
+    memory, for good)."""
+    import gc
+    import weakref
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(lambda x, g: [(x.sin() * g).cos()])(torch.randn(4, 6), torch.randn(4, 6))
+    backend.COMPILED.clear()
+    run = backend.compile_backward(gm, [torch.randn(4, 6), torch.randn(4, 6)])
+    x, g = torch.randn(6, 4).t(), torch.randn(4, 6)
+    want = (x.sin() * g).cos()
+    refs = [weakref.ref(x), weakref.ref(g)]
+    (out,) = run([x, g])
+    del x, g
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    torch.testing.assert_close(out, want, **F32)
+    (mod,) = backend.COMPILED
+    assert mod.wrapper.lowered.example_inputs[0].stride() == (1, 4)
+    x2, g2 = torch.randn(6, 4).t(), torch.randn(4, 6)      # (and it runs again, right)
+    torch.testing.assert_close(run([x2, g2])[0], (x2.sin() * g2).cos(), **F32)

@@ -15,6 +15,8 @@ import warnings
 import torch
 from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ... import config as frametrace_config
 from .. import aot_cache
@@ -239,7 +241,7 @@ def _compile(gm, example_inputs, kind):
             # the forward stored a saved value in other strides than AOTAutograd traced:
             # the kernels are built for the strides they will read
             log.info("triton backend: a backward's inputs have other strides than traced; built again")
-            examples = list(args)
+            examples = _stand_ins(example_inputs, args)
             if mod in COMPILED:
                 COMPILED.remove(mod)
             try:
@@ -284,6 +286,20 @@ def _compile(gm, example_inputs, kind):
 
     run = boxed(first, lambda: mod)
     return run
+
+
+def _stand_ins(example_inputs, args) -> list:
+    """Examples to build a graph again for `args`' strides: fake tensors of their sizes,
+    strides, dtypes and devices, not the tensors.  The module keeps its examples (its
+    lowering's `example_inputs`) for as long as the graph lives: a backward built from
+    the first step's own saved activations held all of them (a ResNet-50's, GiBs) past
+    that step, for good.  Where no fake mode is at hand, the arguments as they are."""
+    try:
+        mode = detect_fake_mode(example_inputs) or FakeTensorMode()
+        return [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    except Exception as e:  # (a tensor subclass the fake mode cannot take, say)
+        log.info("triton backend: no fake stand-ins (%s); the graph keeps its first inputs", e)
+        return list(args)
 
 
 def _restrided(example_inputs, args) -> bool:

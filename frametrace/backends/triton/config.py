@@ -109,6 +109,21 @@ memo_indexing = True
 # sources are the same either way.  False: every candidate is generated from scratch.
 reuse_generations = True
 
+# Training graphs save max pooling's indices as each max's offset in its window (int8)
+# rather than its flat index (int64), the backward computing the index again (one byte
+# saved an output element instead of eight, as Inductor's low-memory pooling): partition.py
+# `pool_offsets`.  False: the indices are saved as they are.
+pool_offsets = True
+
+# A pointwise value that several kernels read and that is only a wider-float cast of
+# another (bf16 -> fp32: the gradient BatchNorm's backward upcasts for its three kernels)
+# is stored before the cast, in half the bytes, each reader casting it again.  Not the
+# same numbers: the stored value is rounded to bf16 as eager's is, where the fp32 one
+# kept the kernel's unrounded intermediate (a bottleneck block's three bf16 steps: as
+# close to fp32 training as eager's, either way).  Off until the H200 says whether the
+# backward's time and memory gain is worth it (optimize(options={"store_before_upcast": True})).
+store_before_upcast = False
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {

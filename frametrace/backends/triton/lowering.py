@@ -21,6 +21,7 @@ from .lowering_base import LOWERINGS, compute_dtype
 from .placement import Placement, device_of, is_view, reaches_output
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 # Functional ops the wrapper runs as aten calls, and the in-place op that writes the
 # same result into its first operand.
@@ -229,7 +230,15 @@ class GraphLowering(Placement):
             self._asked_layout(value, val)
         if isinstance(value, Pointwise) and value.reads >= REALIZE_READS and \
                 sum(logsumexp.reads_all(node, u) for u in node.users) > 1:
-            self.realize(value, wrapper=False)
+            narrow = _upcast_source(node, args, value)
+            if narrow is not None:
+                # an exact upcast (bf16 -> fp32) of a value: that value stored, in half the
+                # bytes, each user casting it again (BatchNorm's backward upcasts the
+                # gradient its three kernels read)
+                self.realize(narrow, wrapper=False)
+                value.reads = 1
+            else:
+                self.realize(value, wrapper=False)
         if isinstance(value, Pointwise) and value.realized is None and \
                 any(u.op == "output" for u in node.users):
             # a graph output is stored anyway: stored here, where its inputs may die, not
@@ -553,6 +562,29 @@ class GraphLowering(Placement):
             return active or detect_fake_mode(self.example_inputs) or FakeTensorMode()
         except Exception:
             return None
+
+
+# dtype -> the wider ones that hold each of its values exactly
+_EXACT_UPCASTS = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.float32, torch.float64),
+                  torch.float32: (torch.float64,)}
+
+
+def _upcast_source(node, args, value):
+    """The lazy pointwise value that `node` only casts to a wider float dtype (each value
+    the same number), where storing it rather than the cast is the same at fewer bytes
+    (`config.store_before_upcast`); else None."""
+    from . import config  # (lazy: as elsewhere)
+    if not config.store_before_upcast or not args or not isinstance(args[0], Pointwise) or \
+            args[0].realized is not None or tuple(args[0].shape) != tuple(value.shape):
+        return None
+    if node.target is prims.convert_element_type.default:
+        pass
+    elif node.target is aten._to_copy.default and set(node.kwargs) <= {"dtype", "layout", "device"} and \
+            node.kwargs.get("device") in (None, getattr(node.args[0].meta.get("val"), "device", None)):
+        pass
+    else:
+        return None
+    return args[0] if value.dtype in _EXACT_UPCASTS.get(args[0].dtype, ()) else None
 
 
 def is_write(op) -> bool:
