@@ -573,7 +573,6 @@ def _upcast_source(node, args, value):
     """The lazy pointwise value that `node` only casts to a wider float dtype (each value
     the same number), where storing it rather than the cast is the same at fewer bytes
     (`config.store_before_upcast`); else None."""
-    from . import config  # (lazy: as elsewhere)
     if not config.store_before_upcast or not args or not isinstance(args[0], Pointwise) or \
             args[0].realized is not None or tuple(args[0].shape) != tuple(value.shape):
         return None

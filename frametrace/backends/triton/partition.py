@@ -23,10 +23,13 @@ import os
 import torch
 import torch.fx as fx
 from torch._functorch import partitioners as p
+from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
+from . import config
 from .fallback import BY_DESIGN
 from .lowering import LOWERINGS
+from .ops import _pair as _pool_pair
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -234,8 +237,6 @@ def pool_offsets(graph: fx.Graph) -> int:
     partition saves one byte an output element where it saved eight (Inductor's
     low-memory max pooling does the same: a ResNet-50's stem pooling at batch 64 saves
     12.8M indices, 103 MB as int64, 13 MB as int8).  `config.pool_offsets` turns it off."""
-    from . import config  # (lazy: as the backend's other modules)
-    from .ops import _pair as _pool_pair  # (lazy: lowering's modules import this one)
     if not config.pool_offsets:
         return 0
     changed = 0
@@ -288,7 +289,6 @@ class _Maker:
     value in meta["val"]."""
 
     def __init__(self, graph, after, example):
-        from torch._guards import detect_fake_mode
         self.graph, self.last, self.mode = graph, after, detect_fake_mode([example])
 
     def __call__(self, target, *args, **kwargs):
