@@ -109,6 +109,10 @@ def run(args, impl) -> dict:
     from frametrace import convert
     from frametrace.backends.triton import backend as triton_backend
     from torch._inductor.compile_fx import compile_fx
+    # no warm start from an earlier run's entries: the on-disk cache is keyed by guards,
+    # and the eager experts' top frames, which break at their loop, also serve the other
+    # implementations (their guards hold), which then run split as that run traced them
+    frametrace.config.cache = args.warm
     frametrace.config.capture_dynamic_output_shape_ops = not args.no_capture
     torch._dynamo.config.capture_dynamic_output_shape_ops = not args.no_capture
     frametrace.config.capture_scalar_outputs = args.capture_scalars
@@ -194,6 +198,8 @@ def main():
     p.add_argument("--iters", type=int, default=5, help="calls per round (each a different batch)")
     p.add_argument("--no-capture", action="store_true", help="capture_dynamic_output_shape_ops off")
     p.add_argument("--capture-scalars", action="store_true", help="capture_scalar_outputs on too")
+    p.add_argument("--warm", action="store_true",
+                   help="let frametrace read and write its on-disk cache (a warm start)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny sizes, Triton's interpreter (TRITON_INTERPRET=1): a check that it runs")
     p.add_argument("--timeout", type=int, default=600, help="seconds per implementation")
