@@ -3,17 +3,20 @@ folder) and warm (the folder a previous process filled), for frametrace's on-dis
 (frametrace/warm_cache.py) and torch.compile with its own caches on, same backend.
 
     python benchmarks/warm_start.py [--models gpt2,mlp] [--repeat 3] [--md FILE]
+                                    [--compilers frametrace,torch.compile]
 
 Models (CPU): gpt2 (transformers' GPT2LMHeadModel, GPT2Config(n_layer=6), random weights,
-batch 2 x 64 tokens, the model's own loss, forward + backward; backend aot_eager, a
-GPT-2-like module of our own where transformers is missing) and mlp (8 Linear+GELU
+batch 2 x 64 tokens, the model's own loss, forward + backward; backend aot_eager),
+gpt2_1x32 (the same with 1 x 32 tokens: the compile cost where compute does not
+dominate the first call) and mlp (8 Linear+GELU
 layers of width 512, batch 64, forward + backward; backend eager; mlp_aot: the same on
 aot_eager).  Each measurement is a
 process of its own: imports and the model are built first, untimed; the first call (forward,
 loss, backward) is timed, then the fastest of three more calls, as the steady state.
 One torch thread.  The figure is
 the median over --repeat fresh cache folders (cold: the folder empty; warm: the process
-right after the cold one, same folder).
+right after the cold one, same folder); a second line gives the same in CPU seconds
+(`time.process_time`), which a loaded machine disturbs less than the wall clock.
 
 The `triton` backend on CUDA (issue 33's target: a warm first call at most 10% of the
 cold one, and at most torch.compile's warm first call):
@@ -57,7 +60,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _gpt2():
+def _gpt2(batch=2, tokens=64):
     import torch
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -67,7 +70,7 @@ def _gpt2():
     if GPT2LMHeadModel is not None:
         cfg = GPT2Config(n_layer=6, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model = GPT2LMHeadModel(cfg)
-        ids = torch.randint(0, cfg.vocab_size, (2, 64))
+        ids = torch.randint(0, cfg.vocab_size, (batch, tokens))
 
         def step(m):
             out = m(input_ids=ids, labels=ids)
@@ -187,7 +190,11 @@ def _effnet():
     return model, step, "triton"
 
 
-MODELS = {"gpt2": _gpt2, "mlp": _mlp, "mlp_aot": _mlp_aot, "llama": _llama, "effnet": _effnet}
+def _gpt2_1x32():
+    return _gpt2(1, 32)
+
+
+MODELS = {"gpt2": _gpt2, "gpt2_1x32": _gpt2_1x32, "mlp": _mlp, "mlp_aot": _mlp_aot, "llama": _llama, "effnet": _effnet}
 # Rows of the triton backend on CUDA (skipped without it; --smoke: the CPU, interpreted)
 CUDA_MODELS = ("llama", "effnet")
 
@@ -230,9 +237,9 @@ def child(variant, model_name, cache):
         import cProfile
         prof = cProfile.Profile()
         prof.enable()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = step(compiled)
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     if profile:
         import io
         import pstats
@@ -240,11 +247,12 @@ def child(variant, model_name, cache):
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(profile)
         print(text.getvalue(), file=sys.stderr)
-    second = float("inf")
+    second = second_cpu = float("inf")
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step(compiled)
         second = min(second, time.perf_counter() - t0)
+        second_cpu = min(second_cpu, time.process_time() - c0)
     extra = {}
     if variant == "frametrace":
         extra = dict(frametrace.warm_cache.stats)
@@ -264,7 +272,8 @@ def child(variant, model_name, cache):
     else:
         from torch._dynamo.utils import counters
         extra = {"aot_autograd": dict(counters["aot_autograd"])}    # (its cache's hits, misses)
-    print("RESULT", json.dumps({"first": first, "second": second, "loss": loss, **extra}))
+    print("RESULT", json.dumps({"first": first, "second": second, "first_cpu": first_cpu,
+                                "second_cpu": second_cpu, "loss": loss, **extra}))
 
 
 def _measure(variant, model_name, cache):
@@ -289,6 +298,7 @@ def main():
     ap.add_argument("--models", default="gpt2,mlp")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--md", default=None)
+    ap.add_argument("--compilers", default="frametrace,torch.compile")
     ap.add_argument("--child", nargs=3, default=None)
     ap.add_argument("--smoke", action="store_true",
                     help="the triton rows on the CPU, tiny, interpreted (frametrace only)")
@@ -304,9 +314,10 @@ def main():
             if not torch.cuda.is_available():
                 print(f"{model_name:6} skipped: the triton backend's rows need CUDA", flush=True)
                 continue
-        variants = ("frametrace",) if ns.smoke else ("frametrace", "torch.compile")
+        variants = ("frametrace",) if ns.smoke else tuple(ns.compilers.split(","))
         for variant in variants:
             colds, warms, steady, hits, backend_hits = [], [], [], [], []
+            cpu = []        # (cold first, warm first, warm steady: CPU seconds, this process)
             for _ in range(ns.repeat):
                 with tempfile.TemporaryDirectory(prefix="warm-start-") as cache:
                     cold = _measure(variant, model_name, cache)
@@ -327,6 +338,7 @@ def main():
                           f"{warm['recompiled']}", flush=True)
                     for why in warm["cache_warnings"]:
                         print(f"{model_name:6} {variant:13}   cache: {why}", flush=True)
+                cpu.append((cold["first_cpu"], warm["first_cpu"], warm["second_cpu"]))
                 colds.append(cold["first"])
                 warms.append(warm["first"])
                 steady.append(warm["second"])
@@ -340,6 +352,12 @@ def main():
                   f"{c - st:.3f}s warm {w - st:.3f}s"
                   + (f"  cache hits {hits[-1]}" if hits[-1] is not None else "")
                   + f"  backend cache {backend_hits[-1]}", flush=True)
+            cc, cw, cs = (statistics.median(x) for x in zip(*cpu))
+            # (CPU time of the process's main thread and its others: steadier than the wall
+            # clock on a loaded machine)
+            print(f"{model_name:5} {variant:13} CPU time: cold {cc:7.3f}s  warm {cw:7.3f}s  "
+                  f"warm/cold {cw / cc:6.1%}  steady call {cs:.3f}s  compile cost cold "
+                  f"{cc - cs:.3f}s warm {cw - cs:.3f}s", flush=True)
         mine = [r for r in rows if r[0] == model_name]
         if len(mine) == 2:      # (issue 33: warm <= 10% of cold, and <= torch.compile's warm)
             print(f"{model_name:5} frametrace warm / torch.compile warm {mine[0][3] / mine[1][3]:6.1%}"

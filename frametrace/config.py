@@ -243,3 +243,17 @@ cache_aot_results = True
 # own code.  A warm start whose key matches runs no AOTAutograd trace, lowering,
 # scheduling or code generation.  False: a warm start compiles the cached graph again.
 cache_triton_results = True
+# Warm starts' shortcuts (each False: the work is done in full, as before).
+# cache_fingerprint_by_stat: frametrace's own source fingerprint (part of every key) is
+# taken from a note in the cache folder when every file of frametrace has the same
+# inode, size, modification and change times (ns) as when the note was written; any
+# write to a file changes its change time, so an edited tracer is hashed again.
+cache_fingerprint_by_stat = True
+# cache_lazy_graph: a warm entry whose backend's result comes from the cache (aot_eager,
+# triton) unpickles its FX graph only when asked (explain(), the viewer) or where the
+# backend's result cannot be used; the guards are checked on the live call as always.
+# (An entry whose graph names functions by their code unpickles it at once.)
+cache_lazy_graph = True
+# cache_graph_bytecode: AOTAutograd's cached forward and backward graphs carry their
+# compiled bytecode (marshal, this Python's), run instead of compiling their source.
+cache_graph_bytecode = True

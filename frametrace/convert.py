@@ -56,7 +56,6 @@ _fn_ids = itertools.count()
 # Codes with cache state, for reset(); by id, since code objects compare by content.
 _seen_codes: dict[int, weakref.ref] = {}
 _installed_globals: list[tuple[dict, str]] = []           # __compiled_fn_N we placed
-graph_modules: dict = {}                                  # __compiled_fn_N -> its GraphModule
 _warned_cache_limit: set[int] = set()
 
 
@@ -67,13 +66,13 @@ class CompileRecord:
     runs in CPython); `reason`, `hint` and `user_stack` say why for the last two.
     `from_cache`: the entry came from the on-disk cache (warm_cache.py): nothing was
     traced, the backend compiled the cached graph."""
-    __slots__ = ("code", "graph_module", "op_count", "guards", "reason", "hint", "user_stack",
+    __slots__ = ("code", "_graph_module", "op_count", "guards", "reason", "hint", "user_stack",
                  "compile_seconds", "backend_seconds", "transformed_code", "outcome", "check",
                  "from_cache")
 
     def __init__(self, code):
         self.code = code
-        self.graph_module = None
+        self._graph_module = None
         self.op_count = 0
         self.guards: list[str] = []
         self.reason = None
@@ -86,6 +85,49 @@ class CompileRecord:
         self.check = None
         self.from_cache = False
 
+
+    @property
+    def graph_module(self):
+        """The FX graph (an entry from the cache: unpickled at the first read)."""
+        gm = self._graph_module = _resolved(self._graph_module)
+        return gm
+
+    @graph_module.setter
+    def graph_module(self, gm):
+        self._graph_module = gm
+
+
+def _resolved(gm):
+    """`gm`, or the GraphModule of a cached entry's graph not unpickled yet
+    (warm_cache._GraphBytes, config.cache_lazy_graph): unpickled now, None (one log
+    line) where it cannot be."""
+    if type(gm) is not warm_cache._GraphBytes:
+        return gm
+    try:
+        return gm.load()
+    except Exception as e:
+        warm_cache.log.warning("frametrace: cache: cannot unpickle a cached entry's graph (%s: %s)",
+                               type(e).__name__, e)
+        return None
+
+
+class _GraphModules(dict):
+    """__compiled_fn_N -> its GraphModule (an entry's from the cache: unpickled when read)."""
+
+    def __getitem__(self, name):
+        return _resolved(super().__getitem__(name))
+
+    def get(self, name, default=None):
+        return _resolved(super().get(name, default))
+
+    def values(self):
+        return [_resolved(v) for v in super().values()]
+
+    def items(self):
+        return [(k, _resolved(v)) for k, v in super().items()]
+
+
+graph_modules = _GraphModules()                # __compiled_fn_N -> its GraphModule
 
 # Observers get every CompileRecord (explain() and tests register one).
 record_observers: list = []
@@ -265,16 +307,16 @@ def _make_callback(backend, fullgraph: bool, dynamic):
 
 
 def _install_cached(code, func, check, new_code, slot, compiled, gm, outcome, guard_texts,
-                    seconds):
+                    seconds, op_count):
     """A cached entry (warm_cache.lookup), its graph compiled by the backend: installed
-    and recorded as a compile's entry is; returns the C hook's decision."""
+    and recorded as a compile's entry is; returns the C hook's decision.  `gm`: the
+    entry's graph (warm_cache._GraphBytes: unpickled when first read)."""
     record = CompileRecord(code)
     record.from_cache = True
     if gm is not None:
         new_code = _install_graph_fn(func, new_code, slot, f"__compiled_fn_{next(_fn_ids)}", compiled, gm)
         record.graph_module = gm
-        record.op_count = sum(1 for n in gm.graph.nodes
-                              if n.op in ("call_function", "call_method", "call_module"))
+        record.op_count = op_count
     record.outcome = outcome
     record.guards = guard_texts
     record.transformed_code = new_code

@@ -44,6 +44,7 @@ import enum
 import functools
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
 import io
 import logging
@@ -79,7 +80,8 @@ _KERNEL_BACKENDS = ("default", "triton")
 # Settings that do not change what a compile produces.
 # (cache_aot_results: an entry keeps AOTAutograd's result either way, used only if on.)
 _SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "cache_aot_results",
-                       "cache_triton_results", "compile_status",
+                       "cache_triton_results", "cache_fingerprint_by_stat", "cache_lazy_graph",
+                       "cache_graph_bytecode", "compile_status",
                        "compile_status_after", "compile_lock_timeout"}
 
 stats = {"hits": 0, "misses": 0, "stores": 0, "not_cacheable": 0, "errors": 0,
@@ -107,24 +109,69 @@ def cache_dir() -> str | None:
     return config.cache_folder()
 
 
-@functools.lru_cache(maxsize=1)
-def _own_fingerprint() -> str:
-    """frametrace's own source and C extension: an edited tracer makes new keys."""
-    h = hashlib.sha256()
-    root = os.path.dirname(os.path.abspath(__file__))
+def _own_files(root) -> list:
+    """(path relative to `root`, path) of frametrace's source files and C extensions
+    under `root`, sorted (the extensions of another Python than this one's, which this
+    process cannot load, left out)."""
+    own_tag = importlib.machinery.EXTENSION_SUFFIXES[0]
+    out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in sorted(filenames):
+            if name.endswith(".so") and ".cpython-" in name and not name.endswith(own_tag):
+                continue
             if name.endswith((".py", ".so", ".c", ".cpp", ".h")):
                 path = os.path.join(dirpath, name)
-                h.update(os.path.relpath(path, root).encode())
-                with open(path, "rb") as fh:
-                    h.update(fh.read())
-    for so in (getattr(_C, "__file__", None),):
-        if so and os.path.exists(so):
-            with open(so, "rb") as fh:
-                h.update(fh.read())
+                out.append((os.path.relpath(path, root), path))
+    return out
+
+
+def _hash_files(files) -> str:
+    h = hashlib.sha256()
+    for rel, path in files:
+        h.update(rel.encode())
+        with open(path, "rb") as fh:
+            h.update(fh.read())
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _own_fingerprint() -> str:
+    """frametrace's own source and C extensions: an edited tracer makes new keys."""
+    return _fingerprint(os.path.dirname(os.path.abspath(__file__)),
+                        cache_dir() if config.cache_fingerprint_by_stat else None)
+
+
+def _fingerprint(root, folder) -> str:
+    """The hash of the files under `root` (`_own_files`), or, where `folder` is a cache
+    folder, its note of that hash for files of the same inodes, sizes, modification and
+    change times (ns): a write to a file changes its change time, so an edited file is
+    hashed again (hashing frametrace costs a warm start ~20 ms; the note, ~2)."""
+    files = _own_files(root)
+    note = prefix = None
+    if folder is not None:
+        try:
+            stats_ = [(rel, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                      for rel, path in files for st in (os.stat(path),)]
+            prefix = hashlib.sha256(root.encode()).hexdigest()[:16]
+            note = os.path.join(folder, "own-fingerprint", f"{prefix}-" +
+                                hashlib.sha256(repr(stats_).encode()).hexdigest())
+            with open(note, "rb") as fh:
+                text = fh.read().decode("ascii")
+            if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+                return text
+        except (OSError, UnicodeDecodeError):
+            pass
+    digest = _hash_files(files)      # (after the stats: a file written meanwhile is new)
+    if note is not None:
+        try:
+            write_atomic(note, digest.encode("ascii"))
+            for e in os.scandir(os.path.dirname(note)):     # (this copy's older notes)
+                if e.name.startswith(prefix) and e.path != note:
+                    os.unlink(e.path)
+        except OSError:
+            pass
+    return digest
 
 
 def _versions() -> tuple:
@@ -368,15 +415,19 @@ class _Pickler(pickle.Pickler):
         self.cells = cells or {}        # id(cell) -> the pid of the function it closes, index
         self.graph_fn = graph_fn
         self.codes: list = []           # code objects pickled by content (pinned)
+        self.weakrefs = 0               # weak references pickled (tied to the guard set)
+        self.bound = 0                  # references to bound objects and their cells
 
     def persistent_id(self, obj):
         label = self.binds.get(id(obj))
         if label is not None:
+            self.bound += 1
             return ("bind", label)
         if self.graph_fn is not None and obj is self.graph_fn:
             return ("graph",)
         cell = self.cells.get(id(obj))
         if cell is not None:
+            self.bound += 1
             return ("cell", *cell)
         if type(obj) is dict:       # (pickle never asks reducer_override about a dict)
             name = _module_name(obj)
@@ -415,6 +466,7 @@ class _Pickler(pickle.Pickler):
             target = obj()
             if target is None:
                 raise NotCacheable("a dead weak reference")
+            self.weakrefs += 1
             return _make_weakref, (target,)
         if t is _AbcAnswers:
             return _make_abc_answers, ([(r(), c) for r, c in obj.answers],)
@@ -474,7 +526,7 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown reference {pid!r}")
 
 
-def _dumps(obj, binds=None, graph_fn=None, cells=None):
+def _dumps(obj, binds=None, graph_fn=None, cells=None, pickler=None):
     buf = io.BytesIO()
     p = _Pickler(buf, binds, graph_fn, cells)
     try:
@@ -483,6 +535,8 @@ def _dumps(obj, binds=None, graph_fn=None, cells=None):
         raise
     except Exception as e:
         raise NotCacheable(f"{type(e).__name__}: {e}") from None
+    if pickler is not None:
+        pickler.append(p)
     return buf.getvalue(), p.codes
 
 
@@ -631,11 +685,29 @@ def describe(code, func, check, new_code, gm, graph_fn, inlined, outcome, backen
         log.info("frametrace: cache: the backend's result for %s is not cached (%s); a warm "
                  "start compiles the cached graph", code.co_name, artifact[1])
         artifact = None
-    body = {"backend_artifact": artifact,"guards": guards, "constants": gs.constants, "code": new_code, "graph": gm,
+    # The graph, pickled on its own: a warm start whose backend's result comes from the
+    # cache unpickles it only when asked (config.cache_lazy_graph), unless it names the
+    # program's functions by their code, holds weak references or names the live
+    # objects the entry binds (`graph_pins`: then it is unpickled with the rest, its
+    # functions compared with the live ones; a graph left pickled keeps nothing of the
+    # program alive).
+    graph_pickler = []
+    graph_bytes, codes3 = _dumps(gm, binds, graph_fn, cells, graph_pickler) if gm is not None \
+        else (None, [])
+    body = {"backend_artifact": artifact, "guards": guards, "constants": gs.constants,
+            "code": new_code, "graph": graph_bytes,
+            # (torch's own functions, reduce_graph_module among them, are pinned by its
+            # version, as an inlined function of torch's is)
+            "graph_pins": any(not _torch_code(c) for c in codes3) or
+            bool(graph_pickler and (graph_pickler[0].weakrefs or graph_pickler[0].bound)),
+            "op_count": sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
+                                                                  "call_module"))
+            if gm is not None else 0,
             "inputs": inputs, "resume": _resume_meta(new_code), "outcome": outcome,
             "texts": gs.texts(), "name": graph_fn.__name__ if graph_fn is not None else None,
             "graph_meta": {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta} if gm is not None else {}}
     body_bytes, codes2 = _dumps(body, binds, graph_fn, cells)
+    codes2 = [*codes2, *codes3]
     pinned = {id(c) for c in (*codes1, *codes2)}
     for c in inlined:
         if id(c) not in pinned and not _torch_code(c) and not any(c == p for p in (*codes1, *codes2)):
@@ -933,6 +1005,11 @@ def _materialize(code, func, args, entry, backend, install):
         _loading.guard_set = gs
         up = _Unpickler(io.BytesIO(outer["body"]), live)
         body = up.load()
+        pins = body["graph_pins"]
+        graph = _GraphBytes(body["graph"], live if pins else {}, up.graph_slot,
+                            body.get("graph_meta", {})) if body["graph"] is not None else None
+        if graph is not None and (pins or not config.cache_lazy_graph):
+            graph.load()    # (functions it names by their code: compared now, _Stale if not)
     finally:
         _loading.guard_set = None
         _loading.pinned = None
@@ -943,12 +1020,8 @@ def _materialize(code, func, args, entry, backend, install):
     if check(*args, func) is not True:
         return None
     t0 = time.perf_counter()
-    gm = body["graph"]
     compiled = None
-    if gm is not None:
-        # (a pickled GraphModule comes back without its meta: what the trace noted for
-        # the backend, the default backend's choice of triton or eager among it)
-        gm.meta.update(body.get("graph_meta", {}))
+    if graph is not None:
         example = [_eval(s, env) for s in body["inputs"]]
         # The sizes this call has, as a compile would have noted them: a later call
         # with other sizes compiles with those dimensions symbolic, as after a cold start.
@@ -956,10 +1029,12 @@ def _materialize(code, func, args, entry, backend, install):
         for source, value in zip(body["inputs"], example):
             if isinstance(value, torch.Tensor):
                 policy.dynamic_dims(source, value)
-        compiled = _from_artifact(code, backend, gm, example, body.get("backend_artifact"))
+        compiled = _from_artifact(code, backend, example, body.get("backend_artifact"))
         if compiled is None:
             try:
-                compiled = backend(gm, example)
+                compiled = backend(graph.load(), example)
+            except _Stale:
+                raise
             except Exception as e:
                 raise _Stale(f"the backend failed on the cached graph ({type(e).__name__}: {e})")
     for c, origin, opaque, private in body["resume"]:
@@ -968,11 +1043,31 @@ def _materialize(code, func, args, entry, backend, install):
             resume_codes._opaque.setdefault(c, opaque)
         if private is not None:
             resume_codes._private.setdefault(c, private)
-    return install(code, func, check, body["code"], up.graph_slot, compiled, gm, body["outcome"],
-                   body["texts"], time.perf_counter() - t0)
+    return install(code, func, check, body["code"], up.graph_slot, compiled, graph, body["outcome"],
+                   body["texts"], time.perf_counter() - t0, body["op_count"])
 
 
-def _from_artifact(code, backend, gm, example, artifact):
+class _GraphBytes:
+    """A cached entry's FX graph, unpickled at the first `load()` (its functions found
+    by name then; one that names the entry's bound objects is loaded with the entry)."""
+
+    def __init__(self, data, live, graph_slot, meta):
+        self.data, self.live, self.graph_slot, self.meta = data, live, graph_slot, meta
+        self.gm = None
+
+    def load(self):
+        if self.gm is None:
+            up = _Unpickler(io.BytesIO(self.data), self.live)
+            up.graph_slot = self.graph_slot
+            gm = up.load()
+            # (a pickled GraphModule comes back without its meta: what the trace noted
+            # for the backend, the default backend's choice of triton or eager among it)
+            gm.meta.update(self.meta)
+            self.gm, self.data, self.live = gm, None, None
+        return self.gm
+
+
+def _from_artifact(code, backend, example, artifact):
     """The backend's compiled function rebuilt from what it stored (no AOTAutograd
     trace), or None where there is none, it is off, or the backend refuses it (its key
     differs: other input metadata, grad mode, settings)."""
@@ -981,7 +1076,7 @@ def _from_artifact(code, backend, gm, example, artifact):
     if artifact is None or load is None or not getattr(config, switch):
         return None
     try:
-        compiled = load(gm, example, artifact)
+        compiled = load(None, example, artifact)      # (the loaders read no graph)
     except Exception as e:
         stats["errors"] += 1
         log.warning("frametrace: cache: cannot rebuild the backend's result for %s (%s: %s); "

@@ -27,6 +27,16 @@ def _counting(*args, **kwargs):
 aot_autograd.aot_module_simplified = _counting   # (aot_eager imports it at each compile)
 
 env = os.environ.get
+unpickled = []      # (entries' FX graphs unpickled: a lazy one only when read)
+_deserialize = torch.fx.graph_module._deserialize_graph_module
+def _counting_deserialize(*args, **kwargs):
+    unpickled.append(1)
+    return _deserialize(*args, **kwargs)
+torch.fx.graph_module._deserialize_graph_module = _counting_deserialize
+if env("LAZY") == "0":
+    frametrace.config.cache_lazy_graph = False
+if env("GRAPH_BYTECODE") == "0":
+    frametrace.config.cache_graph_bytecode = False
 if env("NO_TO_CACHEABLE"):       # (AOTConfig before torch 2.13: no to_cacheable())
     from torch._functorch._aot_autograd import schemas
     if hasattr(schemas.AOTConfig, "to_cacheable"):
@@ -145,6 +155,11 @@ else:
     out["grads"] = [p.grad.tolist() for p in model.parameters() if p.grad is not None]
     out["cpython_grads"] = [p.grad.tolist() for p in reference.parameters() if p.grad is not None]
 out["traced"] = len(traced)
+out["unpickled_before_read"] = len(unpickled)
+if env("READ_GRAPHS"):      # (explain()'s view: each entry's graph, op count, code)
+    out["graphs"] = [[r.op_count, r.graph_module.code.strip()] for r in records
+                     if r.graph_module is not None]
+    out["graph_modules"] = len([g for g in convert.graph_modules.values() if g is not None])
 out["compiled"] = sum(1 for r in records if not r.from_cache and r.transformed_code is not None)
 out["from_cache"] = sum(1 for r in records if r.from_cache)
 out["stats"] = dict(warm_cache.stats)
@@ -266,22 +281,32 @@ def test_dynamic_sizes_not_cached_still_right(tmp_path):
     assert warm["traced"] == cold["traced"] - warm["stats"]["backend_hits"]
 
 
-def test_damaged_artifact_with_valid_checksum_compiles_again(tmp_path):
-    """An artifact that cannot be rebuilt (here its forward's code renamed, the file's
-    checksum made right again: a writer's bug, not a torn file) is a miss of
-    AOTAutograd's result with one log line; the graph is compiled from the entry."""
-    cold = _run(tmp_path)
+def _rewrite_entries(tmp_path, old, new, count=1):
+    """Replace `old` by `new` in each entry's body, the file's checksum made right again
+    (a writer's bug, not a torn file)."""
     head = 8 + 32
     for path in _entries(tmp_path):
         data = open(path, "rb").read()
         outer = pickle.loads(data[head:])
         body = outer["body"]
-        # (the artifact comes first in the entry's body: its forward graph's code)
-        assert b"def forward(self" in body
-        outer["body"] = body.replace(b"def forward(self", b"def forwarX(self", 1)
+        assert old in body
+        outer["body"] = body.replace(old, new, count)
         payload = pickle.dumps(outer)
         open(path, "wb").write(data[:8] + hashlib.sha256(payload).digest() + payload)
-    warm = _run(tmp_path)
+
+
+@pytest.mark.parametrize("bytecode", ["off", "damaged too"])
+def test_damaged_artifact_with_valid_checksum_compiles_again(tmp_path, bytecode):
+    """An artifact that cannot be rebuilt (here its forward's code renamed, and its
+    bytecode either not used or not this graph's) is a miss of AOTAutograd's result with
+    one log line; the graph is compiled from the entry."""
+    cold = _run(tmp_path)
+    # (the artifact comes first in the entry's body: its forward graph's code)
+    _rewrite_entries(tmp_path, b"def forward(self", b"def forwarX(self")
+    if bytecode == "damaged too":       # (then the source is compiled: the renamed one)
+        _rewrite_entries(tmp_path, b"<frametrace: cached AOT graph>",
+                         b"<frametrace: cached AOT graph!", count=-1)
+    warm = _run(tmp_path, GRAPH_BYTECODE="0" if bytecode == "off" else "1")
     _same_as_cpython(warm)
     assert warm["values"] == cold["values"] and warm["grads"] == cold["grads"]
     assert warm["compiled"] == 0 and warm["from_cache"] >= 1
@@ -359,3 +384,38 @@ def test_graphs_calling_code_not_torch_s_are_refused():
             aot_cache.check_graph(graph_of(target))
     aot_cache.check_graph(graph_of(torch.sin))
     aot_cache.check_graph(graph_of(torch.ops.aten.sin.default))
+
+
+@pytest.mark.parametrize("lazy", ["1", "0"])
+def test_lazy_graph_unpickled_only_when_read(tmp_path, lazy):
+    """config.cache_lazy_graph: a warm entry whose AOTAutograd result comes from the
+    cache does not unpickle its FX graph to run; explain()'s records and graph_modules
+    give the same graph as the cold process when read.  Off: unpickled at the load."""
+    cold = _run(tmp_path, READ_GRAPHS=1, SIZES="4,4,5")
+    _same_as_cpython(cold)
+    warm = _run(tmp_path, READ_GRAPHS=1, SIZES="4,4,5", LAZY=lazy)
+    _same_as_cpython(warm)
+    assert warm["values"] == cold["values"] and warm["grads"] == cold["grads"]
+    assert warm["compiled"] == 0 and warm["traced"] == 0
+    assert warm["stats"]["backend_hits"] == cold["stats"]["stores"] == 2
+    if lazy == "1":
+        assert warm["unpickled_before_read"] == 0
+    else:
+        assert warm["unpickled_before_read"] >= 2
+    assert warm["graphs"] == cold["graphs"] and len(warm["graphs"]) == 2
+    assert warm["graph_modules"] == 2
+
+
+def test_graph_bytecode_damaged_compiles_its_source(tmp_path):
+    """Cached bytecode that is not the graph's (marshal gives another file's code: it is
+    checked) is left aside for the graph's source, compiled as before: still from the
+    cache, nothing traced, same answers."""
+    cold = _run(tmp_path)
+    _rewrite_entries(tmp_path, b"<frametrace: cached AOT graph>",
+                     b"<frametrace: cached AOT graph!", count=-1)
+    for bytecode in ("1", "0"):
+        warm = _run(tmp_path, GRAPH_BYTECODE=bytecode)
+        _same_as_cpython(warm)
+        assert warm["values"] == cold["values"] and warm["grads"] == cold["grads"]
+        assert warm["compiled"] == 0 and warm["traced"] == 0
+        assert warm["stats"]["backend_hits"] == cold["stats"]["stores"]

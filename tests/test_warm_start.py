@@ -59,6 +59,8 @@ torch.manual_seed(0)
 model = Block()
 reference = copy.deepcopy(model)
 # (aot_eager: entries with symbolic sizes are not cached, so sizes stay static)
+if os.environ.get("FRAMETRACE_SWITCH"):       # (a warm-start shortcut turned off)
+    setattr(frametrace.config, os.environ["FRAMETRACE_SWITCH"], False)
 compiled = frametrace.optimize(model, backend=os.environ.get("BACKEND", "eager"),
                                dynamic=False if os.environ.get("BACKEND") == "aot_eager" else None)
 if os.environ.get("LOAD"):
@@ -363,3 +365,86 @@ def test_an_enum_member_of_another_value_is_a_miss(tmp_path):
     assert runs["cold"]["from_cache"] == 0 and runs["warm"]["from_cache"] == 1
     assert runs["other"]["from_cache"] == 0 and runs["other"]["got"] != runs["cold"]["got"]
     assert runs["other_warm"]["from_cache"] == 1
+
+
+def _tree(root):
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "pkg" / "sub" / "b.py").write_text("B = 2\n")
+    (root / "pkg" / "ext.cpython-399-x86_64-linux-gnu.so").write_bytes(b"another Python's")
+    return str(root / "pkg")
+
+
+def test_fingerprint_note_follows_every_write(tmp_path, monkeypatch):
+    """config.cache_fingerprint_by_stat: frametrace's source hash is taken from the
+    cache folder's note while every file has the inode, size and times the note was
+    written for; any write makes it hash again, even one that keeps the size and puts the
+    modification time back (the change time moves).  A damaged note is hashed again."""
+    sys.path.insert(0, ROOT)
+    from frametrace import warm_cache
+    root, folder = _tree(tmp_path), str(tmp_path / "cache")
+    hashed = []
+    real = warm_cache._hash_files
+    monkeypatch.setattr(warm_cache, "_hash_files", lambda files: hashed.append(1) or real(files))
+    first = warm_cache._fingerprint(root, folder)
+    assert first == real(warm_cache._own_files(root)) and len(hashed) == 1
+    # (another Python's extension is not this process's code)
+    assert [rel for rel, _ in warm_cache._own_files(root)] == ["a.py", os.path.join("sub", "b.py")]
+    assert warm_cache._fingerprint(root, folder) == first and len(hashed) == 1
+    assert warm_cache._fingerprint(root, None) == first and len(hashed) == 2
+    path = tmp_path / "pkg" / "sub" / "b.py"
+    st = os.stat(path)
+    path.write_text("B = 3\n")                               # same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))      # same modification time
+    edited = warm_cache._fingerprint(root, folder)
+    assert edited != first and len(hashed) == 3
+    assert warm_cache._fingerprint(root, folder) == edited and len(hashed) == 3
+    notes = os.listdir(tmp_path / "cache" / "own-fingerprint")
+    assert len(notes) == 1          # (the older note of this tree removed)
+    (tmp_path / "cache" / "own-fingerprint" / notes[0]).write_bytes(b"garbage")
+    assert warm_cache._fingerprint(root, folder) == edited and len(hashed) == 4
+    (tmp_path / "pkg" / "c.py").write_text("")              # a new file
+    assert warm_cache._fingerprint(root, folder) != edited and len(hashed) == 5
+    # An unwritable folder: hashed each time, nothing raised.
+    (tmp_path / "afile").write_text("")
+    assert warm_cache._fingerprint(root, str(tmp_path / "afile" / "c")) == \
+        warm_cache._fingerprint(root, None)
+
+
+def test_fingerprint_switch_off_writes_no_note(tmp_path):
+    _setup(tmp_path)
+    warm = None
+    for _ in range(2):
+        warm = _run(tmp_path, FRAMETRACE_SWITCH="cache_fingerprint_by_stat")
+    assert warm["compiled"] == 0 and warm["from_cache"] >= 1
+    assert not os.path.exists(tmp_path / "cache" / "own-fingerprint")
+    on = _run(tmp_path)          # (the same key with the note: the entries serve)
+    assert on["compiled"] == 0 and os.listdir(tmp_path / "cache" / "own-fingerprint")
+
+
+ALLOWED = '''
+import torch
+
+@torch.compiler.allow_in_graph
+def scale(x):
+    return x * 2.0
+'''
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_edited_function_the_graph_calls_compiles_again(tmp_path, backend):
+    """A function kept in the graph (allow_in_graph): the graph's code imports it by
+    name, and the entry's guards pin its code, so that an edit of the function is a
+    miss whether or not the graph is unpickled at the load (config.cache_lazy_graph;
+    its AOTAutograd result is not cached: a call of code not torch's)."""
+    _setup(tmp_path, helpers=ALLOWED)
+    cold = _run(tmp_path, BACKEND=backend)
+    _same_as_cpython(cold)
+    warm = _run(tmp_path, BACKEND=backend)
+    assert warm["compiled"] == 0 and warm["values"] == cold["values"]
+    (tmp_path / "helpers.py").write_text(ALLOWED.replace("2.0", "3.0"))
+    edited = _run(tmp_path, BACKEND=backend)
+    _same_as_cpython(edited)
+    assert edited["values"] != cold["values"]
+    assert edited["from_cache"] == 0 and edited["compiled"] == cold["compiled"]
+    assert "scale has changed" in edited["stderr"]

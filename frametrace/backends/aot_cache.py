@@ -32,6 +32,7 @@ import functools
 import hashlib
 import inspect
 import logging
+import marshal
 import os
 import pickle
 import sys
@@ -44,7 +45,7 @@ from .. import config
 
 log = logging.getLogger("frametrace.cache")
 
-_FORMAT = 1         # (the artifact's layout: a change makes old artifacts misses)
+_FORMAT = 2         # (the artifact's layout: a change makes old artifacts misses)
 
 
 class NotCacheable(Exception):
@@ -272,12 +273,19 @@ class capturing:
         return False
 
 
+_GRAPH_FILENAME = "<frametrace: cached AOT graph>"
+
+
 def _reduced_graph(gm):
-    """`gm` as pickle bytes: its code, without its meta (fake values, sources)."""
+    """`gm` as pickle bytes: its code, without its meta (fake values, sources), and that
+    code compiled (marshal's bytes, this Python's: sys.version is in the key), which a
+    warm start runs instead of compiling the source (config.cache_graph_bytecode)."""
     fn, (body, import_block) = gm.__reduce__()
     body = dict(body)
     body["meta"] = {}
-    return pickle.dumps((fn, body, import_block), protocol=pickle.HIGHEST_PROTOCOL)
+    bytecode = marshal.dumps(compile(import_block + (body.get("_code") or body["code"]),
+                                     _GRAPH_FILENAME, "exec"))
+    return pickle.dumps((fn, body, import_block, bytecode), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class _CodeOnly(torch.nn.Module):
@@ -292,10 +300,19 @@ class _CodeOnly(torch.nn.Module):
 
 
 def _graph_from(data):
-    _, body, import_block = pickle.loads(data)
+    _, body, import_block, bytecode = pickle.loads(data)
+    code = None
+    if config.cache_graph_bytecode:
+        try:
+            code = marshal.loads(bytecode)
+        except Exception:       # (damaged: the file's checksum makes it unlikely)
+            code = None
+        if type(code) is not types.CodeType or code.co_filename != _GRAPH_FILENAME:
+            code = None
+    if code is None:
+        code = compile(import_block + (body.get("_code") or body["code"]), _GRAPH_FILENAME, "exec")
     namespace: dict = {}
-    exec(compile(import_block + (body.get("_code") or body["code"]), "<frametrace: cached AOT graph>",
-                 "exec"), namespace)
+    exec(code, namespace)
     return _CodeOnly(body, namespace["forward"])
 
 

@@ -16,7 +16,9 @@ from . import aot_cache
 
 
 def _boxed_forward(gm, example_inputs):
-    from functorch.compile import make_boxed_func  # (lazy: start-up time)
+    # (lazy: start-up time; AOTAutograd's own module, loaded by now, not functorch.compile,
+    # whose import a warm start would pay for this name alone)
+    from torch._functorch.aot_autograd import make_boxed_func
     aot_cache.note_compiled_graph(gm)
     return make_boxed_func(gm.forward)
 
@@ -72,9 +74,9 @@ def _caching() -> bool:
     return config.cache and config.cache_aot_results
 
 
+# (The loaders read no graph: warm_cache passes None.  The cached graphs already hold
+# what keep_kernel_formats inserted, which the key's settings name.)
 def _load_aot_eager(gm, example_inputs, artifact):
-    if config.keep_kernel_formats:
-        keep_kernel_formats(gm)
     return _from_artifact(gm, example_inputs, artifact, "aot_eager")
 
 
@@ -209,8 +211,6 @@ def aot_eager_decomp_partition(gm, example_inputs):
 
 def _load_aot_eager_decomp_partition(gm, example_inputs, artifact):
     from functorch.compile import min_cut_rematerialization_partition  # (lazy: start-up time)
-    if config.keep_kernel_formats:
-        keep_kernel_formats(gm)
     return _from_artifact(gm, example_inputs, artifact, "aot_eager_decomp_partition",
                           decompositions=core_aten_decompositions(),
                           partition_fn=min_cut_rematerialization_partition)
