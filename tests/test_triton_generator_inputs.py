@@ -245,14 +245,14 @@ def test_generator_states_are_restored_when_a_launch_fails(monkeypatch):
     from frametrace.backends.triton import wrapper
     monkeypatch.delenv("FRAMETRACE_TRITON_STRICT")
     failed = []
-    real = wrapper.launch
+    real = wrapper.launch_static    # (what a Launcher launches through)
 
     def flaky(*args, **kwargs):
         if not failed:
             failed.append(True)
             raise RuntimeError("a kernel that cannot launch")
         return real(*args, **kwargs)
-    monkeypatch.setattr(wrapper, "launch", flaky)
+    monkeypatch.setattr(wrapper, "launch_static", flaky)
     x = torch.randn(16, 40)
     gm = traced(dropped_softmax, x)
     f = backend.compile_training_forward(gm, [x, torch.default_generator.clone_state()])
