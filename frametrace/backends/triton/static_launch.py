@@ -96,9 +96,9 @@ def launch_key(blocks, args) -> tuple | None:
     launch hooks, config.static_launch off).  Tensors: dtype and 16-byte alignment of the
     data pointer; ints: being 1 (a constexpr for Triton), a multiple of 16, and their
     width (int32, int64, uint64); floats, bools and None: their type."""
-    if _LAUNCHER is None or not config.static_launch or _hooked():
+    if _LAUNCHER is None or not config.static_launch:
         return None
-    spec = [_current_device(), blocks]
+    spec = [None, blocks]
     cuda = False
     for a in args:
         kind = type(a)
@@ -114,7 +114,12 @@ def launch_key(blocks, args) -> tuple | None:
             spec.append(kind)
         else:
             return None
-    return tuple(spec) if cuda else None
+    # (the device asked only now: torch's CUDA builds on a machine without a driver have
+    # the launcher, and asking raises there; CPU tensors never get this far)
+    if not cuda or _hooked():
+        return None
+    spec[0] = _current_device()
+    return tuple(spec)
 
 
 _Tensor = torch.Tensor
