@@ -24,13 +24,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import run_child  # noqa: E402
 VARIANTS = ("eager", "ft", "tc", "ft_ro", "tc_ro")   # each also with "_sc": StaticCache
 
 
@@ -151,20 +151,10 @@ def main(argv=None):
     for b in (int(x) for x in a.batch.split(",")):
         rows = {}
         for v in a.variants.split(","):
-            cmd = [sys.executable, os.path.abspath(__file__), "--one", v, str(b), "--calls", str(a.calls),
-                   "--new", str(a.new)] + (["--smoke"] if a.smoke else []) + (["--profile"] if a.profile else [])
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
-                got = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                if got:
-                    rows[v] = json.loads(got[-1][7:])
-                else:
-                    rows[v] = {"error": (proc.stderr or proc.stdout)[-3000:]}
-                if a.profile and v.startswith("ft"):
-                    print(proc.stderr[-6000:], file=sys.stderr)
-            except subprocess.TimeoutExpired:
-                rows[v] = {"error": "timed out"}
+            argv = ["--one", v, str(b), "--calls", str(a.calls), "--new", str(a.new)] + \
+                (["--smoke"] if a.smoke else []) + (["--profile"] if a.profile else [])
+            rows[v] = run_child(__file__, argv, a.timeout,
+                                stderr_tail=6000 if a.profile and v.startswith("ft") else 0)
             r = rows[v]
             if "error" in r:
                 print(f"batch {b} {v}: FAILED {r['error']}", file=sys.stderr)

@@ -21,13 +21,13 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import run_child  # noqa: E402
 VARIANTS = ("eager", "ft", "tc")
 LENGTHS = (32, 48, 64, 80, 100, 128, 160, 200, 256, 320, 400, 512)
 
@@ -138,17 +138,8 @@ def main(argv=None):
         return
     rows = {}
     for v in a.variants.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", v] + (["--smoke"] if a.smoke else []) + \
-            (["--profile"] if a.profile else [])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
-            got = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            rows[v] = json.loads(got[-1][7:]) if got else {"error": (proc.stderr or proc.stdout)[-3000:]}
-            if a.profile:
-                print(proc.stderr[-12000:], file=sys.stderr)
-        except subprocess.TimeoutExpired:
-            rows[v] = {"error": "timed out"}
+        argv = ["--one", v] + (["--smoke"] if a.smoke else []) + (["--profile"] if a.profile else [])
+        rows[v] = run_child(__file__, argv, a.timeout, stderr_tail=12000 if a.profile else 0)
         r = rows[v]
         print(f"{v}: " + (json.dumps({k: x for k, x in r.items() if k != "numbers"}) if "error" not in r
                           else "FAILED " + r["error"]), file=sys.stderr, flush=True)
