@@ -82,3 +82,28 @@ def test_timed_kernels_built_in_threads_match_eager(monkeypatch, threads):
     check(f, [(torch.randn(shape, device="cuda"), torch.randn(shape, device="cuda")) for _ in range(2)],
           backend="triton", rtol=1e-4, atol=1e-5)
     assert (autotune.STATS["built_in_threads"] > before) == (threads > 1)
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.parametrize("each", [False, True])
+def test_symbolic_extents_tune_per_power_of_two_bucket(monkeypatch, each):
+    """A graph with a symbolic length tunes block sizes per power-of-two bucket of each
+    kernel's extents (a length first met inside its bucket takes that bucket's choice),
+    or per distinct extent with `tune_each_size`; every call against eager either way."""
+    import frametrace
+    monkeypatch.setattr(config, "tune_each_size", each)
+    asked = []
+    real = autotune.pick
+    monkeypatch.setattr(autotune, "pick", lambda name, x, r, *a: asked.append((name, x, r)) or real(name, x, r, *a))
+    frametrace.reset()
+    f = lambda x: torch.softmax(x * 2, -1) + x.sum(-1, keepdim=True)  # noqa: E731
+    cf = frametrace.optimize(backend="triton", dynamic=True)(f)
+    for n in (3, 5, 6, 7, 9, 12, 6):
+        x = torch.randn(n, 10)
+        torch.testing.assert_close(cf(x), f(x), rtol=1e-5, atol=1e-5)
+    keys = [(x, r) for _, x, r in asked]
+    assert len(keys) == 6, asked    # one choice per distinct extents (6 lengths), cached after
+    if each:
+        assert keys == [(3, 10), (5, 10), (6, 10), (7, 10), (9, 10), (12, 10)], keys
+    else:   # 3 buckets: (4, 16), (8, 16) for 5-7, (16, 16) for 9 and 12
+        assert keys == [(4, 16), (8, 16), (8, 16), (8, 16), (16, 16), (16, 16)], keys

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import frametrace
 
 pytest.importorskip("triton")
-from frametrace.backends.triton import autotune, config, static_launch, wrapper  # noqa: E402
+from frametrace.backends.triton import autotune, compiled_module, config, static_launch, wrapper  # noqa: E402
 from triton_harness import triton_check  # noqa: E402
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -313,3 +313,96 @@ def test_remembered_launches_match_eager_over_sizes_and_alignments(monkeypatch, 
         counts.append(len(jit) - before)
     assert counts[0] > 0
     assert counts[1] == (0 if memo else counts[0]), counts
+
+
+@cuda
+@pytest.mark.parametrize("after", [2, 0])
+def test_recurring_sizes_run_a_fast_wrapper_of_their_own(monkeypatch, after):
+    """Symbolic sizes (compiled_module.Sized): sizes called `sized_fast_after` times get
+    a fast wrapper with their grids and kernels as literals; later calls with those sizes
+    launch no Launcher, other sizes still run the general wrapper, and inputs off the
+    alignment a wrapper was made for run the general wrapper.  Every call against eager;
+    `sized_fast_after = 0` never makes one."""
+    from frametrace.backends.triton import backend
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "cudagraphs", False)
+    monkeypatch.setattr(config, "sized_fast_after", after)
+    general = []
+    real = wrapper.Launcher._go
+    monkeypatch.setattr(wrapper.Launcher, "_go", lambda self, args: general.append(1) or real(self, args))
+
+    def f(x, y):
+        h = x * 2 + y
+        return torch.softmax(h, -1) + h.sum(-1, keepdim=True), h.amax(0), h[:, :7].float().mean()
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton", dynamic=True)(f)
+    launched = []
+    for i, n in enumerate((5, 16, 5, 16, 5, 16, 33, 5, 17, 17, 17, 16)):
+        base = torch.randn(n * 100 + 1, device="cuda")
+        x = (base[1:] if i == 11 else base[:-1]).view(n, 100)     # the last: 4 bytes off
+        y = torch.randn(n, 100, device="cuda")
+        before = len(general)
+        for got, want in zip(cf(x, y), f(x, y)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        launched.append(len(general) > before)
+    mod = backend.COMPILED[-1]
+    assert mod.symbolic
+    if after == 0:
+        assert all(launched) and mod.fast is None
+        return
+    assert isinstance(mod.fast, compiled_module.Sized)
+    # 5 and 16: general twice each, then fast; 33: once; 17: twice, then fast; the last
+    # call's input is off the alignment 16's wrapper was made for: general
+    assert launched == [True, True, True, True, False, False, True, False, True, True, False, True], launched
+    assert len(mod.fast.fast) == 3 and all(any(n in k for k in mod.fast.fast) for n in (5, 16, 17)), \
+        mod.fast.fast.keys()
+    # one function for every set of sizes, each set a table of kernels and grids
+    assert len(mod.fast.shared) == 1
+    assert all("static_launch(*T[" in s for s in mod.fast.sources.values())
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_no_sized_dispatch_where_no_fast_wrapper_runs():
+    """On the CPU (Triton's interpreter) a symbolic graph keeps its general wrapper, and
+    its fast template exists (the symbolic kind, for a GPU)."""
+    from frametrace.backends.triton import backend
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton", dynamic=True)(lambda x: torch.softmax(x * 2, -1))
+    for n in (5, 9, 5, 9, 5):
+        x = torch.randn(n, 12)
+        torch.testing.assert_close(cf(x), torch.softmax(x * 2, -1))
+    mod = backend.COMPILED[-1]
+    assert mod.symbolic and mod.fast is None and mod.wrapper.fast_template is not None
+    assert compiled_module.Sized.make(mod, [5, torch.randn(5, 12)]) is None
+
+
+@cuda
+def test_recurring_sizes_replay_a_cuda_graph_each(monkeypatch):
+    """An inference graph with symbolic sizes: each recurring set of sizes gets its own
+    CUDA-graph runner (sizes passed as ints are part of what a replay must match), the
+    graphs sharing one memory pool; two sizes called in turn with fresh values every
+    call, against eager, through capture and replays."""
+    from frametrace.backends.triton import backend, cudagraphs
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "sized_fast_after", 2)
+    w = torch.randn(64, device="cuda")
+
+    def f(x):
+        h = x * w + 1
+        for _ in range(6):      # launch-bound: worth a graph
+            h = torch.softmax(h, -1) * 2 + h.sum(-1, keepdim=True) * 1e-3
+        return h, h.amax(0)
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton", dynamic=True)(f)
+    with torch.no_grad():
+        for i in range(-2, 16):     # (3 and 5 first: the static graph, then the symbolic one)
+            n = (3, 5)[i] if i < 0 else (7, 40, 7, 40, 33)[i % 5]
+            x = torch.randn(n, 64, device="cuda")
+            for got, want in zip(cf(x), f(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    mod = next(m for m in reversed(backend.COMPILED) if m.symbolic)
+    runners = [r for r in mod.fast.fast.values() if isinstance(r, cudagraphs.CudaGraphRunner)]
+    assert len(runners) == 3, mod.fast.fast
+    assert all(r.decision != "not yet measured" for r in runners[:2]), [r.decision for r in runners]
+    if any(r.graph is not None for r in runners):
+        assert mod.fast.pool is not None

@@ -7,11 +7,14 @@ input).  Both backend.py, which builds modules, and result_cache.py, which resto
 in a warm process, use these; neither is imported here."""
 from __future__ import annotations
 
+import functools
 import logging
+import re
 
 import torch
 
 from . import config
+from .cudagraphs import CudaGraphRunner
 from .foreach import in_place
 from .ir import Extern
 
@@ -38,9 +41,15 @@ class CompiledModule:
 
     @property
     def graphable(self) -> bool:
-        """Worth replaying as a CUDA graph, and safe to: no op mutates its inputs."""
+        """Worth replaying as a CUDA graph, and safe to: no op mutates its inputs (symbolic
+        sizes: one graph per set of sizes, `Sized`)."""
+        return not self.symbolic and self.graphable_per_size
+
+    @property
+    def graphable_per_size(self) -> bool:
+        """`graphable`, whatever the sizes."""
         settings = self.settings
-        return (settings.get("cudagraphs", config.cudagraphs) and not self.symbolic and self.namespace["device"].type == "cuda"
+        return (settings.get("cudagraphs", config.cudagraphs) and self.namespace["device"].type == "cuda"
                 and not self.wrapper.lowered.off_device  # host work a replay would skip
                 and not getattr(self.wrapper.lowered, "generators", ())  # (a capture must register them)
                 and len(self.kernels) + len(self.externs) >=
@@ -54,9 +63,13 @@ class CompiledModule:
 
     def make_fast(self, inputs):
         """After a first call with `inputs`: the wrapper that calls each compiled kernel's
-        launcher directly (on the GPU), or None."""
+        launcher directly (on the GPU), or None.  Symbolic sizes: a `Sized` dispatcher,
+        which makes such a wrapper for each set of sizes that recurs."""
         if not self.settings.get("fast_launch", config.fast_launch):
             return None
+        if self.symbolic:
+            self.fast = Sized.make(self, inputs)
+            return self.fast
         try:
             source = self.wrapper.fast_source(inputs)
         except AttributeError as e:  # another Triton's launcher
@@ -72,6 +85,117 @@ class CompiledModule:
 
     def __call__(self, args):
         return (self.fast or self.call)(args)
+
+
+class Sized:
+    """A symbolic graph's calls, dispatched on the values of its shape symbols: sizes
+    called `config.sized_fast_after` times get a fast wrapper of their own (the static
+    graph's kind: grids, block sizes and compiled kernels as literals, for those sizes
+    only), made right after such a call ran the general wrapper, which leaves every
+    launcher holding what it launched for those sizes.  Other sizes run the general
+    wrapper (`call`).  The fast wrapper still checks what the sizes do not fix: the
+    inputs' alignment, the device, launch hooks (else it runs `call`).
+
+        >>> run = Sized.make(mod, first_inputs)    # None where no fast wrapper can be had
+        >>> run(args)                              # `call`, or the fast wrapper of args' sizes
+    """
+    __slots__ = ("mod", "key", "fast", "seen", "after", "limit", "sources", "pool", "shared")
+
+    def __init__(self, mod, key, after, limit):
+        self.mod, self.key, self.after, self.limit = mod, key, after, limit
+        # inference graphs: each set of sizes' fast wrapper replayed as a CUDA graph where
+        # that pays (cudagraphs.py decides per set), the graphs sharing one memory pool
+        # (a replay's outputs are copied out, its temporaries dead once it returns)
+        self.pool = None
+        self.fast = {}      # sizes -> that sizes' fast wrapper
+        self.seen = {}      # sizes -> calls so far (those without a fast wrapper)
+        self.sources = {}   # sizes -> the fast wrapper's source (tests, output_code)
+        self.shared = {}    # WrapperCodegen.sized_table's signature -> `fast(args, T)`
+
+    @staticmethod
+    def make(mod, inputs):
+        """The dispatcher of `mod` (symbolic), after its first call with `inputs` (which
+        counts as one call of their sizes), or None: sizes only the data decides, CPU
+        or Triton's interpreter, `config.sized_fast_after` 0."""
+        w = mod.wrapper
+        L = w.lowered
+        after = mod.settings.get("sized_fast_after", config.sized_fast_after)
+        if not after or w.fast_template is None or L.late_symbols or not L.symbol_sources or \
+                L.device.type != "cuda":
+            return None
+        position = {name: i for i, name in enumerate(L.inputs)}
+        exprs = [re.sub(r"\b[A-Za-z_]\w*\b", lambda m: f"args[{position[m.group(0)]}]"
+                        if m.group(0) in position else m.group(0), src)
+                 for src in L.symbol_sources.values()]
+        key = eval(f"lambda args: ({', '.join(exprs)},)")   # (the names are the graph's own)
+        self = Sized(mod, key, after, mod.settings.get("sized_fast_limit", config.sized_fast_limit))
+        self.seen[key(inputs)] = 1
+        if after <= 1:
+            self._build(key(inputs), inputs)
+        return self
+
+    def __call__(self, args):
+        fast = self.fast.get(self.key(args))
+        return fast(args) if fast is not None else self.miss(args)
+
+    def miss(self, args):
+        sizes, kept = self.key(args), list(args)
+        n = self.seen.get(sizes, 0) + 1
+        if n < self.after:
+            if len(self.seen) >= 16 * self.limit:
+                self.seen.clear()       # (a bound: sizes that never recur)
+            self.seen[sizes] = n
+            return self.mod.call(args)
+        out = self.mod.call(args)       # (tunes and compiles what these sizes need)
+        self.seen.pop(sizes, None)
+        self._build(sizes, kept)
+        return out
+
+    def _build(self, sizes, inputs):
+        mod = self.mod
+        try:
+            run, source = self._shared(inputs)
+            if run is None:     # (a kernel that Triton's launcher runs: a source of its own)
+                ns = dict(mod.namespace)
+                source = mod.wrapper.fast_source(inputs, ns)
+                if source is not None:
+                    exec(compile(source, "<frametrace-triton fast wrapper>", "exec"), ns)
+                    run = ns["fast"]
+        except AttributeError as e:  # another Triton's launcher
+            log.info("triton backend: launches go through Triton's JIT (%s)", e)
+            run = None
+        if len(self.fast) >= self.limit:
+            oldest = next(iter(self.fast))
+            del self.fast[oldest]
+            self.sources.pop(oldest, None)
+        if run is None:
+            self.fast[sizes] = mod.call
+            return
+        if mod.kind == "inference" and mod.graphable_per_size:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            run = CudaGraphRunner(run, len(mod.kernels) + len(mod.externs), self.pool)
+            run.calls = 1   # (its first call, the one that made it, ran already)
+        self.fast[sizes], self.sources[sizes] = run, source
+
+    def _shared(self, inputs):
+        """(the fast wrapper of the sizes just called, as `fast(args, T)` with their table
+        bound, its source), or (None, None) where these sizes need a source of their own."""
+        w = self.mod.wrapper
+        got = w.sized_table(inputs)
+        if got is None:
+            return None, None
+        signature, table = got
+        shared = self.shared.get(signature)
+        if shared is None:
+            ns = dict(self.mod.namespace)
+            source = w.fast_source(inputs, ns, table=True)
+            if source is None:
+                return None, None
+            exec(compile(source, "<frametrace-triton fast wrapper>", "exec"), ns)
+            shared = self.shared[signature] = (ns["fast"], source)
+            output_code.debug("triton backend, fast wrapper for symbolic sizes:\n%s", source)
+        return functools.partial(shared[0], T=table), shared[1]
 
 
 def layouts(inputs) -> list:

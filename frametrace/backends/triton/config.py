@@ -30,6 +30,21 @@ static_launch = True
 # static_launch.  False: every such launch goes through Triton's JIT.
 memo_launches = True
 
+# Graphs with symbolic sizes: once a set of sizes (every shape symbol's value) has been
+# called this many times, that set gets a fast wrapper of its own, with its grids, block
+# sizes and compiled kernels as literals, as a static graph's (a server's recurring
+# sequence lengths, a second `generate()`'s lengths); later calls with those sizes run it
+# after one dict lookup on the sizes (one generated function serves every set whose
+# kernels take the same argument types, each set a table of kernels and grids).  Sizes
+# seen fewer times (a growing KV length within one `generate()`) launch through the memo
+# above: a set seen once would pay for its table and never use it.  0: never (every call
+# of a symbolic graph runs the general wrapper).  Graphs with sizes the data decides (nonzero) never get them: those sizes are
+# known only midway through a call.
+sized_fast_after = 2
+# At most this many sets of sizes keep a fast wrapper per graph (the oldest made is
+# dropped first).
+sized_fast_limit = 64
+
 # torch.utils.checkpoint over random ops (dropout) on CUDA tensors compiles in the graph,
 # its recompute restoring the CUDA generator's state around the Philox key it draws.
 # Checked on CPU tensors (Triton's interpreter, tests/test_triton_rng.py) and on the
@@ -65,6 +80,13 @@ dynamic_shapes = True
 # of the actual extent, not per value.  False: such graphs run with aot_eager.
 unbacked_sizes = True
 unbacked_size_hint = 8192
+
+# Kernels with symbolic extents (a sequence length) pick block sizes per power-of-two
+# bucket of the extents, as those of sizes the data decides do: a length met for the
+# first time whose bucket was tuned launches with that bucket's choice instead of timing
+# every candidate inside the call (~100 ms for a BERT forward's kernels; Inductor tunes a
+# dynamic kernel once for all sizes).  True: tuned for each distinct extent.
+tune_each_size = False
 
 # Convolutions on channels-last activations (cuDNN's NHWC kernels, no transposes around
 # each conv; the epilogues then follow that layout): "auto" on CUDA when most of the

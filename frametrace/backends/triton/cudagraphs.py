@@ -40,10 +40,12 @@ HOST_SATURATED = 0.8
 
 class CudaGraphRunner:
     __slots__ = ("call", "calls", "last_ptrs", "graph", "static", "stable", "outputs", "misses",
-                 "launches", "host_us", "gpu_us", "decision")
+                 "launches", "host_us", "gpu_us", "decision", "pool", "ints")
 
-    def __init__(self, call, launches=1):
+    def __init__(self, call, launches=1, pool=None):
         self.call, self.calls, self.last_ptrs = call, 0, None
+        self.pool = pool    # a memory pool shared with other graphs (None: its own)
+        self.ints = ()      # positions of int arguments (sizes): a replay needs the same
         self.graph = self.static = self.stable = self.outputs = None
         self.misses, self.launches = 0, launches
         # the direct call's best wall time (`gpu_us`, synchronized) and host time, in us
@@ -61,8 +63,13 @@ class CudaGraphRunner:
         if self.graph is None:
             return self._warm(args)
         static, stable = self.static, self.stable
+        for i in self.ints:
+            if args[i] != static[i]:
+                return self.call(args)  # (other sizes: not this graph's)
         for i, a in enumerate(args):
             s = static[i]
+            if stable[i] is None:
+                continue
             if stable[i]:
                 if a.data_ptr() != s.data_ptr():
                     return self._miss(args)
@@ -108,7 +115,7 @@ class CudaGraphRunner:
             return self.call(args)
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         self.calls += 1
-        if self.calls < 4 or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        if self.calls < 4 or not all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args):
             self.last_ptrs = ptrs
             if self.calls == 1 or self.calls >= 4:
                 return self.call(args)
@@ -123,8 +130,9 @@ class CudaGraphRunner:
             log.info("triton backend: CUDA graph not used: %s", self.decision)
             self.calls = -10 ** 9
             return self.call(args)
-        stable = [p == q for p, q in zip(ptrs, self.last_ptrs)]
-        static = [a if keep else a.clone() for a, keep in zip(args, stable)]
+        stable = [None if p is None else p == q for p, q in zip(ptrs, self.last_ptrs)]
+        static = [a if keep is not False else a.clone() for a, keep in zip(args, stable)]
+        ints = tuple(i for i, keep in enumerate(stable) if keep is None)
         graph = torch.cuda.CUDAGraph()
         try:
             side = torch.cuda.Stream()
@@ -133,13 +141,14 @@ class CudaGraphRunner:
                 _, wall, host = self._timed(self.call, list(static))
             torch.cuda.current_stream().wait_stream(side)
             self._note(wall, host)
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self.call(list(static))
         except Exception as e:  # an op that syncs with the host, say
             log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
             self.calls = -10 ** 9
             return self.call(args)
         self.graph, self.static, self.stable, self.outputs = graph, static, stable, outputs
+        self.ints = ints
         out = self(list(args))  # (a graph's first replay uploads it: not a fair time)
         replay = min(self._timed(self, list(args))[1] for _ in range(2))
         self.decision = (f"direct {self.gpu_us:.0f} us ({self.launches} launches, host "

@@ -39,8 +39,9 @@ class Launcher:
             self.numel = eval(f"lambda {', '.join(kernel.symbols)}: "
                               f"({pycode(g.xnumel)}, {pycode(g.rnumel)})")
             # a size the data decides (u0: tokens per expert) takes another value on most
-            # calls: block sizes are tuned once per power-of-two bucket of the extents
-            self.bucketed = any(_UNBACKED.fullmatch(s) for s in kernel.symbols)
+            # calls: block sizes are tuned once per power-of-two bucket of the extents;
+            # other sizes too unless config.tune_each_size (a server's lengths)
+            self.bucketed = not config.tune_each_size or any(_UNBACKED.fullmatch(s) for s in kernel.symbols)
 
     def _launch(self, choice, args, xnumel=None):
         grid = (math.ceil((xnumel or self.xnumel) / choice.xblock),)
@@ -56,6 +57,7 @@ class Launcher:
             extents = self.numel(*args[len(args) - self.nsym:])
             x, r = extents
             if x == 0:
+                self.grid = None    # (a sized fast wrapper launches nothing for it)
                 return  # (a size the data decides is 0: nothing to compute, no grid)
             got = self.tuned.get(extents)
             if got is None:
@@ -305,9 +307,11 @@ class WrapperCodegen:
                     configs = configs[:1]  # (timing candidates would apply the update again)
                 launcher = TiledLauncher(item, configs) if item.tile else Launcher(item, configs)
                 self.launchers.append(self.const(launcher, "kernel"))
-                self.launch_args[self.launchers[-1]] = list(item.args)
+                self.launch_args[self.launchers[-1]] = list(item.args) + item.symbols
         source = self._function("call", [], self._launch, _ALLOC)
-        if not self.lowered.hints:
+        # (symbolic sizes: a template for the fast wrappers of given sizes; none where a
+        # size is known only midway through a call)
+        if not self.lowered.late_symbols:
             self.fast_template = self._function(
                 "fast", [_CHECKS], lambda name, item: f"__fast_launch__{name}({', '.join(item.args)})",
                 _ALLOC)
@@ -354,21 +358,29 @@ class WrapperCodegen:
             return f"align_attention({self.expr(a)})"
         return self.expr(a)
 
-    def fast_source(self, inputs) -> str | None:
+    def fast_source(self, inputs, ns=None, table=False) -> str | None:
         """`fast(args)`, or None where it cannot be had (CPU, Triton's interpreter, a
         Triton without these launcher attributes).  `inputs`: the first call's, whose
         pointer alignment (mod 16) the kernels were compiled for: a call whose inputs
-        differ there runs `call`, which compiles what they need."""
+        differ there runs `call`, which compiles what they need.  Symbolic sizes: the
+        fast wrapper of the sizes of the call that just ran (its grids, block sizes and
+        kernels), with its kernels in `ns` (a copy of the wrapper's namespace, one per
+        set of sizes); the caller runs it only for those sizes (compiled_module.Sized).
+        `table`: `fast(args, T)` instead, each launch's kernel, grid, warps and shared
+        memory read from `T` (`sized_table`), one function for every set of sizes with
+        the same `sized_table` signature (None where a kernel needs Triton's launcher)."""
         device = self.lowered.device
-        if device.type != "cuda" or autotune.interpreted() or self.lowered.hints or \
-                self.fast_template is None:
-            return None  # (symbolic sizes: block sizes and grids vary with the sizes)
+        if device.type != "cuda" or autotune.interpreted() or self.fast_template is None or \
+                (self.lowered.hints and ns is None):
+            return None
         from triton import knobs  # (lazy: Triton, on CUDA only)
         from triton.runtime import driver  # (lazy: as above)
-        ns = self.ns
+        ns = self.ns if ns is None else ns
         index = device.index if device.index is not None else torch.cuda.current_device()
         static = {}
         for name in self.launchers:
+            if ns[name].grid is None:
+                continue
             k = ns[name].compiled
             static[name] = static_kernel(k, index)
             if static[name] is not None:
@@ -379,7 +391,7 @@ class WrapperCodegen:
         ns.update(get_stream=driver.active.get_current_stream, get_device=getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device),
                   launch_hooks=(knobs.runtime.launch_enter_hook,
                                                                knobs.runtime.launch_exit_hook))
-        tensors = [(n, t) for n, t in zip(self.lowered.inputs, inputs) if not isinstance(t, torch.Generator)]
+        tensors = [(n, t) for n, t in zip(self.lowered.inputs, inputs) if isinstance(t, torch.Tensor)]
         aligned = [n for n, t in tensors if t.data_ptr() % 16 == 0]
         other = [f"{n}.data_ptr() % 16 != {t.data_ptr() % 16}" for n, t in tensors if t.data_ptr() % 16]
         if aligned:
@@ -390,11 +402,20 @@ class WrapperCodegen:
         checks = [f"    if {' or '.join(other)}:", "        return call(args)",
                   f"    stream = get_stream({index})"]
 
+        if table and any(ns[n].grid is None or static[n] is None for n in self.launchers):
+            return None
+        slots = {n: j for j, n in enumerate(self.launchers)}
+
         def launch(name):
             launcher = ns[name]
+            if launcher.grid is None:
+                return "pass"   # (a size 0 for these sizes: launched nothing)
             args = self.launch_args[name] + [repr(v) for v in launcher.constexprs()]
             grid = tuple(launcher.grid) + (1, 1)
             s = static[name]
+            if table:
+                passed = s.args_of(args)
+                return f"static_launch(*T[{slots[name]}], {s.types!r}, ({''.join(f'{a}, ' for a in passed)}), stream)"
             if s is not None:
                 # torch's launcher: only the arguments the compiled kernel takes
                 passed = s.args_of(args)
@@ -411,7 +432,31 @@ class WrapperCodegen:
                 out.append(f"{m.group(1)}{launch(m.group(2))}{m.group(3) or ''}")
             else:
                 out.append(line)
+        if table:
+            out[0] = "def fast(args, T):"
         return "\n".join(out) + "\n"
+
+    def sized_table(self, inputs):
+        """(signature, T) for the sizes of the call that just ran with `inputs`, or None:
+        T holds each launch's (kernel, grid x, y, z, warps, shared memory) for torch's
+        launcher; sizes whose signature is equal (device, the inputs' alignment, each
+        kernel's argument types and the arguments it takes) share one `fast(args, T)`
+        (`fast_source(table=True)`), so a set of sizes costs a tuple, not a compile."""
+        device = self.lowered.device
+        if device.type != "cuda" or autotune.interpreted() or self.fast_template is None:
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        table, kinds = [], []
+        for name in self.launchers:
+            launcher = self.ns[name]
+            s = static_kernel(launcher.compiled, index) if launcher.grid is not None else None
+            if s is None:
+                return None
+            grid = tuple(launcher.grid) + (1, 1)
+            table.append((s.function, grid[0], grid[1], grid[2], s.num_warps, s.shared))
+            kinds.append((s.types, s.passed, s.extra))
+        align = tuple(t.data_ptr() % 16 for t in inputs if isinstance(t, torch.Tensor))
+        return (index, align, tuple(kinds)), tuple(table)
 
     @staticmethod
     def _configs(kernel):
