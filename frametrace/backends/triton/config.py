@@ -82,6 +82,13 @@ max_autotune = False
 # default.  0: every kernel with several candidates is timed.  max_autotune times all.
 autotune_min_elements = 1 << 16
 
+# While a graph compiles (AOTAutograd, lowering, code generation, and its first call,
+# which compiles and tunes the kernels), the garbage collector's youngest generation runs
+# every this many net allocations instead of CPython's 700 (gc_pause.py): its collections
+# walked the model's and torch's long-lived objects ~1,100 times in a convnet's first
+# training step, a third of the backend's own time on the CPU.  0: thresholds untouched.
+compile_gc_threshold = 50_000
+
 # Threads that compile a kernel's block-size candidates at once before they are timed
 # (Triton's compiler spends its time in MLIR/LLVM and ptxas, outside the GIL); 1 compiles
 # each at its first timed launch.
