@@ -89,6 +89,13 @@ autotune_min_elements = 1 << 16
 # training step, a third of the backend's own time on the CPU.  0: thresholds untouched.
 compile_gc_threshold = 50_000
 
+# How many block-size candidates a kernel gets (autotune.few): each one a GPU times is a
+# Triton compile (~0.1-0.3 s) in the first call.  "few": a pointwise or tiled kernel its
+# heuristic default alone (two candidates from autotune.FEW_LARGE elements), a reduction
+# two (three from FEW_LARGE), as Inductor's default policy; "all": every candidate of
+# the kernel's class (3-6), as before.  max_autotune: all, and more.
+autotune_candidates = "few"
+
 # Threads that compile a kernel's block-size candidates at once before they are timed
 # (Triton's compiler spends its time in MLIR/LLVM and ptxas, outside the GIL); 1 compiles
 # each at its first timed launch.
