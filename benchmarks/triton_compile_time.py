@@ -309,12 +309,9 @@ def first_call(name, train, side, profile, skip_kernels=False, steady=0, batch=2
     compiled = frametrace.optimize(model, backend="triton")
     prof = cProfile.Profile() if profile else None
     where, show = _where_warnings()
-    with Phases(skip_kernels) as phases, warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = show
-        t0 = time.perf_counter()
-        if prof:
-            prof.enable()
+
+    def step():
+        """One call: forward + loss + backward, or the forward under no_grad; synchronized."""
         if train:
             loss(compiled).backward()
         else:
@@ -322,6 +319,13 @@ def first_call(name, train, side, profile, skip_kernels=False, steady=0, batch=2
                 forward(compiled)
         if device == "cuda":
             torch.cuda.synchronize()
+    with Phases(skip_kernels) as phases, warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        step()
         if prof:
             prof.disable()
         seconds = time.perf_counter() - t0
@@ -359,13 +363,7 @@ def first_call(name, train, side, profile, skip_kernels=False, steady=0, batch=2
         runs = []
         for _ in range(steady):
             t0 = time.perf_counter()
-            if train:
-                loss(compiled).backward()
-            else:
-                with torch.no_grad():
-                    forward(compiled)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            step()
             runs.append(time.perf_counter() - t0)
         steady_ms = 1000 * statistics.median(runs)
         print(f"  steady call (median of {steady}): {steady_ms:.3f} ms")
