@@ -3,13 +3,15 @@ apart from Triton's (its compile of each kernel on a GPU; under TRITON_INTERPRET
 interpreted kernel runs, which stand in for it on the CPU).  Issue 31 item 5: the first
 call of EfficientNet-B0 with backend="triton" took 2.1x Inductor's on the H200.
 
-    python benchmarks/triton_compile_time.py [--models effnet,llama] [--train] [--side 64]
-                                             [--profile N]
+    python benchmarks/triton_compile_time.py [--models hf_effnet,effnet,llama] [--train]
+        [--side 64] [--batch 2] [--seq 64] [--profile N] [--skip-kernels]
+        [--candidates few|all|both] [--steady N]
 
-Models: effnet (an EfficientNet-B0 of our own: the stem, B0's 16 MBConv blocks, expand 1x1
+Models: hf_effnet (transformers' EfficientNetModel, B0's coefficients, batch x 3 x side x side;
+skipped without transformers), effnet (an EfficientNet-B0 of our own: the stem, B0's 16 MBConv blocks, expand 1x1
 conv + BN + SiLU, depthwise k x k conv + BN + SiLU, squeeze-excite, project 1x1 conv + BN,
-residual; batch 2 x 3 x side x side), llama (transformers' LlamaForCausalLM from a small
-config: 2 layers, hidden 256, batch 2 x 64 tokens; skipped without transformers).
+residual; batch x 3 x side x side), llama (transformers' LlamaForCausalLM from a small
+config: 2 layers, hidden 256, batch x seq tokens; skipped without transformers).
 --train: train mode, forward + loss + backward (the backward graph compiles at the first
 backward); otherwise eval mode under no_grad.  On the CPU the kernels run in Triton's
 interpreter (TRITON_INTERPRET=1 is set when no GPU is present).
@@ -33,14 +35,30 @@ Triton's warnings of "tl.where with a non-boolean condition" (issue 31) met duri
 are counted, each with the kernel line that gave it (on a GPU, Triton's compiler).
 --profile N: also cProfile the first call and print the N functions of frametrace with the
 most own time.
+
+Triton compiles: how many the first call makes on a GPU to pick block sizes, counted on any
+device (autotune.COMPILES): a kernel whose candidates are timed (more than one, over
+config.autotune_min_elements) compiles each, another one its heuristic default; by kernel
+class (poi pointwise, tile tiled pointwise, per persistent reduction, red looped
+reduction, combo foreach).
+--candidates few|all|both: config.autotune_candidates (how many candidates a kernel gets,
+autotune.few); both: each model in a child process per setting ("all" first), each with an
+empty Triton cache (TRITON_CACHE_DIR) so that neither reuses the other's compiles, then a
+table of the two (first call, compiles, steady time).
+--steady N: after the first call, time N more calls and print their median (default 20 on
+a GPU, 0 on the CPU, where the kernels run in the interpreter): the kernels' speed with
+the block sizes picked.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
+import statistics
 import sys
+import tempfile
 import time
 import warnings
 
@@ -51,7 +69,11 @@ if not torch.cuda.is_available():
 
 import frametrace  # noqa: E402
 from frametrace.backends.triton import (  # noqa: E402
-    backend, kernel_source, loader, lowering, partition, scheduler, tiling, wrapper)
+    autotune, backend, config, kernel_source, loader, lowering, partition, scheduler, tiling,
+    wrapper)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import run_child  # noqa: E402
 
 PHASES = ("trace", "aot", "partition", "lowering", "scheduler", "kernel_source", "wrapper",
           "load", "triton", "backend")
@@ -122,11 +144,12 @@ class Phases:
         self.count(tiling.TiledCodegen, "generate")
         w = self.wrap
         if self.skip_kernels:
-            for name in ("launch", "build_kernel"):
+            # (launch_static: what a Launcher launches through, config.memo_launches)
+            for name, stub in (("launch", None), ("build_kernel", None), ("launch_static", (None, None))):
                 real = getattr(loader, name)
                 for m in _holders(real, name):
                     self.undo.append((m, name, real))
-                    setattr(m, name, lambda *args, **kwargs: None)
+                    setattr(m, name, lambda *args, _stub=stub, **kwargs: _stub)
         w(backend, "compile_graph", "aot")
         w(partition, "partition", "partition")
         w(backend, "_compile", "backend")
@@ -141,6 +164,7 @@ class Phases:
         w(loader, "load_kernel", "load")
         w(loader, "launch", "triton")
         w(loader, "build_kernel", "triton")
+        w(loader, "launch_static", "triton")
         return self
 
     def __exit__(self, *exc):
@@ -176,7 +200,7 @@ def _where_warnings():
     return seen, show
 
 
-def effnet(side, device="cpu"):
+def effnet(side, device="cpu", batch=2, seq=64):
     """EfficientNet-B0's layout (timm's stages, widths and kernel sizes), random weights."""
     nn = torch.nn
 
@@ -219,31 +243,60 @@ def effnet(side, device="cpu"):
         nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU(), *blocks,
         nn.Conv2d(320, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.SiLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000))
-    x = torch.randn(2, 3, side, side).to(device)   # (drawn on the CPU: the same values anywhere)
-    labels = torch.randint(0, 1000, (2,)).to(device)
+    x = torch.randn(batch, 3, side, side).to(device)   # (drawn on the CPU: the same values anywhere)
+    labels = torch.randint(0, 1000, (batch,)).to(device)
     return model, lambda m: m(x), lambda m: torch.nn.functional.cross_entropy(m(x), labels)
 
 
-def llama(side, device="cpu"):
+def llama(side, device="cpu", batch=2, seq=64):
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return None
     cfg = LlamaConfig(num_hidden_layers=2, hidden_size=256, intermediate_size=688,
                       num_attention_heads=4, num_key_value_heads=4, vocab_size=1024,
-                      max_position_embeddings=128, use_cache=False)
+                      max_position_embeddings=max(128, seq), use_cache=False)
     model = LlamaForCausalLM(cfg)
-    ids = torch.randint(0, cfg.vocab_size, (2, 64)).to(device)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq)).to(device)
     return model, lambda m: m(input_ids=ids).logits, lambda m: m(input_ids=ids, labels=ids).loss
 
 
-MODELS = {"effnet": effnet, "llama": llama}
+def hf_effnet(side, device="cpu", batch=2, seq=64):
+    """transformers' EfficientNetModel with B0's coefficients (EfficientNetConfig()'s
+    defaults are B7's), batch x 3 x side x side; the loss a mean of its pooled output."""
+    try:
+        from transformers import EfficientNetConfig, EfficientNetModel
+    except ImportError:
+        return None
+    cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280,
+                             image_size=side)
+    model = EfficientNetModel(cfg)
+    x = torch.randn(batch, 3, side, side).to(device)
+    return (model, lambda m: m(pixel_values=x).pooler_output,
+            lambda m: m(pixel_values=x).pooler_output.square().mean())
 
 
-def first_call(name, train, side, profile, skip_kernels=False):
+MODELS = {"effnet": effnet, "llama": llama, "hf_effnet": hf_effnet}
+
+
+def compiles() -> dict:
+    """The Triton compiles of the block-size choices made since autotune.COMPILES was
+    cleared: in all, by kernel class, and how many kernels were timed."""
+    by_class = {}
+    for (name, _, _), n in autotune.COMPILES.items():
+        cls = name.split("_")[1] if name.startswith("triton_") else "other"
+        got = by_class.setdefault(cls, [0, 0, 0])  # kernels, timed, compiles
+        got[0] += 1
+        got[1] += n > 1
+        got[2] += n
+    return {"compiles": sum(v[2] for v in by_class.values()),
+            "timed": sum(v[1] for v in by_class.values()), "by_class": by_class}
+
+
+def first_call(name, train, side, profile, skip_kernels=False, steady=0, batch=2, seq=64):
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    made = MODELS[name](side, device)   # (the inputs on the model's device)
+    made = MODELS[name](side, device, batch, seq)   # (the inputs on the model's device)
     if made is None:
         print(f"{name}: skipped (transformers is not installed)")
         return None
@@ -251,15 +304,14 @@ def first_call(name, train, side, profile, skip_kernels=False):
     model = model.to(device).train(train)
     frametrace.reset()
     backend.COMPILED.clear()    # (this model's graphs alone in the counts)
+    autotune.TUNED.clear()
+    autotune.COMPILES.clear()
     compiled = frametrace.optimize(model, backend="triton")
     prof = cProfile.Profile() if profile else None
     where, show = _where_warnings()
-    with Phases(skip_kernels) as phases, warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = show
-        t0 = time.perf_counter()
-        if prof:
-            prof.enable()
+
+    def step():
+        """One call: forward + loss + backward, or the forward under no_grad; synchronized."""
         if train:
             loss(compiled).backward()
         else:
@@ -267,6 +319,13 @@ def first_call(name, train, side, profile, skip_kernels=False):
                 forward(compiled)
         if device == "cuda":
             torch.cuda.synchronize()
+    with Phases(skip_kernels) as phases, warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        step()
         if prof:
             prof.disable()
         seconds = time.perf_counter() - t0
@@ -278,6 +337,10 @@ def first_call(name, train, side, profile, skip_kernels=False):
           f"{ours:.2f} s, Triton {times['triton']:.2f} s")
     for k in PHASES:
         print(f"  {k:14s} {times[k]:7.2f} s")
+    count = compiles()
+    print(f"  Triton compiles on a GPU (autotune_candidates={config.autotune_candidates!r}): "
+          f"{count['compiles']}, {count['timed']} kernels timed; by class (kernels, timed, compiles): "
+          + ", ".join(f"{k} {tuple(v)}" for k, v in sorted(count["by_class"].items())))
     calls = phases.calls
     sources = calls["KernelCodegen._source"] + calls["TiledCodegen._source"]
     scratch = calls["KernelCodegen.generate"] + calls["TiledCodegen.generate"]
@@ -295,20 +358,68 @@ def first_call(name, train, side, profile, skip_kernels=False):
         for (path, line, fn), (_, ncalls, tt, ct, _) in width[:profile]:
             print(f"    {tt:6.2f} s own {ct:6.2f} s cum {ncalls:8d} calls  "
                   f"{path.split('frametrace/', 1)[-1]}:{line} {fn}")
+    steady_ms = None
+    if steady and not skip_kernels:
+        runs = []
+        for _ in range(steady):
+            t0 = time.perf_counter()
+            step()
+            runs.append(time.perf_counter() - t0)
+        steady_ms = 1000 * statistics.median(runs)
+        print(f"  steady call (median of {steady}): {steady_ms:.3f} ms")
+    print("RESULT " + json.dumps({
+        "model": name, "train": train, "candidates": config.autotune_candidates,
+        "first_call_s": seconds, "triton_s": times["triton"], "ours_s": ours,
+        "kernels": kernels, "steady_ms": steady_ms, **count}))
     return times
+
+
+def both(args):
+    """Each model in a child per autotune_candidates setting, each with an empty Triton
+    cache; then the two side by side."""
+    rows = []
+    for name in args.models.split(","):
+        for candidates in ("all", "few"):
+            argv = ["--models", name, "--candidates", candidates, "--side", str(args.side),
+                    "--batch", str(args.batch), "--seq", str(args.seq),
+                    "--steady", str(args.steady)] + (["--train"] if args.train else []) + \
+                (["--skip-kernels"] if args.skip_kernels else [])
+            with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
+                got = run_child(__file__, argv, args.timeout, env={"TRITON_CACHE_DIR": cache},
+                                echo=True)
+            rows.append((name, candidates, got))
+    print(f"\n{'model':10s} {'candidates':10s} {'first call s':>12s} {'Triton s':>9s} "
+          f"{'compiles':>9s} {'timed':>6s} {'steady ms':>10s}")
+    for name, candidates, r in rows:
+        if "error" in r:
+            print(f"{name:10s} {candidates:10s} error: {r['error'][-300:]}")
+            continue
+        steady = "-" if r["steady_ms"] is None else f"{r['steady_ms']:.3f}"
+        print(f"{name:10s} {candidates:10s} {r['first_call_s']:12.2f} {r['triton_s']:9.2f} "
+              f"{r['compiles']:9d} {r['timed']:6d} {steady:>10s}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="effnet,llama")
+    p.add_argument("--models", default="hf_effnet,effnet,llama")
     p.add_argument("--train", action="store_true")
     p.add_argument("--side", type=int, default=64, help="effnet's image side")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=64, help="llama's tokens a sequence")
     p.add_argument("--profile", type=int, default=0)
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--candidates", choices=("few", "all", "both"), default=config.autotune_candidates)
+    p.add_argument("--steady", type=int, default=20 if torch.cuda.is_available() else 0)
+    p.add_argument("--timeout", type=int, default=3600, help="seconds a child may run (--candidates both)")
     args = p.parse_args()
+    if args.candidates == "both":
+        return both(args)
+    config.autotune_candidates = args.candidates
     torch.set_num_threads(1)
+    frametrace.config.cache = False     # (a cold first call: no warm start from the disk)
     for name in args.models.split(","):
-        first_call(name, args.train, args.side, args.profile, args.skip_kernels)
+        first_call(name, args.train, args.side, args.profile, args.skip_kernels, args.steady,
+                   args.batch, args.seq)
 
 
 if __name__ == "__main__":

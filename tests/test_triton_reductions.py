@@ -146,7 +146,7 @@ def test_inner_reductions_keep_their_blocks():
     k = mod.kernels[0]
     assert_inner(k)
     assert [repr(c) for c in configs_for(k.group)] == \
-        [repr(c) for c in autotune.candidates(100, 70, True)]
+        [repr(c) for c in autotune.few(autotune.candidates(100, 70, True), 100 * 70, "reduction")]
 
 
 def test_outer_default_blocks():

@@ -14,6 +14,10 @@ from . import config, tune_cache
 # (kernel name, xnumel, rnumel) -> Config
 TUNED: dict = {}
 STATS = {"tuned": 0, "timed": 0, "built_in_threads": 0, "from_disk": 0}
+# (kernel name, xnumel, rnumel) -> the Triton compiles its tuning takes on a
+# GPU (its candidates where they are timed, else 1), for each choice made in this process,
+# timed or not (on the CPU too: what a GPU would compile, benchmarks/triton_compile_time.py)
+COMPILES: dict = {}
 
 
 class Config:
@@ -129,6 +133,30 @@ SPLIT_MIN_CHUNK = {False: 4096, True: 256}
 SPLIT_MIN_WORK = 1 << 18
 
 
+# config.autotune_candidates="few": kernels of at least this many elements (xnumel *
+# rnumel) keep one more candidate (a percent of a long kernel is worth a compile)
+FEW_LARGE = 1 << 22
+
+
+def few(configs: list, elements: int, kind: str) -> list:
+    """The candidates `config.autotune_candidates` keeps of `configs` (heuristic default
+    first) for a kernel of `elements` elements (xnumel * rnumel; a size hint where
+    symbolic), `kind` "pointwise", "tiled" or "reduction".  "all" (and max_autotune)
+    keeps them all.  "few", as Inductor's default (one config per pointwise kernel, one or
+    two per reduction): a pointwise or tiled kernel keeps its heuristic default alone,
+    with the first alternative at FEW_LARGE elements or more; a reduction (inner, outer,
+    looped, scan), whose warps and row blocking matter more, keeps the default and the
+    first alternative, and a third at FEW_LARGE or more.  Deterministic: a function of
+    the arguments and the two settings."""
+    if config.max_autotune or config.autotune_candidates == "all":
+        return configs
+    if config.autotune_candidates != "few":
+        raise ValueError(f"autotune_candidates={config.autotune_candidates!r}: 'few' or 'all'")
+    large = elements >= FEW_LARGE
+    keep = (2 + large) if kind == "reduction" else (1 + large)
+    return configs[:keep]
+
+
 def _unique(configs):
     if config.max_autotune:
         # Wider search: each candidate also with half and twice the warps.
@@ -155,7 +183,9 @@ def pick(name: str, xnumel: int, rnumel: int, configs, run, build=None) -> Confi
     best = TUNED.get(key)
     if best is None:
         STATS["tuned"] += 1
-        if len(configs) == 1 or not _timed() or _too_small(xnumel, rnumel):
+        timed = tunes(configs, xnumel, rnumel)
+        COMPILES[key] = len(configs) if timed else 1
+        if not timed or not _timed():
             best = configs[0]
         elif (best := tune_cache.load(name, xnumel, rnumel, configs)) is not None:
             STATS["from_disk"] += 1     # (timed by an earlier process: tune_cache.py)
@@ -170,6 +200,11 @@ def pick(name: str, xnumel: int, rnumel: int, configs, run, build=None) -> Confi
             tune_cache.store(name, xnumel, rnumel, configs, best)
         TUNED[key] = best
     return best
+
+
+def tunes(configs, xnumel: int, rnumel: int) -> bool:
+    """Whether a GPU times (and so compiles) each of `configs` for this kernel."""
+    return len(configs) > 1 and not _too_small(xnumel, rnumel)
 
 
 def _timed() -> bool:

@@ -30,6 +30,7 @@ from .kernel_source import KernelCodegen
 from .cudagraphs import CudaGraphRunner
 from .decompositions import decompositions
 from .fallback import kernel_nodes
+from .gc_pause import during
 from .ir import Extern, Unsupported
 from .lowering import GraphLowering
 from .partition import partition
@@ -116,6 +117,7 @@ def _cpu_graph():
         warnings.warn(message, stacklevel=2)
 
 
+@during
 def compile_graph(gm, example_inputs):
     try:
         import triton  # noqa: F401  (present, or a clear error now)
@@ -200,6 +202,7 @@ def compile_backward(gm, example_inputs):
     return aot_cache.note_product(_compile(gm, example_inputs, "backward"))
 
 
+@during
 def _compile(gm, example_inputs, kind):
     device = _graph_device(gm, example_inputs)
     reason = _why_not(example_inputs, device, generators=True) or \
@@ -222,6 +225,7 @@ def _compile(gm, example_inputs, kind):
     except Exception as e:
         return _give_up(gm, e)
 
+    @during
     def first(args):
         # Triton compiles the kernels on their first launch: a kernel that fails there
         # runs its nodes as aten in a graph built again; the graph runs eagerly only when

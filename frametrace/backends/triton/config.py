@@ -104,6 +104,21 @@ max_autotune = False
 # default.  0: every kernel with several candidates is timed.  max_autotune times all.
 autotune_min_elements = 1 << 16
 
+# While a graph compiles (AOTAutograd, lowering, code generation, and its first call,
+# which compiles and tunes the kernels), the garbage collector's youngest generation runs
+# every this many net allocations instead of CPython's 700 (gc_pause.py): in
+# EfficientNet-B0's first training step on the CPU the collector ran ~1,100 times for
+# 2.2-2.6 s (~330 times, 0.8 s, with this; the first call 1.5-3 s shorter on a loaded
+# 2-core machine).  0: thresholds untouched.
+compile_gc_threshold = 50_000
+
+# How many block-size candidates a kernel gets (autotune.few): each one a GPU times is a
+# Triton compile (~0.1-0.3 s) in the first call.  "few": a pointwise or tiled kernel its
+# heuristic default alone (two candidates from autotune.FEW_LARGE elements), a reduction
+# two (three from FEW_LARGE), as Inductor's default policy; "all": every candidate of
+# the kernel's class (3-6), as before.  max_autotune: all, and more.
+autotune_candidates = "few"
+
 # Threads that compile a kernel's block-size candidates at once before they are timed
 # (Triton's compiler spends its time in MLIR/LLVM and ptxas, outside the GIL); 1 compiles
 # each at its first timed launch.

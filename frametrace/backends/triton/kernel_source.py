@@ -196,18 +196,22 @@ def _looped_scan(group) -> bool:
 
 
 def configs_for(group) -> list:
-    """Block-size candidates, for the size hints when extents are symbolic."""
+    """Block-size candidates, for the size hints when extents are symbolic; as many as
+    config.autotune_candidates keeps (autotune.few)."""
     x, r = group.xnumel, group.rnumel
     hints = group.ctx.hints
+    xh, rh = indexing.hint(x, hints), indexing.hint(r, hints)
+    return autotune.few(_all_configs(group, xh, rh), xh * max(1, rh),
+                        "reduction" if group.reduction else "pointwise")
+
+
+def _all_configs(group, x, r) -> list:
     if _looped_scan(group):
-        return autotune.outer_scan_candidates(indexing.hint(x, hints), indexing.hint(r, hints))
+        return autotune.outer_scan_candidates(x, r)
     if group.reduction and group.outer:
-        return autotune.outer_candidates(indexing.hint(x, hints), indexing.hint(r, hints),
-                                         looped=not indexing.is_static(r))
-    if indexing.is_static(x) and indexing.is_static(r):
-        return autotune.candidates(x, r, group.reduction)
-    return autotune.candidates(indexing.hint(x, hints), indexing.hint(r, hints), group.reduction,
-                               looped=group.reduction and not indexing.is_static(r))
+        return autotune.outer_candidates(x, r, looped=not indexing.is_static(group.rnumel))
+    return autotune.candidates(x, r, group.reduction,
+                               looped=group.reduction and not indexing.is_static(group.rnumel))
 
 
 class KernelCodegen:

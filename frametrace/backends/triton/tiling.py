@@ -23,7 +23,7 @@ import re
 import sympy
 
 from . import indexing
-from .autotune import next_pow2
+from .autotune import few, next_pow2
 from .kernel_source import COMBINE, KernelCodegen, NotFusable
 from .indexing import XINDEX, YINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
@@ -66,7 +66,12 @@ class Tile:
 
 def candidates(ynumel, xnumel, kind) -> list[TileConfig]:
     """Block shapes, the heuristic default first: square tiles for a transpose (both axes
-    carry contiguous accesses), wide ones for a broadcast (only x does)."""
+    carry contiguous accesses), wide ones for a broadcast (only x does); as many as
+    config.autotune_candidates keeps (autotune.few)."""
+    return few(_all_candidates(ynumel, xnumel, kind), ynumel * xnumel, "tiled")
+
+
+def _all_candidates(ynumel, xnumel, kind) -> list[TileConfig]:
     if kind == "transpose":
         shapes = [(32, 32), (64, 64), (16, 128), (128, 16), (16, 256)]
     else:
