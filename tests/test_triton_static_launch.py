@@ -406,3 +406,74 @@ def test_recurring_sizes_replay_a_cuda_graph_each(monkeypatch):
     assert all(r.decision != "not yet measured" for r in runners[:2]), [r.decision for r in runners]
     if any(r.graph is not None for r in runners):
         assert mod.fast.pool is not None
+
+
+def _stand_in_module(monkeypatch, tables=True, source=True):
+    """A CompiledModule-like object for `Sized` on any machine: its general wrapper
+    records each call; `sized_table` gives one signature for all sizes (or None), and
+    the shared fast source returns what it was called with."""
+    from types import SimpleNamespace
+    calls = []
+    lowered = SimpleNamespace(late_symbols={}, symbol_sources={"s0": "x.shape[0]"}, inputs=["x"],
+                              device=torch.device("cuda", 0))
+    made = []
+
+    def fast_source(inputs, ns=None, table=False):
+        made.append(table)
+        if not source:
+            return None
+        return "def fast(args, T):\n    return ('fast', T, list(args))\n" if table else \
+            "def fast(args):\n    return ('own', list(args))\n"
+    wrapper_ = SimpleNamespace(fast_template="t", lowered=lowered, fast_source=fast_source,
+                               sized_table=lambda inputs: (("sig",), (inputs[0].shape[0],)) if tables else None)
+    mod = SimpleNamespace(wrapper=wrapper_, settings={}, namespace={}, kind="training", kernels=[], externs=[],
+                          call=lambda args: calls.append(args[0].shape[0]) or ("call", list(args)))
+    return mod, calls, made
+
+
+@pytest.mark.parametrize("tables", [True, False])
+def test_sized_dispatch_counts_builds_and_bounds(monkeypatch, tables):
+    """compiled_module.Sized without a GPU: sizes run the general wrapper until their
+    `sized_fast_after`-th call, then their fast wrapper (one shared function with a
+    table each, or a source of their own where no table can be had); at most
+    `sized_fast_limit` sets are kept (the oldest made goes), and the count of sizes seen
+    once is bounded."""
+    monkeypatch.setattr(config, "sized_fast_limit", 2)
+    mod, calls, made = _stand_in_module(monkeypatch, tables=tables)
+    t = lambda n: torch.zeros(n)  # noqa: E731
+    run = compiled_module.Sized.make(mod, [t(3)])
+    assert run is not None and run.seen == {(3,): 1}
+    out = run([t(3)])                    # second call of 3: the general wrapper, then made
+    assert out[0] == "call" and calls == [3] and set(run.fast) == {(3,)}
+    got = run([t(3)])
+    assert got[0] == ("fast" if tables else "own") and calls == [3]
+    if tables:
+        assert got[1] == (3,)            # its own table
+    run([t(5)])
+    run([t(5)])
+    assert set(run.fast) == {(3,), (5,)} and calls == [3, 5, 5]
+    run([t(7)])
+    run([t(7)])                          # a third set: the oldest (3) goes
+    assert set(run.fast) == {(5,), (7,)}
+    assert run([t(3)])[0] == "call"      # 3 counts from the start again
+    assert made == ([True] if tables else [False, False, False])   # (shared: made once)
+    for n in range(100, 100 + 16 * 2 + 1):   # sizes seen once: the count is bounded
+        run([t(n)])
+    assert len(run.seen) <= 16 * 2
+
+
+def test_sized_dispatch_without_a_fast_source_runs_the_general_wrapper(monkeypatch):
+    mod, calls, _ = _stand_in_module(monkeypatch, tables=False, source=False)
+    run = compiled_module.Sized.make(mod, [torch.zeros(4)])
+    for _ in range(3):
+        assert run([torch.zeros(4)])[0] == "call"
+    assert calls == [4, 4, 4] and run.fast == {(4,): mod.call}
+
+
+def test_no_sized_dispatch_for_sizes_the_data_decides(monkeypatch):
+    mod, _, _ = _stand_in_module(monkeypatch)
+    mod.wrapper.lowered.late_symbols = {"u0": ("buf1", (), 0)}
+    assert compiled_module.Sized.make(mod, [torch.zeros(4)]) is None
+    mod.wrapper.lowered.late_symbols = {}
+    monkeypatch.setattr(config, "sized_fast_after", 0)
+    assert compiled_module.Sized.make(mod, [torch.zeros(4)]) is None
