@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from frametrace.backends.triton import autotune, config  # noqa: E402
+from frametrace.backends.triton import autotune, config, wrapper  # noqa: E402
 from frametrace.backends.triton.autotune import Config  # noqa: E402
 
 
@@ -85,25 +85,32 @@ def test_timed_kernels_built_in_threads_match_eager(monkeypatch, threads):
 
 
 @pytest.mark.usefixtures("triton_interpreter")
-@pytest.mark.parametrize("each", [False, True])
-def test_symbolic_extents_tune_per_power_of_two_bucket(monkeypatch, each):
+@pytest.mark.parametrize("each,limit", [(False, 0), (True, 0), (True, 4), (False, 2)])
+def test_symbolic_extents_tune_per_power_of_two_bucket(monkeypatch, each, limit):
     """A graph with a symbolic length tunes block sizes per power-of-two bucket of each
     kernel's extents (a length first met inside its bucket takes that bucket's choice),
-    or per distinct extent with `tune_each_size`; every call against eager either way."""
+    or per distinct extent with `tune_each_size`; with `tuned_buckets`, at most that
+    many are tuned and later ones take the nearest's choice.  Every call against eager."""
     import frametrace
+    from frametrace.backends.triton import backend
     monkeypatch.setattr(config, "tune_each_size", each)
+    monkeypatch.setattr(config, "tuned_buckets", limit)
     asked = []
     real = autotune.pick
     monkeypatch.setattr(autotune, "pick", lambda name, x, r, *a: asked.append((name, x, r)) or real(name, x, r, *a))
     frametrace.reset()
     f = lambda x: torch.softmax(x * 2, -1) + x.sum(-1, keepdim=True)  # noqa: E731
     cf = frametrace.optimize(backend="triton", dynamic=True)(f)
-    for n in (3, 5, 6, 7, 9, 12, 6):
+    for n in (3, 5, 6, 7, 9, 12, 6, 40, 2000):
         x = torch.randn(n, 10)
         torch.testing.assert_close(cf(x), f(x), rtol=1e-5, atol=1e-5)
     keys = [(x, r) for _, x, r in asked]
-    assert len(keys) == 6, asked    # one choice per distinct extents (6 lengths), cached after
-    if each:
-        assert keys == [(3, 10), (5, 10), (6, 10), (7, 10), (9, 10), (12, 10)], keys
-    else:   # 3 buckets: (4, 16), (8, 16) for 5-7, (16, 16) for 9 and 12
-        assert keys == [(4, 16), (8, 16), (8, 16), (8, 16), (16, 16), (16, 16)], keys
+    want = {(True, 0): [(3, 10), (5, 10), (6, 10), (7, 10), (9, 10), (12, 10), (40, 10), (2000, 10)],
+            (True, 4): [(3, 10), (5, 10), (6, 10), (7, 10)],
+            (False, 0): [(4, 16), (8, 16), (16, 16), (64, 16), (2048, 16)],
+            (False, 2): [(4, 16), (8, 16)]}[each, limit]
+    assert keys == want, keys
+    launcher = next(v for v in backend.COMPILED[-1].namespace.values() if isinstance(v, wrapper.Launcher))
+    if limit:   # 2000 rows: the nearest tuned bucket's choice (8 or 7 rows' one)
+        assert set(launcher.picked) == set(want)
+        assert launcher.tuned[(2000, 10)][1] == launcher.picked[want[-1]].kwargs(launcher.reduction)

@@ -87,6 +87,12 @@ unbacked_size_hint = 8192
 # every candidate inside the call (~100 ms for a BERT forward's kernels; Inductor tunes a
 # dynamic kernel once for all sizes).  True: tuned for each distinct extent.
 tune_each_size = False
+# A kernel with symbolic extents times its candidates for at most this many buckets (or
+# extents, with tune_each_size); a bucket met after that launches with the choice of the
+# nearest bucket tuned (in powers of two), so that a length first met after the warm-up
+# compiles and times nothing inside the call (masks are always on and symbolic rows loop:
+# every candidate computes every extent).  0: every bucket is tuned.
+tuned_buckets = 4
 
 # Convolutions on channels-last activations (cuDNN's NHWC kernels, no transposes around
 # each conv; the epilogues then follow that layout): "auto" on CUDA when most of the

@@ -22,7 +22,7 @@ class Launcher:
     """Launches one kernel; picks its block sizes on the first call and keeps the compiled
     kernel of its last launch (`compiled`), which a fast wrapper launches directly."""
     __slots__ = ("name", "fn", "xnumel", "rnumel", "reduction", "configs", "grid", "kwargs",
-                 "compiled", "numel", "nsym", "tuned", "bucketed", "memo")
+                 "compiled", "numel", "nsym", "tuned", "bucketed", "memo", "picked")
 
     def __init__(self, kernel: Kernel, configs):
         g = kernel.group
@@ -30,6 +30,7 @@ class Launcher:
         self.xnumel, self.rnumel, self.reduction = g.xnumel, g.rnumel, g.reduction
         self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
         self.memo = {}      # launch_key -> (StaticKernel, compiled) (config.memo_launches)
+        self.picked = {}    # symbolic extents: bucket -> the Config picked for it
         # symbolic extents: the shape symbols' values come last in the arguments; the
         # block sizes are picked (and cached) per actual (xnumel, rnumel)
         self.numel = self.nsym = self.tuned = None
@@ -62,8 +63,14 @@ class Launcher:
             got = self.tuned.get(extents)
             if got is None:
                 key = (autotune.next_pow2(x), autotune.next_pow2(r)) if self.bucketed else extents
-                best = autotune.pick(self.name, *key, self.configs,
-                                     lambda c: self._launch(c, args, x), lambda c: self._build(c, args, x))
+                best = self.picked.get(key)
+                if best is None and config.tuned_buckets and len(self.picked) >= config.tuned_buckets:
+                    # (masked, looped rows: any candidate computes any extents)
+                    best = self.picked[min(self.picked, key=lambda k: _distance(k, key))]
+                elif best is None:
+                    best = self.picked[key] = autotune.pick(
+                        self.name, *key, self.configs,
+                        lambda c: self._launch(c, args, x), lambda c: self._build(c, args, x))
                 got = self.tuned[extents] = ((math.ceil(x / best.xblock),), best.kwargs(self.reduction))
             self.grid, self.kwargs = got
         elif self.kwargs is None:
@@ -111,7 +118,7 @@ class Launcher:
         self.configs, self.grid, self.kwargs, self.compiled = configs, None, None, None
         self.numel = self.nsym = self.tuned = None
         self.bucketed = False
-        self.memo = {}
+        self.memo, self.picked = {}, {}
         if cls is TiledLauncher:
             self.tile = tile
         return self
@@ -141,6 +148,11 @@ class TiledLauncher(Launcher):
 
     def constexprs(self) -> list:
         return [self.kwargs["YBLOCK"], self.kwargs["XBLOCK"]]
+
+
+def _distance(a, b) -> float:
+    """How far apart two (xnumel, rnumel) keys are, in powers of two."""
+    return sum(abs(math.log2(max(1, u)) - math.log2(max(1, v))) for u, v in zip(a, b))
 
 
 def _reinterpret(t, size, stride, offset):
