@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import frametrace
 
 pytest.importorskip("triton")
-from frametrace.backends.triton import config  # noqa: E402
+from frametrace.backends.triton import config, rng  # noqa: E402,F401  (rng: the philox ops)
 from conftest import short_loops  # noqa: E402
 from triton_harness import triton_check, triton_check_grads  # noqa: E402
 
@@ -218,3 +218,117 @@ def test_max_pool_layouts_specials_half():
 def test_max_pool_with_indices_and_training():
     triton_check(lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True), _r(2, 3, 9, 9))
     triton_check_grads(lambda x: F.max_pool2d(x, 3, 2, padding=1), _r(2, 3, 9, 9).requires_grad_())
+
+
+# -- mean pooling under a padding mask ------------------------------------------------------
+def masked_mean(h, m):
+    return (h * m[..., None]).sum(1) / m.sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_masked_mean_two_kernels(monkeypatch, on):
+    """The mask's sum runs first and the kernel that sums h * mask divides by it (two
+    kernels, the sum not stored); off: the big sum is stored and a third kernel divides."""
+    switched(monkeypatch, "hoist_kernels", on)
+    m = (torch.rand(3, 7) < 0.7).float()
+    m[:, 0] = 1
+    mod = triton_check(masked_mean, _r(3, 7, 10), m, kernels=2 if on else 3)
+    assert len([s for s in allocations(mod) if s == (3, 10)]) == (1 if on else 2), mod.source
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.bfloat16])
+def test_masked_mean_dtypes_layouts(mask_dtype):
+    m = torch.rand(4, 9) < 0.6
+    m[:, 1] = True
+    m[3] = False                    # an all-padding row: 0 / 0
+    h = _r(4, 9, 6, dtype=torch.bfloat16 if mask_dtype is torch.bfloat16 else torch.float32)
+    h[0, 2, 3] = float("nan")
+    h[1, 4, 0] = float("inf")
+    tol = dict(atol=2e-2, rtol=2e-2, half_as_float=True) if h.dtype is torch.bfloat16 else {}
+    triton_check(masked_mean, h, m.to(mask_dtype), **tol)
+    triton_check(masked_mean, _r(6, 9, 4).transpose(0, 2), m[:1].expand(4, 9).to(mask_dtype))
+
+
+def test_masked_mean_looped_and_training(monkeypatch):
+    short_loops(monkeypatch)
+    m = (torch.rand(3, 40) < 0.7).float()
+    m[:, 0] = 1
+    triton_check(masked_mean, _r(3, 40, 5), m, atol=1e-5, rtol=1e-4)
+    triton_check_grads(masked_mean, _r(3, 40, 5).requires_grad_(), m, atol=1e-5, rtol=1e-4)
+
+
+def test_hoisted_kernel_keeps_dependencies():
+    """A kernel moved earlier still runs after what it reads: the small reduction reads the
+    big one's result here, so nothing moves (and values match)."""
+    def fn(h, m):
+        big = (h * m[..., None]).sum(1)
+        small = (m * big.sum(-1, keepdim=True)).sum(1, keepdim=True)
+        return big / small
+    triton_check(fn, _r(3, 7, 10), torch.rand(3, 7) + 0.5, atol=1e-5, rtol=1e-4)
+
+
+# -- random numbers: dropout added to a residual -------------------------------------------
+def _seed():
+    return torch.tensor(2 ** 40 + 977, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("normal", [False, True])
+@pytest.mark.parametrize("on", [True, False])
+def test_philox_numbers_match_the_op(monkeypatch, on, normal):
+    """The kernels' numbers are the op's (its eager implementation, which recomputes a
+    dropout mask in a backward): in a 1-D kernel of consecutive counters, one Philox call
+    per four lanes (`_philox_block`); where lanes are not consecutive (a transposed read
+    tiles the kernel, a reduction), one call per lane picking its word (`_philox_at`)."""
+    switched(monkeypatch, "philox_four_words", on)
+    rand = torch.ops.frametrace.philox_rand
+    for offset, shape in ((0, [5, 37]), (8, [3, 4]), (6, [7, 9]), (2 ** 32 + 4, [4, 8])):
+        frametrace.reset()   # (static sizes and offset each)
+        mod = triton_check(lambda s: rand(s, offset, shape, normal, torch.float32) * 1, _seed(),
+                           atol=0, rtol=0)
+        src = "".join(k.source for k in mod.kernels)
+        consecutive = offset % 4 == 0 and offset < 2 ** 31
+        assert ("= _philox_block(" in src) == (on and consecutive), src
+    x = _r(9, 5)
+    mod = triton_check(lambda s, x: x.t() + rand(s, 4, [5, 9], normal, torch.float32), _seed(), x,
+                       atol=1e-6, rtol=1e-6)
+    mod = triton_check(lambda s, x: (x + rand(s, 12, [9, 5], normal, torch.float32)).sum(-1), _seed(), x,
+                       atol=1e-5, rtol=1e-5)
+    assert ("= _philox_at(" in "".join(k.source for k in mod.kernels)) == on
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_dropout_residual(monkeypatch, on):
+    """x + dropout(y): one kernel; the dropped fraction is p, each kept y scaled by
+    1 / (1 - p) (the numbers differ from eager's: compared by what they keep)."""
+    switched(monkeypatch, "philox_four_words", on)
+    from frametrace.backends.triton import last_compiled
+    x, y = _r(64, 129), _r(64, 129) + 5.0
+    f = frametrace.optimize(backend="triton", fullgraph=True)(lambda x, y: x + F.dropout(y, 0.25, training=True))
+    out = f(x, y)
+    mod = last_compiled()
+    assert len(mod.kernels) == 1, mod.source
+    assert ("= _philox_block(" in mod.kernels[0].source) == on
+    dropped = out == x
+    frac = dropped.float().mean().item()
+    assert 0.2 < frac < 0.3, frac
+    torch.testing.assert_close(out[~dropped], (x + y / 0.75)[~dropped])
+    out2 = f(x, y)
+    assert not torch.equal(out, out2)   # a new seed each call
+    # bf16, an odd size, a transposed residual
+    xb, yb = _r(33, 17, dtype=torch.bfloat16), _r(17, 33, dtype=torch.bfloat16).t()
+    g = frametrace.optimize(backend="triton", fullgraph=True)(lambda x, y: x + F.dropout(y, 0.1, training=True))
+    ob = g(xb, yb)
+    kept = ob != xb
+    assert 0.8 < kept.float().mean().item() <= 1.0
+
+
+def test_dropout_training_mask_recomputed_matches():
+    """Training: the backward's mask (recomputed from the saved seed, or saved) is the
+    forward's: y's gradient is zero exactly where the output equals x."""
+    x, y = _r(16, 40), (_r(16, 40) + 3.0).requires_grad_()
+    f = frametrace.optimize(backend="triton")(lambda x, y: x + F.dropout(y, 0.3, training=True))
+    out = f(x, y)
+    out.sum().backward()
+    dropped = out.detach() == x
+    assert torch.equal(y.grad == 0, dropped)
+    torch.testing.assert_close(y.grad[~dropped], torch.full_like(y.grad[~dropped], 1 / 0.7))

@@ -134,6 +134,20 @@ decompose_group_norm = True
 # instead of one aten call and a kernel reading its result.  False: it stays aten's.
 decompose_vector_norm = True
 
+# Random numbers (dropout's mask, rand, randn) take all four 32-bit words of each Philox
+# call: counter c's number is word c % 4 of Philox at c // 4 (normal: the Box-Muller pair
+# of words holding it, cos then sin), and a 1-D kernel makes four lanes' numbers with one
+# call (as Inductor's rand4x), a quarter of the integer work that dropout is bound by on
+# the GPU.  False: one call per number, its first word (tl.rand's stream).
+philox_four_words = True
+
+# A value that reads both the kernel being built and an earlier kernel whose iteration
+# space it shares moves the kernel being built before the earlier one (when that one
+# does not feed it), and joins the earlier one: a masked mean's mask sum runs first and
+# the big sum's kernel divides by it (two kernels, the sum not stored and read back for a
+# third).  False: such a value starts a kernel of its own.
+hoist_kernels = True
+
 # Max pooling whose indices nothing reads (inference) computes the window's max alone:
 # each tap one compare and one select, instead of also carrying the tap's flat index and
 # testing for the first valid tap (which only the index needs).  The window's row and
