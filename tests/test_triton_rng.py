@@ -390,16 +390,19 @@ def test_other_backends_keep_torchs_numbers(backend):
 
 
 # -- the generator's code --------------------------------------------------------------------------
-def test_eager_cuda_kernel_matches_the_torch_implementation():
+@pytest.mark.parametrize("words4", [True, False])
+def test_eager_cuda_kernel_matches_the_torch_implementation(monkeypatch, words4):
     """The Triton kernel the op runs eagerly on CUDA (run here in the interpreter) gives the
-    numbers of the CPU implementation."""
+    numbers of the CPU implementation (with config.philox_four_words on and off)."""
+    from frametrace.backends.triton import config
     from frametrace.backends.triton.wrapper import load_kernel
+    monkeypatch.setattr(config, "philox_four_words", words4)
     kernel = load_kernel("_philox_fill", rng._FILL)
     seed = torch.tensor(2 ** 61 + 12345)
     for normal in (False, True):
-        for offset in (0, 2 ** 32 - 100):
+        for offset in (0, 2 ** 32 - 100, 2 ** 34 + 3):
             out = torch.empty(300)
-            kernel[(3,)](seed, out, offset, 300, NORMAL=normal, XBLOCK=128)
+            kernel[(3,)](seed, out, offset, 300, NORMAL=normal, WORDS4=words4, XBLOCK=128)
             assert torch.equal(out, rng._fill_torch(int(seed), offset, 300, normal, torch.device("cpu")))
 
 

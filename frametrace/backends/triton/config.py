@@ -167,6 +167,44 @@ pool_offsets = True
 # backward's time and memory gain is worth it (optimize(options={"store_before_upcast": True})).
 store_before_upcast = False
 
+# GroupNorm (aten.native_group_norm) decomposes into a per-(sample, group) var_mean and
+# one pointwise pass, which fuses with what follows (SiLU) instead of aten's kernel and a
+# second pass over its output.  False: native_group_norm stays one aten call.
+decompose_group_norm = True
+
+# linalg.vector_norm of real floats (F.normalize, torch.norm) decomposes into a sum of
+# powers (or an amax/amin of |x|) that fuses with its neighbours, as Inductor's does,
+# instead of one aten call and a kernel reading its result.  False: it stays aten's.
+decompose_vector_norm = True
+
+# Random numbers (dropout's mask, rand, randn) take all four 32-bit words of each Philox
+# call: counter c's number is word c % 4 of Philox at c // 4 (normal: the Box-Muller pair
+# of words holding it, cos then sin), and a 1-D kernel makes four lanes' numbers with one
+# call (as Inductor's rand4x), a quarter of the integer work that dropout is bound by on
+# the GPU.  False: one call per number, its first word (tl.rand's stream).
+philox_four_words = True
+
+# A value that reads both the kernel being built and an earlier kernel whose iteration
+# space it shares moves the kernel being built before the earlier one (when that one
+# does not feed it), and joins the earlier one: a masked mean's mask sum runs first and
+# the big sum's kernel divides by it (two kernels, the sum not stored and read back for a
+# third).  False: such a value starts a kernel of its own.
+hoist_kernels = True
+
+# Max pooling whose indices nothing reads (inference) computes the window's max alone:
+# each tap one compare and one select, instead of also carrying the tap's flat index and
+# testing for the first valid tap (which only the index needs).  The window's row and
+# column bounds are tested once each either way.  False: the max comes from the same
+# chain as the indices.
+pool_max_alone = True
+
+# A pointwise value whose inputs are one full-size tensor and small broadcast ones (a
+# log_softmax: the row, its max and log-sum-exp) counts only the full-size loads when
+# deciding whether a value that two kernels read is stored or computed in each: the
+# small ones come from cache.  False: every input counts as a full load (such values
+# are stored: one write and a read per reader instead of a read of the row).
+broadcast_reads_cached = True
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {

@@ -8,7 +8,7 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table, get_decompositions
 
-from . import foreach, rng
+from . import config, foreach, rng
 
 aten = torch.ops.aten
 
@@ -25,6 +25,35 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     if bias is not None:
         out = out + bias
     return out.to(x.dtype), mean, rstd
+
+
+def _group_norm(x, weight, bias, n, c, hw, groups, eps):
+    """GroupNorm as a var_mean over each (sample, group)'s channels and positions and one
+    pointwise pass (with what follows it: SiLU), as torch's reference computes it on CUDA
+    (its CPU branch folds weight and bias through an as_strided).  aten's kernel is a pass of
+    its own, its output read again by the next kernel."""
+    if not config.decompose_group_norm:
+        return NotImplemented   # (read at each trace: the table is built once)
+    xf = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+    grouped = xf.reshape(n, groups, c // groups, hw)
+    var, mean = torch.var_mean(grouped, dim=[2, 3], correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = ((grouped - mean) * rstd).view(x.shape)
+    shape = [1, c] + [1] * (x.dim() - 2)
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    return out.to(x.dtype), mean.view(n, groups).to(x.dtype), rstd.view(n, groups).to(x.dtype)
+
+
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """linalg.vector_norm of real floats by torch's reference (a sum of |x|**ord, or a max,
+    in the kernel that reads x, F.normalize's division fusing after it) instead of one aten
+    call whose result another kernel reads; complex inputs stay aten's."""
+    if not config.decompose_vector_norm or x.dtype.is_complex or (dtype is not None and dtype.is_complex):
+        return NotImplemented
+    return _TORCH_VECTOR_NORM(x, ord, dim, keepdim, dtype=dtype)
 
 
 def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
@@ -111,6 +140,10 @@ def decompositions():
     # the cuDNN/flash/efficient kernels have no decomposition
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.native_layer_norm.default] = _layer_norm
+    table[aten.native_group_norm.default] = _group_norm
+    global _TORCH_VECTOR_NORM
+    _TORCH_VECTOR_NORM = decomposition_table[aten.linalg_vector_norm.default]
+    table[aten.linalg_vector_norm.default] = _vector_norm
     global _TORCH_EMBEDDING
     _TORCH_EMBEDDING = table[aten.embedding.default]
     table[aten.embedding.default] = _embedding

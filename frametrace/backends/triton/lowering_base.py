@@ -70,8 +70,34 @@ def operand(k, x, idx, dtype):
     return k.literal(x, dtype)
 
 
+# an input of at most 1/_BROADCAST_REUSE of a pointwise value's elements (per-row
+# statistics, a bias) is read from cache when the value is computed again: not a load
+# counted against recomputing it (a log_softmax's output, its row max and log-sum read
+# beside the row, is recomputed by a second reader from the row instead of stored and
+# loaded again)
+_BROADCAST_REUSE = 8
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        if not isinstance(s, int):
+            return None
+        n *= s
+    return n
+
+
 def pointwise(shape, dtype, fn, *inputs, alias=None):
-    return Pointwise(shape, dtype, fn, sum(reads_of(x) for x in inputs), alias)
+    from . import config
+    out = _numel(shape) if config.broadcast_reads_cached else None
+
+    def counted(x):
+        if out is not None and isinstance(x, IRNode):
+            n = _numel(x.shape)
+            if n is not None and n * _BROADCAST_REUSE <= out:
+                return 0
+        return reads_of(x)
+    return Pointwise(shape, dtype, fn, sum(counted(x) for x in inputs), alias)
 
 
 def slice_bounds(size, start, end, step):

@@ -716,24 +716,56 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
     if isinstance(x, Pointwise):
         x = L.realize(x, wrapper=False)
 
+    def bounds(k, idx):
+        """Each window row's and column's in-bounds condition, once each (a tap's is its
+        row's and its column's)."""
+        oh, ow = k.index(idx[-2]), k.index(idx[-1])
+        rows, cols = [], []
+        for i in range(kh):
+            ih_s = f"({oh} * {sh} + {i * dh - ph})"
+            rows.append((ih_s, k.op(f"({ih_s} >= 0) & ({ih_s} < {H})")))
+        for j in range(kw):
+            iw_s = f"({ow} * {sw} + {j * dw - pw})"
+            cols.append((iw_s, k.op(f"({iw_s} >= 0) & ({iw_s} < {W})")))
+        return rows, cols
+
+    def tap(k, idx, i, j, rows, cols):
+        cond = k.op(f"{rows[i][1]} & {cols[j][1]}")
+        ih, iw = idx[-2] * sh + (i * dh - ph), idx[-1] * sw + (j * dw - pw)
+        with k.masked(cond):
+            v = k.cast(x.load(k, list(idx[:-2]) + [ih, iw]), x.dtype, cdt)
+        return cond, v
+
+    lowest = float("-inf") if cdt.is_floating_point else torch.iinfo(cdt).min
+
     def window(k, idx):
         """(max, flat index into H*W) of the window of output `idx`."""
-        oh, ow = k.index(idx[-2]), k.index(idx[-1])
-        best, arg = k.literal(float("-inf") if cdt.is_floating_point else torch.iinfo(cdt).min, cdt), "-1"
+        rows, cols = bounds(k, idx)
+        best, arg = k.literal(lowest, cdt), "-1"
         for i in range(kh):
             for j in range(kw):
-                ih = idx[-2] * sh + (i * dh - ph)
-                iw = idx[-1] * sw + (j * dw - pw)
-                ih_s, iw_s = f"({oh} * {sh} + {i * dh - ph})", f"({ow} * {sw} + {j * dw - pw})"
-                cond = k.op(f"({ih_s} >= 0) & ({ih_s} < {H}) & ({iw_s} >= 0) & ({iw_s} < {W})")
-                with k.masked(cond):
-                    v = k.cast(x.load(k, list(idx[:-2]) + [ih, iw]), x.dtype, cdt)
+                cond, v = tap(k, idx, i, j, rows, cols)
                 nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
                 take = k.op(f"{cond} & (({v} > {best}){nan} | ({arg} < 0))")
                 best = k.op(f"tl.where({take}, {v}, {best})")
-                arg = k.op(f"tl.where({take}, {ih_s} * {W} + {iw_s}, {arg})")
+                arg = k.op(f"tl.where({take}, {rows[i][0]} * {W} + {cols[j][0]}, {arg})")
         return best, arg
-    out = pointwise(shape, dtype, lambda k, idx: window(k, idx)[0], x)
+
+    def window_max(k, idx):
+        """The max of the window alone (nothing reads the indices: inference): no index
+        carried through the taps, nor the first-valid-tap test that the index needs."""
+        rows, cols = bounds(k, idx)
+        best = k.literal(lowest, cdt)
+        for i in range(kh):
+            for j in range(kw):
+                cond, v = tap(k, idx, i, j, rows, cols)
+                nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
+                take = k.op(f"{cond} & (({v} > {best}){nan})")
+                best = k.op(f"tl.where({take}, {v}, {best})")
+        return best
+    indices_read = any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
+    values = window_max if config.pool_max_alone and not indices_read else (lambda k, idx: window(k, idx)[0])
+    out = pointwise(shape, dtype, values, x)
     ind = pointwise(shape, torch.int64, lambda k, idx: k.cast(window(k, idx)[1], torch.int32, torch.int64), x)
     return [out, ind]
 

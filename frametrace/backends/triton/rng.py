@@ -93,16 +93,63 @@ def _philox_normal(seed, c0, c1):
     return tl.sqrt(-2.0 * tl.log(u)) * tl.cos(th)
 
 
+@triton.jit
+def _box_muller(ra, rb, odd):
+    u = tl.maximum(1.0e-7, _philox_float(ra))
+    th = 6.283185307179586 * _philox_float(rb)
+    rad = tl.sqrt(-2.0 * tl.log(u))
+    return tl.where(odd, rad * tl.sin(th), rad * tl.cos(th))
+
+
+@triton.jit
+def _philox_at(seed, c, c_hi, NORMAL: tl.constexpr):
+    """Counter (c_hi, c)'s number: word c % 4 of Philox at counter c // 4 (uniform), or of
+    the Box-Muller pair of words (0, 1) or (2, 3) that holds it (normal: cos, then sin)."""
+    q = (c >> 2) | (c_hi << 30)
+    r0, r1, r2, r3 = _philox(seed, q, c_hi >> 2)
+    j = c & 3
+    if NORMAL:
+        hi = j >= 2
+        return _box_muller(tl.where(hi, r2, r0), tl.where(hi, r3, r1), (j & 1) == 1)
+    return _philox_float(tl.where(j == 0, r0, tl.where(j == 1, r1, tl.where(j == 2, r2, r3))))
+
+
+@triton.jit
+def _philox_block(seed, start, c, NORMAL: tl.constexpr, BLOCK: tl.constexpr):
+    """The numbers of the BLOCK consecutive counters from `start` (a multiple of 4, below
+    2**32; `c` each lane's counter): one Philox call per four lanes, its words
+    interleaved into lane order; the same numbers as `_philox_at`."""
+    if BLOCK >= 4:
+        q = (start >> 2) + tl.arange(0, BLOCK // 4).to(tl.uint32)
+        r0, r1, r2, r3 = _philox(seed, q, q * 0)
+        if NORMAL:
+            v0 = _box_muller(r0, r1, False)
+            v1 = _box_muller(r0, r1, True)
+            v2 = _box_muller(r2, r3, False)
+            v3 = _box_muller(r2, r3, True)
+        else:
+            v0 = _philox_float(r0)
+            v1 = _philox_float(r1)
+            v2 = _philox_float(r2)
+            v3 = _philox_float(r3)
+        return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), [BLOCK])
+    else:
+        return _philox_at(seed, c, c * 0, NORMAL)
+
+
 '''
 # emitted with every kernel that draws numbers (beside the reductions' combine functions)
 kernel_source.COMBINE["_philox"] = HELPERS
 
 _FILL = HELPERS + '''@triton.jit
-def _philox_fill(seed_ptr, out_ptr, offset, numel, NORMAL: tl.constexpr, XBLOCK: tl.constexpr):
+def _philox_fill(seed_ptr, out_ptr, offset, numel, NORMAL: tl.constexpr, WORDS4: tl.constexpr,
+                 XBLOCK: tl.constexpr):
     xindex = tl.program_id(0).to(tl.int64) * XBLOCK + tl.arange(0, XBLOCK)
     c = xindex + offset
     seed = tl.load(seed_ptr)
-    if NORMAL:
+    if WORDS4:
+        v = _philox_at(seed, c.to(tl.uint32), (c >> 32).to(tl.uint32), NORMAL)
+    elif NORMAL:
         v = _philox_normal(seed, c.to(tl.uint32), (c >> 32).to(tl.uint32))
     else:
         v = _philox_uniform(seed, c.to(tl.uint32), (c >> 32).to(tl.uint32))
@@ -166,7 +213,7 @@ def _fill_triton(seed, offset, numel, normal):
     block = 1024
     with torch.cuda.device(seed.device):
         launch(load_kernel("_philox_fill", _FILL), (math.ceil(numel / block),),
-               (seed, out, offset, numel), {"NORMAL": normal, "XBLOCK": block})
+               (seed, out, offset, numel), {"NORMAL": normal, "WORDS4": _words4(), "XBLOCK": block})
     return out
 
 
@@ -197,9 +244,25 @@ def _to_float(r):
     return x * torch.tensor(_SCALE, dtype=torch.float32, device=x.device)
 
 
+def _words4() -> bool:
+    from . import config
+    return config.philox_four_words
+
+
 def _fill_torch(seed, offset, numel, normal, device):
     counter = torch.arange(numel, dtype=torch.int64, device=device) + offset
-    r0, r1, _, _ = philox(seed, counter)
+    odd = None
+    if _words4():
+        # word counter % 4 of Philox at counter // 4 (`_philox_at`)
+        j = counter & 3
+        r0, r1, r2, r3 = philox(seed, counter >> 2)
+        if normal:
+            hi = j >= 2
+            r0, r1, odd = torch.where(hi, r2, r0), torch.where(hi, r3, r1), (j & 1) == 1
+        else:
+            r0 = torch.where(j == 0, r0, torch.where(j == 1, r1, torch.where(j == 2, r2, r3)))
+    else:
+        r0, r1, _, _ = philox(seed, counter)
     u = _to_float(r0)
     if not normal:
         return u
@@ -208,10 +271,12 @@ def _fill_torch(seed, offset, numel, normal, device):
         u, v = u.numpy(), v.numpy()
         f32 = np.float32
         u = np.maximum(f32(1.0e-7), u)
-        n = np.sqrt(f32(-2.0) * np.log(u)) * np.cos(f32(6.283185307179586) * v)
+        rad, th = np.sqrt(f32(-2.0) * np.log(u)), f32(6.283185307179586) * v
+        n = rad * np.cos(th) if odd is None else np.where(odd.numpy(), rad * np.sin(th), rad * np.cos(th))
         return torch.from_numpy(n)
     u = torch.clamp_min(u, 1.0e-7)
-    return torch.sqrt(-2.0 * torch.log(u)) * torch.cos(6.283185307179586 * v)
+    rad, th = torch.sqrt(-2.0 * torch.log(u)), 6.283185307179586 * v
+    return rad * torch.cos(th) if odd is None else torch.where(odd, rad * torch.sin(th), rad * torch.cos(th))
 
 
 # -- decompositions --------------------------------------------------------------------------
@@ -236,7 +301,8 @@ def draw(device, numel):
     if entry is None:
         entry = state[device] = [SEED(device=device), 0]
     seed, offset = entry
-    entry[1] = offset + numel
+    # (a multiple of 4 each: a block of counters starts at a Philox call's first word)
+    entry[1] = offset + (-(-numel // 4) * 4 if isinstance(numel, int) else numel)
     return seed, offset
 
 
@@ -362,14 +428,31 @@ def _lower_rand(L, node, seed, offset, size, normal, dtype):
 
     def fn(k, idx):
         s = seed.load(k, [])
-        c0, c1 = _counters(k, flatten(idx, shape), offset, numel, s)
+        flat = flatten(idx, shape)
+        c0, c1 = _counters(k, flat, offset, numel, s)
         k.helpers.add("_philox")
-        v = k.op(f"_philox_{'normal' if normal else 'uniform'}({s}, {c0}, {c1})")
+        if not _words4():
+            v = k.op(f"_philox_{'normal' if normal else 'uniform'}({s}, {c0}, {c1})")
+        elif _one_call_per_four(k, flat, offset, numel):
+            start = k.op(f"(xoffset + {int(offset)}).to(tl.uint32)", level=0)
+            v = k.op(f"_philox_block({s}, {start}, {c0}, {normal}, XBLOCK)")
+        else:
+            v = k.op(f"_philox_at({s}, {c0}, {c1}, {normal})")
         if dtype in (torch.float16, torch.bfloat16) and not normal:
             r = k.op(f"{v}.to({k.tl(dtype)}).to(tl.float32)")  # as `finish`
             return k.op(f"tl.where({r} >= 1.0, 0.0, {r})")
         return k.op(f"{v}.to(tl.float64)") if dtype == torch.float64 else v
     return pointwise(shape, dtype, fn, seed)
+
+
+def _one_call_per_four(k, flat, offset, numel) -> bool:
+    """Whether the kernel's lanes are consecutive counters (a 1-D pointwise kernel whose
+    index is the random tensor's flat index), blocks start at multiples of 4 and every
+    counter fits 32 bits: then one Philox call makes four lanes' numbers."""
+    return (k.BLOCK == "[XBLOCK]" and not k.group.reduction and getattr(k, "tile", None) is None
+            and str(flat) == "xindex" and indexing.is_static(offset) and indexing.is_static(numel)
+            and int(offset) % 4 == 0 and int(offset) + int(numel) + 4096 <= 2 ** 31
+            and all(c.xblock % 4 == 0 for c in k.configs))
 
 
 def _counters(k, flat, offset, numel, seed):

@@ -147,6 +147,51 @@ def _join_earlier(out, made, current, c, singles=None, known=None) -> bool:
     return False
 
 
+def _hoist(out, made, current, c, singles=None, known=None) -> bool:
+    """`c` reads the current kernel's values and fits an earlier kernel `out[i]` (at
+    most EARLIER back) that the current kernel does not depend on: the current kernel
+    moves before `out[i]`, and `c` joins `out[i]`, which then runs after everything `c`
+    reads.  A masked mean: the mask's sum (a small reduction, after the big sum in
+    program order) runs first, and the big sum's kernel divides by it instead of storing
+    the sum for a third kernel.  Whether it did."""
+    if not config.hoist_kernels or current is None or not isinstance(current, KernelGroup) \
+            or any(getattr(m, "in_place", False) for m in current.members):
+        return False
+    first = max(0, len(out) - EARLIER)
+    spots = [i for i in range(len(out) - 1, first - 1, -1)
+             if isinstance(out[i], KernelGroup) and _fits(out[i], c) is not None]
+    if not spots:
+        return False
+    reads = _reads(c, singles, known)
+    if reads is None:
+        return False
+    try:
+        cg = generated(current)[0]
+    except Exception:
+        return False
+    names = {m.name for m in current.members}
+    cur_reads = (cg.reads | set(cg.args)) - names
+    write = made.get(_WRITE, -1)
+    cur_ready = max([made[n] for n in cur_reads if n in made] + [write])
+    ready = max([made[n] for n in reads - names if n in made] + [write])
+    for i in spots:
+        if i < ready or i <= cur_ready:
+            break
+        if out[i].reduction and not c.is_reduction and not reads & {m.name for m in out[i].members}:
+            continue  # (as in _join_earlier)
+        joined = _join(out[i], c)
+        if joined is None:
+            continue
+        out[i:i + 1] = [current, joined]
+        for n, at in made.items():
+            if at >= i:
+                made[n] = at + 1
+        made.update((n, i) for n in names)
+        made[c.name] = i + 1
+        return True
+    return False
+
+
 # `made`'s key of the last item that writes memory in place (nothing moves before it)
 _WRITE = object()
 
@@ -195,6 +240,9 @@ def group(items, known=None) -> list:
                 made[item.name] = len(out) - 1
                 continue
         if joined is None and _join_earlier(out, made, current, item, singles, known):
+            continue
+        if joined is None and _hoist(out, made, current, item, singles, known):
+            current = None
             continue
         if joined is None:
             if current is not None:
