@@ -3,7 +3,7 @@ folder) and warm (the folder a previous process filled), for frametrace's on-dis
 (frametrace/warm_cache.py) and torch.compile with its own caches on, same backend.
 
     python benchmarks/warm_start.py [--models gpt2,mlp] [--repeat 3] [--md FILE]
-                                    [--compilers frametrace,torch.compile]
+                                    [--compilers frametrace,torch.compile] [--no-eager]
 
 Models (CPU): gpt2 (transformers' GPT2LMHeadModel, GPT2Config(n_layer=6), random weights,
 batch 2 x 64 tokens, the model's own loss, forward + backward; backend aot_eager),
@@ -17,6 +17,11 @@ One torch thread.  The figure is
 the median over --repeat fresh cache folders (cold: the folder empty; warm: the process
 right after the cold one, same folder); a second line gives the same in CPU seconds
 (`time.process_time`), which a loaded machine disturbs less than the wall clock.
+Each model also runs uncompiled, --repeat fresh processes prepared as frametrace's
+(same imports), for eager's own first call (unless --no-eager): each row then gives,
+beside the issue's warm/cold, the compile-cost ratio (warm first call - eager's first
+call) / (cold first call - eager's first call), what a warm start leaves of compiling
+beyond the first-call cost that eager pays too.
 
 The `triton` backend on CUDA (issue 33's target: a warm first call at most 10% of the
 cold one, and at most torch.compile's warm first call):
