@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -46,6 +45,7 @@ import torch.nn.functional as F
 
 import frametrace
 from triton_kernels import FallbackCount   # (this folder is the script's path)
+from children import last_line, run_child  # noqa: E402
 
 IMPLS = ("grouped_mm", "loop", "eager", "batched_mm")
 
@@ -229,20 +229,15 @@ def main():
             continue
         argv.append(a)
     for impl in args.impls.split(","):
-        cmd = [sys.executable, __file__, "--child", impl] + argv
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
+        r = run_child(__file__, ["--child", impl] + argv, args.timeout, marker="ROW")
+        if r.get("error") == "timed out":
             rows.append(f"| {impl} | timed out after {args.timeout} s |")
             print(rows[-1], flush=True)
             continue
-        got = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-        if not got:
-            tail = [x for x in proc.stderr.strip().splitlines() if x.strip()][-1:] or ["no output"]
-            sys.stderr.write(proc.stderr[-3000:])
-            rows.append(f"| {impl} | failed: {tail[0][:200]} |")
+        if "error" in r:
+            sys.stderr.write(r["stderr"][-3000:])
+            rows.append(f"| {impl} | failed: {last_line(r['stderr'])[:200]} |")
         else:
-            r = got[0]
             rows.append(row(r))
             for why in r["break_reasons"]:
                 print(f"{impl}: frametrace break/fallback: {why}", flush=True)

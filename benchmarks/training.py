@@ -54,7 +54,6 @@ import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -63,6 +62,8 @@ import torch
 # The checkout this script sits in, not another installed copy
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import frametrace  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import last_line, run_child  # noqa: E402
 
 MODELS = ("llama4", "llama8", "gpt2", "bert")
 CNNS = ("resnet50",)   # image classifiers (not in the default list: they want --batch 64)
@@ -453,19 +454,15 @@ def child(name, args) -> None:
 
 def isolated(name, argv, timeout):
     """One model in a child process: a CUDA fault or a hang costs that row only."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name] + argv
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    r = run_child(__file__, ["--child", name] + argv, timeout, marker="ROW", echo_stdout=True,
+                  failed_stderr=3000)
+    if r.get("error") == "timed out":
         return f"| {name} | timed out after {timeout} s |", None
-    for line in p.stdout.splitlines():
-        if line.startswith("ROW "):
-            return row(json.loads(line[4:])), json.loads(line[4:])
-        print(line, flush=True)
-    sys.stderr.write(p.stderr[-3000:])
-    tail = [x for x in p.stderr.strip().splitlines() if x.strip()][-1:] or ["no output"]
-    cuda = " (CUDA error)" if "CUDA" in p.stderr or "cuda" in tail[0] else ""
-    return f"| {name} | failed{cuda}: {tail[0][:200]} |", None
+    if "error" not in r:
+        return row(r), r
+    tail = last_line(r["stderr"])
+    cuda = " (CUDA error)" if "CUDA" in r["stderr"] or "cuda" in tail else ""
+    return f"| {name} | failed{cuda}: {tail[:200]} |", None
 
 
 def separately(name, argv, timeout):

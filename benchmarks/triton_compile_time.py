@@ -386,7 +386,7 @@ def both(args):
                 (["--skip-kernels"] if args.skip_kernels else [])
             with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
                 got = run_child(__file__, argv, args.timeout, env={"TRITON_CACHE_DIR": cache},
-                                echo=True)
+                                echo_stdout=True)
             rows.append((name, candidates, got))
     print(f"\n{'model':10s} {'candidates':10s} {'first call s':>12s} {'Triton s':>9s} "
           f"{'compiles':>9s} {'timed':>6s} {'steady ms':>10s}")

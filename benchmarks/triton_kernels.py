@@ -341,26 +341,22 @@ def child(name, args) -> None:
 
 def isolated(name, argv, timeout) -> str:
     """One case in a child process: a CUDA fault or a hang costs that row only."""
-    import json
-    import subprocess
-    cmd = [sys.executable, __file__, "--child", name] + argv
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from children import last_line, run_child
+    got = run_child(__file__, ["--child", name] + argv, timeout, marker="ROW", echo_stdout=True,
+                    failed_stderr=3000)
+    if got.get("error") == "timed out":
         return f"| {name} | timed out after {timeout} s |"
-    sys.stderr.write(p.stderr[-3000:] if p.returncode else "")
-    for line in p.stdout.splitlines():
-        if line.startswith("ROW "):
-            got = json.loads(line[4:])
-            for why in got["info"]["fallback_reasons"]:
-                print(f"{name}: eager fallback: {why}", flush=True)
-            if got["info"].get("graph_decision"):
-                print(f"{name}: CUDA graph: {got['info']['graph_decision']}", flush=True)
-            return got["row"]
-        print(line, flush=True)
-    tail = [x for x in p.stderr.strip().splitlines() if x.strip()][-1:] or ["no output"]
-    cuda = " (CUDA error)" if "CUDA" in p.stderr or "cuda" in tail[0] else ""
-    return f"| {name} | failed{cuda}: {tail[0][:200]} |"
+    if "error" not in got:
+        for why in got["info"]["fallback_reasons"]:
+            print(f"{name}: eager fallback: {why}", flush=True)
+        if got["info"].get("graph_decision"):
+            print(f"{name}: CUDA graph: {got['info']['graph_decision']}", flush=True)
+        return got["row"]
+    tail = last_line(got["stderr"])
+    cuda = " (CUDA error)" if "CUDA" in got["stderr"] or "cuda" in tail else ""
+    return f"| {name} | failed{cuda}: {tail[:200]} |"
 
 
 def main():

@@ -3,7 +3,7 @@ folder) and warm (the folder a previous process filled), for frametrace's on-dis
 (frametrace/warm_cache.py) and torch.compile with its own caches on, same backend.
 
     python benchmarks/warm_start.py [--models gpt2,mlp] [--repeat 3] [--md FILE]
-                                    [--compilers frametrace,torch.compile]
+                                    [--compilers frametrace,torch.compile] [--no-eager]
 
 Models (CPU): gpt2 (transformers' GPT2LMHeadModel, GPT2Config(n_layer=6), random weights,
 batch 2 x 64 tokens, the model's own loss, forward + backward; backend aot_eager),
@@ -17,6 +17,11 @@ One torch thread.  The figure is
 the median over --repeat fresh cache folders (cold: the folder empty; warm: the process
 right after the cold one, same folder); a second line gives the same in CPU seconds
 (`time.process_time`), which a loaded machine disturbs less than the wall clock.
+Each model also runs uncompiled, --repeat fresh processes prepared as frametrace's
+(same imports), for eager's own first call (unless --no-eager): each row then gives,
+beside the issue's warm/cold, the compile-cost ratio (warm first call - eager's first
+call) / (cold first call - eager's first call), what a warm start leaves of compiling
+beyond the first-call cost that eager pays too.
 
 The `triton` backend on CUDA (issue 33's target: a warm first call at most 10% of the
 cold one, and at most torch.compile's warm first call):
@@ -50,7 +55,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +62,8 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import run_child  # noqa: E402
 
 
 def _gpt2(batch=2, tokens=64):
@@ -213,7 +219,15 @@ def child(variant, model_name, cache):
     model, step, backend = MODELS[model_name]()
     if backend == "triton" and variant != "frametrace":
         backend = "inductor"
-    if variant == "frametrace":
+    if variant == "eager":
+        # (the baseline: the model itself, uncompiled, in a process prepared as frametrace's
+        # -- the same imports, untimed -- so that its first call shows torch's own
+        # first-call cost in a fresh process)
+        sys.path.insert(0, ROOT)
+        import frametrace  # noqa: F401
+        import torch._functorch.aot_autograd  # noqa: F401
+        compiled = model
+    elif variant == "frametrace":
         sys.path.insert(0, ROOT)
         import frametrace
         if backend != "eager" and not os.environ.get("WARM_START_TIME_AOT_IMPORT"):
@@ -277,20 +291,27 @@ def child(variant, model_name, cache):
 
 
 def _measure(variant, model_name, cache):
-    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *kept]))
-    proc = subprocess.run([sys.executable, __file__, "--child", variant, model_name, cache],
-                          env=env, capture_output=True, text=True, timeout=600)
     logs = os.environ.get("WARM_START_LOGDIR")     # (each child's stderr kept there)
-    if logs:
-        os.makedirs(logs, exist_ok=True)
-        n = len(os.listdir(logs))
-        with open(os.path.join(logs, f"{n:02d}-{model_name}-{variant}.err"), "w") as f:
-            f.write(proc.stderr)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not line:
-        raise RuntimeError(f"{variant} {model_name} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(line[0][7:])
+
+    def keep(stderr):
+        if logs:
+            os.makedirs(logs, exist_ok=True)
+            n = len(os.listdir(logs))
+            with open(os.path.join(logs, f"{n:02d}-{model_name}-{variant}.err"), "w") as f:
+                f.write(stderr)
+    got = run_child(__file__, ["--child", variant, model_name, cache], 600, on_stderr=keep)
+    if "error" in got:
+        raise RuntimeError(f"{variant} {model_name} failed:\n{got['error']}")
+    return got
+
+
+def _ratio(warm, cold, eager_first):
+    """The compile cost's share left warm: (warm - eager's first call) / (cold - eager's)."""
+    return None if eager_first is None else (warm - eager_first) / (cold - eager_first)
+
+
+def _pct(x):
+    return "   n/a" if x is None else f"{x:6.1%}"
 
 
 def main():
@@ -300,6 +321,8 @@ def main():
     ap.add_argument("--md", default=None)
     ap.add_argument("--compilers", default="frametrace,torch.compile")
     ap.add_argument("--child", nargs=3, default=None)
+    ap.add_argument("--no-eager", action="store_true",
+                    help="no eager baseline (its first call in a fresh process: the compile-cost ratio)")
     ap.add_argument("--smoke", action="store_true",
                     help="the triton rows on the CPU, tiny, interpreted (frametrace only)")
     ns = ap.parse_args()
@@ -315,6 +338,20 @@ def main():
                 print(f"{model_name:6} skipped: the triton backend's rows need CUDA", flush=True)
                 continue
         variants = ("frametrace",) if ns.smoke else tuple(ns.compilers.split(","))
+        eager = eager_cpu = None     # (eager's first call in a fresh process: wall, CPU seconds)
+        if not (ns.smoke or ns.no_eager):
+            runs = []
+            for _ in range(ns.repeat):
+                with tempfile.TemporaryDirectory(prefix="warm-start-") as cache:
+                    runs.append(_measure("eager", model_name, cache))
+            e, es, ec, ecs = (statistics.median(r[k] for r in runs)
+                              for k in ("first", "second", "first_cpu", "second_cpu"))
+            eager, eager_cpu = e, ec
+            # (torch's own first-call cost in a fresh process: what a compiled first call pays
+            # too, warm or cold)
+            print(f"{model_name:5} {'eager':13} first call {e:7.3f}s  steady call {es:.3f}s  first-call "
+                  f"cost {e - es:.3f}s;  CPU time: first call {ec:7.3f}s  steady call {ecs:.3f}s  "
+                  f"first-call cost {ec - ecs:.3f}s", flush=True)
         for variant in variants:
             colds, warms, steady, hits, backend_hits = [], [], [], [], []
             cpu = []        # (cold first, warm first, warm steady: CPU seconds, this process)
@@ -345,32 +382,41 @@ def main():
                 hits.append(warm.get("hits"))
                 backend_hits.append(warm.get("backend_hits", warm.get("aot_autograd")))
             c, w, st = statistics.median(colds), statistics.median(warms), statistics.median(steady)
-            rows.append((model_name, variant, c, w, w / c, st, hits[-1]))
-            # (first call minus a steady call: what compiling, or loading, cost)
+            cc, cw, cs = (statistics.median(x) for x in zip(*cpu))
+            rows.append((model_name, variant, c, w, w / c, st, hits[-1], eager, _ratio(w, c, eager),
+                         cc, cw, cs, eager_cpu, _ratio(cw, cc, eager_cpu)))
+            # (first call minus a steady call: what compiling, or loading, cost; the compile-cost
+            # ratio: the warm first call's cost beyond eager's own first call in a fresh process,
+            # over the cold one's)
             print(f"{model_name:5} {variant:13} cold {c:7.3f}s  warm {w:7.3f}s  "
                   f"warm/cold {w / c:6.1%}  steady call {st:.3f}s  compile cost cold "
-                  f"{c - st:.3f}s warm {w - st:.3f}s"
+                  f"{c - st:.3f}s warm {w - st:.3f}s  (warm - eager first)/(cold - eager first) "
+                  f"{_pct(_ratio(w, c, eager))}"
                   + (f"  cache hits {hits[-1]}" if hits[-1] is not None else "")
                   + f"  backend cache {backend_hits[-1]}", flush=True)
-            cc, cw, cs = (statistics.median(x) for x in zip(*cpu))
             # (CPU time of the process's main thread and its others: steadier than the wall
             # clock on a loaded machine)
             print(f"{model_name:5} {variant:13} CPU time: cold {cc:7.3f}s  warm {cw:7.3f}s  "
                   f"warm/cold {cw / cc:6.1%}  steady call {cs:.3f}s  compile cost cold "
-                  f"{cc - cs:.3f}s warm {cw - cs:.3f}s", flush=True)
+                  f"{cc - cs:.3f}s warm {cw - cs:.3f}s  (warm - eager first)/(cold - eager first) "
+                  f"{_pct(_ratio(cw, cc, eager_cpu))}", flush=True)
         mine = [r for r in rows if r[0] == model_name]
         if len(mine) == 2:      # (issue 33: warm <= 10% of cold, and <= torch.compile's warm)
             print(f"{model_name:5} frametrace warm / torch.compile warm {mine[0][3] / mine[1][3]:6.1%}"
                   f"  (frametrace warm/cold {mine[0][4]:.1%}, torch.compile warm/cold "
-                  f"{mine[1][4]:.1%})", flush=True)
+                  f"{mine[1][4]:.1%}); CPU time {mine[0][10] / mine[1][10]:6.1%}", flush=True)
     if ns.md:
         with open(ns.md, "w") as fh:
-            fh.write("| model | compiler | cold first call | warm first call | warm/cold | steady call |"
-                     " compile cost cold / warm |\n")
-            fh.write("|---|---|---|---|---|---|---|\n")
-            for m, v, c, w, r, s, _ in rows:
-                fh.write(f"| {m} | {v} | {c:.3f} s | {w:.3f} s | {r:.1%} | {s:.3f} s | "
-                         f"{c - s:.3f} s / {w - s:.3f} s |\n")
+            fh.write("| model | compiler | seconds | cold first call | warm first call | warm/cold |"
+                     " steady call | compile cost cold / warm | eager first call |"
+                     " (warm - eager first) / (cold - eager first) |\n")
+            fh.write("|---|---|---|---|---|---|---|---|---|---|\n")
+            for m, v, *both in rows:
+                for kind, (c, w, s, e, k) in (("wall", (both[0], both[1], both[3], both[5], both[6])),
+                                              ("CPU", both[7:])):
+                    fh.write(f"| {m} | {v} | {kind} | {c:.3f} s | {w:.3f} s | {w / c:.1%} | {s:.3f} s | "
+                             f"{c - s:.3f} s / {w - s:.3f} s | "
+                             f"{'-' if e is None else f'{e:.3f} s'} | {_pct(k).strip()} |\n")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import time
 
@@ -46,6 +45,8 @@ import torch
 
 # The checkout this script sits in, not another installed copy
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from children import run_child  # noqa: E402
 
 WORKFLOWS = ("train", "train_step", "generate", "serve")
 VARIANTS = ("eager", "frametrace", "torch.compile")
@@ -324,18 +325,14 @@ def main(argv=None):
     rows = []
     for wf in a.workflows.split(","):
         for v in a.variants.split(","):
-            cmd = [sys.executable, os.path.abspath(__file__), "--one", wf, v, "--device", a.device,
-                   "--tc-backend", a.tc_backend] + (["--smoke"] if a.smoke else [])
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-                line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                if line:
-                    rows.append(json.loads(line[-1][7:]))
-                else:
-                    err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                    rows.append({"workflow": wf, "variant": v, "error": err[:200]})
-            except subprocess.TimeoutExpired:
-                rows.append({"workflow": wf, "variant": v, "error": f"timed out after {a.timeout} s"})
+            argv = ["--one", wf, v, "--device", a.device, "--tc-backend", a.tc_backend] + \
+                (["--smoke"] if a.smoke else [])
+            r = run_child(__file__, argv, a.timeout)
+            if "error" in r:
+                err = f"timed out after {a.timeout} s" if r["error"] == "timed out" else \
+                    (r["stderr"].strip().splitlines() or ["no output"])[-1][:200]
+                r = {"workflow": wf, "variant": v, "error": err}
+            rows.append(r)
             print(f"# {wf} / {v}: " + ("failed" if "error" in rows[-1] else f"{rows[-1]['total_s']:.2f} s"),
                   file=sys.stderr, flush=True)
     text = table(rows, device)

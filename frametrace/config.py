@@ -257,3 +257,9 @@ cache_lazy_graph = True
 # cache_graph_bytecode: AOTAutograd's cached forward and backward graphs carry their
 # compiled bytecode (marshal, this Python's), run instead of compiling their source.
 cache_graph_bytecode = True
+# cache_skip_alias_check: a function rebuilt from AOTAutograd's cached result skips the
+# check AOTAutograd's runtime wrapper runs at a compiled function's first call (each op
+# dispatched through a Python mode that looks for custom ops whose outputs alias their
+# inputs; torch._functorch.config.check_custom_op_aliasing): a cached graph calls only
+# torch's own ops (a custom op makes it not cacheable).
+cache_skip_alias_check = True

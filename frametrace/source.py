@@ -30,7 +30,10 @@ def root_local(source) -> str | None:
 
 
 class Source:
-    __slots__ = ()
+    # (_hash: the hash, kept once computed -- a source is not changed after it is made,
+    # and its hash walks its whole chain of bases; not pickled: str hashes differ
+    # between processes)
+    __slots__ = ("_hash",)
 
     def guard_expr(self) -> str:
         raise NotImplementedError
@@ -46,7 +49,15 @@ class Source:
         return type(self) is type(other) and self.key() == other.key()
 
     def __hash__(self):
-        return hash((type(self), self.key()))
+        try:
+            return self._hash
+        except AttributeError:
+            h = self._hash = hash((type(self), self.key()))
+            return h
+
+    def __getstate__(self):
+        return None, {name: getattr(self, name) for cls in type(self).__mro__
+                      for name in getattr(cls, "__slots__", ()) if name != "_hash" and hasattr(self, name)}
 
     def key(self):
         raise NotImplementedError

@@ -81,7 +81,7 @@ _KERNEL_BACKENDS = ("default", "triton")
 # (cache_aot_results: an entry keeps AOTAutograd's result either way, used only if on.)
 _SETTINGS_NOT_KEYED = {"cache", "cache_dir", "cache_max_bytes", "cache_aot_results",
                        "cache_triton_results", "cache_fingerprint_by_stat", "cache_lazy_graph",
-                       "cache_graph_bytecode", "compile_status",
+                       "cache_graph_bytecode", "cache_skip_alias_check", "compile_status",
                        "compile_status_after", "compile_lock_timeout"}
 
 stats = {"hits": 0, "misses": 0, "stores": 0, "not_cacheable": 0, "errors": 0,

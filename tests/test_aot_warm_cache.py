@@ -43,6 +43,16 @@ if env("NO_TO_CACHEABLE"):       # (AOTConfig before torch 2.13: no to_cacheable
         del schemas.AOTConfig.to_cacheable
 if env("AOT_OFF"):
     frametrace.config.cache_aot_results = False
+if env("ALIAS_CHECK") == "1":
+    frametrace.config.cache_skip_alias_check = False
+from torch._functorch._aot_autograd import runtime_wrappers as _rw
+alias_checked = []      # (ops dispatched through the first call's custom-op aliasing check)
+if hasattr(_rw, "_AnalyzeCustomOpInputOutputMode"):
+    _alias_dispatch = _rw._AnalyzeCustomOpInputOutputMode.__torch_dispatch__
+    def _counting_alias_dispatch(self, *args, **kwargs):
+        alias_checked.append(1)
+        return _alias_dispatch(self, *args, **kwargs)
+    _rw._AnalyzeCustomOpInputOutputMode.__torch_dispatch__ = _counting_alias_dispatch
 if env("FUNCTORCH"):
     torch._functorch.config.view_replay_for_aliased_outputs = \
         not torch._functorch.config.view_replay_for_aliased_outputs
@@ -163,6 +173,10 @@ if env("READ_GRAPHS"):      # (explain()'s view: each entry's graph, op count, c
 out["compiled"] = sum(1 for r in records if not r.from_cache and r.transformed_code is not None)
 out["from_cache"] = sum(1 for r in records if r.from_cache)
 out["stats"] = dict(warm_cache.stats)
+out["alias_checked"] = len(alias_checked)
+out["has_alias_check"] = hasattr(_rw, "_FirstInvocationContext")
+from frametrace.backends import aot_cache
+out["alias_checks_skipped"] = aot_cache.STATS["alias_checks_skipped"]
 print("RESULT", json.dumps(out))
 '''
 
@@ -419,3 +433,29 @@ def test_graph_bytecode_damaged_compiles_its_source(tmp_path):
         assert warm["values"] == cold["values"] and warm["grads"] == cold["grads"]
         assert warm["compiled"] == 0 and warm["traced"] == 0
         assert warm["stats"]["backend_hits"] == cold["stats"]["stores"]
+
+
+@pytest.mark.parametrize("scenario", ["training", "inference (no_grad)", "input mutation"])
+def test_warm_start_skips_first_call_alias_check(tmp_path, scenario):
+    """config.cache_skip_alias_check: a function rebuilt from the cache runs its first
+    call without AOTAutograd's custom-op aliasing check (every op of the graph dispatched
+    through a Python mode; the graph has torch's ops only); off, the check runs as in
+    the cold process.  Same answers as CPython and the cold process either way, nothing
+    traced warm."""
+    env = SCENARIOS[scenario]
+    cold = _run(tmp_path, **env)
+    _same_as_cpython(cold)
+    if not cold["has_alias_check"]:
+        pytest.skip("this torch's runtime wrapper has no first-call aliasing check")
+    assert cold["alias_checked"] > 0 and cold["alias_checks_skipped"] == 0   # (the count works)
+    for switch in ("0", "1"):
+        warm = _run(tmp_path, ALIAS_CHECK=switch, **env)
+        _same_as_cpython(warm)
+        assert warm["values"] == cold["values"] and warm["grads"] == cold["grads"]
+        assert warm["compiled"] == 0 and warm["traced"] == 0, warm["stderr"][-2000:]
+        assert warm["stats"]["backend_hits"] == cold["stats"]["stores"] >= 1
+        if switch == "0":
+            assert warm["alias_checked"] == 0
+            assert warm["alias_checks_skipped"] == warm["stats"]["backend_hits"]
+        else:
+            assert warm["alias_checked"] > 0 and warm["alias_checks_skipped"] == 0

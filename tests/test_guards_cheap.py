@@ -297,3 +297,24 @@ def test_a_class_whose_dict_is_a_property_is_read_every_call():
     boxes = [box] * 5 + [Odd()] * 2 + [box]
     r = check(f, [(torch.randn(3), b) for b in boxes])
     assert r.compiles >= 1
+
+
+def test_check_lines_substitution_is_the_regex_one():
+    """guards._replace_whole (the shared-prefix locals of the Python check, put in place
+    of each occurrence of a source's text) replaces exactly what the regex it stands
+    for did: not after a word character, a dot or a quote, not before a word character
+    (Unicode letters and digits included)."""
+    import random
+    import re
+
+    from frametrace.guards import _replace_whole
+    rng = random.Random(0)
+    pieces = ["a", "b", "_", ".", "'", '"', "[", "]", "(", ")", " ", "1", "é", "٣", "x.y", "a.b"]
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 4)))
+        expr = "".join(rng.choice(pieces + [text] * 3) for _ in range(rng.randint(0, 12)))
+        want = re.sub(r"(?<![\w.'\"])" + re.escape(text) + r"(?!\w)", "___v0", expr)
+        assert _replace_whole(expr, text, "___v0") == want, (expr, text)
+    expr = "self._modules['h']._modules['0'].x is not None and self._modules['h']._modules['0x']"
+    assert _replace_whole(expr, "self._modules['h']._modules['0']", "___v1") == \
+        "___v1.x is not None and self._modules['h']._modules['0x']"
