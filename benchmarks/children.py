@@ -49,3 +49,11 @@ def run_child(script, argv, timeout, stderr_tail=0, marker="RESULT", echo_stdout
 def last_line(stderr) -> str:
     """A failed child's last non-empty line of stderr (else "no output")."""
     return ([x for x in stderr.strip().splitlines() if x.strip()][-1:] or ["no output"])[0]
+
+
+def print_table(text, md=None):
+    """Print a result table, and write it to the markdown file `md` where one is given."""
+    print(text)
+    if md:
+        with open(md, "w") as f:
+            f.write(text + "\n")

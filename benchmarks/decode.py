@@ -30,7 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from children import run_child  # noqa: E402
+from children import print_table, run_child  # noqa: E402
 VARIANTS = ("eager", "ft", "tc", "ft_ro", "tc_ro")   # each also with "_sc": StaticCache
 
 
@@ -174,10 +174,7 @@ def main(argv=None):
             lines.append(f"| {b} | {v} | {ms:.2f} | {r['median_s']:.3f} | {ve} | {vi} | {r['warmup_s']:.1f} | "
                          f"{r.get('graphs', '–')} | {r.get('late_compiles', '–')} | {r.get('eager_graphs', '–')} | {diff} |")
     text = "\n".join(lines)
-    print(text)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text + "\n")
+    print_table(text, a.md)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from children import run_child  # noqa: E402
+from children import print_table, run_child  # noqa: E402
 
 MODELS = ("efficientnet_b0", "mobilenetv3_large_100", "swin_tiny_patch4_window7_224")
 VARIANTS = ("ft", "ft_all", "tc")
@@ -112,10 +112,7 @@ def main(argv=None):
                          f"{r['steady_ms']:.2f} | {r['steady_ms'] / tc['steady_ms']:.2f} | {r['diff']:.1e} |"
                          if ok else f"| {m} | {v} | {r['first_s']:.1f} | – | {r['steady_ms']:.2f} | – | {r['diff']:.1e} |")
     text = "\n".join(lines)
-    print(text)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text + "\n")
+    print_table(text, a.md)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from children import run_child  # noqa: E402
+from children import print_table, run_child  # noqa: E402
 VARIANTS = ("eager", "ft", "tc")   # also ft_general: frametrace without sized fast wrappers
 LENGTHS = (32, 48, 64, 80, 100, 128, 160, 200, 256, 320, 400, 512)
 
@@ -162,10 +162,7 @@ def main(argv=None):
         lines.append(f"| {v} | {r['total_s']:.1f} | {r['per_call_ms']:.2f} | {ve} | {vi} | {r['last_round_ms']:.2f} | "
                      f"{r.get('graphs', '–')} | {r.get('late', '–')} | {diff:.1e} |")
     text = "\n".join(lines)
-    print(text)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text + "\n")
+    print_table(text, a.md)
 
 
 if __name__ == "__main__":

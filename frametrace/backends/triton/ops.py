@@ -738,33 +738,26 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
 
     lowest = float("-inf") if cdt.is_floating_point else torch.iinfo(cdt).min
 
-    def window(k, idx):
-        """(max, flat index into H*W) of the window of output `idx`."""
+    def window(k, idx, index=True):
+        """(max, flat index into H*W) of the window of output `idx`; `index` False: the
+        max alone (nothing reads the indices: inference), no index carried through the
+        taps, nor the first-valid-tap test that only the index needs."""
         rows, cols = bounds(k, idx)
         best, arg = k.literal(lowest, cdt), "-1"
         for i in range(kh):
             for j in range(kw):
                 cond, v = tap(k, idx, i, j, rows, cols)
                 nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
-                take = k.op(f"{cond} & (({v} > {best}){nan} | ({arg} < 0))")
+                first = f" | ({arg} < 0)" if index else ""
+                take = k.op(f"{cond} & (({v} > {best}){nan}{first})")
                 best = k.op(f"tl.where({take}, {v}, {best})")
-                arg = k.op(f"tl.where({take}, {rows[i][0]} * {W} + {cols[j][0]}, {arg})")
+                if index:
+                    arg = k.op(f"tl.where({take}, {rows[i][0]} * {W} + {cols[j][0]}, {arg})")
         return best, arg
 
-    def window_max(k, idx):
-        """The max of the window alone (nothing reads the indices: inference): no index
-        carried through the taps, nor the first-valid-tap test that the index needs."""
-        rows, cols = bounds(k, idx)
-        best = k.literal(lowest, cdt)
-        for i in range(kh):
-            for j in range(kw):
-                cond, v = tap(k, idx, i, j, rows, cols)
-                nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
-                take = k.op(f"{cond} & (({v} > {best}){nan})")
-                best = k.op(f"tl.where({take}, {v}, {best})")
-        return best
     indices_read = any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
-    values = window_max if config.pool_max_alone and not indices_read else (lambda k, idx: window(k, idx)[0])
+    alone = config.pool_max_alone and not indices_read
+    values = lambda k, idx: window(k, idx, index=not alone)[0]  # noqa: E731
     out = pointwise(shape, dtype, values, x)
     ind = pointwise(shape, torch.int64, lambda k, idx: k.cast(window(k, idx)[1], torch.int32, torch.int64), x)
     return [out, ind]

@@ -120,14 +120,19 @@ def _reads(c: Computed, singles=None, known=None) -> set | None:
     return (cg.reads | set(cg.args)) - {c.name}
 
 
+def _spots(out, c) -> list:
+    """The kernels of `out` (at most EARLIER back, the latest first) that `c` fits."""
+    first = max(0, len(out) - EARLIER)
+    return [i for i in range(len(out) - 1, first - 1, -1)
+            if isinstance(out[i], KernelGroup) and _fits(out[i], c) is not None]
+
+
 def _join_earlier(out, made, current, c, singles=None, known=None) -> bool:
     """Put `c` into a kernel of `out` (at most EARLIER back) that runs after everything
     `c` reads is computed: the externs since then do not read `c` (they come before it in
     program order), so it may run before them.  Whether it joined.  `singles`, `known`:
     see `_reads`."""
-    first = max(0, len(out) - EARLIER)
-    spots = [i for i in range(len(out) - 1, first - 1, -1)
-             if isinstance(out[i], KernelGroup) and _fits(out[i], c) is not None]
+    spots = _spots(out, c)
     if not spots:
         return False
     reads = _reads(c, singles, known)
@@ -157,9 +162,7 @@ def _hoist(out, made, current, c, singles=None, known=None) -> bool:
     if not config.hoist_kernels or current is None or not isinstance(current, KernelGroup) \
             or any(getattr(m, "in_place", False) for m in current.members):
         return False
-    first = max(0, len(out) - EARLIER)
-    spots = [i for i in range(len(out) - 1, first - 1, -1)
-             if isinstance(out[i], KernelGroup) and _fits(out[i], c) is not None]
+    spots = _spots(out, c)
     if not spots:
         return False
     reads = _reads(c, singles, known)
