@@ -7,8 +7,8 @@ folder) and warm (the folder a previous process filled), for frametrace's on-dis
 
 Models (CPU): gpt2 (transformers' GPT2LMHeadModel, GPT2Config(n_layer=6), random weights,
 batch 2 x 64 tokens, the model's own loss, forward + backward; backend aot_eager),
-gpt2_1x32 (the same with 1 x 32 tokens: the compile cost where compute does not
-dominate the first call) and mlp (8 Linear+GELU
+gpt2_1x32 and gpt2_1x8 (the same with 1 x 32 and 1 x 8 tokens: the compile cost where
+compute does not dominate the first call) and mlp (8 Linear+GELU
 layers of width 512, batch 64, forward + backward; backend eager; mlp_aot: the same on
 aot_eager).  Each measurement is a
 process of its own: imports and the model are built first, untimed; the first call (forward,
@@ -200,7 +200,11 @@ def _gpt2_1x32():
     return _gpt2(1, 32)
 
 
-MODELS = {"gpt2": _gpt2, "gpt2_1x32": _gpt2_1x32, "mlp": _mlp, "mlp_aot": _mlp_aot, "llama": _llama, "effnet": _effnet}
+def _gpt2_1x8():
+    return _gpt2(1, 8)
+
+
+MODELS = {"gpt2": _gpt2, "gpt2_1x32": _gpt2_1x32, "gpt2_1x8": _gpt2_1x8, "mlp": _mlp, "mlp_aot": _mlp_aot, "llama": _llama, "effnet": _effnet}
 # Rows of the triton backend on CUDA (skipped without it; --smoke: the CPU, interpreted)
 CUDA_MODELS = ("llama", "effnet")
 
