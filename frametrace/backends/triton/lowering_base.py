@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from . import indexing
+from . import config, indexing
 from .ir import IRNode, Pointwise, Unsupported
 
 LOWERINGS: dict = {}
@@ -88,7 +88,6 @@ def _numel(shape):
 
 
 def pointwise(shape, dtype, fn, *inputs, alias=None):
-    from . import config
     out = _numel(shape) if config.broadcast_reads_cached else None
 
     def counted(x):

@@ -35,7 +35,7 @@ from torch._prims import rng_prims
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 import numpy as np
 
-from . import indexing, kernel_source
+from . import config, indexing, kernel_source
 from .indexing import flatten, pexpr
 from .ir import Buffer, Extern, Unsupported
 from .loader import launch, load_kernel
@@ -245,7 +245,6 @@ def _to_float(r):
 
 
 def _words4() -> bool:
-    from . import config
     return config.philox_four_words
 
 
