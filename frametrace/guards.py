@@ -1104,7 +1104,7 @@ def _word(c) -> bool:
 
 
 def _replace_whole(expr, text, repl) -> str:
-    """`expr` with each occurrence of `text` not preceded by a word character, a dot or
+    r"""`expr` with each occurrence of `text` not preceded by a word character, a dot or
     a quote, and not followed by a word character, replaced by `repl`: what
     re.sub(r"(?<![\w.'\"])" + re.escape(text) + r"(?!\w)", repl, expr) gives, without
     compiling a pattern for each text (a model's hundreds of guards: ~50 patterns, a few
