@@ -332,3 +332,54 @@ def test_dropout_training_mask_recomputed_matches():
     dropped = out.detach() == x
     assert torch.equal(y.grad == 0, dropped)
     torch.testing.assert_close(y.grad[~dropped], torch.full_like(y.grad[~dropped], 1 / 0.7))
+
+
+# -- strided loads only: two elements a thread (config.gather_blocks) ---------------------------
+
+def _first_config(k):
+    from frametrace.backends.triton.kernel_source import configs_for
+    return configs_for(k.group)[0]
+
+
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("shape", [(2, 3, 11, 9), (1, 4, 64, 64), (3, 1, 7, 130)])
+def test_pooling_taps_take_gather_blocks(monkeypatch, on, shape):
+    """A max pooling reads its taps at stride 2: no load is contiguous along x, so the
+    kernel takes 2 elements a thread (512 x 8 warps, capped at the extent) when the switch
+    is on; odd extents keep their masks either way (the values match eager)."""
+    switched(monkeypatch, "gather_blocks", on)
+    mod = triton_check(lambda x: F.max_pool2d(x, 3, 2, padding=1), _r(*shape), kernels=1)
+    (k,) = mod.kernels
+    assert bool(k.group.gather) is on
+    c = _first_config(k)
+    n = k.group.xnumel
+    assert (c.xblock, c.num_warps) == ((min(512, 1 << (n - 1).bit_length()), 8) if on else
+                                       (min(1024, 1 << (n - 1).bit_length()), 4)), c
+
+
+def test_a_contiguous_load_keeps_the_contiguous_blocks():
+    """A strided slice added to a contiguous tensor: one contiguous load, so not a gather;
+    a strided slice times a per-row scale (which abstains) is one, and a slice times a
+    column vector (contiguous along x) is not."""
+    x, y = _r(48, 64), _r(48, 32)
+    mod = triton_check(lambda x, y: x[:, ::2] + y, x, y, kernels=1)
+    assert mod.kernels[0].group.gather is False
+    mod = triton_check(lambda x, b: x[:, ::2] * b, x, _r(48, 1), kernels=1)
+    assert mod.kernels[0].group.gather is True
+    mod = triton_check(lambda x, b: x[:, ::2] * b, x, _r(32), kernels=1)
+    assert mod.kernels[0].group.gather is False
+
+
+def test_gather_blocks_on_specials_layouts_and_fusions():
+    """NaN/inf, channels-last and expanded inputs, bf16, and a pooling fused with the
+    pointwise work after it (generated through the scheduler's extended generations)."""
+    pool = lambda x: F.max_pool2d(x, 3, 2, padding=1)   # noqa: E731
+    x = _r(2, 3, 13, 11)
+    x[0, 0, 2, 2], x[0, 1], x[1, 2, 5, 5] = float("nan"), float("-inf"), float("inf")
+    triton_check(pool, x)
+    triton_check(pool, _r(2, 4, 9, 9).contiguous(memory_format=torch.channels_last), strides=True)
+    triton_check(pool, _r(1, 4, 9, 9).expand(3, 4, 9, 9))
+    triton_check(pool, _r(2, 4, 9, 9, dtype=torch.bfloat16), half_as_float=True)
+    mod = triton_check(lambda x, s: torch.relu(pool(x) * s + 1), _r(2, 3, 13, 11), _r(3, 1, 1), kernels=1)
+    assert mod.kernels[0].group.gather is True
+    triton_check_grads(lambda x: pool(x).sin(), _r(2, 3, 9, 7).requires_grad_())

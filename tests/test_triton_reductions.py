@@ -141,6 +141,49 @@ def test_channels_last_statistics_are_outer(dtype):
     assert_outer(mod.kernels[0])
 
 
+def masked_mean(h, m):
+    return (h * m[..., None]).sum(1) / m.sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(3, 37, 48), (2, 17, 130), (1, 5, 64)])
+def test_a_mask_broadcast_over_the_columns_does_not_outvote_them(dtype, shape):
+    """A masked mean over a middle dimension: the mask [B, L] is read at every column of
+    h [B, L, H] (contiguous along L) while h streams along H: the mask abstains, so the
+    kernel is outer (wide along H), with the mask's row of infs and NaNs and an empty row
+    giving eager's values."""
+    B, L, H = shape
+    h, m = make(shape, dtype), (torch.rand(B, L) < 0.7).to(dtype)
+    m[:, 0] = 1
+    h[0, 1, :3] = float("nan")
+    h[-1, -1, -2:] = float("inf")
+    if B > 1:
+        m[1] = 0      # an empty row: 0/0
+    mod = compiled_run(masked_mean, h, m, dtype=dtype)
+    big = [k for k in reductions(mod) if k.group.xnumel == B * H]
+    assert len(big) == 1 and len(mod.kernels) <= 2, mod.source
+    assert_outer(big[0])
+
+
+def test_mask_votes_again_with_the_switch_off(monkeypatch):
+    from frametrace.backends.triton import config
+    monkeypatch.setattr(config, "broadcast_reads_abstain", False)
+    h, m = make((3, 37, 48), torch.float32), (torch.rand(3, 37) < 0.7).float()
+    m[:, 0] = 1
+    mod = compiled_run(masked_mean, h, m)
+    big = [k for k in reductions(mod) if k.group.xnumel == 3 * 48]
+    assert len(big) == 1
+    assert_inner(big[0])   # a tie of one vote each: the inner layout, as before
+
+
+def test_a_transposed_full_size_read_still_votes():
+    """Two full-size reads, one contiguous along each axis: neither is broadcast, both vote
+    (the tie keeps the inner layout); values as eager."""
+    x, y = make((40, 64), torch.float32), make((64, 40), torch.float32)
+    mod = compiled_run(lambda x, y: (x + y.t()).sum(1), x, y, kernels=1)
+    assert_inner(mod.kernels[0])
+
+
 def test_inner_reductions_keep_their_blocks():
     mod = compiled_run(lambda x: x.sum(1), make((100, 70), torch.float32), kernels=1)
     k = mod.kernels[0]

@@ -181,11 +181,13 @@ decompose_vector_norm = True
 # call: counter c's number is word c % 4 of Philox at c // 4 (normal: the Box-Muller pair
 # of words holding it, cos then sin), and a 1-D kernel makes four lanes' numbers with one
 # call (as Inductor's rand4x), a quarter of the integer work that dropout is bound by on
-# the GPU.  False: one call per number, its first word (tl.rand's stream).  Off until the
-# GPU half of its proof has run (tests/test_triton_rng.py's CUDA fill-kernel test with it
-# on, and dropout timed on the H200): on the CPU, Triton's interpreter draws the same
-# numbers as the eager op on both paths, bit for bit (tests/test_triton_kernel_classes.py).
-philox_four_words = False
+# the GPU.  False: one call per number, its first word (tl.rand's stream).  Proven on
+# both sides: on the H200, tests/test_triton_rng.py's CUDA fill kernel draws the eager
+# op's numbers with it on and off, and dropout added to a residual (16384 x 4096 bf16)
+# takes 0.103 ms against 0.218 off and Inductor's 0.222; on the CPU, Triton's interpreter
+# draws the same numbers as the eager op on both paths, bit for bit
+# (tests/test_triton_kernel_classes.py).
+philox_four_words = True
 
 # A value that reads both the kernel being built and an earlier kernel whose iteration
 # space it shares moves the kernel being built before the earlier one (when that one
@@ -207,6 +209,21 @@ pool_max_alone = True
 # small ones come from cache.  False: every input counts as a full load (such values
 # are stored: one write and a read per reader instead of a read of the row).
 broadcast_reads_cached = True
+
+# Deciding whether a reduction is inner or outer (contiguity.py), a load that stays on the
+# same element at most steps of x or of r (a [batch, length] mask broadcast over the
+# hidden columns of a masked mean) has no vote, as loads indexed by one axis alone have
+# none: it is small and cached while the full-size loads stream.  False: it votes for the
+# axis it is contiguous along (the masked mean's tile then ran across the columns of its
+# [batch, length, hidden] input with a stride of `hidden`: 1.4x Inductor's time).
+broadcast_reads_abstain = True
+
+# A pointwise kernel none of whose full-size loads is contiguous along x (a pooling
+# window's taps, a strided slice) takes block sizes of two elements a thread
+# (autotune.gather_candidates) instead of eight: without vector loads, more elements a
+# thread only spread each warp's load over more memory (max pooling: 254 against 538 us).
+# False: the contiguous kernels' block sizes.
+gather_blocks = True
 
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`

@@ -39,8 +39,14 @@ def axis(index, xnumel, rnumel, hints) -> str | None:
         return None
     at = lambda x, r: fn(x, r, **names)  # noqa: E731
     pairs = list(zip(xs, rs[::-1]))
-    dx = sum(at(x + 1, r) - at(x, r) == 1 for x, r in pairs)
-    dr = sum(at(x, r + 1) - at(x, r) == 1 for x, r in pairs)
+    steps = [(at(x + 1, r) - at(x, r), at(x, r + 1) - at(x, r)) for x, r in pairs]
+    if config.broadcast_reads_abstain and any(2 * sum(s[i] == 0 for s in steps) > len(pairs) for i in (0, 1)):
+        # the same element at most steps along one axis (a per-row mask broadcast over a
+        # middle dimension's columns): read once and cached while the other axis's full-size
+        # reads stream, as the per-row operands above; it must not outvote them
+        return None
+    dx = sum(sx == 1 for sx, _ in steps)
+    dr = sum(sr == 1 for _, sr in steps)
     if 2 * dr > len(pairs) and dr >= dx:
         return "r"
     return "x" if 2 * dx > len(pairs) else None
@@ -65,3 +71,32 @@ def is_outer(cg) -> bool:
     # stored by its bias gradient's kernel: outer)
     votes["x" if getattr(cg.group, "columns", False) else "r"] += sum(cg.own_flat(c) is not XINDEX for c in cg.stores)
     return votes["x"] > votes["r"]
+
+
+def gathers_only(cg) -> bool:
+    """Whether the pointwise kernel `cg` generated reads full-size data and none of it
+    contiguously along x: every load steps by another stride (a pooling window's taps, a
+    strided slice).  Its threads then gain nothing from holding several
+    neighbouring elements (no vector loads), and fewer per thread measure faster
+    (autotune.gather_candidates).  Loads on the same element at most steps (a bias, a
+    per-row scale) have no vote."""
+    hints = cg.ctx.hints
+    names = {s.name: v for s, v in hints.items()}
+    n = indexing.hint(cg.xnumel, hints)
+    points = _points(n)
+    strided = 0
+    for index in cg.load_indices:
+        free = getattr(index, "free_symbols", set())
+        if XINDEX not in free:
+            continue
+        if any(s.name not in names for s in free - {XINDEX}):
+            continue   # indirect (an embedding's rows): mostly contiguous in practice; unmeasured
+        fn = eval(f"lambda xindex, {', '.join(names)}: {pexpr(index)}" if names else
+                  f"lambda xindex: {pexpr(index)}")
+        steps = [fn(x + 1, **names) - fn(x, **names) for x in points]
+        if 2 * sum(d == 0 for d in steps) > len(steps):
+            continue
+        if 2 * sum(d == 1 for d in steps) > len(steps):
+            return False
+        strided += 1
+    return strided > 0

