@@ -316,7 +316,7 @@ def test_remembered_launches_match_eager_over_sizes_and_alignments(monkeypatch, 
 
 
 @cuda
-@pytest.mark.parametrize("after", [2, 0])
+@pytest.mark.parametrize("after", [2, 1, 0])
 def test_recurring_sizes_run_a_fast_wrapper_of_their_own(monkeypatch, after):
     """Symbolic sizes (compiled_module.Sized): sizes called `sized_fast_after` times get
     a fast wrapper with their grids and kernels as literals; later calls with those sizes
@@ -351,10 +351,13 @@ def test_recurring_sizes_run_a_fast_wrapper_of_their_own(monkeypatch, after):
         assert all(launched) and mod.fast is None
         return
     assert isinstance(mod.fast, compiled_module.Sized)
-    # 5 and 16: general twice each, then fast; 33: once; 17: twice, then fast; the last
-    # call's input is off the alignment 16's wrapper was made for: general
-    assert launched == [True, True, True, True, False, False, True, False, True, True, False, True], launched
-    assert len(mod.fast.fast) == 3 and all(any(n in k for k in mod.fast.fast) for n in (5, 16, 17)), \
+    # after 2: 5 and 16 general twice each, then fast; 33 once; 17 twice, then fast;
+    # after 1: each size general once.  The last call's input is off the alignment 16's
+    # wrapper was made for: general
+    assert launched == ([True, True, True, True, False, False, True, False, True, True, False, True] if after == 2
+                        else [True, True, False, False, False, False, True, False, True, False, False, True]), launched
+    sizes = (5, 16, 17) if after == 2 else (5, 16, 17, 33)
+    assert len(mod.fast.fast) == len(sizes) and all(any(n in k for k in mod.fast.fast) for n in sizes), \
         mod.fast.fast.keys()
     # one function for every set of sizes, each set a table of kernels and grids
     assert len(mod.fast.shared) == 1
@@ -404,6 +407,7 @@ def test_recurring_sizes_replay_a_cuda_graph_each(monkeypatch):
     runners = [r for r in mod.fast.fast.values() if isinstance(r, cudagraphs.CudaGraphRunner)]
     assert len(runners) == 3, mod.fast.fast
     assert all(r.decision != "not yet measured" for r in runners[:2]), [r.decision for r in runners]
+    assert all(r.capture_at == max(4, config.sized_capture_at) for r in runners)
     if any(r.graph is not None for r in runners):
         assert mod.fast.pool is not None
 

@@ -176,6 +176,7 @@ class Sized:
                 self.pool = torch.cuda.graph_pool_handle()
             run = CudaGraphRunner(run, len(mod.kernels) + len(mod.externs), self.pool)
             run.calls = 1   # (its first call, the one that made it, ran already)
+            run.capture_at = max(4, mod.settings.get("sized_capture_at", config.sized_capture_at))
         self.fast[sizes], self.sources[sizes] = run, source
 
     def _shared(self, inputs):

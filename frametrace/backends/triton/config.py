@@ -36,14 +36,25 @@ memo_launches = True
 # sequence lengths, a second `generate()`'s lengths); later calls with those sizes run it
 # after one dict lookup on the sizes (one generated function serves every set whose
 # kernels take the same argument types, each set a table of kernels and grids).  Sizes
-# seen fewer times (a growing KV length within one `generate()`) launch through the memo
-# above: a set seen once would pay for its table and never use it.  0: never (every call
-# of a symbolic graph runs the general wrapper).  Graphs with sizes the data decides (nonzero) never get them: those sizes are
-# known only midway through a call.
-sized_fast_after = 2
+# seen fewer times launch through the memo above.  1 (the default): right after a set's
+# first call, which costs a table (a tuple per kernel, no compile) for sizes that never
+# recur, and saves a second call through the general wrapper for those that do (on the
+# H200, LLaMA decoding at batch 1 ran 1.36 ms a token with 1 against 3.35 with 2; a
+# BERT length's second call took 4.8 ms through the general wrapper against 2.9 through
+# its fast one).  0: never (every call of a symbolic graph runs the general wrapper).
+# Graphs with sizes the data decides (nonzero) never get them: those sizes are known
+# only midway through a call.
+sized_fast_after = 1
 # At most this many sets of sizes keep a fast wrapper per graph (the oldest made is
 # dropped first).
 sized_fast_limit = 64
+# An inference graph's set of sizes captures its CUDA graph (cudagraphs.py) at its fast
+# wrapper's call of this number (the set's own call of this number with sized_fast_after
+# 1; at least the 4th, after two timed calls), not before: a capture costs
+# about three direct calls (BERT, 12 lengths: 10 ms against 3), which a replay (1 ms
+# against 3) earns back only over the calls after it, so a size pays for it once it has
+# recurred that often (the ski-rental rule: rent until the rent paid equals the price).
+sized_capture_at = 5
 
 # torch.utils.checkpoint over random ops (dropout) on CUDA tensors compiles in the graph,
 # its recompute restoring the CUDA generator's state around the Philox key it draws.

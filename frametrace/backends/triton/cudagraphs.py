@@ -40,7 +40,7 @@ HOST_SATURATED = 0.8
 
 class CudaGraphRunner:
     __slots__ = ("call", "calls", "last_ptrs", "graph", "static", "stable", "outputs", "misses",
-                 "launches", "host_us", "gpu_us", "decision", "pool", "ints")
+                 "launches", "host_us", "gpu_us", "decision", "pool", "ints", "capture_at")
 
     def __init__(self, call, launches=1, pool=None):
         self.call, self.calls, self.last_ptrs = call, 0, None
@@ -51,6 +51,7 @@ class CudaGraphRunner:
         # the direct call's best wall time (`gpu_us`, synchronized) and host time, in us
         self.host_us = self.gpu_us = None
         self.decision = "not yet measured"
+        self.capture_at = 4     # the call that captures (after the timed 2nd and 3rd)
 
     @property
     def launch_us(self):
@@ -110,15 +111,16 @@ class CudaGraphRunner:
     def _warm(self, args):
         """The first call runs directly (it tunes and compiles), the second and third are
         timed (the best of two: the second still pays for building the fast launcher),
-        the fourth captures, times a replay against the direct call and keeps the faster."""
+        the `capture_at`-th (the fourth, unless set later) captures, times a replay against
+        the direct call and keeps the faster; calls between run directly."""
         if self.calls < 0:  # replaying was given up
             return self.call(args)
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         self.calls += 1
-        if self.calls < 4 or not all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args):
+        if self.calls < self.capture_at or not all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args):
             self.last_ptrs = ptrs
             if self.calls == 1 or self.calls >= 4:
-                return self.call(args)
+                return self.call(args)  # (4 and later, before capture_at: timed enough)
             out, wall, host = self._timed(self.call, args)
             self._note(wall, host)
             return out
