@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from . import config, indexing
-from .ir import Computed, Reduction
+from .ir import Computed, Pointwise, Reduction
 from .kernel_source import KernelCodegen, KernelGroup
 from .lowering_base import compute_dtype
 
@@ -36,6 +36,8 @@ def row_dims(L, x, dims, r: Reduction) -> int:
     among what `r`'s kernel reads."""
     if not config.row_partials or r.rtype not in KINDS or L.ctx.hints:
         return 0
+    if not isinstance(x, Pointwise) or x.realized is not None:
+        return 0  # (memory, or a value stored by its own kernel: it reads no reduction here)
     shape = list(x.shape)
     n = len(shape)
     if n < 2 or not all(indexing.is_static(s) for s in shape):
