@@ -167,3 +167,28 @@ def test_plain_full_sum_unchanged(rows):
     """A full sum that reads no row statistics stays one flat reduction (one kernel)."""
     mod = triton_check(lambda x: x.exp().sum(), _r(6, 37, scale=1.0), atol=1e-4, rtol=1e-4)
     assert len(mod.kernels) == 1, mod.source
+
+
+def test_kl_long_rows_default_blocks():
+    """Rows longer than config.persistent_rblock_max with the default block sizes (an odd
+    length: the last block masked): the row kernel loops three times, then the partials."""
+    n = config.persistent_rblock_max + 27
+    a, b = _r(2, n, dtype=torch.bfloat16), _r(2, n, dtype=torch.bfloat16)
+    mod = triton_check(kl("batchmean"), a, b, atol=2e-2, rtol=2e-2, half_as_float=True)
+    assert_fused(mod, "looped", n, loops=3)
+
+
+def test_kl_few_rows_split_max(monkeypatch):
+    """Few long rows (the CPU's 64 x 32000 case, scaled down): each row max is split into
+    chunks (splits.py) and the log-sum-exp recomputes it online, so the row kernel reads
+    the split max; the batchmean sum still joins the row kernel (4 kernels: the chunks'
+    maxes, their max, the rows, the partials)."""
+    from frametrace.backends.triton import autotune
+    short_loops(monkeypatch)
+    monkeypatch.setattr(autotune, "SPLIT_MIN_WORK", 1)
+    monkeypatch.setattr(autotune, "SPLIT_MIN_CHUNK", {False: 16, True: 16})
+    mod = triton_check(kl("batchmean"), _r(4, 200), _r(4, 200), atol=1e-5, rtol=1e-4)
+    assert len(mod.kernels) == 4, mod.source
+    (row,) = [k for k in reading(mod, 0) if "// 200" not in k.source and passes(k) == 3]
+    assert all("// 200" not in k.source for k in mod.kernels), mod.source
+    assert len(reading(mod, 0)) == len(reading(mod, 1)) == 2, mod.source
