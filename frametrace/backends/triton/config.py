@@ -213,9 +213,9 @@ broadcast_reads_cached = True
 # same rows (the log_softmax's max and log-sum-exp) reduces each row first, in a further
 # loop over the row of the kernel that computes those values (the row still in cache,
 # each per-row expression of them computed once a row), then the rows' partials in a
-# small kernel (row_partials.py).  False: it is reduced as one flat reduction, split
-# into chunks, in a kernel of its own that reads the inputs again and each element's row
-# values through `index // row length`.
+# small kernel (row_partials.py; graphs of static sizes).  False: it is reduced as one
+# flat reduction, split into chunks, in a kernel of its own that reads the inputs again
+# and each element's row values through `index // row length`.
 row_partials = True
 
 # torch.compile's `mode=` names, as settings of this backend:
