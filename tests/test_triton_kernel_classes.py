@@ -159,9 +159,11 @@ def kl(a, b):
 def test_kl_of_log_softmaxes_not_stored(monkeypatch, on, looped):
     """The target's log_softmax, read twice by kl_div (exp(t) and t - input), is computed
     again from the row and its two statistics where it is read, not stored (switch on);
-    off, it was stored in full and read back."""
+    off, it was stored in full and read back.  (Row partials off: with them the kernel
+    that reads it is the one that reduces its rows, test_triton_row_partials.py.)"""
     if looped:
         short_loops(monkeypatch)
+    switched(monkeypatch, "row_partials", False)
     switched(monkeypatch, "broadcast_reads_cached", on)
     mod = triton_check(kl, _r(6, 50, scale=3), _r(6, 50, scale=3), atol=1e-5, rtol=1e-4)
     full = [s for s in allocations(mod) if s == (6, 50)]

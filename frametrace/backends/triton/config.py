@@ -236,6 +236,16 @@ broadcast_reads_abstain = True
 # False: the contiguous kernels' block sizes.
 gather_blocks = True
 
+# A sum, max or min over rows and more (a full sum, a batchmean loss: the KL divergence
+# of two log_softmaxes) whose summand reads per-row values of a row reduction over the
+# same rows (the log_softmax's max and log-sum-exp) reduces each row first, in a further
+# loop over the row of the kernel that computes those values (the row still in cache,
+# each per-row expression of them computed once a row), then the rows' partials in a
+# small kernel (row_partials.py; graphs of static sizes).  False: it is reduced as one
+# flat reduction, split into chunks, in a kernel of its own that reads the inputs again
+# and each element's row values through `index // row length`.
+row_partials = True
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {

@@ -14,7 +14,7 @@ import operator
 import sympy
 import torch
 
-from . import autotune, config, indexing, layout, logsumexp, splits
+from . import autotune, config, indexing, layout, logsumexp, row_partials, splits
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, pointwise,  # noqa: F401
@@ -833,8 +833,15 @@ def _dims(x, dims):
 
 def reduction(L, x, dims, keepdim, rtype, dtype, src_dtype=None, value=None):
     """A realized Reduction of `x` (or of `value(k, xindex)`, an index into x's shape),
-    split in two when it has too few outputs for its length (splits.py)."""
+    split in two when it has too few outputs for its length (splits.py), or reduced per
+    row first when it reads a row reduction's per-row values (row_partials.py)."""
     r = reduction_node(x, dims, keepdim, rtype, dtype, src_dtype, value)
+    k = row_partials.row_dims(L, x, _dims(x, dims), r)
+    if k:
+        lead = len(x.shape) - k
+        part = L.computed(reduction_node(x, list(range(lead, len(x.shape))), False, rtype,
+                                         row_partials.partial_dtype(r), r.src_dtype, value))
+        r = row_partials.over_rows(r, part, x.shape[:lead], _dims(x, dims), keepdim)
     s = splits.count(L, r)
     return splits.split(L, r, s) if s > 1 else L.computed(r)
 
