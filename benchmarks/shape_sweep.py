@@ -7,7 +7,7 @@ torch.compile (Inductor), each in a process of its own.
 The model: transformers' BertModel from a config (6 layers, hidden 768, 12 heads,
 intermediate 3072, random weights), bf16, eval, on CUDA, batch 16, an attention mask with
 one padded row.  12 sequence lengths (32 to 512, not all multiples of 16), each called 4
-times in a shuffled order; the first round of all 12 lengths is the warm-up (compiles:
+times (`--rounds`) in a shuffled order; the first round of all 12 lengths is the warm-up (compiles:
 static at first, then one graph with a symbolic length, for both compilers), the rest is
 timed per call (`last round`: the mean of the last round's calls alone).  The row: the whole program's seconds (compiles included), the mean per
 call after warm-up, graphs compiled in all and after the warm-up, and the largest
@@ -32,7 +32,7 @@ VARIANTS = ("eager", "ft", "tc")   # also ft_general: frametrace without sized f
 LENGTHS = (32, 48, 64, 80, 100, 128, 160, 200, 256, 320, 400, 512)
 
 
-def one(variant, smoke, profile=False):
+def one(variant, smoke, profile=False, rounds=4):
     import transformers
     device = torch.device("cpu" if smoke else "cuda")
     torch.manual_seed(0)
@@ -60,7 +60,7 @@ def one(variant, smoke, profile=False):
         fwd = torch.compile(model)
     order = []
     rng = random.Random(4)
-    for _ in range(4):
+    for _ in range(rounds):
         r = list(lengths)
         rng.shuffle(r)
         order.append(r)
@@ -133,16 +133,19 @@ def main(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--profile", action="store_true", help="a profile of one call at two lengths, to stderr")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="rounds over the 12 lengths, the first the warm-up (a server's steady state: more)")
     p.add_argument("--md")
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.one:
-        print("RESULT " + json.dumps(one(a.one, a.smoke, a.profile)))
+        print("RESULT " + json.dumps(one(a.one, a.smoke, a.profile, a.rounds)))
         return
     rows = {}
     for v in a.variants.split(","):
-        argv = ["--one", v] + (["--smoke"] if a.smoke else []) + (["--profile"] if a.profile else [])
+        argv = ["--one", v, "--rounds", str(a.rounds)] + (["--smoke"] if a.smoke else []) + \
+            (["--profile"] if a.profile else [])
         rows[v] = run_child(__file__, argv, a.timeout, stderr_tail=12000 if a.profile else 0)
         r = rows[v]
         print(f"{v}: " + (json.dumps({k: x for k, x in r.items() if k != "numbers"}) if "error" not in r

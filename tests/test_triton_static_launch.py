@@ -443,6 +443,7 @@ def test_sized_dispatch_counts_builds_and_bounds(monkeypatch, tables):
     `sized_fast_limit` sets are kept (the oldest made goes), and the count of sizes seen
     once is bounded."""
     monkeypatch.setattr(config, "sized_fast_limit", 2)
+    monkeypatch.setattr(config, "sized_fast_after", 2)
     mod, calls, made = _stand_in_module(monkeypatch, tables=tables)
     t = lambda n: torch.zeros(n)  # noqa: E731
     run = compiled_module.Sized.make(mod, [t(3)])
@@ -464,6 +465,20 @@ def test_sized_dispatch_counts_builds_and_bounds(monkeypatch, tables):
     for n in range(100, 100 + 16 * 2 + 1):   # sizes seen once: the count is bounded
         run([t(n)])
     assert len(run.seen) <= 16 * 2
+
+
+def test_sized_dispatch_from_the_first_call(monkeypatch):
+    """`sized_fast_after = 1` (the default): the call that makes the dispatcher, and each
+    new set's first call, run the general wrapper and make the set's fast wrapper; every
+    later call of the set runs it; nothing stays counted as seen."""
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    mod, calls, _ = _stand_in_module(monkeypatch)
+    t = lambda n: torch.zeros(n)  # noqa: E731
+    run = compiled_module.Sized.make(mod, [t(3)])
+    assert set(run.fast) == {(3,)} and not run.seen
+    assert run([t(3)])[0] == "fast" and calls == []
+    assert run([t(5)])[0] == "call" and calls == [5] and set(run.fast) == {(3,), (5,)}
+    assert run([t(5)])[0] == "fast" and calls == [5] and not run.seen
 
 
 def test_sized_dispatch_without_a_fast_source_runs_the_general_wrapper(monkeypatch):

@@ -129,9 +129,10 @@ class Sized:
                  for src in L.symbol_sources.values()]
         key = eval(f"lambda args: ({', '.join(exprs)},)")   # (the names are the graph's own)
         self = Sized(mod, key, after, mod.settings.get("sized_fast_limit", config.sized_fast_limit))
-        self.seen[key(inputs)] = 1
         if after <= 1:
             self._build(key(inputs), inputs)
+        else:
+            self.seen[key(inputs)] = 1
         return self
 
     def __call__(self, args):

@@ -701,22 +701,21 @@ class KernelCodegen:
 
     def generate(self) -> tuple[str, str]:
         """(kernel name, source).  A reduction's first generation also finds whether it is
-        an outer one; if so it is generated again with outer block sizes."""
+        an outer one, a pointwise kernel's whether its loads are all strided; if so it is
+        generated again with outer (gather) block sizes."""
         with self.ctx.active():  # (a blamed kernel is generated again after its compile)
             if self.group.reduction and self.group.outer is None:
-                self.group.outer = False
-                out = self._generate()
-                if not contiguity.is_outer(self):
-                    return out
-                self.group.outer = True
-                self._start()
+                attr, test = "outer", contiguity.is_outer
             elif self._gather_unknown():
-                self.group.gather = False
-                out = self._generate()
-                if not contiguity.gathers_only(self):
-                    return out
-                self.group.gather = True
-                self._start()
+                attr, test = "gather", contiguity.gathers_only
+            else:
+                return self._generate()
+            setattr(self.group, attr, False)
+            out = self._generate()
+            if not test(self):
+                return out
+            setattr(self.group, attr, True)
+            self._start()
             return self._generate()
 
     def _gather_unknown(self) -> bool:
