@@ -533,7 +533,7 @@ def _as_strided(L, node, x, size, stride, storage_offset=None):
         raise Unsupported("as_strided of an input (its storage offset is the caller's)")
     # as_strided reads memory: the value must be stored as eager stores it
     val = _meta_arg(node.args[0])
-    eager = tuple(val.stride()) if isinstance(val, torch.Tensor) else None
+    eager = layout.static_strides(val) if isinstance(val, torch.Tensor) else None
     if eager is None or not layout.dense(x.shape, eager):
         raise Unsupported("as_strided of a value eager stores sparsely")
     if isinstance(x, Pointwise) and x.alias is not None and x.realized is None:
