@@ -221,6 +221,17 @@ def test_index_out_of_range_raises_as_eager():
     assert counter.frame_count == 2
 
 
+def test_an_aten_calls_index_error_on_the_first_call_leaves_the_graph_compiled(monkeypatch):
+    """scatter_add (an aten call in the wrapper) raising eager's error for an index out of
+    range on the graph's first call: the error is the program's, and later calls run the
+    graph's kernels (it ran eagerly for good: a slow path after one bad input).  Not
+    strict: strict mode raises where the backend would give up, which hid it."""
+    monkeypatch.delenv("FRAMETRACE_TRITON_STRICT")
+    sweep(lambda x, i, s: x.scatter_add(0, i, s) * 2,
+          lambda n: (torch.zeros(n, 3), torch.full((2, 3), n if n in (5, 16) else n - 1), torch.randn(2, 3)),
+          sizes=(5, 6, 16, 17, 33), max_frames=2)
+
+
 # -- regressions --------------------------------------------------------------------------------
 def test_kernel_taking_an_unbacked_size_runs_after_the_extern_that_binds_it(monkeypatch):
     """x[mask].numel() (u1) added to x[mask].sum(): the add fused into the sum's kernel,
