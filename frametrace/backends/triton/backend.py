@@ -268,6 +268,14 @@ def _compile(gm, example_inputs, kind):
                     raise  # running the graph again would read the input it wrote
                 trial = None
                 blamed = _blame_launch(mod, e, aten_nodes)
+                if blamed is None and _frame_self(e, Launcher) is None:
+                    # raised by an aten call or the wrapper, not a kernel: where the graph
+                    # run eagerly raises too, the program's error (scatter_add's index out
+                    # of range): raised, and the next call runs the kernels again instead
+                    # of the graph running eagerly for good
+                    out = again(make_boxed_func(gm.forward))
+                    run.target = _give_up(gm, e)
+                    return out
                 if blamed is None:
                     run.target = _give_up(gm, e)
                     return again(run.target)

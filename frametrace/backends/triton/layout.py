@@ -60,6 +60,17 @@ def _static(shape) -> bool:
     return all(indexing.is_static(n) for n in shape)
 
 
+def static_strides(t) -> tuple | None:
+    """A traced tensor's strides as ints, or None where one is symbolic.  A SymInt whose
+    expression is a constant (a graph AOTAutograd traced with symbolic sizes that
+    specialized them: a training forward's outputs) counts as its int."""
+    try:
+        stride = tuple(indexing.sym(n) for n in t.stride())
+    except ValueError:
+        return None
+    return tuple(int(n) for n in stride) if _static(stride) else None
+
+
 def dense(shape, stride) -> bool:
     """Whether `stride` lays `shape` out densely (a permutation of a contiguous layout)."""
     dims = sorted((i for i, n in enumerate(shape) if n != 1), key=lambda i: stride[i])

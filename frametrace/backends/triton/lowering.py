@@ -252,8 +252,8 @@ class GraphLowering(Placement):
         caller may rely on them (`is_contiguous(memory_format=...)`)."""
         stride = None
         if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == tuple(value.shape):
-            stride = tuple(val.stride())
-            if not layout.dense(value.shape, stride):
+            stride = layout.static_strides(val)
+            if stride is not None and not layout.dense(value.shape, stride):
                 stride = None
         b = self.realize(value, stride=stride)
         if stride is None or layout.same(b.shape, b.stride, stride) or \
@@ -270,9 +270,9 @@ class GraphLowering(Placement):
     def _asked_layout(self, value, val):
         """A copy to a memory format (`contiguous()`, `.to(memory_format=...)`) is stored
         in it: the code after it may view it as that layout."""
-        if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == value.shape \
-                and layout.dense(value.shape, val.stride()):
-            value.stride = tuple(val.stride())
+        stride = layout.static_strides(val) if isinstance(val, torch.Tensor) and not self.hints else None
+        if stride is not None and tuple(val.shape) == value.shape and layout.dense(value.shape, stride):
+            value.stride = stride
 
     def _lower(self, node, args, kwargs):
         """(IR value, None), or (None, why the node stays an aten call: None when it has no

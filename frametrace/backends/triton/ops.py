@@ -71,10 +71,16 @@ def _ew(ops, template, compute=None):
     register(*ops)(elementwise(template, compute))
 
 
+def _number(v) -> str:
+    """A Python number as kernel source (inf and nan as `float("inf")`: a bare `inf`
+    is a NameError)."""
+    return f'float("{v}")' if isinstance(v, float) and not math.isfinite(v) else repr(v)
+
+
 def _with_alpha(sign):
     def make(kwargs):
         alpha = kwargs.get("alpha", 1)
-        rhs = "{1}" if alpha == 1 else f"({{1}} * {alpha!r})"
+        rhs = "{1}" if alpha == 1 else f"({{1}} * {_number(alpha)})"
         return "{0} " + sign + " " + rhs
     make.takes_kwargs = True
     return make
@@ -533,7 +539,7 @@ def _as_strided(L, node, x, size, stride, storage_offset=None):
         raise Unsupported("as_strided of an input (its storage offset is the caller's)")
     # as_strided reads memory: the value must be stored as eager stores it
     val = _meta_arg(node.args[0])
-    eager = tuple(val.stride()) if isinstance(val, torch.Tensor) else None
+    eager = layout.static_strides(val) if isinstance(val, torch.Tensor) else None
     if eager is None or not layout.dense(x.shape, eager):
         raise Unsupported("as_strided of a value eager stores sparsely")
     if isinstance(x, Pointwise) and x.alias is not None and x.realized is None:
@@ -887,7 +893,8 @@ def _scale(L, node, r, factor):
         n = factor[1]
         return pointwise(shape, dtype, lambda k, idx: k.op(
             f"{r.load(k, idx)} / {operand(k, n, idx, torch.float32)}"), r)
-    return pointwise(shape, dtype, lambda k, idx: k.op(f"{r.load(k, idx)} * {factor!r}"), r)
+    # (k.literal: a factor of inf, a variance over one element, is `float("inf")`)
+    return pointwise(shape, dtype, lambda k, idx: k.op(f"{r.load(k, idx)} * {k.literal(factor, torch.float32)}"), r)
 
 
 def _inverse(n):
@@ -933,7 +940,11 @@ def _var(L, node, x, dims, correction, keepdim):
 def _var_factors(n, correction):
     """The factors turning a centred sum of squares into the variance, a sum into the mean."""
     if is_symbolic(n):
-        denom = n - (1 if correction is None else correction)  # 0: x / 0, as torch
+        c = 1 if correction is None else correction
+        if c != int(c):
+            raise Unsupported(f"a correction of {c} with a symbolic element count")
+        # (int: aten.var.correction's Scalar is a float 1.0, and s0 - 1.0 is no index)
+        denom = n - int(c)  # 0: x / 0, as torch
         return ("div", denom), ("div", n)
     denom = max(n - (1 if correction is None else correction), 0)
     return (1.0 / denom if denom else float("inf")), 1.0 / n

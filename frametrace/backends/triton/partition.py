@@ -89,9 +89,9 @@ def _nbytes(node) -> float:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         n = val.numel()
-        try:
-            n = int(n)
-        except Exception:   # symbolic: its hint
+        if not isinstance(n, int):
+            # symbolic: its hint (int() of a SymInt guards on its value: the whole graph
+            # would be specialized to this call's sizes, and recompiled for each later one)
             n = int(getattr(getattr(n, "node", None), "hint", None) or 4096)
         return n * val.dtype.itemsize
     if isinstance(val, (torch.SymInt, int)):

@@ -117,7 +117,14 @@ def _reads(c: Computed, singles=None, known=None) -> set | None:
         return None
     if singles is not None:
         singles[c] = g
-    return (cg.reads | set(cg.args)) - {c.name}
+    return _needs(cg) - {c.name}
+
+
+def _needs(cg) -> set:
+    """What a generated kernel needs before it can launch: the values it loads and the
+    shape symbols it takes (a size the data decides is known once the extern that makes
+    it has run: `_made` notes its symbol as that extern's)."""
+    return cg.reads | set(cg.args) | set(cg.symbols)
 
 
 def _spots(out, c) -> list:
@@ -173,7 +180,7 @@ def _hoist(out, made, current, c, singles=None, known=None) -> bool:
     except Exception:
         return False
     names = {m.name for m in current.members}
-    cur_reads = (cg.reads | set(cg.args)) - names
+    cur_reads = _needs(cg) - names
     write = made.get(_WRITE, -1)
     cur_ready = max([made[n] for n in cur_reads if n in made] + [write])
     ready = max([made[n] for n in reads - names if n in made] + [write])
@@ -206,6 +213,7 @@ def _made(made, item, i):
         made[_WRITE] = i
     if isinstance(item, Extern):
         made[item.name] = i
+        made.update((s.name, i) for s in item.binds)   # (sizes its result decides)
         stack = [item.outputs]
         while stack:
             o = stack.pop()
