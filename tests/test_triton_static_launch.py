@@ -292,6 +292,7 @@ def test_remembered_launches_match_eager_over_sizes_and_alignments(monkeypatch, 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(config, "cudagraphs", False)
     monkeypatch.setattr(config, "memo_launches", memo)
+    monkeypatch.setattr(config, "sized_fast_after", 0)     # (every call through the Launchers)
     jit = []
     real = wrapper.launch_static
     monkeypatch.setattr(wrapper, "launch_static", lambda *a: jit.append(1) or real(*a))
