@@ -221,6 +221,28 @@ def test_index_out_of_range_raises_as_eager():
     assert counter.frame_count == 2
 
 
+@pytest.mark.parametrize("op", ["index", "gather"])
+def test_index_errors_of_a_symbolic_size_name_no_symbol(op, caplog):
+    """The kernel check's message in a graph with symbolic sizes (logged when the frame
+    reruns in CPython, which raises eager's own error): the dimension, and no shape symbol
+    (`s93`) standing where eager prints the size."""
+    import re
+    fn = (lambda x, i: x[i] * 2) if op == "index" else (lambda x, i: torch.gather(x, 0, i) * 2)
+    compiled = frametrace.optimize(backend="triton")(fn)
+    for n in (5, 16, 17):
+        x, i = _rows(n, 3), torch.ones(2, 3, dtype=torch.long)
+        torch.testing.assert_close(compiled(x, i), fn(x, i))
+    assert any(m.symbolic for m in backend.COMPILED)
+    x, i = _rows(9, 3), torch.full((2, 3), 40)
+    with pytest.raises((IndexError, RuntimeError)) as got:
+        fn(x, i)
+    want = got.type
+    with caplog.at_level(logging.INFO, logger="frametrace"), pytest.raises(want):
+        compiled(x, i)
+    said = [r.getMessage() for r in caplog.records if "out of bounds" in r.getMessage()]
+    assert said and all("dimension 0" in m and not re.search(r"\bs\d+\b", m) for m in said), said
+
+
 def test_an_aten_calls_index_error_on_the_first_call_leaves_the_graph_compiled(monkeypatch):
     """scatter_add (an aten call in the wrapper) raising eager's error for an index out of
     range on the graph's first call: the error is the program's, and later calls run the
@@ -343,3 +365,16 @@ def test_strides_of_a_size_specialized_while_traced_read_as_ints():
     int(x.shape[1])     # (a guard: the size is 16 from now on)
     assert isinstance(x.stride()[0], torch.SymInt)
     assert layout.static_strides(x) == (16, 1)
+
+
+def test_launchers_keep_a_bounded_number_of_extents(monkeypatch):
+    """Launcher.tuned (grid and block sizes per actual extents) is cleared at
+    wrapper.TUNED_LIMIT entries; calls after it still match eager (the bucket's choice,
+    kept in `picked`, is reused)."""
+    from frametrace.backends.triton import wrapper
+    monkeypatch.setattr(wrapper, "TUNED_LIMIT", 3)
+    sweep(lambda x: torch.softmax(x * 2, -1) + x.sum(0), lambda n: (_rows(n, 6),),
+          sizes=(2, 3, 4, 5, 6, 7, 9, 3, 12))
+    launchers = [m.namespace[n] for m in backend.COMPILED if m.symbolic for n in m.wrapper.launchers]
+    assert launchers and all(len(L.tuned) <= 3 for L in launchers)
+    assert any(L.picked for L in launchers)

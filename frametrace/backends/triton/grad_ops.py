@@ -12,7 +12,7 @@ import torch
 
 from . import config, indexing
 from .ir import IRNode, Unsupported
-from .lowering_base import bcast, operand, pointwise, register, slice_bounds, val_of
+from .lowering_base import bcast, operand, out_of_bounds, pointwise, register, slice_bounds, val_of
 
 aten = torch.ops.aten
 
@@ -43,7 +43,7 @@ def _scatter(L, node, x, dim, index, src):
         target = k.cast(index.load(k, sub), index.dtype, torch.int64)
         if config.check_indices:  # (eager's scatter takes no negative index)
             k.check(f"({target} >= 0) & ({target} < {indexing.pexpr(sympy.sympify(shape[dim]))})",
-                    f"RuntimeError: index out of bounds for dimension {dim} with size {shape[dim]}")
+                    out_of_bounds("RuntimeError", dim, shape[dim]))
         hit = k.op(f"({k.index(idx[dim])} == {target})")
         return k.op(f"tl.where({hit}, {value(k, sub)}, {operand(k, x, idx, dtype)})")
     return pointwise(shape, dtype, fn, x, index, src)

@@ -50,6 +50,13 @@ def is_symbolic(v) -> bool:
     return isinstance(v, sympy.Basic) and not v.is_number
 
 
+def out_of_bounds(exc, dim, size) -> str:
+    """An index check's message, as eager words it; a symbolic size is left out (the
+    message is written when the kernel is, and would name the symbol, not the size)."""
+    at = "" if is_symbolic(size) else f" with size {size}"
+    return f"{exc}: index out of bounds for dimension {dim}{at}"
+
+
 def reads_of(x) -> int:
     if isinstance(x, Pointwise):
         return 1 if x.realized is not None else x.reads

@@ -17,7 +17,7 @@ import torch
 from . import autotune, config, indexing, layout, logsumexp, row_partials, splits
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
-from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, pointwise,  # noqa: F401
+from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, out_of_bounds, pointwise,  # noqa: F401
                             register, shape_of, slice_bounds, val_of)  # (tests patch ops.LOWERINGS)
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -569,15 +569,11 @@ def _wrap(k, x, idx, size, error, negative=False):
     return k.indirect(v)
 
 
-def _out_of_bounds(exc, dim, size):
-    return f"{exc}: index out of bounds for dimension {dim} with size {size}"
-
-
 @register(aten.gather)
 def _gather(L, node, x, dim, index, sparse_grad=False):
     shape, dtype = val_of(node)
     dim %= max(len(x.shape), 1)
-    error = _out_of_bounds("RuntimeError", dim, x.shape[dim] if x.shape else 1)
+    error = out_of_bounds("RuntimeError", dim, x.shape[dim] if x.shape else 1)
 
     def fn(k, idx):
         i = _wrap(k, index, idx, x.shape[dim] if x.shape else 1, error)
@@ -616,7 +612,7 @@ def _index(L, node, x, indices):
         for d in range(len(x.shape)):
             if d in used:
                 src.append(_wrap(k, indices[d], bidx, x.shape[d],
-                                 _out_of_bounds("IndexError", d, x.shape[d]), negative=True))
+                                 out_of_bounds("IndexError", d, x.shape[d]), negative=True))
             else:
                 src.append(next(it))
         return x.load(k, src)

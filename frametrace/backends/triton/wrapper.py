@@ -18,6 +18,12 @@ from .kernel_source import Kernel, configs_for
 from .loader import build_kernel, launch, launch_static, load_kernel  # noqa: F401  (load_kernel: also the tests' way to load a kernel)
 from .static_launch import current_raw_stream, launch_key, static_kernel
 
+# A launcher with symbolic extents keeps the grid and block sizes of at most this many
+# extents (`Launcher.tuned`): a server sees many lengths; each is a dict lookup and a
+# ceil away from its bucket's choice, which `picked` keeps.
+TUNED_LIMIT = 4096
+
+
 class Launcher:
     """Launches one kernel; picks its block sizes on the first call and keeps the compiled
     kernel of its last launch (`compiled`), which a fast wrapper launches directly."""
@@ -71,6 +77,8 @@ class Launcher:
                     best = self.picked[key] = autotune.pick(
                         self.name, *key, self.configs,
                         lambda c: self._launch(c, args, x), lambda c: self._build(c, args, x))
+                if len(self.tuned) >= TUNED_LIMIT:
+                    self.tuned.clear()  # (a server's lengths: a bound, the choices stay in `picked`)
                 got = self.tuned[extents] = ((math.ceil(x / best.xblock),), best.kwargs(self.reduction))
             self.grid, self.kwargs = got
         elif self.kwargs is None:
