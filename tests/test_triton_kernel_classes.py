@@ -217,6 +217,20 @@ def test_max_pool_layouts_specials_half():
     triton_check(lambda x: F.max_pool2d(x * 2 + 1, 3, 2, padding=1), _r(2, 3, 8, 8))   # an epilogue before
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_max_pool_keeps_channels_last_inside(monkeypatch, on):
+    """A channels-last pooling read by a convolution is stored channels-last (the layout
+    follows its input, layout.preferred), the max-alone body too: its padding taps'
+    masked loads take `other=`, which the layout's stand-in for a kernel took as a
+    TypeError and gave up (row-major, the pooling's writes strided)."""
+    switched(monkeypatch, "pool_max_alone", on)
+    x = _r(2, 8, 10, 10).contiguous(memory_format=torch.channels_last)
+    w = _r(4, 8, 1, 1).contiguous(memory_format=torch.channels_last)
+    mod = triton_check(lambda x, w: F.conv2d(F.max_pool2d(x, 3, 2, padding=1), w), x, w,
+                       atol=1e-4, rtol=1e-4, kernels=1)
+    assert "empty_strided((2, 8, 5, 5), (200, 1, 40, 8)" in mod.source, mod.source
+
+
 def test_max_pool_with_indices_and_training():
     triton_check(lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True), _r(2, 3, 9, 9))
     triton_check_grads(lambda x: F.max_pool2d(x, 3, 2, padding=1), _r(2, 3, 9, 9).requires_grad_())

@@ -52,7 +52,9 @@ class _Reads:
         return "tl.float32"
 
     @contextlib.contextmanager
-    def masked(self, cond):
+    def masked(self, cond, other=None):
+        # (`other`: as KernelCodegen.masked takes it; max pooling's padding taps load -inf.
+        # A TypeError here made `preferred` give up: the pooling stored row-major)
         yield
 
 
