@@ -169,6 +169,17 @@ def test_plain_full_sum_unchanged(rows):
     assert len(mod.kernels) == 1, mod.source
 
 
+def test_column_statistics_of_a_square_not_row_partials(rows):
+    """A square matrix's column max has as many values as it has rows, but is no row
+    statistic: the full sum reading it stays one flat reduction after the column kernel
+    (2 kernels; reduced per row, its partials joined nothing: 3)."""
+    mod = triton_check(lambda x: (x - x.amax(0, keepdim=True)).sum(), _r(8, 8), atol=1e-4, rtol=1e-4,
+                       kernels=2)
+    assert (8,) not in allocations(mod), mod.source
+    mod = triton_check(lambda x: (x.t() - x.amax(0, keepdim=True).t()).amin(), _r(8, 8))
+    assert_fused(mod, rows, 8, loops=2, inputs=(0,))   # (the transposed rows: row statistics)
+
+
 def test_kl_long_rows_default_blocks():
     """Rows longer than config.persistent_rblock_max with the default block sizes (an odd
     length: the last block masked): the row kernel loops three times, then the partials."""

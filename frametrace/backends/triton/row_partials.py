@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from . import config, indexing
+from .indexing import RINDEX, XINDEX, pexpr
 from .ir import Computed, Pointwise, Reduction
 from .kernel_source import KernelCodegen, KernelGroup
 from .lowering_base import compute_dtype
@@ -52,21 +53,46 @@ def row_dims(L, x, dims, r: Reduction) -> int:
             options.append((k, rows, length))
     if not options:
         return 0
-    reads = _reduction_reads(L, r)
+    reads, cg = _reduction_reads(L, r)
     for k, rows, length in options:
-        if any(c.numel == rows and c.node.rnumel == length for c in reads):
+        if any(c.numel == rows and c.node.rnumel == length and _per_row(cg, c, length, r.rnumel // length)
+               for c in reads):
             return k
     return 0
 
 
-def _reduction_reads(L, r) -> list:
-    """The row reductions (Computed) that `r`'s kernel alone loads."""
+def _reduction_reads(L, r) -> tuple:
+    """(the row reductions (Computed) that `r`'s kernel alone loads, that kernel's
+    code generator)."""
     probe = Computed("row_probe", r, L.device, len(L.items))  # not one of L.items
     group = KernelGroup([probe], math.prod(r.shape), r.rnumel, True, ctx=L.ctx)
     cg = KernelCodegen(group, [probe])
     cg.generate()
     found = (L.computed_names.get(name) for name in cg.reads)
-    return [c for c in found if c is not None and c.is_reduction]
+    return [c for c in found if c is not None and c.is_reduction], cg
+
+
+def _per_row(cg, c, length, rows) -> bool:
+    """Whether every load of `c` in `cg` (the probe of a reduction whose flat r index
+    runs over `rows` rows of `length`, the rows innermost) reads one element a row: a
+    statistic of these rows, not of others of the same count (a square matrix's column
+    max has as many values as it has rows, and reduced per row its partials could not
+    join the kernel that computes it: one kernel more)."""
+    xs = sorted({0, max(indexing.hint(cg.xnumel, {}) - 1, 0)})
+    found = False
+    for buf, index in cg.accesses:
+        if buf.name != c.name:
+            continue
+        found = True
+        free = getattr(index, "free_symbols", set())
+        if free - {XINDEX, RINDEX}:
+            return False
+        at = eval(f"lambda xindex, rindex: {pexpr(index)}")
+        for x in xs:
+            for row in sorted({0, rows - 1}):
+                if len({at(x, row * length + j) for j in sorted({0, 1, length - 1})}) > 1:
+                    return False
+    return found
 
 
 def partial_dtype(r):
