@@ -482,6 +482,23 @@ def test_sized_dispatch_from_the_first_call(monkeypatch):
     assert run([t(5)])[0] == "fast" and calls == [5] and not run.seen
 
 
+def test_sized_dispatch_from_the_first_call_compiles_own_sources_at_the_second(monkeypatch):
+    """Where no table can be had (a source of its own per set, a compile), `sized_fast_after
+    = 1` still makes a set's fast wrapper at its second call only: a set seen once costs no
+    compile; the count of such sets stays bounded."""
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_fast_limit", 2)
+    mod, calls, made = _stand_in_module(monkeypatch, tables=False)
+    t = lambda n: torch.zeros(n)  # noqa: E731
+    run = compiled_module.Sized.make(mod, [t(3)])
+    assert not run.fast and run.seen == {(3,): 1} and made == []     # (no source compiled)
+    assert run([t(3)])[0] == "call" and set(run.fast) == {(3,)} and made == [False]
+    assert run([t(3)])[0] == "own" and calls == [3]
+    for n in range(100, 100 + 16 * 2 + 1):
+        run([t(n)])
+    assert len(run.seen) <= 16 * 2 and made.count(False) == 1
+
+
 def test_sized_dispatch_without_a_fast_source_runs_the_general_wrapper(monkeypatch):
     mod, calls, _ = _stand_in_module(monkeypatch, tables=False, source=False)
     run = compiled_module.Sized.make(mod, [torch.zeros(4)])

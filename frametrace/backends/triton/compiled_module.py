@@ -143,19 +143,28 @@ class Sized:
         sizes, kept = self.key(args), list(args)
         n = self.seen.get(sizes, 0) + 1
         if n < self.after:
-            if len(self.seen) >= 16 * self.limit:
-                self.seen.clear()       # (a bound: sizes that never recur)
-            self.seen[sizes] = n
+            self._count(sizes, n)
             return self.mod.call(args)
         out = self.mod.call(args)       # (tunes and compiles what these sizes need)
         self.seen.pop(sizes, None)
-        self._build(sizes, kept)
+        self._build(sizes, kept, n)
         return out
 
-    def _build(self, sizes, inputs):
+    def _count(self, sizes, n):
+        if len(self.seen) >= 16 * self.limit:
+            self.seen.clear()       # (a bound: sizes that never recur)
+        self.seen[sizes] = n
+
+    def _build(self, sizes, inputs, n=1):
+        """Make the fast wrapper of `sizes`, just called for the `n`-th time with `inputs`.
+        A table costs a tuple; a source of its own costs a compile (~4 ms), made only
+        for sizes called twice (a set seen once is counted instead)."""
         mod = self.mod
         try:
             run, source = self._shared(inputs)
+            if run is None and n < 2:
+                self._count(sizes, n)
+                return
             if run is None:     # (a kernel that Triton's launcher runs: a source of its own)
                 ns = dict(mod.namespace)
                 source = mod.wrapper.fast_source(inputs, ns)

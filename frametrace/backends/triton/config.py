@@ -38,7 +38,8 @@ memo_launches = True
 # kernels take the same argument types, each set a table of kernels and grids).  Sizes
 # seen fewer times launch through the memo above.  1 (the default): right after a set's
 # first call, which costs a table (a tuple per kernel, no compile) for sizes that never
-# recur, and saves a second call through the general wrapper for those that do (on the
+# recur (a graph whose kernels need a fast source of their own, compiled, makes it at a
+# set's second call), and saves a second call through the general wrapper for those that do (on the
 # H200, LLaMA decoding at batch 1 ran 1.36 ms a token with 1 against 3.35 with 2; a
 # BERT length's second call took 4.8 ms through the general wrapper against 2.9 through
 # its fast one).  0: never (every call of a symbolic graph runs the general wrapper).
@@ -48,9 +49,9 @@ sized_fast_after = 1
 # At most this many sets of sizes keep a fast wrapper per graph (the oldest made is
 # dropped first).
 sized_fast_limit = 64
-# An inference graph's set of sizes captures its CUDA graph (cudagraphs.py) at its fast
-# wrapper's call of this number (the set's own call of this number with sized_fast_after
-# 1; at least the 4th, after two timed calls), not before: a capture costs
+# An inference graph's set of sizes captures its CUDA graph (cudagraphs.py) at its call of
+# this number counted from the call that built its fast wrapper (the set's own call of
+# this number with sized_fast_after 1; at least the 4th, after two timed calls): a capture costs
 # about three direct calls (BERT, 12 lengths: 10 ms against 3), which a replay (1 ms
 # against 3) earns back only over the calls after it, so a size pays for it once it has
 # recurred that often (the ski-rental rule: rent until the rent paid equals the price).
