@@ -10,7 +10,8 @@ call of EfficientNet-B0 with backend="triton" took 2.1x Inductor's on the H200.
 Models: hf_effnet (transformers' EfficientNetModel, B0's coefficients, batch x 3 x side x side;
 skipped without transformers), effnet (an EfficientNet-B0 of our own: the stem, B0's 16 MBConv blocks, expand 1x1
 conv + BN + SiLU, depthwise k x k conv + BN + SiLU, squeeze-excite, project 1x1 conv + BN,
-residual; batch x 3 x side x side), llama (transformers' LlamaForCausalLM from a small
+residual; batch x 3 x side x side), densenet (DenseNet-121's layout, batch x 3 x side x side),
+llama (transformers' LlamaForCausalLM from a small
 config: 2 layers, hidden 256, batch x seq tokens; skipped without transformers).
 --train: train mode, forward + loss + backward (the backward graph compiles at the first
 backward); otherwise eval mode under no_grad.  On the CPU the kernels run in Triton's
@@ -276,7 +277,53 @@ def hf_effnet(side, device="cpu", batch=2, seq=64):
             lambda m: m(pixel_values=x).pooler_output.square().mean())
 
 
-MODELS = {"effnet": effnet, "llama": llama, "hf_effnet": hf_effnet}
+def densenet(side, device="cpu", batch=2, seq=64):
+    """DenseNet-121's layout (torchvision's and timm's densenet121: growth 32, blocks
+    6/12/24/16, BN-ReLU-conv1x1(128)-BN-ReLU-conv3x3(32) layers whose inputs are the cat of
+    all before, transitions BN-ReLU-conv1x1-avgpool), random weights; issue 31 item 5's
+    model (its cats grow to 1024 channels from up to 48 inputs)."""
+    nn = torch.nn
+
+    class Layer(nn.Module):
+        def __init__(self, cin, growth=32, width=4):
+            super().__init__()
+            self.norm1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, width * growth, 1, bias=False)
+            self.norm2 = nn.BatchNorm2d(width * growth)
+            self.conv2 = nn.Conv2d(width * growth, growth, 3, 1, 1, bias=False)
+
+        def forward(self, features):
+            x = torch.cat(features, 1)
+            x = self.conv1(torch.relu(self.norm1(x)))
+            return self.conv2(torch.relu(self.norm2(x)))
+
+    class Block(nn.Module):
+        def __init__(self, n, cin, growth=32):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer(cin + i * growth, growth) for i in range(n))
+
+        def forward(self, x):
+            features = [x]
+            for layer in self.layers:
+                features.append(layer(features))
+            return torch.cat(features, 1)
+
+    stages, c = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                 nn.MaxPool2d(3, 2, 1)], 64
+    for i, n in enumerate((6, 12, 24, 16)):
+        stages.append(Block(n, c))
+        c += 32 * n
+        if i < 3:
+            stages += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False),
+                       nn.AvgPool2d(2, 2)]
+            c //= 2
+    model = nn.Sequential(*stages, nn.BatchNorm2d(c), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(c, 1000))
+    x = torch.randn(batch, 3, side, side).to(device)
+    labels = torch.randint(0, 1000, (batch,)).to(device)
+    return model, lambda m: m(x), lambda m: torch.nn.functional.cross_entropy(m(x), labels)
+
+
+MODELS = {"effnet": effnet, "llama": llama, "hf_effnet": hf_effnet, "densenet": densenet}
 
 
 def compiles() -> dict:

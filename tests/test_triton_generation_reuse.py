@@ -118,13 +118,43 @@ def _block_train():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+class Dense(nn.Module):
+    """DenseNet's block (issue 31 item 5): each layer reads the cat of every feature before
+    it through BN + ReLU + a 1x1 conv; the cats' loads share all index terms but the
+    channel's (indexing._expand's memo of an Add's terms)."""
+
+    def __init__(self, c=4, growth=2, n=5):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.BatchNorm2d(c + i * growth), nn.ReLU(), nn.Conv2d(c + i * growth, growth, 1))
+            for i in range(n))
+
+    def forward(self, x):
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(torch.cat(features, 1)))
+        return torch.cat(features, 1).relu()
+
+
+def _dense():
+    torch.manual_seed(0)
+    model = Dense().eval()
+    for m in model.modules():   # (statistics of their own: BN's not an identity)
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        check(model, [(x,)], backend="triton", atol=1e-4, rtol=1e-4)
+
+
 def _mlp():
     torch.manual_seed(0)
     args = (torch.randn(6, 16), torch.randn(16, 12), torch.randn(6, 12), torch.randn(12))
     check(mlp, [args], backend="triton", atol=1e-4, rtol=1e-4)
 
 
-CASES = {"block_eval": _block_eval, "block_train": _block_train, "mlp": _mlp}
+CASES = {"block_eval": _block_eval, "block_train": _block_train, "mlp": _mlp, "dense": _dense}
 OFF = [{"reuse_generations": False}, {"memo_indexing": False},
        {"reuse_generations": False, "memo_indexing": False}]
 
@@ -157,3 +187,21 @@ def test_fewer_kernel_sources_are_generated():
     _, off, _ = _compile(run, {"reuse_generations": False})
     assert on["sources"] <= 6 * kernels, (on, kernels)
     assert on["sources"] < off["sources"] and on["scratch"] < 0.6 * off["scratch"], (on, off)
+
+
+def test_expanded_sums_are_sympys():
+    """indexing._expand (an Add's terms expanded once a compile, config.memo_indexing) gives
+    sympy.expand's expression, structure and all, for the index shapes a cat's loads make;
+    and the memo is what it used (a second sum sharing terms finds them there)."""
+    import sympy
+    from frametrace.backends.triton import context, indexing
+    x, y = indexing.XINDEX, indexing.YINDEX
+    exprs = [8192 * indexing.ModIdx(indexing.FloorDiv(x, 64), 128) + 64 * (x % 64 + 3) - 2048,
+             (x + 1) * (y + 2) + 4 * indexing.FloorDiv(x + y * 3, 8) + 7,
+             3 * (x + 2) ** 2 + 2 * x * (y - 1) - x, x + 5, x * (y + 1)]
+    ctx = context.CompileContext()
+    with ctx.active():
+        for e in exprs + exprs:
+            got = indexing._expand(e)
+            assert sympy.srepr(got) == sympy.srepr(sympy.expand(e)), e
+    assert any(isinstance(k, tuple) and k[0] is indexing._expand for k in ctx.memo)

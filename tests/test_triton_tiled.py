@@ -289,3 +289,19 @@ def test_cat_of_a_transposed_part_and_a_row_broadcast_part():
     mod = compiled_run(f, torch.randn(4, 6), torch.randn(6, 1))
     src = tiled(mod)
     assert "tl.load(in_ptr0 + (yindex + (xindex) * 0), ymask & xmask & " in src, src
+
+
+def test_split_of_reads_each_index_compiled_once():
+    """tiling._split_of's votes (each index printed and compiled once, evaluated at each
+    dim's step): a row-contiguous read, a transposed one, a broadcast one, and no vote for
+    an index that depends on a loaded value."""
+    import sympy
+    from frametrace.backends.triton import indexing
+    x = indexing.XINDEX
+    shape = [4, 6]
+    steps = [6, 1]
+    assert tiling._split_of(x, shape, steps) == ("row", None)
+    transposed = indexing.ModIdx(x, 6) * 4 + indexing.FloorDiv(x, 6)
+    assert tiling._split_of(transposed, shape, steps) == ("transpose", 1)
+    assert tiling._split_of(indexing.FloorDiv(x, 6), shape, steps) == ("broadcast", 1)
+    assert tiling._split_of(x + sympy.Symbol("tmp3", integer=True), shape, steps) is None

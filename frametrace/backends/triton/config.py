@@ -151,7 +151,9 @@ check_indices = True
 # Remember, for the rest of a compile, what the index helpers computed (indexing.py:
 # simplify, flatten, unflatten, a buffer's index of an element), keyed on their arguments
 # and the iteration ranges they depend on: the scheduler generates a kernel's code for each
-# fusion candidate, and each generation asked again for the same indices.  The results
+# fusion candidate, and each generation asked again for the same indices.  Also each
+# term's sympy.expand within simplify's (indexing._expand): a cat's parts are loaded with
+# indices that share every term but the concatenated dimension's.  The results
 # are the same either way (the helpers are pure functions of what the key holds);
 # False computes each one every time.
 memo_indexing = True

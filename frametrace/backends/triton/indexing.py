@@ -393,9 +393,27 @@ def memoized(fn):
     return cached
 
 
+def _expand(e):
+    """sympy.expand(e), with an Add's terms each expanded once in a compile (its memo,
+    under config.memo_indexing): the loads of a cat's parts (DenseNet's, up to 48 of them)
+    share the terms of every dimension but the cat's, and expanding a sum is expanding its
+    terms (Add is canonical: the same expression either way)."""
+    ctx = context._ACTIVE.get()
+    if not e.is_Add or ctx is None or not config.memo_indexing:
+        return sympy.expand(e)
+    memo, out = ctx.memo, []
+    for t in e.args:
+        key = (_expand, t)
+        try:
+            out.append(memo[key])
+        except KeyError:
+            out.append(memo.setdefault(key, sympy.expand(t)))
+    return Add(*out)
+
+
 @memoized
 def simplify(e):
-    e = _join_digits(_join(sympy.expand(e)))
+    e = _join_digits(_join(_expand(e)))
     return _join_symbolic(e) if any(not a.args[1].is_Integer for a in e.atoms(ModIdx)) else e
 
 

@@ -71,8 +71,10 @@ class Buffer(IRNode):
 @indexing.memoized
 def _buffer_index(offset, stride, shape, idx):
     """The element offset of index `idx` in a buffer of this layout."""
-    return indexing.simplify(offset + sum(
-        (i * s for i, s, n in zip(idx, stride, shape) if n != 1), indexing.Integer(0)))
+    # (one Add of all the terms: a running sum rebuilt, flattened and sorted a growing Add
+    # for each term, quadratic in the dims; the canonical Add is the same either way)
+    return indexing.simplify(offset + indexing.Add(
+        indexing.Integer(0), *(i * s for i, s, n in zip(idx, stride, shape) if n != 1)))
 
 
 class Pointwise(IRNode):

@@ -144,11 +144,21 @@ def _probe_of(group, stores):
     return made
 
 
-def _address(index, flat):
-    """`index` at output element `flat`, or None where it depends on loaded values."""
+def _address(code, flat):
+    """`code` (an index, compiled by `_compiled`) at output element `flat`, or None where
+    it depends on loaded values."""
     try:
-        return eval(pexpr(index), {"xindex": flat})
+        return eval(code, {"xindex": flat})
     except Exception:  # (NameError: a loaded value's symbol) a heuristic's input: no vote
+        return None
+
+
+def _compiled(index):
+    """`index` printed and compiled once, for `_address` at each of its elements (an eval
+    of the source compiled it again at each)."""
+    try:
+        return compile(pexpr(index), "<index>", "eval")
+    except Exception:
         return None
 
 
@@ -156,12 +166,13 @@ def _split_of(index, shape, steps) -> tuple | None:
     """(kind, split) for one access: ("row", None) when it is contiguous along the last
     dim of `shape`; ("broadcast", k) when it is constant along dims k and after;
     ("transpose", k) when it is contiguous along dim k-1; None for anything else."""
-    base = _address(index, 0)
+    code = _compiled(index)
+    base = None if code is None else _address(code, 0)
     if base is None:
         return None
     deltas = []
     for n, step in zip(shape, steps):
-        a = _address(index, step) if n > 1 else base
+        a = _address(code, step) if n > 1 else base
         if a is None:
             return None
         deltas.append(a - base)
