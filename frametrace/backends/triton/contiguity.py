@@ -22,6 +22,17 @@ def _points(n) -> list:
     return [int((i * 0.6180339887498949) % 1 * (n - 1)) for i in range(1, SAMPLES + 1)] if n >= 2 else []
 
 
+def _addresses(index, hints, variables):
+    """`index` as a function of `variables` ("xindex" or "xindex, rindex"), the shape
+    symbols bound to their hints; None where it holds a loaded value (an indirect access)."""
+    names = {s.name: v for s, v in hints.items()}
+    if any(s.name not in names for s in getattr(index, "free_symbols", set()) - {XINDEX, RINDEX}):
+        return None
+    fn = eval(f"lambda {variables}, {', '.join(names)}: {pexpr(index)}" if names else
+              f"lambda {variables}: {pexpr(index)}")
+    return lambda *at: fn(*at, **names)
+
+
 def axis(index, xnumel, rnumel, hints) -> str | None:
     """'x' or 'r': the variable along which most consecutive positions of this access are
     consecutive elements, or None (a per-row or per-column operand, an indirect or strided
@@ -29,15 +40,12 @@ def axis(index, xnumel, rnumel, hints) -> str | None:
     free = getattr(index, "free_symbols", set())
     if XINDEX not in free or RINDEX not in free:
         return None  # broadcast along one axis: small, and cached across the other
-    names = {s.name: v for s, v in hints.items()}
-    if any(s.name not in names for s in free - {XINDEX, RINDEX}):
+    at = _addresses(index, hints, "xindex, rindex")
+    if at is None:
         return None  # a loaded (indirect) index
-    fn = eval(f"lambda xindex, rindex, {', '.join(names)}: {pexpr(index)}" if names else
-              f"lambda xindex, rindex: {pexpr(index)}")
     xs, rs = _points(indexing.hint(xnumel, hints)), _points(indexing.hint(rnumel, hints))
     if not xs or not rs:
         return None
-    at = lambda x, r: fn(x, r, **names)  # noqa: E731
     pairs = list(zip(xs, rs[::-1]))
     steps = [(at(x + 1, r) - at(x, r), at(x, r + 1) - at(x, r)) for x, r in pairs]
     if config.broadcast_reads_abstain and any(2 * sum(s[i] == 0 for s in steps) > len(pairs) for i in (0, 1)):
@@ -81,19 +89,15 @@ def gathers_only(cg) -> bool:
     (autotune.gather_candidates).  Loads on the same element at most steps (a bias, a
     per-row scale) have no vote."""
     hints = cg.ctx.hints
-    names = {s.name: v for s, v in hints.items()}
-    n = indexing.hint(cg.xnumel, hints)
-    points = _points(n)
+    points = _points(indexing.hint(cg.xnumel, hints))
     strided = 0
     for index in cg.load_indices:
-        free = getattr(index, "free_symbols", set())
-        if XINDEX not in free:
+        if XINDEX not in getattr(index, "free_symbols", set()):
             continue
-        if any(s.name not in names for s in free - {XINDEX}):
+        at = _addresses(index, hints, "xindex")
+        if at is None:
             continue   # indirect (an embedding's rows): mostly contiguous in practice; unmeasured
-        fn = eval(f"lambda xindex, {', '.join(names)}: {pexpr(index)}" if names else
-                  f"lambda xindex: {pexpr(index)}")
-        steps = [fn(x + 1, **names) - fn(x, **names) for x in points]
+        steps = [at(x + 1) - at(x) for x in points]
         if 2 * sum(d == 0 for d in steps) > len(steps):
             continue
         if 2 * sum(d == 1 for d in steps) > len(steps):
