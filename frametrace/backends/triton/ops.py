@@ -731,10 +731,12 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
             cols.append((iw_s, k.op(f"({iw_s} >= 0) & ({iw_s} < {W})")))
         return rows, cols
 
-    def tap(k, idx, i, j, rows, cols):
+    def tap(k, idx, i, j, rows, cols, other=None):
+        """(in-bounds condition, value) of window tap (i, j); `other`: what a tap in the
+        padding loads (default 0)."""
         cond = k.op(f"{rows[i][1]} & {cols[j][1]}")
         ih, iw = idx[-2] * sh + (i * dh - ph), idx[-1] * sw + (j * dw - pw)
-        with k.masked(cond):
+        with k.masked(cond, other=other):
             v = k.cast(x.load(k, list(idx[:-2]) + [ih, iw]), x.dtype, cdt)
         return cond, v
 
@@ -769,10 +771,7 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
         best = None
         for i in range(kh):
             for j in range(kw):
-                cond = k.op(f"{rows[i][1]} & {cols[j][1]}")
-                ih, iw = idx[-2] * sh + (i * dh - ph), idx[-1] * sw + (j * dw - pw)
-                with k.masked(cond, other=other):
-                    v = k.cast(x.load(k, list(idx[:-2]) + [ih, iw]), x.dtype, cdt)
+                _, v = tap(k, idx, i, j, rows, cols, other)
                 if best is None:
                     best = v
                     continue
