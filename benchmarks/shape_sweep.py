@@ -116,7 +116,9 @@ def one(variant, smoke, profile=False, rounds=4):
         print(text.getvalue(), file=sys.stderr)
     res = {"variant": variant, "total_s": end - start, "warmup_s": warm_end - start,
            "per_call_ms": statistics.mean(per_call) * 1e3,
-           "last_round_ms": statistics.mean(per_call[-len(order[-1]):]) * 1e3, "numbers": sums}
+           "last_round_ms": statistics.mean(per_call[-len(order[-1]):]) * 1e3,
+           "round_ms": [round(statistics.mean(per_call[i:i + len(lengths)]) * 1e3, 2)
+                        for i in range(0, len(per_call), len(lengths))], "numbers": sums}
     if variant.startswith("ft"):
         from frametrace.backends.triton import backend
         res.update(graphs=sum(r.graph_module is not None for _, r in records),
