@@ -83,6 +83,16 @@ half_erf = True
 # Graphs with symbolic sizes (dynamic shapes) compile to kernels that take the sizes as
 # int arguments; False: such graphs run with aot_eager
 dynamic_shapes = True
+# A view (reshape, transpose, slice, split, expand...) of a buffer with symbolic sizes is
+# that buffer's memory with the strides and offset the graph's fake value of the view has,
+# where the buffer's layout is the fake input's (compared symbolically, size-1 dims
+# aside): the layout tracing computed, under the guards tracing installed.  Without it
+# such a view is an index map, which an aten call (a matmul's input, attention's q/k/v)
+# or an output stores with a copy kernel: BERT with a symbolic length had 3 copies of
+# q/k/v and one of the attention output per layer, and its q/k/v strides differed from the
+# static graph's, so cuDNN attention built a plan again for a length it had seen.  False:
+# index maps, as before.
+symbolic_views = True
 
 # Sizes that depend on the data (`nonzero`, `torch.where(mask)`, `x[mask]` under
 # frametrace.config.capture_dynamic_output_shape_ops: a mixture of experts' tokens per

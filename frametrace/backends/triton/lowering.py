@@ -375,6 +375,30 @@ class GraphLowering(Placement):
         return Buffer(base.name, out.shape, out.stride(), out.dtype, base.device,
                       offset=out.storage_offset(), is_view=True)
 
+    def symbolic_view(self, base: Buffer, node):
+        """The Buffer a view op gives on a symbolic `base`'s memory, or None (then an index
+        map): the view's fake value's layout, where `base` has its fake input's layout
+        (`config.symbolic_views`).  No guard is added: tracing computed those strides."""
+        src = node.args[0] if getattr(node, "args", None) else None
+        vin = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        vout = node.meta.get("val")
+        if not (isinstance(vin, torch.Tensor) and isinstance(vout, torch.Tensor)) or \
+                not config.symbolic_views or \
+                vin.dtype != base.dtype or vout.dtype != base.dtype or not torch._C._is_alias_of(vout, vin):
+            return None
+        try:
+            shape = tuple(self.size(n) for n in vin.shape)
+            if len(shape) != len(base.shape) or any(_differ(a, b) for a, b in zip(shape, base.shape)):
+                return None
+            if any(n != 1 and _differ(self.stride_size(s), b) for n, s, b in zip(shape, vin.stride(), base.stride)):
+                return None
+            offset = base.offset + self.size(vout.storage_offset() - vin.storage_offset())
+            return Buffer(base.name, tuple(self.size(n) for n in vout.shape),
+                          tuple(self.stride_size(s) for s in vout.stride()), base.dtype, base.device,
+                          offset=offset, is_view=True)
+        except (Unsupported, TypeError, ValueError):
+            return None
+
     def extern(self, node, args, kwargs, reason=None):
         """Run `node` as an aten call in the wrapper; its tensor results become Buffers.
         `reason`: why a kernel does not run it (None: it has no lowering)."""
@@ -561,6 +585,13 @@ class GraphLowering(Placement):
             return active or detect_fake_mode(self.example_inputs) or FakeTensorMode()
         except Exception:
             return None
+
+
+def _differ(a, b) -> bool:
+    """Two sizes or strides (ints or sympy polynomials) that are not the same expression."""
+    if a == b:
+        return False
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) != 0
 
 
 # dtype -> the wider ones that hold each of its values exactly

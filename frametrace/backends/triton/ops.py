@@ -407,6 +407,8 @@ def view(L, node, x, index_map, view_fn):
         x = x.realized  # a view of its buffer, not a copy of it
     if isinstance(x, Buffer):
         b = L.view_buffer(x, view_fn)
+        if b is None and x.symbolic:
+            b = L.symbolic_view(x, node)
         if b is not None:
             return b
     # a view of a lazy value that holds no more elements than the view (a transpose, a
@@ -509,6 +511,7 @@ class _Sub:
     the getitem that takes it (`piece`: its index)."""
     def __init__(self, val, node=None, piece=None):
         self.meta = {"val": val}
+        self.args = node.args[:1] if node is not None else ()   # (the input: its layout)
         self.users = {u: None for g in (node.users if node is not None else ())
                       if g.target is operator.getitem and g.args[1] == piece for u in g.users}
 
