@@ -514,3 +514,107 @@ def test_no_sized_dispatch_for_sizes_the_data_decides(monkeypatch):
     mod.wrapper.lowered.late_symbols = {}
     monkeypatch.setattr(config, "sized_fast_after", 0)
     assert compiled_module.Sized.make(mod, [torch.zeros(4)]) is None
+
+
+@cuda
+@pytest.mark.parametrize("shared", [True, False])
+def test_sibling_sizes_trust_a_kept_replay(monkeypatch, shared):
+    """`config.sized_shared_verdict`: once one set of sizes measured its replay faster and
+    kept it, a sibling set captures at its third call without timing again (and not
+    before: its second call is timed, for the GPU-bound check); with the switch off the
+    sibling waits for `sized_capture_at`.  Values against eager on every call, fresh
+    inputs each time, through the general wrapper, direct calls, capture and replays."""
+    from frametrace.backends.triton import backend, cudagraphs
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_capture_at", 5)
+    monkeypatch.setattr(config, "sized_shared_verdict", shared)
+    w = torch.randn(64, device="cuda")
+
+    def f(x):
+        h = x * w + 1
+        for _ in range(8):      # launch-bound: worth a graph
+            h = torch.softmax(h, -1) * 2 + h.sum(-1, keepdim=True) * 1e-3
+        return h, h.amax(0)
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton")(f)
+
+    def check(n):
+        x = torch.randn(n, 64, device="cuda")
+        for got, want in zip(cf(x), f(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        for n in (3, 5):        # the static graph, then the symbolic one (n alone)
+            check(n)
+        mod = next(m for m in reversed(backend.COMPILED) if m.symbolic)
+
+        def runner_at(n, calls):    # (a set whose table needs a source of its own is made a call later)
+            for _ in range(calls + 2):
+                r = mod.fast.fast.get((n,))
+                if isinstance(r, cudagraphs.CudaGraphRunner) and (r.calls == calls or r.calls < 0):
+                    return r
+                check(n)
+            raise AssertionError(mod.fast.fast)
+        first = runner_at(7, 5)
+        if first.graph is None:
+            pytest.skip(f"this GPU kept launching: {first.decision}")
+        assert (mod.fast.verdict is not None and mod.fast.verdict.kept) is shared
+        sibling = runner_at(40, 2)
+        assert sibling.graph is None and sibling.gpu_us is not None   # (2nd call: timed)
+        check(40)
+        if shared:
+            assert sibling.graph is not None and sibling.decision.startswith(
+                ("a sibling's", "the host is most")), sibling.decision
+        else:
+            assert sibling.graph is None
+            check(40)
+            check(40)
+            assert sibling.decision != "not yet measured"
+        for n in (40, 7, 40, 33, 7):
+            check(n)
+
+
+@cuda
+@pytest.mark.parametrize("trust", [True, False])
+def test_saturated_host_captures_untimed(monkeypatch, trust):
+    """`config.graph_trust_saturated`: a static graph of many tiny launches (its host time
+    is nearly all of its wall time) is captured and kept without timed runs around the
+    capture; with the switch off it is timed (the decision names the replay's time).  A
+    graph of few launches and many outputs is timed either way (its replay's own copies
+    may cost the host more than its launches).  Values against eager on every call, with
+    fresh inputs (copied into the graph) and replays after."""
+    from frametrace.backends.triton import backend
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "graph_trust_saturated", trust)
+    w = torch.randn(64, device="cuda")
+
+    def many(x):
+        h = x * w + 1
+        for _ in range(24):
+            h = torch.softmax(h, -1) * 2 + h.sum(-1, keepdim=True) * 1e-3
+        return h
+
+    def few(x):
+        y = torch.softmax(x, -1)
+        return y, y * 2, y + 1, y.sum(-1), y.amax(-1)
+    for f, untimed in ((many, trust), (few, False)):
+        frametrace.reset()
+        cf = frametrace.optimize(backend="triton")(f)
+        with torch.no_grad():
+            for _ in range(8):
+                x = torch.randn(16, 64, device="cuda")
+                for got, want in zip(*(pytree_leaves(cf(x)), pytree_leaves(f(x)))):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        runner = backend.COMPILED[-1].runner
+        if runner is None:
+            continue    # (too few launches for a graph at all)
+        assert runner.decision != "not yet measured"
+        if runner.decision.startswith("GPU-bound"):
+            continue    # (this machine's GPU is slower than its host here)
+        assert runner.decision.startswith("the host is most") is untimed, (f.__name__, runner.decision)
+        if untimed:
+            assert runner.graph is not None
+
+
+def pytree_leaves(x):
+    return list(x) if isinstance(x, (tuple, list)) else [x]

@@ -15,6 +15,7 @@ import torch
 
 from . import config
 from .cudagraphs import CudaGraphRunner
+from .cudagraphs import Verdict as CudaGraphVerdict
 from .foreach import in_place
 from .ir import Extern
 
@@ -99,7 +100,8 @@ class Sized:
         >>> run = Sized.make(mod, first_inputs)    # None where no fast wrapper can be had
         >>> run(args)                              # `call`, or the fast wrapper of args' sizes
     """
-    __slots__ = ("mod", "key", "fast", "seen", "after", "limit", "sources", "pool", "shared")
+    __slots__ = ("mod", "key", "fast", "seen", "after", "limit", "sources", "pool", "shared",
+                 "verdict")
 
     def __init__(self, mod, key, after, limit):
         self.mod, self.key, self.after, self.limit = mod, key, after, limit
@@ -107,6 +109,8 @@ class Sized:
         # that pays (cudagraphs.py decides per set), the graphs sharing one memory pool
         # (a replay's outputs are copied out, its temporaries dead once it returns)
         self.pool = None
+        self.verdict = CudaGraphVerdict() if mod.settings.get(
+            "sized_shared_verdict", config.sized_shared_verdict) else None
         self.fast = {}      # sizes -> that sizes' fast wrapper
         self.seen = {}      # sizes -> calls so far (those without a fast wrapper)
         self.sources = {}   # sizes -> the fast wrapper's source (tests, output_code)
@@ -184,7 +188,7 @@ class Sized:
         if mod.kind == "inference" and mod.graphable_per_size:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            run = CudaGraphRunner(run, len(mod.kernels) + len(mod.externs), self.pool)
+            run = CudaGraphRunner(run, len(mod.kernels) + len(mod.externs), self.pool, self.verdict)
             run.calls = 1   # (its first call, the one that made it, ran already)
             run.capture_at = max(4, mod.settings.get("sized_capture_at", config.sized_capture_at))
         self.fast[sizes], self.sources[sizes] = run, source

@@ -56,6 +56,18 @@ sized_fast_limit = 64
 # against 3) earns back only over the calls after it, so a size pays for it once it has
 # recurred that often (the ski-rental rule: rent until the rent paid equals the price).
 sized_capture_at = 5
+# Once one set of sizes of a graph kept its CUDA graph (its replay measured faster than
+# its direct call), the graph's other sets capture at their third call without timing a
+# run before the capture or replays after it (cudagraphs.Verdict): on the H200 a BERT
+# length's measured capture cost ~15 ms, five direct calls.  Each set still times one
+# direct call, and one the GPU is the bottleneck of keeps launching.  False: every set is
+# measured on its own, at `sized_capture_at`.
+sized_shared_verdict = True
+# A graph whose direct call's host time is most of its wall time (cudagraphs.HOST_SATURATED,
+# 80%) is captured and kept without timing a run before the capture and replays after
+# it: the replay's GPU work is the direct call's plus its copies, which cannot make up
+# the host time it saves.  False: timed, as graphs between 50% and 80% are.
+graph_trust_saturated = True
 
 # torch.utils.checkpoint over random ops (dropout) on CUDA tensors compiles in the graph,
 # its recompute restoring the CUDA generator's state around the Philox key it draws.

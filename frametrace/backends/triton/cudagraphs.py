@@ -12,8 +12,16 @@ third calls, the best of two; a call the GPU is the bottleneck of (host time und
 its wall time) keeps launching.  Otherwise the direct call is timed once more before
 capture, then the captured graph's second replay with its copies in and out; the graph
 is kept when it is faster by a margin (many small launches, as in batch-1 decoding,
-where the host is the bottleneck), or faster at all when the host is most of the direct
-call's time; else it is dropped and the wrapper launches directly from then on.
+where the host is the bottleneck); else it is dropped and the wrapper launches directly
+from then on.  Where the host is most of the direct call's time (HOST_SATURATED) the
+replay cannot lose, and the graph is captured and kept without the timed runs (on the
+H200 a BERT length's measured capture took 18 ms, against 2 ms untimed).
+
+Runners of one graph's sets of sizes (`Sized`) share a `Verdict`: once one set's replay
+was measured faster, the others (same kernels, same launch count: the host cost that a
+replay saves is the same) capture at their third call, after one timed direct call that
+still decides whether that set is GPU-bound, and skip the timed run before capture and
+the timed replays after it, which cost a BERT length's capture more than its launches.
 
 A call made while the caller captures its own CUDA graph (a serving loop capturing a
 decode step) launches directly, so that the kernels land in the caller's graph: replaying
@@ -26,6 +34,8 @@ import time
 
 import torch
 
+from . import config
+
 log = logging.getLogger("frametrace")
 
 # a graph must beat launching by this factor to be kept (both sides are the best of two
@@ -33,16 +43,32 @@ log = logging.getLogger("frametrace")
 KEEP_BELOW = 0.95
 # a graph is tried only when the host's share of a direct call's time is at least this
 HOST_BOUND = 0.5
-# from this host share on, any faster replay is kept: such a call's time follows the
-# host's speed and load (ConvNeXt-Tiny at batch 64: host 3.7 of 4.1 ms), a replay's does not
+# from this host share on, a replay is kept without being timed (`config.graph_trust_saturated`):
+# its GPU work is the direct call's (at most the other 20% of its time) plus copies in
+# and out of no more bytes than the kernels themselves write, so it cannot lose; such a
+# call's time follows the host's speed and load (ConvNeXt-Tiny at batch 64: host 3.7 of
+# 4.1 ms), a replay's does not
 HOST_SATURATED = 0.8
+# ... where its launches are at least this many times the replay's own (copies in and
+# out, the replay): a graph of a few launches may lose to them on the host
+TRUST_LAUNCHES = 4
+
+
+class Verdict:
+    """What the first measured sibling found: `kept` is True once a replay of one set of
+    sizes was measured faster than its direct call (`config.sized_shared_verdict`)."""
+    __slots__ = ("kept",)
+
+    def __init__(self):
+        self.kept = False
 
 
 class CudaGraphRunner:
     __slots__ = ("call", "calls", "last_ptrs", "graph", "static", "stable", "outputs", "misses",
-                 "launches", "host_us", "gpu_us", "decision", "pool", "ints", "capture_at")
+                 "launches", "host_us", "gpu_us", "decision", "pool", "ints", "capture_at",
+                 "verdict")
 
-    def __init__(self, call, launches=1, pool=None):
+    def __init__(self, call, launches=1, pool=None, verdict=None):
         self.call, self.calls, self.last_ptrs = call, 0, None
         self.pool = pool    # a memory pool shared with other graphs (None: its own)
         self.ints = ()      # positions of int arguments (sizes): a replay needs the same
@@ -52,6 +78,7 @@ class CudaGraphRunner:
         self.host_us = self.gpu_us = None
         self.decision = "not yet measured"
         self.capture_at = 4     # the call that captures (after the timed 2nd and 3rd)
+        self.verdict = verdict  # shared with sibling sets of sizes (None: measured alone)
 
     @property
     def launch_us(self):
@@ -117,7 +144,8 @@ class CudaGraphRunner:
             return self.call(args)
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         self.calls += 1
-        if self.calls < self.capture_at or not all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args):
+        trusted = self.verdict is not None and self.verdict.kept and self.gpu_us is not None
+        if (self.calls < self.capture_at and not (trusted and self.calls >= 3)) or not all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args):
             self.last_ptrs = ptrs
             if self.calls == 1 or self.calls >= 4:
                 return self.call(args)  # (4 and later, before capture_at: timed enough)
@@ -133,16 +161,23 @@ class CudaGraphRunner:
             self.calls = -10 ** 9
             return self.call(args)
         stable = [None if p is None else p == q for p, q in zip(ptrs, self.last_ptrs)]
+        copied = sum(keep is False for keep in stable)
+        # (a replay's own host work: a copy launch per moved input, one per output and the
+        # replay itself; many launches a copy, and the host time it saves dwarfs it)
+        saturated = config.graph_trust_saturated and self.host_us is not None and \
+            self.host_us >= HOST_SATURATED * self.gpu_us \
+            and self.launches >= TRUST_LAUNCHES * (copied + 2)
         static = [a if keep is not False else a.clone() for a, keep in zip(args, stable)]
         ints = tuple(i for i, keep in enumerate(stable) if keep is None)
         graph = torch.cuda.CUDAGraph()
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                _, wall, host = self._timed(self.call, list(static))
-            torch.cuda.current_stream().wait_stream(side)
-            self._note(wall, host)
+            if not (trusted or saturated):  # (its direct calls warmed up and were timed)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    _, wall, host = self._timed(self.call, list(static))
+                torch.cuda.current_stream().wait_stream(side)
+                self._note(wall, host)
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self.call(list(static))
         except Exception as e:  # an op that syncs with the host, say
@@ -152,11 +187,21 @@ class CudaGraphRunner:
         self.graph, self.static, self.stable, self.outputs = graph, static, stable, outputs
         self.ints = ints
         out = self(list(args))  # (a graph's first replay uploads it: not a fair time)
+        outs = sum(isinstance(o, torch.Tensor) for o in outputs)
+        if trusted or saturated and self.launches >= TRUST_LAUNCHES * (copied + outs + 2):
+            why = "a sibling's replay was faster" if trusted else "the host is most of the direct call"
+            self.decision = f"{why}; direct {self.gpu_us:.0f} us (host {self.host_us:.0f} us)"
+            if self.verdict is not None:
+                self.verdict.kept = True
+            log.info("triton backend: replaying as a CUDA graph: %s", self.decision)
+            return out
         replay = min(self._timed(self, list(args))[1] for _ in range(2))
         self.decision = (f"direct {self.gpu_us:.0f} us ({self.launches} launches, host "
                          f"{self.host_us:.0f} us) vs replay {replay:.0f} us")
         keep = 1.0 if self.host_us >= HOST_SATURATED * self.gpu_us else KEEP_BELOW
         if replay < keep * self.gpu_us:
+            if self.verdict is not None:
+                self.verdict.kept = True
             log.info("triton backend: replaying as a CUDA graph: %s", self.decision)
         else:
             log.info("triton backend: CUDA graph not used: %s", self.decision)
