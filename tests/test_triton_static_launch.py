@@ -618,3 +618,40 @@ def test_saturated_host_captures_untimed(monkeypatch, trust):
 
 def pytree_leaves(x):
     return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def test_sized_eviction_keeps_the_sets_near_a_replay(monkeypatch):
+    """More sets of sizes than `sized_fast_limit`: the one dropped is, of the oldest
+    quarter made, the one called least towards its CUDA-graph capture, so that a hot size
+    made first survives a stream of sizes seen once (oldest-first dropped it at the
+    limit's first new set, and it would have warmed up and captured again).  Without a
+    GPU: the runners' timing and capture are stood in for."""
+    from frametrace.backends.triton import cudagraphs
+    monkeypatch.setattr(config, "sized_fast_limit", 8)
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_capture_at", 100)    # (no capture: none on a CPU)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(cudagraphs, "_capturing", lambda: False)
+    monkeypatch.setattr(cudagraphs.CudaGraphRunner, "_timed", lambda self, fn, args: (fn(args), 100.0, 90.0))
+    mod, calls, _ = _stand_in_module(monkeypatch)
+    mod.kind, mod.graphable_per_size = "inference", True
+    t = lambda n: torch.zeros(n)  # noqa: E731
+    run = compiled_module.Sized.make(mod, [t(1)])
+    for n in range(2, 9):
+        run([t(n)])
+    assert list(run.fast) == [(n,) for n in range(1, 9)]
+    for _ in range(5):
+        assert run([t(1)])[0] == "fast"
+    assert run.fast[(1,)].calls == 6
+    for n in range(9, 20):          # eleven sizes seen once
+        run([t(n)])
+        assert (1,) in run.fast and len(run.fast) == 8
+    assert run([t(1)])[0] == "fast" and 1 not in calls    # (never through `call`: its first call made it)
+    monkeypatch.setattr(config, "sized_fast_limit", 4)      # (a window of one: oldest first)
+    run = compiled_module.Sized.make(mod, [t(1)])
+    for n in range(2, 5):
+        run([t(n)])
+    for _ in range(5):
+        run([t(1)])
+    run([t(5)])
+    assert (1,) not in run.fast

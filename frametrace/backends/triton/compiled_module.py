@@ -8,6 +8,7 @@ in a warm process, use these; neither is imported here."""
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import re
 
@@ -179,9 +180,7 @@ class Sized:
             log.info("triton backend: launches go through Triton's JIT (%s)", e)
             run = None
         if len(self.fast) >= self.limit:
-            oldest = next(iter(self.fast))
-            del self.fast[oldest]
-            self.sources.pop(oldest, None)
+            self._evict()
         if run is None:
             self.fast[sizes] = mod.call
             return
@@ -192,6 +191,17 @@ class Sized:
             run.calls = 1   # (its first call, the one that made it, ran already)
             run.capture_at = max(4, mod.settings.get("sized_capture_at", config.sized_capture_at))
         self.fast[sizes], self.sources[sizes] = run, source
+
+    def _evict(self):
+        """Drop one set of sizes: of the oldest quarter made, the one furthest from a
+        replay (a runner that captured has been called `sized_capture_at` times, one still
+        warming fewer, one that gave graphs up or a plain wrapper counts 0), so that more
+        sets in rotation than the limit push out cold ones, not the captures of hot ones
+        (oldest-first dropped a hot size every `limit` new ones, to capture it again)."""
+        window = itertools.islice(self.fast.items(), max(1, self.limit // 4))
+        sizes = min(window, key=lambda kv: max(getattr(kv[1], "calls", 0), 0))[0]
+        del self.fast[sizes]
+        self.sources.pop(sizes, None)
 
     def _shared(self, inputs):
         """(the fast wrapper of the sizes just called, as `fast(args, T)` with their table

@@ -46,8 +46,8 @@ memo_launches = True
 # Graphs with sizes the data decides (nonzero) never get them: those sizes are known
 # only midway through a call.
 sized_fast_after = 1
-# At most this many sets of sizes keep a fast wrapper per graph (the oldest made is
-# dropped first).
+# At most this many sets of sizes keep a fast wrapper per graph (of the oldest quarter
+# made, the one least far along towards a CUDA-graph replay is dropped first).
 sized_fast_limit = 64
 # An inference graph's set of sizes captures its CUDA graph (cudagraphs.py) at its call of
 # this number counted from the call that built its fast wrapper (the set's own call of
