@@ -42,3 +42,24 @@ def test_select_at_a_positive_index_of_a_symbolic_dim(monkeypatch):
         return x.select(0, 2) * 1, x.t()[3] + x[:, 1], x[2] @ x.t()
     assert _frames(f, lambda n: (torch.randn(n, 4),)) == 2
     both(f, lambda n: (torch.randn(n, 4),), monkeypatch)
+
+
+def test_views_of_a_dtype_view_of_an_input_returned():
+    """Views of `x.view(torch.int32)` (an extern) returned: each aliases the input, and
+    AOTAutograd, with symbolic sizes, regenerated it from the output's `_base` and
+    `_view_func`, replayed in the input's dtype: float32 came back where eager has int32
+    (the switch on made the flatten a view of the extern's result, and the output kept
+    that view's record).  A slice then flatten, and a dtype view of a view of the input,
+    came back with the values of another layout with the switch on or off."""
+    def f(x):
+        return x.view(torch.int32).flatten(1), x.view(torch.int32)[:, 1:].flatten(1), \
+            x[:, 1:].flatten(1).view(torch.int32), x.view(torch.int32).transpose(0, 2)
+    run(f, lambda n: (torch.randn(n, 3, 4),))
+    compiled = frametrace.optimize(backend="triton")(f)
+    for n in (9, 21):
+        x = torch.randn(n, 3, 4)
+        outs = compiled(x)
+        x.mul_(-2)   # (a write to the input shows through each output, as in eager)
+        for a, b in zip(outs, f(x)):
+            assert a.dtype == b.dtype and a.stride() == b.stride()
+            torch.testing.assert_close(a, b)
