@@ -379,8 +379,12 @@ class WrapperCodegen:
                     shape=pycode(c.shape), stride=pycode(c.buffer.stride), dtype=c.dtype))
             lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
         # (an output on an extern's memory that may alias an input: see _unviewed)
+        # (not across a dtype view of another element size: AOTAutograd's as_strided would
+        # take the output's strides in the input's elements; there it keeps the record)
         aliased = {b.name for e in self.schedule if isinstance(e, Extern) and e.may_alias
-                   for b in pytree.tree_leaves(e.outputs) if isinstance(b, Buffer)}
+                   for b in pytree.tree_leaves(e.outputs) if isinstance(b, Buffer) and
+                   all(a.dtype.itemsize == b.dtype.itemsize for a in pytree.tree_leaves((e.args, e.kwargs))
+                       if isinstance(a, Buffer))}
         outs = (f"unviewed({self.expr(o)})" if isinstance(o, Buffer) and o.name in aliased else self.expr(o)
                 for o in L.outputs)
         lines.append(f"    return [{', '.join(outs)}]")
