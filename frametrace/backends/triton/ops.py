@@ -501,7 +501,8 @@ def _select(L, node, x, dim, index):
     dim %= len(x.shape)
     if is_symbolic(index) or (is_symbolic(x.shape[dim]) and index < 0):
         raise Unsupported("select at a symbolic position")
-    index %= x.shape[dim]
+    if index < 0:   # (a symbolic length refused above: index % n is no number)
+        index %= x.shape[dim]
     return view(L, node, x, lambda idx: idx[:dim] + [indexing.Integer(index)] + idx[dim:],
                 lambda t: t.select(dim, index))
 

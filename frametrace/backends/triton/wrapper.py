@@ -8,6 +8,7 @@ import re
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 
 from . import autotune, config, foreach, indexing
 from .indexing import pycode
@@ -167,6 +168,20 @@ def _reinterpret(t, size, stride, offset):
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+def _unviewed(t):
+    """An output that is an extern's result (or a view of one) which may share a graph
+    input's memory: the same memory, sizes, strides and offset, without autograd's record
+    of a view.  AOTAutograd regenerates an output that aliases an input (with symbolic
+    sizes, where it has no view ops to replay) from the output's `_base` and `_view_func`
+    where it has them, in the input's dtype: a view taken of `x.view(torch.int32)` (an
+    extern) came back float32.  Without the record it takes the output's strides and
+    offset (`as_strided`) and then its dtype."""
+    if not isinstance(t, torch.Tensor) or not t._is_view():
+        return t
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
 # Copies `ensure_layout` made: an extern returned other strides than the lowering
 # predicted (a cost on every call; tests assert it stays 0 where layouts are known).
 LAYOUT_COPIES = [0]
@@ -266,7 +281,7 @@ def _reuse_dead(lines, unsafe) -> list[str]:
 def base_namespace(device) -> dict:
     """What every wrapper's source reads besides its constants, launchers and ops."""
     return {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
-            "reinterpret": _reinterpret, "ensure_layout": _ensure_layout,
+            "reinterpret": _reinterpret, "unviewed": _unviewed, "ensure_layout": _ensure_layout,
             "align_attention": _align_attention}
 
 
@@ -363,7 +378,16 @@ class WrapperCodegen:
                 lines.append(f"    {c.name} = " + alloc.format(
                     shape=pycode(c.shape), stride=pycode(c.buffer.stride), dtype=c.dtype))
             lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
-        lines.append(f"    return [{', '.join(self.expr(o) for o in L.outputs)}]")
+        # (an output on an extern's memory that may alias an input: see _unviewed)
+        # (not across a dtype view of another element size: AOTAutograd's as_strided would
+        # take the output's strides in the input's elements; there it keeps the record)
+        aliased = {b.name for e in self.schedule if isinstance(e, Extern) and e.may_alias
+                   for b in pytree.tree_leaves(e.outputs) if isinstance(b, Buffer) and
+                   all(a.dtype.itemsize == b.dtype.itemsize for a in pytree.tree_leaves((e.args, e.kwargs))
+                       if isinstance(a, Buffer))}
+        outs = (f"unviewed({self.expr(o)})" if isinstance(o, Buffer) and o.name in aliased else self.expr(o)
+                for o in L.outputs)
+        lines.append(f"    return [{', '.join(outs)}]")
         unsafe = {n for e in self.schedule if isinstance(e, Extern) and e.may_alias for n in e.reads()}
         return "\n".join(_reuse_dead(_free_dead(lines, L.inputs), unsafe)) + "\n"
 
