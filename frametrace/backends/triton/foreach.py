@@ -300,6 +300,7 @@ def groups(lowered, group) -> list | None:
     # (Two writes that each read the other's old input, at their own elements: SGD's
     # parameter and momentum buffer.)
     inside = [(j, w) for j, w in war if find(j) == find(w)]
+    inside_set = set(inside)
     for j, w in war:
         if find(j) != find(w):
             edges[j].add(w)
@@ -316,7 +317,17 @@ def groups(lowered, group) -> list | None:
         flat = _topological([[i] for i in range(len(items))], edges, last, kinds)
         if flat is None:
             _cycle(items, edges)
-        runs = [[i for run in flat for i in run]]
+        # one run per stretch of kernels between externs: grouped as one run, the
+        # scheduler fuses kernels across an extern that reads none of their results, and
+        # an input's write went before the extern that reads its old value (a matmul)
+        runs, stretch = [], []
+        for i in (i for run in flat for i in run):
+            if kinds[i]:
+                runs += [stretch, [i]] if stretch else [[i]]
+                stretch = []
+            else:
+                stretch.append(i)
+        runs += [stretch] if stretch else []
     for pos, i in enumerate(i for run in runs for i in run):
         if isinstance(items[i], Computed):
             items[i].order = pos  # kernels launched before read it, later ones inline it
@@ -325,12 +336,23 @@ def groups(lowered, group) -> list | None:
     for k, g in enumerate(groups):
         for m in ([g] if isinstance(g, Extern) else g.members):
             kernel_of[id(m)] = k
-    for j, w in inside:
-        if kernel_of[id(items[j])] > kernel_of[id(items[w])]:
+    # every read of an input's old value runs before the write: in an earlier kernel or
+    # extern, or in the write's own kernel where each lane reads only its own elements
+    for j, w in war:
+        kj, kw = kernel_of[id(items[j])], kernel_of[id(items[w])]
+        if kj > kw or kj == kw and not ((j, w) in inside_set or _lanewise(items[j], items[w])):
             e = Unsupported("an input written before a kernel that reads its old value")
             e.frametrace_node = getattr(items[w].node.fn, "node", None)
             raise e
     return groups
+
+
+def _lanewise(reader, writer) -> bool:
+    """Whether a reader of an input's old value may share the writer's kernel: both
+    computed over the same elements, no reduction or scan (lanes that load other
+    elements than they store)."""
+    return isinstance(reader, Computed) and isinstance(writer, Computed) and \
+        reader.numel == writer.numel and not (reader.is_reduction or reader.is_scan)
 
 
 def _sizes(lowered) -> dict:
