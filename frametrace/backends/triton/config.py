@@ -103,7 +103,9 @@ dynamic_shapes = True
 # or an output stores with a copy kernel: BERT with a symbolic length had 3 copies of
 # q/k/v and one of the attention output per layer, and its q/k/v strides differed from the
 # static graph's, so cuDNN attention built a plan again for a length it had seen.  False:
-# index maps, as before.
+# index maps for views of computed values (views of graph inputs take their fake layout
+# either way: a returned view of an input with an offset, stored as a copy, came back
+# wrong, AOTAutograd making the view again from the input with the copy's strides).
 symbolic_views = True
 
 # Sizes that depend on the data (`nonzero`, `torch.where(mask)`, `x[mask]` under

@@ -378,12 +378,14 @@ class GraphLowering(Placement):
     def symbolic_view(self, base: Buffer, node):
         """The Buffer a view op gives on a symbolic `base`'s memory, or None (then an index
         map): the view's fake value's layout, where `base` has its fake input's layout
-        (`config.symbolic_views`).  No guard is added: tracing computed those strides."""
+        (`config.symbolic_views`; views of graph inputs take it either way: a returned one
+        that was a copy came back wrong, AOTAutograd making the view again from the input
+        with the copy's strides).  No guard is added: tracing computed those strides."""
         src = node.args[0] if getattr(node, "args", None) else None
         vin = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
         vout = node.meta.get("val")
         if not (isinstance(vin, torch.Tensor) and isinstance(vout, torch.Tensor)) or \
-                not config.symbolic_views or \
+                not (config.symbolic_views or base.name in self.inputs) or \
                 vin.dtype != base.dtype or vout.dtype != base.dtype or not torch._C._is_alias_of(vout, vin):
             return None
         try:
