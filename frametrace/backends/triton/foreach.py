@@ -337,8 +337,12 @@ def groups(lowered, group) -> list | None:
         for m in ([g] if isinstance(g, Extern) else g.members):
             kernel_of[id(m)] = k
     # every read of an input's old value runs before the write: in an earlier kernel or
-    # extern, or in the write's own kernel where each lane reads only its own elements
-    for j, w in war:
+    # extern, or in the write's own kernel where each lane reads only its own elements.
+    # (Reads as each item's own kernel makes them: a value realized before is loaded, not
+    # recomputed from the input, so `deep`'s reads through it are no reads here.)
+    for j, w in ((j, writers[n]) for j, (reads, _) in enumerate(acc) for n in reads & writers.keys()):
+        if w == j:
+            continue
         kj, kw = kernel_of[id(items[j])], kernel_of[id(items[w])]
         if kj > kw or kj == kw and not ((j, w) in inside_set or _lanewise(items[j], items[w])):
             e = Unsupported("an input written before a kernel that reads its old value")

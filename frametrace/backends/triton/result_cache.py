@@ -60,7 +60,8 @@ log = logging.getLogger("frametrace.cache")
 
 _FORMAT = 1         # (the description's layout: a change makes old ones misses)
 _OP_NAMESPACES = ("aten", "prims", "frametrace")
-_BASE_NAMES = ("torch", "empty_strided", "device", "reinterpret", "ensure_layout", "align_attention")
+# (what every wrapper's namespace holds: never a module's own constant)
+_BASE_NAMES = frozenset(base_namespace(torch.device("cpu")))
 STATS = {"stored": 0, "not_cached": 0, "restored": 0, "recompiled": 0}
 
 
