@@ -380,6 +380,19 @@ def test_no_sized_dispatch_where_no_fast_wrapper_runs():
     assert compiled_module.Sized.make(mod, [5, torch.randn(5, 12)]) is None
 
 
+def _launch_bound(rounds, device="cuda"):
+    """Rows of 64 through `rounds` small softmaxes: many short launches (launch-bound,
+    worth a CUDA graph), returning the rows and their column maxima."""
+    w = torch.randn(64, device=device)
+
+    def f(x):
+        h = x * w + 1
+        for _ in range(rounds):
+            h = torch.softmax(h, -1) * 2 + h.sum(-1, keepdim=True) * 1e-3
+        return h, h.amax(0)
+    return f
+
+
 @cuda
 def test_recurring_sizes_replay_a_cuda_graph_each(monkeypatch):
     """An inference graph with symbolic sizes: each recurring set of sizes gets its own
@@ -389,13 +402,7 @@ def test_recurring_sizes_replay_a_cuda_graph_each(monkeypatch):
     from frametrace.backends.triton import backend, cudagraphs
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(config, "sized_fast_after", 2)
-    w = torch.randn(64, device="cuda")
-
-    def f(x):
-        h = x * w + 1
-        for _ in range(6):      # launch-bound: worth a graph
-            h = torch.softmax(h, -1) * 2 + h.sum(-1, keepdim=True) * 1e-3
-        return h, h.amax(0)
+    f = _launch_bound(6)
     frametrace.reset()
     cf = frametrace.optimize(backend="triton", dynamic=True)(f)
     with torch.no_grad():
@@ -529,13 +536,7 @@ def test_sibling_sizes_trust_a_kept_replay(monkeypatch, shared):
     monkeypatch.setattr(config, "sized_fast_after", 1)
     monkeypatch.setattr(config, "sized_capture_at", 5)
     monkeypatch.setattr(config, "sized_shared_verdict", shared)
-    w = torch.randn(64, device="cuda")
-
-    def f(x):
-        h = x * w + 1
-        for _ in range(8):      # launch-bound: worth a graph
-            h = torch.softmax(h, -1) * 2 + h.sum(-1, keepdim=True) * 1e-3
-        return h, h.amax(0)
+    f = _launch_bound(8)
     frametrace.reset()
     cf = frametrace.optimize(backend="triton")(f)
 
