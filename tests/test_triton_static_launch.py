@@ -536,6 +536,7 @@ def test_sibling_sizes_trust_a_kept_replay(monkeypatch, shared):
     monkeypatch.setattr(config, "sized_fast_after", 1)
     monkeypatch.setattr(config, "sized_capture_at", 5)
     monkeypatch.setattr(config, "sized_shared_verdict", shared)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)  # (its own test below)
     f = _launch_bound(8)
     frametrace.reset()
     cf = frametrace.optimize(backend="triton")(f)
@@ -615,6 +616,149 @@ def test_saturated_host_captures_untimed(monkeypatch, trust):
         assert runner.decision.startswith("the host is most") is untimed, (f.__name__, runner.decision)
         if untimed:
             assert runner.graph is not None
+
+
+@cuda
+@pytest.mark.parametrize("direct", [True, False])
+def test_capture_keeps_the_allocator_cache(monkeypatch, direct):
+    """`config.graph_capture_direct`: a capture runs on our side stream without
+    `torch.cuda.graph`'s device synchronize and `empty_cache` (counted here); with the
+    switch off it goes through `torch.cuda.graph`, which empties the cache.  Each call's
+    input is made by a long matmul still running on the current stream when the call
+    starts, and outputs of calls before the capture are checked after the replays (the
+    graph's pool must not reuse their memory); values against eager on every call."""
+    from frametrace.backends.triton import backend
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "graph_capture_direct", direct)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    emptied = []
+    real = torch.cuda.empty_cache
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1) or real())
+    f = _launch_bound(24)
+    a = torch.randn(2048, 2048, device="cuda")
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton")(f)
+    kept = []
+    with torch.no_grad():
+        for i in range(8):
+            x = (a @ a)[:16, :64] * 1e-2 + i     # (pending on the stream as the call starts)
+            got, want = cf(x), f(x)
+            kept.append((got, [t.clone() for t in want]))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        torch.cuda.synchronize()
+    for got, want in kept:
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    runner = backend.COMPILED[-1].runner
+    assert runner is not None and runner.decision != "not yet measured"
+    if runner.decision.startswith("GPU-bound"):
+        return      # (never captured on this machine)
+    assert bool(emptied) is not direct, (runner.decision, len(emptied))
+
+
+@cuda
+@pytest.mark.parametrize("trust", [True, False])
+def test_saturated_sizes_capture_at_their_third_call(monkeypatch, trust):
+    """A set of sizes whose one timed direct call (its second) was nearly all host time
+    captures untimed at its third call, before `sized_capture_at`; with
+    `config.graph_trust_saturated` off it waits for `sized_capture_at` and is timed.
+    Values against eager on every call, fresh inputs, two sizes in turn."""
+    from frametrace.backends.triton import backend, cudagraphs
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_capture_at", 6)
+    monkeypatch.setattr(config, "sized_shared_verdict", False)
+    monkeypatch.setattr(config, "graph_trust_saturated", trust)
+    w = torch.randn(64, device="cuda")
+
+    def f(x):   # (each column maximum ends a kernel: ~50 launches, whatever the rows)
+        h = x * w
+        for _ in range(24):
+            h = torch.softmax(h, -1) + h.amax(0) * 1e-3
+        return h
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton")(f)
+    seen = {}
+    with torch.no_grad():
+        for i in range(16):
+            n = (3, 5, 7, 40)[min(i, 2 + i % 2)]
+            x = torch.randn(n, 64, device="cuda")
+            torch.testing.assert_close(cf(x), f(x), rtol=1e-4, atol=1e-4)
+            mod = next((m for m in reversed(backend.COMPILED) if m.symbolic), None)
+            r = mod and mod.fast.fast.get((n,))
+            if isinstance(r, cudagraphs.CudaGraphRunner) and r.graph is not None:
+                seen.setdefault(n, r.calls)
+    runners = [r for r in mod.fast.fast.values() if isinstance(r, cudagraphs.CudaGraphRunner)]
+    assert runners, mod.fast.fast
+    if any(r.decision.startswith("GPU-bound") for r in runners):
+        pytest.skip("this GPU is slower than its host here")
+    assert set(seen) == {7, 40}, (seen, [r.decision for r in runners])
+    for n, calls in seen.items():
+        assert calls == (3 if trust else 6), (n, calls, [(r.launches, r.outs, r.host_us, r.gpu_us, r.decision) for r in runners])
+    assert all(r.decision.startswith("the host is most") is trust for r in runners), \
+        [r.decision for r in runners]
+
+
+def _tiny_runner(call, pool=None):
+    """A CudaGraphRunner over `call` that captures untimed at its third call (a sibling's
+    verdict), as a `Sized` runner does once a sibling kept its replay."""
+    from frametrace.backends.triton import cudagraphs
+    verdict = cudagraphs.Verdict()
+    verdict.kept = True
+    return cudagraphs.CudaGraphRunner(call, launches=100, pool=pool, verdict=verdict)
+
+
+@cuda
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+def test_failed_capture_leaves_random_ops_working(monkeypatch, direct, shared):
+    """A call that syncs inside the capture (`.item()`) invalidates it: the runner must
+    fall back to launching, with right values, and leave the CUDA generator usable (a
+    failed `capture_end` left it marked as capturing, and every later random op of the
+    process raised), through either capture path and pool."""
+    from frametrace.backends.triton import cudagraphs
+    monkeypatch.setattr(config, "graph_capture_direct", direct)
+    w = torch.randn(64, device="cuda")
+
+    def call(args):
+        (x,) = args
+        if torch.cuda.is_current_stream_capturing():
+            x.sum().item()
+        return [x * w + 1]
+    runner = _tiny_runner(call, cudagraphs.SharedPool() if shared else None)
+    for _ in range(6):
+        x = torch.randn(16, 64, device="cuda")      # (raised here once the generator stuck)
+        torch.testing.assert_close(runner([x])[0], x * w + 1)
+    assert runner.graph is None and runner.calls < 0
+    torch.testing.assert_close(torch.rand(3, device="cuda").shape, torch.Size([3]))
+
+
+@cuda
+@pytest.mark.parametrize("direct", [True, False])
+def test_shared_pool_outlives_its_graphs(monkeypatch, direct):
+    """Graphs of one SharedPool: after every graph captured into it died (a replay
+    dropped, sizes evicted), another still captures into it (without the pool's own
+    graph, the allocator kept the dead pool until its cache was emptied and the capture
+    failed inside torch), and replays right values; random ops work throughout."""
+    import gc
+    from frametrace.backends.triton import cudagraphs
+    monkeypatch.setattr(config, "graph_capture_direct", direct)
+    w = torch.randn(64, device="cuda")
+    pool = cudagraphs.SharedPool()
+
+    def call(args):
+        return [torch.softmax(args[0] * w, -1) + 1]
+    for _ in range(3):
+        runner = _tiny_runner(call, pool)
+        for _ in range(5):
+            x = torch.randn(16, 64, device="cuda")
+            torch.testing.assert_close(runner([x])[0], call([x])[0])
+        if runner.decision.startswith("GPU-bound"):
+            pytest.skip("this GPU is slower than its host here")
+        assert runner.graph is not None, runner.decision
+        del runner
+        gc.collect()
 
 
 def pytree_leaves(x):

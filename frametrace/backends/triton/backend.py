@@ -346,7 +346,8 @@ def _build(gm, example_inputs, device, aten_nodes, hinted, kind="inference") -> 
     # backward's inputs are those: a replay would copy each out (or in), and its static
     # buffers would hold a second set of them for the life of the graph
     if mod.graphable and kind == "inference":
-        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
+        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs),
+                                     settings=mod.settings)
     for f in mod.fallbacks:
         if f not in hinted:
             hinted.add(f)

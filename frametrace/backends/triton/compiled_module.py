@@ -15,7 +15,7 @@ import re
 import torch
 
 from . import config
-from .cudagraphs import CudaGraphRunner
+from .cudagraphs import CudaGraphRunner, SharedPool
 from .cudagraphs import Verdict as CudaGraphVerdict
 from .foreach import in_place
 from .ir import Extern
@@ -186,8 +186,9 @@ class Sized:
             return
         if mod.kind == "inference" and mod.graphable_per_size:
             if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            run = CudaGraphRunner(run, len(mod.kernels) + len(mod.externs), self.pool, self.verdict)
+                self.pool = SharedPool()
+            run = CudaGraphRunner(run, len(mod.kernels) + len(mod.externs), self.pool, self.verdict,
+                                  mod.settings)
             run.calls = 1   # (its first call, the one that made it, ran already)
             run.capture_at = max(4, mod.settings.get("sized_capture_at", config.sized_capture_at))
         self.fast[sizes], self.sources[sizes] = run, source

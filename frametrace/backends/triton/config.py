@@ -65,9 +65,15 @@ sized_capture_at = 5
 sized_shared_verdict = True
 # A graph whose direct call's host time is most of its wall time (cudagraphs.HOST_SATURATED,
 # 80%) is captured and kept without timing a run before the capture and replays after
-# it: the replay's GPU work is the direct call's plus its copies, which cannot make up
-# the host time it saves.  False: timed, as graphs between 50% and 80% are.
+# it, at its third call: the replay's GPU work is the direct call's plus its copies, which
+# cannot make up the host time it saves.  False: timed, as graphs between 50% and 80%
+# are, at their `capture_at`.
 graph_trust_saturated = True
+# A capture runs on a side stream ordered after the current one by an event, without
+# `torch.cuda.graph`'s device synchronize and `empty_cache` before each capture (the
+# graphs draw from a pool of their own; the emptied cache made the calls after a capture
+# allocate from the driver again).  False: through `torch.cuda.graph`.
+graph_capture_direct = True
 
 # torch.utils.checkpoint over random ops (dropout) on CUDA tensors compiles in the graph,
 # its recompute restoring the CUDA generator's state around the Philox key it draws.

@@ -307,7 +307,8 @@ def runner(d, graph, restored, recompile):
     restored(mod, time.perf_counter() - t0)
     STATS["restored"] += 1
     if mod.graphable and mod.kind == "inference":
-        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs))
+        mod.runner = CudaGraphRunner(mod.call, len(mod.kernels) + len(mod.externs),
+                                     settings=mod.settings)
 
     def first(args):
         kept = list(args)
