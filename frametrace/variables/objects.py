@@ -28,6 +28,7 @@ from .fx_values import PassedAsIs
 from .. import _C
 from .grad_utils import foreach_tensor_scalars, group_by_device_and_dtype
 from .optimizers import trace_time_call
+from .device_facts import device_fact
 
 
 def callable_name(value) -> str:
@@ -350,6 +351,9 @@ class ObjectVar(ValueVar, PassedAsIs):
             # (a number is never a tensor nor has __torch_function__)
             return ConstVar(isinstance(args[0], TensorVar))
         made = trace_time_call(tx, value, args, kwargs)
+        if made is not None:
+            return made
+        made = device_fact(tx, value, args, kwargs)
         if made is not None:
             return made
         if value in _PURE_LIBRARY_FUNCTIONS and _all_const(args, kwargs):
