@@ -136,6 +136,12 @@ def decompositions():
     for op in (aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int,
                aten.var_mean.correction, aten.var.correction, aten.mean.dim):
         table.pop(op, None)
+    # index_add stays aten's kernel (atomic adds, or the sort-based index_put under
+    # deterministic algorithms, as eager chooses): torch's decomposition makes it an
+    # accumulating index_put, whose CUDA kernel always sorts the indices (a Mixtral expert
+    # loop's combine, 16 a call on the H200: 200 us of host work each against 42 us)
+    for op in (aten.index_add.default, aten.index_add.out):
+        table.pop(op, None)
     # attention stays one aten call, on the CPU (the interpreter's tests) as on CUDA, where
     # the cuDNN/flash/efficient kernels have no decomposition
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)

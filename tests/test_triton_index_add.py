@@ -1,0 +1,71 @@
+"""index_add stays aten's kernel under backend="triton" (decompositions.py): torch's
+decomposition makes it an accumulating index_put, whose CUDA kernel sorts the indices on
+every call.  Checked against eager on fresh inputs: repeated indices, alpha, other dims,
+the in-place form on a graph input and on a fresh buffer (a Mixtral expert loop's
+combine), bf16, NaN, an out-of-range index (raises as in eager), symbolic sizes."""
+import pytest
+import torch
+
+import frametrace
+
+pytest.importorskip("triton")
+from frametrace.backends.triton import backend  # noqa: E402
+from differential import check  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
+
+def _ops(mod):
+    return [str(e) for e in mod.externs]
+
+
+def combine(h, idx, w):
+    out = torch.zeros_like(h)
+    for e in range(3):
+        tok = idx[e]
+        out.index_add_(0, tok, (h[tok] * w[e]).to(out.dtype))
+    return out
+
+
+def other_dim(x, idx, src):
+    return x.index_add(1, idx, src, alpha=0.5) * 2
+
+
+def in_place_on_input(x, idx, src):
+    x.index_add_(0, idx, src)
+    return x.sum()
+
+
+def _idx(n, k, g):
+    return torch.randint(0, n, (k,), generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_index_add_stays_one_aten_call(dtype):
+    g = torch.Generator().manual_seed(0)
+    calls = []
+    for n in (8, 8, 12):
+        h = torch.randn(n, 16, dtype=dtype, generator=g)
+        h[0, 0] = float("nan")
+        idx = torch.stack([_idx(n, 5, g) for _ in range(3)])    # (repeats: colliding rows)
+        calls.append((h, idx, torch.randn(3, dtype=dtype, generator=g)))
+    report = check(combine, calls, backend="triton", breaks=0, fallbacks=0,
+                   rtol=2e-2 if dtype is torch.bfloat16 else 1e-5, atol=2e-2 if dtype is torch.bfloat16 else 1e-6)
+    ops = [op for m in backend.COMPILED[-2:] for op in _ops(m)]
+    assert any("index_add" in op for op in ops), ops
+    assert not any("index_put" in op for op in ops), ops
+    assert report.graphs >= 1
+
+
+def test_index_add_other_dims_and_in_place_on_inputs():
+    g = torch.Generator().manual_seed(1)
+    check(other_dim, [(torch.randn(4, 6, generator=g), torch.tensor([0, 5, 5]), torch.randn(4, 3, generator=g))
+                      for _ in range(3)], backend="triton", breaks=0, fallbacks=0)
+    frametrace.reset()
+    check(in_place_on_input, [(torch.randn(6, 3, generator=g), torch.tensor([1, 1, 4]), torch.randn(3, 3, generator=g))
+                              for _ in range(3)], backend="triton", breaks=0, fallbacks=0)
+
+
+def test_out_of_range_index_raises_as_in_eager():
+    check(other_dim, [(torch.randn(4, 6), torch.tensor([0, 6]), torch.randn(4, 2))], backend="triton",
+          graphs=None)
