@@ -15,6 +15,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from . import config, grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .context import CompileContext
+from .derived import DerivedSize
 from .fallback import Fallback, by_design, ir_values, trace, wrapped_op
 from .ir import Buffer, Computed, Extern, GraphObject, IRNode, Pointwise, Unsupported, contiguous_strides
 from .lowering_base import LOWERINGS, compute_dtype
@@ -113,7 +114,8 @@ class GraphLowering(Placement):
         return self
 
     def size(self, v):
-        """A size or an int value as an int or a sympy polynomial of shape symbols."""
+        """A size or an int value as an int or a sympy polynomial of shape symbols and
+        derived sizes (a FloorDiv's, a Max's: derived.py)."""
         try:
             e = indexing.sym(v)
         except ValueError as err:
@@ -152,17 +154,27 @@ class GraphLowering(Placement):
         if not isinstance(value, torch.SymInt):
             return False
         e = self.size(value)
-        if isinstance(e, int) or not e.is_Symbol or e in self.symbol_sources or e in self.late_symbols:
+        if isinstance(e, int) or not e.is_Symbol or e in self.symbol_sources or e in self.late_symbols or \
+                isinstance(e, DerivedSize):   # (the wrapper computes it from the inputs' sizes)
             return False
         self.late_symbols[e] = source
         return True
 
     def bind(self, value, source, stride=False):
-        """Where the wrapper finds a symbol: a size (or int input) that is just it."""
+        """Where the wrapper finds a symbol: a size (or int input) that is just it, or a
+        positive multiple of it."""
         if isinstance(value, torch.SymInt):
             e = self.stride_size(value) if stride else self.size(value)
+            # (a derived size too: a backward whose inputs give only (s0 + 2)//3, never
+            # s0, reads it as it is rather than computing it)
             if not isinstance(e, int) and e.is_Symbol and e not in self.symbol_sources:
                 self.symbol_sources[e] = source
+            elif not stride and not isinstance(e, int) and e.is_Mul and len(e.args) == 2 and \
+                    e.args[0].is_Integer and int(e.args[0]) > 0 and e.args[1].is_Symbol and \
+                    e.args[1] not in self.symbol_sources:
+                # a multiple of one (a backward's flat tangent of 2*s0 elements): the
+                # symbol is the size divided, exactly
+                self.symbol_sources[e.args[1]] = f"({source} // {int(e.args[0])})"
 
     def placeholder(self, node, example):
         self.inputs.append(node.name)

@@ -13,6 +13,7 @@ import operator
 
 import sympy
 import torch
+from torch.utils._sympy.functions import Max as TorchMax
 
 from . import autotune, config, indexing, layout, logsumexp, row_partials, splits
 from .indexing import flatten, unflatten
@@ -489,11 +490,34 @@ def _squeeze(L, node, x, dims=None):
 @register(aten.slice.Tensor)
 def _slice(L, node, x, dim=0, start=None, end=None, step=1):
     dim %= len(x.shape)
-    start, end = slice_bounds(x.shape[dim], start, end, step)
+    if config.derived_sizes and any(is_symbolic(v) for v in (x.shape[dim], start, end)):
+        start = _symbolic_start(L, x.shape[dim], start, step)
+    else:
+        start, end = slice_bounds(x.shape[dim], start, end, step)
 
     def index_map(idx):
         return idx[:dim] + [start + idx[dim] * step] + idx[dim + 1:]
     return view(L, node, x, index_map, lambda t: t[(slice(None),) * dim + (slice(start, end, step),)])
+
+
+def _symbolic_start(L, size, start, step):
+    """Where a slice of a symbolic size (or with symbolic bounds) starts: its index map
+    needs no end (the traced value's size, a derived size, says how many elements it
+    has).  A start past the end makes it empty; a negative one counts from the end,
+    Max(0, size + start), a derived size."""
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported("a slice with a symbolic step")
+    if start is None:
+        return 0
+    if is_symbolic(start):
+        if not indexing.le(0, start):
+            raise Unsupported("a slice from a symbolic position that may be negative")
+        return start
+    if start >= 0:
+        return start
+    if not is_symbolic(size):
+        return max(size + start, 0)
+    return L.size(TorchMax(sympy.Integer(0), sympy.sympify(size) + start))
 
 
 @register(aten.select.int)
@@ -714,9 +738,12 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
     (sh, sw), (ph, pw) = _pair(stride, [kh, kw]), _pair(padding, 0)
     vals = node.meta["val"]
     shape, dtype = shape_of(vals[0].shape), vals[0].dtype
-    if not isinstance(x, IRNode) or any(is_symbolic(n) for n in x.shape) or len(x.shape) not in (3, 4):
+    if not isinstance(x, IRNode) or len(x.shape) not in (3, 4) or \
+            (not config.derived_sizes and any(is_symbolic(n) for n in x.shape)):
         raise Unsupported("max_pool2d")
-    H, W = x.shape[-2:]
+    # (a symbolic height or width as Triton source, in parentheses: the kernel takes its
+    # symbols; the output's size, a derived size, only bounds the kernel)
+    H, W = (n if indexing.is_static(n) else f"({indexing.pexpr(sympy.sympify(n))})" for n in x.shape[-2:])
     cdt = compute_dtype(dtype)
     if isinstance(x, Pointwise):
         x = L.realize(x, wrapper=False)

@@ -9,7 +9,7 @@ import re
 import sympy
 import torch
 
-from . import autotune, config, foreach, indexing
+from . import autotune, config, derived, foreach, indexing
 from .indexing import pycode
 from .fallback import wrapped_op
 from .ir import Buffer, Extern, GraphObject, Unsupported
@@ -267,7 +267,7 @@ def base_namespace(device) -> dict:
     """What every wrapper's source reads besides its constants, launchers and ops."""
     return {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
             "reinterpret": _reinterpret, "ensure_layout": _ensure_layout,
-            "align_attention": _align_attention}
+            "align_attention": _align_attention, **derived.NAMESPACE}
 
 
 class WrapperCodegen:
@@ -338,7 +338,8 @@ class WrapperCodegen:
         self.generated_names = tuple(self.ns)
         if self.lowered.ctx.hints:
             names = {s.name for s in self.lowered.ctx.hints}
-            bound = {s.name for s in (*self.lowered.symbol_sources, *self.lowered.late_symbols)}
+            bound = {s.name for s in (*self.lowered.symbol_sources, *self.lowered.late_symbols,
+                                      *self.lowered.ctx.derived.sources)}
             unbound = (names & set(re.findall(r"\b[A-Za-z_]\w*\b", source))) - bound
             if unbound:
                 raise Unsupported(f"sizes {sorted(unbound)} that no input gives")
@@ -350,6 +351,7 @@ class WrapperCodegen:
         if L.inputs:
             lines.append(f"    {', '.join(L.inputs)}, = args")
         lines += [f"    {s.name} = {src}" for s, src in L.symbol_sources.items()]
+        derived_at = len(lines)
         lines += checks
         lines.append("    args.clear()")
         launchers = iter(self.launchers)
@@ -364,6 +366,13 @@ class WrapperCodegen:
                     shape=pycode(c.shape), stride=pycode(c.buffer.stride), dtype=c.dtype))
             lines.append(f"    {launch(next(launchers), item)}  # {item.name}")
         lines.append(f"    return [{', '.join(self.expr(o) for o in L.outputs)}]")
+        # the derived sizes this function or its kernels use, from the symbols just bound
+        # (a derived size only reads shape symbols the inputs give)
+        used = set(_NAME.findall("\n".join(lines))) | {
+            n for item in self.schedule if not isinstance(item, Extern) for n in item.symbols}
+        lines[derived_at:derived_at] = [f"    {s.name} = {src}" for s, (src, _) in
+                                        L.ctx.derived.sources.items()
+                                        if s.name in used and s not in L.symbol_sources]
         unsafe = {n for e in self.schedule if isinstance(e, Extern) and e.may_alias for n in e.reads()}
         return "\n".join(_reuse_dead(_free_dead(lines, L.inputs), unsafe)) + "\n"
 
