@@ -203,3 +203,20 @@ def test_derived_source_semantics():
                     continue    # (defined for non-negative indices)
                 want = e.xreplace({a: sympy.Integer(va), b: sympy.Integer(vb)})
                 assert eval(src, dict(NAMESPACE), {"a": va, "b": vb}) == int(want), (e, va, vb)
+
+
+def test_derived_from_a_size_the_data_decides(monkeypatch):
+    """`x[x > 0][::2]`: (u0 + 1)//2 over the number of positives u0, computed right after
+    the aten call that binds u0 (0 positives: an empty result, no launch)."""
+    monkeypatch.setattr(frametrace.config, "capture_dynamic_output_shape_ops", True)
+
+    def fn(x):
+        return x[x > 0][::2] * 2 + 1, (x[x > 0][1::3] * 3).sum()
+
+    def make(n):
+        x = torch.randn(n, 3)
+        if n == 6:
+            x = -x.abs()        # (no positives)
+        return (x,)
+    counter, symbolic = sweep(fn, make, sizes=(5, 16, 17, 6, 33, 64, 6))
+    assert any(m.wrapper.lowered.ctx.derived.late for m in symbolic)

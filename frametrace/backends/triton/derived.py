@@ -5,8 +5,9 @@ size) has each of its non-polynomial parts stand for an opaque symbol of its own
 from its inputs, once per call, right after binding them (`sources`); kernels take it as
 one more int size argument.  Its hint is its value at the shape symbols' hints.
 
-Only parts over sizes the inputs give (backed symbols) are derived: a part over a size
-the data decides (u0, bound midway through a call) stays unsupported.  The Python source
+A part over a size the data decides (u0, bound midway through a call by the aten call
+that makes it) is computed right after that binding (`late`), and kernels taking it
+pick block sizes per power-of-two bucket, as for u0 itself.  The Python source
 mirrors each function's exact semantics (floor division and Python's `%` for FloorDiv and
 PythonMod, the C remainder for torch's Mod) and is checked against SymPy's own value at
 the hints before it is used."""
@@ -49,11 +50,14 @@ def is_polynomial(e) -> bool:
 class Derived:
     """One compile's derived sizes: {expression: DerivedSize} and {DerivedSize: (Python
     source over the shape symbols, expression)}."""
-    __slots__ = ("symbols", "sources", "env")
+    __slots__ = ("symbols", "sources", "env", "late")
 
     def __init__(self):
         self.symbols: dict = {}
         self.sources: dict = {}
+        # those derived from sizes the data decides: {DerivedSize: those sizes}; the
+        # wrapper computes each right after the aten call that binds the last of them
+        self.late: dict = {}
         self.env = None     # the ShapeEnv of the SymInts seen (hints and ranges of symbols)
 
     def replace(self, e, hints, env=None):
@@ -81,13 +85,16 @@ class Derived:
         free = a.free_symbols
         if not free or a.is_integer is False:
             raise ValueError(f"symbolic size {a}")
-        if free_unbacked_symbols(a):
-            raise ValueError(f"symbolic size {a} (derived from a size the data decides)")
+        late = free_unbacked_symbols(a)
         env = self.env
         values = None if env is None else (getattr(env, "backed_var_to_val", None) or env.var_to_val)
         for s in free:
             if isinstance(s, DerivedSize) or not s.is_Symbol:
                 raise ValueError(f"symbolic size {a}")
+            if s in late and s not in hints:
+                # (a size the data decides is hinted where the aten call that makes it is
+                # lowered, before anything derived from it; otherwise not derived)
+                raise ValueError(f"symbolic size {a} (derived from a size the data decides)")
             if s not in hints:
                 if values is None or s not in values:
                     raise ValueError(f"symbolic size {a} (no hint for {s})")
@@ -114,6 +121,8 @@ class Derived:
             DerivedSize(name, integer=True, nonnegative=True)
         self.symbols[a] = sym
         self.sources[sym] = (src, a)
+        if late:
+            self.late[sym] = frozenset(late)
         # (block sizes are picked for the hint: an empty size would pick them for nothing)
         hints[sym] = max(value, 1)
         return sym

@@ -48,7 +48,10 @@ class Launcher:
             # a size the data decides (u0: tokens per expert) takes another value on most
             # calls: block sizes are tuned once per power-of-two bucket of the extents;
             # other sizes too unless config.tune_each_size (a server's lengths)
-            self.bucketed = not config.tune_each_size or any(_UNBACKED.fullmatch(s) for s in kernel.symbols)
+            # (so does a size derived from one: derived.py)
+            late = {s.name for s in g.ctx.derived.late} if getattr(g, "ctx", None) is not None else set()
+            self.bucketed = not config.tune_each_size or \
+                any(_UNBACKED.fullmatch(s) or s in late for s in kernel.symbols)
 
     def _launch(self, choice, args, xnumel=None):
         grid = (math.ceil((xnumel or self.xnumel) / choice.xblock),)
@@ -370,9 +373,15 @@ class WrapperCodegen:
         # (a derived size only reads shape symbols the inputs give)
         used = set(_NAME.findall("\n".join(lines))) | {
             n for item in self.schedule if not isinstance(item, Extern) for n in item.symbols}
-        lines[derived_at:derived_at] = [f"    {s.name} = {src}" for s, (src, _) in
-                                        L.ctx.derived.sources.items()
-                                        if s.name in used and s not in L.symbol_sources]
+        needed = [(s, src) for s, (src, _) in L.ctx.derived.sources.items()
+                  if s.name in used and s not in L.symbol_sources]
+        late = L.ctx.derived.late
+        for s, src in reversed([(s, src) for s, src in needed if s in late]):
+            # after the line that binds the last of the sizes it reads (an aten call's)
+            at = max(i for i, line in enumerate(lines)
+                     if any(line.startswith(f"    {u.name} = ") for u in late[s]))
+            lines.insert(at + 1, f"    {s.name} = {src}")
+        lines[derived_at:derived_at] = [f"    {s.name} = {src}" for s, src in needed if s not in late]
         unsafe = {n for e in self.schedule if isinstance(e, Extern) and e.may_alias for n in e.reads()}
         return "\n".join(_reuse_dead(_free_dead(lines, L.inputs), unsafe)) + "\n"
 
