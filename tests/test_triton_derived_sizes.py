@@ -53,6 +53,8 @@ PROGRAMS = {
     "negative_start": (lambda x: (x[-3:] * 2, x[-5::2] + 1), lambda n: (_rows(n, 3),), 1e-4),
     "half_rows": (lambda x: x[: x.shape[0] // 2].cos(), lambda n: (_rows(n, 3),), 1e-4),
     "half_rows_from": (lambda x: x[x.shape[0] // 2:] * 3, lambda n: (_rows(n, 3),), 1e-4),
+    "half_rows_from_end": (lambda x: x[-(x.shape[0] // 2):] * 3 + x[-(x.shape[0] // 2)::2].sum(0),
+                           lambda n: (_rows(n, 3),), 1e-4),
     "view_minus_one": (lambda x: (x @ _W4).view(2, -1, 4).sum(1), lambda n: (_finite(2 * n, 4),), 1e-4),
     "reshape_product": (lambda x: (x[::2] * 2).reshape(-1).view(-1, 7).amax(1), lambda n: (_rows(n, 7),), 1e-4),
     "max_pool2d": (lambda x: F.max_pool2d(x.relu(), 3, 2, 1) + 1, lambda n: (_rows(2, 3, n, n + 1),), 1e-4),
@@ -135,6 +137,13 @@ def test_derived_sizes_across_buckets(name):
     # the elementwise work is kernels: the conv and avg pooling are aten calls (no
     # lowering), the rest of each graph kernels
     assert all(m.kernels for m in symbolic), [m.source for m in symbolic]
+    for m in symbolic:
+        # each derived size a kernel takes is computed before the launches, in the
+        # general wrapper and in the template of the per-size fast wrappers (GPU) alike
+        taken = {n for k in m.kernels for n in k.symbols if n.startswith("ds")}
+        for text in (m.source, m.wrapper.fast_template):
+            head = text.split("args.clear()")[0]
+            assert all(f"    {n} = " in head for n in taken), (taken, text)
 
 
 def test_derived_sizes_off_runs_aot_eager(monkeypatch):
