@@ -105,17 +105,15 @@ class Derived:
         exact = a.xreplace({s: sympy.Integer(hints[s]) for s in free})
         if not isinstance(value, int) or isinstance(value, bool) or not exact.is_Integer or int(exact) != value:
             raise ValueError(f"symbolic size {a} (its Python source {src} gives {value!r}, SymPy {exact})")
-        positive = False
-        if env is not None:
-            try:
-                r = env.bound_sympy(a)
-                if r.lower < 0:
-                    raise ValueError(f"symbolic size {a} (may be negative)")
-                positive = bool(r.lower >= 1)
-            except ValueError:
-                raise
-            except Exception:  # (no range: only non-negative assumed)
-                positive = False
+        # its range under the ShapeEnv's: a size that may be negative is no size (the
+        # index helpers take derived sizes as >= 0), one >= 1 is positive to them
+        try:
+            lower = env.bound_sympy(a).lower
+        except Exception as err:  # (no ShapeEnv, or a range it cannot bound)
+            raise ValueError(f"symbolic size {a} (no range: {type(err).__name__})") from None
+        if not lower >= 0:
+            raise ValueError(f"symbolic size {a} (may be negative)")
+        positive = bool(lower >= 1)
         name = f"ds{len(self.symbols)}"
         sym = DerivedSize(name, integer=True, positive=True) if positive else \
             DerivedSize(name, integer=True, nonnegative=True)

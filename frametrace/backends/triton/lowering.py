@@ -127,6 +127,8 @@ class GraphLowering(Placement):
     def _hint(self, env, e):
         """The hints of e's symbols: the ShapeEnv's values, or for a size the data
         decides `_unbacked_hint`."""
+        if env is not None:
+            self.ctx.derived.env = env   # (derived sizes' hints and ranges: derived.py)
         values = getattr(env, "backed_var_to_val", None)
         values = env.var_to_val if values is None else values
         for s in e.free_symbols:
@@ -268,12 +270,38 @@ class GraphLowering(Placement):
             if stride is not None and not layout.dense(value.shape, stride):
                 stride = None
         b = self.realize(value, stride=stride)
+        if self.hints and isinstance(val, torch.Tensor):
+            self._check_input_view(b, val)
         if stride is None or layout.same(b.shape, b.stride, stride) or \
                 (b.name not in self.computed_names and b.name not in self.relaid):
             return b
         # computed here in another layout (an extern read it first), or a convolution
         # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
+
+    def _check_input_view(self, b: Buffer, val):
+        """An output that is a view of a value written into a graph input (a slice the
+        graph wrote in place and returns): AOTAutograd may make the caller's view from
+        the input with the strides and offset of the tensor returned, so the Buffer must
+        have those of the traced view; where they cannot be shown equal (symbolic sizes:
+        the view became an index map and was stored), the graph is unsupported rather
+        than return a view of other elements."""
+        # (the new values the graph writes into inputs: a slice of x written in place is
+        # a view of x's new value in the functional graph; views of the inputs themselves
+        # are symbolic_view's, with the traced layout)
+        inputs = [n.args[1].meta.get("val") for n in self.gm.graph.nodes
+                  if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and
+                  isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder"]
+        if not any(isinstance(t, torch.Tensor) and torch._C._is_alias_of(val, t) for t in inputs):
+            return
+        try:
+            same = len(b.shape) == val.dim() and not _differ(self.size(val.storage_offset()), b.offset) and \
+                all(not _differ(self.size(n), 1) or not _differ(self.stride_size(s), t)
+                    for n, s, t in zip(val.shape, val.stride(), b.stride))
+        except (Unsupported, TypeError, ValueError):
+            same = False
+        if not same:
+            raise Unsupported("an output that is a view of an input, in another layout than traced")
 
     def copy_in(self, b: Buffer, stride) -> Buffer:
         """A copy of `b` stored with `stride` (one kernel)."""

@@ -13,13 +13,12 @@ import operator
 
 import sympy
 import torch
-from torch.utils._sympy.functions import Max as TorchMax
 
 from . import autotune, config, indexing, layout, logsumexp, row_partials, splits
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, out_of_bounds, pointwise,  # noqa: F401
-                            register, shape_of, slice_bounds, val_of)  # (tests patch ops.LOWERINGS)
+                            register, shape_of, slice_bounds, slice_start, val_of)  # (tests patch ops.LOWERINGS)
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -491,35 +490,13 @@ def _squeeze(L, node, x, dims=None):
 def _slice(L, node, x, dim=0, start=None, end=None, step=1):
     dim %= len(x.shape)
     if config.derived_sizes and any(is_symbolic(v) for v in (x.shape[dim], start, end)):
-        start = _symbolic_start(L, x.shape[dim], start, step)
+        start = slice_start(L, x.shape[dim], start, step)
     else:
         start, end = slice_bounds(x.shape[dim], start, end, step)
 
     def index_map(idx):
         return idx[:dim] + [start + idx[dim] * step] + idx[dim + 1:]
     return view(L, node, x, index_map, lambda t: t[(slice(None),) * dim + (slice(start, end, step),)])
-
-
-def _symbolic_start(L, size, start, step):
-    """Where a slice of a symbolic size (or with symbolic bounds) starts: its index map
-    needs no end (the traced value's size, a derived size, says how many elements it
-    has).  A start past the end makes it empty; a negative one (an int, or a symbolic
-    one provably <= 0: x[-(n // 2):]) counts from the end, Max(0, size + start), a
-    derived size."""
-    if not isinstance(step, int) or step < 1:
-        raise Unsupported("a slice with a symbolic step")
-    if start is None:
-        return 0
-    if is_symbolic(start):
-        if indexing.le(0, start):
-            return start
-        if not indexing.le(start, 0):
-            raise Unsupported("a slice from a symbolic position that may be either sign")
-    elif start >= 0:
-        return start
-    elif not is_symbolic(size):
-        return max(size + start, 0)
-    return L.size(TorchMax(sympy.Integer(0), sympy.sympify(size) + start))
 
 
 @register(aten.select.int)
