@@ -107,6 +107,14 @@ dynamic_shapes = True
 # either way: a returned view of an input with an offset, stored as a copy, came back
 # wrong, AOTAutograd making the view again from the input with the copy's strides).
 symbolic_views = True
+# A symbolic size that is no polynomial of shape symbols (`(s0 - 1)//2 + 1` of a slice
+# with a step, `s0//2` of a view's -1, a pooling's or a strided convolution's output size:
+# FloorDiv, Mod, Max, Min...) stands for an opaque int symbol of its own, which the
+# wrapper computes from the shape symbols once per call (derived.py) and kernels take as
+# a size argument.  Without it one such size anywhere sent the whole graph to aot_eager:
+# a CNN whose image size varies lost every kernel.  False: such graphs run with aot_eager,
+# as before.
+derived_sizes = True
 
 # Sizes that depend on the data (`nonzero`, `torch.where(mask)`, `x[mask]` under
 # frametrace.config.capture_dynamic_output_shape_ops: a mixture of experts' tokens per

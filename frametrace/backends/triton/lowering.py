@@ -15,6 +15,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from . import config, grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .context import CompileContext
+from .derived import DerivedSize
 from .fallback import Fallback, by_design, ir_values, trace, wrapped_op
 from .ir import Buffer, Computed, Extern, GraphObject, IRNode, Pointwise, Unsupported, contiguous_strides
 from .lowering_base import LOWERINGS, compute_dtype
@@ -113,7 +114,8 @@ class GraphLowering(Placement):
         return self
 
     def size(self, v):
-        """A size or an int value as an int or a sympy polynomial of shape symbols."""
+        """A size or an int value as an int or a sympy polynomial of shape symbols and
+        derived sizes (a FloorDiv's, a Max's: derived.py)."""
         try:
             e = indexing.sym(v)
         except ValueError as err:
@@ -125,6 +127,8 @@ class GraphLowering(Placement):
     def _hint(self, env, e):
         """The hints of e's symbols: the ShapeEnv's values, or for a size the data
         decides `_unbacked_hint`."""
+        if env is not None:
+            self.ctx.derived.env = env   # (derived sizes' hints and ranges: derived.py)
         values = getattr(env, "backed_var_to_val", None)
         values = env.var_to_val if values is None else values
         for s in e.free_symbols:
@@ -152,17 +156,27 @@ class GraphLowering(Placement):
         if not isinstance(value, torch.SymInt):
             return False
         e = self.size(value)
-        if isinstance(e, int) or not e.is_Symbol or e in self.symbol_sources or e in self.late_symbols:
+        if isinstance(e, int) or not e.is_Symbol or e in self.symbol_sources or e in self.late_symbols or \
+                isinstance(e, DerivedSize):   # (the wrapper computes it from the inputs' sizes)
             return False
         self.late_symbols[e] = source
         return True
 
     def bind(self, value, source, stride=False):
-        """Where the wrapper finds a symbol: a size (or int input) that is just it."""
+        """Where the wrapper finds a symbol: a size (or int input) that is just it, or a
+        positive multiple of it."""
         if isinstance(value, torch.SymInt):
             e = self.stride_size(value) if stride else self.size(value)
+            # (a derived size too: a backward whose inputs give only (s0 + 2)//3, never
+            # s0, reads it as it is rather than computing it)
             if not isinstance(e, int) and e.is_Symbol and e not in self.symbol_sources:
                 self.symbol_sources[e] = source
+            elif not stride and not isinstance(e, int) and e.is_Mul and len(e.args) == 2 and \
+                    e.args[0].is_Integer and int(e.args[0]) > 0 and e.args[1].is_Symbol and \
+                    e.args[1] not in self.symbol_sources:
+                # a multiple of one (a backward's flat tangent of 2*s0 elements): the
+                # symbol is the size divided, exactly
+                self.symbol_sources[e.args[1]] = f"({source} // {int(e.args[0])})"
 
     def placeholder(self, node, example):
         self.inputs.append(node.name)
@@ -256,12 +270,38 @@ class GraphLowering(Placement):
             if stride is not None and not layout.dense(value.shape, stride):
                 stride = None
         b = self.realize(value, stride=stride)
+        if self.hints and isinstance(val, torch.Tensor):
+            self._check_input_view(b, val)
         if stride is None or layout.same(b.shape, b.stride, stride) or \
                 (b.name not in self.computed_names and b.name not in self.relaid):
             return b
         # computed here in another layout (an extern read it first), or a convolution
         # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
+
+    def _check_input_view(self, b: Buffer, val):
+        """An output that is a view of a value written into a graph input (a slice the
+        graph wrote in place and returns): AOTAutograd may make the caller's view from
+        the input with the strides and offset of the tensor returned, so the Buffer must
+        have those of the traced view; where they cannot be shown equal (symbolic sizes:
+        the view became an index map and was stored), the graph is unsupported rather
+        than return a view of other elements."""
+        # (the new values the graph writes into inputs: a slice of x written in place is
+        # a view of x's new value in the functional graph; views of the inputs themselves
+        # are symbolic_view's, with the traced layout)
+        inputs = [n.args[1].meta.get("val") for n in self.gm.graph.nodes
+                  if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and
+                  isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder"]
+        if not any(isinstance(t, torch.Tensor) and torch._C._is_alias_of(val, t) for t in inputs):
+            return
+        try:
+            same = len(b.shape) == val.dim() and not _differ(self.size(val.storage_offset()), b.offset) and \
+                all(not _differ(self.size(n), 1) or not _differ(self.stride_size(s), t)
+                    for n, s, t in zip(val.shape, val.stride(), b.stride))
+        except (Unsupported, TypeError, ValueError):
+            same = False
+        if not same:
+            raise Unsupported("an output that is a view of an input, in another layout than traced")
 
     def copy_in(self, b: Buffer, stride) -> Buffer:
         """A copy of `b` stored with `stride` (one kernel)."""
