@@ -239,16 +239,27 @@ def test_derived_from_a_size_the_data_decides(monkeypatch):
 
 def test_returned_view_of_an_input_written_in_place():
     """`x[-(n // 2)::2].add_(1)` returned: AOTAutograd makes the caller's view of x from
-    the strides and offset of the tensor the graph returns.  The graph stored that slice
-    (an index map over a slice_scatter from a symbolic start), so it would have returned
-    a view of other rows of x (a silently wrong answer, found by this test): such a
-    graph is unsupported and runs with aot_eager; values, strides and x as eager's."""
+    the strides and offset of the tensor the graph returns (it cannot replay a view with
+    a symbolic start).  The graph stored that slice (an index map over a slice_scatter
+    from a symbolic start), so it returned a view of other rows of x (a silently wrong
+    answer, found by this test); now the graph returns that view of x's own memory, with
+    the traced strides and offset, and runs as kernels: values, strides, offsets and x as
+    eager's."""
     def fn(x):
         return x[-(x.shape[0] // 2)::2].add_(1), x[-5::3].mul_(2)
-    sweep(fn, lambda n: (_rows(n, 3),), eager_graphs=1)
-    # (x[::2] returned after mul_: AOTAutograd replays that view itself, but the check
-    # cannot tell the two apart, so it runs with aot_eager too)
-    sweep(lambda x: x[::2].mul_(2), lambda n: (_rows(n, 3),), eager_graphs=1)
+
+    def offsets(x):
+        return [t.storage_offset() for t in fn(x)]
+    counter, symbolic = sweep(fn, lambda n: (_rows(n, 3),))
+    assert symbolic
+    compiled = frametrace.optimize(backend="triton")(fn)
+    for n in (7, 18):
+        x = _rows(n, 3)
+        got = compiled(x.clone())
+        assert [t.storage_offset() for t in got] == offsets(x.clone())
+    # (x[::2] returned after mul_: AOTAutograd replays that view itself)
+    counter, symbolic = sweep(lambda x: x[::2].mul_(2), lambda n: (_rows(n, 3),))
+    assert symbolic
 
 
 def test_slice_scatter_from_a_symbolic_start():

@@ -269,9 +269,11 @@ class GraphLowering(Placement):
             stride = layout.static_strides(val)
             if stride is not None and not layout.dense(value.shape, stride):
                 stride = None
-        b = self.realize(value, stride=stride)
         if self.hints and isinstance(val, torch.Tensor):
-            self._check_input_view(b, val)
+            written = self._written_input(val)
+            if written is not None:
+                return self._input_view(value, val, *written)
+        b = self.realize(value, stride=stride)
         if stride is None or layout.same(b.shape, b.stride, stride) or \
                 (b.name not in self.computed_names and b.name not in self.relaid):
             return b
@@ -279,29 +281,55 @@ class GraphLowering(Placement):
         # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
 
-    def _check_input_view(self, b: Buffer, val):
-        """An output that is a view of a value written into a graph input (a slice the
-        graph wrote in place and returns): AOTAutograd may make the caller's view from
-        the input with the strides and offset of the tensor returned, so the Buffer must
-        have those of the traced view; where they cannot be shown equal (symbolic sizes:
-        the view became an index map and was stored), the graph is unsupported rather
-        than return a view of other elements."""
-        # (the new values the graph writes into inputs: a slice of x written in place is
-        # a view of x's new value in the functional graph; views of the inputs themselves
-        # are symbolic_view's, with the traced layout)
-        inputs = [n.args[1].meta.get("val") for n in self.gm.graph.nodes
-                  if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and
-                  isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder"]
-        if not any(isinstance(t, torch.Tensor) and torch._C._is_alias_of(val, t) for t in inputs):
-            return
+    def _written_input(self, val):
+        """(placeholder node, its new value's fake tensor) where `val` is a view of a value
+        the graph writes into that graph input (`copy_(input, new)`: a slice written in
+        place and returned), else None."""
+        for n in reversed(list(self.gm.graph.nodes)):
+            if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and \
+                    isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder":
+                new = n.args[1].meta.get("val")
+                if isinstance(new, torch.Tensor) and torch._C._is_alias_of(val, new):
+                    return n.args[0], new
+        return None
+
+    def _input_view(self, value, val, placeholder, new) -> Buffer:
+        """An output that is a view of a value written into a graph input: AOTAutograd may
+        make the caller's view from the input with the strides and offset of the tensor
+        returned (where it cannot replay the view: a symbolic slice start), so the Buffer
+        returned must have those of the traced view.  The view as computed where it has
+        them; else that view of the input's own memory, which holds the new value once
+        the graph's writes ran (the call returns after them), where the new value has the
+        input's traced layout; else (a dtype view, another layout) the graph is
+        unsupported rather than return a view of other elements (h65's
+        `x[-(n // 2)::2].add_(1)` returned came back as other rows of x)."""
+        if isinstance(value, Buffer) and self._traced_layout(value, val):
+            return value
+        base, inp = self.env.get(placeholder), placeholder.meta.get("val")
         try:
-            same = len(b.shape) == val.dim() and not _differ(self.size(val.storage_offset()), b.offset) and \
+            ok = isinstance(base, Buffer) and isinstance(inp, torch.Tensor) and \
+                val.dtype == new.dtype == inp.dtype == base.dtype and new.dim() == inp.dim() and \
+                self._traced_layout(Buffer(base.name, base.shape, base.stride, base.dtype, base.device,
+                                           offset=self.size(new.storage_offset())), new)
+            if ok:
+                return Buffer(base.name, tuple(self.size(n) for n in val.shape),
+                              tuple(self.stride_size(s) for s in val.stride()), base.dtype, base.device,
+                              offset=base.offset + self.size(val.storage_offset() - new.storage_offset()),
+                              is_view=True)
+        except (Unsupported, TypeError, ValueError):
+            pass
+        raise Unsupported("an output that is a view of an input, in another layout than traced")
+
+    def _traced_layout(self, b: Buffer, val) -> bool:
+        """`b` has the shape, offset and (where the size is not 1) strides of the fake
+        tensor `val`, as expressions."""
+        try:
+            return len(b.shape) == val.dim() and not _differ(self.size(val.storage_offset()), b.offset) and \
+                not any(_differ(self.size(n), m) for n, m in zip(val.shape, b.shape)) and \
                 all(not _differ(self.size(n), 1) or not _differ(self.stride_size(s), t)
                     for n, s, t in zip(val.shape, val.stride(), b.stride))
         except (Unsupported, TypeError, ValueError):
-            same = False
-        if not same:
-            raise Unsupported("an output that is a view of an input, in another layout than traced")
+            return False
 
     def copy_in(self, b: Buffer, stride) -> Buffer:
         """A copy of `b` stored with `stride` (one kernel)."""
