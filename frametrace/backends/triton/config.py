@@ -115,6 +115,13 @@ symbolic_views = True
 # a CNN whose image size varies lost every kernel.  False: such graphs run with aot_eager,
 # as before.
 derived_sizes = True
+# A graph output with symbolic sizes is stored with its traced strides (its fake value's,
+# as expressions) where they lay it out densely in another order than row-major: a
+# channels-last pooling or an op over a transposed or channels-last input returns eager's
+# layout at every size, as static graphs do.  False: such outputs are stored in the
+# layout of their dominant input where that is static, else row-major (strides unlike
+# eager's; the values the same).
+symbolic_output_strides = True
 
 # Sizes that depend on the data (`nonzero`, `torch.where(mask)`, `x[mask]` under
 # frametrace.config.capture_dynamic_output_shape_ops: a mixture of experts' tokens per

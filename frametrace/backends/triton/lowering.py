@@ -269,17 +269,51 @@ class GraphLowering(Placement):
             stride = layout.static_strides(val)
             if stride is not None and not layout.dense(value.shape, stride):
                 stride = None
+        elif isinstance(val, torch.Tensor) and self.hints and config.symbolic_output_strides:
+            # (the shapes compared as expressions there)
+            stride = self._traced_dense_strides(value.shape, val)
         if self.hints and isinstance(val, torch.Tensor):
             written = self._written_input(val)
             if written is not None:
                 return self._input_view(value, val, *written)
         b = self.realize(value, stride=stride)
-        if stride is None or layout.same(b.shape, b.stride, stride) or \
+        if stride is None or self._same_layout(b.shape, b.stride, stride) or \
                 (b.name not in self.computed_names and b.name not in self.relaid):
             return b
         # computed here in another layout (an extern read it first), or a convolution
         # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
+
+    def _same_layout(self, shape, a, b) -> bool:
+        """layout.same over sizes and strides that may be symbolic: equal strides wherever
+        the size is not 1 (as expressions: their difference expands to 0)."""
+        if not self.hints:
+            return layout.same(shape, a, b)
+        return all(not _differ(x, y) for n, x, y in zip(shape, a, b) if n != 1)
+
+    def _traced_dense_strides(self, shape, val) -> tuple | None:
+        """A symbolic output's traced strides (its fake value's, as expressions of shape
+        symbols and derived sizes) where they lay `shape` out densely in some order of its
+        dimensions, shown for every value of the symbols (each stride is the product of the
+        sizes nested inside it, as expressions); else None (then stored as its dominant
+        input's layout or row-major).  The order is guessed from the strides' hints and
+        then proved: a channels-last pooling, an op over a transposed input, keep eager's
+        layout at every size (config.symbolic_output_strides)."""
+        try:
+            stride = tuple(self.stride_size(s) for s in val.stride())
+            sizes = tuple(self.size(n) for n in val.shape)
+            if len(sizes) != len(shape) or any(_differ(a, b) for a, b in zip(sizes, shape)):
+                return None
+            dims = [i for i, n in enumerate(shape) if n != 1]
+            order = sorted(dims, key=lambda i: (-indexing.hint(stride[i]), i))
+            step = 1
+            for i in reversed(order):
+                if _differ(stride[i], step):
+                    return None
+                step = step * shape[i]
+        except (Unsupported, TypeError, ValueError, KeyError):
+            return None
+        return stride if order != dims else None
 
     def _written_input(self, val):
         """(placeholder node, its new value's fake tensor) where `val` is a view of a value
