@@ -405,6 +405,15 @@ def view(L, node, x, index_map, view_fn):
         raise Unsupported("a view of a non-tensor")
     if isinstance(x, Pointwise) and x.realized is not None:
         x = x.realized  # a view of its buffer, not a copy of it
+    if isinstance(x, Computed) and x.buffer.symbolic and config.symbolic_views and _returned(node):
+        # a returned view of a value stored with symbolic sizes (a graph output, with its
+        # traced strides): that memory where the buffer has the traced layout, as eager's
+        # view shares it (else a copy kernel, and the view shared nothing with the value
+        # returned beside it)
+        b = L.symbolic_view(x.buffer, node)
+        if b is not None:
+            L.realize(x.buffer)   # (the wrapper reads it: stored)
+            return b
     if isinstance(x, Buffer):
         b = L.view_buffer(x, view_fn)
         if b is None and x.symbolic:
