@@ -77,6 +77,7 @@ class GraphLowering(Placement):
         self.symbol_sources: dict = {}
         # sizes the data decides: symbol -> (extern name, path, dim), bound after that call
         self.late_symbols: dict = {}
+        self._input_writes = None        # [(placeholder, its new value's fake)]: _written_input
         self._count = 0
 
     @property
@@ -319,12 +320,15 @@ class GraphLowering(Placement):
         """(placeholder node, its new value's fake tensor) where `val` is a view of a value
         the graph writes into that graph input (`copy_(input, new)`: a slice written in
         place and returned), else None."""
-        for n in reversed(list(self.gm.graph.nodes)):
-            if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and \
-                    isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder":
-                new = n.args[1].meta.get("val")
-                if isinstance(new, torch.Tensor) and torch._C._is_alias_of(val, new):
-                    return n.args[0], new
+        writes = self._input_writes
+        if writes is None:   # (once a graph: a backward has hundreds of outputs)
+            writes = self._input_writes = [
+                (n.args[0], n.args[1].meta.get("val")) for n in reversed(self.gm.graph.nodes)
+                if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and
+                isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder"]
+        for placeholder, new in writes:
+            if isinstance(new, torch.Tensor) and torch._C._is_alias_of(val, new):
+                return placeholder, new
         return None
 
     def _input_view(self, value, val, placeholder, new) -> Buffer:
