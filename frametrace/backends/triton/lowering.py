@@ -77,7 +77,7 @@ class GraphLowering(Placement):
         self.symbol_sources: dict = {}
         # sizes the data decides: symbol -> (extern name, path, dim), bound after that call
         self.late_symbols: dict = {}
-        self._input_writes = None        # [(placeholder, its new value's fake)]: _written_input
+        self._written_inputs = None        # [(placeholder, its new value's fake)]: _written_input
         self._count = 0
 
     @property
@@ -320,9 +320,9 @@ class GraphLowering(Placement):
         """(placeholder node, its new value's fake tensor) where `val` is a view of a value
         the graph writes into that graph input (`copy_(input, new)`: a slice written in
         place and returned), else None."""
-        writes = self._input_writes
+        writes = self._written_inputs
         if writes is None:   # (once a graph: a backward has hundreds of outputs)
-            writes = self._input_writes = [
+            writes = self._written_inputs = [
                 (n.args[0], n.args[1].meta.get("val")) for n in reversed(self.gm.graph.nodes)
                 if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and
                 isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder"]
