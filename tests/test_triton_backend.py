@@ -453,8 +453,10 @@ def test_dynamic_views_slices_cat_externs_and_int_inputs():
             assert last_compiled().symbolic
 
 
-def test_symbolic_sizes_it_cannot_express_fall_back_to_aot_eager_with_a_log_line(caplog):
-    fn = lambda x: (x.reshape(-1, 2) * 2).sum(1)  # noqa: E731  (a size s0 // 2)
+def test_symbolic_sizes_it_cannot_express_fall_back_to_aot_eager_with_a_log_line(caplog, monkeypatch):
+    # (a size s0 // 2: a derived size, unless config.derived_sizes is off)
+    monkeypatch.setattr(config, "derived_sizes", False)
+    fn = lambda x: (x.reshape(-1, 2) * 2).sum(1)  # noqa: E731
     f = frametrace.optimize(backend="triton", dynamic=True)(fn)
     with caplog.at_level(logging.INFO, logger="frametrace.output_code"):
         for n in (6, 8, 10):

@@ -393,7 +393,12 @@ def test_gather_blocks_on_specials_layouts_and_fusions():
     x = _r(2, 3, 13, 11)
     x[0, 0, 2, 2], x[0, 1], x[1, 2, 5, 5] = float("nan"), float("-inf"), float("inf")
     triton_check(pool, x)
+    # (pool again, with other sizes: automatic dynamic makes them symbolic, and the
+    # output keeps eager's channels-last strides there too; a function of its own
+    # compiles them statically)
     triton_check(pool, _r(2, 4, 9, 9).contiguous(memory_format=torch.channels_last), strides=True)
+    triton_check(lambda x: F.max_pool2d(x, 3, 2, padding=1), _r(2, 4, 9, 9).contiguous(memory_format=torch.channels_last),
+                 strides=True)
     triton_check(pool, _r(1, 4, 9, 9).expand(3, 4, 9, 9))
     triton_check(pool, _r(2, 4, 9, 9, dtype=torch.bfloat16), half_as_float=True)
     mod = triton_check(lambda x, s: torch.relu(pool(x) * s + 1), _r(2, 3, 13, 11), _r(3, 1, 1), kernels=1)

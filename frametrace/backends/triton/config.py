@@ -113,6 +113,21 @@ dynamic_shapes = True
 # either way: a returned view of an input with an offset, stored as a copy, came back
 # wrong, AOTAutograd making the view again from the input with the copy's strides).
 symbolic_views = True
+# A symbolic size that is no polynomial of shape symbols (`(s0 - 1)//2 + 1` of a slice
+# with a step, `s0//2` of a view's -1, a pooling's or a strided convolution's output size:
+# FloorDiv, Mod, Max, Min...) stands for an opaque int symbol of its own, which the
+# wrapper computes from the shape symbols once per call (derived.py) and kernels take as
+# a size argument.  Without it one such size anywhere sent the whole graph to aot_eager:
+# a CNN whose image size varies lost every kernel.  False: such graphs run with aot_eager,
+# as before.
+derived_sizes = True
+# A graph output with symbolic sizes is stored with its traced strides (its fake value's,
+# as expressions) where they lay it out densely in another order than row-major: a
+# channels-last pooling or an op over a transposed or channels-last input returns eager's
+# layout at every size, as static graphs do.  False: such outputs are stored in the
+# layout of their dominant input where that is static, else row-major (strides unlike
+# eager's; the values the same).
+symbolic_output_strides = True
 
 # Sizes that depend on the data (`nonzero`, `torch.where(mask)`, `x[mask]` under
 # frametrace.config.capture_dynamic_output_shape_ops: a mixture of experts' tokens per

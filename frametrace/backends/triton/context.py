@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
+from .derived import Derived
+
 
 class CompileContext:
     """`hints`: {shape symbol: the ShapeEnv's value}, block sizes and persistent reductions
@@ -21,14 +23,16 @@ class CompileContext:
     generated, which index simplification relies on.  `record`: while a set, the FX nodes
     whose code a kernel's generation runs are added to it (fallback.kernel_nodes).
     `memo`: the index helpers' results in this compile (indexing.memoized), keyed on their
-    arguments and the ranges they were computed under."""
-    __slots__ = ("hints", "ranges", "record", "memo")
+    arguments and the ranges they were computed under.  `derived`: the opaque symbols
+    that stand for this compile's non-polynomial sizes (derived.py), with their sources."""
+    __slots__ = ("hints", "ranges", "record", "memo", "derived")
 
     def __init__(self):
         self.hints: dict = {}
         self.ranges: dict = {}
         self.record: set | None = None
         self.memo: dict = {}
+        self.derived = Derived()
 
     @contextlib.contextmanager
     def active(self):

@@ -12,7 +12,7 @@ import torch
 
 from . import config, indexing
 from .ir import IRNode, Unsupported
-from .lowering_base import bcast, operand, out_of_bounds, pointwise, register, slice_bounds, val_of
+from .lowering_base import bcast, operand, out_of_bounds, pointwise, register, slice_bounds, slice_start, val_of
 
 aten = torch.ops.aten
 
@@ -49,10 +49,33 @@ def _scatter(L, node, x, dim, index, src):
     return pointwise(shape, dtype, fn, x, index, src)
 
 
+def _symbolic_slice_scatter(L, shape, dtype, x, src, dim, lo, step):
+    """slice_scatter over a symbolic size (or from symbolic bounds): element i of `dim`
+    takes src's element (i - lo) // step where i >= lo, (i - lo) is a multiple of step and
+    below step * src's length (the slice's end needs no say: src's size, a derived
+    size, is the number of elements it has)."""
+    lo_s = indexing.pexpr(sympy.sympify(lo))
+    n_s = indexing.pexpr(sympy.sympify(src.shape[dim]))
+
+    def fn(k, idx):
+        i = k.index(idx[dim])
+        conds = [f"({i} >= {lo_s})", f"(({i} - {lo_s}) < {step} * {n_s})"] + \
+            ([f"((({i} - {lo_s}) % {step}) == 0)"] if step != 1 else [])
+        cond = k.op(" & ".join(conds))
+        sub = idx[:dim] + [indexing.floordiv(idx[dim] - lo, step) if step != 1 else idx[dim] - lo] + idx[dim + 1:]
+        with k.masked(cond):
+            v = k.cast(src.load(k, sub), src.dtype, dtype)
+        return k.op(f"tl.where({cond}, {v}, {operand(k, x, idx, dtype)})")
+    return pointwise(shape, dtype, fn, x, src)
+
+
 @register(aten.slice_scatter)
 def _slice_scatter(L, node, x, src, dim=0, start=None, end=None, step=1):
     shape, dtype = val_of(node)
     dim %= len(shape)
+    if config.derived_sizes and isinstance(src, IRNode) and \
+            any(isinstance(v, sympy.Basic) and not v.is_number for v in (shape[dim], start, end)):
+        return _symbolic_slice_scatter(L, shape, dtype, x, src, dim, slice_start(L, shape[dim], start, step), step)
     lo, hi = slice_bounds(shape[dim], start, end, step)
     if any(isinstance(v, sympy.Basic) and not v.is_number for v in (lo, hi)):
         raise Unsupported("a slice_scatter at symbolic positions")

@@ -16,6 +16,7 @@ import torch
 from sympy import Add, Integer
 
 from . import config, context
+from .derived import DerivedSize, is_polynomial
 
 
 class FloorDiv(sympy.Function):
@@ -62,25 +63,28 @@ def is_static(e) -> bool:
 
 
 def sym(v):
-    """A size (int, SymInt, sympy) as an int or a sympy polynomial of shape symbols;
-    raises ValueError for anything else (FloorDiv, Max, a float...)."""
+    """A size (int, SymInt, sympy) as an int or a sympy polynomial of shape symbols and
+    derived sizes (`config.derived_sizes`, within a compile); raises ValueError for
+    anything else (a float, a size derived from one the data decides...)."""
     if isinstance(v, bool):
         raise ValueError(f"size {v!r}")
     if isinstance(v, int):
         return v
+    env = None
     if isinstance(v, torch.SymInt):
-        v = v.node.expr
+        v, env = v.node.expr, v.node.shape_env
     if not isinstance(v, sympy.Basic):
         raise ValueError(f"size {v!r}")
     if v.is_Integer:
         return int(v)
-    for a in sympy.preorder_traversal(v):
-        if a.is_Symbol or a.is_Integer or a.is_Add or a.is_Mul:
-            continue
-        if a.is_Pow and a.exp.is_Integer and int(a.exp) > 0:
-            continue
+    if is_polynomial(v):
+        return v
+    # a FloorDiv, Max...: its non-polynomial parts become derived sizes (derived.py) of
+    # the compile running, where there is one
+    ctx = context._ACTIVE.get()
+    if ctx is None:
         raise ValueError(f"symbolic size {v}")
-    return v
+    return ctx.derived.replace(v, ctx.hints, env)
 
 
 def symbols_of(*exprs) -> set:
@@ -108,7 +112,10 @@ def _nonneg(e) -> bool:
     e = sympy.sympify(e)
     if e.is_number:
         return bool(e >= 0)
-    shifted = sympy.expand(e.subs({s: s + 1 for s in e.free_symbols}, simultaneous=True))
+    # (shape symbols are >= 1; a derived size not proved positive only >= 0)
+    shifted = sympy.expand(e.subs({s: s + 1 for s in e.free_symbols
+                                   if not (isinstance(s, DerivedSize) and not s.is_positive)},
+                                  simultaneous=True))
     return all(c >= 0 for c in sympy.Poly(shifted, *sorted(shifted.free_symbols, key=str)).coeffs()) \
         if shifted.is_polynomial() else False
 
@@ -134,6 +141,8 @@ def bounds(e) -> tuple:
             return 0, hi - 1
         if e.is_positive and e.is_integer:  # a shape symbol
             return 1, math.inf
+        if isinstance(e, DerivedSize):  # (a derived size that may be 0)
+            return 0, math.inf
         return -math.inf, math.inf
     if e.is_Add:
         lo = hi = 0

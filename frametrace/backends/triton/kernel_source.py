@@ -454,7 +454,12 @@ class KernelCodegen:
                 return self.reduce(c) if c.is_reduction else self.scan(c)
         key = ("pw", c.name)
         if key not in self.memo:
-            self.memo[key] = c.node.fn(self, self.own_index(c))
+            # (likewise a pointwise member's value at its own element, which this kernel
+            # stores for every lane: a first read under a branch's mask (the source of a
+            # slice_scatter of it) loaded its inputs only where that branch is taken, and
+            # the memoized value was 0 elsewhere, where the other branch read it)
+            with self.unmasked():
+                self.memo[key] = c.node.fn(self, self.own_index(c))
         return self.memo[key]
 
     def _block(self, v, dtype) -> str:

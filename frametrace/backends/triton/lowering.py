@@ -15,6 +15,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from . import config, grad_ops, indexing, layout, logsumexp, ops  # noqa: F401  (grad_ops and ops register lowerings)
 from .context import CompileContext
+from .derived import DerivedSize
 from .fallback import Fallback, by_design, ir_values, trace, wrapped_op
 from .ir import Buffer, Computed, Extern, GraphObject, IRNode, Pointwise, Unsupported, contiguous_strides
 from .lowering_base import LOWERINGS, compute_dtype
@@ -76,6 +77,7 @@ class GraphLowering(Placement):
         self.symbol_sources: dict = {}
         # sizes the data decides: symbol -> (extern name, path, dim), bound after that call
         self.late_symbols: dict = {}
+        self._written_inputs = None        # [(placeholder, its new value's fake)]: _written_input
         self._count = 0
 
     @property
@@ -113,7 +115,8 @@ class GraphLowering(Placement):
         return self
 
     def size(self, v):
-        """A size or an int value as an int or a sympy polynomial of shape symbols."""
+        """A size or an int value as an int or a sympy polynomial of shape symbols and
+        derived sizes (a FloorDiv's, a Max's: derived.py)."""
         try:
             e = indexing.sym(v)
         except ValueError as err:
@@ -125,6 +128,8 @@ class GraphLowering(Placement):
     def _hint(self, env, e):
         """The hints of e's symbols: the ShapeEnv's values, or for a size the data
         decides `_unbacked_hint`."""
+        if env is not None:
+            self.ctx.derived.env = env   # (derived sizes' hints and ranges: derived.py)
         values = getattr(env, "backed_var_to_val", None)
         values = env.var_to_val if values is None else values
         for s in e.free_symbols:
@@ -152,17 +157,27 @@ class GraphLowering(Placement):
         if not isinstance(value, torch.SymInt):
             return False
         e = self.size(value)
-        if isinstance(e, int) or not e.is_Symbol or e in self.symbol_sources or e in self.late_symbols:
+        if isinstance(e, int) or not e.is_Symbol or e in self.symbol_sources or e in self.late_symbols or \
+                isinstance(e, DerivedSize):   # (the wrapper computes it from the inputs' sizes)
             return False
         self.late_symbols[e] = source
         return True
 
     def bind(self, value, source, stride=False):
-        """Where the wrapper finds a symbol: a size (or int input) that is just it."""
+        """Where the wrapper finds a symbol: a size (or int input) that is just it, or a
+        positive multiple of it."""
         if isinstance(value, torch.SymInt):
             e = self.stride_size(value) if stride else self.size(value)
+            # (a derived size too: a backward whose inputs give only (s0 + 2)//3, never
+            # s0, reads it as it is rather than computing it)
             if not isinstance(e, int) and e.is_Symbol and e not in self.symbol_sources:
                 self.symbol_sources[e] = source
+            elif not stride and not isinstance(e, int) and e.is_Mul and len(e.args) == 2 and \
+                    e.args[0].is_Integer and int(e.args[0]) > 0 and e.args[1].is_Symbol and \
+                    e.args[1] not in self.symbol_sources:
+                # a multiple of one (a backward's flat tangent of 2*s0 elements): the
+                # symbol is the size divided, exactly
+                self.symbol_sources[e.args[1]] = f"({source} // {int(e.args[0])})"
 
     def placeholder(self, node, example):
         self.inputs.append(node.name)
@@ -255,13 +270,104 @@ class GraphLowering(Placement):
             stride = layout.static_strides(val)
             if stride is not None and not layout.dense(value.shape, stride):
                 stride = None
+        elif isinstance(val, torch.Tensor) and self.hints and config.symbolic_output_strides:
+            # (the shapes compared as expressions there)
+            stride = self._traced_dense_strides(value.shape, val)
+        if self.hints and isinstance(val, torch.Tensor):
+            written = self._written_input(val)
+            if written is not None:
+                return self._input_view(value, val, *written)
         b = self.realize(value, stride=stride)
-        if stride is None or layout.same(b.shape, b.stride, stride) or \
+        if stride is None or self._same_layout(b.shape, b.stride, stride) or \
                 (b.name not in self.computed_names and b.name not in self.relaid):
             return b
         # computed here in another layout (an extern read it first), or a convolution
         # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
+
+    def _same_layout(self, shape, a, b) -> bool:
+        """layout.same over sizes and strides that may be symbolic: equal strides wherever
+        the size is not 1 (as expressions: their difference expands to 0)."""
+        if not self.hints:
+            return layout.same(shape, a, b)
+        return all(not _differ(x, y) for n, x, y in zip(shape, a, b) if n != 1)
+
+    def _traced_dense_strides(self, shape, val) -> tuple | None:
+        """A symbolic output's traced strides (its fake value's, as expressions of shape
+        symbols and derived sizes) where they lay `shape` out densely in some order of its
+        dimensions, shown for every value of the symbols (each stride is the product of the
+        sizes nested inside it, as expressions); else None (then stored as its dominant
+        input's layout or row-major).  The order is guessed from the strides' hints and
+        then proved: a channels-last pooling, an op over a transposed input, keep eager's
+        layout at every size (config.symbolic_output_strides)."""
+        try:
+            stride = tuple(self.stride_size(s) for s in val.stride())
+            sizes = tuple(self.size(n) for n in val.shape)
+            if len(sizes) != len(shape) or any(_differ(a, b) for a, b in zip(sizes, shape)):
+                return None
+            dims = [i for i, n in enumerate(shape) if n != 1]
+            order = sorted(dims, key=lambda i: (-indexing.hint(stride[i]), i))
+            step = 1
+            for i in reversed(order):
+                if _differ(stride[i], step):
+                    return None
+                step = step * shape[i]
+        except (Unsupported, TypeError, ValueError, KeyError):
+            return None
+        return stride if order != dims else None
+
+    def _written_input(self, val):
+        """(placeholder node, its new value's fake tensor) where `val` is a view of a value
+        the graph writes into that graph input (`copy_(input, new)`: a slice written in
+        place and returned), else None."""
+        writes = self._written_inputs
+        if writes is None:   # (once a graph: a backward has hundreds of outputs)
+            writes = self._written_inputs = [
+                (n.args[0], n.args[1].meta.get("val")) for n in reversed(self.gm.graph.nodes)
+                if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) > 1 and
+                isinstance(n.args[1], torch.fx.Node) and getattr(n.args[0], "op", None) == "placeholder"]
+        for placeholder, new in writes:
+            if isinstance(new, torch.Tensor) and torch._C._is_alias_of(val, new):
+                return placeholder, new
+        return None
+
+    def _input_view(self, value, val, placeholder, new) -> Buffer:
+        """An output that is a view of a value written into a graph input: AOTAutograd may
+        make the caller's view from the input with the strides and offset of the tensor
+        returned (where it cannot replay the view: a symbolic slice start), so the Buffer
+        returned must have those of the traced view.  The view as computed where it has
+        them; else that view of the input's own memory, which holds the new value once
+        the graph's writes ran (the call returns after them), where the new value has the
+        input's traced layout; else (a dtype view, another layout) the graph is
+        unsupported rather than return a view of other elements (h65's
+        `x[-(n // 2)::2].add_(1)` returned came back as other rows of x)."""
+        if isinstance(value, Buffer) and self._traced_layout(value, val):
+            return value
+        base, inp = self.env.get(placeholder), placeholder.meta.get("val")
+        try:
+            ok = isinstance(base, Buffer) and isinstance(inp, torch.Tensor) and \
+                val.dtype == new.dtype == inp.dtype == base.dtype and new.dim() == inp.dim() and \
+                self._traced_layout(Buffer(base.name, base.shape, base.stride, base.dtype, base.device,
+                                           offset=self.size(new.storage_offset())), new)
+            if ok:
+                return Buffer(base.name, tuple(self.size(n) for n in val.shape),
+                              tuple(self.stride_size(s) for s in val.stride()), base.dtype, base.device,
+                              offset=base.offset + self.size(val.storage_offset() - new.storage_offset()),
+                              is_view=True)
+        except (Unsupported, TypeError, ValueError):
+            pass
+        raise Unsupported("an output that is a view of an input, in another layout than traced")
+
+    def _traced_layout(self, b: Buffer, val) -> bool:
+        """`b` has the shape, offset and (where the size is not 1) strides of the fake
+        tensor `val`, as expressions."""
+        try:
+            return len(b.shape) == val.dim() and not _differ(self.size(val.storage_offset()), b.offset) and \
+                not any(_differ(self.size(n), m) for n, m in zip(val.shape, b.shape)) and \
+                all(not _differ(self.size(n), 1) or not _differ(self.stride_size(s), t)
+                    for n, s, t in zip(val.shape, val.stride(), b.stride))
+        except (Unsupported, TypeError, ValueError):
+            return False
 
     def copy_in(self, b: Buffer, stride) -> Buffer:
         """A copy of `b` stored with `stride` (one kernel)."""

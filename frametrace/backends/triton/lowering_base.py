@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sympy
 import torch
+from torch.utils._sympy.functions import Max as TorchMax
 
 from . import config, indexing
 from .ir import IRNode, Pointwise, Unsupported
@@ -117,3 +118,25 @@ def slice_bounds(size, start, end, step):
         return start, end
     start, end, _ = slice(start, end, step).indices(size)
     return start, max(end, start)
+
+
+def slice_start(L, size, start, step):
+    """Where a slice of a symbolic size (or with symbolic bounds) starts: its index map
+    needs no end (the traced value's size, a derived size, says how many elements it
+    has).  A start past the end makes it empty; a negative one (an int, or a symbolic
+    one provably <= 0: x[-(n // 2):]) counts from the end, Max(0, size + start), a
+    derived size."""
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported("a slice with a symbolic step")
+    if start is None:
+        return 0
+    if is_symbolic(start):
+        if indexing.le(0, start):
+            return start
+        if not indexing.le(start, 0):
+            raise Unsupported("a slice from a symbolic position that may be either sign")
+    elif start >= 0:
+        return start
+    elif not is_symbolic(size):
+        return max(size + start, 0)
+    return L.size(TorchMax(sympy.Integer(0), sympy.sympify(size) + start))

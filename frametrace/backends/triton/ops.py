@@ -18,7 +18,7 @@ from . import autotune, config, indexing, layout, logsumexp, row_partials, split
 from .indexing import flatten, unflatten
 from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, out_of_bounds, pointwise,  # noqa: F401
-                            register, shape_of, slice_bounds, val_of)  # (tests patch ops.LOWERINGS)
+                            register, shape_of, slice_bounds, slice_start, val_of)  # (tests patch ops.LOWERINGS)
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -405,6 +405,15 @@ def view(L, node, x, index_map, view_fn):
         raise Unsupported("a view of a non-tensor")
     if isinstance(x, Pointwise) and x.realized is not None:
         x = x.realized  # a view of its buffer, not a copy of it
+    if isinstance(x, Computed) and x.buffer.symbolic and config.symbolic_views and _returned(node):
+        # a returned view of a value stored with symbolic sizes (a graph output, with its
+        # traced strides): that memory where the buffer has the traced layout, as eager's
+        # view shares it (else a copy kernel, and the view shared nothing with the value
+        # returned beside it)
+        b = L.symbolic_view(x.buffer, node)
+        if b is not None:
+            L.realize(x.buffer)   # (the wrapper reads it: stored)
+            return b
     if isinstance(x, Buffer):
         b = L.view_buffer(x, view_fn)
         if b is None and x.symbolic:
@@ -489,7 +498,10 @@ def _squeeze(L, node, x, dims=None):
 @register(aten.slice.Tensor)
 def _slice(L, node, x, dim=0, start=None, end=None, step=1):
     dim %= len(x.shape)
-    start, end = slice_bounds(x.shape[dim], start, end, step)
+    if config.derived_sizes and any(is_symbolic(v) for v in (x.shape[dim], start, end)):
+        start = slice_start(L, x.shape[dim], start, step)
+    else:
+        start, end = slice_bounds(x.shape[dim], start, end, step)
 
     def index_map(idx):
         return idx[:dim] + [start + idx[dim] * step] + idx[dim + 1:]
@@ -715,9 +727,12 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
     (sh, sw), (ph, pw) = _pair(stride, [kh, kw]), _pair(padding, 0)
     vals = node.meta["val"]
     shape, dtype = shape_of(vals[0].shape), vals[0].dtype
-    if not isinstance(x, IRNode) or any(is_symbolic(n) for n in x.shape) or len(x.shape) not in (3, 4):
+    if not isinstance(x, IRNode) or len(x.shape) not in (3, 4) or \
+            (not config.derived_sizes and any(is_symbolic(n) for n in x.shape)):
         raise Unsupported("max_pool2d")
-    H, W = x.shape[-2:]
+    # (a symbolic height or width as Triton source, in parentheses: the kernel takes its
+    # symbols; the output's size, a derived size, only bounds the kernel)
+    H, W = (n if indexing.is_static(n) else f"({indexing.pexpr(sympy.sympify(n))})" for n in x.shape[-2:])
     cdt = compute_dtype(dtype)
     if isinstance(x, Pointwise):
         x = L.realize(x, wrapper=False)

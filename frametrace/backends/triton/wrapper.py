@@ -10,7 +10,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-from . import autotune, config, foreach, indexing
+from . import autotune, config, derived, foreach, indexing
 from .indexing import pycode
 from .fallback import wrapped_op
 from .ir import Buffer, Extern, GraphObject, Unsupported
@@ -49,7 +49,10 @@ class Launcher:
             # a size the data decides (u0: tokens per expert) takes another value on most
             # calls: block sizes are tuned once per power-of-two bucket of the extents;
             # other sizes too unless config.tune_each_size (a server's lengths)
-            self.bucketed = not config.tune_each_size or any(_UNBACKED.fullmatch(s) for s in kernel.symbols)
+            # (so does a size derived from one: derived.py)
+            late = {s.name for s in g.ctx.derived.late} if getattr(g, "ctx", None) is not None else set()
+            self.bucketed = not config.tune_each_size or \
+                any(_UNBACKED.fullmatch(s) or s in late for s in kernel.symbols)
 
     def _launch(self, choice, args, xnumel=None):
         grid = (math.ceil((xnumel or self.xnumel) / choice.xblock),)
@@ -282,7 +285,7 @@ def base_namespace(device) -> dict:
     """What every wrapper's source reads besides its constants, launchers and ops."""
     return {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
             "reinterpret": _reinterpret, "unviewed": _unviewed, "ensure_layout": _ensure_layout,
-            "align_attention": _align_attention}
+            "align_attention": _align_attention, **derived.NAMESPACE}
 
 
 class WrapperCodegen:
@@ -353,7 +356,8 @@ class WrapperCodegen:
         self.generated_names = tuple(self.ns)
         if self.lowered.ctx.hints:
             names = {s.name for s in self.lowered.ctx.hints}
-            bound = {s.name for s in (*self.lowered.symbol_sources, *self.lowered.late_symbols)}
+            bound = {s.name for s in (*self.lowered.symbol_sources, *self.lowered.late_symbols,
+                                      *self.lowered.ctx.derived.sources)}
             unbound = (names & set(re.findall(r"\b[A-Za-z_]\w*\b", source))) - bound
             if unbound:
                 raise Unsupported(f"sizes {sorted(unbound)} that no input gives")
@@ -365,6 +369,7 @@ class WrapperCodegen:
         if L.inputs:
             lines.append(f"    {', '.join(L.inputs)}, = args")
         lines += [f"    {s.name} = {src}" for s, src in L.symbol_sources.items()]
+        derived_at = len(lines)
         lines += checks
         lines.append("    args.clear()")
         launchers = iter(self.launchers)
@@ -388,6 +393,19 @@ class WrapperCodegen:
         outs = (f"unviewed({self.expr(o)})" if isinstance(o, Buffer) and o.name in aliased else self.expr(o)
                 for o in L.outputs)
         lines.append(f"    return [{', '.join(outs)}]")
+        # the derived sizes this function or its kernels use, from the symbols just bound
+        # (a derived size only reads shape symbols the inputs give)
+        used = set(_NAME.findall("\n".join(lines))) | {
+            n for item in self.schedule if not isinstance(item, Extern) for n in item.symbols}
+        needed = [(s, src) for s, (src, _) in L.ctx.derived.sources.items()
+                  if s.name in used and s not in L.symbol_sources]
+        late = L.ctx.derived.late
+        for s, src in reversed([(s, src) for s, src in needed if s in late]):
+            # after the line that binds the last of the sizes it reads (an aten call's)
+            at = max(i for i, line in enumerate(lines)
+                     if any(line.startswith(f"    {u.name} = ") for u in late[s]))
+            lines.insert(at + 1, f"    {s.name} = {src}")
+        lines[derived_at:derived_at] = [f"    {s.name} = {src}" for s, src in needed if s not in late]
         unsafe = {n for e in self.schedule if isinstance(e, Extern) and e.may_alias for n in e.reads()}
         return "\n".join(_reuse_dead(_free_dead(lines, L.inputs), unsafe)) + "\n"
 
