@@ -73,3 +73,57 @@ def test_cuda_capability_folds_on_a_gpu():
             return (x * 2).to(torch.bfloat16)
         return x + len(torch.cuda.get_device_name(x.device))
     check(f, [torch.randn(3, device="cuda"), torch.randn(5, device="cuda")], breaks=0, fallbacks=0)
+
+
+# The program of a warm start over another machine's cache: torch's own
+# torch.accelerator.device_count (the function in FACTS, not a replacement) answers NGPU,
+# as on a machine with that many devices (or CUDA_VISIBLE_DEVICES naming that many).
+_OTHER_MACHINE = '''
+import json, os, torch, frametrace
+from frametrace import convert
+NGPU = int(os.environ["NGPU"])
+torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cuda") if NGPU else None
+torch.cuda.device_count = lambda: NGPU
+
+def shards(x):
+    return x.chunk(max(torch.accelerator.device_count(), 1))
+
+records = []
+convert.record_observers.append(records.append)
+got = frametrace.optimize(shards, backend=os.environ["BACKEND"])(torch.arange(4.0))
+print("RESULT", json.dumps({"got": [t.tolist() for t in got],
+                            "want": [t.tolist() for t in shards(torch.arange(4.0))],
+                            "from_cache": sum(1 for r in records if r.from_cache)}))
+'''
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_warm_start_on_other_devices_does_not_reuse_their_answers(tmp_path, backend):
+    """An entry of the on-disk cache holds the answers folded where it was compiled: a
+    process that sees other devices (a shared cache folder, another CUDA_VISIBLE_DEVICES)
+    compiles again instead of loading it (warm_cache's key covers every device fact)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "prog.py").write_text(_OTHER_MACHINE)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(ngpu):
+        env = dict(os.environ, NGPU=str(ngpu), BACKEND=backend, FRAMETRACE_CACHE_DIR=str(tmp_path / "cache"),
+                   PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]),
+                   PYTHONDONTWRITEBYTECODE="1")
+        env.pop("FRAMETRACE_LOGS", None)
+        proc = subprocess.run([sys.executable, str(tmp_path / "prog.py")], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert line, proc.stdout + proc.stderr[-3000:]
+        return json.loads(line[0][len("RESULT "):])
+    one = run(1)
+    assert one["got"] == one["want"] == [[0.0, 1.0, 2.0, 3.0]] and one["from_cache"] == 0
+    two = run(2)
+    assert two["got"] == two["want"] == [[0.0, 1.0], [2.0, 3.0]], two
+    assert two["from_cache"] == 0
+    again = run(2)      # (the same devices: the entry serves)
+    assert again["got"] == again["want"] and again["from_cache"] >= 1, again
