@@ -69,3 +69,39 @@ def test_index_add_other_dims_and_in_place_on_inputs():
 def test_out_of_range_index_raises_as_in_eager():
     check(other_dim, [(torch.randn(4, 6), torch.tensor([0, 6]), torch.randn(4, 2))], backend="triton",
           graphs=None)
+
+
+def scalar_index_add(x, idx, src):
+    return torch.index_add(x, 0, idx, src, alpha=2).exp()
+
+
+def scalar_select(x, idx):
+    return torch.index_select(x * 2, 0, idx)
+
+
+def test_index_add_of_0d_tensors_trains():
+    """index_add's own derivative takes the source's gradient by index_select, of the 0-d
+    gradient for 0-d tensors (an OpInfo sample): ops.py's index_select divided by the
+    rank there (ZeroDivisionError while compiling, where the decomposition's backward
+    indexed instead)."""
+    from differential import check_grads
+    check_grads(scalar_index_add, [(torch.tensor(1.5, requires_grad=True), idx, torch.tensor(0.5, requires_grad=True))
+                                   for idx in (torch.tensor([0]), torch.tensor(0))], backend="triton", breaks=0)
+
+
+def test_index_select_of_a_0d_tensor_raises_as_in_eager():
+    x = torch.tensor(1.5)
+    check(scalar_select, [(x, torch.tensor([0])), (x, torch.tensor(0))], backend="triton", breaks=0)
+    for idx in (torch.tensor([1]), torch.tensor([-1]), torch.tensor([0, 0])):  # (eager raises each)
+        frametrace.reset()
+        check(scalar_select, [(x, idx)], backend="triton", graphs=None)
+
+
+def scalar_squeeze(x):
+    return (x * 2).squeeze(0).squeeze(-1).squeeze() + 1
+
+
+def test_squeeze_of_a_0d_tensor():
+    """(index_add's 0-d gradient squeezes a 0-d tensor: ops.py's squeeze divided by the
+    rank there)"""
+    check(scalar_squeeze, [torch.tensor(1.5)], backend="triton", breaks=0)
