@@ -105,3 +105,24 @@ def test_squeeze_of_a_0d_tensor():
     """(index_add's 0-d gradient squeezes a 0-d tensor: ops.py's squeeze divided by the
     rank there)"""
     check(scalar_squeeze, [torch.tensor(1.5)], backend="triton", breaks=0)
+
+
+def own_source(x, idx):
+    y = x * 2
+    return y.index_add(0, idx, y)
+
+
+def own_index(x, src):
+    y = (x * 4).long() % 4
+    return y.index_add(0, y, src)
+
+
+def test_a_buffer_read_as_another_operand_is_not_written_in_place(caplog):
+    """lowering.py's in-place twin (index_add_ for index_add on a buffer the graph
+    computed, read by nothing else) took `y.index_add(0, idx, y)` for one that nothing
+    else reads (its one FX user is the index_add itself): aten's index_add_ refused the
+    overlap, and every call ran the graph up to it, then the frame again in CPython."""
+    check(own_source, [(torch.randn(4, 3), torch.tensor([1, 2, 3, 0]))], backend="triton", breaks=0)
+    frametrace.reset()
+    check(own_index, [(torch.randn(4) + 2, torch.tensor([5, 5, 5, 5]))], backend="triton", breaks=0)
+    assert "the frame runs in CPython" not in caplog.text
