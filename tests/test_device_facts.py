@@ -75,6 +75,62 @@ def test_cuda_capability_folds_on_a_gpu():
     check(f, [torch.randn(3, device="cuda"), torch.randn(5, device="cuda")], breaks=0, fallbacks=0)
 
 
+
+def _available(x):
+    return x + 1 if torch.cuda.is_available() else x - 1
+
+
+def _from_argument(x, query):
+    return x + 1 if query() else x - 1
+
+
+def _patched(fn):
+    def action():
+        torch.cuda.is_available = fn
+    return action
+
+
+def test_a_query_replaced_after_the_compile_is_called_again(monkeypatch):
+    """The fold answers for the function object traced: a user's replacement of
+    torch.cuda.is_available after the first compile (a mock, a test's monkeypatch) is
+    called, as CPython calls it, by the guard on the attribute; a query passed in, by
+    the guard on the argument."""
+    from differential import Then
+    real = torch.cuda.is_available
+    monkeypatch.setattr(torch.cuda, "is_available", real)   # (put back after the test)
+
+    def mine():
+        return not real()
+    check(_available, [torch.ones(2), Then(_patched(mine), torch.ones(2)), Then(_patched(real), torch.ones(2))],
+          breaks=0, fallbacks=0)
+    frametrace.reset()
+    check(_from_argument, [(torch.ones(2), real), (torch.ones(2), mine), (torch.ones(2), real)], breaks=0, fallbacks=0)
+
+
+@pytest.mark.parametrize("devices", [[0, 1, 0], ["cuda:0", "cuda:1"], [torch.device("cuda", 1), torch.device("cuda", 0)]])
+def test_named_devices_from_arguments_and_attributes(monkeypatch, devices):
+    """A device named by an argument, a keyword or a module's attribute: each call's
+    device's own answer (the argument's guard), used as a shape, returned and stored."""
+    capability = _fake_devices(monkeypatch, ((9, 0), (8, 6)))
+
+    def by_argument(x, device):
+        major, minor = capability(device=device)
+        return x * major + torch.zeros(minor).sum(), capability(device)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, device):
+            super().__init__()
+            self.device = device
+
+        def forward(self, x):
+            self.capability = capability(self.device)
+            return x * self.capability[1]
+
+    check(by_argument, [(torch.randn(3), d) for d in devices], breaks=0, fallbacks=0)
+    frametrace.reset()
+    check(lambda layer, x: layer(x), [(Layer(d), torch.randn(3)) for d in devices], breaks=0, fallbacks=0)
+
+
 # The program of a warm start over another machine's cache: torch's own
 # torch.accelerator.device_count (the function in FACTS, not a replacement) answers NGPU,
 # as on a machine with that many devices (or CUDA_VISIBLE_DEVICES naming that many).
