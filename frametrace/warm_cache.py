@@ -30,7 +30,8 @@ program:
 
 The key covers the frame's code (bytecode, constants, names, lines), frametrace's own
 source, the torch and Python versions, the compile settings of `config`, the backend
-and the optimize() settings; for the kernel backends (triton, default) also the triton
+and the optimize() settings, the answers of the device queries a trace folds
+(variables/device_facts.py: device count, each GPU's name and capability...); for the kernel backends (triton, default) also the triton
 backend's settings, Triton's version and each GPU's name and capability.  Entries this process wrote are never read back by it
 (reset() means compile again); `config.cache` off or `FRAMETRACE_CACHE_DIR=` (empty)
 turns it all off.  A file that cannot be read (truncated, garbage, another version)
@@ -67,6 +68,7 @@ from .codegen import GraphSlot, RerunState
 from .guards import _CHECK_NAMES, FRESH, Guard, GuardSet, _AbcAnswers, _Symbol, guard_local_name
 from .shapes import ShapePolicy
 from .source import AttrSource, Source, const_sources
+from .variables.device_facts import fingerprint as device_fingerprint
 
 log = logging.getLogger("frametrace.cache")
 
@@ -207,7 +209,9 @@ def _key_of(code, backend, fullgraph, dynamic) -> str | None:
         return None
     h = hashlib.sha256()
     h.update(repr((_versions(), _settings(), name, bool(fullgraph), dynamic,
-                   torch.cuda.is_available() and torch.cuda.get_device_capability())).encode())
+                   torch.cuda.is_available() and torch.cuda.get_device_capability(),
+                   # (what a trace folds of the machine's devices: variables/device_facts.py)
+                   device_fingerprint())).encode())
     if name in _KERNEL_BACKENDS:
         h.update(repr(_kernel_facts()).encode())
     _code_digest(code, h)

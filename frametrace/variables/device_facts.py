@@ -89,3 +89,29 @@ def device_fact(tx, fn, args, kwargs):
     except Exception:   # (CPython raises it at the call)
         return None
     return wrap(tx, value, None, guard=False)
+
+
+def fingerprint() -> tuple:
+    """Every answer `device_fact` could fold in this process, for the on-disk cache's key
+    (warm_cache): an entry holds the answers of the process that compiled it, and one
+    that sees other devices (another machine sharing the cache folder, another
+    CUDA_VISIBLE_DEVICES) must compile again instead of loading them.  A call that raises
+    (folded nowhere) is keyed by its exception's type."""
+    def answer(fn, *args):
+        try:
+            return repr(fn(*args))
+        except Exception as e:
+            return type(e).__name__
+    try:
+        count = torch.cuda.device_count()
+    except Exception:
+        count = 0
+    out = []
+    for fn, spec in FACTS.items():
+        name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', fn)}"
+        if spec[0] == _DEVICE and spec[1] is not None:
+            # (a device unnamed folds only where all of them agree: each device's answer)
+            out.append((name, tuple(answer(fn, i) for i in range(count))))
+        else:
+            out.append((name, answer(fn)))
+    return tuple(sorted(out))

@@ -594,14 +594,19 @@ class GraphLowering(Placement):
         """The op to call for `node`: its in-place twin when its first operand is a buffer
         this graph computed, read by nothing else (the embedding gradient's
         `index_put(zeros, ..., accumulate=True)`: without this, a copy of the zeros the
-        size of the embedding table, in time and in peak memory)."""
+        size of the embedding table, in time and in peak memory).  Nor by this op as
+        another operand (`y.index_add(0, idx, y)`: its one FX user, which aten's in-place
+        op refuses, as it overlaps what it writes)."""
         twin = _IN_PLACE_TWINS.get(node.target)
         if twin is None or not args or not node.args:
             return node.target
         first, source = args[0], node.args[0]
         if isinstance(first, Buffer) and not first.is_view and first.name in self.computed_names \
                 and isinstance(source, torch.fx.Node) and len(source.users) == 1:
-            return twin
+            operands = []
+            torch.fx.node.map_arg((node.args, node.kwargs), operands.append)
+            if sum(a is source for a in operands) == 1:
+                return twin
         return node.target
 
     def _bias_apart(self, args) -> bool:

@@ -487,7 +487,8 @@ def _squeeze(L, node, x, dims=None):
     n = len(x.shape)
     if dims is None:
         dims = [d for d in range(n) if x.shape[d] == 1]
-    dims = {d % n for d in ([dims] if isinstance(dims, int) else dims) if x.shape[d % n] == 1}
+    # (a 0-d tensor's dim 0 or -1 is no dim: squeezing it is the tensor itself)
+    dims = {d % n for d in ([dims] if isinstance(dims, int) else dims) if x.shape[d % n] == 1} if n else set()
 
     def index_map(idx):
         it = iter(idx)
@@ -600,6 +601,18 @@ def _gather(L, node, x, dim, index, sparse_grad=False):
 @register(aten.index_select)
 def _index_select(L, node, x, dim, index):
     shape, dtype = val_of(node)
+    if not x.shape:
+        # a 0-d tensor's one element (index_add's gradient of a 0-d source): eager takes an
+        # index of one value, 0-d or of one element, and raises for another count, which
+        # the meta function lets through (aten's kernel raises it)
+        if not all(n == 1 for n in index.shape):
+            raise Unsupported("index_select of a 0-d tensor by an index of other than one value")
+        first = [indexing.Integer(0)] * len(index.shape)
+
+        def element(k, idx):
+            _wrap(k, index, first, 1, "IndexError: index out of range in self")
+            return x.load(k, [])
+        return logsumexp.realize_gather(L, node, pointwise(shape, dtype, element, x, index))
     dim %= len(x.shape)
 
     def fn(k, idx):
