@@ -140,3 +140,39 @@ def test_returned_views_of_a_returned_value_share_its_memory(name):
     fn, make = VIEWS_OF_OUTPUTS[name]
     symbolic = run(fn, make, sizes=(5, 8, 9, 6))
     assert symbolic
+
+
+# -- returned views of a value the graph does not return itself ---------------------------
+def _pool_pieces(x):
+    y = F.max_pool2d(x, 2)
+    return (y[0], y[1:]) + tuple(y.unbind(1))
+
+
+def _pool_permuted_slice(x):
+    y = F.max_pool2d(x, 2)
+    return y.permute(0, 2, 3, 1)[..., ::2], y.sum()
+
+
+def _views_of_a_product(x):
+    y = x * 2
+    return y.view(-1), y.view(x.shape[0], 2, -1)[:, :, ::2]
+
+
+VIEWS_OF_INTERMEDIATES = {
+    "pool_select_unbind": (_pool_pieces, lambda n: (_specials(torch.randn(2, 3, n + 2, n + 3)),)),
+    "pool_permuted_slice_channels_last": (_pool_permuted_slice, lambda n: (_specials(torch.randn(
+        2, 3, n + 2, n + 3)).contiguous(memory_format=torch.channels_last),)),
+    "views_of_a_product": (_views_of_a_product, lambda n: (_specials(torch.randn(n, 4)),)),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEWS_OF_INTERMEDIATES))
+def test_returned_views_of_an_intermediate_share_its_memory(name):
+    """Views of a value with symbolic sizes the graph does not return (y[0], y[1:] and
+    y.unbind(1) of a pooling; y.view(-1) and y.view(n, 2, -1)[:, :, ::2]): eager's share
+    y's memory with each other, with y's strides and offsets (a permuted strided slice of
+    a channels-last pooling is not dense); each came back as a copy of its own, row-major
+    at offset 0.  y is stored in its traced layout and each returned view is a view of it,
+    as with static sizes."""
+    fn, make = VIEWS_OF_INTERMEDIATES[name]
+    run(fn, make, sizes=(5, 8, 9, 6))

@@ -305,6 +305,25 @@ class GraphLowering(Placement):
             return layout.same(shape, a, b)
         return all(not _differ(x, y) for n, x, y in zip(shape, a, b) if n != 1)
 
+    def traced_strides(self, shape, val) -> tuple | None:
+        """`val`'s traced strides where they lay `shape` out densely (row-major too), as
+        expressions; else None."""
+        if not isinstance(val, torch.Tensor):
+            return None
+        stride = self._traced_dense_strides(shape, val)
+        if stride is not None:
+            return stride
+        try:
+            traced = tuple(self.stride_size(s) for s in val.stride())
+            sizes = tuple(self.size(n) for n in val.shape)
+        except (Unsupported, TypeError, ValueError, KeyError):
+            return None
+        rows = contiguous_strides(shape)
+        if len(sizes) != len(shape) or any(_differ(a, b) for a, b in zip(sizes, shape)) or \
+                not self._same_layout(shape, traced, rows):
+            return None
+        return rows
+
     def _traced_dense_strides(self, shape, val) -> tuple | None:
         """A symbolic output's traced strides (its fake value's, as expressions of shape
         symbols and derived sizes) where they lay `shape` out densely in some order of its

@@ -548,6 +548,17 @@ def _view_root(L, node, x):
             x = x.realized
         if isinstance(x, Computed):
             return (src, x) if x.buffer.symbolic else None
+        if isinstance(x, Pointwise) and x.alias is None:
+            # a lazy value with symbolic sizes the graph does not return as it is (only
+            # views of it): stored in its traced layout, as eager's views share its memory
+            if not any(is_symbolic(n) for n in x.shape):
+                return None
+            vin, vout = src.meta.get("val"), node.meta.get("val")
+            stride = L.traced_strides(x.shape, vin)
+            if stride is None or not isinstance(vout, torch.Tensor) or not torch._C._is_alias_of(vout, vin):
+                return None
+            L.realize(x, wrapper=False, stride=stride)
+            return src, x.realized
         if not (isinstance(x, Pointwise) and x.alias is not None):
             return None
         x = x.alias[0]
