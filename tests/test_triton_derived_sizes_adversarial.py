@@ -176,3 +176,22 @@ def test_returned_views_of_an_intermediate_share_its_memory(name):
     as with static sizes."""
     fn, make = VIEWS_OF_INTERMEDIATES[name]
     run(fn, make, sizes=(5, 8, 9, 6))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_max_pooling_under_autograd_compiles_once(channels_last):
+    """Max pooling of symbolic heights and widths with a backward: the partition's int8
+    window offsets (partition.pool_offsets) took int() of the sizes, which for a SymInt
+    specializes them (a guard x.shape[2] == 7) instead of raising: one compile per height
+    and width.  Now that rewrite skips symbolic sizes; values and gradients as eager's."""
+    def make(n):
+        x = torch.randn(2, 3, n + 2, n + 3)
+        return (x.contiguous(memory_format=torch.channels_last) if channels_last else x,)
+    counter = CompileCounter(inner="triton")
+    compiled = frametrace.optimize(backend=counter, dynamic=True)(lambda x: F.max_pool2d(x, 3, 2, 1) * 2)
+    symbolic = run(lambda x: F.max_pool2d(x, 3, 2, 1) * 2, make, sizes=(5, 8, 9, 4, 3), backward=True)
+    assert symbolic
+    for n in (5, 8, 9, 4):
+        x = make(n)[0].requires_grad_()
+        compiled(x).sum().backward()
+    assert counter.frame_count == 1, counter.frame_count
