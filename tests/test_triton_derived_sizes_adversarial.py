@@ -207,3 +207,14 @@ def test_pointwise_over_a_sliced_nonzero_keeps_eager_strides(monkeypatch):
     eager's strides).  `x.nonzero()[1:] + 1`, without a derived size, does the same."""
     monkeypatch.setattr(frametrace.config, "capture_dynamic_output_shape_ops", True)
     run(lambda x: x.nonzero()[::2] + 1, lambda n: (torch.randint(0, 2, (n, 3)),), sizes=(5, 8, 9))
+
+
+def test_view_of_a_strided_slice_of_an_intermediate_raises_as_eager():
+    """`(x * 2)[::2].t().view(-1)`: eager raises (the transposed strided slice is no view of
+    one dimension).  AOTAutograd returns the transposed slice from the graph and makes the
+    view(-1) from it; stored row-major (a copy), view(-1) succeeded and the compiled
+    function returned a value where eager raises.  The slice is a view of x * 2 stored in
+    its traced layout, so its strides are eager's and the view raises as eager's; the
+    transposed slice returned alone is eager's non-dense view."""
+    run(lambda x: (x * 2)[::2].t().view(-1), lambda n: (torch.randn(n, 3),), sizes=(5, 8, 9, 6))
+    run(lambda x: (x * 2)[::2].t(), lambda n: (_specials(torch.randn(n, 3)),), sizes=(5, 8, 9, 6))

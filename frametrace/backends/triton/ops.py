@@ -548,6 +548,13 @@ def _view_root(L, node, x):
             x = x.realized
         if isinstance(x, Computed):
             return (src, x) if x.buffer.symbolic else None
+        if isinstance(x, Pointwise) and x.alias is None and _is_view_node(src) and \
+                isinstance(L.env.get(src.args[0]), IRNode):
+            # a view lowered as an index map with no alias (a strided slice of a lazy value
+            # with symbolic sizes): the value it views, through the graph
+            src = src.args[0]
+            x = L.env[src]
+            continue
         if isinstance(x, Pointwise) and x.alias is None:
             # a lazy value with symbolic sizes the graph does not return as it is (only
             # views of it): stored in its traced layout, as eager's views share its memory
@@ -566,6 +573,16 @@ def _view_root(L, node, x):
         if isinstance(src, torch.fx.Node) and isinstance(L.env.get(src), (list, tuple)):
             src = src.args[0] if src.args else None     # (a piece of a split: its input)
     return None
+
+
+def _is_view_node(node) -> bool:
+    """Whether FX `node` is a view op of its first argument (its value aliases it)."""
+    target = getattr(node, "target", None)
+    if not (isinstance(target, torch._ops.OpOverload) and target.is_view and node.args and
+            isinstance(node.args[0], torch.fx.Node)):
+        return False
+    vout, vin = node.meta.get("val"), node.args[0].meta.get("val")
+    return isinstance(vout, torch.Tensor) and isinstance(vin, torch.Tensor) and torch._C._is_alias_of(vout, vin)
 
 
 def _returned(node) -> bool:
