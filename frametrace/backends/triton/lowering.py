@@ -211,9 +211,16 @@ class GraphLowering(Placement):
 
     def call(self, node, env):
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
-        if node.target is operator.getitem:
-            return args[0][args[1]]
         val = node.meta.get("val")
+        if node.target is operator.getitem:
+            value = args[0][args[1]]
+            if isinstance(value, Pointwise) and value.realized is None and \
+                    any(u.op == "output" for u in node.users):
+                # (a returned piece of a multi-output op, a pooling's values: stored here as
+                # any output is below, so that the views of it the graph returns beside it
+                # are views of that memory)
+                self.early_outputs[node] = self.output(value, val)
+            return value
         if node.target is aten._assert_scalar.default and isinstance(args[0], (SizeCondition, GraphObject)):
             # a runtime assert on sizes the data decides (u0 <= 64 after a nonzero of 64
             # elements, a torch._check of the program): checked by the wrapper
@@ -265,14 +272,7 @@ class GraphLowering(Placement):
     def output(self, value, val) -> Buffer:
         """A graph output's Buffer, with eager's strides where this graph computes it: a
         caller may rely on them (`is_contiguous(memory_format=...)`)."""
-        stride = None
-        if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == tuple(value.shape):
-            stride = layout.static_strides(val)
-            if stride is not None and not layout.dense(value.shape, stride):
-                stride = None
-        elif isinstance(val, torch.Tensor) and self.hints and config.symbolic_output_strides:
-            # (the shapes compared as expressions there)
-            stride = self._traced_dense_strides(value.shape, val)
+        stride = self.output_stride(value, val)
         if self.hints and isinstance(val, torch.Tensor):
             written = self._written_input(val)
             if written is not None:
@@ -285,12 +285,44 @@ class GraphLowering(Placement):
         # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
 
+    def output_stride(self, value, val):
+        """The strides an output `value` (fake value `val`) is stored with: eager's where
+        they are dense, else None (its dominant input's layout or row-major)."""
+        stride = None
+        if isinstance(val, torch.Tensor) and not self.hints and tuple(val.shape) == tuple(value.shape):
+            stride = layout.static_strides(val)
+            if stride is not None and not layout.dense(value.shape, stride):
+                stride = None
+        elif isinstance(val, torch.Tensor) and self.hints and config.symbolic_output_strides:
+            # (the shapes compared as expressions there)
+            stride = self._traced_dense_strides(value.shape, val)
+        return stride
+
     def _same_layout(self, shape, a, b) -> bool:
         """layout.same over sizes and strides that may be symbolic: equal strides wherever
         the size is not 1 (as expressions: their difference expands to 0)."""
         if not self.hints:
             return layout.same(shape, a, b)
         return all(not _differ(x, y) for n, x, y in zip(shape, a, b) if n != 1)
+
+    def traced_strides(self, shape, val) -> tuple | None:
+        """`val`'s traced strides where they lay `shape` out densely (row-major too), as
+        expressions; else None."""
+        if not isinstance(val, torch.Tensor):
+            return None
+        stride = self._traced_dense_strides(shape, val)
+        if stride is not None:
+            return stride
+        try:
+            traced = tuple(self.stride_size(s) for s in val.stride())
+            sizes = tuple(self.size(n) for n in val.shape)
+        except (Unsupported, TypeError, ValueError, KeyError):
+            return None
+        rows = contiguous_strides(shape)
+        if len(sizes) != len(shape) or any(_differ(a, b) for a, b in zip(sizes, shape)) or \
+                not self._same_layout(shape, traced, rows):
+            return None
+        return rows
 
     def _traced_dense_strides(self, shape, val) -> tuple | None:
         """A symbolic output's traced strides (its fake value's, as expressions of shape
@@ -481,13 +513,14 @@ class GraphLowering(Placement):
         return Buffer(base.name, out.shape, out.stride(), out.dtype, base.device,
                       offset=out.storage_offset(), is_view=True)
 
-    def symbolic_view(self, base: Buffer, node):
+    def symbolic_view(self, base: Buffer, node, src=None):
         """The Buffer a view op gives on a symbolic `base`'s memory, or None (then an index
         map): the view's fake value's layout, where `base` has its fake input's layout
         (`config.symbolic_views`; views of graph inputs take it either way: a returned one
         that was a copy came back wrong, AOTAutograd making the view again from the input
         with the copy's strides).  No guard is added: tracing computed those strides."""
-        src = node.args[0] if getattr(node, "args", None) else None
+        if src is None:     # (else the value `base` holds, that `node` views through others)
+            src = node.args[0] if getattr(node, "args", None) else None
         vin = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
         vout = node.meta.get("val")
         if not (isinstance(vin, torch.Tensor) and isinstance(vout, torch.Tensor)) or \

@@ -405,14 +405,17 @@ def view(L, node, x, index_map, view_fn):
         raise Unsupported("a view of a non-tensor")
     if isinstance(x, Pointwise) and x.realized is not None:
         x = x.realized  # a view of its buffer, not a copy of it
-    if isinstance(x, Computed) and x.buffer.symbolic and config.symbolic_views and _returned(node):
+    root = _view_root(L, node, x) if config.symbolic_views and _returned(node) else None
+    if root is not None:
         # a returned view of a value stored with symbolic sizes (a graph output, with its
-        # traced strides): that memory where the buffer has the traced layout, as eager's
-        # view shares it (else a copy kernel, and the view shared nothing with the value
-        # returned beside it)
-        b = L.symbolic_view(x.buffer, node)
+        # traced strides), directly or through views the graph does not return (the
+        # no-op dim-0 slice before `y[:, ::2]`): that memory where the buffer has the
+        # traced layout, as eager's view shares it (else a copy kernel, and the view
+        # shared nothing with the value returned beside it)
+        src, base = root
+        b = L.symbolic_view(base.buffer, node, src)
         if b is not None:
-            L.realize(x.buffer)   # (the wrapper reads it: stored)
+            L.realize(base.buffer)   # (the wrapper reads it: stored)
             return b
     if isinstance(x, Buffer):
         b = L.view_buffer(x, view_fn)
@@ -528,6 +531,59 @@ class _Sub:
         self.args = node.args[:1] if node is not None else ()   # (the input: its layout)
         self.users = {u: None for g in (node.users if node is not None else ())
                       if g.target is operator.getitem and g.args[1] == piece for u in g.users}
+
+
+def _view_root(L, node, x):
+    """(FX node, Computed) of the symbolic value stored that `node` views, through the
+    chain of views before it (lazy index maps over that value: Pointwise with an alias),
+    or None.  The FX node's fake value is the layout the view's traced strides and offset
+    are relative to."""
+    src = node.args[0] if getattr(node, "args", None) else None
+    for _ in range(64):
+        if not isinstance(src, torch.fx.Node):
+            return None
+        held = L.env.get(src)
+        if not (held is x or getattr(held, "realized", None) is x):
+            return None     # (src is not the FX node of the value x: no layout to go by)
+        if isinstance(x, Pointwise) and x.realized is not None:
+            x = x.realized
+        if isinstance(x, Computed):
+            return (src, x) if x.buffer.symbolic else None
+        if isinstance(x, Pointwise) and x.alias is None and _is_view_node(src) and \
+                isinstance(L.env.get(src.args[0]), IRNode):
+            # a view lowered as an index map with no alias (a strided slice of a lazy value
+            # with symbolic sizes): the value it views, through the graph
+            src = src.args[0]
+            x = L.env[src]
+            continue
+        if isinstance(x, Pointwise) and x.alias is None:
+            # a lazy value with symbolic sizes the graph does not return as it is (only
+            # views of it): stored in its traced layout, as eager's views share its memory
+            if not any(is_symbolic(n) for n in x.shape):
+                return None
+            vin, vout = src.meta.get("val"), node.meta.get("val")
+            stride = L.traced_strides(x.shape, vin)
+            if stride is None or not isinstance(vout, torch.Tensor) or not torch._C._is_alias_of(vout, vin):
+                return None
+            L.realize(x, wrapper=False, stride=stride)
+            return src, x.realized
+        if not (isinstance(x, Pointwise) and x.alias is not None):
+            return None
+        x = x.alias[0]
+        src = src.args[0] if src.args else None
+        if isinstance(src, torch.fx.Node) and isinstance(L.env.get(src), (list, tuple)):
+            src = src.args[0] if src.args else None     # (a piece of a split: its input)
+    return None
+
+
+def _is_view_node(node) -> bool:
+    """Whether FX `node` is a view op of its first argument (its value aliases it)."""
+    target = getattr(node, "target", None)
+    if not (isinstance(target, torch._ops.OpOverload) and target.is_view and node.args and
+            isinstance(node.args[0], torch.fx.Node)):
+        return False
+    vout, vin = node.meta.get("val"), node.args[0].meta.get("val")
+    return isinstance(vout, torch.Tensor) and isinstance(vin, torch.Tensor) and torch._C._is_alias_of(vout, vin)
 
 
 def _returned(node) -> bool:

@@ -251,11 +251,12 @@ def pool_offsets(graph: fx.Graph) -> int:
         args = list(n.args) + [None] * (6 - len(n.args))
         (kh, kw), (dh, dw) = _pool_pair(args[1], None), _pool_pair(args[4], 1)
         (sh, sw), (ph, pw) = _pool_pair(args[2], [kh, kw]), _pool_pair(args[3], 0)
-        try:
-            H, W = (int(s) for s in x.shape[-2:])
-            OH, OW = (int(s) for s in idx_val.shape[-2:])
-        except Exception:   # (symbolic sizes)
+        sizes = (*x.shape[-2:], *idx_val.shape[-2:])
+        if not all(isinstance(s, int) for s in sizes):
+            # (symbolic sizes: int() of a SymInt does not raise, it specializes the size,
+            # and a max pooling under autograd then compiled once per height and width)
             continue
+        H, W, OH, OW = sizes
         if kh * kw > 127:
             continue
         idx = idx[0]
