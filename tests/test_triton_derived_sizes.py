@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 import frametrace
+from triton_harness import PARITY_GRAPHS, TORCH_BEFORE_2_13
 from frametrace.testing import CompileCounter
 
 pytest.importorskip("triton")
@@ -90,10 +91,6 @@ def _compare(want, got, where, tol):
         torch.testing.assert_close(b, a, atol=tol, rtol=tol, equal_nan=True, msg=lambda m: f"{where}: {m}")
 
 
-# torch before 2.13 guards a pooling's or strided convolution's output size on the parity
-# of its input size ((s - 1) % 2 != 0, in its shape function), as torch.compile meets it
-# too: a second symbolic graph for the other parity, not one per size
-_PARITY_GRAPHS = 1 if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13) else 0
 
 
 def sweep(fn, make, sizes=SIZES, tol=1e-4, backward=False, max_frames=2, eager_graphs=0):
@@ -129,7 +126,7 @@ def sweep(fn, make, sizes=SIZES, tol=1e-4, backward=False, max_frames=2, eager_g
             _compare(want_args, got_args, f"{where} (inputs after the call)", tol)
         symbolic += [m for m in backend.COMPILED if m.symbolic and m not in symbolic]
     assert backend.STATS["eager_graphs"] - before <= eager_graphs, "a graph ran eagerly instead of as kernels"
-    assert counter.frame_count <= max_frames + _PARITY_GRAPHS, counter.frame_count
+    assert counter.frame_count <= max_frames + PARITY_GRAPHS, counter.frame_count
     return counter, symbolic
 
 
@@ -226,7 +223,7 @@ def test_derived_source_semantics():
                 assert eval(src, dict(NAMESPACE), {"a": va, "b": vb}) == int(want), (e, va, vb)
 
 
-@pytest.mark.xfail(bool(_PARITY_GRAPHS), strict=True, reason="torch 2.11 gives a slice of a size the data "
+@pytest.mark.xfail(TORCH_BEFORE_2_13, strict=True, reason="torch 2.11 gives a slice of a size the data "
                    "decides a fresh unbacked size that no aten call binds: the graph runs with aot_eager")
 def test_derived_from_a_size_the_data_decides(monkeypatch):
     """`x[x > 0][::2]`: (u0 + 1)//2 over the number of positives u0, computed right after

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import frametrace
+from triton_harness import PARITY_GRAPHS
 from frametrace.testing import CompileCounter
 
 pytest.importorskip("triton")
@@ -58,10 +59,6 @@ def _sharing(outs, args):
              tuple(j for j in range(i) if _storage(outs[j]) == _storage(o))) for i, o in enumerate(outs)]
 
 
-# torch before 2.13 guards a pooling's or strided convolution's output size on the parity
-# of its input size ((s - 1) % 2 != 0, in its shape function), as torch.compile meets it
-# too: a second symbolic graph for the other parity, not one per size
-_PARITY_GRAPHS = 1 if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13) else 0
 
 
 def run(fn, make, sizes=SIZES, strides=True, tol=1e-5, offsets=False, sharing=True):
@@ -93,8 +90,8 @@ def run(fn, make, sizes=SIZES, strides=True, tol=1e-5, offsets=False, sharing=Tr
             assert [t.storage_offset() for t in got] == [t.storage_offset() for t in want], n
     assert backend.STATS["eager_graphs"] == before, "a graph ran eagerly instead of as kernels"
     symbolic = [m for m in backend.COMPILED if m.symbolic]
-    assert 1 <= len(symbolic) <= 1 + _PARITY_GRAPHS, "no graph with symbolic sizes, or one per size"
-    assert counter.frame_count <= 2 + _PARITY_GRAPHS, counter.frame_count   # (static first, then symbolic)
+    assert 1 <= len(symbolic) <= 1 + PARITY_GRAPHS, "no graph with symbolic sizes, or one per size"
+    assert counter.frame_count <= 2 + PARITY_GRAPHS, counter.frame_count   # (static first, then symbolic)
     return symbolic
 
 

@@ -19,6 +19,13 @@ from differential import check, with_grads
 
 _HALF = (torch.bfloat16, torch.float16)
 
+# torch before 2.13 (the H200's 2.11) guards a pooling's or strided convolution's output
+# size on the parity of its input size ((s - 1) % 2 != 0, in its shape function), as
+# torch.compile meets it too: tests that count graphs over sizes allow this many more
+# (a second symbolic graph for the other parity, not one per size)
+TORCH_BEFORE_2_13 = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+PARITY_GRAPHS = 1 if TORCH_BEFORE_2_13 else 0
+
 
 def _observed(fn, seen, half_as_float):
     """fn, recording each output tensor's dtype, shape and strides in `seen` (per call),
