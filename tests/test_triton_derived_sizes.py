@@ -10,15 +10,13 @@ dims longer than 1, inputs after the call, exceptions of the same type.  And wha
 compiled: the graph with symbolic sizes ran as kernels (no graph eagerly as a whole, a
 symbolic module with kernels and derived sizes), with no compile per size; with the
 switch off the same graph runs with aot_eager (the switch is what makes it compile)."""
-import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 
 import frametrace
-from triton_harness import PARITY_GRAPHS, TORCH_BEFORE_2_13
+from triton_harness import PARITY_GRAPHS, TORCH_BEFORE_2_13, compare_leaves, eager_and_compiled
 from frametrace.testing import CompileCounter
 
 pytest.importorskip("triton")
@@ -77,20 +75,6 @@ PROGRAMS = {
 _ATEN_BY_DESIGN = {"avg_pool1d", "avg_pool2d", "unfold"}
 
 
-def _compare(want, got, where, tol):
-    w, g = pytree.tree_leaves(want), pytree.tree_leaves(got)
-    assert len(w) == len(g), (where, want, got)
-    for a, b in zip(w, g):
-        if not isinstance(a, torch.Tensor):
-            assert a == b, (where, a, b)
-            continue
-        assert isinstance(b, torch.Tensor), (where, a, b)
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), (where, a.dtype, a.shape, b.dtype, b.shape)
-        strides = [(s, t) for n, s, t in zip(a.shape, a.stride(), b.stride()) if n > 1]
-        assert all(s == t for s, t in strides), (where, "strides", a.stride(), b.stride())
-        torch.testing.assert_close(b, a, atol=tol, rtol=tol, equal_nan=True, msg=lambda m: f"{where}: {m}")
-
-
 
 
 def sweep(fn, make, sizes=SIZES, tol=1e-4, backward=False, max_frames=2, eager_graphs=0):
@@ -104,26 +88,7 @@ def sweep(fn, make, sizes=SIZES, tol=1e-4, backward=False, max_frames=2, eager_g
     symbolic = []
     for n in sizes:
         torch.manual_seed(n)
-        args = make(n)
-        if backward:
-            args = tuple(a.requires_grad_() for a in args)
-        results = []
-        for f, call in ((fn, copy.deepcopy(args)), (compiled, copy.deepcopy(args))):
-            try:
-                out = f(*call)
-                if backward:
-                    weights = torch.arange(out.numel(), dtype=out.dtype).view(out.shape).cos()
-                    (out * weights).sum().backward()
-                    out = [out.detach()] + [a.grad for a in call]
-                results.append((out, None, [a.detach() for a in call]))
-            except Exception as e:  # (eager's error: the compiled one must raise it too)
-                results.append((None, e, None))
-        (want, want_exc, want_args), (got, got_exc, got_args) = results
-        where = f"at n={n}"
-        assert type(want_exc) is type(got_exc), f"{where}: eager {want_exc!r}, compiled {got_exc!r}"
-        if want_exc is None:
-            _compare(want, got, where, tol)
-            _compare(want_args, got_args, f"{where} (inputs after the call)", tol)
+        eager_and_compiled(fn, compiled, make(n), f"at n={n}", tol, tol, backward, strides=True)
         symbolic += [m for m in backend.COMPILED if m.symbolic and m not in symbolic]
     assert backend.STATS["eager_graphs"] - before <= eager_graphs, "a graph ran eagerly instead of as kernels"
     assert counter.frame_count <= max_frames + PARITY_GRAPHS, counter.frame_count
@@ -165,7 +130,7 @@ def test_derived_sizes_off_runs_aot_eager(monkeypatch):
     compiled = frametrace.optimize(backend=counter)(fn)
     for n in (5, 16, 17):
         x = make(n)
-        _compare(fn(*x), compiled(*x), f"off at n={n}", 1e-4)
+        compare_leaves(fn(*x), compiled(*x), f"off at n={n}", 1e-4, 1e-4, strides=True)
     assert backend.STATS["eager_graphs"] > before
 
 

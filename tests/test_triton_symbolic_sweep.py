@@ -11,7 +11,6 @@ CPU, Triton's interpreter always takes the heuristic first one; here every candi
 its turn).  PyTorch's OpInfo database serves as a peer suite: its samples resized along
 their first dimension.  A sampled part runs by default; FRAMETRACE_SWEEP_FULL=1 runs all of
 it (the OpInfo part: every op of the lists below, two samples each, ~2 min on 2 cores)."""
-import copy
 import itertools
 import logging
 import os
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 import frametrace
+from triton_harness import eager_and_compiled
 from frametrace.testing import CompileCounter
 
 pytest.importorskip("triton")
@@ -31,19 +31,6 @@ pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 FULL = os.environ.get("FRAMETRACE_SWEEP_FULL") == "1"
 SIZES = (5, 16, 17, 1, 33, 2, 64, 100, 5)
-
-
-def _compare(want, got, where, atol, rtol):
-    w, g = pytree.tree_leaves(want), pytree.tree_leaves(got)
-    assert len(w) == len(g), (where, want, got)
-    for a, b in zip(w, g):
-        if not isinstance(a, torch.Tensor):
-            assert a == b, (where, a, b)
-            continue
-        assert isinstance(b, torch.Tensor), (where, a, b)
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), (where, a.dtype, a.shape, b.dtype, b.shape)
-        torch.testing.assert_close(b, a, atol=atol, rtol=rtol, equal_nan=True,
-                                   msg=lambda m: f"{where}: {m}")
 
 
 def sweep(fn, make, sizes=SIZES, atol=1e-4, rtol=1e-4, max_frames=4, symbolic=True, backward=False,
@@ -85,26 +72,8 @@ class _Reruns(logging.Handler):
 def _call(fn, compiled, make, n, atol, rtol, backward, reruns):
     """One call of each at size n, compared (see `sweep`)."""
     torch.manual_seed(n)
-    args = make(n)
-    if backward:
-        args = tuple(a.requires_grad_() if a.is_floating_point() else a for a in args)
-    results = []
-    for f, call in ((fn, copy.deepcopy(args)), (compiled, copy.deepcopy(args))):
-        try:
-            out = f(*call)
-            if backward:
-                weights = torch.arange(out.numel(), dtype=out.dtype).view(out.shape).cos()
-                (out * weights).sum().backward()
-                out = [out.detach()] + [a.grad for a in call if isinstance(a, torch.Tensor) and a.requires_grad]
-            results.append((out, None, [a.detach() if isinstance(a, torch.Tensor) else a for a in call]))
-        except Exception as e:      # (eager's error: the compiled one must raise it too)
-            results.append((None, e, None))
-    (want, want_exc, want_args), (got, got_exc, got_args) = results
     where = f"{getattr(fn, '__name__', fn)} at n={n}"
-    assert type(want_exc) is type(got_exc), f"{where}: eager {want_exc!r}, compiled {got_exc!r}"
-    if want_exc is None:
-        _compare(want, got, where, atol, rtol)
-        _compare(want_args, got_args, f"{where} (inputs after the call)", atol, rtol)
+    if eager_and_compiled(fn, compiled, make(n), where, atol, rtol, backward):
         # (a graph that raised where eager does not: right values from CPython's rerun)
         assert not reruns.lines, f"{where}: {reruns.lines}"
     reruns.lines.clear()

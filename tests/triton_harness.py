@@ -9,6 +9,7 @@ requires grad; `triton_check_vjp` the vector-Jacobian products for given tangent
 
 Each test file keeps its own checks of the generated code (kernels, externs, layout
 copies) in a thin wrapper around `triton_check`."""
+import copy
 import functools
 
 import torch
@@ -108,3 +109,47 @@ def triton_check_vjp(fn, *args, tangents, atol=1e-5, rtol=1e-5, half_as_float=Fa
               _vjp(frametrace.optimize(backend=counter, fullgraph=True)(fn), tangents),
               compiled_seen, half_as_float))
     _compare_seen(eager_seen, compiled_seen, strides=False)
+
+
+def compare_leaves(want, got, where, atol, rtol, strides=False):
+    """Every leaf of `got` against `want`'s: tensors by dtype, shape, values (NaN where
+    eager's are) and, with `strides`, the strides of dims longer than 1; others by ==."""
+    w, g = pytree.tree_leaves(want), pytree.tree_leaves(got)
+    assert len(w) == len(g), (where, want, got)
+    for a, b in zip(w, g):
+        if not isinstance(a, torch.Tensor):
+            assert a == b, (where, a, b)
+            continue
+        assert isinstance(b, torch.Tensor), (where, a, b)
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), (where, a.dtype, a.shape, b.dtype, b.shape)
+        if strides:
+            kept = [(s, t) for n, s, t in zip(a.shape, a.stride(), b.stride()) if n > 1]
+            assert all(s == t for s, t in kept), (where, "strides", a.stride(), b.stride())
+        torch.testing.assert_close(b, a, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"{where}: {m}")
+
+
+def eager_and_compiled(fn, compiled, args, where, atol, rtol, backward=False, strides=False) -> bool:
+    """fn and compiled each on a deep copy of `args` (with `backward`, the floating inputs
+    require grad and a weighted sum of the output is differentiated: the gradients are
+    compared too), then compared: the same exception type, or the outputs and the inputs
+    after the call (`compare_leaves`).  Returns whether eager returned."""
+    if backward:
+        args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                     for a in args)
+    results = []
+    for f, call in ((fn, copy.deepcopy(args)), (compiled, copy.deepcopy(args))):
+        try:
+            out = f(*call)
+            if backward:
+                weights = torch.arange(out.numel(), dtype=out.dtype).view(out.shape).cos()
+                (out * weights).sum().backward()
+                out = [out.detach()] + [a.grad for a in call if isinstance(a, torch.Tensor) and a.requires_grad]
+            results.append((out, None, [a.detach() if isinstance(a, torch.Tensor) else a for a in call]))
+        except Exception as e:      # (eager's error: the compiled one must raise it too)
+            results.append((None, e, None))
+    (want, want_exc, want_args), (got, got_exc, got_args) = results
+    assert type(want_exc) is type(got_exc), f"{where}: eager {want_exc!r}, compiled {got_exc!r}"
+    if want_exc is None:
+        compare_leaves(want, got, where, atol, rtol, strides)
+        compare_leaves(want_args, got_args, f"{where} (inputs after the call)", atol, rtol, strides)
+    return want_exc is None

@@ -56,11 +56,16 @@ def _symbolic_slice_scatter(L, shape, dtype, x, src, dim, lo, step):
     size, is the number of elements it has)."""
     lo_s = indexing.pexpr(sympy.sympify(lo))
     n_s = indexing.pexpr(sympy.sympify(src.shape[dim]))
+    return _scatter_into_slice(shape, dtype, x, src, dim, lo, lo_s, step,
+                               lambda i: [f"({i} >= {lo_s})", f"(({i} - {lo_s}) < {step} * {n_s})"])
 
+
+def _scatter_into_slice(shape, dtype, x, src, dim, lo, lo_text, step, bounds):
+    """x with src written into its slice along `dim` from `lo` (`lo_text` in the kernel's
+    source) by `step`, where `bounds(i)` (conditions on the index i along dim) holds."""
     def fn(k, idx):
         i = k.index(idx[dim])
-        conds = [f"({i} >= {lo_s})", f"(({i} - {lo_s}) < {step} * {n_s})"] + \
-            ([f"((({i} - {lo_s}) % {step}) == 0)"] if step != 1 else [])
+        conds = bounds(i) + ([f"((({i} - {lo_text}) % {step}) == 0)"] if step != 1 else [])
         cond = k.op(" & ".join(conds))
         sub = idx[:dim] + [indexing.floordiv(idx[dim] - lo, step) if step != 1 else idx[dim] - lo] + idx[dim + 1:]
         with k.masked(cond):
@@ -79,16 +84,8 @@ def _slice_scatter(L, node, x, src, dim=0, start=None, end=None, step=1):
     lo, hi = slice_bounds(shape[dim], start, end, step)
     if any(isinstance(v, sympy.Basic) and not v.is_number for v in (lo, hi)):
         raise Unsupported("a slice_scatter at symbolic positions")
-
-    def fn(k, idx):
-        i = k.index(idx[dim])
-        conds = [f"({i} >= {lo})", f"({i} < {hi})"] + ([f"(({i} - {lo}) % {step} == 0)"] if step != 1 else [])
-        cond = k.op(" & ".join(conds))
-        sub = idx[:dim] + [indexing.floordiv(idx[dim] - lo, step) if step != 1 else idx[dim] - lo] + idx[dim + 1:]
-        with k.masked(cond):
-            v = k.cast(src.load(k, sub), src.dtype, dtype)
-        return k.op(f"tl.where({cond}, {v}, {operand(k, x, idx, dtype)})")
-    return pointwise(shape, dtype, fn, x, src)
+    return _scatter_into_slice(shape, dtype, x, src, dim, lo, lo, step,
+                               lambda i: [f"({i} >= {lo})", f"({i} < {hi})"])
 
 
 @register(aten.select_scatter)
