@@ -157,6 +157,23 @@ def _names(x, out):
     return out
 
 
+def _sizes_read(x, out):
+    """The names of the shape symbols in an extern's arguments: in a condition a runtime
+    assert checks, a size, a buffer's sizes, strides or offset."""
+    if isinstance(x, Buffer):
+        for v in (*x.shape, *x.stride, x.offset):
+            _sizes_read(v, out)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _sizes_read(v, out)
+    elif isinstance(x, dict):
+        _sizes_read(list(x.values()), out)
+    else:
+        expr = getattr(x, "expr", x)   # (a lowering.SizeCondition's)
+        out.update(s.name for s in getattr(expr, "free_symbols", ()))
+    return out
+
+
 def _fuse_spaces(a, b) -> bool:
     """Whether realized nodes `a` (read) and `b` (reading it) can share a kernel's index
     space, as the scheduler joins them."""
@@ -176,11 +193,16 @@ def _accesses(lowered, items, singles=None):
     gets each computed item's group of its kernel alone, its generation kept
     (KernelGroup.generated) for the scheduler while the items' order is unchanged."""
     inputs = set(lowered.inputs)
+    # a size derived from one the data decides is known once that one is
+    late = {s.name: {u.name for u in us} for s, us in lowered.ctx.derived.late.items()}
     out = []
     for item in items:
         if isinstance(item, Extern):
-            reads = _names((item.args, item.kwargs), set())
-            makes = _names(item.outputs, {item.name})
+            # (and the sizes the data decides that it reads or binds: a runtime assert on
+            # u1 runs after the nonzero that makes u1)
+            reads = _names((item.args, item.kwargs), set()) | _sizes_read((item.args, item.kwargs), set())
+            reads |= set().union(*(late.get(n, ()) for n in reads))
+            makes = _names(item.outputs, {item.name}) | {s.name for s in item.binds}
             schema = getattr(item.graph_op, "_schema", None)   # (an in-place twin writes only
             # a buffer of the graph that no other item reads: it reads it, as the op does)
             if schema is not None and schema.is_mutable:
@@ -207,7 +229,8 @@ def _accesses(lowered, items, singles=None):
         if singles is not None:
             g.generated = made
             singles[item] = g
-        out.append(((cg.reads | set(cg.args)) - ({item.name} - inputs), {item.name}))
+        sizes = set(cg.symbols).union(*(late.get(n, ()) for n in cg.symbols))
+        out.append(((cg.reads | set(cg.args) | sizes) - ({item.name} - inputs), {item.name}))
     return out
 
 
