@@ -30,6 +30,22 @@ static_launch = True
 # static_launch.  False: every such launch goes through Triton's JIT.
 memo_launches = True
 
+# Kernel sources name their shape symbols by position (sym0, sym1, ...) rather than as the
+# graph does (s0, u3, ds1): kernels that differ only in which size they take (one per
+# expert of a MoE loop, one per layer) share a source, a Triton compile and an autotuning.
+# False: the graph's names, a kernel per symbol.
+canonical_symbols = True
+
+# Runtime asserts on sizes the data decides (u0 <= 64) run as Python comparisons in the
+# wrapper, raising aten._assert_scalar's RuntimeError; False: each is an aten call.
+python_size_asserts = True
+
+# A graph's nonzeros whose arguments (of one shape and dtype) are all computed before the
+# first of them (a MoE loop's per-expert masks) run as one nonzero of them stacked, each
+# taking its part: one wait for the GPU, not one per nonzero.  False: each nonzero waits
+# on its own.
+batch_nonzero = True
+
 # Graphs with symbolic sizes: once a set of sizes (every shape symbol's value) has been
 # called this many times, that set gets a fast wrapper of its own, with its grids, block
 # sizes and compiled kernels as literals, as a static graph's (a server's recurring

@@ -835,6 +835,28 @@ class KernelCodegen:
         body = "\n".join("    " + line for line in head + self.outer)
         helpers = "".join(COMBINE[h] for h in sorted(self.helpers))
         src = f"{helpers}@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
+        if config.canonical_symbols:
+            src = canonical_symbols(src, self.symbols)
         kind = ("per" if self.persistent else "red") if red else "poi"
         name = f"triton_{kind}_{hashlib.sha256(src.encode()).hexdigest()[:12]}"
         return name, src.replace("def KERNEL(", f"def {name}(", 1)
+
+
+# a string literal (left as it is) or an identifier
+_TOKENS = re.compile(r"""('[^'\\\n]*(?:\\.[^'\\\n]*)*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")|\b([A-Za-z_]\w*)\b""")
+
+
+def canonical_symbols(src: str, symbols: list) -> str:
+    """`src` with its shape symbols renamed by position (`sym0`, `sym1`, ... in the order
+    of the kernel's parameters), so that kernels differing only in which size they take
+    share one source, one name, one Triton compile and one autotuning: a Mixtral expert
+    loop makes the same gather, SiLU and scaling kernels for each expert's token count u0,
+    u1, ..., which compiled and tuned once each (52 tunings, 13 s of a 25 s first call on
+    the H200).  The launch passes the sizes by position, so the wrapper is unchanged."""
+    if not symbols:
+        return src
+    names = {s: f"sym{i}" for i, s in enumerate(symbols)}
+
+    def sub(m):
+        return m.group(0) if m.group(1) else names.get(m.group(2), m.group(2))
+    return _TOKENS.sub(sub, src)

@@ -281,11 +281,75 @@ def _reuse_dead(lines, unsafe) -> list[str]:
     return [line for line in out if line is not None]
 
 
+def _nonzeros(*tensors) -> tuple:
+    """Each tensor's nonzero, from one nonzero of them stacked: (k, n) indices whose first
+    column says which tensor, split by their counts.  One wait for the GPU, and a few aten
+    calls, where a nonzero each waits once."""
+    stacked = torch.stack(tensors)
+    counts = stacked.ne(0).flatten(1).sum(1)
+    found = stacked.nonzero()
+    return found[:, 1:].split(counts.tolist())
+
+
+def nonzero_batches(schedule, inputs) -> dict:
+    """Extern name -> (batch variable, position, batch) for each aten.nonzero that can be
+    a part of one nonzero of several stacked tensors (`_nonzeros`).  A nonzero joins the
+    batch of an earlier one when its argument has that one's shape, dtype and device, its
+    memory is already written at that earlier one and nothing writes it between the two:
+    its part there is its nonzero where it runs.  Each nonzero waits for the GPU to learn
+    its size; a Mixtral expert loop runs one per expert and layer (16 waits a call), its
+    router's masks all known before the first: one wait a layer.  Batches of one stay
+    plain nonzero calls, as do nonzeros of 0-d tensors."""
+    made: dict = {name: -1 for name in inputs}   # buffer -> position of the item writing it
+    writes: dict = {}                              # buffer -> positions of the items writing it
+    for at, item in enumerate(schedule):
+        names = _written(item)
+        for name in names:
+            made.setdefault(name, at)
+            writes.setdefault(name, []).append(at)
+    batches, current = [], None
+    for at, item in enumerate(schedule):
+        if not (isinstance(item, Extern) and item.op is torch.ops.aten.nonzero.default
+                and len(item.args) == 1 and not item.kwargs and isinstance(item.args[0], Buffer)
+                and len(item.args[0].shape) > 0 and isinstance(item.outputs, Buffer)):
+            continue
+        src = item.args[0].name
+        if current is not None and made.get(src, at) < current[0] and \
+                _stackable(item.args[0], current[1][0].args[0]) and \
+                not any(current[0] < w < at for w in writes.get(src, ())):
+            current[1].append(item)
+        else:
+            current = (at, [item])
+            batches.append(current)
+    out = {}
+    for n, (_, members) in enumerate(b for b in batches if len(b[1]) > 1):
+        for i, e in enumerate(members):
+            out[e.name] = (f"nonzeros{n}", i, members)
+    return out
+
+
+def _stackable(a: Buffer, b: Buffer) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
+def _written(item) -> list:
+    """The buffers an item of the schedule writes: a kernel's stores, an extern's
+    results and the arguments its op writes in place."""
+    if not isinstance(item, Extern):
+        return [c.name for c in item.stores]
+    names = [item.name] + [b.name for b in pytree.tree_leaves(item.outputs) if isinstance(b, Buffer)]
+    schema = getattr(item.op, "_schema", None)
+    if schema is None or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        names += sorted(item.reads())   # (in place, or unknown: as if it wrote all it reads)
+    return names
+
+
 def base_namespace(device) -> dict:
     """What every wrapper's source reads besides its constants, launchers and ops."""
     return {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
             "reinterpret": _reinterpret, "unviewed": _unviewed, "ensure_layout": _ensure_layout,
-            "align_attention": _align_attention, **derived.NAMESPACE}
+            "align_attention": _align_attention, "nonzeros": _nonzeros,
+            **derived.NAMESPACE}
 
 
 class WrapperCodegen:
@@ -373,8 +437,13 @@ class WrapperCodegen:
         lines += checks
         lines.append("    args.clear()")
         launchers = iter(self.launchers)
+        batches = nonzero_batches(self.schedule, L.inputs) if config.batch_nonzero else {}
         for item in self.schedule:
             if isinstance(item, Extern):
+                batch = batches.get(item.name)
+                if batch is not None:
+                    lines += self._batched_nonzero(item, *batch)
+                    continue
                 lines += self.extern(item)
                 continue
             for c in item.stores:
@@ -524,9 +593,32 @@ class WrapperCodegen:
     def _configs(kernel):
         return getattr(kernel.group, "configs", None) or configs_for(kernel.group)
 
+    def _batched_nonzero(self, e: Extern, batch: str, i: int, members) -> list[str]:
+        """A nonzero of a batch (`nonzero_batches`): at the batch's first, the one nonzero
+        of them all; each member its part of it."""
+        lines = []
+        if i == 0:
+            lines.append(f"    {batch} = nonzeros({', '.join(self.expr(m.args[0]) for m in members)})")
+        lines.append(f"    {e.name} = {batch}[{i}]")
+        for symbol, (name, path, dim) in e.binds.items():
+            ref = name + "".join(f"[{j}]" for j in path)
+            lines.append(f"    {symbol.name} = {ref}" + ("" if dim is None else f".shape[{dim}]"))
+        lines.append(f"    {e.outputs.name} = ensure_layout({e.name}, {pycode(e.outputs.stride)})")
+        return lines
+
     def extern(self, e: Extern) -> list[str]:
         lines = self._externs.get(e.name)
         if lines is not None:
+            return lines
+        if e.op is torch.ops.aten._assert_scalar.default and hasattr(e.args[0], "pycode") and \
+                config.python_size_asserts:
+            # a check on the wrapper's size variables (u0 <= 64 after a nonzero): a Python
+            # comparison, as aten's op raises it, not a dispatcher call (two per expert and
+            # layer of a MoE loop)
+            msg = e.args[1] if len(e.args) > 1 else e.kwargs.get("assert_msg", "")
+            lines = self._externs[e.name] = [
+                f"    if not ({self.expr(e.args[0])}):", f"        raise RuntimeError({msg!r})",
+                f"    {e.name} = None"]
             return lines
         # the OpOverload's C++ function: its Python __call__ only forwards to it
         op = self.const(getattr(e.op, "_op", e.op), "aten_")
