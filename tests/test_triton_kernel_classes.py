@@ -231,6 +231,28 @@ def test_max_pool_keeps_channels_last_inside(monkeypatch, on):
     assert "empty_strided((2, 8, 5, 5), (200, 1, 40, 8)" in mod.source, mod.source
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_max_pool_hardware_max(monkeypatch, on):
+    """On CUDA the window's max is tl.maximum with NaN propagated (config.pool_hardware_max);
+    run here through the interpreter by taking the lowering for CUDA's: NaN and inf windows,
+    windows of padding alone, integers, bf16, channels-last, with eager's values."""
+    from frametrace.backends.triton import ops
+    switched(monkeypatch, "pool_hardware_max", on)
+    monkeypatch.setattr(ops, "_on_cuda", lambda L: True)
+    pool = lambda x: F.max_pool2d(x, 3, 2, padding=1)   # noqa: E731
+    x = _r(2, 3, 9, 9)
+    x[0, 0, 2, 2] = float("nan")
+    x[0, 0, 4, 4] = float("inf")
+    x[0, 1] = float("-inf")
+    x[1, 2, :, :3] = float("nan")
+    mod = triton_check(pool, x, kernels=1)
+    assert ("tl.maximum(" in mod.kernels[0].source) == on, mod.kernels[0].source
+    triton_check(pool, _r(2, 4, 9, 9).contiguous(memory_format=torch.channels_last), strides=True)
+    triton_check(pool, torch.randint(-50, 50, (2, 3, 8, 8), dtype=torch.int32))
+    triton_check(pool, _r(2, 4, 9, 9, dtype=torch.bfloat16), half_as_float=True)
+    triton_check(lambda x: F.max_pool2d(x, 2, 1, padding=1), _r(1, 2, 3, 3))
+
+
 def test_max_pool_with_indices_and_training():
     triton_check(lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True), _r(2, 3, 9, 9))
     triton_check_grads(lambda x: F.max_pool2d(x, 3, 2, padding=1), _r(2, 3, 9, 9).requires_grad_())

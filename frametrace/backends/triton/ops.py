@@ -862,10 +862,14 @@ def _max_pool2d(L, node, x, kernel_size, stride=None, padding=0, dilation=1, cei
                 _, v = tap(k, idx, i, j, rows, cols, other)
                 if best is None:
                     best = v
-                    continue
-                nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
-                best = k.op(f"tl.where(({v} > {best}){nan}, {v}, {best})")
+                elif hardware_max:
+                    best = _extreme(k, cdt, "maximum", best, v, True)
+                else:
+                    nan = f" | ({v} != {v})" if cdt.is_floating_point else ""
+                    best = k.op(f"tl.where(({v} > {best}){nan}, {v}, {best})")
         return best
+
+    hardware_max = config.pool_hardware_max and _on_cuda(L)
 
     indices_read = any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users)
     alone = config.pool_max_alone and not indices_read
