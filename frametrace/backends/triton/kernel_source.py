@@ -562,44 +562,48 @@ class KernelCodegen:
         return self.op(f"tl.reduce({a}, 1, {self.combine(r.rtype)})[:, None]", level=1)
 
     def _welford(self, c):
-        """CentredSq `c` over looped rows: one pass keeps each lane's Welford mean, M2
-        and count of the row of x (its mean's Reduction's summand), masked lanes counting
-        nothing, and the lanes' triples combine with `_welford`.  The sum of x for the mean
-        is taken in the same loop when this kernel computes it, with the accumulator and
-        the combine of a looped sum's (the same mean, bit for bit); both are memoized.
+        """CentredSq `c` over looped rows: one pass keeps each lane's Welford mean and M2
+        of the row of x (its mean's Reduction's summand), masked lanes keeping theirs,
+        and the lanes' (mean, M2, count) combine with `_welford`.  The sum of x for the
+        mean is taken in the same loop when this kernel computes it, with the accumulator
+        and the combine of a looped sum's (the same mean, bit for bit); both are memoized.
 
-        Each lane runs on its elements less its first one `k`, and its mean is moved to
-        the frame of lane 0's first (the row's first element) before the lanes combine:
-        the running means are then as small as the spread, not as the values, whose
-        rounding (half an ulp of 1e4 is 5e-4 in fp32) would enter M2 at first order, as
-        the two-pass form's error in the mean does not (x = 1e4 + 0.1 * noise: 2.6e-3
-        relative error unshifted, 3.4e-4 two-pass).  A NaN, or an infinity (whose term
-        is inf * (inf - inf), or inf - inf as a first element), in a row makes M2 NaN."""
+        A lane's count is no accumulator: masks only cut a row's last block, so a lane
+        in this block was in every block before, and counts the blocks so far; its mean
+        moves by the difference times their reciprocal, one division a block, not one an
+        element.  Each lane runs on its elements less its first one `k`, and its mean is
+        moved to the frame of lane 0's first (the row's first element) before the lanes
+        combine: the running means are then as small as the spread, not as the values,
+        whose rounding (half an ulp of 1e4 is 5e-4 in fp32) would enter M2 at first order,
+        as the two-pass form's error in the mean does not (x = 1e4 + 0.1 * noise: 2.6e-3
+        relative error unshifted, 3.4e-4 two-pass).  A NaN, or an infinity (whose term is
+        inf * (inf - inf), or inf - inf as a first element), in a row makes M2 NaN."""
         r, mean = c.node, c.node.mean
         acc = _acc_dtype("sum", mean.node.src_dtype)
         with_sum = mean.name in self.members and ("red", mean.name) not in self.memo
-        k, wm, wm2, wn = (self.newvar("acc") for _ in range(4))
+        k, wm, wm2 = (self.newvar("acc") for _ in range(3))
         s = self.newvar("acc") if with_sum else None
-        self.levels.update((a, 2) for a in (k, wm, wm2, wn, s) if a)
-        inits = [f"{a} = tl.full([XBLOCK, RBLOCK], 0, {TL[acc]})" for a in (k, wm, wm2, wn, s) if a]
+        self.levels.update((a, 2) for a in (k, wm, wm2, s) if a)
+        inits = [f"{a} = tl.full([XBLOCK, RBLOCK], 0, {TL[acc]})" for a in (k, wm, wm2, s) if a]
 
         def body():
             v = self._row(mean.node, acc)
             if s:
                 self.body.append(f"{s} = {s} + {self._where_r(v, '0')}")
-            u, n, d, m = self.newvar(), self.newvar(), self.newvar(), self.newvar()
-            # (a lane masked off in the first block is masked off in every block)
-            self.body += [f"{k} = tl.where(roffset == 0, {v}, {k})", f"{u} = {v} - {k}",
-                          f"{n} = {wn} + 1.0", f"{d} = {u} - {wm}", f"{m} = {wm} + {d} / {n}"]
-            updates = [(wm2, f"{wm2} + {d} * ({u} - {m})"), (wm, m), (wn, n)]
-            # (masked lanes keep their triple: what they loaded is no element)
+            rc, u, d, m = self.newvar(), self.newvar(), self.newvar(), self.newvar()
+            self.body += [f"{rc} = tl.full([1, 1], 1, {TL[acc]}) / (roffset // RBLOCK + 1)",
+                          f"{k} = tl.where(roffset == 0, {v}, {k})", f"{u} = {v} - {k}",
+                          f"{d} = {u} - {wm}", f"{m} = {wm} + {d} * {rc}"]
+            updates = [(wm2, f"{wm2} + {d} * ({u} - {m})"), (wm, m)]
+            # (masked lanes keep theirs: what they loaded is no element)
             self.body += [f"{a} = tl.where(rmask, {new}, {a})" if self.has_rmask else f"{a} = {new}"
                           for a, new in updates]
         self.loop(body, inits)
         first = self.op(f"tl.reduce(tl.where(rbase == 0, {k}, 0.0), 1, {self.combine('sum')})[:, None]", level=1)
+        n = f"(tl.full([XBLOCK, RBLOCK], 0, {TL[acc]}) + (rnumel - rbase + RBLOCK - 1) // RBLOCK)"
         # (a lane that counted nothing has mean 0, whatever its `k` loaded)
-        moved = f"tl.where({wn} == 0.0, 0.0, {wm} + ({k} - {first}))"
-        triple = self.op(f"tl.reduce(({moved}, {wm2}, {wn}), 1, {self.combine('welford')})", level=1)
+        moved = f"tl.where(rbase < rnumel, {wm} + ({k} - {first}), 0.0)"
+        triple = self.op(f"tl.reduce(({moved}, {wm2}, {n}), 1, {self.combine('welford')})", level=1)
         m2 = self.op(f"{triple}[1][:, None]", level=1)
         self.memo[("red", c.name)] = self.cast(m2, acc, r.dtype)
         if s:
