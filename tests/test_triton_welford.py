@@ -21,7 +21,7 @@ from frametrace.backends.triton import backend, config  # noqa: E402
 from frametrace.testing import CompileCounter  # noqa: E402
 from conftest import short_loops  # noqa: E402
 from differential import check, check_grads  # noqa: E402
-from triton_harness import eager_and_compiled, triton_check, triton_check_grads  # noqa: E402
+from triton_harness import eager_and_compiled, sample_program, triton_check, triton_check_grads  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero",
                                         "ignore:overflow encountered")
@@ -352,14 +352,7 @@ def _sample_program(op, s):
     """(fn of the sample's tensors, those tensors): its other arguments are constants."""
     leaves, spec = pytree.tree_flatten((s.input, s.args, s.kwargs))
     at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-
-    def fn(*tensors):
-        full = list(leaves)
-        for i, t in zip(at, tensors):
-            full[i] = t
-        inp, args, kwargs = pytree.tree_unflatten(full, spec)
-        return op.op(inp, *args, **kwargs)
-    return fn, [leaves[i] for i in at]
+    return sample_program(op, leaves, spec, at), [leaves[i] for i in at]
 
 
 @pytest.mark.parametrize("name", OPINFO)

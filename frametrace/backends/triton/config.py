@@ -296,9 +296,9 @@ row_partials = True
 
 # A variance over rows too long for registers (a looped reduction: GroupNorm's groups,
 # BatchNorm's per-channel statistics when not split, LayerNorm over long rows, var/std)
-# reads each row once: each lane keeps Welford's running mean, centred sum of squares
-# (M2) and count beside the plain sum the mean comes from (the mean is the two-pass
-# form's, bit for bit), and the lanes' triples combine by Chan's formula
+# reads each row once: each lane keeps Welford's running mean and centred sum of
+# squares (M2) beside the plain sum the mean comes from (the mean is the two-pass
+# form's, bit for bit), and the lanes' (mean, M2, count) combine by Chan's formula
 # (kernel_source's `_welford`), instead of a second loop reading the row again for the
 # squares about the mean (GroupNorm+SiLU of 32x512x64x64 fp16 on the H200 read x three
 # times: 139 us against Inductor's 128 with one Welford pass).  Rows in registers keep

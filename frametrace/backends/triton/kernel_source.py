@@ -600,6 +600,7 @@ class KernelCodegen:
                           for a, new in updates]
         self.loop(body, inits)
         first = self.op(f"tl.reduce(tl.where(rbase == 0, {k}, 0.0), 1, {self.combine('sum')})[:, None]", level=1)
+        # (each lane's count: the blocks it was in)
         n = f"(tl.full([XBLOCK, RBLOCK], 0, {TL[acc]}) + (rnumel - rbase + RBLOCK - 1) // RBLOCK)"
         # (a lane that counted nothing has mean 0, whatever its `k` loaded)
         moved = f"tl.where(rbase < rnumel, {wm} + ({k} - {first}), 0.0)"
