@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 import frametrace
-from triton_harness import eager_and_compiled
+from triton_harness import eager_and_compiled, sample_program
 from frametrace.testing import CompileCounter
 
 pytest.importorskip("triton")
@@ -301,12 +301,7 @@ def test_opinfo_samples_resized(op):
                                      **({"low": -3, "high": 3} if leaves[i].is_floating_point() else {}))
                          if i in resize else leaves[i].clone() for i in slots)
 
-        def program(*tensors):
-            got = list(leaves)
-            for i, t in zip(slots, tensors):
-                got[i] = t
-            inp, args, kwargs = pytree.tree_unflatten(got, spec)
-            return op.op(inp, *args, **kwargs)
+        program = sample_program(op, leaves, spec, slots)
         # (a code object of its own: the cache limit counts compiles per code object)
         program.__code__ = program.__code__.replace(co_name=f"program_{k}_{op.name.replace('.', '_')}")
         frametrace.reset()

@@ -153,3 +153,15 @@ def eager_and_compiled(fn, compiled, args, where, atol, rtol, backward=False, st
         compare_leaves(want, got, where, atol, rtol, strides)
         compare_leaves(want_args, got_args, f"{where} (inputs after the call)", atol, rtol, strides)
     return want_exc is None
+
+
+def sample_program(op, leaves, spec, slots):
+    """OpInfo `op` called on a sample's flattened (input, args, kwargs) `leaves` (of the
+    pytree `spec`), the leaves at `slots` being the program's arguments instead."""
+    def program(*tensors):
+        got = list(leaves)
+        for i, t in zip(slots, tensors):
+            got[i] = t
+        inp, args, kwargs = pytree.tree_unflatten(got, spec)
+        return op.op(inp, *args, **kwargs)
+    return program

@@ -121,6 +121,19 @@ class ExpSum(Reduction):
         self.row, self.row_dtype, self.shift, self.max = row, row_dtype, shift, max
 
 
+class CentredSq(Reduction):
+    """A variance's centred sum of squares: a "sum" of `fn` = (x - mean)^2, where `mean`
+    is the Computed sum of x over the same rows (kept dims; its Reduction's `fn` is the
+    row of x) that `fn` reads, divided by the row's length.  A looped row is read once
+    (config.welford: Welford's running mean and M2 per lane, the sum for the mean beside
+    them) instead of once for the sum and again for the squares."""
+    __slots__ = ("mean",)
+
+    def __init__(self, shape, dtype, rshape, fn, src_dtype, mean):
+        super().__init__(shape, dtype, rshape, "sum", fn, src_dtype)
+        self.mean = mean
+
+
 class Scan(IRNode):
     """The inclusive scan of `fn(kernel, index)` along `dim` (the value at each index of
     the output, which has the input's shape), with `stype` in sum, prod, logaddexp, max,

@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from . import autotune, config, context, contiguity, indexing
 from .indexing import RINDEX, XINDEX, flatten, pexpr, unflatten
 from .ir import contiguous_strides
-from .ir import ExpSum
+from .ir import CentredSq, ExpSum
 from .loader import load_kernel
 from .lowering_base import compute_dtype
 
@@ -76,6 +76,16 @@ COMBINE = {
                "    e = tl.where(m1 == m2, 1.0, tl.exp(-tl.abs(d)))\n"
                "    return (tl.maximum(m1, m2, propagate_nan=tl.PropagateNan.ALL),\n"
                "            tl.where(d > 0, s1 * e + s2, s1 + s2 * e))\n\n\n",
+    # Welford's (mean, M2, count) of two lanes (Chan et al.): the mean moves towards b's
+    # by b's share of the count, M2 gains the spread between the means.  A lane that
+    # counted nothing (a row shorter than the block) weighs 0: max(n, 1) leaves n > 0
+    # alone and makes 0 / 0 a 0, and its weight na * w comes first, so that its mean's
+    # difference is never squared on its own (d * d overflowing to inf, times 0, is NaN)
+    "_welford": "@triton.jit\ndef _welford(ma, m2a, na, mb, m2b, nb):\n"
+                "    n = na + nb\n"
+                "    d = mb - ma\n"
+                "    w = nb / tl.maximum(n, 1.0)\n"
+                "    return ma + d * w, m2a + m2b + na * w * d * d, n\n\n\n",
 }
 
 
@@ -258,10 +268,16 @@ class KernelCodegen:
         self.load_indices: list = []  # of memory loads, to tell outer reductions (contiguity.py)
         self.touched: set[str] = set()  # names of the computed values and buffers it read
         self.accesses: list = []  # (buffer, index) of each load and store, in order (tiling.py)
-        # a row max that an ExpSum of this kernel computes with its sum, when looped
-        self.online = {c.node.max.name: c for c in group.members
-                       if isinstance(c.node, ExpSum) and c.node.max is not None}
+        self._partners()
         self._n = 0
+
+    def _partners(self):
+        """Members a looped kernel computes in the loop of another member: a row max that
+        an ExpSum computes with its sum, a sum of x that a CentredSq computes with its M2
+        (by the partner's name: the ExpSum, the CentredSq)."""
+        members = self.group.members
+        self.online = {c.node.max.name: c for c in members if isinstance(c.node, ExpSum) and c.node.max is not None}
+        self.welford = {c.node.mean.name: c for c in members if isinstance(c.node, CentredSq)}
 
     # -- values ----------------------------------------------------------------------------
     def level(self, expr: str) -> int:
@@ -481,17 +497,15 @@ class KernelCodegen:
                 raise NeedReduction(c)
             self._online_expsum(self.online.get(c.name, c))
             return self.memo[key]
+        if self.looped and config.welford and (isinstance(r, CentredSq) or c.name in self.welford):
+            if self.body is not None:
+                raise NeedReduction(c)
+            self._welford(self.welford.get(c.name, c))
+            return self.memo[key]
         acc = _acc_dtype(r.rtype, r.src_dtype)
         ident = _identity(r.rtype, acc)
-
-        def row_value():
-            v = r.fn(self, unflatten(XINDEX, r.shape), unflatten(RINDEX, r.rshape))
-            src = r.src_dtype
-            if r.rtype == "any":
-                v, src = self.cast(v, src, torch.bool), torch.bool
-            return self._block(self.cast(v, src, acc), acc)
         if self.persistent:
-            v = self._where_r(row_value(), ident)
+            v = self._where_r(self._row(r, acc), ident)
             if r.rtype.startswith("arg"):
                 i = self.op("tl.full([XBLOCK, RBLOCK], 0, tl.int32) + rindex")
                 res = self.op(f"tl.reduce(({v}, {i}), 1, {self.combine(r.rtype)})[1][:, None]", level=1)
@@ -500,7 +514,7 @@ class KernelCodegen:
         else:
             if self.body is not None:
                 raise NeedReduction(c)
-            res = self._looped_reduction(r, row_value, acc, ident)
+            res = self._looped_reduction(r, acc, ident)
         if r.rtype == "any":
             res = self.op(f"{res} != 0", level=1)
         out = torch.int32 if r.rtype.startswith("arg") else (torch.bool if r.rtype == "any" else acc)
@@ -508,7 +522,15 @@ class KernelCodegen:
         self.memo[key] = res
         return res
 
-    def _looped_reduction(self, r, row_value, acc, ident) -> str:
+    def _row(self, r, acc) -> str:
+        """Reduction `r`'s summand at (xindex, rindex) in `acc`, as a full block."""
+        v = r.fn(self, unflatten(XINDEX, r.shape), unflatten(RINDEX, r.rshape))
+        src = r.src_dtype
+        if r.rtype == "any":
+            v, src = self.cast(v, src, torch.bool), torch.bool
+        return self._block(self.cast(v, src, acc), acc)
+
+    def _looped_reduction(self, r, acc, ident) -> str:
         a = self.newvar("acc")
         self.levels[a] = 2
         inits = [f"{a} = tl.full([XBLOCK, RBLOCK], {ident}, {TL[acc]})"]
@@ -518,7 +540,7 @@ class KernelCodegen:
             inits.append(f"{ai} = tl.full([XBLOCK, RBLOCK], 0, tl.int32)")
 
         def body():
-            v = row_value()
+            v = self._row(r, acc)
             if r.rtype == "sum":
                 self.body.append(f"{a} = {a} + {self._where_r(v, '0')}")
             elif r.rtype in ("max", "any", "min"):
@@ -538,6 +560,56 @@ class KernelCodegen:
         if r.rtype.startswith("arg"):
             return self.op(f"tl.reduce(({a}, {ai}), 1, {self.combine(r.rtype)})[1][:, None]", level=1)
         return self.op(f"tl.reduce({a}, 1, {self.combine(r.rtype)})[:, None]", level=1)
+
+    def _welford(self, c):
+        """CentredSq `c` over looped rows: one pass keeps each lane's Welford mean and M2
+        of the row of x (its mean's Reduction's summand), masked lanes keeping theirs,
+        and the lanes' (mean, M2, count) combine with `_welford`.  The sum of x for the
+        mean is taken in the same loop when this kernel computes it, with the accumulator
+        and the combine of a looped sum's (the same mean, bit for bit); both are memoized.
+
+        A lane's count is no accumulator: masks only cut a row's last block, so a lane
+        in this block was in every block before, and counts the blocks so far; its mean
+        moves by the difference times their reciprocal, one division a block, not one an
+        element.  Each lane runs on its elements less its first one `k`, and its mean is
+        moved to the frame of lane 0's first (the row's first element) before the lanes
+        combine: the running means are then as small as the spread, not as the values,
+        whose rounding (half an ulp of 1e4 is 5e-4 in fp32) would enter M2 at first order,
+        as the two-pass form's error in the mean does not (x = 1e4 + 0.1 * noise: 2.6e-3
+        relative error unshifted, 3.4e-4 two-pass).  A NaN, or an infinity (whose term is
+        inf * (inf - inf), or inf - inf as a first element), in a row makes M2 NaN."""
+        r, mean = c.node, c.node.mean
+        acc = _acc_dtype("sum", mean.node.src_dtype)
+        with_sum = mean.name in self.members and ("red", mean.name) not in self.memo
+        k, wm, wm2 = (self.newvar("acc") for _ in range(3))
+        s = self.newvar("acc") if with_sum else None
+        self.levels.update((a, 2) for a in (k, wm, wm2, s) if a)
+        inits = [f"{a} = tl.full([XBLOCK, RBLOCK], 0, {TL[acc]})" for a in (k, wm, wm2, s) if a]
+
+        def body():
+            v = self._row(mean.node, acc)
+            if s:
+                self.body.append(f"{s} = {s} + {self._where_r(v, '0')}")
+            rc, u, d, m = self.newvar(), self.newvar(), self.newvar(), self.newvar()
+            self.body += [f"{rc} = tl.full([1, 1], 1, {TL[acc]}) / (roffset // RBLOCK + 1)",
+                          f"{k} = tl.where(roffset == 0, {v}, {k})", f"{u} = {v} - {k}",
+                          f"{d} = {u} - {wm}", f"{m} = {wm} + {d} * {rc}"]
+            updates = [(wm2, f"{wm2} + {d} * ({u} - {m})"), (wm, m)]
+            # (masked lanes keep theirs: what they loaded is no element)
+            self.body += [f"{a} = tl.where(rmask, {new}, {a})" if self.has_rmask else f"{a} = {new}"
+                          for a, new in updates]
+        self.loop(body, inits)
+        first = self.op(f"tl.reduce(tl.where(rbase == 0, {k}, 0.0), 1, {self.combine('sum')})[:, None]", level=1)
+        # (each lane's count: the blocks it was in)
+        n = f"(tl.full([XBLOCK, RBLOCK], 0, {TL[acc]}) + (rnumel - rbase + RBLOCK - 1) // RBLOCK)"
+        # (a lane that counted nothing has mean 0, whatever its `k` loaded)
+        moved = f"tl.where(rbase < rnumel, {wm} + ({k} - {first}), 0.0)"
+        triple = self.op(f"tl.reduce(({moved}, {wm2}, {n}), 1, {self.combine('welford')})", level=1)
+        m2 = self.op(f"{triple}[1][:, None]", level=1)
+        self.memo[("red", c.name)] = self.cast(m2, acc, r.dtype)
+        if s:
+            total = self.op(f"tl.reduce({s}, 1, {self.combine('sum')})[:, None]", level=1)
+            self.memo[("red", mean.name)] = self.cast(total, acc, mean.dtype)
 
     # -- scans ------------------------------------------------------------------------------
     def scan_index(self, c) -> list:
@@ -767,8 +839,7 @@ class KernelCodegen:
             setattr(cg, name, type(getattr(self, name))(getattr(self, name)))
         cg.group, cg.stores, cg.ctx = group, group.members, group.ctx
         cg.members = {m.name: m for m in group.members}
-        cg.online = {m.node.max.name: m for m in group.members
-                     if isinstance(m.node, ExpSum) and m.node.max is not None}
+        cg._partners()
         with cg.ctx.active():
             if group.reduction and group.outer is None:
                 group.outer = False

@@ -16,7 +16,7 @@ import torch
 
 from . import autotune, config, indexing, layout, logsumexp, row_partials, splits
 from .indexing import flatten, unflatten
-from .ir import Buffer, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
+from .ir import Buffer, CentredSq, Computed, IRNode, Pointwise, Reduction, Scan, Unsupported
 from .lowering_base import (LOWERINGS, bcast, compute_dtype, is_symbolic, operand, out_of_bounds, pointwise,  # noqa: F401
                             register, shape_of, slice_bounds, slice_start, val_of)  # (tests patch ops.LOWERINGS)
 
@@ -998,7 +998,8 @@ def _mean(L, node, x, dims=None, keepdim=False, dtype=None):
 
 
 def _var(L, node, x, dims, correction, keepdim):
-    """Two-pass variance: the centred sum of squares reads x again, in the same kernel."""
+    """The centred sum of squares and the sum of x, in one kernel: two passes over a row
+    in registers, one (Welford's) over a looped row (ir.CentredSq)."""
     dims = _dims(x, dims)
     n = math.prod(x.shape[d] for d in dims)
     dtype = x.dtype if x.dtype.is_floating_point else torch.float32
@@ -1020,7 +1021,8 @@ def _var(L, node, x, dims, correction, keepdim):
         m = k.op(f"{s} / {operand(k, n, xi, torch.float32)}" if is_symbolic(n) else f"{s} * {1.0 / n!r}")
         c = k.op(f"{k.cast(x.load(k, xi), x.dtype, dtype)} - {m}")
         return k.op(f"{c} * {c}")
-    sq = L.computed(reduction_node(x, dims, keepdim, "sum", dtype, src_dtype=dtype, value=centred_sq))
+    r = reduction_node(x, dims, keepdim, "sum", dtype, src_dtype=dtype, value=centred_sq)
+    sq = L.computed(CentredSq(r.shape, r.dtype, r.rshape, r.fn, r.src_dtype, mean))
     return sq, mean, *_var_factors(n, correction)
 
 
