@@ -325,3 +325,64 @@ def test_pool_hardware_max_not_with_indices():
     assert not any("tl.maximum(" in k.source for k in mod.kernels)
     y = torch.randn(2, 3, 9, 9).requires_grad_()
     triton_check_grads(lambda x: F.max_pool2d(x, 3, 2, padding=1).sum(), y)
+
+
+# ---- a failing check and the graph's writes of its inputs ------------------------------
+
+def check_then_write(x, m):
+    n = m.nonzero().shape[0]
+    torch._check(n != 2)
+    x.add_(n)
+    return x * 2
+
+
+def check_then_two_writes(x, y, m):
+    a = m.nonzero()
+    torch._check(a.shape[0] != 2)
+    x.mul_(a.shape[0])
+    y.add_(x)
+    return a
+
+
+_MASKS = [torch.tensor(v) for v in ([1., 0, 1, 1], [1., 0, 1, 0], [0., 1, 1, 1], [0., 0, 1, 1], [0., 0, 1, 0])]
+
+
+@pytest.mark.parametrize("asserts", [True, False])
+@pytest.mark.parametrize("fn", [check_then_write, check_then_two_writes])
+def test_failing_check_before_input_writes(monkeypatch, asserts, fn):
+    # (the store into the input was scheduled before the check, which reads nothing it
+    # makes: a failing call left x written where eager raises first)
+    monkeypatch.setattr(tconfig, "python_size_asserts", asserts)
+    g = torch.Generator().manual_seed(8)
+    calls = [(torch.randn(4, generator=g),) * (1 if fn is check_then_write else 0) +
+             ((torch.randn(4, generator=g), torch.randn(4, generator=g)) if fn is check_then_two_writes else ()) +
+             (m,) for m in _MASKS]
+    backend.COMPILED.clear()
+    check(fn, calls, backend="triton", graphs=1, breaks=0, fallbacks=0)
+
+
+def write_then_check(x, m):
+    x.add_(1)
+    n = m.nonzero().shape[0]
+    torch._check(n != 2)
+    return x * n
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_failing_check_after_input_write_is_consistent(first):
+    # (the functional graph writes its inputs at its end, as torch.compile's: a check that
+    # fails leaves them unwritten, on the first call (run again as the graph) as on later
+    # ones (the wrapper's own raise); the kernel's store went before the check, and a later
+    # call raised with the input written)
+    cf = frametrace.optimize(backend="triton")(write_then_check)
+    masks = _MASKS[1:] if first else _MASKS
+    for m in masks:
+        x = torch.randn(4)
+        before = x.clone()
+        if m.count_nonzero() == 2:
+            with pytest.raises(RuntimeError):
+                cf(x, m)
+            assert torch.equal(x, before)
+        else:
+            out = cf(x, m)
+            assert torch.equal(x, before + 1) and torch.equal(out, (before + 1) * m.count_nonzero())
