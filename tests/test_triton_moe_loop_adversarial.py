@@ -100,6 +100,32 @@ def empty_masks(x):
     return (x > 100).nonzero(), (x > 200).nonzero(), (x < -100).nonzero()
 
 
+def unbacked_masks(x, y):
+    # (masks whose size the data decides: stacked at their shared u0, 0 on a call)
+    a = (x > 0).nonzero()[:, 0]
+    v = y[a]
+    return (v > 0).nonzero(), (v < 0).nonzero(), (v.abs() > 1).nonzero()
+
+
+def views_of_one(x):
+    # (each mask a view at its own offset of one permuted buffer, as the MoE router's)
+    m = (x > 0).permute(2, 0, 1)
+    return [m[i].nonzero() for i in range(m.shape[0])]
+
+
+def test_batch_nonzero_unbacked_and_view_masks():
+    g = torch.Generator().manual_seed(9)
+    calls = [(torch.randn(6, generator=g), torch.randn(6, 3, generator=g)) for _ in range(3)]
+    calls.append((-torch.ones(6), torch.randn(6, 3, generator=g)))
+    backend.COMPILED.clear()
+    check(unbacked_masks, calls, backend="triton", graphs=1, breaks=0, fallbacks=0, rtol=0, atol=0)
+    assert _batched(1), _srcs()
+    backend.COMPILED.clear()
+    check(views_of_one, [(torch.randn(3, 4, 5, generator=g),) for _ in range(3)], backend="triton",
+          graphs=1, breaks=0, fallbacks=0, rtol=0, atol=0)
+    assert _batched(1) and _srcs()[0].count("= nonzeros0[") == 5, _srcs()
+
+
 def _xs(shape, n=4, nan=False, seed=3):
     g = torch.Generator().manual_seed(seed)
     calls = []
@@ -386,3 +412,29 @@ def test_failing_check_after_input_write_is_consistent(first):
         else:
             out = cf(x, m)
             assert torch.equal(x, before + 1) and torch.equal(out, (before + 1) * m.count_nonzero())
+
+
+def size_vs_input(x, m):
+    n = m.nonzero().shape[0]
+    torch._check(n < x.shape[0])     # (an unbacked size against an input's)
+    return x[:n] * 2
+
+
+def test_python_size_assert_against_input_size():
+    g = torch.Generator().manual_seed(10)
+    calls = [(torch.randn(n, generator=g), torch.rand(5, generator=g) > p)
+             for n, p in ((6, .5), (6, .1), (3, .2), (8, .9), (3, .5))]
+    backend.COMPILED.clear()
+    check(size_vs_input, calls, backend="triton", max_graphs=2, breaks=0, fallbacks=0)
+    assert all("raise RuntimeError(" in s for s in _srcs())
+
+
+def assert_async(x):
+    torch._assert_async((x > -5).all())
+    return x * 2
+
+
+@pytest.mark.xfail(strict=True, reason="the triton backend's graph has no _assert_async (dropped before "
+                                       "lowering): a False tensor check returns where eager raises")
+def test_assert_async_raises():
+    check(assert_async, [(torch.randn(4),), (torch.full((4,), -6.0),)], backend="triton")
