@@ -488,3 +488,20 @@ def test_moe_loop_under_autograd():
     backend.COMPILED.clear()
     check_grads(moe_train, calls, backend="triton", graphs=1, breaks=0, fallbacks=0, rtol=1e-4, atol=1e-4)
     assert _batched() >= 1, _srcs()
+
+
+def two_batches_write(x, y, st):
+    # (two batches, of two shapes, whose counts an input write reads, and a check on them)
+    a, b = (x > 0).nonzero(), (x < 0).nonzero()
+    c, d = (y > 0).nonzero(), (y < -1).nonzero()
+    st.add_(torch.tensor([a.shape[0], b.shape[0], c.shape[0], d.shape[0]], dtype=st.dtype))
+    torch._check(a.shape[0] + b.shape[0] <= x.numel())
+    return a, b, c, d
+
+
+def test_two_batches_and_an_input_write():
+    g = torch.Generator().manual_seed(12)
+    calls = [(torch.randn(3, 4, generator=g), torch.randn(5, generator=g), torch.zeros(4)) for _ in range(3)]
+    backend.COMPILED.clear()
+    check(two_batches_write, calls, backend="triton", graphs=1, breaks=0, fallbacks=0)
+    assert _batched(2), _srcs()
