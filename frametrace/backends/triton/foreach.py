@@ -300,6 +300,16 @@ def groups(lowered, group) -> list | None:
     ordered = [i for i, it in enumerate(items) if isinstance(it, Extern) and _effects(it.graph_op)]
     for a, b in zip(ordered, ordered[1:]):
         edges[a].add(b)
+    # a runtime assert runs before every write of an input that follows it in the program
+    # (which reads nothing it makes): placed after one, a failing check left the caller's
+    # tensor written where eager raises before writing it (torch._check(n != 2) then
+    # x.add_(n); and a wrapper that wrote an input raises as it is, not run again in
+    # CPython).  (Edges in program order, as all others: no cycle of items; one of
+    # clusters falls back to the items' own order below.)
+    input_writers = [i for i, (_, makes) in enumerate(acc) if makes & inputs]
+    for a, it in enumerate(items):
+        if isinstance(it, Extern) and _checks(it.graph_op):
+            edges[a].update(w for w in input_writers if w > a)
     # what the scheduler fused in program order stays together: a reduction kernel's
     # members, and pointwise ones that read a tensor in common (siblings that share its
     # loads; not each tensor's chain of a foreach op, which share only scalars)
@@ -407,6 +417,13 @@ def _has_foreach(gm) -> bool:
     """Whether the graph had `_foreach_*` ops (decomposed: their nodes remember them)."""
     return any(getattr(getattr(n.meta.get("original_aten"), "_schema", None), "name", "")
                .startswith("aten::_foreach_") for n in gm.graph.nodes)
+
+
+def _checks(op) -> bool:
+    """Whether an op is a runtime check (aten._assert_scalar, _assert_async, ...): it
+    makes nothing, and raises."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and "_assert" in schema.name
 
 
 def _effects(op) -> bool:

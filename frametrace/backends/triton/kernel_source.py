@@ -905,9 +905,13 @@ class KernelCodegen:
                     head.append("rmask = rindex < rnumel")
         body = "\n".join("    " + line for line in head + self.outer)
         helpers = "".join(COMBINE[h] for h in sorted(self.helpers))
-        src = f"{helpers}@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
+        src = f"@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
         if config.canonical_symbols:
+            # (the kernel's own text: a helper's names are its own, `_expsum`'s s1 and s2
+            # no shape symbols, and renamed they would part kernels taking s1 from those
+            # taking s5)
             src = canonical_symbols(src, self.symbols)
+        src = helpers + src
         kind = ("per" if self.persistent else "red") if red else "poi"
         name = f"triton_{kind}_{hashlib.sha256(src.encode()).hexdigest()[:12]}"
         return name, src.replace("def KERNEL(", f"def {name}(", 1)

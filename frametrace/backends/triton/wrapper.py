@@ -288,7 +288,19 @@ def _nonzeros(*tensors) -> tuple:
     stacked = torch.stack(tensors)
     counts = stacked.ne(0).flatten(1).sum(1)
     found = stacked.nonzero()
-    return found[:, 1:].split(counts.tolist())
+    # each part a tensor of its own in the layout nonzero gives its (n, d) result ((1, n)
+    # strides on the CPU and CUDA, (d, 1) where nonzero returns rows): a view of `found`
+    # would keep found's strides where ensure_layout leaves it (a part of one row or none)
+    # and share its memory with the other parts the graph returns
+    columns = found.stride() == (1, found.shape[0])
+    d = found.shape[1] - 1
+    parts = []
+    for part in found[:, 1:].split(counts.tolist()):
+        n = part.shape[0]
+        out = torch.empty_strided((n, d), (1, n) if columns else (d, 1), dtype=part.dtype,
+                                  device=part.device)
+        parts.append(out.copy_(part))
+    return parts
 
 
 def nonzero_batches(schedule, inputs) -> dict:
@@ -616,8 +628,11 @@ class WrapperCodegen:
             # comparison, as aten's op raises it, not a dispatcher call (two per expert and
             # layer of a MoE loop)
             msg = e.args[1] if len(e.args) > 1 else e.kwargs.get("assert_msg", "")
+            # (one line: the passes over the wrapper's lines put a `del` of the sizes the
+            # condition reads after the line that last names them, which an `if` block's
+            # body would not name when the message does not: torch._check(a == b))
             lines = self._externs[e.name] = [
-                f"    if not ({self.expr(e.args[0])}):", f"        raise RuntimeError({msg!r})",
+                f"    if not ({self.expr(e.args[0])}): raise RuntimeError({msg!r})",
                 f"    {e.name} = None"]
             return lines
         # the OpOverload's C++ function: its Python __call__ only forwards to it
