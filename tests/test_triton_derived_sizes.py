@@ -242,3 +242,33 @@ def test_slice_scatter_from_a_symbolic_start():
     fallbacks = backend.STATS["fallback_nodes"]
     counter, symbolic = sweep(fn, lambda n: (_rows(n, 3),))
     assert symbolic and backend.STATS["fallback_nodes"] == fallbacks
+
+
+def conv_input_weight(x, w):
+    return F.conv2d(x.relu(), w, stride=2).sin() + 1
+
+
+def test_strided_conv_of_an_input_weight_compiles_to_kernels():
+    """F.conv2d(x, w, stride=2) with `w` an input, both dynamic: the output size (H - k)//2
+    + 1 has a part, (H - k)//2, whose ranges alone may be negative; the ShapeEnv's guard
+    from the op's own check (an output row at least) proves it is not (derived.
+    _known_nonnegative), so the graph compiles to kernels instead of running with
+    aot_eager as a whole.  Kernel sizes 2 and 3, heights that make the last window fit or
+    not, NaN and inf in the input; a kernel larger than the input raises as in eager."""
+    g = torch.Generator().manual_seed(5)
+    before = backend.STATS["eager_graphs"]
+    backend.COMPILED.clear()
+    counter = CompileCounter(inner="triton")
+    compiled = frametrace.optimize(backend=counter, dynamic=True)(conv_input_weight)
+    for n, k in ((9, 3), (12, 3), (15, 2), (8, 2), (33, 3)):
+        x = _rows(1, 3, n, n + 1)
+        w = torch.randn(4, 3, k, k, generator=g)
+        eager_and_compiled(conv_input_weight, compiled, (x, w), f"n={n} k={k}", 1e-4, 1e-4, strides=True)
+    assert backend.STATS["eager_graphs"] == before
+    symbolic = [m for m in backend.COMPILED if m.symbolic]
+    assert symbolic and all(m.kernels for m in symbolic), [m.source for m in backend.COMPILED]
+    assert any(_derived(m) for m in symbolic)
+    assert counter.frame_count <= 2, counter.frame_count
+    # (a kernel wider than the input: eager's error, from the compiled frame too)
+    x, w = _rows(1, 3, 2, 2), torch.randn(4, 3, 3, 3, generator=g)
+    eager_and_compiled(conv_input_weight, compiled, (x, w), "kernel wider than the input", 1e-4, 1e-4)

@@ -111,7 +111,7 @@ class Derived:
             lower = env.bound_sympy(a).lower
         except Exception as err:  # (no ShapeEnv, or a range it cannot bound)
             raise ValueError(f"symbolic size {a} (no range: {type(err).__name__})") from None
-        if not lower >= 0:
+        if not lower >= 0 and (late or not _known_nonnegative(env, a)):
             raise ValueError(f"symbolic size {a} (may be negative)")
         positive = bool(lower >= 1)
         name = f"ds{len(self.symbols)}"
@@ -124,6 +124,27 @@ class Derived:
         # (block sizes are picked for the hint: an empty size would pick them for nothing)
         hints[sym] = max(value, 1)
         return sym
+
+
+def _known_nonnegative(env, a) -> bool:
+    """Whether the ShapeEnv proves `a >= 0` from what it was told (its guards, as axioms),
+    where its ranges alone cannot: `(H - k) // 2` of a stride-2 convolution whose kernel
+    size is a shape symbol, the op having checked `H >= k` (a floor division by a positive
+    number is as signed as what it divides), or `(H - k) // 2 + 1 > 0` (an integer's
+    `a + 1 > 0` is `a >= 0`).  Never adds a guard.  Asked only of sizes of backed symbols:
+    their facts are guards, checked before the graph runs, where a runtime assert on a
+    size the data decides runs only partway through it."""
+    facts = [sympy.Ge(a, 0), sympy.Gt(a + 1, 0)]
+    if isinstance(a, F.FloorDiv) and a.args[1].is_Integer and int(a.args[1]) > 0:
+        facts.append(sympy.Ge(a.args[0], 0))
+    for fact in facts:
+        try:
+            got = env._maybe_evaluate_static(fact)
+        except Exception:   # (an older ShapeEnv's signature, or a form it cannot simplify)
+            continue
+        if got is not None and bool(got == sympy.true):
+            return True
+    return False
 
 
 def pysource(a) -> str:
