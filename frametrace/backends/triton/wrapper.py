@@ -356,6 +356,16 @@ def _written(item) -> list:
     return names
 
 
+def _binding_lines(e: Extern) -> list[str]:
+    """The wrapper's lines binding the sizes an extern's result decides (`u0 = buf3.shape[0]`),
+    right after the line that makes it."""
+    lines = []
+    for symbol, (name, path, dim) in e.binds.items():
+        ref = name + "".join(f"[{i}]" for i in path)
+        lines.append(f"    {symbol.name} = {ref}" + ("" if dim is None else f".shape[{dim}]"))
+    return lines
+
+
 def base_namespace(device) -> dict:
     """What every wrapper's source reads besides its constants, launchers and ops."""
     return {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
@@ -612,9 +622,7 @@ class WrapperCodegen:
         if i == 0:
             lines.append(f"    {batch} = nonzeros({', '.join(self.expr(m.args[0]) for m in members)})")
         lines.append(f"    {e.name} = {batch}[{i}]")
-        for symbol, (name, path, dim) in e.binds.items():
-            ref = name + "".join(f"[{j}]" for j in path)
-            lines.append(f"    {symbol.name} = {ref}" + ("" if dim is None else f".shape[{dim}]"))
+        lines += _binding_lines(e)
         lines.append(f"    {e.outputs.name} = ensure_layout({e.name}, {pycode(e.outputs.stride)})")
         return lines
 
@@ -643,10 +651,7 @@ class WrapperCodegen:
             expr = self._aligned_expr
         args = [(self.expr if i in e.exact else expr)(a) for i, a in enumerate(e.args)] + \
             [f"{k}={expr(v)}" for k, v in e.kwargs.items()]
-        lines = self._externs[e.name] = [f"    {e.name} = {op}({', '.join(args)})"]
-        for symbol, (name, path, dim) in e.binds.items():   # sizes this call's result decides
-            ref = name + "".join(f"[{i}]" for i in path)
-            lines.append(f"    {symbol.name} = {ref}" + ("" if dim is None else f".shape[{dim}]"))
+        lines = self._externs[e.name] = [f"    {e.name} = {op}({', '.join(args)})"] + _binding_lines(e)
 
         def unpack(out, path):
             if isinstance(out, Buffer):
