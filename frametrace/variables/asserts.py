@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 from .constant import ConstVar
+from .objects import TorchFnVar, torch_call_rule
 from .tensor import TensorVar
 from .. import config
 
@@ -67,3 +68,19 @@ def assert_in_graph(tx, cond, negate: bool) -> bool:
         return False
     tx.output.call("call_function", _assert_op(), (cond, ConstVar(message), ConstVar(negate)), {})
     return True
+
+
+# what torch._assert_async(t) raises for a zero `t` (on the CPU; on CUDA a device assert,
+# as the overload with a message gives too)
+_ASSERT_ASYNC_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
+
+
+@torch_call_rule(torch._assert_async)
+def assert_async_with_message(tx, fn, args, kwargs):
+    """``torch._assert_async(t)`` recorded as the overload with eager's own message: the
+    one without is no side effect to torch.fx, and AOTAutograd's dead-code pass dropped
+    it (a zero tensor returned where eager raises, as under torch.compile).  None for a
+    call that has its message (the graph records it as it is)."""
+    if len(args) != 1 or kwargs:
+        return None
+    return TorchFnVar(fn).call(tx, [*args, ConstVar(_ASSERT_ASYNC_MESSAGE)], kwargs)

@@ -594,9 +594,6 @@ def module_namespace(value):
 # torch.as_tensor ... of a traced ndarray): fn -> rule(tx, fn, args, kwargs), None for
 # a call the rule leaves to the graph.  The kind's module registers it (numpy).
 _TORCH_CALL_RULES: dict = {}
-# what torch._assert_async(t) raises for a zero `t` (on the CPU; on CUDA a device assert,
-# as the overload with a message gives too)
-_ASSERT_ASYNC_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
 
 
 torch_call_rule = registrar(_TORCH_CALL_RULES)   # (rules for calls, with arguments, of each)
@@ -622,11 +619,6 @@ class TorchFnVar(ObjectVar):
             return GradModeSetVar().call(tx, args, kwargs)
         if is_check(fn):
             return call_check(tx, fn, args, kwargs)
-        if fn is torch._assert_async and len(args) == 1 and not kwargs:
-            # recorded as the overload with a message, eager's own: the one without is no
-            # side effect to torch.fx, and AOTAutograd's dead-code pass dropped it (a False
-            # tensor returned where eager raises, as under torch.compile)
-            args = [*args, ConstVar(_ASSERT_ASYNC_MESSAGE)]
         if is_tensor_of_numbers(fn, args):
             return tensor_of_numbers(tx, fn, args, kwargs)
         rule = _TORCH_CALL_RULES.get(fn) if args else None
