@@ -170,8 +170,14 @@ def test_one_loop_fewer_and_the_switch_restores_two_passes(monkeypatch, name):
     assert sources[True] != sources[False]
 
 
+def accumulators(k) -> int:
+    return k.source.count("= tl.full([XBLOCK, RBLOCK], 0,")
+
+
 def test_the_mean_is_the_two_pass_one_bit_for_bit(monkeypatch):
-    """var_mean's mean comes from the same sum either way; only the variance differs."""
+    """With welford_mean off, var_mean's mean comes from the same sum either way (a fourth
+    accumulator beside Welford's three); only the variance differs."""
+    monkeypatch.setattr(config, "welford_mean", False)
     x = _r(5, 61, offset=3.0)
     means, variances = [], []
     for on in (True, False):
@@ -180,10 +186,46 @@ def test_the_mean_is_the_two_pass_one_bit_for_bit(monkeypatch):
         var, mean = frametrace.optimize(backend="triton")(lambda x: torch.var_mean(x, -1))(x)
         (k,) = backend.COMPILED[-1].kernels
         assert passes(k) == (1 if on else 2), k.source
+        if on:
+            assert accumulators(k) == 4, k.source
         means.append(mean)
         variances.append(var)
     assert torch.equal(means[0], means[1])
     torch.testing.assert_close(variances[0], variances[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + HALVES)
+def test_welford_mean_is_the_mean_to_rounding(monkeypatch, dtype):
+    """config.welford_mean: var_mean's mean is Welford's (three accumulators, no sum), equal
+    to the plain sum's within rounding, over several calls with rows of other offsets and
+    lengths (a symbolic length: lanes that count nothing), and the switch off gives the
+    four-accumulator kernel of the same values."""
+    fn = lambda x: torch.var_mean(x, -1)  # noqa: E731
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(config, "welford_mean", on)
+        frametrace.reset()
+        backend.COMPILED.clear()
+        compiled = frametrace.optimize(backend="triton", dynamic=True)(fn)
+        for seed, (rows, n, offset) in enumerate([(5, 61, 3.0), (3, 40, -7.0), (4, 9, 1e3)]):
+            x = _r(rows, n, offset=offset, seed=seed, dtype=dtype)
+            var, mean = compiled(x.clone())
+            ref_var, ref_mean = fn(x)
+            torch.testing.assert_close(mean, ref_mean, atol=TOL[dtype] * abs(offset), rtol=TOL[dtype])
+            torch.testing.assert_close(var, ref_var, atol=TOL[dtype], rtol=TOL[dtype])
+            got[on, seed] = mean
+        ks = welford_kernels(backend.COMPILED)
+        assert ks and all(accumulators(k) == (3 if on else 4) for k in ks), [k.source for k in ks]
+    for seed in range(3):
+        torch.testing.assert_close(got[True, seed], got[False, seed], atol=0, rtol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_welford_mean_leaves_a_separate_mean_alone(monkeypatch):
+    """A user's own x.mean() beside x.var() is a plain sum, whatever welford_mean says: an
+    infinity in its row gives inf, as eager, not Welford's NaN."""
+    monkeypatch.setattr(config, "welford_mean", True)
+    x = _specials(0, torch.float32)[0]
+    check(lambda x: (x.mean(-1), x.var(-1)), [(x,), (x.flip(0),)], backend="triton")
 
 
 def test_rows_in_registers_keep_two_passes(monkeypatch):
@@ -230,12 +272,23 @@ def test_nan_and_infinities_propagate_as_in_eager(name, dtype):
     checked(fn, _specials, dtype, calls=2)
 
 
-def test_the_mean_of_infinities_is_the_sum_s():
+@pytest.mark.parametrize("welford_mean", [True, False])
+def test_the_mean_of_infinities(monkeypatch, welford_mean):
+    """var_mean's mean over a row holding an infinity: the sum's (inf, as torch.mean) with
+    welford_mean off; NaN with it on (eager's own Welford var_mean gives NaN there too,
+    or inf where the infinity came last in its lanes).  Finite rows agree either way; the
+    variance is NaN on every row with a NaN or an infinity."""
+    monkeypatch.setattr(config, "welford_mean", welford_mean)
     x = _specials(0, torch.float32)[0]
     var, mean = frametrace.optimize(backend="triton")(lambda x: torch.var_mean(x, -1))(x)
     assert welford_kernels(backend.COMPILED[-1:])
-    torch.testing.assert_close(mean, x.mean(-1), equal_nan=True)
     torch.testing.assert_close(var, x.var(-1), equal_nan=True)
+    special = ~x.isfinite().all(-1)
+    if welford_mean:
+        assert mean[special].isnan().all(), mean
+        torch.testing.assert_close(mean[~special], x.mean(-1)[~special])
+    else:
+        torch.testing.assert_close(mean, x.mean(-1), equal_nan=True)
 
 
 def test_group_norm_nan_and_infinities():

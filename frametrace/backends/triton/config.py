@@ -328,6 +328,26 @@ row_partials = True
 # the two passes, the second from registers.  False: the second loop, as before.
 welford = True
 
+# With `welford`, a var_mean's mean (GroupNorm's, LayerNorm's, training BatchNorm's
+# statistics) is Welford's own running mean, times the row's length for the sum the
+# mean is, instead of a fourth accumulator keeping the plain sum beside it: eager's
+# CUDA var_mean is Welford's too.  The mean then differs from the plain sum's in its
+# last bits, and a row holding an infinity has a NaN mean (as its variance is NaN).
+# Only the var_mean's own mean takes it; a user's separate `mean()` is another
+# reduction.  H200, group norm + SiLU of 32x512x64x64 fp16: 0.123 ms against 0.130
+# with the fourth accumulator (Inductor 0.127).  False: the fourth accumulator.
+welford_mean = True
+
+# True: a looped kernel that reads an input in more than one loop over the row (a looped
+# norm: the statistics, then the output) loads it with `evict_last` in all but its last
+# loop, so the row stays in L2 for the next, and `evict_first` in the last, where it is
+# read for the last time (Inductor's rule for reductions); an input read in one loop
+# only (a per-channel weight) takes no hint.  Off: on the H200 the hints slowed group
+# norm + SiLU of 32x512x64x64 fp16 (rows of 128 KB: 0.127 ms against 0.123 without), and
+# they paid only in a hand-written L2 normalisation of 16 KB fp32 rows looped once
+# (125.8 us against 130.1), which the persistent kernel we make for those rows is not.
+eviction_hints = False
+
 # torch.compile's `mode=` names, as settings of this backend:
 # `frametrace.optimize(f, backend="triton", mode="reduce-overhead")`
 MODES = {

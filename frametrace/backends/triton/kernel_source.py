@@ -564,9 +564,10 @@ class KernelCodegen:
     def _welford(self, c):
         """CentredSq `c` over looped rows: one pass keeps each lane's Welford mean and M2
         of the row of x (its mean's Reduction's summand), masked lanes keeping theirs,
-        and the lanes' (mean, M2, count) combine with `_welford`.  The sum of x for the
-        mean is taken in the same loop when this kernel computes it, with the accumulator
-        and the combine of a looped sum's (the same mean, bit for bit); both are memoized.
+        and the lanes' (mean, M2, count) combine with `_welford`.  When this kernel
+        computes the sum of x for the mean too, that sum is Welford's mean times the
+        row's length (config.welford_mean), or else a fourth accumulator in the same
+        loop, with a looped sum's combine (the same mean, bit for bit); both memoized.
 
         A lane's count is no accumulator: masks only cut a row's last block, so a lane
         in this block was in every block before, and counts the blocks so far; its mean
@@ -582,7 +583,7 @@ class KernelCodegen:
         acc = _acc_dtype("sum", mean.node.src_dtype)
         with_sum = mean.name in self.members and ("red", mean.name) not in self.memo
         k, wm, wm2 = (self.newvar("acc") for _ in range(3))
-        s = self.newvar("acc") if with_sum else None
+        s = self.newvar("acc") if with_sum and not config.welford_mean else None
         self.levels.update((a, 2) for a in (k, wm, wm2, s) if a)
         inits = [f"{a} = tl.full([XBLOCK, RBLOCK], 0, {TL[acc]})" for a in (k, wm, wm2, s) if a]
 
@@ -609,6 +610,10 @@ class KernelCodegen:
         self.memo[("red", c.name)] = self.cast(m2, acc, r.dtype)
         if s:
             total = self.op(f"tl.reduce({s}, 1, {self.combine('sum')})[:, None]", level=1)
+            self.memo[("red", mean.name)] = self.cast(total, acc, mean.dtype)
+        elif with_sum:
+            # (config.welford_mean: the row's mean, back from lane 0's frame, times its length)
+            total = self.op(f"({triple}[0][:, None] + {first}) * rnumel", level=1)
             self.memo[("red", mean.name)] = self.cast(total, acc, mean.dtype)
 
     # -- scans ------------------------------------------------------------------------------
@@ -903,7 +908,8 @@ class KernelCodegen:
                 head.append("rindex = rbase")
                 if self.has_rmask:
                     head.append("rmask = rindex < rnumel")
-        body = "\n".join("    " + line for line in head + self.outer)
+        lines = eviction_hints(self.outer) if self.looped and config.eviction_hints else self.outer
+        body = "\n".join("    " + line for line in head + lines)
         helpers = "".join(COMBINE[h] for h in sorted(self.helpers))
         src = f"@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
         if config.canonical_symbols:
@@ -915,6 +921,57 @@ class KernelCodegen:
         kind = ("per" if self.persistent else "red") if red else "poi"
         name = f"triton_{kind}_{hashlib.sha256(src.encode()).hexdigest()[:12]}"
         return name, src.replace("def KERNEL(", f"def {name}(", 1)
+
+
+_LOAD = re.compile(r"tl\.load\((in_ptr\d+) ")
+_LOOP = ("for roffset ", "while roffset ")
+
+
+def eviction_hints(lines: list) -> list:
+    """A looped kernel's `lines` with cache hints on the loads of inputs read in more than
+    one loop over the row (config.eviction_hints): `evict_last` in all but the last such
+    loop (the row is read again: keep it in L2), `evict_first` in the last (its final read
+    should not push out what is still to be read).  Loads outside the loops, and of inputs
+    read in one loop only, keep the default."""
+    loop_of, loops = [], {}
+    n, inside = -1, False
+    for line in lines:
+        if line.startswith(_LOOP):
+            n, inside = n + 1, True
+        elif not line.startswith("    "):
+            inside = False
+        loop_of.append(n if inside else None)
+        for ptr in _LOAD.findall(line) if inside else ():
+            loops.setdefault(ptr, set()).add(n)
+    out = []
+    for line, n in zip(lines, loop_of):
+        if n is not None and "tl.load(" in line:
+            def hint(m, n=n):
+                seen = loops[m.group(1)]
+                if len(seen) < 2:
+                    return m.group(0)
+                policy = "evict_first" if n == max(seen) else "evict_last"
+                return f"{m.group(0)}<{policy}>"
+            line = _LOAD.sub(hint, line)
+            line = _with_policies(line)
+        out.append(line)
+    return out
+
+
+def _with_policies(line: str) -> str:
+    """Moves each `tl.load(ptr <policy>...` marker to the load's own keyword argument, at
+    its closing parenthesis (the address may hold calls and brackets of its own)."""
+    while "<evict_" in line:
+        at = line.index("<evict_")
+        end = line.index(">", at)
+        policy = line[at + 1:end]
+        line = line[:at] + line[end + 1:]
+        depth, i = 1, at
+        while depth:
+            depth += {"(": 1, ")": -1}.get(line[i], 0)
+            i += 1
+        line = f"{line[:i - 1]}, eviction_policy='{policy}'{line[i - 1:]}"
+    return line
 
 
 # a string literal (left as it is) or an identifier
