@@ -5,6 +5,11 @@ on the H200) and, for whole models, the speedup over eager.  Kernel cases time C
 replays of 10 calls (kernel time, no per-call Python); models time plain calls.
 
     python benchmarks/triton_kernels.py [--cases gelu,softmax,...] [--quick] [--md FILE]
+                                        [--ablate welford_mean,eviction_hints]
+
+`--ablate` times frametrace again with each named config switch off (or, as
+`name=N&name2=M`, with those settings), interleaved with the rest: a fast path's gain,
+measured.
 
 Cases: gelu (gelu(x*w+b), x, w and b all 8192x8192 bf16: 4 x 128 MB moved), gelu_bcast (the
 same with w and b vectors of 8192, broadcast; erf's cost shows), gelu_libdevice /
@@ -39,6 +44,7 @@ import logging
 import statistics
 import sys
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -240,14 +246,41 @@ def rel_err(got, ref) -> float:
     return max(((g - r).norm() / r.norm().clamp_min(1e-12)).item() for g, r in zip(got, ref))
 
 
-def compile_variants(fn):
-    from frametrace.backends.triton import backend, last_compiled
+def compile_variants(fn, ablate=()):
+    """eager, frametrace and Inductor of `fn`; and for each name in `ablate`, frametrace
+    with that `frametrace.backends.triton.config` switch off (a fresh copy of a function's
+    code, so that it compiles apart; the switch is off during each of its calls)."""
+    from frametrace.backends.triton import backend, config, last_compiled
     backend.COMPILED.clear()
     frametrace.reset()
     torch._dynamo.reset()
     ft = frametrace.optimize(backend="triton")(fn)
     tc = torch.compile(fn)
-    return {"eager": fn, "frametrace": ft, "inductor": tc}, last_compiled
+    fns = {"eager": fn, "frametrace": ft, "inductor": tc}
+    for i, variant in enumerate(ablate):
+        settings = {}
+        for item in variant.split("&"):
+            name, _, value = item.partition("=")
+            if not hasattr(config, name):
+                raise SystemExit(f"--ablate: frametrace.backends.triton.config has no {name!r}")
+            settings[name] = type(getattr(config, name))(int(value)) if value else False
+        if not isinstance(fn, types.FunctionType):
+            raise SystemExit("--ablate takes kernel cases (functions), not models")
+        copy = types.FunctionType(fn.__code__.replace(co_name=f"{fn.__name__}_variant{i}"),
+                                  fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        compiled = frametrace.optimize(backend="triton")(copy)
+
+        def under(*a, compiled=compiled, settings=settings):
+            saved = {k: getattr(config, k) for k in settings}
+            for k, v in settings.items():
+                setattr(config, k, v)
+            try:
+                return compiled(*a)
+            finally:
+                for k, v in saved.items():
+                    setattr(config, k, v)
+        fns[variant if "=" in variant else f"no {variant}"] = under
+    return fns, last_compiled
 
 
 class FallbackCount(logging.Handler):
@@ -273,7 +306,7 @@ def run_case(name, args_ns):
     fallbacks = FallbackCount()
     logging.getLogger("frametrace").addHandler(fallbacks)
     logging.getLogger("frametrace").setLevel(logging.INFO)
-    fns, last_compiled = compile_variants(fn)
+    fns, last_compiled = compile_variants(fn, [a for a in args_ns.ablate.split(",") if a])
     after = getattr(fn, "after", None)
     if after is not None:  # state the step changes, put back after every call (outside the timing's compiled code)
         fns = {k: (lambda *a, f=f: (f(*a), after())[0]) for k, f in fns.items()}
@@ -291,7 +324,7 @@ def run_case(name, args_ns):
             outs_cmp = {k: stat(o, *inputs).reshape(1) for k, o in outs.items()}
         else:
             outs_cmp = outs
-        errs = {k: rel_err(outs_cmp[k], outs_cmp["eager"]) for k in ("frametrace", "inductor")}
+        errs = {k: rel_err(outs_cmp[k], outs_cmp["eager"]) for k in fns if k != "eager"}
         rounds, iters = (5, 3) if args_ns.quick else ((15, 5) if is_model else (25, 10))
         ms = time_interleaved(fns, inputs, rounds, iters, graphs=not is_model)
     mod = last_compiled()
@@ -336,6 +369,10 @@ def child(name, args) -> None:
     """Runs one case in this process and prints its row as a JSON line."""
     import json
     ms, floor, errs, info = run_case(name, args)
+    for k in ms:
+        if k not in ("eager", "frametrace", "inductor"):
+            print(f"{name}: frametrace with {k}: {ms[k]:.4f} ms (with it {ms['frametrace']:.4f}, "
+                  f"inductor {ms['inductor']:.4f}; rel err {errs[k]:.1e})", flush=True)
     print("ROW " + json.dumps({"row": row(name, ms, floor, errs, info), "info": info}), flush=True)
 
 
@@ -367,6 +404,8 @@ def main():
     p.add_argument("--no-cudagraphs", action="store_true")
     p.add_argument("--no-fast-launch", action="store_true", help="launch through Triton's JIT")
     p.add_argument("--timeout", type=int, default=300, help="seconds per case")
+    p.add_argument("--ablate", default="", help="comma-separated config switches: each also "
+                   "timed off, interleaved with the rest (kernel cases only)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     from frametrace.backends.triton import config
@@ -375,10 +414,14 @@ def main():
     if args.child:
         return child(args.child, args)
     import triton
+    if args.ablate and any(c in MODELS for c in args.cases.split(",")):
+        raise SystemExit("--ablate takes kernel cases (functions), not models")
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     rows = [HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
     argv = [a for a in ("--quick", "--no-cudagraphs", "--no-fast-launch")
             if getattr(args, a[2:].replace("-", "_"))]
+    if args.ablate:
+        argv += ["--ablate", args.ablate]
     for name in args.cases.split(","):
         rows.append(isolated(name, argv, args.timeout))
         print(rows[-1], flush=True)
