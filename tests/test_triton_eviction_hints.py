@@ -25,6 +25,8 @@ def _looped(triton_interpreter, monkeypatch):
     frametrace.reset()
     short_loops(monkeypatch)
     monkeypatch.setattr(config, "eviction_hints", True)   # (off by default: config.py says why)
+    # (a persistent kernel's reloaded row takes hints of its own: test_triton_persistent_reload.py)
+    monkeypatch.setattr(config, "persistent_reload", False)
 
 
 def _r(*shape, seed=0, dtype=torch.float32):

@@ -253,12 +253,17 @@ class KernelCodegen:
         self.persistent = not group.reduction or (
             rstatic and autotune.is_persistent(group.rnumel, bool(group.outer)) and not _looped_scan(group))
         self.looped = not self.persistent
+        # (one reduction: the row is read twice, once from L2; each further one chained
+        # would read it again, which measured slower: softmax's max and sum, var_mean)
+        self.reload = config.persistent_reload and group.reduction and self.persistent and \
+            sum(c.is_reduction for c in group.members) == 1 and not any(c.is_scan for c in group.members)
         self.has_xmask = not xstatic or any(self.xnumel % c.xblock for c in self.configs)
         self.has_rmask = group.reduction and (
             not rstatic or any(self.rnumel % c.rblock for c in self.configs))
         self.outer: list[str] = []
         self.body = None
         self.cache, self.body_cache, self.memo, self.levels = {}, {}, {}, {}
+        self.reloads = False    # a persistent reduction forgot its rows (config.persistent_reload)
         self.masks: list[str] = []
         self.args: dict[str, str] = {}
         self.reads: set[str] = set()
@@ -511,6 +516,8 @@ class KernelCodegen:
                 res = self.op(f"tl.reduce(({v}, {i}), 1, {self.combine(r.rtype)})[1][:, None]", level=1)
             else:
                 res = self.op(f"tl.reduce({v}, 1, {self.combine(r.rtype)})[:, None]", level=1)
+            if self.reload:
+                self._forget_rows()
         else:
             if self.body is not None:
                 raise NeedReduction(c)
@@ -751,6 +758,15 @@ class KernelCodegen:
             head.append("    rmask = rindex < rnumel")
         self.outer += inits + head + ["    " + line for line in lines] + tail
 
+    def _forget_rows(self):
+        """config.persistent_reload: after the persistent kernel's one reduction, what the
+        row held is loaded (and computed) again where it is used next, instead of kept in
+        registers across the reduction; the first load keeps the row in L2 (`evict_last`).
+        (Every value is computed before an in-place store: `store`.)"""
+        self.reloads = True
+        self.cache = {k: v for k, v in self.cache.items() if self.levels.get(v, 0) != 2}
+        self.memo = {k: v for k, v in self.memo.items() if self.levels.get(v, 0) != 2}
+
     def _forget_row_values(self):
         self.body_cache = {}
         self.memo = {k: v for k, v in self.memo.items() if self.levels.get(v, 0) != 2}
@@ -806,7 +822,7 @@ class KernelCodegen:
                 and config.gather_blocks)
 
     # -- a kernel one member larger --------------------------------------------------------------
-    _STATE_COPIED = ("outer", "cache", "body_cache", "memo", "levels", "masks", "args", "reads",
+    _STATE_COPIED = ("outer", "cache", "body_cache", "memo", "levels", "reloads", "masks", "args", "reads",
                      "helpers", "symbols", "load_indices", "touched", "accesses")
 
     def _extends_to(self, group, c) -> bool:
@@ -817,7 +833,8 @@ class KernelCodegen:
         persistent kernel (one whose stores are not moved into a loop after), no member
         storing an input in place (whose store first computes every stored value, `c`'s
         too), `c` no scan (a scan changes where full-size members sit) and never read
-        here (in `group` a read of it is a member's read, checked and not inlined)."""
+        here (in `group` a read of it is a member's read, checked and not inlined), and
+        `c` no reduction that makes or ends a kernel that reloads its row (`reload`)."""
         old = self.group
         return (type(self) is KernelCodegen and group.ctx is old.ctx and self.body is None
                 and not self.looped and old.outer is not True and old.gather is not True
@@ -827,6 +844,8 @@ class KernelCodegen:
                 and all(a is b for a, b in zip(self.stores, old.members))
                 and group.members[:-1] == old.members and group.members[-1] is c
                 and not c.is_scan and c.order > self.first and c.name not in self.touched
+                and not (c.is_reduction and config.persistent_reload
+                         and (self.reload or not any(m.is_reduction for m in old.members)))
                 and not any(getattr(m, "in_place", False) for m in old.members))
 
     def joined(self, group, c) -> tuple:
@@ -870,6 +889,12 @@ class KernelCodegen:
         self.ctx.ranges = indexing.ranges(self.xnumel, self.rnumel)
         rows = [c for c in self.stores if self.own_flat(c) is XINDEX]
         full = [c for c in self.stores if self.own_flat(c) is not XINDEX]
+        if self.reload:
+            # the reduction first, forgetting the row after it: the stored members then load
+            # the row after the reduction they read (`_forget_rows`)
+            for c in self.group.members:
+                if c.is_reduction:
+                    self.value(c)
         for c in rows if self.looped else self.stores:
             self.store(c)
         if self.looped and full:
@@ -908,7 +933,11 @@ class KernelCodegen:
                 head.append("rindex = rbase")
                 if self.has_rmask:
                     head.append("rmask = rindex < rnumel")
-        lines = eviction_hints(self.outer) if self.looped and config.eviction_hints else self.outer
+        lines = self.outer
+        if self.looped and config.eviction_hints:
+            lines = eviction_hints(lines)
+        elif self.reloads:
+            lines = eviction_hints(lines, persistent=True)
         body = "\n".join("    " + line for line in head + lines)
         helpers = "".join(COMBINE[h] for h in sorted(self.helpers))
         src = f"@triton.jit\ndef KERNEL({', '.join(params)}):\n{body}\n"
@@ -927,22 +956,30 @@ _LOAD = re.compile(r"tl\.load\((in_ptr\d+) ")
 _LOOP = ("for roffset ", "while roffset ")
 
 
-def eviction_hints(lines: list) -> list:
+def eviction_hints(lines: list, persistent=False) -> list:
     """A looped kernel's `lines` with cache hints on the loads of inputs read in more than
     one loop over the row (config.eviction_hints): `evict_last` in all but the last such
     loop (the row is read again: keep it in L2), `evict_first` in the last (its final read
     should not push out what is still to be read).  Loads outside the loops, and of inputs
-    read in one loop only, keep the default."""
+    read in one loop only, keep the default.  `persistent`: a persistent kernel that loads
+    its rows again after each reduction (config.persistent_reload), whose reductions part
+    the passes as the loops do."""
     loop_of, loops = [], {}
-    n, inside = -1, False
+    n, inside = (0, True) if persistent else (-1, False)
     for line in lines:
-        if line.startswith(_LOOP):
-            n, inside = n + 1, True
-        elif not line.startswith("    "):
-            inside = False
-        loop_of.append(n if inside else None)
-        for ptr in _LOAD.findall(line) if inside else ():
-            loops.setdefault(ptr, set()).add(n)
+        if persistent:
+            loop_of.append(n)
+            n += "tl.reduce(" in line
+        else:
+            if line.startswith(_LOOP):
+                n, inside = n + 1, True
+            elif not line.startswith("    "):
+                inside = False
+            loop_of.append(n if inside else None)
+        n_line = loop_of[-1]
+        inside_line = n_line is not None
+        for ptr in _LOAD.findall(line) if inside_line else ():
+            loops.setdefault(ptr, set()).add(n_line)
     out = []
     for line, n in zip(lines, loop_of):
         if n is not None and "tl.load(" in line:
