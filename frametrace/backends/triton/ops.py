@@ -1000,9 +1000,14 @@ def _mean(L, node, x, dims=None, keepdim=False, dtype=None):
 def _var(L, node, x, dims, correction, keepdim):
     """The centred sum of squares and the sum of x, in one kernel: two passes over a row
     in registers, one (Welford's) over a looped row (ir.CentredSq)."""
+    if not x.dtype.is_floating_point:
+        # eager's kernels refuse integer and bool inputs ("std and var only support floating
+        # point and complex dtypes"), which aten.var's meta function lets through: the aten
+        # call raises as eager does, where a kernel would have computed a variance
+        raise Unsupported(f"the variance of {x.dtype}")
     dims = _dims(x, dims)
     n = math.prod(x.shape[d] for d in dims)
-    dtype = x.dtype if x.dtype.is_floating_point else torch.float32
+    dtype = x.dtype
     total = reduction_node(x, dims, True, "sum", dtype)
     chunks = splits.count(L, total, in_registers=True)
     if chunks > 1:
