@@ -54,3 +54,30 @@ def test_integer_and_bool_variances_raise_as_eager(fn):
     backend.COMPILED.clear()
     check(fn, [(_r(4, 40),)], backend="triton")
     assert welford_kernels(backend.COMPILED), backend.COMPILED[-1].source
+
+
+# -- half-precision inputs: the sums behind a mean and a variance ---------------------------------
+HALF_SUMS = {
+    # the var_mean's sum and M2 stored for the scan's kernel (M2 of spread 10 over 1000: 1e5)
+    "var_mean_then_scan": (lambda x: [t.float().cumsum(0) for t in torch.var_mean(x, -1)], (4, 1000), 1e3, True),
+    "var_then_scan": (lambda x: x.var(-1).float().cumsum(0), (4, 1000), 1e3, True),
+    # a user's mean: its sum, not the mean, is what the scan's kernel reads
+    "mean_then_scan": (lambda x: x.mean(-1).float().cumsum(0), (4, 1000), 1e3, False),
+    # rows in registers (two passes), values about 3e4
+    "persistent_var_mean": (lambda x: [t.float().cumsum(0) for t in torch.var_mean(x, -1)], (4, 12), 3e4, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HALF_SUMS))
+def test_half_inputs_sum_in_float32(name, hints):
+    """fp16 values far from zero (spread 10): the row's sum (1e6) and centred sum of
+    squares (1e5) pass fp16's 65504, and eager keeps both in float32.  The lowering made
+    them Computed values of the input's dtype, so a sum stored for another kernel (a
+    scan of the means) was inf.  (The tolerance: the mean's fp16 rounding, which the
+    compiled `.float()` of it skips.)"""
+    fn, shape, offset, welford = HALF_SUMS[name]
+    calls = [(_r(*shape, dtype=torch.float16, scale=10.0, offset=offset * (1 + s) / 2, seed=s),) for s in range(2)]
+    backend.COMPILED.clear()
+    check(fn, calls, backend="triton", rtol=2e-3, atol=0)
+    assert not welford or welford_kernels(backend.COMPILED), backend.COMPILED[-1].source
+    assert not backend.COMPILED[-1].externs, backend.COMPILED[-1].source
