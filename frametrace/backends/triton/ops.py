@@ -993,16 +993,27 @@ def _inverse(n):
 def _mean(L, node, x, dims=None, keepdim=False, dtype=None):
     _, out = val_of(node)
     dims = _dims(x, dims)
-    s = reduction(L, x, dims, keepdim, "sum", out)
+    # (the sum is no output but the mean's numerator, kept in its accumulator's dtype, as
+    # eager's: stored in half precision, for a kernel that reads it (a scan of the means),
+    # 4 x 1000 fp16 values about 1000 summed to inf)
+    s = reduction(L, x, dims, keepdim, "sum", compute_dtype(out))
     return _scale(L, node, s, _inverse(math.prod(x.shape[d] for d in dims)))
 
 
 def _var(L, node, x, dims, correction, keepdim):
     """The centred sum of squares and the sum of x, in one kernel: two passes over a row
     in registers, one (Welford's) over a looped row (ir.CentredSq)."""
+    if not x.dtype.is_floating_point:
+        # eager's kernels refuse integer and bool inputs ("std and var only support floating
+        # point and complex dtypes"), which aten.var's meta function lets through: the aten
+        # call raises as eager does, where a kernel would have computed a variance
+        raise Unsupported(f"the variance of {x.dtype}")
     dims = _dims(x, dims)
     n = math.prod(x.shape[d] for d in dims)
-    dtype = x.dtype if x.dtype.is_floating_point else torch.float32
+    # (the sum and the centred sum of squares are intermediates, in their accumulator's
+    # dtype as in eager: float32 for half inputs, which either could overflow when stored
+    # for another kernel, the sum of 1000 values about 1000, M2 of 1000 values of spread 10)
+    dtype = compute_dtype(x.dtype)
     total = reduction_node(x, dims, True, "sum", dtype)
     chunks = splits.count(L, total, in_registers=True)
     if chunks > 1:
