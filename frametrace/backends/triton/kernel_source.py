@@ -962,9 +962,9 @@ def eviction_hints(lines: list, persistent=False) -> list:
     loop (the row is read again: keep it in L2), `evict_first` in the last (its final read
     should not push out what is still to be read).  Loads outside the loops, and of inputs
     read in one loop only, keep the default.  `persistent`: a persistent kernel that loads
-    its rows again after each reduction (config.persistent_reload), whose reductions part
-    the passes as the loops do."""
-    loop_of, loops = [], {}
+    its row again after its reduction (config.persistent_reload): the reduction parts the
+    two passes as a loop's end does."""
+    loop_of, loops = [], {}     # each line's pass (None: outside the loops); each input's passes
     n, inside = (0, True) if persistent else (-1, False)
     for line in lines:
         if persistent:
@@ -976,10 +976,9 @@ def eviction_hints(lines: list, persistent=False) -> list:
             elif not line.startswith("    "):
                 inside = False
             loop_of.append(n if inside else None)
-        n_line = loop_of[-1]
-        inside_line = n_line is not None
-        for ptr in _LOAD.findall(line) if inside_line else ():
-            loops.setdefault(ptr, set()).add(n_line)
+        if loop_of[-1] is not None:
+            for ptr in _LOAD.findall(line):
+                loops.setdefault(ptr, set()).add(loop_of[-1])
     out = []
     for line, n in zip(lines, loop_of):
         if n is not None and "tl.load(" in line:
