@@ -263,7 +263,6 @@ class KernelCodegen:
         self.outer: list[str] = []
         self.body = None
         self.cache, self.body_cache, self.memo, self.levels = {}, {}, {}, {}
-        self.reloads = False    # a persistent reduction forgot its rows (config.persistent_reload)
         self.masks: list[str] = []
         self.args: dict[str, str] = {}
         self.reads: set[str] = set()
@@ -763,9 +762,8 @@ class KernelCodegen:
         row held is loaded (and computed) again where it is used next, instead of kept in
         registers across the reduction; the first load keeps the row in L2 (`evict_last`).
         (Every value is computed before an in-place store: `store`.)"""
-        self.reloads = True
         self.cache = {k: v for k, v in self.cache.items() if self.levels.get(v, 0) != 2}
-        self.memo = {k: v for k, v in self.memo.items() if self.levels.get(v, 0) != 2}
+        self._forget_row_values()
 
     def _forget_row_values(self):
         self.body_cache = {}
@@ -822,7 +820,7 @@ class KernelCodegen:
                 and config.gather_blocks)
 
     # -- a kernel one member larger --------------------------------------------------------------
-    _STATE_COPIED = ("outer", "cache", "body_cache", "memo", "levels", "reloads", "masks", "args", "reads",
+    _STATE_COPIED = ("outer", "cache", "body_cache", "memo", "levels", "masks", "args", "reads",
                      "helpers", "symbols", "load_indices", "touched", "accesses")
 
     def _extends_to(self, group, c) -> bool:
@@ -936,7 +934,7 @@ class KernelCodegen:
         lines = self.outer
         if self.looped and config.eviction_hints:
             lines = eviction_hints(lines)
-        elif self.reloads:
+        elif self.reload:   # (its one reduction forgot the row: `_generate`)
             lines = eviction_hints(lines, persistent=True)
         body = "\n".join("    " + line for line in head + lines)
         helpers = "".join(COMBINE[h] for h in sorted(self.helpers))
