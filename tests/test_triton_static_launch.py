@@ -536,6 +536,7 @@ def test_sibling_sizes_trust_a_kept_replay(monkeypatch, shared):
     monkeypatch.setattr(config, "sized_fast_after", 1)
     monkeypatch.setattr(config, "sized_capture_at", 5)
     monkeypatch.setattr(config, "sized_shared_verdict", shared)
+    monkeypatch.setattr(config, "sized_early_verdict", False)   # (its own test below)
     monkeypatch.setattr(config, "graph_trust_saturated", False)  # (its own test below)
     f = _launch_bound(8)
     frametrace.reset()
@@ -574,6 +575,50 @@ def test_sibling_sizes_trust_a_kept_replay(monkeypatch, shared):
             assert sibling.decision != "not yet measured"
         for n in (40, 7, 40, 33, 7):
             check(n)
+
+
+@cuda
+@pytest.mark.parametrize("early", [True, False])
+def test_sizes_called_in_rounds_capture_in_the_third(monkeypatch, early):
+    """`config.sized_early_verdict`: sizes called once a round each, in turn (decoding's
+    lengths, one call per `generate()`).  On: the first size at its third call measures
+    its replay there, and the others, at their third calls in the same round, trust it,
+    so every size replays from the fourth round.  Off: the first measurement waits for
+    `sized_capture_at` (5).  Values against eager on every call, fresh inputs."""
+    from frametrace.backends.triton import backend, cudagraphs
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_capture_at", 5)
+    monkeypatch.setattr(config, "sized_shared_verdict", True)
+    monkeypatch.setattr(config, "sized_early_verdict", early)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    f = _launch_bound(8)
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton")(f)
+    sizes = (7, 40, 33, 12)
+    captured = {}     # size -> (round, its runner's calls) when its graph was first there
+    with torch.no_grad():
+        for rnd, ns in enumerate([(3,), (5,)] + [sizes] * 7):
+            for n in ns:
+                x = torch.randn(n, 64, device="cuda")
+                for got, want in zip(cf(x), f(x)):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+                mod = next((m for m in reversed(backend.COMPILED) if m.symbolic), None)
+                r = mod and mod.fast.fast.get((n,))
+                if isinstance(r, cudagraphs.CudaGraphRunner) and r.graph is not None:
+                    captured.setdefault(n, (rnd - 1, r.calls))
+    runners = {n: mod.fast.fast.get((n,)) for n in sizes}
+    assert all(isinstance(r, cudagraphs.CudaGraphRunner) for r in runners.values()), mod.fast.fast
+    first = runners[7]
+    if first.decision.startswith("GPU-bound") or first.calls < 0:
+        pytest.skip(f"this GPU kept launching: {first.decision}")
+    assert set(captured) == set(sizes), (captured, {n: r.decision for n, r in runners.items()})
+    want = 3 if early else 5
+    assert captured[7][1] == want and "vs replay" in first.decision, (captured, first.decision)
+    for n in sizes[1:]:
+        assert captured[n][1] == (3 if early else 5), captured
+        assert runners[n].decision.startswith("a sibling's"), runners[n].decision
+    assert mod.fast.verdict.tried and mod.fast.verdict.kept
 
 
 @cuda

@@ -110,7 +110,8 @@ class Sized:
         # that pays (cudagraphs.py decides per set), the graphs sharing one memory pool
         # (a replay's outputs are copied out, its temporaries dead once it returns)
         self.pool = None
-        self.verdict = CudaGraphVerdict() if mod.settings.get(
+        self.verdict = CudaGraphVerdict(mod.settings.get(
+            "sized_early_verdict", config.sized_early_verdict)) if mod.settings.get(
             "sized_shared_verdict", config.sized_shared_verdict) else None
         self.fast = {}      # sizes -> that sizes' fast wrapper
         self.seen = {}      # sizes -> calls so far (those without a fast wrapper)

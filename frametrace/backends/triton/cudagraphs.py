@@ -26,6 +26,10 @@ was measured faster, the others (same kernels, same launch count: the host cost 
 replay saves is the same) capture at their third call, after one timed direct call that
 still decides whether that set is GPU-bound, and skip the timed run before capture and
 the timed replays after it, which cost a BERT length's capture more than its launches.
+Until one has measured, the first set to reach its third call measures there, not at
+its `capture_at` (`config.sized_early_verdict`): sizes that recur in rounds (decoding's
+lengths, one call per `generate()`) reach each call count together, and the verdict
+must come before the round of their third calls to let them capture in it.
 
 A capture runs on a side stream kept per device, ordered after the current stream by an
 event (`config.graph_capture_direct`): `torch.cuda.graph` synchronizes the device and
@@ -69,11 +73,13 @@ TRUST_LAUNCHES = 4
 
 class Verdict:
     """What the first measured sibling found: `kept` is True once a replay of one set of
-    sizes was measured faster than its direct call (`config.sized_shared_verdict`)."""
-    __slots__ = ("kept",)
+    sizes was measured faster than its direct call (`config.sized_shared_verdict`).
+    `early` (`config.sized_early_verdict`): until a sibling has measured a replay
+    (`tried`), the first to reach its third call measures there, not at its `capture_at`."""
+    __slots__ = ("kept", "early", "tried")
 
-    def __init__(self):
-        self.kept = False
+    def __init__(self, early=False):
+        self.kept, self.early, self.tried = False, early, False
 
 
 class CudaGraphRunner:
@@ -158,7 +164,8 @@ class CudaGraphRunner:
         timed (the best of two: the second still pays for building the fast launcher),
         the `capture_at`-th (the fourth, unless set later) captures, times a replay against
         the direct call and keeps the faster; calls between run directly.  A graph trusted
-        without timing (a sibling's verdict, or a saturated host) captures at its third."""
+        without timing (a sibling's verdict, or a saturated host) captures at its third, and
+        so does, timed, the first of its siblings there while none has measured (`early`)."""
         if self.calls < 0:  # replaying was given up
             return self.call(args)
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
@@ -166,17 +173,19 @@ class CudaGraphRunner:
         if not all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args):
             self.last_ptrs = ptrs
             return self.call(args)
-        trusted = saturated = False
+        trusted = saturated = early = False
         if self.calls >= 3 and self.gpu_us is not None and self.last_ptrs is not None:
             stable = [None if p is None else p == q for p, q in zip(ptrs, self.last_ptrs)]
             copied = sum(keep is False for keep in stable)
-            trusted = self.verdict is not None and self.verdict.kept
+            verdict = self.verdict
+            trusted = verdict is not None and verdict.kept
+            early = verdict is not None and verdict.early and not verdict.tried
             # (a replay's own host work: a copy launch per moved input and per output and
             # the replay itself; where launches are many times that, the host time it
             # saves dwarfs it)
             saturated = self.trust_saturated and self.host_us >= HOST_SATURATED * self.gpu_us \
                 and self.launches >= TRUST_LAUNCHES * (copied + self.outs + 2)
-        if self.calls < self.capture_at and not (trusted or saturated):
+        if self.calls < self.capture_at and not (trusted or saturated or early):
             self.last_ptrs = ptrs
             if self.calls == 1 or self.calls >= 4:
                 return self.call(args)  # (4 and later, before capture_at: timed enough)
@@ -192,6 +201,8 @@ class CudaGraphRunner:
             log.info("triton backend: CUDA graph not used: %s", self.decision)
             self.calls = -10 ** 9
             return self.call(args)
+        if self.verdict is not None and not trusted:
+            self.verdict.tried = True   # (whatever this measurement finds, it is the one)
         stable = [None if p is None else p == q for p, q in zip(ptrs, self.last_ptrs)]
         static = [a if keep is not False else a.clone() for a, keep in zip(args, stable)]
         ints = tuple(i for i, keep in enumerate(stable) if keep is None)
