@@ -1,9 +1,10 @@
-# The C frame hook needs CPython's internal headers (Py_BUILD_CORE).  Two optional C++
+# The C frame hook needs CPython's internal headers (Py_BUILD_CORE).  Three optional C++
 # modules are built against the installed torch's headers when they and a C++
 # compiler are found, and skipped otherwise: the tensor guard's reads
-# (frametrace._tensor_reads; without it guards read tensors through Python's getters)
-# and the eager backend's view chains (frametrace._views; without it each view op
-# runs).  Slower without them, never different.
+# (frametrace._tensor_reads; without it guards read tensors through Python's getters),
+# the eager backend's view chains (frametrace._views; without it each view op runs)
+# and the triton backend's launch keys (frametrace._launch_keys; without it they are
+# computed in Python).  Slower without them, never different.
 import os
 import re
 import site
@@ -56,6 +57,7 @@ def torch_extensions():
         ("_tensor_reads", "tensor_reads.cpp",
          ["frametrace/_C/tensor_reads.h", "frametrace/_C/plain_tensor.h"]),
         ("_views", "views.cpp", ["frametrace/_C/plain_tensor.h"]),
+        ("_launch_keys", "launch_keys.cpp", ["frametrace/_C/plain_tensor.h"]),
     )]
 
 

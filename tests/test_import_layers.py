@@ -46,7 +46,7 @@ LAYERS = [
                 "stance", "global_state", "cxx_modules", "functorch_runtime", "bytecode_diff",
                 "resume_codes",
                 "backend_registry", "distributed", "files",
-                "_C", "_tensor_reads", "_views"}),
+                "_C", "_tensor_reads", "_views", "_launch_keys"}),
     ("values", {"variables", "guards", "shapes"}),
     ("graph building", {"graph", "side_effects", "subgraph"}),
     ("backends", {"backends"}),
@@ -92,7 +92,7 @@ def _modules():
         if name.endswith("__init__"):
             name = name[: -len("__init__")].rstrip(".")
         mods[name] = path
-    for ext in ("_C", "_tensor_reads", "_views"):   # the C extensions: leaves
+    for ext in ("_C", "_tensor_reads", "_views", "_launch_keys"):   # the C extensions: leaves
         mods.setdefault(ext, None)
     return mods
 

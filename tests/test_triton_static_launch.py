@@ -200,14 +200,82 @@ def test_declines_what_torchs_launcher_cannot_run_as_triton(monkeypatch, why):
 
 # -- launches remembered per specialization (config.memo_launches) -------------------------
 
-def _cuda_everywhere(monkeypatch):
+def _cuda_everywhere(monkeypatch, cxx=False):
     """launch_key on CPU tensors as if they were CUDA ones (the key reads only dtype,
-    pointer and is_cuda)."""
+    pointer and is_cuda); `cxx`: its C++ reads too (which read the device in C++)."""
     from types import SimpleNamespace
     monkeypatch.setattr(static_launch, "_LAUNCHER", SimpleNamespace(_launch_kernel=None))
     monkeypatch.setattr(static_launch, "_current_device", lambda: 0)
     monkeypatch.setattr(static_launch, "_hooked", lambda: False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(config, "launch_keys_in_cxx", cxx)
+    if cxx and static_launch._KEYS is not None:
+        real = static_launch._KEYS
+        monkeypatch.setattr(static_launch, "_KEYS", SimpleNamespace(codes=lambda args: real.codes(args, True)))
+
+
+def _key_arguments():
+    """Argument tuples that Triton specializes differently, or alike: tensors of several
+    dtypes, aligned and 4 bytes off, views (transposed, expanded, channels-last, empty),
+    and ints, bools, floats and None that are equal but different (1, True, 1.0), at the
+    edges of int32 and int64, negative, multiples of 16 or not."""
+    x = torch.randn(65)
+    tensors = [x[:64], x[1:], x[:64].double(), x[:64].to(torch.int64), x[:64] > 0,
+               x[:64].bfloat16(), x[:0], x[:64].view(8, 8).t(), x[:1].expand(64),
+               torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last), x[16:32]]
+    values = [0, 1, -1, 15, 16, 17, 32, 2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, -2 ** 31, -2 ** 31 - 1,
+              -2 ** 31 - 16, 2 ** 63 - 16, 2 ** 63, 2 ** 64, 2 ** 64 + 1, -2 ** 63, -2 ** 63 - 1,
+              -2 ** 70, True, False, 1.0, 0.0, float("nan"), None]
+    return [(t, v) for t in tensors for v in values] + [(v, t) for t in tensors[:2] for v in values] + \
+        [(tensors[0], tensors[1], 16, None), (tensors[1], tensors[0], 16, None)]
+
+
+@pytest.mark.skipif(static_launch._KEYS is None, reason="frametrace._launch_keys not built")
+def test_cxx_launch_keys_tell_apart_what_the_python_key_does(monkeypatch):
+    """`config.launch_keys_in_cxx`: over arguments that Triton specializes differently
+    or alike, two launches get equal C++ keys exactly when their Python keys are equal
+    (a collision would launch a kernel compiled for another specialization)."""
+    args = _key_arguments()
+    _cuda_everywhere(monkeypatch, cxx=False)
+    py = [static_launch.launch_key((64, 1), a) for a in args]
+    _cuda_everywhere(monkeypatch, cxx=True)
+    cxx = [static_launch.launch_key((64, 1), a) for a in args]
+    assert all(type(k) is tuple and type(k[2]) is bytes for k in cxx), cxx[:3]
+    assert len(set(py)) > 40
+    for i in range(len(args)):
+        for j in range(len(args)):
+            assert (py[i] == py[j]) == (cxx[i] == cxx[j]), (args[i], args[j])
+    assert static_launch.launch_key((65, 1), args[0]) != cxx[0]     # the block sizes
+    monkeypatch.setattr(static_launch, "_current_device", lambda: 1)
+    assert static_launch.launch_key((64, 1), args[0]) != cxx[0]     # the device
+
+
+@pytest.mark.skipif(static_launch._KEYS is None, reason="frametrace._launch_keys not built")
+def test_cxx_launch_keys_leave_to_python_what_may_run_python(monkeypatch):
+    """A tensor subclass (its reads may run Python code) is keyed in Python, with the
+    Python key's entries; CPU tensors and other kinds decline as the Python key does;
+    with the switch off every key is Python's."""
+    from types import SimpleNamespace
+
+    class Sub(torch.Tensor):
+        pass
+    keys = static_launch._KEYS
+    x = torch.randn(8)
+    assert keys.codes((x, 8)) is None                           # a CPU tensor
+    assert keys.codes((x.as_subclass(Sub), 8)) is NotImplemented
+    assert keys.codes((x, SimpleNamespace()), True) is None
+    assert keys.codes((8, 2.0), True) is None                   # no tensor
+    with pytest.raises(TypeError):
+        keys.codes(x)
+    _cuda_everywhere(monkeypatch, cxx=True)
+    sub = static_launch.launch_key(None, (x.as_subclass(Sub), 8))
+    plain = static_launch.launch_key(None, (x, 8))
+    assert type(sub[2]) is tuple and type(plain[2]) is bytes and sub != plain
+    monkeypatch.setattr(static_launch, "_hooked", lambda: True)
+    assert static_launch.launch_key(None, (x, 8)) is None
+    monkeypatch.setattr(static_launch, "_hooked", lambda: False)
+    monkeypatch.setattr(config, "launch_keys_in_cxx", False)
+    assert type(static_launch.launch_key(None, (x, 8))[2]) is tuple
 
 
 def test_launch_key_separates_what_triton_specializes_on(monkeypatch):
@@ -250,10 +318,10 @@ def test_launch_key_declines_what_torchs_launcher_would_not_run(monkeypatch):
 
 
 @pytest.mark.usefixtures("triton_interpreter")
-@pytest.mark.parametrize("memo", [True, False])
-def test_launcher_runs_the_remembered_kernel_only_for_its_key(monkeypatch, memo):
+@pytest.mark.parametrize("memo,cxx", [(True, False), (True, True), (False, False)])
+def test_launcher_runs_the_remembered_kernel_only_for_its_key(monkeypatch, memo, cxx):
     from types import SimpleNamespace
-    _cuda_everywhere(monkeypatch)
+    _cuda_everywhere(monkeypatch, cxx)
     monkeypatch.setattr(config, "memo_launches", memo)
     x = torch.randn(4, 40)
     frametrace.reset()
@@ -284,14 +352,16 @@ def test_launcher_runs_the_remembered_kernel_only_for_its_key(monkeypatch, memo)
 
 
 @cuda
-@pytest.mark.parametrize("memo", [True, False])
-def test_remembered_launches_match_eager_over_sizes_and_alignments(monkeypatch, memo):
+@pytest.mark.parametrize("memo,cxx", [(True, True), (True, False), (False, True)])
+def test_remembered_launches_match_eager_over_sizes_and_alignments(monkeypatch, memo, cxx):
     """Symbolic sizes (the slow wrapper launches every kernel through its Launcher): sizes
     that are multiples of 16 and others, inputs 4 bytes off alignment, then the same
-    sizes and alignments again: Triton's JIT is asked only the first time."""
+    sizes and alignments again: Triton's JIT is asked only the first time (keys read in
+    C++ or in Python)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(config, "cudagraphs", False)
     monkeypatch.setattr(config, "memo_launches", memo)
+    monkeypatch.setattr(config, "launch_keys_in_cxx", cxx)
     monkeypatch.setattr(config, "sized_fast_after", 0)     # (every call through the Launchers)
     jit = []
     real = wrapper.launch_static

@@ -29,6 +29,11 @@ static_launch = True
 # launch: a decoding step of 54 kernels spent most of its time there).  Needs
 # static_launch.  False: every such launch goes through Triton's JIT.
 memo_launches = True
+# ... the key read in C++ (frametrace._launch_keys, where it was built for this torch):
+# ~3 us a launch in Python for nine arguments, on graphs whose sizes the data decides
+# (a mixture of experts' loop: 66 launches a call, the call bound by the host).  False:
+# computed in Python.
+launch_keys_in_cxx = True
 
 # Kernel sources name their shape symbols by position (sym0, sym1, ...) rather than as the
 # graph does (s0, u3, ds1): kernels that differ only in which size they take (one per

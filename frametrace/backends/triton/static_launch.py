@@ -18,12 +18,15 @@ scalar arguments, launch hooks (a profiler's), or `config.static_launch` off.
 """
 from __future__ import annotations
 
+import logging
+import operator
 import os
 import sys
 import tempfile
 
 import torch
 
+from ... import cxx_modules
 from . import config
 
 _LAUNCHER = getattr(torch._C, "_StaticCudaLauncher", None)
@@ -40,7 +43,7 @@ _ATTR = "_frametrace_static"        # on a CompiledKernel: {device: StaticKernel
 
 class StaticKernel:
     """One compiled kernel loaded on one device, launched through torch's launcher."""
-    __slots__ = ("function", "num_warps", "shared", "types", "passed", "extra")
+    __slots__ = ("function", "num_warps", "shared", "types", "passed", "extra", "pick")
 
     def __init__(self, function, num_warps, shared, types, passed, extra):
         self.function, self.num_warps, self.shared = function, num_warps, shared
@@ -48,9 +51,13 @@ class StaticKernel:
         self.passed = passed        # positions of the Python arguments the kernel takes
         self.extra = extra          # None for each scratch pointer the kernel takes (last)
         assert len(types) == len(passed) + len(extra)
+        # (one C call per launch; itemgetter of one position gives the item, not a tuple)
+        self.pick = operator.itemgetter(*passed) if len(passed) > 1 else None
 
     def args_of(self, args) -> tuple:
         """The arguments the kernel takes, from all of its Python function's."""
+        if self.pick is not None:
+            return self.pick(args) + self.extra
         return tuple(args[i] for i in self.passed) + self.extra
 
     @staticmethod
@@ -98,6 +105,13 @@ def launch_key(blocks, args) -> tuple | None:
     width (int32, int64, uint64); floats, bools and None: their type."""
     if _LAUNCHER is None or not config.static_launch:
         return None
+    keys = _KEYS if _KEYS is not None and config.launch_keys_in_cxx else None
+    if keys is not None:
+        codes = keys.codes(args)
+        if codes is None or _hooked():
+            return None
+        if codes is not NotImplemented:     # (else a tensor's reads may run Python code)
+            return (_current_device(), blocks, codes)
     spec = [None, blocks]
     cuda = False
     for a in args:
@@ -123,6 +137,10 @@ def launch_key(blocks, args) -> tuple | None:
 
 
 _Tensor = torch.Tensor
+# The same key's argument entries read in C++ (launch_keys.cpp): one `bytes` object, equal
+# exactly when the entries above are; it never equals a key made here (a tuple of
+# argument entries), so a launcher's memo may hold both kinds.
+_KEYS = cxx_modules.load("_launch_keys", logging.getLogger("frametrace"), "launch keys in Python")
 
 
 def _current_device() -> int:
