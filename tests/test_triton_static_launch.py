@@ -880,6 +880,85 @@ def pytree_leaves(x):
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
+def _graphs_without_a_gpu(monkeypatch, replay_us=50.0, direct=(100.0, 90.0)):
+    """CudaGraphRunner's timing and capture stood in for on any machine: a direct call
+    takes `direct` (wall, host) us, a replay `replay_us`; the capture runs the call; CUDA
+    streams and graphs are stand-ins."""
+    import contextlib
+    from types import SimpleNamespace
+    from frametrace.backends.triton import cudagraphs
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: SimpleNamespace(replay=lambda: None))
+    monkeypatch.setattr(cudagraphs, "_capturing", lambda: False)
+    monkeypatch.setattr(cudagraphs, "_capture", lambda graph, pool, fn, args, direct=True: fn(args))
+    monkeypatch.setattr(cudagraphs.CudaGraphRunner, "_timed", lambda self, fn, args: (
+        (fn(args), replay_us, 5.0) if fn is self else (fn(args), *direct)))
+
+
+def _sized_over_ints(monkeypatch):
+    """A `Sized` dispatcher (inference, graphable) over a stand-in module whose one input
+    is its size, an int: what a replay matches on, with no tensor to move."""
+    mod, calls, _ = _stand_in_module(monkeypatch)
+    mod.wrapper.lowered.symbol_sources = {"s0": "x"}
+    mod.wrapper.sized_table = lambda inputs: (("sig",), (inputs[0],))
+    mod.kind, mod.graphable_per_size = "inference", True
+    mod.call = lambda args: ("call", list(args))
+    return compiled_module.Sized.make(mod, [3])
+
+
+@pytest.mark.parametrize("early", [True, False])
+@pytest.mark.parametrize("outcome", ["kept", "lost", "gpu_bound_first"])
+def test_sizes_in_rounds_capture_in_their_third_without_a_gpu(monkeypatch, early, outcome):
+    """`config.sized_early_verdict`, its decisions without a GPU: sizes called once a
+    round each (decoding's lengths).  On: the first size at its third call measures its
+    replay; kept, the others capture at their third calls in the same round, trusting
+    it; lost, each other measures its own at `sized_capture_at`.  A first size found
+    GPU-bound measures nothing, and the next size at its third call measures instead.
+    Off: the first measurement waits for `sized_capture_at`."""
+    from frametrace.backends.triton import cudagraphs
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_capture_at", 5)
+    monkeypatch.setattr(config, "sized_shared_verdict", True)
+    monkeypatch.setattr(config, "sized_early_verdict", early)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    _graphs_without_a_gpu(monkeypatch, replay_us=150.0 if outcome == "lost" else 50.0)
+    run = _sized_over_ints(monkeypatch)
+    sizes = (7, 40, 33, 12)
+    if outcome == "gpu_bound_first":   # (7's direct calls: the host a tenth of their time)
+        timed = cudagraphs.CudaGraphRunner._timed
+        monkeypatch.setattr(cudagraphs.CudaGraphRunner, "_timed", lambda self, fn, args: (
+            (fn(args), 100.0, 10.0) if fn is not self and args[0] == 7 else timed(self, fn, args)))
+    captured = {}
+    for rnd in range(1, 9):
+        for n in sizes:
+            assert run([n])[-1] == [n]      # (the general wrapper, the fast one or its replay)
+            r = run.fast[(n,)]
+            if r.graph is not None:
+                captured.setdefault(n, r.calls)
+    decisions = {n: run.fast[(n,)].decision for n in sizes}
+    if outcome == "kept":
+        want = 3 if early else 5
+        assert captured == {n: want for n in sizes}, (captured, decisions)
+        assert "vs replay" in decisions[7]
+        assert all(decisions[n].startswith("a sibling's") for n in sizes[1:]), decisions
+    elif outcome == "lost":
+        assert captured == {}, decisions
+        assert all("vs replay 150" in d for d in decisions.values()), decisions
+        assert [run.fast[(n,)].calls < 0 for n in sizes] == [True] * 4
+    else:
+        assert decisions[7].startswith("GPU-bound"), decisions
+        want = 3 if early else 5
+        assert captured == {n: want for n in sizes[1:]}, (captured, decisions)
+        assert "vs replay" in decisions[40]
+        assert all(decisions[n].startswith("a sibling's") for n in sizes[2:]), decisions
+    assert run.verdict.tried
+    assert run.verdict.kept is (outcome != "lost")
+
+
 def test_sized_eviction_keeps_the_sets_near_a_replay(monkeypatch):
     """More sets of sizes than `sized_fast_limit`: the one dropped is, of the oldest
     quarter made, the one called least towards its CUDA-graph capture, so that a hot size
