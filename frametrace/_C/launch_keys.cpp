@@ -127,14 +127,4 @@ PyModuleDef module_def = {
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__launch_keys(void) {
-  PyObject* m = PyModule_Create(&module_def);
-  if (m == nullptr) {
-    return nullptr;
-  }
-  if (PyModule_AddStringConstant(m, "TORCH_VERSION", FT_TORCH_VERSION) < 0) {
-    Py_DECREF(m);
-    return nullptr;
-  }
-  return m;
-}
+PyMODINIT_FUNC PyInit__launch_keys(void) { return frametrace::versioned_module(&module_def); }

@@ -128,13 +128,12 @@ PyModuleDef module_def = {
 }  // namespace
 
 PyMODINIT_FUNC PyInit__tensor_reads(void) {
-  PyObject* m = PyModule_Create(&module_def);
+  PyObject* m = frametrace::versioned_module(&module_def);
   if (m == nullptr) {
     return nullptr;
   }
   PyObject* capsule = PyCapsule_New(const_cast<FtTensorReads*>(&api), FT_TENSOR_READS_CAPSULE, nullptr);
-  if (capsule == nullptr || PyModule_AddObject(m, "api", capsule) < 0 ||
-      PyModule_AddStringConstant(m, "TORCH_VERSION", FT_TORCH_VERSION) < 0) {
+  if (capsule == nullptr || PyModule_AddObject(m, "api", capsule) < 0) {
     Py_XDECREF(capsule);
     Py_DECREF(m);
     return nullptr;

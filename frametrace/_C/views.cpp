@@ -290,14 +290,4 @@ PyModuleDef module_def = {
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__views(void) {
-  PyObject* m = PyModule_Create(&module_def);
-  if (m == nullptr) {
-    return nullptr;
-  }
-  if (PyModule_AddStringConstant(m, "TORCH_VERSION", FT_TORCH_VERSION) < 0) {
-    Py_DECREF(m);
-    return nullptr;
-  }
-  return m;
-}
+PyMODINIT_FUNC PyInit__views(void) { return frametrace::versioned_module(&module_def); }
