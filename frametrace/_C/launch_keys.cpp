@@ -87,6 +87,9 @@ PyObject* codes(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
         cuda = true;
         auto ptr = reinterpret_cast<uintptr_t>(THPVariable_Unpack(a).const_data_ptr());
         int dtype = static_cast<int>(impl->dtype().toScalarType());
+        if (dtype < 0 || dtype > 127) {
+          Py_RETURN_NOTIMPLEMENTED;   // (it and the alignment bit would not fit a byte)
+        }
         out.push_back(kTensor);
         out.push_back(static_cast<char>(dtype << 1 | ((ptr & 15) == 0)));
       } catch (...) {
