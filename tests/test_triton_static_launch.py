@@ -965,13 +965,10 @@ def test_sized_eviction_keeps_the_sets_near_a_replay(monkeypatch):
     made first survives a stream of sizes seen once (oldest-first dropped it at the
     limit's first new set, and it would have warmed up and captured again).  Without a
     GPU: the runners' timing and capture are stood in for."""
-    from frametrace.backends.triton import cudagraphs
     monkeypatch.setattr(config, "sized_fast_limit", 8)
     monkeypatch.setattr(config, "sized_fast_after", 1)
-    monkeypatch.setattr(config, "sized_capture_at", 100)    # (no capture: none on a CPU)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(cudagraphs, "_capturing", lambda: False)
-    monkeypatch.setattr(cudagraphs.CudaGraphRunner, "_timed", lambda self, fn, args: (fn(args), 100.0, 90.0))
+    monkeypatch.setattr(config, "sized_capture_at", 100)    # (no capture)
+    _graphs_without_a_gpu(monkeypatch)
     mod, calls, _ = _stand_in_module(monkeypatch)
     mod.kind, mod.graphable_per_size = "inference", True
     t = lambda n: torch.zeros(n)  # noqa: E731

@@ -105,9 +105,8 @@ def launch_key(blocks, args) -> tuple | None:
     width (int32, int64, uint64); floats, bools and None: their type."""
     if _LAUNCHER is None or not config.static_launch:
         return None
-    keys = _KEYS if _KEYS is not None and config.launch_keys_in_cxx else None
-    if keys is not None:
-        codes = keys.codes(args)
+    if config.launch_keys_in_cxx and _KEYS is not None:
+        codes = _KEYS.codes(args)
         if codes is None or _hooked():
             return None
         if codes is not NotImplemented:     # (else a tensor's reads may run Python code)
