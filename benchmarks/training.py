@@ -38,8 +38,10 @@ at the step's start (torch.cuda.max_memory_allocated), so the other two variants
 do not count.  `--separate` runs each variant in its own process instead (not
 interleaved): its peak is then `torch.cuda.max_memory_allocated()` over the timed steps
 as it is, weights, optimizer state and gradients included, with nothing of another
-compiler's in the process; the checked losses and parameters are compared with the eager
-process's.  After the timed rounds, one more step per variant is measured phase by phase
+compiler's in the process, and empty Triton, Inductor and frametrace cache folders (a
+first step from cold caches); the checked losses and parameters are compared with the eager
+process's.  `--profile N`: after the timed rounds, each variant's step under torch.profiler,
+its N costliest kernels and its GPU time by kind (convolutions and GEMMs, Triton, other).  After the timed rounds, one more step per variant is measured phase by phase
 on CUDA (`memory_by_phase`: allocated at the forward's, backward's and optimizer's start,
 and each phase's peak), printed under the table.  frametrace's counters: graphs compiled (forward and optimizer frames),
 graph breaks, frames run in CPython, whole graphs the triton backend ran eagerly or with
@@ -272,6 +274,38 @@ def memory_by_phase(v, batch, device) -> dict | None:
     return out
 
 
+def kernel_profile(v, batch, top, steps=3) -> list[str]:
+    """Where a variant's step spends GPU time: torch.profiler over `steps` steps, the
+    kernels summed by name (per step), the `top` largest, and totals by kind (cuDNN/cuBLAS
+    convolutions and GEMMs, Triton kernels, the rest), against the step's wall time."""
+    from torch.profiler import ProfilerActivity, profile
+    sync(v.args.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            v.step(batch)
+        sync(v.args.device)
+        wall = (time.perf_counter() - t0) / steps
+    per = {}
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
+            t, n = per.get(e.key, (0.0, 0))
+            per[e.key] = (t + e.device_time_total / steps / 1e3, n + e.count // steps)
+    kinds = {}
+    for name, (ms, _) in per.items():
+        low = name.lower()
+        kind = ("triton" if low.startswith("triton") else
+                "conv/gemm" if any(w in low for w in ("conv", "gemm", "cudnn", "sm90", "cutlass", "xmma", "wgrad", "dgrad"))
+                else "other")
+        kinds[kind] = kinds.get(kind, 0.0) + ms
+    out = [f"profile {v.kind}: step {wall * 1e3:.2f} ms wall, kernels {sum(kinds.values()):.2f} ms, "
+           f"{sum(n for _, n in per.values())} launches; " +
+           ", ".join(f"{k} {ms:.2f} ms" for k, ms in sorted(kinds.items(), key=lambda kv: -kv[1]))]
+    for name, (ms, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:top]:
+        out.append(f"profile {v.kind}:   {ms:7.3f} ms  x{n:<4d} {name[:150]}")
+    return out
+
+
 def mark(on, phase):
     if on:
         Phases.current = phase
@@ -392,6 +426,12 @@ def run_model(name, args):
             v.times.append(seconds)
             v.peaks.append(peak)
     phases = {k: memory_by_phase(v, batches[0], args.device) for k, v in variants.items()}
+    if args.profile:
+        for k, v in variants.items():
+            try:
+                print("\n".join(kernel_profile(v, batches[0], args.profile)), flush=True)
+            except Exception as e:   # (the profiler's failure costs the profile, not the row)
+                print(f"profile {k}: failed: {e!r}"[:300], flush=True)
     result = {"model": name, "device": str(args.device), "precision": args.precision, "batch": args.batch,
               "seq": args.seq, "checked": names, "variants": {}}
     for k, v in variants.items():
@@ -482,7 +522,11 @@ def separately(name, argv, timeout):
         for kind in VARIANTS:
             if kind == "inductor" and "--no-inductor" in argv:
                 continue
-            line, result = isolated(name, argv + ["--variants", kind, "--dump", dump], timeout)
+            with tempfile.TemporaryDirectory() as caches:   # (first steps from empty caches)
+                for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                                 ("FRAMETRACE_CACHE_DIR", "frametrace")):
+                    os.environ[var] = os.path.join(caches, sub)
+                line, result = isolated(name, argv + ["--variants", kind, "--dump", dump], timeout)
             if result is None:
                 failed.append(f"{kind}: {line}")
                 continue
@@ -550,6 +594,8 @@ def parse(argv=None):
     p.add_argument("--ft-backend", help="frametrace's backend (default: triton, or eager without CUDA; "
                                         "triton on the CPU needs TRITON_INTERPRET=1)")
     p.add_argument("--md", help="also write the table as markdown to this file")
+    p.add_argument("--profile", type=int, default=0,
+                   help="after the timed rounds, profile each variant's step: its N costliest kernels")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -587,7 +633,8 @@ def main(argv=None):
           f"torch.compile backend {args.tc_backend!r}", flush=True)
     forwarded = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
                  "--seq", str(args.seq), "--precision", args.precision, "--ft-backend", args.ft_backend,
-                 "--image-size", str(args.image_size), "--optimizer", args.optimizer]
+                 "--image-size", str(args.image_size), "--optimizer", args.optimizer,
+                 "--profile", str(args.profile)]
     forwarded += [f for f, on in (("--smoke", args.smoke), ("--dropout", args.dropout),
                                   ("--no-inductor", args.no_inductor), ("--channels-last", args.channels_last),
                                   ("--separate", args.separate)) if on]

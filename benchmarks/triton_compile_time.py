@@ -11,6 +11,7 @@ Models: hf_effnet (transformers' EfficientNetModel, B0's coefficients, batch x 3
 skipped without transformers), effnet (an EfficientNet-B0 of our own: the stem, B0's 16 MBConv blocks, expand 1x1
 conv + BN + SiLU, depthwise k x k conv + BN + SiLU, squeeze-excite, project 1x1 conv + BN,
 residual; batch x 3 x side x side), densenet (DenseNet-121's layout, batch x 3 x side x side),
+resnet50 (timm's, else torchvision's; skipped without either),
 llama (transformers' LlamaForCausalLM from a small
 config: 2 layers, hidden 256, batch x seq tokens; skipped without transformers).
 --train: train mode, forward + loss + backward (the backward graph compiles at the first
@@ -323,7 +324,24 @@ def densenet(side, device="cpu", batch=2, seq=64):
     return model, lambda m: m(x), lambda m: torch.nn.functional.cross_entropy(m(x), labels)
 
 
-MODELS = {"effnet": effnet, "llama": llama, "hf_effnet": hf_effnet, "densenet": densenet}
+def resnet50(side, device="cpu", batch=2, seq=64):
+    """timm's resnet50 (else torchvision's; None without either), random weights; the loss
+    the cross-entropy on random labels (training.py's CNN step without the optimizer)."""
+    try:
+        import timm
+        model = timm.create_model("resnet50", pretrained=False)
+    except ImportError:
+        try:
+            import torchvision
+        except ImportError:
+            return None
+        model = torchvision.models.resnet50(weights=None)
+    x = torch.randn(batch, 3, side, side).to(device)
+    labels = torch.randint(0, 1000, (batch,)).to(device)
+    return model, lambda m: m(x), lambda m: torch.nn.functional.cross_entropy(m(x), labels)
+
+
+MODELS = {"effnet": effnet, "llama": llama, "hf_effnet": hf_effnet, "densenet": densenet, "resnet50": resnet50}
 
 
 def compiles() -> dict:
@@ -345,7 +363,7 @@ def first_call(name, train, side, profile, skip_kernels=False, steady=0, batch=2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     made = MODELS[name](side, device, batch, seq)   # (the inputs on the model's device)
     if made is None:
-        print(f"{name}: skipped (transformers is not installed)")
+        print(f"{name}: skipped (transformers, or timm and torchvision, not installed)")
         return None
     model, forward, loss = made
     model = model.to(device).train(train)
