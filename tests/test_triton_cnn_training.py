@@ -197,3 +197,91 @@ def test_batchnorm_backward_can_store_the_bf16_gradient_not_its_fp32_upcast(monk
     assert worst(got_state) <= 1.5 * worst(want_state), (worst(got_state), worst(want_state))
     assert (got - exact).abs().max() <= 2 * (want - exact).abs().max() + 1e-3
     assert (got - off[0]).abs().max() < 1e-2     # (bf16 rounding apart)
+
+
+# -- channels-last training (on CUDA `channels_last_convs="auto"` picks it for ResNets) --
+def _conv_backward_operands(mod):
+    """(grad_output, input, weight) of each convolution_backward the backward calls."""
+    from frametrace.backends.triton.ir import Extern
+    return [e.args[:3] for e in mod.wrapper.schedule
+            if isinstance(e, Extern) and "convolution_backward" in str(e.op)]
+
+
+def _is_cl(b):
+    want = torch.empty(b.shape).contiguous(memory_format=torch.channels_last).stride()
+    return all(s == t for n, s, t in zip(b.shape, b.stride, want) if n != 1)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw_input", "channels_last_input"])
+def test_channels_last_training_steps_match_eager_and_cudnn_gets_channels_last_operands(
+        monkeypatch, caplog, channels_last):
+    """Forced on (CPU), the forward saves the activations channels-last as it computed
+    them, the backward is built for those strides (once: not again at its first call),
+    and every convolution_backward gets its gradient and activation channels-last: cuDNN
+    transposes nothing.  Losses, weights, running statistics and the gradients' strides
+    (eager's, NCHW parameters) match eager's over three SGD steps."""
+    monkeypatch.setattr(config, "channels_last_convs", True)
+    model, batches = _setup(channels_last)
+    with caplog.at_level("INFO", logger="frametrace"):
+        got, got_state = _compiled_run(model, batches, amp=False)
+    assert "other strides than traced" not in caplog.text
+    bw = [m for m in backend.COMPILED if m.kind == "backward"][-1]
+    operands = _conv_backward_operands(bw)
+    assert len(operands) == 5
+    for g, x, _ in operands:
+        assert _is_cl(g) and _is_cl(x), (g, x)
+    want, want_state = _eager_run(model, batches, amp=False)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for name, a in got_state.items():
+        torch.testing.assert_close(a, want_state[name], atol=1e-4, rtol=1e-4, msg=name)
+
+    # the gradients' strides are eager's (a weight's cuDNN gives channels-last is copied)
+    ours, ref = copy.deepcopy(model), copy.deepcopy(model)
+    step = frametrace.optimize(backend="triton")(ours)
+    x, y = batches[0]
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    step(xs[0], y).backward()
+    ref(xs[1], y).backward()
+    assert xs[0].grad.stride() == xs[1].grad.stride()
+    torch.testing.assert_close(xs[0].grad, xs[1].grad, **F32)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        assert all(s == t for n, s, t in zip(p.shape, p.grad.stride(), q.grad.stride()) if n != 1), name
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_channels_last_training_under_autocast_stores_the_weight_copies_channels_last(monkeypatch):
+    """Under autocast the bf16 copies of the weights are computed by the graph: they are
+    stored channels-last for the convolutions (no transpose by cuDNN), forward and
+    backward, and training stays as close to fp32 training as eager's bf16 training."""
+    monkeypatch.setattr(config, "channels_last_convs", True)
+    model, batches = _setup(False)
+    got, got_state = _compiled_run(model, batches, amp=True)
+    bw = [m for m in backend.COMPILED if m.kind == "backward"][-1]
+    for g, x, w in _conv_backward_operands(bw):
+        assert _is_cl(g) and _is_cl(x) and _is_cl(w), (g, x, w)
+    want, want_state = _eager_run(model, batches, amp=True)
+    exact, exact_state = _eager_run(model, batches, amp=False)
+    assert (got - exact).abs().max() <= 2 * (want - exact).abs().max() + 1e-3
+
+    def worst(state):
+        return max(((a - exact_state[n]).abs().max() / exact_state[n].abs().max().clamp_min(1e-6)).item()
+                   for n, a in state.items() if a.is_floating_point())
+    assert worst(got_state) <= 1.5 * worst(want_state), (worst(got_state), worst(want_state))
+
+
+def test_saved_values_in_eagers_layout_when_switched_off(monkeypatch, caplog):
+    """config.saved_values_own_layout off: the forward saves eager's (NCHW) strides, the
+    backward copies them channels-last for cuDNN; the same numbers."""
+    monkeypatch.setattr(config, "channels_last_convs", True)
+    model, batches = _setup(False)
+    on, on_state = _compiled_run(model, batches, amp=False)
+    on_kernels = len([m for m in backend.COMPILED if m.kind == "backward"][-1].kernels)
+    monkeypatch.setattr(config, "saved_values_own_layout", False)
+    with caplog.at_level("INFO", logger="frametrace"):
+        off, off_state = _compiled_run(model, batches, amp=False)
+    assert "other strides than traced" not in caplog.text
+    off_kernels = len([m for m in backend.COMPILED if m.kind == "backward"][-1].kernels)
+    assert off_kernels > on_kernels     # (the copies of the saved activations)
+    torch.testing.assert_close(on, off, **F32)
+    for name, a in on_state.items():
+        torch.testing.assert_close(a, off_state[name], **F32, msg=name)

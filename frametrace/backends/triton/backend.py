@@ -22,7 +22,7 @@ from ... import config as frametrace_config
 from .. import aot_cache
 from ..python_floats import python_floats_kept
 from ..kernel_formats import keep_kernel_formats
-from . import config
+from . import config, layout
 from .attention import drop_trivial_masks
 from .compiled_module import CompiledModule, boxed, layouts, mutated_before, rehearsal, settle
 from .context import CompileContext
@@ -205,6 +205,8 @@ def compile_backward(gm, example_inputs):
 @during
 def _compile(gm, example_inputs, kind):
     device = _graph_device(gm, example_inputs)
+    if kind == "backward":   # (built for the layouts its forward stored the saved values in)
+        example_inputs = layout.backward_examples(gm, example_inputs)
     reason = _why_not(example_inputs, device, generators=True) or \
         (None if config.dynamic_shapes else _symbolic(gm))
     if reason is not None:

@@ -184,8 +184,17 @@ tuned_buckets = 4
 # Convolutions on channels-last activations (cuDNN's NHWC kernels, no transposes around
 # each conv; the epilogues then follow that layout): "auto" on CUDA when most of the
 # graph's conv FLOPs are in convs that run faster so (as Inductor's layout optimization
-# weighs them), True/False to force
+# weighs them), True/False to force.  A backward graph's `convolution_backward`s are
+# weighed and laid out alike: gradient, activation and a computed weight (an autocast
+# copy) channels-last, so that cuDNN transposes none of them.
 channels_last_convs = "auto"
+# A training forward (static sizes) stores the values it saves for its backward in the
+# layout it computed them in (a channels-last convolution's input stays channels-last),
+# not in eager's: only the backward reads them, and it is built for the strides the
+# forward chose (partition.py links the two graphs; a backward whose inputs still differ
+# is built again at its first call).  False: saved values in eager's strides, a copy
+# each where the forward computed another layout.
+saved_values_own_layout = True
 
 # More block-size and warp candidates per kernel shape, each timed on first launch
 # (torch.compile's mode="max-autotune")

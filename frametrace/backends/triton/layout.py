@@ -159,28 +159,85 @@ def preferred(node) -> tuple | None:
     return None
 
 
+# -- the layouts of the values a training forward saves for its backward --------------
+# GraphModule.meta keys: the forward's (how many of its outputs are the user's, and the
+# dict its lowering fills with the layout it stored each saved value in, by FX name) and
+# the backward's (that same dict, read when the backward is built)
+SAVED_FROM, SAVED_LAYOUTS = "frametrace_saved_from", "frametrace_saved_layouts"
+
+
+def link_saved_layouts(fw, bw, num_fwd_outputs: int) -> None:
+    """Let the forward's lowering choose the layouts of the values it saves and tell the
+    backward's (config.saved_values_own_layout): a backward placeholder is named as the
+    forward output it receives (AOTAutograd's split keeps the joint graph's names)."""
+    layouts: dict = {}
+    fw.meta[SAVED_FROM] = (num_fwd_outputs, layouts)
+    bw.meta[SAVED_LAYOUTS] = layouts
+
+
+def saved_only(gm):
+    """(the forward's output nodes only its backward reads, the dict their layouts go
+    in), or (empty, None) where the layouts are eager's: not a linked training forward,
+    or the switch off."""
+    linked = gm.meta.get(SAVED_FROM)
+    if linked is None or not config.saved_values_own_layout:
+        return frozenset(), None
+    n, layouts = linked
+    outs = next(node for node in reversed(gm.graph.nodes) if node.op == "output").args[0]
+    users = set(outs[:n])
+    return frozenset(x for x in outs[n:] if isinstance(x, torch.fx.Node) and x not in users), layouts
+
+
+def backward_examples(gm, example_inputs) -> list:
+    """A backward's examples with the strides its forward stored the saved values in
+    (recorded by the forward's lowering; fake stand-ins), so that it is built once for
+    the layouts it will read.  Unchanged where nothing was recorded or sizes differ."""
+    layouts = gm.meta.get(SAVED_LAYOUTS)
+    if not layouts:
+        return example_inputs
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out, mode = list(example_inputs), None
+    for i, (node, ex) in enumerate(zip(placeholders, example_inputs)):
+        got = layouts.get(node.name)
+        if got is None or not isinstance(ex, torch.Tensor) or not _static(ex.shape) or \
+                tuple(ex.shape) != got[0] or same(got[0], tuple(ex.stride()), got[1]):
+            continue
+        if mode is None:   # (fake: a stand-in allocates nothing)
+            mode = detect_fake_mode(example_inputs) or FakeTensorMode()
+        with mode:
+            out[i] = torch.empty_strided(got[0], got[1], dtype=ex.dtype, device=ex.device)
+    return out
+
+
 # relative time of a conv kind in channels-last (Inductor's measured multipliers):
 # grouped convs with several channels a group run slower, the others faster
 _CL_COST = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
 
 
 def convs_prefer_channels_last(gm, device) -> bool:
-    """Whether this graph's convolutions should take channels-last activations."""
+    """Whether this graph's convolutions (or their backwards) should take channels-last
+    operands."""
     setting = config.channels_last_convs
     if setting != "auto":
         return bool(setting)
     if device.type != "cuda":
         return False
-    convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    aten = torch.ops.aten
+    # (a backward's convolution_backward(grad_output, input, weight, ..., groups, mask):
+    # weighed as the convolution whose gradient it is)
+    convs = [n for n in gm.graph.nodes if n.target in (aten.convolution.default, aten.convolution_backward.default)]
     total = weighted = 0.0
     for n in convs:
-        x, w = n.args[0].meta.get("val"), n.args[1].meta.get("val")
-        out = n.meta.get("val")
+        forward = n.target is aten.convolution.default
+        x, w, out = (n.args[0], n.args[1], n) if forward else (n.args[1], n.args[2], n.args[0])
+        x, w, out = (t.meta.get("val") if isinstance(t, torch.fx.Node) else None for t in (x, w, out))
         if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and _static(t.shape) for t in (x, w, out)):
             return False
         cout, cin_g, kh, kw = w.shape
         flops = 2.0 * out.numel() * cin_g * kh * kw
-        groups = n.args[-1]
+        groups = n.args[8] if forward else n.args[9]
         kind = ("grouped" if groups > 1 and cin_g > 1 else
                 "small" if cout <= 64 and cin_g <= 64 else
                 "in_out" if cout * 2 <= cin_g and kh > 1 else "default")

@@ -37,6 +37,9 @@ _IN_PLACE_TWINS = {f: t for f, t in (
     (getattr(aten.masked_scatter, "default", None), getattr(aten.masked_scatter_, "default", None)),
 ) if f is not None and t is not None}
 
+# Convolutions whose operands go channels-last where the graph's convs prefer it
+_CONVS = frozenset((aten.convolution.default, aten.convolution_backward.default))
+
 # Ops whose SymInt result is a size of their tensor argument (an expression of symbols
 # bound already), not a number read from data.
 _SIZE_READS = {getattr(getattr(aten, n), o) for n, o in (("sym_size", "int"), ("sym_stride", "int"),
@@ -55,6 +58,9 @@ class GraphLowering(Placement):
         # kernel generators and the wrapper
         self.ctx = CompileContext() if ctx is None else ctx
         self.channels_last_convs = layout.convs_prefer_channels_last(gm, device)
+        # a training forward's outputs only its backward reads: stored in the layout they
+        # are computed in (config.saved_values_own_layout), recorded for the backward
+        self.saved_only, self.saved_layouts = layout.saved_only(gm)
         # FX node -> why it runs as aten: its kernel failed in an earlier build
         self.aten_nodes = aten_nodes or {}
         self.fallbacks: list[Fallback] = []
@@ -104,8 +110,10 @@ class GraphLowering(Placement):
             elif node.op == "output":
                 vals = torch.fx.node.map_arg(node.args[0], lambda n: n.meta.get("val"))
                 outs = torch.fx.node.map_arg(node.args[0], lambda n: self.early_outputs.get(n, env[n]))
-                self.outputs = [self.output(v, val) if isinstance(v, IRNode) else v
-                                for v, val in zip(outs, vals)]
+                nodes = node.args[0]
+                self.outputs = [self.output(v, val, x) if isinstance(v, IRNode) else v
+                                for v, val, x in zip(outs, vals, nodes)]
+                self._record_saved_layouts(nodes)
                 # the graph's writes to its inputs (`copy_`) last: an output computed from an
                 # input's old value is computed before the write, however lazily
                 for w in writes:
@@ -219,7 +227,7 @@ class GraphLowering(Placement):
                 # (a returned piece of a multi-output op, a pooling's values: stored here as
                 # any output is below, so that the views of it the graph returns beside it
                 # are views of that memory)
-                self.early_outputs[node] = self.output(value, val)
+                self.early_outputs[node] = self.output(value, val, node)
             return value
         if node.target is aten._assert_scalar.default and isinstance(args[0], (SizeCondition, GraphObject)):
             # a runtime assert on sizes the data decides (u0 <= 64 after a nonzero of 64
@@ -266,12 +274,18 @@ class GraphLowering(Placement):
             # a graph output is stored anyway: stored here, where its inputs may die, not
             # at the output node (a backward's gradients cast to their parameters' dtype
             # all at its end held every gradient in both dtypes at once)
-            self.early_outputs[node] = self.output(value, val)
+            self.early_outputs[node] = self.output(value, val, node)
         return value
 
-    def output(self, value, val) -> Buffer:
+    def output(self, value, val, node=None) -> Buffer:
         """A graph output's Buffer, with eager's strides where this graph computes it: a
-        caller may rely on them (`is_contiguous(memory_format=...)`)."""
+        caller may rely on them (`is_contiguous(memory_format=...)`).  A value only the
+        backward reads (`saved_only`) keeps the layout it is computed in."""
+        if node in self.saved_only and not self.hints:
+            # (channels-last where a convolution of this graph reads it so)
+            cl = _cl_strides(value) if self.channels_last_convs and \
+                any(u.target in _CONVS for u in node.users) else None
+            return self.realize(value, stride=cl)
         stride = self.output_stride(value, val)
         if self.hints and isinstance(val, torch.Tensor):
             written = self._written_input(val)
@@ -284,6 +298,16 @@ class GraphLowering(Placement):
         # computed here in another layout (an extern read it first), or a convolution
         # run channels-last for speed: a copy in eager's (Inductor's keep_output_stride)
         return self.copy_in(b, stride)
+
+    def _record_saved_layouts(self, nodes):
+        """Tell the backward the strides each value saved for it was stored with (static
+        sizes only: a symbolic backward is built for its traced strides)."""
+        if self.saved_layouts is None or self.hints:
+            return
+        for x, b in zip(nodes, self.outputs):
+            if x in self.saved_only and isinstance(b, Buffer) and \
+                    layout._static(b.shape) and layout._static(b.stride):
+                self.saved_layouts[x.name] = (tuple(int(n) for n in b.shape), tuple(int(n) for n in b.stride))
 
     def output_stride(self, value, val):
         """The strides an output `value` (fake value `val`) is stored with: eager's where
@@ -552,9 +576,9 @@ class GraphLowering(Placement):
             if isinstance(a, (list, tuple)):
                 return type(a)(arg(x) for x in a)
             return a
-        relaid = node.target is aten.convolution.default and self.channels_last_convs
+        relaid = node.target in _CONVS and self.channels_last_convs
         if relaid:
-            args = (self._channels_last(args[0]),) + tuple(args[1:])
+            args = self._conv_operands_channels_last(node.target, args)
         args, kwargs = arg(args), {k: arg(v) for k, v in kwargs.items()}
         args, exact = self._eager_rejected_layouts(node, args)
         op = self._in_place_twin(node, args)
@@ -590,8 +614,8 @@ class GraphLowering(Placement):
                 return v  # a number the op returns is this one (its value does not vary)
             raise Unsupported(f"{node.target} returns {type(v).__name__}")
         outputs = out(val, layouts, "")
-        if relaid:   # (its result has the layout we chose, not eager's: see output())
-            self.relaid.add(name)
+        if relaid:   # (its results have the layout we chose, not eager's: see output())
+            self.relaid.update(b.name for b in _buffers(outputs))
         ext = Extern(name, op, args, kwargs, outputs, node.target, exact)
         ext.binds = {self.size(n): self.late_symbols[self.size(n)] for n in binds}
         self.items.append(ext)
@@ -661,14 +685,26 @@ class GraphLowering(Placement):
             return k.op(f"{c} + {k.cast(bias.load(k, [idx[1]]), bias.dtype, cdt)}")
         return Pointwise(conv.shape, dtype, fn, 2)
 
-    def _channels_last(self, a):
-        """A conv's activation stored channels-last: a value computed here is stored so,
-        anything else (a graph input, a value stored otherwise) copied once."""
-        if not isinstance(a, IRNode) or len(a.shape) != 4 or not layout._static(a.shape):
+    def _conv_operands_channels_last(self, target, args) -> tuple:
+        """A convolution's (or its backward's) operands channels-last: the activation and
+        the gradient as `_channels_last` makes them; the weight where this graph computes
+        it (an autocast copy, stored so at no cost), else as it is (cuDNN transposes a
+        parameter as cheaply as a copy would)."""
+        args = list(args)
+        acts, weight = ((0,), 1) if target is aten.convolution.default else ((0, 1), 2)
+        for i in acts:
+            args[i] = self._channels_last(args[i])
+        args[weight] = self._channels_last(args[weight], copy=False)
+        return tuple(args)
+
+    def _channels_last(self, a, copy=True):
+        """A conv's operand stored channels-last: a value computed here is stored so,
+        anything else (a graph input, a value stored otherwise) copied once (`copy`)."""
+        cl = _cl_strides(a)
+        if cl is None:
             return a
-        cl = layout.strides_in_order(a.shape, (0, 2, 3, 1))
         b = self.realize(a, stride=cl)   # (a value realized before keeps its layout)
-        return b if layout.same(b.shape, b.stride, cl) else self.copy_in(b, cl)
+        return b if not copy or layout.same(b.shape, b.stride, cl) else self.copy_in(b, cl)
 
     def _fallback(self, node, args, reason):
         """Record why `node` runs as aten, unless it is meant to (see `by_design`)."""
@@ -775,6 +811,22 @@ def _val_from_getitems(node):
     if not items or len(items) != len(node.users):
         return None
     return tuple(items.get(i) for i in range(max(items) + 1))
+
+
+def _cl_strides(a) -> tuple | None:
+    """Channels-last strides for a 4-d IR value of static sizes, else None."""
+    if not isinstance(a, IRNode) or len(a.shape) != 4 or not layout._static(a.shape):
+        return None
+    return layout.strides_in_order(a.shape, (0, 2, 3, 1))
+
+
+def _buffers(outputs):
+    """The Buffers in an extern's outputs (one, or a nest of lists)."""
+    if isinstance(outputs, Buffer):
+        yield outputs
+    elif isinstance(outputs, (list, tuple)):
+        for o in outputs:
+            yield from _buffers(o)
 
 
 def _same_shape(a, b) -> bool:

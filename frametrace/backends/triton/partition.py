@@ -26,7 +26,7 @@ from torch._functorch import partitioners as p
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
-from . import config
+from . import config, layout
 from .fallback import BY_DESIGN
 from .lowering import LOWERINGS
 from .ops import _pair as _pool_pair
@@ -417,6 +417,7 @@ def partition(joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs, **kwargs)
                                             num_fwd_outputs=num_fwd_outputs)
         if sink_recomputation(bw.graph):
             bw.recompile()
+        layout.link_saved_layouts(fw, bw, num_fwd_outputs)
         return fw, bw
     except Exception as e:  # (an op in the joint graph this policy does not know)
         if os.environ.get("FRAMETRACE_TRITON_STRICT") == "1":
