@@ -61,6 +61,7 @@ import pstats
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -71,8 +72,8 @@ if not torch.cuda.is_available():
 
 import frametrace  # noqa: E402
 from frametrace.backends.triton import (  # noqa: E402
-    autotune, backend, config, kernel_source, loader, lowering, partition, scheduler, tiling,
-    wrapper)
+    autotune, backend, config, kernel_source, loader, lowering, partition, precompile, scheduler,
+    tiling, wrapper)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from children import run_child  # noqa: E402
@@ -101,10 +102,13 @@ class Phases:
     def wrap(self, owner, attr, phase):
         original = getattr(owner, attr)
         phases = self
+        main = threading.main_thread()
         key = f"{getattr(owner, '__name__', owner)}.{attr}"
         self.calls[key] = 0
 
         def timed(*args, **kwargs):
+            if threading.current_thread() is not main:   # (compiles in threads: inside a
+                return original(*args, **kwargs)          # phase the main thread times)
             phases.calls[key] += 1
             phases.stack.append([phase, 0.0])
             t0 = time.perf_counter()
@@ -167,6 +171,7 @@ class Phases:
         w(loader, "launch", "triton")
         w(loader, "build_kernel", "triton")
         w(loader, "launch_static", "triton")
+        w(precompile, "precompile", "triton")
         return self
 
     def __exit__(self, *exc):
@@ -411,6 +416,9 @@ def first_call(name, train, side, profile, skip_kernels=False, steady=0, batch=2
     scratch = calls["KernelCodegen.generate"] + calls["TiledCodegen.generate"]
     print(f"  kernel sources generated: {sources} ({sources / max(kernels, 1):.1f} a kernel), "
           f"{scratch} of them from scratch")
+    print(f"  compiled ahead of first launches (precompile_kernels={config.precompile_kernels}): "
+          f"{precompile.STATS['compiles']} compiles for {precompile.STATS['graphs']} graphs in "
+          f"{precompile.STATS['seconds']:.2f} s")
     print(f"  tl.where with a non-boolean condition: {len(where)} kernel lines")
     for line, message in where.items():
         print(f"    {line}  ({message[-20:]})")
@@ -473,6 +481,8 @@ def main():
     p.add_argument("--seq", type=int, default=64, help="llama's tokens a sequence")
     p.add_argument("--profile", type=int, default=0)
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--no-precompile", action="store_true",
+                   help="config.precompile_kernels off: each kernel compiles at its first launch")
     p.add_argument("--candidates", choices=("few", "all", "both"), default=config.autotune_candidates)
     p.add_argument("--steady", type=int, default=20 if torch.cuda.is_available() else 0)
     p.add_argument("--timeout", type=int, default=3600, help="seconds a child may run (--candidates both)")
@@ -480,6 +490,7 @@ def main():
     if args.candidates == "both":
         return both(args)
     config.autotune_candidates = args.candidates
+    config.precompile_kernels = not args.no_precompile
     torch.set_num_threads(1)
     frametrace.config.cache = False     # (a cold first call: no warm start from the disk)
     for name in args.models.split(","):

@@ -34,6 +34,7 @@ from .gc_pause import during
 from .ir import Extern, Unsupported
 from .lowering import GraphLowering
 from .partition import partition
+from .precompile import precompile
 from . import result_cache
 from .rng import hoist_seeds
 from .scheduler import schedule
@@ -256,6 +257,7 @@ def _compile(gm, example_inputs, kind):
                 run.target = _give_up(gm, e)
                 return run.target(kept)
         for _ in range(REBUILDS + 1):
+            precompile(mod, kept)
             trial = rehearsal(mod, kept)
             try:
                 if trial is not None:

@@ -386,6 +386,7 @@ class WrapperCodegen:
         self.launchers: list[str] = []   # namespace names of the Launchers, in launch order
         self._externs: dict[str, list[str]] = {}
         self.ops: dict = {}              # namespace name -> the op its C++ function is
+        self.extern_items: dict = {}     # namespace name of an op -> the Extern calling it
         self.launch_args: dict = {}      # launcher's name -> the arguments it passes
         self.fast_template = None        # `fast`'s source, placeholders for the launches
         self.generated_names = ()        # the namespace's names after `generate`
@@ -646,6 +647,7 @@ class WrapperCodegen:
         # the OpOverload's C++ function: its Python __call__ only forwards to it
         op = self.const(getattr(e.op, "_op", e.op), "aten_")
         self.ops[op] = e.op
+        self.extern_items[op] = e
         expr = self.expr
         if getattr(wrapped_op(e.op, e.args)[0], "overloadpacket", None) in ATTENTION_OPS:
             expr = self._aligned_expr
