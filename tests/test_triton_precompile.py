@@ -12,6 +12,7 @@ import frametrace
 
 pytest.importorskip("triton")
 from frametrace.backends.triton import backend, precompile  # noqa: E402
+from frametrace.backends.triton.foreach import in_place  # noqa: E402
 from frametrace.backends.triton.wrapper import Launcher  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -129,3 +130,39 @@ def test_no_precompile_without_a_gpu_or_when_switched_off(monkeypatch):
     monkeypatch.setattr(precompile.autotune, "_timed", lambda: True)
     monkeypatch.setattr(precompile.config, "precompile_kernels", False)
     assert not precompile._qualifies(mod)
+
+
+def test_dry_run_of_an_optimizer_step_writes_no_parameter_and_no_state():
+    # foreach kernels that update parameters and momentum in place: recorded, not run
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3, requires_grad=True), torch.randn(7, requires_grad=True)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=True)
+    opt.step()                                     # (momentum buffers exist: the compiled step reads them)
+    backend.COMPILED.clear()
+    frametrace.optimize(backend="triton")(opt.step)()
+    mod = backend.COMPILED[-1]
+    assert any(in_place(k) for k in mod.kernels)
+    state = [opt.state[p]["momentum_buffer"] for p in params]
+    before = [t.detach().clone() for t in params + state]
+    assert precompile._dry_run(mod, _step_inputs(mod, params, state))
+    for t, b in zip(params + state, before):
+        assert torch.equal(t.detach(), b)
+
+
+def _step_inputs(mod, params, state):
+    """The compiled optimizer step's arguments: the params, their grads and momentum
+    buffers (and numbers), each placeholder given a tensor of its shape (which of two of
+    one shape does not matter: none may be written)."""
+    examples = mod.wrapper.lowered.example_inputs
+    pool = {}
+    for t in [p.detach() for p in params] + [p.grad for p in params] + state:
+        pool.setdefault(tuple(t.shape), []).append(t)
+    out = []
+    for ex in examples:
+        if isinstance(ex, torch.Tensor):
+            out.append(pool[tuple(ex.shape)].pop(0) if pool.get(tuple(ex.shape)) else torch.zeros_like(ex))
+        else:
+            out.append(ex)
+    return out
