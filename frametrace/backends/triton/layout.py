@@ -10,6 +10,8 @@ import contextlib
 
 import sympy
 import torch
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import config, context, indexing
 
@@ -195,8 +197,6 @@ def backward_examples(gm, example_inputs) -> list:
     layouts = gm.meta.get(SAVED_LAYOUTS)
     if not layouts:
         return example_inputs
-    from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensorMode
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out, mode = list(example_inputs), None
     for i, (node, ex) in enumerate(zip(placeholders, example_inputs)):
