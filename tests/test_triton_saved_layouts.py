@@ -116,3 +116,60 @@ def test_dynamic_sizes_keep_traced_strides_for_saved_values(caplog):
     with caplog.at_level("INFO", logger="frametrace"):
         triton_check_grads(f, calls=calls)
     assert REBUILT not in caplog.text
+
+
+def _cl_conv_inputs(seed, extra=()):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, 5, 5, generator=g).requires_grad_()
+    w1 = torch.randn(4, 3, 3, 3, generator=g).requires_grad_()
+    w2 = torch.randn(4, 4, 3, 3, generator=g).requires_grad_()
+    return (x, w1, w2) + tuple(torch.randn(*s, generator=g).requires_grad_() for s in extra)
+
+
+def test_a_saved_value_the_backward_reads_through_as_strided_keeps_eagers_strides(monkeypatch, caplog):
+    # as_strided addresses memory, not positions: the backward recomputes this view of
+    # the saved relu output from it, which must then be laid out as eager's (a
+    # channels-last copy gave gradients off by 8)
+    monkeypatch.setattr(config, "channels_last_convs", True)
+
+    def f(x, w1, w2):
+        y = F.conv2d(x, w1, padding=1).relu()
+        a = F.conv2d(y, w2, padding=1)
+        z = y.as_strided((y.numel() // 2,), (2,))
+        return a.sum() + z.sin().sum()
+    with caplog.at_level("INFO", logger="frametrace"):
+        triton_check_grads(f, calls=[_cl_conv_inputs(s) for s in range(2)], atol=1e-4, rtol=1e-4)
+    assert REBUILT not in caplog.text
+
+
+def test_a_saved_value_viewed_as_another_dtype_stays_compiled(monkeypatch):
+    # a dtype view of another element size needs eager's dense last dim: the forward
+    # keeps eager's strides for that saved value instead of failing its first call
+    monkeypatch.setattr(config, "channels_last_convs", True)
+    failures = []
+    give_up = backend._give_up
+    monkeypatch.setattr(backend, "_give_up", lambda gm, e: (failures.append(e), give_up(gm, e))[1])
+
+    def f(x, w1, w2, v):
+        y = F.conv2d(x, w1, padding=1).relu()
+        a = F.conv2d(y, w2, padding=1)
+        return a.sum() + (v * (y.view(torch.int16).float() * 1e-4)).sum()
+    triton_check_grads(f, calls=[_cl_conv_inputs(s, [(2, 4, 5, 10)]) for s in range(2)], atol=1e-3, rtol=1e-4)
+    assert not failures, failures
+
+
+def test_as_strided_of_a_channels_last_convolution_reads_eagers_memory(monkeypatch):
+    # the convolution ran channels-last for speed; as_strided must see the memory eager's
+    # NCHW result has (a copy in that layout), forward and inference alike
+    monkeypatch.setattr(config, "channels_last_convs", True)
+
+    def f(x, w):
+        y = F.conv2d(x, w, padding=1)
+        return y.as_strided((y.numel() // 2,), (2,)).sum(), y.sum()
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 5, 5, generator=g), torch.randn(4, 3, 3, 3, generator=g)
+    with torch.no_grad():
+        got = frametrace.optimize(backend="triton")(f)(x, w)
+        want = f(x, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)

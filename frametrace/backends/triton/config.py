@@ -229,8 +229,8 @@ autotune_candidates = "few"
 precompile_kernels = True
 
 # Threads that compile a kernel's block-size candidates at once before they are timed
-# (Triton's compiler spends its time in MLIR/LLVM and ptxas, outside the GIL); 1 compiles
-# each at its first timed launch.
+# (Triton's compiler spends its time in MLIR/LLVM and ptxas, outside the GIL), and a
+# graph's kernels ahead of its first call (precompile_kernels); 1: one compile at a time.
 compile_threads = 8
 
 # Kernels check each index they load (gather, index_select, embedding, x[idx], scatter)

@@ -7,6 +7,7 @@ outputs take eager's strides instead (a caller may test `is_contiguous(memory_fo
 from __future__ import annotations
 
 import contextlib
+import operator
 
 import sympy
 import torch
@@ -171,23 +172,60 @@ SAVED_FROM, SAVED_LAYOUTS = "frametrace_saved_from", "frametrace_saved_layouts"
 def link_saved_layouts(fw, bw, num_fwd_outputs: int) -> None:
     """Let the forward's lowering choose the layouts of the values it saves and tell the
     backward's (config.saved_values_own_layout): a backward placeholder is named as the
-    forward output it receives (AOTAutograd's split keeps the joint graph's names)."""
+    forward output it receives (AOTAutograd's split keeps the joint graph's names).  A
+    value the backward reads through its storage (`as_strided`...) keeps eager's."""
     layouts: dict = {}
-    fw.meta[SAVED_FROM] = (num_fwd_outputs, layouts)
+    pinned = frozenset(n.name for n in bw.graph.nodes if n.op == "placeholder" and reads_storage(n))
+    fw.meta[SAVED_FROM] = (num_fwd_outputs, layouts, pinned)
     bw.meta[SAVED_LAYOUTS] = layouts
+
+
+# Ops whose result depends on how their operand is laid out in memory, not only on its
+# values: an operand of theirs must have eager's strides (as_strided addresses storage, a
+# dtype view of another element size needs a dense last dim).  Ops outside aten and prims
+# (a custom op, a higher-order op) count among them: their layout contract is unknown.
+_STORAGE_READS = {"as_strided", "as_strided_", "as_strided_scatter", "as_strided_copy", "_reshape_alias",
+                  "set_", "view_as_real", "view_as_complex"}
+_THROUGH_VIEWS = {"view", "_unsafe_view", "reshape", "expand", "permute", "t", "transpose", "unsqueeze",
+                  "squeeze", "alias", "detach", "slice", "select", "split", "split_with_sizes", "unbind",
+                  "narrow", "flatten", "unflatten"}
+
+
+def reads_storage(node, depth=0) -> bool:
+    """Whether some user of `node` (or of a view of it) reads its memory layout."""
+    for u in node.users:
+        if u.op == "output":
+            continue
+        if u.op != "call_function":
+            return True
+        target = u.target
+        if target is operator.getitem:
+            if depth < 8 and reads_storage(u, depth + 1):
+                return True
+            continue
+        packet = getattr(target, "overloadpacket", None)
+        name = getattr(packet, "__name__", None)
+        if packet is None or getattr(target, "namespace", None) not in ("aten", "prims"):
+            return True
+        if name in _STORAGE_READS or (target is torch.ops.aten.view.dtype):
+            return True
+        if name in _THROUGH_VIEWS and depth < 8 and reads_storage(u, depth + 1):
+            return True
+    return False
 
 
 def saved_only(gm):
     """(the forward's output nodes only its backward reads, the dict their layouts go
     in), or (empty, None) where the layouts are eager's: not a linked training forward,
-    or the switch off."""
+    or the switch off.  A value either graph reads through its storage is not one."""
     linked = gm.meta.get(SAVED_FROM)
     if linked is None or not config.saved_values_own_layout:
         return frozenset(), None
-    n, layouts = linked
+    n, layouts, pinned = linked
     outs = next(node for node in reversed(gm.graph.nodes) if node.op == "output").args[0]
     users = set(outs[:n])
-    return frozenset(x for x in outs[n:] if isinstance(x, torch.fx.Node) and x not in users), layouts
+    return frozenset(x for x in outs[n:] if isinstance(x, torch.fx.Node) and x not in users
+                     and x.name not in pinned and not reads_storage(x)), layouts
 
 
 def backward_examples(gm, example_inputs) -> list:

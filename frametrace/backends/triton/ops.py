@@ -608,7 +608,10 @@ def _split(L, node, x, sizes=0, dim=0):
 
 @register(aten.as_strided)
 def _as_strided(L, node, x, size, stride, storage_offset=None):
-    if not isinstance(x, Computed) and not isinstance(x, Pointwise):
+    # (an aten result we laid out otherwise than eager, a convolution's run channels-last:
+    # fresh memory in eager too, so a copy in eager's layout is what eager's call reads)
+    relaid = isinstance(x, Buffer) and not x.is_view and x.name in L.relaid
+    if not isinstance(x, Computed) and not isinstance(x, Pointwise) and not relaid:
         raise Unsupported("as_strided of an input (its storage offset is the caller's)")
     # as_strided reads memory: the value must be stored as eager stores it
     val = _meta_arg(node.args[0])

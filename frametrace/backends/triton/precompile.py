@@ -13,8 +13,11 @@ find them in Triton's cache; a guess that differs from the real launch (an aten 
 that is a view at an odd offset) only compiles again there, as before.
 
 Only static graphs on CUDA whose sizes come from no data (no `nonzero`): the dry run
-then allocates what a call does and runs no kernel, no aten op, nothing that draws from
-a generator or writes an input.
+then runs no kernel and no aten op of the graph's (the wrapper's own helpers, layout
+copies among them, run as in a call), nothing that draws from a generator or writes an
+input.  It allocates about what a call does, more where an aten call would have written
+into an input or returned a view of one (its stand-in is fresh memory); running out of
+memory there costs the precompile only.
 """
 from __future__ import annotations
 
@@ -35,9 +38,18 @@ STATS = {"graphs": 0, "compiles": 0, "seconds": 0.0}
 
 def precompile(mod, args) -> int:
     """Compile `mod`'s kernels ahead of its first call (with `args`), in threads; the
-    number of compiles made (0 where the graph does not qualify)."""
+    number of compiles made (0 where the graph does not qualify, or where anything
+    fails: each kernel then compiles at its launch, as without it)."""
     if not _qualifies(mod):
         return 0
+    try:
+        return _precompile(mod, args)
+    except Exception as e:   # (out of memory for the stand-ins, say)
+        log.debug("triton backend: no precompile (%s: %s)", type(e).__name__, e)
+        return 0
+
+
+def _precompile(mod, args) -> int:
     t0 = time.perf_counter()
     recorded = _dry_run(mod, args)
     if not recorded:
