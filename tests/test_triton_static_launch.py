@@ -607,6 +607,7 @@ def test_sibling_sizes_trust_a_kept_replay(monkeypatch, shared):
     monkeypatch.setattr(config, "sized_capture_at", 5)
     monkeypatch.setattr(config, "sized_shared_verdict", shared)
     monkeypatch.setattr(config, "sized_early_verdict", False)   # (its own test below)
+    monkeypatch.setattr(config, "sized_capture_first", False)   # (its own test below)
     monkeypatch.setattr(config, "graph_trust_saturated", False)  # (its own test below)
     f = _launch_bound(8)
     frametrace.reset()
@@ -647,6 +648,17 @@ def test_sibling_sizes_trust_a_kept_replay(monkeypatch, shared):
             check(n)
 
 
+def _sized_cuda_graphs(monkeypatch, first, **more):
+    """Settings of the CUDA-graph tests of symbolic sizes: real launches, a fast wrapper
+    from each set's first call, one verdict shared by the sets, no untimed trust of a
+    saturated host (its own tests), `config.sized_capture_first` as given."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    settings = dict(sized_fast_after=1, sized_shared_verdict=True, sized_capture_first=first,
+                    graph_trust_saturated=False, **more)
+    for name, value in settings.items():
+        monkeypatch.setattr(config, name, value)
+
+
 @cuda
 @pytest.mark.parametrize("early", [True, False])
 def test_sizes_called_in_rounds_capture_in_the_third(monkeypatch, early):
@@ -656,12 +668,7 @@ def test_sizes_called_in_rounds_capture_in_the_third(monkeypatch, early):
     so every size replays from the fourth round.  Off: the first measurement waits for
     `sized_capture_at` (5).  Values against eager on every call, fresh inputs."""
     from frametrace.backends.triton import backend, cudagraphs
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(config, "sized_fast_after", 1)
-    monkeypatch.setattr(config, "sized_capture_at", 5)
-    monkeypatch.setattr(config, "sized_shared_verdict", True)
-    monkeypatch.setattr(config, "sized_early_verdict", early)
-    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    _sized_cuda_graphs(monkeypatch, first=False, sized_capture_at=5, sized_early_verdict=early)
     f = _launch_bound(8)
     frametrace.reset()
     cf = frametrace.optimize(backend="triton")(f)
@@ -924,6 +931,7 @@ def test_sizes_in_rounds_capture_in_their_third_without_a_gpu(monkeypatch, early
     monkeypatch.setattr(config, "sized_capture_at", 5)
     monkeypatch.setattr(config, "sized_shared_verdict", True)
     monkeypatch.setattr(config, "sized_early_verdict", early)
+    monkeypatch.setattr(config, "sized_capture_first", False)
     monkeypatch.setattr(config, "graph_trust_saturated", False)
     _graphs_without_a_gpu(monkeypatch, replay_us=150.0 if outcome == "lost" else 50.0)
     run = _sized_over_ints(monkeypatch)
@@ -991,3 +999,211 @@ def test_sized_eviction_keeps_the_sets_near_a_replay(monkeypatch):
         run([t(1)])
     run([t(5)])
     assert (1,) not in run.fast
+
+
+@pytest.mark.parametrize("outcome", ["kept", "lost", "gpu_bound_first"])
+def test_sizes_capture_at_their_first_call_once_a_replay_was_kept_without_a_gpu(monkeypatch, outcome):
+    """`config.sized_capture_first`, its decisions without a GPU: the first set of sizes
+    measures a replay right after its first call (direct calls timed, a graph captured,
+    timed and dropped).  Kept: that set captures at its second call, every later new set
+    right after its first (a bet) and replays from its second.  Lost: none captures, and
+    each other set measures its own at `sized_capture_at`.  A first set found GPU-bound
+    measures nothing; the next new set measures instead."""
+    from frametrace.backends.triton import cudagraphs
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_capture_at", 5)
+    monkeypatch.setattr(config, "sized_shared_verdict", True)
+    monkeypatch.setattr(config, "sized_capture_first", True)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    _graphs_without_a_gpu(monkeypatch, replay_us=150.0 if outcome == "lost" else 50.0)
+    if outcome == "gpu_bound_first":   # (3's direct calls: the host a tenth of their time)
+        timed = cudagraphs.CudaGraphRunner._timed
+        monkeypatch.setattr(cudagraphs.CudaGraphRunner, "_timed", lambda self, fn, args: (
+            (fn(args), 100.0, 10.0) if fn is not self and args[0] == 3 else timed(self, fn, args)))
+    run = _sized_over_ints(monkeypatch)     # (size 3's first call)
+    first = run.fast[(3,)]
+    sizes = (3, 7, 40, 33, 12)
+    captured, replays = {}, {}
+    for rnd in range(1, 8):
+        for n in sizes:
+            if (n,) in run.fast and run.fast[(n,)].graph is not None:
+                replays[n] = replays.get(n, 0) + 1
+            assert run([n])[-1] == [n]      # (the general wrapper, the fast one or its replay)
+            r = run.fast[(n,)]
+            if r.graph is not None:
+                captured.setdefault(n, r.calls)
+    decisions = {n: run.fast[(n,)].decision for n in sizes}
+    assert run.verdict.tried
+    assert run.verdict.kept is (outcome != "lost")
+    if outcome == "kept":
+        assert captured == {3: 2, 7: 1, 40: 1, 33: 1, 12: 1}, (captured, decisions)
+        assert "vs replay 50 us, at its first call; captured at call 2" in first.decision
+        assert all(decisions[n] == "a sibling's replay was faster; captured at its first call"
+                   for n in sizes[1:]), decisions
+        assert (run.verdict.bets, run.verdict.paid) == (4, 4)
+        assert replays == {n: 6 for n in sizes}, replays
+    elif outcome == "lost":
+        assert captured == {} and run.verdict.bets == 0, decisions
+        assert "vs replay 150 us, at its first call" in first.decision and first.calls < 0
+        assert all("vs replay 150 us, at call 5" in decisions[n] for n in sizes[1:]), decisions
+    else:
+        assert decisions[3].startswith("GPU-bound") and first.calls < 0, decisions
+        assert captured == {7: 2, 40: 1, 33: 1, 12: 1}, (captured, decisions)
+        assert "at its first call; captured at call 2" in decisions[7], decisions
+
+
+def test_bets_on_sizes_seen_once_stop_at_the_limit_without_a_gpu(monkeypatch):
+    """`config.sized_capture_first_limit`: sizes that never recur (a long prompt's decoding
+    steps in one `generate()`) stop the bets once that many were never replayed; a bet
+    that replays makes room for more, and a set not bet on captures at its second call
+    (untimed: the verdict was kept).  Without a GPU: timing and capture stood in for."""
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_fast_limit", 64)
+    monkeypatch.setattr(config, "sized_shared_verdict", True)
+    monkeypatch.setattr(config, "sized_capture_first", True)
+    monkeypatch.setattr(config, "sized_capture_first_limit", 3)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    _graphs_without_a_gpu(monkeypatch)
+    run = _sized_over_ints(monkeypatch)     # (3 measures: kept)
+    bet = lambda: sorted(n for (n,), r in run.fast.items() if r.bet)  # noqa: E731
+    for n in range(10, 20):
+        run([n])
+    assert bet() == [10, 11, 12], bet()
+    assert all(run.fast[(n,)].graph is None for n in range(13, 20))
+    run([11])                               # (a bet replays)
+    assert bet() == [10, 12] and run.verdict.paid == 1
+    for n in range(20, 24):
+        run([n])
+    assert bet() == [10, 12, 20, 21], bet()     # (bets - paid < limit + paid)
+    run([15])                               # (not bet on: captures at its second call)
+    r = run.fast[(15,)]
+    assert r.graph is not None and r.decision == "a sibling's replay was faster, at call 2", r.decision
+    assert not r.bet
+
+
+@cuda
+def test_sizes_called_in_rounds_capture_at_their_first_call(monkeypatch):
+    """`config.sized_capture_first`: sizes called once a round each (a server's lengths),
+    fresh inputs every call.  The symbolic graph's first set measures its replay right
+    after its first call; kept, it captures at its second call, and every new size right
+    after its first, replaying from its second.  Values against eager on every call, each
+    call's outputs its own; a weight the graphs read in place, replaced by another tensor
+    between calls, is read anew (the replay's pointer check misses and the call launches)."""
+    from frametrace.backends.triton import backend, cudagraphs
+    _sized_cuda_graphs(monkeypatch, first=True)
+    lin = torch.nn.Linear(64, 64, device="cuda")
+    soft = _launch_bound(8)
+
+    def f(x):
+        h, m = soft(lin(x))
+        return h, m
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton")(f)
+    sizes = (7, 40, 33, 12)
+    captured, outs = {}, []
+
+    def check(n):
+        x = torch.randn(n, 64, device="cuda")
+        got = cf(x)
+        for g, w in zip(got, f(x)):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        outs.append(got[0])
+    with torch.no_grad():
+        for rnd, ns in enumerate([(3,), (5,)] + [sizes] * 4):
+            for n in ns:
+                check(n)
+                mod = next((m for m in reversed(backend.COMPILED) if m.symbolic), None)
+                r = mod and mod.fast.fast.get((n,))
+                if isinstance(r, cudagraphs.CudaGraphRunner) and r.graph is not None:
+                    captured.setdefault(n, r.calls)
+        first = mod.fast.fast[(5,)]
+        if first.decision.startswith("GPU-bound") or first.calls < 0:
+            pytest.skip(f"this GPU kept launching: {first.decision}")
+        assert "at its first call" in first.decision, first.decision
+        assert captured == {n: 1 for n in sizes}, (captured, {n: mod.fast.fast[(n,)].decision for n in sizes})
+        assert mod.fast.verdict.bets == 4 and mod.fast.verdict.paid == 4
+        assert len({o.data_ptr() for o in outs[-8:]}) == 8
+        compiled = len(backend.COMPILED)
+        lin.weight.data = torch.randn(64, 64, device="cuda")    # (another tensor, same sizes)
+        for n in sizes + (5,) + sizes:
+            check(n)
+        if len(backend.COMPILED) == compiled:   # (no recompile: the same graphs missed)
+            state = {n: (r.misses, r.calls, r.graph is None, r.stable, r.decision)
+                     for n, r in ((n, mod.fast.fast[(n,)]) for n in sizes)}
+            assert all(r[0] >= 1 for r in state.values()), state
+
+
+def test_verdict_copies_an_input_once_seen_moving():
+    """`Verdict.stable`: an input at the address a sibling call had is read in place
+    unless some earlier pair of calls saw it move (the caching allocator gives a fresh
+    input of one size the block another size freed); sizes are matched by value."""
+    from frametrace.backends.triton import cudagraphs
+    v = cudagraphs.Verdict(first=True)
+    assert v.saw([100, 200, None]) is None
+    assert v.saw([100, 300, None]) == [100, 200, None]
+    assert v.moved == {1}
+    assert v.stable([100, 300, None], [100, 300, None]) == [True, False, None]
+    assert v.stable([100, 300, None], [101, 300, None]) == [False, False, None]
+
+
+@cuda
+def test_a_replay_whose_input_moved_captures_again_copying_it(monkeypatch):
+    """A set captured at its first call while its input sat where the sibling call's had
+    (one buffer's views, as the caching allocator may hand out): the graph reads it in
+    place, and the first call with the input elsewhere captures again with it copied in
+    (`cudagraphs.REPAIR_INPUTS`), then replays.  Values against eager on every call."""
+    from frametrace.backends.triton import backend, cudagraphs
+    _sized_cuda_graphs(monkeypatch, first=True)
+    f = _launch_bound(8)
+    frametrace.reset()
+    cf = frametrace.optimize(backend="triton")(f)
+    buf = torch.empty(64, 64, device="cuda")
+
+    def check(x):
+        for g, w in zip(cf(x), f(x)):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        for n in (3, 5, 5, 7, 7, 40, 40):    # (the static graph; the symbolic one's first set)
+            check(buf[:n].normal_())
+        mod = next(m for m in reversed(backend.COMPILED) if m.symbolic)
+        r = mod.fast.fast[(40,)]
+        if r.graph is None:
+            pytest.skip(f"this GPU kept launching: {r.decision}")
+        x_at = [i for i, keep in enumerate(r.stable) if keep is not None and r.static[i].shape[0] == 40]
+        assert len(x_at) == 1 and r.stable[x_at[0]], r.stable     # (read in place)
+        for _ in range(3):
+            check(torch.randn(40, 64, device="cuda"))
+        assert r.graph is not None and r.stable[x_at[0]] is False and r.misses == 1
+        assert x_at[0] in mod.fast.verdict.moved
+        check(buf[:40].normal_())
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_parameter_given_other_memory_misses_the_replay_without_a_gpu(monkeypatch, shared):
+    """A graph reads an in-place input at the address it was captured with.  A parameter
+    given other memory after the capture (`p.data = ...`: the same Python object, which
+    frametrace passes to the graph each call) must make the call miss the replay and
+    launch, never replay over the old memory; with a sibling verdict (`Sized`) the graph
+    is captured again copying it in.  Without a GPU: timing and capture stood in for; the
+    stand-in replay returns what the capture computed, so a replay after the swap would
+    return the old weight's product."""
+    from frametrace.backends.triton import cudagraphs
+    _graphs_without_a_gpu(monkeypatch)
+    monkeypatch.setattr(cudagraphs, "_graphable", lambda args: True)
+    p = torch.nn.Parameter(torch.randn(8))
+
+    def call(args):
+        x, w = args
+        return [x * w]
+    verdict = cudagraphs.Verdict(first=True) if shared else None
+    runner = cudagraphs.CudaGraphRunner(call, launches=100, verdict=verdict)
+    x = torch.randn(8)      # (the same tensor each call: read in place too)
+    with torch.no_grad():
+        for _ in range(5):
+            torch.testing.assert_close(runner([x, p])[0], x * p)
+        assert runner.graph is not None and runner.stable == [True, True], runner.decision
+        p.data = torch.randn(8)
+        for _ in range(2):
+            torch.testing.assert_close(runner([x, p])[0], x * p)
+    assert runner.misses == (1 if shared else 2)    # (shared: captured again after one)
+    assert runner.stable == ([True, False] if shared else [True, True])

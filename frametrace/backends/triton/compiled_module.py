@@ -110,9 +110,12 @@ class Sized:
         # that pays (cudagraphs.py decides per set), the graphs sharing one memory pool
         # (a replay's outputs are copied out, its temporaries dead once it returns)
         self.pool = None
-        self.verdict = CudaGraphVerdict(mod.settings.get(
-            "sized_early_verdict", config.sized_early_verdict)) if mod.settings.get(
-            "sized_shared_verdict", config.sized_shared_verdict) else None
+        get = mod.settings.get
+        self.verdict = CudaGraphVerdict(
+            get("sized_early_verdict", config.sized_early_verdict),
+            get("sized_capture_first", config.sized_capture_first),
+            get("sized_capture_first_limit", config.sized_capture_first_limit)) \
+            if get("sized_shared_verdict", config.sized_shared_verdict) else None
         self.fast = {}      # sizes -> that sizes' fast wrapper
         self.seen = {}      # sizes -> calls so far (those without a fast wrapper)
         self.sources = {}   # sizes -> the fast wrapper's source (tests, output_code)
@@ -190,8 +193,8 @@ class Sized:
                 self.pool = SharedPool()
             run = CudaGraphRunner(run, len(mod.kernels) + len(mod.externs), self.pool, self.verdict,
                                   mod.settings)
-            run.calls = 1   # (its first call, the one that made it, ran already)
             run.capture_at = max(4, mod.settings.get("sized_capture_at", config.sized_capture_at))
+            run.first(inputs)   # (its first call, the one that made it, ran already)
         self.fast[sizes], self.sources[sizes] = run, source
 
     def _evict(self):

@@ -93,6 +93,21 @@ sized_shared_verdict = True
 # replay lost still leaves each sibling to measure its own at `sized_capture_at`.
 # False: the first measurement waits for `sized_capture_at` (needs sized_shared_verdict).
 sized_early_verdict = True
+# With sized_shared_verdict: the verdict is measured at the first set of sizes' first
+# call (right after it, in the call that compiled: its direct call timed, a graph
+# captured over its inputs, timed and dropped), and once it is kept a new set of sizes
+# captures right after its first call, a bet that the set recurs (a server's lengths,
+# decoding's in the next `generate()`); a set not captured so captures at its second
+# call, untimed.  On the H200, BERT's 12 lengths called in rounds captured in the round
+# of their third calls, at about 2.7 ms a length, which two rounds of replays (1.4 ms a
+# call against 1.8 launching) did not earn back.  A bet that never replays (sizes seen
+# once) costs a capture, about one direct call's launches, and the graph's outputs'
+# memory until it is evicted (sized_fast_limit).  False: sets capture at their third
+# call, and the first measurement is sized_early_verdict's.
+sized_capture_first = True
+# ... and such bets stop while those never replayed outnumber those replayed by this
+# many (sizes that never recur: a long prompt's decoding steps in a single generate()).
+sized_capture_first_limit = 16
 # A graph whose direct call's host time is most of its wall time (cudagraphs.HOST_SATURATED,
 # 80%) is captured and kept without timing a run before the capture and replays after
 # it, at its third call: the replay's GPU work is the direct call's plus its copies, which

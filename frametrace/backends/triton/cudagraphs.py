@@ -23,13 +23,27 @@ and out on a graph the GPU bounds.
 
 Runners of one graph's sets of sizes (`Sized`) share a `Verdict`: once one set's replay
 was measured faster, the others (same kernels, same launch count: the host cost that a
-replay saves is the same) capture at their third call, after one timed direct call that
-still decides whether that set is GPU-bound, and skip the timed run before capture and
-the timed replays after it, which cost a BERT length's capture more than its launches.
-Until one has measured, the first set to reach its third call measures there, not at
-its `capture_at` (`config.sized_early_verdict`): sizes that recur in rounds (decoding's
-lengths, one call per `generate()`) reach each call count together, and the verdict
-must come before the round of their third calls to let them capture in it.
+replay saves is the same) skip the timed run before capture and the timed replays after
+it, which cost a BERT length's capture more than its launches.  When they capture
+depends on `config.sized_capture_first`:
+
+- On (the default): the verdict is measured at the first set's first call, right after
+  it (the call tuned and compiled; a graph is captured over that call's own inputs,
+  timed and dropped), so it is known before any set's second call.  Once it is kept, a
+  new set captures right after its first call, taking as moving the inputs whose memory
+  differs from the last call of a sibling (a bet that the set recurs: a server's
+  lengths, or decoding's in the next `generate()`), and a set not captured so captures
+  at its second call.  A bet costs one capture, about one direct call's launches; bets
+  stop while those never replayed outnumber those replayed by
+  `config.sized_capture_first_limit` (sizes that never recur).
+- Off: a sibling captures at its third call, after one timed direct call that still
+  decides whether that set is GPU-bound.  Until one has measured, the first set to
+  reach its third call measures there, not at its `capture_at`
+  (`config.sized_early_verdict`): sizes that recur in rounds reach each call count
+  together, and the verdict must come before the round of their third calls.
+
+On the H200 a BERT server's 12 lengths called in rounds captured in the round of their
+third calls, at about 2.7 ms a length, more than two rounds of replays saved.
 
 A capture runs on a side stream kept per device, ordered after the current stream by an
 event (`config.graph_capture_direct`): `torch.cuda.graph` synchronizes the device and
@@ -69,29 +83,65 @@ HOST_SATURATED = 0.8
 # ... where its launches are at least this many times the replay's own (copies in and
 # out, the replay): a graph of a few launches may lose to them on the host
 TRUST_LAUNCHES = 4
+# a replay whose inputs taken to stay in place moved captures again, with them copied in,
+# where they are at most this many (`config.sized_capture_first`): fresh inputs the
+# caching allocator had put where a sibling call's were
+REPAIR_INPUTS = 4
 
 
 class Verdict:
     """What the first measured sibling found: `kept` is True once a replay of one set of
     sizes was measured faster than its direct call (`config.sized_shared_verdict`).
     `early` (`config.sized_early_verdict`): until a sibling has measured a replay
-    (`tried`), the first to reach its third call measures there, not at its `capture_at`."""
-    __slots__ = ("kept", "early", "tried")
+    (`tried`), the first to reach its third call measures there, not at its `capture_at`.
+    `first` (`config.sized_capture_first`): measured at a set's first call, and sets
+    capture at their first call (`ptrs`: a sibling's last pointers) while bets that never
+    replayed (`bets - paid`) stay under `limit` more than those that did (`paid`).
+    `moved`: positions whose input was seen at another address than the call before's
+    (any sets): copied in, even where a call finds one at its sibling's address (the
+    caching allocator hands a fresh input of one size the block another size's freed)."""
+    __slots__ = ("kept", "early", "tried", "first", "limit", "ptrs", "bets", "paid", "moved")
 
-    def __init__(self, early=False):
+    def __init__(self, early=False, first=False, limit=16):
         self.kept, self.early, self.tried = False, early, False
+        self.first, self.limit = first, limit
+        self.ptrs = None            # the inputs' pointers at a sibling's last call
+        self.bets = self.paid = 0   # sets captured at their first call; of those, replayed
+        self.moved = set()
+
+    def saw(self, ptrs) -> list | None:
+        """Note a call's input pointers; the call before's (None: none yet)."""
+        before, self.ptrs = self.ptrs, ptrs
+        if before is not None:
+            self.moved.update(i for i, (p, q) in enumerate(zip(ptrs, before)) if p != q)
+        return before
+
+    def stable(self, ptrs, before) -> list:
+        """Per input: None (a size), True (at `before`'s address and never seen moving),
+        False (copied in)."""
+        moved = self.moved
+        return [None if p is None else p == q and i not in moved
+                for i, (p, q) in enumerate(zip(ptrs, before))]
+
+    def may_bet(self) -> bool:
+        return self.first and self.kept and self.ptrs is not None and \
+            self.bets - self.paid < self.limit + self.paid
 
 
 class CudaGraphRunner:
-    __slots__ = ("call", "calls", "last_ptrs", "graph", "static", "stable", "outputs", "misses",
+    __slots__ = ("call", "calls", "last_ptrs", "graph", "static", "stable", "ptrs", "outputs", "misses",
                  "launches", "host_us", "gpu_us", "decision", "pool", "ints", "capture_at",
-                 "verdict", "trust_saturated", "capture_direct", "outs")
+                 "verdict", "trust_saturated", "capture_direct", "outs", "bet")
 
     def __init__(self, call, launches=1, pool=None, verdict=None, settings=None):
         self.call, self.calls, self.last_ptrs = call, 0, None
         self.pool = pool    # a SharedPool with other graphs (None: a pool of its own)
         self.ints = ()      # positions of int arguments (sizes): a replay needs the same
         self.graph = self.static = self.stable = self.outputs = None
+        # the addresses the graph reads its in-place inputs at, as captured: the caller's
+        # tensor object may since hold other memory (`param.data = ...`), so its
+        # data_ptr() now is no record of what the graph reads
+        self.ptrs = None
         self.misses, self.launches = 0, launches
         # the direct call's best wall time (`gpu_us`, synchronized) and host time, in us
         self.host_us = self.gpu_us = None
@@ -99,6 +149,7 @@ class CudaGraphRunner:
         self.decision = "not yet measured"
         self.capture_at = 4     # the call that captures (after the timed 2nd and 3rd)
         self.verdict = verdict  # shared with sibling sets of sizes (None: measured alone)
+        self.bet = False        # captured at its first call, not replayed yet
         # (a module's own settings, optimize(options=), over the global config)
         settings = settings or {}
         self.trust_saturated = settings.get("graph_trust_saturated", config.graph_trust_saturated)
@@ -114,19 +165,24 @@ class CudaGraphRunner:
             return self.call(args)
         if self.graph is None:
             return self._warm(args)
-        static, stable = self.static, self.stable
+        static, stable, ptrs = self.static, self.stable, self.ptrs
         for i in self.ints:
             if args[i] != static[i]:
                 return self.call(args)  # (other sizes: not this graph's)
         for i, a in enumerate(args):
-            s = static[i]
-            if stable[i] is None:
+            keep = stable[i]
+            if keep is None:
                 continue
-            if stable[i]:
-                if a.data_ptr() != s.data_ptr():
+            if keep:
+                if a.data_ptr() != ptrs[i]:
                     return self._miss(args)
-            elif a.data_ptr() != s.data_ptr():
-                s.copy_(a)
+            else:
+                s = static[i]
+                if a.data_ptr() != s.data_ptr():
+                    s.copy_(a)
+        if self.bet:
+            self.bet = False
+            self.verdict.paid += 1
         args.clear()
         self.graph.replay()
         outs = self.outputs
@@ -140,6 +196,26 @@ class CudaGraphRunner:
 
     def _miss(self, args):
         self.misses += 1
+        verdict = self.verdict
+        if verdict is not None and verdict.first and self.misses <= 2:
+            # inputs taken to stay where they were moved: a fresh input the caching
+            # allocator had put at a sibling's or an earlier call's address.  A few are
+            # copied in from now on, in a graph captured again (a replaced parameter
+            # too: copied each call, never read stale); many (a state dict loaded by
+            # assignment) keep missing, and the graph is dropped after 8
+            moved = [i for i, (a, keep) in enumerate(zip(args, self.stable))
+                     if keep and a.data_ptr() != self.ptrs[i]]
+            if len(moved) <= REPAIR_INPUTS:
+                verdict.moved.update(moved)
+                stable = [False if i in moved else keep for i, keep in enumerate(self.stable)]
+                try:
+                    self._capture_with(args, stable)
+                except Exception as e:  # (as at a first capture)
+                    log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
+                    self.graph = self.static = self.stable = self.outputs = None
+                    self.calls = -10 ** 9
+                    return self.call(args)
+                return self(args)
         if self.misses > 8:
             log.info("triton backend: inputs keep moving; this graph stops using CUDA graphs")
             self.graph = None
@@ -159,32 +235,120 @@ class CudaGraphRunner:
         self.gpu_us = wall if self.gpu_us is None else min(self.gpu_us, wall)
         self.host_us = host if self.host_us is None else min(self.host_us, host)
 
+    def first(self, args):
+        """After a `Sized` set's first call, which ran the general wrapper with `args` (it
+        tuned and compiled what these sizes need).  With `config.sized_capture_first`: if
+        no sibling has measured a replay, this set measures one now; once one was kept,
+        this set captures now, betting that it recurs.  A failure leaves the set
+        launching, never reaches the caller (its call has run already)."""
+        self.calls = 1
+        verdict = self.verdict
+        if verdict is None or not verdict.first or _capturing() or not _graphable(args):
+            return
+        ptrs = self.last_ptrs = _pointers(args)
+        sibling = verdict.saw(ptrs)
+        try:
+            if not verdict.tried:
+                self._measure_first(args)
+            elif sibling is not None and verdict.may_bet():
+                # (an input a sibling's call had at the same address is taken to stay there;
+                # one that moves after all makes a replay's check miss, and runs directly)
+                self._capture_with(args, verdict.stable(ptrs, sibling))
+                self.bet = True
+                verdict.bets += 1
+                self.decision = "a sibling's replay was faster; captured at its first call"
+        except Exception as e:  # an op that syncs with the host, say
+            log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
+            self.graph = self.static = self.stable = self.outputs = None
+            self.calls = -10 ** 9
+
+    def _measure_first(self, args):
+        """The graph's verdict, measured at a set's first call: its direct call timed twice,
+        then a graph captured over these very inputs (none copied in), replayed twice,
+        timed and dropped (the set captures its own at its second call, once it knows
+        which inputs move).  Costs about six calls, in a call that compiled."""
+        for _ in range(2):
+            out, wall, host = self._timed(self.call, list(args))
+            self._note(wall, host)
+        self.outs = sum(isinstance(o, torch.Tensor) for o in out)
+        if self.host_us < HOST_BOUND * self.gpu_us:
+            self._gpu_bound()
+            return
+        self.verdict.tried = True
+        self._capture_with(args, [None if p is None else True for p in _pointers(args)])
+        self(list(args))    # (a graph's first replay uploads it: not a fair time)
+        replay = min(self._timed(self, list(args))[1] for _ in range(2))
+        self.graph = self.static = self.stable = self.outputs = None
+        self.ints = ()
+        self._decide(replay, "its first call")
+
+    def _decide(self, replay, when):
+        """Keep replaying (the verdict kept) or give graphs up, on a replay's time."""
+        self.decision = (f"direct {self.gpu_us:.0f} us ({self.launches} launches, host "
+                         f"{self.host_us:.0f} us) vs replay {replay:.0f} us, at {when}")
+        keep = 1.0 if self.host_us >= HOST_SATURATED * self.gpu_us else KEEP_BELOW
+        if replay < keep * self.gpu_us:
+            if self.verdict is not None:
+                self.verdict.kept = True
+            log.info("triton backend: replaying as a CUDA graph: %s", self.decision)
+            return True
+        log.info("triton backend: CUDA graph not used: %s", self.decision)
+        self.graph = self.static = self.outputs = None
+        self.calls = -10 ** 9
+        return False
+
+    def _gpu_bound(self):
+        # the GPU is the bottleneck: a replay saves host time the call does not wait on,
+        # and its copies in and out cost GPU time
+        self.decision = (f"GPU-bound: direct {self.gpu_us:.0f} us, of which host "
+                         f"{self.host_us:.0f} us ({self.launches} launches)")
+        log.info("triton backend: CUDA graph not used: %s", self.decision)
+        self.calls = -10 ** 9
+
+    def _capture_with(self, args, stable):
+        """Capture the call over `args`: those `stable` marks True are read where they are
+        (and must stay there), False ones copied into buffers of the graph's, None ones
+        (sizes) matched by value."""
+        static = [a if keep is not False else a.clone() for a, keep in zip(args, stable)]
+        ptrs = [a.data_ptr() if keep else None for a, keep in zip(static, stable)]
+        graph = torch.cuda.CUDAGraph()
+        self.outputs = _capture(graph, self.pool, self.call, list(static), self.capture_direct)
+        self.graph, self.static, self.stable, self.ptrs = graph, static, stable, ptrs
+        self.ints = tuple(i for i, keep in enumerate(stable) if keep is None)
+
     def _warm(self, args):
         """The first call runs directly (it tunes and compiles), the second and third are
         timed (the best of two: the second still pays for building the fast launcher),
         the `capture_at`-th (the fourth, unless set later) captures, times a replay against
         the direct call and keeps the faster; calls between run directly.  A graph trusted
-        without timing (a sibling's verdict, or a saturated host) captures at its third, and
-        so does, timed, the first of its siblings there while none has measured (`early`)."""
+        without timing (a sibling's verdict, or a saturated host) captures at its third (its
+        second with `config.sized_capture_first`), and so does, timed, the first of its
+        siblings there while none has measured (`early`)."""
         if self.calls < 0:  # replaying was given up
             return self.call(args)
-        ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+        ptrs = _pointers(args)
         self.calls += 1
-        if not all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args):
+        verdict = self.verdict
+        if verdict is not None and verdict.first:
+            verdict.saw(ptrs)       # (what the next set's first call compares with)
+        if not _graphable(args):
             self.last_ptrs = ptrs
             return self.call(args)
         trusted = saturated = early = False
-        if self.calls >= 3 and self.gpu_us is not None and self.last_ptrs is not None:
+        ready = self.calls >= 3 and self.gpu_us is not None or \
+            verdict is not None and verdict.first and verdict.kept
+        if ready and self.last_ptrs is not None:
             stable = [None if p is None else p == q for p, q in zip(ptrs, self.last_ptrs)]
             copied = sum(keep is False for keep in stable)
-            verdict = self.verdict
             trusted = verdict is not None and verdict.kept
-            early = verdict is not None and verdict.early and not verdict.tried
+            early = verdict is not None and verdict.early and not verdict.tried \
+                and self.gpu_us is not None
             # (a replay's own host work: a copy launch per moved input and per output and
             # the replay itself; where launches are many times that, the host time it
             # saves dwarfs it)
-            saturated = self.trust_saturated and self.host_us >= HOST_SATURATED * self.gpu_us \
-                and self.launches >= TRUST_LAUNCHES * (copied + self.outs + 2)
+            saturated = self.trust_saturated and self.host_us is not None and \
+                self.host_us >= HOST_SATURATED * self.gpu_us and \
+                self.launches >= TRUST_LAUNCHES * (copied + self.outs + 2)
         if self.calls < self.capture_at and not (trusted or saturated or early):
             self.last_ptrs = ptrs
             if self.calls == 1 or self.calls >= 4:
@@ -194,55 +358,51 @@ class CudaGraphRunner:
             self.outs = sum(isinstance(o, torch.Tensor) for o in out)
             return out
         if self.host_us is not None and self.host_us < HOST_BOUND * self.gpu_us:
-            # the GPU is the bottleneck: a replay saves host time the call does not wait on,
-            # and its copies in and out cost GPU time
-            self.decision = (f"GPU-bound: direct {self.gpu_us:.0f} us, of which host "
-                             f"{self.host_us:.0f} us ({self.launches} launches)")
-            log.info("triton backend: CUDA graph not used: %s", self.decision)
-            self.calls = -10 ** 9
+            self._gpu_bound()
             return self.call(args)
         if self.verdict is not None and not trusted:
             self.verdict.tried = True   # (whatever this measurement finds, it is the one)
-        stable = [None if p is None else p == q for p, q in zip(ptrs, self.last_ptrs)]
-        static = [a if keep is not False else a.clone() for a, keep in zip(args, stable)]
-        ints = tuple(i for i, keep in enumerate(stable) if keep is None)
-        graph = torch.cuda.CUDAGraph()
+        stable = verdict.stable(ptrs, self.last_ptrs) if verdict is not None and verdict.first \
+            else [None if p is None else p == q for p, q in zip(ptrs, self.last_ptrs)]
         try:
             if not (trusted or saturated):  # (its direct calls warmed up and were timed)
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    _, wall, host = self._timed(self.call, list(static))
+                    _, wall, host = self._timed(self.call, list(args))
                 torch.cuda.current_stream().wait_stream(side)
                 self._note(wall, host)
-            outputs = _capture(graph, self.pool, self.call, list(static), self.capture_direct)
+            self._capture_with(args, stable)
         except Exception as e:  # an op that syncs with the host, say
             log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
+            self.graph = self.static = self.stable = self.outputs = None
             self.calls = -10 ** 9
             return self.call(args)
-        self.graph, self.static, self.stable, self.outputs = graph, static, stable, outputs
-        self.ints = ints
         out = self(list(args))  # (a graph's first replay uploads it: not a fair time)
         if trusted or saturated:
-            why = "a sibling's replay was faster" if trusted else "the host is most of the direct call"
-            self.decision = f"{why}; direct {self.gpu_us:.0f} us (host {self.host_us:.0f} us)"
+            if "vs replay" in self.decision:    # (this set measured the verdict itself)
+                self.decision += f"; captured at call {self.calls}"
+            else:
+                why = "a sibling's replay was faster" if trusted else "the host is most of the direct call"
+                direct = "" if self.gpu_us is None else \
+                    f"; direct {self.gpu_us:.0f} us (host {self.host_us:.0f} us)"
+                self.decision = f"{why}{direct}, at call {self.calls}"
             if self.verdict is not None:
                 self.verdict.kept = True
             log.info("triton backend: replaying as a CUDA graph: %s", self.decision)
             return out
         replay = min(self._timed(self, list(args))[1] for _ in range(2))
-        self.decision = (f"direct {self.gpu_us:.0f} us ({self.launches} launches, host "
-                         f"{self.host_us:.0f} us) vs replay {replay:.0f} us")
-        keep = 1.0 if self.host_us >= HOST_SATURATED * self.gpu_us else KEEP_BELOW
-        if replay < keep * self.gpu_us:
-            if self.verdict is not None:
-                self.verdict.kept = True
-            log.info("triton backend: replaying as a CUDA graph: %s", self.decision)
-        else:
-            log.info("triton backend: CUDA graph not used: %s", self.decision)
-            self.graph = self.static = self.outputs = None
-            self.calls = -10 ** 9
+        self._decide(replay, f"call {self.calls}")
         return out
+
+
+def _pointers(args) -> list:
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+
+
+def _graphable(args) -> bool:
+    """Whether a capture can take these arguments: CUDA tensors and sizes."""
+    return all(isinstance(a, torch.Tensor) and a.is_cuda or type(a) is int for a in args)
 
 
 _capturing = torch.cuda.is_current_stream_capturing
