@@ -1040,10 +1040,10 @@ def test_sizes_capture_at_their_first_call_once_a_replay_was_kept_without_a_gpu(
         assert "vs replay 50 us, at its first call; captured at call 2" in first.decision
         assert all(decisions[n] == "a sibling's replay was faster; captured at its first call"
                    for n in sizes[1:]), decisions
-        assert (run.verdict.bets, run.verdict.paid) == (4, 4)
+        assert (run.verdict.unpaid, run.verdict.recurred) == (0, 5)    # (3's 2nd call, 4 bets)
         assert replays == {n: 6 for n in sizes}, replays
     elif outcome == "lost":
-        assert captured == {} and run.verdict.bets == 0, decisions
+        assert captured == {} and run.verdict.unpaid == 0, decisions
         assert "vs replay 150 us, at its first call" in first.decision and first.calls < 0
         assert all("vs replay 150 us, at call 5" in decisions[n] for n in sizes[1:]), decisions
     else:
@@ -1054,9 +1054,10 @@ def test_sizes_capture_at_their_first_call_once_a_replay_was_kept_without_a_gpu(
 
 def test_bets_on_sizes_seen_once_stop_at_the_limit_without_a_gpu(monkeypatch):
     """`config.sized_capture_first_limit`: sizes that never recur (a long prompt's decoding
-    steps in one `generate()`) stop the bets once that many were never replayed; a bet
-    that replays makes room for more, and a set not bet on captures at its second call
-    (untimed: the verdict was kept).  Without a GPU: timing and capture stood in for."""
+    steps in one `generate()`) stop the bets once that many were never replayed; a set
+    that recurs makes room for more (a bet replayed, or a set not bet on, which captures
+    at its second call, untimed: the verdict was kept).  Without a GPU: timing and
+    capture stood in for."""
     monkeypatch.setattr(config, "sized_fast_after", 1)
     monkeypatch.setattr(config, "sized_fast_limit", 64)
     monkeypatch.setattr(config, "sized_shared_verdict", True)
@@ -1071,14 +1072,64 @@ def test_bets_on_sizes_seen_once_stop_at_the_limit_without_a_gpu(monkeypatch):
     assert bet() == [10, 11, 12], bet()
     assert all(run.fast[(n,)].graph is None for n in range(13, 20))
     run([11])                               # (a bet replays)
-    assert bet() == [10, 12] and run.verdict.paid == 1
+    assert bet() == [10, 12] and run.verdict.recurred == 1
     for n in range(20, 24):
         run([n])
-    assert bet() == [10, 12, 20, 21], bet()     # (bets - paid < limit + paid)
+    assert bet() == [10, 12, 20, 21], bet()     # (unpaid < limit + recurred)
     run([15])                               # (not bet on: captures at its second call)
     r = run.fast[(15,)]
     assert r.graph is not None and r.decision == "a sibling's replay was faster, at call 2", r.decision
-    assert not r.bet
+    assert not r.bet and run.verdict.recurred == 2
+    run([24])
+    assert bet() == [10, 12, 20, 21, 24], bet()
+
+
+def test_a_graph_gpu_bound_at_first_calls_stops_measuring_there_without_a_gpu(monkeypatch):
+    """A graph whose first sets are GPU-bound: the first two sets' first calls measure
+    (and keep launching), later sets' first calls run nothing more (their second call is
+    timed and decides, as without `config.sized_capture_first`); values every call.
+    Without a GPU: timing and capture stood in for."""
+    from frametrace.backends.triton import cudagraphs
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_shared_verdict", True)
+    monkeypatch.setattr(config, "sized_capture_first", True)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    _graphs_without_a_gpu(monkeypatch, direct=(100.0, 10.0))
+    timed = []
+    inner = cudagraphs.CudaGraphRunner._timed
+    monkeypatch.setattr(cudagraphs.CudaGraphRunner, "_timed",
+                        lambda self, fn, args: timed.append(args[0]) or inner(self, fn, args))
+    run = _sized_over_ints(monkeypatch)     # (3: GPU-bound at its first call)
+    for n in (7, 40, 33, 12):
+        assert run([n])[-1] == [n]
+    assert timed == [3, 3, 7, 7], timed
+    assert run.verdict.gpu_bound == 2 and not run.verdict.tried
+    assert all(run.fast[(n,)].gpu_us is None for n in (40, 33, 12))
+    for n in (40, 40, 40):
+        assert run([n])[-1] == [n]
+    r = run.fast[(40,)]
+    assert r.decision.startswith("GPU-bound") and r.calls < 0 and timed[4:] == [40], (r.decision, timed)
+
+
+def test_eviction_keeps_a_bet_that_replays_without_a_gpu(monkeypatch):
+    """A set captured at its first call stays at one call however often it replays: its
+    replays count towards keeping it, so a stream of sizes seen once evicts those, not
+    a hot bet.  Without a GPU: timing and capture stood in for."""
+    monkeypatch.setattr(config, "sized_fast_after", 1)
+    monkeypatch.setattr(config, "sized_fast_limit", 8)
+    monkeypatch.setattr(config, "sized_shared_verdict", True)
+    monkeypatch.setattr(config, "sized_capture_first", True)
+    monkeypatch.setattr(config, "graph_trust_saturated", False)
+    _graphs_without_a_gpu(monkeypatch)
+    run = _sized_over_ints(monkeypatch)     # (3 measures: kept)
+    run([5])
+    assert run.fast[(5,)].bet
+    for _ in range(10):
+        run([5])
+    assert run.fast[(5,)].replays == 10 and run.fast[(5,)].calls == 1
+    for n in range(100, 120):               # (sizes seen once)
+        run([n])
+        assert (5,) in run.fast and len(run.fast) <= 8
 
 
 @cuda
@@ -1121,7 +1172,7 @@ def test_sizes_called_in_rounds_capture_at_their_first_call(monkeypatch):
             pytest.skip(f"this GPU kept launching: {first.decision}")
         assert "at its first call" in first.decision, first.decision
         assert captured == {n: 1 for n in sizes}, (captured, {n: mod.fast.fast[(n,)].decision for n in sizes})
-        assert mod.fast.verdict.bets == 4 and mod.fast.verdict.paid == 4
+        assert mod.fast.verdict.unpaid == 0 and mod.fast.verdict.recurred >= 4
         assert len({o.data_ptr() for o in outs[-8:]}) == 8
         compiled = len(backend.COMPILED)
         lin.weight.data = torch.randn(64, 64, device="cuda")    # (another tensor, same sizes)
@@ -1184,7 +1235,8 @@ def test_a_parameter_given_other_memory_misses_the_replay_without_a_gpu(monkeypa
     given other memory after the capture (`p.data = ...`: the same Python object, which
     frametrace passes to the graph each call) must make the call miss the replay and
     launch, never replay over the old memory; with a sibling verdict (`Sized`) the graph
-    is captured again copying it in.  Without a GPU: timing and capture stood in for; the
+    is captured again reading it at its new address (copying it in each call would cost
+    a weight's bytes per call).  Without a GPU: timing and capture stood in for; the
     stand-in replay returns what the capture computed, so a replay after the swap would
     return the old weight's product."""
     from frametrace.backends.triton import cudagraphs
@@ -1206,4 +1258,23 @@ def test_a_parameter_given_other_memory_misses_the_replay_without_a_gpu(monkeypa
         for _ in range(2):
             torch.testing.assert_close(runner([x, p])[0], x * p)
     assert runner.misses == (1 if shared else 2)    # (shared: captured again after one)
-    assert runner.stable == ([True, False] if shared else [True, True])
+    assert runner.stable == [True, True]        # (the same object: read at its new address)
+    assert runner.ptrs[1] == p.data_ptr() if shared else runner.ptrs[1] != p.data_ptr()
+    assert not (verdict and verdict.moved)
+
+
+def test_an_input_copied_in_keeps_its_strides():
+    """An input a graph copies into a buffer of its own at each call keeps its sizes and
+    strides there (a kernel may have them as literals; `clone()` made a sliced row
+    contiguous, and the kernel read the buffer with the slice's row stride).  An expanded
+    input, whose elements overlap, refuses: the capture fails and the set launches."""
+    from frametrace.backends.triton import cudagraphs
+    base = torch.randn(4, 8)
+    for a in (base[:, :5], base.t(), base[1:, 2:][::2], torch.randn(2, 3, 4).permute(2, 0, 1),
+              base[:, 3], base[2:3], torch.randn(0, 5)[:, 1:]):
+        b = cudagraphs._buffer_like(a)
+        assert b.shape == a.shape and b.stride() == a.stride() and torch.equal(b, a)
+        assert b.numel() == 0 or b.data_ptr() != a.data_ptr()
+    for a in (torch.randn(4, 1).expand(4, 5), torch.randn(5).as_strided((3, 3), (1, 1))):
+        with pytest.raises(ValueError):
+            cudagraphs._buffer_like(a)

@@ -198,13 +198,15 @@ class Sized:
         self.fast[sizes], self.sources[sizes] = run, source
 
     def _evict(self):
-        """Drop one set of sizes: of the oldest quarter made, the one furthest from a
-        replay (a runner that captured has been called `sized_capture_at` times, one still
-        warming fewer, one that gave graphs up or a plain wrapper counts 0), so that more
-        sets in rotation than the limit push out cold ones, not the captures of hot ones
-        (oldest-first dropped a hot size every `limit` new ones, to capture it again)."""
+        """Drop one set of sizes: of the oldest quarter made, the one called least (a
+        runner's direct calls while it warms up, and its replays; one that gave graphs up
+        or a plain wrapper counts 0 calls), so that more sets in rotation than the limit
+        push out cold ones, not the captures of hot ones (oldest-first dropped a hot size
+        every `limit` new ones, to capture it again; a set captured at its first call has
+        made one call however often it replays)."""
         window = itertools.islice(self.fast.items(), max(1, self.limit // 4))
-        sizes = min(window, key=lambda kv: max(getattr(kv[1], "calls", 0), 0))[0]
+        sizes = min(window, key=lambda kv: max(getattr(kv[1], "calls", 0), 0) +
+                    getattr(kv[1], "replays", 0))[0]
         del self.fast[sizes]
         self.sources.pop(sizes, None)
 

@@ -105,8 +105,9 @@ sized_early_verdict = True
 # memory until it is evicted (sized_fast_limit).  False: sets capture at their third
 # call, and the first measurement is sized_early_verdict's.
 sized_capture_first = True
-# ... and such bets stop while those never replayed outnumber those replayed by this
-# many (sizes that never recur: a long prompt's decoding steps in a single generate()).
+# ... and such bets stop while those not replayed yet number this many more than the
+# sets seen twice (sizes that never recur: a long prompt's decoding steps in a single
+# generate()), and resume as sets recur.
 sized_capture_first_limit = 16
 # A graph whose direct call's host time is most of its wall time (cudagraphs.HOST_SATURATED,
 # 80%) is captured and kept without timing a run before the capture and replays after

@@ -34,8 +34,9 @@ depends on `config.sized_capture_first`:
   differs from the last call of a sibling (a bet that the set recurs: a server's
   lengths, or decoding's in the next `generate()`), and a set not captured so captures
   at its second call.  A bet costs one capture, about one direct call's launches; bets
-  stop while those never replayed outnumber those replayed by
-  `config.sized_capture_first_limit` (sizes that never recur).
+  stop while those not replayed yet number `config.sized_capture_first_limit` more than
+  the sets that recurred (sizes that never recur), and resume as sets recur.  A graph
+  found GPU-bound at the first call measures again at the next set's, twice at most.
 - Off: a sibling captures at its third call, after one timed direct call that still
   decides whether that set is GPU-bound.  Until one has measured, the first set to
   reach its third call measures there, not at its `capture_at`
@@ -94,19 +95,23 @@ class Verdict:
     sizes was measured faster than its direct call (`config.sized_shared_verdict`).
     `early` (`config.sized_early_verdict`): until a sibling has measured a replay
     (`tried`), the first to reach its third call measures there, not at its `capture_at`.
-    `first` (`config.sized_capture_first`): measured at a set's first call, and sets
-    capture at their first call (`ptrs`: a sibling's last pointers) while bets that never
-    replayed (`bets - paid`) stay under `limit` more than those that did (`paid`).
+    `first` (`config.sized_capture_first`): measured at a set's first call (until two sets
+    were found GPU-bound there: `gpu_bound`), and sets capture at their first call
+    (`ptrs`: a sibling's last pointers) while the bets not replayed yet (`unpaid`) are
+    fewer than `limit` plus the sets that recurred (`recurred`: a bet's first replay, any
+    other set's second call), so that sizes seen once stop the bets and recurring ones
+    resume them.
     `moved`: positions whose input was seen at another address than the call before's
     (any sets): copied in, even where a call finds one at its sibling's address (the
     caching allocator hands a fresh input of one size the block another size's freed)."""
-    __slots__ = ("kept", "early", "tried", "first", "limit", "ptrs", "bets", "paid", "moved")
+    __slots__ = ("kept", "early", "tried", "first", "limit", "ptrs", "unpaid", "recurred", "moved",
+                 "gpu_bound")
 
     def __init__(self, early=False, first=False, limit=16):
         self.kept, self.early, self.tried = False, early, False
         self.first, self.limit = first, limit
         self.ptrs = None            # the inputs' pointers at a sibling's last call
-        self.bets = self.paid = 0   # sets captured at their first call; of those, replayed
+        self.unpaid = self.recurred = self.gpu_bound = 0
         self.moved = set()
 
     def saw(self, ptrs) -> list | None:
@@ -124,14 +129,13 @@ class Verdict:
                 for i, (p, q) in enumerate(zip(ptrs, before))]
 
     def may_bet(self) -> bool:
-        return self.first and self.kept and self.ptrs is not None and \
-            self.bets - self.paid < self.limit + self.paid
+        return self.first and self.kept and self.unpaid < self.limit + self.recurred
 
 
 class CudaGraphRunner:
     __slots__ = ("call", "calls", "last_ptrs", "graph", "static", "stable", "ptrs", "outputs", "misses",
                  "launches", "host_us", "gpu_us", "decision", "pool", "ints", "capture_at",
-                 "verdict", "trust_saturated", "capture_direct", "outs", "bet")
+                 "verdict", "trust_saturated", "capture_direct", "outs", "bet", "replays")
 
     def __init__(self, call, launches=1, pool=None, verdict=None, settings=None):
         self.call, self.calls, self.last_ptrs = call, 0, None
@@ -150,6 +154,7 @@ class CudaGraphRunner:
         self.capture_at = 4     # the call that captures (after the timed 2nd and 3rd)
         self.verdict = verdict  # shared with sibling sets of sizes (None: measured alone)
         self.bet = False        # captured at its first call, not replayed yet
+        self.replays = 0        # (with `calls`: how hot the set is, for Sized's eviction)
         # (a module's own settings, optimize(options=), over the global config)
         settings = settings or {}
         self.trust_saturated = settings.get("graph_trust_saturated", config.graph_trust_saturated)
@@ -182,7 +187,9 @@ class CudaGraphRunner:
                     s.copy_(a)
         if self.bet:
             self.bet = False
-            self.verdict.paid += 1
+            self.verdict.unpaid -= 1
+            self.verdict.recurred += 1
+        self.replays += 1
         args.clear()
         self.graph.replay()
         outs = self.outputs
@@ -199,15 +206,18 @@ class CudaGraphRunner:
         verdict = self.verdict
         if verdict is not None and verdict.first and self.misses <= 2:
             # inputs taken to stay where they were moved: a fresh input the caching
-            # allocator had put at a sibling's or an earlier call's address.  A few are
-            # copied in from now on, in a graph captured again (a replaced parameter
-            # too: copied each call, never read stale); many (a state dict loaded by
-            # assignment) keep missing, and the graph is dropped after 8
+            # allocator had put at a sibling's or an earlier call's address, or a
+            # parameter given other memory.  Where they are few the graph is captured
+            # again; many (a state dict loaded by assignment) keep missing, and the
+            # graph is dropped after 8
             moved = [i for i, (a, keep) in enumerate(zip(args, self.stable))
                      if keep and a.data_ptr() != self.ptrs[i]]
             if len(moved) <= REPAIR_INPUTS:
-                verdict.moved.update(moved)
-                stable = [False if i in moved else keep for i, keep in enumerate(self.stable)]
+                # (the same tensor object with other memory, a parameter given `.data`, is
+                # read in place at its new address; another tensor is a fresh input)
+                fresh = [i for i in moved if args[i] is not self.static[i]]
+                verdict.moved.update(fresh)
+                stable = [False if i in fresh else keep for i, keep in enumerate(self.stable)]
                 try:
                     self._capture_with(args, stable)
                 except Exception as e:  # (as at a first capture)
@@ -218,7 +228,7 @@ class CudaGraphRunner:
                 return self(args)
         if self.misses > 8:
             log.info("triton backend: inputs keep moving; this graph stops using CUDA graphs")
-            self.graph = None
+            self.graph = self.static = self.stable = self.outputs = self.ptrs = None
             self.calls = -10 ** 9
         return self.call(args)
 
@@ -249,13 +259,14 @@ class CudaGraphRunner:
         sibling = verdict.saw(ptrs)
         try:
             if not verdict.tried:
-                self._measure_first(args)
+                if verdict.gpu_bound < 2:   # (then: timed at calls 2 and 3, as without it)
+                    self._measure_first(args)
             elif sibling is not None and verdict.may_bet():
                 # (an input a sibling's call had at the same address is taken to stay there;
                 # one that moves after all makes a replay's check miss, and runs directly)
                 self._capture_with(args, verdict.stable(ptrs, sibling))
                 self.bet = True
-                verdict.bets += 1
+                verdict.unpaid += 1
                 self.decision = "a sibling's replay was faster; captured at its first call"
         except Exception as e:  # an op that syncs with the host, say
             log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
@@ -273,6 +284,7 @@ class CudaGraphRunner:
         self.outs = sum(isinstance(o, torch.Tensor) for o in out)
         if self.host_us < HOST_BOUND * self.gpu_us:
             self._gpu_bound()
+            self.verdict.gpu_bound += 1
             return
         self.verdict.tried = True
         self._capture_with(args, [None if p is None else True for p in _pointers(args)])
@@ -309,7 +321,7 @@ class CudaGraphRunner:
         """Capture the call over `args`: those `stable` marks True are read where they are
         (and must stay there), False ones copied into buffers of the graph's, None ones
         (sizes) matched by value."""
-        static = [a if keep is not False else a.clone() for a, keep in zip(args, stable)]
+        static = [a if keep is not False else _buffer_like(a) for a, keep in zip(args, stable)]
         ptrs = [a.data_ptr() if keep else None for a, keep in zip(static, stable)]
         graph = torch.cuda.CUDAGraph()
         self.outputs = _capture(graph, self.pool, self.call, list(static), self.capture_direct)
@@ -331,6 +343,8 @@ class CudaGraphRunner:
         verdict = self.verdict
         if verdict is not None and verdict.first:
             verdict.saw(ptrs)       # (what the next set's first call compares with)
+            if self.calls == 2:
+                verdict.recurred += 1
         if not _graphable(args):
             self.last_ptrs = ptrs
             return self.call(args)
@@ -394,6 +408,19 @@ class CudaGraphRunner:
         replay = min(self._timed(self, list(args))[1] for _ in range(2))
         self._decide(replay, f"call {self.calls}")
         return out
+
+
+def _buffer_like(a):
+    """A buffer of the graph's for an input copied in at each call: `a`'s sizes and
+    strides (a kernel may have them as literals: `clone()` makes a sliced row contiguous),
+    `a`'s values.  An input whose elements overlap (an expanded one) cannot be copied
+    into: the capture fails and the set launches directly."""
+    reach = 0
+    for st, n in sorted((st, n) for n, st in zip(a.shape, a.stride()) if n > 1):
+        if st <= reach:
+            raise ValueError("an input whose elements overlap (expanded) moves between calls")
+        reach += (n - 1) * st
+    return torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device).copy_(a)
 
 
 def _pointers(args) -> list:
