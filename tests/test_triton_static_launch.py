@@ -452,15 +452,29 @@ def test_no_sized_dispatch_where_no_fast_wrapper_runs():
 
 def _launch_bound(rounds, device="cuda"):
     """Rows of 64 through `rounds` small softmaxes: many short launches (launch-bound,
-    worth a CUDA graph), returning the rows and their column maxima."""
+    worth a CUDA graph), returning the rows and their column maxima.  Most of each round's
+    input carries over, so the outputs depend on `x` and `w` (repeated softmaxes alone
+    converge to the same rows whatever the input: a replay reading stale inputs passed)."""
     w = torch.randn(64, device=device)
 
     def f(x):
         h = x * w + 1
         for _ in range(rounds):
-            h = torch.softmax(h, -1) * 2 + h.sum(-1, keepdim=True) * 1e-3
+            h = torch.softmax(h, -1) * 2 + h * 0.9
         return h, h.amax(0)
     return f
+
+
+@pytest.mark.parametrize("rounds", [6, 8, 24])
+def test_launch_bound_outputs_depend_on_the_input(rounds):
+    """The CUDA-graph tests compare replays with eager on fresh inputs: that proves
+    something only if `_launch_bound`'s outputs move with the input (and its weight)."""
+    torch.manual_seed(0)
+    f = _launch_bound(rounds, device="cpu")
+    x = torch.randn(5, 64)
+    h, m = f(x)
+    h2, m2 = f(x + torch.randn(5, 64))
+    assert (h - h2).abs().min() > 0 and (h - h2).abs().max() > 1e-3 and (m - m2).abs().max() > 1e-3
 
 
 @cuda
