@@ -306,6 +306,46 @@ def kernel_profile(v, batch, top, steps=3) -> list[str]:
     return out
 
 
+def host_profile(v, batch, top, steps=5) -> list[str]:
+    """Where a variant's step spends host time: each phase's time to return (no
+    synchronisation inside the step, so a phase that only enqueues kernels shows its
+    launch cost) averaged over `steps` steps, then cProfile over as many steps, its `top`
+    functions by own time."""
+    import cProfile
+    import pstats
+    marks = {}
+
+    def probe(phase):
+        marks[phase] = time.perf_counter()
+
+    per = {}
+    for _ in range(steps):
+        sync(v.args.device)
+        v.step(batch, probe=probe)
+        t_end = time.perf_counter()
+        sync(v.args.device)
+        t_sync = time.perf_counter()
+        order = ["forward", "backward", "optimizer", "end"]
+        for a, b in zip(order, order[1:]):
+            per[a] = per.get(a, 0.0) + (marks[b] - marks[a]) / steps
+        per["gpu tail"] = per.get("gpu tail", 0.0) + (t_sync - t_end) / steps
+    out = [f"host {v.kind}: " + ", ".join(f"{k} {ms * 1e3:.2f} ms" for k, ms in per.items())]
+    prof = cProfile.Profile()
+    sync(v.args.device)
+    prof.enable()
+    for _ in range(steps):
+        v.step(batch)
+    sync(v.args.device)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (path, line, fn), (_, calls, own, cum, _) in rows:
+        where = f"{os.path.basename(path)}:{line}({fn})" if line else fn
+        out.append(f"host {v.kind}:   own {own / steps * 1e3:7.3f} ms  cum {cum / steps * 1e3:7.3f} ms  "
+                   f"x{calls // steps:<5d} {where[:140]}")
+    return out
+
+
 def mark(on, phase):
     if on:
         Phases.current = phase
@@ -432,6 +472,9 @@ def run_model(name, args):
                 print("\n".join(kernel_profile(v, batches[0], args.profile)), flush=True)
             except Exception as e:   # (the profiler's failure costs the profile, not the row)
                 print(f"profile {k}: failed: {e!r}"[:300], flush=True)
+    if args.host_profile:
+        for k, v in variants.items():
+            print("\n".join(host_profile(v, batches[0], args.host_profile)), flush=True)
     result = {"model": name, "device": str(args.device), "precision": args.precision, "batch": args.batch,
               "seq": args.seq, "checked": names, "variants": {}}
     for k, v in variants.items():
@@ -596,6 +639,9 @@ def parse(argv=None):
     p.add_argument("--md", help="also write the table as markdown to this file")
     p.add_argument("--profile", type=int, default=0,
                    help="after the timed rounds, profile each variant's step: its N costliest kernels")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="after the timed rounds, each variant's host time by phase and its N costliest "
+                        "functions (cProfile, own time)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -634,7 +680,7 @@ def main(argv=None):
     forwarded = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
                  "--seq", str(args.seq), "--precision", args.precision, "--ft-backend", args.ft_backend,
                  "--image-size", str(args.image_size), "--optimizer", args.optimizer,
-                 "--profile", str(args.profile)]
+                 "--profile", str(args.profile), "--host-profile", str(args.host_profile)]
     forwarded += [f for f, on in (("--smoke", args.smoke), ("--dropout", args.dropout),
                                   ("--no-inductor", args.no_inductor), ("--channels-last", args.channels_last),
                                   ("--separate", args.separate)) if on]
