@@ -221,9 +221,7 @@ class CudaGraphRunner:
                 try:
                     self._capture_with(args, stable)
                 except Exception as e:  # (as at a first capture)
-                    log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
-                    self.graph = self.static = self.stable = self.outputs = None
-                    self.calls = -10 ** 9
+                    self._give_up(e)
                     return self.call(args)
                 return self(args)
         if self.misses > 8:
@@ -269,9 +267,13 @@ class CudaGraphRunner:
                 verdict.unpaid += 1
                 self.decision = "a sibling's replay was faster; captured at its first call"
         except Exception as e:  # an op that syncs with the host, say
-            log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
-            self.graph = self.static = self.stable = self.outputs = None
-            self.calls = -10 ** 9
+            self._give_up(e)
+
+    def _give_up(self, e):
+        """A capture failed: this set launches its kernels directly from now on."""
+        log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
+        self.graph = self.static = self.stable = self.outputs = None
+        self.calls = -10 ** 9
 
     def _measure_first(self, args):
         """The graph's verdict, measured at a set's first call: its direct call timed twice,
@@ -388,9 +390,7 @@ class CudaGraphRunner:
                 self._note(wall, host)
             self._capture_with(args, stable)
         except Exception as e:  # an op that syncs with the host, say
-            log.info("triton backend: CUDA graph capture failed (%s); running launches", e)
-            self.graph = self.static = self.stable = self.outputs = None
-            self.calls = -10 ** 9
+            self._give_up(e)
             return self.call(args)
         out = self(list(args))  # (a graph's first replay uploads it: not a fair time)
         if trusted or saturated:
