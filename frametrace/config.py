@@ -52,6 +52,12 @@ compile_lock_timeout = 300.0
 # tell a wrong answer of the shortcut's from another.
 view_chain_shortcut = True
 
+# An output that views a graph input through a dtype view (`x.view(torch.float64)
+# .flatten()`) is made after the compiled graph by its view ops on the real input
+# (replayed_views.py): AOTAutograd regenerates it with `as_strided` in the input's
+# elements once sizes are symbolic, which is wrong.  False: the backend returns it.
+replay_dtype_views = True
+
 # An nn.Module computed in CPython at a graph break (`copy.deepcopy(model)`, a factory
 # the trace could not follow) is traced in the resume frame like any module, guarded by
 # its type and by what the trace reads of it, not by its identity: it is often a new

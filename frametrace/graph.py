@@ -31,7 +31,7 @@ from .variables.constant import ConstVar, is_constant_value
 from .variables.containers import DictVar, ListVar, NamedTupleVar, SizeVar, TupleVar, structseq_fields
 from .variables.symbolic import (SYM_TYPES, SliceVar, SymNodeVar, is_symbolic, mark_data,
                                  float_number_op, wrap_sym)
-from . import config
+from . import config, replayed_views
 from .variables import tensor_facts, tensor_layout, wrapper_subclasses
 from .variables.tensor import TensorVar
 from .variables.numpy import keep_tensor_apart
@@ -698,7 +698,7 @@ class OutputGraph:
         context = TracingContext(self.fake_mode)
         with tracing(context):
             try:
-                compiled = backend(gm, example_inputs)
+                compiled = replayed_views.compile_graph(backend, gm, example_inputs)
             except Exception as e:
                 raise BackendCompilerFailed(backend_name(backend), name, e) from e
             finally:

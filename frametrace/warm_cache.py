@@ -61,7 +61,7 @@ import weakref
 
 import torch
 
-from . import _C, config, resume_codes
+from . import _C, config, replayed_views, resume_codes
 from .files import write_atomic
 from .backend_registry import _BACKENDS, backend_name
 from .codegen import GraphSlot, RerunState
@@ -1036,7 +1036,7 @@ def _materialize(code, func, args, entry, backend, install):
         compiled = _from_artifact(code, backend, example, body.get("backend_artifact"))
         if compiled is None:
             try:
-                compiled = backend(graph.load(), example)
+                compiled = replayed_views.compile_graph(backend, graph.load(), example)
             except _Stale:
                 raise
             except Exception as e:

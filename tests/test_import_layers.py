@@ -8,7 +8,7 @@ modules are layered so that each imports only from its own layer or the ones und
     frame driving  convert, resume, codegen, cache_limit, recompiles
     interpreter    interpreter
     backends       backends/ (one layer)
-    graph building graph, side_effects, subgraph
+    graph building graph, side_effects, subgraph, replayed_views
     values         variables/ (one layer), guards, shapes
     leaves         source, exc, config, logs, bytecode_analysis, bytecode_diff, files,
                    backend_registry, resume_codes, progress,
@@ -48,7 +48,7 @@ LAYERS = [
                 "backend_registry", "distributed", "files",
                 "_C", "_tensor_reads", "_views", "_launch_keys"}),
     ("values", {"variables", "guards", "shapes"}),
-    ("graph building", {"graph", "side_effects", "subgraph"}),
+    ("graph building", {"graph", "side_effects", "subgraph", "replayed_views"}),
     ("backends", {"backends"}),
     ("interpreter", {"interpreter"}),
     ("frame driving", {"convert", "resume", "codegen", "cache_limit", "recompiles", "warm_cache"}),

@@ -231,7 +231,7 @@ def test_backward_through_views(monkeypatch, symbolic_views):
     _grads(g, lambda n: (torch.randn(2, n, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)))
 
 
-# -- wrong answers found and not fixed here (strict xfails: each says what is wrong) ---------
+# -- wrong answers found here, each kept as a test of its fix ----------------------------
 def test_switch_off_returned_offset_view_of_an_input(monkeypatch):
     """symbolic_views=False still views graph inputs by their fake layout: a returned view
     of an input with an offset, stored as a copy, came back wrong (AOTAutograd made the
@@ -241,8 +241,9 @@ def test_switch_off_returned_offset_view_of_an_input(monkeypatch):
     run(lambda x: (x.permute(2, 1, 0)[1:, 2:],), lambda n: (torch.randn(4, 5, n),), strict=False)
 
 
-@pytest.mark.xfail(strict=True, reason="AOTAutograd (aot_eager too): an output aliasing an input through "
-                   "a dtype view of another element size, with symbolic sizes, is made again with "
-                   "as_strided in the input's elements: (n,) instead of (2n,)")
 def test_float64_view_of_a_float32_input_flattened():
-    run(lambda x: (x.view(torch.float64).flatten(),), lambda n: (torch.randn(n, 4),), strict=False)
+    """AOTAutograd (torch.compile's too) made the output again with as_strided in the
+    input's elements, (n,) instead of (2n,), once n was symbolic: it is replayed on the
+    input after the graph (replayed_views.py)."""
+    run(lambda x: (x.view(torch.float64).flatten(),), lambda n: (torch.randn(n, 4),))
+    run(lambda x: (x.view(torch.int32).flatten()[:6], x * 2), lambda n: (torch.randn(n, 4),))
