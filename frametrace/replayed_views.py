@@ -24,7 +24,6 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import config
 
@@ -32,18 +31,23 @@ from . import config
 _VIEW_METHODS = frozenset({
     "view", "reshape", "flatten", "unflatten", "t", "transpose", "swapaxes", "swapdims",
     "permute", "movedim", "moveaxis", "squeeze", "unsqueeze", "expand", "narrow", "select",
-    "diagonal", "unfold", "view_as_real", "view_as_complex", "__getitem__", "T", "mT"})
+    "diagonal", "unfold", "detach", "view_as_real", "view_as_complex", "__getitem__", "T", "mT"})
 _VIEW_FUNCTIONS = {operator.getitem: "__getitem__", torch.flatten: "flatten", torch.reshape: "reshape",
                    torch.t: "t", torch.transpose: "transpose", torch.permute: "permute",
                    torch.squeeze: "squeeze", torch.unsqueeze: "unsqueeze", torch.narrow: "narrow",
-                   torch.select: "select", torch.movedim: "movedim", torch.view_as_real: "view_as_real",
-                   torch.view_as_complex: "view_as_complex", torch.swapaxes: "swapaxes",
-                   torch.swapdims: "swapdims", torch.Tensor.view: "view"}
+                   torch.select: "select", torch.movedim: "movedim", torch.moveaxis: "moveaxis",
+                   torch.view_as_real: "view_as_real", torch.view_as_complex: "view_as_complex",
+                   torch.swapaxes: "swapaxes", torch.swapdims: "swapdims", torch.detach: "detach",
+                   torch.diagonal: "diagonal",
+                   **{getattr(torch.Tensor, m): m for m in _VIEW_METHODS
+                      if m not in ("T", "mT") and hasattr(torch.Tensor, m)}}
 # In-place ops that change a tensor's sizes, strides or storage: a view made before one
 # is not the view made after the graph.
 _METADATA_WRITERS = frozenset({
     "t_", "transpose_", "swapaxes_", "swapdims_", "squeeze_", "unsqueeze_", "resize_",
-    "resize_as_", "set_", "as_strided_", "detach_"})
+    "resize_as_", "set_", "as_strided_", "detach_", "set_data", "_set_data"})
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+_REAL_OF = {c: r for r, c in _COMPLEX_OF.items()}
 
 
 class _Step:
@@ -58,6 +62,17 @@ class _Step:
         if self.method in ("view_as_real", "view_as_complex"):
             return getattr(torch, self.method)(value)
         return getattr(value, self.method)(*self.args, **self.kwargs)
+
+    def dtype_after(self, dtype):
+        """The dtype of this step's result from one of `dtype`."""
+        if self.method == "view":
+            new = self.kwargs.get("dtype", self.args[0] if len(self.args) == 1 else None)
+            return new if isinstance(new, torch.dtype) else dtype
+        if self.method == "view_as_real":
+            return _REAL_OF.get(dtype, dtype)
+        if self.method == "view_as_complex":
+            return _COMPLEX_OF.get(dtype, dtype)
+        return dtype
 
 
 def _step(node) -> _Step | None:
@@ -81,54 +96,61 @@ def _step(node) -> _Step | None:
     return _Step(method, rest, kwargs)
 
 
-def _value(node):
-    return node.meta.get("example_value", node.meta.get("val"))
+def _op_name(node) -> str:
+    """An op's bare name: `t_` for the method, torch.Tensor.t_ and aten.t_.default alike."""
+    if node.op == "call_method":
+        return str(node.target)
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    name = schema.name if schema is not None else getattr(target, "__name__", "")
+    return str(name).split("::")[-1].split(".")[0]
 
 
-def _changes_dtype(node) -> bool:
-    out, src = _value(node), _value(node.args[0]) if node.args else None
-    return isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and out.dtype != src.dtype
-
-
-def _same_storage(a, b) -> bool:
-    try:
-        return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
-    except Exception:
-        return False
-
-
-def find(gm) -> list:
-    """[(output index, input index, [steps])] for the outputs of `gm` to replay."""
+def find(gm, example_inputs) -> list:
+    """[(output index, input index, [steps])] for the outputs of `gm` to replay.  Read
+    from the graph's code and the inputs alone (a cached graph comes back without its
+    nodes' example values)."""
     if not config.replay_dtype_views:
         return []
     nodes = list(gm.graph.nodes)
-    if any(n.op in ("call_method", "call_function") and
-           (n.target if n.op == "call_method" else getattr(n.target, "__name__", "")) in _METADATA_WRITERS
-           for n in nodes):
+    if any(n.op in ("call_method", "call_function") and _op_name(n) in _METADATA_WRITERS for n in nodes):
         return []
     inputs = [n for n in nodes if n.op == "placeholder"]
     out_node = next((n for n in reversed(nodes) if n.op == "output"), None)
-    if out_node is None or not isinstance(out_node.args[0], (tuple, list)):
+    if out_node is None or not isinstance(out_node.args[0], (tuple, list)) or \
+            len(inputs) != len(example_inputs):
         return []
     found = []
     for i, o in enumerate(out_node.args[0]):
         if not isinstance(o, fx.Node):
             continue
-        chain, cur, crosses = [], o, False
+        chain, cur = [], o
         while cur.op in ("call_method", "call_function"):
             step = _step(cur)
             if step is None:
                 break
-            crosses = crosses or _changes_dtype(cur)
             chain.append(step)
             cur = cur.args[0]
-        if not (crosses and cur.op == "placeholder"):
+        if cur.op != "placeholder" or not chain:
             continue
-        base, out = _value(cur), _value(o)
-        if not (isinstance(base, torch.Tensor) and isinstance(out, torch.Tensor)) or \
-                base.requires_grad or not _same_storage(base, out):
+        base = example_inputs[inputs.index(cur)]
+        if not isinstance(base, torch.Tensor):
             continue
-        found.append((i, inputs.index(cur), chain[::-1]))
+        chain.reverse()
+        dtypes = [base.dtype]
+        for step in chain:
+            dtypes.append(step.dtype_after(dtypes[-1]))
+        if len(set(dtypes)) == 1:
+            continue
+        # A base that needs grad: only where the view cannot need grad (an integer or
+        # bool result, or a `view(dtype)` of another element size on the way, which
+        # autograd does not go through), so that the grad mode the graph ran its ops in
+        # cannot matter.
+        if base.requires_grad and (dtypes[-1].is_floating_point or dtypes[-1].is_complex) and \
+                not any(step.method == "view" and a.itemsize != b.itemsize
+                        for step, a, b in zip(chain, dtypes, dtypes[1:])):
+            continue
+        found.append((i, inputs.index(cur), chain))
     return found
 
 
@@ -164,14 +186,16 @@ class WithReplays:
         # the cached whole graph through compile_graph again)
         return None, "an output is a dtype view of an input, made again after the graph"
 
-    def __getattr__(self, name):        # (source_code, __self__: the output-code log)
+    def __getattr__(self, name):        # (source_code: the output-code log)
+        if name.startswith("__") or name in ("fn", "replays"):
+            raise AttributeError(name)  # (copy and pickle probe these before __init__)
         return getattr(self.fn, name)
 
 
 def compile_graph(backend, gm, example_inputs):
     """`backend(gm, example_inputs)`, except that the outputs `find` names are made by
     their view ops on the real input after the compiled graph runs."""
-    replays = find(gm)
+    replays = find(gm, example_inputs)
     if not replays:
         return backend(gm, example_inputs)
     compiled = backend(_without(gm, {i for i, _, _ in replays}), example_inputs)
