@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+import fresh_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -102,8 +104,10 @@ def _run(tmp_path, cache=None, **env):
     full["PYTHONDONTWRITEBYTECODE"] = "1"
     full["FRAMETRACE_LOGS"] = "cache"
     full.update({k: str(v) for k, v in env.items()})
-    proc = subprocess.run([sys.executable, str(tmp_path / "prog.py")], env=full, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    # (forked from a server that has imported torch: a new interpreter's state, less its
+    # seconds of imports; see fresh_process.py)
+    proc = fresh_process.run([sys.executable, str(tmp_path / "prog.py")], env=full, cwd=str(tmp_path),
+                             timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert line, proc.stdout + proc.stderr[-3000:]
