@@ -372,10 +372,16 @@ def test_1000_reset_recompile_cycles_keep_memory_flat():
             frametrace.reset()
             g(x)
 
-    growth = measure(run, 1_000, warmup=50,
-                     refs=lambda: refcounts(x=x, code=add_one.__code__, func=add_one,
-                                            callback=g.callback))
+    def refs():
+        return refcounts(x=x, code=add_one.__code__, func=add_one, callback=g.callback)
+    growth = measure(run, 1_000, warmup=50, refs=refs)
     assert len(compiled) == 1_050                           # every cycle compiled
+    if growth.bytes >= RESET_BYTES:
+        # A table of the process's that grows once, by the tests this worker ran before
+        # (a large dict resized: the interned names, each cycle naming a new
+        # __compiled_fn_N), can land in one measured phase; a leak grows in the next
+        # phase as much again.  (Seen once in a full run: 1.3 MB, objects down by 195.)
+        growth = measure(run, 1_000, warmup=50, refs=refs)
     assert_flat(growth, RESET_BYTES)
     # only the graph of the last cycle is alive, with one entry and one global
     assert sum(r() is not None for r in compiled) == 1
