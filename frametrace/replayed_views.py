@@ -7,8 +7,8 @@ input.  Where it cannot replay the views (symbolic sizes), it falls back to
 dtype, over the input's dtype (torch.compile's answers are as wrong):
 ``x.view(torch.float64).flatten()`` of a float32 ``x`` of n rows came back with n
 elements instead of 2n, ``x.view(torch.uint8)`` raised a storage error at every call,
-and ``x.view(torch.int32).flatten()[:6]`` came back float32.  The view ops themselves, run eagerly on the input, are
-what CPython computes, and they cost a few microseconds.
+and ``x.view(torch.int32).flatten()[:6]`` came back float32.  The view ops themselves,
+run eagerly on the input, are what CPython computes, and they cost a few microseconds.
 
 Such an output is left out of the graph the backend compiles, and ``compile_graph``
 puts it back into the backend's results.  ``frametrace.config.replay_dtype_views =
@@ -26,12 +26,11 @@ import torch
 import torch.fx as fx
 
 from . import config
+from .view_ops import VIEWS, keeps_geometry, op_name
 
-# Ops that return a view of their first argument, their other arguments plain values.
-_VIEW_METHODS = frozenset({
-    "view", "reshape", "flatten", "unflatten", "t", "transpose", "swapaxes", "swapdims",
-    "permute", "movedim", "moveaxis", "squeeze", "unsqueeze", "expand", "narrow", "select",
-    "diagonal", "unfold", "detach", "view_as_real", "view_as_complex", "__getitem__", "T", "mT"})
+# Ops that return a view of their first argument, their other arguments plain values:
+# view_ops.VIEWS, and those whose replay this module knows besides.
+_VIEW_METHODS = VIEWS | {"detach", "view_as_real", "view_as_complex", "__getitem__", "T", "mT"}
 _VIEW_FUNCTIONS = {operator.getitem: "__getitem__", torch.flatten: "flatten", torch.reshape: "reshape",
                    torch.t: "t", torch.transpose: "transpose", torch.permute: "permute",
                    torch.squeeze: "squeeze", torch.unsqueeze: "unsqueeze", torch.narrow: "narrow",
@@ -41,11 +40,9 @@ _VIEW_FUNCTIONS = {operator.getitem: "__getitem__", torch.flatten: "flatten", to
                    torch.diagonal: "diagonal",
                    **{getattr(torch.Tensor, m): m for m in _VIEW_METHODS
                       if m not in ("T", "mT") and hasattr(torch.Tensor, m)}}
-# In-place ops that change a tensor's sizes, strides or storage: a view made before one
-# is not the view made after the graph.
-_METADATA_WRITERS = frozenset({
-    "t_", "transpose_", "swapaxes_", "swapdims_", "squeeze_", "unsqueeze_", "resize_",
-    "resize_as_", "set_", "as_strided_", "detach_", "set_data", "_set_data"})
+# Beside view_ops.GEOMETRY_WRITERS: in-place ops after which a view made before is not
+# the one made after the graph.
+_ALSO_WRITERS = frozenset({"detach_", "set_data"})
 _COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
 _REAL_OF = {c: r for r, c in _COMPLEX_OF.items()}
 
@@ -96,16 +93,6 @@ def _step(node) -> _Step | None:
     return _Step(method, rest, kwargs)
 
 
-def _op_name(node) -> str:
-    """An op's bare name: `t_` for the method, torch.Tensor.t_ and aten.t_.default alike."""
-    if node.op == "call_method":
-        return str(node.target)
-    target = node.target
-    schema = getattr(target, "_schema", None)
-    name = schema.name if schema is not None else getattr(target, "__name__", "")
-    return str(name).split("::")[-1].split(".")[0]
-
-
 def find(gm, example_inputs) -> list:
     """[(output index, input index, [steps])] for the outputs of `gm` to replay.  Read
     from the graph's code and the inputs alone (a cached graph comes back without its
@@ -113,7 +100,10 @@ def find(gm, example_inputs) -> list:
     if not config.replay_dtype_views:
         return []
     nodes = list(gm.graph.nodes)
-    if any(n.op in ("call_method", "call_function") and _op_name(n) in _METADATA_WRITERS for n in nodes):
+    # (a view function named through torch.Tensor, `torch.Tensor.flatten(x)`, has no
+    # module for keeps_geometry to tell torch's by: this table knows it)
+    if not all((keeps_geometry(n) or n.op == "call_function" and n.target in _VIEW_FUNCTIONS)
+               and op_name(n) not in _ALSO_WRITERS for n in nodes):
         return []
     inputs = [n for n in nodes if n.op == "placeholder"]
     out_node = next((n for n in reversed(nodes) if n.op == "output"), None)
@@ -133,7 +123,8 @@ def find(gm, example_inputs) -> list:
             cur = cur.args[0]
         if cur.op != "placeholder" or not chain:
             continue
-        base = example_inputs[inputs.index(cur)]
+        j = inputs.index(cur)
+        base = example_inputs[j]
         if not isinstance(base, torch.Tensor):
             continue
         chain.reverse()
@@ -150,7 +141,7 @@ def find(gm, example_inputs) -> list:
                 not any(step.method == "view" and a.itemsize != b.itemsize
                         for step, a, b in zip(chain, dtypes, dtypes[1:])):
             continue
-        found.append((i, inputs.index(cur), chain))
+        found.append((i, j, chain))
     return found
 
 

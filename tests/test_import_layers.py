@@ -12,7 +12,7 @@ modules are layered so that each imports only from its own layer or the ones und
     values         variables/ (one layer), guards, shapes
     leaves         source, exc, config, logs, bytecode_analysis, bytecode_diff, files,
                    backend_registry, resume_codes, progress,
-                   interop, stance, global_state, cxx_modules, functorch_runtime, the C
+                   interop, stance, global_state, cxx_modules, functorch_runtime, view_ops, the C
                    extensions
 
 Checked over `ast`, without importing anything:
@@ -45,7 +45,7 @@ LAYERS = [
     ("leaves", {"source", "exc", "config", "logs", "bytecode_analysis", "progress", "interop",
                 "stance", "global_state", "cxx_modules", "functorch_runtime", "bytecode_diff",
                 "resume_codes",
-                "backend_registry", "distributed", "files",
+                "backend_registry", "distributed", "files", "view_ops",
                 "_C", "_tensor_reads", "_views", "_launch_keys"}),
     ("values", {"variables", "guards", "shapes"}),
     ("graph building", {"graph", "side_effects", "subgraph", "replayed_views"}),

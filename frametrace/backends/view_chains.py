@@ -44,27 +44,13 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import config, cxx_modules
+from ..view_ops import (GEOMETRY_WRITERS as _GEOMETRY_WRITERS, MULTI_VIEWS as _MULTI_VIEWS,  # noqa: F401
+                        VIEWS as _VIEWS, from_torch as _from_torch, keeps_geometry as _keeps_geometry,
+                        op_name as _name)
 from ..shapes import meta_like
 
 log = logging.getLogger("frametrace.backends")
 
-# Ops that return one view of their first argument, placed by that argument's
-# geometry and constant arguments alone.  (reshape may copy: the replay tells.)
-_VIEWS = frozenset({
-    "view", "reshape", "transpose", "swapaxes", "swapdims", "permute", "unsqueeze",
-    "squeeze", "expand", "t", "narrow", "select", "flatten", "unflatten", "movedim",
-    "moveaxis", "diagonal", "unfold",
-})
-# Ops that return a tuple of views; ``[k]`` of one is a step.
-_MULTI_VIEWS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes",
-                          "hsplit", "vsplit", "dsplit"})
-# In-place ops that move a tensor's geometry rather than its values.
-_GEOMETRY_WRITERS = frozenset({
-    "resize_", "resize_as_", "set_", "as_strided_", "transpose_", "t_", "squeeze_",
-    "unsqueeze_", "swapdims_", "swapaxes_", "_set_data", "sparse_resize_",
-    "sparse_resize_and_clear_", "rename_", "_coalesced_",
-})
-_PLAIN_MODULES = ("_operator", "operator", "builtins", "math")
 # What may lie between two steps of a chain besides views: calls that write nothing
 # and switch no mode.
 _WRITING_OPERATORS = frozenset({
@@ -159,35 +145,6 @@ def _attr(gm, qualname):
     return obj
 
 
-def _name(n) -> str:
-    if n.op == "call_method":
-        return n.target
-    if n.op == "call_function":
-        t = n.target
-        if isinstance(t, torch._ops.OpOverload):
-            return t._schema.name.split("::")[-1]
-        return getattr(t, "__name__", "") if _from_torch(t) else ""
-    return ""
-
-
-def _from_torch(fn) -> bool:
-    module = getattr(fn, "__module__", None) or ""
-    return module == "torch" or module.startswith("torch.")
-
-
-def _keeps_geometry(n) -> bool:
-    """`n` cannot change a tensor's geometry in place."""
-    if n.op in ("placeholder", "output", "get_attr"):
-        return True
-    if n.op != "call_method" and n.op != "call_function" or "out" in n.kwargs:
-        return False
-    t = n.target
-    if n.op == "call_function":
-        if isinstance(t, torch._ops.HigherOrderOperator):
-            return False
-        if not _from_torch(t) and (getattr(t, "__module__", None) or "") not in _PLAIN_MODULES:
-            return False                  # a user's function let into the graph
-    return _name(n) not in _GEOMETRY_WRITERS
 
 
 def _inert(n) -> bool:
