@@ -147,7 +147,9 @@ def _start(status, stream):
     # and a program's stdout may be a pipe while stderr is the terminal)
     live = Live(_Line(status), console=console, transient=True, refresh_per_second=4,
                 redirect_stdout=False, redirect_stderr=False)
-    live.start()
+    # (drawn now, not at the refresh thread's first tick: a compile that ends before
+    # that tick, on a loaded machine, would otherwise show nothing)
+    live.start(refresh=True)
     return live
 
 
