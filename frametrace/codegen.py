@@ -17,7 +17,7 @@ import weakref
 from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label, TryBegin, TryEnd
 import torch
 
-from .exc import Unsupported
+from .exc import Unsupported, raised_before_input_writes
 from . import _C
 from .source import AttrSource, GetItemSource
 
@@ -263,7 +263,7 @@ class CodeGen:
 
     # -- whole programs --
     def call_graph(self, slot, input_sources, n_outputs: int, rerun_grad=None, restore_grad=None,
-                   rerun_state=None):
+                   rerun_state=None, deferred_writes=False):
         """Call the compiled graph on its inputs and keep the outputs in locals.  The
         graph is a constant of the code (`slot`, replaced by `fill_graph_slot` once the
         backend compiled it), not a global: reset() in another thread, or anything
@@ -278,6 +278,10 @@ class CodeGen:
         `rerun_state` (a RerunState), with `rerun_grad`: the graph changes what the
         state saves (random generators, autocast, inputs it writes); saved before each
         call, it is put back before the frame runs again.
+
+        `deferred_writes`, with `rerun_grad`: the backend writes inputs after the rest of
+        the graph; only an exception it marked as raised before (exc.py) runs the frame
+        again, any other goes on (a rerun would write the inputs twice).
 
         `restore_grad`, when given instead, is the grad mode an exception out of the
         graph leaves: the graph's `with` blocks are left, as in CPython."""
@@ -303,7 +307,7 @@ class CodeGen:
             self.emit("JUMP_FORWARD", after)
             self.instrs.append(handler)
             if rerun_grad is not None:
-                self._rerun_on_exception(rerun_grad, rerun_state is not None)
+                self._rerun_on_exception(rerun_grad, rerun_state is not None, deferred_writes)
             else:
                 self.set_grad_mode(restore_grad)
                 self.emit("RERAISE", 0)
@@ -317,7 +321,7 @@ class CodeGen:
             self.emit("STORE_FAST", name)
         return names
 
-    def _rerun_on_exception(self, grad: bool, saved: bool = False):
+    def _rerun_on_exception(self, grad: bool, saved: bool = False, deferred_writes: bool = False):
         """The handler: an Exception runs the original frame in CPython (outside the
         handler, so the graph's exception is no __context__), unless user code ran
         inside the graph (`graph_errors_rerun`); anything else (a KeyboardInterrupt),
@@ -332,7 +336,8 @@ class CodeGen:
         # (the stack holds the exception under the callable and its NULL)
         self.call_const(graph_errors_rerun, [
             lambda cg: cg.emit("COPY", 3), lambda cg: cg.load_const(code),
-            lambda cg: cg.emit("LOAD_FAST", "___rerun_state") if saved else cg.load_const(None)])
+            lambda cg: cg.emit("LOAD_FAST", "___rerun_state") if saved else cg.load_const(None),
+            lambda cg: cg.load_const(deferred_writes)])
         self.instrs.extend(truth_jump("POP_JUMP_IF_TRUE" if PY312 else "POP_JUMP_FORWARD_IF_TRUE",
                                       rerun, lineno=self.lineno))
         self.instrs.append(reraise)
@@ -423,18 +428,28 @@ _unhooked_copies = weakref.WeakKeyDictionary()
 _reran = weakref.WeakSet()   # codes whose graph raised (see graph_errors_rerun)
 
 
-def graph_errors_rerun(exc, code, saved=None) -> bool:
+def graph_errors_rerun(exc, code, saved=None, deferred_writes=False) -> bool:
     """Whether `exc`, raised out of a graph of `code`, may be answered by running the
     frame again in CPython: not while saved-tensor hooks are set.  Their pack hooks are
     user code that ran inside the graph (activation checkpointing counts the tensors it saves, and its
     recomputation stops by raising from one): a second run would repeat them.  A rerun
     is logged: a graph that raised and ran in CPython must not pass for a compiled one.
     `saved` (a RerunState's save()): put back before the rerun; without a rerun, only
-    autocast (the `with` blocks the graph entered are left, as in CPython)."""
+    autocast (the `with` blocks the graph entered are left, as in CPython).
+    `deferred_writes`: see CodeGen.call_graph."""
     if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
         if saved is not None:
             RerunState.restore(saved, autocast_only=True)
         _undecorate(exc)
+        return False
+    if deferred_writes and not raised_before_input_writes(exc):
+        if saved is not None:
+            RerunState.restore(saved, autocast_only=True)
+        logging.getLogger("frametrace").warning(
+            "the compiled graph of %s (%s:%d) raised %s where its backend may have written its "
+            "inputs: running the frame again in CPython could write them twice, so the "
+            "exception goes on: %s", code.co_name, code.co_filename, code.co_firstlineno,
+            type(exc).__name__, str(exc).split("\n")[0][:200])
         return False
     if saved is not None:
         RerunState.restore(saved)

@@ -920,6 +920,10 @@ def _emit_graph_call(cg, output, backend, side_effects, out_nodes, ops_traced,
     name = f"__compiled_fn_{next(_fn_ids)}"
     slot = GraphSlot(name)
     rerun_state = None
+    # A backend that writes inputs after the rest: the frame runs again only after a
+    # failure its graph marked as coming before those writes.
+    deferred = getattr(backend, "__frametrace_defers_input_mutations__", False) and \
+        any(_storage_key(i.node) in output.fake_mode.written_storages for i in output.inputs)
     if _can_run_again(output, backend):
         rerun = entry_grad
     else:
@@ -931,7 +935,7 @@ def _emit_graph_call(cg, output, backend, side_effects, out_nodes, ops_traced,
     restore = outside if rerun is None and not output.unscoped_grad and any(
         n.target is torch._C._set_grad_enabled for n in output.graph.nodes) else None
     names = cg.call_graph(slot, [i.source for i in output.inputs], len(out_nodes), rerun,
-                          restore, rerun_state)
+                          restore, rerun_state, bool(deferred))
     cg.tensor_locals = dict(zip(out_nodes, names))
     return slot
 
@@ -1045,7 +1049,7 @@ def _can_run_again(output, backend) -> bool:
     if output.deterministic is not None:
         return False        # its switch may have run: the rerun would start in it
     if getattr(backend, "__frametrace_defers_input_mutations__", False):
-        return True
+        return True         # (if what it raised says so: _emit_graph_call)
     return not any(_storage_key(i.node) in mode.written_storages for i in output.inputs)
 
 

@@ -67,6 +67,25 @@ class Yield(Exception):
         self.value = value
 
 
+# A backend that writes a graph's inputs only after the rest of it succeeded
+# (AOTAutograd's runtime) marks what its graph's own ops raise: such a failure has
+# written nothing, and the frame may run again in CPython.  What it raises after its
+# writes (making the outputs that alias inputs) is unmarked: a rerun would write them
+# twice.
+_BEFORE_INPUT_WRITES = "__frametrace_before_input_writes__"
+
+
+def mark_before_input_writes(e: BaseException) -> None:
+    try:
+        setattr(e, _BEFORE_INPUT_WRITES, True)
+    except (AttributeError, TypeError):     # (an exception class with __slots__)
+        pass
+
+
+def raised_before_input_writes(e: BaseException) -> bool:
+    return getattr(e, _BEFORE_INPUT_WRITES, False) is True
+
+
 def frame_summary(code, lineno: int | None) -> traceback.FrameSummary:
     lineno = lineno or code.co_firstlineno
     line = linecache.getline(code.co_filename, lineno).strip()

@@ -240,3 +240,105 @@ def test_effects_after_every_op_need_no_saving(fn, shortcut, monkeypatch):
     assert r.graphs == 1 and r.breaks == 0, r
     saves = _saves(fn, torch.zeros(3), torch.tensor([1]), box())
     assert saves == (fn is count_before_an_op or not shortcut)
+
+
+# --- a backend that writes inputs only after the rest of its graph (AOTAutograd) ---
+# A failure before its writes runs the frame again (tests above); one after them, in
+# the backend's own epilogue, must not: the rerun would write the inputs a second time.
+# The exception goes on, the inputs written once.
+
+def write_and_view(x, y):
+    x.mul_(2)
+    return x[1:], y + 1
+
+
+def test_a_failure_after_aot_autograds_writes_does_not_run_the_frame_again(monkeypatch, caplog):
+    from torch._functorch._aot_autograd import runtime_wrappers
+    real = runtime_wrappers.gen_alias_from_base
+    fail = []
+
+    def regenerate(*args, **kwargs):        # (AOTAutograd's view replay of an output
+        if fail:                            # that aliases an input, after its writes)
+            raise RuntimeError("regeneration failed")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(runtime_wrappers, "gen_alias_from_base", regenerate)
+    frametrace.reset()
+    c = frametrace.optimize(backend="aot_eager")(write_and_view)
+    for n in (3, 4):                        # (the second size: a symbolic graph)
+        x = torch.ones(n)
+        out, _ = c(x, torch.zeros(2))
+        assert x.tolist() == [2.0] * n and out.tolist() == [2.0] * (n - 1)
+        out.add_(1)
+        assert x.tolist() == [2.0] + [3.0] * (n - 1)          # (the output aliases x)
+    fail.append(1)
+    x = torch.ones(5)
+    with pytest.raises(RuntimeError, match="regeneration failed"):
+        c(x, torch.zeros(2))
+    assert x.tolist() == [2.0] * 5                           # written once, not twice
+    assert "could write them twice" in caplog.text
+    fail.clear()
+    x = torch.ones(5)                                        # the entry still serves
+    out, _ = c(x, torch.zeros(2))
+    assert x.tolist() == [2.0] * 5 and out.tolist() == [2.0] * 4
+
+
+def test_a_failure_before_aot_autograds_writes_still_runs_the_frame_again():
+    def f(x, idx):
+        x.mul_(2)
+        return x[1:], x[idx]
+    r = check(f, [(torch.ones(4), torch.tensor([1])), (torch.ones(4), torch.tensor([9])),
+                  (torch.ones(5), torch.tensor([2]))], backend="aot_eager")
+    assert r.graphs >= 1 and r.breaks == 0, r
+
+
+def _deferring_backend(fail):
+    """A backend that runs the graph, then fails if told to: as a backend that writes
+    inputs at the end and fails after (its outputs made from them) would."""
+    def backend(gm, example_inputs):
+        def run(*args):
+            out = gm.forward(*args)
+            if fail:
+                raise RuntimeError("after the writes")
+            return out
+        return run
+    backend.__frametrace_defers_input_mutations__ = True
+    return backend
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_any_deferring_backend_failing_after_its_writes_raises(requires_grad):
+    fail = []
+    c = frametrace.optimize(backend=_deferring_backend(fail))(write_then_fail)
+    w = torch.ones(3, requires_grad=requires_grad)
+    x, log = w.detach().clone() if not requires_grad else w.clone(), []
+    c(x, torch.tensor([0]), log)
+    fail.append(1)
+    x, log = torch.ones(3), []
+    with pytest.raises(RuntimeError, match="after the writes"):
+        c(x, torch.tensor([1]), log)
+    assert x.tolist() == [2.0, 2.0, 2.0]
+    # (the Python effects replayed after the graph are lost: the graph raised, and
+    # what CPython does instead cannot be known; nothing ran twice)
+    assert log == []
+
+
+def test_under_inference_mode_a_failure_before_the_writes_still_runs_the_frame_again():
+    with torch.inference_mode():
+        c = frametrace.optimize(backend="aot_eager")(write_then_fail)
+        x, log = torch.ones(3), []
+        c(x, torch.tensor([0]), log)
+        x, log = torch.ones(3), []
+        with pytest.raises(IndexError):
+            c(x, torch.tensor([7]), log)
+        assert x.tolist() == [2.0, 2.0, 2.0] and log == [0, "written"]
+
+
+def test_a_training_graph_failing_before_its_writes_runs_the_frame_again():
+    # (the forward runs inside AOTAutograd's autograd.Function: the mark must get out)
+    def f(w, buf, idx, log):
+        buf.add_(1)
+        log.append("written")
+        return (w * 2)[idx].sum()
+    r = check(f, [(torch.ones(3, requires_grad=True), torch.zeros(3), torch.tensor([i]), [])
+                  for i in (1, 7, 2)], backend="aot_eager")
+    assert r.graphs >= 1 and r.breaks == 0, r

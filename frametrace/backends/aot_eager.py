@@ -8,6 +8,7 @@ from torch.func import functionalize
 import torch
 
 from .. import config
+from ..exc import mark_before_input_writes
 from ..shapes import overlaps_itself
 from . import register_backend
 from .python_floats import python_floats_kept
@@ -16,11 +17,23 @@ from . import aot_cache
 
 
 def _boxed_forward(gm, example_inputs):
-    # (lazy: start-up time; AOTAutograd's own module, loaded by now, not functorch.compile,
-    # whose import a warm start would pay for this name alone)
-    from torch._functorch.aot_autograd import make_boxed_func
     aot_cache.note_compiled_graph(gm)
-    return make_boxed_func(gm.forward)
+    return _marking(gm.forward)
+
+
+def _marking(forward):
+    """`forward` called as AOTAutograd calls a compiled graph (boxed: one list of
+    arguments), its exceptions marked as raised before the input writes, which
+    AOTAutograd applies after the graph (or, keeping them in an inference graph, as
+    its last ops): see exc.mark_before_input_writes."""
+    def run(args):
+        try:
+            return forward(*args)
+        except Exception as e:
+            mark_before_input_writes(e)
+            raise
+    run._boxed_call = True      # (AOTAutograd's make_boxed_func's mark)
+    return run
 
 
 def _with_artifact(compiled, gm, example_inputs, variant, **how):
@@ -139,7 +152,19 @@ def _functionalized(gm, example_inputs):
             run(*args)
     except Exception:
         return None
-    return run
+    return _marking_unboxed(run)
+
+
+def _marking_unboxed(run):
+    """The functionalized fallback, its exceptions marked as _marking's (its input
+    writes too come after the rest)."""
+    def fallback(*args):
+        try:
+            return run(*args)
+        except Exception as e:
+            mark_before_input_writes(e)
+            raise
+    return fallback
 
 
 _IN_PLACE_OPERATORS = frozenset({
@@ -177,7 +202,8 @@ def _may_write(gm) -> bool:
 
 
 # Input mutations of a functionalized graph are applied after all of its compute: a
-# graph that raises has written no input (codegen's failure path relies on it).
+# graph that raises from its compute has written no input, and says so (_marking);
+# codegen's failure path reruns the frame only then.
 aot_eager.__frametrace_defers_input_mutations__ = True
 # Its partitioners recompute a checkpointed region's random ops with the random state
 # the forward saved (functionalize_rng_ops): the backward sees the forward's numbers.
