@@ -36,7 +36,11 @@ STEPS = 3
 
 
 # ---------------------------------------------------------------- launching
-def _entry(rank, store, out, scenario, opts):
+def _entry(rank, store, out, scenario, opts, environ):
+    # (the test's environment now, not the fork server's at its start: a fixture's
+    # TRITON_INTERPRET; frametrace reads its variables when used)
+    os.environ.clear()
+    os.environ.update(environ)
     # (a file rendezvous, not a port: test processes running side by side, as under
     # pytest-xdist, raced for the ports a free-port probe had found)
     torch.set_num_threads(1)
@@ -57,14 +61,27 @@ def _entry(rank, store, out, scenario, opts):
         dist.destroy_process_group()
 
 
+# Each rank a child of multiprocessing's fork server, which imported torch, frametrace
+# and this file once (a new interpreter per rank spent most of a test importing them).
+# The server never runs torch ops (no threads to lose in a fork), and the children get
+# the test's environment (_entry).  FRAMETRACE_TEST_NO_FORK=1: a new interpreter each.
+if os.environ.get("FRAMETRACE_TEST_NO_FORK") == "1" or \
+        "forkserver" not in mp.get_all_start_methods():
+    _START_METHOD = "spawn"
+else:
+    _START_METHOD = "forkserver"
+    mp.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel",
+                               "frametrace", __name__])
+
+
 def launch(scenario, **opts):
     """Runs `scenario(rank, **opts)` on 2 gloo processes; rank 0's result.  A process
     that raises fails the test with its traceback; past TIMEOUT both are killed."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pkl")
         store = os.path.join(tmp, "rendezvous")
-        ctx = mp.start_processes(_entry, args=(store, out, scenario, opts), nprocs=2,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(_entry, args=(store, out, scenario, opts, dict(os.environ)),
+                                 nprocs=2, join=False, start_method=_START_METHOD)
         deadline = time.monotonic() + TIMEOUT
         while True:
             try:
