@@ -445,11 +445,14 @@ def graph_errors_rerun(exc, code, saved=None, deferred_writes=False) -> bool:
     if deferred_writes and not raised_before_input_writes(exc):
         if saved is not None:
             RerunState.restore(saved, autocast_only=True)
-        logging.getLogger("frametrace").warning(
+        _undecorate(exc)
+        logging.getLogger("frametrace").log(
+            logging.INFO if code in _reran else logging.WARNING,
             "the compiled graph of %s (%s:%d) raised %s where its backend may have written its "
             "inputs: running the frame again in CPython could write them twice, so the "
             "exception goes on: %s", code.co_name, code.co_filename, code.co_firstlineno,
             type(exc).__name__, str(exc).split("\n")[0][:200])
+        _reran.add(code)
         return False
     if saved is not None:
         RerunState.restore(saved)
@@ -507,7 +510,11 @@ class RerunState:
             torch.cuda.set_rng_state(state, i)
         with torch.no_grad():
             for t, copy in copies:
-                t.copy_(copy)
+                if t.is_inference():    # (written outside inference mode only inside it)
+                    with torch.inference_mode():
+                        t.copy_(copy)
+                else:
+                    t.copy_(copy)
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")

@@ -131,3 +131,34 @@ def test_write_into_an_as_strided_input_whose_rows_overlap(backend):
     r = check(f, [call(i) for i in (1, 2, 3)], backend=backend)
     assert r.breaks == 1 and r.graphs == 1, r
     assert any("share memory" in why for why in r.reasons()), r.reasons()
+
+
+def _put_and_view_of_written(x, m, v, w):
+    w.add_(1)
+    return torch.index_put(x, (m,), v), w[1:]
+
+
+def test_no_fallback_for_an_output_that_is_a_view_of_an_input(monkeypatch):
+    # functionalize hands such an output back as a copy: a write through it would miss
+    # the input.  No fallback: BackendCompilerFailed, never a wrong value; with
+    # suppress_errors the frame runs in CPython, views and all.
+    x, m, v = _inputs(1)[0]
+    c = frametrace.optimize(_put_and_view_of_written, backend="aot_eager")
+    w = torch.zeros(3)
+    with pytest.raises(frametrace.BackendCompilerFailed):
+        c(x, m, v, w)
+    monkeypatch.setattr(frametrace.config, "suppress_errors", True)
+
+    def written_through_the_view(fn):
+        def run(x, m, v, w):
+            out, view = fn(x, m, v, w)
+            view.add_(5)
+            return out
+        return run
+    frametrace.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(written_through_the_view(_put_and_view_of_written),
+              [Call(*_inputs(1)[0], torch.zeros(3)) for _ in range(3)], backend="aot_eager",
+              compiled=lambda counter: written_through_the_view(
+                  frametrace.optimize(backend=counter)(_put_and_view_of_written)))

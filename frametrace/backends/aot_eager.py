@@ -8,32 +8,16 @@ from torch.func import functionalize
 import torch
 
 from .. import config
-from ..exc import mark_before_input_writes
 from ..shapes import overlaps_itself
 from . import register_backend
 from .python_floats import python_floats_kept
 from .kernel_formats import keep_kernel_formats
-from . import aot_cache
+from . import aot_cache, write_marks
 
 
 def _boxed_forward(gm, example_inputs):
     aot_cache.note_compiled_graph(gm)
-    return _marking(gm.forward)
-
-
-def _marking(forward):
-    """`forward` called as AOTAutograd calls a compiled graph (boxed: one list of
-    arguments), its exceptions marked as raised before the input writes, which
-    AOTAutograd applies after the graph (or, keeping them in an inference graph, as
-    its last ops): see exc.mark_before_input_writes."""
-    def run(args):
-        try:
-            return forward(*args)
-        except Exception as e:
-            mark_before_input_writes(e)
-            raise
-    run._boxed_call = True      # (AOTAutograd's make_boxed_func's mark)
-    return run
+    return write_marks.boxed(gm)
 
 
 def _with_artifact(compiled, gm, example_inputs, variant, **how):
@@ -150,21 +134,25 @@ def _functionalized(gm, example_inputs):
         with mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             run(*args)
+            # An output that is a view of an input comes out of functionalize as a
+            # copy (a write through it would miss the input): no fallback.  Seen by
+            # running the graph itself on copies of the inputs.
+            fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            outs = gm.forward(*fresh)
+        if _shares_memory(outs, fresh):
+            return None
     except Exception:
         return None
-    return _marking_unboxed(run)
+    return write_marks.unboxed(run)
 
 
-def _marking_unboxed(run):
-    """The functionalized fallback, its exceptions marked as _marking's (its input
-    writes too come after the rest)."""
-    def fallback(*args):
-        try:
-            return run(*args)
-        except Exception as e:
-            mark_before_input_writes(e)
-            raise
-    return fallback
+def _shares_memory(outs, inputs) -> bool:
+    def storage(t):
+        return t.untyped_storage()._cdata
+    keys = {storage(a) for a in inputs if isinstance(a, torch.Tensor) and a.layout == torch.strided}
+    flat = outs if isinstance(outs, (list, tuple)) else [outs]
+    return any(isinstance(o, torch.Tensor) and o.layout == torch.strided and storage(o) in keys
+               for o in flat)
 
 
 _IN_PLACE_OPERATORS = frozenset({
@@ -202,7 +190,7 @@ def _may_write(gm) -> bool:
 
 
 # Input mutations of a functionalized graph are applied after all of its compute: a
-# graph that raises from its compute has written no input, and says so (_marking);
+# graph that raises from its compute has written no input, and says so (write_marks);
 # codegen's failure path reruns the frame only then.
 aot_eager.__frametrace_defers_input_mutations__ = True
 # Its partitioners recompute a checkpointed region's random ops with the random state
