@@ -12,6 +12,7 @@ first write (exc.mark_before_input_writes); codegen's failure path reads the mar
 """
 from __future__ import annotations
 
+import re
 import threading
 
 import torch
@@ -41,10 +42,30 @@ def _first_write(graph):
     return None
 
 
+# `torch.ops.aten.copy_.default(`, `torch.ops.aten.add_.Tensor(`: an in-place op's call
+_IN_PLACE_CALL = re.compile(r"\.\w+_\.\w+\(")
+
+
+def _unmarked(forward):
+    def run(args):
+        return forward(*args)
+    run._boxed_call = True
+    return run
+
+
 def boxed(gm):
     """`gm` as AOTAutograd calls a compiled graph (one list of arguments), what it
     raises before its first write marked."""
-    first = _first_write(gm.graph)
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        # A graph rebuilt from the on-disk cache as its code alone (aot_cache._CodeOnly):
+        # one with any in-place op call marks nothing (no rerun: never a second write).
+        code = getattr(gm, "_code", None) or getattr(gm, "code", "") or ""
+        if _IN_PLACE_CALL.search(code) or "higher_order" in code:
+            return _unmarked(gm.forward)
+        first = None
+    else:
+        first = _first_write(graph)
     if first is None:
         forward = gm.forward
 
